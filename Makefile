@@ -1,0 +1,86 @@
+# Parley's entry point for people and CI. `make test` runs everything CI checks.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+export GOTOOLCHAIN := local
+
+BIN        := $(CURDIR)/.bin
+BUF        := tools/node_modules/.bin/buf
+NEWMAN     := tools/node_modules/.bin/newman
+PLUGINS    := $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2
+# Optional: path to the official Agent Protocol Postman collection.
+AP_SUITE   ?=
+
+.PHONY: all tools protodeps generate lint fmt-check check-generated check-tidy vet unit postman test ci breaking build clean
+
+all: build
+
+## tools: pinned buf/newman (npm) and protoc plugins (tools/go.mod) into .bin/
+tools: $(BUF) $(PLUGINS)
+
+$(BUF) $(NEWMAN): tools/package.json
+	cd tools && npm install --no-audit --no-fund --loglevel=error
+	touch $(BUF) $(NEWMAN)
+
+$(BIN)/protoc-gen-%: tools/go.mod tools/go.sum
+	@mkdir -p $(BIN)
+	cd tools && GOWORK=off go build -o $(BIN) \
+		google.golang.org/protobuf/cmd/protoc-gen-go \
+		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway \
+		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2
+
+## protodeps: google/api protos into third_party/proto (gitignored)
+protodeps:
+	cd tools && GOWORK=off go run ./protodeps ../third_party/proto
+
+## generate: regenerate gen/ from proto/
+generate: tools protodeps
+	$(BUF) generate
+
+## lint: buf lint + buf format check + go vet + gofmt
+lint: tools protodeps
+	$(BUF) lint
+	$(BUF) format -d --exit-code proto
+	$(MAKE) vet
+	@bad=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
+	  if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
+
+vet:
+	go vet work
+
+## check-generated: fail when gen/ has drifted from proto/
+check-generated: generate
+	@if [ -n "$$(git status --porcelain -- gen)" ]; then \
+	  echo "gen/ is out of date with proto/; run 'make generate' and commit:"; \
+	  git status --porcelain -- gen; git diff --stat -- gen; exit 1; fi
+
+## check-tidy: fail when a go.mod or go.sum is untidy
+check-tidy:
+	@for m in $$(go list -m -f '{{.Dir}}'); do (cd $$m && go mod tidy -diff) || { echo "go.mod untidy in $$m"; exit 1; }; done
+	@cd tools && GOWORK=off go mod tidy -diff
+
+## unit: all Go tests with the race detector
+unit:
+	go test -race -count=1 work
+
+## postman: the official Agent Protocol suite against a live `parley serve` (when AP_SUITE is set)
+postman: $(NEWMAN)
+	@if [ -z "$(AP_SUITE)" ]; then echo "postman: AP_SUITE not set; skipping the official Agent Protocol suite"; \
+	else scripts/postman.sh "$(AP_SUITE)"; fi
+
+## test: everything CI checks
+test: lint check-generated check-tidy unit postman
+
+ci: test
+
+## breaking: buf breaking against main (build main's protos to an image first)
+breaking: tools protodeps
+	@tmp=$$(mktemp -d); git worktree add -q $$tmp main; \
+	  (cd $$tmp && mkdir -p third_party && cp -r $(CURDIR)/third_party/proto third_party/ && $(CURDIR)/$(BUF) build -o $$tmp/base.binpb); \
+	  $(BUF) breaking --against $$tmp/base.binpb; rc=$$?; git worktree remove --force $$tmp; exit $$rc
+
+build:
+	go build -o $(BIN)/parley ./cmd/parley
+
+clean:
+	rm -rf $(BIN) third_party/proto

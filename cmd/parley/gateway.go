@@ -1,0 +1,78 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"google.golang.org/grpc"
+
+	"github.com/parleyhq/parley/platform/envflag"
+	"github.com/parleyhq/parley/platform/grpcclient"
+	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/platform/telemetry"
+	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
+	negotiatorapp "github.com/parleyhq/parley/services/negotiator/app"
+	registryapp "github.com/parleyhq/parley/services/registry/app"
+	tasksapp "github.com/parleyhq/parley/services/tasks/app"
+)
+
+// runGateway serves the REST gateway for services running as separate
+// processes, reaching each over gRPC.
+func runGateway(e env, args []string) error {
+	var f serve.Flags
+	var caFile string
+	addrs := map[string]*string{}
+	fs := flag.NewFlagSet("parley gateway", flag.ContinueOnError)
+	f.Register(fs, "grpc", "127.0.0.1:0", "http", ":8080", "")
+	for _, svc := range []string{"registry", "dispatcher", "negotiator", "tasks"} {
+		addrs[svc] = fs.String(svc+"-addr", "dns:///"+svc+":9090", svc+" gRPC address")
+	}
+	fs.StringVar(&caFile, "peer-ca", "", "PEM CA bundle; when set, dial services over TLS")
+	if err := envflag.Parse(fs, args, "PARLEY_", e.getenv); err != nil {
+		return err
+	}
+	logger := telemetry.NewLogger(os.Stderr, "gateway", f.LogLevel)
+	srv, err := serve.New(f.Options(logger))
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	mounts := []struct {
+		svc, health string
+		register    func(context.Context, *serve.Server, *grpc.ClientConn) error
+	}{
+		{"registry", registryapp.ServiceName, registryapp.RegisterGateway},
+		{"dispatcher", dispatcherapp.ServiceName, dispatcherapp.RegisterGateway},
+		{"negotiator", negotiatorapp.ServiceName, negotiatorapp.RegisterGateway},
+		{"tasks", tasksapp.ServiceName, tasksapp.RegisterGateway},
+	}
+	var conns []*grpc.ClientConn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for _, m := range mounts {
+		conn, err := grpcclient.Dial(*addrs[m.svc], grpcclient.Options{CAFile: caFile})
+		if err != nil {
+			return fmt.Errorf("--%s-addr: %w", m.svc, err)
+		}
+		conns = append(conns, conn)
+		if err := m.register(ctx, srv, conn); err != nil {
+			return err
+		}
+		srv.AddReadinessCheck(m.svc, serve.PeerCheck(conn, m.health))
+	}
+	err = serve.ListenAndRun(ctx, srv, f)
+	if errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/parleyhq/parley/platform/envflag"
+	"github.com/parleyhq/parley/platform/grpcclient"
+)
+
+// runHealth checks a server: over gRPC (grpc.health.v1, service "" by
+// default) or over HTTP (any 2xx). Container health checks use it, since
+// the images have no shell or curl.
+func runHealth(e env, args []string) error {
+	fs := flag.NewFlagSet("parley health", flag.ContinueOnError)
+	server := fs.String("server", "", "gRPC address to check")
+	url := fs.String("url", "", "HTTP URL to check instead, e.g. http://127.0.0.1:8080/readyz")
+	service := fs.String("service", "", "gRPC service name to check; empty means the whole server")
+	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for an answer")
+	if err := envflag.Parse(fs, args, "PARLEY_HEALTH_", e.getenv); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	switch {
+	case *url != "":
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, *url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			return fmt.Errorf("%s answered %s", *url, resp.Status)
+		}
+		fmt.Fprintln(e.stdout, "SERVING")
+		return nil
+	case *server != "":
+		conn, err := grpcclient.Dial(*server, grpcclient.Options{})
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: *service})
+		if err != nil {
+			return fmt.Errorf("health check of %s: %w", *server, err)
+		}
+		fmt.Fprintln(e.stdout, resp.GetStatus())
+		if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("%s is %s", *server, resp.GetStatus())
+		}
+		return nil
+	default:
+		return errors.New("parley health needs --server or --url")
+	}
+}

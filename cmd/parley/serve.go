@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/parleyhq/parley/platform/envflag"
+	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/platform/telemetry"
+	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
+	dispatcherconfig "github.com/parleyhq/parley/services/dispatcher/config"
+	negotiatorapp "github.com/parleyhq/parley/services/negotiator/app"
+	negotiatorconfig "github.com/parleyhq/parley/services/negotiator/config"
+	registryapp "github.com/parleyhq/parley/services/registry/app"
+	registryconfig "github.com/parleyhq/parley/services/registry/config"
+	tasksapp "github.com/parleyhq/parley/services/tasks/app"
+	tasksconfig "github.com/parleyhq/parley/services/tasks/config"
+)
+
+// suiteConfig is the configuration of `parley serve`: the shared serving
+// flags plus every service's own flags, on one flag set.
+type suiteConfig struct {
+	serve.Flags
+	registry   registryconfig.Config
+	dispatcher dispatcherconfig.Config
+	negotiator negotiatorconfig.Config
+	tasks      tasksconfig.Config
+}
+
+func loadSuiteConfig(args []string, getenv func(string) string) (suiteConfig, error) {
+	var c suiteConfig
+	fs := flag.NewFlagSet("parley serve", flag.ContinueOnError)
+	c.Flags.Register(fs, "grpc", "127.0.0.1:9090", "http", "127.0.0.1:8080", "./data")
+	c.registry.RegisterFlags(fs)
+	c.dispatcher.RegisterFlags(fs)
+	c.negotiator.RegisterFlags(fs)
+	c.tasks.RegisterFlags(fs)
+	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("parley serve takes no arguments, got %q", fs.Args())
+	}
+	c.registry.Flags = c.Flags
+	c.dispatcher.Flags = c.Flags
+	c.negotiator.Flags = c.Flags
+	c.tasks.Flags = c.Flags
+	return c, errors.Join(c.registry.Validate(), c.dispatcher.Validate(), c.negotiator.Validate(), c.tasks.Validate())
+}
+
+// suite is every service assembled in one process, sharing one gRPC server,
+// one HTTP server and an in-process gRPC connection for service-to-service
+// calls.
+type suite struct {
+	srv     *serve.Server
+	closers []func() error
+}
+
+// newSuite builds the services on one serve.Server. The caller must Close
+// it after Run returns, and on error nothing is left open.
+func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
+	logger := telemetry.NewLogger(os.Stderr, "parley", cfg.LogLevel)
+	srv, err := serve.New(cfg.Flags.Options(logger))
+	if err != nil {
+		return nil, err
+	}
+	s := &suite{srv: srv}
+	defer func() {
+		if err != nil {
+			s.Close()
+		}
+	}()
+	conn, err := srv.InProcessConn()
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, conn.Close)
+
+	reg, err := registryapp.New(cfg.registry, logger.With("component", "registry"))
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, reg.Close)
+	disp, err := dispatcherapp.New(cfg.dispatcher, logger.With("component", "dispatcher"), dispatcherapp.Peers{Registry: conn, Negotiator: conn})
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, disp.Close)
+	neg, err := negotiatorapp.New(cfg.negotiator, logger.With("component", "negotiator"), negotiatorapp.Peers{Registry: conn, Dispatcher: conn})
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, neg.Close)
+	tasks, err := tasksapp.New(cfg.tasks, logger.With("component", "tasks"), tasksapp.Peers{Dispatcher: conn})
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, tasks.Close)
+
+	for _, register := range []func(context.Context, *serve.Server) error{reg.Register, disp.Register, neg.Register, tasks.Register} {
+		if err := register(ctx, srv); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// Close closes every service in reverse order of opening.
+func (s *suite) Close() error {
+	var errs []error
+	for i := len(s.closers) - 1; i >= 0; i-- {
+		errs = append(errs, s.closers[i]())
+	}
+	return errors.Join(errs...)
+}
+
+func runServe(e env, args []string) error {
+	cfg, err := loadSuiteConfig(args, e.getenv)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	s, err := newSuite(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	runErr := serve.ListenAndRun(ctx, s.srv, cfg.Flags)
+	return errors.Join(runErr, s.Close())
+}

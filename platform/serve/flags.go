@@ -1,0 +1,33 @@
+package serve
+
+import (
+	"flag"
+	"time"
+)
+
+// Flags are the serving flags every Parley binary shares. Service-specific
+// flags are registered by each service's config package.
+type Flags struct {
+	GRPCAddr        string
+	HTTPAddr        string
+	DataDir         string
+	TLSCert         string
+	TLSKey          string
+	PublicURL       string
+	LogLevel        string
+	ShutdownTimeout time.Duration
+}
+
+// Register adds the shared flags to fs. grpcName, httpName and the defaults
+// differ between the all-in-one binary (--grpc, --http, loopback defaults)
+// and one-service binaries (--grpc-addr, --http-addr, all interfaces).
+func (f *Flags) Register(fs *flag.FlagSet, grpcName, grpcDefault, httpName, httpDefault, dataDefault string) {
+	fs.StringVar(&f.GRPCAddr, grpcName, grpcDefault, "gRPC listen address (port 0 picks a free port)")
+	fs.StringVar(&f.HTTPAddr, httpName, httpDefault, "HTTP listen address for the REST gateway, health and metrics (port 0 picks a free port)")
+	fs.StringVar(&f.DataDir, "data", dataDefault, "data directory; each service keeps one bbolt file there")
+	fs.StringVar(&f.TLSCert, "tls-cert", "", "PEM certificate file; with --tls-key, serve HTTPS and TLS gRPC")
+	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file for --tls-cert")
+	fs.StringVar(&f.PublicURL, "public-url", "", "public base URL of the HTTP side (https://parley.example.com), used in absolute links such as protocolSources")
+	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take before connections are cut")
+}

@@ -1,0 +1,52 @@
+package serve
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+)
+
+// Listen opens the gRPC and HTTP listeners named by f. A port in use comes
+// back as one clear error naming the flag's address.
+func Listen(f Flags) (grpcLis, httpLis net.Listener, err error) {
+	grpcLis, err = net.Listen("tcp", f.GRPCAddr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("listen for gRPC on %s: %w", f.GRPCAddr, err)
+	}
+	httpLis, err = net.Listen("tcp", f.HTTPAddr)
+	if err != nil {
+		grpcLis.Close()
+		return nil, nil, fmt.Errorf("listen for HTTP on %s: %w", f.HTTPAddr, err)
+	}
+	return grpcLis, httpLis, nil
+}
+
+// ListenAndRun listens on the addresses in f, logs the bound addresses as
+// the attributes grpc=<addr> and http=<addr> (so port 0 is usable), and runs
+// s until ctx ends.
+func ListenAndRun(ctx context.Context, s *Server, f Flags) error {
+	grpcLis, httpLis, err := Listen(f)
+	if err != nil {
+		return err
+	}
+	scheme := "http"
+	if s.tlsConf != nil {
+		scheme = "https"
+	}
+	s.logger.InfoContext(ctx, "listening",
+		slog.String("grpc", grpcLis.Addr().String()),
+		slog.String("http", httpLis.Addr().String()),
+		slog.String("url", scheme+"://"+httpLis.Addr().String()))
+	return s.Run(ctx, grpcLis, httpLis)
+}
+
+// Options returns the serve.Options the flags describe.
+func (f Flags) Options(logger *slog.Logger) Options {
+	return Options{
+		Logger:          logger,
+		TLSCertFile:     f.TLSCert,
+		TLSKeyFile:      f.TLSKey,
+		ShutdownTimeout: f.ShutdownTimeout,
+	}
+}

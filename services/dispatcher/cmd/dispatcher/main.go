@@ -1,0 +1,67 @@
+// Command dispatcher runs the Parley dispatcher service alone: Agora envelopes in and out, conversations and routines.
+//
+// Usage:
+//
+//	dispatcher [--grpc-addr :9090] [--http-addr :8080] [--data /var/lib/parley] [flags]
+//
+// Every flag falls back to PARLEY_<FLAG> in the environment (PARLEY_DATA,
+// PARLEY_GRPC_ADDR, ...). Run with --help for the full list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/parleyhq/parley/platform/grpcclient"
+	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/platform/telemetry"
+	"github.com/parleyhq/parley/services/dispatcher/app"
+	"github.com/parleyhq/parley/services/dispatcher/config"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Getenv); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "dispatcher:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(args []string, getenv func(string) string) error {
+	cfg, err := config.Load(args, getenv)
+	if err != nil {
+		return err
+	}
+	logger := telemetry.NewLogger(os.Stderr, "dispatcher", cfg.LogLevel)
+	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{})
+	if err != nil {
+		return fmt.Errorf("--registry-addr: %w", err)
+	}
+	defer registryConn.Close()
+	negotiatorConn, err := grpcclient.Dial(cfg.NegotiatorAddr, grpcclient.Options{})
+	if err != nil {
+		return fmt.Errorf("--negotiator-addr: %w", err)
+	}
+	defer negotiatorConn.Close()
+	a, err := app.New(cfg, logger, app.Peers{Registry: registryConn, Negotiator: negotiatorConn})
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	srv, err := serve.New(cfg.Flags.Options(logger))
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := a.Register(ctx, srv); err != nil {
+		return err
+	}
+	return serve.ListenAndRun(ctx, srv, cfg.Flags)
+}

@@ -1,0 +1,57 @@
+// Command registry runs the Parley registry service alone: protocol
+// documents, discovery and the agent directory.
+//
+// Usage:
+//
+//	registry [--grpc-addr :9090] [--http-addr :8080] [--data /var/lib/parley] [flags]
+//
+// Every flag falls back to PARLEY_<FLAG> in the environment (PARLEY_DATA,
+// PARLEY_GRPC_ADDR, ...). Run with --help for the full list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/platform/telemetry"
+	"github.com/parleyhq/parley/services/registry/app"
+	"github.com/parleyhq/parley/services/registry/config"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Getenv); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "registry:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(args []string, getenv func(string) string) error {
+	cfg, err := config.Load(args, getenv)
+	if err != nil {
+		return err
+	}
+	logger := telemetry.NewLogger(os.Stderr, "registry", cfg.LogLevel)
+	a, err := app.New(cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	srv, err := serve.New(cfg.Flags.Options(logger))
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := a.Register(ctx, srv); err != nil {
+		return err
+	}
+	return serve.ListenAndRun(ctx, srv, cfg.Flags)
+}
