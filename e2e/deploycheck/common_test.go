@@ -145,6 +145,16 @@ func shutdownTimeout(value string, set bool) (time.Duration, error) {
 	return time.ParseDuration(value)
 }
 
+// wantArgs is the command line a container must be given: nothing for the
+// services, whose images run the service binary, and the subcommand for the
+// gateway, whose image runs the parley CLI.
+func wantArgs(s parleyService) []string {
+	if s.name == "gateway" {
+		return []string{"gateway"}
+	}
+	return nil
+}
+
 func serviceNames() []string {
 	names := make([]string, len(parleyServices))
 	for i, s := range parleyServices {

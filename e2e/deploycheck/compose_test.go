@@ -176,17 +176,13 @@ func checkComposeService(p *types.Project, s types.ServiceConfig, want parleySer
 		}
 	}
 
-	// Peers: the services take addresses from the environment, the gateway
-	// from its command line.
+	// Settings come from the environment, not the command line.
+	if got, want := []string(s.Command), wantArgs(want); !slices.Equal(got, want) {
+		fail("command = %q, want %q", got, want)
+	}
 	for _, peer := range want.peers {
-		var got string
-		if want.grpcService == "" {
-			got, _ = flagValue(s.Command, "--"+peer+"-addr")
-		} else {
-			got, _ = lookupEnv(s.Environment, peerEnv(peer))
-		}
-		if got != peerAddr(peer) {
-			fail("address of %s = %q, want %q", peer, got, peerAddr(peer))
+		if got, _ := lookupEnv(s.Environment, peerEnv(peer)); got != peerAddr(peer) {
+			fail("%s = %q, want %q", peerEnv(peer), got, peerAddr(peer))
 		}
 	}
 	return errs
@@ -213,19 +209,6 @@ func lookupEnv(env types.MappingWithEquals, key string) (string, bool) {
 		return "", false
 	}
 	return *v, true
-}
-
-// flagValue finds --name=value or --name value in args.
-func flagValue(args []string, name string) (string, bool) {
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, name+"="); ok {
-			return v, true
-		}
-		if a == name && i+1 < len(args) {
-			return args[i+1], true
-		}
-	}
-	return "", false
 }
 
 func deref(s *string) string {

@@ -180,7 +180,13 @@ func checkDeployment(d *appsv1.Deployment, want parleyService, imageTag string) 
 		fail("image = %q, want tag %q", c.Image, imageTag)
 	}
 
-	// Environment.
+	// Settings come from the environment, not the command line.
+	if c.Command != nil {
+		fail("command = %q, want none: the image's entrypoint runs", c.Command)
+	}
+	if got, want := c.Args, wantArgs(want); !slices.Equal(got, want) {
+		fail("args = %q, want %q", got, want)
+	}
 	env := map[string]string{}
 	for _, e := range c.Env {
 		if _, dup := env[e.Name]; dup {
@@ -382,11 +388,17 @@ func checkK8sTree(root string) error {
 	if err != nil {
 		return err
 	}
-	return errors.Join(
-		checkManifests(base, ""),
-		checkManifests(dev, "dev"),
-		checkOverlayChangesOnlyEnv(base, dev),
-	)
+	var errs []error
+	if err := checkManifests(base, ""); err != nil {
+		errs = append(errs, fmt.Errorf("base: %w", err))
+	}
+	if err := checkManifests(dev, "dev"); err != nil {
+		errs = append(errs, fmt.Errorf("overlays/dev: %w", err))
+	}
+	if err := checkOverlayChangesOnlyEnv(base, dev); err != nil {
+		errs = append(errs, fmt.Errorf("overlays/dev against base: %w", err))
+	}
+	return errors.Join(errs...)
 }
 
 // semanticEqual compares API objects as the API server would, e.g. 1Gi and

@@ -22,6 +22,179 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ExecuteStepRequest is the request of ExecuteStep.
+type ExecuteStepRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The task the step belongs to.
+	TaskId string `protobuf:"bytes,2,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
+	// The step's id.
+	StepId string `protobuf:"bytes,3,opt,name=step_id,json=stepId,proto3" json:"step_id,omitempty"`
+	// The task's input.
+	TaskInput string `protobuf:"bytes,4,opt,name=task_input,json=taskInput,proto3" json:"task_input,omitempty"`
+	// The step's input.
+	Input string `protobuf:"bytes,5,opt,name=input,proto3" json:"input,omitempty"`
+	// The step's additional_input, raw JSON bytes (an object).
+	AdditionalInputJson []byte `protobuf:"bytes,6,opt,name=additional_input_json,json=additionalInputJson,proto3" json:"additional_input_json,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
+}
+
+func (x *ExecuteStepRequest) Reset() {
+	*x = ExecuteStepRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecuteStepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecuteStepRequest) ProtoMessage() {}
+
+func (x *ExecuteStepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecuteStepRequest.ProtoReflect.Descriptor instead.
+func (*ExecuteStepRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ExecuteStepRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ExecuteStepRequest) GetTaskId() string {
+	if x != nil {
+		return x.TaskId
+	}
+	return ""
+}
+
+func (x *ExecuteStepRequest) GetStepId() string {
+	if x != nil {
+		return x.StepId
+	}
+	return ""
+}
+
+func (x *ExecuteStepRequest) GetTaskInput() string {
+	if x != nil {
+		return x.TaskInput
+	}
+	return ""
+}
+
+func (x *ExecuteStepRequest) GetInput() string {
+	if x != nil {
+		return x.Input
+	}
+	return ""
+}
+
+func (x *ExecuteStepRequest) GetAdditionalInputJson() []byte {
+	if x != nil {
+		return x.AdditionalInputJson
+	}
+	return nil
+}
+
+// ExecuteStepResponse is the response of ExecuteStep.
+type ExecuteStepResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The step's output.
+	Output string `protobuf:"bytes,1,opt,name=output,proto3" json:"output,omitempty"`
+	// The step's additional_output, raw JSON bytes (an object); empty means {}.
+	AdditionalOutputJson []byte `protobuf:"bytes,2,opt,name=additional_output_json,json=additionalOutputJson,proto3" json:"additional_output_json,omitempty"`
+	// Whether this is the task's last step.
+	IsLast bool `protobuf:"varint,3,opt,name=is_last,json=isLast,proto3" json:"is_last,omitempty"`
+	// Files the agent created.
+	Artifacts []*StepArtifact `protobuf:"bytes,4,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// The step's name, when the agent gives one.
+	StepName      string `protobuf:"bytes,5,opt,name=step_name,json=stepName,proto3" json:"step_name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecuteStepResponse) Reset() {
+	*x = ExecuteStepResponse{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecuteStepResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecuteStepResponse) ProtoMessage() {}
+
+func (x *ExecuteStepResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecuteStepResponse.ProtoReflect.Descriptor instead.
+func (*ExecuteStepResponse) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ExecuteStepResponse) GetOutput() string {
+	if x != nil {
+		return x.Output
+	}
+	return ""
+}
+
+func (x *ExecuteStepResponse) GetAdditionalOutputJson() []byte {
+	if x != nil {
+		return x.AdditionalOutputJson
+	}
+	return nil
+}
+
+func (x *ExecuteStepResponse) GetIsLast() bool {
+	if x != nil {
+		return x.IsLast
+	}
+	return false
+}
+
+func (x *ExecuteStepResponse) GetArtifacts() []*StepArtifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *ExecuteStepResponse) GetStepName() string {
+	if x != nil {
+		return x.StepName
+	}
+	return ""
+}
+
 // GetRoutineRequest is the request of GetRoutine.
 type GetRoutineRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -33,7 +206,7 @@ type GetRoutineRequest struct {
 
 func (x *GetRoutineRequest) Reset() {
 	*x = GetRoutineRequest{}
-	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[0]
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +218,7 @@ func (x *GetRoutineRequest) String() string {
 func (*GetRoutineRequest) ProtoMessage() {}
 
 func (x *GetRoutineRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[0]
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +231,7 @@ func (x *GetRoutineRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRoutineRequest.ProtoReflect.Descriptor instead.
 func (*GetRoutineRequest) Descriptor() ([]byte, []int) {
-	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{0}
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *GetRoutineRequest) GetName() string {
@@ -72,12 +245,27 @@ var File_parley_dispatcher_v1_dispatcher_service_proto protoreflect.FileDescript
 
 const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\n" +
-	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/routine.proto\"-\n" +
+	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/routine.proto\x1a\x1fparley/dispatcher/v1/step.proto\"\xd7\x01\n" +
+	"\x12ExecuteStepRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x1d\n" +
+	"\atask_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06taskId\x12\x1d\n" +
+	"\astep_id\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\x06stepId\x12\x1d\n" +
+	"\n" +
+	"task_input\x18\x04 \x01(\tR\ttaskInput\x12\x14\n" +
+	"\x05input\x18\x05 \x01(\tR\x05input\x122\n" +
+	"\x15additional_input_json\x18\x06 \x01(\fR\x13additionalInputJson\"\xdb\x01\n" +
+	"\x13ExecuteStepResponse\x12\x16\n" +
+	"\x06output\x18\x01 \x01(\tR\x06output\x124\n" +
+	"\x16additional_output_json\x18\x02 \x01(\fR\x14additionalOutputJson\x12\x17\n" +
+	"\ais_last\x18\x03 \x01(\bR\x06isLast\x12@\n" +
+	"\tartifacts\x18\x04 \x03(\v2\".parley.dispatcher.v1.StepArtifactR\tartifacts\x12\x1b\n" +
+	"\tstep_name\x18\x05 \x01(\tR\bstepName\"-\n" +
 	"\x11GetRoutineRequest\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name2\x9c\x01\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name2\x80\x02\n" +
 	"\x11DispatcherService\x12\x86\x01\n" +
 	"\n" +
-	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}B\xe6\x01\n" +
+	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12b\n" +
+	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponseB\xe6\x01\n" +
 	"\x18com.parley.dispatcher.v1B\x16DispatcherServiceProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
 var (
@@ -92,19 +280,25 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP() []byte {
 	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescData
 }
 
-var file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_parley_dispatcher_v1_dispatcher_service_proto_goTypes = []any{
-	(*GetRoutineRequest)(nil), // 0: parley.dispatcher.v1.GetRoutineRequest
-	(*Routine)(nil),           // 1: parley.dispatcher.v1.Routine
+	(*ExecuteStepRequest)(nil),  // 0: parley.dispatcher.v1.ExecuteStepRequest
+	(*ExecuteStepResponse)(nil), // 1: parley.dispatcher.v1.ExecuteStepResponse
+	(*GetRoutineRequest)(nil),   // 2: parley.dispatcher.v1.GetRoutineRequest
+	(*StepArtifact)(nil),        // 3: parley.dispatcher.v1.StepArtifact
+	(*Routine)(nil),             // 4: parley.dispatcher.v1.Routine
 }
 var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
-	0, // 0: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
-	1, // 1: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	3, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
+	2, // 1: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
+	0, // 2: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
+	4, // 3: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
+	1, // 4: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
+	3, // [3:5] is the sub-list for method output_type
+	1, // [1:3] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_parley_dispatcher_v1_dispatcher_service_proto_init() }
@@ -113,13 +307,14 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_init() {
 		return
 	}
 	file_parley_dispatcher_v1_routine_proto_init()
+	file_parley_dispatcher_v1_step_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc), len(file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DispatcherService_GetRoutine_FullMethodName = "/parley.dispatcher.v1.DispatcherService/GetRoutine"
+	DispatcherService_GetRoutine_FullMethodName  = "/parley.dispatcher.v1.DispatcherService/GetRoutine"
+	DispatcherService_ExecuteStep_FullMethodName = "/parley.dispatcher.v1.DispatcherService/ExecuteStep"
 )
 
 // DispatcherServiceClient is the client API for DispatcherService service.
@@ -32,6 +33,12 @@ type DispatcherServiceClient interface {
 	// GetRoutine returns the current version of a routine. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND.
 	GetRoutine(ctx context.Context, in *GetRoutineRequest, opts ...grpc.CallOption) (*Routine, error)
+	// ExecuteStep runs one Agent Protocol step on its agent: a connected SDK
+	// handler, else the agent's step routine, else the LLM. It is called by the
+	// tasks service and is not exposed over REST. Errors: NOT_FOUND (unknown
+	// agent), FAILED_PRECONDITION with reason NO_EXECUTOR (nothing can run
+	// steps for this agent yet; retry when one connects), DEADLINE_EXCEEDED.
+	ExecuteStep(ctx context.Context, in *ExecuteStepRequest, opts ...grpc.CallOption) (*ExecuteStepResponse, error)
 }
 
 type dispatcherServiceClient struct {
@@ -52,6 +59,16 @@ func (c *dispatcherServiceClient) GetRoutine(ctx context.Context, in *GetRoutine
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) ExecuteStep(ctx context.Context, in *ExecuteStepRequest, opts ...grpc.CallOption) (*ExecuteStepResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ExecuteStepResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_ExecuteStep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DispatcherServiceServer is the server API for DispatcherService service.
 // All implementations must embed UnimplementedDispatcherServiceServer
 // for forward compatibility.
@@ -62,6 +79,12 @@ type DispatcherServiceServer interface {
 	// GetRoutine returns the current version of a routine. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND.
 	GetRoutine(context.Context, *GetRoutineRequest) (*Routine, error)
+	// ExecuteStep runs one Agent Protocol step on its agent: a connected SDK
+	// handler, else the agent's step routine, else the LLM. It is called by the
+	// tasks service and is not exposed over REST. Errors: NOT_FOUND (unknown
+	// agent), FAILED_PRECONDITION with reason NO_EXECUTOR (nothing can run
+	// steps for this agent yet; retry when one connects), DEADLINE_EXCEEDED.
+	ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error)
 	mustEmbedUnimplementedDispatcherServiceServer()
 }
 
@@ -74,6 +97,9 @@ type UnimplementedDispatcherServiceServer struct{}
 
 func (UnimplementedDispatcherServiceServer) GetRoutine(context.Context, *GetRoutineRequest) (*Routine, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRoutine not implemented")
+}
+func (UnimplementedDispatcherServiceServer) ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ExecuteStep not implemented")
 }
 func (UnimplementedDispatcherServiceServer) mustEmbedUnimplementedDispatcherServiceServer() {}
 func (UnimplementedDispatcherServiceServer) testEmbeddedByValue()                           {}
@@ -114,6 +140,24 @@ func _DispatcherService_GetRoutine_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_ExecuteStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ExecuteStepRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).ExecuteStep(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_ExecuteStep_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).ExecuteStep(ctx, req.(*ExecuteStepRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DispatcherService_ServiceDesc is the grpc.ServiceDesc for DispatcherService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -124,6 +168,10 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetRoutine",
 			Handler:    _DispatcherService_GetRoutine_Handler,
+		},
+		{
+			MethodName: "ExecuteStep",
+			Handler:    _DispatcherService_ExecuteStep_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

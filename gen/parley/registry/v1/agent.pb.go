@@ -23,6 +23,116 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// SupportPolicy says which protocols an agent accepts.
+type SupportPolicy int32
+
+const (
+	// Treated as SUPPORT_POLICY_EXPLICIT.
+	SupportPolicy_SUPPORT_POLICY_UNSPECIFIED SupportPolicy = 0
+	// Only the protocols in supported_protocols.
+	SupportPolicy_SUPPORT_POLICY_EXPLICIT SupportPolicy = 1
+	// Also any protocol the agent has a routine or connected handler for.
+	SupportPolicy_SUPPORT_POLICY_IMPLEMENTED SupportPolicy = 2
+)
+
+// Enum value maps for SupportPolicy.
+var (
+	SupportPolicy_name = map[int32]string{
+		0: "SUPPORT_POLICY_UNSPECIFIED",
+		1: "SUPPORT_POLICY_EXPLICIT",
+		2: "SUPPORT_POLICY_IMPLEMENTED",
+	}
+	SupportPolicy_value = map[string]int32{
+		"SUPPORT_POLICY_UNSPECIFIED": 0,
+		"SUPPORT_POLICY_EXPLICIT":    1,
+		"SUPPORT_POLICY_IMPLEMENTED": 2,
+	}
+)
+
+func (x SupportPolicy) Enum() *SupportPolicy {
+	p := new(SupportPolicy)
+	*p = x
+	return p
+}
+
+func (x SupportPolicy) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (SupportPolicy) Descriptor() protoreflect.EnumDescriptor {
+	return file_parley_registry_v1_agent_proto_enumTypes[0].Descriptor()
+}
+
+func (SupportPolicy) Type() protoreflect.EnumType {
+	return &file_parley_registry_v1_agent_proto_enumTypes[0]
+}
+
+func (x SupportPolicy) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use SupportPolicy.Descriptor instead.
+func (SupportPolicy) EnumDescriptor() ([]byte, []int) {
+	return file_parley_registry_v1_agent_proto_rawDescGZIP(), []int{0}
+}
+
+// Dialect is a shape of Agora replies (specs/agora.md, section 2).
+type Dialect int32
+
+const (
+	// Treated as DIALECT_SPEC2024.
+	Dialect_DIALECT_UNSPECIFIED Dialect = 0
+	// The Agora specification page (2024): unsupported gets {"status":"rejected"}.
+	Dialect_DIALECT_SPEC2024 Dialect = 1
+	// The Working Standard: failure with error, also for unsupported protocols.
+	Dialect_DIALECT_STD Dialect = 2
+	// The Python reference library: status and body always present.
+	Dialect_DIALECT_PYLIB Dialect = 3
+)
+
+// Enum value maps for Dialect.
+var (
+	Dialect_name = map[int32]string{
+		0: "DIALECT_UNSPECIFIED",
+		1: "DIALECT_SPEC2024",
+		2: "DIALECT_STD",
+		3: "DIALECT_PYLIB",
+	}
+	Dialect_value = map[string]int32{
+		"DIALECT_UNSPECIFIED": 0,
+		"DIALECT_SPEC2024":    1,
+		"DIALECT_STD":         2,
+		"DIALECT_PYLIB":       3,
+	}
+)
+
+func (x Dialect) Enum() *Dialect {
+	p := new(Dialect)
+	*p = x
+	return p
+}
+
+func (x Dialect) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Dialect) Descriptor() protoreflect.EnumDescriptor {
+	return file_parley_registry_v1_agent_proto_enumTypes[1].Descriptor()
+}
+
+func (Dialect) Type() protoreflect.EnumType {
+	return &file_parley_registry_v1_agent_proto_enumTypes[1]
+}
+
+func (x Dialect) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Dialect.Descriptor instead.
+func (Dialect) EnumDescriptor() ([]byte, []int) {
+	return file_parley_registry_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
 // Agent is a hosted agent, known on the wire as `<client>:<agent>`. Its Agora
 // base URL is /agora/{client}/{agent}.
 type Agent struct {
@@ -38,7 +148,16 @@ type Agent struct {
 	// When the agent was last changed.
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
 	// Changes on every update; send it back on update to detect lost writes.
-	Etag          string `protobuf:"bytes,6,opt,name=etag,proto3" json:"etag,omitempty"`
+	Etag string `protobuf:"bytes,6,opt,name=etag,proto3" json:"etag,omitempty"`
+	// Protocols this agent fully supports, each with at least one source. Only
+	// these appear in the agent's /wellknown.
+	SupportedProtocols []*SupportedProtocol `protobuf:"bytes,7,rep,name=supported_protocols,json=supportedProtocols,proto3" json:"supported_protocols,omitempty"`
+	// Protocols this agent explicitly does not support.
+	UnsupportedProtocols []*UnsupportedProtocol `protobuf:"bytes,8,rep,name=unsupported_protocols,json=unsupportedProtocols,proto3" json:"unsupported_protocols,omitempty"`
+	// Which protocols the agent accepts beyond its explicit list.
+	SupportPolicy SupportPolicy `protobuf:"varint,9,opt,name=support_policy,json=supportPolicy,proto3,enum=parley.registry.v1.SupportPolicy" json:"support_policy,omitempty"`
+	// The Agora reply dialect the agent writes by default.
+	Dialect       Dialect `protobuf:"varint,10,opt,name=dialect,proto3,enum=parley.registry.v1.Dialect" json:"dialect,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -115,11 +234,149 @@ func (x *Agent) GetEtag() string {
 	return ""
 }
 
+func (x *Agent) GetSupportedProtocols() []*SupportedProtocol {
+	if x != nil {
+		return x.SupportedProtocols
+	}
+	return nil
+}
+
+func (x *Agent) GetUnsupportedProtocols() []*UnsupportedProtocol {
+	if x != nil {
+		return x.UnsupportedProtocols
+	}
+	return nil
+}
+
+func (x *Agent) GetSupportPolicy() SupportPolicy {
+	if x != nil {
+		return x.SupportPolicy
+	}
+	return SupportPolicy_SUPPORT_POLICY_UNSPECIFIED
+}
+
+func (x *Agent) GetDialect() Dialect {
+	if x != nil {
+		return x.Dialect
+	}
+	return Dialect_DIALECT_UNSPECIFIED
+}
+
+// SupportedProtocol is one protocol an agent supports.
+type SupportedProtocol struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The protocol. Format: protocols/{sha1-hex}.
+	Protocol string `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Where peers can fetch the document; never empty.
+	Sources       []string `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SupportedProtocol) Reset() {
+	*x = SupportedProtocol{}
+	mi := &file_parley_registry_v1_agent_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SupportedProtocol) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SupportedProtocol) ProtoMessage() {}
+
+func (x *SupportedProtocol) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_agent_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SupportedProtocol.ProtoReflect.Descriptor instead.
+func (*SupportedProtocol) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_agent_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SupportedProtocol) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *SupportedProtocol) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+// UnsupportedProtocol is one protocol an agent refuses.
+type UnsupportedProtocol struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The protocol. Format: protocols/{sha1-hex}.
+	Protocol string `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Why, for peers reading the extended discovery shape.
+	Comment       string `protobuf:"bytes,2,opt,name=comment,proto3" json:"comment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnsupportedProtocol) Reset() {
+	*x = UnsupportedProtocol{}
+	mi := &file_parley_registry_v1_agent_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnsupportedProtocol) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnsupportedProtocol) ProtoMessage() {}
+
+func (x *UnsupportedProtocol) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_agent_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnsupportedProtocol.ProtoReflect.Descriptor instead.
+func (*UnsupportedProtocol) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_agent_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *UnsupportedProtocol) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *UnsupportedProtocol) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
 var File_parley_registry_v1_agent_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1eparley/registry/v1/agent.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcd\x02\n" +
+	"\x1eparley/registry/v1/agent.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x05\n" +
 	"\x05Agent\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12'\n" +
 	"\fdisplay_name\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdisplayName\x12&\n" +
@@ -128,8 +385,28 @@ const file_parley_registry_v1_agent_proto_rawDesc = "" +
 	"createTime\x12A\n" +
 	"\vupdate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"updateTime\x12\x12\n" +
-	"\x04etag\x18\x06 \x01(\tR\x04etag:?\xeaA<\n" +
-	"\x19registry.parley.dev/Agent\x12\x1fclients/{client}/agents/{agent}B\xcc\x01\n" +
+	"\x04etag\x18\x06 \x01(\tR\x04etag\x12\\\n" +
+	"\x13supported_protocols\x18\a \x03(\v2%.parley.registry.v1.SupportedProtocolB\x04\xe2A\x01\x03R\x12supportedProtocols\x12b\n" +
+	"\x15unsupported_protocols\x18\b \x03(\v2'.parley.registry.v1.UnsupportedProtocolB\x04\xe2A\x01\x03R\x14unsupportedProtocols\x12N\n" +
+	"\x0esupport_policy\x18\t \x01(\x0e2!.parley.registry.v1.SupportPolicyB\x04\xe2A\x01\x01R\rsupportPolicy\x12;\n" +
+	"\adialect\x18\n" +
+	" \x01(\x0e2\x1b.parley.registry.v1.DialectB\x04\xe2A\x01\x01R\adialect:?\xeaA<\n" +
+	"\x19registry.parley.dev/Agent\x12\x1fclients/{client}/agents/{agent}\"U\n" +
+	"\x11SupportedProtocol\x12 \n" +
+	"\bprotocol\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
+	"\asources\x18\x02 \x03(\tB\x04\xe2A\x01\x02R\asources\"W\n" +
+	"\x13UnsupportedProtocol\x12 \n" +
+	"\bprotocol\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
+	"\acomment\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\acomment*l\n" +
+	"\rSupportPolicy\x12\x1e\n" +
+	"\x1aSUPPORT_POLICY_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17SUPPORT_POLICY_EXPLICIT\x10\x01\x12\x1e\n" +
+	"\x1aSUPPORT_POLICY_IMPLEMENTED\x10\x02*\\\n" +
+	"\aDialect\x12\x17\n" +
+	"\x13DIALECT_UNSPECIFIED\x10\x00\x12\x14\n" +
+	"\x10DIALECT_SPEC2024\x10\x01\x12\x0f\n" +
+	"\vDIALECT_STD\x10\x02\x12\x11\n" +
+	"\rDIALECT_PYLIB\x10\x03B\xcc\x01\n" +
 	"\x16com.parley.registry.v1B\n" +
 	"AgentProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
@@ -145,19 +422,28 @@ func file_parley_registry_v1_agent_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_agent_proto_rawDescData
 }
 
-var file_parley_registry_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_parley_registry_v1_agent_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_parley_registry_v1_agent_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_parley_registry_v1_agent_proto_goTypes = []any{
-	(*Agent)(nil),                 // 0: parley.registry.v1.Agent
-	(*timestamppb.Timestamp)(nil), // 1: google.protobuf.Timestamp
+	(SupportPolicy)(0),            // 0: parley.registry.v1.SupportPolicy
+	(Dialect)(0),                  // 1: parley.registry.v1.Dialect
+	(*Agent)(nil),                 // 2: parley.registry.v1.Agent
+	(*SupportedProtocol)(nil),     // 3: parley.registry.v1.SupportedProtocol
+	(*UnsupportedProtocol)(nil),   // 4: parley.registry.v1.UnsupportedProtocol
+	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
 }
 var file_parley_registry_v1_agent_proto_depIdxs = []int32{
-	1, // 0: parley.registry.v1.Agent.create_time:type_name -> google.protobuf.Timestamp
-	1, // 1: parley.registry.v1.Agent.update_time:type_name -> google.protobuf.Timestamp
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	5, // 0: parley.registry.v1.Agent.create_time:type_name -> google.protobuf.Timestamp
+	5, // 1: parley.registry.v1.Agent.update_time:type_name -> google.protobuf.Timestamp
+	3, // 2: parley.registry.v1.Agent.supported_protocols:type_name -> parley.registry.v1.SupportedProtocol
+	4, // 3: parley.registry.v1.Agent.unsupported_protocols:type_name -> parley.registry.v1.UnsupportedProtocol
+	0, // 4: parley.registry.v1.Agent.support_policy:type_name -> parley.registry.v1.SupportPolicy
+	1, // 5: parley.registry.v1.Agent.dialect:type_name -> parley.registry.v1.Dialect
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_agent_proto_init() }
@@ -170,13 +456,14 @@ func file_parley_registry_v1_agent_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_agent_proto_rawDesc), len(file_parley_registry_v1_agent_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   1,
+			NumEnums:      2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_parley_registry_v1_agent_proto_goTypes,
 		DependencyIndexes: file_parley_registry_v1_agent_proto_depIdxs,
+		EnumInfos:         file_parley_registry_v1_agent_proto_enumTypes,
 		MessageInfos:      file_parley_registry_v1_agent_proto_msgTypes,
 	}.Build()
 	File_parley_registry_v1_agent_proto = out.File

@@ -226,6 +226,62 @@ func (x *ListProtocolsResponse) GetNextPageToken() string {
 	return ""
 }
 
+// ResolveProtocolRequest is the request of ResolveProtocol.
+type ResolveProtocolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The SHA-1, as 40 hex characters (any case) or 28-character base64.
+	Hash string `protobuf:"bytes,1,opt,name=hash,proto3" json:"hash,omitempty"`
+	// protocolSources to try in order when the hash is not stored: https (or
+	// http when allowed) URLs and data: URIs. At most 3 are tried.
+	Sources       []string `protobuf:"bytes,2,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResolveProtocolRequest) Reset() {
+	*x = ResolveProtocolRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResolveProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResolveProtocolRequest) ProtoMessage() {}
+
+func (x *ResolveProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResolveProtocolRequest.ProtoReflect.Descriptor instead.
+func (*ResolveProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ResolveProtocolRequest) GetHash() string {
+	if x != nil {
+		return x.Hash
+	}
+	return ""
+}
+
+func (x *ResolveProtocolRequest) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
 // CreateAgentRequest is the request of CreateAgent.
 type CreateAgentRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -242,7 +298,7 @@ type CreateAgentRequest struct {
 
 func (x *CreateAgentRequest) Reset() {
 	*x = CreateAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[4]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -254,7 +310,7 @@ func (x *CreateAgentRequest) String() string {
 func (*CreateAgentRequest) ProtoMessage() {}
 
 func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[4]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -267,7 +323,7 @@ func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAgentRequest.ProtoReflect.Descriptor instead.
 func (*CreateAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{4}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CreateAgentRequest) GetParent() string {
@@ -302,7 +358,7 @@ type GetAgentRequest struct {
 
 func (x *GetAgentRequest) Reset() {
 	*x = GetAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -314,7 +370,7 @@ func (x *GetAgentRequest) String() string {
 func (*GetAgentRequest) ProtoMessage() {}
 
 func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -327,7 +383,7 @@ func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{5}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *GetAgentRequest) GetName() string {
@@ -352,7 +408,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -364,7 +420,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -377,7 +433,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{6}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListAgentsRequest) GetParent() string {
@@ -414,7 +470,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -426,7 +482,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -439,7 +495,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{7}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -467,7 +523,7 @@ type DeleteAgentRequest struct {
 
 func (x *DeleteAgentRequest) Reset() {
 	*x = DeleteAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -479,7 +535,7 @@ func (x *DeleteAgentRequest) String() string {
 func (*DeleteAgentRequest) ProtoMessage() {}
 
 func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -492,7 +548,7 @@ func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{8}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *DeleteAgentRequest) GetName() string {
@@ -517,7 +573,10 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"page_token\x18\x02 \x01(\tR\tpageToken\"{\n" +
 	"\x15ListProtocolsResponse\x12:\n" +
 	"\tprotocols\x18\x01 \x03(\v2\x1c.parley.registry.v1.ProtocolR\tprotocols\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8a\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"R\n" +
+	"\x16ResolveProtocolRequest\x12\x18\n" +
+	"\x04hash\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04hash\x12\x1e\n" +
+	"\asources\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\asources\"\x8a\x01\n" +
 	"\x12CreateAgentRequest\x12\x1c\n" +
 	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1f\n" +
 	"\bagent_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\aagentId\x125\n" +
@@ -533,11 +592,12 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x19.parley.registry.v1.AgentR\x06agents\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\".\n" +
 	"\x12DeleteAgentRequest\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name2\xed\x06\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name2\xec\a\n" +
 	"\x0fRegistryService\x12z\n" +
 	"\x0eCreateProtocol\x12).parley.registry.v1.CreateProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1f\x82\xd3\xe4\x93\x02\x19:\bprotocol\"\r/v1/protocols\x12s\n" +
 	"\vGetProtocol\x12&.parley.registry.v1.GetProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/{name=protocols/*}\x12{\n" +
-	"\rListProtocols\x12(.parley.registry.v1.ListProtocolsRequest\x1a).parley.registry.v1.ListProtocolsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/protocols\x12~\n" +
+	"\rListProtocols\x12(.parley.registry.v1.ListProtocolsRequest\x1a).parley.registry.v1.ListProtocolsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/protocols\x12}\n" +
+	"\x0fResolveProtocol\x12*.parley.registry.v1.ResolveProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\" \x82\xd3\xe4\x93\x02\x1a:\x01*\"\x15/v1/protocols:resolve\x12~\n" +
 	"\vCreateAgent\x12&.parley.registry.v1.CreateAgentRequest\x1a\x19.parley.registry.v1.Agent\",\x82\xd3\xe4\x93\x02&:\x05agent\"\x1d/v1/{parent=clients/*}/agents\x12q\n" +
 	"\bGetAgent\x12#.parley.registry.v1.GetAgentRequest\x1a\x19.parley.registry.v1.Agent\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{name=clients/*/agents/*}\x12\x82\x01\n" +
 	"\n" +
@@ -557,42 +617,45 @@ func file_parley_registry_v1_registry_service_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_registry_service_proto_rawDescData
 }
 
-var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_parley_registry_v1_registry_service_proto_goTypes = []any{
-	(*CreateProtocolRequest)(nil), // 0: parley.registry.v1.CreateProtocolRequest
-	(*GetProtocolRequest)(nil),    // 1: parley.registry.v1.GetProtocolRequest
-	(*ListProtocolsRequest)(nil),  // 2: parley.registry.v1.ListProtocolsRequest
-	(*ListProtocolsResponse)(nil), // 3: parley.registry.v1.ListProtocolsResponse
-	(*CreateAgentRequest)(nil),    // 4: parley.registry.v1.CreateAgentRequest
-	(*GetAgentRequest)(nil),       // 5: parley.registry.v1.GetAgentRequest
-	(*ListAgentsRequest)(nil),     // 6: parley.registry.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),    // 7: parley.registry.v1.ListAgentsResponse
-	(*DeleteAgentRequest)(nil),    // 8: parley.registry.v1.DeleteAgentRequest
-	(*Protocol)(nil),              // 9: parley.registry.v1.Protocol
-	(*Agent)(nil),                 // 10: parley.registry.v1.Agent
-	(*emptypb.Empty)(nil),         // 11: google.protobuf.Empty
+	(*CreateProtocolRequest)(nil),  // 0: parley.registry.v1.CreateProtocolRequest
+	(*GetProtocolRequest)(nil),     // 1: parley.registry.v1.GetProtocolRequest
+	(*ListProtocolsRequest)(nil),   // 2: parley.registry.v1.ListProtocolsRequest
+	(*ListProtocolsResponse)(nil),  // 3: parley.registry.v1.ListProtocolsResponse
+	(*ResolveProtocolRequest)(nil), // 4: parley.registry.v1.ResolveProtocolRequest
+	(*CreateAgentRequest)(nil),     // 5: parley.registry.v1.CreateAgentRequest
+	(*GetAgentRequest)(nil),        // 6: parley.registry.v1.GetAgentRequest
+	(*ListAgentsRequest)(nil),      // 7: parley.registry.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),     // 8: parley.registry.v1.ListAgentsResponse
+	(*DeleteAgentRequest)(nil),     // 9: parley.registry.v1.DeleteAgentRequest
+	(*Protocol)(nil),               // 10: parley.registry.v1.Protocol
+	(*Agent)(nil),                  // 11: parley.registry.v1.Agent
+	(*emptypb.Empty)(nil),          // 12: google.protobuf.Empty
 }
 var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
-	9,  // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
-	9,  // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	10, // 2: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
-	10, // 3: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
+	10, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
+	10, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	11, // 2: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	11, // 3: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
 	0,  // 4: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
 	1,  // 5: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
 	2,  // 6: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
-	4,  // 7: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
-	5,  // 8: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
-	6,  // 9: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
-	8,  // 10: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
-	9,  // 11: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
-	9,  // 12: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
-	3,  // 13: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
-	10, // 14: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
-	10, // 15: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
-	7,  // 16: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
-	11, // 17: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
-	11, // [11:18] is the sub-list for method output_type
-	4,  // [4:11] is the sub-list for method input_type
+	4,  // 7: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
+	5,  // 8: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
+	6,  // 9: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
+	7,  // 10: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
+	9,  // 11: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
+	10, // 12: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
+	10, // 13: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
+	3,  // 14: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
+	10, // 15: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
+	11, // 16: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
+	11, // 17: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
+	8,  // 18: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
+	12, // 19: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
+	12, // [12:20] is the sub-list for method output_type
+	4,  // [4:12] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name
@@ -611,7 +674,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_registry_service_proto_rawDesc), len(file_parley_registry_v1_registry_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -136,6 +136,33 @@ func local_request_RegistryService_ListProtocols_0(ctx context.Context, marshale
 	return msg, metadata, err
 }
 
+func request_RegistryService_ResolveProtocol_0(ctx context.Context, marshaler runtime.Marshaler, client RegistryServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq ResolveProtocolRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.ResolveProtocol(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_RegistryService_ResolveProtocol_0(ctx context.Context, marshaler runtime.Marshaler, server RegistryServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq ResolveProtocolRequest
+		metadata runtime.ServerMetadata
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	msg, err := server.ResolveProtocol(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 var filter_RegistryService_CreateAgent_0 = &utilities.DoubleArray{Encoding: map[string]int{"agent": 0, "parent": 1}, Base: []int{1, 1, 2, 0, 0}, Check: []int{0, 1, 1, 2, 3}}
 
 func request_RegistryService_CreateAgent_0(ctx context.Context, marshaler runtime.Marshaler, client RegistryServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
@@ -392,6 +419,26 @@ func RegisterRegistryServiceHandlerServer(ctx context.Context, mux *runtime.Serv
 		}
 		forward_RegistryService_ListProtocols_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_RegistryService_ResolveProtocol_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/parley.registry.v1.RegistryService/ResolveProtocol", runtime.WithHTTPPathPattern("/v1/protocols:resolve"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_RegistryService_ResolveProtocol_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_RegistryService_ResolveProtocol_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodPost, pattern_RegistryService_CreateAgent_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -563,6 +610,23 @@ func RegisterRegistryServiceHandlerClient(ctx context.Context, mux *runtime.Serv
 		}
 		forward_RegistryService_ListProtocols_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_RegistryService_ResolveProtocol_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/parley.registry.v1.RegistryService/ResolveProtocol", runtime.WithHTTPPathPattern("/v1/protocols:resolve"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_RegistryService_ResolveProtocol_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_RegistryService_ResolveProtocol_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodPost, pattern_RegistryService_CreateAgent_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -635,21 +699,23 @@ func RegisterRegistryServiceHandlerClient(ctx context.Context, mux *runtime.Serv
 }
 
 var (
-	pattern_RegistryService_CreateProtocol_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "protocols"}, ""))
-	pattern_RegistryService_GetProtocol_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "protocols", "name"}, ""))
-	pattern_RegistryService_ListProtocols_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "protocols"}, ""))
-	pattern_RegistryService_CreateAgent_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2, 2, 3}, []string{"v1", "clients", "parent", "agents"}, ""))
-	pattern_RegistryService_GetAgent_0       = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3}, []string{"v1", "clients", "agents", "name"}, ""))
-	pattern_RegistryService_ListAgents_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2, 2, 3}, []string{"v1", "clients", "parent", "agents"}, ""))
-	pattern_RegistryService_DeleteAgent_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3}, []string{"v1", "clients", "agents", "name"}, ""))
+	pattern_RegistryService_CreateProtocol_0  = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "protocols"}, ""))
+	pattern_RegistryService_GetProtocol_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2}, []string{"v1", "protocols", "name"}, ""))
+	pattern_RegistryService_ListProtocols_0   = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "protocols"}, ""))
+	pattern_RegistryService_ResolveProtocol_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "protocols"}, "resolve"))
+	pattern_RegistryService_CreateAgent_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2, 2, 3}, []string{"v1", "clients", "parent", "agents"}, ""))
+	pattern_RegistryService_GetAgent_0        = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3}, []string{"v1", "clients", "agents", "name"}, ""))
+	pattern_RegistryService_ListAgents_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 4, 2, 5, 2, 2, 3}, []string{"v1", "clients", "parent", "agents"}, ""))
+	pattern_RegistryService_DeleteAgent_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3}, []string{"v1", "clients", "agents", "name"}, ""))
 )
 
 var (
-	forward_RegistryService_CreateProtocol_0 = runtime.ForwardResponseMessage
-	forward_RegistryService_GetProtocol_0    = runtime.ForwardResponseMessage
-	forward_RegistryService_ListProtocols_0  = runtime.ForwardResponseMessage
-	forward_RegistryService_CreateAgent_0    = runtime.ForwardResponseMessage
-	forward_RegistryService_GetAgent_0       = runtime.ForwardResponseMessage
-	forward_RegistryService_ListAgents_0     = runtime.ForwardResponseMessage
-	forward_RegistryService_DeleteAgent_0    = runtime.ForwardResponseMessage
+	forward_RegistryService_CreateProtocol_0  = runtime.ForwardResponseMessage
+	forward_RegistryService_GetProtocol_0     = runtime.ForwardResponseMessage
+	forward_RegistryService_ListProtocols_0   = runtime.ForwardResponseMessage
+	forward_RegistryService_ResolveProtocol_0 = runtime.ForwardResponseMessage
+	forward_RegistryService_CreateAgent_0     = runtime.ForwardResponseMessage
+	forward_RegistryService_GetAgent_0        = runtime.ForwardResponseMessage
+	forward_RegistryService_ListAgents_0      = runtime.ForwardResponseMessage
+	forward_RegistryService_DeleteAgent_0     = runtime.ForwardResponseMessage
 )

@@ -20,13 +20,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RegistryService_CreateProtocol_FullMethodName = "/parley.registry.v1.RegistryService/CreateProtocol"
-	RegistryService_GetProtocol_FullMethodName    = "/parley.registry.v1.RegistryService/GetProtocol"
-	RegistryService_ListProtocols_FullMethodName  = "/parley.registry.v1.RegistryService/ListProtocols"
-	RegistryService_CreateAgent_FullMethodName    = "/parley.registry.v1.RegistryService/CreateAgent"
-	RegistryService_GetAgent_FullMethodName       = "/parley.registry.v1.RegistryService/GetAgent"
-	RegistryService_ListAgents_FullMethodName     = "/parley.registry.v1.RegistryService/ListAgents"
-	RegistryService_DeleteAgent_FullMethodName    = "/parley.registry.v1.RegistryService/DeleteAgent"
+	RegistryService_CreateProtocol_FullMethodName  = "/parley.registry.v1.RegistryService/CreateProtocol"
+	RegistryService_GetProtocol_FullMethodName     = "/parley.registry.v1.RegistryService/GetProtocol"
+	RegistryService_ListProtocols_FullMethodName   = "/parley.registry.v1.RegistryService/ListProtocols"
+	RegistryService_ResolveProtocol_FullMethodName = "/parley.registry.v1.RegistryService/ResolveProtocol"
+	RegistryService_CreateAgent_FullMethodName     = "/parley.registry.v1.RegistryService/CreateAgent"
+	RegistryService_GetAgent_FullMethodName        = "/parley.registry.v1.RegistryService/GetAgent"
+	RegistryService_ListAgents_FullMethodName      = "/parley.registry.v1.RegistryService/ListAgents"
+	RegistryService_DeleteAgent_FullMethodName     = "/parley.registry.v1.RegistryService/DeleteAgent"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -46,6 +47,13 @@ type RegistryServiceClient interface {
 	GetProtocol(ctx context.Context, in *GetProtocolRequest, opts ...grpc.CallOption) (*Protocol, error)
 	// ListProtocols lists stored protocols in hash order.
 	ListProtocols(ctx context.Context, in *ListProtocolsRequest, opts ...grpc.CallOption) (*ListProtocolsResponse, error)
+	// ResolveProtocol returns a protocol by hash, fetching it from the given
+	// sources (then peer registries) when it is not stored, and storing it once
+	// its SHA-1 verifies. Used by the dispatcher for every inbound envelope.
+	// Errors: INVALID_ARGUMENT (malformed hash or source), NOT_FOUND (no source
+	// produced it), PERMISSION_DENIED (refused destination),
+	// RESOURCE_EXHAUSTED (over the size limit).
+	ResolveProtocol(ctx context.Context, in *ResolveProtocolRequest, opts ...grpc.CallOption) (*Protocol, error)
 	// CreateAgent registers a hosted agent. Errors: INVALID_ARGUMENT,
 	// ALREADY_EXISTS.
 	CreateAgent(ctx context.Context, in *CreateAgentRequest, opts ...grpc.CallOption) (*Agent, error)
@@ -89,6 +97,16 @@ func (c *registryServiceClient) ListProtocols(ctx context.Context, in *ListProto
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListProtocolsResponse)
 	err := c.cc.Invoke(ctx, RegistryService_ListProtocols_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ResolveProtocol(ctx context.Context, in *ResolveProtocolRequest, opts ...grpc.CallOption) (*Protocol, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Protocol)
+	err := c.cc.Invoke(ctx, RegistryService_ResolveProtocol_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -152,6 +170,13 @@ type RegistryServiceServer interface {
 	GetProtocol(context.Context, *GetProtocolRequest) (*Protocol, error)
 	// ListProtocols lists stored protocols in hash order.
 	ListProtocols(context.Context, *ListProtocolsRequest) (*ListProtocolsResponse, error)
+	// ResolveProtocol returns a protocol by hash, fetching it from the given
+	// sources (then peer registries) when it is not stored, and storing it once
+	// its SHA-1 verifies. Used by the dispatcher for every inbound envelope.
+	// Errors: INVALID_ARGUMENT (malformed hash or source), NOT_FOUND (no source
+	// produced it), PERMISSION_DENIED (refused destination),
+	// RESOURCE_EXHAUSTED (over the size limit).
+	ResolveProtocol(context.Context, *ResolveProtocolRequest) (*Protocol, error)
 	// CreateAgent registers a hosted agent. Errors: INVALID_ARGUMENT,
 	// ALREADY_EXISTS.
 	CreateAgent(context.Context, *CreateAgentRequest) (*Agent, error)
@@ -179,6 +204,9 @@ func (UnimplementedRegistryServiceServer) GetProtocol(context.Context, *GetProto
 }
 func (UnimplementedRegistryServiceServer) ListProtocols(context.Context, *ListProtocolsRequest) (*ListProtocolsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProtocols not implemented")
+}
+func (UnimplementedRegistryServiceServer) ResolveProtocol(context.Context, *ResolveProtocolRequest) (*Protocol, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveProtocol not implemented")
 }
 func (UnimplementedRegistryServiceServer) CreateAgent(context.Context, *CreateAgentRequest) (*Agent, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateAgent not implemented")
@@ -263,6 +291,24 @@ func _RegistryService_ListProtocols_Handler(srv interface{}, ctx context.Context
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RegistryServiceServer).ListProtocols(ctx, req.(*ListProtocolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ResolveProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ResolveProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ResolveProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ResolveProtocol(ctx, req.(*ResolveProtocolRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -357,6 +403,10 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListProtocols",
 			Handler:    _RegistryService_ListProtocols_Handler,
+		},
+		{
+			MethodName: "ResolveProtocol",
+			Handler:    _RegistryService_ResolveProtocol_Handler,
 		},
 		{
 			MethodName: "CreateAgent",
