@@ -52,13 +52,18 @@ USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["/service"]
 
-# CMD cannot use build args, so the gateway's default command needs a stage of
-# its own. The services take everything from flags and PARLEY_* variables.
+# CMD cannot use build args, so the last FROM picks a stage by SERVICE: the
+# gateway's default command needs a stage of its own. The services take all
+# their settings from PARLEY_* variables (or flags).
 FROM runtime AS runtime-registry
 FROM runtime AS runtime-negotiator
 FROM runtime AS runtime-dispatcher
 FROM runtime AS runtime-tasks
 FROM runtime AS runtime-gateway
 CMD ["gateway"]
+# Without SERVICE the build stage stops with the message above. A misspelt
+# SERVICE fails sooner, when BuildKit cannot find a stage (or image) called
+# runtime-<SERVICE>.
+FROM build AS runtime-missing
 
-FROM runtime-${SERVICE}
+FROM runtime-${SERVICE:-missing}

@@ -251,7 +251,7 @@ func TestCompose_rejectsBrokenFile(t *testing.T) {
 		},
 		{
 			name:    "depends_on an undefined service",
-			edit:    edit{file: file, old: "      dispatcher:\n        condition: service_healthy\n\n  # The gateway", new: "      dispatch:\n        condition: service_healthy\n\n  # The gateway"},
+			edit:    edit{file: file, old: "      dispatcher:\n        condition: service_healthy\n\n  # `parley gateway`", new: "      dispatch:\n        condition: service_healthy\n\n  # `parley gateway`"},
 			wantErr: "dispatch",
 		},
 		{
@@ -303,6 +303,16 @@ func TestCompose_rejectsBrokenFile(t *testing.T) {
 			name:    "wrong build arg",
 			edit:    edit{file: file, old: "        SERVICE: tasks\n", new: "        SERVICE: task\n"},
 			wantErr: "service tasks: build arg SERVICE",
+		},
+		{
+			name:    "gateway peer address as a bare host",
+			edit:    edit{file: file, old: "      PARLEY_TASKS_ADDR: dns:///tasks:9090\n", new: "      PARLEY_TASKS_ADDR: tasks:9090\n"},
+			wantErr: `service gateway: PARLEY_TASKS_ADDR = "tasks:9090"`,
+		},
+		{
+			name:    "settings on the command line",
+			edit:    edit{file: file, old: "    command: [gateway]\n", new: "    command: [gateway, --http=:9000]\n"},
+			wantErr: "service gateway: command = ",
 		},
 		{
 			name:    "missing service",

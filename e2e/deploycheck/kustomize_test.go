@@ -553,6 +553,11 @@ func TestKustomize_rejectsBrokenTree(t *testing.T) {
 			wantErr: "Deployments differ from base beyond env and image tags",
 		},
 		{
+			name:    "settings on the command line",
+			edit:    edit{file: gateway, old: "args: [gateway]", new: "args: [gateway, --http=:9000]"},
+			wantErr: `Deployment gateway: args = ["gateway" "--http=:9000"], want ["gateway"]`,
+		},
+		{
 			name:    "wrong peer address",
 			edit:    edit{file: tasks, old: "value: dns:///dispatcher:9090", new: "value: dispatcher:9090"},
 			wantErr: `Deployment tasks: env PARLEY_DISPATCHER_ADDR = "dispatcher:9090"`,

@@ -19,6 +19,9 @@ func (s *Server) InProcessConn() (*grpc.ClientConn, error) {
 	s.mu.Lock()
 	if s.pipe == nil {
 		s.pipe = bufconn.Listen(1 << 20)
+		if s.running {
+			go s.servePipe(s.pipe)
+		}
 	}
 	lis := s.pipe
 	s.mu.Unlock()
@@ -33,3 +36,5 @@ func (s *Server) InProcessConn() (*grpc.ClientConn, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.opts.MaxBodyBytes)*4)))
 }
+
+func (s *Server) servePipe(lis *bufconn.Listener) { _ = s.GRPC.Serve(lis) }

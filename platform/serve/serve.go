@@ -75,6 +75,7 @@ type Server struct {
 	services []string
 	checks   []check
 	pipe     *bufconn.Listener // in-process clients, see InProcessConn
+	running  bool              // Run has started serving
 }
 
 type check struct {
@@ -220,11 +221,11 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		}
 	}()
 	s.mu.Lock()
-	pipe := s.pipe
-	s.mu.Unlock()
-	if pipe != nil {
-		go func() { _ = s.GRPC.Serve(pipe) }()
+	s.running = true
+	if s.pipe != nil {
+		go s.servePipe(s.pipe)
 	}
+	s.mu.Unlock()
 	s.setServing(healthpb.HealthCheckResponse_SERVING)
 
 	var runErr error

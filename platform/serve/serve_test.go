@@ -1,0 +1,193 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+)
+
+// panickyHealth is a health service whose Check panics, so one handler can
+// prove panic recovery on the gRPC path.
+type panickyHealth struct {
+	healthpb.UnimplementedHealthServer
+}
+
+func (panickyHealth) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
+	panic("boom")
+}
+
+type running struct {
+	srv      *Server
+	grpcConn *grpc.ClientConn
+	baseURL  string
+	cancel   context.CancelFunc
+	done     chan error
+}
+
+// start runs s on loopback listeners until the test ends.
+func start(t *testing.T, s *Server) *running {
+	t.Helper()
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, gl, hl) }()
+	conn, err := grpc.NewClient(gl.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &running{srv: s, grpcConn: conn, baseURL: "http://" + hl.Addr().String(), cancel: cancel, done: done}
+	t.Cleanup(func() {
+		conn.Close()
+		cancel()
+		<-done
+	})
+	return r
+}
+
+func newServer(t *testing.T) *Server {
+	t.Helper()
+	s, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), ShutdownTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func TestRun_healthAndReadiness(t *testing.T) {
+	s := newServer(t)
+	s.HealthService("parley.test.v1.TestService")
+	var failing error
+	s.AddReadinessCheck("store", func(context.Context) error { return failing })
+	r := start(t, s)
+
+	hc := healthpb.NewHealthClient(r.grpcConn)
+	for _, svc := range []string{"", "parley.test.v1.TestService"} {
+		resp, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: svc}, grpc.WaitForReady(true))
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("Check(%q) = %v, %v; want SERVING", svc, resp.GetStatus(), err)
+		}
+	}
+	if code, _ := get(t, r.baseURL+"/healthz"); code != http.StatusOK {
+		t.Errorf("GET /healthz = %d, want 200", code)
+	}
+	if code, _ := get(t, r.baseURL+"/readyz"); code != http.StatusOK {
+		t.Errorf("GET /readyz = %d, want 200", code)
+	}
+	failing = errors.New("store closed")
+	code, body := get(t, r.baseURL+"/readyz")
+	if code != http.StatusServiceUnavailable || !strings.Contains(body, "store closed") {
+		t.Errorf("GET /readyz with a failing check = %d %q, want 503 naming the failure", code, body)
+	}
+}
+
+func TestRun_shutdownFlipsHealthAndReturns(t *testing.T) {
+	s := newServer(t)
+	r := start(t, s)
+	hc := healthpb.NewHealthClient(r.grpcConn)
+	if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+	r.cancel()
+	select {
+	case err := <-r.done:
+		if err != nil {
+			t.Errorf("Run() after cancel = %v, want nil", err)
+		}
+		r.done <- nil // for Cleanup
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run() did not return within 10s of cancel")
+	}
+	if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); err == nil {
+		t.Error("health Check after shutdown succeeded, want an error")
+	}
+}
+
+// TestConcerns_bothPaths proves that metrics and panic recovery hold on the
+// gRPC path (interceptors) and on the HTTP path (middleware).
+func TestConcerns_bothPaths(t *testing.T) {
+	s := newServer(t)
+	s.Handle("GET /panic", http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
+	s.Handle("GET /ok/{id}", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
+	r := start(t, s)
+
+	if code, _ := get(t, r.baseURL+"/panic"); code != http.StatusInternalServerError {
+		t.Errorf("GET /panic = %d, want 500 after recovery", code)
+	}
+	if code, _ := get(t, r.baseURL+"/ok/123"); code != http.StatusOK {
+		t.Errorf("GET /ok/123 = %d, want 200 (server must survive the panic)", code)
+	}
+	hc := healthpb.NewHealthClient(r.grpcConn)
+	if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Fatal(err)
+	}
+
+	_, metrics := get(t, r.baseURL+"/metrics")
+	for _, want := range []string{
+		`parley_http_server_request_seconds_count{code="200",method="GET",route="GET /ok/{id}"} 1`,
+		`parley_grpc_server_handling_seconds_count{code="OK",method="/grpc.health.v1.Health/Check"}`,
+		`parley_server_panics_total 1`,
+	} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}
+
+func TestRecovery_grpcPath(t *testing.T) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	m := NewTestMetrics()
+	srv := grpc.NewServer(telemetryOptions(m, logger)...)
+	healthpb.RegisterHealthServer(srv, panickyHealth{})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_, err = healthpb.NewHealthClient(conn).Check(t.Context(), &healthpb.HealthCheckRequest{})
+	if status.Code(err) != codes.Internal || status.Convert(err).Message() != "internal error" {
+		t.Errorf("Check on a panicking handler = %v, want Internal \"internal error\"", err)
+	}
+}
+
+func TestNew_tlsFlagsTogether(t *testing.T) {
+	_, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), TLSCertFile: "cert.pem"})
+	if err == nil {
+		t.Error("New with --tls-cert but no --tls-key succeeded, want an error")
+	}
+}
