@@ -1,0 +1,160 @@
+// Package parleytest starts a real `parley serve` process for end-to-end
+// tests: it builds ./cmd/parley once per test binary, runs it on a temporary
+// data directory with ports 127.0.0.1:0, and reads the bound addresses from
+// the server's JSON "listening" log line.
+package parleytest
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// Binary builds the parley binary once and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "parley-e2e-bin")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "parley")
+		cmd := exec.Command("go", "build", "-o", binPath, "github.com/parleyhq/parley/cmd/parley")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/parley: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// Server is a running `parley serve` process.
+type Server struct {
+	Cmd      *exec.Cmd
+	DataDir  string
+	GRPCAddr string
+	HTTPAddr string
+	// Log holds everything the server wrote to stderr so far.
+	Log *SyncBuffer
+	// Exited is closed when the process has exited; ExitErr then holds
+	// Wait's result.
+	Exited  chan struct{}
+	ExitErr error
+}
+
+// URL returns the HTTP base URL joined with path.
+func (s *Server) URL(path string) string { return "http://" + s.HTTPAddr + path }
+
+// Start runs `parley serve` with extra flags on dataDir (a new temporary
+// directory when empty) and waits until it logs its addresses. The process
+// is killed when the test ends if it is still running.
+func Start(t testing.TB, dataDir string, extra ...string) *Server {
+	t.Helper()
+	if dataDir == "" {
+		dataDir = t.TempDir()
+	}
+	args := append([]string{"serve", "--data", dataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, extra...)
+	cmd := exec.Command(Binary(t), args...)
+	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	s := &Server{Cmd: cmd, DataDir: dataDir, Log: &SyncBuffer{}, Exited: make(chan struct{})}
+	addrs := make(chan [2]string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			line := sc.Text()
+			s.Log.WriteLine(line)
+			var rec struct {
+				Msg  string `json:"msg"`
+				GRPC string `json:"grpc"`
+				HTTP string `json:"http"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "listening" {
+				addrs <- [2]string{rec.GRPC, rec.HTTP}
+			}
+		}
+		_, _ = io.Copy(io.Discard, stderr)
+	}()
+	go func() {
+		s.ExitErr = cmd.Wait()
+		close(s.Exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-s.Exited:
+		default:
+			_ = cmd.Process.Kill()
+			<-s.Exited
+		}
+	})
+	select {
+	case a := <-addrs:
+		s.GRPCAddr, s.HTTPAddr = a[0], a[1]
+	case <-s.Exited:
+		t.Fatalf("parley serve exited before listening: %v\n%s", s.ExitErr, s.Log)
+	case <-time.After(60 * time.Second):
+		t.Fatalf("parley serve did not log its addresses within 60s\n%s", s.Log)
+	}
+	return s
+}
+
+// Stop sends SIGTERM and waits up to timeout for the process to exit. It
+// returns the exit error (nil for exit status 0).
+func (s *Server) Stop(timeout time.Duration) error {
+	if err := s.Cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		return err
+	}
+	select {
+	case <-s.Exited:
+		return s.ExitErr
+	case <-time.After(timeout):
+		return errors.New("parley serve did not exit within " + timeout.String() + " of SIGTERM")
+	}
+}
+
+// SyncBuffer is a line buffer safe for concurrent use.
+type SyncBuffer struct {
+	mu    sync.Mutex
+	lines []string
+}
+
+// WriteLine appends one line.
+func (b *SyncBuffer) WriteLine(l string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.lines = append(b.lines, l)
+}
+
+// String returns every line so far.
+func (b *SyncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return strings.Join(b.lines, "\n")
+}

@@ -1,0 +1,81 @@
+// Package e2e tests several Parley services together, through a real
+// `parley serve` process.
+package e2e
+
+import (
+	"net/http"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/parleyhq/parley/e2e/parleytest"
+)
+
+func TestServe_healthOverGRPCAndHTTP_thenSIGTERM(t *testing.T) {
+	srv := parleytest.Start(t, "")
+
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get(srv.URL(path))
+		if err != nil {
+			t.Fatalf("GET %s: %v", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("GET %s = %d, want 200", path, resp.StatusCode)
+		}
+	}
+
+	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	hc := healthpb.NewHealthClient(conn)
+	for _, svc := range []string{
+		"",
+		"parley.registry.v1.RegistryService",
+		"parley.negotiator.v1.NegotiatorService",
+		"parley.dispatcher.v1.DispatcherService",
+		"parley.tasks.v1.TasksService",
+	} {
+		resp, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			t.Errorf("health Check(%q) = %v, %v; want SERVING", svc, resp.GetStatus(), err)
+		}
+	}
+
+	if err := srv.Stop(5 * time.Second); err != nil {
+		t.Errorf("SIGTERM: %v, want exit status 0 within 5s\n%s", err, srv.Log)
+	}
+}
+
+func TestServe_secondProcessOnSameDataDirFailsFast(t *testing.T) {
+	first := parleytest.Start(t, "")
+	second := parleytest.Binary(t)
+	cmd := exec.Command(second, "serve", "--data", first.DataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+	done := make(chan error, 1)
+	var out []byte
+	go func() {
+		var err error
+		out, err = cmd.CombinedOutput()
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatalf("second parley serve on %s exited 0, want failure", first.DataDir)
+		}
+		lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(lines) != 1 || !strings.Contains(lines[0], "locked by another process") {
+			t.Errorf("second parley serve printed %q, want one line saying the data directory is locked", out)
+		}
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		t.Fatal("second parley serve on a locked data directory hung")
+	}
+}
