@@ -51,6 +51,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.field+": "+me.err.Error(), map[string]string{me.field: me.err.Error()})
 	case errors.Is(err, pd.ErrInvalidMetadata):
 		return grpcerr.New(codes.InvalidArgument, err.Error(), reasonInvalidMetadata, Domain, nil)
+	case errors.Is(err, errPeerTooLarge):
+		return grpcerr.New(codes.ResourceExhausted, err.Error(), reasonTooLarge, Domain, nil)
 	case errors.Is(err, store.ErrConflict):
 		return grpcerr.New(codes.AlreadyExists, "a different document with the same SHA-1 is already stored; the stored one is kept ("+err.Error()+")", reasonCollision, Domain, nil)
 	case errors.Is(err, store.ErrNotFound):

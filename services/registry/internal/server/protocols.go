@@ -19,6 +19,9 @@ import (
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
+// errPeerTooLarge reports a peer's document over this registry's limit.
+var errPeerTooLarge = errors.New("document too large")
+
 // Origin of documents registered through CreateProtocol.
 const originAPI = "api"
 
@@ -271,6 +274,9 @@ func (s *Server) resolve(ctx context.Context, h pd.Hash, sources []string) (*reg
 		found, err := s.opts.Finder.Find(fctx, h, sources)
 		if err != nil {
 			return nil, err
+		}
+		if int64(len(found.Content)) > s.opts.MaxBytes {
+			return nil, fmt.Errorf("%s served %d bytes, over the %d-byte limit: %w", found.Origin, len(found.Content), s.opts.MaxBytes, errPeerTooLarge)
 		}
 		field := "peer " + strings.TrimPrefix(found.Origin, "peer:")
 		if found.Source >= 0 {
