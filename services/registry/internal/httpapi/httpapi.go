@@ -40,7 +40,9 @@ type Backend interface {
 // ClientBackend adapts a gRPC client to Backend.
 func ClientBackend(c registryv1.RegistryServiceClient) Backend { return clientBackend{c} }
 
-type clientBackend struct{ c registryv1.RegistryServiceClient }
+type clientBackend struct {
+	c registryv1.RegistryServiceClient
+}
 
 func (b clientBackend) GetProtocol(ctx context.Context, req *registryv1.GetProtocolRequest) (*registryv1.Protocol, error) {
 	return b.c.GetProtocol(ctx, req)

@@ -358,4 +358,3 @@ func (s *Store) UpdateAgent(ctx context.Context, name string, mutate func(*regis
 	}
 	return a, nil
 }
-
