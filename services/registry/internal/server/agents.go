@@ -197,7 +197,10 @@ func (s *Server) AddSupportedProtocol(ctx context.Context, req *registryv1.AddSu
 		}
 		return nil, s.toStatus(ctx, err)
 	}
-	return s.updateSupport(ctx, req.GetName(), h, func(a *registryv1.Agent) error {
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		ref := "protocols/" + h.Hex()
+		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, ref)
+		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, ref)
 		if len(a.SupportedProtocols) >= maxProtocolsInAList {
 			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already supports %d protocols, the most allowed", a.GetName(), maxProtocolsInAList), reasonTooManyProtocols, Domain, nil)
 		}
@@ -235,7 +238,10 @@ func (s *Server) RemoveSupportedProtocol(ctx context.Context, req *registryv1.Re
 	if err != nil {
 		return nil, err
 	}
-	return s.updateSupport(ctx, req.GetName(), h, nil)
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, "protocols/"+h.Hex())
+		return nil
+	})
 }
 
 // AddUnsupportedProtocol implements RegistryService.
@@ -249,7 +255,10 @@ func (s *Server) AddUnsupportedProtocol(ctx context.Context, req *registryv1.Add
 		v.Add("comment", fmt.Sprintf("has %d characters, at most %d allowed", n, maxComment))
 		return nil, v.Err(reasonInvalidArgument, Domain)
 	}
-	return s.updateSupport(ctx, req.GetName(), h, func(a *registryv1.Agent) error {
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		ref := "protocols/" + h.Hex()
+		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, ref)
+		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, ref)
 		if len(a.UnsupportedProtocols) >= maxProtocolsInAList {
 			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already lists %d unsupported protocols, the most allowed", a.GetName(), maxProtocolsInAList), reasonTooManyProtocols, Domain, nil)
 		}
@@ -264,7 +273,10 @@ func (s *Server) RemoveUnsupportedProtocol(ctx context.Context, req *registryv1.
 	if err != nil {
 		return nil, err
 	}
-	return s.updateSupport(ctx, req.GetName(), h, nil)
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, "protocols/"+h.Hex())
+		return nil
+	})
 }
 
 func (s *Server) agentAndProtocol(name, protocol string) (pd.Hash, error) {
@@ -277,18 +289,13 @@ func (s *Server) agentAndProtocol(name, protocol string) (pd.Hash, error) {
 	return h, v.Err(reasonInvalidArgument, Domain)
 }
 
-// updateSupport removes h from both of the agent's lists, then lets add
-// (if any) put it back in one of them, so a protocol is never both
-// supported and unsupported.
-func (s *Server) updateSupport(ctx context.Context, name string, h pd.Hash, add func(*registryv1.Agent) error) (*registryv1.Agent, error) {
-	ref := "protocols/" + h.Hex()
+// updateSupport applies mutate to the agent's protocol lists in one store
+// transaction. Adding to one list first removes the protocol from both, so
+// a protocol is never both supported and unsupported.
+func (s *Server) updateSupport(ctx context.Context, name string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
 	a, err := s.store.UpdateAgent(ctx, name, func(a *registryv1.Agent) error {
-		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, ref)
-		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, ref)
-		if add != nil {
-			if err := add(a); err != nil {
-				return err
-			}
+		if err := mutate(a); err != nil {
+			return err
 		}
 		a.UpdateTime = timestamppb.New(s.now())
 		return nil
