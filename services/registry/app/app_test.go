@@ -97,7 +97,7 @@ func startRegistry(t *testing.T, args ...string) *registry {
 	return r
 }
 
-func listen(t *testing.T) net.Listener {
+func listen(t testing.TB) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
