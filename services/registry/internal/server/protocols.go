@@ -265,39 +265,51 @@ func (s *Server) resolve(ctx context.Context, h pd.Hash, sources []string) (*reg
 		return nil, &resolve.NotFoundError{Hash: h}
 	}
 	sources = append([]string(nil), sources...)
-	ch := s.flight.DoChan(string(h[:]), func() (any, error) {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ResolveTimeout)
-		defer cancel()
-		if p, err := s.stored(fctx, h); err == nil {
-			return p, nil
+	// A caller that joined another caller's failed resolution (made with
+	// that caller's sources) tries once more, so that bad sources sent by
+	// one peer cannot fail everyone resolving the same hash. Sources that
+	// just failed are in the negative cache and are not fetched again.
+	for attempt := 0; ; attempt++ {
+		ch := s.flight.DoChan(string(h[:]), func() (any, error) { return s.resolveShared(ctx, h, sources) })
+		select {
+		case r := <-ch:
+			if r.Err == nil {
+				return r.Val.(*registryv1.Protocol), nil
+			}
+			if !r.Shared || attempt > 0 {
+				return nil, r.Err
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
 		}
-		found, err := s.opts.Finder.Find(fctx, h, sources)
-		if err != nil {
-			return nil, err
-		}
-		if int64(len(found.Content)) > s.opts.MaxBytes {
-			return nil, fmt.Errorf("%s served %d bytes, over the %d-byte limit: %w", found.Origin, len(found.Content), s.opts.MaxBytes, errPeerTooLarge)
-		}
-		field := "peer " + strings.TrimPrefix(found.Origin, "peer:")
-		if found.Source >= 0 {
-			field = fmt.Sprintf("sources[%d]", found.Source)
-		}
-		p, _, err := s.register(fctx, found.Content, found.Origin, field)
-		if err != nil {
-			return nil, err
-		}
-		s.metrics.resolves.WithLabelValues(via(found.Origin)).Inc()
-		return p, nil
-	})
-	select {
-	case r := <-ch:
-		if r.Err != nil {
-			return nil, r.Err
-		}
-		return r.Val.(*registryv1.Protocol), nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
 	}
+}
+
+// resolveShared is one resolution of h, shared by every caller waiting on
+// it: peers, then sources, then the store.
+func (s *Server) resolveShared(ctx context.Context, h pd.Hash, sources []string) (any, error) {
+	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ResolveTimeout)
+	defer cancel()
+	if p, err := s.stored(fctx, h); err == nil {
+		return p, nil
+	}
+	found, err := s.opts.Finder.Find(fctx, h, sources)
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(found.Content)) > s.opts.MaxBytes {
+		return nil, fmt.Errorf("%s served %d bytes, over the %d-byte limit: %w", found.Origin, len(found.Content), s.opts.MaxBytes, errPeerTooLarge)
+	}
+	field := "peer " + strings.TrimPrefix(found.Origin, "peer:")
+	if found.Source >= 0 {
+		field = fmt.Sprintf("sources[%d]", found.Source)
+	}
+	p, _, err := s.register(fctx, found.Content, found.Origin, field)
+	if err != nil {
+		return nil, err
+	}
+	s.metrics.resolves.WithLabelValues(via(found.Origin)).Inc()
+	return p, nil
 }
 
 // SyncProtocols implements RegistryService.
