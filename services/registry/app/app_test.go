@@ -606,3 +606,29 @@ func TestPeerRegistries(t *testing.T) {
 		t.Errorf("ResolveProtocol(peer down, data source) = %v, %v", got, err)
 	}
 }
+
+func TestResolveSilentSourceEndsWithinBudget(t *testing.T) {
+	silent := listen(t)
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() }) // accept, never answer
+		}
+	}()
+	const budget = 300 * time.Millisecond
+	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", silent.Addr().String(), "--pd-fetch-timeout", budget.String())
+	start := time.Now()
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("ef", 20), Sources: []string{"http://" + silent.Addr().String() + "/pd"}})
+	elapsed := time.Since(start)
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "timed out") {
+		t.Errorf("ResolveProtocol(silent source) error = %v; want NOT_FOUND saying it timed out", err)
+	}
+	// Generous slack: this checks that the budget applies, not its speed.
+	if elapsed > budget+3*time.Second {
+		t.Errorf("ResolveProtocol(silent source) took %v; want about the %v budget", elapsed, budget)
+	}
+}

@@ -304,6 +304,7 @@ type RefusedError struct {
 	Reason string
 }
 
+// Error says which address was refused and why.
 func (e *RefusedError) Error() string {
 	return "destination " + e.Addr + " is refused (" + e.Reason + " address)"
 }

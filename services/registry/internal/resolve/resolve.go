@@ -105,10 +105,12 @@ type SourceError struct {
 	Err    error
 }
 
+// Error names the source by index and text, and why it failed.
 func (e *SourceError) Error() string {
 	return fmt.Sprintf("sources[%d] %q: %v", e.Index, fetch.Describe(e.Source), e.Err)
 }
 
+// Unwrap returns the underlying failure.
 func (e *SourceError) Unwrap() error { return e.Err }
 
 // NotFoundError reports that no peer or source produced the document. It
@@ -118,6 +120,7 @@ type NotFoundError struct {
 	Sources []*SourceError
 }
 
+// Error names the hash and every tried source with its failure.
 func (e *NotFoundError) Error() string {
 	if len(e.Sources) == 0 {
 		return "protocol " + e.Hash.Hex() + " is not stored and no source was given"
