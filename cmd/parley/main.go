@@ -7,6 +7,8 @@
 //	parley gateway --registry-addr A --dispatcher-addr A --negotiator-addr A --tasks-addr A
 //	parley health (--server ADDR | --url URL)
 //	parley version
+//	parley protocol add|get|list|search|sync [--server ADDR] ...
+//	parley agent create|get|list|delete|support|unsupport|forget [--server ADDR] ...
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
 // server (default 127.0.0.1:9090, environment PARLEY_SERVER).
@@ -53,6 +55,9 @@ func commands() map[string]command {
 		"gateway": {"run the REST gateway in front of separately running services", runGateway},
 		"health":  {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
 		"version": {"print the version", runVersion},
+
+		"protocol": {"manage protocol documents in a running registry", runProtocol},
+		"agent":    {"manage hosted agents and the protocols they support", runAgent},
 	}
 }
 

@@ -1,17 +1,25 @@
-// Package app assembles the registry: its store, gRPC server, gateway routes,
-// health and readiness. Both the one-service binary and `parley serve` use it.
+// Package app assembles the registry: its store, document fetcher, peer
+// registries, gRPC server, gateway and hand-written HTTP routes, health and
+// readiness. Both the one-service binary and `parley serve` use it.
 package app
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/grpcclient"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/registry/config"
+	"github.com/parleyhq/parley/services/registry/internal/fetch"
+	"github.com/parleyhq/parley/services/registry/internal/httpapi"
+	"github.com/parleyhq/parley/services/registry/internal/pd"
+	"github.com/parleyhq/parley/services/registry/internal/resolve"
 	"github.com/parleyhq/parley/services/registry/internal/server"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 	"github.com/parleyhq/parley/services/registry/internal/store/boltstore"
@@ -26,34 +34,136 @@ type App struct {
 	logger *slog.Logger
 	store  store.Store
 	server *server.Server
+	peers  []*grpc.ClientConn
 }
 
-// New opens the store and builds the server. It does not listen.
-func New(cfg config.Config, logger *slog.Logger) (*App, error) {
+// New opens the store, dials peer registries (lazily) and builds the
+// server. It does not listen.
+func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
+	f, err := fetch.New(fetch.Options{
+		MaxBytes:       cfg.PDMaxBytes,
+		AllowHTTP:      cfg.FetchAllowHTTP,
+		Allow:          cfg.AllowList(),
+		ConnectTimeout: cfg.FetchConnectTimeout,
+		Timeout:        cfg.FetchTimeout,
+		MaxRedirects:   redirects(cfg.FetchMaxRedirects),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("--pd-fetch-allow: %w", err)
+	}
+	a := &App{cfg: cfg, logger: logger}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	clients := map[string]registryv1.RegistryServiceClient{}
+	var peers []resolve.Peer
+	for _, addr := range cfg.PeerList() {
+		conn, err := grpcclient.Dial(addr, grpcclient.Options{CAFile: cfg.PeerCA})
+		if err != nil {
+			return nil, fmt.Errorf("--registry-peers %s: %w", addr, err)
+		}
+		a.peers = append(a.peers, conn)
+		c := registryv1.NewRegistryServiceClient(conn)
+		clients[addr] = c
+		peers = append(peers, peer{name: addr, client: c})
+	}
+	negTTL := cfg.FetchNegativeTTL
+	if negTTL == 0 {
+		negTTL = -1 // the flag's 0 disables; the resolver's 0 means default
+	}
+	finder := resolve.New(f, peers, resolve.Options{
+		MaxSources:  cfg.FetchMaxSources,
+		NegativeTTL: negTTL,
+		PeerTimeout: cfg.FetchConnectTimeout,
+	}, logger)
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	return &App{cfg: cfg, logger: logger, store: st, server: server.New(st, logger)}, nil
+	a.store = st
+	a.server = server.New(st, logger, server.Options{
+		MaxBytes:   cfg.PDMaxBytes,
+		Strict:     cfg.PDStrictMetadata,
+		PublicURL:  cfg.PublicURL,
+		CacheBytes: cfg.PDCacheBytes,
+		Finder:     finder,
+		// Peers, then every source tried in full, plus slack.
+		ResolveTimeout: time.Duration(len(peers))*cfg.FetchConnectTimeout + time.Duration(cfg.FetchMaxSources)*cfg.FetchTimeout + time.Second,
+		Peers:          clients,
+	})
+	return a, nil
 }
 
-// Register mounts the registry on s: gRPC service, gateway handlers, health
-// name and readiness check.
+func redirects(n int) int {
+	if n == 0 {
+		return -1 // fetch.Options: negative follows none, 0 means default
+	}
+	return n
+}
+
+// Register mounts the registry on s: gRPC service, gateway handlers, the
+// raw-document and discovery routes, metrics, health name and readiness.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	registryv1.RegisterRegistryServiceServer(s.GRPC, a.server)
 	if err := registryv1.RegisterRegistryServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
+	}
+	mountRoutes(s, a.server, a.cfg.PublicURL)
+	for _, c := range a.server.Collectors() {
+		if err := s.Registry().Register(c); err != nil {
+			return fmt.Errorf("register registry metrics: %w", err)
+		}
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("registry-store", a.store.Ping)
 	return nil
 }
 
-// Close closes the store.
-func (a *App) Close() error { return a.store.Close() }
+func mountRoutes(s *serve.Server, b httpapi.Backend, publicURL string) {
+	s.Handle(httpapi.ProtocolRoute, httpapi.Protocols(b))
+	disc := httpapi.Discovery(b, publicURL)
+	s.Handle(httpapi.WellKnownRoute, disc)
+	s.Handle(httpapi.WellKnownAliasRoute, disc)
+}
 
-// RegisterGateway mounts the registry's REST routes on s for a gateway process
-// that reaches the registry over conn instead of in-process.
+// Close closes peer connections and the store.
+func (a *App) Close() error {
+	var errs []error
+	for _, c := range a.peers {
+		errs = append(errs, c.Close())
+	}
+	if a.store != nil {
+		errs = append(errs, a.store.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// RegisterGateway mounts the registry's REST routes on s for a gateway
+// process that reaches the registry over conn instead of in-process,
+// including GET /protocols/{hash} and discovery. Sources stored as paths
+// are made absolute against each request's host there.
 func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
-	return registryv1.RegisterRegistryServiceHandler(ctx, s.Gateway, conn)
+	if err := registryv1.RegisterRegistryServiceHandler(ctx, s.Gateway, conn); err != nil {
+		return err
+	}
+	mountRoutes(s, httpapi.ClientBackend(registryv1.NewRegistryServiceClient(conn)), "")
+	return nil
+}
+
+// peer is a peer registry reached over gRPC.
+type peer struct {
+	name   string
+	client registryv1.RegistryServiceClient
+}
+
+func (p peer) Name() string { return p.name }
+
+func (p peer) Get(ctx context.Context, h pd.Hash) ([]byte, error) {
+	got, err := p.client.GetProtocol(ctx, &registryv1.GetProtocolRequest{Name: "protocols/" + h.Hex()})
+	if err != nil {
+		return nil, err
+	}
+	return got.GetContent(), nil
 }

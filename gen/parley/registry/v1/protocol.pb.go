@@ -10,6 +10,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -54,7 +55,17 @@ type Protocol struct {
 	// from.
 	Origin string `protobuf:"bytes,11,opt,name=origin,proto3" json:"origin,omitempty"`
 	// When the registry first stored the document.
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The JSON Schema that request bodies must satisfy, as compact JSON, from
+	// the `requestSchema` key of the metadata block; empty when absent. It
+	// compiled when the document was registered.
+	RequestSchemaJson string `protobuf:"bytes,13,opt,name=request_schema_json,json=requestSchemaJson,proto3" json:"request_schema_json,omitempty"`
+	// The JSON Schema that response bodies must satisfy, as compact JSON, from
+	// the `responseSchema` key of the metadata block; empty when absent.
+	ResponseSchemaJson string `protobuf:"bytes,14,opt,name=response_schema_json,json=responseSchemaJson,proto3" json:"response_schema_json,omitempty"`
+	// The message state machine from the `stateMachine` key of the metadata
+	// block; unset when absent. It was validated at registration.
+	StateMachine  *StateMachine `protobuf:"bytes,15,opt,name=state_machine,json=stateMachine,proto3" json:"state_machine,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -173,11 +184,266 @@ func (x *Protocol) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Protocol) GetRequestSchemaJson() string {
+	if x != nil {
+		return x.RequestSchemaJson
+	}
+	return ""
+}
+
+func (x *Protocol) GetResponseSchemaJson() string {
+	if x != nil {
+		return x.ResponseSchemaJson
+	}
+	return ""
+}
+
+func (x *Protocol) GetStateMachine() *StateMachine {
+	if x != nil {
+		return x.StateMachine
+	}
+	return nil
+}
+
+// StateMachine is the machine-readable conversation shape a protocol
+// document may declare: who sends which message types, and which type may
+// follow which, within which deadline.
+type StateMachine struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The roles taking part, for example "buyer" and "seller"; unique.
+	Roles []string `protobuf:"bytes,1,rep,name=roles,proto3" json:"roles,omitempty"`
+	// The message types; unique by type.
+	Messages []*StateMachineMessage `protobuf:"bytes,2,rep,name=messages,proto3" json:"messages,omitempty"`
+	// The message types that may open a conversation. Defaults to the first
+	// declared message type.
+	Initial []string `protobuf:"bytes,3,rep,name=initial,proto3" json:"initial,omitempty"`
+	// Which message types may follow each message type.
+	Transitions []*StateMachineTransition `protobuf:"bytes,4,rep,name=transitions,proto3" json:"transitions,omitempty"`
+	// Message types that end a conversation; they have no transitions.
+	Terminal []string `protobuf:"bytes,5,rep,name=terminal,proto3" json:"terminal,omitempty"`
+	// The top-level JSON body field that carries the message type; "type" when
+	// the document does not say.
+	TypeField     string `protobuf:"bytes,6,opt,name=type_field,json=typeField,proto3" json:"type_field,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StateMachine) Reset() {
+	*x = StateMachine{}
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StateMachine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StateMachine) ProtoMessage() {}
+
+func (x *StateMachine) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StateMachine.ProtoReflect.Descriptor instead.
+func (*StateMachine) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *StateMachine) GetRoles() []string {
+	if x != nil {
+		return x.Roles
+	}
+	return nil
+}
+
+func (x *StateMachine) GetMessages() []*StateMachineMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *StateMachine) GetInitial() []string {
+	if x != nil {
+		return x.Initial
+	}
+	return nil
+}
+
+func (x *StateMachine) GetTransitions() []*StateMachineTransition {
+	if x != nil {
+		return x.Transitions
+	}
+	return nil
+}
+
+func (x *StateMachine) GetTerminal() []string {
+	if x != nil {
+		return x.Terminal
+	}
+	return nil
+}
+
+func (x *StateMachine) GetTypeField() string {
+	if x != nil {
+		return x.TypeField
+	}
+	return ""
+}
+
+// StateMachineMessage is one message type of a StateMachine.
+type StateMachineMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The message type, as carried in the body's type field.
+	Type string `protobuf:"bytes,1,opt,name=type,proto3" json:"type,omitempty"`
+	// The role that sends it; one of StateMachine.roles.
+	SenderRole string `protobuf:"bytes,2,opt,name=sender_role,json=senderRole,proto3" json:"sender_role,omitempty"`
+	// The role that receives it; one of StateMachine.roles, or empty for any
+	// other role.
+	ReceiverRole string `protobuf:"bytes,3,opt,name=receiver_role,json=receiverRole,proto3" json:"receiver_role,omitempty"`
+	// A JSON Schema for bodies of this type, as compact JSON; empty when
+	// absent.
+	SchemaJson    string `protobuf:"bytes,4,opt,name=schema_json,json=schemaJson,proto3" json:"schema_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StateMachineMessage) Reset() {
+	*x = StateMachineMessage{}
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StateMachineMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StateMachineMessage) ProtoMessage() {}
+
+func (x *StateMachineMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StateMachineMessage.ProtoReflect.Descriptor instead.
+func (*StateMachineMessage) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StateMachineMessage) GetType() string {
+	if x != nil {
+		return x.Type
+	}
+	return ""
+}
+
+func (x *StateMachineMessage) GetSenderRole() string {
+	if x != nil {
+		return x.SenderRole
+	}
+	return ""
+}
+
+func (x *StateMachineMessage) GetReceiverRole() string {
+	if x != nil {
+		return x.ReceiverRole
+	}
+	return ""
+}
+
+func (x *StateMachineMessage) GetSchemaJson() string {
+	if x != nil {
+		return x.SchemaJson
+	}
+	return ""
+}
+
+// StateMachineTransition says which message types may follow a message type.
+type StateMachineTransition struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The message type just sent.
+	Message string `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	// The message types allowed next; never empty.
+	Next []string `protobuf:"bytes,2,rep,name=next,proto3" json:"next,omitempty"`
+	// How long the next message may take; unset for no deadline.
+	Deadline      *durationpb.Duration `protobuf:"bytes,3,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StateMachineTransition) Reset() {
+	*x = StateMachineTransition{}
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StateMachineTransition) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StateMachineTransition) ProtoMessage() {}
+
+func (x *StateMachineTransition) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StateMachineTransition.ProtoReflect.Descriptor instead.
+func (*StateMachineTransition) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *StateMachineTransition) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *StateMachineTransition) GetNext() []string {
+	if x != nil {
+		return x.Next
+	}
+	return nil
+}
+
+func (x *StateMachineTransition) GetDeadline() *durationpb.Duration {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
 var File_parley_registry_v1_protocol_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_protocol_proto_rawDesc = "" +
 	"\n" +
-	"!parley/registry/v1/protocol.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xf5\x03\n" +
+	"!parley/registry/v1/protocol.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb0\x05\n" +
 	"\bProtocol\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1f\n" +
 	"\acontent\x18\x02 \x01(\fB\x05\xe2A\x02\x02\x05R\acontent\x12\x1f\n" +
@@ -197,8 +463,30 @@ const file_parley_registry_v1_protocol_proto_rawDesc = "" +
 	" \x01(\x03B\x04\xe2A\x01\x03R\tsizeBytes\x12\x1c\n" +
 	"\x06origin\x18\v \x01(\tB\x04\xe2A\x01\x03R\x06origin\x12A\n" +
 	"\vcreate_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime:7\xeaA4\n" +
-	"\x1cregistry.parley.dev/Protocol\x12\x14protocols/{protocol}B\xcf\x01\n" +
+	"createTime\x124\n" +
+	"\x13request_schema_json\x18\r \x01(\tB\x04\xe2A\x01\x03R\x11requestSchemaJson\x126\n" +
+	"\x14response_schema_json\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\x12responseSchemaJson\x12K\n" +
+	"\rstate_machine\x18\x0f \x01(\v2 .parley.registry.v1.StateMachineB\x04\xe2A\x01\x03R\fstateMachine:7\xeaA4\n" +
+	"\x1cregistry.parley.dev/Protocol\x12\x14protocols/{protocol}\"\x8c\x02\n" +
+	"\fStateMachine\x12\x14\n" +
+	"\x05roles\x18\x01 \x03(\tR\x05roles\x12C\n" +
+	"\bmessages\x18\x02 \x03(\v2'.parley.registry.v1.StateMachineMessageR\bmessages\x12\x18\n" +
+	"\ainitial\x18\x03 \x03(\tR\ainitial\x12L\n" +
+	"\vtransitions\x18\x04 \x03(\v2*.parley.registry.v1.StateMachineTransitionR\vtransitions\x12\x1a\n" +
+	"\bterminal\x18\x05 \x03(\tR\bterminal\x12\x1d\n" +
+	"\n" +
+	"type_field\x18\x06 \x01(\tR\ttypeField\"\x90\x01\n" +
+	"\x13StateMachineMessage\x12\x12\n" +
+	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n" +
+	"\vsender_role\x18\x02 \x01(\tR\n" +
+	"senderRole\x12#\n" +
+	"\rreceiver_role\x18\x03 \x01(\tR\freceiverRole\x12\x1f\n" +
+	"\vschema_json\x18\x04 \x01(\tR\n" +
+	"schemaJson\"}\n" +
+	"\x16StateMachineTransition\x12\x18\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\x12\x12\n" +
+	"\x04next\x18\x02 \x03(\tR\x04next\x125\n" +
+	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadlineB\xcf\x01\n" +
 	"\x16com.parley.registry.v1B\rProtocolProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (
@@ -213,18 +501,26 @@ func file_parley_registry_v1_protocol_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_protocol_proto_rawDescData
 }
 
-var file_parley_registry_v1_protocol_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_parley_registry_v1_protocol_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_parley_registry_v1_protocol_proto_goTypes = []any{
-	(*Protocol)(nil),              // 0: parley.registry.v1.Protocol
-	(*timestamppb.Timestamp)(nil), // 1: google.protobuf.Timestamp
+	(*Protocol)(nil),               // 0: parley.registry.v1.Protocol
+	(*StateMachine)(nil),           // 1: parley.registry.v1.StateMachine
+	(*StateMachineMessage)(nil),    // 2: parley.registry.v1.StateMachineMessage
+	(*StateMachineTransition)(nil), // 3: parley.registry.v1.StateMachineTransition
+	(*timestamppb.Timestamp)(nil),  // 4: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 5: google.protobuf.Duration
 }
 var file_parley_registry_v1_protocol_proto_depIdxs = []int32{
-	1, // 0: parley.registry.v1.Protocol.create_time:type_name -> google.protobuf.Timestamp
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	4, // 0: parley.registry.v1.Protocol.create_time:type_name -> google.protobuf.Timestamp
+	1, // 1: parley.registry.v1.Protocol.state_machine:type_name -> parley.registry.v1.StateMachine
+	2, // 2: parley.registry.v1.StateMachine.messages:type_name -> parley.registry.v1.StateMachineMessage
+	3, // 3: parley.registry.v1.StateMachine.transitions:type_name -> parley.registry.v1.StateMachineTransition
+	5, // 4: parley.registry.v1.StateMachineTransition.deadline:type_name -> google.protobuf.Duration
+	5, // [5:5] is the sub-list for method output_type
+	5, // [5:5] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_protocol_proto_init() }
@@ -238,7 +534,7 @@ func file_parley_registry_v1_protocol_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_protocol_proto_rawDesc), len(file_parley_registry_v1_protocol_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

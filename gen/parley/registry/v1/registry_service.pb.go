@@ -282,6 +282,236 @@ func (x *ResolveProtocolRequest) GetSources() []string {
 	return nil
 }
 
+// SearchProtocolsRequest is the request of SearchProtocols.
+type SearchProtocolsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Text to find in the name, description or tags, case-insensitive.
+	Query string `protobuf:"bytes,1,opt,name=query,proto3" json:"query,omitempty"`
+	// Maximum results per page: 0 means 50, values above 1000 are clamped.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parameters.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SearchProtocolsRequest) Reset() {
+	*x = SearchProtocolsRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SearchProtocolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SearchProtocolsRequest) ProtoMessage() {}
+
+func (x *SearchProtocolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SearchProtocolsRequest.ProtoReflect.Descriptor instead.
+func (*SearchProtocolsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SearchProtocolsRequest) GetQuery() string {
+	if x != nil {
+		return x.Query
+	}
+	return ""
+}
+
+func (x *SearchProtocolsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *SearchProtocolsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// SearchProtocolsResponse is the response of SearchProtocols.
+type SearchProtocolsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The matching protocols on this page, without content.
+	Protocols []*Protocol `protobuf:"bytes,1,rep,name=protocols,proto3" json:"protocols,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SearchProtocolsResponse) Reset() {
+	*x = SearchProtocolsResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SearchProtocolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SearchProtocolsResponse) ProtoMessage() {}
+
+func (x *SearchProtocolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SearchProtocolsResponse.ProtoReflect.Descriptor instead.
+func (*SearchProtocolsResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SearchProtocolsResponse) GetProtocols() []*Protocol {
+	if x != nil {
+		return x.Protocols
+	}
+	return nil
+}
+
+func (x *SearchProtocolsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// SyncProtocolsRequest is the request of SyncProtocols.
+type SyncProtocolsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The peer registry to copy from, exactly as configured with
+	// --registry-peers; empty means every configured peer.
+	Peer          string `protobuf:"bytes,1,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncProtocolsRequest) Reset() {
+	*x = SyncProtocolsRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncProtocolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncProtocolsRequest) ProtoMessage() {}
+
+func (x *SyncProtocolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncProtocolsRequest.ProtoReflect.Descriptor instead.
+func (*SyncProtocolsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SyncProtocolsRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+// SyncProtocolsResponse is the response of SyncProtocols.
+type SyncProtocolsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many protocols were copied.
+	CopiedCount int32 `protobuf:"varint,1,opt,name=copied_count,json=copiedCount,proto3" json:"copied_count,omitempty"`
+	// How many of the peers' protocols were already stored.
+	PresentCount int32 `protobuf:"varint,2,opt,name=present_count,json=presentCount,proto3" json:"present_count,omitempty"`
+	// One line per protocol that could not be copied, naming it and why.
+	Failures      []string `protobuf:"bytes,3,rep,name=failures,proto3" json:"failures,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncProtocolsResponse) Reset() {
+	*x = SyncProtocolsResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncProtocolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncProtocolsResponse) ProtoMessage() {}
+
+func (x *SyncProtocolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncProtocolsResponse.ProtoReflect.Descriptor instead.
+func (*SyncProtocolsResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *SyncProtocolsResponse) GetCopiedCount() int32 {
+	if x != nil {
+		return x.CopiedCount
+	}
+	return 0
+}
+
+func (x *SyncProtocolsResponse) GetPresentCount() int32 {
+	if x != nil {
+		return x.PresentCount
+	}
+	return 0
+}
+
+func (x *SyncProtocolsResponse) GetFailures() []string {
+	if x != nil {
+		return x.Failures
+	}
+	return nil
+}
+
 // CreateAgentRequest is the request of CreateAgent.
 type CreateAgentRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -298,7 +528,7 @@ type CreateAgentRequest struct {
 
 func (x *CreateAgentRequest) Reset() {
 	*x = CreateAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -310,7 +540,7 @@ func (x *CreateAgentRequest) String() string {
 func (*CreateAgentRequest) ProtoMessage() {}
 
 func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[5]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -323,7 +553,7 @@ func (x *CreateAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateAgentRequest.ProtoReflect.Descriptor instead.
 func (*CreateAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{5}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *CreateAgentRequest) GetParent() string {
@@ -358,7 +588,7 @@ type GetAgentRequest struct {
 
 func (x *GetAgentRequest) Reset() {
 	*x = GetAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -370,7 +600,7 @@ func (x *GetAgentRequest) String() string {
 func (*GetAgentRequest) ProtoMessage() {}
 
 func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[6]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -383,7 +613,7 @@ func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{6}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetAgentRequest) GetName() string {
@@ -408,7 +638,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +650,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[7]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +663,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{7}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListAgentsRequest) GetParent() string {
@@ -470,7 +700,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +712,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[8]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +725,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{8}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -523,7 +753,7 @@ type DeleteAgentRequest struct {
 
 func (x *DeleteAgentRequest) Reset() {
 	*x = DeleteAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[9]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -535,7 +765,7 @@ func (x *DeleteAgentRequest) String() string {
 func (*DeleteAgentRequest) ProtoMessage() {}
 
 func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[9]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -548,12 +778,254 @@ func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{9}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *DeleteAgentRequest) GetName() string {
 	if x != nil {
 		return x.Name
+	}
+	return ""
+}
+
+// AddSupportedProtocolRequest is the request of AddSupportedProtocol.
+type AddSupportedProtocolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The protocol's SHA-1: 40 hex characters, the 28-character base64 form,
+	// or protocols/{hash}.
+	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Where peers can fetch the document: https or http URLs, or data: URIs.
+	// Empty means the registry's own GET /protocols/{sha1-hex} URL.
+	Sources       []string `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddSupportedProtocolRequest) Reset() {
+	*x = AddSupportedProtocolRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddSupportedProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddSupportedProtocolRequest) ProtoMessage() {}
+
+func (x *AddSupportedProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddSupportedProtocolRequest.ProtoReflect.Descriptor instead.
+func (*AddSupportedProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *AddSupportedProtocolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddSupportedProtocolRequest) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *AddSupportedProtocolRequest) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+// RemoveSupportedProtocolRequest is the request of RemoveSupportedProtocol.
+type RemoveSupportedProtocolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The protocol's SHA-1, in either form or as protocols/{hash}.
+	Protocol      string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSupportedProtocolRequest) Reset() {
+	*x = RemoveSupportedProtocolRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSupportedProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSupportedProtocolRequest) ProtoMessage() {}
+
+func (x *RemoveSupportedProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSupportedProtocolRequest.ProtoReflect.Descriptor instead.
+func (*RemoveSupportedProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *RemoveSupportedProtocolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RemoveSupportedProtocolRequest) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+// AddUnsupportedProtocolRequest is the request of AddUnsupportedProtocol.
+type AddUnsupportedProtocolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The protocol's SHA-1, in either form or as protocols/{hash}.
+	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Why the agent refuses it, shown in the extended discovery shape; at
+	// most 1024 characters.
+	Comment       string `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddUnsupportedProtocolRequest) Reset() {
+	*x = AddUnsupportedProtocolRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddUnsupportedProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddUnsupportedProtocolRequest) ProtoMessage() {}
+
+func (x *AddUnsupportedProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddUnsupportedProtocolRequest.ProtoReflect.Descriptor instead.
+func (*AddUnsupportedProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *AddUnsupportedProtocolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *AddUnsupportedProtocolRequest) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *AddUnsupportedProtocolRequest) GetComment() string {
+	if x != nil {
+		return x.Comment
+	}
+	return ""
+}
+
+// RemoveUnsupportedProtocolRequest is the request of
+// RemoveUnsupportedProtocol.
+type RemoveUnsupportedProtocolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The protocol's SHA-1, in either form or as protocols/{hash}.
+	Protocol      string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveUnsupportedProtocolRequest) Reset() {
+	*x = RemoveUnsupportedProtocolRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveUnsupportedProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveUnsupportedProtocolRequest) ProtoMessage() {}
+
+func (x *RemoveUnsupportedProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveUnsupportedProtocolRequest.ProtoReflect.Descriptor instead.
+func (*RemoveUnsupportedProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *RemoveUnsupportedProtocolRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RemoveUnsupportedProtocolRequest) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
 	}
 	return ""
 }
@@ -576,7 +1048,21 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"R\n" +
 	"\x16ResolveProtocolRequest\x12\x18\n" +
 	"\x04hash\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04hash\x12\x1e\n" +
-	"\asources\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\asources\"\x8a\x01\n" +
+	"\asources\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\asources\"p\n" +
+	"\x16SearchProtocolsRequest\x12\x1a\n" +
+	"\x05query\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05query\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"}\n" +
+	"\x17SearchProtocolsResponse\x12:\n" +
+	"\tprotocols\x18\x01 \x03(\v2\x1c.parley.registry.v1.ProtocolR\tprotocols\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"0\n" +
+	"\x14SyncProtocolsRequest\x12\x18\n" +
+	"\x04peer\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\x04peer\"{\n" +
+	"\x15SyncProtocolsResponse\x12!\n" +
+	"\fcopied_count\x18\x01 \x01(\x05R\vcopiedCount\x12#\n" +
+	"\rpresent_count\x18\x02 \x01(\x05R\fpresentCount\x12\x1a\n" +
+	"\bfailures\x18\x03 \x03(\tR\bfailures\"\x8a\x01\n" +
 	"\x12CreateAgentRequest\x12\x1c\n" +
 	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1f\n" +
 	"\bagent_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\aagentId\x125\n" +
@@ -592,17 +1078,37 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x19.parley.registry.v1.AgentR\x06agents\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\".\n" +
 	"\x12DeleteAgentRequest\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name2\xec\a\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"y\n" +
+	"\x1bAddSupportedProtocolRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
+	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
+	"\asources\x18\x03 \x03(\tB\x04\xe2A\x01\x01R\asources\"\\\n" +
+	"\x1eRemoveSupportedProtocolRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
+	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\"{\n" +
+	"\x1dAddUnsupportedProtocolRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
+	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
+	"\acomment\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\acomment\"^\n" +
+	" RemoveUnsupportedProtocolRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
+	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol2\xab\x0f\n" +
 	"\x0fRegistryService\x12z\n" +
 	"\x0eCreateProtocol\x12).parley.registry.v1.CreateProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1f\x82\xd3\xe4\x93\x02\x19:\bprotocol\"\r/v1/protocols\x12s\n" +
 	"\vGetProtocol\x12&.parley.registry.v1.GetProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/{name=protocols/*}\x12{\n" +
-	"\rListProtocols\x12(.parley.registry.v1.ListProtocolsRequest\x1a).parley.registry.v1.ListProtocolsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/protocols\x12}\n" +
-	"\x0fResolveProtocol\x12*.parley.registry.v1.ResolveProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\" \x82\xd3\xe4\x93\x02\x1a:\x01*\"\x15/v1/protocols:resolve\x12~\n" +
+	"\rListProtocols\x12(.parley.registry.v1.ListProtocolsRequest\x1a).parley.registry.v1.ListProtocolsResponse\"\x15\x82\xd3\xe4\x93\x02\x0f\x12\r/v1/protocols\x12\x88\x01\n" +
+	"\x0fSearchProtocols\x12*.parley.registry.v1.SearchProtocolsRequest\x1a+.parley.registry.v1.SearchProtocolsResponse\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/v1/protocols:search\x12}\n" +
+	"\x0fResolveProtocol\x12*.parley.registry.v1.ResolveProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\" \x82\xd3\xe4\x93\x02\x1a:\x01*\"\x15/v1/protocols:resolve\x12\x83\x01\n" +
+	"\rSyncProtocols\x12(.parley.registry.v1.SyncProtocolsRequest\x1a).parley.registry.v1.SyncProtocolsResponse\"\x1d\x82\xd3\xe4\x93\x02\x17:\x01*\"\x12/v1/protocols:sync\x12~\n" +
 	"\vCreateAgent\x12&.parley.registry.v1.CreateAgentRequest\x1a\x19.parley.registry.v1.Agent\",\x82\xd3\xe4\x93\x02&:\x05agent\"\x1d/v1/{parent=clients/*}/agents\x12q\n" +
 	"\bGetAgent\x12#.parley.registry.v1.GetAgentRequest\x1a\x19.parley.registry.v1.Agent\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{name=clients/*/agents/*}\x12\x82\x01\n" +
 	"\n" +
 	"ListAgents\x12%.parley.registry.v1.ListAgentsRequest\x1a&.parley.registry.v1.ListAgentsResponse\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{parent=clients/*}/agents\x12t\n" +
-	"\vDeleteAgent\x12&.parley.registry.v1.DeleteAgentRequest\x1a\x16.google.protobuf.Empty\"%\x82\xd3\xe4\x93\x02\x1f*\x1d/v1/{name=clients/*/agents/*}B\xd6\x01\n" +
+	"\vDeleteAgent\x12&.parley.registry.v1.DeleteAgentRequest\x1a\x16.google.protobuf.Empty\"%\x82\xd3\xe4\x93\x02\x1f*\x1d/v1/{name=clients/*/agents/*}\x12\xa1\x01\n" +
+	"\x14AddSupportedProtocol\x12/.parley.registry.v1.AddSupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"=\x82\xd3\xe4\x93\x027:\x01*\"2/v1/{name=clients/*/agents/*}:addSupportedProtocol\x12\xaa\x01\n" +
+	"\x17RemoveSupportedProtocol\x122.parley.registry.v1.RemoveSupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"@\x82\xd3\xe4\x93\x02::\x01*\"5/v1/{name=clients/*/agents/*}:removeSupportedProtocol\x12\xa7\x01\n" +
+	"\x16AddUnsupportedProtocol\x121.parley.registry.v1.AddUnsupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"?\x82\xd3\xe4\x93\x029:\x01*\"4/v1/{name=clients/*/agents/*}:addUnsupportedProtocol\x12\xb0\x01\n" +
+	"\x19RemoveUnsupportedProtocol\x124.parley.registry.v1.RemoveUnsupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"B\x82\xd3\xe4\x93\x02<:\x01*\"7/v1/{name=clients/*/agents/*}:removeUnsupportedProtocolB\xd6\x01\n" +
 	"\x16com.parley.registry.v1B\x14RegistryServiceProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (
@@ -617,48 +1123,69 @@ func file_parley_registry_v1_registry_service_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_registry_service_proto_rawDescData
 }
 
-var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_parley_registry_v1_registry_service_proto_goTypes = []any{
-	(*CreateProtocolRequest)(nil),  // 0: parley.registry.v1.CreateProtocolRequest
-	(*GetProtocolRequest)(nil),     // 1: parley.registry.v1.GetProtocolRequest
-	(*ListProtocolsRequest)(nil),   // 2: parley.registry.v1.ListProtocolsRequest
-	(*ListProtocolsResponse)(nil),  // 3: parley.registry.v1.ListProtocolsResponse
-	(*ResolveProtocolRequest)(nil), // 4: parley.registry.v1.ResolveProtocolRequest
-	(*CreateAgentRequest)(nil),     // 5: parley.registry.v1.CreateAgentRequest
-	(*GetAgentRequest)(nil),        // 6: parley.registry.v1.GetAgentRequest
-	(*ListAgentsRequest)(nil),      // 7: parley.registry.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),     // 8: parley.registry.v1.ListAgentsResponse
-	(*DeleteAgentRequest)(nil),     // 9: parley.registry.v1.DeleteAgentRequest
-	(*Protocol)(nil),               // 10: parley.registry.v1.Protocol
-	(*Agent)(nil),                  // 11: parley.registry.v1.Agent
-	(*emptypb.Empty)(nil),          // 12: google.protobuf.Empty
+	(*CreateProtocolRequest)(nil),            // 0: parley.registry.v1.CreateProtocolRequest
+	(*GetProtocolRequest)(nil),               // 1: parley.registry.v1.GetProtocolRequest
+	(*ListProtocolsRequest)(nil),             // 2: parley.registry.v1.ListProtocolsRequest
+	(*ListProtocolsResponse)(nil),            // 3: parley.registry.v1.ListProtocolsResponse
+	(*ResolveProtocolRequest)(nil),           // 4: parley.registry.v1.ResolveProtocolRequest
+	(*SearchProtocolsRequest)(nil),           // 5: parley.registry.v1.SearchProtocolsRequest
+	(*SearchProtocolsResponse)(nil),          // 6: parley.registry.v1.SearchProtocolsResponse
+	(*SyncProtocolsRequest)(nil),             // 7: parley.registry.v1.SyncProtocolsRequest
+	(*SyncProtocolsResponse)(nil),            // 8: parley.registry.v1.SyncProtocolsResponse
+	(*CreateAgentRequest)(nil),               // 9: parley.registry.v1.CreateAgentRequest
+	(*GetAgentRequest)(nil),                  // 10: parley.registry.v1.GetAgentRequest
+	(*ListAgentsRequest)(nil),                // 11: parley.registry.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),               // 12: parley.registry.v1.ListAgentsResponse
+	(*DeleteAgentRequest)(nil),               // 13: parley.registry.v1.DeleteAgentRequest
+	(*AddSupportedProtocolRequest)(nil),      // 14: parley.registry.v1.AddSupportedProtocolRequest
+	(*RemoveSupportedProtocolRequest)(nil),   // 15: parley.registry.v1.RemoveSupportedProtocolRequest
+	(*AddUnsupportedProtocolRequest)(nil),    // 16: parley.registry.v1.AddUnsupportedProtocolRequest
+	(*RemoveUnsupportedProtocolRequest)(nil), // 17: parley.registry.v1.RemoveUnsupportedProtocolRequest
+	(*Protocol)(nil),                         // 18: parley.registry.v1.Protocol
+	(*Agent)(nil),                            // 19: parley.registry.v1.Agent
+	(*emptypb.Empty)(nil),                    // 20: google.protobuf.Empty
 }
 var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
-	10, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
-	10, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	11, // 2: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
-	11, // 3: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
-	0,  // 4: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
-	1,  // 5: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
-	2,  // 6: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
-	4,  // 7: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
-	5,  // 8: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
-	6,  // 9: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
-	7,  // 10: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
-	9,  // 11: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
-	10, // 12: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
-	10, // 13: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
-	3,  // 14: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
-	10, // 15: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
-	11, // 16: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
-	11, // 17: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
-	8,  // 18: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
-	12, // 19: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
-	12, // [12:20] is the sub-list for method output_type
-	4,  // [4:12] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	18, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
+	18, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	18, // 2: parley.registry.v1.SearchProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	19, // 3: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	19, // 4: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
+	0,  // 5: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
+	1,  // 6: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
+	2,  // 7: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
+	5,  // 8: parley.registry.v1.RegistryService.SearchProtocols:input_type -> parley.registry.v1.SearchProtocolsRequest
+	4,  // 9: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
+	7,  // 10: parley.registry.v1.RegistryService.SyncProtocols:input_type -> parley.registry.v1.SyncProtocolsRequest
+	9,  // 11: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
+	10, // 12: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
+	11, // 13: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
+	13, // 14: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
+	14, // 15: parley.registry.v1.RegistryService.AddSupportedProtocol:input_type -> parley.registry.v1.AddSupportedProtocolRequest
+	15, // 16: parley.registry.v1.RegistryService.RemoveSupportedProtocol:input_type -> parley.registry.v1.RemoveSupportedProtocolRequest
+	16, // 17: parley.registry.v1.RegistryService.AddUnsupportedProtocol:input_type -> parley.registry.v1.AddUnsupportedProtocolRequest
+	17, // 18: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:input_type -> parley.registry.v1.RemoveUnsupportedProtocolRequest
+	18, // 19: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
+	18, // 20: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
+	3,  // 21: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
+	6,  // 22: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
+	18, // 23: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
+	8,  // 24: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
+	19, // 25: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
+	19, // 26: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
+	12, // 27: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
+	20, // 28: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
+	19, // 29: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
+	19, // 30: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
+	19, // 31: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	19, // 32: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	19, // [19:33] is the sub-list for method output_type
+	5,  // [5:19] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_registry_service_proto_init() }
@@ -674,7 +1201,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_registry_service_proto_rawDesc), len(file_parley_registry_v1_registry_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

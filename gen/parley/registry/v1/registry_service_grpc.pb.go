@@ -20,14 +20,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RegistryService_CreateProtocol_FullMethodName  = "/parley.registry.v1.RegistryService/CreateProtocol"
-	RegistryService_GetProtocol_FullMethodName     = "/parley.registry.v1.RegistryService/GetProtocol"
-	RegistryService_ListProtocols_FullMethodName   = "/parley.registry.v1.RegistryService/ListProtocols"
-	RegistryService_ResolveProtocol_FullMethodName = "/parley.registry.v1.RegistryService/ResolveProtocol"
-	RegistryService_CreateAgent_FullMethodName     = "/parley.registry.v1.RegistryService/CreateAgent"
-	RegistryService_GetAgent_FullMethodName        = "/parley.registry.v1.RegistryService/GetAgent"
-	RegistryService_ListAgents_FullMethodName      = "/parley.registry.v1.RegistryService/ListAgents"
-	RegistryService_DeleteAgent_FullMethodName     = "/parley.registry.v1.RegistryService/DeleteAgent"
+	RegistryService_CreateProtocol_FullMethodName            = "/parley.registry.v1.RegistryService/CreateProtocol"
+	RegistryService_GetProtocol_FullMethodName               = "/parley.registry.v1.RegistryService/GetProtocol"
+	RegistryService_ListProtocols_FullMethodName             = "/parley.registry.v1.RegistryService/ListProtocols"
+	RegistryService_SearchProtocols_FullMethodName           = "/parley.registry.v1.RegistryService/SearchProtocols"
+	RegistryService_ResolveProtocol_FullMethodName           = "/parley.registry.v1.RegistryService/ResolveProtocol"
+	RegistryService_SyncProtocols_FullMethodName             = "/parley.registry.v1.RegistryService/SyncProtocols"
+	RegistryService_CreateAgent_FullMethodName               = "/parley.registry.v1.RegistryService/CreateAgent"
+	RegistryService_GetAgent_FullMethodName                  = "/parley.registry.v1.RegistryService/GetAgent"
+	RegistryService_ListAgents_FullMethodName                = "/parley.registry.v1.RegistryService/ListAgents"
+	RegistryService_DeleteAgent_FullMethodName               = "/parley.registry.v1.RegistryService/DeleteAgent"
+	RegistryService_AddSupportedProtocol_FullMethodName      = "/parley.registry.v1.RegistryService/AddSupportedProtocol"
+	RegistryService_RemoveSupportedProtocol_FullMethodName   = "/parley.registry.v1.RegistryService/RemoveSupportedProtocol"
+	RegistryService_AddUnsupportedProtocol_FullMethodName    = "/parley.registry.v1.RegistryService/AddUnsupportedProtocol"
+	RegistryService_RemoveUnsupportedProtocol_FullMethodName = "/parley.registry.v1.RegistryService/RemoveUnsupportedProtocol"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -47,13 +53,24 @@ type RegistryServiceClient interface {
 	GetProtocol(ctx context.Context, in *GetProtocolRequest, opts ...grpc.CallOption) (*Protocol, error)
 	// ListProtocols lists stored protocols in hash order.
 	ListProtocols(ctx context.Context, in *ListProtocolsRequest, opts ...grpc.CallOption) (*ListProtocolsResponse, error)
-	// ResolveProtocol returns a protocol by hash, fetching it from the given
-	// sources (then peer registries) when it is not stored, and storing it once
-	// its SHA-1 verifies. Used by the dispatcher for every inbound envelope.
-	// Errors: INVALID_ARGUMENT (malformed hash or source), NOT_FOUND (no source
-	// produced it), PERMISSION_DENIED (refused destination),
-	// RESOURCE_EXHAUSTED (over the size limit).
+	// SearchProtocols lists stored protocols whose name, description or tags
+	// contain the query text (case-insensitive), in hash order. Errors:
+	// INVALID_ARGUMENT (empty query, bad page token).
+	SearchProtocols(ctx context.Context, in *SearchProtocolsRequest, opts ...grpc.CallOption) (*SearchProtocolsResponse, error)
+	// ResolveProtocol returns a protocol by hash. When it is not stored, the
+	// registry asks its peer registries, then tries the given sources in order
+	// (at most 3), and stores the first document whose SHA-1 verifies, with the
+	// source it came from. Used by the dispatcher for every inbound envelope.
+	// Errors: INVALID_ARGUMENT (malformed hash; or every source was malformed,
+	// refused as a destination, or served a document failing its hash check or
+	// metadata validation), RESOURCE_EXHAUSTED with reason PROTOCOL_TOO_LARGE
+	// (a source exceeded the size limit), NOT_FOUND (not stored and no source
+	// could be fetched). Messages name each source and why it failed.
 	ResolveProtocol(ctx context.Context, in *ResolveProtocolRequest, opts ...grpc.CallOption) (*Protocol, error)
+	// SyncProtocols copies every protocol a configured peer registry stores and
+	// this one lacks, verifying each document's hashes. Errors:
+	// INVALID_ARGUMENT (peer is not configured), UNAVAILABLE (peer down).
+	SyncProtocols(ctx context.Context, in *SyncProtocolsRequest, opts ...grpc.CallOption) (*SyncProtocolsResponse, error)
 	// CreateAgent registers a hosted agent. Errors: INVALID_ARGUMENT,
 	// ALREADY_EXISTS.
 	CreateAgent(ctx context.Context, in *CreateAgentRequest, opts ...grpc.CallOption) (*Agent, error)
@@ -63,6 +80,25 @@ type RegistryServiceClient interface {
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
 	// DeleteAgent removes a hosted agent. Errors: NOT_FOUND.
 	DeleteAgent(ctx context.Context, in *DeleteAgentRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// AddSupportedProtocol declares that an agent fully supports a protocol,
+	// replacing an earlier entry for it and removing it from the unsupported
+	// list. The protocol must be stored or resolvable from the sources. With
+	// no sources, the registry's own GET /protocols/{sha1-hex} URL is used.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (agent), FAILED_PRECONDITION
+	// (protocol neither stored nor resolvable).
+	AddSupportedProtocol(ctx context.Context, in *AddSupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error)
+	// RemoveSupportedProtocol removes a protocol from an agent's supported
+	// list; removing an absent one changes nothing. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND (agent).
+	RemoveSupportedProtocol(ctx context.Context, in *RemoveSupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error)
+	// AddUnsupportedProtocol declares that an agent refuses a protocol, with
+	// an optional comment, removing it from the supported list. The protocol
+	// need not be stored. Errors: INVALID_ARGUMENT, NOT_FOUND (agent).
+	AddUnsupportedProtocol(ctx context.Context, in *AddUnsupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error)
+	// RemoveUnsupportedProtocol removes a protocol from an agent's unsupported
+	// list; removing an absent one changes nothing. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND (agent).
+	RemoveUnsupportedProtocol(ctx context.Context, in *RemoveUnsupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error)
 }
 
 type registryServiceClient struct {
@@ -103,10 +139,30 @@ func (c *registryServiceClient) ListProtocols(ctx context.Context, in *ListProto
 	return out, nil
 }
 
+func (c *registryServiceClient) SearchProtocols(ctx context.Context, in *SearchProtocolsRequest, opts ...grpc.CallOption) (*SearchProtocolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SearchProtocolsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_SearchProtocols_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *registryServiceClient) ResolveProtocol(ctx context.Context, in *ResolveProtocolRequest, opts ...grpc.CallOption) (*Protocol, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Protocol)
 	err := c.cc.Invoke(ctx, RegistryService_ResolveProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) SyncProtocols(ctx context.Context, in *SyncProtocolsRequest, opts ...grpc.CallOption) (*SyncProtocolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SyncProtocolsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_SyncProtocols_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -153,6 +209,46 @@ func (c *registryServiceClient) DeleteAgent(ctx context.Context, in *DeleteAgent
 	return out, nil
 }
 
+func (c *registryServiceClient) AddSupportedProtocol(ctx context.Context, in *AddSupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Agent)
+	err := c.cc.Invoke(ctx, RegistryService_AddSupportedProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) RemoveSupportedProtocol(ctx context.Context, in *RemoveSupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Agent)
+	err := c.cc.Invoke(ctx, RegistryService_RemoveSupportedProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) AddUnsupportedProtocol(ctx context.Context, in *AddUnsupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Agent)
+	err := c.cc.Invoke(ctx, RegistryService_AddUnsupportedProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) RemoveUnsupportedProtocol(ctx context.Context, in *RemoveUnsupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Agent)
+	err := c.cc.Invoke(ctx, RegistryService_RemoveUnsupportedProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -170,13 +266,24 @@ type RegistryServiceServer interface {
 	GetProtocol(context.Context, *GetProtocolRequest) (*Protocol, error)
 	// ListProtocols lists stored protocols in hash order.
 	ListProtocols(context.Context, *ListProtocolsRequest) (*ListProtocolsResponse, error)
-	// ResolveProtocol returns a protocol by hash, fetching it from the given
-	// sources (then peer registries) when it is not stored, and storing it once
-	// its SHA-1 verifies. Used by the dispatcher for every inbound envelope.
-	// Errors: INVALID_ARGUMENT (malformed hash or source), NOT_FOUND (no source
-	// produced it), PERMISSION_DENIED (refused destination),
-	// RESOURCE_EXHAUSTED (over the size limit).
+	// SearchProtocols lists stored protocols whose name, description or tags
+	// contain the query text (case-insensitive), in hash order. Errors:
+	// INVALID_ARGUMENT (empty query, bad page token).
+	SearchProtocols(context.Context, *SearchProtocolsRequest) (*SearchProtocolsResponse, error)
+	// ResolveProtocol returns a protocol by hash. When it is not stored, the
+	// registry asks its peer registries, then tries the given sources in order
+	// (at most 3), and stores the first document whose SHA-1 verifies, with the
+	// source it came from. Used by the dispatcher for every inbound envelope.
+	// Errors: INVALID_ARGUMENT (malformed hash; or every source was malformed,
+	// refused as a destination, or served a document failing its hash check or
+	// metadata validation), RESOURCE_EXHAUSTED with reason PROTOCOL_TOO_LARGE
+	// (a source exceeded the size limit), NOT_FOUND (not stored and no source
+	// could be fetched). Messages name each source and why it failed.
 	ResolveProtocol(context.Context, *ResolveProtocolRequest) (*Protocol, error)
+	// SyncProtocols copies every protocol a configured peer registry stores and
+	// this one lacks, verifying each document's hashes. Errors:
+	// INVALID_ARGUMENT (peer is not configured), UNAVAILABLE (peer down).
+	SyncProtocols(context.Context, *SyncProtocolsRequest) (*SyncProtocolsResponse, error)
 	// CreateAgent registers a hosted agent. Errors: INVALID_ARGUMENT,
 	// ALREADY_EXISTS.
 	CreateAgent(context.Context, *CreateAgentRequest) (*Agent, error)
@@ -186,6 +293,25 @@ type RegistryServiceServer interface {
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
 	// DeleteAgent removes a hosted agent. Errors: NOT_FOUND.
 	DeleteAgent(context.Context, *DeleteAgentRequest) (*emptypb.Empty, error)
+	// AddSupportedProtocol declares that an agent fully supports a protocol,
+	// replacing an earlier entry for it and removing it from the unsupported
+	// list. The protocol must be stored or resolvable from the sources. With
+	// no sources, the registry's own GET /protocols/{sha1-hex} URL is used.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (agent), FAILED_PRECONDITION
+	// (protocol neither stored nor resolvable).
+	AddSupportedProtocol(context.Context, *AddSupportedProtocolRequest) (*Agent, error)
+	// RemoveSupportedProtocol removes a protocol from an agent's supported
+	// list; removing an absent one changes nothing. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND (agent).
+	RemoveSupportedProtocol(context.Context, *RemoveSupportedProtocolRequest) (*Agent, error)
+	// AddUnsupportedProtocol declares that an agent refuses a protocol, with
+	// an optional comment, removing it from the supported list. The protocol
+	// need not be stored. Errors: INVALID_ARGUMENT, NOT_FOUND (agent).
+	AddUnsupportedProtocol(context.Context, *AddUnsupportedProtocolRequest) (*Agent, error)
+	// RemoveUnsupportedProtocol removes a protocol from an agent's unsupported
+	// list; removing an absent one changes nothing. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND (agent).
+	RemoveUnsupportedProtocol(context.Context, *RemoveUnsupportedProtocolRequest) (*Agent, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -205,8 +331,14 @@ func (UnimplementedRegistryServiceServer) GetProtocol(context.Context, *GetProto
 func (UnimplementedRegistryServiceServer) ListProtocols(context.Context, *ListProtocolsRequest) (*ListProtocolsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListProtocols not implemented")
 }
+func (UnimplementedRegistryServiceServer) SearchProtocols(context.Context, *SearchProtocolsRequest) (*SearchProtocolsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SearchProtocols not implemented")
+}
 func (UnimplementedRegistryServiceServer) ResolveProtocol(context.Context, *ResolveProtocolRequest) (*Protocol, error) {
 	return nil, status.Error(codes.Unimplemented, "method ResolveProtocol not implemented")
+}
+func (UnimplementedRegistryServiceServer) SyncProtocols(context.Context, *SyncProtocolsRequest) (*SyncProtocolsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SyncProtocols not implemented")
 }
 func (UnimplementedRegistryServiceServer) CreateAgent(context.Context, *CreateAgentRequest) (*Agent, error) {
 	return nil, status.Error(codes.Unimplemented, "method CreateAgent not implemented")
@@ -219,6 +351,18 @@ func (UnimplementedRegistryServiceServer) ListAgents(context.Context, *ListAgent
 }
 func (UnimplementedRegistryServiceServer) DeleteAgent(context.Context, *DeleteAgentRequest) (*emptypb.Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteAgent not implemented")
+}
+func (UnimplementedRegistryServiceServer) AddSupportedProtocol(context.Context, *AddSupportedProtocolRequest) (*Agent, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddSupportedProtocol not implemented")
+}
+func (UnimplementedRegistryServiceServer) RemoveSupportedProtocol(context.Context, *RemoveSupportedProtocolRequest) (*Agent, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveSupportedProtocol not implemented")
+}
+func (UnimplementedRegistryServiceServer) AddUnsupportedProtocol(context.Context, *AddUnsupportedProtocolRequest) (*Agent, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddUnsupportedProtocol not implemented")
+}
+func (UnimplementedRegistryServiceServer) RemoveUnsupportedProtocol(context.Context, *RemoveUnsupportedProtocolRequest) (*Agent, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveUnsupportedProtocol not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -295,6 +439,24 @@ func _RegistryService_ListProtocols_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_SearchProtocols_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SearchProtocolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).SearchProtocols(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_SearchProtocols_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).SearchProtocols(ctx, req.(*SearchProtocolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RegistryService_ResolveProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ResolveProtocolRequest)
 	if err := dec(in); err != nil {
@@ -309,6 +471,24 @@ func _RegistryService_ResolveProtocol_Handler(srv interface{}, ctx context.Conte
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(RegistryServiceServer).ResolveProtocol(ctx, req.(*ResolveProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_SyncProtocols_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SyncProtocolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).SyncProtocols(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_SyncProtocols_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).SyncProtocols(ctx, req.(*SyncProtocolsRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -385,6 +565,78 @@ func _RegistryService_DeleteAgent_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_AddSupportedProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddSupportedProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).AddSupportedProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_AddSupportedProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).AddSupportedProtocol(ctx, req.(*AddSupportedProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_RemoveSupportedProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveSupportedProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).RemoveSupportedProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_RemoveSupportedProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).RemoveSupportedProtocol(ctx, req.(*RemoveSupportedProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_AddUnsupportedProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddUnsupportedProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).AddUnsupportedProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_AddUnsupportedProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).AddUnsupportedProtocol(ctx, req.(*AddUnsupportedProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_RemoveUnsupportedProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveUnsupportedProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).RemoveUnsupportedProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_RemoveUnsupportedProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).RemoveUnsupportedProtocol(ctx, req.(*RemoveUnsupportedProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -405,8 +657,16 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _RegistryService_ListProtocols_Handler,
 		},
 		{
+			MethodName: "SearchProtocols",
+			Handler:    _RegistryService_SearchProtocols_Handler,
+		},
+		{
 			MethodName: "ResolveProtocol",
 			Handler:    _RegistryService_ResolveProtocol_Handler,
+		},
+		{
+			MethodName: "SyncProtocols",
+			Handler:    _RegistryService_SyncProtocols_Handler,
 		},
 		{
 			MethodName: "CreateAgent",
@@ -423,6 +683,22 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteAgent",
 			Handler:    _RegistryService_DeleteAgent_Handler,
+		},
+		{
+			MethodName: "AddSupportedProtocol",
+			Handler:    _RegistryService_AddSupportedProtocol_Handler,
+		},
+		{
+			MethodName: "RemoveSupportedProtocol",
+			Handler:    _RegistryService_RemoveSupportedProtocol_Handler,
+		},
+		{
+			MethodName: "AddUnsupportedProtocol",
+			Handler:    _RegistryService_AddUnsupportedProtocol_Handler,
+		},
+		{
+			MethodName: "RemoveUnsupportedProtocol",
+			Handler:    _RegistryService_RemoveUnsupportedProtocol_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

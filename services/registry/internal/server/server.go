@@ -2,26 +2,111 @@
 package server
 
 import (
+	"context"
 	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/singleflight"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/registry/internal/pd"
+	"github.com/parleyhq/parley/services/registry/internal/resolve"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
 // Domain is the ErrorInfo domain of the registry's errors.
 const Domain = "registry.parley.dev"
 
+// Finder finds documents that are not stored; *resolve.Resolver is one.
+type Finder interface {
+	Find(ctx context.Context, h pd.Hash, sources []string) (*resolve.Found, error)
+}
+
+// Options are the Server's optional settings.
+type Options struct {
+	// MaxBytes caps a document [256 KiB].
+	MaxBytes int64
+	// Strict rejects documents without complete metadata.
+	Strict bool
+	// PublicURL is the public base URL of the HTTP side; with it, default
+	// protocol sources are absolute.
+	PublicURL string
+	// CacheBytes caps the in-memory document cache; 0 disables it.
+	CacheBytes int64
+	// Finder resolves unknown hashes; nil means only stored ones resolve.
+	Finder Finder
+	// ResolveTimeout bounds one shared resolution (peers and sources) [20s].
+	ResolveTimeout time.Duration
+	// Peers are the peer registries SyncProtocols copies from, by the name
+	// they were configured with.
+	Peers map[string]registryv1.RegistryServiceClient
+}
+
 // Server implements the registry's gRPC API.
 type Server struct {
 	registryv1.UnimplementedRegistryServiceServer
 
-	store  store.Store
-	logger *slog.Logger
+	store   store.Store
+	logger  *slog.Logger
+	opts    Options
+	cache   *protocolCache
+	flight  singleflight.Group // one resolution per hash in flight
+	metrics *metrics
+	now     func() time.Time
 }
 
 var _ registryv1.RegistryServiceServer = (*Server)(nil)
 
 // New returns a Server over st.
-func New(st store.Store, logger *slog.Logger) *Server {
-	return &Server{store: st, logger: logger}
+func New(st store.Store, logger *slog.Logger, opts Options) *Server {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = 256 << 10
+	}
+	if opts.ResolveTimeout <= 0 {
+		opts.ResolveTimeout = 20 * time.Second
+	}
+	opts.PublicURL = strings.TrimRight(opts.PublicURL, "/")
+	return &Server{
+		store:   st,
+		logger:  logger,
+		opts:    opts,
+		cache:   newProtocolCache(opts.CacheBytes),
+		metrics: newMetrics(),
+		now:     time.Now,
+	}
+}
+
+// Collectors returns the server's Prometheus collectors, for the caller to
+// register.
+func (s *Server) Collectors() []prometheus.Collector { return s.metrics.collectors() }
+
+// ProtocolURL is where this registry serves a document: the public URL's
+// /protocols/{sha1-hex}, or that path alone when no public URL is set
+// (discovery then resolves it against the request's host).
+func (s *Server) ProtocolURL(h pd.Hash) string {
+	return s.opts.PublicURL + "/protocols/" + h.Hex()
+}
+
+type metrics struct {
+	resolves *prometheus.CounterVec
+	stored   *prometheus.CounterVec
+}
+
+func newMetrics() *metrics {
+	return &metrics{
+		resolves: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_registry_resolves_total",
+			Help: "ResolveProtocol calls by outcome: stored, peer, source, failed.",
+		}, []string{"outcome"}),
+		stored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_registry_protocols_stored_total",
+			Help: "Protocol documents newly stored, by how they arrived: api, peer, source.",
+		}, []string{"via"}),
+	}
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.resolves, m.stored}
 }

@@ -1,17 +1,43 @@
 // Package store defines the registry's storage contract. Backends live in
-// sub-packages (boltstore); handlers see only this interface.
+// sub-packages (boltstore); handlers see only this interface. Every backend
+// passes the storetest conformance suite.
+//
+// Protocols are content-addressed and immutable: keyed by SHA-1, indexed by
+// SHA-256 too, never replaced. Agents are keyed by resource name
+// (clients/{client}/agents/{agent}) and changed only through UpdateAgent.
 package store
 
 import (
 	"context"
 	"errors"
+	"strings"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/registry/internal/pd"
 )
 
 // Sentinel errors; backends wrap them.
 var (
 	ErrNotFound      = errors.New("not found")
 	ErrAlreadyExists = errors.New("already exists")
+	// ErrConflict reports a protocol whose SHA-1 is already stored for
+	// different bytes (a SHA-1 collision): the stored one is kept.
+	ErrConflict = errors.New("sha-1 collision with a stored protocol")
 )
+
+// ListOptions select a page of a list.
+type ListOptions struct {
+	// After is the key the page starts after: a protocol's lowercase SHA-1
+	// hex, or an agent's resource name. Empty starts at the beginning.
+	After string
+	// Limit is the most items returned; it must be positive.
+	Limit int
+	// Query, for protocols, keeps only those whose title, description or a
+	// tag contains it, case-insensitively (see Matches). Empty keeps all.
+	Query string
+	// Client, for agents, keeps only that client's agents. Empty keeps all.
+	Client string
+}
 
 // Store is the registry's persistent state.
 type Store interface {
@@ -19,4 +45,47 @@ type Store interface {
 	Ping(ctx context.Context) error
 	// Close releases the store. Calls after Close fail.
 	Close() error
+
+	// CreateProtocol stores p, whose Content, Name, Sha1Hex, Sha256Hex and
+	// every other field the caller filled are kept as given. If its SHA-1 is
+	// already stored with the same SHA-256, nothing changes and the stored
+	// protocol is returned with created false. With another SHA-256 it fails
+	// with ErrConflict. Storing is atomic: content and both indexes, or none.
+	CreateProtocol(ctx context.Context, p *registryv1.Protocol) (stored *registryv1.Protocol, created bool, err error)
+	// GetProtocol returns a protocol with its content, or ErrNotFound.
+	GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Protocol, error)
+	// ListProtocols returns protocols without content in SHA-1 order.
+	ListProtocols(ctx context.Context, opts ListOptions) ([]*registryv1.Protocol, error)
+
+	// CreateAgent stores a, stamping its etag, or fails with
+	// ErrAlreadyExists when its name is taken.
+	CreateAgent(ctx context.Context, a *registryv1.Agent) (*registryv1.Agent, error)
+	// GetAgent returns an agent by resource name, or ErrNotFound.
+	GetAgent(ctx context.Context, name string) (*registryv1.Agent, error)
+	// ListAgents returns agents in name order.
+	ListAgents(ctx context.Context, opts ListOptions) ([]*registryv1.Agent, error)
+	// DeleteAgent removes an agent, or fails with ErrNotFound.
+	DeleteAgent(ctx context.Context, name string) error
+	// UpdateAgent runs mutate on the stored agent inside one transaction and
+	// stores the result with a new etag. If mutate fails, nothing is written
+	// and its error is returned as is. The name cannot change.
+	UpdateAgent(ctx context.Context, name string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error)
 }
+
+// Matches reports whether p's title, description or one of its tags
+// contains query, ignoring case. Backends use it to define Query.
+func Matches(p *registryv1.Protocol, query string) bool {
+	q := strings.ToLower(query)
+	if strings.Contains(strings.ToLower(p.GetTitle()), q) || strings.Contains(strings.ToLower(p.GetDescription()), q) {
+		return true
+	}
+	for _, t := range p.GetTags() {
+		if strings.Contains(strings.ToLower(t), q) {
+			return true
+		}
+	}
+	return false
+}
+
+// AgentPrefix returns the key prefix of client's agents.
+func AgentPrefix(client string) string { return "clients/" + client + "/agents/" }

@@ -1,17 +1,28 @@
 // Package boltstore is the registry's embedded bbolt backend: one file,
 // registry.db, in the data directory.
+//
+// Values are proto.Marshal'ed registryv1 messages. A protocol's content is
+// kept apart from its description so that listing never reads documents.
 package boltstore
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"google.golang.org/protobuf/proto"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/registry/internal/pd"
+	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
 // FileName is the database file inside the data directory.
@@ -21,6 +32,15 @@ const FileName = "registry.db"
 var (
 	// bucketMeta holds schema_version.
 	bucketMeta = []byte("meta")
+	// bucketProtocols maps a raw 20-byte SHA-1 to its Protocol, content
+	// cleared. Raw keys sort like lowercase hex, so listings resume by Seek.
+	bucketProtocols = []byte("protocols")
+	// bucketContent maps a raw SHA-1 to the document's exact bytes.
+	bucketContent = []byte("protocol_content")
+	// bucketBySHA256 maps a raw 32-byte SHA-256 to the raw SHA-1.
+	bucketBySHA256 = []byte("protocols_by_sha256")
+	// bucketAgents maps an agent's resource name to its Agent.
+	bucketAgents = []byte("agents")
 )
 
 const schemaVersion = 1
@@ -29,6 +49,8 @@ const schemaVersion = 1
 type Store struct {
 	db *bolt.DB
 }
+
+var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
@@ -44,15 +66,19 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	// Group commit for concurrent resolves of different documents.
+	db.MaxBatchDelay = time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
+		for _, b := range [][]byte{bucketMeta, bucketProtocols, bucketContent, bucketBySHA256, bucketAgents} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
 		}
-		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != fmt.Sprint(schemaVersion) {
+		meta := tx.Bucket(bucketMeta)
+		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != strconv.Itoa(schemaVersion) {
 			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
 		}
-		return meta.Put([]byte("schema_version"), []byte(fmt.Sprint(schemaVersion)))
+		return meta.Put([]byte("schema_version"), []byte(strconv.Itoa(schemaVersion)))
 	})
 	if err != nil {
 		db.Close()
@@ -71,3 +97,264 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
+
+// CreateProtocol implements store.Store.
+func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*registryv1.Protocol, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	key, err := hex.DecodeString(p.GetSha1Hex())
+	if err != nil || len(key) != len(pd.Hash{}) {
+		return nil, false, fmt.Errorf("protocol sha1_hex %q is not a SHA-1", p.GetSha1Hex())
+	}
+	sum256, err := hex.DecodeString(p.GetSha256Hex())
+	if err != nil || len(sum256) != 32 {
+		return nil, false, fmt.Errorf("protocol sha256_hex %q is not a SHA-256", p.GetSha256Hex())
+	}
+	meta := proto.Clone(p).(*registryv1.Protocol)
+	meta.Content = nil
+	val, err := proto.Marshal(meta)
+	if err != nil {
+		return nil, false, err
+	}
+	var (
+		stored  *registryv1.Protocol
+		created bool
+	)
+	// Batch may run the function more than once; it sets both results on
+	// every run.
+	err = s.db.Batch(func(tx *bolt.Tx) error {
+		stored, created = nil, false
+		b := tx.Bucket(bucketProtocols)
+		if old := b.Get(key); old != nil {
+			existing, err := decodeProtocol(old, tx.Bucket(bucketContent).Get(key))
+			if err != nil {
+				return err
+			}
+			if existing.GetSha256Hex() != p.GetSha256Hex() {
+				return fmt.Errorf("protocol %s (sha256 %s, stored sha256 %s): %w", p.GetSha1Hex(), p.GetSha256Hex(), existing.GetSha256Hex(), store.ErrConflict)
+			}
+			stored = existing
+			return nil
+		}
+		if err := b.Put(key, val); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketContent).Put(key, p.GetContent()); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketBySHA256).Put(sum256, key); err != nil {
+			return err
+		}
+		stored, created = proto.Clone(p).(*registryv1.Protocol), true
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return stored, created, nil
+}
+
+func decodeProtocol(val, content []byte) (*registryv1.Protocol, error) {
+	p := &registryv1.Protocol{}
+	if err := proto.Unmarshal(val, p); err != nil {
+		return nil, fmt.Errorf("decode protocol: %w", err)
+	}
+	if content != nil {
+		p.Content = bytes.Clone(content)
+	}
+	return p, nil
+}
+
+// GetProtocol implements store.Store.
+func (s *Store) GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Protocol, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var p *registryv1.Protocol
+	err := s.db.View(func(tx *bolt.Tx) error {
+		val := tx.Bucket(bucketProtocols).Get(sha1[:])
+		if val == nil {
+			return fmt.Errorf("protocol %s: %w", sha1.Hex(), store.ErrNotFound)
+		}
+		content := tx.Bucket(bucketContent).Get(sha1[:])
+		if content == nil {
+			content = []byte{} // empty documents are stored as empty values
+		}
+		var err error
+		p, err = decodeProtocol(val, content)
+		return err
+	})
+	return p, err
+}
+
+// ListProtocols implements store.Store.
+func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*registryv1.Protocol, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var after []byte
+	if opts.After != "" {
+		var err error
+		if after, err = hex.DecodeString(opts.After); err != nil {
+			return nil, fmt.Errorf("list start %q is not a SHA-1 hex", opts.After)
+		}
+	}
+	var out []*registryv1.Protocol
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketProtocols).Cursor()
+		k, v := c.Seek(after)
+		if k != nil && after != nil && bytes.Equal(k, after) {
+			k, v = c.Next()
+		}
+		for ; k != nil && len(out) < opts.Limit; k, v = c.Next() {
+			if err := ctx.Err(); err != nil {
+				return err
+			}
+			p, err := decodeProtocol(v, nil)
+			if err != nil {
+				return err
+			}
+			if opts.Query != "" && !store.Matches(p, opts.Query) {
+				continue
+			}
+			out = append(out, p)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// CreateAgent implements store.Store.
+func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent) (*registryv1.Agent, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	a = proto.Clone(a).(*registryv1.Agent)
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketAgents)
+		if b.Get([]byte(a.GetName())) != nil {
+			return fmt.Errorf("agent %s: %w", a.GetName(), store.ErrAlreadyExists)
+		}
+		return putAgent(b, a)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func putAgent(b *bolt.Bucket, a *registryv1.Agent) error {
+	seq, err := b.NextSequence()
+	if err != nil {
+		return err
+	}
+	a.Etag = strconv.FormatUint(seq, 10)
+	val, err := proto.Marshal(a)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(a.GetName()), val)
+}
+
+func decodeAgent(val []byte) (*registryv1.Agent, error) {
+	a := &registryv1.Agent{}
+	if err := proto.Unmarshal(val, a); err != nil {
+		return nil, fmt.Errorf("decode agent: %w", err)
+	}
+	return a, nil
+}
+
+// GetAgent implements store.Store.
+func (s *Store) GetAgent(ctx context.Context, name string) (*registryv1.Agent, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var a *registryv1.Agent
+	err := s.db.View(func(tx *bolt.Tx) error {
+		val := tx.Bucket(bucketAgents).Get([]byte(name))
+		if val == nil {
+			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+		}
+		var err error
+		a, err = decodeAgent(val)
+		return err
+	})
+	return a, err
+}
+
+// ListAgents implements store.Store.
+func (s *Store) ListAgents(ctx context.Context, opts store.ListOptions) ([]*registryv1.Agent, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	prefix := []byte("clients/")
+	if opts.Client != "" {
+		prefix = []byte(store.AgentPrefix(opts.Client))
+	}
+	start := prefix
+	if opts.After != "" {
+		start = []byte(opts.After)
+	}
+	var out []*registryv1.Agent
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketAgents).Cursor()
+		k, v := c.Seek(start)
+		if k != nil && opts.After != "" && string(k) == opts.After {
+			k, v = c.Next()
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < opts.Limit; k, v = c.Next() {
+			a, err := decodeAgent(v)
+			if err != nil {
+				return err
+			}
+			out = append(out, a)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// DeleteAgent implements store.Store.
+func (s *Store) DeleteAgent(ctx context.Context, name string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketAgents)
+		if b.Get([]byte(name)) == nil {
+			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+		}
+		return b.Delete([]byte(name))
+	})
+}
+
+// UpdateAgent implements store.Store.
+func (s *Store) UpdateAgent(ctx context.Context, name string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var a *registryv1.Agent
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketAgents)
+		val := b.Get([]byte(name))
+		if val == nil {
+			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+		}
+		var err error
+		if a, err = decodeAgent(val); err != nil {
+			return err
+		}
+		if err := mutate(a); err != nil {
+			return err
+		}
+		if a.GetName() != name {
+			return fmt.Errorf("agent %s: update must not rename it to %q", name, a.GetName())
+		}
+		return putAgent(b, a)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}

@@ -1,0 +1,231 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"text/tabwriter"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+)
+
+// runAgent is `parley agent`: hosted agents and the protocols they support.
+// AGENT is `<client>:<agent>` (or the resource name
+// clients/{client}/agents/{agent}).
+func runAgent(e env, args []string) error {
+	return subcommand(e, "agent", args, map[string]command{
+		"create":    {"create a hosted agent CLIENT:AGENT", agentCreate},
+		"get":       {"print a hosted agent as JSON", agentGet},
+		"list":      {"list hosted agents (--client to filter)", agentList},
+		"delete":    {"delete a hosted agent", agentDelete},
+		"support":   {"declare AGENT supports protocol HASH [--source URL ...]", agentSupport},
+		"unsupport": {"declare AGENT refuses protocol HASH [--comment TEXT]", agentUnsupport},
+		"forget":    {"remove protocol HASH from both of AGENT's lists", agentForget},
+	})
+}
+
+// agentName turns `client:agent` into clients/{client}/agents/{agent}.
+func agentName(s string) (string, error) {
+	if strings.HasPrefix(s, "clients/") {
+		return s, nil
+	}
+	client, agent, ok := strings.Cut(s, ":")
+	if !ok || client == "" || agent == "" {
+		return "", fmt.Errorf("agent %q must be written CLIENT:AGENT", s)
+	}
+	return "clients/" + client + "/agents/" + agent, nil
+}
+
+// wireName turns clients/{client}/agents/{agent} into `client:agent`.
+func wireName(name string) string {
+	parts := strings.Split(name, "/")
+	if len(parts) != 4 {
+		return name
+	}
+	return parts[1] + ":" + parts[3]
+}
+
+// agentCall parses flags and the positional arguments, dials, and runs fn
+// with a client and the agent's resource name (args[0]).
+func agentCall(e env, fs *flag.FlagSet, args []string, nargs int, usage string, fn func(c registryv1.RegistryServiceClient, name string, args []string) error) error {
+	dial := dialServer(e, fs)
+	args, err := parseArgs(fs, args, e.stderr)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, args, nargs, usage); err != nil {
+		return err
+	}
+	name, err := agentName(args[0])
+	if err != nil {
+		return err
+	}
+	conn, err := dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	return fn(registryv1.NewRegistryServiceClient(conn), name, args[1:])
+}
+
+var dialects = map[string]registryv1.Dialect{
+	"":         registryv1.Dialect_DIALECT_UNSPECIFIED,
+	"spec2024": registryv1.Dialect_DIALECT_SPEC2024,
+	"std":      registryv1.Dialect_DIALECT_STD,
+	"pylib":    registryv1.Dialect_DIALECT_PYLIB,
+}
+
+var policies = map[string]registryv1.SupportPolicy{
+	"":            registryv1.SupportPolicy_SUPPORT_POLICY_UNSPECIFIED,
+	"explicit":    registryv1.SupportPolicy_SUPPORT_POLICY_EXPLICIT,
+	"implemented": registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED,
+}
+
+func agentCreate(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent create", flag.ContinueOnError)
+	display := fs.String("display-name", "", "human-readable name")
+	desc := fs.String("description", "", "what the agent does")
+	dialect := fs.String("dialect", "", "Agora reply dialect: spec2024 (default), std or pylib")
+	policy := fs.String("policy", "", "support policy: explicit (default) or implemented")
+	return agentCall(e, fs, args, 1, "CLIENT:AGENT [flags]", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+		d, ok := dialects[*dialect]
+		if !ok {
+			return fmt.Errorf("--dialect %q must be spec2024, std or pylib", *dialect)
+		}
+		p, ok := policies[*policy]
+		if !ok {
+			return fmt.Errorf("--policy %q must be explicit or implemented", *policy)
+		}
+		parts := strings.Split(name, "/")
+		ctx, cancel := callContext()
+		defer cancel()
+		a, err := c.CreateAgent(ctx, &registryv1.CreateAgentRequest{
+			Parent:  "clients/" + parts[1],
+			AgentId: parts[3],
+			Agent:   &registryv1.Agent{DisplayName: *display, Description: *desc, Dialect: d, SupportPolicy: p},
+		})
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(e.stdout, wireName(a.GetName()))
+		return nil
+	})
+}
+
+func printAgent(e env, a *registryv1.Agent) error {
+	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(a)
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(e.stdout, string(b))
+	return err
+}
+
+func agentGet(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent get", flag.ContinueOnError)
+	return agentCall(e, fs, args, 1, "CLIENT:AGENT", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+		ctx, cancel := callContext()
+		defer cancel()
+		a, err := c.GetAgent(ctx, &registryv1.GetAgentRequest{Name: name})
+		if err != nil {
+			return err
+		}
+		return printAgent(e, a)
+	})
+}
+
+func agentList(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent list", flag.ContinueOnError)
+	dial := dialServer(e, fs)
+	client := fs.String("client", "", "list only this client's agents")
+	args, err := parseArgs(fs, args, e.stderr)
+	if err != nil {
+		return err
+	}
+	if err := wantArgs(fs, args, 0, "[--client CLIENT]"); err != nil {
+		return err
+	}
+	parent := "clients/-"
+	if *client != "" {
+		parent = "clients/" + *client
+	}
+	conn, err := dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	c := registryv1.NewRegistryServiceClient(conn)
+	tw := tabwriter.NewWriter(e.stdout, 0, 4, 2, ' ', 0)
+	token := ""
+	for {
+		ctx, cancel := callContext()
+		resp, err := c.ListAgents(ctx, &registryv1.ListAgentsRequest{Parent: parent, PageSize: 1000, PageToken: token})
+		cancel()
+		if err != nil {
+			return err
+		}
+		for _, a := range resp.GetAgents() {
+			fmt.Fprintf(tw, "%s\t%d supported\t%s\n", wireName(a.GetName()), len(a.GetSupportedProtocols()), a.GetDisplayName())
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return tw.Flush()
+		}
+	}
+}
+
+func agentDelete(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent delete", flag.ContinueOnError)
+	return agentCall(e, fs, args, 1, "CLIENT:AGENT", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+		ctx, cancel := callContext()
+		defer cancel()
+		_, err := c.DeleteAgent(ctx, &registryv1.DeleteAgentRequest{Name: name})
+		return err
+	})
+}
+
+func agentSupport(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent support", flag.ContinueOnError)
+	var sources stringList
+	fs.Var(&sources, "source", "a URL or data: URI peers can fetch the document from; repeatable (default: this registry's /protocols/{hash})")
+	return agentCall(e, fs, args, 2, "CLIENT:AGENT HASH [--source URL ...]", func(c registryv1.RegistryServiceClient, name string, rest []string) error {
+		ctx, cancel := callContext()
+		defer cancel()
+		a, err := c.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: name, Protocol: rest[0], Sources: sources})
+		if err != nil {
+			return err
+		}
+		return printAgent(e, a)
+	})
+}
+
+func agentUnsupport(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent unsupport", flag.ContinueOnError)
+	comment := fs.String("comment", "", "why the agent refuses it, shown in /.wellknown?detail=full")
+	return agentCall(e, fs, args, 2, "CLIENT:AGENT HASH [--comment TEXT]", func(c registryv1.RegistryServiceClient, name string, rest []string) error {
+		ctx, cancel := callContext()
+		defer cancel()
+		a, err := c.AddUnsupportedProtocol(ctx, &registryv1.AddUnsupportedProtocolRequest{Name: name, Protocol: rest[0], Comment: *comment})
+		if err != nil {
+			return err
+		}
+		return printAgent(e, a)
+	})
+}
+
+func agentForget(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent forget", flag.ContinueOnError)
+	return agentCall(e, fs, args, 2, "CLIENT:AGENT HASH", func(c registryv1.RegistryServiceClient, name string, rest []string) error {
+		ctx, cancel := callContext()
+		defer cancel()
+		if _, err := c.RemoveSupportedProtocol(ctx, &registryv1.RemoveSupportedProtocolRequest{Name: name, Protocol: rest[0]}); err != nil {
+			return err
+		}
+		a, err := c.RemoveUnsupportedProtocol(ctx, &registryv1.RemoveUnsupportedProtocolRequest{Name: name, Protocol: rest[0]})
+		if err != nil {
+			return err
+		}
+		return printAgent(e, a)
+	})
+}

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/parleyhq/parley/platform/serve"
+	registryapp "github.com/parleyhq/parley/services/registry/app"
+	registryconfig "github.com/parleyhq/parley/services/registry/config"
+)
+
+// startRegistry runs the registry on loopback and returns its gRPC address.
+func startRegistry(t *testing.T) string {
+	t.Helper()
+	cfg, err := registryconfig.Load([]string{"--data", t.TempDir()}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	a, err := registryapp.New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := serve.New(serve.Options{Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := a.Register(ctx, srv); err != nil {
+		t.Fatal(err)
+	}
+	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
+	t.Cleanup(func() { cancel(); <-done; a.Close() })
+	return grpcLis.Addr().String()
+}
+
+// cli runs `parley args...` against addr (through PARLEY_SERVER) and
+// returns stdout.
+func cli(t *testing.T, addr string, args ...string) (string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	getenv := func(k string) string {
+		if k == "PARLEY_SERVER" {
+			return addr
+		}
+		return ""
+	}
+	err := run(args, getenv, &stdout, &stderr)
+	return stdout.String(), err
+}
+
+func TestProtocolAndAgentCommands(t *testing.T) {
+	addr := startRegistry(t)
+	doc := "---\nname: Météo\ndescription: Forecasts.\ntags: [weather]\n---\nTempérature °C.\n"
+	file := filepath.Join(t.TempDir(), "pd.txt")
+	if err := os.WriteFile(file, []byte(doc), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	hash, err := cli(t, addr, "protocol", "add", file)
+	hash = strings.TrimSpace(hash)
+	if err != nil || len(hash) != 40 {
+		t.Fatalf("protocol add = %q, %v; want a SHA-1 hex", hash, err)
+	}
+	for _, h := range []string{hash, strings.ToUpper(hash)} {
+		if got, err := cli(t, addr, "protocol", "get", h); err != nil || got != doc {
+			t.Errorf("protocol get %s = %q, %v; want the exact document", h, got, err)
+		}
+	}
+	if got, err := cli(t, addr, "protocol", "list", "--server", addr); err != nil || !strings.Contains(got, hash) || !strings.Contains(got, "Météo") {
+		t.Errorf("protocol list = %q, %v", got, err)
+	}
+	if got, err := cli(t, addr, "protocol", "search", "WEATHER"); err != nil || !strings.Contains(got, hash) {
+		t.Errorf("protocol search = %q, %v", got, err)
+	}
+	if got, err := cli(t, addr, "protocol", "search", "nothing"); err != nil || got != "" {
+		t.Errorf("protocol search nothing = %q, %v; want no output", got, err)
+	}
+
+	if got, err := cli(t, addr, "agent", "create", "acme:weather", "--display-name", "Weather", "--dialect", "std"); err != nil || strings.TrimSpace(got) != "acme:weather" {
+		t.Fatalf("agent create = %q, %v", got, err)
+	}
+	if got, err := cli(t, addr, "agent", "support", "acme:weather", hash, "--source", "https://pd.example.com/w.txt"); err != nil || !strings.Contains(got, "https://pd.example.com/w.txt") {
+		t.Errorf("agent support = %q, %v", got, err)
+	}
+	other := strings.Repeat("ab", 20)
+	if got, err := cli(t, addr, "agent", "unsupport", "acme:weather", other, "--comment", "no thanks"); err != nil || !strings.Contains(got, "no thanks") {
+		t.Errorf("agent unsupport = %q, %v", got, err)
+	}
+	if got, err := cli(t, addr, "agent", "list"); err != nil || !strings.Contains(got, "acme:weather") || !strings.Contains(got, "1 supported") {
+		t.Errorf("agent list = %q, %v", got, err)
+	}
+	if _, err := cli(t, addr, "agent", "delete", "acme:weather"); err != nil {
+		t.Errorf("agent delete error = %v", err)
+	}
+	if _, err := cli(t, addr, "agent", "get", "acme:weather"); err == nil || !strings.Contains(err.Error(), "does not exist") {
+		t.Errorf("agent get after delete error = %v; want not found", err)
+	}
+	for _, args := range [][]string{
+		{"protocol", "get", "nope"},
+		{"protocol", "add"},
+		{"agent", "create", "no-colon"},
+		{"agent", "support", "acme:weather"},
+		{"protocol", "frobnicate"},
+	} {
+		if _, err := cli(t, addr, args...); err == nil {
+			t.Errorf("parley %v succeeded; want an error", args)
+		}
+	}
+}

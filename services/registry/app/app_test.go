@@ -1,0 +1,634 @@
+package app_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/services/registry/app"
+	"github.com/parleyhq/parley/services/registry/config"
+)
+
+// weatherPD is the canonical weather PD of specs/agora.md (no final newline).
+const weatherPD = "---\nname: Weather Forecast Query Protocol\ndescription: Query the weather forecast for a given date and location.\nmultiround: false\n---\n\nThe sender sends a JSON object {\"date\": \"YYYY-MM-DD\", \"location\": string}.\nThe receiver replies with a JSON object {\"temperature\": number (degrees C), \"precipitation\": number (mm), \"weatherCondition\": one of \"sunny\", \"cloudy\", \"rainy\", \"snowy\"}.\nIf the location is unknown the receiver replies {\"error\": \"Unsupported location\"}."
+
+const (
+	weatherHex    = "3a732bde0e63d2e838d1a722feebf3d67b52b211"
+	weatherBase64 = "OnMr3g5j0ug40aci/uvz1ntSshE="
+)
+
+// nonASCIIPD has non-ASCII text, CRLF and trailing blanks: bytes that any
+// decoding, trimming or re-encoding would change.
+const nonASCIIPD = "---\r\nname: Météo — prévisions\r\ndescription: Température en °C, 日本語.\r\n---\r\nLe corps: {\"ville\": \"Zürich\"}  \r\n\r\n"
+
+type registry struct {
+	client  registryv1.RegistryServiceClient
+	grpc    string // gRPC address
+	url     string // HTTP base URL
+	cleanup func()
+}
+
+// startRegistry runs a registry on two loopback listeners with a fresh data
+// directory; args are extra flags.
+func startRegistry(t *testing.T, args ...string) *registry {
+	t.Helper()
+	cfg, err := config.Load(append([]string{"--data", t.TempDir()}, args...), func(string) string { return "" })
+	if err != nil {
+		t.Fatalf("config.Load(%q) error = %v", args, err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	a, err := app.New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := serve.New(serve.Options{Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := a.Register(ctx, srv); err != nil {
+		t.Fatal(err)
+	}
+	grpcLis := listen(t)
+	httpLis := listen(t)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
+	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &registry{
+		client: registryv1.NewRegistryServiceClient(conn),
+		grpc:   grpcLis.Addr().String(),
+		url:    "http://" + httpLis.Addr().String(),
+	}
+	var once sync.Once
+	r.cleanup = func() {
+		once.Do(func() {
+			conn.Close()
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run() error = %v", err)
+			}
+			a.Close()
+		})
+	}
+	t.Cleanup(r.cleanup)
+	return r
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+type response struct {
+	code   int
+	header http.Header
+	body   []byte
+}
+
+func do(t *testing.T, method, url, body string, header ...string) response {
+	t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(t.Context(), method, url, rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return response{code: resp.StatusCode, header: resp.Header, body: b}
+}
+
+func createJSON(content string) string {
+	return fmt.Sprintf(`{"content":%q}`, base64.StdEncoding.EncodeToString([]byte(content)))
+}
+
+func TestGatewayErrors(t *testing.T) {
+	r := startRegistry(t)
+	victim := listen(t) // a loopback service that must never be reached
+	t.Cleanup(func() { victim.Close() })
+	if _, err := r.client.CreateAgent(t.Context(), &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "weather", Agent: &registryv1.Agent{}}); err != nil {
+		t.Fatal(err)
+	}
+	unknownHex := strings.Repeat("ab", 20)
+	const badMetadataPD = "---\nstateMachine: 3\n---\nx"
+	resolve := func(hash string, sources ...string) string {
+		b, _ := json.Marshal(map[string]any{"hash": hash, "sources": sources})
+		return string(b)
+	}
+	tests := []struct {
+		name, method, path, body string
+		wantCode                 int
+		wantInMsg                string
+	}{
+		{"malformed hash", "GET", "/v1/protocols/xyz", "", 400, "name"},
+		{"unknown protocol", "GET", "/v1/protocols/" + unknownHex, "", 404, unknownHex},
+		{"empty document", "POST", "/v1/protocols", `{"content":""}`, 400, "protocol.content"},
+		{"document over the limit", "POST", "/v1/protocols", createJSON(strings.Repeat("x", 256<<10+1)), 413, "protocol.content"},
+		{"invalid request schema", "POST", "/v1/protocols", createJSON("---\nrequestSchema: {type: 7}\n---\nx"), 400, "requestSchema"},
+		{"invalid state machine", "POST", "/v1/protocols", createJSON("---\nstateMachine: {roles: [a], messages: [{type: m, sender: z}]}\n---\nx"), 400, "stateMachine"},
+		{"resolve malformed hash", "POST", "/v1/protocols:resolve", resolve("nope"), 400, "hash"},
+		{"resolve without sources", "POST", "/v1/protocols:resolve", resolve(unknownHex), 404, "no source"},
+		{"resolve private source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://10.0.0.1/pd"), 400, `sources[0] "https://10.0.0.1/pd"`},
+		{"resolve metadata source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://169.254.169.254/latest/meta-data"), 400, "cloud metadata"},
+		{"resolve loopback source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://"+victim.Addr().String()+"/pd"), 400, "loopback"},
+		{"resolve http source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "http://example.com/pd"), 400, "http sources are not allowed"},
+		{"resolve malformed data URI", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain;charset=utf-8;base64,@@@"), 400, "base64"},
+		{"resolve wrong data URI prefix", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain,hello"), 400, "data: URI must start"},
+		{"resolve hash mismatch", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain;charset=utf-8,hello"), 400, "aaf4c61ddcc5e8a2dabede0f3b482cd9aea9434d"},
+		{"resolve over the limit", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain;charset=utf-8,"+strings.Repeat("x", 256<<10+1)), 413, "limit"},
+		{"resolve invalid metadata", "POST", "/v1/protocols:resolve", resolve(fmt.Sprintf("%x", sha1Sum(badMetadataPD)), "data:text/plain;charset=utf-8,"+url.PathEscape(badMetadataPD)), 400, "sources[0]: metadata key stateMachine"},
+		{"search without query", "GET", "/v1/protocols:search", "", 400, "query"},
+		{"bad page token", "GET", "/v1/protocols?page_token=garbage", "", 400, "page_token"},
+		{"negative page size", "GET", "/v1/protocols?page_size=-1", "", 400, "page_size"},
+		{"unknown agent", "GET", "/v1/clients/acme/agents/nope", "", 404, "clients/acme/agents/nope"},
+		{"bad agent id", "POST", "/v1/clients/acme/agents?agent_id=Bad_Id", `{}`, 400, "agent_id"},
+		{"duplicate agent", "POST", "/v1/clients/acme/agents?agent_id=weather", `{}`, 409, "already exists"},
+		{"support malformed hash", "POST", "/v1/clients/acme/agents/weather:addSupportedProtocol", `{"protocol":"zz"}`, 400, "protocol"},
+		{"support unknown protocol", "POST", "/v1/clients/acme/agents/weather:addSupportedProtocol", `{"protocol":"` + unknownHex + `"}`, 400, unknownHex},
+		{"support bad source", "POST", "/v1/clients/acme/agents/weather:addSupportedProtocol", `{"protocol":"` + weatherHex + `","sources":["ftp://x/y"]}`, 400, "sources[0]"},
+		{"support on unknown agent", "POST", "/v1/clients/acme/agents/ghost:addUnsupportedProtocol", `{"protocol":"` + weatherHex + `"}`, 404, "ghost"},
+		{"sync unknown peer", "POST", "/v1/protocols:sync", `{"peer":"elsewhere:9090"}`, 400, "elsewhere:9090"},
+		{"raw malformed hash", "GET", "/protocols/nope", "", 400, "hash"},
+		{"raw unknown", "GET", "/protocols/" + unknownHex, "", 404, unknownHex},
+		{"discovery unknown agent", "GET", "/agora/acme/ghost/.wellknown", "", 404, "ghost"},
+		{"discovery bad detail", "GET", "/agora/acme/weather/wellknown?detail=some", "", 400, "detail"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp := do(t, tt.method, r.url+tt.path, tt.body)
+			var body struct {
+				Message string `json:"message"`
+			}
+			if err := json.Unmarshal(resp.body, &body); err != nil {
+				t.Fatalf("%s %s: body %q is not the JSON error shape: %v", tt.method, tt.path, resp.body, err)
+			}
+			if resp.code != tt.wantCode || !strings.Contains(body.Message, tt.wantInMsg) {
+				t.Errorf("%s %s = %d %q; want %d mentioning %q", tt.method, tt.path, resp.code, body.Message, tt.wantCode, tt.wantInMsg)
+			}
+		})
+	}
+	// No failure left a partial record.
+	list, err := r.client.ListProtocols(t.Context(), &registryv1.ListProtocolsRequest{})
+	if err != nil || len(list.GetProtocols()) != 0 {
+		t.Errorf("ListProtocols() after failures = %v, %v; want none stored", list.GetProtocols(), err)
+	}
+	a, err := r.client.GetAgent(t.Context(), &registryv1.GetAgentRequest{Name: "clients/acme/agents/weather"})
+	if err != nil || len(a.GetSupportedProtocols())+len(a.GetUnsupportedProtocols()) != 0 {
+		t.Errorf("GetAgent() after failures = %v, %v; want no protocol entries", a, err)
+	}
+	if err := victim.(*net.TCPListener).SetDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if c, err := victim.Accept(); err == nil {
+		c.Close()
+		t.Error("the loopback victim received a connection")
+	}
+}
+
+func TestCreateOverGRPCReadOverREST(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	created, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}})
+	if err != nil {
+		t.Fatalf("CreateProtocol() error = %v", err)
+	}
+	if created.GetSha1Hex() != weatherHex || created.GetSha1Base64() != weatherBase64 || created.GetTitle() != "Weather Forecast Query Protocol" || created.GetOrigin() != "api" {
+		t.Errorf("CreateProtocol() = %v; want the spec's hashes and metadata", created)
+	}
+	again, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}})
+	if err != nil || !again.GetCreateTime().AsTime().Equal(created.GetCreateTime().AsTime()) {
+		t.Errorf("CreateProtocol(again) = %v, %v; want the stored protocol", again, err)
+	}
+	// Hex in any case over REST. (A base64 hash holding '/' cannot travel
+	// in a gateway path: the gateway unescapes %2F before routing. It works
+	// in GET /protocols/{hash} and in ResolveProtocol's body.)
+	for _, name := range []string{weatherHex, strings.ToUpper(weatherHex)} {
+		resp := do(t, "GET", r.url+"/v1/protocols/"+name, "")
+		var got struct {
+			Content string `json:"content"`
+			Sha1Hex string `json:"sha1Hex"`
+		}
+		if err := json.Unmarshal(resp.body, &got); err != nil || resp.code != 200 {
+			t.Fatalf("GET /v1/protocols/%s = %d %s", name, resp.code, resp.body)
+		}
+		if b, _ := base64.StdEncoding.DecodeString(got.Content); string(b) != weatherPD || got.Sha1Hex != weatherHex {
+			t.Errorf("GET /v1/protocols/%s returned other content or hash %s", name, got.Sha1Hex)
+		}
+	}
+	for _, name := range []string{url.PathEscape(weatherBase64), strings.NewReplacer("/", "%2F", "=", "%3D").Replace(weatherBase64)} {
+		if resp := do(t, "GET", r.url+"/protocols/"+name, ""); resp.code != 200 || string(resp.body) != weatherPD {
+			t.Errorf("GET /protocols/%s = %d %q; want the document", name, resp.code, resp.body)
+		}
+	}
+	// ResolveProtocol finds the stored document by base64, with no sources.
+	res, err := r.client.ResolveProtocol(ctx, &registryv1.ResolveProtocolRequest{Hash: weatherBase64})
+	if err != nil || string(res.GetContent()) != weatherPD {
+		t.Errorf("ResolveProtocol(base64) = %v, %v", res, err)
+	}
+}
+
+func TestNonASCIIDocumentRoundTrip(t *testing.T) {
+	origin := startRegistry(t)
+	ctx := t.Context()
+	p, err := origin.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(nonASCIIPD)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw := origin.url + "/protocols/" + p.GetSha1Hex()
+
+	resp := do(t, "GET", raw, "")
+	if resp.code != 200 || !bytes.Equal(resp.body, []byte(nonASCIIPD)) {
+		t.Fatalf("GET %s = %d %q; want the exact bytes", raw, resp.code, resp.body)
+	}
+	wantHeader := map[string]string{"Content-Type": "text/plain; charset=utf-8", "Etag": `"` + p.GetSha1Hex() + `"`, "Content-Length": fmt.Sprint(len(nonASCIIPD))}
+	for k, v := range wantHeader {
+		if got := resp.header.Get(k); got != v {
+			t.Errorf("GET %s header %s = %q, want %q", raw, k, got, v)
+		}
+	}
+	if head := do(t, "HEAD", raw, ""); head.code != 200 || len(head.body) != 0 || head.header.Get("Etag") != wantHeader["Etag"] {
+		t.Errorf("HEAD %s = %d, %d body bytes, etag %q", raw, head.code, len(head.body), head.header.Get("Etag"))
+	}
+	if cond := do(t, "GET", raw, "", "If-None-Match", `W/"x", `+wantHeader["Etag"]); cond.code != http.StatusNotModified || len(cond.body) != 0 {
+		t.Errorf("conditional GET %s = %d; want 304", raw, cond.code)
+	}
+	if cond := do(t, "GET", raw, "", "If-None-Match", `"other"`); cond.code != 200 {
+		t.Errorf("GET %s with a stale tag = %d; want 200", raw, cond.code)
+	}
+	b64 := origin.url + "/protocols/" + url.PathEscape(p.GetSha1Base64())
+	if got := do(t, "GET", b64, ""); got.code != 200 || !bytes.Equal(got.body, []byte(nonASCIIPD)) {
+		t.Errorf("GET %s = %d; want the document", b64, got.code)
+	}
+
+	// Another registry fetches it from that URL (loopback allowlisted for
+	// the test) and verifies its SHA-1 on the raw bytes.
+	fetcher := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", "127.0.0.1")
+	got, err := fetcher.client.ResolveProtocol(ctx, &registryv1.ResolveProtocolRequest{Hash: p.GetSha1Base64(), Sources: []string{"https://10.0.0.1/pd", raw}})
+	if err != nil {
+		t.Fatalf("ResolveProtocol(from %s) error = %v", raw, err)
+	}
+	if !bytes.Equal(got.GetContent(), []byte(nonASCIIPD)) || got.GetOrigin() != raw || got.GetSha256Hex() != p.GetSha256Hex() {
+		t.Errorf("ResolveProtocol() = origin %q, sha256 %s; want the exact document from %s", got.GetOrigin(), got.GetSha256Hex(), raw)
+	}
+	fetched := do(t, "GET", fetcher.url+"/protocols/"+p.GetSha1Hex(), "")
+	if !bytes.Equal(fetched.body, []byte(nonASCIIPD)) {
+		t.Errorf("the fetching registry serves %q; want the exact bytes", fetched.body)
+	}
+}
+
+func TestPagingToTheEnd(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	const n = 7
+	want := map[string]bool{}
+	for i := range n {
+		doc := fmt.Sprintf("---\nname: Doc %d\ntags: [%s]\n---\nBody %d.", i, []string{"even", "odd"}[i%2], i)
+		p, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(doc)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want[p.GetSha1Hex()] = true
+	}
+	collect := func(path string) []string {
+		var hashes []string
+		token := ""
+		for pages := 0; ; pages++ {
+			if pages > n {
+				t.Fatalf("%s did not end", path)
+			}
+			resp := do(t, "GET", r.url+path+"page_size=3&page_token="+url.QueryEscape(token), "")
+			var page struct {
+				Protocols []struct {
+					Sha1Hex string `json:"sha1Hex"`
+					Content string `json:"content"`
+				} `json:"protocols"`
+				NextPageToken string `json:"nextPageToken"`
+			}
+			if err := json.Unmarshal(resp.body, &page); err != nil || resp.code != 200 {
+				t.Fatalf("GET %s = %d %s", path, resp.code, resp.body)
+			}
+			for _, p := range page.Protocols {
+				if p.Content != "" {
+					t.Errorf("%s returned content", path)
+				}
+				hashes = append(hashes, p.Sha1Hex)
+			}
+			if page.NextPageToken == "" {
+				return hashes
+			}
+			token = page.NextPageToken
+		}
+	}
+	all := collect("/v1/protocols?")
+	if len(all) != n {
+		t.Errorf("paging listed %d protocols, want %d", len(all), n)
+	}
+	for _, h := range all {
+		if !want[h] {
+			t.Errorf("paging listed unknown %s", h)
+		}
+	}
+	if odd := collect("/v1/protocols:search?query=ODD&"); len(odd) != 3 {
+		t.Errorf("search odd listed %d protocols, want 3", len(odd))
+	}
+	if none := collect("/v1/protocols:search?query=nothing-matches&"); len(none) != 0 {
+		t.Errorf("search listed %v, want none", none)
+	}
+}
+
+func TestDiscoveryShapes(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	c := r.client
+	if _, err := c.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "weather", Agent: &registryv1.Agent{DisplayName: "Weather", Dialect: registryv1.Dialect_DIALECT_STD}}); err != nil {
+		t.Fatal(err)
+	}
+	weather, err := c.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := c.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte("---\nname: Other\ndescription: Not for us.\n---\nx")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const agent = "clients/acme/agents/weather"
+	// Supported with the registry's own URL (default), then also supported
+	// with a data: URI, which replaces the entry.
+	if _, err := c.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: agent, Protocol: weatherBase64}); err != nil {
+		t.Fatal(err)
+	}
+	// Unsupported first supported, to prove a protocol is in one list only.
+	if _, err := c.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: agent, Protocol: other.GetName()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddUnsupportedProtocol(ctx, &registryv1.AddUnsupportedProtocolRequest{Name: agent, Protocol: other.GetSha1Hex(), Comment: "we only do weather"}); err != nil {
+		t.Fatal(err)
+	}
+	unknownHex := strings.Repeat("cd", 20)
+	a, err := c.AddUnsupportedProtocol(ctx, &registryv1.AddUnsupportedProtocolRequest{Name: agent, Protocol: unknownHex})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.GetSupportedProtocols()) != 1 || len(a.GetUnsupportedProtocols()) != 2 || a.GetDialect() != registryv1.Dialect_DIALECT_STD {
+		t.Fatalf("agent after support changes = %v", a)
+	}
+
+	wantSource := r.url + "/protocols/" + weather.GetSha1Hex()
+	for _, path := range []string{"/agora/acme/weather/.wellknown", "/agora/acme/weather/wellknown"} {
+		resp := do(t, "GET", r.url+path, "")
+		if resp.code != 200 || resp.header.Get("Content-Type") != "application/json" {
+			t.Fatalf("GET %s = %d %s", path, resp.code, resp.header.Get("Content-Type"))
+		}
+		var got map[string][]string
+		if err := json.Unmarshal(resp.body, &got); err != nil {
+			t.Fatalf("GET %s body %s: %v", path, resp.body, err)
+		}
+		if diff := cmp.Diff(map[string][]string{weather.GetSha1Hex(): {wantSource}}, got); diff != "" {
+			t.Errorf("GET %s (-want +got):\n%s", path, diff)
+		}
+	}
+	// The advertised source serves the document.
+	if src := do(t, "GET", wantSource, ""); src.code != 200 || string(src.body) != weatherPD {
+		t.Errorf("GET %s = %d", wantSource, src.code)
+	}
+
+	resp := do(t, "GET", r.url+"/agora/acme/weather/.wellknown?detail=full", "")
+	var full map[string]map[string]map[string]any
+	if err := json.Unmarshal(resp.body, &full); err != nil {
+		t.Fatalf("detail=full body %s: %v", resp.body, err)
+	}
+	want := map[string]map[string]map[string]any{
+		"supported": {weather.GetSha1Hex(): {
+			"sources": []any{wantSource}, "name": "Weather Forecast Query Protocol",
+			"description": "Query the weather forecast for a given date and location.", "multiround": false,
+		}},
+		"unsupported": {
+			other.GetSha1Hex(): {"comment": "we only do weather", "name": "Other", "description": "Not for us."},
+			unknownHex:         {},
+		},
+	}
+	if diff := cmp.Diff(want, full); diff != "" {
+		t.Errorf("detail=full (-want +got):\n%s", diff)
+	}
+
+	// Removing the only supported protocol empties the standard shape.
+	if _, err := c.RemoveSupportedProtocol(ctx, &registryv1.RemoveSupportedProtocolRequest{Name: agent, Protocol: weatherHex}); err != nil {
+		t.Fatal(err)
+	}
+	if got := do(t, "GET", r.url+"/agora/acme/weather/.wellknown", ""); strings.TrimSpace(string(got.body)) != "{}" {
+		t.Errorf("wellknown after removal = %s, want {}", got.body)
+	}
+}
+
+func TestDiscoveryUsesPublicURL(t *testing.T) {
+	r := startRegistry(t, "--public-url", "https://parley.example.com/")
+	ctx := t.Context()
+	if _, err := r.client.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "w", Agent: &registryv1.Agent{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
+		t.Fatal(err)
+	}
+	a, err := r.client.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: "clients/acme/agents/w", Protocol: weatherHex})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "https://parley.example.com/protocols/" + weatherHex
+	if got := a.GetSupportedProtocols()[0].GetSources(); len(got) != 1 || got[0] != want {
+		t.Errorf("default sources = %v, want [%s]", got, want)
+	}
+	var shape map[string][]string
+	if err := json.Unmarshal(do(t, "GET", r.url+"/agora/acme/w/.wellknown", "").body, &shape); err != nil || shape[weatherHex][0] != want {
+		t.Errorf("wellknown = %v, %v; want %s", shape, err, want)
+	}
+}
+
+func TestGatewayProcessRoutes(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	if _, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(nonASCIIPD)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "w", Agent: &registryv1.Agent{}}); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(r.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	gw, err := serve.New(serve.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gctx, cancel := context.WithCancel(context.Background())
+	if err := app.RegisterGateway(gctx, gw, conn); err != nil {
+		t.Fatal(err)
+	}
+	httpLis := listen(t)
+	done := make(chan error, 1)
+	go func() { done <- gw.Run(gctx, listen(t), httpLis) }()
+	t.Cleanup(func() { cancel(); <-done })
+	base := "http://" + httpLis.Addr().String()
+	h := fmt.Sprintf("%x", sha1Sum(nonASCIIPD))
+	if got := do(t, "GET", base+"/protocols/"+h, ""); got.code != 200 || string(got.body) != nonASCIIPD {
+		t.Errorf("gateway GET /protocols/%s = %d %q", h, got.code, got.body)
+	}
+	if got := do(t, "GET", base+"/agora/acme/w/.wellknown", ""); got.code != 200 || strings.TrimSpace(string(got.body)) != "{}" {
+		t.Errorf("gateway wellknown = %d %s", got.code, got.body)
+	}
+	if got := do(t, "GET", base+"/agora/acme/ghost/wellknown", ""); got.code != 404 {
+		t.Errorf("gateway wellknown of unknown agent = %d, want 404", got.code)
+	}
+}
+
+func TestResolveSharesOneFetchPerHash(t *testing.T) {
+	doc := "---\nname: Shared\n---\nOne fetch for all."
+	var hits atomic.Int32
+	release := make(chan struct{})
+	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		<-release
+		io.WriteString(w, doc)
+	})}
+	srcLis := listen(t)
+	go src.Serve(srcLis)
+	t.Cleanup(func() { src.Close() })
+	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String())
+	h := fmt.Sprintf("%x", sha1Sum(doc))
+	sourceURL := "http://" + srcLis.Addr().String() + "/pd"
+
+	const callers = 8
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Go(func() {
+			p, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: h, Sources: []string{sourceURL}})
+			if err == nil && string(p.GetContent()) != doc {
+				err = fmt.Errorf("content %q", p.GetContent())
+			}
+			errs <- err
+		})
+	}
+	// Hold the fetch until the source has been hit once; late callers find
+	// either the flight or the stored document, never a second fetch.
+	deadline := time.Now().Add(10 * time.Second)
+	for hits.Load() == 0 && time.Now().Before(deadline) {
+		runtimeGosched()
+	}
+	close(release)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("ResolveProtocol() error = %v", err)
+		}
+	}
+	if got := hits.Load(); got != 1 {
+		t.Errorf("source fetched %d times for %d concurrent resolves, want 1", got, callers)
+	}
+}
+
+func TestPeerRegistries(t *testing.T) {
+	ctx := t.Context()
+	a := startRegistry(t)
+	var hashes []string
+	for i := range 3 {
+		p, err := a.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(fmt.Sprintf("peer doc %d é", i))}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes = append(hashes, p.GetSha1Hex())
+	}
+	b := startRegistry(t, "--registry-peers", a.grpc)
+	got, err := b.client.ResolveProtocol(ctx, &registryv1.ResolveProtocolRequest{Hash: hashes[0]})
+	if err != nil || got.GetOrigin() != "peer:"+a.grpc || string(got.GetContent()) != "peer doc 0 é" {
+		t.Fatalf("ResolveProtocol(via peer) = %v, %v", got, err)
+	}
+	sync, err := b.client.SyncProtocols(ctx, &registryv1.SyncProtocolsRequest{Peer: a.grpc})
+	if err != nil || sync.GetCopiedCount() != 2 || sync.GetPresentCount() != 1 || len(sync.GetFailures()) != 0 {
+		t.Fatalf("SyncProtocols() = %v, %v; want 2 copied, 1 present", sync, err)
+	}
+	for _, h := range hashes {
+		if _, err := b.client.GetProtocol(ctx, &registryv1.GetProtocolRequest{Name: "protocols/" + h}); err != nil {
+			t.Errorf("GetProtocol(%s) on the synced registry: %v", h, err)
+		}
+	}
+	// A peer that is down: resolve still answers from sources, sync says
+	// UNAVAILABLE.
+	a.cleanup()
+	_, err = b.client.SyncProtocols(ctx, &registryv1.SyncProtocolsRequest{})
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("SyncProtocols(peer down) error = %v, want Unavailable", err)
+	}
+	doc := "data only"
+	got, err = b.client.ResolveProtocol(ctx, &registryv1.ResolveProtocolRequest{Hash: fmt.Sprintf("%x", sha1Sum(doc)), Sources: []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(doc))}})
+	if err != nil || string(got.GetContent()) != doc {
+		t.Errorf("ResolveProtocol(peer down, data source) = %v, %v", got, err)
+	}
+}
+
+func TestResolveSilentSourceEndsWithinBudget(t *testing.T) {
+	silent := listen(t)
+	t.Cleanup(func() { silent.Close() })
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() }) // accept, never answer
+		}
+	}()
+	const budget = 300 * time.Millisecond
+	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", silent.Addr().String(), "--pd-fetch-timeout", budget.String())
+	start := time.Now()
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("ef", 20), Sources: []string{"http://" + silent.Addr().String() + "/pd"}})
+	elapsed := time.Since(start)
+	if status.Code(err) != codes.NotFound || !strings.Contains(status.Convert(err).Message(), "timed out") {
+		t.Errorf("ResolveProtocol(silent source) error = %v; want NOT_FOUND saying it timed out", err)
+	}
+	// Generous slack: this checks that the budget applies, not its speed.
+	if elapsed > budget+3*time.Second {
+		t.Errorf("ResolveProtocol(silent source) took %v; want about the %v budget", elapsed, budget)
+	}
+}

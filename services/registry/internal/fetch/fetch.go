@@ -1,0 +1,400 @@
+// Package fetch downloads protocol documents from protocolSources, hardened
+// against server-side request forgery (specs/agora.md, section 12).
+//
+// A source is a data: URI in one of the two byte-exact forms the reference
+// library sends, or an https URL (http only when allowed). Every TCP
+// connection is checked in the dialer's Control function, after DNS
+// resolution and before connect(2): loopback, private, link-local (cloud
+// metadata included), multicast, unspecified, CGNAT, unique-local,
+// IPv4-mapped and other special-purpose addresses are refused, so DNS
+// rebinding and redirects into the internal network get nothing. Redirects
+// are followed at most MaxRedirects times, each re-checked. Time, size and
+// the scheme are capped. No cookies, credentials or proxies are used.
+//
+// An allowlist of CIDRs or host names lifts the address check for trusted
+// destinations, such as a local demo or a test server on loopback.
+package fetch
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Error classes; every error from Fetch wraps exactly one.
+var (
+	// ErrMalformed: the source is not a usable URL or data: URI.
+	ErrMalformed = errors.New("malformed source")
+	// ErrRefused: the destination or scheme is not allowed.
+	ErrRefused = errors.New("destination refused")
+	// ErrTooLarge: the document exceeds the size limit.
+	ErrTooLarge = errors.New("document too large")
+	// ErrUnavailable: the fetch failed: network error, time-out, non-200
+	// status, too many redirects.
+	ErrUnavailable = errors.New("source unavailable")
+)
+
+// The two data: URI prefixes the Agora reference library sends; any other
+// data: URI is malformed.
+const (
+	DataBase64Prefix  = "data:text/plain;charset=utf-8;base64,"
+	DataPercentPrefix = "data:text/plain;charset=utf-8,"
+)
+
+// Options configure a Fetcher. Zero values take the defaults in brackets.
+type Options struct {
+	// MaxBytes caps a document [256 KiB].
+	MaxBytes int64
+	// AllowHTTP permits plain http sources [false].
+	AllowHTTP bool
+	// Allow lists trusted destinations exempt from the address check: CIDRs
+	// ("127.0.0.0/8"), addresses ("10.1.2.3"), host names
+	// ("pd.internal.example") or host:port ("127.0.0.1:8443").
+	Allow []string
+	// ConnectTimeout bounds each TCP connect and TLS handshake [2s].
+	ConnectTimeout time.Duration
+	// Timeout bounds one fetch, redirects and body included [5s].
+	Timeout time.Duration
+	// MaxRedirects caps redirects followed [3]; negative follows none.
+	MaxRedirects int
+	// TLSConfig overrides the TLS client configuration (tests trust their
+	// own CA with it); nil uses the system roots.
+	TLSConfig *tls.Config
+}
+
+// Fetcher fetches sources. It is safe for concurrent use.
+type Fetcher struct {
+	opts       Options
+	allowNets  []netip.Prefix
+	allowHosts map[string]bool // lowercase host or host:port
+	client     *http.Client
+}
+
+// New returns a Fetcher, or an error naming each bad allowlist entry.
+func New(opts Options) (*Fetcher, error) {
+	if opts.MaxBytes <= 0 {
+		opts.MaxBytes = 256 << 10
+	}
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = 2 * time.Second
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	switch {
+	case opts.MaxRedirects == 0:
+		opts.MaxRedirects = 3
+	case opts.MaxRedirects < 0:
+		opts.MaxRedirects = 0
+	}
+	f := &Fetcher{opts: opts, allowHosts: map[string]bool{}}
+	var errs []error
+	for _, e := range opts.Allow {
+		e = strings.TrimSpace(e)
+		switch {
+		case e == "":
+		case strings.Contains(e, "/"):
+			p, err := netip.ParsePrefix(e)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("allowlist entry %q is not a CIDR", e))
+				continue
+			}
+			f.allowNets = append(f.allowNets, p.Masked())
+		default:
+			if a, err := netip.ParseAddr(e); err == nil {
+				f.allowNets = append(f.allowNets, netip.PrefixFrom(a, a.BitLen()))
+				continue
+			}
+			f.allowHosts[strings.ToLower(e)] = true
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	checked := &net.Dialer{Timeout: opts.ConnectTimeout, ControlContext: f.control}
+	trusted := &net.Dialer{Timeout: opts.ConnectTimeout}
+	transport := &http.Transport{
+		Proxy: nil, // a proxy would dial for us and bypass the address check
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			host, _, _ := net.SplitHostPort(addr)
+			if f.allowHosts[strings.ToLower(addr)] || f.allowHosts[strings.ToLower(host)] {
+				return trusted.DialContext(ctx, network, addr)
+			}
+			return checked.DialContext(ctx, network, addr)
+		},
+		TLSClientConfig:        opts.TLSConfig,
+		TLSHandshakeTimeout:    opts.ConnectTimeout,
+		ResponseHeaderTimeout:  opts.Timeout,
+		MaxResponseHeaderBytes: 64 << 10,
+		MaxIdleConns:           32,
+		IdleConnTimeout:        30 * time.Second,
+		ForceAttemptHTTP2:      true,
+	}
+	f.client = &http.Client{
+		Transport:     transport,
+		Timeout:       opts.Timeout,
+		CheckRedirect: f.checkRedirect,
+	}
+	return f, nil
+}
+
+// Fetch returns the exact bytes of source, at most MaxBytes of them.
+func (f *Fetcher) Fetch(ctx context.Context, source string) ([]byte, error) {
+	switch {
+	case strings.HasPrefix(source, DataBase64Prefix), strings.HasPrefix(source, DataPercentPrefix):
+		return DecodeData(source, f.opts.MaxBytes)
+	case hasScheme(source, "data"):
+		return nil, fmt.Errorf("data: URI must start with %q or %q: %w", DataBase64Prefix, DataPercentPrefix, ErrMalformed)
+	}
+	u, err := url.Parse(source)
+	if err != nil {
+		return nil, fmt.Errorf("not a URL: %w", ErrMalformed)
+	}
+	if err := f.checkURL(u); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("not a URL: %w", ErrMalformed)
+	}
+	req.Header.Set("Accept", "text/plain, */*;q=0.5")
+	req.Header.Set("User-Agent", "parley-registry")
+	resp, err := f.client.Do(req)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("answered %s, want 200 OK: %w", resp.Status, ErrUnavailable)
+	}
+	if resp.ContentLength > f.opts.MaxBytes {
+		return nil, fmt.Errorf("declares %d bytes, over the %d-byte limit: %w", resp.ContentLength, f.opts.MaxBytes, ErrTooLarge)
+	}
+	// Read one byte past the cap, so that a body of exactly MaxBytes is
+	// accepted and anything longer is detected without reading it all.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, f.opts.MaxBytes+1))
+	if err != nil {
+		return nil, classify(err)
+	}
+	if int64(len(body)) > f.opts.MaxBytes {
+		return nil, fmt.Errorf("body exceeds the %d-byte limit: %w", f.opts.MaxBytes, ErrTooLarge)
+	}
+	return body, nil
+}
+
+func hasScheme(s, scheme string) bool {
+	return len(s) > len(scheme) && s[len(scheme)] == ':' && strings.EqualFold(s[:len(scheme)], scheme)
+}
+
+// DecodeData decodes a data: URI in one of the two accepted forms. The
+// percent form is unescaped with URL path rules, so '+' stays '+'.
+func DecodeData(source string, maxBytes int64) ([]byte, error) {
+	var (
+		b   []byte
+		err error
+	)
+	switch {
+	case strings.HasPrefix(source, DataBase64Prefix):
+		rest := source[len(DataBase64Prefix):]
+		if int64(base64.StdEncoding.DecodedLen(len(rest))) > maxBytes+3 {
+			return nil, fmt.Errorf("data: URI holds more than %d bytes: %w", maxBytes, ErrTooLarge)
+		}
+		b, err = base64.StdEncoding.DecodeString(rest)
+		if err != nil {
+			return nil, fmt.Errorf("data: URI is not valid standard base64 (%v): %w", err, ErrMalformed)
+		}
+	case strings.HasPrefix(source, DataPercentPrefix):
+		var s string
+		s, err = url.PathUnescape(source[len(DataPercentPrefix):])
+		if err != nil {
+			return nil, fmt.Errorf("data: URI has a bad percent escape (%v): %w", err, ErrMalformed)
+		}
+		b = []byte(s)
+	default:
+		return nil, fmt.Errorf("data: URI must start with %q or %q: %w", DataBase64Prefix, DataPercentPrefix, ErrMalformed)
+	}
+	if int64(len(b)) > maxBytes {
+		return nil, fmt.Errorf("data: URI holds %d bytes, over the %d-byte limit: %w", len(b), maxBytes, ErrTooLarge)
+	}
+	return b, nil
+}
+
+// Origin is what a source is recorded as once a document is stored from it:
+// the URL itself, or just the prefix of a data: URI.
+func Origin(source string) string {
+	for _, p := range []string{DataBase64Prefix, DataPercentPrefix} {
+		if strings.HasPrefix(source, p) {
+			return p
+		}
+	}
+	return source
+}
+
+// Describe shortens a source for messages: data: URIs can be long.
+func Describe(source string) string {
+	const max = 96
+	if len(source) <= max {
+		return source
+	}
+	return source[:max] + "…(" + strconv.Itoa(len(source)) + " bytes)"
+}
+
+func (f *Fetcher) checkURL(u *url.URL) error {
+	switch {
+	case u.Scheme == "https":
+	case u.Scheme == "http" && f.opts.AllowHTTP:
+	case u.Scheme == "http":
+		return fmt.Errorf("http sources are not allowed, only https: %w", ErrRefused)
+	default:
+		return fmt.Errorf("scheme %q is not allowed, only https and data: %w", u.Scheme, ErrMalformed)
+	}
+	if u.Host == "" || u.Hostname() == "" {
+		return fmt.Errorf("URL has no host: %w", ErrMalformed)
+	}
+	if u.User != nil {
+		return fmt.Errorf("URL must not carry credentials: %w", ErrRefused)
+	}
+	return nil
+}
+
+func (f *Fetcher) checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) > f.opts.MaxRedirects {
+		return fmt.Errorf("more than %d redirects: %w", f.opts.MaxRedirects, ErrUnavailable)
+	}
+	if err := f.checkURL(req.URL); err != nil {
+		return fmt.Errorf("redirect to %s: %w", req.URL.Redacted(), err)
+	}
+	return nil
+}
+
+// control runs for every connection after DNS resolution, before connect.
+func (f *Fetcher) control(_ context.Context, _, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return &RefusedError{Addr: address, Reason: "unparseable address"}
+	}
+	ip := ap.Addr().WithZone("")
+	for _, p := range f.allowNets {
+		if p.Contains(ip) {
+			return nil
+		}
+	}
+	if reason := Blocked(ip); reason != "" {
+		return &RefusedError{Addr: ip.String(), Reason: reason}
+	}
+	return nil
+}
+
+// RefusedError is the dialer's refusal of an address; it wraps ErrRefused.
+type RefusedError struct {
+	Addr   string
+	Reason string
+}
+
+// Error says which address was refused and why.
+func (e *RefusedError) Error() string {
+	return "destination " + e.Addr + " is refused (" + e.Reason + " address)"
+}
+
+// Unwrap makes errors.Is(err, ErrRefused) hold.
+func (e *RefusedError) Unwrap() error { return ErrRefused }
+
+var specialPrefixes = []struct {
+	p      netip.Prefix
+	reason string
+}{
+	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
+	{netip.MustParsePrefix("100.64.0.0/10"), "CGNAT"},
+	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol assignment"},
+	{netip.MustParsePrefix("192.0.2.0/24"), "documentation"},
+	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
+	{netip.MustParsePrefix("198.51.100.0/24"), "documentation"},
+	{netip.MustParsePrefix("203.0.113.0/24"), "documentation"},
+	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+	{netip.MustParsePrefix("64:ff9b::/96"), "NAT64"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "NAT64"},
+	{netip.MustParsePrefix("100::/64"), "discard"},
+	{netip.MustParsePrefix("2001::/23"), "IETF protocol assignment"},
+	{netip.MustParsePrefix("2001:db8::/32"), "documentation"},
+	{netip.MustParsePrefix("2002::/16"), "6to4"},
+}
+
+var (
+	metadataV4 = netip.MustParseAddr("169.254.169.254")
+	metadataV6 = netip.MustParseAddr("fd00:ec2::254")
+)
+
+// Blocked returns why ip may not be fetched from, or "" when it may.
+func Blocked(ip netip.Addr) string {
+	switch {
+	case !ip.IsValid():
+		return "invalid"
+	case ip == metadataV4, ip == metadataV6:
+		return "cloud metadata"
+	case ip.Is4In6():
+		return "IPv4-mapped IPv6"
+	case ip.IsUnspecified():
+		return "unspecified"
+	case ip.IsLoopback():
+		return "loopback"
+	case ip.IsMulticast():
+		return "multicast"
+	case ip.IsLinkLocalUnicast():
+		return "link-local"
+	case ip.Is4() && ip.IsPrivate():
+		return "private"
+	case ip.IsPrivate():
+		return "unique-local"
+	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return "broadcast"
+	}
+	for _, s := range specialPrefixes {
+		if s.p.Contains(ip) {
+			return s.reason
+		}
+	}
+	return ""
+}
+
+// classify maps a transport error onto the error classes, keeping its text.
+func classify(err error) error {
+	var refused *RefusedError
+	switch {
+	case errors.As(err, &refused):
+		return refused
+	case errors.Is(err, ErrRefused), errors.Is(err, ErrUnavailable), errors.Is(err, ErrMalformed):
+		// From checkRedirect, wrapped by url.Error; drop the wrapper's
+		// repetition of the URL.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			return ue.Err
+		}
+		return err
+	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+		return fmt.Errorf("timed out: %w", ErrUnavailable)
+	default:
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return fmt.Errorf("%v: %w", err, ErrUnavailable)
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}

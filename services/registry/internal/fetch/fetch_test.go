@@ -1,0 +1,302 @@
+package fetch
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func newFetcher(t *testing.T, opts Options) *Fetcher {
+	t.Helper()
+	f, err := New(opts)
+	if err != nil {
+		t.Fatalf("New(%+v) error = %v", opts, err)
+	}
+	return f
+}
+
+// listen binds a loopback listener that must never see a connection.
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	return ln
+}
+
+// assertNoConnection fails if a TCP connection reached ln. A completed
+// handshake would sit in the accept queue, so an Accept with a deadline in
+// the past returns it at once; otherwise it times out at once.
+func assertNoConnection(t *testing.T, ln net.Listener) {
+	t.Helper()
+	if err := ln.(*net.TCPListener).SetDeadline(time.Now().Add(-time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	c, err := ln.Accept()
+	if err == nil {
+		c.Close()
+		t.Errorf("listener %s accepted a connection; want none", ln.Addr())
+	}
+}
+
+func TestDecodeData(t *testing.T) {
+	tests := []struct {
+		name, source, want string
+	}{
+		{"base64", DataBase64Prefix + "aGVsbG8=", "hello"},
+		{"percent, python quote of non-ASCII", DataPercentPrefix + "a%20b%2Bc/d%0A%C2%B0", "a b+c/d\n°"},
+		{"percent keeps a raw plus", DataPercentPrefix + "a+b", "a+b"},
+		{"percent empty", DataPercentPrefix, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := newFetcher(t, Options{}).Fetch(t.Context(), tt.source)
+			if err != nil || string(got) != tt.want {
+				t.Errorf("Fetch(%q) = %q, %v; want %q", tt.source, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestFetch_rejectsBadSources(t *testing.T) {
+	tests := []struct {
+		name, source string
+		want         error
+	}{
+		{"other data prefix", "data:text/plain;base64,aGVsbG8=", ErrMalformed},
+		{"uppercase charset", "data:text/plain;charset=UTF-8,hi", ErrMalformed},
+		{"bare data", "data:,hi", ErrMalformed},
+		{"bad base64", DataBase64Prefix + "!!!", ErrMalformed},
+		{"bad escape", DataPercentPrefix + "%zz", ErrMalformed},
+		{"data too large", DataPercentPrefix + strings.Repeat("x", 11), ErrTooLarge},
+		{"ftp", "ftp://example.com/pd", ErrMalformed},
+		{"relative", "/protocols/abc", ErrMalformed},
+		{"no host", "https:///pd", ErrMalformed},
+		{"http not allowed", "http://example.com/pd", ErrRefused},
+		{"credentials", "https://user:pw@example.com/pd", ErrRefused},
+	}
+	f := newFetcher(t, Options{MaxBytes: 10})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if b, err := f.Fetch(t.Context(), tt.source); !errors.Is(err, tt.want) {
+				t.Errorf("Fetch(%q) = %q, %v; want %v", tt.source, b, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestFetch_refusesInternalDestinations(t *testing.T) {
+	ln := listen(t)
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	tests := []struct {
+		name, url string
+	}{
+		{"loopback", "http://" + ln.Addr().String() + "/pd"},
+		{"localhost resolves to loopback", "http://localhost:" + port + "/pd"},
+		{"cloud metadata", "http://169.254.169.254/latest/meta-data/"},
+		{"private", "http://10.0.0.1/pd"},
+		{"IPv6 loopback", "http://[::1]:" + port + "/pd"},
+		{"IPv4-mapped loopback", "http://[::ffff:127.0.0.1]:" + port + "/pd"},
+		{"CGNAT", "http://100.64.0.1/pd"},
+		{"unspecified", "http://0.0.0.0:" + port + "/pd"},
+		{"https private", "https://192.168.1.1/pd"},
+	}
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"8.8.8.8/32"}})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := f.Fetch(t.Context(), tt.url)
+			var refused *RefusedError
+			if !errors.As(err, &refused) || !errors.Is(err, ErrRefused) {
+				t.Fatalf("Fetch(%s) error = %v; want a RefusedError from the dialer", tt.url, err)
+			}
+		})
+	}
+	assertNoConnection(t, ln)
+}
+
+func TestFetch_refusesRedirectIntoInternalDestinations(t *testing.T) {
+	victim := listen(t)
+	var target atomic.Value
+	redirector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.Load().(string), http.StatusFound)
+	}))
+	t.Cleanup(redirector.Close)
+	// Only the redirector's exact host:port is trusted, not the victim on
+	// the same loopback address.
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{redirector.Listener.Addr().String()}})
+	for _, dest := range []string{
+		"http://" + victim.Addr().String() + "/secret",
+		"http://169.254.169.254/latest/meta-data/",
+		"http://10.0.0.1/admin",
+	} {
+		target.Store(dest)
+		_, err := f.Fetch(t.Context(), redirector.URL+"/pd")
+		var refused *RefusedError
+		if !errors.As(err, &refused) {
+			t.Errorf("Fetch(redirect to %s) error = %v; want a RefusedError", dest, err)
+		}
+	}
+	assertNoConnection(t, victim)
+}
+
+func TestFetch_redirectLimits(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := hits.Add(1)
+		switch r.URL.Path {
+		case "/loop":
+			http.Redirect(w, r, fmt.Sprintf("/loop?n=%d", n), http.StatusFound)
+		case "/ftp":
+			http.Redirect(w, r, "ftp://example.com/pd", http.StatusFound)
+		case "/three":
+			if n <= 3 {
+				http.Redirect(w, r, "/three", http.StatusFound)
+				return
+			}
+			fmt.Fprint(w, "arrived")
+		}
+	}))
+	t.Cleanup(srv.Close)
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.0/8"}})
+
+	if _, err := f.Fetch(t.Context(), srv.URL+"/loop"); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "redirects") {
+		t.Errorf("Fetch(redirect loop) error = %v; want too many redirects", err)
+	}
+	if got := hits.Load(); got != 4 {
+		t.Errorf("redirect loop made %d requests, want 4 (the first and 3 redirects)", got)
+	}
+	hits.Store(0)
+	if b, err := f.Fetch(t.Context(), srv.URL+"/three"); err != nil || string(b) != "arrived" {
+		t.Errorf("Fetch(3 redirects) = %q, %v; want arrived", b, err)
+	}
+	if _, err := f.Fetch(t.Context(), srv.URL+"/ftp"); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Fetch(redirect to ftp) error = %v; want ErrMalformed", err)
+	}
+}
+
+func TestFetch_allowlistedLoopbackIsByteExact(t *testing.T) {
+	doc := []byte("---\nname: Météo\n---\r\nTempérature en °C.\n\n  ")
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/pd":
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			w.Write(doc)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.1"}})
+	got, err := f.Fetch(t.Context(), srv.URL+"/pd")
+	if err != nil || !bytes.Equal(got, doc) {
+		t.Errorf("Fetch() = %q, %v; want %q", got, err, doc)
+	}
+	if _, err := f.Fetch(t.Context(), srv.URL+"/missing"); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "404") {
+		t.Errorf("Fetch(missing) error = %v; want ErrUnavailable naming 404", err)
+	}
+}
+
+func TestFetch_sizeCap(t *testing.T) {
+	const limit = 256 << 10
+	chunk := bytes.Repeat([]byte("x"), 64<<10)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/10mb": // streamed, no Content-Length
+			for range (10 << 20) / len(chunk) {
+				if _, err := w.Write(chunk); err != nil {
+					return
+				}
+				w.(http.Flusher).Flush()
+			}
+		case "/declared":
+			w.Header().Set("Content-Length", fmt.Sprint(10<<20))
+			w.Write(chunk)
+		case "/exact":
+			w.Write(bytes.Repeat([]byte("y"), limit))
+		case "/over":
+			w.Write(bytes.Repeat([]byte("y"), limit+1))
+		}
+	}))
+	t.Cleanup(srv.Close)
+	f := newFetcher(t, Options{MaxBytes: limit, AllowHTTP: true, Allow: []string{"127.0.0.0/8"}})
+	for _, path := range []string{"/10mb", "/declared", "/over"} {
+		if b, err := f.Fetch(t.Context(), srv.URL+path); !errors.Is(err, ErrTooLarge) {
+			t.Errorf("Fetch(%s) = %d bytes, %v; want ErrTooLarge", path, len(b), err)
+		}
+	}
+	if b, err := f.Fetch(t.Context(), srv.URL+"/exact"); err != nil || len(b) != limit {
+		t.Errorf("Fetch(/exact) = %d bytes, %v; want %d", len(b), err, limit)
+	}
+}
+
+func TestFetch_neverAnsweringSourceEndsWithinBudget(t *testing.T) {
+	ln := listen(t)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() }) // hold it open, never answer
+		}
+	}()
+	const budget = 300 * time.Millisecond
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.1/32"}, Timeout: budget, ConnectTimeout: budget})
+	start := time.Now()
+	_, err := f.Fetch(t.Context(), "http://"+ln.Addr().String()+"/pd")
+	elapsed := time.Since(start)
+	if !errors.Is(err, ErrUnavailable) {
+		t.Errorf("Fetch(silent source) error = %v; want ErrUnavailable", err)
+	}
+	// Generous slack: this checks that the budget applies, not its speed.
+	if elapsed > budget+3*time.Second {
+		t.Errorf("Fetch(silent source) took %v; want about the %v budget", elapsed, budget)
+	}
+}
+
+func TestNew_rejectsBadAllowlist(t *testing.T) {
+	if _, err := New(Options{Allow: []string{"10.0.0.0/33"}}); err == nil || !strings.Contains(err.Error(), "10.0.0.0/33") {
+		t.Errorf("New(bad CIDR) error = %v; want it named", err)
+	}
+}
+
+func TestBlocked(t *testing.T) {
+	for _, tt := range []struct {
+		ip   string
+		want string
+	}{
+		{"93.184.216.34", ""},
+		{"2606:2800:220:1:248:1893:25c8:1946", ""},
+		{"127.0.0.1", "loopback"},
+		{"169.254.169.254", "cloud metadata"},
+		{"fd00:ec2::254", "cloud metadata"},
+		{"169.254.1.1", "link-local"},
+		{"fe80::1", "link-local"},
+		{"10.0.0.1", "private"},
+		{"172.16.0.1", "private"},
+		{"192.168.0.1", "private"},
+		{"fc00::1", "unique-local"},
+		{"100.64.0.1", "CGNAT"},
+		{"224.0.0.1", "multicast"},
+		{"ff02::1", "multicast"},
+		{"0.0.0.0", "unspecified"},
+		{"::", "unspecified"},
+		{"::ffff:8.8.8.8", "IPv4-mapped IPv6"},
+		{"255.255.255.255", "broadcast"},
+		{"64:ff9b::a00:1", "NAT64"},
+	} {
+		if got := Blocked(netip.MustParseAddr(tt.ip)); got != tt.want {
+			t.Errorf("Blocked(%s) = %q, want %q", tt.ip, got, tt.want)
+		}
+	}
+}

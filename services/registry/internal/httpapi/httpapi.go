@@ -1,0 +1,134 @@
+// Package httpapi serves the registry's hand-written HTTP routes, beside the
+// generated REST gateway:
+//
+//	GET /protocols/{hash}                          a document's exact bytes
+//	GET /agora/{client}/{agent}/.wellknown         discovery (alias /wellknown)
+//
+// The handlers read through Backend, which both the in-process server and a
+// gRPC client (for the separate gateway process) satisfy.
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/registry/internal/pd"
+)
+
+// Route patterns, for serve.Server.Handle.
+const (
+	ProtocolRoute       = "GET /protocols/{hash}"
+	WellKnownRoute      = "GET /agora/{client}/{agent}/.wellknown"
+	WellKnownAliasRoute = "GET /agora/{client}/{agent}/wellknown"
+)
+
+// Backend is what the handlers read. *server.Server implements it; so does
+// ClientBackend over a gRPC connection.
+type Backend interface {
+	GetProtocol(context.Context, *registryv1.GetProtocolRequest) (*registryv1.Protocol, error)
+	GetAgent(context.Context, *registryv1.GetAgentRequest) (*registryv1.Agent, error)
+}
+
+// ClientBackend adapts a gRPC client to Backend.
+func ClientBackend(c registryv1.RegistryServiceClient) Backend { return clientBackend{c} }
+
+type clientBackend struct {
+	c registryv1.RegistryServiceClient
+}
+
+func (b clientBackend) GetProtocol(ctx context.Context, req *registryv1.GetProtocolRequest) (*registryv1.Protocol, error) {
+	return b.c.GetProtocol(ctx, req)
+}
+
+func (b clientBackend) GetAgent(ctx context.Context, req *registryv1.GetAgentRequest) (*registryv1.Agent, error) {
+	return b.c.GetAgent(ctx, req)
+}
+
+// Protocols serves GET (and HEAD) /protocols/{hash}: the exact stored bytes
+// as text/plain; charset=utf-8 (without the charset, the Python reference
+// decodes as Latin-1 and fails the hash check on non-ASCII documents). The
+// hash may be hex or percent-escaped base64. The ETag is the SHA-1, so
+// If-None-Match gets 304; documents never change, so caches may keep them.
+func Protocols(b Backend) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h, err := pd.ParseHash(r.PathValue("hash"))
+		if err != nil {
+			writeError(w, status.Error(codes.InvalidArgument, "hash: "+err.Error()))
+			return
+		}
+		etag := `"` + h.Hex() + `"`
+		hdr := w.Header()
+		if etagMatches(r.Header.Get("If-None-Match"), etag) {
+			// Content-addressed: a matching tag means the client holds the
+			// bytes; no need to look them up.
+			hdr["Etag"] = []string{etag}
+			w.WriteHeader(http.StatusNotModified)
+			return
+		}
+		p, err := b.GetProtocol(r.Context(), &registryv1.GetProtocolRequest{Name: "protocols/" + h.Hex()})
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		content := p.GetContent()
+		hdr["Content-Type"] = []string{"text/plain; charset=utf-8"}
+		hdr["Etag"] = []string{etag}
+		hdr["Cache-Control"] = []string{"public, max-age=31536000, immutable"}
+		hdr["X-Content-Type-Options"] = []string{"nosniff"}
+		hdr["Content-Length"] = []string{strconv.Itoa(len(content))}
+		w.WriteHeader(http.StatusOK)
+		if r.Method != http.MethodHead {
+			_, _ = w.Write(content)
+		}
+	})
+}
+
+// etagMatches implements If-None-Match's weak comparison for one strong tag.
+func etagMatches(header, etag string) bool {
+	if header == "" {
+		return false
+	}
+	for _, t := range strings.Split(header, ",") {
+		t = strings.TrimSpace(t)
+		if t == "*" || strings.TrimPrefix(t, "W/") == etag {
+			return true
+		}
+	}
+	return false
+}
+
+// errorBody is the gateway's JSON error shape.
+type errorBody struct {
+	Code    int32  `json:"code"`
+	Message string `json:"message"`
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	st := status.Convert(err)
+	code := runtime.HTTPStatusFromCode(st.Code())
+	msg := st.Message()
+	if st.Code() == codes.Unknown {
+		code, msg = http.StatusInternalServerError, "internal error"
+	}
+	writeJSON(w, code, errorBody{Code: int32(st.Code()), Message: msg}, "no-store")
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any, cacheControl string) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		http.Error(w, `{"code":13,"message":"internal error"}`, http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", cacheControl)
+	w.WriteHeader(code)
+	_, _ = w.Write(append(body, '\n'))
+}

@@ -1,0 +1,170 @@
+package pd
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestParse_layouts(t *testing.T) {
+	tests := []struct {
+		name    string
+		content string
+		want    Metadata
+	}{
+		{
+			name:    "front matter (canonical weather PD)",
+			content: weatherPD,
+			want:    Metadata{Layout: LayoutFrontMatter, Name: "Weather Forecast Query Protocol", Description: "Query the weather forecast for a given date and location."},
+		},
+		{
+			name:    "standard layout",
+			content: "name: Std\ndescription: Standard layout.\nmultiround: true\ntags: [a, b]\n---\nText.",
+			want:    Metadata{Layout: LayoutStandard, Name: "Std", Description: "Standard layout.", Multiround: true, Tags: []string{"a", "b"}},
+		},
+		{
+			name:    "CRLF front matter",
+			content: "---\r\nname: Crlf\r\n---\r\nText.",
+			want:    Metadata{Layout: LayoutFrontMatter, Name: "Crlf", Description: DefaultDescription},
+		},
+		{
+			name:    "no metadata",
+			content: "Just text, no rules at all.",
+			want:    Metadata{Layout: LayoutNone, Name: DefaultName, Description: DefaultDescription},
+		},
+		{
+			name:    "prose before a rule is not metadata",
+			content: "Send a greeting.\n---\nMore text.",
+			want:    Metadata{Layout: LayoutNone, Name: DefaultName, Description: DefaultDescription},
+		},
+		{
+			name:    "unclosed front matter",
+			content: "---\nname: Open\nText.",
+			want:    Metadata{Layout: LayoutNone, Name: DefaultName, Description: DefaultDescription},
+		},
+		{
+			name:    "empty front matter",
+			content: "---\n---\nText.",
+			want:    Metadata{Layout: LayoutFrontMatter, Name: DefaultName, Description: DefaultDescription},
+		},
+		{
+			name:    "non-ASCII values and a single tag",
+			content: "---\nname: Météo °C\ntags: weather\nother: ignored\n---\nTempérature.",
+			want:    Metadata{Layout: LayoutFrontMatter, Name: "Météo °C", Description: DefaultDescription, Tags: []string{"weather"}},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Parse([]byte(tt.content), Options{})
+			if err != nil {
+				t.Fatalf("Parse() error = %v", err)
+			}
+			if diff := cmp.Diff(&tt.want, got); diff != "" {
+				t.Errorf("Parse() mismatch (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
+const smPD = `---
+name: Order
+requestSchema:
+  type: object
+  required: [item]
+  properties:
+    item: {type: string}
+responseSchema: '{"type": "object"}'
+stateMachine:
+  roles: [buyer, seller]
+  messages:
+    - type: task
+      sender: buyer
+      receiver: seller
+      schema: {type: object, required: [deadline]}
+    - type: proposal
+      sender: seller
+    - type: order
+      sender: buyer
+  transitions:
+    - message: task
+      next: [proposal]
+      deadline: 5m
+    - message: proposal
+      next: [order]
+  terminal: [order]
+---
+Orders.`
+
+func TestParse_machineReadableParts(t *testing.T) {
+	got, err := Parse([]byte(smPD), Options{})
+	if err != nil {
+		t.Fatalf("Parse() error = %v", err)
+	}
+	want := &Metadata{
+		Layout:             LayoutFrontMatter,
+		Name:               "Order",
+		Description:        DefaultDescription,
+		RequestSchemaJSON:  `{"properties":{"item":{"type":"string"}},"required":["item"],"type":"object"}`,
+		ResponseSchemaJSON: `{"type":"object"}`,
+		StateMachine: &StateMachine{
+			Roles:     []string{"buyer", "seller"},
+			TypeField: "type",
+			Messages: []MessageType{
+				{Type: "task", Sender: "buyer", Receiver: "seller", SchemaJSON: `{"required":["deadline"],"type":"object"}`},
+				{Type: "proposal", Sender: "seller"},
+				{Type: "order", Sender: "buyer"},
+			},
+			Initial: []string{"task"},
+			Transitions: []Transition{
+				{Message: "task", Next: []string{"proposal"}, Deadline: 5 * time.Minute},
+				{Message: "proposal", Next: []string{"order"}},
+			},
+			Terminal: []string{"order"},
+		},
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Parse() mismatch (-want +got):\n%s", diff)
+	}
+}
+
+func TestParse_rejectsInvalidMetadata(t *testing.T) {
+	tests := []struct {
+		name, content string
+		opts          Options
+		wantInMsg     string
+	}{
+		{"bad YAML in front matter", "---\nname: [unclosed\n---\nx", Options{}, "not valid YAML"},
+		{"front matter not a mapping", "---\n- a\n- b\n---\nx", Options{}, "YAML mapping"},
+		{"multiround not a bool", "---\nmultiround: sometimes\n---\nx", Options{}, "multiround"},
+		{"name is a list", "---\nname: [a]\n---\nx", Options{}, "metadata key name"},
+		{"schema wrong type", "---\nrequestSchema: {type: 12}\n---\nx", Options{}, "requestSchema"},
+		{"schema string not JSON", "---\nresponseSchema: '{nope'\n---\nx", Options{}, "responseSchema"},
+		{"schema external ref", "---\nrequestSchema: {$ref: 'https://example.com/s.json'}\n---\nx", Options{}, "requestSchema"},
+		{"schema file ref", "---\nrequestSchema: {$ref: 'file:///etc/passwd'}\n---\nx", Options{}, "requestSchema"},
+		{"state machine unknown key", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], transitons: []}\n---\nx", Options{}, "transitons"},
+		{"state machine undeclared role", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: b}]}\n---\nx", Options{}, `messages[0].sender: "b" is not one of roles`},
+		{"state machine undeclared next", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], transitions: [{message: m, next: [z]}]}\n---\nx", Options{}, `transitions[0].next[0]: "z"`},
+		{"state machine bad deadline", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}, {type: n, sender: a}], transitions: [{message: m, next: [n], deadline: soon}]}\n---\nx", Options{}, "deadline"},
+		{"state machine empty", "---\nstateMachine: {}\n---\nx", Options{}, "roles: must list"},
+		{"state machine message schema", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, schema: {minimum: x}}]}\n---\nx", Options{}, "messages[0].schema"},
+		{"strict without metadata", "text", Options{Strict: true}, "strict"},
+		{"strict missing key", "---\nname: a\ndescription: b\n---\nx", Options{Strict: true}, "multiround"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			md, err := Parse([]byte(tt.content), tt.opts)
+			if !errors.Is(err, ErrInvalidMetadata) {
+				t.Fatalf("Parse(%q) = %+v, %v; want ErrInvalidMetadata", tt.content, md, err)
+			}
+			if !strings.Contains(err.Error(), tt.wantInMsg) {
+				t.Errorf("Parse(%q) error = %q, want it to mention %q", tt.content, err, tt.wantInMsg)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("Parse(%q) error spans lines: %q", tt.content, err)
+			}
+		})
+	}
+}

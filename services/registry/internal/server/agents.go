@@ -1,0 +1,320 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"unicode/utf8"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/emptypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/pagetoken"
+	"github.com/parleyhq/parley/services/registry/internal/fetch"
+	"github.com/parleyhq/parley/services/registry/internal/pd"
+	"github.com/parleyhq/parley/services/registry/internal/resolve"
+	"github.com/parleyhq/parley/services/registry/internal/store"
+)
+
+// Limits on agent records.
+const (
+	maxDisplayName      = 200
+	maxDescription      = 2000
+	maxComment          = 1024
+	maxSourcesPerPD     = 10
+	maxSourceURL        = 2048
+	maxProtocolsInAList = 1000
+)
+
+// idPattern is AIP-122's resource id: lowercase letters, digits and
+// hyphens, 1 to 63 characters, starting with a letter, not ending with a
+// hyphen. Neither ':' nor '/' can appear, so `<client>:<agent>` is
+// unambiguous.
+var idPattern = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// parseAgentName splits clients/{client}/agents/{agent}.
+func parseAgentName(v *grpcerr.Violations, field, name string) (client, agent string) {
+	parts := strings.Split(name, "/")
+	if len(parts) != 4 || parts[0] != "clients" || parts[2] != "agents" || !idPattern.MatchString(parts[1]) || !idPattern.MatchString(parts[3]) {
+		v.Add(field, fmt.Sprintf("%q must have the form clients/{client}/agents/{agent}, each id 1 to 63 lowercase letters, digits or hyphens starting with a letter", name))
+		return "", ""
+	}
+	return parts[1], parts[3]
+}
+
+func (s *Server) agentNotFound(ctx context.Context, err error, name string) error {
+	if isNotFound(err) {
+		return grpcerr.New(codes.NotFound, "agent "+name+" does not exist", reasonAgentNotFound, Domain, map[string]string{"agent": name})
+	}
+	return s.toStatus(ctx, err)
+}
+
+// CreateAgent implements RegistryService.
+func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentRequest) (*registryv1.Agent, error) {
+	var v grpcerr.Violations
+	client, ok := strings.CutPrefix(req.GetParent(), "clients/")
+	if !ok || !idPattern.MatchString(client) {
+		v.Add("parent", fmt.Sprintf("%q must have the form clients/{client}, the id 1 to 63 lowercase letters, digits or hyphens starting with a letter", req.GetParent()))
+	}
+	if !idPattern.MatchString(req.GetAgentId()) {
+		v.Add("agent_id", fmt.Sprintf("%q must be 1 to 63 lowercase letters, digits or hyphens, starting with a letter", req.GetAgentId()))
+	}
+	in := req.GetAgent()
+	if in == nil {
+		v.Add("agent", "is required")
+		in = &registryv1.Agent{}
+	}
+	if n := utf8.RuneCountInString(in.GetDisplayName()); n > maxDisplayName {
+		v.Add("agent.display_name", fmt.Sprintf("has %d characters, at most %d allowed", n, maxDisplayName))
+	}
+	if n := utf8.RuneCountInString(in.GetDescription()); n > maxDescription {
+		v.Add("agent.description", fmt.Sprintf("has %d characters, at most %d allowed", n, maxDescription))
+	}
+	if _, ok := registryv1.SupportPolicy_name[int32(in.GetSupportPolicy())]; !ok {
+		v.Add("agent.support_policy", fmt.Sprintf("%d is not a SupportPolicy", in.GetSupportPolicy()))
+	}
+	if _, ok := registryv1.Dialect_name[int32(in.GetDialect())]; !ok {
+		v.Add("agent.dialect", fmt.Sprintf("%d is not a Dialect", in.GetDialect()))
+	}
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
+		return nil, err
+	}
+	now := timestamppb.New(s.now())
+	a := &registryv1.Agent{
+		Name:          store.AgentPrefix(client) + req.GetAgentId(),
+		DisplayName:   in.GetDisplayName(),
+		Description:   in.GetDescription(),
+		CreateTime:    now,
+		UpdateTime:    now,
+		SupportPolicy: in.GetSupportPolicy(),
+		Dialect:       in.GetDialect(),
+	}
+	created, err := s.store.CreateAgent(ctx, a)
+	if isAlreadyExists(err) {
+		return nil, grpcerr.New(codes.AlreadyExists, "agent "+a.GetName()+" already exists", reasonAgentExists, Domain, map[string]string{"agent": a.GetName()})
+	}
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	return created, nil
+}
+
+// GetAgent implements RegistryService.
+func (s *Server) GetAgent(ctx context.Context, req *registryv1.GetAgentRequest) (*registryv1.Agent, error) {
+	var v grpcerr.Violations
+	parseAgentName(&v, "name", req.GetName())
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
+		return nil, err
+	}
+	a, err := s.store.GetAgent(ctx, req.GetName())
+	if err != nil {
+		return nil, s.agentNotFound(ctx, err, req.GetName())
+	}
+	return a, nil
+}
+
+// ListAgents implements RegistryService.
+func (s *Server) ListAgents(ctx context.Context, req *registryv1.ListAgentsRequest) (*registryv1.ListAgentsResponse, error) {
+	var v grpcerr.Violations
+	client, ok := strings.CutPrefix(req.GetParent(), "clients/")
+	if !ok || (client != "-" && !idPattern.MatchString(client)) {
+		v.Add("parent", fmt.Sprintf("%q must have the form clients/{client} or clients/-", req.GetParent()))
+	}
+	if client == "-" {
+		client = ""
+	}
+	size, ok := pagetoken.Size(req.GetPageSize(), 50, 1000)
+	if !ok {
+		v.Add("page_size", "must not be negative")
+	}
+	after, err := pagetoken.Decode(req.GetPageToken(), "agents", req.GetParent())
+	if err != nil {
+		v.Add("page_token", "is not a token from this list with these parameters")
+	}
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
+		return nil, err
+	}
+	agents, err := s.store.ListAgents(ctx, store.ListOptions{Client: client, After: after, Limit: size + 1})
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	resp := &registryv1.ListAgentsResponse{Agents: agents}
+	if len(agents) > size {
+		resp.Agents = agents[:size]
+		resp.NextPageToken = pagetoken.Encode(agents[size-1].GetName(), "agents", req.GetParent())
+	}
+	return resp, nil
+}
+
+// DeleteAgent implements RegistryService.
+func (s *Server) DeleteAgent(ctx context.Context, req *registryv1.DeleteAgentRequest) (*emptypb.Empty, error) {
+	var v grpcerr.Violations
+	parseAgentName(&v, "name", req.GetName())
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
+		return nil, err
+	}
+	if err := s.store.DeleteAgent(ctx, req.GetName()); err != nil {
+		return nil, s.agentNotFound(ctx, err, req.GetName())
+	}
+	return &emptypb.Empty{}, nil
+}
+
+// AddSupportedProtocol implements RegistryService.
+func (s *Server) AddSupportedProtocol(ctx context.Context, req *registryv1.AddSupportedProtocolRequest) (*registryv1.Agent, error) {
+	var v grpcerr.Violations
+	parseAgentName(&v, "name", req.GetName())
+	h, herr := pd.ParseHash(strings.TrimPrefix(req.GetProtocol(), "protocols/"))
+	if herr != nil {
+		v.Add("protocol", herr.Error())
+	}
+	if len(req.GetSources()) > maxSourcesPerPD {
+		v.Add("sources", fmt.Sprintf("has %d entries, at most %d allowed", len(req.GetSources()), maxSourcesPerPD))
+	}
+	for i, src := range req.GetSources() {
+		if msg := s.checkSource(src, h, herr == nil); msg != "" {
+			v.Add(fmt.Sprintf("sources[%d]", i), msg)
+		}
+	}
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
+		return nil, err
+	}
+	sources := req.GetSources()
+	if len(sources) == 0 {
+		sources = []string{s.ProtocolURL(h)}
+	}
+	// The document must be known here, so that discovery can name it and
+	// the dispatcher can resolve it without a fetch.
+	if _, err := s.resolve(ctx, h, req.GetSources()); err != nil {
+		var nf *resolve.NotFoundError
+		if asNotFound(err, &nf) {
+			return nil, grpcerr.New(codes.FailedPrecondition, "protocol "+h.Hex()+" is not stored and no source produced it; register it first or give a source ("+nf.Error()+")", reasonProtocolMissing, Domain, map[string]string{"protocol": h.Hex()})
+		}
+		return nil, s.toStatus(ctx, err)
+	}
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		ref := "protocols/" + h.Hex()
+		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, ref)
+		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, ref)
+		if len(a.SupportedProtocols) >= maxProtocolsInAList {
+			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already supports %d protocols, the most allowed", a.GetName(), maxProtocolsInAList), reasonTooManyProtocols, Domain, nil)
+		}
+		a.SupportedProtocols = append(a.SupportedProtocols, &registryv1.SupportedProtocol{Protocol: "protocols/" + h.Hex(), Sources: sources})
+		return nil
+	})
+}
+
+// checkSource returns why src cannot be advertised as a source of h, or "".
+// A data: URI is decoded and must hold the document itself.
+func (s *Server) checkSource(src string, h pd.Hash, checkHash bool) string {
+	if strings.HasPrefix(src, "data:") {
+		b, err := fetch.DecodeData(src, s.opts.MaxBytes)
+		if err != nil {
+			return err.Error()
+		}
+		if checkHash && pd.Sum(b) != h {
+			return "data: URI holds a document with SHA-1 " + pd.Sum(b).Hex() + ", not the protocol"
+		}
+		return ""
+	}
+	if len(src) > maxSourceURL {
+		return fmt.Sprintf("URL has %d characters, at most %d allowed", len(src), maxSourceURL)
+	}
+	u, err := url.Parse(src)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" || u.User != nil {
+		return fmt.Sprintf("%q must be an absolute http(s) URL without credentials, or a data: URI", fetch.Describe(src))
+	}
+	return ""
+}
+
+// RemoveSupportedProtocol implements RegistryService.
+func (s *Server) RemoveSupportedProtocol(ctx context.Context, req *registryv1.RemoveSupportedProtocolRequest) (*registryv1.Agent, error) {
+	h, err := s.agentAndProtocol(req.GetName(), req.GetProtocol())
+	if err != nil {
+		return nil, err
+	}
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, "protocols/"+h.Hex())
+		return nil
+	})
+}
+
+// AddUnsupportedProtocol implements RegistryService.
+func (s *Server) AddUnsupportedProtocol(ctx context.Context, req *registryv1.AddUnsupportedProtocolRequest) (*registryv1.Agent, error) {
+	h, err := s.agentAndProtocol(req.GetName(), req.GetProtocol())
+	if err != nil {
+		return nil, err
+	}
+	if n := utf8.RuneCountInString(req.GetComment()); n > maxComment {
+		var v grpcerr.Violations
+		v.Add("comment", fmt.Sprintf("has %d characters, at most %d allowed", n, maxComment))
+		return nil, v.Err(reasonInvalidArgument, Domain)
+	}
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		ref := "protocols/" + h.Hex()
+		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, ref)
+		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, ref)
+		if len(a.UnsupportedProtocols) >= maxProtocolsInAList {
+			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already lists %d unsupported protocols, the most allowed", a.GetName(), maxProtocolsInAList), reasonTooManyProtocols, Domain, nil)
+		}
+		a.UnsupportedProtocols = append(a.UnsupportedProtocols, &registryv1.UnsupportedProtocol{Protocol: "protocols/" + h.Hex(), Comment: req.GetComment()})
+		return nil
+	})
+}
+
+// RemoveUnsupportedProtocol implements RegistryService.
+func (s *Server) RemoveUnsupportedProtocol(ctx context.Context, req *registryv1.RemoveUnsupportedProtocolRequest) (*registryv1.Agent, error) {
+	h, err := s.agentAndProtocol(req.GetName(), req.GetProtocol())
+	if err != nil {
+		return nil, err
+	}
+	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, "protocols/"+h.Hex())
+		return nil
+	})
+}
+
+func (s *Server) agentAndProtocol(name, protocol string) (pd.Hash, error) {
+	var v grpcerr.Violations
+	parseAgentName(&v, "name", name)
+	h, err := pd.ParseHash(strings.TrimPrefix(protocol, "protocols/"))
+	if err != nil {
+		v.Add("protocol", err.Error())
+	}
+	return h, v.Err(reasonInvalidArgument, Domain)
+}
+
+// updateSupport applies mutate to the agent's protocol lists in one store
+// transaction. Adding to one list first removes the protocol from both, so
+// a protocol is never both supported and unsupported.
+func (s *Server) updateSupport(ctx context.Context, name string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
+	a, err := s.store.UpdateAgent(ctx, name, func(a *registryv1.Agent) error {
+		if err := mutate(a); err != nil {
+			return err
+		}
+		a.UpdateTime = timestamppb.New(s.now())
+		return nil
+	})
+	if err != nil {
+		return nil, s.agentNotFound(ctx, err, name)
+	}
+	return a, nil
+}
+
+func removeProtocol[T interface {
+	proto.Message
+	GetProtocol() string
+}](list []T, ref string) []T {
+	out := list[:0]
+	for _, e := range list {
+		if e.GetProtocol() != ref {
+			out = append(out, e)
+		}
+	}
+	return out
+}

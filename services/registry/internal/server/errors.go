@@ -1,0 +1,138 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/registry/internal/fetch"
+	"github.com/parleyhq/parley/services/registry/internal/pd"
+	"github.com/parleyhq/parley/services/registry/internal/resolve"
+	"github.com/parleyhq/parley/services/registry/internal/store"
+)
+
+// Reasons (ErrorInfo.reason) callers branch on.
+const (
+	reasonInvalidArgument   = "INVALID_ARGUMENT"
+	reasonInvalidMetadata   = "INVALID_PROTOCOL_METADATA"
+	reasonTooLarge          = "PROTOCOL_TOO_LARGE"
+	reasonCollision         = "PROTOCOL_SHA1_COLLISION"
+	reasonProtocolNotFound  = "PROTOCOL_NOT_FOUND"
+	reasonUnresolved        = "PROTOCOL_UNRESOLVED"
+	reasonSourceInvalid     = "PROTOCOL_SOURCE_INVALID"
+	reasonAgentNotFound     = "AGENT_NOT_FOUND"
+	reasonAgentExists       = "AGENT_ALREADY_EXISTS"
+	reasonProtocolMissing   = "PROTOCOL_UNAVAILABLE"
+	reasonTooManyProtocols  = "AGENT_PROTOCOLS_LIMIT"
+	reasonPeerNotConfigured = "PEER_NOT_CONFIGURED"
+	reasonPeerUnavailable   = "PEER_UNAVAILABLE"
+)
+
+// toStatus maps domain and store errors to gRPC status errors.
+func (s *Server) toStatus(ctx context.Context, err error) error {
+	var nf *resolve.NotFoundError
+	var me *metadataError
+	switch {
+	case err == nil:
+		return nil
+	case isStatus(err):
+		return err
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return status.FromContextError(err).Err()
+	case errors.As(err, &nf):
+		return resolveStatus(nf)
+	case errors.As(err, &me):
+		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.field+": "+me.err.Error(), map[string]string{me.field: me.err.Error()})
+	case errors.Is(err, pd.ErrInvalidMetadata):
+		return grpcerr.New(codes.InvalidArgument, err.Error(), reasonInvalidMetadata, Domain, nil)
+	case errors.Is(err, errPeerTooLarge):
+		return grpcerr.New(codes.ResourceExhausted, err.Error(), reasonTooLarge, Domain, nil)
+	case errors.Is(err, store.ErrConflict):
+		return grpcerr.New(codes.AlreadyExists, "a different document with the same SHA-1 is already stored; the stored one is kept ("+err.Error()+")", reasonCollision, Domain, nil)
+	case errors.Is(err, store.ErrNotFound):
+		return grpcerr.New(codes.NotFound, err.Error(), "NOT_FOUND", Domain, nil)
+	default: // the caller sees only "internal error", so log it here
+		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
+		return status.Error(codes.Internal, "internal error")
+	}
+}
+
+func isStatus(err error) bool {
+	_, ok := status.FromError(err)
+	return ok
+}
+
+// metadataError is a document failing metadata validation, with the request
+// field that carried it.
+type metadataError struct {
+	field string
+	err   error
+}
+
+func (e *metadataError) Error() string { return e.field + ": " + e.err.Error() }
+func (e *metadataError) Unwrap() error { return e.err }
+
+// resolveStatus picks one code for a failed resolution. Input the caller
+// can fix (malformed or refused sources, wrong bytes, bad metadata) is
+// INVALID_ARGUMENT; else a document over the limit is RESOURCE_EXHAUSTED;
+// else nothing could be fetched: NOT_FOUND. The message names every source.
+func resolveStatus(nf *resolve.NotFoundError) error {
+	if len(nf.Sources) == 0 {
+		return grpcerr.New(codes.NotFound, nf.Error(), reasonProtocolNotFound, Domain, map[string]string{"protocol": nf.Hash.Hex()})
+	}
+	fields := map[string]string{}
+	var order []string
+	invalid, tooLarge := false, false
+	for _, se := range nf.Sources {
+		field := "sources[" + strconv.Itoa(se.Index) + "]"
+		order = append(order, field)
+		fields[field] = se.Err.Error()
+		switch {
+		case errors.Is(se.Err, fetch.ErrMalformed), errors.Is(se.Err, fetch.ErrRefused), errors.Is(se.Err, resolve.ErrMismatch), errors.Is(se.Err, pd.ErrInvalidMetadata):
+			invalid = true
+		case errors.Is(se.Err, fetch.ErrTooLarge):
+			tooLarge = true
+		}
+	}
+	switch {
+	case invalid:
+		return withFieldsOrdered(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
+	case tooLarge:
+		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonTooLarge, Domain, map[string]string{"protocol": nf.Hash.Hex()})
+	default:
+		return grpcerr.New(codes.NotFound, nf.Error(), reasonUnresolved, Domain, map[string]string{"protocol": nf.Hash.Hex()})
+	}
+}
+
+func withFields(code codes.Code, reason, msg string, fields map[string]string) error {
+	order := make([]string, 0, len(fields))
+	for f := range fields {
+		order = append(order, f)
+	}
+	return withFieldsOrdered(code, reason, msg, fields, order)
+}
+
+// withFieldsOrdered builds a status with msg, an ErrorInfo and a BadRequest
+// listing fields in order.
+func withFieldsOrdered(code codes.Code, reason, msg string, fields map[string]string, order []string) error {
+	st := status.New(code, msg)
+	br := &errdetails.BadRequest{}
+	for _, f := range order {
+		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: f, Description: fields[f]})
+	}
+	withDetails, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: Domain}, br)
+	if err != nil {
+		return st.Err()
+	}
+	return withDetails.Err()
+}
+
+func isAlreadyExists(err error) bool { return errors.Is(err, store.ErrAlreadyExists) }
+
+func asNotFound(err error, target **resolve.NotFoundError) bool { return errors.As(err, target) }
