@@ -120,6 +120,9 @@ func New(opts Options) (*Server, error) {
 
 	s.Gateway = runtime.NewServeMux(
 		runtime.WithErrorHandler(errorHandler),
+		// Keep %2F and other reserved escapes intact while routing, so an
+		// id holding "/" (a base64 protocol hash) stays one path segment.
+		runtime.WithUnescapingMode(runtime.UnescapingModeAllExceptReserved),
 		runtime.WithMiddlewares(func(next runtime.HandlerFunc) runtime.HandlerFunc {
 			return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 				if p, ok := runtime.HTTPPathPattern(r.Context()); ok {
