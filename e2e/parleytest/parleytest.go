@@ -20,33 +20,48 @@ import (
 	"time"
 )
 
+type build struct {
+	once sync.Once
+	path string
+	err  error
+}
+
 var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
+	buildsMu sync.Mutex
+	builds   = map[string]*build{}
 )
 
-// Binary builds the parley binary once and returns its path.
-func Binary(t testing.TB) string {
+// Build builds the main package pkg (an import path in the workspace) once
+// per test binary and returns the executable's path.
+func Build(t testing.TB, pkg string) string {
 	t.Helper()
-	buildOnce.Do(func() {
+	buildsMu.Lock()
+	b, ok := builds[pkg]
+	if !ok {
+		b = &build{}
+		builds[pkg] = b
+	}
+	buildsMu.Unlock()
+	b.once.Do(func() {
 		dir, err := os.MkdirTemp("", "parley-e2e-bin")
 		if err != nil {
-			buildErr = err
+			b.err = err
 			return
 		}
-		binPath = filepath.Join(dir, "parley")
-		cmd := exec.Command("go", "build", "-o", binPath, "github.com/parleyhq/parley/cmd/parley")
-		out, err := cmd.CombinedOutput()
+		b.path = filepath.Join(dir, filepath.Base(pkg))
+		out, err := exec.Command("go", "build", "-o", b.path, pkg).CombinedOutput()
 		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/parley: %v\n%s", err, out)
+			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
 		}
 	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	if b.err != nil {
+		t.Fatal(b.err)
 	}
-	return binPath
+	return b.path
 }
+
+// Binary builds the parley binary once and returns its path.
+func Binary(t testing.TB) string { return Build(t, "github.com/parleyhq/parley/cmd/parley") }
 
 // Server is a running `parley serve` process.
 type Server struct {
@@ -74,7 +89,16 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 		dataDir = t.TempDir()
 	}
 	args := append([]string{"serve", "--data", dataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, extra...)
-	cmd := exec.Command(Binary(t), args...)
+	s := StartProcess(t, Binary(t), args...)
+	s.DataDir = dataDir
+	return s
+}
+
+// StartProcess runs any Parley server binary with args and waits until it
+// logs its "listening" line. Give it 127.0.0.1:0 addresses.
+func StartProcess(t testing.TB, binary string, args ...string) *Server {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
 	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -83,7 +107,7 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	s := &Server{Cmd: cmd, DataDir: dataDir, Log: &SyncBuffer{}, Exited: make(chan struct{})}
+	s := &Server{Cmd: cmd, Log: &SyncBuffer{}, Exited: make(chan struct{})}
 	addrs := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
@@ -118,9 +142,9 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 	case a := <-addrs:
 		s.GRPCAddr, s.HTTPAddr = a[0], a[1]
 	case <-s.Exited:
-		t.Fatalf("parley serve exited before listening: %v\n%s", s.ExitErr, s.Log)
+		t.Fatalf("%s exited before listening: %v\n%s", binary, s.ExitErr, s.Log)
 	case <-time.After(60 * time.Second):
-		t.Fatalf("parley serve did not log its addresses within 60s\n%s", s.Log)
+		t.Fatalf("%s did not log its addresses within 60s\n%s", binary, s.Log)
 	}
 	return s
 }
