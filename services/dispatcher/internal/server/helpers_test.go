@@ -7,7 +7,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"io"
 	"log/slog"
 	"net"
@@ -308,4 +307,7 @@ func mustJSON(v any) string {
 	return strings.TrimSpace(buf.String())
 }
 
-var errUnused = errors.New("unused")
+
+func bufCopy(w io.Writer, resp *http.Response) (int64, error) { return io.Copy(w, resp.Body) }
+
+func bufCopyReq(w io.Writer, r *http.Request) (int64, error) { return io.Copy(w, r.Body) }
