@@ -142,4 +142,3 @@ func TestConnect_requiresHello(t *testing.T) {
 		t.Errorf("Connect without hello: Recv = %v, want INVALID_ARGUMENT", err)
 	}
 }
-

@@ -307,7 +307,6 @@ func mustJSON(v any) string {
 	return strings.TrimSpace(buf.String())
 }
 
-
 func bufCopy(w io.Writer, resp *http.Response) (int64, error) { return io.Copy(w, resp.Body) }
 
 func bufCopyReq(w io.Writer, r *http.Request) (int64, error) { return io.Copy(w, r.Body) }
