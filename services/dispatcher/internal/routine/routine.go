@@ -230,6 +230,9 @@ func wrapRunErr(err error) error {
 		if isCancel(msg) {
 			return fmt.Errorf("%w: %s", ErrBudget, msg)
 		}
+		if errors.Is(err, ErrBudget) {
+			return fmt.Errorf("routine stopped: %s: %w", strings.TrimSpace(ee.Backtrace()), ErrBudget)
+		}
 		return fmt.Errorf("routine error: %s", ee.Backtrace())
 	}
 	if isCancel(err.Error()) {
