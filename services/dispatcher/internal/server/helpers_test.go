@@ -13,6 +13,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -157,7 +159,7 @@ func (f *fakeLLM) Complete(_ context.Context, req LLMRequest) (LLMResult, error)
 }
 
 type testEnv struct {
-	t        *testing.T
+	t        testing.TB
 	reg      *fakeRegistry
 	llm      *fakeLLM
 	srv      *Server
@@ -183,7 +185,7 @@ func (e *testEnv) advance(d time.Duration) {
 
 // startEnv runs a fake registry and a dispatcher (gRPC and Agora HTTP on
 // loopback) over bbolt in dataDir ("" for a new temp dir).
-func startEnv(t *testing.T, reg *fakeRegistry, dataDir string, opts Options) *testEnv {
+func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *testEnv {
 	t.Helper()
 	if reg == nil {
 		reg = newFakeRegistry()
@@ -310,3 +312,11 @@ func mustJSON(v any) string {
 func bufCopy(w io.Writer, resp *http.Response) (int64, error) { return io.Copy(w, resp.Body) }
 
 func bufCopyReq(w io.Writer, r *http.Request) (int64, error) { return io.Copy(w, r.Body) }
+
+func fileSize(dir string) int64 {
+	fi, err := os.Stat(filepath.Join(dir, boltstore.FileName))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
