@@ -159,15 +159,8 @@ func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, fu
 	thread.SetLocal(localCtx, ctx)
 	thread.SetLocal(localToolCalls, &toolCalls{max: int64(l.MaxToolCalls)})
 	timer := time.AfterFunc(l.Timeout, func() { thread.Cancel("wall time budget exceeded") })
-	done := make(chan struct{})
-	go func() {
-		select {
-		case <-ctx.Done():
-			thread.Cancel("request cancelled")
-		case <-done:
-		}
-	}()
-	return thread, func() { timer.Stop(); close(done) }
+	stopCtx := context.AfterFunc(ctx, func() { thread.Cancel("request cancelled") })
+	return thread, func() { timer.Stop(); stopCtx() }
 }
 
 type toolCalls struct {
