@@ -99,9 +99,11 @@ func (c *routineCache) get(ctx context.Context, agent, id string) (*compiledRout
 	})
 }
 
+// exists reports whether agent has a routine for id, in any state: a
+// quarantined routine still makes its protocol supported (the LLM answers).
 func (c *routineCache) exists(ctx context.Context, agent, id string) bool {
 	r, err := c.get(ctx, agent, id)
-	return err == nil && r.usable()
+	return err == nil && (r.prog != nil || r.compileErr != nil)
 }
 
 // forgetAgent drops cached routines of agent, after its tools changed.
