@@ -172,7 +172,7 @@ func TestDataURIProtocol_nonASCII(t *testing.T) {
 
 func TestRunawayRoutine_isStoppedAndServerStaysHealthy(t *testing.T) {
 	e := startWeather(t, registryv1.Dialect_DIALECT_UNSPECIFIED, Options{
-		RoutineLimits:   routine.Limits{MaxSteps: 200_000, Timeout: 2 * time.Second},
+		RoutineLimits:   routine.Limits{MaxSteps: 200_000, Timeout: time.Minute}, // the step budget stops it
 		QuarantineAfter: 2,
 	})
 	loopPD := "---\nname: Loop\ndescription: loops\nmultiround: false\n---\nAnything."
@@ -181,13 +181,9 @@ func TestRunawayRoutine_isStoppedAndServerStaysHealthy(t *testing.T) {
 	e.setRoutine(weatherAgent, loopHex, "def reply(q, m):\n    while True:\n        pass\n")
 
 	for i := range 2 {
-		start := time.Now()
 		_, m, raw := e.do("POST", "/agora/acme/weather", `{"protocolHash":"`+loopHex+`","body":"go"}`)
 		if m["status"] != "failure" || !strings.Contains(raw, "budget") {
 			t.Errorf("POST loop #%d = %s, want failure naming the budget", i, raw)
-		}
-		if d := time.Since(start); d > 5*time.Second {
-			t.Errorf("POST loop #%d took %v, want it stopped by its budget", i, d)
 		}
 	}
 	r, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: weatherAgent + "/routines/" + loopHex})
