@@ -54,6 +54,7 @@ func commands() map[string]command {
 		"serve":   {"run every service and the gateway in one process", runServe},
 		"gateway": {"run the REST gateway in front of separately running services", runGateway},
 		"health":  {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
+		"routine": {"set, get or list a hosted agent's routines on a running server", runRoutine},
 		"version": {"print the version", runVersion},
 
 		"protocol": {"manage protocol documents in a running registry", runProtocol},

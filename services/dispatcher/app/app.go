@@ -1,5 +1,6 @@
 // Package app assembles the dispatcher: its store, gRPC server, gateway routes,
-// health and readiness. Both the one-service binary and `parley serve` use it.
+// the hand-written Agora routes, health and readiness. Both the one-service
+// binary and `parley serve` use it.
 package app
 
 import (
@@ -10,8 +11,11 @@ import (
 	"google.golang.org/grpc"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/dispatcher/config"
+	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/server"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
@@ -31,38 +35,116 @@ type App struct {
 	cfg    config.Config
 	logger *slog.Logger
 	store  store.Store
-	server *server.Server
 	peers  Peers
 }
 
-// New opens the store and builds the server. It does not listen.
+// New opens the store. It does not listen; Register builds the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	return &App{cfg: cfg, logger: logger, store: st, server: server.New(st, logger), peers: peers}, nil
+	return &App{cfg: cfg, logger: logger, store: st, peers: peers}, nil
 }
 
-// Register mounts the dispatcher on s: gRPC service, gateway handlers, health
-// name and readiness check.
+func (a *App) options(s *serve.Server) (server.Options, error) {
+	names, err := a.cfg.PeerDialects()
+	if err != nil {
+		return server.Options{}, err
+	}
+	dialects := map[string]agora.Dialect{}
+	for p, n := range names {
+		dialects[p], _ = agora.ParseDialect(n)
+	}
+	return server.Options{
+		// The negotiator does not offer LLM completions yet; see README.
+		LLM:                     server.NoLLM{},
+		Metrics:                 s.Registry(),
+		ConversationTTL:         a.cfg.ConversationTTL,
+		MaxConversationsPerPeer: a.cfg.MaxConversationsPerPeer,
+		RoutineLimits: routine.Limits{
+			MaxSteps:       a.cfg.RoutineMaxSteps,
+			Timeout:        a.cfg.RoutineTimeout,
+			MaxOutputBytes: a.cfg.RoutineMaxOutputBytes,
+			MaxToolCalls:   a.cfg.RoutineMaxToolCalls,
+		},
+		QuarantineAfter:  a.cfg.QuarantineAfter,
+		HandlerTimeout:   a.cfg.HandlerTimeout,
+		CacheTTL:         a.cfg.CacheTTL,
+		PeerDialects:     dialects,
+		PublicURL:        a.cfg.PublicURL,
+		SendTimeout:      a.cfg.SendTimeout,
+		SendRetries:      a.cfg.SendRetries,
+		SendAllowPrivate: a.cfg.SendAllowPrivate,
+	}, nil
+}
+
+// Register mounts the dispatcher on s: gRPC service, gateway handlers, the
+// Agora routes, health name and readiness checks. Expired conversations are
+// swept until ctx ends.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
-	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, a.server)
-	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
+	opts, err := a.options(s)
+	if err != nil {
 		return err
+	}
+	srv := server.New(a.store, a.logger, registryv1.NewRegistryServiceClient(a.peers.Registry), opts)
+	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
+	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, srv); err != nil {
+		return err
+	}
+	for pattern, h := range server.AgoraRoutes(srv, a.httpOptions()) {
+		s.Handle(pattern, h)
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
+	go a.sweep(ctx, srv)
 	return nil
+}
+
+func (a *App) httpOptions() server.HTTPOptions {
+	return server.HTTPOptions{MaxBodyBytes: a.cfg.AgoraMaxBodyBytes, PeerHeader: a.cfg.AgoraPeerHeader}
+}
+
+func (a *App) sweep(ctx context.Context, srv *server.Server) {
+	t := time.NewTicker(10 * time.Minute)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if n, err := srv.Sweep(ctx); err != nil {
+				a.logger.WarnContext(ctx, "conversation sweep failed; retrying next tick", slog.Any("err", err))
+			} else if n > 0 {
+				a.logger.InfoContext(ctx, "swept expired conversations", slog.Int("count", n))
+			}
+		}
+	}
 }
 
 // Close closes the store.
 func (a *App) Close() error { return a.store.Close() }
 
-// RegisterGateway mounts the dispatcher's REST routes on s for a gateway process
-// that reaches the dispatcher over conn instead of in-process.
+// RegisterGateway mounts the dispatcher's REST routes and the Agora routes on
+// s for a gateway process that reaches the dispatcher over conn instead of
+// in-process. The Agora routes use the default limits there.
 func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
-	return dispatcherv1.RegisterDispatcherServiceHandler(ctx, s.Gateway, conn)
+	if err := dispatcherv1.RegisterDispatcherServiceHandler(ctx, s.Gateway, conn); err != nil {
+		return err
+	}
+	for pattern, h := range server.AgoraRoutes(remoteDeliverer{dispatcherv1.NewDispatcherServiceClient(conn)}, server.HTTPOptions{}) {
+		s.Handle(pattern, h)
+	}
+	return nil
+}
+
+// remoteDeliverer adapts the gRPC client to server.Deliverer.
+type remoteDeliverer struct {
+	c dispatcherv1.DispatcherServiceClient
+}
+
+func (r remoteDeliverer) DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverEnvelopeRequest) (*dispatcherv1.DeliverEnvelopeResponse, error) {
+	return r.c.DeliverEnvelope(ctx, req)
 }

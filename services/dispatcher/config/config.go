@@ -5,6 +5,9 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"strings"
+	"time"
 
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/serve"
@@ -20,18 +23,98 @@ type Config struct {
 	// NegotiatorAddr is the negotiator gRPC address (one-service binary only;
 	// `parley serve` connects in-process).
 	NegotiatorAddr string
+
+	ConversationTTL         time.Duration
+	MaxConversationsPerPeer int
+	RoutineMaxSteps         uint64
+	RoutineTimeout          time.Duration
+	RoutineMaxOutputBytes   int
+	RoutineMaxToolCalls     int
+	QuarantineAfter         int
+	HandlerTimeout          time.Duration
+	CacheTTL                time.Duration
+	AgoraMaxBodyBytes       int64
+	AgoraPeerHeader         string
+	// AgoraPeerDialects is "peer=dialect,..." as given on the command line.
+	AgoraPeerDialects string
+	SendTimeout       time.Duration
+	SendRetries       int
+	SendAllowPrivate  bool
 }
 
 // RegisterFlags adds the dispatcher's own flags (not the shared serving flags)
 // to fs. The all-in-one `parley serve` calls it too, so names must not clash
 // with other services' flags.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {}
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.ConversationTTL, "conversation-ttl", 5*time.Minute, "sliding lifetime of an Agora multiround conversation")
+	fs.IntVar(&c.MaxConversationsPerPeer, "conversation-max-per-peer", 100, "open conversations allowed per peer")
+	fs.Uint64Var(&c.RoutineMaxSteps, "routine-max-steps", 1_000_000, "Starlark execution steps per routine run")
+	fs.DurationVar(&c.RoutineTimeout, "routine-timeout", time.Second, "wall time per routine run")
+	fs.IntVar(&c.RoutineMaxOutputBytes, "routine-max-output-bytes", 64<<10, "largest routine result (and conversation memory), JSON bytes")
+	fs.IntVar(&c.RoutineMaxToolCalls, "routine-max-tool-calls", 100, "tool calls per routine run")
+	fs.IntVar(&c.QuarantineAfter, "routine-quarantine-after", 3, "consecutive failures that quarantine a routine")
+	fs.DurationVar(&c.HandlerTimeout, "handler-timeout", 10*time.Second, "how long a connected SDK agent has to answer an envelope or step")
+	fs.DurationVar(&c.CacheTTL, "dispatcher-cache-ttl", 5*time.Second, "how long the dispatcher caches agents and routines (protocols: at least 1m)")
+	fs.Int64Var(&c.AgoraMaxBodyBytes, "agora-max-body-bytes", 1<<20, "largest Agora request body")
+	fs.StringVar(&c.AgoraPeerHeader, "agora-peer-header", "", "header set by a trusted proxy that identifies the Agora caller (e.g. X-Forwarded-For); default: the remote IP")
+	fs.StringVar(&c.AgoraPeerDialects, "agora-peer-dialects", "", "reply dialect per peer: comma-separated peer=spec2024|std|pylib")
+	fs.DurationVar(&c.SendTimeout, "send-timeout", 10*time.Second, "time-out of one outbound Agora request")
+	fs.IntVar(&c.SendRetries, "send-retries", 2, "retries of an outbound request that cannot have reached the target")
+	fs.BoolVar(&c.SendAllowPrivate, "send-allow-private", false, "let Send reach loopback and private addresses (tests, labs)")
+}
+
+// PeerDialects parses AgoraPeerDialects into peer → dialect name.
+func (c *Config) PeerDialects() (map[string]string, error) {
+	out := map[string]string{}
+	for _, item := range strings.Split(c.AgoraPeerDialects, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		peer, d, ok := strings.Cut(item, "=")
+		switch d {
+		case "spec2024", "std", "pylib":
+		default:
+			ok = false
+		}
+		if !ok || peer == "" {
+			return nil, fmt.Errorf("--agora-peer-dialects: %q is not peer=spec2024|std|pylib", item)
+		}
+		out[peer] = d
+	}
+	return out, nil
+}
 
 // Validate reports every bad value at once.
 func (c *Config) Validate() error {
 	var errs []error
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data must not be empty"))
+	}
+	positive := []struct {
+		name string
+		ok   bool
+	}{
+		{"--conversation-ttl", c.ConversationTTL > 0},
+		{"--conversation-max-per-peer", c.MaxConversationsPerPeer > 0},
+		{"--routine-max-steps", c.RoutineMaxSteps > 0},
+		{"--routine-timeout", c.RoutineTimeout > 0},
+		{"--routine-max-output-bytes", c.RoutineMaxOutputBytes > 0},
+		{"--routine-max-tool-calls", c.RoutineMaxToolCalls > 0},
+		{"--routine-quarantine-after", c.QuarantineAfter > 0},
+		{"--handler-timeout", c.HandlerTimeout > 0},
+		{"--dispatcher-cache-ttl", c.CacheTTL > 0},
+		{"--agora-max-body-bytes", c.AgoraMaxBodyBytes > 0},
+		{"--send-timeout", c.SendTimeout > 0},
+		{"--send-retries", c.SendRetries >= 0},
+	}
+	for _, p := range positive {
+		if !p.ok {
+			errs = append(errs, fmt.Errorf("%s must be positive", p.name))
+		}
+	}
+	if _, err := c.PeerDialects(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

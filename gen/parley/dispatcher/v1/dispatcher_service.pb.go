@@ -125,7 +125,9 @@ type ExecuteStepResponse struct {
 	// Files the agent created.
 	Artifacts []*StepArtifact `protobuf:"bytes,4,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
 	// The step's name, when the agent gives one.
-	StepName      string `protobuf:"bytes,5,opt,name=step_name,json=stepName,proto3" json:"step_name,omitempty"`
+	StepName string `protobuf:"bytes,5,opt,name=step_name,json=stepName,proto3" json:"step_name,omitempty"`
+	// Who executed the step: "handler", "routine" or "llm".
+	Executor      string `protobuf:"bytes,6,opt,name=executor,proto3" json:"executor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -195,6 +197,13 @@ func (x *ExecuteStepResponse) GetStepName() string {
 	return ""
 }
 
+func (x *ExecuteStepResponse) GetExecutor() string {
+	if x != nil {
+		return x.Executor
+	}
+	return ""
+}
+
 // GetRoutineRequest is the request of GetRoutine.
 type GetRoutineRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -241,11 +250,800 @@ func (x *GetRoutineRequest) GetName() string {
 	return ""
 }
 
+// ListRoutinesRequest is the request of ListRoutines.
+type ListRoutinesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// Maximum results per page: 0 means 50, values above 1000 are clamped.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parameters.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRoutinesRequest) Reset() {
+	*x = ListRoutinesRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRoutinesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRoutinesRequest) ProtoMessage() {}
+
+func (x *ListRoutinesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRoutinesRequest.ProtoReflect.Descriptor instead.
+func (*ListRoutinesRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListRoutinesRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *ListRoutinesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListRoutinesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListRoutinesResponse is the response of ListRoutines.
+type ListRoutinesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The routines on this page.
+	Routines []*Routine `protobuf:"bytes,1,rep,name=routines,proto3" json:"routines,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListRoutinesResponse) Reset() {
+	*x = ListRoutinesResponse{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListRoutinesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListRoutinesResponse) ProtoMessage() {}
+
+func (x *ListRoutinesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListRoutinesResponse.ProtoReflect.Descriptor instead.
+func (*ListRoutinesResponse) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ListRoutinesResponse) GetRoutines() []*Routine {
+	if x != nil {
+		return x.Routines
+	}
+	return nil
+}
+
+func (x *ListRoutinesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// SetRoutineRequest is the request of SetRoutine.
+type SetRoutineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The routine; name and source are read.
+	Routine       *Routine `protobuf:"bytes,1,opt,name=routine,proto3" json:"routine,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetRoutineRequest) Reset() {
+	*x = SetRoutineRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRoutineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRoutineRequest) ProtoMessage() {}
+
+func (x *SetRoutineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRoutineRequest.ProtoReflect.Descriptor instead.
+func (*SetRoutineRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *SetRoutineRequest) GetRoutine() *Routine {
+	if x != nil {
+		return x.Routine
+	}
+	return nil
+}
+
+// SetToolRequest is the request of SetTool.
+type SetToolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tool; name, description and kind are read.
+	Tool          *Tool `protobuf:"bytes,1,opt,name=tool,proto3" json:"tool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetToolRequest) Reset() {
+	*x = SetToolRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetToolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetToolRequest) ProtoMessage() {}
+
+func (x *SetToolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetToolRequest.ProtoReflect.Descriptor instead.
+func (*SetToolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SetToolRequest) GetTool() *Tool {
+	if x != nil {
+		return x.Tool
+	}
+	return nil
+}
+
+// ListToolsRequest is the request of ListTools.
+type ListToolsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Parent        string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListToolsRequest) Reset() {
+	*x = ListToolsRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListToolsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListToolsRequest) ProtoMessage() {}
+
+func (x *ListToolsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListToolsRequest.ProtoReflect.Descriptor instead.
+func (*ListToolsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListToolsRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+// ListToolsResponse is the response of ListTools.
+type ListToolsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent's tools.
+	Tools         []*Tool `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListToolsResponse) Reset() {
+	*x = ListToolsResponse{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListToolsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListToolsResponse) ProtoMessage() {}
+
+func (x *ListToolsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListToolsResponse.ProtoReflect.Descriptor instead.
+func (*ListToolsResponse) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListToolsResponse) GetTools() []*Tool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+// SendRequest is the request of Send. Exactly one of task and text is set.
+type SendRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sending agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The target's Agora base URL (what it takes envelopes at).
+	TargetUrl string `protobuf:"bytes,2,opt,name=target_url,json=targetUrl,proto3" json:"target_url,omitempty"`
+	// The task's name, for picking a protocol and counting conversations.
+	Task string `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	// The task's data, JSON text; with task.
+	TaskDataJson string `protobuf:"bytes,4,opt,name=task_data_json,json=taskDataJson,proto3" json:"task_data_json,omitempty"`
+	// Natural-language text to send instead of a task.
+	Text string `protobuf:"bytes,5,opt,name=text,proto3" json:"text,omitempty"`
+	// Use this protocol (40 hex characters) instead of picking one.
+	ProtocolHash string `protobuf:"bytes,6,opt,name=protocol_hash,json=protocolHash,proto3" json:"protocol_hash,omitempty"`
+	// The target's dialect: "spec2024" (default), "std" or "pylib".
+	Dialect       string `protobuf:"bytes,7,opt,name=dialect,proto3" json:"dialect,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendRequest) Reset() {
+	*x = SendRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendRequest) ProtoMessage() {}
+
+func (x *SendRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendRequest.ProtoReflect.Descriptor instead.
+func (*SendRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SendRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *SendRequest) GetTargetUrl() string {
+	if x != nil {
+		return x.TargetUrl
+	}
+	return ""
+}
+
+func (x *SendRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *SendRequest) GetTaskDataJson() string {
+	if x != nil {
+		return x.TaskDataJson
+	}
+	return ""
+}
+
+func (x *SendRequest) GetText() string {
+	if x != nil {
+		return x.Text
+	}
+	return ""
+}
+
+func (x *SendRequest) GetProtocolHash() string {
+	if x != nil {
+		return x.ProtocolHash
+	}
+	return ""
+}
+
+func (x *SendRequest) GetDialect() string {
+	if x != nil {
+		return x.Dialect
+	}
+	return ""
+}
+
+// SendResponse is the response of Send.
+type SendResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The target's Agora status: success, failure, rejected or error.
+	Status string `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
+	// The result: the routine's parse of the reply body, else the body, JSON
+	// text.
+	ResultJson string `protobuf:"bytes,2,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
+	// The protocol used, 40 hex characters; empty for natural language.
+	ProtocolHash string `protobuf:"bytes,3,opt,name=protocol_hash,json=protocolHash,proto3" json:"protocol_hash,omitempty"`
+	// How the body was built and the reply read: "routine", "llm" or "text".
+	Path string `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
+	// The target's error text, when it sent one.
+	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendResponse) Reset() {
+	*x = SendResponse{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendResponse) ProtoMessage() {}
+
+func (x *SendResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendResponse.ProtoReflect.Descriptor instead.
+func (*SendResponse) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SendResponse) GetStatus() string {
+	if x != nil {
+		return x.Status
+	}
+	return ""
+}
+
+func (x *SendResponse) GetResultJson() string {
+	if x != nil {
+		return x.ResultJson
+	}
+	return ""
+}
+
+func (x *SendResponse) GetProtocolHash() string {
+	if x != nil {
+		return x.ProtocolHash
+	}
+	return ""
+}
+
+func (x *SendResponse) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *SendResponse) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+// ListSendCountsRequest is the request of ListSendCounts.
+type ListSendCountsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Parent        string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSendCountsRequest) Reset() {
+	*x = ListSendCountsRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSendCountsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSendCountsRequest) ProtoMessage() {}
+
+func (x *ListSendCountsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSendCountsRequest.ProtoReflect.Descriptor instead.
+func (*ListSendCountsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ListSendCountsRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+// ListSendCountsResponse is the response of ListSendCounts.
+type ListSendCountsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One entry per (task, target).
+	Counts        []*SendCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSendCountsResponse) Reset() {
+	*x = ListSendCountsResponse{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSendCountsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSendCountsResponse) ProtoMessage() {}
+
+func (x *ListSendCountsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSendCountsResponse.ProtoReflect.Descriptor instead.
+func (*ListSendCountsResponse) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ListSendCountsResponse) GetCounts() []*SendCount {
+	if x != nil {
+		return x.Counts
+	}
+	return nil
+}
+
+// SendCount counts conversations an agent started for one (task, target).
+type SendCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task name; empty for natural-language text.
+	Task string `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// The target's Agora base URL.
+	TargetUrl string `protobuf:"bytes,2,opt,name=target_url,json=targetUrl,proto3" json:"target_url,omitempty"`
+	// Conversations started.
+	Conversations int64 `protobuf:"varint,3,opt,name=conversations,proto3" json:"conversations,omitempty"`
+	// Of those, how many used a protocol rather than natural language.
+	WithProtocol  int64 `protobuf:"varint,4,opt,name=with_protocol,json=withProtocol,proto3" json:"with_protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SendCount) Reset() {
+	*x = SendCount{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SendCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SendCount) ProtoMessage() {}
+
+func (x *SendCount) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SendCount.ProtoReflect.Descriptor instead.
+func (*SendCount) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *SendCount) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *SendCount) GetTargetUrl() string {
+	if x != nil {
+		return x.TargetUrl
+	}
+	return ""
+}
+
+func (x *SendCount) GetConversations() int64 {
+	if x != nil {
+		return x.Conversations
+	}
+	return 0
+}
+
+func (x *SendCount) GetWithProtocol() int64 {
+	if x != nil {
+		return x.WithProtocol
+	}
+	return 0
+}
+
+// DeliverEnvelopeRequest is one Agora HTTP request for a hosted agent.
+type DeliverEnvelopeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The conversation, for follow-ups and DELETE; empty for a new envelope.
+	ConversationId string `protobuf:"bytes,2,opt,name=conversation_id,json=conversationId,proto3" json:"conversation_id,omitempty"`
+	// DELETE of the conversation rather than a POST.
+	EndConversation bool `protobuf:"varint,3,opt,name=end_conversation,json=endConversation,proto3" json:"end_conversation,omitempty"`
+	// The HTTP request body, raw bytes.
+	EnvelopeJson []byte `protobuf:"bytes,4,opt,name=envelope_json,json=envelopeJson,proto3" json:"envelope_json,omitempty"`
+	// The caller's identity for conversation binding and caps: its IP, or a
+	// header set by a trusted proxy.
+	Peer          string `protobuf:"bytes,5,opt,name=peer,proto3" json:"peer,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliverEnvelopeRequest) Reset() {
+	*x = DeliverEnvelopeRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliverEnvelopeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliverEnvelopeRequest) ProtoMessage() {}
+
+func (x *DeliverEnvelopeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliverEnvelopeRequest.ProtoReflect.Descriptor instead.
+func (*DeliverEnvelopeRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *DeliverEnvelopeRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *DeliverEnvelopeRequest) GetConversationId() string {
+	if x != nil {
+		return x.ConversationId
+	}
+	return ""
+}
+
+func (x *DeliverEnvelopeRequest) GetEndConversation() bool {
+	if x != nil {
+		return x.EndConversation
+	}
+	return false
+}
+
+func (x *DeliverEnvelopeRequest) GetEnvelopeJson() []byte {
+	if x != nil {
+		return x.EnvelopeJson
+	}
+	return nil
+}
+
+func (x *DeliverEnvelopeRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+// DeliverEnvelopeResponse is the HTTP reply to an Agora request.
+type DeliverEnvelopeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The HTTP status code.
+	HttpStatus int32 `protobuf:"varint,1,opt,name=http_status,json=httpStatus,proto3" json:"http_status,omitempty"`
+	// The reply body, raw JSON bytes.
+	ReplyJson     []byte `protobuf:"bytes,2,opt,name=reply_json,json=replyJson,proto3" json:"reply_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeliverEnvelopeResponse) Reset() {
+	*x = DeliverEnvelopeResponse{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeliverEnvelopeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeliverEnvelopeResponse) ProtoMessage() {}
+
+func (x *DeliverEnvelopeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeliverEnvelopeResponse.ProtoReflect.Descriptor instead.
+func (*DeliverEnvelopeResponse) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *DeliverEnvelopeResponse) GetHttpStatus() int32 {
+	if x != nil {
+		return x.HttpStatus
+	}
+	return 0
+}
+
+func (x *DeliverEnvelopeResponse) GetReplyJson() []byte {
+	if x != nil {
+		return x.ReplyJson
+	}
+	return nil
+}
+
 var File_parley_dispatcher_v1_dispatcher_service_proto protoreflect.FileDescriptor
 
 const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\n" +
-	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/routine.proto\x1a\x1fparley/dispatcher/v1/step.proto\"\xd7\x01\n" +
+	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/connect.proto\x1a\"parley/dispatcher/v1/routine.proto\x1a\x1fparley/dispatcher/v1/step.proto\x1a\x1fparley/dispatcher/v1/tool.proto\"\xd7\x01\n" +
 	"\x12ExecuteStepRequest\x12\x1a\n" +
 	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x1d\n" +
 	"\atask_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06taskId\x12\x1d\n" +
@@ -253,18 +1051,82 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\n" +
 	"task_input\x18\x04 \x01(\tR\ttaskInput\x12\x14\n" +
 	"\x05input\x18\x05 \x01(\tR\x05input\x122\n" +
-	"\x15additional_input_json\x18\x06 \x01(\fR\x13additionalInputJson\"\xdb\x01\n" +
+	"\x15additional_input_json\x18\x06 \x01(\fR\x13additionalInputJson\"\xfd\x01\n" +
 	"\x13ExecuteStepResponse\x12\x16\n" +
 	"\x06output\x18\x01 \x01(\tR\x06output\x124\n" +
 	"\x16additional_output_json\x18\x02 \x01(\fR\x14additionalOutputJson\x12\x17\n" +
 	"\ais_last\x18\x03 \x01(\bR\x06isLast\x12@\n" +
 	"\tartifacts\x18\x04 \x03(\v2\".parley.dispatcher.v1.StepArtifactR\tartifacts\x12\x1b\n" +
-	"\tstep_name\x18\x05 \x01(\tR\bstepName\"-\n" +
+	"\tstep_name\x18\x05 \x01(\tR\bstepName\x12 \n" +
+	"\bexecutor\x18\x06 \x01(\tB\x04\xe2A\x01\x03R\bexecutor\"-\n" +
 	"\x11GetRoutineRequest\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name2\x80\x02\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"o\n" +
+	"\x13ListRoutinesRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"y\n" +
+	"\x14ListRoutinesResponse\x129\n" +
+	"\broutines\x18\x01 \x03(\v2\x1d.parley.dispatcher.v1.RoutineR\broutines\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"R\n" +
+	"\x11SetRoutineRequest\x12=\n" +
+	"\aroutine\x18\x01 \x01(\v2\x1d.parley.dispatcher.v1.RoutineB\x04\xe2A\x01\x02R\aroutine\"F\n" +
+	"\x0eSetToolRequest\x124\n" +
+	"\x04tool\x18\x01 \x01(\v2\x1a.parley.dispatcher.v1.ToolB\x04\xe2A\x01\x02R\x04tool\"0\n" +
+	"\x10ListToolsRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"E\n" +
+	"\x11ListToolsResponse\x120\n" +
+	"\x05tools\x18\x01 \x03(\v2\x1a.parley.dispatcher.v1.ToolR\x05tools\"\xe7\x01\n" +
+	"\vSendRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12#\n" +
+	"\n" +
+	"target_url\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\ttargetUrl\x12\x12\n" +
+	"\x04task\x18\x03 \x01(\tR\x04task\x12$\n" +
+	"\x0etask_data_json\x18\x04 \x01(\tR\ftaskDataJson\x12\x12\n" +
+	"\x04text\x18\x05 \x01(\tR\x04text\x12)\n" +
+	"\rprotocol_hash\x18\x06 \x01(\tB\x04\xe2A\x01\x01R\fprotocolHash\x12\x1e\n" +
+	"\adialect\x18\a \x01(\tB\x04\xe2A\x01\x01R\adialect\"\x96\x01\n" +
+	"\fSendResponse\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\tR\x06status\x12\x1f\n" +
+	"\vresult_json\x18\x02 \x01(\tR\n" +
+	"resultJson\x12#\n" +
+	"\rprotocol_hash\x18\x03 \x01(\tR\fprotocolHash\x12\x12\n" +
+	"\x04path\x18\x04 \x01(\tR\x04path\x12\x14\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\"5\n" +
+	"\x15ListSendCountsRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"Q\n" +
+	"\x16ListSendCountsResponse\x127\n" +
+	"\x06counts\x18\x01 \x03(\v2\x1f.parley.dispatcher.v1.SendCountR\x06counts\"\x89\x01\n" +
+	"\tSendCount\x12\x12\n" +
+	"\x04task\x18\x01 \x01(\tR\x04task\x12\x1d\n" +
+	"\n" +
+	"target_url\x18\x02 \x01(\tR\ttargetUrl\x12$\n" +
+	"\rconversations\x18\x03 \x01(\x03R\rconversations\x12#\n" +
+	"\rwith_protocol\x18\x04 \x01(\x03R\fwithProtocol\"\xc1\x01\n" +
+	"\x16DeliverEnvelopeRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12'\n" +
+	"\x0fconversation_id\x18\x02 \x01(\tR\x0econversationId\x12)\n" +
+	"\x10end_conversation\x18\x03 \x01(\bR\x0fendConversation\x12#\n" +
+	"\renvelope_json\x18\x04 \x01(\fR\fenvelopeJson\x12\x12\n" +
+	"\x04peer\x18\x05 \x01(\tR\x04peer\"Y\n" +
+	"\x17DeliverEnvelopeResponse\x12\x1f\n" +
+	"\vhttp_status\x18\x01 \x01(\x05R\n" +
+	"httpStatus\x12\x1d\n" +
+	"\n" +
+	"reply_json\x18\x02 \x01(\fR\treplyJson2\xb7\n" +
+	"\n" +
 	"\x11DispatcherService\x12\x86\x01\n" +
 	"\n" +
-	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12b\n" +
+	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12\x97\x01\n" +
+	"\fListRoutines\x12).parley.dispatcher.v1.ListRoutinesRequest\x1a*.parley.dispatcher.v1.ListRoutinesResponse\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{parent=clients/*/agents/*}/routines\x12\x97\x01\n" +
+	"\n" +
+	"SetRoutine\x12'.parley.dispatcher.v1.SetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"A\x82\xd3\xe4\x93\x02;:\aroutine\x1a0/v1/{routine.name=clients/*/agents/*/routines/*}\x12\x85\x01\n" +
+	"\aSetTool\x12$.parley.dispatcher.v1.SetToolRequest\x1a\x1a.parley.dispatcher.v1.Tool\"8\x82\xd3\xe4\x93\x022:\x04tool\x1a*/v1/{tool.name=clients/*/agents/*/tools/*}\x12\x8b\x01\n" +
+	"\tListTools\x12&.parley.dispatcher.v1.ListToolsRequest\x1a'.parley.dispatcher.v1.ListToolsResponse\"-\x82\xd3\xe4\x93\x02'\x12%/v1/{parent=clients/*/agents/*}/tools\x12}\n" +
+	"\x04Send\x12!.parley.dispatcher.v1.SendRequest\x1a\".parley.dispatcher.v1.SendResponse\".\x82\xd3\xe4\x93\x02(:\x01*\"#/v1/{agent=clients/*/agents/*}:send\x12\x9f\x01\n" +
+	"\x0eListSendCounts\x12+.parley.dispatcher.v1.ListSendCountsRequest\x1a,.parley.dispatcher.v1.ListSendCountsResponse\"2\x82\xd3\xe4\x93\x02,\x12*/v1/{parent=clients/*/agents/*}/sendCounts\x12n\n" +
+	"\x0fDeliverEnvelope\x12,.parley.dispatcher.v1.DeliverEnvelopeRequest\x1a-.parley.dispatcher.v1.DeliverEnvelopeResponse\x12Z\n" +
+	"\aConnect\x12$.parley.dispatcher.v1.ConnectRequest\x1a%.parley.dispatcher.v1.ConnectResponse(\x010\x01\x12b\n" +
 	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponseB\xe6\x01\n" +
 	"\x18com.parley.dispatcher.v1B\x16DispatcherServiceProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
@@ -280,25 +1142,62 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP() []byte {
 	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescData
 }
 
-var file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
 var file_parley_dispatcher_v1_dispatcher_service_proto_goTypes = []any{
-	(*ExecuteStepRequest)(nil),  // 0: parley.dispatcher.v1.ExecuteStepRequest
-	(*ExecuteStepResponse)(nil), // 1: parley.dispatcher.v1.ExecuteStepResponse
-	(*GetRoutineRequest)(nil),   // 2: parley.dispatcher.v1.GetRoutineRequest
-	(*StepArtifact)(nil),        // 3: parley.dispatcher.v1.StepArtifact
-	(*Routine)(nil),             // 4: parley.dispatcher.v1.Routine
+	(*ExecuteStepRequest)(nil),      // 0: parley.dispatcher.v1.ExecuteStepRequest
+	(*ExecuteStepResponse)(nil),     // 1: parley.dispatcher.v1.ExecuteStepResponse
+	(*GetRoutineRequest)(nil),       // 2: parley.dispatcher.v1.GetRoutineRequest
+	(*ListRoutinesRequest)(nil),     // 3: parley.dispatcher.v1.ListRoutinesRequest
+	(*ListRoutinesResponse)(nil),    // 4: parley.dispatcher.v1.ListRoutinesResponse
+	(*SetRoutineRequest)(nil),       // 5: parley.dispatcher.v1.SetRoutineRequest
+	(*SetToolRequest)(nil),          // 6: parley.dispatcher.v1.SetToolRequest
+	(*ListToolsRequest)(nil),        // 7: parley.dispatcher.v1.ListToolsRequest
+	(*ListToolsResponse)(nil),       // 8: parley.dispatcher.v1.ListToolsResponse
+	(*SendRequest)(nil),             // 9: parley.dispatcher.v1.SendRequest
+	(*SendResponse)(nil),            // 10: parley.dispatcher.v1.SendResponse
+	(*ListSendCountsRequest)(nil),   // 11: parley.dispatcher.v1.ListSendCountsRequest
+	(*ListSendCountsResponse)(nil),  // 12: parley.dispatcher.v1.ListSendCountsResponse
+	(*SendCount)(nil),               // 13: parley.dispatcher.v1.SendCount
+	(*DeliverEnvelopeRequest)(nil),  // 14: parley.dispatcher.v1.DeliverEnvelopeRequest
+	(*DeliverEnvelopeResponse)(nil), // 15: parley.dispatcher.v1.DeliverEnvelopeResponse
+	(*StepArtifact)(nil),            // 16: parley.dispatcher.v1.StepArtifact
+	(*Routine)(nil),                 // 17: parley.dispatcher.v1.Routine
+	(*Tool)(nil),                    // 18: parley.dispatcher.v1.Tool
+	(*ConnectRequest)(nil),          // 19: parley.dispatcher.v1.ConnectRequest
+	(*ConnectResponse)(nil),         // 20: parley.dispatcher.v1.ConnectResponse
 }
 var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
-	3, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
-	2, // 1: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
-	0, // 2: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
-	4, // 3: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
-	1, // 4: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
-	3, // [3:5] is the sub-list for method output_type
-	1, // [1:3] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	16, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
+	17, // 1: parley.dispatcher.v1.ListRoutinesResponse.routines:type_name -> parley.dispatcher.v1.Routine
+	17, // 2: parley.dispatcher.v1.SetRoutineRequest.routine:type_name -> parley.dispatcher.v1.Routine
+	18, // 3: parley.dispatcher.v1.SetToolRequest.tool:type_name -> parley.dispatcher.v1.Tool
+	18, // 4: parley.dispatcher.v1.ListToolsResponse.tools:type_name -> parley.dispatcher.v1.Tool
+	13, // 5: parley.dispatcher.v1.ListSendCountsResponse.counts:type_name -> parley.dispatcher.v1.SendCount
+	2,  // 6: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
+	3,  // 7: parley.dispatcher.v1.DispatcherService.ListRoutines:input_type -> parley.dispatcher.v1.ListRoutinesRequest
+	5,  // 8: parley.dispatcher.v1.DispatcherService.SetRoutine:input_type -> parley.dispatcher.v1.SetRoutineRequest
+	6,  // 9: parley.dispatcher.v1.DispatcherService.SetTool:input_type -> parley.dispatcher.v1.SetToolRequest
+	7,  // 10: parley.dispatcher.v1.DispatcherService.ListTools:input_type -> parley.dispatcher.v1.ListToolsRequest
+	9,  // 11: parley.dispatcher.v1.DispatcherService.Send:input_type -> parley.dispatcher.v1.SendRequest
+	11, // 12: parley.dispatcher.v1.DispatcherService.ListSendCounts:input_type -> parley.dispatcher.v1.ListSendCountsRequest
+	14, // 13: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:input_type -> parley.dispatcher.v1.DeliverEnvelopeRequest
+	19, // 14: parley.dispatcher.v1.DispatcherService.Connect:input_type -> parley.dispatcher.v1.ConnectRequest
+	0,  // 15: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
+	17, // 16: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
+	4,  // 17: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
+	17, // 18: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
+	18, // 19: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
+	8,  // 20: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
+	10, // 21: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
+	12, // 22: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
+	15, // 23: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
+	20, // 24: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
+	1,  // 25: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
+	16, // [16:26] is the sub-list for method output_type
+	6,  // [6:16] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_parley_dispatcher_v1_dispatcher_service_proto_init() }
@@ -306,15 +1205,17 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_init() {
 	if File_parley_dispatcher_v1_dispatcher_service_proto != nil {
 		return
 	}
+	file_parley_dispatcher_v1_connect_proto_init()
 	file_parley_dispatcher_v1_routine_proto_init()
 	file_parley_dispatcher_v1_step_proto_init()
+	file_parley_dispatcher_v1_tool_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc), len(file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   16,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

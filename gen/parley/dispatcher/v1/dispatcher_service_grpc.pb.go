@@ -19,8 +19,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DispatcherService_GetRoutine_FullMethodName  = "/parley.dispatcher.v1.DispatcherService/GetRoutine"
-	DispatcherService_ExecuteStep_FullMethodName = "/parley.dispatcher.v1.DispatcherService/ExecuteStep"
+	DispatcherService_GetRoutine_FullMethodName      = "/parley.dispatcher.v1.DispatcherService/GetRoutine"
+	DispatcherService_ListRoutines_FullMethodName    = "/parley.dispatcher.v1.DispatcherService/ListRoutines"
+	DispatcherService_SetRoutine_FullMethodName      = "/parley.dispatcher.v1.DispatcherService/SetRoutine"
+	DispatcherService_SetTool_FullMethodName         = "/parley.dispatcher.v1.DispatcherService/SetTool"
+	DispatcherService_ListTools_FullMethodName       = "/parley.dispatcher.v1.DispatcherService/ListTools"
+	DispatcherService_Send_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/Send"
+	DispatcherService_ListSendCounts_FullMethodName  = "/parley.dispatcher.v1.DispatcherService/ListSendCounts"
+	DispatcherService_DeliverEnvelope_FullMethodName = "/parley.dispatcher.v1.DispatcherService/DeliverEnvelope"
+	DispatcherService_Connect_FullMethodName         = "/parley.dispatcher.v1.DispatcherService/Connect"
+	DispatcherService_ExecuteStep_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/ExecuteStep"
 )
 
 // DispatcherServiceClient is the client API for DispatcherService service.
@@ -33,6 +41,35 @@ type DispatcherServiceClient interface {
 	// GetRoutine returns the current version of a routine. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND.
 	GetRoutine(ctx context.Context, in *GetRoutineRequest, opts ...grpc.CallOption) (*Routine, error)
+	// ListRoutines lists an agent's routines (current versions, by name).
+	// Errors: INVALID_ARGUMENT.
+	ListRoutines(ctx context.Context, in *ListRoutinesRequest, opts ...grpc.CallOption) (*ListRoutinesResponse, error)
+	// SetRoutine stores a new version of a routine, creating it when absent.
+	// A new version starts active, which lifts a quarantine. Errors:
+	// INVALID_ARGUMENT (bad name, or source that does not compile).
+	SetRoutine(ctx context.Context, in *SetRoutineRequest, opts ...grpc.CallOption) (*Routine, error)
+	// SetTool declares (or replaces) a tool of an agent. Errors:
+	// INVALID_ARGUMENT.
+	SetTool(ctx context.Context, in *SetToolRequest, opts ...grpc.CallOption) (*Tool, error)
+	// ListTools lists an agent's tools by name. Errors: INVALID_ARGUMENT.
+	ListTools(ctx context.Context, in *ListToolsRequest, opts ...grpc.CallOption) (*ListToolsResponse, error)
+	// Send makes a hosted agent query another Agora agent: a task with JSON
+	// data, or natural-language text. Errors: INVALID_ARGUMENT,
+	// FAILED_PRECONDITION (no protocol and no LLM), UNAVAILABLE (target
+	// unreachable after retries), DEADLINE_EXCEEDED.
+	Send(ctx context.Context, in *SendRequest, opts ...grpc.CallOption) (*SendResponse, error)
+	// ListSendCounts lists how many conversations an agent started per
+	// (task, target), for the negotiator's thresholds. Errors:
+	// INVALID_ARGUMENT.
+	ListSendCounts(ctx context.Context, in *ListSendCountsRequest, opts ...grpc.CallOption) (*ListSendCountsResponse, error)
+	// DeliverEnvelope handles one Agora HTTP request for a hosted agent and
+	// returns the HTTP reply. The gateway's hand-written /agora routes call
+	// it; it keeps bodies as raw bytes and is not exposed over REST.
+	DeliverEnvelope(ctx context.Context, in *DeliverEnvelopeRequest, opts ...grpc.CallOption) (*DeliverEnvelopeResponse, error)
+	// Connect attaches an SDK agent: it sends a hello, then answers the
+	// envelopes and steps the dispatcher sends it, each before its deadline.
+	// Errors: INVALID_ARGUMENT (no hello first).
+	Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error)
 	// ExecuteStep runs one Agent Protocol step on its agent: a connected SDK
 	// handler, else the agent's step routine, else the LLM. It is called by the
 	// tasks service and is not exposed over REST. Errors: NOT_FOUND (unknown
@@ -59,6 +96,89 @@ func (c *dispatcherServiceClient) GetRoutine(ctx context.Context, in *GetRoutine
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) ListRoutines(ctx context.Context, in *ListRoutinesRequest, opts ...grpc.CallOption) (*ListRoutinesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListRoutinesResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_ListRoutines_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) SetRoutine(ctx context.Context, in *SetRoutineRequest, opts ...grpc.CallOption) (*Routine, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Routine)
+	err := c.cc.Invoke(ctx, DispatcherService_SetRoutine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) SetTool(ctx context.Context, in *SetToolRequest, opts ...grpc.CallOption) (*Tool, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Tool)
+	err := c.cc.Invoke(ctx, DispatcherService_SetTool_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) ListTools(ctx context.Context, in *ListToolsRequest, opts ...grpc.CallOption) (*ListToolsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListToolsResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_ListTools_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) Send(ctx context.Context, in *SendRequest, opts ...grpc.CallOption) (*SendResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_Send_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) ListSendCounts(ctx context.Context, in *ListSendCountsRequest, opts ...grpc.CallOption) (*ListSendCountsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSendCountsResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_ListSendCounts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) DeliverEnvelope(ctx context.Context, in *DeliverEnvelopeRequest, opts ...grpc.CallOption) (*DeliverEnvelopeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeliverEnvelopeResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_DeliverEnvelope_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) Connect(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ConnectRequest, ConnectResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DispatcherService_ServiceDesc.Streams[0], DispatcherService_Connect_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ConnectRequest, ConnectResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DispatcherService_ConnectClient = grpc.BidiStreamingClient[ConnectRequest, ConnectResponse]
+
 func (c *dispatcherServiceClient) ExecuteStep(ctx context.Context, in *ExecuteStepRequest, opts ...grpc.CallOption) (*ExecuteStepResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ExecuteStepResponse)
@@ -79,6 +199,35 @@ type DispatcherServiceServer interface {
 	// GetRoutine returns the current version of a routine. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND.
 	GetRoutine(context.Context, *GetRoutineRequest) (*Routine, error)
+	// ListRoutines lists an agent's routines (current versions, by name).
+	// Errors: INVALID_ARGUMENT.
+	ListRoutines(context.Context, *ListRoutinesRequest) (*ListRoutinesResponse, error)
+	// SetRoutine stores a new version of a routine, creating it when absent.
+	// A new version starts active, which lifts a quarantine. Errors:
+	// INVALID_ARGUMENT (bad name, or source that does not compile).
+	SetRoutine(context.Context, *SetRoutineRequest) (*Routine, error)
+	// SetTool declares (or replaces) a tool of an agent. Errors:
+	// INVALID_ARGUMENT.
+	SetTool(context.Context, *SetToolRequest) (*Tool, error)
+	// ListTools lists an agent's tools by name. Errors: INVALID_ARGUMENT.
+	ListTools(context.Context, *ListToolsRequest) (*ListToolsResponse, error)
+	// Send makes a hosted agent query another Agora agent: a task with JSON
+	// data, or natural-language text. Errors: INVALID_ARGUMENT,
+	// FAILED_PRECONDITION (no protocol and no LLM), UNAVAILABLE (target
+	// unreachable after retries), DEADLINE_EXCEEDED.
+	Send(context.Context, *SendRequest) (*SendResponse, error)
+	// ListSendCounts lists how many conversations an agent started per
+	// (task, target), for the negotiator's thresholds. Errors:
+	// INVALID_ARGUMENT.
+	ListSendCounts(context.Context, *ListSendCountsRequest) (*ListSendCountsResponse, error)
+	// DeliverEnvelope handles one Agora HTTP request for a hosted agent and
+	// returns the HTTP reply. The gateway's hand-written /agora routes call
+	// it; it keeps bodies as raw bytes and is not exposed over REST.
+	DeliverEnvelope(context.Context, *DeliverEnvelopeRequest) (*DeliverEnvelopeResponse, error)
+	// Connect attaches an SDK agent: it sends a hello, then answers the
+	// envelopes and steps the dispatcher sends it, each before its deadline.
+	// Errors: INVALID_ARGUMENT (no hello first).
+	Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error
 	// ExecuteStep runs one Agent Protocol step on its agent: a connected SDK
 	// handler, else the agent's step routine, else the LLM. It is called by the
 	// tasks service and is not exposed over REST. Errors: NOT_FOUND (unknown
@@ -97,6 +246,30 @@ type UnimplementedDispatcherServiceServer struct{}
 
 func (UnimplementedDispatcherServiceServer) GetRoutine(context.Context, *GetRoutineRequest) (*Routine, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetRoutine not implemented")
+}
+func (UnimplementedDispatcherServiceServer) ListRoutines(context.Context, *ListRoutinesRequest) (*ListRoutinesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListRoutines not implemented")
+}
+func (UnimplementedDispatcherServiceServer) SetRoutine(context.Context, *SetRoutineRequest) (*Routine, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetRoutine not implemented")
+}
+func (UnimplementedDispatcherServiceServer) SetTool(context.Context, *SetToolRequest) (*Tool, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetTool not implemented")
+}
+func (UnimplementedDispatcherServiceServer) ListTools(context.Context, *ListToolsRequest) (*ListToolsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTools not implemented")
+}
+func (UnimplementedDispatcherServiceServer) Send(context.Context, *SendRequest) (*SendResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Send not implemented")
+}
+func (UnimplementedDispatcherServiceServer) ListSendCounts(context.Context, *ListSendCountsRequest) (*ListSendCountsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSendCounts not implemented")
+}
+func (UnimplementedDispatcherServiceServer) DeliverEnvelope(context.Context, *DeliverEnvelopeRequest) (*DeliverEnvelopeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeliverEnvelope not implemented")
+}
+func (UnimplementedDispatcherServiceServer) Connect(grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]) error {
+	return status.Error(codes.Unimplemented, "method Connect not implemented")
 }
 func (UnimplementedDispatcherServiceServer) ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExecuteStep not implemented")
@@ -140,6 +313,139 @@ func _DispatcherService_GetRoutine_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_ListRoutines_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListRoutinesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).ListRoutines(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_ListRoutines_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).ListRoutines(ctx, req.(*ListRoutinesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_SetRoutine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetRoutineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).SetRoutine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_SetRoutine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).SetRoutine(ctx, req.(*SetRoutineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_SetTool_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetToolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).SetTool(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_SetTool_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).SetTool(ctx, req.(*SetToolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_ListTools_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListToolsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).ListTools(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_ListTools_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).ListTools(ctx, req.(*ListToolsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_Send_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).Send(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_Send_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).Send(ctx, req.(*SendRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_ListSendCounts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSendCountsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).ListSendCounts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_ListSendCounts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).ListSendCounts(ctx, req.(*ListSendCountsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_DeliverEnvelope_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeliverEnvelopeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).DeliverEnvelope(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_DeliverEnvelope_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).DeliverEnvelope(ctx, req.(*DeliverEnvelopeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_Connect_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(DispatcherServiceServer).Connect(&grpc.GenericServerStream[ConnectRequest, ConnectResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DispatcherService_ConnectServer = grpc.BidiStreamingServer[ConnectRequest, ConnectResponse]
+
 func _DispatcherService_ExecuteStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ExecuteStepRequest)
 	if err := dec(in); err != nil {
@@ -170,10 +476,45 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _DispatcherService_GetRoutine_Handler,
 		},
 		{
+			MethodName: "ListRoutines",
+			Handler:    _DispatcherService_ListRoutines_Handler,
+		},
+		{
+			MethodName: "SetRoutine",
+			Handler:    _DispatcherService_SetRoutine_Handler,
+		},
+		{
+			MethodName: "SetTool",
+			Handler:    _DispatcherService_SetTool_Handler,
+		},
+		{
+			MethodName: "ListTools",
+			Handler:    _DispatcherService_ListTools_Handler,
+		},
+		{
+			MethodName: "Send",
+			Handler:    _DispatcherService_Send_Handler,
+		},
+		{
+			MethodName: "ListSendCounts",
+			Handler:    _DispatcherService_ListSendCounts_Handler,
+		},
+		{
+			MethodName: "DeliverEnvelope",
+			Handler:    _DispatcherService_DeliverEnvelope_Handler,
+		},
+		{
 			MethodName: "ExecuteStep",
 			Handler:    _DispatcherService_ExecuteStep_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Connect",
+			Handler:       _DispatcherService_Connect_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "parley/dispatcher/v1/dispatcher_service.proto",
 }

@@ -23,19 +23,88 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// State is whether the dispatcher runs the routine.
+type Routine_State int32
+
+const (
+	// Not used.
+	Routine_STATE_UNSPECIFIED Routine_State = 0
+	// The routine answers its protocol.
+	Routine_STATE_ACTIVE Routine_State = 1
+	// The routine failed too many times in a row and is skipped until a new
+	// version is set.
+	Routine_STATE_QUARANTINED Routine_State = 2
+)
+
+// Enum value maps for Routine_State.
+var (
+	Routine_State_name = map[int32]string{
+		0: "STATE_UNSPECIFIED",
+		1: "STATE_ACTIVE",
+		2: "STATE_QUARANTINED",
+	}
+	Routine_State_value = map[string]int32{
+		"STATE_UNSPECIFIED": 0,
+		"STATE_ACTIVE":      1,
+		"STATE_QUARANTINED": 2,
+	}
+)
+
+func (x Routine_State) Enum() *Routine_State {
+	p := new(Routine_State)
+	*p = x
+	return p
+}
+
+func (x Routine_State) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Routine_State) Descriptor() protoreflect.EnumDescriptor {
+	return file_parley_dispatcher_v1_routine_proto_enumTypes[0].Descriptor()
+}
+
+func (Routine_State) Type() protoreflect.EnumType {
+	return &file_parley_dispatcher_v1_routine_proto_enumTypes[0]
+}
+
+func (x Routine_State) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Routine_State.Descriptor instead.
+func (Routine_State) EnumDescriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_routine_proto_rawDescGZIP(), []int{0, 0}
+}
+
 // Routine is a sandboxed Starlark program that answers (or builds) envelopes
 // of one protocol for one hosted agent, so that no LLM is needed.
+//
+// Receiving side: `def reply(query, memory)` returns the reply body; memory
+// is a dict kept with a multiround conversation. Sending side:
+// `def send(task)` returns the outgoing body and the optional
+// `def parse(reply)` turns the peer's reply body into the result. The
+// routine with id "steps" may define
+// `def step(task_input, step_input, additional_input)` for Agent Protocol
+// steps. Routines see only the json module and their agent's tools.
 type Routine struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The resource name. Format:
-	// clients/{client}/agents/{agent}/routines/{sha1-hex of the protocol}.
+	// clients/{client}/agents/{agent}/routines/{sha1-hex of the protocol}, or
+	// clients/{client}/agents/{agent}/routines/steps for the step routine.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The Starlark source.
 	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
 	// Monotonic version, starting at 1.
 	Version int64 `protobuf:"varint,3,opt,name=version,proto3" json:"version,omitempty"`
 	// When this version was stored.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Whether the routine runs or is quarantined.
+	State Routine_State `protobuf:"varint,5,opt,name=state,proto3,enum=parley.dispatcher.v1.Routine_State" json:"state,omitempty"`
+	// Failures since the last success of this version.
+	ConsecutiveFailures int32 `protobuf:"varint,6,opt,name=consecutive_failures,json=consecutiveFailures,proto3" json:"consecutive_failures,omitempty"`
+	// The last failure's message, for operators.
+	LastError     string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -98,17 +167,46 @@ func (x *Routine) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Routine) GetState() Routine_State {
+	if x != nil {
+		return x.State
+	}
+	return Routine_STATE_UNSPECIFIED
+}
+
+func (x *Routine) GetConsecutiveFailures() int32 {
+	if x != nil {
+		return x.ConsecutiveFailures
+	}
+	return 0
+}
+
+func (x *Routine) GetLastError() string {
+	if x != nil {
+		return x.LastError
+	}
+	return ""
+}
+
 var File_parley_dispatcher_v1_routine_proto protoreflect.FileDescriptor
 
 const file_parley_dispatcher_v1_routine_proto_rawDesc = "" +
 	"\n" +
-	"\"parley/dispatcher/v1/routine.proto\x12\x14parley.dispatcher.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfc\x01\n" +
+	"\"parley/dispatcher/v1/routine.proto\x12\x14parley.dispatcher.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x03\n" +
 	"\aRoutine\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1c\n" +
 	"\x06source\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06source\x12\x1e\n" +
 	"\aversion\x18\x03 \x01(\x03B\x04\xe2A\x01\x03R\aversion\x12A\n" +
 	"\vupdate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"updateTime:V\xeaAS\n" +
+	"updateTime\x12?\n" +
+	"\x05state\x18\x05 \x01(\x0e2#.parley.dispatcher.v1.Routine.StateB\x04\xe2A\x01\x03R\x05state\x127\n" +
+	"\x14consecutive_failures\x18\x06 \x01(\x05B\x04\xe2A\x01\x03R\x13consecutiveFailures\x12#\n" +
+	"\n" +
+	"last_error\x18\a \x01(\tB\x04\xe2A\x01\x03R\tlastError\"G\n" +
+	"\x05State\x12\x15\n" +
+	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fSTATE_ACTIVE\x10\x01\x12\x15\n" +
+	"\x11STATE_QUARANTINED\x10\x02:V\xeaAS\n" +
 	"\x1ddispatcher.parley.dev/Routine\x122clients/{client}/agents/{agent}/routines/{routine}B\xdc\x01\n" +
 	"\x18com.parley.dispatcher.v1B\fRoutineProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
@@ -124,18 +222,21 @@ func file_parley_dispatcher_v1_routine_proto_rawDescGZIP() []byte {
 	return file_parley_dispatcher_v1_routine_proto_rawDescData
 }
 
+var file_parley_dispatcher_v1_routine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
 var file_parley_dispatcher_v1_routine_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_parley_dispatcher_v1_routine_proto_goTypes = []any{
-	(*Routine)(nil),               // 0: parley.dispatcher.v1.Routine
-	(*timestamppb.Timestamp)(nil), // 1: google.protobuf.Timestamp
+	(Routine_State)(0),            // 0: parley.dispatcher.v1.Routine.State
+	(*Routine)(nil),               // 1: parley.dispatcher.v1.Routine
+	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
 }
 var file_parley_dispatcher_v1_routine_proto_depIdxs = []int32{
-	1, // 0: parley.dispatcher.v1.Routine.update_time:type_name -> google.protobuf.Timestamp
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: parley.dispatcher.v1.Routine.update_time:type_name -> google.protobuf.Timestamp
+	0, // 1: parley.dispatcher.v1.Routine.state:type_name -> parley.dispatcher.v1.Routine.State
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_parley_dispatcher_v1_routine_proto_init() }
@@ -148,13 +249,14 @@ func file_parley_dispatcher_v1_routine_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_dispatcher_v1_routine_proto_rawDesc), len(file_parley_dispatcher_v1_routine_proto_rawDesc)),
-			NumEnums:      0,
+			NumEnums:      1,
 			NumMessages:   1,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_parley_dispatcher_v1_routine_proto_goTypes,
 		DependencyIndexes: file_parley_dispatcher_v1_routine_proto_depIdxs,
+		EnumInfos:         file_parley_dispatcher_v1_routine_proto_enumTypes,
 		MessageInfos:      file_parley_dispatcher_v1_routine_proto_msgTypes,
 	}.Build()
 	File_parley_dispatcher_v1_routine_proto = out.File

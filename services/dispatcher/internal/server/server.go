@@ -1,27 +1,139 @@
-// Package server implements parley.dispatcher.v1.DispatcherService.
+// Package server implements parley.dispatcher.v1.DispatcherService: the
+// Agora receiving path (DeliverEnvelope, behind the hand-written /agora HTTP
+// routes), the sending path (Send), routines and tools, SDK agent streams
+// (Connect) and Agent Protocol steps (ExecuteStep).
 package server
 
 import (
+	"context"
 	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // Domain is the ErrorInfo domain of the dispatcher's errors.
 const Domain = "dispatcher.parley.dev"
 
+// Options configures a Server. Zero values take the defaults noted.
+type Options struct {
+	// LLM answers what no routine or handler can; NoLLM when nil.
+	LLM LLM
+	// Metrics receives the dispatcher's collectors; none when nil.
+	Metrics prometheus.Registerer
+	// ConversationTTL is the sliding lifetime of a conversation; 5 min.
+	ConversationTTL time.Duration
+	// MaxConversationsPerPeer caps a peer's open conversations; 100.
+	MaxConversationsPerPeer int
+	// RoutineLimits are each routine run's budgets.
+	RoutineLimits routine.Limits
+	// QuarantineAfter consecutive failures quarantine a routine; 3.
+	QuarantineAfter int
+	// HandlerTimeout is how long a connected SDK agent has to answer; 10 s.
+	HandlerTimeout time.Duration
+	// CacheTTL is how long agents and routines are cached; 5 s. Protocols,
+	// being immutable, are cached for at least a minute.
+	CacheTTL time.Duration
+	// PeerDialects fixes the reply dialect of some peers (as DeliverEnvelope's
+	// peer field names them).
+	PeerDialects map[string]agora.Dialect
+	// PublicURL is our HTTP side's public base URL, for protocolSources.
+	PublicURL string
+	// SendTimeout bounds one outbound HTTP attempt; 10 s.
+	SendTimeout time.Duration
+	// SendRetries is how many times a safe-to-retry send is retried; 2.
+	SendRetries int
+	// HTTPClient sends outbound envelopes; when nil, a client that refuses
+	// loopback and private addresses unless SendAllowPrivate.
+	HTTPClient *http.Client
+	// SendAllowPrivate lets Send reach loopback and private addresses.
+	SendAllowPrivate bool
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+}
+
 // Server implements the dispatcher's gRPC API.
 type Server struct {
 	dispatcherv1.UnimplementedDispatcherServiceServer
 
-	store  store.Store
-	logger *slog.Logger
+	store    store.Store
+	logger   *slog.Logger
+	registry registryv1.RegistryServiceClient
+	opts     Options
+	llm      LLM
+	metrics  *metrics
+	now      func() time.Time
+
+	agents    *cache[*agentEntry]
+	protocols *cache[*protocolEntry]
+	routines  *routineCache
+	hub       *hub
+	wellknown *cache[map[string][]string]
+	client    *http.Client
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
 
-// New returns a Server over st.
-func New(st store.Store, logger *slog.Logger) *Server {
-	return &Server{store: st, logger: logger}
+// New returns a Server over st that reaches the registry through reg.
+func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClient, opts Options) *Server {
+	if opts.LLM == nil {
+		opts.LLM = NoLLM{}
+	}
+	if opts.ConversationTTL <= 0 {
+		opts.ConversationTTL = 5 * time.Minute
+	}
+	if opts.MaxConversationsPerPeer <= 0 {
+		opts.MaxConversationsPerPeer = 100
+	}
+	if opts.QuarantineAfter <= 0 {
+		opts.QuarantineAfter = 3
+	}
+	if opts.HandlerTimeout <= 0 {
+		opts.HandlerTimeout = 10 * time.Second
+	}
+	if opts.CacheTTL <= 0 {
+		opts.CacheTTL = 5 * time.Second
+	}
+	if opts.SendTimeout <= 0 {
+		opts.SendTimeout = 10 * time.Second
+	}
+	if opts.SendRetries < 0 {
+		opts.SendRetries = 0
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &Server{
+		store:    st,
+		logger:   logger,
+		registry: reg,
+		opts:     opts,
+		llm:      opts.LLM,
+		metrics:  newMetrics(opts.Metrics),
+		now:      opts.Now,
+	}
+	s.agents = newCache[*agentEntry](opts.CacheTTL, opts.Now)
+	s.protocols = newCache[*protocolEntry](max(opts.CacheTTL, time.Minute), opts.Now)
+	s.wellknown = newCache[map[string][]string](max(opts.CacheTTL, 30*time.Second), opts.Now)
+	s.routines = newRoutineCache(s)
+	s.hub = newHub(s.metrics)
+	s.client = opts.HTTPClient
+	if s.client == nil {
+		s.client = newSendClient(opts.SendAllowPrivate)
+	}
+	return s
+}
+
+// Sweep removes conversations that expired more than a day ago, keeping
+// recent ones as tombstones so that late follow-ups get "Conversation
+// expired" rather than 404. app runs it periodically.
+func (s *Server) Sweep(ctx context.Context) (int, error) {
+	return s.store.SweepConversations(ctx, s.now().Add(-24*time.Hour))
 }

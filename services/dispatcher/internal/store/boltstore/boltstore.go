@@ -3,15 +3,24 @@
 package boltstore
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // FileName is the database file inside the data directory.
@@ -21,7 +30,22 @@ const FileName = "dispatcher.db"
 var (
 	// bucketMeta holds schema_version.
 	bucketMeta = []byte("meta")
+	// bucketRoutines: routine name → Routine (current version, with state).
+	bucketRoutines = []byte("routines")
+	// bucketRoutineVersions: routine name + "@" + 20-digit version → source.
+	bucketRoutineVersions = []byte("routine_versions")
+	// bucketTools: tool name → Tool.
+	bucketTools = []byte("tools")
+	// bucketConversations: conversation id → JSON store.Conversation.
+	bucketConversations = []byte("conversations")
+	// bucketPeerConversations: peer + 0x00 + id → 8-byte big-endian expiry
+	// (Unix nanoseconds), to count a peer's open conversations.
+	bucketPeerConversations = []byte("peer_conversations")
+	// bucketSendCounts: agent + 0x00 + task + 0x00 + target → JSON counts.
+	bucketSendCounts = []byte("send_counts")
 )
+
+var allBuckets = [][]byte{bucketMeta, bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts}
 
 const schemaVersion = 1
 
@@ -29,6 +53,8 @@ const schemaVersion = 1
 type Store struct {
 	db *bolt.DB
 }
+
+var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
@@ -44,11 +70,14 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
+	db.MaxBatchDelay = time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
 		}
+		meta := tx.Bucket(bucketMeta)
 		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != fmt.Sprint(schemaVersion) {
 			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
 		}
@@ -71,3 +100,369 @@ func (s *Store) Ping(ctx context.Context) error {
 
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
+
+// SetRoutine implements store.Store.
+func (s *Store) SetRoutine(ctx context.Context, name, source string, now time.Time) (*dispatcherv1.Routine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *dispatcherv1.Routine
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRoutines)
+		version := int64(1)
+		if v := b.Get([]byte(name)); v != nil {
+			var cur dispatcherv1.Routine
+			if err := proto.Unmarshal(v, &cur); err != nil {
+				return err
+			}
+			version = cur.GetVersion() + 1
+		}
+		out = &dispatcherv1.Routine{
+			Name:       name,
+			Source:     source,
+			Version:    version,
+			UpdateTime: timestamppb.New(now),
+			State:      dispatcherv1.Routine_STATE_ACTIVE,
+		}
+		data, err := proto.Marshal(out)
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte(name), data); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketRoutineVersions).Put([]byte(fmt.Sprintf("%s@%020d", name, version)), []byte(source))
+	})
+	return out, err
+}
+
+// GetRoutine implements store.Store.
+func (s *Store) GetRoutine(ctx context.Context, name string) (*dispatcherv1.Routine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out dispatcherv1.Routine
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRoutines).Get([]byte(name))
+		if v == nil {
+			return fmt.Errorf("routine %q: %w", name, store.ErrNotFound)
+		}
+		return proto.Unmarshal(v, &out)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// ListRoutines implements store.Store.
+func (s *Store) ListRoutines(ctx context.Context, parent, after string, limit int) ([]*dispatcherv1.Routine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	prefix := []byte(parent + "/routines/")
+	var out []*dispatcherv1.Routine
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketRoutines).Cursor()
+		k, v := c.Seek(prefix)
+		if after != "" {
+			k, v = c.Seek([]byte(after))
+			if k != nil && string(k) == after {
+				k, v = c.Next()
+			}
+		}
+		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
+			var r dispatcherv1.Routine
+			if err := proto.Unmarshal(v, &r); err != nil {
+				return err
+			}
+			out = append(out, &r)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// RecordRoutineRun implements store.Store.
+func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64, runErr string, quarantineAfter int) (*dispatcherv1.Routine, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out dispatcherv1.Routine
+	err := s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRoutines)
+		v := b.Get([]byte(name))
+		if v == nil {
+			return fmt.Errorf("routine %q: %w", name, store.ErrNotFound)
+		}
+		out.Reset()
+		if err := proto.Unmarshal(v, &out); err != nil {
+			return err
+		}
+		if out.GetVersion() != version {
+			return nil
+		}
+		if runErr == "" {
+			if out.GetConsecutiveFailures() == 0 {
+				return nil
+			}
+			out.ConsecutiveFailures = 0
+		} else {
+			out.ConsecutiveFailures++
+			out.LastError = runErr
+			if quarantineAfter > 0 && int(out.ConsecutiveFailures) >= quarantineAfter {
+				out.State = dispatcherv1.Routine_STATE_QUARANTINED
+			}
+		}
+		data, err := proto.Marshal(&out)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte(name), data)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
+// SetTool implements store.Store.
+func (s *Store) SetTool(ctx context.Context, t *dispatcherv1.Tool, now time.Time) (*dispatcherv1.Tool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	out := proto.Clone(t).(*dispatcherv1.Tool)
+	out.UpdateTime = timestamppb.New(now)
+	data, err := proto.Marshal(out)
+	if err != nil {
+		return nil, err
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketTools).Put([]byte(out.GetName()), data)
+	})
+	return out, err
+}
+
+// ListTools implements store.Store.
+func (s *Store) ListTools(ctx context.Context, parent string) ([]*dispatcherv1.Tool, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	prefix := []byte(parent + "/tools/")
+	var out []*dispatcherv1.Tool
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketTools).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			var t dispatcherv1.Tool
+			if err := proto.Unmarshal(v, &t); err != nil {
+				return err
+			}
+			out = append(out, &t)
+		}
+		return nil
+	})
+	return out, err
+}
+
+func peerKey(peer, id string) []byte { return []byte(peer + "\x00" + id) }
+
+func expiryBytes(t time.Time) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(t.UnixNano()))
+	return b[:]
+}
+
+// CreateConversation implements store.Store.
+func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, maxPerPeer int, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	data, err := json.Marshal(c)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		convs := tx.Bucket(bucketConversations)
+		if convs.Get([]byte(c.ID)) != nil {
+			return fmt.Errorf("conversation %q: %w", c.ID, store.ErrAlreadyExists)
+		}
+		idx := tx.Bucket(bucketPeerConversations)
+		if maxPerPeer > 0 {
+			prefix := []byte(c.Peer + "\x00")
+			open := 0
+			cur := idx.Cursor()
+			for k, v := cur.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = cur.Next() {
+				if len(v) == 8 && int64(binary.BigEndian.Uint64(v)) > now.UnixNano() {
+					open++
+				}
+			}
+			if open >= maxPerPeer {
+				return fmt.Errorf("peer has %d open conversations: %w", open, store.ErrLimit)
+			}
+		}
+		if err := idx.Put(peerKey(c.Peer, c.ID), expiryBytes(c.ExpireTime)); err != nil {
+			return err
+		}
+		return convs.Put([]byte(c.ID), data)
+	})
+}
+
+// GetConversation implements store.Store.
+func (s *Store) GetConversation(ctx context.Context, id string) (store.Conversation, error) {
+	var c store.Conversation
+	if err := ctx.Err(); err != nil {
+		return c, err
+	}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketConversations).Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("conversation: %w", store.ErrNotFound)
+		}
+		return json.Unmarshal(v, &c)
+	})
+	return c, err
+}
+
+// UpdateConversation implements store.Store.
+func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*store.Conversation) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		convs := tx.Bucket(bucketConversations)
+		v := convs.Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("conversation: %w", store.ErrNotFound)
+		}
+		var c store.Conversation
+		if err := json.Unmarshal(v, &c); err != nil {
+			return err
+		}
+		if err := mutate(&c); err != nil {
+			return err
+		}
+		data, err := json.Marshal(c)
+		if err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketPeerConversations).Put(peerKey(c.Peer, c.ID), expiryBytes(c.ExpireTime)); err != nil {
+			return err
+		}
+		return convs.Put([]byte(id), data)
+	})
+}
+
+// DeleteConversation implements store.Store.
+func (s *Store) DeleteConversation(ctx context.Context, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		convs := tx.Bucket(bucketConversations)
+		v := convs.Get([]byte(id))
+		if v == nil {
+			return fmt.Errorf("conversation: %w", store.ErrNotFound)
+		}
+		var c store.Conversation
+		if err := json.Unmarshal(v, &c); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketPeerConversations).Delete(peerKey(c.Peer, c.ID)); err != nil {
+			return err
+		}
+		return convs.Delete([]byte(id))
+	})
+}
+
+// SweepConversations implements store.Store.
+func (s *Store) SweepConversations(ctx context.Context, before time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		convs := tx.Bucket(bucketConversations)
+		var dead []store.Conversation
+		err := convs.ForEach(func(_, v []byte) error {
+			var c store.Conversation
+			if err := json.Unmarshal(v, &c); err != nil {
+				return err
+			}
+			if c.ExpireTime.Before(before) {
+				dead = append(dead, c)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		idx := tx.Bucket(bucketPeerConversations)
+		for _, c := range dead {
+			if err := idx.Delete(peerKey(c.Peer, c.ID)); err != nil {
+				return err
+			}
+			if err := convs.Delete([]byte(c.ID)); err != nil {
+				return err
+			}
+		}
+		n = len(dead)
+		return nil
+	})
+	return n, err
+}
+
+type sendCount struct {
+	Conversations int64 `json:"conversations"`
+	WithProtocol  int64 `json:"withProtocol"`
+}
+
+// CountSend implements store.Store.
+func (s *Store) CountSend(ctx context.Context, agent, task, target string, withProtocol bool) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	key := []byte(agent + "\x00" + task + "\x00" + target)
+	return s.db.Batch(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketSendCounts)
+		var c sendCount
+		if v := b.Get(key); v != nil {
+			if err := json.Unmarshal(v, &c); err != nil {
+				return err
+			}
+		}
+		c.Conversations++
+		if withProtocol {
+			c.WithProtocol++
+		}
+		data, err := json.Marshal(c)
+		if err != nil {
+			return err
+		}
+		return b.Put(key, data)
+	})
+}
+
+// ListSendCounts implements store.Store.
+func (s *Store) ListSendCounts(ctx context.Context, agent string) ([]store.SendCount, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	prefix := []byte(agent + "\x00")
+	var out []store.SendCount
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketSendCounts).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			parts := strings.SplitN(string(k[len(prefix):]), "\x00", 2)
+			if len(parts) != 2 {
+				continue
+			}
+			var sc sendCount
+			if err := json.Unmarshal(v, &sc); err != nil {
+				return err
+			}
+			out = append(out, store.SendCount{Task: parts[0], TargetURL: parts[1], Conversations: sc.Conversations, WithProtocol: sc.WithProtocol})
+		}
+		return nil
+	})
+	return out, err
+}

@@ -1,0 +1,282 @@
+// Command dispatcher measures an Agora envelope answered by a Starlark
+// routine through a real `parley serve` over HTTP, against a bare net/http
+// JSON echo in the same run, at several concurrencies, and prints req/s, p50,
+// p99 and the ratio.
+//
+// Usage (from the repository root):
+//
+//	go run ./bench/dispatcher [-parley PATH] [-duration 5s] [-concurrency 16,64]
+//
+// Without -parley it builds ./cmd/parley into a temporary directory. It
+// registers the weather PD and an agent through the registry's gRPC API, and
+// the weather tool and routine through the dispatcher's; if the registry does
+// not implement those calls yet it stops with a clear message.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+)
+
+const weatherPD = "---\nname: Weather Forecast Query Protocol\ndescription: Query the weather forecast for a given date and location.\nmultiround: false\n---\n\nThe sender sends a JSON object {\"date\": \"YYYY-MM-DD\", \"location\": string}.\nThe receiver replies with a JSON object {\"temperature\": number (degrees C), \"precipitation\": number (mm), \"weatherCondition\": one of \"sunny\", \"cloudy\", \"rainy\", \"snowy\"}.\nIf the location is unknown the receiver replies {\"error\": \"Unsupported location\"}."
+
+const weatherHex = "3a732bde0e63d2e838d1a722feebf3d67b52b211"
+
+const weatherRoutine = `
+def reply(query, memory):
+    w = weather(query["location"] + "/" + query["date"])
+    if w == None:
+        return {"error": "Unsupported location"}
+    return w
+`
+
+const weatherTable = `{"Paris/2026-12-01": {"temperature": 7, "precipitation": 1.5, "weatherCondition": "rainy"}}`
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/dispatcher:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	parley := flag.String("parley", "", "path to a parley binary; built from ./cmd/parley when empty")
+	duration := flag.Duration("duration", 5*time.Second, "how long each measurement runs")
+	concList := flag.String("concurrency", "16,64", "comma-separated concurrencies")
+	flag.Parse()
+
+	tmp, err := os.MkdirTemp("", "bench-dispatcher-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if *parley == "" {
+		*parley = filepath.Join(tmp, "parley")
+		build := exec.Command("go", "build", "-o", *parley, "./cmd/parley")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build parley (run from the repository root): %w", err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	grpcAddr, httpAddr, stop, err := startParley(ctx, *parley, filepath.Join(tmp, "data"))
+	if err != nil {
+		return err
+	}
+	defer stop()
+	if err := setup(ctx, grpcAddr); err != nil {
+		return err
+	}
+	agoraURL := "http://" + httpAddr + "/agora/acme/weather"
+	body := []byte(`{"protocolHash":"` + weatherHex + `","protocolSources":null,"body":"{\"date\": \"2026-12-01\", \"location\": \"Paris\"}"}`)
+	if _, err := post(http.DefaultClient, agoraURL, body); err != nil {
+		return fmt.Errorf("warm-up envelope: %w", err)
+	}
+
+	echoLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	echo := &http.Server{Handler: http.HandlerFunc(echoHandler), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = echo.Serve(echoLis) }()
+	defer echo.Close()
+	echoURL := "http://" + echoLis.Addr().String() + "/"
+
+	fmt.Printf("duration %s per run\n", *duration)
+	fmt.Printf("%-8s %-6s %10s %10s %10s\n", "target", "conc", "req/s", "p50", "p99")
+	for _, cs := range strings.Split(*concList, ",") {
+		c, err := strconv.Atoi(strings.TrimSpace(cs))
+		if err != nil || c <= 0 {
+			return fmt.Errorf("-concurrency: %q is not a positive number", cs)
+		}
+		e := load(echoURL, body, c, *duration)
+		r := load(agoraURL, body, c, *duration)
+		for _, x := range []struct {
+			name string
+			res  result
+		}{{"echo", e}, {"routine", r}} {
+			fmt.Printf("%-8s %-6d %10.0f %10s %10s  errors=%d\n", x.name, c, x.res.rps, x.res.p50, x.res.p99, x.res.errors)
+		}
+		fmt.Printf("ratio routine/echo at %d: %.2f\n", c, r.rps/e.rps)
+	}
+	return nil
+}
+
+func echoHandler(w http.ResponseWriter, r *http.Request) {
+	var v map[string]any
+	if err := json.NewDecoder(r.Body).Decode(&v); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(map[string]any{"status": "success", "body": v["body"]})
+}
+
+// startParley runs `parley serve` on free loopback ports and returns the
+// addresses it logged.
+func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr string, stop func(), err error) {
+	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "info")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return "", "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", "", nil, err
+	}
+	stop = func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	}
+	found := make(chan [2]string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line struct {
+				Msg  string `json:"msg"`
+				GRPC string `json:"grpc"`
+				HTTP string `json:"http"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
+				found <- [2]string{line.GRPC, line.HTTP}
+			}
+		}
+	}()
+	select {
+	case a := <-found:
+		return a[0], a[1], stop, nil
+	case <-time.After(30 * time.Second):
+		stop()
+		return "", "", nil, errors.New("parley serve did not log its addresses within 30s")
+	}
+}
+
+// setup registers the PD and agent, the weather tool and the routine.
+func setup(ctx context.Context, addr string) error {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	reg := registryv1.NewRegistryServiceClient(conn)
+	unimpl := func(call string, err error) error {
+		if status.Code(err) == codes.Unimplemented {
+			return fmt.Errorf("the registry does not implement %s yet (merge the registry first): %w", call, err)
+		}
+		return fmt.Errorf("%s: %w", call, err)
+	}
+	if _, err := reg.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
+		return unimpl("CreateProtocol", err)
+	}
+	_, err = reg.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "weather", Agent: &registryv1.Agent{
+		SupportPolicy: registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED,
+	}})
+	if err != nil && status.Code(err) != codes.AlreadyExists {
+		return unimpl("CreateAgent", err)
+	}
+	disp := dispatcherv1.NewDispatcherServiceClient(conn)
+	const agent = "clients/acme/agents/weather"
+	if _, err := disp.SetTool(ctx, &dispatcherv1.SetToolRequest{Tool: &dispatcherv1.Tool{
+		Name: agent + "/tools/weather", Kind: &dispatcherv1.Tool_Table{Table: &dispatcherv1.TableTool{EntriesJson: weatherTable}},
+	}}); err != nil {
+		return fmt.Errorf("SetTool: %w", err)
+	}
+	if _, err := disp.SetRoutine(ctx, &dispatcherv1.SetRoutineRequest{Routine: &dispatcherv1.Routine{Name: agent + "/routines/" + weatherHex, Source: weatherRoutine}}); err != nil {
+		return fmt.Errorf("SetRoutine: %w", err)
+	}
+	return nil
+}
+
+type result struct {
+	rps      float64
+	p50, p99 time.Duration
+	errors   int
+}
+
+// load posts body to url from c workers for d and measures it.
+func load(url string, body []byte, c int, d time.Duration) result {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: c, MaxConnsPerHost: c}, Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	var (
+		mu   sync.Mutex
+		lat  []time.Duration
+		errs int
+		wg   sync.WaitGroup
+	)
+	deadline := time.Now().Add(d)
+	start := time.Now()
+	for range c {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			local := make([]time.Duration, 0, 4096)
+			bad := 0
+			for time.Now().Before(deadline) {
+				t0 := time.Now()
+				if _, err := post(client, url, body); err != nil {
+					bad++
+					continue
+				}
+				local = append(local, time.Since(t0))
+			}
+			mu.Lock()
+			lat = append(lat, local...)
+			errs += bad
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if len(lat) == 0 {
+		return result{errors: errs}
+	}
+	slices.Sort(lat)
+	return result{
+		rps:    float64(len(lat)) / elapsed.Seconds(),
+		p50:    lat[len(lat)/2].Round(time.Microsecond),
+		p99:    lat[len(lat)*99/100].Round(time.Microsecond),
+		errors: errs,
+	}
+}
+
+func post(client *http.Client, url string, body []byte) ([]byte, error) {
+	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK || !bytes.Contains(out, []byte(`"status":"success"`)) {
+		return out, fmt.Errorf("HTTP %d %s", resp.StatusCode, out)
+	}
+	return out, nil
+}

@@ -1,0 +1,244 @@
+// Package routine runs Starlark routines in a sandbox: no I/O, no load, only
+// the json module and the host functions (tools) the agent declares, with
+// budgets on execution steps, wall time, tool calls and output size.
+//
+// A Program is compiled and initialised once, then frozen, so calls share no
+// mutable state; each call gets its own thread and budgets. Values cross the
+// boundary as JSON: arguments are decoded into Starlark values, the result is
+// encoded back.
+package routine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	starjson "go.starlark.net/lib/json"
+	"go.starlark.net/starlark"
+	"go.starlark.net/syntax"
+)
+
+// ErrBudget marks a call stopped by one of its budgets.
+var ErrBudget = errors.New("routine budget exceeded")
+
+// Limits are a call's budgets. Zero values take the defaults.
+type Limits struct {
+	MaxSteps       uint64        // Starlark execution steps; 1,000,000 when 0
+	Timeout        time.Duration // wall time; 1 s when 0
+	MaxOutputBytes int           // encoded result and memory; 64 KiB when 0
+	MaxToolCalls   int           // tool calls per run; 100 when 0
+}
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxSteps == 0 {
+		l.MaxSteps = 1_000_000
+	}
+	if l.Timeout <= 0 {
+		l.Timeout = time.Second
+	}
+	if l.MaxOutputBytes <= 0 {
+		l.MaxOutputBytes = 64 << 10
+	}
+	if l.MaxToolCalls <= 0 {
+		l.MaxToolCalls = 100
+	}
+	return l
+}
+
+// Tool is a host function a routine can call with one JSON argument.
+type Tool func(ctx context.Context, arg json.RawMessage) (json.RawMessage, error)
+
+// Program is a compiled, initialised and frozen routine.
+type Program struct {
+	globals starlark.StringDict
+	limits  Limits
+}
+
+var fileOptions = &syntax.FileOptions{While: true, TopLevelControl: true, GlobalReassign: true}
+
+var (
+	jsonEncode = starjson.Module.Members["encode"]
+	jsonDecode = starjson.Module.Members["decode"]
+)
+
+const localCtx = "parley.ctx"
+const localToolCalls = "parley.toolcalls"
+
+// Compile parses, compiles and initialises src. Top-level code runs under
+// the same budgets as a call.
+func Compile(ctx context.Context, name, src string, tools map[string]Tool, limits Limits) (*Program, error) {
+	limits = limits.withDefaults()
+	predeclared := starlark.StringDict{"json": starjson.Module}
+	for tname, t := range tools {
+		predeclared[tname] = toolBuiltin(tname, t)
+	}
+	_, prog, err := starlark.SourceProgramOptions(fileOptions, name, src, predeclared.Has)
+	if err != nil {
+		return nil, fmt.Errorf("compile %s: %w", name, err)
+	}
+	thread, stop := newThread(ctx, name, limits)
+	defer stop()
+	globals, err := prog.Init(thread, predeclared)
+	if err != nil {
+		return nil, wrapRunErr(err)
+	}
+	globals.Freeze()
+	return &Program{globals: globals, limits: limits}, nil
+}
+
+// Has reports whether the routine defines a function fn.
+func (p *Program) Has(fn string) bool {
+	_, ok := p.globals[fn].(starlark.Callable)
+	return ok
+}
+
+// Call runs fn with args (raw JSON each). When memory is non-nil it is passed
+// as a last argument, a mutable dict (empty for "null" or "{}"), and its
+// state after the call is returned as newMemory.
+func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, memory json.RawMessage) (out, newMemory json.RawMessage, err error) {
+	f, ok := p.globals[fn].(starlark.Callable)
+	if !ok {
+		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
+	}
+	thread, stop := newThread(ctx, fn, p.limits)
+	defer stop()
+	sargs := make(starlark.Tuple, 0, len(args)+1)
+	for _, a := range args {
+		v, err := fromJSON(thread, a)
+		if err != nil {
+			return nil, nil, err
+		}
+		sargs = append(sargs, v)
+	}
+	var mem *starlark.Dict
+	if memory != nil {
+		mem = starlark.NewDict(0)
+		if m := string(memory); m != "" && m != "null" {
+			v, err := fromJSON(thread, memory)
+			if err != nil {
+				return nil, nil, err
+			}
+			d, ok := v.(*starlark.Dict)
+			if !ok {
+				return nil, nil, errors.New("conversation memory is not a JSON object")
+			}
+			mem = d
+		}
+		sargs = append(sargs, mem)
+	}
+	res, err := starlark.Call(thread, f, sargs, nil)
+	if err != nil {
+		return nil, nil, wrapRunErr(err)
+	}
+	if out, err = p.toJSON(thread, res); err != nil {
+		return nil, nil, err
+	}
+	if mem != nil {
+		if newMemory, err = p.toJSON(thread, mem); err != nil {
+			return nil, nil, fmt.Errorf("memory: %w", err)
+		}
+	}
+	return out, newMemory, nil
+}
+
+// newThread returns a thread with the step budget and a timer that cancels it
+// at the wall-time budget or when ctx ends; stop releases the timer.
+func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, func()) {
+	thread := &starlark.Thread{
+		Name:  name,
+		Print: func(*starlark.Thread, string) {}, // print is a no-op: no I/O
+		Load: func(*starlark.Thread, string) (starlark.StringDict, error) {
+			return nil, errors.New("load is not allowed in routines")
+		},
+	}
+	thread.SetMaxExecutionSteps(l.MaxSteps)
+	thread.SetLocal(localCtx, ctx)
+	thread.SetLocal(localToolCalls, &toolCalls{max: int64(l.MaxToolCalls)})
+	timer := time.AfterFunc(l.Timeout, func() { thread.Cancel("wall time budget exceeded") })
+	stopCtx := context.AfterFunc(ctx, func() { thread.Cancel("request cancelled") })
+	return thread, func() { timer.Stop(); stopCtx() }
+}
+
+type toolCalls struct {
+	n, max int64
+}
+
+func toolBuiltin(name string, t Tool) *starlark.Builtin {
+	return starlark.NewBuiltin(name, func(thread *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+		var arg starlark.Value
+		if err := starlark.UnpackPositionalArgs(b.Name(), args, kwargs, 1, &arg); err != nil {
+			return nil, err
+		}
+		ctx, _ := thread.Local(localCtx).(context.Context)
+		calls, _ := thread.Local(localToolCalls).(*toolCalls)
+		if ctx == nil || calls == nil {
+			return nil, fmt.Errorf("%s: tools can only be called from routine functions", name)
+		}
+		if atomic.AddInt64(&calls.n, 1) > calls.max {
+			return nil, fmt.Errorf("%w: more than %d tool calls", ErrBudget, calls.max)
+		}
+		enc, err := starlark.Call(thread, jsonEncode, starlark.Tuple{arg}, nil)
+		if err != nil {
+			return nil, err
+		}
+		out, err := t(ctx, json.RawMessage(string(enc.(starlark.String))))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+		if out == nil {
+			return starlark.None, nil
+		}
+		return fromJSON(thread, out)
+	})
+}
+
+func fromJSON(thread *starlark.Thread, raw json.RawMessage) (starlark.Value, error) {
+	if len(raw) == 0 {
+		return starlark.None, nil
+	}
+	return starlark.Call(thread, jsonDecode, starlark.Tuple{starlark.String(raw)}, nil)
+}
+
+func (p *Program) toJSON(thread *starlark.Thread, v starlark.Value) (json.RawMessage, error) {
+	enc, err := starlark.Call(thread, jsonEncode, starlark.Tuple{v}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("the result is not JSON-encodable: %w", wrapRunErr(err))
+	}
+	s := string(enc.(starlark.String))
+	if len(s) > p.limits.MaxOutputBytes {
+		return nil, fmt.Errorf("%w: output of %d bytes exceeds %d", ErrBudget, len(s), p.limits.MaxOutputBytes)
+	}
+	return json.RawMessage(s), nil
+}
+
+// wrapRunErr marks cancellations (steps, wall time) as budget errors.
+func wrapRunErr(err error) error {
+	var ee *starlark.EvalError
+	if errors.As(err, &ee) {
+		msg := ee.Msg
+		if isCancel(msg) {
+			return fmt.Errorf("%w: %s", ErrBudget, msg)
+		}
+		if errors.Is(err, ErrBudget) {
+			return fmt.Errorf("routine stopped: %s: %w", strings.TrimSpace(ee.Backtrace()), ErrBudget)
+		}
+		return fmt.Errorf("routine error: %s", ee.Backtrace())
+	}
+	if isCancel(err.Error()) {
+		return fmt.Errorf("%w: %v", ErrBudget, err)
+	}
+	return err
+}
+
+func isCancel(msg string) bool {
+	for _, s := range []string{"too many steps", "wall time budget exceeded", "request cancelled", "Starlark computation cancelled"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}

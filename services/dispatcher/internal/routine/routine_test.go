@@ -1,0 +1,71 @@
+package routine
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+)
+
+func TestCall(t *testing.T) {
+	table, err := TableTool(`{"Paris": {"t": 7}, "[1,2]": "list key"}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Compile(t.Context(), "r", `
+def reply(query, memory):
+    memory["n"] = memory.get("n", 0) + 1
+    return {"w": weather(query["city"]), "l": weather([1, 2]), "none": weather("Oslo"), "n": memory["n"], "enc": json.encode([1])}
+`, map[string]Tool{"weather": table}, Limits{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, mem, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`{"city":"Paris"}`)}, json.RawMessage(`{"n":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != `{"enc":"[1]","l":"list key","n":5,"none":null,"w":{"t":7}}` || string(mem) != `{"n":5}` {
+		t.Errorf("Call = %s, memory %s", out, mem)
+	}
+}
+
+func TestBudgets(t *testing.T) {
+	tests := []struct {
+		name   string
+		src    string
+		limits Limits
+	}{
+		{"steps", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 10_000, Timeout: time.Minute}},
+		{"wall time", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}},
+		{"output size", "def reply(q, m):\n    return 'x' * 1000\n", Limits{MaxOutputBytes: 100}},
+		{"tool calls", "def reply(q, m):\n    for i in range(10):\n        t('a')\n", Limits{MaxToolCalls: 3}},
+	}
+	tool := func() Tool { tt, _ := TableTool(`{}`); return tt }()
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Compile(t.Context(), "r", tt.src, map[string]Tool{"t": tool}, tt.limits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+			if !errors.Is(err, ErrBudget) {
+				t.Errorf("Call = %v, want ErrBudget", err)
+			}
+		})
+	}
+}
+
+func TestSandbox(t *testing.T) {
+	for _, src := range []string{
+		`load("x.star", "y")`,
+		"def reply(q, m):\n    return open('/etc/passwd')\n",
+	} {
+		p, err := Compile(t.Context(), "r", src, nil, Limits{})
+		if err == nil {
+			_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+		}
+		if err == nil {
+			t.Errorf("routine %q ran, want an error", src)
+		}
+	}
+}

@@ -1,0 +1,109 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+)
+
+// Deliverer is what the Agora HTTP routes call: the Server in process, or a
+// gRPC client adapter in a separate gateway.
+type Deliverer interface {
+	DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverEnvelopeRequest) (*dispatcherv1.DeliverEnvelopeResponse, error)
+}
+
+// HTTPOptions configures the Agora routes.
+type HTTPOptions struct {
+	// MaxBodyBytes caps a request body; 1 MiB when zero.
+	MaxBodyBytes int64
+	// PeerHeader, when set, names a header set by a trusted proxy whose
+	// first comma-separated value identifies the caller; otherwise the
+	// caller is its remote IP.
+	PeerHeader string
+}
+
+// AgoraRoutes returns the hand-written Agora routes (Go ServeMux patterns)
+// and their handlers. The registry owns GET .../.wellknown and /wellknown.
+func AgoraRoutes(d Deliverer, opts HTTPOptions) map[string]http.Handler {
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 1 << 20
+	}
+	h := &agoraHTTP{d: d, opts: opts}
+	return map[string]http.Handler{
+		"POST /agora/{client}/{agent}":                      http.HandlerFunc(h.post),
+		"POST /agora/{client}/{agent}/{$}":                  http.HandlerFunc(h.post),
+		"POST /agora/{client}/{agent}/conversations/{id}":   http.HandlerFunc(h.post),
+		"DELETE /agora/{client}/{agent}/conversations/{id}": http.HandlerFunc(h.del),
+	}
+}
+
+type agoraHTTP struct {
+	d    Deliverer
+	opts HTTPOptions
+}
+
+func (h *agoraHTTP) peer(r *http.Request) string {
+	if h.opts.PeerHeader != "" {
+		if v := r.Header.Get(h.opts.PeerHeader); v != "" {
+			first, _, _ := strings.Cut(v, ",")
+			return strings.TrimSpace(first)
+		}
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	return host
+}
+
+func (h *agoraHTTP) post(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.opts.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeRaw(w, http.StatusRequestEntityTooLarge, []byte(`{"status":"failure","body":"request body too large","error":"request body too large"}`))
+			return
+		}
+		writeRaw(w, http.StatusBadRequest, []byte(`{"status":"failure","body":"unreadable request body","error":"unreadable request body"}`))
+		return
+	}
+	h.serve(w, r, &dispatcherv1.DeliverEnvelopeRequest{
+		Agent:          AgentName(r.PathValue("client"), r.PathValue("agent")),
+		ConversationId: r.PathValue("id"),
+		EnvelopeJson:   body,
+		Peer:           h.peer(r),
+	})
+}
+
+func (h *agoraHTTP) del(w http.ResponseWriter, r *http.Request) {
+	h.serve(w, r, &dispatcherv1.DeliverEnvelopeRequest{
+		Agent:           AgentName(r.PathValue("client"), r.PathValue("agent")),
+		ConversationId:  r.PathValue("id"),
+		EndConversation: true,
+		Peer:            h.peer(r),
+	})
+}
+
+func (h *agoraHTTP) serve(w http.ResponseWriter, r *http.Request, req *dispatcherv1.DeliverEnvelopeRequest) {
+	resp, err := h.d.DeliverEnvelope(r.Context(), req)
+	if err != nil {
+		code := runtime.HTTPStatusFromCode(status.Code(err))
+		writeRaw(w, code, []byte(`{"status":"failure","body":"the dispatcher is unavailable","error":"the dispatcher is unavailable"}`))
+		return
+	}
+	writeRaw(w, int(resp.GetHttpStatus()), resp.GetReplyJson())
+}
+
+func writeRaw(w http.ResponseWriter, code int, body []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
+}

@@ -1,0 +1,107 @@
+package server
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+)
+
+const senderAgent = "clients/acme/agents/asker"
+
+func TestSend_routineBothSides(t *testing.T) {
+	e := startWeather(t, 0, Options{PublicURL: "https://parley.example.com"})
+	e.reg.addAgent(agentRes(senderAgent, 0, 0))
+	e.setRoutine(senderAgent, weatherHex, `
+def send(task):
+    return {"date": task["date"], "location": task["city"]}
+
+def parse(reply):
+    return reply["weatherCondition"]
+`)
+	// The target: our own weather agent, behind a well-known document that
+	// lists the weather PD.
+	var sawSources string
+	target := http.NewServeMux()
+	target.HandleFunc("GET /agent/.wellknown", func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte(`{"` + weatherHex + `":["https://example.com/weather.txt"]}`))
+	})
+	target.HandleFunc("POST /agent", func(w http.ResponseWriter, r *http.Request) {
+		r2, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, e.url+"/agora/acme/weather", r.Body)
+		resp, err := http.DefaultClient.Do(r2)
+		if err != nil {
+			http.Error(w, err.Error(), 502)
+			return
+		}
+		defer resp.Body.Close()
+		w.WriteHeader(resp.StatusCode)
+		buf := new(strings.Builder)
+		_, _ = bufCopy(buf, resp)
+		w.Write([]byte(buf.String()))
+	})
+	target.HandleFunc("POST /spy", func(w http.ResponseWriter, r *http.Request) {
+		buf := new(strings.Builder)
+		_, _ = bufCopyReq(buf, r)
+		sawSources = buf.String()
+		w.Write([]byte(`{"status":"success","body":"ok"}`))
+	})
+	ts := httptest.NewServer(target)
+	defer ts.Close()
+
+	resp, err := e.client.Send(t.Context(), &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: ts.URL + "/agent", Task: "weather", TaskDataJson: `{"date":"2026-12-01","city":"Paris"}`})
+	if err != nil || resp.GetStatus() != "success" || resp.GetResultJson() != `"rainy"` || resp.GetPath() != "routine" || resp.GetProtocolHash() != weatherHex {
+		t.Errorf("Send(weather) = %v, %v; want success \"rainy\" by routine", resp, err)
+	}
+	if e.llm.calls.Load() != 0 {
+		t.Errorf("LLM calls = %d, want 0", e.llm.calls.Load())
+	}
+
+	// A forced protocol carries our /protocols URL in protocolSources.
+	_, err = e.client.Send(t.Context(), &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: ts.URL + "/spy", Task: "weather", TaskDataJson: `{"date":"d","city":"c"}`, ProtocolHash: weatherHex})
+	if err != nil || !strings.Contains(sawSources, `"protocolSources":["https://parley.example.com/protocols/`+weatherHex+`"]`) {
+		t.Errorf("Send(forced) sent %s, %v; want our protocol URL in protocolSources", sawSources, err)
+	}
+
+	// Natural-language text goes without a protocol.
+	resp, err = e.client.Send(t.Context(), &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: ts.URL + "/spy", Text: "hello"})
+	if err != nil || resp.GetStatus() != "success" || resp.GetPath() != "text" || !strings.Contains(sawSources, `"protocolHash":null`) {
+		t.Errorf("Send(text) = %v, %v (sent %s); want success without protocol", resp, err, sawSources)
+	}
+
+	counts, err := e.client.ListSendCounts(t.Context(), &dispatcherv1.ListSendCountsRequest{Parent: senderAgent})
+	if err != nil || len(counts.GetCounts()) != 3 {
+		t.Fatalf("ListSendCounts = %v, %v; want 3 entries", counts, err)
+	}
+	if c := counts.GetCounts()[1]; c.GetTask() != "weather" || c.GetConversations() != 1 || c.GetWithProtocol() != 1 {
+		t.Errorf("ListSendCounts[1] = %v, want weather ×1 with protocol", c)
+	}
+}
+
+func TestSend_errors(t *testing.T) {
+	e := startWeather(t, 0, Options{SendRetries: 1})
+	e.reg.addAgent(agentRes(senderAgent, 0, 0))
+	tests := []struct {
+		name string
+		req  *dispatcherv1.SendRequest
+		code codes.Code
+	}{
+		{"no task or text", &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: "http://127.0.0.1:1/x"}, codes.InvalidArgument},
+		{"bad url", &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: "ftp://x", Text: "hi"}, codes.InvalidArgument},
+		{"unknown agent", &dispatcherv1.SendRequest{Agent: "clients/acme/agents/ghost", TargetUrl: "http://127.0.0.1:1/x", Text: "hi"}, codes.FailedPrecondition},
+		{"target down", &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: "http://127.0.0.1:1/x", Text: "hi"}, codes.Unavailable},
+		{"no sender and no LLM", &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: "http://127.0.0.1:1/x", Task: "t", ProtocolHash: weatherHex}, codes.FailedPrecondition},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.client.Send(t.Context(), tt.req)
+			if status.Code(err) != tt.code {
+				t.Errorf("Send = %v, want %v", err, tt.code)
+			}
+		})
+	}
+}

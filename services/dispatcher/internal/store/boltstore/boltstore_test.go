@@ -1,0 +1,21 @@
+package boltstore_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		s, err := boltstore.Open(t.TempDir(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}

@@ -1,0 +1,147 @@
+// Package storetest is the conformance suite every store.Store backend must
+// pass.
+package storetest
+
+import (
+	"encoding/json"
+	"errors"
+	"testing"
+	"time"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// Run runs the suite; open returns a new empty store.
+func Run(t *testing.T, open func(t *testing.T) store.Store) {
+	t.Run("routines", func(t *testing.T) { testRoutines(t, open(t)) })
+	t.Run("conversations", func(t *testing.T) { testConversations(t, open(t)) })
+	t.Run("tools and send counts", func(t *testing.T) { testToolsAndCounts(t, open(t)) })
+}
+
+const agent = "clients/c/agents/a"
+
+func testRoutines(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0)
+	name := agent + "/routines/steps"
+	if _, err := s.GetRoutine(ctx, name); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetRoutine(missing) = %v, want ErrNotFound", err)
+	}
+	for v := int64(1); v <= 2; v++ {
+		r, err := s.SetRoutine(ctx, name, "x = 1", now)
+		if err != nil || r.GetVersion() != v || r.GetState() != dispatcherv1.Routine_STATE_ACTIVE {
+			t.Fatalf("SetRoutine #%d = %v, %v; want version %d, active", v, r, err, v)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		r, err := s.RecordRoutineRun(ctx, name, 2, "boom", 3)
+		if err != nil || r.GetConsecutiveFailures() != int32(i) {
+			t.Fatalf("RecordRoutineRun failure #%d = %v, %v", i, r, err)
+		}
+	}
+	r, _ := s.GetRoutine(ctx, name)
+	if r.GetState() != dispatcherv1.Routine_STATE_QUARANTINED || r.GetLastError() != "boom" {
+		t.Errorf("after 3 failures = %v, want quarantined with last error", r)
+	}
+	if r, _ := s.RecordRoutineRun(ctx, name, 1, "", 3); r.GetConsecutiveFailures() != 3 {
+		t.Errorf("RecordRoutineRun of an old version changed the routine: %v", r)
+	}
+	r, _ = s.SetRoutine(ctx, name, "x = 2", now)
+	if r.GetState() != dispatcherv1.Routine_STATE_ACTIVE || r.GetConsecutiveFailures() != 0 {
+		t.Errorf("SetRoutine after quarantine = %v, want active with no failures", r)
+	}
+	if _, err := s.SetRoutine(ctx, agent+"/routines/"+"aa", "y", now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetRoutine(ctx, "clients/c/agents/b/routines/zz", "y", now); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.ListRoutines(ctx, agent, "", 10)
+	if err != nil || len(list) != 2 || list[0].GetName() != agent+"/routines/aa" {
+		t.Errorf("ListRoutines = %v, %v; want aa, steps", list, err)
+	}
+	list, _ = s.ListRoutines(ctx, agent, agent+"/routines/aa", 10)
+	if len(list) != 1 || list[0].GetName() != name {
+		t.Errorf("ListRoutines after aa = %v, want steps", list)
+	}
+}
+
+func testConversations(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0)
+	mk := func(id, peer string, exp time.Duration) store.Conversation {
+		return store.Conversation{ID: id, Agent: agent, Peer: peer, CreateTime: now, ExpireTime: now.Add(exp)}
+	}
+	for _, id := range []string{"a", "b"} {
+		if err := s.CreateConversation(ctx, mk(id, "p", time.Minute), 2, now); err != nil {
+			t.Fatalf("CreateConversation(%s) = %v", id, err)
+		}
+	}
+	if err := s.CreateConversation(ctx, mk("c", "p", time.Minute), 2, now); !errors.Is(err, store.ErrLimit) {
+		t.Errorf("CreateConversation over the cap = %v, want ErrLimit", err)
+	}
+	if err := s.CreateConversation(ctx, mk("c", "q", time.Minute), 2, now); err != nil {
+		t.Errorf("CreateConversation for another peer = %v", err)
+	}
+	if err := s.CreateConversation(ctx, mk("a", "q", time.Minute), 2, now); !errors.Is(err, store.ErrAlreadyExists) {
+		t.Errorf("CreateConversation(duplicate id) = %v, want ErrAlreadyExists", err)
+	}
+	// Expired conversations do not count against the cap.
+	if err := s.CreateConversation(ctx, mk("d", "p", 5*time.Minute), 2, now.Add(2*time.Minute)); err != nil {
+		t.Errorf("CreateConversation after expiry = %v", err)
+	}
+	err := s.UpdateConversation(ctx, "a", func(c *store.Conversation) error {
+		c.Memory = json.RawMessage(`{"n":1}`)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	if err := s.UpdateConversation(ctx, "a", func(c *store.Conversation) error { c.Memory = nil; return boom }); !errors.Is(err, boom) {
+		t.Errorf("UpdateConversation(failing mutate) = %v, want its error", err)
+	}
+	c, err := s.GetConversation(ctx, "a")
+	if err != nil || string(c.Memory) != `{"n":1}` || c.Peer != "p" {
+		t.Errorf("GetConversation = %+v, %v; want memory {\"n\":1}", c, err)
+	}
+	if err := s.DeleteConversation(ctx, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetConversation(ctx, "a"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetConversation after delete = %v, want ErrNotFound", err)
+	}
+	if err := s.DeleteConversation(ctx, "a"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("DeleteConversation twice = %v, want ErrNotFound", err)
+	}
+	n, err := s.SweepConversations(ctx, now.Add(90*time.Second))
+	if err != nil || n != 2 { // b and c expired at now+1m; d lives
+		t.Errorf("SweepConversations = %d, %v; want 2", n, err)
+	}
+}
+
+func testToolsAndCounts(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0)
+	tool := &dispatcherv1.Tool{Name: agent + "/tools/w", Kind: &dispatcherv1.Tool_Table{Table: &dispatcherv1.TableTool{EntriesJson: `{}`}}}
+	if _, err := s.SetTool(ctx, tool, now); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.SetTool(ctx, tool, now); err != nil {
+		t.Fatal(err)
+	}
+	list, err := s.ListTools(ctx, agent)
+	if err != nil || len(list) != 1 || list[0].GetUpdateTime() == nil {
+		t.Errorf("ListTools = %v, %v; want one tool with update_time", list, err)
+	}
+	for _, wp := range []bool{true, false, true} {
+		if err := s.CountSend(ctx, agent, "weather", "https://x", wp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counts, err := s.ListSendCounts(ctx, agent)
+	if err != nil || len(counts) != 1 || counts[0].Conversations != 3 || counts[0].WithProtocol != 2 || counts[0].TargetURL != "https://x" {
+		t.Errorf("ListSendCounts = %+v, %v; want weather/https://x 3 (2 with protocol)", counts, err)
+	}
+}
