@@ -6,11 +6,12 @@ export GOTOOLCHAIN := local
 BIN        := $(CURDIR)/.bin
 BUF        := tools/node_modules/.bin/buf
 NEWMAN     := tools/node_modules/.bin/newman
+GOLANGCI   := $(BIN)/golangci-lint
 PLUGINS    := $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2
 # Optional: path to the official Agent Protocol Postman collection.
 AP_SUITE   ?=
 
-.PHONY: all tools protodeps generate lint fmt-check check-generated check-tidy vet unit postman test ci breaking build clean
+.PHONY: golangci all tools protodeps generate lint fmt-check check-generated check-tidy vet unit postman test ci breaking build clean
 
 all: build
 
@@ -28,6 +29,14 @@ $(BIN)/protoc-gen-%: tools/go.mod tools/go.sum
 		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2
+
+$(GOLANGCI): tools/lint/go.mod tools/lint/go.sum
+	@mkdir -p $(BIN)
+	cd tools/lint && GOWORK=off go build -o $(GOLANGCI) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
+
+## golangci: golangci-lint (config .golangci.yml) in every workspace module
+golangci: $(GOLANGCI)
+	@for m in $$(go list -m -f '{{.Dir}}'); do (cd $$m && $(GOLANGCI) run --config $(CURDIR)/.golangci.yml ./...) || exit 1; done
 
 ## protodeps: google/api protos into third_party/proto (gitignored)
 protodeps:

@@ -236,13 +236,13 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	case <-ctx.Done():
 	case runErr = <-errc:
 	}
-	s.logger.Info("shutting down", slog.String("timeout", s.opts.ShutdownTimeout.String()))
+	s.logger.InfoContext(ctx, "shutting down", slog.String("timeout", s.opts.ShutdownTimeout.String()))
 	s.health.Shutdown() // every service NOT_SERVING first, so balancers stop sending
 	// ctx is done by now; the drain gets its own bounded context.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
 	defer cancel()
 	if err := httpSrv.Shutdown(sctx); err != nil {
-		s.logger.Warn("http drain cut short; closing connections", slog.Any("err", err))
+		s.logger.WarnContext(ctx, "http drain cut short; closing connections", slog.Any("err", err))
 		_ = httpSrv.Close()
 	}
 	stopped := make(chan struct{})
@@ -250,7 +250,7 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	select {
 	case <-stopped:
 	case <-sctx.Done():
-		s.logger.Warn("grpc drain cut short; stopping")
+		s.logger.WarnContext(ctx, "grpc drain cut short; stopping")
 		s.GRPC.Stop()
 		<-stopped
 	}

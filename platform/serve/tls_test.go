@@ -8,7 +8,6 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
-	"io"
 	"log/slog"
 	"math/big"
 	"net"
@@ -64,7 +63,7 @@ func writeSelfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPoo
 
 func TestRun_tls(t *testing.T) {
 	certFile, keyFile, pool := writeSelfSigned(t)
-	s, err := New(Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), TLSCertFile: certFile, TLSKeyFile: keyFile})
+	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), TLSCertFile: certFile, TLSKeyFile: keyFile})
 	if err != nil {
 		t.Fatal(err)
 	}
