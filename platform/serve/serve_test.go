@@ -58,7 +58,9 @@ func start(t *testing.T, s *Server) *running {
 	t.Cleanup(func() {
 		conn.Close()
 		cancel()
-		_ = <-done // the shutdown test checks Run's result itself
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v, want nil after a clean shutdown", err)
+		}
 	})
 	return r
 }
