@@ -238,9 +238,7 @@ func TestCreateOverGRPCReadOverREST(t *testing.T) {
 	if err != nil || !again.GetCreateTime().AsTime().Equal(created.GetCreateTime().AsTime()) {
 		t.Errorf("CreateProtocol(again) = %v, %v; want the stored protocol", again, err)
 	}
-	// Hex in any case over REST. (A base64 hash holding '/' cannot travel
-	// in a gateway path: the gateway unescapes %2F before routing. It works
-	// in GET /protocols/{hash} and in ResolveProtocol's body.)
+	// Hex in any case over REST (base64: TestGatewayBase64HashInPath).
 	for _, name := range []string{weatherHex, strings.ToUpper(weatherHex)} {
 		resp := do(t, "GET", r.url+"/v1/protocols/"+name, "")
 		var got struct {
@@ -630,5 +628,38 @@ func TestResolveSilentSourceEndsWithinBudget(t *testing.T) {
 	// Generous slack: this checks that the budget applies, not its speed.
 	if elapsed > budget+3*time.Second {
 		t.Errorf("ResolveProtocol(silent source) took %v; want about the %v budget", elapsed, budget)
+	}
+}
+
+// TestGatewayBase64HashInPath proves a base64 hash holding '/' and '+'
+// travels in a gateway path when '/' is escaped as %2F: the gateway keeps
+// reserved escapes inside a segment.
+func TestGatewayBase64HashInPath(t *testing.T) {
+	r := startRegistry(t)
+	// Find a document whose base64 SHA-1 holds both '/' and '+'.
+	var doc string
+	var sum [20]byte
+	for i := 0; ; i++ {
+		doc = fmt.Sprintf("---\nname: Slash plus %d\n---\nx", i)
+		sum = sha1Sum(doc)
+		if b := base64.StdEncoding.EncodeToString(sum[:]); strings.Contains(b, "/") && strings.Contains(b, "+") {
+			break
+		}
+	}
+	if _, err := r.client.CreateProtocol(t.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(doc)}}); err != nil {
+		t.Fatal(err)
+	}
+	b64 := base64.StdEncoding.EncodeToString(sum[:])
+	for _, escaped := range []string{
+		url.PathEscape(b64), // '/' → %2F; '+' and '=' stay
+		strings.NewReplacer("/", "%2F", "+", "%2B", "=", "%3D").Replace(b64),
+	} {
+		resp := do(t, "GET", r.url+"/v1/protocols/"+escaped, "")
+		var got struct {
+			Sha1Hex string `json:"sha1Hex"`
+		}
+		if err := json.Unmarshal(resp.body, &got); err != nil || resp.code != 200 || got.Sha1Hex != fmt.Sprintf("%x", sum) {
+			t.Errorf("GET /v1/protocols/%s = %d %s; want protocol %x", escaped, resp.code, resp.body, sum)
+		}
 	}
 }
