@@ -28,6 +28,7 @@ const (
 	reasonSourceInvalid     = "PROTOCOL_SOURCE_INVALID"
 	reasonAgentNotFound     = "AGENT_NOT_FOUND"
 	reasonAgentExists       = "AGENT_ALREADY_EXISTS"
+	reasonEtagMismatch      = "AGENT_ETAG_MISMATCH"
 	reasonProtocolMissing   = "PROTOCOL_UNAVAILABLE"
 	reasonTooManyProtocols  = "AGENT_PROTOCOLS_LIMIT"
 	reasonPeerNotConfigured = "PEER_NOT_CONFIGURED"
