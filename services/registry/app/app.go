@@ -47,6 +47,8 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		ConnectTimeout: cfg.FetchConnectTimeout,
 		Timeout:        cfg.FetchTimeout,
 		MaxRedirects:   redirects(cfg.FetchMaxRedirects),
+		MaxConcurrent:  cfg.FetchMaxConcurrent,
+		MaxPerHost:     cfg.FetchMaxPerHost,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--pd-fetch-allow: %w", err)

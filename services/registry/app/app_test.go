@@ -792,3 +792,47 @@ func TestRequestIDs(t *testing.T) {
 		t.Errorf("RemoveUnsupportedProtocol(id used by another method) error = %v", err)
 	}
 }
+
+func TestResolveFetchCapacityIs429(t *testing.T) {
+	var hits atomic.Int32
+	release := make(chan struct{})
+	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		<-release
+		io.WriteString(w, "late")
+	})}
+	srcLis := listen(t)
+	go src.Serve(srcLis)
+	t.Cleanup(func() { src.Close() })
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String(),
+		"--pd-fetch-max-concurrent", "1", "--pd-fetch-max-per-host", "1", "--pd-fetch-connect-timeout", "100ms")
+	sourceURL := "http://" + srcLis.Addr().String() + "/pd"
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := r.client.ResolveProtocol(context.Background(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("01", 20), Sources: []string{sourceURL}})
+		held <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for hits.Load() == 0 && time.Now().Before(deadline) {
+		runtimeGosched()
+	}
+	body := fmt.Sprintf(`{"hash":%q,"sources":[%q]}`, strings.Repeat("02", 20), sourceURL)
+	resp := do(t, "POST", r.url+"/v1/protocols:resolve", body)
+	if resp.code != http.StatusTooManyRequests || !bytes.Contains(resp.body, []byte("FETCH_CAPACITY_EXHAUSTED")) {
+		t.Errorf("POST /v1/protocols:resolve with every fetch slot taken = %d %s; want 429 FETCH_CAPACITY_EXHAUSTED", resp.code, resp.body)
+	}
+	unblock()
+	if err := <-held; status.Code(err) != codes.InvalidArgument {
+		t.Errorf("ResolveProtocol(slot holder) error = %v; want INVALID_ARGUMENT for its hash mismatch", err)
+	}
+	// The busy source was not put in the negative cache: once free, it is
+	// fetched (and fails its hash check, as it serves other bytes).
+	resp = do(t, "POST", r.url+"/v1/protocols:resolve", body)
+	if resp.code != http.StatusBadRequest || !bytes.Contains(resp.body, []byte("content has SHA-1")) {
+		t.Errorf("POST /v1/protocols:resolve after release = %d %s; want 400 for the hash mismatch", resp.code, resp.body)
+	}
+}

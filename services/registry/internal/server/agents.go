@@ -307,7 +307,7 @@ func (s *Server) AddSupportedProtocol(ctx context.Context, req *registryv1.AddSu
 	// the dispatcher can resolve it without a fetch.
 	if _, err := s.resolve(ctx, h, req.GetSources()); err != nil {
 		var nf *resolve.NotFoundError
-		if asNotFound(err, &nf) {
+		if asNotFound(err, &nf) && grpcerr.Reason(resolveStatus(nf)) != reasonFetchBusy {
 			return nil, grpcerr.New(codes.FailedPrecondition, "protocol "+h.Hex()+" is not stored and no source produced it; register it first or give a source ("+nf.Error()+")", reasonProtocolMissing, Domain, map[string]string{"protocol": h.Hex()})
 		}
 		return nil, s.toStatus(ctx, err)

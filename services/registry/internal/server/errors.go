@@ -33,6 +33,7 @@ const (
 	reasonTooManyProtocols  = "AGENT_PROTOCOLS_LIMIT"
 	reasonPeerNotConfigured = "PEER_NOT_CONFIGURED"
 	reasonPeerUnavailable   = "PEER_UNAVAILABLE"
+	reasonFetchBusy         = "FETCH_CAPACITY_EXHAUSTED"
 )
 
 // toStatus maps domain and store errors to gRPC status errors.
@@ -81,15 +82,17 @@ func (e *metadataError) Unwrap() error { return e.err }
 
 // resolveStatus picks one code for a failed resolution. Input the caller
 // can fix (malformed or refused sources, wrong bytes, bad metadata) is
-// INVALID_ARGUMENT; else a document over the limit is RESOURCE_EXHAUSTED;
-// else nothing could be fetched: NOT_FOUND. The message names every source.
+// INVALID_ARGUMENT; else a document over the limit is RESOURCE_EXHAUSTED
+// PROTOCOL_TOO_LARGE; else a source not tried for want of a fetch slot is
+// RESOURCE_EXHAUSTED FETCH_CAPACITY_EXHAUSTED (retry later); else nothing
+// could be fetched: NOT_FOUND. The message names every source.
 func resolveStatus(nf *resolve.NotFoundError) error {
 	if len(nf.Sources) == 0 {
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonProtocolNotFound, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
 	fields := map[string]string{}
 	var order []string
-	invalid, tooLarge := false, false
+	invalid, tooLarge, busy := false, false, false
 	for _, se := range nf.Sources {
 		field := "sources[" + strconv.Itoa(se.Index) + "]"
 		order = append(order, field)
@@ -99,6 +102,8 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 			invalid = true
 		case errors.Is(se.Err, fetch.ErrTooLarge):
 			tooLarge = true
+		case errors.Is(se.Err, fetch.ErrBusy):
+			busy = true
 		}
 	}
 	switch {
@@ -106,6 +111,8 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 		return withFieldsOrdered(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
 	case tooLarge:
 		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonTooLarge, Domain, map[string]string{"protocol": nf.Hash.Hex()})
+	case busy:
+		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonFetchBusy, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	default:
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonUnresolved, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
