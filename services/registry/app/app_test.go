@@ -836,3 +836,38 @@ func TestResolveFetchCapacityIs429(t *testing.T) {
 		t.Errorf("POST /v1/protocols:resolve after release = %d %s; want 400 for the hash mismatch", resp.code, resp.body)
 	}
 }
+
+func TestPeriodicPeerSync(t *testing.T) {
+	ctx := t.Context()
+	a := startRegistry(t)
+	b := startRegistry(t, "--registry-peers", a.grpc, "--registry-peer-sync-interval", "20ms")
+	// waitFor polls b until it stores every document a stores.
+	waitFor := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			list, err := b.client.ListProtocols(ctx, &registryv1.ListProtocolsRequest{})
+			if err == nil && len(list.GetProtocols()) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the syncing registry lists %d protocols (err %v), want %d", len(list.GetProtocols()), err, want)
+			}
+			time.Sleep(5 * time.Millisecond) // between polls, not a wait for the result
+		}
+	}
+	for i := range 2 {
+		if _, err := a.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(fmt.Sprintf("synced %d", i))}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(2)
+	if _, err := a.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte("synced later")}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(3)
+	// Close stops the loop: it returns (waiting for the loop) even while
+	// the peer is down.
+	a.cleanup()
+	b.cleanup()
+}

@@ -51,6 +51,9 @@ type Config struct {
 	Peers string
 	// PeerCA, when set, dials peers over TLS trusting this PEM bundle.
 	PeerCA string
+	// PeerSyncInterval, when positive, runs SyncProtocols from every peer
+	// that often in the background.
+	PeerSyncInterval time.Duration
 }
 
 // RegisterFlags adds the registry's own flags (not the shared serving flags)
@@ -70,6 +73,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.FetchMaxConcurrent, "pd-fetch-max-concurrent", 64, "protocolSources URL fetches in flight at once; more wait up to --pd-fetch-connect-timeout, then fail with RESOURCE_EXHAUSTED")
 	fs.IntVar(&c.FetchMaxPerHost, "pd-fetch-max-per-host", 4, "protocolSources URL fetches in flight to one host at once; more wait as for --pd-fetch-max-concurrent")
 	fs.StringVar(&c.Peers, "registry-peers", "", "comma-separated gRPC addresses of peer registries asked for unknown protocols and copied by SyncProtocols")
+	fs.DurationVar(&c.PeerSyncInterval, "registry-peer-sync-interval", 0, "how often to copy missing protocols from every peer registry in the background (0 disables)")
 	fs.StringVar(&c.PeerCA, "registry-peer-ca", "", "PEM CA bundle; when set, dial peer registries over TLS")
 }
 
@@ -125,6 +129,9 @@ func (c *Config) Validate() error {
 	}
 	if c.FetchNegativeTTL < 0 {
 		errs = append(errs, fmt.Errorf("--pd-fetch-negative-ttl must not be negative, got %v", c.FetchNegativeTTL))
+	}
+	if c.PeerSyncInterval < 0 {
+		errs = append(errs, fmt.Errorf("--registry-peer-sync-interval must not be negative, got %v", c.PeerSyncInterval))
 	}
 	if _, err := fetch.New(fetch.Options{Allow: c.AllowList()}); err != nil {
 		errs = append(errs, fmt.Errorf("--pd-fetch-allow: %w", err))
