@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -73,7 +74,7 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 		in = &registryv1.Agent{}
 	}
 	checkAgentFields(&v, in, mutableAgentPaths)
-	key := requestKey(&v, "CreateAgent", req.GetRequestId())
+	key := requestKey(&v, "CreateAgent", req.GetParent()+"/agents/"+req.GetAgentId(), req.GetRequestId())
 	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
@@ -135,16 +136,16 @@ func checkAgentFields(v *grpcerr.Violations, in *registryv1.Agent, paths []strin
 }
 
 // requestKey validates an AIP-155 request id and returns the store's key
-// for it, scoped to method so that one id cannot replay another method's
-// result; "" when there is no id.
-func requestKey(v *grpcerr.Violations, method, id string) string {
+// for it, scoped to the method and the resource acted on, so that one id
+// cannot replay another call's result; "" when there is no id.
+func requestKey(v *grpcerr.Violations, method, resource, id string) string {
 	if id == "" {
 		return ""
 	}
 	if len(id) > maxRequestID {
 		v.Add("request_id", fmt.Sprintf("has %d bytes, at most %d allowed", len(id), maxRequestID))
 	}
-	return method + "/" + id
+	return method + " " + resource + " " + id
 }
 
 // updatePaths resolves UpdateAgent's mask to mutable paths: "*" means all
@@ -287,7 +288,7 @@ func (s *Server) DeleteAgent(ctx context.Context, req *registryv1.DeleteAgentReq
 func (s *Server) AddSupportedProtocol(ctx context.Context, req *registryv1.AddSupportedProtocolRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
 	h, herr := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
-	key := requestKey(&v, "AddSupportedProtocol", req.GetRequestId())
+	key := requestKey(&v, "AddSupportedProtocol", req.GetName(), req.GetRequestId())
 	if len(req.GetSources()) > maxSourcesPerPD {
 		v.Add("sources", fmt.Sprintf("has %d entries, at most %d allowed", len(req.GetSources()), maxSourcesPerPD))
 	}
@@ -307,7 +308,7 @@ func (s *Server) AddSupportedProtocol(ctx context.Context, req *registryv1.AddSu
 	// the dispatcher can resolve it without a fetch.
 	if _, err := s.resolve(ctx, h, req.GetSources()); err != nil {
 		var nf *resolve.NotFoundError
-		if asNotFound(err, &nf) && grpcerr.Reason(resolveStatus(nf)) != reasonFetchBusy {
+		if errors.As(err, &nf) && grpcerr.Reason(resolveStatus(nf)) != reasonFetchBusy {
 			return nil, grpcerr.New(codes.FailedPrecondition, "protocol "+h.Hex()+" is not stored and no source produced it; register it first or give a source ("+nf.Error()+")", reasonProtocolMissing, Domain, map[string]string{"protocol": h.Hex()})
 		}
 		return nil, s.toStatus(ctx, err)
@@ -351,7 +352,7 @@ func (s *Server) checkSource(src string, h pd.Hash, checkHash bool) string {
 func (s *Server) RemoveSupportedProtocol(ctx context.Context, req *registryv1.RemoveSupportedProtocolRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
 	h, _ := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
-	key := requestKey(&v, "RemoveSupportedProtocol", req.GetRequestId())
+	key := requestKey(&v, "RemoveSupportedProtocol", req.GetName(), req.GetRequestId())
 	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
@@ -365,7 +366,7 @@ func (s *Server) RemoveSupportedProtocol(ctx context.Context, req *registryv1.Re
 func (s *Server) AddUnsupportedProtocol(ctx context.Context, req *registryv1.AddUnsupportedProtocolRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
 	h, _ := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
-	key := requestKey(&v, "AddUnsupportedProtocol", req.GetRequestId())
+	key := requestKey(&v, "AddUnsupportedProtocol", req.GetName(), req.GetRequestId())
 	if n := utf8.RuneCountInString(req.GetComment()); n > maxComment {
 		v.Add("comment", fmt.Sprintf("has %d characters, at most %d allowed", n, maxComment))
 	}
@@ -388,7 +389,7 @@ func (s *Server) AddUnsupportedProtocol(ctx context.Context, req *registryv1.Add
 func (s *Server) RemoveUnsupportedProtocol(ctx context.Context, req *registryv1.RemoveUnsupportedProtocolRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
 	h, _ := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
-	key := requestKey(&v, "RemoveUnsupportedProtocol", req.GetRequestId())
+	key := requestKey(&v, "RemoveUnsupportedProtocol", req.GetName(), req.GetRequestId())
 	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
@@ -410,9 +411,9 @@ func checkAgentAndProtocol(v *grpcerr.Violations, name, protocol string) (pd.Has
 }
 
 // updateAgent applies mutate to the stored agent in one store transaction
-// and stamps its update time; key is the request id's key or "". Adding a
-// protocol to one list first removes it from both, so a protocol is never
-// both supported and unsupported.
+// and stamps its update time; key is the request id's key or "". The
+// support methods' mutations first remove the protocol from both lists, so
+// a protocol is never both supported and unsupported.
 func (s *Server) updateAgent(ctx context.Context, name, key string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
 	a, err := s.store.UpdateAgent(ctx, name, key, func(a *registryv1.Agent) error {
 		if err := mutate(a); err != nil {

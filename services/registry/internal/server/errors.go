@@ -20,6 +20,7 @@ import (
 // Reasons (ErrorInfo.reason) callers branch on.
 const (
 	reasonInvalidArgument   = "INVALID_ARGUMENT"
+	reasonNotFound          = "NOT_FOUND"
 	reasonInvalidMetadata   = "INVALID_PROTOCOL_METADATA"
 	reasonTooLarge          = "PROTOCOL_TOO_LARGE"
 	reasonCollision         = "PROTOCOL_SHA1_COLLISION"
@@ -50,7 +51,7 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.As(err, &nf):
 		return resolveStatus(nf)
 	case errors.As(err, &me):
-		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.field+": "+me.err.Error(), map[string]string{me.field: me.err.Error()})
+		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.Error(), map[string]string{me.field: me.err.Error()}, []string{me.field})
 	case errors.Is(err, pd.ErrInvalidMetadata):
 		return grpcerr.New(codes.InvalidArgument, err.Error(), reasonInvalidMetadata, Domain, nil)
 	case errors.Is(err, errPeerTooLarge):
@@ -58,7 +59,7 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.Is(err, store.ErrConflict):
 		return grpcerr.New(codes.AlreadyExists, "a different document with the same SHA-1 is already stored; the stored one is kept ("+err.Error()+")", reasonCollision, Domain, nil)
 	case errors.Is(err, store.ErrNotFound):
-		return grpcerr.New(codes.NotFound, err.Error(), "NOT_FOUND", Domain, nil)
+		return grpcerr.New(codes.NotFound, err.Error(), reasonNotFound, Domain, nil)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 		return status.Error(codes.Internal, "internal error")
@@ -108,7 +109,7 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	}
 	switch {
 	case invalid:
-		return withFieldsOrdered(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
+		return withFields(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
 	case tooLarge:
 		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonTooLarge, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	case busy:
@@ -118,17 +119,9 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	}
 }
 
-func withFields(code codes.Code, reason, msg string, fields map[string]string) error {
-	order := make([]string, 0, len(fields))
-	for f := range fields {
-		order = append(order, f)
-	}
-	return withFieldsOrdered(code, reason, msg, fields, order)
-}
-
-// withFieldsOrdered builds a status with msg, an ErrorInfo and a BadRequest
+// withFields builds a status with msg, an ErrorInfo and a BadRequest
 // listing fields in order.
-func withFieldsOrdered(code codes.Code, reason, msg string, fields map[string]string, order []string) error {
+func withFields(code codes.Code, reason, msg string, fields map[string]string, order []string) error {
 	st := status.New(code, msg)
 	br := &errdetails.BadRequest{}
 	for _, f := range order {
@@ -142,5 +135,3 @@ func withFieldsOrdered(code codes.Code, reason, msg string, fields map[string]st
 }
 
 func isAlreadyExists(err error) bool { return errors.Is(err, store.ErrAlreadyExists) }
-
-func asNotFound(err error, target **resolve.NotFoundError) bool { return errors.As(err, target) }

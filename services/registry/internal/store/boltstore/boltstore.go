@@ -288,7 +288,6 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	cutoff := before.UnixNano()
 	var dropped int
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		dropped = 0
 		b := tx.Bucket(bucketRequests)
 		// Collect first: deleting while walking a cursor skips keys.
 		var old [][]byte
