@@ -1,12 +1,14 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"strings"
 	"text/tabwriter"
 
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 )
@@ -18,6 +20,7 @@ func runAgent(e env, args []string) error {
 	return subcommand(e, "agent", args, map[string]command{
 		"create":    {"create a hosted agent CLIENT:AGENT", agentCreate},
 		"get":       {"print a hosted agent as JSON", agentGet},
+		"update":    {"change AGENT's --display-name, --description, --dialect or --policy", agentUpdate},
 		"list":      {"list hosted agents (--client to filter)", agentList},
 		"delete":    {"delete a hosted agent", agentDelete},
 		"support":   {"declare AGENT supports protocol HASH [--source URL ...]", agentSupport},
@@ -111,6 +114,45 @@ func agentCreate(e env, args []string) error {
 		}
 		fmt.Fprintln(e.stdout, wireName(a.GetName()))
 		return nil
+	})
+}
+
+// agentUpdate changes only the fields whose flags are given; --etag makes
+// the change conditional on the agent being unchanged since it was read.
+func agentUpdate(e env, args []string) error {
+	fs := flag.NewFlagSet("parley agent update", flag.ContinueOnError)
+	agent := &registryv1.Agent{}
+	fs.StringVar(&agent.DisplayName, "display-name", "", "human-readable name")
+	fs.StringVar(&agent.Description, "description", "", "what the agent does")
+	dialect := fs.String("dialect", "", "Agora reply dialect: spec2024, std or pylib")
+	policy := fs.String("policy", "", "support policy: explicit or implemented")
+	fs.StringVar(&agent.Etag, "etag", "", "apply only if the agent's etag is still this one")
+	return agentCall(e, fs, args, 1, "CLIENT:AGENT [--display-name TEXT] [--description TEXT] [--dialect std|pylib|spec2024] [--policy explicit|implemented] [--etag ETAG]", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+		var ok bool
+		if agent.Dialect, ok = dialects[*dialect]; !ok {
+			return fmt.Errorf("--dialect %q must be spec2024, std or pylib", *dialect)
+		}
+		if agent.SupportPolicy, ok = policies[*policy]; !ok {
+			return fmt.Errorf("--policy %q must be explicit or implemented", *policy)
+		}
+		paths := map[string]string{"display-name": "display_name", "description": "description", "dialect": "dialect", "policy": "support_policy"}
+		mask := &fieldmaskpb.FieldMask{}
+		fs.Visit(func(f *flag.Flag) {
+			if p, ok := paths[f.Name]; ok {
+				mask.Paths = append(mask.Paths, p)
+			}
+		})
+		if len(mask.Paths) == 0 {
+			return errors.New("give at least one of --display-name, --description, --dialect, --policy")
+		}
+		agent.Name = name
+		ctx, cancel := callContext()
+		defer cancel()
+		a, err := c.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: agent, UpdateMask: mask})
+		if err != nil {
+			return err
+		}
+		return printAgent(e, a)
 	})
 }
 

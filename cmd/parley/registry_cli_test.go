@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"log/slog"
 	"net"
 	"os"
@@ -94,6 +95,17 @@ func TestProtocolAndAgentCommands(t *testing.T) {
 	if got, err := cli(t, addr, "agent", "create", "acme:weather", "--display-name", "Weather", "--dialect", "std"); err != nil || strings.TrimSpace(got) != "acme:weather" {
 		t.Fatalf("agent create = %q, %v", got, err)
 	}
+	got, err := cli(t, addr, "agent", "update", "acme:weather", "--description", "Forecasts.", "--policy", "implemented")
+	var updated map[string]any
+	if err == nil {
+		err = json.Unmarshal([]byte(got), &updated)
+	}
+	if err != nil || updated["displayName"] != "Weather" || updated["description"] != "Forecasts." || updated["supportPolicy"] != "SUPPORT_POLICY_IMPLEMENTED" || updated["dialect"] != "DIALECT_STD" {
+		t.Errorf("agent update = %q, %v; want description and policy changed, the rest kept", got, err)
+	}
+	if _, err := cli(t, addr, "agent", "update", "acme:weather", "--display-name", "X", "--etag", "stale"); err == nil || !strings.Contains(err.Error(), "changed since it was read") {
+		t.Errorf("agent update --etag stale error = %v; want the etag mismatch", err)
+	}
 	if got, err := cli(t, addr, "agent", "support", "acme:weather", hash, "--source", "https://pd.example.com/w.txt"); err != nil || !strings.Contains(got, "https://pd.example.com/w.txt") {
 		t.Errorf("agent support = %q, %v", got, err)
 	}
@@ -115,6 +127,8 @@ func TestProtocolAndAgentCommands(t *testing.T) {
 		{"protocol", "add"},
 		{"agent", "create", "no-colon"},
 		{"agent", "support", "acme:weather"},
+		{"agent", "update", "acme:weather"},
+		{"agent", "update", "acme:weather", "--dialect", "klingon"},
 		{"protocol", "frobnicate"},
 	} {
 		if _, err := cli(t, addr, args...); err == nil {

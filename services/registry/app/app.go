@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -28,6 +29,13 @@ import (
 // ServiceName is the registry's gRPC service name, also its health name.
 const ServiceName = "parley.registry.v1.RegistryService"
 
+// Request ids (AIP-155) are kept a day; the sweep looks for older ones
+// this often.
+const (
+	requestIDTTL      = 24 * time.Hour
+	requestSweepEvery = time.Hour
+)
+
 // App is an assembled registry.
 type App struct {
 	cfg    config.Config
@@ -35,6 +43,12 @@ type App struct {
 	store  store.Store
 	server *server.Server
 	peers  []*grpc.ClientConn
+
+	// Background loops (request-id sweep, peer sync) run from Register
+	// until Close cancels stop and waits for them.
+	stop    context.CancelFunc
+	stopped context.Context
+	loops   sync.WaitGroup
 }
 
 // New opens the store, dials peer registries (lazily) and builds the
@@ -47,11 +61,14 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		ConnectTimeout: cfg.FetchConnectTimeout,
 		Timeout:        cfg.FetchTimeout,
 		MaxRedirects:   redirects(cfg.FetchMaxRedirects),
+		MaxConcurrent:  cfg.FetchMaxConcurrent,
+		MaxPerHost:     cfg.FetchMaxPerHost,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--pd-fetch-allow: %w", err)
 	}
 	a := &App{cfg: cfg, logger: logger}
+	a.stopped, a.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -118,7 +135,52 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("registry-store", a.store.Ping)
+	a.every(requestSweepEvery, a.sweepRequests)
+	if a.cfg.PeerSyncInterval > 0 && len(a.peers) > 0 {
+		a.every(a.cfg.PeerSyncInterval, a.syncPeers)
+	}
 	return nil
+}
+
+// every runs fn each interval until Close.
+func (a *App) every(interval time.Duration, fn func(context.Context)) {
+	a.loops.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-a.stopped.Done():
+				return
+			case <-t.C:
+				fn(a.stopped)
+			}
+		}
+	})
+}
+
+func (a *App) sweepRequests(ctx context.Context) {
+	n, err := a.store.SweepRequests(ctx, time.Now().Add(-requestIDTTL))
+	if err != nil && ctx.Err() == nil {
+		a.logger.WarnContext(ctx, "request id sweep failed; retrying next time", slog.Any("err", err))
+		return
+	}
+	a.logger.DebugContext(ctx, "request ids swept", slog.Int("dropped", n))
+}
+
+// syncPeers copies missing protocols from each peer in turn, so that one
+// peer being down does not hold up the others.
+func (a *App) syncPeers(ctx context.Context) {
+	for _, peer := range a.cfg.PeerList() {
+		resp, err := a.server.SyncProtocols(ctx, &registryv1.SyncProtocolsRequest{Peer: peer})
+		switch {
+		case ctx.Err() != nil:
+			return
+		case err != nil:
+			a.logger.WarnContext(ctx, "peer sync failed; retrying next interval", slog.String("peer", peer), slog.Any("err", err))
+		case resp.GetCopiedCount() > 0 || len(resp.GetFailures()) > 0:
+			a.logger.InfoContext(ctx, "protocols copied from peer", slog.String("peer", peer), slog.Int("copied", int(resp.GetCopiedCount())), slog.Int("failures", len(resp.GetFailures())))
+		}
+	}
 }
 
 func mountRoutes(s *serve.Server, b httpapi.Backend, publicURL string) {
@@ -128,8 +190,11 @@ func mountRoutes(s *serve.Server, b httpapi.Backend, publicURL string) {
 	s.Handle(httpapi.WellKnownAliasRoute, disc)
 }
 
-// Close closes peer connections and the store.
+// Close stops the background loops, then closes peer connections and the
+// store.
 func (a *App) Close() error {
+	a.stop()
+	a.loops.Wait()
 	var errs []error
 	for _, c := range a.peers {
 		errs = append(errs, c.Close())

@@ -22,6 +22,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/serve"
@@ -185,6 +187,11 @@ func TestGatewayErrors(t *testing.T) {
 		{"support malformed hash", "POST", "/v1/clients/acme/agents/weather:addSupportedProtocol", `{"protocol":"zz"}`, 400, "protocol"},
 		{"support unknown protocol", "POST", "/v1/clients/acme/agents/weather:addSupportedProtocol", `{"protocol":"` + unknownHex + `"}`, 400, unknownHex},
 		{"support bad source", "POST", "/v1/clients/acme/agents/weather:addSupportedProtocol", `{"protocol":"` + weatherHex + `","sources":["ftp://x/y"]}`, 400, "sources[0]"},
+		{"update unknown mask path", "PATCH", "/v1/clients/acme/agents/weather?update_mask=display_name,bogus", `{"displayName":"x"}`, 400, "bogus"},
+		{"update bad dialect", "PATCH", "/v1/clients/acme/agents/weather", `{"dialect":7}`, 400, "agent.dialect"},
+		{"update stale etag", "PATCH", "/v1/clients/acme/agents/weather", `{"displayName":"x","etag":"stale"}`, 409, "changed since it was read"},
+		{"update unknown agent", "PATCH", "/v1/clients/acme/agents/ghost", `{"displayName":"x"}`, 404, "ghost"},
+		{"long request id", "POST", "/v1/clients/acme/agents/weather:addUnsupportedProtocol", `{"protocol":"` + weatherHex + `","requestId":"` + strings.Repeat("r", 129) + `"}`, 400, "request_id"},
 		{"support on unknown agent", "POST", "/v1/clients/acme/agents/ghost:addUnsupportedProtocol", `{"protocol":"` + weatherHex + `"}`, 404, "ghost"},
 		{"sync unknown peer", "POST", "/v1/protocols:sync", `{"peer":"elsewhere:9090"}`, 400, "elsewhere:9090"},
 		{"raw malformed hash", "GET", "/protocols/nope", "", 400, "hash"},
@@ -212,8 +219,8 @@ func TestGatewayErrors(t *testing.T) {
 		t.Errorf("ListProtocols() after failures = %v, %v; want none stored", list.GetProtocols(), err)
 	}
 	a, err := r.client.GetAgent(t.Context(), &registryv1.GetAgentRequest{Name: "clients/acme/agents/weather"})
-	if err != nil || len(a.GetSupportedProtocols())+len(a.GetUnsupportedProtocols()) != 0 {
-		t.Errorf("GetAgent() after failures = %v, %v; want no protocol entries", a, err)
+	if err != nil || len(a.GetSupportedProtocols())+len(a.GetUnsupportedProtocols()) != 0 || a.GetDisplayName() != "" {
+		t.Errorf("GetAgent() after failures = %v, %v; want no protocol entries, no display name", a, err)
 	}
 	if err := victim.(*net.TCPListener).SetDeadline(time.Now().Add(-time.Second)); err != nil {
 		t.Fatal(err)
@@ -238,9 +245,7 @@ func TestCreateOverGRPCReadOverREST(t *testing.T) {
 	if err != nil || !again.GetCreateTime().AsTime().Equal(created.GetCreateTime().AsTime()) {
 		t.Errorf("CreateProtocol(again) = %v, %v; want the stored protocol", again, err)
 	}
-	// Hex in any case over REST. (A base64 hash holding '/' cannot travel
-	// in a gateway path: the gateway unescapes %2F before routing. It works
-	// in GET /protocols/{hash} and in ResolveProtocol's body.)
+	// Hex in any case over REST (base64: TestGatewayBase64HashInPath).
 	for _, name := range []string{weatherHex, strings.ToUpper(weatherHex)} {
 		resp := do(t, "GET", r.url+"/v1/protocols/"+name, "")
 		var got struct {
@@ -631,4 +636,238 @@ func TestResolveSilentSourceEndsWithinBudget(t *testing.T) {
 	if elapsed > budget+3*time.Second {
 		t.Errorf("ResolveProtocol(silent source) took %v; want about the %v budget", elapsed, budget)
 	}
+}
+
+// TestGatewayBase64HashInPath proves a base64 hash holding '/' and '+'
+// travels in a gateway path when '/' is escaped as %2F: the gateway keeps
+// reserved escapes inside a segment.
+func TestGatewayBase64HashInPath(t *testing.T) {
+	r := startRegistry(t)
+	// Find a document whose base64 SHA-1 holds both '/' and '+'.
+	var doc string
+	var sum [20]byte
+	for i := 0; ; i++ {
+		doc = fmt.Sprintf("---\nname: Slash plus %d\n---\nx", i)
+		sum = sha1Sum(doc)
+		if b := base64.StdEncoding.EncodeToString(sum[:]); strings.Contains(b, "/") && strings.Contains(b, "+") {
+			break
+		}
+	}
+	if _, err := r.client.CreateProtocol(t.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(doc)}}); err != nil {
+		t.Fatal(err)
+	}
+	b64 := base64.StdEncoding.EncodeToString(sum[:])
+	for _, escaped := range []string{
+		url.PathEscape(b64), // '/' → %2F; '+' and '=' stay
+		strings.NewReplacer("/", "%2F", "+", "%2B", "=", "%3D").Replace(b64),
+	} {
+		resp := do(t, "GET", r.url+"/v1/protocols/"+escaped, "")
+		var got struct {
+			Sha1Hex string `json:"sha1Hex"`
+		}
+		if err := json.Unmarshal(resp.body, &got); err != nil || resp.code != 200 || got.Sha1Hex != fmt.Sprintf("%x", sum) {
+			t.Errorf("GET /v1/protocols/%s = %d %s; want protocol %x", escaped, resp.code, resp.body, sum)
+		}
+	}
+}
+
+func TestUpdateAgent(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	const name = "clients/acme/agents/w"
+	created, err := r.client.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "w", Agent: &registryv1.Agent{DisplayName: "W", Description: "Kept."}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: name, Protocol: weatherHex}); err != nil {
+		t.Fatal(err)
+	}
+
+	// PATCH with only displayName: the gateway's mask names it alone.
+	resp := do(t, "PATCH", r.url+"/v1/"+name, `{"displayName":"Weather","dialect":"DIALECT_STD"}`)
+	var got map[string]any
+	if err := json.Unmarshal(resp.body, &got); err != nil || resp.code != 200 {
+		t.Fatalf("PATCH /v1/%s = %d %s", name, resp.code, resp.body)
+	}
+	if got["displayName"] != "Weather" || got["description"] != "Kept." || got["dialect"] != "DIALECT_STD" || got["etag"] == created.GetEtag() {
+		t.Errorf("PATCH displayName, dialect = %v; want them changed, description kept, a new etag", got)
+	}
+
+	// PATCH back a whole Agent as read: name, etag and output-only fields
+	// are ignored, the protocol lists survive.
+	got["description"] = "Changed."
+	body, _ := json.Marshal(got)
+	if resp := do(t, "PATCH", r.url+"/v1/"+name, string(body)); resp.code != 200 {
+		t.Fatalf("PATCH whole agent = %d %s", resp.code, resp.body)
+	}
+	a, err := r.client.GetAgent(ctx, &registryv1.GetAgentRequest{Name: name})
+	if err != nil || a.GetDescription() != "Changed." || len(a.GetSupportedProtocols()) != 1 || !a.GetCreateTime().AsTime().Equal(created.GetCreateTime().AsTime()) {
+		t.Errorf("GetAgent() after PATCH of a whole agent = %v, %v; want description changed, the rest kept", a, err)
+	}
+
+	// "*" sets every mutable field, clearing those left empty.
+	cleared, err := r.client.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{
+		Agent:      &registryv1.Agent{Name: name, SupportPolicy: registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED},
+		UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"*"}},
+	})
+	if err != nil || cleared.GetDisplayName() != "" || cleared.GetDescription() != "" || cleared.GetDialect() != registryv1.Dialect_DIALECT_UNSPECIFIED || cleared.GetSupportPolicy() != registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED {
+		t.Errorf("UpdateAgent(mask *) = %v, %v; want only support_policy set", cleared, err)
+	}
+
+	// Lost update: two writers read the same etag; the second one loses.
+	read, err := r.client.GetAgent(ctx, &registryv1.GetAgentRequest{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mask := &fieldmaskpb.FieldMask{Paths: []string{"display_name"}}
+	if _, err := r.client.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name, DisplayName: "first", Etag: read.GetEtag()}, UpdateMask: mask}); err != nil {
+		t.Fatalf("UpdateAgent(first writer) error = %v", err)
+	}
+	_, err = r.client.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name, DisplayName: "second", Etag: read.GetEtag()}, UpdateMask: mask})
+	if status.Code(err) != codes.Aborted {
+		t.Errorf("UpdateAgent(second writer, stale etag) error = %v, want ABORTED", err)
+	}
+	if a, err := r.client.GetAgent(ctx, &registryv1.GetAgentRequest{Name: name}); err != nil || a.GetDisplayName() != "first" {
+		t.Errorf("GetAgent() after the lost update = %q, %v; want the first writer's value", a.GetDisplayName(), err)
+	}
+
+	invalid := []struct {
+		name string
+		req  *registryv1.UpdateAgentRequest
+	}{
+		{"no agent", &registryv1.UpdateAgentRequest{}},
+		{"bad name", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: "agents/w", DisplayName: "x"}}},
+		{"unknown path", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"owner"}}}},
+		{"star with another path", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"*", "dialect"}}}},
+		{"long display name", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name, DisplayName: strings.Repeat("x", 201)}}},
+		{"bad support policy", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name, SupportPolicy: 9}}},
+	}
+	for _, tt := range invalid {
+		if _, err := r.client.UpdateAgent(ctx, tt.req); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("UpdateAgent(%s) error = %v, want INVALID_ARGUMENT", tt.name, err)
+		}
+	}
+}
+
+func TestRequestIDs(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	const name = "clients/acme/agents/w"
+	create := func(requestID string) (*registryv1.Agent, error) {
+		return r.client.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "w", Agent: &registryv1.Agent{DisplayName: "W"}, RequestId: requestID})
+	}
+	first, err := create("7d1c8f1e-create")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := create("7d1c8f1e-create"); err != nil || !proto.Equal(again, first) {
+		t.Errorf("CreateAgent(repeated request_id) = %v, %v; want the first result %v", again, err, first)
+	}
+	if _, err := create("another"); status.Code(err) != codes.AlreadyExists {
+		t.Errorf("CreateAgent(new request_id) error = %v, want ALREADY_EXISTS", err)
+	}
+
+	// A repeated custom method does not act again: the protocol removed in
+	// between stays removed, and the first result comes back.
+	unknown := strings.Repeat("ab", 20)
+	add := &registryv1.AddUnsupportedProtocolRequest{Name: name, Protocol: unknown, Comment: "no", RequestId: "add-1"}
+	added, err := r.client.AddUnsupportedProtocol(ctx, add)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.RemoveUnsupportedProtocol(ctx, &registryv1.RemoveUnsupportedProtocolRequest{Name: name, Protocol: unknown}); err != nil {
+		t.Fatal(err)
+	}
+	if again, err := r.client.AddUnsupportedProtocol(ctx, add); err != nil || !proto.Equal(again, added) {
+		t.Errorf("AddUnsupportedProtocol(repeated request_id) = %v, %v; want the first result %v", again, err, added)
+	}
+	if a, err := r.client.GetAgent(ctx, &registryv1.GetAgentRequest{Name: name}); err != nil || len(a.GetUnsupportedProtocols()) != 0 {
+		t.Errorf("GetAgent() after the repeat = %v, %v; want the removal kept", a, err)
+	}
+	// The same id on another method is another request.
+	if _, err := r.client.RemoveUnsupportedProtocol(ctx, &registryv1.RemoveUnsupportedProtocolRequest{Name: name, Protocol: unknown, RequestId: "add-1"}); err != nil {
+		t.Errorf("RemoveUnsupportedProtocol(id used by another method) error = %v", err)
+	}
+}
+
+func TestResolveFetchCapacityIs429(t *testing.T) {
+	var hits atomic.Int32
+	release := make(chan struct{})
+	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		<-release
+		io.WriteString(w, "late")
+	})}
+	srcLis := listen(t)
+	go src.Serve(srcLis)
+	t.Cleanup(func() { src.Close() })
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String(),
+		"--pd-fetch-max-concurrent", "1", "--pd-fetch-max-per-host", "1", "--pd-fetch-connect-timeout", "100ms")
+	sourceURL := "http://" + srcLis.Addr().String() + "/pd"
+
+	held := make(chan error, 1)
+	go func() {
+		_, err := r.client.ResolveProtocol(context.Background(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("01", 20), Sources: []string{sourceURL}})
+		held <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for hits.Load() == 0 && time.Now().Before(deadline) {
+		runtimeGosched()
+	}
+	body := fmt.Sprintf(`{"hash":%q,"sources":[%q]}`, strings.Repeat("02", 20), sourceURL)
+	resp := do(t, "POST", r.url+"/v1/protocols:resolve", body)
+	if resp.code != http.StatusTooManyRequests || !bytes.Contains(resp.body, []byte("FETCH_CAPACITY_EXHAUSTED")) {
+		t.Errorf("POST /v1/protocols:resolve with every fetch slot taken = %d %s; want 429 FETCH_CAPACITY_EXHAUSTED", resp.code, resp.body)
+	}
+	unblock()
+	if err := <-held; status.Code(err) != codes.InvalidArgument {
+		t.Errorf("ResolveProtocol(slot holder) error = %v; want INVALID_ARGUMENT for its hash mismatch", err)
+	}
+	// The busy source was not put in the negative cache: once free, it is
+	// fetched (and fails its hash check, as it serves other bytes).
+	resp = do(t, "POST", r.url+"/v1/protocols:resolve", body)
+	if resp.code != http.StatusBadRequest || !bytes.Contains(resp.body, []byte("content has SHA-1")) {
+		t.Errorf("POST /v1/protocols:resolve after release = %d %s; want 400 for the hash mismatch", resp.code, resp.body)
+	}
+}
+
+func TestPeriodicPeerSync(t *testing.T) {
+	ctx := t.Context()
+	a := startRegistry(t)
+	b := startRegistry(t, "--registry-peers", a.grpc, "--registry-peer-sync-interval", "20ms")
+	// waitFor polls b until it stores every document a stores.
+	waitFor := func(want int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			list, err := b.client.ListProtocols(ctx, &registryv1.ListProtocolsRequest{})
+			if err == nil && len(list.GetProtocols()) == want {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the syncing registry lists %d protocols (err %v), want %d", len(list.GetProtocols()), err, want)
+			}
+			time.Sleep(5 * time.Millisecond) // between polls, not a wait for the result
+		}
+	}
+	for i := range 2 {
+		if _, err := a.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(fmt.Sprintf("synced %d", i))}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(2)
+	if _, err := a.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte("synced later")}}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(3)
+	// Close stops the loop: it returns (waiting for the loop) even while
+	// the peer is down.
+	a.cleanup()
+	b.cleanup()
 }

@@ -40,6 +40,10 @@ type Config struct {
 	FetchMaxSources   int
 	// FetchNegativeTTL is how long a failed (hash, source) is not retried.
 	FetchNegativeTTL time.Duration
+	// FetchMaxConcurrent caps URL fetches in flight; FetchMaxPerHost those
+	// to one host.
+	FetchMaxConcurrent int
+	FetchMaxPerHost    int
 
 	// Peers are other registries' gRPC addresses, comma-separated. They are
 	// asked for unknown hashes before sources, and SyncProtocols copies
@@ -47,6 +51,9 @@ type Config struct {
 	Peers string
 	// PeerCA, when set, dials peers over TLS trusting this PEM bundle.
 	PeerCA string
+	// PeerSyncInterval, when positive, runs SyncProtocols from every peer
+	// that often in the background.
+	PeerSyncInterval time.Duration
 }
 
 // RegisterFlags adds the registry's own flags (not the shared serving flags)
@@ -63,7 +70,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.FetchMaxRedirects, "pd-fetch-max-redirects", 3, "redirects followed per protocolSources URL")
 	fs.IntVar(&c.FetchMaxSources, "pd-fetch-max-sources", 3, "protocolSources tried per request")
 	fs.DurationVar(&c.FetchNegativeTTL, "pd-fetch-negative-ttl", 30*time.Second, "how long a failed (hash, source) is not fetched again (0 disables)")
+	fs.IntVar(&c.FetchMaxConcurrent, "pd-fetch-max-concurrent", 64, "protocolSources URL fetches in flight at once; more wait up to --pd-fetch-connect-timeout, then fail with RESOURCE_EXHAUSTED")
+	fs.IntVar(&c.FetchMaxPerHost, "pd-fetch-max-per-host", 4, "protocolSources URL fetches in flight to one host at once; more wait as for --pd-fetch-max-concurrent")
 	fs.StringVar(&c.Peers, "registry-peers", "", "comma-separated gRPC addresses of peer registries asked for unknown protocols and copied by SyncProtocols")
+	fs.DurationVar(&c.PeerSyncInterval, "registry-peer-sync-interval", 0, "how often to copy missing protocols from every peer registry in the background (0 disables)")
 	fs.StringVar(&c.PeerCA, "registry-peer-ca", "", "PEM CA bundle; when set, dial peer registries over TLS")
 }
 
@@ -111,8 +121,17 @@ func (c *Config) Validate() error {
 	if c.FetchMaxSources < 1 || c.FetchMaxSources > 10 {
 		errs = append(errs, fmt.Errorf("--pd-fetch-max-sources must be between 1 and 10, got %d", c.FetchMaxSources))
 	}
+	if c.FetchMaxConcurrent < 1 {
+		errs = append(errs, fmt.Errorf("--pd-fetch-max-concurrent must be at least 1, got %d", c.FetchMaxConcurrent))
+	}
+	if c.FetchMaxPerHost < 1 || c.FetchMaxPerHost > c.FetchMaxConcurrent {
+		errs = append(errs, fmt.Errorf("--pd-fetch-max-per-host must be between 1 and --pd-fetch-max-concurrent, got %d", c.FetchMaxPerHost))
+	}
 	if c.FetchNegativeTTL < 0 {
 		errs = append(errs, fmt.Errorf("--pd-fetch-negative-ttl must not be negative, got %v", c.FetchNegativeTTL))
+	}
+	if c.PeerSyncInterval < 0 {
+		errs = append(errs, fmt.Errorf("--registry-peer-sync-interval must not be negative, got %v", c.PeerSyncInterval))
 	}
 	if _, err := fetch.New(fetch.Options{Allow: c.AllowList()}); err != nil {
 		errs = append(errs, fmt.Errorf("--pd-fetch-allow: %w", err))

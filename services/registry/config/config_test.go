@@ -28,11 +28,11 @@ func TestLoad_environment(t *testing.T) {
 }
 
 func TestLoad_reportsEveryBadValue(t *testing.T) {
-	_, err := Load([]string{"--pd-max-bytes", "0", "--pd-fetch-timeout", "-1s", "--pd-fetch-max-sources", "0", "--pd-fetch-allow", "10.0.0.0/99"}, func(string) string { return "" })
+	_, err := Load([]string{"--pd-max-bytes", "0", "--pd-fetch-timeout", "-1s", "--pd-fetch-max-sources", "0", "--pd-fetch-allow", "10.0.0.0/99", "--pd-fetch-max-concurrent", "0", "--pd-fetch-max-per-host", "0", "--registry-peer-sync-interval", "-1s"}, func(string) string { return "" })
 	if err == nil {
 		t.Fatal("Load(bad values) succeeded")
 	}
-	for _, flag := range []string{"--pd-max-bytes", "--pd-fetch-timeout", "--pd-fetch-max-sources", "--pd-fetch-allow"} {
+	for _, flag := range []string{"--pd-max-bytes", "--pd-fetch-timeout", "--pd-fetch-max-sources", "--pd-fetch-allow", "--pd-fetch-max-concurrent", "--pd-fetch-max-per-host", "--registry-peer-sync-interval"} {
 		if !strings.Contains(err.Error(), flag) {
 			t.Errorf("Load() error %q does not name %s", err, flag)
 		}

@@ -11,6 +11,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	emptypb "google.golang.org/protobuf/types/known/emptypb"
+	fieldmaskpb "google.golang.org/protobuf/types/known/fieldmaskpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -521,7 +522,11 @@ type CreateAgentRequest struct {
 	// 1 to 63 characters, starting with a letter.
 	AgentId string `protobuf:"bytes,2,opt,name=agent_id,json=agentId,proto3" json:"agent_id,omitempty"`
 	// The agent to create.
-	Agent         *Agent `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
+	Agent *Agent `protobuf:"bytes,3,opt,name=agent,proto3" json:"agent,omitempty"`
+	// An optional idempotency key (AIP-155), at most 128 characters,
+	// preferably a UUID: a repeat with the same request_id within a day
+	// returns the first result without acting again.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -577,6 +582,70 @@ func (x *CreateAgentRequest) GetAgent() *Agent {
 	return nil
 }
 
+func (x *CreateAgentRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
+// UpdateAgentRequest is the request of UpdateAgent.
+type UpdateAgentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent, by name, with the new values. Its etag, when set, must match
+	// the stored one.
+	Agent *Agent `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The fields to change: display_name, description, support_policy,
+	// dialect, or "*" for all four. Empty means the fields set in agent.
+	UpdateMask    *fieldmaskpb.FieldMask `protobuf:"bytes,2,opt,name=update_mask,json=updateMask,proto3" json:"update_mask,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateAgentRequest) Reset() {
+	*x = UpdateAgentRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateAgentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateAgentRequest) ProtoMessage() {}
+
+func (x *UpdateAgentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateAgentRequest.ProtoReflect.Descriptor instead.
+func (*UpdateAgentRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *UpdateAgentRequest) GetAgent() *Agent {
+	if x != nil {
+		return x.Agent
+	}
+	return nil
+}
+
+func (x *UpdateAgentRequest) GetUpdateMask() *fieldmaskpb.FieldMask {
+	if x != nil {
+		return x.UpdateMask
+	}
+	return nil
+}
+
 // GetAgentRequest is the request of GetAgent.
 type GetAgentRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -588,7 +657,7 @@ type GetAgentRequest struct {
 
 func (x *GetAgentRequest) Reset() {
 	*x = GetAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[10]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -600,7 +669,7 @@ func (x *GetAgentRequest) String() string {
 func (*GetAgentRequest) ProtoMessage() {}
 
 func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[10]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -613,7 +682,7 @@ func (x *GetAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetAgentRequest.ProtoReflect.Descriptor instead.
 func (*GetAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{10}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *GetAgentRequest) GetName() string {
@@ -638,7 +707,7 @@ type ListAgentsRequest struct {
 
 func (x *ListAgentsRequest) Reset() {
 	*x = ListAgentsRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[11]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -650,7 +719,7 @@ func (x *ListAgentsRequest) String() string {
 func (*ListAgentsRequest) ProtoMessage() {}
 
 func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[11]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -663,7 +732,7 @@ func (x *ListAgentsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsRequest.ProtoReflect.Descriptor instead.
 func (*ListAgentsRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{11}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ListAgentsRequest) GetParent() string {
@@ -700,7 +769,7 @@ type ListAgentsResponse struct {
 
 func (x *ListAgentsResponse) Reset() {
 	*x = ListAgentsResponse{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[12]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -712,7 +781,7 @@ func (x *ListAgentsResponse) String() string {
 func (*ListAgentsResponse) ProtoMessage() {}
 
 func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[12]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -725,7 +794,7 @@ func (x *ListAgentsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListAgentsResponse.ProtoReflect.Descriptor instead.
 func (*ListAgentsResponse) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{12}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListAgentsResponse) GetAgents() []*Agent {
@@ -753,7 +822,7 @@ type DeleteAgentRequest struct {
 
 func (x *DeleteAgentRequest) Reset() {
 	*x = DeleteAgentRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[13]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -765,7 +834,7 @@ func (x *DeleteAgentRequest) String() string {
 func (*DeleteAgentRequest) ProtoMessage() {}
 
 func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[13]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -778,7 +847,7 @@ func (x *DeleteAgentRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteAgentRequest.ProtoReflect.Descriptor instead.
 func (*DeleteAgentRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{13}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *DeleteAgentRequest) GetName() string {
@@ -798,14 +867,18 @@ type AddSupportedProtocolRequest struct {
 	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// Where peers can fetch the document: https or http URLs, or data: URIs.
 	// Empty means the registry's own GET /protocols/{sha1-hex} URL.
-	Sources       []string `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
+	Sources []string `protobuf:"bytes,3,rep,name=sources,proto3" json:"sources,omitempty"`
+	// An optional idempotency key (AIP-155), at most 128 characters,
+	// preferably a UUID: a repeat with the same request_id within a day
+	// returns the first result without acting again.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddSupportedProtocolRequest) Reset() {
 	*x = AddSupportedProtocolRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[14]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -817,7 +890,7 @@ func (x *AddSupportedProtocolRequest) String() string {
 func (*AddSupportedProtocolRequest) ProtoMessage() {}
 
 func (x *AddSupportedProtocolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[14]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -830,7 +903,7 @@ func (x *AddSupportedProtocolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddSupportedProtocolRequest.ProtoReflect.Descriptor instead.
 func (*AddSupportedProtocolRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{14}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *AddSupportedProtocolRequest) GetName() string {
@@ -854,20 +927,31 @@ func (x *AddSupportedProtocolRequest) GetSources() []string {
 	return nil
 }
 
+func (x *AddSupportedProtocolRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // RemoveSupportedProtocolRequest is the request of RemoveSupportedProtocol.
 type RemoveSupportedProtocolRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent. Format: clients/{client}/agents/{agent}.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The protocol's SHA-1, in either form or as protocols/{hash}.
-	Protocol      string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// An optional idempotency key (AIP-155), at most 128 characters,
+	// preferably a UUID: a repeat with the same request_id within a day
+	// returns the first result without acting again.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveSupportedProtocolRequest) Reset() {
 	*x = RemoveSupportedProtocolRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[15]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -879,7 +963,7 @@ func (x *RemoveSupportedProtocolRequest) String() string {
 func (*RemoveSupportedProtocolRequest) ProtoMessage() {}
 
 func (x *RemoveSupportedProtocolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[15]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -892,7 +976,7 @@ func (x *RemoveSupportedProtocolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSupportedProtocolRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSupportedProtocolRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{15}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveSupportedProtocolRequest) GetName() string {
@@ -909,6 +993,13 @@ func (x *RemoveSupportedProtocolRequest) GetProtocol() string {
 	return ""
 }
 
+func (x *RemoveSupportedProtocolRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // AddUnsupportedProtocolRequest is the request of AddUnsupportedProtocol.
 type AddUnsupportedProtocolRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -918,14 +1009,18 @@ type AddUnsupportedProtocolRequest struct {
 	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// Why the agent refuses it, shown in the extended discovery shape; at
 	// most 1024 characters.
-	Comment       string `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	Comment string `protobuf:"bytes,3,opt,name=comment,proto3" json:"comment,omitempty"`
+	// An optional idempotency key (AIP-155), at most 128 characters,
+	// preferably a UUID: a repeat with the same request_id within a day
+	// returns the first result without acting again.
+	RequestId     string `protobuf:"bytes,4,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *AddUnsupportedProtocolRequest) Reset() {
 	*x = AddUnsupportedProtocolRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[16]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -937,7 +1032,7 @@ func (x *AddUnsupportedProtocolRequest) String() string {
 func (*AddUnsupportedProtocolRequest) ProtoMessage() {}
 
 func (x *AddUnsupportedProtocolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[16]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -950,7 +1045,7 @@ func (x *AddUnsupportedProtocolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddUnsupportedProtocolRequest.ProtoReflect.Descriptor instead.
 func (*AddUnsupportedProtocolRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{16}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *AddUnsupportedProtocolRequest) GetName() string {
@@ -974,6 +1069,13 @@ func (x *AddUnsupportedProtocolRequest) GetComment() string {
 	return ""
 }
 
+func (x *AddUnsupportedProtocolRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // RemoveUnsupportedProtocolRequest is the request of
 // RemoveUnsupportedProtocol.
 type RemoveUnsupportedProtocolRequest struct {
@@ -981,14 +1083,18 @@ type RemoveUnsupportedProtocolRequest struct {
 	// The agent. Format: clients/{client}/agents/{agent}.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The protocol's SHA-1, in either form or as protocols/{hash}.
-	Protocol      string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// An optional idempotency key (AIP-155), at most 128 characters,
+	// preferably a UUID: a repeat with the same request_id within a day
+	// returns the first result without acting again.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RemoveUnsupportedProtocolRequest) Reset() {
 	*x = RemoveUnsupportedProtocolRequest{}
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[17]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1000,7 +1106,7 @@ func (x *RemoveUnsupportedProtocolRequest) String() string {
 func (*RemoveUnsupportedProtocolRequest) ProtoMessage() {}
 
 func (x *RemoveUnsupportedProtocolRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[17]
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1013,7 +1119,7 @@ func (x *RemoveUnsupportedProtocolRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveUnsupportedProtocolRequest.ProtoReflect.Descriptor instead.
 func (*RemoveUnsupportedProtocolRequest) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{17}
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RemoveUnsupportedProtocolRequest) GetName() string {
@@ -1030,11 +1136,18 @@ func (x *RemoveUnsupportedProtocolRequest) GetProtocol() string {
 	return ""
 }
 
+func (x *RemoveUnsupportedProtocolRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 var File_parley_registry_v1_registry_service_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\n" +
-	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a\x1eparley/registry/v1/agent.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
+	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
 	"\x15CreateProtocolRequest\x12>\n" +
 	"\bprotocol\x18\x01 \x01(\v2\x1c.parley.registry.v1.ProtocolB\x04\xe2A\x01\x02R\bprotocol\".\n" +
 	"\x12GetProtocolRequest\x12\x18\n" +
@@ -1062,11 +1175,17 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x15SyncProtocolsResponse\x12!\n" +
 	"\fcopied_count\x18\x01 \x01(\x05R\vcopiedCount\x12#\n" +
 	"\rpresent_count\x18\x02 \x01(\x05R\fpresentCount\x12\x1a\n" +
-	"\bfailures\x18\x03 \x03(\tR\bfailures\"\x8a\x01\n" +
+	"\bfailures\x18\x03 \x03(\tR\bfailures\"\xaf\x01\n" +
 	"\x12CreateAgentRequest\x12\x1c\n" +
 	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1f\n" +
 	"\bagent_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\aagentId\x125\n" +
-	"\x05agent\x18\x03 \x01(\v2\x19.parley.registry.v1.AgentB\x04\xe2A\x01\x02R\x05agent\"+\n" +
+	"\x05agent\x18\x03 \x01(\v2\x19.parley.registry.v1.AgentB\x04\xe2A\x01\x02R\x05agent\x12#\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\trequestId\"\x8e\x01\n" +
+	"\x12UpdateAgentRequest\x125\n" +
+	"\x05agent\x18\x01 \x01(\v2\x19.parley.registry.v1.AgentB\x04\xe2A\x01\x02R\x05agent\x12A\n" +
+	"\vupdate_mask\x18\x02 \x01(\v2\x1a.google.protobuf.FieldMaskB\x04\xe2A\x01\x01R\n" +
+	"updateMask\"+\n" +
 	"\x0fGetAgentRequest\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"m\n" +
 	"\x11ListAgentsRequest\x12\x1c\n" +
@@ -1078,21 +1197,29 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x06agents\x18\x01 \x03(\v2\x19.parley.registry.v1.AgentR\x06agents\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\".\n" +
 	"\x12DeleteAgentRequest\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"y\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x9e\x01\n" +
 	"\x1bAddSupportedProtocolRequest\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
 	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
-	"\asources\x18\x03 \x03(\tB\x04\xe2A\x01\x01R\asources\"\\\n" +
+	"\asources\x18\x03 \x03(\tB\x04\xe2A\x01\x01R\asources\x12#\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\trequestId\"\x81\x01\n" +
 	"\x1eRemoveSupportedProtocolRequest\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
-	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\"{\n" +
+	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12#\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\trequestId\"\xa0\x01\n" +
 	"\x1dAddUnsupportedProtocolRequest\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
 	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
-	"\acomment\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\acomment\"^\n" +
+	"\acomment\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\acomment\x12#\n" +
+	"\n" +
+	"request_id\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\trequestId\"\x83\x01\n" +
 	" RemoveUnsupportedProtocolRequest\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
-	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol2\xab\x0f\n" +
+	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12#\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\trequestId2\xb2\x10\n" +
 	"\x0fRegistryService\x12z\n" +
 	"\x0eCreateProtocol\x12).parley.registry.v1.CreateProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1f\x82\xd3\xe4\x93\x02\x19:\bprotocol\"\r/v1/protocols\x12s\n" +
 	"\vGetProtocol\x12&.parley.registry.v1.GetProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/{name=protocols/*}\x12{\n" +
@@ -1103,7 +1230,8 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\vCreateAgent\x12&.parley.registry.v1.CreateAgentRequest\x1a\x19.parley.registry.v1.Agent\",\x82\xd3\xe4\x93\x02&:\x05agent\"\x1d/v1/{parent=clients/*}/agents\x12q\n" +
 	"\bGetAgent\x12#.parley.registry.v1.GetAgentRequest\x1a\x19.parley.registry.v1.Agent\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{name=clients/*/agents/*}\x12\x82\x01\n" +
 	"\n" +
-	"ListAgents\x12%.parley.registry.v1.ListAgentsRequest\x1a&.parley.registry.v1.ListAgentsResponse\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{parent=clients/*}/agents\x12t\n" +
+	"ListAgents\x12%.parley.registry.v1.ListAgentsRequest\x1a&.parley.registry.v1.ListAgentsResponse\"%\x82\xd3\xe4\x93\x02\x1f\x12\x1d/v1/{parent=clients/*}/agents\x12\x84\x01\n" +
+	"\vUpdateAgent\x12&.parley.registry.v1.UpdateAgentRequest\x1a\x19.parley.registry.v1.Agent\"2\x82\xd3\xe4\x93\x02,:\x05agent2#/v1/{agent.name=clients/*/agents/*}\x12t\n" +
 	"\vDeleteAgent\x12&.parley.registry.v1.DeleteAgentRequest\x1a\x16.google.protobuf.Empty\"%\x82\xd3\xe4\x93\x02\x1f*\x1d/v1/{name=clients/*/agents/*}\x12\xa1\x01\n" +
 	"\x14AddSupportedProtocol\x12/.parley.registry.v1.AddSupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"=\x82\xd3\xe4\x93\x027:\x01*\"2/v1/{name=clients/*/agents/*}:addSupportedProtocol\x12\xaa\x01\n" +
 	"\x17RemoveSupportedProtocol\x122.parley.registry.v1.RemoveSupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"@\x82\xd3\xe4\x93\x02::\x01*\"5/v1/{name=clients/*/agents/*}:removeSupportedProtocol\x12\xa7\x01\n" +
@@ -1123,7 +1251,7 @@ func file_parley_registry_v1_registry_service_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_registry_service_proto_rawDescData
 }
 
-var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*CreateProtocolRequest)(nil),            // 0: parley.registry.v1.CreateProtocolRequest
 	(*GetProtocolRequest)(nil),               // 1: parley.registry.v1.GetProtocolRequest
@@ -1135,57 +1263,63 @@ var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*SyncProtocolsRequest)(nil),             // 7: parley.registry.v1.SyncProtocolsRequest
 	(*SyncProtocolsResponse)(nil),            // 8: parley.registry.v1.SyncProtocolsResponse
 	(*CreateAgentRequest)(nil),               // 9: parley.registry.v1.CreateAgentRequest
-	(*GetAgentRequest)(nil),                  // 10: parley.registry.v1.GetAgentRequest
-	(*ListAgentsRequest)(nil),                // 11: parley.registry.v1.ListAgentsRequest
-	(*ListAgentsResponse)(nil),               // 12: parley.registry.v1.ListAgentsResponse
-	(*DeleteAgentRequest)(nil),               // 13: parley.registry.v1.DeleteAgentRequest
-	(*AddSupportedProtocolRequest)(nil),      // 14: parley.registry.v1.AddSupportedProtocolRequest
-	(*RemoveSupportedProtocolRequest)(nil),   // 15: parley.registry.v1.RemoveSupportedProtocolRequest
-	(*AddUnsupportedProtocolRequest)(nil),    // 16: parley.registry.v1.AddUnsupportedProtocolRequest
-	(*RemoveUnsupportedProtocolRequest)(nil), // 17: parley.registry.v1.RemoveUnsupportedProtocolRequest
-	(*Protocol)(nil),                         // 18: parley.registry.v1.Protocol
-	(*Agent)(nil),                            // 19: parley.registry.v1.Agent
-	(*emptypb.Empty)(nil),                    // 20: google.protobuf.Empty
+	(*UpdateAgentRequest)(nil),               // 10: parley.registry.v1.UpdateAgentRequest
+	(*GetAgentRequest)(nil),                  // 11: parley.registry.v1.GetAgentRequest
+	(*ListAgentsRequest)(nil),                // 12: parley.registry.v1.ListAgentsRequest
+	(*ListAgentsResponse)(nil),               // 13: parley.registry.v1.ListAgentsResponse
+	(*DeleteAgentRequest)(nil),               // 14: parley.registry.v1.DeleteAgentRequest
+	(*AddSupportedProtocolRequest)(nil),      // 15: parley.registry.v1.AddSupportedProtocolRequest
+	(*RemoveSupportedProtocolRequest)(nil),   // 16: parley.registry.v1.RemoveSupportedProtocolRequest
+	(*AddUnsupportedProtocolRequest)(nil),    // 17: parley.registry.v1.AddUnsupportedProtocolRequest
+	(*RemoveUnsupportedProtocolRequest)(nil), // 18: parley.registry.v1.RemoveUnsupportedProtocolRequest
+	(*Protocol)(nil),                         // 19: parley.registry.v1.Protocol
+	(*Agent)(nil),                            // 20: parley.registry.v1.Agent
+	(*fieldmaskpb.FieldMask)(nil),            // 21: google.protobuf.FieldMask
+	(*emptypb.Empty)(nil),                    // 22: google.protobuf.Empty
 }
 var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
-	18, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
-	18, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	18, // 2: parley.registry.v1.SearchProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	19, // 3: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
-	19, // 4: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
-	0,  // 5: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
-	1,  // 6: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
-	2,  // 7: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
-	5,  // 8: parley.registry.v1.RegistryService.SearchProtocols:input_type -> parley.registry.v1.SearchProtocolsRequest
-	4,  // 9: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
-	7,  // 10: parley.registry.v1.RegistryService.SyncProtocols:input_type -> parley.registry.v1.SyncProtocolsRequest
-	9,  // 11: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
-	10, // 12: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
-	11, // 13: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
-	13, // 14: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
-	14, // 15: parley.registry.v1.RegistryService.AddSupportedProtocol:input_type -> parley.registry.v1.AddSupportedProtocolRequest
-	15, // 16: parley.registry.v1.RegistryService.RemoveSupportedProtocol:input_type -> parley.registry.v1.RemoveSupportedProtocolRequest
-	16, // 17: parley.registry.v1.RegistryService.AddUnsupportedProtocol:input_type -> parley.registry.v1.AddUnsupportedProtocolRequest
-	17, // 18: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:input_type -> parley.registry.v1.RemoveUnsupportedProtocolRequest
-	18, // 19: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
-	18, // 20: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
-	3,  // 21: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
-	6,  // 22: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
-	18, // 23: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
-	8,  // 24: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
-	19, // 25: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
-	19, // 26: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
-	12, // 27: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
-	20, // 28: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
-	19, // 29: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
-	19, // 30: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
-	19, // 31: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	19, // 32: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	19, // [19:33] is the sub-list for method output_type
-	5,  // [5:19] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	19, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
+	19, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	19, // 2: parley.registry.v1.SearchProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	20, // 3: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	20, // 4: parley.registry.v1.UpdateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	21, // 5: parley.registry.v1.UpdateAgentRequest.update_mask:type_name -> google.protobuf.FieldMask
+	20, // 6: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
+	0,  // 7: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
+	1,  // 8: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
+	2,  // 9: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
+	5,  // 10: parley.registry.v1.RegistryService.SearchProtocols:input_type -> parley.registry.v1.SearchProtocolsRequest
+	4,  // 11: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
+	7,  // 12: parley.registry.v1.RegistryService.SyncProtocols:input_type -> parley.registry.v1.SyncProtocolsRequest
+	9,  // 13: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
+	11, // 14: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
+	12, // 15: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
+	10, // 16: parley.registry.v1.RegistryService.UpdateAgent:input_type -> parley.registry.v1.UpdateAgentRequest
+	14, // 17: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
+	15, // 18: parley.registry.v1.RegistryService.AddSupportedProtocol:input_type -> parley.registry.v1.AddSupportedProtocolRequest
+	16, // 19: parley.registry.v1.RegistryService.RemoveSupportedProtocol:input_type -> parley.registry.v1.RemoveSupportedProtocolRequest
+	17, // 20: parley.registry.v1.RegistryService.AddUnsupportedProtocol:input_type -> parley.registry.v1.AddUnsupportedProtocolRequest
+	18, // 21: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:input_type -> parley.registry.v1.RemoveUnsupportedProtocolRequest
+	19, // 22: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
+	19, // 23: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
+	3,  // 24: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
+	6,  // 25: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
+	19, // 26: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
+	8,  // 27: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
+	20, // 28: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
+	20, // 29: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
+	13, // 30: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
+	20, // 31: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
+	22, // 32: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
+	20, // 33: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
+	20, // 34: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
+	20, // 35: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	20, // 36: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	22, // [22:37] is the sub-list for method output_type
+	7,  // [7:22] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_registry_service_proto_init() }
@@ -1201,7 +1335,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_registry_service_proto_rawDesc), len(file_parley_registry_v1_registry_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

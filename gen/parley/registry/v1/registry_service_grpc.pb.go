@@ -29,6 +29,7 @@ const (
 	RegistryService_CreateAgent_FullMethodName               = "/parley.registry.v1.RegistryService/CreateAgent"
 	RegistryService_GetAgent_FullMethodName                  = "/parley.registry.v1.RegistryService/GetAgent"
 	RegistryService_ListAgents_FullMethodName                = "/parley.registry.v1.RegistryService/ListAgents"
+	RegistryService_UpdateAgent_FullMethodName               = "/parley.registry.v1.RegistryService/UpdateAgent"
 	RegistryService_DeleteAgent_FullMethodName               = "/parley.registry.v1.RegistryService/DeleteAgent"
 	RegistryService_AddSupportedProtocol_FullMethodName      = "/parley.registry.v1.RegistryService/AddSupportedProtocol"
 	RegistryService_RemoveSupportedProtocol_FullMethodName   = "/parley.registry.v1.RegistryService/RemoveSupportedProtocol"
@@ -71,13 +72,21 @@ type RegistryServiceClient interface {
 	// this one lacks, verifying each document's hashes. Errors:
 	// INVALID_ARGUMENT (peer is not configured), UNAVAILABLE (peer down).
 	SyncProtocols(ctx context.Context, in *SyncProtocolsRequest, opts ...grpc.CallOption) (*SyncProtocolsResponse, error)
-	// CreateAgent registers a hosted agent. Errors: INVALID_ARGUMENT,
-	// ALREADY_EXISTS.
+	// CreateAgent registers a hosted agent. A repeat with the same request_id
+	// returns the first result. Errors: INVALID_ARGUMENT, ALREADY_EXISTS.
 	CreateAgent(ctx context.Context, in *CreateAgentRequest, opts ...grpc.CallOption) (*Agent, error)
 	// GetAgent returns a hosted agent. Errors: INVALID_ARGUMENT, NOT_FOUND.
 	GetAgent(ctx context.Context, in *GetAgentRequest, opts ...grpc.CallOption) (*Agent, error)
 	// ListAgents lists hosted agents, across clients with parent "clients/-".
 	ListAgents(ctx context.Context, in *ListAgentsRequest, opts ...grpc.CallOption) (*ListAgentsResponse, error)
+	// UpdateAgent changes an agent's display_name, description,
+	// support_policy or dialect, as update_mask says: empty means the fields
+	// set in agent, "*" every mutable field. name, etag and output-only paths
+	// are ignored. With agent.etag set, the update applies only if the agent
+	// is unchanged since it was read. Errors: INVALID_ARGUMENT (bad name,
+	// unknown or immutable path, bad value), NOT_FOUND, ABORTED (etag
+	// mismatch).
+	UpdateAgent(ctx context.Context, in *UpdateAgentRequest, opts ...grpc.CallOption) (*Agent, error)
 	// DeleteAgent removes a hosted agent. Errors: NOT_FOUND.
 	DeleteAgent(ctx context.Context, in *DeleteAgentRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
 	// AddSupportedProtocol declares that an agent fully supports a protocol,
@@ -199,6 +208,16 @@ func (c *registryServiceClient) ListAgents(ctx context.Context, in *ListAgentsRe
 	return out, nil
 }
 
+func (c *registryServiceClient) UpdateAgent(ctx context.Context, in *UpdateAgentRequest, opts ...grpc.CallOption) (*Agent, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Agent)
+	err := c.cc.Invoke(ctx, RegistryService_UpdateAgent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *registryServiceClient) DeleteAgent(ctx context.Context, in *DeleteAgentRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(emptypb.Empty)
@@ -284,13 +303,21 @@ type RegistryServiceServer interface {
 	// this one lacks, verifying each document's hashes. Errors:
 	// INVALID_ARGUMENT (peer is not configured), UNAVAILABLE (peer down).
 	SyncProtocols(context.Context, *SyncProtocolsRequest) (*SyncProtocolsResponse, error)
-	// CreateAgent registers a hosted agent. Errors: INVALID_ARGUMENT,
-	// ALREADY_EXISTS.
+	// CreateAgent registers a hosted agent. A repeat with the same request_id
+	// returns the first result. Errors: INVALID_ARGUMENT, ALREADY_EXISTS.
 	CreateAgent(context.Context, *CreateAgentRequest) (*Agent, error)
 	// GetAgent returns a hosted agent. Errors: INVALID_ARGUMENT, NOT_FOUND.
 	GetAgent(context.Context, *GetAgentRequest) (*Agent, error)
 	// ListAgents lists hosted agents, across clients with parent "clients/-".
 	ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error)
+	// UpdateAgent changes an agent's display_name, description,
+	// support_policy or dialect, as update_mask says: empty means the fields
+	// set in agent, "*" every mutable field. name, etag and output-only paths
+	// are ignored. With agent.etag set, the update applies only if the agent
+	// is unchanged since it was read. Errors: INVALID_ARGUMENT (bad name,
+	// unknown or immutable path, bad value), NOT_FOUND, ABORTED (etag
+	// mismatch).
+	UpdateAgent(context.Context, *UpdateAgentRequest) (*Agent, error)
 	// DeleteAgent removes a hosted agent. Errors: NOT_FOUND.
 	DeleteAgent(context.Context, *DeleteAgentRequest) (*emptypb.Empty, error)
 	// AddSupportedProtocol declares that an agent fully supports a protocol,
@@ -348,6 +375,9 @@ func (UnimplementedRegistryServiceServer) GetAgent(context.Context, *GetAgentReq
 }
 func (UnimplementedRegistryServiceServer) ListAgents(context.Context, *ListAgentsRequest) (*ListAgentsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListAgents not implemented")
+}
+func (UnimplementedRegistryServiceServer) UpdateAgent(context.Context, *UpdateAgentRequest) (*Agent, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateAgent not implemented")
 }
 func (UnimplementedRegistryServiceServer) DeleteAgent(context.Context, *DeleteAgentRequest) (*emptypb.Empty, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteAgent not implemented")
@@ -547,6 +577,24 @@ func _RegistryService_ListAgents_Handler(srv interface{}, ctx context.Context, d
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_UpdateAgent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateAgentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).UpdateAgent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_UpdateAgent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).UpdateAgent(ctx, req.(*UpdateAgentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _RegistryService_DeleteAgent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(DeleteAgentRequest)
 	if err := dec(in); err != nil {
@@ -679,6 +727,10 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListAgents",
 			Handler:    _RegistryService_ListAgents_Handler,
+		},
+		{
+			MethodName: "UpdateAgent",
+			Handler:    _RegistryService_UpdateAgent_Handler,
 		},
 		{
 			MethodName: "DeleteAgent",

@@ -43,6 +43,14 @@ var (
 	// ErrUnavailable: the fetch failed: network error, time-out, non-200
 	// status, too many redirects.
 	ErrUnavailable = errors.New("source unavailable")
+	// ErrBusy: no fetch slot came free in time (MaxConcurrent or
+	// MaxPerHost); the source itself was not tried.
+	ErrBusy = errors.New("fetch capacity exhausted")
+)
+
+var (
+	errHostBusy   = errors.New("host busy")
+	errGlobalBusy = errors.New("all busy")
 )
 
 // The two data: URI prefixes the Agora reference library sends; any other
@@ -68,6 +76,12 @@ type Options struct {
 	Timeout time.Duration
 	// MaxRedirects caps redirects followed [3]; negative follows none.
 	MaxRedirects int
+	// MaxConcurrent caps URL fetches in flight [64]; MaxPerHost those to one
+	// host, by the source URL's host name [4]. A fetch waits for a slot at
+	// most ConnectTimeout (within Timeout), then fails with ErrBusy. data:
+	// URIs take no slot.
+	MaxConcurrent int
+	MaxPerHost    int
 	// TLSConfig overrides the TLS client configuration (tests trust their
 	// own CA with it); nil uses the system roots.
 	TLSConfig *tls.Config
@@ -79,6 +93,7 @@ type Fetcher struct {
 	allowNets  []netip.Prefix
 	allowHosts map[string]bool // lowercase host or host:port
 	client     *http.Client
+	limit      *limiter
 }
 
 // New returns a Fetcher, or an error naming each bad allowlist entry.
@@ -98,7 +113,13 @@ func New(opts Options) (*Fetcher, error) {
 	case opts.MaxRedirects < 0:
 		opts.MaxRedirects = 0
 	}
-	f := &Fetcher{opts: opts, allowHosts: map[string]bool{}}
+	if opts.MaxConcurrent <= 0 {
+		opts.MaxConcurrent = 64
+	}
+	if opts.MaxPerHost <= 0 {
+		opts.MaxPerHost = 4
+	}
+	f := &Fetcher{opts: opts, allowHosts: map[string]bool{}, limit: newLimiter(opts.MaxConcurrent, opts.MaxPerHost)}
 	var errs []error
 	for _, e := range opts.Allow {
 		e = strings.TrimSpace(e)
@@ -166,6 +187,11 @@ func (f *Fetcher) Fetch(ctx context.Context, source string) ([]byte, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, f.opts.Timeout)
 	defer cancel()
+	release, err := f.slot(ctx, u)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("not a URL: %w", ErrMalformed)
@@ -193,6 +219,24 @@ func (f *Fetcher) Fetch(ctx context.Context, source string) ([]byte, error) {
 		return nil, fmt.Errorf("body exceeds the %d-byte limit: %w", f.opts.MaxBytes, ErrTooLarge)
 	}
 	return body, nil
+}
+
+// slot waits for a fetch slot to u's host, at most ConnectTimeout.
+func (f *Fetcher) slot(ctx context.Context, u *url.URL) (func(), error) {
+	wctx, cancel := context.WithTimeout(ctx, f.opts.ConnectTimeout)
+	defer cancel()
+	host := strings.ToLower(u.Hostname())
+	release, err := f.limit.acquire(wctx, host)
+	switch {
+	case err == nil:
+		return release, nil
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("timed out waiting for a fetch slot: %w", ErrUnavailable)
+	case errors.Is(err, errHostBusy):
+		return nil, fmt.Errorf("%d fetches from %s already in flight, none finished within %v: %w", f.opts.MaxPerHost, host, f.opts.ConnectTimeout, ErrBusy)
+	default:
+		return nil, fmt.Errorf("%d fetches already in flight, none finished within %v: %w", f.opts.MaxConcurrent, f.opts.ConnectTimeout, ErrBusy)
+	}
 }
 
 func hasScheme(s, scheme string) bool {

@@ -2,12 +2,14 @@ package fetch
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -298,5 +300,65 @@ func TestBlocked(t *testing.T) {
 		if got := Blocked(netip.MustParseAddr(tt.ip)); got != tt.want {
 			t.Errorf("Blocked(%s) = %q, want %q", tt.ip, got, tt.want)
 		}
+	}
+}
+
+func TestFetch_concurrencyLimits(t *testing.T) {
+	release := make(chan struct{})
+	var inFlight atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		inFlight.Add(1)
+		<-release
+		fmt.Fprint(w, "doc")
+	}))
+	t.Cleanup(srv.Close)
+	released := false
+	t.Cleanup(func() {
+		if !released {
+			close(release)
+		}
+	})
+	port := srv.Listener.Addr().(*net.TCPAddr).Port
+	src := func(host string) string { return fmt.Sprintf("http://%s:%d/pd", host, port) }
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.1", "localhost"}, MaxConcurrent: 2, MaxPerHost: 1, ConnectTimeout: 100 * time.Millisecond, Timeout: 10 * time.Second})
+	results := make(chan error, 2)
+	fetchInBackground := func(source string, want int32) {
+		t.Helper()
+		go func() {
+			_, err := f.Fetch(context.Background(), source)
+			results <- err
+		}()
+		deadline := time.Now().Add(10 * time.Second)
+		for inFlight.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d fetches reached the server, want %d", inFlight.Load(), want)
+			}
+			runtime.Gosched()
+		}
+	}
+
+	fetchInBackground(src("127.0.0.1"), 1) // holds 127.0.0.1's only slot
+	if _, err := f.Fetch(t.Context(), src("127.0.0.1")); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "from 127.0.0.1") {
+		t.Errorf("Fetch(same host, per-host cap full) error = %v; want ErrBusy naming the host", err)
+	}
+	fetchInBackground(src("localhost"), 2) // another host: the second global slot
+	if _, err := f.Fetch(t.Context(), src("127.0.0.3")); !errors.Is(err, ErrBusy) || !strings.Contains(err.Error(), "2 fetches already in flight") {
+		t.Errorf("Fetch(third host, global cap full) error = %v; want ErrBusy for the global cap", err)
+	}
+	if got, err := f.Fetch(t.Context(), DataPercentPrefix+"free"); err != nil || string(got) != "free" {
+		t.Errorf("Fetch(data: URI, caps full) = %q, %v; want it decoded without a slot", got, err)
+	}
+	close(release)
+	released = true
+	for range 2 {
+		if err := <-results; err != nil {
+			t.Errorf("Fetch(holding a slot) error = %v", err)
+		}
+	}
+	if got, err := f.Fetch(t.Context(), src("127.0.0.1")); err != nil || string(got) != "doc" {
+		t.Errorf("Fetch(after release) = %q, %v; want the document", got, err)
+	}
+	if n := len(f.limit.hosts); n != 0 {
+		t.Errorf("limiter keeps %d idle hosts, want 0", n)
 	}
 }

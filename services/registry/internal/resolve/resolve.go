@@ -195,7 +195,8 @@ func (r *Resolver) fromSource(ctx context.Context, h pd.Hash, src string) ([]byt
 		}
 	}
 	if err != nil {
-		if ctx.Err() == nil {
+		// A busy fetcher or a caller giving up says nothing about the source.
+		if ctx.Err() == nil && !errors.Is(err, fetch.ErrBusy) {
 			r.remember(key, err)
 		}
 		return nil, err

@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"unicode/utf8"
 
@@ -22,8 +24,9 @@ import (
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
-// Limits on agent records.
+// Limits on agent records and requests.
 const (
+	maxRequestID        = 128
 	maxDisplayName      = 200
 	maxDescription      = 2000
 	maxComment          = 1024
@@ -70,18 +73,8 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 		v.Add("agent", "is required")
 		in = &registryv1.Agent{}
 	}
-	if n := utf8.RuneCountInString(in.GetDisplayName()); n > maxDisplayName {
-		v.Add("agent.display_name", fmt.Sprintf("has %d characters, at most %d allowed", n, maxDisplayName))
-	}
-	if n := utf8.RuneCountInString(in.GetDescription()); n > maxDescription {
-		v.Add("agent.description", fmt.Sprintf("has %d characters, at most %d allowed", n, maxDescription))
-	}
-	if _, ok := registryv1.SupportPolicy_name[int32(in.GetSupportPolicy())]; !ok {
-		v.Add("agent.support_policy", fmt.Sprintf("%d is not a SupportPolicy", in.GetSupportPolicy()))
-	}
-	if _, ok := registryv1.Dialect_name[int32(in.GetDialect())]; !ok {
-		v.Add("agent.dialect", fmt.Sprintf("%d is not a Dialect", in.GetDialect()))
-	}
+	checkAgentFields(&v, in, mutableAgentPaths)
+	key := requestKey(&v, "CreateAgent", req.GetParent()+"/agents/"+req.GetAgentId(), req.GetRequestId())
 	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
@@ -95,7 +88,7 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 		SupportPolicy: in.GetSupportPolicy(),
 		Dialect:       in.GetDialect(),
 	}
-	created, err := s.store.CreateAgent(ctx, a)
+	created, err := s.store.CreateAgent(ctx, a, key)
 	if isAlreadyExists(err) {
 		return nil, grpcerr.New(codes.AlreadyExists, "agent "+a.GetName()+" already exists", reasonAgentExists, Domain, map[string]string{"agent": a.GetName()})
 	}
@@ -103,6 +96,132 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 		return nil, s.toStatus(ctx, err)
 	}
 	return created, nil
+}
+
+// mutableAgentPaths are the Agent fields UpdateAgent may change, as
+// update_mask paths.
+var mutableAgentPaths = []string{"display_name", "description", "support_policy", "dialect"}
+
+// ignoredAgentPaths are Agent fields an update_mask may name but that
+// UpdateAgent never changes: the identifier, the etag (a precondition) and
+// output-only fields. The gateway puts them in the mask when a client
+// PATCHes back a whole Agent it read.
+var ignoredAgentPaths = map[string]bool{
+	"name": true, "etag": true, "create_time": true, "update_time": true,
+	"supported_protocols": true, "unsupported_protocols": true,
+}
+
+// checkAgentFields validates the values of in's fields named by paths.
+func checkAgentFields(v *grpcerr.Violations, in *registryv1.Agent, paths []string) {
+	for _, p := range paths {
+		switch p {
+		case "display_name":
+			if n := utf8.RuneCountInString(in.GetDisplayName()); n > maxDisplayName {
+				v.Add("agent.display_name", fmt.Sprintf("has %d characters, at most %d allowed", n, maxDisplayName))
+			}
+		case "description":
+			if n := utf8.RuneCountInString(in.GetDescription()); n > maxDescription {
+				v.Add("agent.description", fmt.Sprintf("has %d characters, at most %d allowed", n, maxDescription))
+			}
+		case "support_policy":
+			if _, ok := registryv1.SupportPolicy_name[int32(in.GetSupportPolicy())]; !ok {
+				v.Add("agent.support_policy", fmt.Sprintf("%d is not a SupportPolicy", in.GetSupportPolicy()))
+			}
+		case "dialect":
+			if _, ok := registryv1.Dialect_name[int32(in.GetDialect())]; !ok {
+				v.Add("agent.dialect", fmt.Sprintf("%d is not a Dialect", in.GetDialect()))
+			}
+		}
+	}
+}
+
+// requestKey validates an AIP-155 request id and returns the store's key
+// for it, scoped to the method and the resource acted on, so that one id
+// cannot replay another call's result; "" when there is no id.
+func requestKey(v *grpcerr.Violations, method, resource, id string) string {
+	if id == "" {
+		return ""
+	}
+	if len(id) > maxRequestID {
+		v.Add("request_id", fmt.Sprintf("has %d bytes, at most %d allowed", len(id), maxRequestID))
+	}
+	return method + " " + resource + " " + id
+}
+
+// updatePaths resolves UpdateAgent's mask to mutable paths: "*" means all
+// of them, an empty mask those set (non-zero) in in. Ignored paths are
+// dropped; any other path is a violation.
+func updatePaths(v *grpcerr.Violations, in *registryv1.Agent, mask []string) []string {
+	if len(mask) == 0 {
+		var paths []string
+		if in.GetDisplayName() != "" {
+			paths = append(paths, "display_name")
+		}
+		if in.GetDescription() != "" {
+			paths = append(paths, "description")
+		}
+		if in.GetSupportPolicy() != registryv1.SupportPolicy_SUPPORT_POLICY_UNSPECIFIED {
+			paths = append(paths, "support_policy")
+		}
+		if in.GetDialect() != registryv1.Dialect_DIALECT_UNSPECIFIED {
+			paths = append(paths, "dialect")
+		}
+		return paths
+	}
+	var paths []string
+	for i, p := range mask {
+		switch {
+		case p == "*":
+			if len(mask) > 1 {
+				v.Add(fmt.Sprintf("update_mask.paths[%d]", i), `"*" must be the only path`)
+			}
+			return mutableAgentPaths
+		case slices.Contains(mutableAgentPaths, p):
+			if !slices.Contains(paths, p) {
+				paths = append(paths, p)
+			}
+		case ignoredAgentPaths[strings.SplitN(p, ".", 2)[0]]:
+		default:
+			v.Add(fmt.Sprintf("update_mask.paths[%d]", i), fmt.Sprintf("%q is not a field UpdateAgent can change; use %s or *", p, strings.Join(mutableAgentPaths, ", ")))
+		}
+	}
+	return paths
+}
+
+// UpdateAgent implements RegistryService.
+func (s *Server) UpdateAgent(ctx context.Context, req *registryv1.UpdateAgentRequest) (*registryv1.Agent, error) {
+	var v grpcerr.Violations
+	in := req.GetAgent()
+	if in == nil {
+		v.Add("agent", "is required")
+		in = &registryv1.Agent{}
+	}
+	parseAgentName(&v, "agent.name", in.GetName())
+	paths := updatePaths(&v, in, req.GetUpdateMask().GetPaths())
+	checkAgentFields(&v, in, paths)
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
+		return nil, err
+	}
+	return s.updateAgent(ctx, in.GetName(), "", func(a *registryv1.Agent) error {
+		if in.GetEtag() != "" && in.GetEtag() != a.GetEtag() {
+			return grpcerr.New(codes.Aborted,
+				fmt.Sprintf("agent %s changed since it was read (etag %q, now %q); read it again and reapply the change", a.GetName(), in.GetEtag(), a.GetEtag()),
+				reasonEtagMismatch, Domain, map[string]string{"agent": a.GetName(), "etag": a.GetEtag()})
+		}
+		for _, p := range paths {
+			switch p {
+			case "display_name":
+				a.DisplayName = in.GetDisplayName()
+			case "description":
+				a.Description = in.GetDescription()
+			case "support_policy":
+				a.SupportPolicy = in.GetSupportPolicy()
+			case "dialect":
+				a.Dialect = in.GetDialect()
+			}
+		}
+		return nil
+	})
 }
 
 // GetAgent implements RegistryService.
@@ -168,11 +287,8 @@ func (s *Server) DeleteAgent(ctx context.Context, req *registryv1.DeleteAgentReq
 // AddSupportedProtocol implements RegistryService.
 func (s *Server) AddSupportedProtocol(ctx context.Context, req *registryv1.AddSupportedProtocolRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
-	parseAgentName(&v, "name", req.GetName())
-	h, herr := pd.ParseHash(strings.TrimPrefix(req.GetProtocol(), "protocols/"))
-	if herr != nil {
-		v.Add("protocol", herr.Error())
-	}
+	h, herr := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
+	key := requestKey(&v, "AddSupportedProtocol", req.GetName(), req.GetRequestId())
 	if len(req.GetSources()) > maxSourcesPerPD {
 		v.Add("sources", fmt.Sprintf("has %d entries, at most %d allowed", len(req.GetSources()), maxSourcesPerPD))
 	}
@@ -192,19 +308,19 @@ func (s *Server) AddSupportedProtocol(ctx context.Context, req *registryv1.AddSu
 	// the dispatcher can resolve it without a fetch.
 	if _, err := s.resolve(ctx, h, req.GetSources()); err != nil {
 		var nf *resolve.NotFoundError
-		if asNotFound(err, &nf) {
+		if errors.As(err, &nf) && grpcerr.Reason(resolveStatus(nf)) != reasonFetchBusy {
 			return nil, grpcerr.New(codes.FailedPrecondition, "protocol "+h.Hex()+" is not stored and no source produced it; register it first or give a source ("+nf.Error()+")", reasonProtocolMissing, Domain, map[string]string{"protocol": h.Hex()})
 		}
 		return nil, s.toStatus(ctx, err)
 	}
-	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+	return s.updateAgent(ctx, req.GetName(), key, func(a *registryv1.Agent) error {
 		ref := "protocols/" + h.Hex()
 		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, ref)
 		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, ref)
 		if len(a.SupportedProtocols) >= maxProtocolsInAList {
 			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already supports %d protocols, the most allowed", a.GetName(), maxProtocolsInAList), reasonTooManyProtocols, Domain, nil)
 		}
-		a.SupportedProtocols = append(a.SupportedProtocols, &registryv1.SupportedProtocol{Protocol: "protocols/" + h.Hex(), Sources: sources})
+		a.SupportedProtocols = append(a.SupportedProtocols, &registryv1.SupportedProtocol{Protocol: ref, Sources: sources})
 		return nil
 	})
 }
@@ -234,11 +350,13 @@ func (s *Server) checkSource(src string, h pd.Hash, checkHash bool) string {
 
 // RemoveSupportedProtocol implements RegistryService.
 func (s *Server) RemoveSupportedProtocol(ctx context.Context, req *registryv1.RemoveSupportedProtocolRequest) (*registryv1.Agent, error) {
-	h, err := s.agentAndProtocol(req.GetName(), req.GetProtocol())
-	if err != nil {
+	var v grpcerr.Violations
+	h, _ := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
+	key := requestKey(&v, "RemoveSupportedProtocol", req.GetName(), req.GetRequestId())
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
-	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+	return s.updateAgent(ctx, req.GetName(), key, func(a *registryv1.Agent) error {
 		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, "protocols/"+h.Hex())
 		return nil
 	})
@@ -246,54 +364,58 @@ func (s *Server) RemoveSupportedProtocol(ctx context.Context, req *registryv1.Re
 
 // AddUnsupportedProtocol implements RegistryService.
 func (s *Server) AddUnsupportedProtocol(ctx context.Context, req *registryv1.AddUnsupportedProtocolRequest) (*registryv1.Agent, error) {
-	h, err := s.agentAndProtocol(req.GetName(), req.GetProtocol())
-	if err != nil {
+	var v grpcerr.Violations
+	h, _ := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
+	key := requestKey(&v, "AddUnsupportedProtocol", req.GetName(), req.GetRequestId())
+	if n := utf8.RuneCountInString(req.GetComment()); n > maxComment {
+		v.Add("comment", fmt.Sprintf("has %d characters, at most %d allowed", n, maxComment))
+	}
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
-	if n := utf8.RuneCountInString(req.GetComment()); n > maxComment {
-		var v grpcerr.Violations
-		v.Add("comment", fmt.Sprintf("has %d characters, at most %d allowed", n, maxComment))
-		return nil, v.Err(reasonInvalidArgument, Domain)
-	}
-	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+	return s.updateAgent(ctx, req.GetName(), key, func(a *registryv1.Agent) error {
 		ref := "protocols/" + h.Hex()
 		a.SupportedProtocols = removeProtocol(a.SupportedProtocols, ref)
 		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, ref)
 		if len(a.UnsupportedProtocols) >= maxProtocolsInAList {
 			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already lists %d unsupported protocols, the most allowed", a.GetName(), maxProtocolsInAList), reasonTooManyProtocols, Domain, nil)
 		}
-		a.UnsupportedProtocols = append(a.UnsupportedProtocols, &registryv1.UnsupportedProtocol{Protocol: "protocols/" + h.Hex(), Comment: req.GetComment()})
+		a.UnsupportedProtocols = append(a.UnsupportedProtocols, &registryv1.UnsupportedProtocol{Protocol: ref, Comment: req.GetComment()})
 		return nil
 	})
 }
 
 // RemoveUnsupportedProtocol implements RegistryService.
 func (s *Server) RemoveUnsupportedProtocol(ctx context.Context, req *registryv1.RemoveUnsupportedProtocolRequest) (*registryv1.Agent, error) {
-	h, err := s.agentAndProtocol(req.GetName(), req.GetProtocol())
-	if err != nil {
+	var v grpcerr.Violations
+	h, _ := checkAgentAndProtocol(&v, req.GetName(), req.GetProtocol())
+	key := requestKey(&v, "RemoveUnsupportedProtocol", req.GetName(), req.GetRequestId())
+	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
-	return s.updateSupport(ctx, req.GetName(), func(a *registryv1.Agent) error {
+	return s.updateAgent(ctx, req.GetName(), key, func(a *registryv1.Agent) error {
 		a.UnsupportedProtocols = removeProtocol(a.UnsupportedProtocols, "protocols/"+h.Hex())
 		return nil
 	})
 }
 
-func (s *Server) agentAndProtocol(name, protocol string) (pd.Hash, error) {
-	var v grpcerr.Violations
-	parseAgentName(&v, "name", name)
+// checkAgentAndProtocol validates an agent name and a protocol hash (either
+// form, or protocols/{hash}), adding violations to v.
+func checkAgentAndProtocol(v *grpcerr.Violations, name, protocol string) (pd.Hash, error) {
+	parseAgentName(v, "name", name)
 	h, err := pd.ParseHash(strings.TrimPrefix(protocol, "protocols/"))
 	if err != nil {
 		v.Add("protocol", err.Error())
 	}
-	return h, v.Err(reasonInvalidArgument, Domain)
+	return h, err
 }
 
-// updateSupport applies mutate to the agent's protocol lists in one store
-// transaction. Adding to one list first removes the protocol from both, so
+// updateAgent applies mutate to the stored agent in one store transaction
+// and stamps its update time; key is the request id's key or "". The
+// support methods' mutations first remove the protocol from both lists, so
 // a protocol is never both supported and unsupported.
-func (s *Server) updateSupport(ctx context.Context, name string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
-	a, err := s.store.UpdateAgent(ctx, name, func(a *registryv1.Agent) error {
+func (s *Server) updateAgent(ctx context.Context, name, key string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
+	a, err := s.store.UpdateAgent(ctx, name, key, func(a *registryv1.Agent) error {
 		if err := mutate(a); err != nil {
 			return err
 		}

@@ -20,6 +20,7 @@ import (
 // Reasons (ErrorInfo.reason) callers branch on.
 const (
 	reasonInvalidArgument   = "INVALID_ARGUMENT"
+	reasonNotFound          = "NOT_FOUND"
 	reasonInvalidMetadata   = "INVALID_PROTOCOL_METADATA"
 	reasonTooLarge          = "PROTOCOL_TOO_LARGE"
 	reasonCollision         = "PROTOCOL_SHA1_COLLISION"
@@ -28,10 +29,12 @@ const (
 	reasonSourceInvalid     = "PROTOCOL_SOURCE_INVALID"
 	reasonAgentNotFound     = "AGENT_NOT_FOUND"
 	reasonAgentExists       = "AGENT_ALREADY_EXISTS"
+	reasonEtagMismatch      = "AGENT_ETAG_MISMATCH"
 	reasonProtocolMissing   = "PROTOCOL_UNAVAILABLE"
 	reasonTooManyProtocols  = "AGENT_PROTOCOLS_LIMIT"
 	reasonPeerNotConfigured = "PEER_NOT_CONFIGURED"
 	reasonPeerUnavailable   = "PEER_UNAVAILABLE"
+	reasonFetchBusy         = "FETCH_CAPACITY_EXHAUSTED"
 )
 
 // toStatus maps domain and store errors to gRPC status errors.
@@ -48,7 +51,7 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.As(err, &nf):
 		return resolveStatus(nf)
 	case errors.As(err, &me):
-		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.field+": "+me.err.Error(), map[string]string{me.field: me.err.Error()})
+		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.Error(), map[string]string{me.field: me.err.Error()}, []string{me.field})
 	case errors.Is(err, pd.ErrInvalidMetadata):
 		return grpcerr.New(codes.InvalidArgument, err.Error(), reasonInvalidMetadata, Domain, nil)
 	case errors.Is(err, errPeerTooLarge):
@@ -56,7 +59,7 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.Is(err, store.ErrConflict):
 		return grpcerr.New(codes.AlreadyExists, "a different document with the same SHA-1 is already stored; the stored one is kept ("+err.Error()+")", reasonCollision, Domain, nil)
 	case errors.Is(err, store.ErrNotFound):
-		return grpcerr.New(codes.NotFound, err.Error(), "NOT_FOUND", Domain, nil)
+		return grpcerr.New(codes.NotFound, err.Error(), reasonNotFound, Domain, nil)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 		return status.Error(codes.Internal, "internal error")
@@ -80,15 +83,17 @@ func (e *metadataError) Unwrap() error { return e.err }
 
 // resolveStatus picks one code for a failed resolution. Input the caller
 // can fix (malformed or refused sources, wrong bytes, bad metadata) is
-// INVALID_ARGUMENT; else a document over the limit is RESOURCE_EXHAUSTED;
-// else nothing could be fetched: NOT_FOUND. The message names every source.
+// INVALID_ARGUMENT; else a document over the limit is RESOURCE_EXHAUSTED
+// PROTOCOL_TOO_LARGE; else a source not tried for want of a fetch slot is
+// RESOURCE_EXHAUSTED FETCH_CAPACITY_EXHAUSTED (retry later); else nothing
+// could be fetched: NOT_FOUND. The message names every source.
 func resolveStatus(nf *resolve.NotFoundError) error {
 	if len(nf.Sources) == 0 {
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonProtocolNotFound, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
 	fields := map[string]string{}
 	var order []string
-	invalid, tooLarge := false, false
+	invalid, tooLarge, busy := false, false, false
 	for _, se := range nf.Sources {
 		field := "sources[" + strconv.Itoa(se.Index) + "]"
 		order = append(order, field)
@@ -98,29 +103,25 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 			invalid = true
 		case errors.Is(se.Err, fetch.ErrTooLarge):
 			tooLarge = true
+		case errors.Is(se.Err, fetch.ErrBusy):
+			busy = true
 		}
 	}
 	switch {
 	case invalid:
-		return withFieldsOrdered(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
+		return withFields(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
 	case tooLarge:
 		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonTooLarge, Domain, map[string]string{"protocol": nf.Hash.Hex()})
+	case busy:
+		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonFetchBusy, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	default:
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonUnresolved, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
 }
 
-func withFields(code codes.Code, reason, msg string, fields map[string]string) error {
-	order := make([]string, 0, len(fields))
-	for f := range fields {
-		order = append(order, f)
-	}
-	return withFieldsOrdered(code, reason, msg, fields, order)
-}
-
-// withFieldsOrdered builds a status with msg, an ErrorInfo and a BadRequest
+// withFields builds a status with msg, an ErrorInfo and a BadRequest
 // listing fields in order.
-func withFieldsOrdered(code codes.Code, reason, msg string, fields map[string]string, order []string) error {
+func withFields(code codes.Code, reason, msg string, fields map[string]string, order []string) error {
 	st := status.New(code, msg)
 	br := &errdetails.BadRequest{}
 	for _, f := range order {
@@ -134,5 +135,3 @@ func withFieldsOrdered(code codes.Code, reason, msg string, fields map[string]st
 }
 
 func isAlreadyExists(err error) bool { return errors.Is(err, store.ErrAlreadyExists) }
-
-func asNotFound(err error, target **resolve.NotFoundError) bool { return errors.As(err, target) }

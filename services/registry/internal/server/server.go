@@ -98,7 +98,7 @@ func newMetrics() *metrics {
 	return &metrics{
 		resolves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_registry_resolves_total",
-			Help: "ResolveProtocol calls by outcome: stored, peer, source, failed.",
+			Help: "Protocol resolutions (ResolveProtocol, AddSupportedProtocol) by outcome: stored, peer, source, failed.",
 		}, []string{"outcome"}),
 		stored: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_registry_protocols_stored_total",

@@ -85,6 +85,8 @@ func TestResolveProtocol_statusPerFailure(t *testing.T) {
 		{"refused wins", srcErr(fetch.ErrTooLarge, &fetch.RefusedError{Addr: "10.0.0.1", Reason: "private"}), codes.InvalidArgument, reasonSourceInvalid},
 		{"mismatch", srcErr(resolve.ErrMismatch), codes.InvalidArgument, reasonSourceInvalid},
 		{"malformed", srcErr(fetch.ErrMalformed), codes.InvalidArgument, reasonSourceInvalid},
+		{"busy", srcErr(fetch.ErrUnavailable, fetch.ErrBusy), codes.ResourceExhausted, reasonFetchBusy},
+		{"too large wins over busy", srcErr(fetch.ErrBusy, fetch.ErrTooLarge), codes.ResourceExhausted, reasonTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

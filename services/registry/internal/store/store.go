@@ -5,12 +5,21 @@
 // Protocols are content-addressed and immutable: keyed by SHA-1, indexed by
 // SHA-256 too, never replaced. Agents are keyed by resource name
 // (clients/{client}/agents/{agent}) and changed only through UpdateAgent.
+//
+// Request ids (AIP-155): a non-empty requestID passed to an agent write is
+// an opaque key the caller makes unique per operation. The first
+// successful write records it with its result in the write's own
+// transaction; a later write with a recorded requestID changes nothing and
+// returns the recorded result, even if the agent has changed or gone since.
+// Failed writes record nothing. Records last until SweepRequests drops
+// them.
 package store
 
 import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
@@ -58,8 +67,8 @@ type Store interface {
 	ListProtocols(ctx context.Context, opts ListOptions) ([]*registryv1.Protocol, error)
 
 	// CreateAgent stores a, stamping its etag, or fails with
-	// ErrAlreadyExists when its name is taken.
-	CreateAgent(ctx context.Context, a *registryv1.Agent) (*registryv1.Agent, error)
+	// ErrAlreadyExists when its name is taken. See the package comment for requestID.
+	CreateAgent(ctx context.Context, a *registryv1.Agent, requestID string) (*registryv1.Agent, error)
 	// GetAgent returns an agent by resource name, or ErrNotFound.
 	GetAgent(ctx context.Context, name string) (*registryv1.Agent, error)
 	// ListAgents returns agents in name order.
@@ -68,8 +77,12 @@ type Store interface {
 	DeleteAgent(ctx context.Context, name string) error
 	// UpdateAgent runs mutate on the stored agent inside one transaction and
 	// stores the result with a new etag. If mutate fails, nothing is written
-	// and its error is returned as is. The name cannot change.
-	UpdateAgent(ctx context.Context, name string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error)
+	// and its error is returned as is. The name cannot change. See
+	// the package comment for requestID.
+	UpdateAgent(ctx context.Context, name, requestID string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error)
+	// SweepRequests forgets request ids recorded before t and returns how
+	// many it dropped.
+	SweepRequests(ctx context.Context, before time.Time) (int, error)
 }
 
 // Matches reports whether p's title, description or one of its tags

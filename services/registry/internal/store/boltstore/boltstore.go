@@ -8,6 +8,7 @@ package boltstore
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -41,6 +42,9 @@ var (
 	bucketBySHA256 = []byte("protocols_by_sha256")
 	// bucketAgents maps an agent's resource name to its Agent.
 	bucketAgents = []byte("agents")
+	// bucketRequests maps a request id (AIP-155) to when it was recorded,
+	// 8 bytes of big-endian Unix nanoseconds, then the Agent it produced.
+	bucketRequests = []byte("agent_requests")
 )
 
 const schemaVersion = 1
@@ -69,7 +73,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	// Group commit for concurrent resolves of different documents.
 	db.MaxBatchDelay = time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketProtocols, bucketContent, bucketBySHA256, bucketAgents} {
+		for _, b := range [][]byte{bucketMeta, bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -226,22 +230,85 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 }
 
 // CreateAgent implements store.Store.
-func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent) (*registryv1.Agent, error) {
+func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, requestID string) (*registryv1.Agent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	a = proto.Clone(a).(*registryv1.Agent)
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		if done, err := recorded(tx, requestID); done != nil || err != nil {
+			a = done
+			return err
+		}
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(a.GetName())) != nil {
 			return fmt.Errorf("agent %s: %w", a.GetName(), store.ErrAlreadyExists)
 		}
-		return putAgent(b, a)
+		if err := putAgent(b, a); err != nil {
+			return err
+		}
+		return record(tx, requestID, a)
 	})
 	if err != nil {
 		return nil, err
 	}
 	return a, nil
+}
+
+// recorded returns the agent recorded for requestID, or nil.
+func recorded(tx *bolt.Tx, requestID string) (*registryv1.Agent, error) {
+	if requestID == "" {
+		return nil, nil
+	}
+	val := tx.Bucket(bucketRequests).Get([]byte(requestID))
+	if len(val) < 8 {
+		return nil, nil
+	}
+	return decodeAgent(val[8:])
+}
+
+// record stores a as requestID's result.
+func record(tx *bolt.Tx, requestID string, a *registryv1.Agent) error {
+	if requestID == "" {
+		return nil
+	}
+	val, err := proto.Marshal(a)
+	if err != nil {
+		return err
+	}
+	val = append(binary.BigEndian.AppendUint64(nil, uint64(time.Now().UnixNano())), val...)
+	return tx.Bucket(bucketRequests).Put([]byte(requestID), val)
+}
+
+// SweepRequests implements store.Store.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	cutoff := before.UnixNano()
+	var dropped int
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRequests)
+		// Collect first: deleting while walking a cursor skips keys.
+		var old [][]byte
+		err := b.ForEach(func(k, v []byte) error {
+			if len(v) < 8 || int64(binary.BigEndian.Uint64(v)) < cutoff {
+				old = append(old, bytes.Clone(k))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range old {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		dropped = len(old)
+		return nil
+	})
+	return dropped, err
 }
 
 func putAgent(b *bolt.Bucket, a *registryv1.Agent) error {
@@ -330,18 +397,21 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 }
 
 // UpdateAgent implements store.Store.
-func (s *Store) UpdateAgent(ctx context.Context, name string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
+func (s *Store) UpdateAgent(ctx context.Context, name, requestID string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var a *registryv1.Agent
 	err := s.db.Update(func(tx *bolt.Tx) error {
+		var err error
+		if a, err = recorded(tx, requestID); a != nil || err != nil {
+			return err
+		}
 		b := tx.Bucket(bucketAgents)
 		val := b.Get([]byte(name))
 		if val == nil {
 			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
 		}
-		var err error
 		if a, err = decodeAgent(val); err != nil {
 			return err
 		}
@@ -351,7 +421,10 @@ func (s *Store) UpdateAgent(ctx context.Context, name string, mutate func(*regis
 		if a.GetName() != name {
 			return fmt.Errorf("agent %s: update must not rename it to %q", name, a.GetName())
 		}
-		return putAgent(b, a)
+		if err := putAgent(b, a); err != nil {
+			return err
+		}
+		return record(tx, requestID, a)
 	})
 	if err != nil {
 		return nil, err

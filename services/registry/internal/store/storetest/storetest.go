@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
@@ -33,6 +34,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Agents_lifecycle", testAgents},
 		{"ListAgents_pagesAndClients", testListAgents},
 		{"UpdateAgent_mutateErrorWritesNothing", testUpdateAgentError},
+		{"RequestIDs_repeatReturnsFirstResult", testRequestIDs},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -204,14 +206,14 @@ func agent(client, id string) *registryv1.Agent {
 func testAgents(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	a := agent("acme", "weather")
-	created, err := s.CreateAgent(ctx, a)
+	created, err := s.CreateAgent(ctx, a, "")
 	if err != nil || created.GetEtag() == "" {
 		t.Fatalf("CreateAgent() = %v, %v; want an etag", created, err)
 	}
-	if _, err := s.CreateAgent(ctx, a); !errors.Is(err, store.ErrAlreadyExists) {
+	if _, err := s.CreateAgent(ctx, a, ""); !errors.Is(err, store.ErrAlreadyExists) {
 		t.Errorf("CreateAgent(again) error = %v, want ErrAlreadyExists", err)
 	}
-	updated, err := s.UpdateAgent(ctx, a.GetName(), func(a *registryv1.Agent) error {
+	updated, err := s.UpdateAgent(ctx, a.GetName(), "", func(a *registryv1.Agent) error {
 		a.SupportedProtocols = append(a.SupportedProtocols, &registryv1.SupportedProtocol{Protocol: "protocols/x", Sources: []string{"https://x"}})
 		return nil
 	})
@@ -231,7 +233,7 @@ func testAgents(t *testing.T, s store.Store) {
 	if err := s.DeleteAgent(ctx, a.GetName()); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("DeleteAgent(deleted) error = %v, want ErrNotFound", err)
 	}
-	if _, err := s.UpdateAgent(ctx, a.GetName(), func(*registryv1.Agent) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.UpdateAgent(ctx, a.GetName(), "", func(*registryv1.Agent) error { return nil }); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("UpdateAgent(deleted) error = %v, want ErrNotFound", err)
 	}
 }
@@ -240,7 +242,7 @@ func testListAgents(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	for _, c := range []string{"a", "ab", "b"} {
 		for _, id := range []string{"x", "y", "z"} {
-			if _, err := s.CreateAgent(ctx, agent(c, id)); err != nil {
+			if _, err := s.CreateAgent(ctx, agent(c, id), ""); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -275,12 +277,12 @@ func testListAgents(t *testing.T, s store.Store) {
 func testUpdateAgentError(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	a := agent("acme", "w")
-	created, err := s.CreateAgent(ctx, a)
+	created, err := s.CreateAgent(ctx, a, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	boom := errors.New("boom")
-	_, err = s.UpdateAgent(ctx, a.GetName(), func(a *registryv1.Agent) error {
+	_, err = s.UpdateAgent(ctx, a.GetName(), "", func(a *registryv1.Agent) error {
 		a.Description = "changed"
 		return boom
 	})
@@ -290,5 +292,55 @@ func testUpdateAgentError(t *testing.T, s store.Store) {
 	got, err := s.GetAgent(ctx, a.GetName())
 	if err != nil || !proto.Equal(got, created) {
 		t.Errorf("GetAgent() after failed update = %v, %v; want unchanged %v", got, err, created)
+	}
+}
+
+func testRequestIDs(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	a := agent("acme", "w")
+	first, err := s.CreateAgent(ctx, a, "create-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := s.CreateAgent(ctx, a, "create-1")
+	if err != nil || !proto.Equal(again, first) {
+		t.Errorf("CreateAgent(repeat request id) = %v, %v; want the first result %v", again, err, first)
+	}
+	if _, err := s.CreateAgent(ctx, a, "create-2"); !errors.Is(err, store.ErrAlreadyExists) {
+		t.Errorf("CreateAgent(new request id) error = %v, want ErrAlreadyExists", err)
+	}
+
+	calls := 0
+	add := func(a *registryv1.Agent) error {
+		calls++
+		a.Description += "+"
+		return nil
+	}
+	u1, err := s.UpdateAgent(ctx, a.GetName(), "update-1", add)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u2, err := s.UpdateAgent(ctx, a.GetName(), "update-1", add)
+	if err != nil || !proto.Equal(u2, u1) || calls != 1 {
+		t.Errorf("UpdateAgent(repeat request id) = %v, %v after %d mutate calls; want the first result %v, one call", u2, err, calls, u1)
+	}
+	boom := errors.New("boom")
+	if _, err := s.UpdateAgent(ctx, a.GetName(), "update-2", func(*registryv1.Agent) error { return boom }); !errors.Is(err, boom) {
+		t.Fatalf("UpdateAgent(failing) error = %v", err)
+	}
+	// A failed write records nothing: the same id acts next time.
+	if u3, err := s.UpdateAgent(ctx, a.GetName(), "update-2", add); err != nil || u3.GetDescription() != "++" {
+		t.Errorf("UpdateAgent(id of a failed write) = %v, %v; want it applied", u3, err)
+	}
+
+	// Sweeping drops records older than the cutoff only.
+	if n, err := s.SweepRequests(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+		t.Errorf("SweepRequests(an hour ago) = %d, %v; want 0 dropped", n, err)
+	}
+	if n, err := s.SweepRequests(ctx, time.Now().Add(time.Hour)); err != nil || n != 3 {
+		t.Errorf("SweepRequests(in an hour) = %d, %v; want 3 dropped", n, err)
+	}
+	if u4, err := s.UpdateAgent(ctx, a.GetName(), "update-1", add); err != nil || u4.GetDescription() != "+++" {
+		t.Errorf("UpdateAgent(swept request id) = %v, %v; want it applied anew", u4, err)
 	}
 }
