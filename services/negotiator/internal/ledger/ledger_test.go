@@ -60,7 +60,9 @@ func TestParsePrices(t *testing.T) {
 }
 
 func TestLedger_recordsAndEnforcesBudget(t *testing.T) {
-	f, err := llmtest.NewFakeServer(func(llmtest.Call) llmtest.Reply { return llmtest.Reply{Text: "a forty-byte answer of fairly many words"} })
+	f, err := llmtest.NewFakeServer(func(llmtest.Call) llmtest.Reply {
+		return llmtest.Reply{Text: "a forty-byte answer of fairly many words"}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
