@@ -4,8 +4,8 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/parleyhq/parley/platform/grpcerr"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"

@@ -4,9 +4,9 @@ import (
 	"context"
 	"errors"
 
+	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
-	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 )

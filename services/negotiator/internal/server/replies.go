@@ -7,8 +7,8 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/parleyhq/parley/platform/grpcerr"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 	"github.com/parleyhq/parley/services/negotiator/internal/schema"

@@ -5,8 +5,8 @@ import (
 	"errors"
 	"log/slog"
 
-	"github.com/parleyhq/parley/platform/grpcerr"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/suitability"
 )
