@@ -113,8 +113,8 @@ const (
 )
 
 var (
-	weatherIn  = []byte(`{"type":"object","required":["date","location"],"properties":{"date":{"type":"string","format":"date"},"location":{"type":"string"}}}`)
-	weatherOut = []byte(`{"type":"object","required":["temperature","precipitation","weatherCondition"],"properties":{"temperature":{"type":"number"},"precipitation":{"type":"number"},"weatherCondition":{"enum":["sunny","cloudy","rainy","snowy"]}}}`)
+	weatherIn   = []byte(`{"type":"object","required":["date","location"],"properties":{"date":{"type":"string","format":"date"},"location":{"type":"string"}}}`)
+	weatherOut  = []byte(`{"type":"object","required":["temperature","precipitation","weatherCondition"],"properties":{"temperature":{"type":"number"},"precipitation":{"type":"number"},"weatherCondition":{"enum":["sunny","cloudy","rainy","snowy"]}}}`)
 	weatherTask = &negotiatorv1.TaskSpec{Name: "weather-forecast", Description: "Weather for a day and place.", InputSchemaJson: weatherIn, OutputSchemaJson: weatherOut}
 	bobTool     = &negotiatorv1.ToolSpec{
 		Name:             "forecast_lookup",
