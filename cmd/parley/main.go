@@ -7,6 +7,7 @@
 //	parley gateway --registry-addr A --dispatcher-addr A --negotiator-addr A --tasks-addr A
 //	parley health (--server ADDR | --url URL)
 //	parley version
+//	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
 // server (default 127.0.0.1:9090, environment PARLEY_SERVER).
@@ -53,6 +54,7 @@ func commands() map[string]command {
 		"gateway": {"run the REST gateway in front of separately running services", runGateway},
 		"health":  {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
 		"version": {"print the version", runVersion},
+		"demo":    {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
 	}
 }
 
