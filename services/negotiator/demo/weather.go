@@ -21,17 +21,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
-	"net"
-	"os"
-
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
-	"github.com/parleyhq/parley/platform/serve"
-	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
+	"github.com/parleyhq/parley/services/negotiator/internal/inproc"
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 	"github.com/parleyhq/parley/services/negotiator/internal/sandbox"
 )
@@ -151,108 +144,9 @@ type Summary struct {
 	Transport           string  `json:"transport"`
 }
 
-// negotiatorHandle is one in-process negotiator.
-type negotiatorHandle struct {
-	client negotiatorv1.NegotiatorServiceClient
-	close  func()
-}
-
-func startNegotiator(ctx context.Context, llmCfg config.LLM) (_ *negotiatorHandle, err error) {
-	dir, err := os.MkdirTemp("", "parley-demo-")
-	if err != nil {
-		return nil, err
-	}
-	var closers []func()
-	cleanup := func() {
-		for i := len(closers) - 1; i >= 0; i-- {
-			closers[i]()
-		}
-		_ = os.RemoveAll(dir)
-	}
-	defer func() {
-		if err != nil {
-			cleanup()
-		}
-	}()
-	cfg, err := config.Load(nil, func(string) string { return "" })
-	if err != nil {
-		return nil, err
-	}
-	cfg.DataDir = dir
-	overlayLLM(&cfg.LLM, llmCfg)
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := app.New(cfg, logger, app.Peers{})
-	if err != nil {
-		return nil, err
-	}
-	closers = append(closers, func() { _ = a.Close() })
-	srv, err := serve.New(serve.Options{Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	if err := a.Register(rctx, srv); err != nil {
-		cancel()
-		return nil, err
-	}
-	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		cancel()
-		return nil, err
-	}
-	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		cancel()
-		grpcLis.Close()
-		return nil, err
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(rctx, grpcLis, httpLis) }()
-	closers = append(closers, func() { cancel(); <-done })
-	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return nil, err
-	}
-	closers = append(closers, func() { _ = conn.Close() })
-	return &negotiatorHandle{client: negotiatorv1.NewNegotiatorServiceClient(conn), close: cleanup}, nil
-}
-
-// overlayLLM copies the set fields of src over dst, which holds the flag
-// defaults.
-func overlayLLM(dst *config.LLM, src config.LLM) {
-	for _, f := range []struct{ d, s *string }{
-		{&dst.Provider, &src.Provider}, {&dst.BaseURL, &src.BaseURL}, {&dst.Model, &src.Model}, {&dst.APIKey, &src.APIKey},
-		{&dst.ModelNegotiation, &src.ModelNegotiation}, {&dst.ModelProgramming, &src.ModelProgramming},
-		{&dst.ModelChecking, &src.ModelChecking}, {&dst.ModelConversation, &src.ModelConversation},
-		{&dst.Structured, &src.Structured}, {&dst.Prices, &src.Prices},
-	} {
-		if *f.s != "" {
-			*f.d = *f.s
-		}
-	}
-	if src.Timeout > 0 {
-		dst.Timeout = src.Timeout
-	}
-	if src.MaxRetries > 0 {
-		dst.MaxRetries = src.MaxRetries
-	}
-	if src.MaxConcurrent > 0 {
-		dst.MaxConcurrent = src.MaxConcurrent
-	}
-	if src.BudgetAgentUSD > 0 {
-		dst.BudgetAgentUSD = src.BudgetAgentUSD
-	}
-	if src.BudgetPeerUSD > 0 {
-		dst.BudgetPeerUSD = src.BudgetPeerUSD
-	}
-}
-
 // meter reads new ledger entries of both negotiators after each phase.
 type meter struct {
-	handles []*negotiatorHandle
+	handles []*inproc.Negotiator
 	seen    []int
 }
 
@@ -263,7 +157,7 @@ func (m *meter) phase(ctx context.Context, name string) (Phase, error) {
 		var entries []*negotiatorv1.LedgerEntry
 		token := ""
 		for {
-			resp, err := h.client.ListLedgerEntries(ctx, &negotiatorv1.ListLedgerEntriesRequest{PageSize: 1000, PageToken: token})
+			resp, err := h.Client.ListLedgerEntries(ctx, &negotiatorv1.ListLedgerEntriesRequest{PageSize: 1000, PageToken: token})
 			if err != nil {
 				return p, err
 			}
@@ -302,18 +196,18 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	if opts.StructuredQueries <= 0 {
 		opts.StructuredQueries = 10
 	}
-	aliceN, err := startNegotiator(ctx, opts.LLM)
+	aliceN, err := inproc.Start(ctx, opts.LLM)
 	if err != nil {
 		return sum, fmt.Errorf("start Alice's negotiator: %w", err)
 	}
-	defer aliceN.close()
-	bobN, err := startNegotiator(ctx, opts.LLM)
+	defer aliceN.Close()
+	bobN, err := inproc.Start(ctx, opts.LLM)
 	if err != nil {
 		return sum, fmt.Errorf("start Bob's negotiator: %w", err)
 	}
-	defer bobN.close()
-	m := &meter{handles: []*negotiatorHandle{aliceN, bobN}, seen: []int{0, 0}}
-	alice, bob := aliceN.client, bobN.client
+	defer bobN.Close()
+	m := &meter{handles: []*inproc.Negotiator{aliceN, bobN}, seen: []int{0, 0}}
+	alice, bob := aliceN.Client, bobN.Client
 
 	// Phase 1: natural language.
 	nl := Phase{Name: "natural-language", Queries: opts.NLQueries}
