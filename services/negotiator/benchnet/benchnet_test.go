@@ -8,6 +8,9 @@ import (
 
 // TestRun runs a small network: it checks the harness works, not figures.
 func TestRun(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs three strategies over a small network")
+	}
 	rep, err := benchnet.Run(t.Context(), benchnet.Options{Agents: 6, Servers: 3, FreeTextServers: 1, Queries: 30, Window: 10})
 	if err != nil {
 		t.Fatal(err)
