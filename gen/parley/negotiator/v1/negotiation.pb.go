@@ -222,7 +222,8 @@ type Negotiation struct {
 	// The message this side must send next as the Agora body (raw JSON);
 	// empty when it is the peer's turn or the negotiation is over.
 	OutboundMessageJson []byte `protobuf:"bytes,10,opt,name=outbound_message_json,json=outboundMessageJson,proto3" json:"outbound_message_json,omitempty"`
-	// The accepted PD's exact bytes, once ACCEPTED.
+	// The PD last proposed while OPEN; the agreed PD's exact bytes once
+	// ACCEPTED.
 	Protocol []byte `protobuf:"bytes,11,opt,name=protocol,proto3" json:"protocol,omitempty"`
 	// SHA-1 of protocol, 40 lowercase hex digits.
 	ProtocolSha1Hex string `protobuf:"bytes,12,opt,name=protocol_sha1_hex,json=protocolSha1Hex,proto3" json:"protocol_sha1_hex,omitempty"`

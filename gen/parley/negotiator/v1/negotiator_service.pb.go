@@ -282,8 +282,8 @@ func (x *ComposeQueryRequest) GetProtocol() []byte {
 // ComposeQueryResponse is the response of ComposeQuery.
 type ComposeQueryResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The Agora body to send (raw JSON: a string, or an object when the PD
-	// declares a requestSchema).
+	// The Agora body to send (raw JSON): a JSON string, holding the request
+	// object as JSON when the PD declares a requestSchema.
 	Body          []byte `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache

@@ -129,6 +129,32 @@ func TestLedger_recordsAndEnforcesBudget(t *testing.T) {
 	}
 }
 
+func TestLedger_peerBudget(t *testing.T) {
+	f, err := llmtest.NewFakeServer(func(llmtest.Call) llmtest.Reply { return llmtest.Reply{Text: "an answer long enough to cost something"} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, llm.Options{DefaultModel: "gpt-4o"})
+	l := ledger.New(client, openStore(t), ledger.DefaultPrices(), ledger.Budgets{PerPeer: 1}, nil)
+	req := llm.Request{Messages: []llm.Message{{Role: "user", Content: "hi"}}}
+	if _, err := l.Complete(t.Context(), ledger.Call{Agent: "clients/c/agents/a", Peer: "mallory"}, req); err != nil {
+		t.Fatal(err)
+	}
+	// Another agent talking to the same peer is refused: the peer's
+	// budget is spent, whoever pays.
+	var be *ledger.BudgetError
+	if _, err := l.Complete(t.Context(), ledger.Call{Agent: "clients/c/agents/b", Peer: "mallory"}, req); !errors.As(err, &be) || be.Scope != "peer" || be.Who != "mallory" {
+		t.Errorf("Complete for a spent peer = %v, want a peer BudgetError", err)
+	}
+	if _, err := l.Complete(t.Context(), ledger.Call{Agent: "clients/c/agents/b", Peer: "bob"}, req); err != nil {
+		t.Errorf("Complete for another peer: %v", err)
+	}
+	if got := len(f.Calls()); got != 2 {
+		t.Errorf("provider saw %d calls, want 2", got)
+	}
+}
+
 func TestLedger_notConfigured(t *testing.T) {
 	l := ledger.New(llm.NewClient(nil, llm.Options{}), openStore(t), ledger.DefaultPrices(), ledger.Budgets{}, nil)
 	if _, err := l.Complete(t.Context(), ledger.Call{}, llm.Request{}); !errors.Is(err, llm.ErrNotConfigured) {

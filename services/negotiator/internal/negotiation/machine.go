@@ -88,6 +88,9 @@ func (m *Machine) Apply(from Side, msg Message) error {
 	case !first && msg.Type == TypePropose:
 		return fmt.Errorf("%w: propose only opens a negotiation", ErrOutOfTurn)
 	}
+	if (msg.Type == TypeAccept || msg.Type == TypeCounter) && msg.Protocol == "" {
+		return fmt.Errorf("%w: %s needs a protocol", ErrMalformed, msg.Type)
+	}
 	if msg.Type == TypeAccept {
 		if m.Proposal != "" && msg.Protocol != m.Proposal {
 			return ErrHashDiffer

@@ -138,6 +138,14 @@ func TestMachine(t *testing.T) {
 			wantState: negotiation.Failed, wantPD: "a",
 		},
 		{
+			name: "empty accept after a task-only proposal",
+			steps: []step{
+				{negotiation.Sender, negotiation.Message{Type: "propose", Task: task}, nil},
+				{negotiation.Receiver, negotiation.Message{Type: "accept"}, negotiation.ErrMalformed},
+			},
+			wantState: negotiation.Open, wantPD: "",
+		},
+		{
 			name: "bad hash",
 			steps: []step{
 				{negotiation.Sender, propose, nil},
