@@ -130,7 +130,9 @@ func TestLedger_recordsAndEnforcesBudget(t *testing.T) {
 }
 
 func TestLedger_peerBudget(t *testing.T) {
-	f, err := llmtest.NewFakeServer(func(llmtest.Call) llmtest.Reply { return llmtest.Reply{Text: "an answer long enough to cost something"} })
+	f, err := llmtest.NewFakeServer(func(llmtest.Call) llmtest.Reply {
+		return llmtest.Reply{Text: "an answer long enough to cost something"}
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
