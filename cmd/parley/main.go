@@ -9,6 +9,7 @@
 //	parley version
 //	parley protocol add|get|list|search|sync [--server ADDR] ...
 //	parley agent create|get|update|list|delete|support|unsupport|forget [--server ADDR] ...
+//	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
 // server (default 127.0.0.1:9090, environment PARLEY_SERVER).
@@ -51,14 +52,14 @@ type command struct {
 
 func commands() map[string]command {
 	return map[string]command{
-		"serve":   {"run every service and the gateway in one process", runServe},
-		"gateway": {"run the REST gateway in front of separately running services", runGateway},
-		"health":  {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
-		"routine": {"set, get or list a hosted agent's routines on a running server", runRoutine},
-		"version": {"print the version", runVersion},
-
-		"protocol": {"manage protocol documents in a running registry", runProtocol},
 		"agent":    {"manage hosted agents and the protocols they support", runAgent},
+		"demo":     {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
+		"gateway":  {"run the REST gateway in front of separately running services", runGateway},
+		"health":   {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
+		"protocol": {"manage protocol documents in a running registry", runProtocol},
+		"routine":  {"set, get or list a hosted agent's routines on a running server", runRoutine},
+		"serve":    {"run every service and the gateway in one process", runServe},
+		"version":  {"print the version", runVersion},
 	}
 }
 

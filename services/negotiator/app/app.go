@@ -1,23 +1,33 @@
-// Package app assembles the negotiator: its gRPC server, gateway routes,
-// health and readiness. Both the one-service binary and `parley serve` use it.
+// Package app assembles the negotiator: its store, LLM client, cost ledger,
+// gRPC server, gateway routes, metrics, health and readiness. Both the
+// one-service binary and `parley serve` use it.
 package app
 
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"time"
 
 	"google.golang.org/grpc"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/config"
+	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
+	"github.com/parleyhq/parley/services/negotiator/internal/llm"
+	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/server"
+	"github.com/parleyhq/parley/services/negotiator/internal/store"
+	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
 )
 
 // ServiceName is the negotiator's gRPC service name, also its health name.
 const ServiceName = "parley.negotiator.v1.NegotiatorService"
 
-// Peers are the services the negotiator calls, as gRPC connections.
+// Peers are the services the negotiator calls, as gRPC connections. The
+// negotiator does not call them yet; the dispatcher relays negotiation
+// messages and registers agreed PDs.
 type Peers struct {
 	Registry   grpc.ClientConnInterface
 	Dispatcher grpc.ClientConnInterface
@@ -25,32 +35,124 @@ type Peers struct {
 
 // App is an assembled negotiator.
 type App struct {
-	cfg    config.Config
-	logger *slog.Logger
-	server *server.Server
-	peers  Peers
+	cfg     config.Config
+	logger  *slog.Logger
+	store   store.Store
+	metrics *ledger.Metrics
+	server  *server.Server
+	peers   Peers
 }
 
-// New builds the server. It does not listen.
+// New opens the store (negotiator.db in the data directory) and builds the
+// server. It does not listen.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
-	return &App{cfg: cfg, logger: logger, server: server.New(logger), peers: peers}, nil
+	prices, err := ledger.ParsePrices(cfg.LLM.Prices, ledger.DefaultPrices())
+	if err != nil {
+		return nil, err
+	}
+	thresholds, err := negotiation.ParseThresholds(cfg.Thresholds)
+	if err != nil {
+		return nil, err
+	}
+	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	client := NewLLMClient(cfg.LLM)
+	if client.Configured() {
+		logger.Info("llm configured", slog.String("provider", cfg.LLM.Provider), slog.String("model", cfg.LLM.Model))
+	} else {
+		logger.Info("no llm configured; only deterministic negotiation and routines are available")
+	}
+	metrics := ledger.NewMetrics()
+	led := ledger.New(client, st, prices, ledger.Budgets{
+		PerAgent: int64(cfg.LLM.BudgetAgentUSD * 1e6),
+		PerPeer:  int64(cfg.LLM.BudgetPeerUSD * 1e6),
+	}, metrics)
+	srv := server.New(st, led, logger, server.Options{
+		MaxRounds:   cfg.NegotiationMaxRounds,
+		ShadowCalls: shadowCalls(cfg.RoutineShadowCalls),
+		Thresholds:  thresholds,
+	})
+	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv, peers: peers}, nil
 }
 
-// Register mounts the negotiator on s: gRPC service, gateway handlers, health
-// name and readiness check.
+// shadowCalls maps the flag (0: promote at once) to server.Options
+// (0: default, negative: promote at once).
+func shadowCalls(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
+// NewLLMClient builds the LLM client the configuration describes; an
+// unconfigured client when no provider is set. The key is passed to the
+// provider and nowhere else.
+func NewLLMClient(c config.LLM) *llm.Client {
+	hc := &http.Client{}
+	var p llm.Provider
+	switch c.Provider {
+	case config.ProviderOpenAI:
+		base := c.BaseURL
+		if base == "" {
+			base = "https://api.openai.com/v1"
+		}
+		p = &llm.OpenAI{BaseURL: base, APIKey: c.APIKey, Structured: llm.StructuredMode(c.Structured), HTTP: hc}
+	case config.ProviderAnthropic:
+		base := c.BaseURL
+		if base == "" {
+			base = "https://api.anthropic.com"
+		}
+		p = &llm.Anthropic{BaseURL: base, APIKey: c.APIKey, HTTP: hc}
+	}
+	return llm.NewClient(p, llm.Options{
+		DefaultModel: c.Model,
+		Models: map[llm.Role]string{
+			llm.RoleNegotiation:  c.ModelNegotiation,
+			llm.RoleProgramming:  c.ModelProgramming,
+			llm.RoleChecking:     c.ModelChecking,
+			llm.RoleConversation: c.ModelConversation,
+		},
+		Timeout:       c.Timeout,
+		MaxRetries:    retries(c.MaxRetries),
+		MaxConcurrent: c.MaxConcurrent,
+	})
+}
+
+// retries maps the flag (0: none) to llm.Options (0: default, negative: none).
+func retries(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
+}
+
+// Register mounts the negotiator on s: gRPC service, gateway handlers,
+// metrics, health name and readiness checks.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	negotiatorv1.RegisterNegotiatorServiceServer(s.GRPC, a.server)
 	if err := negotiatorv1.RegisterNegotiatorServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
 	}
+	for _, c := range a.metrics.Collectors() {
+		if err := s.Registry().Register(c); err != nil {
+			return err
+		}
+	}
 	s.HealthService(ServiceName)
-	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
-	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
+	s.AddReadinessCheck("negotiator-store", a.store.Ping)
+	if a.peers.Registry != nil {
+		s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
+	}
+	if a.peers.Dispatcher != nil {
+		s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
+	}
 	return nil
 }
 
-// Close releases the negotiator's resources. It is stateless today.
-func (a *App) Close() error { return nil }
+// Close closes the store.
+func (a *App) Close() error { return a.store.Close() }
 
 // RegisterGateway mounts the negotiator's REST routes on s for a gateway process
 // that reaches the negotiator over conn instead of in-process.

@@ -10,6 +10,8 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -95,16 +97,171 @@ func (x *CostSummary) GetCostMicroUsd() int64 {
 	return 0
 }
 
+// LedgerEntry is one LLM call recorded in the cost ledger. Entries are
+// immutable and listed oldest first.
+type LedgerEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The resource name. Format: ledgerEntries/{ledger_entry}, where the id is
+	// 16 hex digits increasing with time.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The hosted agent the call was made for. Format:
+	// clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The peer the agent was talking to (an agent name or an Agora URL).
+	Peer string `protobuf:"bytes,3,opt,name=peer,proto3" json:"peer,omitempty"`
+	// What the call was for: negotiation, programming, checking or
+	// conversation.
+	Role string `protobuf:"bytes,4,opt,name=role,proto3" json:"role,omitempty"`
+	// The model that answered.
+	Model string `protobuf:"bytes,5,opt,name=model,proto3" json:"model,omitempty"`
+	// Prompt tokens as the provider reported them.
+	PromptTokens int64 `protobuf:"varint,6,opt,name=prompt_tokens,json=promptTokens,proto3" json:"prompt_tokens,omitempty"`
+	// Completion tokens as the provider reported them.
+	CompletionTokens int64 `protobuf:"varint,7,opt,name=completion_tokens,json=completionTokens,proto3" json:"completion_tokens,omitempty"`
+	// Cost in micro-USD at the prices configured when the call was made.
+	CostMicroUsd int64 `protobuf:"varint,8,opt,name=cost_micro_usd,json=costMicroUsd,proto3" json:"cost_micro_usd,omitempty"`
+	// Wall time of the call, retries included.
+	Latency *durationpb.Duration `protobuf:"bytes,9,opt,name=latency,proto3" json:"latency,omitempty"`
+	// The negotiator method that made the call, e.g. CheckSuitability.
+	Operation string `protobuf:"bytes,10,opt,name=operation,proto3" json:"operation,omitempty"`
+	// When the call finished.
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LedgerEntry) Reset() {
+	*x = LedgerEntry{}
+	mi := &file_parley_negotiator_v1_ledger_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LedgerEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LedgerEntry) ProtoMessage() {}
+
+func (x *LedgerEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_ledger_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LedgerEntry.ProtoReflect.Descriptor instead.
+func (*LedgerEntry) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_ledger_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *LedgerEntry) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetModel() string {
+	if x != nil {
+		return x.Model
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetPromptTokens() int64 {
+	if x != nil {
+		return x.PromptTokens
+	}
+	return 0
+}
+
+func (x *LedgerEntry) GetCompletionTokens() int64 {
+	if x != nil {
+		return x.CompletionTokens
+	}
+	return 0
+}
+
+func (x *LedgerEntry) GetCostMicroUsd() int64 {
+	if x != nil {
+		return x.CostMicroUsd
+	}
+	return 0
+}
+
+func (x *LedgerEntry) GetLatency() *durationpb.Duration {
+	if x != nil {
+		return x.Latency
+	}
+	return nil
+}
+
+func (x *LedgerEntry) GetOperation() string {
+	if x != nil {
+		return x.Operation
+	}
+	return ""
+}
+
+func (x *LedgerEntry) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
 var File_parley_negotiator_v1_ledger_proto protoreflect.FileDescriptor
 
 const file_parley_negotiator_v1_ledger_proto_rawDesc = "" +
 	"\n" +
-	"!parley/negotiator/v1/ledger.proto\x12\x14parley.negotiator.v1\x1a\x1fgoogle/api/field_behavior.proto\"\xb3\x01\n" +
+	"!parley/negotiator/v1/ledger.proto\x12\x14parley.negotiator.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb3\x01\n" +
 	"\vCostSummary\x12\x1a\n" +
 	"\x05calls\x18\x01 \x01(\x03B\x04\xe2A\x01\x03R\x05calls\x12)\n" +
 	"\rprompt_tokens\x18\x02 \x01(\x03B\x04\xe2A\x01\x03R\fpromptTokens\x121\n" +
 	"\x11completion_tokens\x18\x03 \x01(\x03B\x04\xe2A\x01\x03R\x10completionTokens\x12*\n" +
-	"\x0ecost_micro_usd\x18\x04 \x01(\x03B\x04\xe2A\x01\x03R\fcostMicroUsdB\xdb\x01\n" +
+	"\x0ecost_micro_usd\x18\x04 \x01(\x03B\x04\xe2A\x01\x03R\fcostMicroUsd\"\x85\x04\n" +
+	"\vLedgerEntry\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1a\n" +
+	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x03R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x03 \x01(\tB\x04\xe2A\x01\x03R\x04peer\x12\x18\n" +
+	"\x04role\x18\x04 \x01(\tB\x04\xe2A\x01\x03R\x04role\x12\x1a\n" +
+	"\x05model\x18\x05 \x01(\tB\x04\xe2A\x01\x03R\x05model\x12)\n" +
+	"\rprompt_tokens\x18\x06 \x01(\x03B\x04\xe2A\x01\x03R\fpromptTokens\x121\n" +
+	"\x11completion_tokens\x18\a \x01(\x03B\x04\xe2A\x01\x03R\x10completionTokens\x12*\n" +
+	"\x0ecost_micro_usd\x18\b \x01(\x03B\x04\xe2A\x01\x03R\fcostMicroUsd\x129\n" +
+	"\alatency\x18\t \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x03R\alatency\x12\"\n" +
+	"\toperation\x18\n" +
+	" \x01(\tB\x04\xe2A\x01\x03R\toperation\x12A\n" +
+	"\vcreate_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
+	"createTime:D\xeaAA\n" +
+	"!negotiator.parley.dev/LedgerEntry\x12\x1cledgerEntries/{ledger_entry}B\xdb\x01\n" +
 	"\x18com.parley.negotiator.v1B\vLedgerProtoP\x01Z@github.com/parleyhq/parley/gen/parley/negotiator/v1;negotiatorv1\xa2\x02\x03PNX\xaa\x02\x14Parley.Negotiator.V1\xca\x02\x14Parley\\Negotiator\\V1\xe2\x02 Parley\\Negotiator\\V1\\GPBMetadata\xea\x02\x16Parley::Negotiator::V1b\x06proto3"
 
 var (
@@ -119,16 +276,21 @@ func file_parley_negotiator_v1_ledger_proto_rawDescGZIP() []byte {
 	return file_parley_negotiator_v1_ledger_proto_rawDescData
 }
 
-var file_parley_negotiator_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_parley_negotiator_v1_ledger_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
 var file_parley_negotiator_v1_ledger_proto_goTypes = []any{
-	(*CostSummary)(nil), // 0: parley.negotiator.v1.CostSummary
+	(*CostSummary)(nil),           // 0: parley.negotiator.v1.CostSummary
+	(*LedgerEntry)(nil),           // 1: parley.negotiator.v1.LedgerEntry
+	(*durationpb.Duration)(nil),   // 2: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
 }
 var file_parley_negotiator_v1_ledger_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	2, // 0: parley.negotiator.v1.LedgerEntry.latency:type_name -> google.protobuf.Duration
+	3, // 1: parley.negotiator.v1.LedgerEntry.create_time:type_name -> google.protobuf.Timestamp
+	2, // [2:2] is the sub-list for method output_type
+	2, // [2:2] is the sub-list for method input_type
+	2, // [2:2] is the sub-list for extension type_name
+	2, // [2:2] is the sub-list for extension extendee
+	0, // [0:2] is the sub-list for field type_name
 }
 
 func init() { file_parley_negotiator_v1_ledger_proto_init() }
@@ -142,7 +304,7 @@ func file_parley_negotiator_v1_ledger_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_negotiator_v1_ledger_proto_rawDesc), len(file_parley_negotiator_v1_ledger_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   2,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

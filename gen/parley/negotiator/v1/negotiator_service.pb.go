@@ -24,7 +24,9 @@ const (
 
 // GetCostSummaryRequest is the request of GetCostSummary.
 type GetCostSummaryRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this agent's calls; all calls when empty.
+	Agent         string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -59,14 +61,1536 @@ func (*GetCostSummaryRequest) Descriptor() ([]byte, []int) {
 	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{0}
 }
 
+func (x *GetCostSummaryRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+// ListLedgerEntriesRequest is the request of ListLedgerEntries.
+type ListLedgerEntriesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only this agent's calls. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// Only calls of this role: negotiation, programming, checking or
+	// conversation.
+	Role string `protobuf:"bytes,2,opt,name=role,proto3" json:"role,omitempty"`
+	// Maximum results per page: 0 means 50, values above 1000 are clamped.
+	PageSize int32 `protobuf:"varint,3,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same filters.
+	PageToken     string `protobuf:"bytes,4,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLedgerEntriesRequest) Reset() {
+	*x = ListLedgerEntriesRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLedgerEntriesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLedgerEntriesRequest) ProtoMessage() {}
+
+func (x *ListLedgerEntriesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLedgerEntriesRequest.ProtoReflect.Descriptor instead.
+func (*ListLedgerEntriesRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ListLedgerEntriesRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ListLedgerEntriesRequest) GetRole() string {
+	if x != nil {
+		return x.Role
+	}
+	return ""
+}
+
+func (x *ListLedgerEntriesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListLedgerEntriesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListLedgerEntriesResponse is the response of ListLedgerEntries.
+type ListLedgerEntriesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The entries on this page, oldest first.
+	LedgerEntries []*LedgerEntry `protobuf:"bytes,1,rep,name=ledger_entries,json=ledgerEntries,proto3" json:"ledger_entries,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListLedgerEntriesResponse) Reset() {
+	*x = ListLedgerEntriesResponse{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListLedgerEntriesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListLedgerEntriesResponse) ProtoMessage() {}
+
+func (x *ListLedgerEntriesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListLedgerEntriesResponse.ProtoReflect.Descriptor instead.
+func (*ListLedgerEntriesResponse) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListLedgerEntriesResponse) GetLedgerEntries() []*LedgerEntry {
+	if x != nil {
+		return x.LedgerEntries
+	}
+	return nil
+}
+
+func (x *ListLedgerEntriesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// ComposeQueryRequest is the request of ComposeQuery.
+type ComposeQueryRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sending agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The target (an agent name or an Agora URL); budgets are kept per peer.
+	Peer string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The task.
+	Task *TaskSpec `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	// The task's input (raw JSON).
+	TaskInputJson []byte `protobuf:"bytes,4,opt,name=task_input_json,json=taskInputJson,proto3" json:"task_input_json,omitempty"`
+	// The PD to follow; natural language when empty.
+	Protocol      []byte `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ComposeQueryRequest) Reset() {
+	*x = ComposeQueryRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ComposeQueryRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ComposeQueryRequest) ProtoMessage() {}
+
+func (x *ComposeQueryRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ComposeQueryRequest.ProtoReflect.Descriptor instead.
+func (*ComposeQueryRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ComposeQueryRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ComposeQueryRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *ComposeQueryRequest) GetTask() *TaskSpec {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+func (x *ComposeQueryRequest) GetTaskInputJson() []byte {
+	if x != nil {
+		return x.TaskInputJson
+	}
+	return nil
+}
+
+func (x *ComposeQueryRequest) GetProtocol() []byte {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
+// ComposeQueryResponse is the response of ComposeQuery.
+type ComposeQueryResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Agora body to send (raw JSON): a JSON string, holding the request
+	// object as JSON when the PD declares a requestSchema.
+	Body          []byte `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ComposeQueryResponse) Reset() {
+	*x = ComposeQueryResponse{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ComposeQueryResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ComposeQueryResponse) ProtoMessage() {}
+
+func (x *ComposeQueryResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ComposeQueryResponse.ProtoReflect.Descriptor instead.
+func (*ComposeQueryResponse) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ComposeQueryResponse) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+// ReplyNaturalLanguageRequest is the request of ReplyNaturalLanguage.
+type ReplyNaturalLanguageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receiving agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The sender (an agent name or an Agora URL); budgets are kept per peer.
+	Peer string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	// What the agent is and may do, from its owner: trusted instructions.
+	Instructions string `protobuf:"bytes,3,opt,name=instructions,proto3" json:"instructions,omitempty"`
+	// The query's Agora body (raw JSON). Untrusted.
+	Query []byte `protobuf:"bytes,4,opt,name=query,proto3" json:"query,omitempty"`
+	// Tools the LLM may ask for.
+	Tools []*ToolSpec `protobuf:"bytes,6,rep,name=tools,proto3" json:"tools,omitempty"`
+	// Results of the tool calls made so far for this query, in order. After
+	// 5 results the LLM must answer.
+	ToolResults   []*ToolResult `protobuf:"bytes,7,rep,name=tool_results,json=toolResults,proto3" json:"tool_results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyNaturalLanguageRequest) Reset() {
+	*x = ReplyNaturalLanguageRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyNaturalLanguageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyNaturalLanguageRequest) ProtoMessage() {}
+
+func (x *ReplyNaturalLanguageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyNaturalLanguageRequest.ProtoReflect.Descriptor instead.
+func (*ReplyNaturalLanguageRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReplyNaturalLanguageRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ReplyNaturalLanguageRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *ReplyNaturalLanguageRequest) GetInstructions() string {
+	if x != nil {
+		return x.Instructions
+	}
+	return ""
+}
+
+func (x *ReplyNaturalLanguageRequest) GetQuery() []byte {
+	if x != nil {
+		return x.Query
+	}
+	return nil
+}
+
+func (x *ReplyNaturalLanguageRequest) GetTools() []*ToolSpec {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *ReplyNaturalLanguageRequest) GetToolResults() []*ToolResult {
+	if x != nil {
+		return x.ToolResults
+	}
+	return nil
+}
+
+// ReplyWithProtocolRequest is the request of ReplyWithProtocol.
+type ReplyWithProtocolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The receiving agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The sender (an agent name or an Agora URL); budgets are kept per peer.
+	Peer string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	// What the agent is and may do, from its owner: trusted instructions.
+	Instructions string `protobuf:"bytes,3,opt,name=instructions,proto3" json:"instructions,omitempty"`
+	// The query's Agora body (raw JSON). Untrusted.
+	Query []byte `protobuf:"bytes,4,opt,name=query,proto3" json:"query,omitempty"`
+	// The PD the query follows. Untrusted.
+	Protocol []byte `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Tools the LLM may ask for.
+	Tools []*ToolSpec `protobuf:"bytes,6,rep,name=tools,proto3" json:"tools,omitempty"`
+	// Results of the tool calls made so far for this query, in order. After
+	// 5 results the LLM must answer.
+	ToolResults   []*ToolResult `protobuf:"bytes,7,rep,name=tool_results,json=toolResults,proto3" json:"tool_results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyWithProtocolRequest) Reset() {
+	*x = ReplyWithProtocolRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyWithProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyWithProtocolRequest) ProtoMessage() {}
+
+func (x *ReplyWithProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyWithProtocolRequest.ProtoReflect.Descriptor instead.
+func (*ReplyWithProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ReplyWithProtocolRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ReplyWithProtocolRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *ReplyWithProtocolRequest) GetInstructions() string {
+	if x != nil {
+		return x.Instructions
+	}
+	return ""
+}
+
+func (x *ReplyWithProtocolRequest) GetQuery() []byte {
+	if x != nil {
+		return x.Query
+	}
+	return nil
+}
+
+func (x *ReplyWithProtocolRequest) GetProtocol() []byte {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
+func (x *ReplyWithProtocolRequest) GetTools() []*ToolSpec {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *ReplyWithProtocolRequest) GetToolResults() []*ToolResult {
+	if x != nil {
+		return x.ToolResults
+	}
+	return nil
+}
+
+// ReplyResponse is the response of ReplyNaturalLanguage and
+// ReplyWithProtocol: exactly one of body and tool_call is set.
+type ReplyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Agora reply body (raw JSON).
+	Body []byte `protobuf:"bytes,1,opt,name=body,proto3" json:"body,omitempty"`
+	// A tool to run before calling again with its result.
+	ToolCall      *ToolCall `protobuf:"bytes,2,opt,name=tool_call,json=toolCall,proto3" json:"tool_call,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplyResponse) Reset() {
+	*x = ReplyResponse{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplyResponse) ProtoMessage() {}
+
+func (x *ReplyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplyResponse.ProtoReflect.Descriptor instead.
+func (*ReplyResponse) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReplyResponse) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *ReplyResponse) GetToolCall() *ToolCall {
+	if x != nil {
+		return x.ToolCall
+	}
+	return nil
+}
+
+// ParseReplyRequest is the request of ParseReply.
+type ParseReplyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sending agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The target that replied.
+	Peer string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The task whose output_schema_json shapes the result.
+	Task *TaskSpec `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	// The reply's Agora body (raw JSON). Untrusted.
+	Reply []byte `protobuf:"bytes,4,opt,name=reply,proto3" json:"reply,omitempty"`
+	// The PD the reply follows, if any. Untrusted.
+	Protocol      []byte `protobuf:"bytes,5,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ParseReplyRequest) Reset() {
+	*x = ParseReplyRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ParseReplyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ParseReplyRequest) ProtoMessage() {}
+
+func (x *ParseReplyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ParseReplyRequest.ProtoReflect.Descriptor instead.
+func (*ParseReplyRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ParseReplyRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ParseReplyRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *ParseReplyRequest) GetTask() *TaskSpec {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+func (x *ParseReplyRequest) GetReply() []byte {
+	if x != nil {
+		return x.Reply
+	}
+	return nil
+}
+
+func (x *ParseReplyRequest) GetProtocol() []byte {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
+// ParseReplyResponse is the response of ParseReply.
+type ParseReplyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task output (raw JSON), valid against the output schema.
+	OutputJson    []byte `protobuf:"bytes,1,opt,name=output_json,json=outputJson,proto3" json:"output_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ParseReplyResponse) Reset() {
+	*x = ParseReplyResponse{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ParseReplyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ParseReplyResponse) ProtoMessage() {}
+
+func (x *ParseReplyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ParseReplyResponse.ProtoReflect.Descriptor instead.
+func (*ParseReplyResponse) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *ParseReplyResponse) GetOutputJson() []byte {
+	if x != nil {
+		return x.OutputJson
+	}
+	return nil
+}
+
+// CheckSuitabilityRequest is the request of CheckSuitability.
+type CheckSuitabilityRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent asking. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The other side; budgets are kept per peer.
+	Peer string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The PD's exact bytes. Untrusted.
+	Protocol []byte `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// The sender's task; empty on the receiving side.
+	Task *TaskSpec `protobuf:"bytes,4,opt,name=task,proto3" json:"task,omitempty"`
+	// The receiver's tools; empty on the sending side.
+	Tools         []*ToolSpec `protobuf:"bytes,5,rep,name=tools,proto3" json:"tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckSuitabilityRequest) Reset() {
+	*x = CheckSuitabilityRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckSuitabilityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckSuitabilityRequest) ProtoMessage() {}
+
+func (x *CheckSuitabilityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckSuitabilityRequest.ProtoReflect.Descriptor instead.
+func (*CheckSuitabilityRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *CheckSuitabilityRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *CheckSuitabilityRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *CheckSuitabilityRequest) GetProtocol() []byte {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
+func (x *CheckSuitabilityRequest) GetTask() *TaskSpec {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+func (x *CheckSuitabilityRequest) GetTools() []*ToolSpec {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+// DeriveProtocolRequest is the request of DeriveProtocol.
+type DeriveProtocolRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task, with input and output schemas.
+	Task *TaskSpec `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// The receiver's tool that will serve it; when absent only the PD and the
+	// sender routine are derived.
+	Tool          *ToolSpec `protobuf:"bytes,2,opt,name=tool,proto3" json:"tool,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeriveProtocolRequest) Reset() {
+	*x = DeriveProtocolRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeriveProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeriveProtocolRequest) ProtoMessage() {}
+
+func (x *DeriveProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeriveProtocolRequest.ProtoReflect.Descriptor instead.
+func (*DeriveProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *DeriveProtocolRequest) GetTask() *TaskSpec {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+func (x *DeriveProtocolRequest) GetTool() *ToolSpec {
+	if x != nil {
+		return x.Tool
+	}
+	return nil
+}
+
+// DeriveProtocolResponse is the response of DeriveProtocol.
+type DeriveProtocolResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The PD's exact bytes.
+	Protocol []byte `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// SHA-1 of protocol, 40 lowercase hex digits.
+	ProtocolSha1Hex string `protobuf:"bytes,2,opt,name=protocol_sha1_hex,json=protocolSha1Hex,proto3" json:"protocol_sha1_hex,omitempty"`
+	// SHA-256 of protocol, 64 lowercase hex digits.
+	ProtocolSha256Hex string `protobuf:"bytes,3,opt,name=protocol_sha256_hex,json=protocolSha256Hex,proto3" json:"protocol_sha256_hex,omitempty"`
+	// The sender's routine: `def send(task)` and `def parse(reply)`.
+	SenderRoutine string `protobuf:"bytes,4,opt,name=sender_routine,json=senderRoutine,proto3" json:"sender_routine,omitempty"`
+	// The receiver's routine `def reply(query, memory)`; empty without a tool.
+	ReceiverRoutine string `protobuf:"bytes,5,opt,name=receiver_routine,json=receiverRoutine,proto3" json:"receiver_routine,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
+}
+
+func (x *DeriveProtocolResponse) Reset() {
+	*x = DeriveProtocolResponse{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeriveProtocolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeriveProtocolResponse) ProtoMessage() {}
+
+func (x *DeriveProtocolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeriveProtocolResponse.ProtoReflect.Descriptor instead.
+func (*DeriveProtocolResponse) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *DeriveProtocolResponse) GetProtocol() []byte {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
+func (x *DeriveProtocolResponse) GetProtocolSha1Hex() string {
+	if x != nil {
+		return x.ProtocolSha1Hex
+	}
+	return ""
+}
+
+func (x *DeriveProtocolResponse) GetProtocolSha256Hex() string {
+	if x != nil {
+		return x.ProtocolSha256Hex
+	}
+	return ""
+}
+
+func (x *DeriveProtocolResponse) GetSenderRoutine() string {
+	if x != nil {
+		return x.SenderRoutine
+	}
+	return ""
+}
+
+func (x *DeriveProtocolResponse) GetReceiverRoutine() string {
+	if x != nil {
+		return x.ReceiverRoutine
+	}
+	return ""
+}
+
+// GetNegotiationProtocolRequest is the request of GetNegotiationProtocol.
+type GetNegotiationProtocolRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNegotiationProtocolRequest) Reset() {
+	*x = GetNegotiationProtocolRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNegotiationProtocolRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNegotiationProtocolRequest) ProtoMessage() {}
+
+func (x *GetNegotiationProtocolRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNegotiationProtocolRequest.ProtoReflect.Descriptor instead.
+func (*GetNegotiationProtocolRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{13}
+}
+
+// GetNegotiationProtocolResponse is the response of GetNegotiationProtocol.
+type GetNegotiationProtocolResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The negotiation PD's exact bytes.
+	Protocol []byte `protobuf:"bytes,1,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// SHA-1 of protocol, 40 lowercase hex digits.
+	ProtocolSha1Hex string `protobuf:"bytes,2,opt,name=protocol_sha1_hex,json=protocolSha1Hex,proto3" json:"protocol_sha1_hex,omitempty"`
+	// SHA-256 of protocol, 64 lowercase hex digits.
+	ProtocolSha256Hex string `protobuf:"bytes,3,opt,name=protocol_sha256_hex,json=protocolSha256Hex,proto3" json:"protocol_sha256_hex,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
+}
+
+func (x *GetNegotiationProtocolResponse) Reset() {
+	*x = GetNegotiationProtocolResponse{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNegotiationProtocolResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNegotiationProtocolResponse) ProtoMessage() {}
+
+func (x *GetNegotiationProtocolResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNegotiationProtocolResponse.ProtoReflect.Descriptor instead.
+func (*GetNegotiationProtocolResponse) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetNegotiationProtocolResponse) GetProtocol() []byte {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
+func (x *GetNegotiationProtocolResponse) GetProtocolSha1Hex() string {
+	if x != nil {
+		return x.ProtocolSha1Hex
+	}
+	return ""
+}
+
+func (x *GetNegotiationProtocolResponse) GetProtocolSha256Hex() string {
+	if x != nil {
+		return x.ProtocolSha256Hex
+	}
+	return ""
+}
+
+// StartNegotiationRequest is the request of StartNegotiation.
+type StartNegotiationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The sending agent. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The target (an agent name or an Agora URL).
+	Peer string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The task to agree a PD for.
+	Task          *TaskSpec `protobuf:"bytes,3,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartNegotiationRequest) Reset() {
+	*x = StartNegotiationRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartNegotiationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartNegotiationRequest) ProtoMessage() {}
+
+func (x *StartNegotiationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartNegotiationRequest.ProtoReflect.Descriptor instead.
+func (*StartNegotiationRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *StartNegotiationRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *StartNegotiationRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *StartNegotiationRequest) GetTask() *TaskSpec {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+// ReceiveNegotiationMessageRequest is the request of
+// ReceiveNegotiationMessage.
+type ReceiveNegotiationMessageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The negotiation; empty for the first message a receiver gets.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The agent on this side (required when name is empty). Format:
+	// clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The peer that sent the message (required when name is empty).
+	Peer string `protobuf:"bytes,3,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The peer's Agora body (raw JSON). Untrusted.
+	BodyJson []byte `protobuf:"bytes,4,opt,name=body_json,json=bodyJson,proto3" json:"body_json,omitempty"`
+	// The receiving agent's tools (receiver side, first message).
+	Tools         []*ToolSpec `protobuf:"bytes,5,rep,name=tools,proto3" json:"tools,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReceiveNegotiationMessageRequest) Reset() {
+	*x = ReceiveNegotiationMessageRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReceiveNegotiationMessageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReceiveNegotiationMessageRequest) ProtoMessage() {}
+
+func (x *ReceiveNegotiationMessageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReceiveNegotiationMessageRequest.ProtoReflect.Descriptor instead.
+func (*ReceiveNegotiationMessageRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReceiveNegotiationMessageRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ReceiveNegotiationMessageRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ReceiveNegotiationMessageRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *ReceiveNegotiationMessageRequest) GetBodyJson() []byte {
+	if x != nil {
+		return x.BodyJson
+	}
+	return nil
+}
+
+func (x *ReceiveNegotiationMessageRequest) GetTools() []*ToolSpec {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+// GetNegotiationRequest is the request of GetNegotiation.
+type GetNegotiationRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: negotiations/{negotiation}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetNegotiationRequest) Reset() {
+	*x = GetNegotiationRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetNegotiationRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetNegotiationRequest) ProtoMessage() {}
+
+func (x *GetNegotiationRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetNegotiationRequest.ProtoReflect.Descriptor instead.
+func (*GetNegotiationRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetNegotiationRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// GetThresholdsRequest is the request of GetThresholds.
+type GetThresholdsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task's name.
+	Task string `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// The target (an agent name or an Agora URL).
+	Target        string `protobuf:"bytes,2,opt,name=target,proto3" json:"target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetThresholdsRequest) Reset() {
+	*x = GetThresholdsRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetThresholdsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetThresholdsRequest) ProtoMessage() {}
+
+func (x *GetThresholdsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetThresholdsRequest.ProtoReflect.Descriptor instead.
+func (*GetThresholdsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *GetThresholdsRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *GetThresholdsRequest) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+// SynthesizeRoutineRequest is the request of SynthesizeRoutine.
+type SynthesizeRoutineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent the routine runs for. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The peer, for the ledger and budgets when the LLM writes it.
+	Peer string `protobuf:"bytes,2,opt,name=peer,proto3" json:"peer,omitempty"`
+	// The PD's exact bytes.
+	Protocol []byte `protobuf:"bytes,3,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// Which side.
+	Side RoutineSide `protobuf:"varint,4,opt,name=side,proto3,enum=parley.negotiator.v1.RoutineSide" json:"side,omitempty"`
+	// The receiver's tools (receiver side).
+	Tools []*ToolSpec `protobuf:"bytes,5,rep,name=tools,proto3" json:"tools,omitempty"`
+	// The sender's task (sender side), to parse replies into its output.
+	Task          *TaskSpec `protobuf:"bytes,6,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SynthesizeRoutineRequest) Reset() {
+	*x = SynthesizeRoutineRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SynthesizeRoutineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SynthesizeRoutineRequest) ProtoMessage() {}
+
+func (x *SynthesizeRoutineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SynthesizeRoutineRequest.ProtoReflect.Descriptor instead.
+func (*SynthesizeRoutineRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *SynthesizeRoutineRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *SynthesizeRoutineRequest) GetPeer() string {
+	if x != nil {
+		return x.Peer
+	}
+	return ""
+}
+
+func (x *SynthesizeRoutineRequest) GetProtocol() []byte {
+	if x != nil {
+		return x.Protocol
+	}
+	return nil
+}
+
+func (x *SynthesizeRoutineRequest) GetSide() RoutineSide {
+	if x != nil {
+		return x.Side
+	}
+	return RoutineSide_ROUTINE_SIDE_UNSPECIFIED
+}
+
+func (x *SynthesizeRoutineRequest) GetTools() []*ToolSpec {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *SynthesizeRoutineRequest) GetTask() *TaskSpec {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
+// GetRoutineCandidateRequest is the request of GetRoutineCandidate.
+type GetRoutineCandidateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: routineCandidates/{routine_candidate}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetRoutineCandidateRequest) Reset() {
+	*x = GetRoutineCandidateRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetRoutineCandidateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetRoutineCandidateRequest) ProtoMessage() {}
+
+func (x *GetRoutineCandidateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetRoutineCandidateRequest.ProtoReflect.Descriptor instead.
+func (*GetRoutineCandidateRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetRoutineCandidateRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ReportShadowResultRequest is the request of ReportShadowResult.
+type ReportShadowResultRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: routineCandidates/{routine_candidate}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Whether the routine's output matched the LLM's for one call.
+	Agreed bool `protobuf:"varint,2,opt,name=agreed,proto3" json:"agreed,omitempty"`
+	// What differed, when they disagreed; kept as the rejection reason.
+	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReportShadowResultRequest) Reset() {
+	*x = ReportShadowResultRequest{}
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReportShadowResultRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReportShadowResultRequest) ProtoMessage() {}
+
+func (x *ReportShadowResultRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_negotiator_v1_negotiator_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReportShadowResultRequest.ProtoReflect.Descriptor instead.
+func (*ReportShadowResultRequest) Descriptor() ([]byte, []int) {
+	return file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ReportShadowResultRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ReportShadowResultRequest) GetAgreed() bool {
+	if x != nil {
+		return x.Agreed
+	}
+	return false
+}
+
+func (x *ReportShadowResultRequest) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 var File_parley_negotiator_v1_negotiator_service_proto protoreflect.FileDescriptor
 
 const file_parley_negotiator_v1_negotiator_service_proto_rawDesc = "" +
 	"\n" +
-	"-parley/negotiator/v1/negotiator_service.proto\x12\x14parley.negotiator.v1\x1a\x1cgoogle/api/annotations.proto\x1a!parley/negotiator/v1/ledger.proto\"\x17\n" +
-	"\x15GetCostSummaryRequest2\x8e\x01\n" +
+	"-parley/negotiator/v1/negotiator_service.proto\x12\x14parley.negotiator.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a!parley/negotiator/v1/ledger.proto\x1a&parley/negotiator/v1/negotiation.proto\x1a,parley/negotiator/v1/routine_candidate.proto\x1a\x1fparley/negotiator/v1/spec.proto\x1a&parley/negotiator/v1/suitability.proto\"3\n" +
+	"\x15GetCostSummaryRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\x05agent\"\x8c\x01\n" +
+	"\x18ListLedgerEntriesRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\x05agent\x12\x18\n" +
+	"\x04role\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x04role\x12\x1b\n" +
+	"\tpage_size\x18\x03 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x04 \x01(\tR\tpageToken\"\x8d\x01\n" +
+	"\x19ListLedgerEntriesResponse\x12H\n" +
+	"\x0eledger_entries\x18\x01 \x03(\v2!.parley.negotiator.v1.LedgerEntryR\rledgerEntries\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xd5\x01\n" +
+	"\x13ComposeQueryRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04peer\x128\n" +
+	"\x04task\x18\x03 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x02R\x04task\x12,\n" +
+	"\x0ftask_input_json\x18\x04 \x01(\fB\x04\xe2A\x01\x02R\rtaskInputJson\x12 \n" +
+	"\bprotocol\x18\x05 \x01(\fB\x04\xe2A\x01\x01R\bprotocol\"*\n" +
+	"\x14ComposeQueryResponse\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\"\xa6\x02\n" +
+	"\x1bReplyNaturalLanguageRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04peer\x12(\n" +
+	"\finstructions\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\finstructions\x12\x1a\n" +
+	"\x05query\x18\x04 \x01(\fB\x04\xe2A\x01\x02R\x05query\x12:\n" +
+	"\x05tools\x18\x06 \x03(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x05tools\x12I\n" +
+	"\ftool_results\x18\a \x03(\v2 .parley.negotiator.v1.ToolResultB\x04\xe2A\x01\x01R\vtoolResultsJ\x04\b\x05\x10\x06\"\xbf\x02\n" +
+	"\x18ReplyWithProtocolRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04peer\x12(\n" +
+	"\finstructions\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\finstructions\x12\x1a\n" +
+	"\x05query\x18\x04 \x01(\fB\x04\xe2A\x01\x02R\x05query\x12 \n" +
+	"\bprotocol\x18\x05 \x01(\fB\x04\xe2A\x01\x02R\bprotocol\x12:\n" +
+	"\x05tools\x18\x06 \x03(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x05tools\x12I\n" +
+	"\ftool_results\x18\a \x03(\v2 .parley.negotiator.v1.ToolResultB\x04\xe2A\x01\x01R\vtoolResults\"`\n" +
+	"\rReplyResponse\x12\x12\n" +
+	"\x04body\x18\x01 \x01(\fR\x04body\x12;\n" +
+	"\ttool_call\x18\x02 \x01(\v2\x1e.parley.negotiator.v1.ToolCallR\btoolCall\"\xc1\x01\n" +
+	"\x11ParseReplyRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04peer\x128\n" +
+	"\x04task\x18\x03 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x02R\x04task\x12\x1a\n" +
+	"\x05reply\x18\x04 \x01(\fB\x04\xe2A\x01\x02R\x05reply\x12 \n" +
+	"\bprotocol\x18\x05 \x01(\fB\x04\xe2A\x01\x01R\bprotocol\"5\n" +
+	"\x12ParseReplyResponse\x12\x1f\n" +
+	"\voutput_json\x18\x01 \x01(\fR\n" +
+	"outputJson\"\xe7\x01\n" +
+	"\x17CheckSuitabilityRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04peer\x12 \n" +
+	"\bprotocol\x18\x03 \x01(\fB\x04\xe2A\x01\x02R\bprotocol\x128\n" +
+	"\x04task\x18\x04 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x01R\x04task\x12:\n" +
+	"\x05tools\x18\x05 \x03(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x05tools\"\x8b\x01\n" +
+	"\x15DeriveProtocolRequest\x128\n" +
+	"\x04task\x18\x01 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x02R\x04task\x128\n" +
+	"\x04tool\x18\x02 \x01(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x04tool\"\xe2\x01\n" +
+	"\x16DeriveProtocolResponse\x12\x1a\n" +
+	"\bprotocol\x18\x01 \x01(\fR\bprotocol\x12*\n" +
+	"\x11protocol_sha1_hex\x18\x02 \x01(\tR\x0fprotocolSha1Hex\x12.\n" +
+	"\x13protocol_sha256_hex\x18\x03 \x01(\tR\x11protocolSha256Hex\x12%\n" +
+	"\x0esender_routine\x18\x04 \x01(\tR\rsenderRoutine\x12)\n" +
+	"\x10receiver_routine\x18\x05 \x01(\tR\x0freceiverRoutine\"\x1f\n" +
+	"\x1dGetNegotiationProtocolRequest\"\x98\x01\n" +
+	"\x1eGetNegotiationProtocolResponse\x12\x1a\n" +
+	"\bprotocol\x18\x01 \x01(\fR\bprotocol\x12*\n" +
+	"\x11protocol_sha1_hex\x18\x02 \x01(\tR\x0fprotocolSha1Hex\x12.\n" +
+	"\x13protocol_sha256_hex\x18\x03 \x01(\tR\x11protocolSha256Hex\"\x89\x01\n" +
+	"\x17StartNegotiationRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x04peer\x128\n" +
+	"\x04task\x18\x03 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x02R\x04task\"\xd1\x01\n" +
+	" ReceiveNegotiationMessageRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\x04name\x12\x1a\n" +
+	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x04peer\x12!\n" +
+	"\tbody_json\x18\x04 \x01(\fB\x04\xe2A\x01\x02R\bbodyJson\x12:\n" +
+	"\x05tools\x18\x05 \x03(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x05tools\"1\n" +
+	"\x15GetNegotiationRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"N\n" +
+	"\x14GetThresholdsRequest\x12\x18\n" +
+	"\x04task\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\x04task\x12\x1c\n" +
+	"\x06target\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x06target\"\xa5\x02\n" +
+	"\x18SynthesizeRoutineRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x18\n" +
+	"\x04peer\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x04peer\x12 \n" +
+	"\bprotocol\x18\x03 \x01(\fB\x04\xe2A\x01\x02R\bprotocol\x12;\n" +
+	"\x04side\x18\x04 \x01(\x0e2!.parley.negotiator.v1.RoutineSideB\x04\xe2A\x01\x02R\x04side\x12:\n" +
+	"\x05tools\x18\x05 \x03(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x05tools\x128\n" +
+	"\x04task\x18\x06 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x01R\x04task\"6\n" +
+	"\x1aGetRoutineCandidateRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"q\n" +
+	"\x19ReportShadowResultRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1c\n" +
+	"\x06agreed\x18\x02 \x01(\bB\x04\xe2A\x01\x02R\x06agreed\x12\x1c\n" +
+	"\x06detail\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x06detail2\x99\x13\n" +
 	"\x11NegotiatorService\x12y\n" +
-	"\x0eGetCostSummary\x12+.parley.negotiator.v1.GetCostSummaryRequest\x1a!.parley.negotiator.v1.CostSummary\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/costSummaryB\xe6\x01\n" +
+	"\x0eGetCostSummary\x12+.parley.negotiator.v1.GetCostSummaryRequest\x1a!.parley.negotiator.v1.CostSummary\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/costSummary\x12\x8f\x01\n" +
+	"\x11ListLedgerEntries\x12..parley.negotiator.v1.ListLedgerEntriesRequest\x1a/.parley.negotiator.v1.ListLedgerEntriesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/ledgerEntries\x12\x9d\x01\n" +
+	"\fComposeQuery\x12).parley.negotiator.v1.ComposeQueryRequest\x1a*.parley.negotiator.v1.ComposeQueryResponse\"6\x82\xd3\xe4\x93\x020:\x01*\"+/v1/{agent=clients/*/agents/*}:composeQuery\x12\xae\x01\n" +
+	"\x14ReplyNaturalLanguage\x121.parley.negotiator.v1.ReplyNaturalLanguageRequest\x1a#.parley.negotiator.v1.ReplyResponse\">\x82\xd3\xe4\x93\x028:\x01*\"3/v1/{agent=clients/*/agents/*}:replyNaturalLanguage\x12\xa5\x01\n" +
+	"\x11ReplyWithProtocol\x12..parley.negotiator.v1.ReplyWithProtocolRequest\x1a#.parley.negotiator.v1.ReplyResponse\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/{agent=clients/*/agents/*}:replyWithProtocol\x12\x95\x01\n" +
+	"\n" +
+	"ParseReply\x12'.parley.negotiator.v1.ParseReplyRequest\x1a(.parley.negotiator.v1.ParseReplyResponse\"4\x82\xd3\xe4\x93\x02.:\x01*\")/v1/{agent=clients/*/agents/*}:parseReply\x12\xa7\x01\n" +
+	"\x10CheckSuitability\x12-.parley.negotiator.v1.CheckSuitabilityRequest\x1a(.parley.negotiator.v1.SuitabilityVerdict\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/{agent=clients/*/agents/*}:checkSuitability\x12\x8c\x01\n" +
+	"\x0eDeriveProtocol\x12+.parley.negotiator.v1.DeriveProtocolRequest\x1a,.parley.negotiator.v1.DeriveProtocolResponse\"\x1f\x82\xd3\xe4\x93\x02\x19:\x01*\"\x14/v1/protocols:derive\x12\xa4\x01\n" +
+	"\x16GetNegotiationProtocol\x123.parley.negotiator.v1.GetNegotiationProtocolRequest\x1a4.parley.negotiator.v1.GetNegotiationProtocolResponse\"\x1f\x82\xd3\xe4\x93\x02\x19\x12\x17/v1/negotiationProtocol\x12\x87\x01\n" +
+	"\x10StartNegotiation\x12-.parley.negotiator.v1.StartNegotiationRequest\x1a!.parley.negotiator.v1.Negotiation\"!\x82\xd3\xe4\x93\x02\x1b:\x01*\"\x16/v1/negotiations:start\x12\x9b\x01\n" +
+	"\x19ReceiveNegotiationMessage\x126.parley.negotiator.v1.ReceiveNegotiationMessageRequest\x1a!.parley.negotiator.v1.Negotiation\"#\x82\xd3\xe4\x93\x02\x1d:\x01*\"\x18/v1/negotiations:receive\x12\x83\x01\n" +
+	"\x0eGetNegotiation\x12+.parley.negotiator.v1.GetNegotiationRequest\x1a!.parley.negotiator.v1.Negotiation\"!\x82\xd3\xe4\x93\x02\x1b\x12\x19/v1/{name=negotiations/*}\x12u\n" +
+	"\rGetThresholds\x12*.parley.negotiator.v1.GetThresholdsRequest\x1a .parley.negotiator.v1.Thresholds\"\x16\x82\xd3\xe4\x93\x02\x10\x12\x0e/v1/thresholds\x12\x98\x01\n" +
+	"\x11SynthesizeRoutine\x12..parley.negotiator.v1.SynthesizeRoutineRequest\x1a&.parley.negotiator.v1.RoutineCandidate\"+\x82\xd3\xe4\x93\x02%:\x01*\" /v1/routineCandidates:synthesize\x12\x97\x01\n" +
+	"\x13GetRoutineCandidate\x120.parley.negotiator.v1.GetRoutineCandidateRequest\x1a&.parley.negotiator.v1.RoutineCandidate\"&\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{name=routineCandidates/*}\x12\xab\x01\n" +
+	"\x12ReportShadowResult\x12/.parley.negotiator.v1.ReportShadowResultRequest\x1a&.parley.negotiator.v1.RoutineCandidate\"<\x82\xd3\xe4\x93\x026:\x01*\"1/v1/{name=routineCandidates/*}:reportShadowResultB\xe6\x01\n" +
 	"\x18com.parley.negotiator.v1B\x16NegotiatorServiceProtoP\x01Z@github.com/parleyhq/parley/gen/parley/negotiator/v1;negotiatorv1\xa2\x02\x03PNX\xaa\x02\x14Parley.Negotiator.V1\xca\x02\x14Parley\\Negotiator\\V1\xe2\x02 Parley\\Negotiator\\V1\\GPBMetadata\xea\x02\x16Parley::Negotiator::V1b\x06proto3"
 
 var (
@@ -81,19 +1605,97 @@ func file_parley_negotiator_v1_negotiator_service_proto_rawDescGZIP() []byte {
 	return file_parley_negotiator_v1_negotiator_service_proto_rawDescData
 }
 
-var file_parley_negotiator_v1_negotiator_service_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_parley_negotiator_v1_negotiator_service_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_parley_negotiator_v1_negotiator_service_proto_goTypes = []any{
-	(*GetCostSummaryRequest)(nil), // 0: parley.negotiator.v1.GetCostSummaryRequest
-	(*CostSummary)(nil),           // 1: parley.negotiator.v1.CostSummary
+	(*GetCostSummaryRequest)(nil),            // 0: parley.negotiator.v1.GetCostSummaryRequest
+	(*ListLedgerEntriesRequest)(nil),         // 1: parley.negotiator.v1.ListLedgerEntriesRequest
+	(*ListLedgerEntriesResponse)(nil),        // 2: parley.negotiator.v1.ListLedgerEntriesResponse
+	(*ComposeQueryRequest)(nil),              // 3: parley.negotiator.v1.ComposeQueryRequest
+	(*ComposeQueryResponse)(nil),             // 4: parley.negotiator.v1.ComposeQueryResponse
+	(*ReplyNaturalLanguageRequest)(nil),      // 5: parley.negotiator.v1.ReplyNaturalLanguageRequest
+	(*ReplyWithProtocolRequest)(nil),         // 6: parley.negotiator.v1.ReplyWithProtocolRequest
+	(*ReplyResponse)(nil),                    // 7: parley.negotiator.v1.ReplyResponse
+	(*ParseReplyRequest)(nil),                // 8: parley.negotiator.v1.ParseReplyRequest
+	(*ParseReplyResponse)(nil),               // 9: parley.negotiator.v1.ParseReplyResponse
+	(*CheckSuitabilityRequest)(nil),          // 10: parley.negotiator.v1.CheckSuitabilityRequest
+	(*DeriveProtocolRequest)(nil),            // 11: parley.negotiator.v1.DeriveProtocolRequest
+	(*DeriveProtocolResponse)(nil),           // 12: parley.negotiator.v1.DeriveProtocolResponse
+	(*GetNegotiationProtocolRequest)(nil),    // 13: parley.negotiator.v1.GetNegotiationProtocolRequest
+	(*GetNegotiationProtocolResponse)(nil),   // 14: parley.negotiator.v1.GetNegotiationProtocolResponse
+	(*StartNegotiationRequest)(nil),          // 15: parley.negotiator.v1.StartNegotiationRequest
+	(*ReceiveNegotiationMessageRequest)(nil), // 16: parley.negotiator.v1.ReceiveNegotiationMessageRequest
+	(*GetNegotiationRequest)(nil),            // 17: parley.negotiator.v1.GetNegotiationRequest
+	(*GetThresholdsRequest)(nil),             // 18: parley.negotiator.v1.GetThresholdsRequest
+	(*SynthesizeRoutineRequest)(nil),         // 19: parley.negotiator.v1.SynthesizeRoutineRequest
+	(*GetRoutineCandidateRequest)(nil),       // 20: parley.negotiator.v1.GetRoutineCandidateRequest
+	(*ReportShadowResultRequest)(nil),        // 21: parley.negotiator.v1.ReportShadowResultRequest
+	(*LedgerEntry)(nil),                      // 22: parley.negotiator.v1.LedgerEntry
+	(*TaskSpec)(nil),                         // 23: parley.negotiator.v1.TaskSpec
+	(*ToolSpec)(nil),                         // 24: parley.negotiator.v1.ToolSpec
+	(*ToolResult)(nil),                       // 25: parley.negotiator.v1.ToolResult
+	(*ToolCall)(nil),                         // 26: parley.negotiator.v1.ToolCall
+	(RoutineSide)(0),                         // 27: parley.negotiator.v1.RoutineSide
+	(*CostSummary)(nil),                      // 28: parley.negotiator.v1.CostSummary
+	(*SuitabilityVerdict)(nil),               // 29: parley.negotiator.v1.SuitabilityVerdict
+	(*Negotiation)(nil),                      // 30: parley.negotiator.v1.Negotiation
+	(*Thresholds)(nil),                       // 31: parley.negotiator.v1.Thresholds
+	(*RoutineCandidate)(nil),                 // 32: parley.negotiator.v1.RoutineCandidate
 }
 var file_parley_negotiator_v1_negotiator_service_proto_depIdxs = []int32{
-	0, // 0: parley.negotiator.v1.NegotiatorService.GetCostSummary:input_type -> parley.negotiator.v1.GetCostSummaryRequest
-	1, // 1: parley.negotiator.v1.NegotiatorService.GetCostSummary:output_type -> parley.negotiator.v1.CostSummary
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	22, // 0: parley.negotiator.v1.ListLedgerEntriesResponse.ledger_entries:type_name -> parley.negotiator.v1.LedgerEntry
+	23, // 1: parley.negotiator.v1.ComposeQueryRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	24, // 2: parley.negotiator.v1.ReplyNaturalLanguageRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
+	25, // 3: parley.negotiator.v1.ReplyNaturalLanguageRequest.tool_results:type_name -> parley.negotiator.v1.ToolResult
+	24, // 4: parley.negotiator.v1.ReplyWithProtocolRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
+	25, // 5: parley.negotiator.v1.ReplyWithProtocolRequest.tool_results:type_name -> parley.negotiator.v1.ToolResult
+	26, // 6: parley.negotiator.v1.ReplyResponse.tool_call:type_name -> parley.negotiator.v1.ToolCall
+	23, // 7: parley.negotiator.v1.ParseReplyRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	23, // 8: parley.negotiator.v1.CheckSuitabilityRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	24, // 9: parley.negotiator.v1.CheckSuitabilityRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
+	23, // 10: parley.negotiator.v1.DeriveProtocolRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	24, // 11: parley.negotiator.v1.DeriveProtocolRequest.tool:type_name -> parley.negotiator.v1.ToolSpec
+	23, // 12: parley.negotiator.v1.StartNegotiationRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	24, // 13: parley.negotiator.v1.ReceiveNegotiationMessageRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
+	27, // 14: parley.negotiator.v1.SynthesizeRoutineRequest.side:type_name -> parley.negotiator.v1.RoutineSide
+	24, // 15: parley.negotiator.v1.SynthesizeRoutineRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
+	23, // 16: parley.negotiator.v1.SynthesizeRoutineRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	0,  // 17: parley.negotiator.v1.NegotiatorService.GetCostSummary:input_type -> parley.negotiator.v1.GetCostSummaryRequest
+	1,  // 18: parley.negotiator.v1.NegotiatorService.ListLedgerEntries:input_type -> parley.negotiator.v1.ListLedgerEntriesRequest
+	3,  // 19: parley.negotiator.v1.NegotiatorService.ComposeQuery:input_type -> parley.negotiator.v1.ComposeQueryRequest
+	5,  // 20: parley.negotiator.v1.NegotiatorService.ReplyNaturalLanguage:input_type -> parley.negotiator.v1.ReplyNaturalLanguageRequest
+	6,  // 21: parley.negotiator.v1.NegotiatorService.ReplyWithProtocol:input_type -> parley.negotiator.v1.ReplyWithProtocolRequest
+	8,  // 22: parley.negotiator.v1.NegotiatorService.ParseReply:input_type -> parley.negotiator.v1.ParseReplyRequest
+	10, // 23: parley.negotiator.v1.NegotiatorService.CheckSuitability:input_type -> parley.negotiator.v1.CheckSuitabilityRequest
+	11, // 24: parley.negotiator.v1.NegotiatorService.DeriveProtocol:input_type -> parley.negotiator.v1.DeriveProtocolRequest
+	13, // 25: parley.negotiator.v1.NegotiatorService.GetNegotiationProtocol:input_type -> parley.negotiator.v1.GetNegotiationProtocolRequest
+	15, // 26: parley.negotiator.v1.NegotiatorService.StartNegotiation:input_type -> parley.negotiator.v1.StartNegotiationRequest
+	16, // 27: parley.negotiator.v1.NegotiatorService.ReceiveNegotiationMessage:input_type -> parley.negotiator.v1.ReceiveNegotiationMessageRequest
+	17, // 28: parley.negotiator.v1.NegotiatorService.GetNegotiation:input_type -> parley.negotiator.v1.GetNegotiationRequest
+	18, // 29: parley.negotiator.v1.NegotiatorService.GetThresholds:input_type -> parley.negotiator.v1.GetThresholdsRequest
+	19, // 30: parley.negotiator.v1.NegotiatorService.SynthesizeRoutine:input_type -> parley.negotiator.v1.SynthesizeRoutineRequest
+	20, // 31: parley.negotiator.v1.NegotiatorService.GetRoutineCandidate:input_type -> parley.negotiator.v1.GetRoutineCandidateRequest
+	21, // 32: parley.negotiator.v1.NegotiatorService.ReportShadowResult:input_type -> parley.negotiator.v1.ReportShadowResultRequest
+	28, // 33: parley.negotiator.v1.NegotiatorService.GetCostSummary:output_type -> parley.negotiator.v1.CostSummary
+	2,  // 34: parley.negotiator.v1.NegotiatorService.ListLedgerEntries:output_type -> parley.negotiator.v1.ListLedgerEntriesResponse
+	4,  // 35: parley.negotiator.v1.NegotiatorService.ComposeQuery:output_type -> parley.negotiator.v1.ComposeQueryResponse
+	7,  // 36: parley.negotiator.v1.NegotiatorService.ReplyNaturalLanguage:output_type -> parley.negotiator.v1.ReplyResponse
+	7,  // 37: parley.negotiator.v1.NegotiatorService.ReplyWithProtocol:output_type -> parley.negotiator.v1.ReplyResponse
+	9,  // 38: parley.negotiator.v1.NegotiatorService.ParseReply:output_type -> parley.negotiator.v1.ParseReplyResponse
+	29, // 39: parley.negotiator.v1.NegotiatorService.CheckSuitability:output_type -> parley.negotiator.v1.SuitabilityVerdict
+	12, // 40: parley.negotiator.v1.NegotiatorService.DeriveProtocol:output_type -> parley.negotiator.v1.DeriveProtocolResponse
+	14, // 41: parley.negotiator.v1.NegotiatorService.GetNegotiationProtocol:output_type -> parley.negotiator.v1.GetNegotiationProtocolResponse
+	30, // 42: parley.negotiator.v1.NegotiatorService.StartNegotiation:output_type -> parley.negotiator.v1.Negotiation
+	30, // 43: parley.negotiator.v1.NegotiatorService.ReceiveNegotiationMessage:output_type -> parley.negotiator.v1.Negotiation
+	30, // 44: parley.negotiator.v1.NegotiatorService.GetNegotiation:output_type -> parley.negotiator.v1.Negotiation
+	31, // 45: parley.negotiator.v1.NegotiatorService.GetThresholds:output_type -> parley.negotiator.v1.Thresholds
+	32, // 46: parley.negotiator.v1.NegotiatorService.SynthesizeRoutine:output_type -> parley.negotiator.v1.RoutineCandidate
+	32, // 47: parley.negotiator.v1.NegotiatorService.GetRoutineCandidate:output_type -> parley.negotiator.v1.RoutineCandidate
+	32, // 48: parley.negotiator.v1.NegotiatorService.ReportShadowResult:output_type -> parley.negotiator.v1.RoutineCandidate
+	33, // [33:49] is the sub-list for method output_type
+	17, // [17:33] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_parley_negotiator_v1_negotiator_service_proto_init() }
@@ -102,13 +1704,17 @@ func file_parley_negotiator_v1_negotiator_service_proto_init() {
 		return
 	}
 	file_parley_negotiator_v1_ledger_proto_init()
+	file_parley_negotiator_v1_negotiation_proto_init()
+	file_parley_negotiator_v1_routine_candidate_proto_init()
+	file_parley_negotiator_v1_spec_proto_init()
+	file_parley_negotiator_v1_suitability_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_negotiator_v1_negotiator_service_proto_rawDesc), len(file_parley_negotiator_v1_negotiator_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,22 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	NegotiatorService_GetCostSummary_FullMethodName = "/parley.negotiator.v1.NegotiatorService/GetCostSummary"
+	NegotiatorService_GetCostSummary_FullMethodName            = "/parley.negotiator.v1.NegotiatorService/GetCostSummary"
+	NegotiatorService_ListLedgerEntries_FullMethodName         = "/parley.negotiator.v1.NegotiatorService/ListLedgerEntries"
+	NegotiatorService_ComposeQuery_FullMethodName              = "/parley.negotiator.v1.NegotiatorService/ComposeQuery"
+	NegotiatorService_ReplyNaturalLanguage_FullMethodName      = "/parley.negotiator.v1.NegotiatorService/ReplyNaturalLanguage"
+	NegotiatorService_ReplyWithProtocol_FullMethodName         = "/parley.negotiator.v1.NegotiatorService/ReplyWithProtocol"
+	NegotiatorService_ParseReply_FullMethodName                = "/parley.negotiator.v1.NegotiatorService/ParseReply"
+	NegotiatorService_CheckSuitability_FullMethodName          = "/parley.negotiator.v1.NegotiatorService/CheckSuitability"
+	NegotiatorService_DeriveProtocol_FullMethodName            = "/parley.negotiator.v1.NegotiatorService/DeriveProtocol"
+	NegotiatorService_GetNegotiationProtocol_FullMethodName    = "/parley.negotiator.v1.NegotiatorService/GetNegotiationProtocol"
+	NegotiatorService_StartNegotiation_FullMethodName          = "/parley.negotiator.v1.NegotiatorService/StartNegotiation"
+	NegotiatorService_ReceiveNegotiationMessage_FullMethodName = "/parley.negotiator.v1.NegotiatorService/ReceiveNegotiationMessage"
+	NegotiatorService_GetNegotiation_FullMethodName            = "/parley.negotiator.v1.NegotiatorService/GetNegotiation"
+	NegotiatorService_GetThresholds_FullMethodName             = "/parley.negotiator.v1.NegotiatorService/GetThresholds"
+	NegotiatorService_SynthesizeRoutine_FullMethodName         = "/parley.negotiator.v1.NegotiatorService/SynthesizeRoutine"
+	NegotiatorService_GetRoutineCandidate_FullMethodName       = "/parley.negotiator.v1.NegotiatorService/GetRoutineCandidate"
+	NegotiatorService_ReportShadowResult_FullMethodName        = "/parley.negotiator.v1.NegotiatorService/ReportShadowResult"
 )
 
 // NegotiatorServiceClient is the client API for NegotiatorService service.
@@ -27,10 +42,92 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // NegotiatorService talks to LLMs, negotiates protocol documents between
-// agents and keeps the cost ledger.
+// agents, judges whether a PD fits, writes routines and keeps the cost
+// ledger.
+//
+// Every method that may call an LLM fails with FAILED_PRECONDITION reason
+// LLM_NOT_CONFIGURED when no LLM is configured, with RESOURCE_EXHAUSTED
+// reason LLM_BUDGET_EXHAUSTED (before any provider call) when the agent's
+// or the peer's daily LLM budget is spent, and with UNAVAILABLE reason
+// LLM_UNAVAILABLE when the provider keeps failing. Methods that need no LLM
+// (deterministic negotiation and derivation, the ledger, routine candidates)
+// work regardless.
 type NegotiatorServiceClient interface {
-	// GetCostSummary totals the cost ledger.
+	// GetCostSummary totals the cost ledger, for one agent or all.
 	GetCostSummary(ctx context.Context, in *GetCostSummaryRequest, opts ...grpc.CallOption) (*CostSummary, error)
+	// ListLedgerEntries lists LLM calls oldest first, optionally for one
+	// agent and one role. Errors: INVALID_ARGUMENT (bad page token or size).
+	ListLedgerEntries(ctx context.Context, in *ListLedgerEntriesRequest, opts ...grpc.CallOption) (*ListLedgerEntriesResponse, error)
+	// ComposeQuery has the sending agent's LLM write the body of a query for
+	// a task input: in natural language, or as a given PD prescribes.
+	// Errors: INVALID_ARGUMENT and the LLM errors.
+	ComposeQuery(ctx context.Context, in *ComposeQueryRequest, opts ...grpc.CallOption) (*ComposeQueryResponse, error)
+	// ReplyNaturalLanguage has the receiving agent's LLM answer a
+	// natural-language query. The answer is either a body or a tool call;
+	// the caller runs the tool and calls again with its result.
+	// Errors: INVALID_ARGUMENT and the LLM errors.
+	ReplyNaturalLanguage(ctx context.Context, in *ReplyNaturalLanguageRequest, opts ...grpc.CallOption) (*ReplyResponse, error)
+	// ReplyWithProtocol has the receiving agent's LLM answer a query as the
+	// given PD prescribes (when no routine could). When the PD declares a
+	// responseSchema, the body is validated against it. Errors:
+	// INVALID_ARGUMENT (no protocol), FAILED_PRECONDITION reason
+	// LLM_OUTPUT_INVALID, and the LLM errors.
+	ReplyWithProtocol(ctx context.Context, in *ReplyWithProtocolRequest, opts ...grpc.CallOption) (*ReplyResponse, error)
+	// ParseReply has the sending agent's LLM turn a reply into the task's
+	// output, validated against the output schema. Errors: INVALID_ARGUMENT,
+	// FAILED_PRECONDITION reason LLM_OUTPUT_INVALID, and the LLM errors.
+	ParseReply(ctx context.Context, in *ParseReplyRequest, opts ...grpc.CallOption) (*ParseReplyResponse, error)
+	// CheckSuitability judges whether a PD fits a task (sender) or the
+	// agent's tools (receiver). A metadata and schema prefilter runs first and
+	// its "no" is final; verdicts are cached per (PD SHA-256, tool-set hash,
+	// task-schema hash). An LLM verdict is a schema-validated JSON object;
+	// anything else counts as not fit. Errors: INVALID_ARGUMENT and the LLM
+	// errors (only when the prefilter and cache cannot decide).
+	CheckSuitability(ctx context.Context, in *CheckSuitabilityRequest, opts ...grpc.CallOption) (*SuitabilityVerdict, error)
+	// DeriveProtocol derives a PD and both sides' routines from a task's and a
+	// tool's JSON Schemas, with no LLM. Same inputs give byte-identical PDs.
+	// Errors: INVALID_ARGUMENT (missing or malformed schemas),
+	// FAILED_PRECONDITION reason SCHEMA_MISMATCH (the tool cannot serve the
+	// task).
+	DeriveProtocol(ctx context.Context, in *DeriveProtocolRequest, opts ...grpc.CallOption) (*DeriveProtocolResponse, error)
+	// GetNegotiationProtocol returns the Parley negotiation PD, the
+	// meta-protocol negotiations run under, with its hashes.
+	GetNegotiationProtocol(ctx context.Context, in *GetNegotiationProtocolRequest, opts ...grpc.CallOption) (*GetNegotiationProtocolResponse, error)
+	// StartNegotiation opens a negotiation on the sending side and returns it
+	// with the first message to send (outbound_message_json) under the
+	// negotiation PD's hash, multiround. With input and output schemas the
+	// proposal is a derived PD and needs no LLM; otherwise the LLM drafts it.
+	// Errors: INVALID_ARGUMENT and, for natural-language tasks, the LLM errors.
+	StartNegotiation(ctx context.Context, in *StartNegotiationRequest, opts ...grpc.CallOption) (*Negotiation, error)
+	// ReceiveNegotiationMessage hands one side a message from its peer and
+	// returns the negotiation with the reply to send, if any. Without a name
+	// it opens the receiving side of a new negotiation. A body that is not a
+	// meta-protocol message is treated as the reference library's
+	// "negotiation" exchange. Errors: INVALID_ARGUMENT (malformed message),
+	// NOT_FOUND (unknown negotiation), FAILED_PRECONDITION reason
+	// NEGOTIATION_CLOSED or NEGOTIATION_OUT_OF_TURN, and the LLM errors.
+	ReceiveNegotiationMessage(ctx context.Context, in *ReceiveNegotiationMessageRequest, opts ...grpc.CallOption) (*Negotiation, error)
+	// GetNegotiation returns a negotiation with its transcript. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	GetNegotiation(ctx context.Context, in *GetNegotiationRequest, opts ...grpc.CallOption) (*Negotiation, error)
+	// GetThresholds returns the conversation thresholds for a (task, target)
+	// pair: the configured override or the defaults 3 / 5 / 10 / 5.
+	GetThresholds(ctx context.Context, in *GetThresholdsRequest, opts ...grpc.CallOption) (*Thresholds, error)
+	// SynthesizeRoutine writes a routine for one side of a PD: derived from
+	// the PD's schemas and the tools' when it can be, else by the LLM from the
+	// PD and tool signatures. It runs against examples generated from the
+	// schemas in a sandbox before it is saved. Derived routines are promoted
+	// at once; LLM-written ones start in shadow. Errors: INVALID_ARGUMENT,
+	// FAILED_PRECONDITION reason ROUTINE_FAILED_EXAMPLES, and the LLM errors.
+	SynthesizeRoutine(ctx context.Context, in *SynthesizeRoutineRequest, opts ...grpc.CallOption) (*RoutineCandidate, error)
+	// GetRoutineCandidate returns a routine candidate. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	GetRoutineCandidate(ctx context.Context, in *GetRoutineCandidateRequest, opts ...grpc.CallOption) (*RoutineCandidate, error)
+	// ReportShadowResult records one shadow comparison of a candidate against
+	// the LLM: after shadow_calls_required agreements it is promoted, on a
+	// disagreement it is rejected. Errors: INVALID_ARGUMENT, NOT_FOUND,
+	// FAILED_PRECONDITION reason ROUTINE_NOT_IN_SHADOW.
+	ReportShadowResult(ctx context.Context, in *ReportShadowResultRequest, opts ...grpc.CallOption) (*RoutineCandidate, error)
 }
 
 type negotiatorServiceClient struct {
@@ -51,15 +148,247 @@ func (c *negotiatorServiceClient) GetCostSummary(ctx context.Context, in *GetCos
 	return out, nil
 }
 
+func (c *negotiatorServiceClient) ListLedgerEntries(ctx context.Context, in *ListLedgerEntriesRequest, opts ...grpc.CallOption) (*ListLedgerEntriesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListLedgerEntriesResponse)
+	err := c.cc.Invoke(ctx, NegotiatorService_ListLedgerEntries_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) ComposeQuery(ctx context.Context, in *ComposeQueryRequest, opts ...grpc.CallOption) (*ComposeQueryResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ComposeQueryResponse)
+	err := c.cc.Invoke(ctx, NegotiatorService_ComposeQuery_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) ReplyNaturalLanguage(ctx context.Context, in *ReplyNaturalLanguageRequest, opts ...grpc.CallOption) (*ReplyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplyResponse)
+	err := c.cc.Invoke(ctx, NegotiatorService_ReplyNaturalLanguage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) ReplyWithProtocol(ctx context.Context, in *ReplyWithProtocolRequest, opts ...grpc.CallOption) (*ReplyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplyResponse)
+	err := c.cc.Invoke(ctx, NegotiatorService_ReplyWithProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) ParseReply(ctx context.Context, in *ParseReplyRequest, opts ...grpc.CallOption) (*ParseReplyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ParseReplyResponse)
+	err := c.cc.Invoke(ctx, NegotiatorService_ParseReply_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) CheckSuitability(ctx context.Context, in *CheckSuitabilityRequest, opts ...grpc.CallOption) (*SuitabilityVerdict, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SuitabilityVerdict)
+	err := c.cc.Invoke(ctx, NegotiatorService_CheckSuitability_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) DeriveProtocol(ctx context.Context, in *DeriveProtocolRequest, opts ...grpc.CallOption) (*DeriveProtocolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(DeriveProtocolResponse)
+	err := c.cc.Invoke(ctx, NegotiatorService_DeriveProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) GetNegotiationProtocol(ctx context.Context, in *GetNegotiationProtocolRequest, opts ...grpc.CallOption) (*GetNegotiationProtocolResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetNegotiationProtocolResponse)
+	err := c.cc.Invoke(ctx, NegotiatorService_GetNegotiationProtocol_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) StartNegotiation(ctx context.Context, in *StartNegotiationRequest, opts ...grpc.CallOption) (*Negotiation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Negotiation)
+	err := c.cc.Invoke(ctx, NegotiatorService_StartNegotiation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) ReceiveNegotiationMessage(ctx context.Context, in *ReceiveNegotiationMessageRequest, opts ...grpc.CallOption) (*Negotiation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Negotiation)
+	err := c.cc.Invoke(ctx, NegotiatorService_ReceiveNegotiationMessage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) GetNegotiation(ctx context.Context, in *GetNegotiationRequest, opts ...grpc.CallOption) (*Negotiation, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Negotiation)
+	err := c.cc.Invoke(ctx, NegotiatorService_GetNegotiation_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) GetThresholds(ctx context.Context, in *GetThresholdsRequest, opts ...grpc.CallOption) (*Thresholds, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Thresholds)
+	err := c.cc.Invoke(ctx, NegotiatorService_GetThresholds_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) SynthesizeRoutine(ctx context.Context, in *SynthesizeRoutineRequest, opts ...grpc.CallOption) (*RoutineCandidate, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RoutineCandidate)
+	err := c.cc.Invoke(ctx, NegotiatorService_SynthesizeRoutine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) GetRoutineCandidate(ctx context.Context, in *GetRoutineCandidateRequest, opts ...grpc.CallOption) (*RoutineCandidate, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RoutineCandidate)
+	err := c.cc.Invoke(ctx, NegotiatorService_GetRoutineCandidate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *negotiatorServiceClient) ReportShadowResult(ctx context.Context, in *ReportShadowResultRequest, opts ...grpc.CallOption) (*RoutineCandidate, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RoutineCandidate)
+	err := c.cc.Invoke(ctx, NegotiatorService_ReportShadowResult_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // NegotiatorServiceServer is the server API for NegotiatorService service.
 // All implementations must embed UnimplementedNegotiatorServiceServer
 // for forward compatibility.
 //
 // NegotiatorService talks to LLMs, negotiates protocol documents between
-// agents and keeps the cost ledger.
+// agents, judges whether a PD fits, writes routines and keeps the cost
+// ledger.
+//
+// Every method that may call an LLM fails with FAILED_PRECONDITION reason
+// LLM_NOT_CONFIGURED when no LLM is configured, with RESOURCE_EXHAUSTED
+// reason LLM_BUDGET_EXHAUSTED (before any provider call) when the agent's
+// or the peer's daily LLM budget is spent, and with UNAVAILABLE reason
+// LLM_UNAVAILABLE when the provider keeps failing. Methods that need no LLM
+// (deterministic negotiation and derivation, the ledger, routine candidates)
+// work regardless.
 type NegotiatorServiceServer interface {
-	// GetCostSummary totals the cost ledger.
+	// GetCostSummary totals the cost ledger, for one agent or all.
 	GetCostSummary(context.Context, *GetCostSummaryRequest) (*CostSummary, error)
+	// ListLedgerEntries lists LLM calls oldest first, optionally for one
+	// agent and one role. Errors: INVALID_ARGUMENT (bad page token or size).
+	ListLedgerEntries(context.Context, *ListLedgerEntriesRequest) (*ListLedgerEntriesResponse, error)
+	// ComposeQuery has the sending agent's LLM write the body of a query for
+	// a task input: in natural language, or as a given PD prescribes.
+	// Errors: INVALID_ARGUMENT and the LLM errors.
+	ComposeQuery(context.Context, *ComposeQueryRequest) (*ComposeQueryResponse, error)
+	// ReplyNaturalLanguage has the receiving agent's LLM answer a
+	// natural-language query. The answer is either a body or a tool call;
+	// the caller runs the tool and calls again with its result.
+	// Errors: INVALID_ARGUMENT and the LLM errors.
+	ReplyNaturalLanguage(context.Context, *ReplyNaturalLanguageRequest) (*ReplyResponse, error)
+	// ReplyWithProtocol has the receiving agent's LLM answer a query as the
+	// given PD prescribes (when no routine could). When the PD declares a
+	// responseSchema, the body is validated against it. Errors:
+	// INVALID_ARGUMENT (no protocol), FAILED_PRECONDITION reason
+	// LLM_OUTPUT_INVALID, and the LLM errors.
+	ReplyWithProtocol(context.Context, *ReplyWithProtocolRequest) (*ReplyResponse, error)
+	// ParseReply has the sending agent's LLM turn a reply into the task's
+	// output, validated against the output schema. Errors: INVALID_ARGUMENT,
+	// FAILED_PRECONDITION reason LLM_OUTPUT_INVALID, and the LLM errors.
+	ParseReply(context.Context, *ParseReplyRequest) (*ParseReplyResponse, error)
+	// CheckSuitability judges whether a PD fits a task (sender) or the
+	// agent's tools (receiver). A metadata and schema prefilter runs first and
+	// its "no" is final; verdicts are cached per (PD SHA-256, tool-set hash,
+	// task-schema hash). An LLM verdict is a schema-validated JSON object;
+	// anything else counts as not fit. Errors: INVALID_ARGUMENT and the LLM
+	// errors (only when the prefilter and cache cannot decide).
+	CheckSuitability(context.Context, *CheckSuitabilityRequest) (*SuitabilityVerdict, error)
+	// DeriveProtocol derives a PD and both sides' routines from a task's and a
+	// tool's JSON Schemas, with no LLM. Same inputs give byte-identical PDs.
+	// Errors: INVALID_ARGUMENT (missing or malformed schemas),
+	// FAILED_PRECONDITION reason SCHEMA_MISMATCH (the tool cannot serve the
+	// task).
+	DeriveProtocol(context.Context, *DeriveProtocolRequest) (*DeriveProtocolResponse, error)
+	// GetNegotiationProtocol returns the Parley negotiation PD, the
+	// meta-protocol negotiations run under, with its hashes.
+	GetNegotiationProtocol(context.Context, *GetNegotiationProtocolRequest) (*GetNegotiationProtocolResponse, error)
+	// StartNegotiation opens a negotiation on the sending side and returns it
+	// with the first message to send (outbound_message_json) under the
+	// negotiation PD's hash, multiround. With input and output schemas the
+	// proposal is a derived PD and needs no LLM; otherwise the LLM drafts it.
+	// Errors: INVALID_ARGUMENT and, for natural-language tasks, the LLM errors.
+	StartNegotiation(context.Context, *StartNegotiationRequest) (*Negotiation, error)
+	// ReceiveNegotiationMessage hands one side a message from its peer and
+	// returns the negotiation with the reply to send, if any. Without a name
+	// it opens the receiving side of a new negotiation. A body that is not a
+	// meta-protocol message is treated as the reference library's
+	// "negotiation" exchange. Errors: INVALID_ARGUMENT (malformed message),
+	// NOT_FOUND (unknown negotiation), FAILED_PRECONDITION reason
+	// NEGOTIATION_CLOSED or NEGOTIATION_OUT_OF_TURN, and the LLM errors.
+	ReceiveNegotiationMessage(context.Context, *ReceiveNegotiationMessageRequest) (*Negotiation, error)
+	// GetNegotiation returns a negotiation with its transcript. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	GetNegotiation(context.Context, *GetNegotiationRequest) (*Negotiation, error)
+	// GetThresholds returns the conversation thresholds for a (task, target)
+	// pair: the configured override or the defaults 3 / 5 / 10 / 5.
+	GetThresholds(context.Context, *GetThresholdsRequest) (*Thresholds, error)
+	// SynthesizeRoutine writes a routine for one side of a PD: derived from
+	// the PD's schemas and the tools' when it can be, else by the LLM from the
+	// PD and tool signatures. It runs against examples generated from the
+	// schemas in a sandbox before it is saved. Derived routines are promoted
+	// at once; LLM-written ones start in shadow. Errors: INVALID_ARGUMENT,
+	// FAILED_PRECONDITION reason ROUTINE_FAILED_EXAMPLES, and the LLM errors.
+	SynthesizeRoutine(context.Context, *SynthesizeRoutineRequest) (*RoutineCandidate, error)
+	// GetRoutineCandidate returns a routine candidate. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	GetRoutineCandidate(context.Context, *GetRoutineCandidateRequest) (*RoutineCandidate, error)
+	// ReportShadowResult records one shadow comparison of a candidate against
+	// the LLM: after shadow_calls_required agreements it is promoted, on a
+	// disagreement it is rejected. Errors: INVALID_ARGUMENT, NOT_FOUND,
+	// FAILED_PRECONDITION reason ROUTINE_NOT_IN_SHADOW.
+	ReportShadowResult(context.Context, *ReportShadowResultRequest) (*RoutineCandidate, error)
 	mustEmbedUnimplementedNegotiatorServiceServer()
 }
 
@@ -72,6 +401,51 @@ type UnimplementedNegotiatorServiceServer struct{}
 
 func (UnimplementedNegotiatorServiceServer) GetCostSummary(context.Context, *GetCostSummaryRequest) (*CostSummary, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetCostSummary not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) ListLedgerEntries(context.Context, *ListLedgerEntriesRequest) (*ListLedgerEntriesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListLedgerEntries not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) ComposeQuery(context.Context, *ComposeQueryRequest) (*ComposeQueryResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ComposeQuery not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) ReplyNaturalLanguage(context.Context, *ReplyNaturalLanguageRequest) (*ReplyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplyNaturalLanguage not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) ReplyWithProtocol(context.Context, *ReplyWithProtocolRequest) (*ReplyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplyWithProtocol not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) ParseReply(context.Context, *ParseReplyRequest) (*ParseReplyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ParseReply not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) CheckSuitability(context.Context, *CheckSuitabilityRequest) (*SuitabilityVerdict, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckSuitability not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) DeriveProtocol(context.Context, *DeriveProtocolRequest) (*DeriveProtocolResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeriveProtocol not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) GetNegotiationProtocol(context.Context, *GetNegotiationProtocolRequest) (*GetNegotiationProtocolResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetNegotiationProtocol not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) StartNegotiation(context.Context, *StartNegotiationRequest) (*Negotiation, error) {
+	return nil, status.Error(codes.Unimplemented, "method StartNegotiation not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) ReceiveNegotiationMessage(context.Context, *ReceiveNegotiationMessageRequest) (*Negotiation, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReceiveNegotiationMessage not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) GetNegotiation(context.Context, *GetNegotiationRequest) (*Negotiation, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetNegotiation not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) GetThresholds(context.Context, *GetThresholdsRequest) (*Thresholds, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetThresholds not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) SynthesizeRoutine(context.Context, *SynthesizeRoutineRequest) (*RoutineCandidate, error) {
+	return nil, status.Error(codes.Unimplemented, "method SynthesizeRoutine not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) GetRoutineCandidate(context.Context, *GetRoutineCandidateRequest) (*RoutineCandidate, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetRoutineCandidate not implemented")
+}
+func (UnimplementedNegotiatorServiceServer) ReportShadowResult(context.Context, *ReportShadowResultRequest) (*RoutineCandidate, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReportShadowResult not implemented")
 }
 func (UnimplementedNegotiatorServiceServer) mustEmbedUnimplementedNegotiatorServiceServer() {}
 func (UnimplementedNegotiatorServiceServer) testEmbeddedByValue()                           {}
@@ -112,6 +486,276 @@ func _NegotiatorService_GetCostSummary_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _NegotiatorService_ListLedgerEntries_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListLedgerEntriesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).ListLedgerEntries(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_ListLedgerEntries_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).ListLedgerEntries(ctx, req.(*ListLedgerEntriesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_ComposeQuery_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ComposeQueryRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).ComposeQuery(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_ComposeQuery_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).ComposeQuery(ctx, req.(*ComposeQueryRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_ReplyNaturalLanguage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplyNaturalLanguageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).ReplyNaturalLanguage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_ReplyNaturalLanguage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).ReplyNaturalLanguage(ctx, req.(*ReplyNaturalLanguageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_ReplyWithProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplyWithProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).ReplyWithProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_ReplyWithProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).ReplyWithProtocol(ctx, req.(*ReplyWithProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_ParseReply_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ParseReplyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).ParseReply(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_ParseReply_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).ParseReply(ctx, req.(*ParseReplyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_CheckSuitability_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckSuitabilityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).CheckSuitability(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_CheckSuitability_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).CheckSuitability(ctx, req.(*CheckSuitabilityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_DeriveProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeriveProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).DeriveProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_DeriveProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).DeriveProtocol(ctx, req.(*DeriveProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_GetNegotiationProtocol_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetNegotiationProtocolRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).GetNegotiationProtocol(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_GetNegotiationProtocol_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).GetNegotiationProtocol(ctx, req.(*GetNegotiationProtocolRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_StartNegotiation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(StartNegotiationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).StartNegotiation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_StartNegotiation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).StartNegotiation(ctx, req.(*StartNegotiationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_ReceiveNegotiationMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReceiveNegotiationMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).ReceiveNegotiationMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_ReceiveNegotiationMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).ReceiveNegotiationMessage(ctx, req.(*ReceiveNegotiationMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_GetNegotiation_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetNegotiationRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).GetNegotiation(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_GetNegotiation_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).GetNegotiation(ctx, req.(*GetNegotiationRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_GetThresholds_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetThresholdsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).GetThresholds(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_GetThresholds_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).GetThresholds(ctx, req.(*GetThresholdsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_SynthesizeRoutine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SynthesizeRoutineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).SynthesizeRoutine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_SynthesizeRoutine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).SynthesizeRoutine(ctx, req.(*SynthesizeRoutineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_GetRoutineCandidate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetRoutineCandidateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).GetRoutineCandidate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_GetRoutineCandidate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).GetRoutineCandidate(ctx, req.(*GetRoutineCandidateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _NegotiatorService_ReportShadowResult_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReportShadowResultRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(NegotiatorServiceServer).ReportShadowResult(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: NegotiatorService_ReportShadowResult_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(NegotiatorServiceServer).ReportShadowResult(ctx, req.(*ReportShadowResultRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // NegotiatorService_ServiceDesc is the grpc.ServiceDesc for NegotiatorService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -122,6 +766,66 @@ var NegotiatorService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetCostSummary",
 			Handler:    _NegotiatorService_GetCostSummary_Handler,
+		},
+		{
+			MethodName: "ListLedgerEntries",
+			Handler:    _NegotiatorService_ListLedgerEntries_Handler,
+		},
+		{
+			MethodName: "ComposeQuery",
+			Handler:    _NegotiatorService_ComposeQuery_Handler,
+		},
+		{
+			MethodName: "ReplyNaturalLanguage",
+			Handler:    _NegotiatorService_ReplyNaturalLanguage_Handler,
+		},
+		{
+			MethodName: "ReplyWithProtocol",
+			Handler:    _NegotiatorService_ReplyWithProtocol_Handler,
+		},
+		{
+			MethodName: "ParseReply",
+			Handler:    _NegotiatorService_ParseReply_Handler,
+		},
+		{
+			MethodName: "CheckSuitability",
+			Handler:    _NegotiatorService_CheckSuitability_Handler,
+		},
+		{
+			MethodName: "DeriveProtocol",
+			Handler:    _NegotiatorService_DeriveProtocol_Handler,
+		},
+		{
+			MethodName: "GetNegotiationProtocol",
+			Handler:    _NegotiatorService_GetNegotiationProtocol_Handler,
+		},
+		{
+			MethodName: "StartNegotiation",
+			Handler:    _NegotiatorService_StartNegotiation_Handler,
+		},
+		{
+			MethodName: "ReceiveNegotiationMessage",
+			Handler:    _NegotiatorService_ReceiveNegotiationMessage_Handler,
+		},
+		{
+			MethodName: "GetNegotiation",
+			Handler:    _NegotiatorService_GetNegotiation_Handler,
+		},
+		{
+			MethodName: "GetThresholds",
+			Handler:    _NegotiatorService_GetThresholds_Handler,
+		},
+		{
+			MethodName: "SynthesizeRoutine",
+			Handler:    _NegotiatorService_SynthesizeRoutine_Handler,
+		},
+		{
+			MethodName: "GetRoutineCandidate",
+			Handler:    _NegotiatorService_GetRoutineCandidate_Handler,
+		},
+		{
+			MethodName: "ReportShadowResult",
+			Handler:    _NegotiatorService_ReportShadowResult_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

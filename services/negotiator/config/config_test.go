@@ -1,0 +1,42 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/parleyhq/parley/services/negotiator/config"
+)
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr []string
+	}{
+		{name: "no LLM is fine"},
+		{name: "env fallback", env: map[string]string{"PARLEY_LLM_PROVIDER": "openai", "PARLEY_LLM_MODEL": "gpt-4o", "PARLEY_LLM_API_KEY": "sk-secret"}},
+		{
+			name:    "every bad value at once",
+			args:    []string{"--llm-provider=gemini", "--llm-base-url=ftp://x", "--llm-structured=xml", "--llm-prices=a=1", "--negotiation-thresholds=x", "--negotiation-max-rounds=1"},
+			wantErr: []string{"--llm-provider", "--llm-base-url", "--llm-structured", "--llm-prices", "--negotiation-thresholds", "--negotiation-max-rounds"},
+		},
+		{name: "model required", args: []string{"--llm-provider=anthropic"}, wantErr: []string{"--llm-model"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := config.Load(tt.args, func(k string) string { return tt.env[k] })
+			if len(tt.wantErr) == 0 && err != nil {
+				t.Fatalf("Load() = %v", err)
+			}
+			for _, w := range tt.wantErr {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("Load() error = %v, want it to mention %s", err, w)
+				}
+			}
+			if strings.Contains(c.LLM.String(), "sk-secret") {
+				t.Errorf("LLM.String() = %q leaks the key", c.LLM.String())
+			}
+		})
+	}
+}

@@ -1,0 +1,189 @@
+package server
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
+	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
+	"github.com/parleyhq/parley/services/negotiator/internal/routine"
+	"github.com/parleyhq/parley/services/negotiator/internal/store"
+)
+
+const candidatePrefix = "routineCandidates/"
+
+func candidateName(agent, sha1 string, side negotiatorv1.RoutineSide) string {
+	h := sha256.Sum256([]byte(agent + "\x00" + sha1 + "\x00" + side.String()))
+	return candidatePrefix + hex.EncodeToString(h[:16])
+}
+
+// SynthesizeRoutine implements NegotiatorService.
+func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.SynthesizeRoutineRequest) (*negotiatorv1.RoutineCandidate, error) {
+	var v grpcerr.Violations
+	checkAgent(&v, "agent", req.GetAgent(), true)
+	checkPeer(&v, "peer", req.GetPeer(), false)
+	checkProtocol(&v, "protocol", req.GetProtocol(), true)
+	switch req.GetSide() {
+	case negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER:
+	case negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER:
+		if len(req.GetTools()) == 0 {
+			v.Add("tools", "a receiver routine needs at least one tool")
+		}
+	default:
+		v.Add("side", "must be ROUTINE_SIDE_SENDER or ROUTINE_SIDE_RECEIVER")
+	}
+	checkTools(&v, "tools", req.GetTools())
+	checkTask(&v, "task", req.GetTask(), false)
+	if err := invalid(v); err != nil {
+		return nil, err
+	}
+	pd := req.GetProtocol()
+	doc, err := protocol.Parse(pd)
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	now := timestamppb.New(s.opts.Now())
+	c := &negotiatorv1.RoutineCandidate{
+		Name:            candidateName(req.GetAgent(), protocol.SHA1Hex(pd), req.GetSide()),
+		Agent:           req.GetAgent(),
+		ProtocolSha1Hex: protocol.SHA1Hex(pd),
+		Side:            req.GetSide(),
+		CreateTime:      now,
+		UpdateTime:      now,
+	}
+	tools := toolsOf(req.GetTools())
+	task := taskOf(req.GetTask())
+	// Derivation first: it needs no LLM and is correct by construction,
+	// so a derived routine is promoted at once.
+	if src, n, ok := s.tryDerive(ctx, doc, req.GetSide(), tools, task); ok {
+		c.Source, c.ExamplesPassed = src, int32(n)
+		c.Origin = negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_DERIVED
+		c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
+		return c, s.toStatus(ctx, s.store.PutRoutineCandidate(ctx, c))
+	}
+	var lastErr string
+	for attempt := 0; attempt < 2; attempt++ {
+		resp, err := s.complete(ctx, req.GetAgent(), req.GetPeer(), "SynthesizeRoutine", routinePrompt(req.GetSide(), pd, tools, task, lastErr))
+		if err != nil {
+			return nil, s.toStatus(ctx, err)
+		}
+		var out struct {
+			Source string `json:"source"`
+		}
+		if err := json.Unmarshal([]byte(stripFence(resp.Text)), &out); err != nil || strings.TrimSpace(out.Source) == "" {
+			lastErr = "the answer was not a JSON object with a source"
+			continue
+		}
+		n, err := s.verify(ctx, out.Source, doc, req.GetSide(), tools, task)
+		if err != nil {
+			lastErr = err.Error()
+			continue
+		}
+		c.Source, c.ExamplesPassed = out.Source, int32(n)
+		c.Origin = negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_LLM
+		c.ShadowCallsRequired = int32(s.opts.ShadowCalls)
+		c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW
+		if c.ShadowCallsRequired == 0 {
+			c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
+		}
+		return c, s.toStatus(ctx, s.store.PutRoutineCandidate(ctx, c))
+	}
+	return nil, s.toStatus(ctx, fmt.Errorf("%w: %s", errRoutineFailed, lastErr))
+}
+
+func (s *Server) tryDerive(ctx context.Context, doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (string, int, bool) {
+	if len(doc.RequestSchema) == 0 || len(doc.ResponseSchema) == 0 {
+		return "", 0, false
+	}
+	if side == negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER {
+		src, err := s.deriveSender(ctx, doc, task)
+		if err != nil {
+			return "", 0, false
+		}
+		n, _ := s.verify(ctx, src, doc, side, tools, task)
+		return src, n, true
+	}
+	for _, t := range tools {
+		if src, err := s.deriveReceiver(ctx, doc, t); err == nil {
+			n, _ := s.verify(ctx, src, doc, side, tools, task)
+			return src, n, true
+		}
+	}
+	return "", 0, false
+}
+
+func (s *Server) verify(ctx context.Context, src string, doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (int, error) {
+	if side == negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER {
+		var in, out []byte
+		if task != nil {
+			in, out = task.Input, task.Output
+		}
+		return routine.VerifySender(ctx, src, doc, in, out, s.opts.Limits)
+	}
+	return routine.VerifyReceiver(ctx, src, doc, tools, s.opts.Limits)
+}
+
+func checkCandidateName(name string) error {
+	var v grpcerr.Violations
+	id, ok := strings.CutPrefix(name, candidatePrefix)
+	if !ok || id == "" || strings.Contains(id, "/") {
+		v.Add("name", "must look like routineCandidates/{routine_candidate}")
+	}
+	return invalid(v)
+}
+
+func (s *Server) candidateStatus(ctx context.Context, name string, err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return grpcerr.New(codes.NotFound, fmt.Sprintf("routine candidate %q does not exist", name), "ROUTINE_CANDIDATE_NOT_FOUND", Domain, nil)
+	}
+	return s.toStatus(ctx, err)
+}
+
+// GetRoutineCandidate implements NegotiatorService.
+func (s *Server) GetRoutineCandidate(ctx context.Context, req *negotiatorv1.GetRoutineCandidateRequest) (*negotiatorv1.RoutineCandidate, error) {
+	if err := checkCandidateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	c, err := s.store.GetRoutineCandidate(ctx, req.GetName())
+	if err != nil {
+		return nil, s.candidateStatus(ctx, req.GetName(), err)
+	}
+	return c, nil
+}
+
+// ReportShadowResult implements NegotiatorService.
+func (s *Server) ReportShadowResult(ctx context.Context, req *negotiatorv1.ReportShadowResultRequest) (*negotiatorv1.RoutineCandidate, error) {
+	if err := checkCandidateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	c, err := s.store.UpdateRoutineCandidate(ctx, req.GetName(), func(c *negotiatorv1.RoutineCandidate) error {
+		if c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW {
+			return fmt.Errorf("%w: it is %s", errNotInShadow, c.GetState())
+		}
+		c.UpdateTime = timestamppb.New(s.opts.Now())
+		if !req.GetAgreed() {
+			c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_REJECTED
+			c.RejectionReason = "disagreed with the LLM: " + req.GetDetail()
+			return nil
+		}
+		c.Agreements++
+		if c.GetAgreements() >= c.GetShadowCallsRequired() {
+			c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.candidateStatus(ctx, req.GetName(), err)
+	}
+	return c, nil
+}
