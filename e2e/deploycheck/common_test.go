@@ -96,6 +96,7 @@ var parleyServices = []parleyService{
 	},
 	{
 		name:        "negotiator",
+		stateful:    true,
 		grpcService: "parley.negotiator.v1.NegotiatorService",
 		peers:       []string{"registry", "dispatcher"},
 		startsAfter: []string{"registry"},

@@ -500,7 +500,7 @@ func TestKustomize_rejectsBrokenTree(t *testing.T) {
 		{
 			name:    "no claim for a bbolt service",
 			edit:    edit{file: baseKust, old: "  - dispatcher/pvc.yaml\n", new: ""},
-			wantErr: "PersistentVolumeClaims = [registry-data tasks-data]",
+			wantErr: "PersistentVolumeClaims = [negotiator-data registry-data tasks-data]",
 		},
 		{
 			name:    "claim not mounted",
