@@ -3,6 +3,7 @@ module github.com/parleyhq/parley/services/tasks
 go 1.26.0
 
 require (
+	github.com/google/go-cmp v0.7.0
 	github.com/parleyhq/parley/gen v0.0.0
 	github.com/parleyhq/parley/platform v0.0.0
 	go.etcd.io/bbolt v1.5.0
