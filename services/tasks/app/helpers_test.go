@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime/multipart"
@@ -31,25 +32,25 @@ type env struct {
 	stop   func() // stops the server and closes the app; idempotent
 }
 
-func testConfig(t testing.TB, dir string, opts ...func(*config.Config)) config.Config {
-	t.Helper()
+// testConfig is the configuration tests run with: fast retries.
+func testConfig(dir string, opts ...func(*config.Config)) (config.Config, error) {
 	cfg, err := config.Load([]string{"--data", dir}, func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
 	cfg.RetryMax = 20 * time.Millisecond
 	cfg.StepWait = 5 * time.Second
 	for _, o := range opts {
 		o(&cfg)
 	}
-	return cfg
+	return cfg, err
 }
 
 // startTasks runs the tasks app on two 127.0.0.1:0 listeners over dir,
 // executing steps through dispatcher.
 func startTasks(t testing.TB, dir string, dispatcher grpc.ClientConnInterface, opts ...func(*config.Config)) *env {
 	t.Helper()
-	cfg := testConfig(t, dir, opts...)
+	cfg, err := testConfig(dir, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
 	logger := slog.New(slog.DiscardHandler)
 	a, err := app.New(cfg, logger, app.Peers{Dispatcher: dispatcher})
 	if err != nil {
@@ -227,4 +228,25 @@ func (r *sseReader) next(t testing.TB) map[string]any {
 	}
 	t.Fatalf("event stream ended: %v", r.sc.Err())
 	return nil
+}
+
+func jsonNumber(n int) json.Number { return json.Number(fmt.Sprint(n)) }
+
+// postDecode posts body and decodes a 200 JSON answer into v; false on any
+// failure (the server may be dead).
+func postDecode(client *http.Client, url, contentType string, body io.Reader, v any) bool {
+	resp, err := client.Post(url, contentType, body)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(v) == nil
+}
+
+func multipartBody(name, content string) (io.Reader, string) {
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	filePart(name, content)(mw)
+	mw.Close()
+	return &buf, mw.FormDataContentType()
 }
