@@ -238,9 +238,12 @@ func (e *executor) complete(ctx context.Context, ref store.StepRef, t *tasksv1.T
 		st.StatusMessage = ""
 		st.Artifacts = arts
 		st.UpdateTime = now
-		t.UpdateTime = now
 		if st.IsLast && t.State == tasksv1.Task_STATE_ACTIVE {
 			t.State = tasksv1.Task_STATE_FINISHED
+			t.UpdateTime = now
+		}
+		if len(arts) > 0 {
+			t.UpdateTime = now
 		}
 		return arts, nil
 	})

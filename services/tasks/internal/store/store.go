@@ -55,7 +55,8 @@ type Store interface {
 	// UpdateStep runs mutate on the stored task and step inside one
 	// transaction. The artifacts mutate returns are stored with the step, as
 	// the task's next artifacts (their bytes must already be durable). The
-	// step stays pending while its status is CREATED.
+	// step stays pending while its status is CREATED. The task is written
+	// only if mutate or the artifacts changed it.
 	UpdateStep(ctx context.Context, ref StepRef, mutate func(*tasksv1.Task, *tasksv1.Step) ([]*tasksv1.Artifact, error)) (*tasksv1.Step, error)
 	// ListPending returns every pending step, oldest task first.
 	ListPending(ctx context.Context) ([]StepRef, error)

@@ -1,8 +1,9 @@
 // Package boltstore is the tasks's embedded bbolt backend: one file,
 // tasks.db, in the data directory.
 //
-// Writes go through db.Batch, so concurrent requests share one fsync (group
-// commit) and each returns only after its transaction is on disk.
+// Writes go through a committer (commit.go), so concurrent requests share
+// one fsync (group commit) and each returns only after its transaction is on
+// disk.
 //
 // Keys: ids are UUIDs; seq is a big-endian uint64 giving an item's position
 // in its list, so a page at any offset is one Seek.
@@ -60,7 +61,8 @@ const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *bolt.DB
+	db     *bolt.DB
+	commit *committer
 }
 
 var _ store.Store = (*Store)(nil)
@@ -79,8 +81,6 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	// Group commit: concurrent writers wait up to 1ms to share one fsync.
-	db.MaxBatchDelay = time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
@@ -97,7 +97,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("initialise %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, commit: newCommitter(db)}, nil
 }
 
 // Ping reports whether the database is open.
@@ -108,8 +108,11 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.db.View(func(*bolt.Tx) error { return nil })
 }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close finishes queued writes and closes the database.
+func (s *Store) Close() error {
+	s.commit.close()
+	return s.db.Close()
+}
 
 func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
 
@@ -143,7 +146,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 		return err
 	}
 	id := lastSegment(t.GetName())
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.commit.update(func(tx *bolt.Tx) error {
 		tasks := tx.Bucket(bucketTasks)
 		if tasks.Get([]byte(id)) != nil {
 			return fmt.Errorf("task %q: %w", id, store.ErrAlreadyExists)
@@ -213,7 +216,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 		return nil, err
 	}
 	var out *tasksv1.Task
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.commit.update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -236,12 +239,12 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.commit.update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
 		}
-		st := proto.CloneOf(in) // Batch may run this function twice
+		st := proto.CloneOf(in) // a group commit may run this function twice
 		if err := decide(t, st); err != nil {
 			return err
 		}
@@ -352,7 +355,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.commit.update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, ref.TaskID)
 		if err != nil {
 			return err
@@ -365,6 +368,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		if err != nil {
 			return err
 		}
+		before := proto.CloneOf(t)
 		arts, err := mutate(t, st)
 		if err != nil {
 			return err
@@ -381,6 +385,9 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 			return err
 		}
 		out = st
+		if proto.Equal(before, t) {
+			return nil // most steps leave the task as it was: one page less to write
+		}
 		return put(tx.Bucket(bucketTasks), []byte(ref.TaskID), t)
 	})
 	if err != nil {
@@ -429,7 +436,7 @@ func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Ar
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.commit.update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
