@@ -71,6 +71,7 @@ func run() error {
 	duration := flag.Duration("duration", 5*time.Second, "length of each phase")
 	concurrency := flag.Int("concurrency", 16, "concurrent clients")
 	node := flag.String("node", "node", "node binary")
+	keepAlive := flag.Bool("keepalive", true, "reuse connections (false: a new TCP connection per request)")
 	flag.Parse()
 
 	tmp, err := os.MkdirTemp("", "bench-tasks-")
@@ -120,14 +121,14 @@ func run() error {
 		{"execute step", executeStep},
 		{"list tasks", listTasks},
 	}
-	fmt.Printf("duration %s per phase, %d concurrent clients, %d cores\n\n", *duration, *concurrency, numCPU())
+	fmt.Printf("duration %s per phase, %d concurrent clients, keep-alive %t, %d cores\n\n", *duration, *concurrency, *keepAlive, numCPU())
 	fmt.Println("| phase | target | requests/s | p50 | p99 | errors |")
 	fmt.Println("|---|---|---:|---:|---:|---:|")
 	ratios := map[string]float64{}
 	for _, ph := range phases {
 		rates := map[string]float64{}
 		for _, tg := range targets {
-			res := measure(tg.url, *concurrency, *duration, ph.op)
+			res := measure(tg.url, *concurrency, *duration, *keepAlive, ph.op)
 			rates[tg.name] = res.rate
 			fmt.Printf("| %s | %s | %.0f | %s | %s | %d |\n", ph.name, tg.name, res.rate, res.p50.Round(time.Microsecond), res.p99.Round(time.Microsecond), res.errors)
 		}
@@ -283,8 +284,8 @@ type result struct {
 
 // measure runs op from n workers for d and reports the throughput of
 // successful requests and their latency percentiles.
-func measure(base string, n int, d time.Duration, op func(*http.Client, string, *workerState) error) result {
-	tr := &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: n}
+func measure(base string, n int, d time.Duration, keepAlive bool, op func(*http.Client, string, *workerState) error) result {
+	tr := &http.Transport{MaxIdleConnsPerHost: n, MaxConnsPerHost: n, DisableKeepAlives: !keepAlive}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	var (

@@ -213,7 +213,7 @@ func (e *executor) complete(ctx context.Context, ref store.StepRef, t *tasksv1.T
 			return fmt.Errorf("store agent artifact: %w", err)
 		}
 		arts = append(arts, &tasksv1.Artifact{
-			Name:         t.GetName() + "/artifacts/" + newID(),
+			Name:         t.GetName() + "/artifacts/" + e.s.ids.next(),
 			FileName:     a.GetFileName(),
 			RelativePath: rel,
 			AgentCreated: true,
