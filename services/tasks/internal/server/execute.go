@@ -276,9 +276,13 @@ func parkMessage(agent string, err error) string {
 // attempt.
 func (e *executor) park(ctx context.Context, ref store.StepRef, t *tasksv1.Task, attempt int, cause error) {
 	msg := parkMessage(t.GetAgent(), cause)
-	level := slog.LevelInfo
-	if c := status.Code(cause); c != codes.FailedPrecondition && c != codes.Unimplemented {
-		level = slog.LevelWarn
+	// Say it once per step; retries of a step still waiting are debug noise.
+	level := slog.LevelDebug
+	if attempt == 0 {
+		level = slog.LevelInfo
+		if c := status.Code(cause); c != codes.FailedPrecondition && c != codes.Unimplemented {
+			level = slog.LevelWarn
+		}
 	}
 	e.s.logger.Log(ctx, level, "step parked; will retry", slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Int("attempt", attempt), slog.Any("err", cause))
 	st, err := e.s.store.UpdateStep(ctx, ref, func(_ *tasksv1.Task, st *tasksv1.Step) ([]*tasksv1.Artifact, error) {
