@@ -154,8 +154,6 @@ type Task struct {
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When the task last changed (a step, an artifact, a state change).
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	// How many steps the task has.
-	StepCount int32 `protobuf:"varint,8,opt,name=step_count,json=stepCount,proto3" json:"step_count,omitempty"`
 	// How many artifacts the task has.
 	ArtifactCount int32 `protobuf:"varint,9,opt,name=artifact_count,json=artifactCount,proto3" json:"artifact_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -239,13 +237,6 @@ func (x *Task) GetUpdateTime() *timestamppb.Timestamp {
 		return x.UpdateTime
 	}
 	return nil
-}
-
-func (x *Task) GetStepCount() int32 {
-	if x != nil {
-		return x.StepCount
-	}
-	return 0
 }
 
 func (x *Task) GetArtifactCount() int32 {
@@ -498,7 +489,7 @@ var File_parley_tasks_v1_task_proto protoreflect.FileDescriptor
 
 const file_parley_tasks_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x1aparley/tasks/v1/task.proto\x12\x0fparley.tasks.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xb7\x04\n" +
+	"\x1aparley/tasks/v1/task.proto\x12\x0fparley.tasks.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x04\n" +
 	"\x04Task\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1a\n" +
 	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x05R\x05agent\x12\x1f\n" +
@@ -508,9 +499,7 @@ const file_parley_tasks_v1_task_proto_rawDesc = "" +
 	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12A\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"updateTime\x12#\n" +
-	"\n" +
-	"step_count\x18\b \x01(\x05B\x04\xe2A\x01\x03R\tstepCount\x12+\n" +
+	"updateTime\x12+\n" +
 	"\x0eartifact_count\x18\t \x01(\x05B\x04\xe2A\x01\x03R\rartifactCount\"Y\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
@@ -518,7 +507,8 @@ const file_parley_tasks_v1_task_proto_rawDesc = "" +
 	"\x0eSTATE_FINISHED\x10\x02\x12\x13\n" +
 	"\x0fSTATE_CANCELLED\x10\x03:(\xeaA%\n" +
 	"\x15tasks.parley.dev/Task\x12\ftasks/{task}B\b\n" +
-	"\x06_input\"\xf6\x05\n" +
+	"\x06_inputJ\x04\b\b\x10\tR\n" +
+	"step_count\"\xf6\x05\n" +
 	"\x04Step\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1f\n" +
 	"\x05input\x18\x02 \x01(\tB\x04\xe2A\x01\x05H\x00R\x05input\x88\x01\x01\x128\n" +

@@ -375,7 +375,6 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		UpdateTime:          now,
 	}
 	st, err := s.store.CreateStep(ctx, taskID, in, func(t *tasksv1.Task, st *tasksv1.Step) error {
-		t.UpdateTime = now
 		if t.GetState() != tasksv1.Task_STATE_ACTIVE {
 			st.Status = tasksv1.Step_STATUS_COMPLETED
 			st.Output = proto.String(finishedOutput(t))

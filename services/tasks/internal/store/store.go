@@ -25,11 +25,13 @@ type StepRef struct {
 }
 
 // Store is the tasks's persistent state. Ids are the last segment of the
-// resource names (tasks/{task_id}/steps/{step_id}). Lists are in creation
-// order; offset and limit select a window and total counts every item.
+// resource names (tasks/{task_id}/steps/{step_id}). Tasks and artifacts are
+// listed in creation order, steps in step id order (the server's ids are
+// time-ordered, so that is creation order too); offset and limit select a
+// window and total counts every item.
 type Store interface {
 	// CreateTask stores a new task; its name must be unused (else
-	// ErrAlreadyExists). step_count and artifact_count are set to zero.
+	// ErrAlreadyExists). artifact_count is set to zero.
 	CreateTask(ctx context.Context, t *tasksv1.Task) error
 	// GetTask returns a task or ErrNotFound.
 	GetTask(ctx context.Context, taskID string) (*tasksv1.Task, error)
@@ -41,10 +43,10 @@ type Store interface {
 	// returned as is.
 	UpdateTask(ctx context.Context, taskID string, mutate func(*tasksv1.Task) error) (*tasksv1.Task, error)
 
-	// CreateStep stores s as the task's next step. decide runs inside the
+	// CreateStep stores a new step s of the task. decide runs inside the
 	// transaction with the stored task and s, and may change both (for
 	// example to complete s at once because the task is finished); if it
-	// fails nothing is written. A step left with status CREATED is recorded
+	// fails nothing is written. The task is written only if decide changed it. A step left with status CREATED is recorded
 	// as pending (see ListPending).
 	CreateStep(ctx context.Context, taskID string, s *tasksv1.Step, decide func(*tasksv1.Task, *tasksv1.Step) error) (*tasksv1.Step, error)
 	// GetStep returns a step or ErrNotFound.

@@ -6,7 +6,10 @@
 // disk.
 //
 // Keys: ids are UUIDs; seq is a big-endian uint64 giving an item's position
-// in its list, so a page at any offset is one Seek.
+// in its list, so a page of tasks or artifacts at any offset is one Seek.
+// Steps are keyed by their (time-ordered) ids instead, so that creating one
+// writes only its own key and the pending mark; paging skips keys and the
+// total is counted.
 package boltstore
 
 import (
@@ -42,10 +45,10 @@ var (
 	bucketAgentTasks = []byte("agent_tasks")
 	// bucketAgentCounts maps agent to its task count (big-endian uint64).
 	bucketAgentCounts = []byte("agent_counts")
-	// bucketSteps maps task_id NUL seq to a marshalled tasksv1.Step.
+	// bucketSteps maps task_id NUL step_id to a marshalled tasksv1.Step.
+	// Step ids are time-ordered, so a task's steps are in creation order and
+	// new steps land together on few pages.
 	bucketSteps = []byte("steps")
-	// bucketStepIndex maps task_id NUL step_id to the step's seq.
-	bucketStepIndex = []byte("step_index")
 	// bucketArtifacts maps task_id NUL seq to a marshalled tasksv1.Artifact.
 	bucketArtifacts = []byte("artifacts")
 	// bucketArtifactIndex maps task_id NUL artifact_id to the artifact's seq.
@@ -55,7 +58,7 @@ var (
 	bucketPending = []byte("pending")
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketTasks, bucketAgentTasks, bucketAgentCounts, bucketSteps, bucketStepIndex, bucketArtifacts, bucketArtifactIndex, bucketPending}
+var allBuckets = [][]byte{bucketMeta, bucketTasks, bucketAgentTasks, bucketAgentCounts, bucketSteps, bucketArtifacts, bucketArtifactIndex, bucketPending}
 
 const schemaVersion = 1
 
@@ -163,7 +166,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 			return err
 		}
 		c := proto.CloneOf(t)
-		c.StepCount, c.ArtifactCount = 0, 0
+		c.ArtifactCount = 0
 		return put(tasks, []byte(id), c)
 	})
 }
@@ -244,28 +247,26 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		if err != nil {
 			return err
 		}
+		before := proto.CloneOf(t)
 		st := proto.CloneOf(in) // a group commit may run this function twice
 		if err := decide(t, st); err != nil {
 			return err
 		}
-		stepID := lastSegment(st.GetName())
-		idx := tx.Bucket(bucketStepIndex)
-		ik := key([]byte(taskID), []byte(stepID))
-		if idx.Get(ik) != nil {
+		k := key([]byte(taskID), []byte(lastSegment(st.GetName())))
+		steps := tx.Bucket(bucketSteps)
+		if steps.Get(k) != nil {
 			return fmt.Errorf("step %q: %w", st.GetName(), store.ErrAlreadyExists)
 		}
-		seq := seqBytes(uint64(t.GetStepCount()))
-		t.StepCount++
-		if err := idx.Put(ik, seq); err != nil {
+		if err := put(steps, k, st); err != nil {
 			return err
 		}
-		if err := put(tx.Bucket(bucketSteps), key([]byte(taskID), seq), st); err != nil {
-			return err
-		}
-		if err := setPending(tx, ik, st); err != nil {
+		if err := setPending(tx, k, st); err != nil {
 			return err
 		}
 		out = st
+		if proto.Equal(before, t) {
+			return nil
+		}
 		return put(tx.Bucket(bucketTasks), []byte(taskID), t)
 	})
 	if err != nil {
@@ -274,27 +275,24 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 	return out, nil
 }
 
-func setPending(tx *bolt.Tx, ik []byte, st *tasksv1.Step) error {
+func setPending(tx *bolt.Tx, k []byte, st *tasksv1.Step) error {
 	if st.GetStatus() == tasksv1.Step_STATUS_CREATED {
-		return tx.Bucket(bucketPending).Put(ik, nil)
+		return tx.Bucket(bucketPending).Put(k, nil)
 	}
-	return tx.Bucket(bucketPending).Delete(ik)
+	return tx.Bucket(bucketPending).Delete(k)
 }
 
-func stepKey(tx *bolt.Tx, ref store.StepRef) ([]byte, error) {
-	seq := tx.Bucket(bucketStepIndex).Get(key([]byte(ref.TaskID), []byte(ref.StepID)))
-	if seq == nil {
-		return nil, fmt.Errorf("step %q of task %q: %w", ref.StepID, ref.TaskID, store.ErrNotFound)
+func getStep(tx *bolt.Tx, ref store.StepRef) ([]byte, *tasksv1.Step, error) {
+	k := key([]byte(ref.TaskID), []byte(ref.StepID))
+	v := tx.Bucket(bucketSteps).Get(k)
+	if v == nil {
+		return nil, nil, fmt.Errorf("step %q of task %q: %w", ref.StepID, ref.TaskID, store.ErrNotFound)
 	}
-	return key([]byte(ref.TaskID), seq), nil
-}
-
-func getStep(tx *bolt.Tx, k []byte) (*tasksv1.Step, error) {
 	st := &tasksv1.Step{}
-	if err := proto.Unmarshal(tx.Bucket(bucketSteps).Get(k), st); err != nil {
-		return nil, fmt.Errorf("decode step: %w", err)
+	if err := proto.Unmarshal(v, st); err != nil {
+		return nil, nil, fmt.Errorf("decode step: %w", err)
 	}
-	return st, nil
+	return k, st, nil
 }
 
 // GetStep implements store.Store.
@@ -304,11 +302,8 @@ func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, 
 	}
 	var st *tasksv1.Step
 	err := s.db.View(func(tx *bolt.Tx) error {
-		k, err := stepKey(tx, ref)
-		if err != nil {
-			return err
-		}
-		st, err = getStep(tx, k)
+		var err error
+		_, st, err = getStep(tx, ref)
 		return err
 	})
 	return st, err
@@ -338,13 +333,22 @@ func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int)
 	var out []*tasksv1.Step
 	var total int
 	err := s.db.View(func(tx *bolt.Tx) error {
-		t, err := getTask(tx, taskID)
-		if err != nil {
+		if _, err := getTask(tx, taskID); err != nil {
 			return err
 		}
-		total = int(t.GetStepCount())
-		out, err = listChildren(tx, bucketSteps, taskID, offset, limit, func() *tasksv1.Step { return &tasksv1.Step{} })
-		return err
+		prefix := append([]byte(taskID), 0)
+		c := tx.Bucket(bucketSteps).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if total >= offset && len(out) < limit {
+				st := &tasksv1.Step{}
+				if err := proto.Unmarshal(v, st); err != nil {
+					return fmt.Errorf("decode step of task %q: %w", taskID, err)
+				}
+				out = append(out, st)
+			}
+			total++
+		}
+		return nil
 	})
 	return out, total, err
 }
@@ -360,11 +364,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		if err != nil {
 			return err
 		}
-		k, err := stepKey(tx, ref)
-		if err != nil {
-			return err
-		}
-		st, err := getStep(tx, k)
+		k, st, err := getStep(tx, ref)
 		if err != nil {
 			return err
 		}
@@ -381,7 +381,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		if err := put(tx.Bucket(bucketSteps), k, st); err != nil {
 			return err
 		}
-		if err := setPending(tx, key([]byte(ref.TaskID), []byte(ref.StepID)), st); err != nil {
+		if err := setPending(tx, k, st); err != nil {
 			return err
 		}
 		out = st
