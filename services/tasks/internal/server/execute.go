@@ -168,9 +168,11 @@ func (e *executor) run(ref store.StepRef, attempt int) {
 	e.mu.Lock()
 	e.running[ref] = true
 	e.mu.Unlock()
-	running := proto.CloneOf(st)
-	running.Status, running.StatusMessage = tasksv1.Step_STATUS_RUNNING, ""
-	e.s.hub.publish(ref.TaskID, running)
+	if e.s.hub.watched(ref.TaskID) {
+		running := proto.CloneOf(st)
+		running.Status, running.StatusMessage = tasksv1.Step_STATUS_RUNNING, ""
+		e.s.hub.publish(ref.TaskID, running)
+	}
 
 	cctx, cancel := context.WithTimeout(ctx, e.s.opts.StepTimeout)
 	resp, err := e.client.ExecuteStep(cctx, &dispatcherv1.ExecuteStepRequest{

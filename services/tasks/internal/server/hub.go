@@ -68,6 +68,14 @@ func (h *hub) removeLocked(taskID string, sub *subscriber) {
 	h.n--
 }
 
+// watched reports whether the task has subscribers, so callers can skip
+// building updates nobody reads.
+func (h *hub) watched(taskID string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs[taskID]) > 0
+}
+
 // publish sends a copy of st to the task's subscribers without blocking.
 func (h *hub) publish(taskID string, st *tasksv1.Step) {
 	h.mu.Lock()
