@@ -541,7 +541,7 @@ func TestGRPC_createThenReadOverREST(t *testing.T) {
 	ctx := t.Context()
 	var names []string
 	for i := range 5 {
-		tk, err := e.client.CreateTask(ctx, &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: "clients/default/agents/agent", Input: proto.String(fmt.Sprint("in", i))}})
+		tk, err := e.client.CreateTask(ctx, &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: "clients/default/agents/agent", Input: fmt.Sprint("in", i)}})
 		if err != nil {
 			t.Fatal(err)
 		}

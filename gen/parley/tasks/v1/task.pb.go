@@ -142,18 +142,20 @@ type Task struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The resource name. Format: tasks/{task_id}.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// The agent serving the task. Format: clients/{client}/agents/{agent}.
-	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
-	// The input prompt of the task; unset when the creator gave none.
-	Input *string `protobuf:"bytes,3,opt,name=input,proto3,oneof" json:"input,omitempty"`
-	// The task's additional_input: raw JSON bytes of an object; empty means {}.
-	AdditionalInputJson []byte `protobuf:"bytes,4,opt,name=additional_input_json,json=additionalInputJson,proto3" json:"additional_input_json,omitempty"`
-	// The task's state.
-	State Task_State `protobuf:"varint,5,opt,name=state,proto3,enum=parley.tasks.v1.Task_State" json:"state,omitempty"`
+	// The input prompt of the task.
+	Input string `protobuf:"bytes,2,opt,name=input,proto3" json:"input,omitempty"`
 	// When the task was created.
-	CreateTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	// When the task last changed (a step, an artifact, a state change).
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The agent serving the task. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The task's additional_input: raw JSON bytes of an object; empty means {}.
+	AdditionalInputJson []byte `protobuf:"bytes,5,opt,name=additional_input_json,json=additionalInputJson,proto3" json:"additional_input_json,omitempty"`
+	// The task's state.
+	State Task_State `protobuf:"varint,6,opt,name=state,proto3,enum=parley.tasks.v1.Task_State" json:"state,omitempty"`
+	// When the task last changed (its state, a new artifact).
 	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Whether the creator gave an input; false is the Agent Protocol's null.
+	HasInput bool `protobuf:"varint,8,opt,name=has_input,json=hasInput,proto3" json:"has_input,omitempty"`
 	// How many artifacts the task has.
 	ArtifactCount int32 `protobuf:"varint,9,opt,name=artifact_count,json=artifactCount,proto3" json:"artifact_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -197,16 +199,23 @@ func (x *Task) GetName() string {
 	return ""
 }
 
-func (x *Task) GetAgent() string {
+func (x *Task) GetInput() string {
 	if x != nil {
-		return x.Agent
+		return x.Input
 	}
 	return ""
 }
 
-func (x *Task) GetInput() string {
-	if x != nil && x.Input != nil {
-		return *x.Input
+func (x *Task) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Task) GetAgent() string {
+	if x != nil {
+		return x.Agent
 	}
 	return ""
 }
@@ -225,18 +234,18 @@ func (x *Task) GetState() Task_State {
 	return Task_STATE_UNSPECIFIED
 }
 
-func (x *Task) GetCreateTime() *timestamppb.Timestamp {
-	if x != nil {
-		return x.CreateTime
-	}
-	return nil
-}
-
 func (x *Task) GetUpdateTime() *timestamppb.Timestamp {
 	if x != nil {
 		return x.UpdateTime
 	}
 	return nil
+}
+
+func (x *Task) GetHasInput() bool {
+	if x != nil {
+		return x.HasInput
+	}
+	return false
 }
 
 func (x *Task) GetArtifactCount() int32 {
@@ -489,26 +498,25 @@ var File_parley_tasks_v1_task_proto protoreflect.FileDescriptor
 
 const file_parley_tasks_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x1aparley/tasks/v1/task.proto\x12\x0fparley.tasks.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa4\x04\n" +
+	"\x1aparley/tasks/v1/task.proto\x12\x0fparley.tasks.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x04\n" +
 	"\x04Task\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1a\n" +
-	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x05R\x05agent\x12\x1f\n" +
-	"\x05input\x18\x03 \x01(\tB\x04\xe2A\x01\x05H\x00R\x05input\x88\x01\x01\x128\n" +
-	"\x15additional_input_json\x18\x04 \x01(\fB\x04\xe2A\x01\x05R\x13additionalInputJson\x127\n" +
-	"\x05state\x18\x05 \x01(\x0e2\x1b.parley.tasks.v1.Task.StateB\x04\xe2A\x01\x03R\x05state\x12A\n" +
-	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime\x12A\n" +
+	"\x05input\x18\x02 \x01(\tB\x04\xe2A\x01\x05R\x05input\x12A\n" +
+	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
+	"createTime\x12\x1a\n" +
+	"\x05agent\x18\x04 \x01(\tB\x04\xe2A\x01\x05R\x05agent\x128\n" +
+	"\x15additional_input_json\x18\x05 \x01(\fB\x04\xe2A\x01\x05R\x13additionalInputJson\x127\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1b.parley.tasks.v1.Task.StateB\x04\xe2A\x01\x03R\x05state\x12A\n" +
 	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"updateTime\x12+\n" +
+	"updateTime\x12!\n" +
+	"\thas_input\x18\b \x01(\bB\x04\xe2A\x01\x05R\bhasInput\x12+\n" +
 	"\x0eartifact_count\x18\t \x01(\x05B\x04\xe2A\x01\x03R\rartifactCount\"Y\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_ACTIVE\x10\x01\x12\x12\n" +
 	"\x0eSTATE_FINISHED\x10\x02\x12\x13\n" +
 	"\x0fSTATE_CANCELLED\x10\x03:(\xeaA%\n" +
-	"\x15tasks.parley.dev/Task\x12\ftasks/{task}B\b\n" +
-	"\x06_inputJ\x04\b\b\x10\tR\n" +
-	"step_count\"\xf6\x05\n" +
+	"\x15tasks.parley.dev/Task\x12\ftasks/{task}\"\xf6\x05\n" +
 	"\x04Step\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1f\n" +
 	"\x05input\x18\x02 \x01(\tB\x04\xe2A\x01\x05H\x00R\x05input\x88\x01\x01\x128\n" +
@@ -568,8 +576,8 @@ var file_parley_tasks_v1_task_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
 }
 var file_parley_tasks_v1_task_proto_depIdxs = []int32{
-	0, // 0: parley.tasks.v1.Task.state:type_name -> parley.tasks.v1.Task.State
-	5, // 1: parley.tasks.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	5, // 0: parley.tasks.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	0, // 1: parley.tasks.v1.Task.state:type_name -> parley.tasks.v1.Task.State
 	5, // 2: parley.tasks.v1.Task.update_time:type_name -> google.protobuf.Timestamp
 	1, // 3: parley.tasks.v1.Step.status:type_name -> parley.tasks.v1.Step.Status
 	4, // 4: parley.tasks.v1.Step.artifacts:type_name -> parley.tasks.v1.Artifact
@@ -588,7 +596,6 @@ func file_parley_tasks_v1_task_proto_init() {
 	if File_parley_tasks_v1_task_proto != nil {
 		return
 	}
-	file_parley_tasks_v1_task_proto_msgTypes[0].OneofWrappers = []any{}
 	file_parley_tasks_v1_task_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

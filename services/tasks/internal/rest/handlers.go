@@ -101,7 +101,8 @@ func (h *Handlers) createTask(w http.ResponseWriter, r *http.Request) {
 	}
 	t, err := h.b.CreateTask(r.Context(), &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{
 		Agent:               agent,
-		Input:               body.input,
+		Input:               deref(body.input),
+		HasInput:            body.input != nil,
 		AdditionalInputJson: body.additionalInput,
 	}})
 	if err != nil {
@@ -449,4 +450,11 @@ func (h *Handlers) downloadArtifact(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": a.GetFileName()}))
 	http.ServeContent(w, r, "", a.GetCreateTime().AsTime(), f)
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
 }

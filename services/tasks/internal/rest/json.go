@@ -90,9 +90,13 @@ var taskStates = map[tasksv1.Task_State]string{
 }
 
 func toTaskJSON(t *tasksv1.Task, arts []*tasksv1.Artifact) taskJSON {
+	var input *string
+	if t.GetHasInput() {
+		input = &t.Input
+	}
 	return taskJSON{
 		TaskID:          lastSegment(t.GetName()),
-		Input:           t.Input,
+		Input:           input,
 		AdditionalInput: object(t.GetAdditionalInputJson()),
 		Artifacts:       toArtifactsJSON(arts),
 		State:           taskStates[t.GetState()],

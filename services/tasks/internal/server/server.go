@@ -231,7 +231,8 @@ func (s *Server) CreateTask(ctx context.Context, req *tasksv1.CreateTaskRequest)
 	t := &tasksv1.Task{
 		Name:                "tasks/" + s.ids.next(),
 		Agent:               in.GetAgent(),
-		Input:               in.Input,
+		Input:               in.GetInput(),
+		HasInput:            in.GetHasInput() || in.GetInput() != "",
 		AdditionalInputJson: bytes.TrimSpace(in.GetAdditionalInputJson()),
 		State:               tasksv1.Task_STATE_ACTIVE,
 		CreateTime:          now,

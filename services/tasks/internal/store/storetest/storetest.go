@@ -45,7 +45,8 @@ func task(id, agent string) *tasksv1.Task {
 	return &tasksv1.Task{
 		Name:                "tasks/" + id,
 		Agent:               agent,
-		Input:               proto.String("input " + id),
+		Input:               "input " + id,
+		HasInput:            true,
 		AdditionalInputJson: []byte(`{"k":1}`),
 		State:               tasksv1.Task_STATE_ACTIVE,
 		CreateTime:          timestamppb.Now(),
@@ -207,7 +208,7 @@ func testMutateError(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	boom := errors.New("boom")
-	if _, err := s.UpdateTask(ctx, "t", func(t *tasksv1.Task) error { t.Input = proto.String("changed"); return boom }); !errors.Is(err, boom) {
+	if _, err := s.UpdateTask(ctx, "t", func(t *tasksv1.Task) error { t.Input = "changed"; return boom }); !errors.Is(err, boom) {
 		t.Errorf("UpdateTask = %v, want boom", err)
 	}
 	if _, err := s.CreateStep(ctx, "t", step("t", "s"), func(*tasksv1.Task, *tasksv1.Step) error { return boom }); !errors.Is(err, boom) {
