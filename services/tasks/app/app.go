@@ -71,6 +71,11 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		return err
 	}
 	rest.New(a.server, restOptions(a.cfg)).Register(s.Handle)
+	for _, c := range a.server.Collectors() {
+		if err := s.Registry().Register(c); err != nil {
+			return err
+		}
+	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("tasks-store", a.store.Ping)
 	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))

@@ -79,6 +79,12 @@ func TestAgentProtocol_badBodiesAre422AndWriteNothing(t *testing.T) {
 		{"extra brace", `{"input":"x"}}`},
 	}
 	for _, path := range []string{ap, ap + "/" + task + "/steps"} {
+		big := `{"input":"` + strings.Repeat("x", 2<<20) + `"}`
+		if r := postJSON(t, e.url+path, big); r.code != http.StatusRequestEntityTooLarge || !strings.Contains(string(r.body), "message") {
+			t.Errorf("POST %s with a 2 MiB body = %d %.100s, want 413 with a message", path, r.code, r.body)
+		}
+	}
+	for _, path := range []string{ap, ap + "/" + task + "/steps"} {
 		for _, tc := range bodies {
 			t.Run(path+"/"+tc.name, func(t *testing.T) {
 				r := postJSON(t, e.url+path, tc.body)
@@ -360,14 +366,14 @@ func TestSteps_completeThroughDispatcher(t *testing.T) {
 
 func TestSteps_noExecutorStaysCreatedThenRuns(t *testing.T) {
 	fake, conn := startFakeDispatcher(t, noExecutor)
-	e := startTasks(t, t.TempDir(), conn)
+	e := startTasks(t, t.TempDir(), conn, func(c *config.Config) { c.StepWait = time.Minute })
 	task := e.createTask(t, `{}`)
 	start := time.Now()
 	step := mustOK(t, postJSON(t, e.url+ap+"/"+task+"/steps", `{"input":"x"}`))
 	if step["status"] != "created" || !strings.Contains(fmt.Sprint(step["status_message"]), "no executor") {
 		t.Fatalf("step without executor = %v; want created with a status_message about no executor", step)
 	}
-	if d := time.Since(start); d > 4*time.Second {
+	if d := time.Since(start); d > 30*time.Second {
 		t.Errorf("POST took %v; a parked step should return without waiting out --ap-step-wait", d)
 	}
 	fake.set(echoStep)
@@ -576,5 +582,18 @@ func TestGRPC_createThenReadOverREST(t *testing.T) {
 	}
 	if _, err := e.client.GetTask(ctx, &tasksv1.GetTaskRequest{Name: "tasks/../x"}); err == nil {
 		t.Errorf("GetTask(bad name) = nil error, want INVALID_ARGUMENT")
+	}
+}
+
+func TestMetrics_countStepAttempts(t *testing.T) {
+	_, conn := startFakeDispatcher(t, echoStep)
+	e := startTasks(t, t.TempDir(), conn)
+	task := e.createTask(t, `{}`)
+	mustOK(t, postJSON(t, e.url+ap+"/"+task+"/steps", `{"input":"x"}`))
+	r := get(t, e.url+"/metrics")
+	for _, want := range []string{`parley_tasks_step_attempts_total{result="completed"} 1`, "parley_tasks_waiting_steps 0", "parley_tasks_event_streams 0"} {
+		if !strings.Contains(string(r.body), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
 	}
 }

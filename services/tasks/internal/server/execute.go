@@ -253,6 +253,7 @@ func (e *executor) complete(ctx context.Context, ref store.StepRef, t *tasksv1.T
 		return fmt.Errorf("store step result: %w", err)
 	}
 	e.finish(ref)
+	e.s.metrics.attempts.WithLabelValues("completed").Inc()
 	e.s.hub.publish(ref.TaskID, st)
 	return nil
 }
@@ -277,6 +278,7 @@ func parkMessage(agent string, err error) string {
 // park records why the step waits, wakes its waiters and schedules another
 // attempt.
 func (e *executor) park(ctx context.Context, ref store.StepRef, t *tasksv1.Task, attempt int, cause error) {
+	e.s.metrics.attempts.WithLabelValues("waiting").Inc()
 	msg := parkMessage(t.GetAgent(), cause)
 	// Say it once per step; retries of a step still waiting are debug noise.
 	level := slog.LevelDebug

@@ -57,14 +57,15 @@ type Options struct {
 type Server struct {
 	tasksv1.UnimplementedTasksServiceServer
 
-	store  store.Store
-	files  *artifactfs.FS
-	logger *slog.Logger
-	opts   Options
-	hub    *hub
-	exec   *executor
-	ids    *idGen
-	now    func() time.Time
+	store   store.Store
+	files   *artifactfs.FS
+	logger  *slog.Logger
+	opts    Options
+	hub     *hub
+	exec    *executor
+	ids     *idGen
+	metrics *metrics
+	now     func() time.Time
 }
 
 var _ tasksv1.TasksServiceServer = (*Server)(nil)
@@ -90,7 +91,7 @@ func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.Dispatche
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 512
 	}
-	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, now: time.Now}
+	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, metrics: newMetrics(), now: time.Now}
 	s.exec = newExecutor(s, dispatcher)
 	return s
 }
