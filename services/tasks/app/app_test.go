@@ -227,6 +227,8 @@ func TestUpload_refusesTraversalAndWritesNothing(t *testing.T) {
 		{"backslashes", `..\..\x`, "f.txt"},
 		{"NUL", "a\x00", "f.txt"},
 		{"dotdot file name", "", ".."},
+		{"file name with directories", "", "../../../evil"},
+		{"absolute file name", "", "/etc/passwd"},
 		{"backslash file name", "", `..\evil`},
 		{"drive", "C:/Windows", "f.txt"},
 	}

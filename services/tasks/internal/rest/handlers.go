@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"mime"
+	"mime/multipart"
 	"net/http"
 	"os"
 	"regexp"
@@ -386,7 +387,7 @@ func (h *Handlers) uploadArtifact(w http.ResponseWriter, r *http.Request) {
 				writeError(w, http.StatusBadRequest, "the upload has more than one part named file")
 				return
 			}
-			fileName = part.FileName()
+			fileName = rawFileName(part)
 			if fileName == "" {
 				writeError(w, http.StatusBadRequest, "the file part has no filename")
 				return
@@ -457,4 +458,16 @@ func deref(s *string) string {
 		return ""
 	}
 	return *s
+}
+
+// rawFileName returns the file part's filename as the client sent it.
+// multipart.Part.FileName strips directories, which would quietly accept
+// "../../etc/passwd" as "passwd"; a traversal attempt must be refused
+// instead, so the name is checked as sent.
+func rawFileName(p *multipart.Part) string {
+	_, params, err := mime.ParseMediaType(p.Header.Get("Content-Disposition"))
+	if err != nil {
+		return ""
+	}
+	return params["filename"]
 }
