@@ -31,7 +31,8 @@ require (
 )
 
 replace (
-	github.com/parleyhq/parley/gen => ../gen
 	github.com/parleyhq/parley/platform => ../platform
 	github.com/parleyhq/parley/services/negotiator => ../services/negotiator
 )
+
+replace github.com/parleyhq/parley/gen => ../gen

@@ -1,17 +1,22 @@
-// Package app assembles the tasks: its store, gRPC server, gateway routes,
-// health and readiness. Both the one-service binary and `parley serve` use it.
+// Package app assembles the tasks: its store, artifact files, gRPC server,
+// the hand-written Agent Protocol routes, health and readiness. Both the
+// one-service binary and `parley serve` use it.
 package app
 
 import (
 	"context"
+	"flag"
 	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/tasks/config"
+	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
+	"github.com/parleyhq/parley/services/tasks/internal/rest"
 	"github.com/parleyhq/parley/services/tasks/internal/server"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 	"github.com/parleyhq/parley/services/tasks/internal/store/boltstore"
@@ -40,27 +45,63 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &App{cfg: cfg, logger: logger, store: st, server: server.New(st, logger), peers: peers}, nil
+	files, err := artifactfs.New(cfg.DataDir)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, server.Options{
+		StepWait:       cfg.StepWait,
+		StepTimeout:    cfg.StepTimeout,
+		RetryMax:       cfg.RetryMax,
+		MaxPageSize:    cfg.MaxPageSize,
+		MaxUploadBytes: cfg.MaxUploadBytes,
+		MaxWatchers:    cfg.MaxWatchers,
+		MaxInFlight:    cfg.MaxInFlight,
+	})
+	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers}, nil
 }
 
-// Register mounts the tasks on s: gRPC service, gateway handlers, health
-// name and readiness check.
+// Register mounts the tasks on s: gRPC service, gateway handlers, the Agent
+// Protocol routes, health name and readiness check. It also resumes steps
+// left pending by the last run.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	tasksv1.RegisterTasksServiceServer(s.GRPC, a.server)
 	if err := tasksv1.RegisterTasksServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
 	}
+	rest.New(a.server, restOptions(a.cfg)).Register(s.Handle)
+	for _, c := range a.server.Collectors() {
+		if err := s.Registry().Register(c); err != nil {
+			return err
+		}
+	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("tasks-store", a.store.Ping)
 	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
-	return nil
+	return a.server.Start(ctx)
 }
 
-// Close closes the store.
-func (a *App) Close() error { return a.store.Close() }
+func restOptions(cfg config.Config) rest.Options {
+	return rest.Options{DefaultAgent: cfg.AgentName(), MaxPageSize: cfg.MaxPageSize, MaxUploadBytes: cfg.MaxUploadBytes}
+}
+
+// Close stops step execution, then closes the store.
+func (a *App) Close() error {
+	a.server.Close()
+	return a.store.Close()
+}
 
 // RegisterGateway mounts the tasks's REST routes on s for a gateway process
-// that reaches the tasks over conn instead of in-process.
+// that reaches the tasks over conn instead of in-process. It serves the
+// default agent and limits of a default configuration (--ap-agent
+// default:agent).
 func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
+	var cfg config.Config
+	fs := newFlagSet()
+	cfg.RegisterFlags(fs)
+	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(conn)), restOptions(cfg)).Register(s.Handle)
 	return tasksv1.RegisterTasksServiceHandler(ctx, s.Gateway, conn)
 }
+
+func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("tasks-gateway", flag.ContinueOnError) }

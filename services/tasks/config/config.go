@@ -5,6 +5,10 @@ package config
 import (
 	"errors"
 	"flag"
+	"fmt"
+	"regexp"
+	"strings"
+	"time"
 
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/serve"
@@ -17,18 +21,79 @@ type Config struct {
 	// DispatcherAddr is the dispatcher gRPC address (one-service binary only;
 	// `parley serve` connects in-process).
 	DispatcherAddr string
+
+	// Agent is the agent served at /ap/v1/agent, as client:agent.
+	Agent string
+	// StepWait is how long POST .../steps waits for a step to complete.
+	StepWait time.Duration
+	// StepTimeout bounds one ExecuteStep call.
+	StepTimeout time.Duration
+	// RetryMax caps the backoff between attempts at a parked step.
+	RetryMax time.Duration
+	// MaxPageSize is the largest page_size a list accepts.
+	MaxPageSize int
+	// MaxUploadBytes caps an artifact's size.
+	MaxUploadBytes int64
+	// MaxWatchers caps concurrent event-stream subscribers.
+	MaxWatchers int
+	// MaxInFlight caps concurrent ExecuteStep calls.
+	MaxInFlight int
 }
 
 // RegisterFlags adds the tasks's own flags (not the shared serving flags)
 // to fs. The all-in-one `parley serve` calls it too, so names must not clash
 // with other services' flags.
-func (c *Config) RegisterFlags(fs *flag.FlagSet) {}
+func (c *Config) RegisterFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Agent, "ap-agent", "default:agent", "agent served at /ap/v1/agent, as client:agent (others are at /agents/{client}/{agent}/ap/v1/agent)")
+	fs.DurationVar(&c.StepWait, "ap-step-wait", 30*time.Second, "how long POST .../steps waits for the step to complete before returning it as stored")
+	fs.DurationVar(&c.StepTimeout, "ap-step-timeout", 10*time.Minute, "how long one step execution may take before it is retried")
+	fs.DurationVar(&c.RetryMax, "ap-retry-max", 30*time.Second, "longest wait between attempts at a step that has no executor yet")
+	fs.IntVar(&c.MaxPageSize, "ap-max-page-size", 100, "largest page_size accepted by list endpoints")
+	fs.Int64Var(&c.MaxUploadBytes, "ap-max-upload-bytes", 32<<20, "largest artifact accepted, in bytes (larger uploads get 413)")
+	fs.IntVar(&c.MaxWatchers, "ap-max-watchers", 1024, "most concurrent task event streams")
+	fs.IntVar(&c.MaxInFlight, "ap-max-in-flight", 512, "most steps executing at once")
+}
+
+var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
+
+// ValidID reports whether s is a DNS-safe lowercase client or agent id.
+func ValidID(s string) bool { return idPattern.MatchString(s) }
+
+// AgentName returns the resource name of the --ap-agent value.
+func (c *Config) AgentName() string {
+	client, agent, _ := strings.Cut(c.Agent, ":")
+	return "clients/" + client + "/agents/" + agent
+}
 
 // Validate reports every bad value at once.
 func (c *Config) Validate() error {
 	var errs []error
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data must not be empty"))
+	}
+	if client, agent, ok := strings.Cut(c.Agent, ":"); !ok || !ValidID(client) || !ValidID(agent) {
+		errs = append(errs, fmt.Errorf("--ap-agent %q must be client:agent with lowercase DNS-safe ids", c.Agent))
+	}
+	if c.StepWait < 0 {
+		errs = append(errs, errors.New("--ap-step-wait must not be negative"))
+	}
+	if c.StepTimeout <= 0 {
+		errs = append(errs, errors.New("--ap-step-timeout must be positive"))
+	}
+	if c.RetryMax <= 0 {
+		errs = append(errs, errors.New("--ap-retry-max must be positive"))
+	}
+	if c.MaxPageSize < 1 || c.MaxPageSize > 10000 {
+		errs = append(errs, errors.New("--ap-max-page-size must be between 1 and 10000"))
+	}
+	if c.MaxUploadBytes < 1 {
+		errs = append(errs, errors.New("--ap-max-upload-bytes must be positive"))
+	}
+	if c.MaxWatchers < 1 {
+		errs = append(errs, errors.New("--ap-max-watchers must be positive"))
+	}
+	if c.MaxInFlight < 1 {
+		errs = append(errs, errors.New("--ap-max-in-flight must be positive"))
 	}
 	return errors.Join(errs...)
 }

@@ -23,6 +23,120 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// State is where a task is in its life.
+type Task_State int32
+
+const (
+	// Not used.
+	Task_STATE_UNSPECIFIED Task_State = 0
+	// The task accepts new steps.
+	Task_STATE_ACTIVE Task_State = 1
+	// A step ended with is_last; new steps complete at once saying so.
+	Task_STATE_FINISHED Task_State = 2
+	// The task was cancelled; pending steps are no longer dispatched.
+	Task_STATE_CANCELLED Task_State = 3
+)
+
+// Enum value maps for Task_State.
+var (
+	Task_State_name = map[int32]string{
+		0: "STATE_UNSPECIFIED",
+		1: "STATE_ACTIVE",
+		2: "STATE_FINISHED",
+		3: "STATE_CANCELLED",
+	}
+	Task_State_value = map[string]int32{
+		"STATE_UNSPECIFIED": 0,
+		"STATE_ACTIVE":      1,
+		"STATE_FINISHED":    2,
+		"STATE_CANCELLED":   3,
+	}
+)
+
+func (x Task_State) Enum() *Task_State {
+	p := new(Task_State)
+	*p = x
+	return p
+}
+
+func (x Task_State) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Task_State) Descriptor() protoreflect.EnumDescriptor {
+	return file_parley_tasks_v1_task_proto_enumTypes[0].Descriptor()
+}
+
+func (Task_State) Type() protoreflect.EnumType {
+	return &file_parley_tasks_v1_task_proto_enumTypes[0]
+}
+
+func (x Task_State) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Task_State.Descriptor instead.
+func (Task_State) EnumDescriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_task_proto_rawDescGZIP(), []int{0, 0}
+}
+
+// Status is the Agent Protocol step status.
+type Step_Status int32
+
+const (
+	// Not used.
+	Step_STATUS_UNSPECIFIED Step_Status = 0
+	// Stored, waiting to be executed (also while no executor is connected).
+	Step_STATUS_CREATED Step_Status = 1
+	// An executor is running the step.
+	Step_STATUS_RUNNING Step_Status = 2
+	// The step has its output.
+	Step_STATUS_COMPLETED Step_Status = 3
+)
+
+// Enum value maps for Step_Status.
+var (
+	Step_Status_name = map[int32]string{
+		0: "STATUS_UNSPECIFIED",
+		1: "STATUS_CREATED",
+		2: "STATUS_RUNNING",
+		3: "STATUS_COMPLETED",
+	}
+	Step_Status_value = map[string]int32{
+		"STATUS_UNSPECIFIED": 0,
+		"STATUS_CREATED":     1,
+		"STATUS_RUNNING":     2,
+		"STATUS_COMPLETED":   3,
+	}
+)
+
+func (x Step_Status) Enum() *Step_Status {
+	p := new(Step_Status)
+	*p = x
+	return p
+}
+
+func (x Step_Status) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (Step_Status) Descriptor() protoreflect.EnumDescriptor {
+	return file_parley_tasks_v1_task_proto_enumTypes[1].Descriptor()
+}
+
+func (Step_Status) Type() protoreflect.EnumType {
+	return &file_parley_tasks_v1_task_proto_enumTypes[1]
+}
+
+func (x Step_Status) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use Step_Status.Descriptor instead.
+func (Step_Status) EnumDescriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_task_proto_rawDescGZIP(), []int{1, 0}
+}
+
 // Task is an Agent Protocol task: a unit of work given to one hosted agent.
 type Task struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -31,7 +145,19 @@ type Task struct {
 	// The input prompt of the task.
 	Input string `protobuf:"bytes,2,opt,name=input,proto3" json:"input,omitempty"`
 	// When the task was created.
-	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The agent serving the task. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,4,opt,name=agent,proto3" json:"agent,omitempty"`
+	// The task's additional_input: raw JSON bytes of an object; empty means {}.
+	AdditionalInputJson []byte `protobuf:"bytes,5,opt,name=additional_input_json,json=additionalInputJson,proto3" json:"additional_input_json,omitempty"`
+	// The task's state.
+	State Task_State `protobuf:"varint,6,opt,name=state,proto3,enum=parley.tasks.v1.Task_State" json:"state,omitempty"`
+	// When the task last changed (its state, a new artifact).
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// Whether the creator gave an input; false is the Agent Protocol's null.
+	HasInput bool `protobuf:"varint,8,opt,name=has_input,json=hasInput,proto3" json:"has_input,omitempty"`
+	// How many artifacts the task has.
+	ArtifactCount int32 `protobuf:"varint,9,opt,name=artifact_count,json=artifactCount,proto3" json:"artifact_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -87,17 +213,344 @@ func (x *Task) GetCreateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Task) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *Task) GetAdditionalInputJson() []byte {
+	if x != nil {
+		return x.AdditionalInputJson
+	}
+	return nil
+}
+
+func (x *Task) GetState() Task_State {
+	if x != nil {
+		return x.State
+	}
+	return Task_STATE_UNSPECIFIED
+}
+
+func (x *Task) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+func (x *Task) GetHasInput() bool {
+	if x != nil {
+		return x.HasInput
+	}
+	return false
+}
+
+func (x *Task) GetArtifactCount() int32 {
+	if x != nil {
+		return x.ArtifactCount
+	}
+	return 0
+}
+
+// Step is one step of a task, executed by the task's agent through the
+// dispatcher.
+type Step struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The resource name. Format: tasks/{task_id}/steps/{step_id}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The input prompt of the step; unset when the creator gave none.
+	Input *string `protobuf:"bytes,2,opt,name=input,proto3,oneof" json:"input,omitempty"`
+	// The step's additional_input: raw JSON bytes of an object; empty means {}.
+	AdditionalInputJson []byte `protobuf:"bytes,3,opt,name=additional_input_json,json=additionalInputJson,proto3" json:"additional_input_json,omitempty"`
+	// The step's status.
+	Status Step_Status `protobuf:"varint,4,opt,name=status,proto3,enum=parley.tasks.v1.Step_Status" json:"status,omitempty"`
+	// The step's name, when the agent gave one.
+	StepName string `protobuf:"bytes,5,opt,name=step_name,json=stepName,proto3" json:"step_name,omitempty"`
+	// The step's output; unset until it completes.
+	Output *string `protobuf:"bytes,6,opt,name=output,proto3,oneof" json:"output,omitempty"`
+	// The step's additional_output: raw JSON bytes of an object; empty means {}.
+	AdditionalOutputJson []byte `protobuf:"bytes,7,opt,name=additional_output_json,json=additionalOutputJson,proto3" json:"additional_output_json,omitempty"`
+	// Whether this is the task's last step.
+	IsLast bool `protobuf:"varint,8,opt,name=is_last,json=isLast,proto3" json:"is_last,omitempty"`
+	// The artifacts the agent created while executing the step.
+	Artifacts []*Artifact `protobuf:"bytes,9,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// Why a step is still created, for example that no executor is connected
+	// for its agent yet; empty once it runs.
+	StatusMessage string `protobuf:"bytes,10,opt,name=status_message,json=statusMessage,proto3" json:"status_message,omitempty"`
+	// When the step was created.
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When the step last changed.
+	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Step) Reset() {
+	*x = Step{}
+	mi := &file_parley_tasks_v1_task_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Step) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Step) ProtoMessage() {}
+
+func (x *Step) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_task_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Step.ProtoReflect.Descriptor instead.
+func (*Step) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_task_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Step) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Step) GetInput() string {
+	if x != nil && x.Input != nil {
+		return *x.Input
+	}
+	return ""
+}
+
+func (x *Step) GetAdditionalInputJson() []byte {
+	if x != nil {
+		return x.AdditionalInputJson
+	}
+	return nil
+}
+
+func (x *Step) GetStatus() Step_Status {
+	if x != nil {
+		return x.Status
+	}
+	return Step_STATUS_UNSPECIFIED
+}
+
+func (x *Step) GetStepName() string {
+	if x != nil {
+		return x.StepName
+	}
+	return ""
+}
+
+func (x *Step) GetOutput() string {
+	if x != nil && x.Output != nil {
+		return *x.Output
+	}
+	return ""
+}
+
+func (x *Step) GetAdditionalOutputJson() []byte {
+	if x != nil {
+		return x.AdditionalOutputJson
+	}
+	return nil
+}
+
+func (x *Step) GetIsLast() bool {
+	if x != nil {
+		return x.IsLast
+	}
+	return false
+}
+
+func (x *Step) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *Step) GetStatusMessage() string {
+	if x != nil {
+		return x.StatusMessage
+	}
+	return ""
+}
+
+func (x *Step) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Step) GetUpdateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.UpdateTime
+	}
+	return nil
+}
+
+// Artifact is a file of a task, uploaded by a client or created by the agent.
+// Its bytes live in the data directory; this is its metadata.
+type Artifact struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The resource name. Format: tasks/{task_id}/artifacts/{artifact_id}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The file name, without directories.
+	FileName string `protobuf:"bytes,2,opt,name=file_name,json=fileName,proto3" json:"file_name,omitempty"`
+	// A relative directory inside the task's folder; empty for its root.
+	RelativePath string `protobuf:"bytes,3,opt,name=relative_path,json=relativePath,proto3" json:"relative_path,omitempty"`
+	// Whether the agent created the file (else a client uploaded it).
+	AgentCreated bool `protobuf:"varint,4,opt,name=agent_created,json=agentCreated,proto3" json:"agent_created,omitempty"`
+	// The file's size in bytes.
+	SizeBytes int64 `protobuf:"varint,5,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// When the artifact was stored.
+	CreateTime    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Artifact) Reset() {
+	*x = Artifact{}
+	mi := &file_parley_tasks_v1_task_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Artifact) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Artifact) ProtoMessage() {}
+
+func (x *Artifact) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_task_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Artifact.ProtoReflect.Descriptor instead.
+func (*Artifact) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_task_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *Artifact) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *Artifact) GetFileName() string {
+	if x != nil {
+		return x.FileName
+	}
+	return ""
+}
+
+func (x *Artifact) GetRelativePath() string {
+	if x != nil {
+		return x.RelativePath
+	}
+	return ""
+}
+
+func (x *Artifact) GetAgentCreated() bool {
+	if x != nil {
+		return x.AgentCreated
+	}
+	return false
+}
+
+func (x *Artifact) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Artifact) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
 var File_parley_tasks_v1_task_proto protoreflect.FileDescriptor
 
 const file_parley_tasks_v1_task_proto_rawDesc = "" +
 	"\n" +
-	"\x1aparley/tasks/v1/task.proto\x12\x0fparley.tasks.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa9\x01\n" +
+	"\x1aparley/tasks/v1/task.proto\x12\x0fparley.tasks.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa6\x04\n" +
 	"\x04Task\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1a\n" +
 	"\x05input\x18\x02 \x01(\tB\x04\xe2A\x01\x05R\x05input\x12A\n" +
 	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"createTime:(\xeaA%\n" +
-	"\x15tasks.parley.dev/Task\x12\ftasks/{task}B\xb6\x01\n" +
+	"createTime\x12\x1a\n" +
+	"\x05agent\x18\x04 \x01(\tB\x04\xe2A\x01\x05R\x05agent\x128\n" +
+	"\x15additional_input_json\x18\x05 \x01(\fB\x04\xe2A\x01\x05R\x13additionalInputJson\x127\n" +
+	"\x05state\x18\x06 \x01(\x0e2\x1b.parley.tasks.v1.Task.StateB\x04\xe2A\x01\x03R\x05state\x12A\n" +
+	"\vupdate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
+	"updateTime\x12!\n" +
+	"\thas_input\x18\b \x01(\bB\x04\xe2A\x01\x05R\bhasInput\x12+\n" +
+	"\x0eartifact_count\x18\t \x01(\x05B\x04\xe2A\x01\x03R\rartifactCount\"Y\n" +
+	"\x05State\x12\x15\n" +
+	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
+	"\fSTATE_ACTIVE\x10\x01\x12\x12\n" +
+	"\x0eSTATE_FINISHED\x10\x02\x12\x13\n" +
+	"\x0fSTATE_CANCELLED\x10\x03:(\xeaA%\n" +
+	"\x15tasks.parley.dev/Task\x12\ftasks/{task}\"\xf6\x05\n" +
+	"\x04Step\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1f\n" +
+	"\x05input\x18\x02 \x01(\tB\x04\xe2A\x01\x05H\x00R\x05input\x88\x01\x01\x128\n" +
+	"\x15additional_input_json\x18\x03 \x01(\fB\x04\xe2A\x01\x05R\x13additionalInputJson\x12:\n" +
+	"\x06status\x18\x04 \x01(\x0e2\x1c.parley.tasks.v1.Step.StatusB\x04\xe2A\x01\x03R\x06status\x12!\n" +
+	"\tstep_name\x18\x05 \x01(\tB\x04\xe2A\x01\x03R\bstepName\x12!\n" +
+	"\x06output\x18\x06 \x01(\tB\x04\xe2A\x01\x03H\x01R\x06output\x88\x01\x01\x12:\n" +
+	"\x16additional_output_json\x18\a \x01(\fB\x04\xe2A\x01\x03R\x14additionalOutputJson\x12\x1d\n" +
+	"\ais_last\x18\b \x01(\bB\x04\xe2A\x01\x03R\x06isLast\x12=\n" +
+	"\tartifacts\x18\t \x03(\v2\x19.parley.tasks.v1.ArtifactB\x04\xe2A\x01\x03R\tartifacts\x12+\n" +
+	"\x0estatus_message\x18\n" +
+	" \x01(\tB\x04\xe2A\x01\x03R\rstatusMessage\x12A\n" +
+	"\vcreate_time\x18\v \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
+	"createTime\x12A\n" +
+	"\vupdate_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
+	"updateTime\"^\n" +
+	"\x06Status\x12\x16\n" +
+	"\x12STATUS_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eSTATUS_CREATED\x10\x01\x12\x12\n" +
+	"\x0eSTATUS_RUNNING\x10\x02\x12\x14\n" +
+	"\x10STATUS_COMPLETED\x10\x03:5\xeaA2\n" +
+	"\x15tasks.parley.dev/Step\x12\x19tasks/{task}/steps/{step}B\b\n" +
+	"\x06_inputB\t\n" +
+	"\a_output\"\xc8\x02\n" +
+	"\bArtifact\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12!\n" +
+	"\tfile_name\x18\x02 \x01(\tB\x04\xe2A\x01\x05R\bfileName\x12)\n" +
+	"\rrelative_path\x18\x03 \x01(\tB\x04\xe2A\x01\x05R\frelativePath\x12)\n" +
+	"\ragent_created\x18\x04 \x01(\bB\x04\xe2A\x01\x03R\fagentCreated\x12#\n" +
+	"\n" +
+	"size_bytes\x18\x05 \x01(\x03B\x04\xe2A\x01\x03R\tsizeBytes\x12A\n" +
+	"\vcreate_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
+	"createTime:A\xeaA>\n" +
+	"\x19tasks.parley.dev/Artifact\x12!tasks/{task}/artifacts/{artifact}B\xb6\x01\n" +
 	"\x13com.parley.tasks.v1B\tTaskProtoP\x01Z6github.com/parleyhq/parley/gen/parley/tasks/v1;tasksv1\xa2\x02\x03PTX\xaa\x02\x0fParley.Tasks.V1\xca\x02\x0fParley\\Tasks\\V1\xe2\x02\x1bParley\\Tasks\\V1\\GPBMetadata\xea\x02\x11Parley::Tasks::V1b\x06proto3"
 
 var (
@@ -112,18 +565,30 @@ func file_parley_tasks_v1_task_proto_rawDescGZIP() []byte {
 	return file_parley_tasks_v1_task_proto_rawDescData
 }
 
-var file_parley_tasks_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_parley_tasks_v1_task_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_parley_tasks_v1_task_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_parley_tasks_v1_task_proto_goTypes = []any{
-	(*Task)(nil),                  // 0: parley.tasks.v1.Task
-	(*timestamppb.Timestamp)(nil), // 1: google.protobuf.Timestamp
+	(Task_State)(0),               // 0: parley.tasks.v1.Task.State
+	(Step_Status)(0),              // 1: parley.tasks.v1.Step.Status
+	(*Task)(nil),                  // 2: parley.tasks.v1.Task
+	(*Step)(nil),                  // 3: parley.tasks.v1.Step
+	(*Artifact)(nil),              // 4: parley.tasks.v1.Artifact
+	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
 }
 var file_parley_tasks_v1_task_proto_depIdxs = []int32{
-	1, // 0: parley.tasks.v1.Task.create_time:type_name -> google.protobuf.Timestamp
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	5, // 0: parley.tasks.v1.Task.create_time:type_name -> google.protobuf.Timestamp
+	0, // 1: parley.tasks.v1.Task.state:type_name -> parley.tasks.v1.Task.State
+	5, // 2: parley.tasks.v1.Task.update_time:type_name -> google.protobuf.Timestamp
+	1, // 3: parley.tasks.v1.Step.status:type_name -> parley.tasks.v1.Step.Status
+	4, // 4: parley.tasks.v1.Step.artifacts:type_name -> parley.tasks.v1.Artifact
+	5, // 5: parley.tasks.v1.Step.create_time:type_name -> google.protobuf.Timestamp
+	5, // 6: parley.tasks.v1.Step.update_time:type_name -> google.protobuf.Timestamp
+	5, // 7: parley.tasks.v1.Artifact.create_time:type_name -> google.protobuf.Timestamp
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_parley_tasks_v1_task_proto_init() }
@@ -131,18 +596,20 @@ func file_parley_tasks_v1_task_proto_init() {
 	if File_parley_tasks_v1_task_proto != nil {
 		return
 	}
+	file_parley_tasks_v1_task_proto_msgTypes[1].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_tasks_v1_task_proto_rawDesc), len(file_parley_tasks_v1_task_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   1,
+			NumEnums:      2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_parley_tasks_v1_task_proto_goTypes,
 		DependencyIndexes: file_parley_tasks_v1_task_proto_depIdxs,
+		EnumInfos:         file_parley_tasks_v1_task_proto_enumTypes,
 		MessageInfos:      file_parley_tasks_v1_task_proto_msgTypes,
 	}.Build()
 	File_parley_tasks_v1_task_proto = out.File

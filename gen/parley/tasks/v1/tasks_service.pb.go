@@ -10,6 +10,7 @@ import (
 	_ "google.golang.org/genproto/googleapis/api/annotations"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	reflect "reflect"
 	sync "sync"
 	unsafe "unsafe"
@@ -22,6 +23,52 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// CreateTaskRequest is the request of CreateTask.
+type CreateTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task; agent is required, name is ignored.
+	Task          *Task `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateTaskRequest) Reset() {
+	*x = CreateTaskRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateTaskRequest) ProtoMessage() {}
+
+func (x *CreateTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateTaskRequest.ProtoReflect.Descriptor instead.
+func (*CreateTaskRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CreateTaskRequest) GetTask() *Task {
+	if x != nil {
+		return x.Task
+	}
+	return nil
+}
+
 // GetTaskRequest is the request of GetTask.
 type GetTaskRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -33,7 +80,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[0]
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[1]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -45,7 +92,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[0]
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[1]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -58,7 +105,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{0}
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{1}
 }
 
 func (x *GetTaskRequest) GetName() string {
@@ -68,15 +115,950 @@ func (x *GetTaskRequest) GetName() string {
 	return ""
 }
 
+// ListTasksRequest is the request of ListTasks.
+type ListTasksRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent whose tasks to list. Format: clients/{client}/agents/{agent}.
+	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
+	// At most this many tasks; 10 when zero, capped by the server's maximum.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A token from a previous response.
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Skip this many tasks first (AIP-158), for page-number clients.
+	Skip          int32 `protobuf:"varint,4,opt,name=skip,proto3" json:"skip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTasksRequest) Reset() {
+	*x = ListTasksRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTasksRequest) ProtoMessage() {}
+
+func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
+func (*ListTasksRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListTasksRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+func (x *ListTasksRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListTasksRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListTasksRequest) GetSkip() int32 {
+	if x != nil {
+		return x.Skip
+	}
+	return 0
+}
+
+// ListTasksResponse is the response of ListTasks.
+type ListTasksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tasks.
+	Tasks []*Task `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	// The next page's token; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// How many tasks the agent has in all.
+	TotalSize     int32 `protobuf:"varint,3,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListTasksResponse) Reset() {
+	*x = ListTasksResponse{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListTasksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListTasksResponse) ProtoMessage() {}
+
+func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
+func (*ListTasksResponse) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListTasksResponse) GetTasks() []*Task {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+func (x *ListTasksResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListTasksResponse) GetTotalSize() int32 {
+	if x != nil {
+		return x.TotalSize
+	}
+	return 0
+}
+
+// CancelTaskRequest is the request of CancelTask.
+type CancelTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: tasks/{task_id}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CancelTaskRequest) Reset() {
+	*x = CancelTaskRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CancelTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CancelTaskRequest) ProtoMessage() {}
+
+func (x *CancelTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CancelTaskRequest.ProtoReflect.Descriptor instead.
+func (*CancelTaskRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *CancelTaskRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// CreateStepRequest is the request of CreateStep.
+type CreateStepRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task. Format: tasks/{task_id}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// The step; only input and additional_input_json are read.
+	Step *Step `protobuf:"bytes,2,opt,name=step,proto3" json:"step,omitempty"`
+	// How long to wait for the step to complete before returning it as
+	// stored. Unset: the server's default (--ap-step-wait); zero: return at
+	// once. Capped by the server's default.
+	Wait          *durationpb.Duration `protobuf:"bytes,3,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateStepRequest) Reset() {
+	*x = CreateStepRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateStepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateStepRequest) ProtoMessage() {}
+
+func (x *CreateStepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateStepRequest.ProtoReflect.Descriptor instead.
+func (*CreateStepRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *CreateStepRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *CreateStepRequest) GetStep() *Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+func (x *CreateStepRequest) GetWait() *durationpb.Duration {
+	if x != nil {
+		return x.Wait
+	}
+	return nil
+}
+
+// GetStepRequest is the request of GetStep.
+type GetStepRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: tasks/{task_id}/steps/{step_id}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetStepRequest) Reset() {
+	*x = GetStepRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetStepRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetStepRequest) ProtoMessage() {}
+
+func (x *GetStepRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetStepRequest.ProtoReflect.Descriptor instead.
+func (*GetStepRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *GetStepRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ListStepsRequest is the request of ListSteps.
+type ListStepsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task. Format: tasks/{task_id}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// At most this many steps; 10 when zero, capped by the server's maximum.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A token from a previous response.
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Skip this many steps first (AIP-158), for page-number clients.
+	Skip          int32 `protobuf:"varint,4,opt,name=skip,proto3" json:"skip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStepsRequest) Reset() {
+	*x = ListStepsRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStepsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStepsRequest) ProtoMessage() {}
+
+func (x *ListStepsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStepsRequest.ProtoReflect.Descriptor instead.
+func (*ListStepsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ListStepsRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *ListStepsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListStepsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListStepsRequest) GetSkip() int32 {
+	if x != nil {
+		return x.Skip
+	}
+	return 0
+}
+
+// ListStepsResponse is the response of ListSteps.
+type ListStepsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The steps.
+	Steps []*Step `protobuf:"bytes,1,rep,name=steps,proto3" json:"steps,omitempty"`
+	// The next page's token; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// How many steps the task has in all.
+	TotalSize     int32 `protobuf:"varint,3,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListStepsResponse) Reset() {
+	*x = ListStepsResponse{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListStepsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListStepsResponse) ProtoMessage() {}
+
+func (x *ListStepsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListStepsResponse.ProtoReflect.Descriptor instead.
+func (*ListStepsResponse) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ListStepsResponse) GetSteps() []*Step {
+	if x != nil {
+		return x.Steps
+	}
+	return nil
+}
+
+func (x *ListStepsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListStepsResponse) GetTotalSize() int32 {
+	if x != nil {
+		return x.TotalSize
+	}
+	return 0
+}
+
+// WatchTaskRequest is the request of WatchTask.
+type WatchTaskRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: tasks/{task_id}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchTaskRequest) Reset() {
+	*x = WatchTaskRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchTaskRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchTaskRequest) ProtoMessage() {}
+
+func (x *WatchTaskRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchTaskRequest.ProtoReflect.Descriptor instead.
+func (*WatchTaskRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *WatchTaskRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// WatchTaskResponse is one update of a watched task.
+type WatchTaskResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The step as it now is.
+	Step          *Step `protobuf:"bytes,1,opt,name=step,proto3" json:"step,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchTaskResponse) Reset() {
+	*x = WatchTaskResponse{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchTaskResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchTaskResponse) ProtoMessage() {}
+
+func (x *WatchTaskResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchTaskResponse.ProtoReflect.Descriptor instead.
+func (*WatchTaskResponse) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *WatchTaskResponse) GetStep() *Step {
+	if x != nil {
+		return x.Step
+	}
+	return nil
+}
+
+// CreateArtifactRequest is the request of CreateArtifact.
+type CreateArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task. Format: tasks/{task_id}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// The artifact; file_name is required, relative_path optional.
+	Artifact *Artifact `protobuf:"bytes,2,opt,name=artifact,proto3" json:"artifact,omitempty"`
+	// The file's bytes.
+	Content       []byte `protobuf:"bytes,3,opt,name=content,proto3" json:"content,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateArtifactRequest) Reset() {
+	*x = CreateArtifactRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateArtifactRequest) ProtoMessage() {}
+
+func (x *CreateArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateArtifactRequest.ProtoReflect.Descriptor instead.
+func (*CreateArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *CreateArtifactRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *CreateArtifactRequest) GetArtifact() *Artifact {
+	if x != nil {
+		return x.Artifact
+	}
+	return nil
+}
+
+func (x *CreateArtifactRequest) GetContent() []byte {
+	if x != nil {
+		return x.Content
+	}
+	return nil
+}
+
+// GetArtifactRequest is the request of GetArtifact.
+type GetArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: tasks/{task_id}/artifacts/{artifact_id}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetArtifactRequest) Reset() {
+	*x = GetArtifactRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetArtifactRequest) ProtoMessage() {}
+
+func (x *GetArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetArtifactRequest.ProtoReflect.Descriptor instead.
+func (*GetArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *GetArtifactRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ListArtifactsRequest is the request of ListArtifacts.
+type ListArtifactsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The task. Format: tasks/{task_id}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// At most this many artifacts; 10 when zero, capped by the server's maximum.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A token from a previous response.
+	PageToken string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	// Skip this many artifacts first (AIP-158), for page-number clients.
+	Skip          int32 `protobuf:"varint,4,opt,name=skip,proto3" json:"skip,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListArtifactsRequest) Reset() {
+	*x = ListArtifactsRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListArtifactsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListArtifactsRequest) ProtoMessage() {}
+
+func (x *ListArtifactsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListArtifactsRequest.ProtoReflect.Descriptor instead.
+func (*ListArtifactsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListArtifactsRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *ListArtifactsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListArtifactsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+func (x *ListArtifactsRequest) GetSkip() int32 {
+	if x != nil {
+		return x.Skip
+	}
+	return 0
+}
+
+// ListArtifactsResponse is the response of ListArtifacts.
+type ListArtifactsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The artifacts.
+	Artifacts []*Artifact `protobuf:"bytes,1,rep,name=artifacts,proto3" json:"artifacts,omitempty"`
+	// The next page's token; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// How many artifacts the task has in all.
+	TotalSize     int32 `protobuf:"varint,3,opt,name=total_size,json=totalSize,proto3" json:"total_size,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListArtifactsResponse) Reset() {
+	*x = ListArtifactsResponse{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListArtifactsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListArtifactsResponse) ProtoMessage() {}
+
+func (x *ListArtifactsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListArtifactsResponse.ProtoReflect.Descriptor instead.
+func (*ListArtifactsResponse) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListArtifactsResponse) GetArtifacts() []*Artifact {
+	if x != nil {
+		return x.Artifacts
+	}
+	return nil
+}
+
+func (x *ListArtifactsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+func (x *ListArtifactsResponse) GetTotalSize() int32 {
+	if x != nil {
+		return x.TotalSize
+	}
+	return 0
+}
+
+// ReadArtifactRequest is the request of ReadArtifact.
+type ReadArtifactRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: tasks/{task_id}/artifacts/{artifact_id}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadArtifactRequest) Reset() {
+	*x = ReadArtifactRequest{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadArtifactRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadArtifactRequest) ProtoMessage() {}
+
+func (x *ReadArtifactRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadArtifactRequest.ProtoReflect.Descriptor instead.
+func (*ReadArtifactRequest) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ReadArtifactRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ReadArtifactResponse is one chunk of an artifact's bytes.
+type ReadArtifactResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The next bytes of the file.
+	Data          []byte `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadArtifactResponse) Reset() {
+	*x = ReadArtifactResponse{}
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadArtifactResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadArtifactResponse) ProtoMessage() {}
+
+func (x *ReadArtifactResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_tasks_v1_tasks_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadArtifactResponse.ProtoReflect.Descriptor instead.
+func (*ReadArtifactResponse) Descriptor() ([]byte, []int) {
+	return file_parley_tasks_v1_tasks_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ReadArtifactResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_parley_tasks_v1_tasks_service_proto protoreflect.FileDescriptor
 
 const file_parley_tasks_v1_tasks_service_proto_rawDesc = "" +
 	"\n" +
-	"#parley/tasks/v1/tasks_service.proto\x12\x0fparley.tasks.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1aparley/tasks/v1/task.proto\"*\n" +
+	"#parley/tasks/v1/tasks_service.proto\x12\x0fparley.tasks.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1aparley/tasks/v1/task.proto\"D\n" +
+	"\x11CreateTaskRequest\x12/\n" +
+	"\x04task\x18\x01 \x01(\v2\x15.parley.tasks.v1.TaskB\x04\xe2A\x01\x02R\x04task\"*\n" +
 	"\x0eGetTaskRequest\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name2m\n" +
-	"\fTasksService\x12]\n" +
-	"\aGetTask\x12\x1f.parley.tasks.v1.GetTaskRequest\x1a\x15.parley.tasks.v1.Task\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/{name=tasks/*}B\xbe\x01\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"~\n" +
+	"\x10ListTasksRequest\x12\x1a\n" +
+	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x12\n" +
+	"\x04skip\x18\x04 \x01(\x05R\x04skip\"\x87\x01\n" +
+	"\x11ListTasksResponse\x12+\n" +
+	"\x05tasks\x18\x01 \x03(\v2\x15.parley.tasks.v1.TaskR\x05tasks\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1d\n" +
+	"\n" +
+	"total_size\x18\x03 \x01(\x05R\ttotalSize\"-\n" +
+	"\x11CancelTaskRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x97\x01\n" +
+	"\x11CreateStepRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12/\n" +
+	"\x04step\x18\x02 \x01(\v2\x15.parley.tasks.v1.StepB\x04\xe2A\x01\x02R\x04step\x123\n" +
+	"\x04wait\x18\x03 \x01(\v2\x19.google.protobuf.DurationB\x04\xe2A\x01\x01R\x04wait\"*\n" +
+	"\x0eGetStepRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x80\x01\n" +
+	"\x10ListStepsRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x12\n" +
+	"\x04skip\x18\x04 \x01(\x05R\x04skip\"\x87\x01\n" +
+	"\x11ListStepsResponse\x12+\n" +
+	"\x05steps\x18\x01 \x03(\v2\x15.parley.tasks.v1.StepR\x05steps\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1d\n" +
+	"\n" +
+	"total_size\x18\x03 \x01(\x05R\ttotalSize\",\n" +
+	"\x10WatchTaskRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\">\n" +
+	"\x11WatchTaskResponse\x12)\n" +
+	"\x04step\x18\x01 \x01(\v2\x15.parley.tasks.v1.StepR\x04step\"\x8c\x01\n" +
+	"\x15CreateArtifactRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12;\n" +
+	"\bartifact\x18\x02 \x01(\v2\x19.parley.tasks.v1.ArtifactB\x04\xe2A\x01\x02R\bartifact\x12\x18\n" +
+	"\acontent\x18\x03 \x01(\fR\acontent\".\n" +
+	"\x12GetArtifactRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x84\x01\n" +
+	"\x14ListArtifactsRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\x12\x12\n" +
+	"\x04skip\x18\x04 \x01(\x05R\x04skip\"\x97\x01\n" +
+	"\x15ListArtifactsResponse\x127\n" +
+	"\tartifacts\x18\x01 \x03(\v2\x19.parley.tasks.v1.ArtifactR\tartifacts\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1d\n" +
+	"\n" +
+	"total_size\x18\x03 \x01(\x05R\ttotalSize\"/\n" +
+	"\x13ReadArtifactRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"*\n" +
+	"\x14ReadArtifactResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data2\x81\n" +
+	"\n" +
+	"\fTasksService\x12`\n" +
+	"\n" +
+	"CreateTask\x12\".parley.tasks.v1.CreateTaskRequest\x1a\x15.parley.tasks.v1.Task\"\x17\x82\xd3\xe4\x93\x02\x11:\x04task\"\t/v1/tasks\x12]\n" +
+	"\aGetTask\x12\x1f.parley.tasks.v1.GetTaskRequest\x1a\x15.parley.tasks.v1.Task\"\x1a\x82\xd3\xe4\x93\x02\x14\x12\x12/v1/{name=tasks/*}\x12e\n" +
+	"\tListTasks\x12!.parley.tasks.v1.ListTasksRequest\x1a\".parley.tasks.v1.ListTasksResponse\"\x11\x82\xd3\xe4\x93\x02\v\x12\t/v1/tasks\x12m\n" +
+	"\n" +
+	"CancelTask\x12\".parley.tasks.v1.CancelTaskRequest\x1a\x15.parley.tasks.v1.Task\"$\x82\xd3\xe4\x93\x02\x1e:\x01*\"\x19/v1/{name=tasks/*}:cancel\x12q\n" +
+	"\n" +
+	"CreateStep\x12\".parley.tasks.v1.CreateStepRequest\x1a\x15.parley.tasks.v1.Step\"(\x82\xd3\xe4\x93\x02\":\x04step\"\x1a/v1/{parent=tasks/*}/steps\x12e\n" +
+	"\aGetStep\x12\x1f.parley.tasks.v1.GetStepRequest\x1a\x15.parley.tasks.v1.Step\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/{name=tasks/*/steps/*}\x12v\n" +
+	"\tListSteps\x12!.parley.tasks.v1.ListStepsRequest\x1a\".parley.tasks.v1.ListStepsResponse\"\"\x82\xd3\xe4\x93\x02\x1c\x12\x1a/v1/{parent=tasks/*}/steps\x12T\n" +
+	"\tWatchTask\x12!.parley.tasks.v1.WatchTaskRequest\x1a\".parley.tasks.v1.WatchTaskResponse0\x01\x12S\n" +
+	"\x0eCreateArtifact\x12&.parley.tasks.v1.CreateArtifactRequest\x1a\x19.parley.tasks.v1.Artifact\x12u\n" +
+	"\vGetArtifact\x12#.parley.tasks.v1.GetArtifactRequest\x1a\x19.parley.tasks.v1.Artifact\"&\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{name=tasks/*/artifacts/*}\x12\x86\x01\n" +
+	"\rListArtifacts\x12%.parley.tasks.v1.ListArtifactsRequest\x1a&.parley.tasks.v1.ListArtifactsResponse\"&\x82\xd3\xe4\x93\x02 \x12\x1e/v1/{parent=tasks/*}/artifacts\x12]\n" +
+	"\fReadArtifact\x12$.parley.tasks.v1.ReadArtifactRequest\x1a%.parley.tasks.v1.ReadArtifactResponse0\x01B\xbe\x01\n" +
 	"\x13com.parley.tasks.v1B\x11TasksServiceProtoP\x01Z6github.com/parleyhq/parley/gen/parley/tasks/v1;tasksv1\xa2\x02\x03PTX\xaa\x02\x0fParley.Tasks.V1\xca\x02\x0fParley\\Tasks\\V1\xe2\x02\x1bParley\\Tasks\\V1\\GPBMetadata\xea\x02\x11Parley::Tasks::V1b\x06proto3"
 
 var (
@@ -91,19 +1073,68 @@ func file_parley_tasks_v1_tasks_service_proto_rawDescGZIP() []byte {
 	return file_parley_tasks_v1_tasks_service_proto_rawDescData
 }
 
-var file_parley_tasks_v1_tasks_service_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_parley_tasks_v1_tasks_service_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_parley_tasks_v1_tasks_service_proto_goTypes = []any{
-	(*GetTaskRequest)(nil), // 0: parley.tasks.v1.GetTaskRequest
-	(*Task)(nil),           // 1: parley.tasks.v1.Task
+	(*CreateTaskRequest)(nil),     // 0: parley.tasks.v1.CreateTaskRequest
+	(*GetTaskRequest)(nil),        // 1: parley.tasks.v1.GetTaskRequest
+	(*ListTasksRequest)(nil),      // 2: parley.tasks.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),     // 3: parley.tasks.v1.ListTasksResponse
+	(*CancelTaskRequest)(nil),     // 4: parley.tasks.v1.CancelTaskRequest
+	(*CreateStepRequest)(nil),     // 5: parley.tasks.v1.CreateStepRequest
+	(*GetStepRequest)(nil),        // 6: parley.tasks.v1.GetStepRequest
+	(*ListStepsRequest)(nil),      // 7: parley.tasks.v1.ListStepsRequest
+	(*ListStepsResponse)(nil),     // 8: parley.tasks.v1.ListStepsResponse
+	(*WatchTaskRequest)(nil),      // 9: parley.tasks.v1.WatchTaskRequest
+	(*WatchTaskResponse)(nil),     // 10: parley.tasks.v1.WatchTaskResponse
+	(*CreateArtifactRequest)(nil), // 11: parley.tasks.v1.CreateArtifactRequest
+	(*GetArtifactRequest)(nil),    // 12: parley.tasks.v1.GetArtifactRequest
+	(*ListArtifactsRequest)(nil),  // 13: parley.tasks.v1.ListArtifactsRequest
+	(*ListArtifactsResponse)(nil), // 14: parley.tasks.v1.ListArtifactsResponse
+	(*ReadArtifactRequest)(nil),   // 15: parley.tasks.v1.ReadArtifactRequest
+	(*ReadArtifactResponse)(nil),  // 16: parley.tasks.v1.ReadArtifactResponse
+	(*Task)(nil),                  // 17: parley.tasks.v1.Task
+	(*Step)(nil),                  // 18: parley.tasks.v1.Step
+	(*durationpb.Duration)(nil),   // 19: google.protobuf.Duration
+	(*Artifact)(nil),              // 20: parley.tasks.v1.Artifact
 }
 var file_parley_tasks_v1_tasks_service_proto_depIdxs = []int32{
-	0, // 0: parley.tasks.v1.TasksService.GetTask:input_type -> parley.tasks.v1.GetTaskRequest
-	1, // 1: parley.tasks.v1.TasksService.GetTask:output_type -> parley.tasks.v1.Task
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	17, // 0: parley.tasks.v1.CreateTaskRequest.task:type_name -> parley.tasks.v1.Task
+	17, // 1: parley.tasks.v1.ListTasksResponse.tasks:type_name -> parley.tasks.v1.Task
+	18, // 2: parley.tasks.v1.CreateStepRequest.step:type_name -> parley.tasks.v1.Step
+	19, // 3: parley.tasks.v1.CreateStepRequest.wait:type_name -> google.protobuf.Duration
+	18, // 4: parley.tasks.v1.ListStepsResponse.steps:type_name -> parley.tasks.v1.Step
+	18, // 5: parley.tasks.v1.WatchTaskResponse.step:type_name -> parley.tasks.v1.Step
+	20, // 6: parley.tasks.v1.CreateArtifactRequest.artifact:type_name -> parley.tasks.v1.Artifact
+	20, // 7: parley.tasks.v1.ListArtifactsResponse.artifacts:type_name -> parley.tasks.v1.Artifact
+	0,  // 8: parley.tasks.v1.TasksService.CreateTask:input_type -> parley.tasks.v1.CreateTaskRequest
+	1,  // 9: parley.tasks.v1.TasksService.GetTask:input_type -> parley.tasks.v1.GetTaskRequest
+	2,  // 10: parley.tasks.v1.TasksService.ListTasks:input_type -> parley.tasks.v1.ListTasksRequest
+	4,  // 11: parley.tasks.v1.TasksService.CancelTask:input_type -> parley.tasks.v1.CancelTaskRequest
+	5,  // 12: parley.tasks.v1.TasksService.CreateStep:input_type -> parley.tasks.v1.CreateStepRequest
+	6,  // 13: parley.tasks.v1.TasksService.GetStep:input_type -> parley.tasks.v1.GetStepRequest
+	7,  // 14: parley.tasks.v1.TasksService.ListSteps:input_type -> parley.tasks.v1.ListStepsRequest
+	9,  // 15: parley.tasks.v1.TasksService.WatchTask:input_type -> parley.tasks.v1.WatchTaskRequest
+	11, // 16: parley.tasks.v1.TasksService.CreateArtifact:input_type -> parley.tasks.v1.CreateArtifactRequest
+	12, // 17: parley.tasks.v1.TasksService.GetArtifact:input_type -> parley.tasks.v1.GetArtifactRequest
+	13, // 18: parley.tasks.v1.TasksService.ListArtifacts:input_type -> parley.tasks.v1.ListArtifactsRequest
+	15, // 19: parley.tasks.v1.TasksService.ReadArtifact:input_type -> parley.tasks.v1.ReadArtifactRequest
+	17, // 20: parley.tasks.v1.TasksService.CreateTask:output_type -> parley.tasks.v1.Task
+	17, // 21: parley.tasks.v1.TasksService.GetTask:output_type -> parley.tasks.v1.Task
+	3,  // 22: parley.tasks.v1.TasksService.ListTasks:output_type -> parley.tasks.v1.ListTasksResponse
+	17, // 23: parley.tasks.v1.TasksService.CancelTask:output_type -> parley.tasks.v1.Task
+	18, // 24: parley.tasks.v1.TasksService.CreateStep:output_type -> parley.tasks.v1.Step
+	18, // 25: parley.tasks.v1.TasksService.GetStep:output_type -> parley.tasks.v1.Step
+	8,  // 26: parley.tasks.v1.TasksService.ListSteps:output_type -> parley.tasks.v1.ListStepsResponse
+	10, // 27: parley.tasks.v1.TasksService.WatchTask:output_type -> parley.tasks.v1.WatchTaskResponse
+	20, // 28: parley.tasks.v1.TasksService.CreateArtifact:output_type -> parley.tasks.v1.Artifact
+	20, // 29: parley.tasks.v1.TasksService.GetArtifact:output_type -> parley.tasks.v1.Artifact
+	14, // 30: parley.tasks.v1.TasksService.ListArtifacts:output_type -> parley.tasks.v1.ListArtifactsResponse
+	16, // 31: parley.tasks.v1.TasksService.ReadArtifact:output_type -> parley.tasks.v1.ReadArtifactResponse
+	20, // [20:32] is the sub-list for method output_type
+	8,  // [8:20] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_parley_tasks_v1_tasks_service_proto_init() }
@@ -118,7 +1149,7 @@ func file_parley_tasks_v1_tasks_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_tasks_v1_tasks_service_proto_rawDesc), len(file_parley_tasks_v1_tasks_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   1,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

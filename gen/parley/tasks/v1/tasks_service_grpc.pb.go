@@ -19,7 +19,18 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	TasksService_GetTask_FullMethodName = "/parley.tasks.v1.TasksService/GetTask"
+	TasksService_CreateTask_FullMethodName     = "/parley.tasks.v1.TasksService/CreateTask"
+	TasksService_GetTask_FullMethodName        = "/parley.tasks.v1.TasksService/GetTask"
+	TasksService_ListTasks_FullMethodName      = "/parley.tasks.v1.TasksService/ListTasks"
+	TasksService_CancelTask_FullMethodName     = "/parley.tasks.v1.TasksService/CancelTask"
+	TasksService_CreateStep_FullMethodName     = "/parley.tasks.v1.TasksService/CreateStep"
+	TasksService_GetStep_FullMethodName        = "/parley.tasks.v1.TasksService/GetStep"
+	TasksService_ListSteps_FullMethodName      = "/parley.tasks.v1.TasksService/ListSteps"
+	TasksService_WatchTask_FullMethodName      = "/parley.tasks.v1.TasksService/WatchTask"
+	TasksService_CreateArtifact_FullMethodName = "/parley.tasks.v1.TasksService/CreateArtifact"
+	TasksService_GetArtifact_FullMethodName    = "/parley.tasks.v1.TasksService/GetArtifact"
+	TasksService_ListArtifacts_FullMethodName  = "/parley.tasks.v1.TasksService/ListArtifacts"
+	TasksService_ReadArtifact_FullMethodName   = "/parley.tasks.v1.TasksService/ReadArtifact"
 )
 
 // TasksServiceClient is the client API for TasksService service.
@@ -27,10 +38,46 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // TasksService is the gRPC face of the Agent Protocol store, for internal
-// callers. The public REST surface follows the Agent Protocol spec.
+// callers. The public REST surface under /ap/v1 follows the Agent Protocol
+// spec and is hand-written; these HTTP rules are Parley's own AIP shape.
 type TasksServiceClient interface {
+	// CreateTask creates a task for an agent. Errors: INVALID_ARGUMENT.
+	CreateTask(ctx context.Context, in *CreateTaskRequest, opts ...grpc.CallOption) (*Task, error)
 	// GetTask returns a task. Errors: INVALID_ARGUMENT, NOT_FOUND.
 	GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*Task, error)
+	// ListTasks lists an agent's tasks, oldest first. Errors: INVALID_ARGUMENT.
+	ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error)
+	// CancelTask cancels a task: its pending steps are no longer dispatched
+	// and new steps complete at once saying so. Cancelling a cancelled task
+	// returns it unchanged. Errors: NOT_FOUND, FAILED_PRECONDITION (the task
+	// already finished).
+	CancelTask(ctx context.Context, in *CancelTaskRequest, opts ...grpc.CallOption) (*Task, error)
+	// CreateStep stores a step as created, hands it to the task's agent through
+	// the dispatcher and waits for it up to wait. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	CreateStep(ctx context.Context, in *CreateStepRequest, opts ...grpc.CallOption) (*Step, error)
+	// GetStep returns a step. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetStep(ctx context.Context, in *GetStepRequest, opts ...grpc.CallOption) (*Step, error)
+	// ListSteps lists a task's steps, oldest first. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	ListSteps(ctx context.Context, in *ListStepsRequest, opts ...grpc.CallOption) (*ListStepsResponse, error)
+	// WatchTask streams a task's step updates (created, running, completed)
+	// until the caller goes away. Errors: NOT_FOUND, RESOURCE_EXHAUSTED (too
+	// many watchers).
+	WatchTask(ctx context.Context, in *WatchTaskRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchTaskResponse], error)
+	// CreateArtifact stores a file for a task. Errors: INVALID_ARGUMENT (a name
+	// or path that would leave the task's folder), NOT_FOUND,
+	// RESOURCE_EXHAUSTED with reason ARTIFACT_TOO_LARGE.
+	CreateArtifact(ctx context.Context, in *CreateArtifactRequest, opts ...grpc.CallOption) (*Artifact, error)
+	// GetArtifact returns an artifact's metadata. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	GetArtifact(ctx context.Context, in *GetArtifactRequest, opts ...grpc.CallOption) (*Artifact, error)
+	// ListArtifacts lists a task's artifacts, oldest first. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	ListArtifacts(ctx context.Context, in *ListArtifactsRequest, opts ...grpc.CallOption) (*ListArtifactsResponse, error)
+	// ReadArtifact streams an artifact's bytes in chunks. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	ReadArtifact(ctx context.Context, in *ReadArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadArtifactResponse], error)
 }
 
 type tasksServiceClient struct {
@@ -39,6 +86,16 @@ type tasksServiceClient struct {
 
 func NewTasksServiceClient(cc grpc.ClientConnInterface) TasksServiceClient {
 	return &tasksServiceClient{cc}
+}
+
+func (c *tasksServiceClient) CreateTask(ctx context.Context, in *CreateTaskRequest, opts ...grpc.CallOption) (*Task, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Task)
+	err := c.cc.Invoke(ctx, TasksService_CreateTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func (c *tasksServiceClient) GetTask(ctx context.Context, in *GetTaskRequest, opts ...grpc.CallOption) (*Task, error) {
@@ -51,15 +108,169 @@ func (c *tasksServiceClient) GetTask(ctx context.Context, in *GetTaskRequest, op
 	return out, nil
 }
 
+func (c *tasksServiceClient) ListTasks(ctx context.Context, in *ListTasksRequest, opts ...grpc.CallOption) (*ListTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListTasksResponse)
+	err := c.cc.Invoke(ctx, TasksService_ListTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) CancelTask(ctx context.Context, in *CancelTaskRequest, opts ...grpc.CallOption) (*Task, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Task)
+	err := c.cc.Invoke(ctx, TasksService_CancelTask_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) CreateStep(ctx context.Context, in *CreateStepRequest, opts ...grpc.CallOption) (*Step, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Step)
+	err := c.cc.Invoke(ctx, TasksService_CreateStep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) GetStep(ctx context.Context, in *GetStepRequest, opts ...grpc.CallOption) (*Step, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Step)
+	err := c.cc.Invoke(ctx, TasksService_GetStep_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) ListSteps(ctx context.Context, in *ListStepsRequest, opts ...grpc.CallOption) (*ListStepsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListStepsResponse)
+	err := c.cc.Invoke(ctx, TasksService_ListSteps_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) WatchTask(ctx context.Context, in *WatchTaskRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[WatchTaskResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TasksService_ServiceDesc.Streams[0], TasksService_WatchTask_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchTaskRequest, WatchTaskResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TasksService_WatchTaskClient = grpc.ServerStreamingClient[WatchTaskResponse]
+
+func (c *tasksServiceClient) CreateArtifact(ctx context.Context, in *CreateArtifactRequest, opts ...grpc.CallOption) (*Artifact, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Artifact)
+	err := c.cc.Invoke(ctx, TasksService_CreateArtifact_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) GetArtifact(ctx context.Context, in *GetArtifactRequest, opts ...grpc.CallOption) (*Artifact, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Artifact)
+	err := c.cc.Invoke(ctx, TasksService_GetArtifact_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) ListArtifacts(ctx context.Context, in *ListArtifactsRequest, opts ...grpc.CallOption) (*ListArtifactsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListArtifactsResponse)
+	err := c.cc.Invoke(ctx, TasksService_ListArtifacts_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *tasksServiceClient) ReadArtifact(ctx context.Context, in *ReadArtifactRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReadArtifactResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &TasksService_ServiceDesc.Streams[1], TasksService_ReadArtifact_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReadArtifactRequest, ReadArtifactResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TasksService_ReadArtifactClient = grpc.ServerStreamingClient[ReadArtifactResponse]
+
 // TasksServiceServer is the server API for TasksService service.
 // All implementations must embed UnimplementedTasksServiceServer
 // for forward compatibility.
 //
 // TasksService is the gRPC face of the Agent Protocol store, for internal
-// callers. The public REST surface follows the Agent Protocol spec.
+// callers. The public REST surface under /ap/v1 follows the Agent Protocol
+// spec and is hand-written; these HTTP rules are Parley's own AIP shape.
 type TasksServiceServer interface {
+	// CreateTask creates a task for an agent. Errors: INVALID_ARGUMENT.
+	CreateTask(context.Context, *CreateTaskRequest) (*Task, error)
 	// GetTask returns a task. Errors: INVALID_ARGUMENT, NOT_FOUND.
 	GetTask(context.Context, *GetTaskRequest) (*Task, error)
+	// ListTasks lists an agent's tasks, oldest first. Errors: INVALID_ARGUMENT.
+	ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error)
+	// CancelTask cancels a task: its pending steps are no longer dispatched
+	// and new steps complete at once saying so. Cancelling a cancelled task
+	// returns it unchanged. Errors: NOT_FOUND, FAILED_PRECONDITION (the task
+	// already finished).
+	CancelTask(context.Context, *CancelTaskRequest) (*Task, error)
+	// CreateStep stores a step as created, hands it to the task's agent through
+	// the dispatcher and waits for it up to wait. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	CreateStep(context.Context, *CreateStepRequest) (*Step, error)
+	// GetStep returns a step. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetStep(context.Context, *GetStepRequest) (*Step, error)
+	// ListSteps lists a task's steps, oldest first. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	ListSteps(context.Context, *ListStepsRequest) (*ListStepsResponse, error)
+	// WatchTask streams a task's step updates (created, running, completed)
+	// until the caller goes away. Errors: NOT_FOUND, RESOURCE_EXHAUSTED (too
+	// many watchers).
+	WatchTask(*WatchTaskRequest, grpc.ServerStreamingServer[WatchTaskResponse]) error
+	// CreateArtifact stores a file for a task. Errors: INVALID_ARGUMENT (a name
+	// or path that would leave the task's folder), NOT_FOUND,
+	// RESOURCE_EXHAUSTED with reason ARTIFACT_TOO_LARGE.
+	CreateArtifact(context.Context, *CreateArtifactRequest) (*Artifact, error)
+	// GetArtifact returns an artifact's metadata. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	GetArtifact(context.Context, *GetArtifactRequest) (*Artifact, error)
+	// ListArtifacts lists a task's artifacts, oldest first. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	ListArtifacts(context.Context, *ListArtifactsRequest) (*ListArtifactsResponse, error)
+	// ReadArtifact streams an artifact's bytes in chunks. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	ReadArtifact(*ReadArtifactRequest, grpc.ServerStreamingServer[ReadArtifactResponse]) error
 	mustEmbedUnimplementedTasksServiceServer()
 }
 
@@ -70,8 +281,41 @@ type TasksServiceServer interface {
 // pointer dereference when methods are called.
 type UnimplementedTasksServiceServer struct{}
 
+func (UnimplementedTasksServiceServer) CreateTask(context.Context, *CreateTaskRequest) (*Task, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateTask not implemented")
+}
 func (UnimplementedTasksServiceServer) GetTask(context.Context, *GetTaskRequest) (*Task, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetTask not implemented")
+}
+func (UnimplementedTasksServiceServer) ListTasks(context.Context, *ListTasksRequest) (*ListTasksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListTasks not implemented")
+}
+func (UnimplementedTasksServiceServer) CancelTask(context.Context, *CancelTaskRequest) (*Task, error) {
+	return nil, status.Error(codes.Unimplemented, "method CancelTask not implemented")
+}
+func (UnimplementedTasksServiceServer) CreateStep(context.Context, *CreateStepRequest) (*Step, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateStep not implemented")
+}
+func (UnimplementedTasksServiceServer) GetStep(context.Context, *GetStepRequest) (*Step, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetStep not implemented")
+}
+func (UnimplementedTasksServiceServer) ListSteps(context.Context, *ListStepsRequest) (*ListStepsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSteps not implemented")
+}
+func (UnimplementedTasksServiceServer) WatchTask(*WatchTaskRequest, grpc.ServerStreamingServer[WatchTaskResponse]) error {
+	return status.Error(codes.Unimplemented, "method WatchTask not implemented")
+}
+func (UnimplementedTasksServiceServer) CreateArtifact(context.Context, *CreateArtifactRequest) (*Artifact, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateArtifact not implemented")
+}
+func (UnimplementedTasksServiceServer) GetArtifact(context.Context, *GetArtifactRequest) (*Artifact, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetArtifact not implemented")
+}
+func (UnimplementedTasksServiceServer) ListArtifacts(context.Context, *ListArtifactsRequest) (*ListArtifactsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListArtifacts not implemented")
+}
+func (UnimplementedTasksServiceServer) ReadArtifact(*ReadArtifactRequest, grpc.ServerStreamingServer[ReadArtifactResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReadArtifact not implemented")
 }
 func (UnimplementedTasksServiceServer) mustEmbedUnimplementedTasksServiceServer() {}
 func (UnimplementedTasksServiceServer) testEmbeddedByValue()                      {}
@@ -94,6 +338,24 @@ func RegisterTasksServiceServer(s grpc.ServiceRegistrar, srv TasksServiceServer)
 	s.RegisterService(&TasksService_ServiceDesc, srv)
 }
 
+func _TasksService_CreateTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).CreateTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_CreateTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).CreateTask(ctx, req.(*CreateTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _TasksService_GetTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetTaskRequest)
 	if err := dec(in); err != nil {
@@ -112,6 +374,172 @@ func _TasksService_GetTask_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _TasksService_ListTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).ListTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_ListTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).ListTasks(ctx, req.(*ListTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_CancelTask_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CancelTaskRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).CancelTask(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_CancelTask_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).CancelTask(ctx, req.(*CancelTaskRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_CreateStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateStepRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).CreateStep(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_CreateStep_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).CreateStep(ctx, req.(*CreateStepRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_GetStep_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetStepRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).GetStep(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_GetStep_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).GetStep(ctx, req.(*GetStepRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_ListSteps_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListStepsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).ListSteps(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_ListSteps_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).ListSteps(ctx, req.(*ListStepsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_WatchTask_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchTaskRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(TasksServiceServer).WatchTask(m, &grpc.GenericServerStream[WatchTaskRequest, WatchTaskResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TasksService_WatchTaskServer = grpc.ServerStreamingServer[WatchTaskResponse]
+
+func _TasksService_CreateArtifact_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateArtifactRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).CreateArtifact(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_CreateArtifact_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).CreateArtifact(ctx, req.(*CreateArtifactRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_GetArtifact_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetArtifactRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).GetArtifact(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_GetArtifact_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).GetArtifact(ctx, req.(*GetArtifactRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_ListArtifacts_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListArtifactsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(TasksServiceServer).ListArtifacts(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: TasksService_ListArtifacts_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(TasksServiceServer).ListArtifacts(ctx, req.(*ListArtifactsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _TasksService_ReadArtifact_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReadArtifactRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(TasksServiceServer).ReadArtifact(m, &grpc.GenericServerStream[ReadArtifactRequest, ReadArtifactResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type TasksService_ReadArtifactServer = grpc.ServerStreamingServer[ReadArtifactResponse]
+
 // TasksService_ServiceDesc is the grpc.ServiceDesc for TasksService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -120,10 +548,57 @@ var TasksService_ServiceDesc = grpc.ServiceDesc{
 	HandlerType: (*TasksServiceServer)(nil),
 	Methods: []grpc.MethodDesc{
 		{
+			MethodName: "CreateTask",
+			Handler:    _TasksService_CreateTask_Handler,
+		},
+		{
 			MethodName: "GetTask",
 			Handler:    _TasksService_GetTask_Handler,
 		},
+		{
+			MethodName: "ListTasks",
+			Handler:    _TasksService_ListTasks_Handler,
+		},
+		{
+			MethodName: "CancelTask",
+			Handler:    _TasksService_CancelTask_Handler,
+		},
+		{
+			MethodName: "CreateStep",
+			Handler:    _TasksService_CreateStep_Handler,
+		},
+		{
+			MethodName: "GetStep",
+			Handler:    _TasksService_GetStep_Handler,
+		},
+		{
+			MethodName: "ListSteps",
+			Handler:    _TasksService_ListSteps_Handler,
+		},
+		{
+			MethodName: "CreateArtifact",
+			Handler:    _TasksService_CreateArtifact_Handler,
+		},
+		{
+			MethodName: "GetArtifact",
+			Handler:    _TasksService_GetArtifact_Handler,
+		},
+		{
+			MethodName: "ListArtifacts",
+			Handler:    _TasksService_ListArtifacts_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "WatchTask",
+			Handler:       _TasksService_WatchTask_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "ReadArtifact",
+			Handler:       _TasksService_ReadArtifact_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "parley/tasks/v1/tasks_service.proto",
 }

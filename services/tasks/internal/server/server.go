@@ -1,27 +1,604 @@
-// Package server implements parley.tasks.v1.TasksService.
+// Package server implements parley.tasks.v1.TasksService, plus the Go
+// methods the hand-written Agent Protocol routes need beyond it (streaming
+// uploads and downloads, event subscriptions), over the same store.
 package server
 
 import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/pagetoken"
+	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
 // Domain is the ErrorInfo domain of the tasks's errors.
 const Domain = "tasks.parley.dev"
 
+// Options tune a Server; zero values take the defaults in New.
+type Options struct {
+	// StepWait is how long CreateStep waits for completion by default, and
+	// the most a caller may ask for.
+	StepWait time.Duration
+	// StepTimeout bounds one ExecuteStep call.
+	StepTimeout time.Duration
+	// RetryMax caps the backoff between attempts at a parked step.
+	RetryMax time.Duration
+	// MaxPageSize caps page_size.
+	MaxPageSize int
+	// MaxUploadBytes caps an artifact's size.
+	MaxUploadBytes int64
+	// MaxWatchers caps concurrent WatchTask subscribers.
+	MaxWatchers int
+	// MaxInFlight caps concurrent ExecuteStep calls.
+	MaxInFlight int
+}
+
 // Server implements the tasks's gRPC API.
 type Server struct {
 	tasksv1.UnimplementedTasksServiceServer
 
-	store  store.Store
-	logger *slog.Logger
+	store   store.Store
+	files   *artifactfs.FS
+	logger  *slog.Logger
+	opts    Options
+	hub     *hub
+	exec    *executor
+	ids     *idGen
+	metrics *metrics
+	now     func() time.Time
 }
 
 var _ tasksv1.TasksServiceServer = (*Server)(nil)
 
-// New returns a Server over st.
-func New(st store.Store, logger *slog.Logger) *Server {
-	return &Server{store: st, logger: logger}
+// New returns a Server over st and files that executes steps through
+// dispatcher. Call Start to resume pending steps and Close to stop.
+func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.DispatcherServiceClient, logger *slog.Logger, opts Options) *Server {
+	if opts.StepTimeout <= 0 {
+		opts.StepTimeout = 10 * time.Minute
+	}
+	if opts.RetryMax <= 0 {
+		opts.RetryMax = 30 * time.Second
+	}
+	if opts.MaxPageSize <= 0 {
+		opts.MaxPageSize = 100
+	}
+	if opts.MaxUploadBytes <= 0 {
+		opts.MaxUploadBytes = 32 << 20
+	}
+	if opts.MaxWatchers <= 0 {
+		opts.MaxWatchers = 1024
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = 512
+	}
+	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, metrics: newMetrics(), now: time.Now}
+	s.exec = newExecutor(s, dispatcher)
+	return s
+}
+
+// Start resumes every pending step (steps stored as created whose execution
+// was not finished before the last shutdown or crash).
+func (s *Server) Start(ctx context.Context) error {
+	refs, err := s.store.ListPending(ctx)
+	if err != nil {
+		return fmt.Errorf("list pending steps: %w", err)
+	}
+	for _, ref := range refs {
+		s.exec.submit(ref, 0)
+	}
+	if len(refs) > 0 {
+		s.logger.InfoContext(ctx, "resuming pending steps", slog.Int("steps", len(refs)))
+	}
+	return nil
+}
+
+// Close stops executing steps and waits for running attempts to end. Steps
+// cut short stay pending and resume on the next Start.
+func (s *Server) Close() { s.exec.close() }
+
+// idGen makes version 7 UUIDs: a millisecond timestamp, a 12-bit counter
+// that keeps ids from one process strictly increasing, and 62 random bits.
+// Time-ordered ids keep new keys together in bbolt's B+trees, so a group
+// commit dirties a few pages instead of one random page per write.
+type idGen struct {
+	mu    sync.Mutex // guards ms and seq
+	ms    int64
+	seq   uint16
+	clock func() time.Time
+}
+
+func (g *idGen) next() string {
+	g.mu.Lock()
+	ms := g.clock().UnixMilli()
+	if ms <= g.ms {
+		ms = g.ms
+		g.seq++
+		if g.seq > 0x0fff { // counter exhausted: borrow the next millisecond
+			ms++
+			g.seq = 0
+		}
+	} else {
+		g.seq = 0
+	}
+	g.ms = ms
+	seq := g.seq
+	g.mu.Unlock()
+	var b [16]byte
+	_, _ = rand.Read(b[8:])
+	binary.BigEndian.PutUint64(b[:8], uint64(ms)<<16|0x7000|uint64(seq))
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
+
+// validID reports whether id can be a task, step or artifact id.
+func validID(id string) bool {
+	if id == "" || len(id) > 128 {
+		return false
+	}
+	for _, r := range id {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// parseName splits name by the collections in pattern ("tasks", "steps")
+// and returns the ids.
+func parseName(field, name string, collections ...string) ([]string, error) {
+	parts := strings.Split(name, "/")
+	if len(parts) != 2*len(collections) {
+		return nil, invalid(field, fmt.Sprintf("must have the form %s", namePattern(collections)))
+	}
+	ids := make([]string, len(collections))
+	for i, c := range collections {
+		if parts[2*i] != c || !validID(parts[2*i+1]) {
+			return nil, invalid(field, fmt.Sprintf("must have the form %s", namePattern(collections)))
+		}
+		ids[i] = parts[2*i+1]
+	}
+	return ids, nil
+}
+
+func namePattern(collections []string) string {
+	var b strings.Builder
+	for i, c := range collections {
+		if i > 0 {
+			b.WriteByte('/')
+		}
+		fmt.Fprintf(&b, "%s/{%s_id}", c, strings.TrimSuffix(c, "s"))
+	}
+	return b.String()
+}
+
+func invalid(field, desc string) error {
+	var v grpcerr.Violations
+	v.Add(field, desc)
+	return v.Err("INVALID_ARGUMENT", Domain)
+}
+
+func validAgent(agent string) bool {
+	parts := strings.Split(agent, "/")
+	return len(parts) == 4 && parts[0] == "clients" && parts[2] == "agents" && parts[1] != "" && parts[3] != ""
+}
+
+// checkObject reports whether raw is empty or a JSON object.
+func checkObject(raw []byte) bool {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 {
+		return true
+	}
+	var m map[string]json.RawMessage
+	return raw[0] == '{' && json.Unmarshal(raw, &m) == nil
+}
+
+// CreateTask implements tasksv1.TasksServiceServer.
+func (s *Server) CreateTask(ctx context.Context, req *tasksv1.CreateTaskRequest) (*tasksv1.Task, error) {
+	var v grpcerr.Violations
+	in := req.GetTask()
+	if in == nil {
+		v.Add("task", "is required")
+	}
+	if !validAgent(in.GetAgent()) {
+		v.Add("task.agent", "must have the form clients/{client}/agents/{agent}")
+	}
+	if !checkObject(in.GetAdditionalInputJson()) {
+		v.Add("task.additional_input_json", "must be a JSON object")
+	}
+	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
+		return nil, err
+	}
+	now := timestamppb.New(s.now())
+	t := &tasksv1.Task{
+		Name:                "tasks/" + s.ids.next(),
+		Agent:               in.GetAgent(),
+		Input:               in.GetInput(),
+		HasInput:            in.GetHasInput() || in.GetInput() != "",
+		AdditionalInputJson: bytes.TrimSpace(in.GetAdditionalInputJson()),
+		State:               tasksv1.Task_STATE_ACTIVE,
+		CreateTime:          now,
+		UpdateTime:          now,
+	}
+	if err := s.store.CreateTask(ctx, t); err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	return t, nil
+}
+
+// GetTask implements tasksv1.TasksServiceServer.
+func (s *Server) GetTask(ctx context.Context, req *tasksv1.GetTaskRequest) (*tasksv1.Task, error) {
+	ids, err := parseName("name", req.GetName(), "tasks")
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.store.GetTask(ctx, ids[0])
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	return t, nil
+}
+
+// page turns AIP-158 paging fields into an offset and limit.
+func (s *Server) page(pageSize, skip int32, token string, params ...string) (offset, limit int, err error) {
+	limit, ok := sizeOf(pageSize, s.opts.MaxPageSize)
+	if !ok {
+		return 0, 0, invalid("page_size", "must not be negative")
+	}
+	if skip < 0 {
+		return 0, 0, invalid("skip", "must not be negative")
+	}
+	offset = int(skip)
+	if token != "" {
+		k, err := pagetoken.Decode(token, params...)
+		if err != nil {
+			return 0, 0, invalid("page_token", "is not a token from a previous call with these parameters")
+		}
+		n, err := strconv.Atoi(k)
+		if err != nil || n < 0 {
+			return 0, 0, invalid("page_token", "is malformed")
+		}
+		offset += n
+	}
+	return offset, limit, nil
+}
+
+func sizeOf(pageSize int32, maxSize int) (int, bool) {
+	switch {
+	case pageSize < 0:
+		return 0, false
+	case pageSize == 0:
+		return min(10, maxSize), true
+	default:
+		return min(int(pageSize), maxSize), true
+	}
+}
+
+func nextToken(offset, n, total int, params ...string) string {
+	if offset+n >= total || n == 0 {
+		return ""
+	}
+	return pagetoken.Encode(strconv.Itoa(offset+n), params...)
+}
+
+// ListTasks implements tasksv1.TasksServiceServer.
+func (s *Server) ListTasks(ctx context.Context, req *tasksv1.ListTasksRequest) (*tasksv1.ListTasksResponse, error) {
+	if !validAgent(req.GetAgent()) {
+		return nil, invalid("agent", "must have the form clients/{client}/agents/{agent}")
+	}
+	offset, limit, err := s.page(req.GetPageSize(), req.GetSkip(), req.GetPageToken(), req.GetAgent())
+	if err != nil {
+		return nil, err
+	}
+	tasks, total, err := s.store.ListTasks(ctx, req.GetAgent(), offset, limit)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	return &tasksv1.ListTasksResponse{Tasks: tasks, TotalSize: clamp32(total), NextPageToken: nextToken(offset, len(tasks), total, req.GetAgent())}, nil
+}
+
+func clamp32(n int) int32 { return int32(min(n, 1<<31-1)) }
+
+// CancelTask implements tasksv1.TasksServiceServer.
+func (s *Server) CancelTask(ctx context.Context, req *tasksv1.CancelTaskRequest) (*tasksv1.Task, error) {
+	ids, err := parseName("name", req.GetName(), "tasks")
+	if err != nil {
+		return nil, err
+	}
+	t, err := s.store.UpdateTask(ctx, ids[0], func(t *tasksv1.Task) error {
+		switch t.GetState() {
+		case tasksv1.Task_STATE_FINISHED:
+			return errTaskFinished
+		case tasksv1.Task_STATE_ACTIVE:
+			t.State = tasksv1.Task_STATE_CANCELLED
+			t.UpdateTime = timestamppb.New(s.now())
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	s.exec.dropTask(ids[0])
+	return t, nil
+}
+
+// finishedOutput is the output of a step posted to a task that takes no
+// more steps.
+func finishedOutput(t *tasksv1.Task) string {
+	if t.GetState() == tasksv1.Task_STATE_CANCELLED {
+		return "This task was cancelled; the step was not run. Create a new task to continue."
+	}
+	return "This task is finished: an earlier step was its last (is_last), so the step was not run. Create a new task to continue."
+}
+
+// CreateStep implements tasksv1.TasksServiceServer.
+func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest) (*tasksv1.Step, error) {
+	ids, err := parseName("parent", req.GetParent(), "tasks")
+	if err != nil {
+		return nil, err
+	}
+	if !checkObject(req.GetStep().GetAdditionalInputJson()) {
+		return nil, invalid("step.additional_input_json", "must be a JSON object")
+	}
+	wait := s.opts.StepWait
+	if req.Wait != nil {
+		if err := req.GetWait().CheckValid(); err != nil || req.GetWait().AsDuration() < 0 {
+			return nil, invalid("wait", "must be a non-negative duration")
+		}
+		wait = min(wait, req.GetWait().AsDuration())
+	}
+	taskID := ids[0]
+	now := timestamppb.New(s.now())
+	in := &tasksv1.Step{
+		Name:                req.GetParent() + "/steps/" + s.ids.next(),
+		Input:               req.GetStep().Input,
+		AdditionalInputJson: bytes.TrimSpace(req.GetStep().GetAdditionalInputJson()),
+		Status:              tasksv1.Step_STATUS_CREATED,
+		CreateTime:          now,
+		UpdateTime:          now,
+	}
+	st, err := s.store.CreateStep(ctx, taskID, in, func(t *tasksv1.Task, st *tasksv1.Step) error {
+		if t.GetState() != tasksv1.Task_STATE_ACTIVE {
+			st.Status = tasksv1.Step_STATUS_COMPLETED
+			st.Output = proto.String(finishedOutput(t))
+			st.IsLast = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	s.hub.publish(taskID, st)
+	if st.GetStatus() != tasksv1.Step_STATUS_CREATED {
+		return st, nil
+	}
+	ref := store.StepRef{TaskID: taskID, StepID: lastSegment(st.GetName())}
+	var settled <-chan struct{}
+	if wait > 0 {
+		settled = s.exec.waiter(ref)
+	}
+	s.exec.submit(ref, 0)
+	if wait <= 0 {
+		return st, nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-settled:
+	case <-timer.C:
+	case <-ctx.Done():
+		return nil, s.toStatus(ctx, ctx.Err(), "STEP")
+	}
+	cur, err := s.store.GetStep(ctx, ref)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "STEP")
+	}
+	return s.exec.overlay(ref, cur), nil
+}
+
+func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
+
+// GetStep implements tasksv1.TasksServiceServer.
+func (s *Server) GetStep(ctx context.Context, req *tasksv1.GetStepRequest) (*tasksv1.Step, error) {
+	ids, err := parseName("name", req.GetName(), "tasks", "steps")
+	if err != nil {
+		return nil, err
+	}
+	ref := store.StepRef{TaskID: ids[0], StepID: ids[1]}
+	st, err := s.store.GetStep(ctx, ref)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "STEP")
+	}
+	return s.exec.overlay(ref, st), nil
+}
+
+// ListSteps implements tasksv1.TasksServiceServer.
+func (s *Server) ListSteps(ctx context.Context, req *tasksv1.ListStepsRequest) (*tasksv1.ListStepsResponse, error) {
+	ids, err := parseName("parent", req.GetParent(), "tasks")
+	if err != nil {
+		return nil, err
+	}
+	offset, limit, err := s.page(req.GetPageSize(), req.GetSkip(), req.GetPageToken(), req.GetParent())
+	if err != nil {
+		return nil, err
+	}
+	steps, total, err := s.store.ListSteps(ctx, ids[0], offset, limit)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	for i, st := range steps {
+		steps[i] = s.exec.overlay(store.StepRef{TaskID: ids[0], StepID: lastSegment(st.GetName())}, st)
+	}
+	return &tasksv1.ListStepsResponse{Steps: steps, TotalSize: clamp32(total), NextPageToken: nextToken(offset, len(steps), total, req.GetParent())}, nil
+}
+
+// Subscribe returns a channel of the task's step updates, closed when ctx
+// ends or the subscriber falls too far behind. Errors are gRPC statuses:
+// NOT_FOUND, RESOURCE_EXHAUSTED (too many subscribers).
+func (s *Server) Subscribe(ctx context.Context, name string) (<-chan *tasksv1.Step, error) {
+	ids, err := parseName("name", name, "tasks")
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.store.GetTask(ctx, ids[0]); err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	sub, err := s.hub.subscribe(ids[0])
+	if err != nil {
+		return nil, grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("too many event streams are open (at most %d); retry later", s.opts.MaxWatchers), "TOO_MANY_WATCHERS", Domain, nil)
+	}
+	context.AfterFunc(ctx, func() { s.hub.unsubscribe(ids[0], sub) })
+	return sub.ch, nil
+}
+
+// WatchTask implements tasksv1.TasksServiceServer.
+func (s *Server) WatchTask(req *tasksv1.WatchTaskRequest, stream grpc.ServerStreamingServer[tasksv1.WatchTaskResponse]) error {
+	ch, err := s.Subscribe(stream.Context(), req.GetName())
+	if err != nil {
+		return err
+	}
+	for st := range ch {
+		if err := stream.Send(&tasksv1.WatchTaskResponse{Step: st}); err != nil {
+			return err
+		}
+	}
+	if err := stream.Context().Err(); err != nil {
+		return s.toStatus(stream.Context(), err, "TASK")
+	}
+	return grpcerr.New(codes.ResourceExhausted, "the watcher fell too far behind; reconnect", "WATCHER_TOO_SLOW", Domain, nil)
+}
+
+// UploadArtifact stores r's bytes as an artifact of the task parent. Errors
+// are gRPC statuses: INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED with
+// reason ARTIFACT_TOO_LARGE.
+func (s *Server) UploadArtifact(ctx context.Context, parent string, a *tasksv1.Artifact, r io.Reader) (*tasksv1.Artifact, error) {
+	ids, err := parseName("parent", parent, "tasks")
+	if err != nil {
+		return nil, err
+	}
+	var v grpcerr.Violations
+	if _, err := artifactfs.CleanFileName(a.GetFileName()); err != nil {
+		v.Add("artifact.file_name", err.Error())
+	}
+	rel, err := artifactfs.CleanRelativePath(a.GetRelativePath())
+	if err != nil {
+		v.Add("artifact.relative_path", err.Error())
+	}
+	if err := v.Err("INVALID_ARTIFACT_NAME", Domain); err != nil {
+		return nil, err
+	}
+	// Refuse before writing bytes for an unknown task.
+	if _, err := s.store.GetTask(ctx, ids[0]); err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	size, err := s.files.Write(ids[0], rel, a.GetFileName(), r, s.opts.MaxUploadBytes)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "ARTIFACT")
+	}
+	out := &tasksv1.Artifact{
+		Name:         parent + "/artifacts/" + s.ids.next(),
+		FileName:     a.GetFileName(),
+		RelativePath: rel,
+		SizeBytes:    size,
+		CreateTime:   timestamppb.New(s.now()),
+	}
+	if err := s.store.CreateArtifact(ctx, ids[0], out); err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	return out, nil
+}
+
+// CreateArtifact implements tasksv1.TasksServiceServer.
+func (s *Server) CreateArtifact(ctx context.Context, req *tasksv1.CreateArtifactRequest) (*tasksv1.Artifact, error) {
+	return s.UploadArtifact(ctx, req.GetParent(), req.GetArtifact(), bytes.NewReader(req.GetContent()))
+}
+
+// GetArtifact implements tasksv1.TasksServiceServer.
+func (s *Server) GetArtifact(ctx context.Context, req *tasksv1.GetArtifactRequest) (*tasksv1.Artifact, error) {
+	ids, err := parseName("name", req.GetName(), "tasks", "artifacts")
+	if err != nil {
+		return nil, err
+	}
+	a, err := s.store.GetArtifact(ctx, ids[0], ids[1])
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "ARTIFACT")
+	}
+	return a, nil
+}
+
+// ListArtifacts implements tasksv1.TasksServiceServer.
+func (s *Server) ListArtifacts(ctx context.Context, req *tasksv1.ListArtifactsRequest) (*tasksv1.ListArtifactsResponse, error) {
+	ids, err := parseName("parent", req.GetParent(), "tasks")
+	if err != nil {
+		return nil, err
+	}
+	offset, limit, err := s.page(req.GetPageSize(), req.GetSkip(), req.GetPageToken(), req.GetParent())
+	if err != nil {
+		return nil, err
+	}
+	arts, total, err := s.store.ListArtifacts(ctx, ids[0], offset, limit)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	return &tasksv1.ListArtifactsResponse{Artifacts: arts, TotalSize: clamp32(total), NextPageToken: nextToken(offset, len(arts), total, req.GetParent())}, nil
+}
+
+// OpenArtifact returns an artifact's metadata and its open file; the
+// caller closes it. Errors are gRPC statuses: INVALID_ARGUMENT, NOT_FOUND.
+func (s *Server) OpenArtifact(ctx context.Context, name string) (*tasksv1.Artifact, io.ReadSeekCloser, error) {
+	a, err := s.GetArtifact(ctx, &tasksv1.GetArtifactRequest{Name: name})
+	if err != nil {
+		return nil, nil, err
+	}
+	f, err := s.files.Open(strings.Split(name, "/")[1], a.GetRelativePath(), a.GetFileName())
+	if err != nil {
+		if os.IsNotExist(err) {
+			err = fmt.Errorf("file of artifact %q: %w", name, store.ErrNotFound)
+		}
+		return nil, nil, s.toStatus(ctx, err, "ARTIFACT")
+	}
+	return a, f, nil
+}
+
+// ReadArtifact implements tasksv1.TasksServiceServer.
+func (s *Server) ReadArtifact(req *tasksv1.ReadArtifactRequest, stream grpc.ServerStreamingServer[tasksv1.ReadArtifactResponse]) error {
+	_, f, err := s.OpenArtifact(stream.Context(), req.GetName())
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	buf := make([]byte, 64<<10)
+	for {
+		n, err := f.Read(buf)
+		if n > 0 {
+			if err := stream.Send(&tasksv1.ReadArtifactResponse{Data: buf[:n]}); err != nil {
+				return err
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return s.toStatus(stream.Context(), err, "ARTIFACT")
+		}
+	}
 }

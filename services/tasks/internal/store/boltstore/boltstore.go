@@ -1,17 +1,34 @@
 // Package boltstore is the tasks's embedded bbolt backend: one file,
 // tasks.db, in the data directory.
+//
+// Writes go through a committer (commit.go), so concurrent requests share
+// one fsync (group commit) and each returns only after its transaction is on
+// disk.
+//
+// Keys: ids are UUIDs; seq is a big-endian uint64 giving an item's position
+// in its list, so a page of tasks or artifacts at any offset is one Seek.
+// Steps are keyed by their (time-ordered) ids instead, so that creating one
+// writes only its own key and the pending mark; paging skips keys and the
+// total is counted.
 package boltstore
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
+	"google.golang.org/protobuf/proto"
+
+	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
 // FileName is the database file inside the data directory.
@@ -21,14 +38,37 @@ const FileName = "tasks.db"
 var (
 	// bucketMeta holds schema_version.
 	bucketMeta = []byte("meta")
+	// bucketTasks maps task_id to a marshalled tasksv1.Task.
+	bucketTasks = []byte("tasks")
+	// bucketAgentTasks maps agent NUL seq to task_id: an agent's tasks in
+	// creation order.
+	bucketAgentTasks = []byte("agent_tasks")
+	// bucketAgentCounts maps agent to its task count (big-endian uint64).
+	bucketAgentCounts = []byte("agent_counts")
+	// bucketSteps maps task_id NUL step_id to a marshalled tasksv1.Step.
+	// Step ids are time-ordered, so a task's steps are in creation order and
+	// new steps land together on few pages.
+	bucketSteps = []byte("steps")
+	// bucketArtifacts maps task_id NUL seq to a marshalled tasksv1.Artifact.
+	bucketArtifacts = []byte("artifacts")
+	// bucketArtifactIndex maps task_id NUL artifact_id to the artifact's seq.
+	bucketArtifactIndex = []byte("artifact_index")
+	// bucketPending holds task_id NUL step_id for every step whose status is
+	// CREATED: the dispatcher's work list, reloaded on start.
+	bucketPending = []byte("pending")
 )
+
+var allBuckets = [][]byte{bucketMeta, bucketTasks, bucketAgentTasks, bucketAgentCounts, bucketSteps, bucketArtifacts, bucketArtifactIndex, bucketPending}
 
 const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *bolt.DB
+	db     *bolt.DB
+	commit *committer
 }
+
+var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
@@ -45,10 +85,12 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		meta, err := tx.CreateBucketIfNotExists(bucketMeta)
-		if err != nil {
-			return err
+		for _, b := range allBuckets {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
 		}
+		meta := tx.Bucket(bucketMeta)
 		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != fmt.Sprint(schemaVersion) {
 			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
 		}
@@ -58,7 +100,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 		db.Close()
 		return nil, fmt.Errorf("initialise %s: %w", path, err)
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, commit: newCommitter(db)}, nil
 }
 
 // Ping reports whether the database is open.
@@ -69,5 +111,378 @@ func (s *Store) Ping(ctx context.Context) error {
 	return s.db.View(func(*bolt.Tx) error { return nil })
 }
 
-// Close closes the database.
-func (s *Store) Close() error { return s.db.Close() }
+// Close finishes queued writes and closes the database.
+func (s *Store) Close() error {
+	s.commit.close()
+	return s.db.Close()
+}
+
+func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
+
+func key(parts ...[]byte) []byte { return bytes.Join(parts, []byte{0}) }
+
+func seqBytes(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
+
+func getTask(tx *bolt.Tx, taskID string) (*tasksv1.Task, error) {
+	v := tx.Bucket(bucketTasks).Get([]byte(taskID))
+	if v == nil {
+		return nil, fmt.Errorf("task %q: %w", taskID, store.ErrNotFound)
+	}
+	t := &tasksv1.Task{}
+	if err := proto.Unmarshal(v, t); err != nil {
+		return nil, fmt.Errorf("decode task %q: %w", taskID, err)
+	}
+	return t, nil
+}
+
+func put(b *bolt.Bucket, k []byte, m proto.Message) error {
+	v, err := proto.Marshal(m)
+	if err != nil {
+		return err
+	}
+	return b.Put(k, v)
+}
+
+// CreateTask implements store.Store.
+func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	id := lastSegment(t.GetName())
+	return s.commit.update(func(tx *bolt.Tx) error {
+		tasks := tx.Bucket(bucketTasks)
+		if tasks.Get([]byte(id)) != nil {
+			return fmt.Errorf("task %q: %w", id, store.ErrAlreadyExists)
+		}
+		counts := tx.Bucket(bucketAgentCounts)
+		var n uint64
+		if v := counts.Get([]byte(t.GetAgent())); v != nil {
+			n = binary.BigEndian.Uint64(v)
+		}
+		if err := counts.Put([]byte(t.GetAgent()), seqBytes(n+1)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketAgentTasks).Put(key([]byte(t.GetAgent()), seqBytes(n)), []byte(id)); err != nil {
+			return err
+		}
+		c := proto.CloneOf(t)
+		c.ArtifactCount = 0
+		return put(tasks, []byte(id), c)
+	})
+}
+
+// GetTask implements store.Store.
+func (s *Store) GetTask(ctx context.Context, taskID string) (*tasksv1.Task, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var t *tasksv1.Task
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		t, err = getTask(tx, taskID)
+		return err
+	})
+	return t, err
+}
+
+// ListTasks implements store.Store.
+func (s *Store) ListTasks(ctx context.Context, agent string, offset, limit int) ([]*tasksv1.Task, int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	var out []*tasksv1.Task
+	var total int
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketAgentCounts).Get([]byte(agent)); v != nil {
+			total = int(binary.BigEndian.Uint64(v))
+		}
+		if offset >= total {
+			return nil
+		}
+		prefix := append([]byte(agent), 0)
+		c := tx.Bucket(bucketAgentTasks).Cursor()
+		for k, v := c.Seek(key([]byte(agent), seqBytes(uint64(offset)))); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
+			t, err := getTask(tx, string(v))
+			if err != nil {
+				return err
+			}
+			out = append(out, t)
+		}
+		return nil
+	})
+	return out, total, err
+}
+
+// UpdateTask implements store.Store.
+func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*tasksv1.Task) error) (*tasksv1.Task, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *tasksv1.Task
+	err := s.commit.update(func(tx *bolt.Tx) error {
+		t, err := getTask(tx, taskID)
+		if err != nil {
+			return err
+		}
+		if err := mutate(t); err != nil {
+			return err
+		}
+		out = t
+		return put(tx.Bucket(bucketTasks), []byte(taskID), t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// CreateStep implements store.Store.
+func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step, decide func(*tasksv1.Task, *tasksv1.Step) error) (*tasksv1.Step, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *tasksv1.Step
+	err := s.commit.update(func(tx *bolt.Tx) error {
+		t, err := getTask(tx, taskID)
+		if err != nil {
+			return err
+		}
+		before := proto.CloneOf(t)
+		st := proto.CloneOf(in) // a group commit may run this function twice
+		if err := decide(t, st); err != nil {
+			return err
+		}
+		k := key([]byte(taskID), []byte(lastSegment(st.GetName())))
+		steps := tx.Bucket(bucketSteps)
+		if steps.Get(k) != nil {
+			return fmt.Errorf("step %q: %w", st.GetName(), store.ErrAlreadyExists)
+		}
+		if err := put(steps, k, st); err != nil {
+			return err
+		}
+		if err := setPending(tx, k, st); err != nil {
+			return err
+		}
+		out = st
+		if proto.Equal(before, t) {
+			return nil
+		}
+		return put(tx.Bucket(bucketTasks), []byte(taskID), t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func setPending(tx *bolt.Tx, k []byte, st *tasksv1.Step) error {
+	if st.GetStatus() == tasksv1.Step_STATUS_CREATED {
+		return tx.Bucket(bucketPending).Put(k, nil)
+	}
+	return tx.Bucket(bucketPending).Delete(k)
+}
+
+func getStep(tx *bolt.Tx, ref store.StepRef) ([]byte, *tasksv1.Step, error) {
+	k := key([]byte(ref.TaskID), []byte(ref.StepID))
+	v := tx.Bucket(bucketSteps).Get(k)
+	if v == nil {
+		return nil, nil, fmt.Errorf("step %q of task %q: %w", ref.StepID, ref.TaskID, store.ErrNotFound)
+	}
+	st := &tasksv1.Step{}
+	if err := proto.Unmarshal(v, st); err != nil {
+		return nil, nil, fmt.Errorf("decode step: %w", err)
+	}
+	return k, st, nil
+}
+
+// GetStep implements store.Store.
+func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var st *tasksv1.Step
+	err := s.db.View(func(tx *bolt.Tx) error {
+		var err error
+		_, st, err = getStep(tx, ref)
+		return err
+	})
+	return st, err
+}
+
+// listChildren pages through bucket b's items of a task, decoding each
+// with decode.
+func listChildren[T proto.Message](tx *bolt.Tx, b []byte, taskID string, offset, limit int, newT func() T) ([]T, error) {
+	var out []T
+	prefix := append([]byte(taskID), 0)
+	c := tx.Bucket(b).Cursor()
+	for k, v := c.Seek(key([]byte(taskID), seqBytes(uint64(offset)))); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
+		m := newT()
+		if err := proto.Unmarshal(v, m); err != nil {
+			return nil, fmt.Errorf("decode %s of task %q: %w", b, taskID, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// ListSteps implements store.Store.
+func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Step, int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	var out []*tasksv1.Step
+	var total int
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if _, err := getTask(tx, taskID); err != nil {
+			return err
+		}
+		prefix := append([]byte(taskID), 0)
+		c := tx.Bucket(bucketSteps).Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if total >= offset && len(out) < limit {
+				st := &tasksv1.Step{}
+				if err := proto.Unmarshal(v, st); err != nil {
+					return fmt.Errorf("decode step of task %q: %w", taskID, err)
+				}
+				out = append(out, st)
+			}
+			total++
+		}
+		return nil
+	})
+	return out, total, err
+}
+
+// UpdateStep implements store.Store.
+func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*tasksv1.Task, *tasksv1.Step) ([]*tasksv1.Artifact, error)) (*tasksv1.Step, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *tasksv1.Step
+	err := s.commit.update(func(tx *bolt.Tx) error {
+		t, err := getTask(tx, ref.TaskID)
+		if err != nil {
+			return err
+		}
+		k, st, err := getStep(tx, ref)
+		if err != nil {
+			return err
+		}
+		before := proto.CloneOf(t)
+		arts, err := mutate(t, st)
+		if err != nil {
+			return err
+		}
+		for _, a := range arts {
+			if err := addArtifact(tx, t, a); err != nil {
+				return err
+			}
+		}
+		if err := put(tx.Bucket(bucketSteps), k, st); err != nil {
+			return err
+		}
+		if err := setPending(tx, k, st); err != nil {
+			return err
+		}
+		out = st
+		if proto.Equal(before, t) {
+			return nil // most steps leave the task as it was: one page less to write
+		}
+		return put(tx.Bucket(bucketTasks), []byte(ref.TaskID), t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ListPending implements store.Store.
+func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []store.StepRef
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketPending).ForEach(func(k, _ []byte) error {
+			task, step, ok := bytes.Cut(k, []byte{0})
+			if !ok {
+				return fmt.Errorf("malformed pending key %q", k)
+			}
+			out = append(out, store.StepRef{TaskID: string(task), StepID: string(step)})
+			return nil
+		})
+	})
+	return out, err
+}
+
+// addArtifact stores a as t's next artifact; the caller stores t.
+func addArtifact(tx *bolt.Tx, t *tasksv1.Task, a *tasksv1.Artifact) error {
+	taskID := lastSegment(t.GetName())
+	idx := tx.Bucket(bucketArtifactIndex)
+	ik := key([]byte(taskID), []byte(lastSegment(a.GetName())))
+	if idx.Get(ik) != nil {
+		return fmt.Errorf("artifact %q: %w", a.GetName(), store.ErrAlreadyExists)
+	}
+	seq := seqBytes(uint64(t.GetArtifactCount()))
+	t.ArtifactCount++
+	if err := idx.Put(ik, seq); err != nil {
+		return err
+	}
+	return put(tx.Bucket(bucketArtifacts), key([]byte(taskID), seq), a)
+}
+
+// CreateArtifact implements store.Store.
+func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Artifact) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.commit.update(func(tx *bolt.Tx) error {
+		t, err := getTask(tx, taskID)
+		if err != nil {
+			return err
+		}
+		if err := addArtifact(tx, t, a); err != nil {
+			return err
+		}
+		t.UpdateTime = a.GetCreateTime()
+		return put(tx.Bucket(bucketTasks), []byte(taskID), t)
+	})
+}
+
+// GetArtifact implements store.Store.
+func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*tasksv1.Artifact, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	a := &tasksv1.Artifact{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		seq := tx.Bucket(bucketArtifactIndex).Get(key([]byte(taskID), []byte(artifactID)))
+		if seq == nil {
+			return fmt.Errorf("artifact %q of task %q: %w", artifactID, taskID, store.ErrNotFound)
+		}
+		return proto.Unmarshal(tx.Bucket(bucketArtifacts).Get(key([]byte(taskID), seq)), a)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// ListArtifacts implements store.Store.
+func (s *Store) ListArtifacts(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Artifact, int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	var out []*tasksv1.Artifact
+	var total int
+	err := s.db.View(func(tx *bolt.Tx) error {
+		t, err := getTask(tx, taskID)
+		if err != nil {
+			return err
+		}
+		total = int(t.GetArtifactCount())
+		out, err = listChildren(tx, bucketArtifacts, taskID, offset, limit, func() *tasksv1.Artifact { return &tasksv1.Artifact{} })
+		return err
+	})
+	return out, total, err
+}

@@ -1,0 +1,48 @@
+package config_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/parleyhq/parley/services/tasks/config"
+)
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		wantErr []string // substrings of the error; none means valid
+	}{
+		{"defaults", nil, nil, nil},
+		{"agent from env", nil, map[string]string{"PARLEY_AP_AGENT": "acme:writer"}, nil},
+		{"agent without colon", []string{"--ap-agent", "acme"}, nil, []string{"--ap-agent"}},
+		{"agent with capitals", []string{"--ap-agent", "Acme:w"}, nil, []string{"--ap-agent"}},
+		{"page size zero", []string{"--ap-max-page-size", "0"}, nil, []string{"--ap-max-page-size"}},
+		{"negative wait", []string{"--ap-step-wait", "-1s"}, nil, []string{"--ap-step-wait"}},
+		{"every bad value at once", []string{"--ap-max-upload-bytes", "0", "--ap-max-watchers", "0"}, nil, []string{"--ap-max-upload-bytes", "--ap-max-watchers"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := config.Load(tc.args, func(k string) string { return tc.env[k] })
+			if len(tc.wantErr) == 0 {
+				if err != nil {
+					t.Fatalf("Load(%q) = %v, want nil", tc.args, err)
+				}
+				return
+			}
+			for _, want := range tc.wantErr {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("Load(%q) = %v, want an error naming %s", tc.args, err, want)
+				}
+			}
+			_ = cfg
+		})
+	}
+	cfg, err := config.Load(nil, func(k string) string {
+		return map[string]string{"PARLEY_AP_AGENT": "acme:writer"}[k]
+	})
+	if err != nil || cfg.AgentName() != "clients/acme/agents/writer" {
+		t.Errorf("AgentName() = %q, %v; want clients/acme/agents/writer", cfg.AgentName(), err)
+	}
+}

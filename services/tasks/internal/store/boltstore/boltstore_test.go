@@ -1,0 +1,68 @@
+package boltstore_test
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/services/tasks/internal/store"
+	"github.com/parleyhq/parley/services/tasks/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/tasks/internal/store/storetest"
+)
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) store.Store {
+		s, err := boltstore.Open(t.TempDir(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	})
+}
+
+func TestOpen_reportsLockedFile(t *testing.T) {
+	dir := t.TempDir()
+	s, err := boltstore.Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s2, err := boltstore.Open(dir, 50*time.Millisecond); err == nil {
+		s2.Close()
+		t.Errorf("Open(%q) while open = nil error, want locked", dir)
+	}
+}
+
+func TestReopen_keepsWritesAndPending(t *testing.T) {
+	dir := t.TempDir()
+	s, err := boltstore.Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := s.CreateTask(ctx, &tasksv1.Task{Name: "tasks/t", Agent: "clients/c/agents/a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CreateStep(ctx, "t", &tasksv1.Step{Name: "tasks/t/steps/s", Status: tasksv1.Step_STATUS_CREATED}, func(*tasksv1.Task, *tasksv1.Step) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = boltstore.Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.GetStep(ctx, store.StepRef{TaskID: "t", StepID: "s"}); err != nil {
+		t.Errorf("GetStep after reopen: %v", err)
+	}
+	pending, err := s.ListPending(ctx)
+	if err != nil || len(pending) != 1 {
+		t.Errorf("ListPending after reopen = %v, %v; want the created step", pending, err)
+	}
+	if err := s.CreateTask(ctx, &tasksv1.Task{Name: "tasks/t"}); !errors.Is(err, store.ErrAlreadyExists) {
+		t.Errorf("CreateTask(existing) after reopen = %v, want ErrAlreadyExists", err)
+	}
+}
