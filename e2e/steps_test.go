@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/parleyhq/parley/e2e/parleytest"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
-	"github.com/parleyhq/parley/e2e/parleytest"
 	"github.com/parleyhq/parley/sdk"
 )
 
