@@ -82,11 +82,15 @@ test: lint check-generated check-tidy unit postman
 
 ci: test
 
-## breaking: buf breaking against main (build main's protos to an image first)
+## breaking: buf breaking of proto/ against $(BREAKING_BASE) (default main); both sides are built to images first, as there is no BSR
+BREAKING_BASE ?= main
 breaking: tools protodeps
-	@tmp=$$(mktemp -d); git worktree add -q $$tmp main; \
-	  (cd $$tmp && mkdir -p third_party && cp -r $(CURDIR)/third_party/proto third_party/ && $(CURDIR)/$(BUF) build -o $$tmp/base.binpb); \
-	  $(BUF) breaking --against $$tmp/base.binpb; rc=$$?; git worktree remove --force $$tmp; exit $$rc
+	@tmp=$$(mktemp -d); trap 'git worktree remove --force '"$$tmp"'/base >/dev/null 2>&1; rm -rf '"$$tmp" EXIT; \
+	  git worktree add -q --detach $$tmp/base $(BREAKING_BASE); \
+	  mkdir -p $$tmp/base/third_party && cp -r third_party/proto $$tmp/base/third_party/; \
+	  (cd $$tmp/base && $(CURDIR)/$(BUF) build -o $$tmp/base.binpb); \
+	  $(BUF) build -o $$tmp/current.binpb; \
+	  $(BUF) breaking $$tmp/current.binpb --against $$tmp/base.binpb && echo "breaking: no breaking change against $(BREAKING_BASE)"
 
 build:
 	go build -o $(BIN)/parley ./cmd/parley
