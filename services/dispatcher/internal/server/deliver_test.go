@@ -251,27 +251,39 @@ func TestMalformed(t *testing.T) {
 }
 
 func TestSchemas_validateRequestsAndRoutineOutput(t *testing.T) {
-	pd := "---\nname: Add\ndescription: adds\nmultiround: false\nrequest_schema:\n  type: object\n  required: [a, b]\n  properties:\n    a: {type: integer}\n    b: {type: integer}\nresponse_schema: '{\"type\": \"integer\"}'\n---\nSend {a, b}; get a+b."
 	const agent = "clients/acme/agents/calc"
 	reg := newFakeRegistry()
-	h := reg.addProtocol(pd)
-	reg.addAgent(agentRes(agent, 0, 0, h))
+	h := reg.addProtocolSchemas("---\nname: Add\n---\nSend {a, b}; get a+b.",
+		`{"type":"object","required":["a","b"],"properties":{"a":{"type":"integer"},"b":{"type":"integer"}}}`,
+		`{"type":"integer"}`)
+	broken := reg.addProtocolSchemas("---\nname: Broken\n---\n", `{"type":5}`, "")
+	reg.addAgent(agentRes(agent, 0, 0, h, broken))
 	e := startEnv(t, reg, "", Options{QuarantineAfter: 10})
 	e.setRoutine(agent, h, "def reply(q, m):\n    if q['a'] == 0:\n        return 'zero'\n    return q['a'] + q['b']\n")
+	e.setRoutine(agent, broken, "def reply(q, m):\n    return q\n")
 	tests := []struct {
-		name, body, status, contains string
+		name, hash, body, want string
 	}{
-		{"valid", `{"a":2,"b":3}`, "success", `"body":5`},
-		{"invalid request", `{"a":"two"}`, "failure", "schema"},
-		{"routine output invalid", `{"a":0,"b":1}`, "failure", "routine"},
+		{"valid", h, `{"a":2,"b":3}`, `"body":5`},
+		{"invalid request", h, `{"a":"two"}`, `"status":"failure"`},
+		{"routine output invalid", h, `{"a":0,"b":1}`, `"status":"failure"`},
+		{"schema that does not compile", broken, `{"a":1}`, `{"status":"rejected"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, m, raw := e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+h+`","body":`+tt.body+`}`)
-			if m["status"] != tt.status || !strings.Contains(raw, tt.contains) {
-				t.Errorf("POST %s = %s, want %s containing %q", tt.body, raw, tt.status, tt.contains)
+			_, _, raw := e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+tt.hash+`","body":`+tt.body+`}`)
+			if !strings.Contains(raw, tt.want) {
+				t.Errorf("POST %s = %s, want it to contain %s", tt.body, raw, tt.want)
 			}
 		})
+	}
+	_, _, raw := e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+h+`","body":{"a":"two"}}`)
+	if !strings.Contains(raw, "schema") {
+		t.Errorf("invalid request reply = %s, want it to name the schema", raw)
+	}
+	_, _, raw = e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+h+`","body":{"a":0,"b":1}}`)
+	if !strings.Contains(raw, "routine") {
+		t.Errorf("invalid routine output reply = %s, want it to name the routine", raw)
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -73,6 +74,7 @@ type Server struct {
 
 	agents    *cache[*agentEntry]
 	protocols *cache[*protocolEntry]
+	schemas   *pdschema.Cache
 	routines  *routineCache
 	hub       *hub
 	wellknown *cache[map[string][]string]
@@ -121,6 +123,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	}
 	s.agents = newCache[*agentEntry](opts.CacheTTL, opts.Now)
 	s.protocols = newCache[*protocolEntry](max(opts.CacheTTL, time.Minute), opts.Now)
+	s.schemas = pdschema.NewCache(10_000)
 	s.wellknown = newCache[map[string][]string](max(opts.CacheTTL, 30*time.Second), opts.Now)
 	s.routines = newRoutineCache(s)
 	s.hub = newHub(s.metrics)
