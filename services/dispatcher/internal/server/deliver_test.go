@@ -79,6 +79,38 @@ func TestWeatherRoutine_answersThousandEnvelopesWithoutLLM(t *testing.T) {
 	}
 }
 
+func TestUnknownAgent_notFoundIsCachedBriefly(t *testing.T) {
+	tests := []struct {
+		name      string
+		negTTL    time.Duration
+		wantCalls int64
+	}{
+		{"negative TTL", 2 * time.Second, 1},
+		{"disabled", 0, 50},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := newFakeRegistry()
+			e := startEnv(t, reg, "", Options{NegativeCacheTTL: tt.negTTL})
+			for range 50 {
+				if code, _, raw := e.do("POST", "/agora/acme/ghost", `{"body":"hi"}`); code != 404 {
+					t.Fatalf("POST to a missing agent = %d %s, want 404", code, raw)
+				}
+			}
+			if got := reg.getAgentCalls.Load(); got != tt.wantCalls {
+				t.Errorf("GetAgent calls for 50 envelopes = %d, want %d", got, tt.wantCalls)
+			}
+			// Once the agent exists and the negative entry has expired, it
+			// is found.
+			reg.addAgent(agentRes("clients/acme/agents/ghost", 0, 0))
+			e.advance(tt.negTTL + time.Millisecond)
+			if code, _, raw := e.do("POST", "/agora/acme/ghost", `{"body":"hi"}`); code == 404 {
+				t.Errorf("POST after the agent was created = %d %s, want it found", code, raw)
+			}
+		})
+	}
+}
+
 func TestUnknownLocation_isAPDLevelError(t *testing.T) {
 	e := startWeather(t, registryv1.Dialect_DIALECT_UNSPECIFIED, Options{})
 	_, m, raw := e.do("POST", "/agora/acme/weather/", `{"protocolHash":"`+weatherHex+`","protocolSources":null,"body":{"date":"2026-12-01","location":"Atlantis"}}`)
