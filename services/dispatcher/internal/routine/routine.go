@@ -118,6 +118,9 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 	if !ok {
 		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
 	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrBudget, err)
+	}
 	thread, stop := newThread(ctx, fn, p.limits)
 	defer stop()
 	sargs := make(starlark.Tuple, 0, len(args)+1)
@@ -160,7 +163,10 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 }
 
 // newThread returns a thread with the step budget and a timer that cancels it
-// at the wall-time budget or when ctx ends; stop releases the timer.
+// at the wall-time budget, or at ctx's deadline when that comes first; stop
+// releases the timer. A ctx cancelled without a deadline (a caller gone)
+// does not stop a running call: the wall-time budget bounds it anyway, and
+// watching ctx costs every call a registration.
 func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, func()) {
 	thread := &starlark.Thread{
 		Name:  name,
@@ -171,9 +177,12 @@ func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, fu
 	}
 	thread.SetMaxExecutionSteps(l.MaxSteps)
 	thread.SetLocal(localCall, &callState{ctx: ctx, max: int64(l.MaxToolCalls)})
-	timer := time.AfterFunc(l.Timeout, func() { thread.Cancel("wall time budget exceeded") })
-	stopCtx := context.AfterFunc(ctx, func() { thread.Cancel("request cancelled") })
-	return thread, func() { timer.Stop(); stopCtx() }
+	timeout, why := l.Timeout, "wall time budget exceeded"
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout, why = time.Until(dl), "request deadline exceeded"
+	}
+	timer := time.AfterFunc(timeout, func() { thread.Cancel(why) })
+	return thread, func() { timer.Stop() }
 }
 
 func toolBuiltin(name string, t Tool) *starlark.Builtin {
@@ -248,7 +257,7 @@ func wrapRunErr(err error) error {
 }
 
 func isCancel(msg string) bool {
-	for _, s := range []string{"too many steps", "wall time budget exceeded", "request cancelled", "Starlark computation cancelled"} {
+	for _, s := range []string{"too many steps", "wall time budget exceeded", "request deadline exceeded", "Starlark computation cancelled"} {
 		if strings.Contains(msg, s) {
 			return true
 		}
