@@ -1,7 +1,7 @@
 // Command dispatcher measures an Agora envelope answered by a Starlark
 // routine through a real `parley serve` over HTTP, against a bare net/http
-// JSON echo (in its own process) in the same run, at several concurrencies, and prints req/s, p50,
-// p99 and the ratio.
+// JSON echo (in its own process) in the same run, at several concurrencies,
+// and prints req/s, p50, p99 and the ratio.
 //
 // Usage (from the repository root):
 //
