@@ -1,11 +1,17 @@
 // Command dispatcher measures an Agora envelope answered by a Starlark
 // routine through a real `parley serve` over HTTP, against a bare net/http
-// JSON echo in the same run, at several concurrencies, and prints req/s, p50,
-// p99 and the ratio.
+// JSON echo (in its own process) in the same run, at several concurrencies,
+// and prints req/s, p50, p99 and the ratio.
 //
 // Usage (from the repository root):
 //
-//	go run ./bench/dispatcher [-parley PATH] [-duration 5s] [-concurrency 16,64]
+//	go run ./bench/dispatcher [-parley PATH] [-duration 5s] [-concurrency 16,64] [-rounds 3]
+//
+// Each round runs the echo and then the routine for -duration; the summary
+// gives, per target, the median req/s over the rounds and p50/p99 over every
+// request of every round, and the median of the per-round ratios (a busy
+// shared machine swings single runs widely; pairs measured back to back
+// swing less).
 //
 // Without -parley it builds ./cmd/parley into a temporary directory. It
 // registers the weather PD and an agent through the registry's gRPC API, and
@@ -67,7 +73,12 @@ func run() error {
 	parley := flag.String("parley", "", "path to a parley binary; built from ./cmd/parley when empty")
 	duration := flag.Duration("duration", 5*time.Second, "how long each measurement runs")
 	concList := flag.String("concurrency", "16,64", "comma-separated concurrencies")
+	rounds := flag.Int("rounds", 3, "echo/routine pairs per concurrency")
+	echoOnly := flag.Bool("echo", false, "internal: serve the bare echo on a free loopback port, print it, and run until killed")
 	flag.Parse()
+	if *echoOnly {
+		return serveEcho()
+	}
 
 	tmp, err := os.MkdirTemp("", "bench-dispatcher-")
 	if err != nil {
@@ -98,33 +109,74 @@ func run() error {
 		return fmt.Errorf("warm-up envelope: %w", err)
 	}
 
-	echoLis, err := net.Listen("tcp", "127.0.0.1:0")
+	// The echo runs in its own process, like parley serve, so neither shares
+	// a Go runtime with the load generator.
+	echoAddr, stopEcho, err := startEcho(ctx)
 	if err != nil {
 		return err
 	}
-	echo := &http.Server{Handler: http.HandlerFunc(echoHandler), ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = echo.Serve(echoLis) }()
-	defer echo.Close()
-	echoURL := "http://" + echoLis.Addr().String() + "/"
+	defer stopEcho()
+	echoURL := "http://" + echoAddr + "/"
 
-	fmt.Printf("duration %s per run\n", *duration)
+	fmt.Printf("duration %s per run, %d rounds\n", *duration, *rounds)
 	fmt.Printf("%-8s %-6s %10s %10s %10s\n", "target", "conc", "req/s", "p50", "p99")
 	for _, cs := range strings.Split(*concList, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(cs))
 		if err != nil || c <= 0 {
 			return fmt.Errorf("-concurrency: %q is not a positive number", cs)
 		}
-		e := load(echoURL, body, c, *duration)
-		r := load(agoraURL, body, c, *duration)
+		var echoes, routines []result
+		var ratios []float64
+		for range max(*rounds, 1) {
+			e := load(echoURL, body, c, *duration)
+			r := load(agoraURL, body, c, *duration)
+			echoes, routines = append(echoes, e), append(routines, r)
+			ratios = append(ratios, r.rps/e.rps)
+			fmt.Printf("  round: echo %.0f req/s, routine %.0f req/s, ratio %.2f\n", e.rps, r.rps, r.rps/e.rps)
+		}
 		for _, x := range []struct {
 			name string
 			res  result
-		}{{"echo", e}, {"routine", r}} {
+		}{{"echo", summarize(echoes)}, {"routine", summarize(routines)}} {
 			fmt.Printf("%-8s %-6d %10.0f %10s %10s  errors=%d\n", x.name, c, x.res.rps, x.res.p50, x.res.p99, x.res.errors)
 		}
-		fmt.Printf("ratio routine/echo at %d: %.2f\n", c, r.rps/e.rps)
+		fmt.Printf("ratio routine/echo at %d: median %.2f of %.2f\n", c, median(ratios), ratios)
 	}
 	return nil
+}
+
+// serveEcho is the -echo mode: the bare net/http JSON echo.
+func serveEcho() error {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	fmt.Println(lis.Addr().String())
+	srv := &http.Server{Handler: http.HandlerFunc(echoHandler), ReadHeaderTimeout: 5 * time.Second}
+	return srv.Serve(lis)
+}
+
+// startEcho runs this program with -echo and returns the address it prints.
+func startEcho(ctx context.Context) (string, func(), error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.CommandContext(ctx, self, "-echo")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return "", nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return "", nil, err
+	}
+	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		stop()
+		return "", nil, fmt.Errorf("echo process: %w", err)
+	}
+	return strings.TrimSpace(line), stop, nil
 }
 
 func echoHandler(w http.ResponseWriter, r *http.Request) {
@@ -217,6 +269,38 @@ type result struct {
 	rps      float64
 	p50, p99 time.Duration
 	errors   int
+	lat      []time.Duration // sorted
+}
+
+// summarize gives the median req/s of rs and the percentiles of all their
+// requests together.
+func summarize(rs []result) result {
+	var out result
+	var rps []float64
+	for _, r := range rs {
+		rps = append(rps, r.rps)
+		out.lat = append(out.lat, r.lat...)
+		out.errors += r.errors
+	}
+	out.rps = median(rps)
+	if len(out.lat) > 0 {
+		slices.Sort(out.lat)
+		out.p50 = out.lat[len(out.lat)/2].Round(time.Microsecond)
+		out.p99 = out.lat[len(out.lat)*99/100].Round(time.Microsecond)
+	}
+	return out
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 // load posts body to url from c workers for d and measures it.
@@ -262,6 +346,7 @@ func load(url string, body []byte, c int, d time.Duration) result {
 		p50:    lat[len(lat)/2].Round(time.Microsecond),
 		p99:    lat[len(lat)*99/100].Round(time.Microsecond),
 		errors: errs,
+		lat:    lat,
 	}
 }
 

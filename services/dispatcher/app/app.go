@@ -71,6 +71,7 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		QuarantineAfter:  a.cfg.QuarantineAfter,
 		HandlerTimeout:   a.cfg.HandlerTimeout,
 		CacheTTL:         a.cfg.CacheTTL,
+		NegativeCacheTTL: a.cfg.NegativeCacheTTL,
 		PeerDialects:     dialects,
 		PublicURL:        a.cfg.PublicURL,
 		SendTimeout:      a.cfg.SendTimeout,

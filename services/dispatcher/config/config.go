@@ -33,6 +33,7 @@ type Config struct {
 	QuarantineAfter         int
 	HandlerTimeout          time.Duration
 	CacheTTL                time.Duration
+	NegativeCacheTTL        time.Duration
 	AgoraMaxBodyBytes       int64
 	AgoraPeerHeader         string
 	// AgoraPeerDialects is "peer=dialect,..." as given on the command line.
@@ -55,6 +56,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.QuarantineAfter, "routine-quarantine-after", 3, "consecutive failures that quarantine a routine")
 	fs.DurationVar(&c.HandlerTimeout, "handler-timeout", 10*time.Second, "how long a connected SDK agent has to answer an envelope or step")
 	fs.DurationVar(&c.CacheTTL, "dispatcher-cache-ttl", 5*time.Second, "how long the dispatcher caches agents and routines (protocols: at least 1m)")
+	fs.DurationVar(&c.NegativeCacheTTL, "dispatcher-negative-cache-ttl", 2*time.Second, "how long an agent the registry does not know stays unknown without asking again (0: ask every time)")
 	fs.Int64Var(&c.AgoraMaxBodyBytes, "agora-max-body-bytes", 1<<20, "largest Agora request body")
 	fs.StringVar(&c.AgoraPeerHeader, "agora-peer-header", "", "header set by a trusted proxy that identifies the Agora caller (e.g. X-Forwarded-For); default: the remote IP")
 	fs.StringVar(&c.AgoraPeerDialects, "agora-peer-dialects", "", "reply dialect per peer: comma-separated peer=spec2024|std|pylib")
@@ -107,6 +109,7 @@ func (c *Config) Validate() error {
 		{"--agora-max-body-bytes", c.AgoraMaxBodyBytes > 0},
 		{"--send-timeout", c.SendTimeout > 0},
 		{"--send-retries", c.SendRetries >= 0},
+		{"--dispatcher-negative-cache-ttl", c.NegativeCacheTTL >= 0},
 	}
 	for _, p := range positive {
 		if !p.ok {

@@ -72,16 +72,20 @@ func Parse(data []byte) (*Envelope, error) {
 		return nil, fmt.Errorf("%w: the request must be a JSON object", ErrMalformed)
 	}
 	var w wireEnvelope
-	if err := json.Unmarshal(trimmed, &w); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+	if !json.Valid(trimmed) || !w.scan(trimmed) {
+		// The slow path: encoding/json's result, and its error message.
+		w = wireEnvelope{}
+		if err := json.Unmarshal(trimmed, &w); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+		}
 	}
 	e := &Envelope{Body: w.Body, HadHashKey: w.ProtocolHash != nil, HadSourcesKey: w.ProtocolSources != nil}
 	if e.Body == nil {
 		e.Body = null
 	}
 	if !isNull(w.ProtocolHash) {
-		var s string
-		if err := json.Unmarshal(w.ProtocolHash, &s); err != nil {
+		s, err := jsonString(w.ProtocolHash)
+		if err != nil {
 			return nil, fmt.Errorf("%w: protocolHash must be a string or null", ErrMalformed)
 		}
 		h, form, err := ParseHash(s)
@@ -131,6 +135,136 @@ func ParseHash(s string) ([]byte, HashForm, error) {
 		}
 	}
 	return nil, HashNone, fmt.Errorf("%w: protocolHash %q is neither 40 hex nor 28 base64 characters", ErrMalformed, s)
+}
+
+// scan fills w from data, a valid JSON object, the way json.Unmarshal does
+// (keys matched exactly or case-insensitively, the last duplicate wins,
+// other keys skipped) without reflection. It reports false when it cannot,
+// and the caller then uses json.Unmarshal.
+func (w *wireEnvelope) scan(data []byte) bool {
+	i := skipSpace(data, 1)
+	if i < len(data) && data[i] == '}' {
+		return true
+	}
+	for i < len(data) {
+		if data[i] != '"' {
+			return false
+		}
+		end := skipString(data, i)
+		key, err := jsonString(data[i:end])
+		if err != nil {
+			return false
+		}
+		i = skipSpace(data, end)
+		if i >= len(data) || data[i] != ':' {
+			return false
+		}
+		start := skipSpace(data, i+1)
+		end = skipValue(data, start)
+		if end <= start {
+			return false
+		}
+		switch v := json.RawMessage(data[start:end]); {
+		case matchKey(key, "protocolHash"):
+			w.ProtocolHash = v
+		case matchKey(key, "protocolSources"):
+			w.ProtocolSources = v
+		case matchKey(key, "body"):
+			w.Body = v
+		case matchKey(key, "multiround"):
+			w.Multiround = v
+		}
+		i = skipSpace(data, end)
+		if i >= len(data) {
+			return false
+		}
+		switch data[i] {
+		case '}':
+			return true
+		case ',':
+			i = skipSpace(data, i+1)
+		default:
+			return false
+		}
+	}
+	return false
+}
+
+// matchKey is encoding/json's rule: exact, else case-insensitive.
+func matchKey(key, field string) bool {
+	return key == field || strings.EqualFold(key, field)
+}
+
+func skipSpace(data []byte, i int) int {
+	for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the index after the string literal at data[i] (valid
+// JSON).
+func skipString(data []byte, i int) int {
+	for j := i + 1; j < len(data); j++ {
+		switch data[j] {
+		case '\\':
+			j++
+		case '"':
+			return j + 1
+		}
+	}
+	return len(data)
+}
+
+// skipValue returns the index after the JSON value at data[i] (valid JSON).
+func skipValue(data []byte, i int) int {
+	if i >= len(data) {
+		return i
+	}
+	switch data[i] {
+	case '"':
+		return skipString(data, i)
+	case '{', '[':
+		depth := 0
+		for j := i; j < len(data); j++ {
+			switch data[j] {
+			case '"':
+				j = skipString(data, j) - 1
+			case '{', '[':
+				depth++
+			case '}', ']':
+				if depth--; depth == 0 {
+					return j + 1
+				}
+			}
+		}
+		return len(data)
+	}
+	j := i
+	for j < len(data) && !strings.ContainsRune(",}] \t\n\r", rune(data[j])) {
+		j++
+	}
+	return j
+}
+
+// jsonString reads a JSON string literal, without encoding/json when it has
+// no escapes and is ASCII.
+func jsonString(lit []byte) (string, error) {
+	if n := len(lit); n >= 2 && lit[0] == '"' && lit[n-1] == '"' {
+		plain := true
+		for _, c := range lit[1 : n-1] {
+			if c == '\\' || c == '"' || c < 0x20 || c >= 0x80 {
+				plain = false
+				break
+			}
+		}
+		if plain {
+			return string(lit[1 : n-1]), nil
+		}
+	}
+	var s string
+	err := json.Unmarshal(lit, &s)
+	return s, err
 }
 
 func isNull(r json.RawMessage) bool {

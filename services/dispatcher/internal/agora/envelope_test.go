@@ -1,7 +1,10 @@
 package agora
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"reflect"
 	"testing"
 )
 
@@ -88,5 +91,44 @@ func TestDialectReplies(t *testing.T) {
 		if tt.got.Status != tt.code || string(tt.got.Body) != tt.want {
 			t.Errorf("%s = %d %s, want %d %s", tt.name, tt.got.Status, tt.got.Body, tt.code, tt.want)
 		}
+	}
+}
+
+// The member scanner must read exactly what json.Unmarshal reads.
+var scanCorpus = []string{
+	`{}`, ` { } `, `{"body":"hi"}`, `{"body" : { "a" : [1, "}", {"b": "]"}] } , "x": 1}`,
+	`{"protocolHash":"3a73","protocolSources":["a","b\"c"],"body":"{\"q\": 1}","multiround":true}`,
+	`{"PROTOCOLHASH":"x","Body":1}`, `{"protocolHash":"x","protocolhash":"y"}`, `{"body":1,"body":2}`,
+	`{"bod\u0079":"escaped key"}`, `{"\u017fomething":1,"mult\u0130round":true}`, `{"body":null,"multiround":false}`,
+	`{"body":-1.5e+3,"other":[[],{}],"multiround":true}`, `{"body":"caf\u00e9 ☕","protocolSources":[null]}`,
+	`{"a":{"b":{"c":{"d":[1,2,[3,"\\"]]}}},"body":true}`, "{\"body\":\t\"x\"\n}",
+}
+
+func TestScan_matchesEncodingJSON(t *testing.T) {
+	for _, doc := range scanCorpus {
+		checkScan(t, doc)
+	}
+}
+
+func FuzzScan(f *testing.F) {
+	for _, doc := range scanCorpus {
+		f.Add(doc)
+	}
+	f.Fuzz(func(t *testing.T, doc string) { checkScan(t, doc) })
+}
+
+func checkScan(t *testing.T, doc string) {
+	t.Helper()
+	data := bytes.TrimSpace([]byte(doc))
+	var want wireEnvelope
+	if len(data) == 0 || data[0] != '{' || json.Unmarshal(data, &want) != nil {
+		return // Parse never scans these
+	}
+	var got wireEnvelope
+	if !got.scan(data) {
+		t.Fatalf("scan(%s) = false, want it to read a valid object", doc)
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("scan(%s) = %+v, want %+v", doc, got, want)
 	}
 }

@@ -1,21 +1,20 @@
-// Package pdschema reads the JSON Schemas a protocol document declares in its
-// metadata block and validates bodies against them.
+// Package pdschema compiles the JSON Schemas a protocol document declares and
+// validates bodies against them.
 //
-// A PD's metadata is YAML: between a first line "---" and the next line "---"
-// (layout A), or from the start up to the first line "---" (layout B). Parley
-// PDs may add the keys request_schema and response_schema (camelCase
-// requestSchema and responseSchema also work), each a YAML mapping or a
-// string holding JSON. A PD without them validates nothing.
+// The registry is the one reader of PD metadata: it parses requestSchema and
+// responseSchema, checks they compile, and hands them over as compact JSON
+// (Protocol.request_schema_json, response_schema_json). This package only
+// compiles that JSON, the same way (draft 2020-12 unless the schema names
+// another, no loader), and remembers the result per PD.
 package pdschema
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
-	"go.yaml.in/yaml/v3"
 )
 
 // Schemas are a PD's compiled schemas; nil fields validate anything.
@@ -24,85 +23,76 @@ type Schemas struct {
 	Response *jsonschema.Schema
 }
 
-// Metadata returns the metadata block of a PD, or nil.
-func Metadata(pd []byte) []byte {
-	lines := bytes.SplitAfter(pd, []byte("\n"))
-	isSep := func(l []byte) bool { return string(bytes.TrimRight(l, "\r\n")) == "---" }
-	start := 0
-	if len(lines) > 0 && isSep(lines[0]) {
-		start = 1
-	}
-	var out []byte
-	for _, l := range lines[start:] {
-		if isSep(l) {
-			return out
-		}
-		out = append(out, l...)
-	}
-	return nil
-}
-
-// Parse compiles the schemas declared by pd. A PD with no metadata or no
-// schema keys gives empty Schemas; a malformed schema is an error.
-func Parse(pd []byte) (Schemas, error) {
-	meta := Metadata(pd)
-	if meta == nil {
-		return Schemas{}, nil
-	}
-	var m map[string]any
-	if err := yaml.Unmarshal(meta, &m); err != nil {
-		return Schemas{}, nil // not YAML: plain-text PDs declare no schemas
-	}
+// Compile compiles a PD's request and response schemas; an empty string
+// declares none.
+func Compile(requestJSON, responseJSON string) (Schemas, error) {
 	var s Schemas
 	var err error
-	if s.Request, err = compile(m, "request_schema", "requestSchema"); err != nil {
+	if s.Request, err = compile(requestJSON, "requestSchema"); err != nil {
 		return Schemas{}, err
 	}
-	if s.Response, err = compile(m, "response_schema", "responseSchema"); err != nil {
+	if s.Response, err = compile(responseJSON, "responseSchema"); err != nil {
 		return Schemas{}, err
 	}
 	return s, nil
 }
 
-func compile(m map[string]any, keys ...string) (*jsonschema.Schema, error) {
-	var v any
-	var key string
-	for _, k := range keys {
-		if x, ok := m[k]; ok && x != nil {
-			v, key = x, k
-			break
-		}
-	}
-	if v == nil {
+func compile(raw, key string) (*jsonschema.Schema, error) {
+	if raw == "" {
 		return nil, nil
 	}
-	if str, ok := v.(string); ok {
-		dec, err := jsonschema.UnmarshalJSON(strings.NewReader(str))
-		if err != nil {
-			return nil, fmt.Errorf("%s is not JSON: %w", key, err)
-		}
-		v = dec
-	} else {
-		// Round-trip through JSON so numbers and maps take the types the
-		// compiler expects.
-		b, err := json.Marshal(v)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", key, err)
-		}
-		if v, err = jsonschema.UnmarshalJSON(bytes.NewReader(b)); err != nil {
-			return nil, fmt.Errorf("%s: %w", key, err)
-		}
+	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(raw))
+	if err != nil {
+		return nil, fmt.Errorf("%s is not JSON: %w", key, err)
 	}
 	c := jsonschema.NewCompiler()
+	c.DefaultDraft(jsonschema.Draft2020)
 	url := "mem:///" + key + ".json"
-	if err := c.AddResource(url, v); err != nil {
+	if err := c.AddResource(url, doc); err != nil {
 		return nil, fmt.Errorf("%s: %w", key, err)
 	}
 	sch, err := c.Compile(url)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err)
+		return nil, fmt.Errorf("%s: %s", key, oneLine(err))
 	}
 	return sch, nil
+}
+
+// Cache remembers compiled schemas per PD hash. PDs are immutable, so an
+// entry never goes stale; the cache only bounds its size.
+type Cache struct {
+	max int
+
+	mu      sync.Mutex // guards entries
+	entries map[string]cached
+}
+
+type cached struct {
+	s   Schemas
+	err error
+}
+
+// NewCache returns a cache holding at most n PDs (at least 1).
+func NewCache(n int) *Cache {
+	return &Cache{max: max(n, 1), entries: map[string]cached{}}
+}
+
+// Compile is Compile, done once per hash.
+func (c *Cache) Compile(hash, requestJSON, responseJSON string) (Schemas, error) {
+	c.mu.Lock()
+	e, ok := c.entries[hash]
+	c.mu.Unlock()
+	if ok {
+		return e.s, e.err
+	}
+	s, err := Compile(requestJSON, responseJSON)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.entries) >= c.max {
+		clear(c.entries) // crude bound: a flood of distinct PDs must not grow memory forever
+	}
+	c.entries[hash] = cached{s, err}
+	return s, err
 }
 
 // Validate checks raw JSON against s; a nil schema accepts everything.

@@ -5,7 +5,8 @@
 // A Program is compiled and initialised once, then frozen, so calls share no
 // mutable state; each call gets its own thread and budgets. Values cross the
 // boundary as JSON: arguments are decoded into Starlark values, the result is
-// encoded back.
+// encoded back, with the json module's exact results (codec.go has the fast
+// paths).
 package routine
 
 import (
@@ -49,8 +50,15 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// Tool is a host function a routine can call with one JSON argument.
-type Tool func(ctx context.Context, arg json.RawMessage) (json.RawMessage, error)
+// Tool is a host function a routine can call with one argument. Build one
+// with TableTool.
+type Tool struct {
+	// call answers any argument, encoded as JSON.
+	call func(ctx context.Context, arg json.RawMessage) (json.RawMessage, error)
+	// callString, when set, answers a string argument as is, sparing the
+	// hot path a JSON encode and decode of the key.
+	callString func(ctx context.Context, arg string) (json.RawMessage, error)
+}
 
 // Program is a compiled, initialised and frozen routine.
 type Program struct {
@@ -65,8 +73,14 @@ var (
 	jsonDecode = starjson.Module.Members["decode"]
 )
 
-const localCtx = "parley.ctx"
-const localToolCalls = "parley.toolcalls"
+// localCall is the thread-local key of a call's *callState.
+const localCall = "parley.call"
+
+// callState is what tools need of the call that runs them.
+type callState struct {
+	ctx            context.Context
+	toolCalls, max int64
+}
 
 // Compile parses, compiles and initialises src. Top-level code runs under
 // the same budgets as a call.
@@ -103,6 +117,9 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 	f, ok := p.globals[fn].(starlark.Callable)
 	if !ok {
 		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, fmt.Errorf("%w: %v", ErrBudget, err)
 	}
 	thread, stop := newThread(ctx, fn, p.limits)
 	defer stop()
@@ -146,7 +163,10 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 }
 
 // newThread returns a thread with the step budget and a timer that cancels it
-// at the wall-time budget or when ctx ends; stop releases the timer.
+// at the wall-time budget, or at ctx's deadline when that comes first; stop
+// releases the timer. A ctx cancelled without a deadline (a caller gone)
+// does not stop a running call: the wall-time budget bounds it anyway, and
+// watching ctx costs every call a registration.
 func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, func()) {
 	thread := &starlark.Thread{
 		Name:  name,
@@ -156,15 +176,13 @@ func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, fu
 		},
 	}
 	thread.SetMaxExecutionSteps(l.MaxSteps)
-	thread.SetLocal(localCtx, ctx)
-	thread.SetLocal(localToolCalls, &toolCalls{max: int64(l.MaxToolCalls)})
-	timer := time.AfterFunc(l.Timeout, func() { thread.Cancel("wall time budget exceeded") })
-	stopCtx := context.AfterFunc(ctx, func() { thread.Cancel("request cancelled") })
-	return thread, func() { timer.Stop(); stopCtx() }
-}
-
-type toolCalls struct {
-	n, max int64
+	thread.SetLocal(localCall, &callState{ctx: ctx, max: int64(l.MaxToolCalls)})
+	timeout, why := l.Timeout, "wall time budget exceeded"
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
+		timeout, why = time.Until(dl), "request deadline exceeded"
+	}
+	timer := time.AfterFunc(timeout, func() { thread.Cancel(why) })
+	return thread, func() { timer.Stop() }
 }
 
 func toolBuiltin(name string, t Tool) *starlark.Builtin {
@@ -173,19 +191,24 @@ func toolBuiltin(name string, t Tool) *starlark.Builtin {
 		if err := starlark.UnpackPositionalArgs(b.Name(), args, kwargs, 1, &arg); err != nil {
 			return nil, err
 		}
-		ctx, _ := thread.Local(localCtx).(context.Context)
-		calls, _ := thread.Local(localToolCalls).(*toolCalls)
-		if ctx == nil || calls == nil {
+		st, _ := thread.Local(localCall).(*callState)
+		if st == nil {
 			return nil, fmt.Errorf("%s: tools can only be called from routine functions", name)
 		}
-		if atomic.AddInt64(&calls.n, 1) > calls.max {
-			return nil, fmt.Errorf("%w: more than %d tool calls", ErrBudget, calls.max)
+		if atomic.AddInt64(&st.toolCalls, 1) > st.max {
+			return nil, fmt.Errorf("%w: more than %d tool calls", ErrBudget, st.max)
 		}
-		enc, err := starlark.Call(thread, jsonEncode, starlark.Tuple{arg}, nil)
-		if err != nil {
-			return nil, err
+		var out json.RawMessage
+		var err error
+		if str, ok := arg.(starlark.String); ok && t.callString != nil {
+			out, err = t.callString(st.ctx, string(str))
+		} else {
+			var enc []byte
+			if enc, err = encodeJSON(thread, arg); err != nil {
+				return nil, err
+			}
+			out, err = t.call(st.ctx, enc)
 		}
-		out, err := t(ctx, json.RawMessage(string(enc.(starlark.String))))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", name, err)
 		}
@@ -200,19 +223,18 @@ func fromJSON(thread *starlark.Thread, raw json.RawMessage) (starlark.Value, err
 	if len(raw) == 0 {
 		return starlark.None, nil
 	}
-	return starlark.Call(thread, jsonDecode, starlark.Tuple{starlark.String(raw)}, nil)
+	return decodeJSON(thread, raw)
 }
 
 func (p *Program) toJSON(thread *starlark.Thread, v starlark.Value) (json.RawMessage, error) {
-	enc, err := starlark.Call(thread, jsonEncode, starlark.Tuple{v}, nil)
+	enc, err := encodeJSON(thread, v)
 	if err != nil {
 		return nil, fmt.Errorf("the result is not JSON-encodable: %w", wrapRunErr(err))
 	}
-	s := string(enc.(starlark.String))
-	if len(s) > p.limits.MaxOutputBytes {
-		return nil, fmt.Errorf("%w: output of %d bytes exceeds %d", ErrBudget, len(s), p.limits.MaxOutputBytes)
+	if len(enc) > p.limits.MaxOutputBytes {
+		return nil, fmt.Errorf("%w: output of %d bytes exceeds %d", ErrBudget, len(enc), p.limits.MaxOutputBytes)
 	}
-	return json.RawMessage(s), nil
+	return enc, nil
 }
 
 // wrapRunErr marks cancellations (steps, wall time) as budget errors.
@@ -235,7 +257,7 @@ func wrapRunErr(err error) error {
 }
 
 func isCancel(msg string) bool {
-	for _, s := range []string{"too many steps", "wall time budget exceeded", "request cancelled", "Starlark computation cancelled"} {
+	for _, s := range []string{"too many steps", "wall time budget exceeded", "request deadline exceeded", "Starlark computation cancelled"} {
 		if strings.Contains(msg, s) {
 			return true
 		}

@@ -1,6 +1,7 @@
 package routine
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"testing"
@@ -30,15 +31,27 @@ def reply(query, memory):
 }
 
 func TestBudgets(t *testing.T) {
+	const loop = "def reply(q, m):\n    while True:\n        pass\n"
 	tests := []struct {
 		name   string
 		src    string
 		limits Limits
+		ctx    func(context.Context) context.Context
 	}{
-		{"steps", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 10_000, Timeout: time.Minute}},
-		{"wall time", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}},
-		{"output size", "def reply(q, m):\n    return 'x' * 1000\n", Limits{MaxOutputBytes: 100}},
-		{"tool calls", "def reply(q, m):\n    for i in range(10):\n        t('a')\n", Limits{MaxToolCalls: 3}},
+		{"steps", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 10_000, Timeout: time.Minute}, nil},
+		{"wall time", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}, nil},
+		{"output size", "def reply(q, m):\n    return 'x' * 1000\n", Limits{MaxOutputBytes: 100}, nil},
+		{"tool calls", "def reply(q, m):\n    for i in range(10):\n        t('a')\n", Limits{MaxToolCalls: 3}, nil},
+		{"request deadline before the wall time", loop, Limits{MaxSteps: 1 << 62, Timeout: time.Minute}, func(ctx context.Context) context.Context {
+			ctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+			t.Cleanup(cancel)
+			return ctx
+		}},
+		{"request cancelled before the call", loop, Limits{MaxSteps: 1 << 62, Timeout: time.Minute}, func(ctx context.Context) context.Context {
+			ctx, cancel := context.WithCancel(ctx)
+			cancel()
+			return ctx
+		}},
 	}
 	tool := func() Tool { tt, _ := TableTool(`{}`); return tt }()
 	for _, tt := range tests {
@@ -47,7 +60,11 @@ func TestBudgets(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+			ctx := t.Context()
+			if tt.ctx != nil {
+				ctx = tt.ctx(ctx)
+			}
+			_, _, err = p.Call(ctx, "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
 			if !errors.Is(err, ErrBudget) {
 				t.Errorf("Call = %v, want ErrBudget", err)
 			}

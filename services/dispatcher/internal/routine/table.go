@@ -14,9 +14,9 @@ import (
 func TableTool(entriesJSON string) (Tool, error) {
 	var entries map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(entriesJSON), &entries); err != nil {
-		return nil, fmt.Errorf("table entries must be a JSON object: %w", err)
+		return Tool{}, fmt.Errorf("table entries must be a JSON object: %w", err)
 	}
-	return func(_ context.Context, arg json.RawMessage) (json.RawMessage, error) {
+	call := func(_ context.Context, arg json.RawMessage) (json.RawMessage, error) {
 		key := string(arg)
 		var s string
 		if json.Unmarshal(arg, &s) == nil {
@@ -29,5 +29,7 @@ func TableTool(entriesJSON string) (Tool, error) {
 			key = buf.String()
 		}
 		return entries[key], nil
-	}, nil
+	}
+	callString := func(_ context.Context, key string) (json.RawMessage, error) { return entries[key], nil }
+	return Tool{call: call, callString: callString}, nil
 }

@@ -42,6 +42,32 @@ func BenchmarkEnvelope(b *testing.B) {
 	}
 }
 
+// BenchmarkEnvelopeHandler is the dispatcher's own cost per routine-answered
+// envelope: the Agora handler called in memory, no sockets, so -cpuprofile
+// and -benchmem show the hot path alone.
+//
+//	go test -run '^$' -bench EnvelopeHandler -benchmem -cpuprofile cpu.out ./internal/server
+func BenchmarkEnvelopeHandler(b *testing.B) {
+	body := []byte(`{"protocolHash":"` + weatherHex + `","protocolSources":null,"body":"{\"date\": \"2026-12-01\", \"location\": \"Paris\"}"}`)
+	e := benchEnv(b)
+	mux := http.NewServeMux()
+	for p, h := range AgoraRoutes(e.srv, HTTPOptions{}) {
+		mux.Handle(p, h)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			req := httptest.NewRequest("POST", "/agora/acme/weather", bytes.NewReader(body))
+			rec := httptest.NewRecorder()
+			mux.ServeHTTP(rec, req)
+			if rec.Code != 200 || !bytes.Contains(rec.Body.Bytes(), []byte(`"success"`)) {
+				b.Errorf("reply %d %s", rec.Code, rec.Body)
+				return
+			}
+		}
+	})
+}
+
 func benchEnv(b *testing.B) *testEnv {
 	b.Helper()
 	reg := newFakeRegistry()

@@ -9,11 +9,16 @@ import (
 )
 
 // cache is a small TTL cache with one load in flight per key. Errors are not
-// cached.
+// cached, except those negative() accepts, which are kept for negTTL (so a
+// flood of requests for something missing does not reach the loader each
+// time).
 type cache[V any] struct {
 	ttl time.Duration
 	now func() time.Time
 	sf  singleflight.Group
+
+	negTTL   time.Duration
+	negative func(error) bool
 
 	mu      sync.RWMutex // guards entries
 	entries map[string]cacheEntry[V]
@@ -21,6 +26,7 @@ type cache[V any] struct {
 
 type cacheEntry[V any] struct {
 	v       V
+	err     error
 	expires time.Time
 }
 
@@ -36,17 +42,19 @@ func (c *cache[V]) get(ctx context.Context, key string, load func(context.Contex
 	e, ok := c.entries[key]
 	c.mu.RUnlock()
 	if ok && c.now().Before(e.expires) {
-		return e.v, nil
+		return e.v, e.err
 	}
 	ch := c.sf.DoChan(key, func() (any, error) {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		v, err := load(lctx)
-		if err != nil {
-			return v, err
+		switch {
+		case err == nil:
+			c.put(key, cacheEntry[V]{v: v, expires: c.now().Add(c.ttl)})
+		case c.negTTL > 0 && c.negative != nil && c.negative(err):
+			c.put(key, cacheEntry[V]{v: v, err: err, expires: c.now().Add(c.negTTL)})
 		}
-		c.put(key, v)
-		return v, nil
+		return v, err
 	})
 	select {
 	case r := <-ch:
@@ -58,13 +66,19 @@ func (c *cache[V]) get(ctx context.Context, key string, load func(context.Contex
 	}
 }
 
-func (c *cache[V]) put(key string, v V) {
+// withNegative makes c keep errors negative accepts for ttl (0: never).
+func (c *cache[V]) withNegative(ttl time.Duration, negative func(error) bool) *cache[V] {
+	c.negTTL, c.negative = ttl, negative
+	return c
+}
+
+func (c *cache[V]) put(key string, e cacheEntry[V]) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if len(c.entries) > 100_000 {
 		clear(c.entries) // crude bound: a flood of distinct keys must not grow memory forever
 	}
-	c.entries[key] = cacheEntry[V]{v: v, expires: c.now().Add(c.ttl)}
+	c.entries[key] = e
 }
 
 func (c *cache[V]) forget(key string) {

@@ -79,6 +79,38 @@ func TestWeatherRoutine_answersThousandEnvelopesWithoutLLM(t *testing.T) {
 	}
 }
 
+func TestUnknownAgent_notFoundIsCachedBriefly(t *testing.T) {
+	tests := []struct {
+		name      string
+		negTTL    time.Duration
+		wantCalls int64
+	}{
+		{"negative TTL", 2 * time.Second, 1},
+		{"disabled", 0, 50},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			reg := newFakeRegistry()
+			e := startEnv(t, reg, "", Options{NegativeCacheTTL: tt.negTTL})
+			for range 50 {
+				if code, _, raw := e.do("POST", "/agora/acme/ghost", `{"body":"hi"}`); code != 404 {
+					t.Fatalf("POST to a missing agent = %d %s, want 404", code, raw)
+				}
+			}
+			if got := reg.getAgentCalls.Load(); got != tt.wantCalls {
+				t.Errorf("GetAgent calls for 50 envelopes = %d, want %d", got, tt.wantCalls)
+			}
+			// Once the agent exists and the negative entry has expired, it
+			// is found.
+			reg.addAgent(agentRes("clients/acme/agents/ghost", 0, 0))
+			e.advance(tt.negTTL + time.Millisecond)
+			if code, _, raw := e.do("POST", "/agora/acme/ghost", `{"body":"hi"}`); code == 404 {
+				t.Errorf("POST after the agent was created = %d %s, want it found", code, raw)
+			}
+		})
+	}
+}
+
 func TestUnknownLocation_isAPDLevelError(t *testing.T) {
 	e := startWeather(t, registryv1.Dialect_DIALECT_UNSPECIFIED, Options{})
 	_, m, raw := e.do("POST", "/agora/acme/weather/", `{"protocolHash":"`+weatherHex+`","protocolSources":null,"body":{"date":"2026-12-01","location":"Atlantis"}}`)
@@ -251,27 +283,39 @@ func TestMalformed(t *testing.T) {
 }
 
 func TestSchemas_validateRequestsAndRoutineOutput(t *testing.T) {
-	pd := "---\nname: Add\ndescription: adds\nmultiround: false\nrequest_schema:\n  type: object\n  required: [a, b]\n  properties:\n    a: {type: integer}\n    b: {type: integer}\nresponse_schema: '{\"type\": \"integer\"}'\n---\nSend {a, b}; get a+b."
 	const agent = "clients/acme/agents/calc"
 	reg := newFakeRegistry()
-	h := reg.addProtocol(pd)
-	reg.addAgent(agentRes(agent, 0, 0, h))
+	h := reg.addProtocolSchemas("---\nname: Add\n---\nSend {a, b}; get a+b.",
+		`{"type":"object","required":["a","b"],"properties":{"a":{"type":"integer"},"b":{"type":"integer"}}}`,
+		`{"type":"integer"}`)
+	broken := reg.addProtocolSchemas("---\nname: Broken\n---\n", `{"type":5}`, "")
+	reg.addAgent(agentRes(agent, 0, 0, h, broken))
 	e := startEnv(t, reg, "", Options{QuarantineAfter: 10})
 	e.setRoutine(agent, h, "def reply(q, m):\n    if q['a'] == 0:\n        return 'zero'\n    return q['a'] + q['b']\n")
+	e.setRoutine(agent, broken, "def reply(q, m):\n    return q\n")
 	tests := []struct {
-		name, body, status, contains string
+		name, hash, body, want string
 	}{
-		{"valid", `{"a":2,"b":3}`, "success", `"body":5`},
-		{"invalid request", `{"a":"two"}`, "failure", "schema"},
-		{"routine output invalid", `{"a":0,"b":1}`, "failure", "routine"},
+		{"valid", h, `{"a":2,"b":3}`, `"body":5`},
+		{"invalid request", h, `{"a":"two"}`, `"status":"failure"`},
+		{"routine output invalid", h, `{"a":0,"b":1}`, `"status":"failure"`},
+		{"schema that does not compile", broken, `{"a":1}`, `{"status":"rejected"}`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, m, raw := e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+h+`","body":`+tt.body+`}`)
-			if m["status"] != tt.status || !strings.Contains(raw, tt.contains) {
-				t.Errorf("POST %s = %s, want %s containing %q", tt.body, raw, tt.status, tt.contains)
+			_, _, raw := e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+tt.hash+`","body":`+tt.body+`}`)
+			if !strings.Contains(raw, tt.want) {
+				t.Errorf("POST %s = %s, want it to contain %s", tt.body, raw, tt.want)
 			}
 		})
+	}
+	_, _, raw := e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+h+`","body":{"a":"two"}}`)
+	if !strings.Contains(raw, "schema") {
+		t.Errorf("invalid request reply = %s, want it to name the schema", raw)
+	}
+	_, _, raw = e.do("POST", "/agora/acme/calc", `{"protocolHash":"`+h+`","body":{"a":0,"b":1}}`)
+	if !strings.Contains(raw, "routine") {
+		t.Errorf("invalid routine output reply = %s, want it to name the routine", raw)
 	}
 }
 

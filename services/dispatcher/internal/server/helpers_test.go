@@ -54,8 +54,10 @@ func sha1Hex(b []byte) string {
 	return hex.EncodeToString(h[:])
 }
 
-// fakeRegistry is a RegistryService on loopback: the real registry is built
-// in parallel. ResolveProtocol verifies data: URI sources like the real one.
+// fakeRegistry is a RegistryService on loopback (services never import each
+// other; e2e/ runs the real one). ResolveProtocol verifies data: URI sources
+// like the real one. It does not parse metadata: schemas are declared with
+// addProtocolSchemas and handed out already as JSON, as the registry does.
 type fakeRegistry struct {
 	registryv1.UnimplementedRegistryServiceServer
 
@@ -64,11 +66,12 @@ type fakeRegistry struct {
 
 	mu        sync.Mutex // guards agents and protocols
 	agents    map[string]*registryv1.Agent
-	protocols map[string][]byte // sha1 hex → content
+	protocols map[string][]byte    // sha1 hex → content
+	schemas   map[string][2]string // sha1 hex → request, response schema JSON
 }
 
 func newFakeRegistry() *fakeRegistry {
-	return &fakeRegistry{agents: map[string]*registryv1.Agent{}, protocols: map[string][]byte{}}
+	return &fakeRegistry{agents: map[string]*registryv1.Agent{}, protocols: map[string][]byte{}, schemas: map[string][2]string{}}
 }
 
 func (f *fakeRegistry) addAgent(a *registryv1.Agent) {
@@ -82,6 +85,15 @@ func (f *fakeRegistry) addProtocol(content string) string {
 	defer f.mu.Unlock()
 	h := sha1Hex([]byte(content))
 	f.protocols[h] = []byte(content)
+	return h
+}
+
+// addProtocolSchemas stores a PD whose metadata declares the given schemas.
+func (f *fakeRegistry) addProtocolSchemas(content, request, response string) string {
+	h := f.addProtocol(content)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.schemas[h] = [2]string{request, response}
 	return h
 }
 
@@ -108,6 +120,7 @@ func (f *fakeRegistry) ResolveProtocol(_ context.Context, req *registryv1.Resolv
 	}
 	f.mu.Lock()
 	content, ok := f.protocols[h]
+	sch := f.schemas[h]
 	f.mu.Unlock()
 	if !ok {
 		for _, src := range req.GetSources() {
@@ -133,7 +146,7 @@ func (f *fakeRegistry) ResolveProtocol(_ context.Context, req *registryv1.Resolv
 	if !ok {
 		return nil, status.Error(codes.NotFound, "no source produced the protocol")
 	}
-	p := &registryv1.Protocol{Name: "protocols/" + h, Content: content, Sha1Hex: h}
+	p := &registryv1.Protocol{Name: "protocols/" + h, Content: content, Sha1Hex: h, RequestSchemaJson: sch[0], ResponseSchemaJson: sch[1]}
 	meta := string(content)
 	if strings.Contains(meta, "multiround: true") {
 		p.Multiround = true

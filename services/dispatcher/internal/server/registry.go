@@ -62,7 +62,8 @@ func (s *Server) protocol(ctx context.Context, hexHash string, sources []string)
 			return nil, err
 		}
 		e := &protocolEntry{pd: pd}
-		e.schemas, e.schemaErr = pdschema.Parse(pd.GetContent())
+		// The registry parsed and checked the schemas; we only compile them.
+		e.schemas, e.schemaErr = s.schemas.Compile(pd.GetSha1Hex(), pd.GetRequestSchemaJson(), pd.GetResponseSchemaJson())
 		return e, nil
 	})
 }

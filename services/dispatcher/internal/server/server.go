@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -41,6 +44,9 @@ type Options struct {
 	// CacheTTL is how long agents and routines are cached; 5 s. Protocols,
 	// being immutable, are cached for at least a minute.
 	CacheTTL time.Duration
+	// NegativeCacheTTL is how long an agent the registry reports NOT_FOUND
+	// stays unknown without asking again; 0 asks every time.
+	NegativeCacheTTL time.Duration
 	// PeerDialects fixes the reply dialect of some peers (as DeliverEnvelope's
 	// peer field names them).
 	PeerDialects map[string]agora.Dialect
@@ -73,6 +79,7 @@ type Server struct {
 
 	agents    *cache[*agentEntry]
 	protocols *cache[*protocolEntry]
+	schemas   *pdschema.Cache
 	routines  *routineCache
 	hub       *hub
 	wellknown *cache[map[string][]string]
@@ -119,8 +126,10 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 		metrics:  newMetrics(opts.Metrics),
 		now:      opts.Now,
 	}
-	s.agents = newCache[*agentEntry](opts.CacheTTL, opts.Now)
+	s.agents = newCache[*agentEntry](opts.CacheTTL, opts.Now).
+		withNegative(opts.NegativeCacheTTL, func(err error) bool { return status.Code(err) == codes.NotFound })
 	s.protocols = newCache[*protocolEntry](max(opts.CacheTTL, time.Minute), opts.Now)
+	s.schemas = pdschema.NewCache(10_000)
 	s.wellknown = newCache[map[string][]string](max(opts.CacheTTL, 30*time.Second), opts.Now)
 	s.routines = newRoutineCache(s)
 	s.hub = newHub(s.metrics)
