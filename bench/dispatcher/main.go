@@ -63,13 +63,14 @@ def reply(query, memory):
 const weatherTable = `{"Paris/2026-12-01": {"temperature": 7, "precipitation": 1.5, "weatherCondition": "rainy"}}`
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/dispatcher:", err)
 		os.Exit(1)
 	}
 }
 
-func run() error {
+// run runs the benchmark, or with -echo the echo server, writing to stdout.
+func run(stdout io.Writer) error {
 	parley := flag.String("parley", "", "path to a parley binary; built from ./cmd/parley when empty")
 	duration := flag.Duration("duration", 5*time.Second, "how long each measurement runs")
 	concList := flag.String("concurrency", "16,64", "comma-separated concurrencies")
@@ -77,7 +78,7 @@ func run() error {
 	echoOnly := flag.Bool("echo", false, "internal: serve the bare echo on a free loopback port, print it, and run until killed")
 	flag.Parse()
 	if *echoOnly {
-		return serveEcho()
+		return serveEcho(stdout)
 	}
 
 	tmp, err := os.MkdirTemp("", "bench-dispatcher-")
@@ -105,7 +106,7 @@ func run() error {
 	}
 	agoraURL := "http://" + httpAddr + "/agora/acme/weather"
 	body := []byte(`{"protocolHash":"` + weatherHex + `","protocolSources":null,"body":"{\"date\": \"2026-12-01\", \"location\": \"Paris\"}"}`)
-	if _, err := post(http.DefaultClient, agoraURL, body); err != nil {
+	if err := post(http.DefaultClient, agoraURL, body); err != nil {
 		return fmt.Errorf("warm-up envelope: %w", err)
 	}
 
@@ -118,8 +119,8 @@ func run() error {
 	defer stopEcho()
 	echoURL := "http://" + echoAddr + "/"
 
-	fmt.Printf("duration %s per run, %d rounds\n", *duration, *rounds)
-	fmt.Printf("%-8s %-6s %10s %10s %10s\n", "target", "conc", "req/s", "p50", "p99")
+	fmt.Fprintf(stdout, "duration %s per run, %d rounds\n", *duration, *rounds)
+	fmt.Fprintf(stdout, "%-8s %-6s %10s %10s %10s\n", "target", "conc", "req/s", "p50", "p99")
 	for _, cs := range strings.Split(*concList, ",") {
 		c, err := strconv.Atoi(strings.TrimSpace(cs))
 		if err != nil || c <= 0 {
@@ -132,26 +133,27 @@ func run() error {
 			r := load(agoraURL, body, c, *duration)
 			echoes, routines = append(echoes, e), append(routines, r)
 			ratios = append(ratios, r.rps/e.rps)
-			fmt.Printf("  round: echo %.0f req/s, routine %.0f req/s, ratio %.2f\n", e.rps, r.rps, r.rps/e.rps)
+			fmt.Fprintf(stdout, "  round: echo %.0f req/s, routine %.0f req/s, ratio %.2f\n", e.rps, r.rps, r.rps/e.rps)
 		}
 		for _, x := range []struct {
 			name string
 			res  result
 		}{{"echo", summarize(echoes)}, {"routine", summarize(routines)}} {
-			fmt.Printf("%-8s %-6d %10.0f %10s %10s  errors=%d\n", x.name, c, x.res.rps, x.res.p50, x.res.p99, x.res.errors)
+			fmt.Fprintf(stdout, "%-8s %-6d %10.0f %10s %10s  errors=%d\n", x.name, c, x.res.rps, x.res.p50, x.res.p99, x.res.errors)
 		}
-		fmt.Printf("ratio routine/echo at %d: median %.2f of %.2f\n", c, median(ratios), ratios)
+		fmt.Fprintf(stdout, "ratio routine/echo at %d: median %.2f of %.2f\n", c, median(ratios), ratios)
 	}
 	return nil
 }
 
-// serveEcho is the -echo mode: the bare net/http JSON echo.
-func serveEcho() error {
+// serveEcho is the -echo mode: the bare net/http JSON echo. It writes its
+// address to stdout, where startEcho reads it.
+func serveEcho(stdout io.Writer) error {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	fmt.Println(lis.Addr().String())
+	fmt.Fprintln(stdout, lis.Addr().String())
 	srv := &http.Server{Handler: http.HandlerFunc(echoHandler), ReadHeaderTimeout: 5 * time.Second}
 	return srv.Serve(lis)
 }
@@ -323,7 +325,7 @@ func load(url string, body []byte, c int, d time.Duration) result {
 			bad := 0
 			for time.Now().Before(deadline) {
 				t0 := time.Now()
-				if _, err := post(client, url, body); err != nil {
+				if err := post(client, url, body); err != nil {
 					bad++
 					continue
 				}
@@ -350,18 +352,20 @@ func load(url string, body []byte, c int, d time.Duration) result {
 	}
 }
 
-func post(client *http.Client, url string, body []byte) ([]byte, error) {
+// post posts body to url and fails unless the answer is 200 with
+// "status":"success".
+func post(client *http.Client, url string, body []byte) error {
 	resp, err := client.Post(url, "application/json", bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
 	out, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if resp.StatusCode != http.StatusOK || !bytes.Contains(out, []byte(`"status":"success"`)) {
-		return out, fmt.Errorf("HTTP %d %s", resp.StatusCode, out)
+		return fmt.Errorf("HTTP %d %s", resp.StatusCode, out)
 	}
-	return out, nil
+	return nil
 }

@@ -46,7 +46,7 @@ import (
 )
 
 func main() {
-	if err := run(); err != nil {
+	if err := run(os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "bench/tasks:", err)
 		os.Exit(1)
 	}
@@ -67,7 +67,8 @@ type target struct {
 	url  string // base URL, no trailing slash
 }
 
-func run() error {
+// run runs the benchmark and writes its table to stdout.
+func run(stdout io.Writer) error {
 	duration := flag.Duration("duration", 5*time.Second, "length of each phase")
 	concurrency := flag.Int("concurrency", 16, "concurrent clients")
 	node := flag.String("node", "node", "node binary")
@@ -93,7 +94,11 @@ func run() error {
 	}
 	gs := grpc.NewServer()
 	dispatcherv1.RegisterDispatcherServiceServer(gs, trivialExecutor{})
-	go gs.Serve(lis)
+	go func() {
+		if err := gs.Serve(lis); err != nil {
+			fmt.Fprintln(os.Stderr, "bench/tasks: dispatcher stub:", err)
+		}
+	}()
 	defer gs.Stop()
 
 	parley, stopParley, err := startServer(exec.Command(bin,
@@ -121,22 +126,22 @@ func run() error {
 		{"execute step", executeStep},
 		{"list tasks", listTasks},
 	}
-	fmt.Printf("duration %s per phase, %d concurrent clients, keep-alive %t, %d cores\n\n", *duration, *concurrency, *keepAlive, numCPU())
-	fmt.Println("| phase | target | requests/s | p50 | p99 | errors |")
-	fmt.Println("|---|---|---:|---:|---:|---:|")
+	fmt.Fprintf(stdout, "duration %s per phase, %d concurrent clients, keep-alive %t, %d cores\n\n", *duration, *concurrency, *keepAlive, numCPU())
+	fmt.Fprintln(stdout, "| phase | target | requests/s | p50 | p99 | errors |")
+	fmt.Fprintln(stdout, "|---|---|---:|---:|---:|---:|")
 	ratios := map[string]float64{}
 	for _, ph := range phases {
 		rates := map[string]float64{}
 		for _, tg := range targets {
 			res := measure(tg.url, *concurrency, *duration, *keepAlive, ph.op)
 			rates[tg.name] = res.rate
-			fmt.Printf("| %s | %s | %.0f | %s | %s | %d |\n", ph.name, tg.name, res.rate, res.p50.Round(time.Microsecond), res.p99.Round(time.Microsecond), res.errors)
+			fmt.Fprintf(stdout, "| %s | %s | %.0f | %s | %s | %d |\n", ph.name, tg.name, res.rate, res.p50.Round(time.Microsecond), res.p99.Round(time.Microsecond), res.errors)
 		}
 		ratios[ph.name] = rates["parley"] / rates["js-sdk"]
 	}
-	fmt.Println()
+	fmt.Fprintln(stdout)
 	for _, ph := range phases {
-		fmt.Printf("ratio parley/js-sdk, %s: %.1fx\n", ph.name, ratios[ph.name])
+		fmt.Fprintf(stdout, "ratio parley/js-sdk, %s: %.1fx\n", ph.name, ratios[ph.name])
 	}
 	return nil
 }
@@ -181,8 +186,8 @@ func startServer(cmd *exec.Cmd, find func(string) string) (string, func(), error
 		return "", nil, err
 	}
 	stop := func() {
-		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Process.Kill() // it may have exited already
+		_ = cmd.Wait()         // killed by a signal: an error by design
 		pw.Close()
 	}
 	found := make(chan string, 1)

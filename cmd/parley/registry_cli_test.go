@@ -46,7 +46,15 @@ func startRegistry(t *testing.T) string {
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
-	t.Cleanup(func() { cancel(); <-done; a.Close() })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() error = %v", err)
+		}
+		if err := a.Close(); err != nil {
+			t.Errorf("Close() error = %v", err)
+		}
+	})
 	return grpcLis.Addr().String()
 }
 

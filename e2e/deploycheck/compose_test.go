@@ -77,10 +77,9 @@ func checkComposeService(p *types.Project, s types.ServiceConfig, want parleySer
 	}
 
 	// Image: the root Dockerfile with SERVICE set to the service's name.
-	switch b := s.Build; {
-	case b == nil:
+	if b := s.Build; b == nil {
 		fail("no build section, want the root Dockerfile with SERVICE=%s", want.name)
-	default:
+	} else {
 		if arg := b.Args["SERVICE"]; arg == nil || *arg != want.name {
 			fail("build arg SERVICE = %s, want %q", deref(arg), want.name)
 		}

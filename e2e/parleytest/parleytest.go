@@ -51,7 +51,7 @@ func Build(t testing.TB, pkg string) string {
 		b.path = filepath.Join(dir, filepath.Base(pkg))
 		out, err := exec.Command("go", "build", "-o", b.path, pkg).CombinedOutput()
 		if err != nil {
-			b.err = fmt.Errorf("go build %s: %v\n%s", pkg, err, out)
+			b.err = fmt.Errorf("go build %s: %w\n%s", pkg, err, out)
 		}
 	})
 	if b.err != nil {

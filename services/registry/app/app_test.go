@@ -512,7 +512,12 @@ func TestGatewayProcessRoutes(t *testing.T) {
 	httpLis := listen(t)
 	done := make(chan error, 1)
 	go func() { done <- gw.Run(gctx, listen(t), httpLis) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() error = %v", err)
+		}
+	})
 	base := "http://" + httpLis.Addr().String()
 	h := fmt.Sprintf("%x", sha1Sum(nonASCIIPD))
 	if got := do(t, "GET", base+"/protocols/"+h, ""); got.code != 200 || string(got.body) != nonASCIIPD {
@@ -533,10 +538,10 @@ func TestResolveSharesOneFetchPerHash(t *testing.T) {
 	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		hits.Add(1)
 		<-release
-		io.WriteString(w, doc)
+		_, _ = io.WriteString(w, doc)
 	})}
 	srcLis := listen(t)
-	go src.Serve(srcLis)
+	go func() { _ = src.Serve(srcLis) }() // ErrServerClosed once cleanup closes it
 	t.Cleanup(func() { src.Close() })
 	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String())
 	h := fmt.Sprintf("%x", sha1Sum(doc))
@@ -799,10 +804,10 @@ func TestResolveFetchCapacityIs429(t *testing.T) {
 	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		hits.Add(1)
 		<-release
-		io.WriteString(w, "late")
+		_, _ = io.WriteString(w, "late") // released at cleanup; the client may be gone
 	})}
 	srcLis := listen(t)
-	go src.Serve(srcLis)
+	go func() { _ = src.Serve(srcLis) }() // ErrServerClosed once cleanup closes it
 	t.Cleanup(func() { src.Close() })
 	var once sync.Once
 	unblock := func() { once.Do(func() { close(release) }) }

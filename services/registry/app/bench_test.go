@@ -41,7 +41,12 @@ func BenchmarkGetProtocolRaw(b *testing.B) {
 	grpcLis, httpLis := listen(b), listen(b)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
-	b.Cleanup(func() { cancel(); <-done })
+	b.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("Run() error = %v", err)
+		}
+	})
 
 	conn, err := srv.InProcessConn()
 	if err != nil {
@@ -59,10 +64,10 @@ func BenchmarkGetProtocolRaw(b *testing.B) {
 		h["Content-Type"] = []string{"text/plain; charset=utf-8"}
 		h["Etag"] = []string{etag}
 		h["Content-Length"] = []string{strconv.Itoa(len(content))}
-		w.Write(content)
+		_, _ = w.Write(content)
 	})}
 	bareLis := listen(b)
-	go bare.Serve(bareLis)
+	go func() { _ = bare.Serve(bareLis) }() // ErrServerClosed once cleanup closes it
 	b.Cleanup(func() { bare.Close() })
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}

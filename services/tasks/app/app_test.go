@@ -235,7 +235,7 @@ func TestUpload_refusesTraversalAndWritesNothing(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := upload(t, url, func(mw *multipart.Writer) {
-				mw.WriteField("relative_path", tc.relPath)
+				fieldPart("relative_path", tc.relPath)(mw)
 				filePart(tc.fileName, "evil")(mw)
 			})
 			if r.code != http.StatusBadRequest {
@@ -269,7 +269,7 @@ func TestUpload_missingFileAndOversize(t *testing.T) {
 		want int
 	}{
 		{"no file part", func() response {
-			return upload(t, url, func(mw *multipart.Writer) { mw.WriteField("relative_path", "a") })
+			return upload(t, url, fieldPart("relative_path", "a"))
 		}, http.StatusBadRequest},
 		{"not multipart", func() response { return postJSON(t, url, `{"file":"x"}`) }, http.StatusBadRequest},
 		{"file without a name", func() response { return upload(t, url, filePart("", "x")) }, http.StatusBadRequest},
@@ -303,7 +303,7 @@ func TestUpload_download(t *testing.T) {
 	// relative_path after the file part still applies.
 	r := upload(t, url, func(mw *multipart.Writer) {
 		filePart("main.py", "print('Washington')")(mw)
-		mw.WriteField("relative_path", "python/code/")
+		fieldPart("relative_path", "python/code/")(mw)
 	})
 	a := mustOK(t, r)
 	if a["file_name"] != "main.py" || a["relative_path"] != "python/code" || a["agent_created"] != false {

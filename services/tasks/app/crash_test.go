@@ -47,7 +47,7 @@ func runCrashChild(dir string) error {
 	}
 	gs := grpc.NewServer()
 	dispatcherv1.RegisterDispatcherServiceServer(gs, &fakeDispatcher{execute: echoStep})
-	go gs.Serve(lis)
+	go func() { _ = gs.Serve(lis) }() // serves until the process is killed
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -106,9 +106,9 @@ func TestKill9_losesNothingAcknowledged(t *testing.T) {
 	killed := false
 	t.Cleanup(func() {
 		if !killed {
-			cmd.Process.Kill()
+			_ = cmd.Process.Kill() // the test failed before killing it; it may be gone already
 		}
-		cmd.Wait()
+		_ = cmd.Wait() // killed by a signal: an error by design
 	})
 	sc := bufio.NewScanner(out)
 	if !sc.Scan() || !strings.HasPrefix(sc.Text(), "URL ") {

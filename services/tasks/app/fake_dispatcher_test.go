@@ -73,7 +73,7 @@ func startFakeDispatcher(t testing.TB, fn func(context.Context, *dispatcherv1.Ex
 	f := &fakeDispatcher{execute: fn}
 	srv := grpc.NewServer()
 	dispatcherv1.RegisterDispatcherServiceServer(srv, f)
-	go srv.Serve(lis)
+	go func() { _ = srv.Serve(lis) }() // returns nil once cleanup stops it
 	t.Cleanup(srv.Stop)
 	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -29,7 +29,12 @@ func startGateway(t *testing.T, conn *grpc.ClientConn) string {
 	grpcLis, httpLis := listen(t), listen(t)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() error = %v", err)
+		}
+	})
 	return "http://" + httpLis.Addr().String()
 }
 
@@ -72,7 +77,7 @@ func TestGateway_servesAgentProtocolOverGRPC(t *testing.T) {
 			var r response
 			if tc.name == "traversal" {
 				r = upload(t, gw+ap+"/"+task+"/artifacts", func(mw *multipart.Writer) {
-					mw.WriteField("relative_path", "../x")
+					fieldPart("relative_path", "../x")(mw)
 					filePart("x", "x")(mw)
 				})
 			} else {

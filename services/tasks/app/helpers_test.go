@@ -172,11 +172,17 @@ func upload(t testing.TB, url string, write func(*multipart.Writer)) response {
 	return do(t, http.MethodPost, url, mw.FormDataContentType(), &buf)
 }
 
+// filePart and fieldPart write one part of a multipart body. The body is a
+// bytes.Buffer, which cannot fail, so their errors are ignored.
 func filePart(name, content string) func(*multipart.Writer) {
 	return func(mw *multipart.Writer) {
 		w, _ := mw.CreateFormFile("file", name)
-		io.WriteString(w, content)
+		_, _ = io.WriteString(w, content)
 	}
+}
+
+func fieldPart(name, value string) func(*multipart.Writer) {
+	return func(mw *multipart.Writer) { _ = mw.WriteField(name, value) }
 }
 
 // eventually polls cond until it holds or 10s pass.

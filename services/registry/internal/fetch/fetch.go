@@ -258,13 +258,13 @@ func DecodeData(source string, maxBytes int64) ([]byte, error) {
 		}
 		b, err = base64.StdEncoding.DecodeString(rest)
 		if err != nil {
-			return nil, fmt.Errorf("data: URI is not valid standard base64 (%v): %w", err, ErrMalformed)
+			return nil, fmt.Errorf("data: URI is not valid standard base64 (%w): %w", err, ErrMalformed)
 		}
 	case strings.HasPrefix(source, DataPercentPrefix):
 		var s string
 		s, err = url.PathUnescape(source[len(DataPercentPrefix):])
 		if err != nil {
-			return nil, fmt.Errorf("data: URI has a bad percent escape (%v): %w", err, ErrMalformed)
+			return nil, fmt.Errorf("data: URI has a bad percent escape (%w): %w", err, ErrMalformed)
 		}
 		b = []byte(s)
 	default:
@@ -434,7 +434,7 @@ func classify(err error) error {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return fmt.Errorf("%v: %w", err, ErrUnavailable)
+		return fmt.Errorf("%w: %w", err, ErrUnavailable)
 	}
 }
 

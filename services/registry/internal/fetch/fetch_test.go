@@ -192,7 +192,7 @@ func TestFetch_allowlistedLoopbackIsByteExact(t *testing.T) {
 		switch r.URL.Path {
 		case "/pd":
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-			w.Write(doc)
+			_, _ = w.Write(doc) // a failed write shows as the client's error
 		default:
 			http.NotFound(w, r)
 		}
@@ -222,11 +222,11 @@ func TestFetch_sizeCap(t *testing.T) {
 			}
 		case "/declared":
 			w.Header().Set("Content-Length", fmt.Sprint(10<<20))
-			w.Write(chunk)
+			_, _ = w.Write(chunk) // the client hangs up after the declared length
 		case "/exact":
-			w.Write(bytes.Repeat([]byte("y"), limit))
+			_, _ = w.Write(bytes.Repeat([]byte("y"), limit))
 		case "/over":
-			w.Write(bytes.Repeat([]byte("y"), limit+1))
+			_, _ = w.Write(bytes.Repeat([]byte("y"), limit+1)) // the client stops one byte past the cap
 		}
 	}))
 	t.Cleanup(srv.Close)

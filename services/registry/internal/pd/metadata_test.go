@@ -144,7 +144,7 @@ func TestParse_rejectsInvalidMetadata(t *testing.T) {
 		{"schema string not JSON", "---\nresponseSchema: '{nope'\n---\nx", Options{}, "responseSchema"},
 		{"schema external ref", "---\nrequestSchema: {$ref: 'https://example.com/s.json'}\n---\nx", Options{}, "requestSchema"},
 		{"schema file ref", "---\nrequestSchema: {$ref: 'file:///etc/passwd'}\n---\nx", Options{}, "requestSchema"},
-		{"state machine unknown key", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], transitons: []}\n---\nx", Options{}, "transitons"},
+		{"state machine unknown key", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], transitons: []}\n---\nx", Options{}, "transitons"}, //nolint:misspell // the typo is the unknown key under test
 		{"state machine undeclared role", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: b}]}\n---\nx", Options{}, `messages[0].sender: "b" is not one of roles`},
 		{"state machine undeclared next", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], transitions: [{message: m, next: [z]}]}\n---\nx", Options{}, `transitions[0].next[0]: "z"`},
 		{"state machine bad deadline", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}, {type: n, sender: a}], transitions: [{message: m, next: [n], deadline: soon}]}\n---\nx", Options{}, "deadline"},

@@ -41,14 +41,13 @@ const (
 // unambiguous.
 var idPattern = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
-// parseAgentName splits clients/{client}/agents/{agent}.
-func parseAgentName(v *grpcerr.Violations, field, name string) (client, agent string) {
+// checkAgentName adds a violation on field unless name has the form
+// clients/{client}/agents/{agent}.
+func checkAgentName(v *grpcerr.Violations, field, name string) {
 	parts := strings.Split(name, "/")
 	if len(parts) != 4 || parts[0] != "clients" || parts[2] != "agents" || !idPattern.MatchString(parts[1]) || !idPattern.MatchString(parts[3]) {
 		v.Add(field, fmt.Sprintf("%q must have the form clients/{client}/agents/{agent}, each id 1 to 63 lowercase letters, digits or hyphens starting with a letter", name))
-		return "", ""
 	}
-	return parts[1], parts[3]
 }
 
 func (s *Server) agentNotFound(ctx context.Context, err error, name string) error {
@@ -196,7 +195,7 @@ func (s *Server) UpdateAgent(ctx context.Context, req *registryv1.UpdateAgentReq
 		v.Add("agent", "is required")
 		in = &registryv1.Agent{}
 	}
-	parseAgentName(&v, "agent.name", in.GetName())
+	checkAgentName(&v, "agent.name", in.GetName())
 	paths := updatePaths(&v, in, req.GetUpdateMask().GetPaths())
 	checkAgentFields(&v, in, paths)
 	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
@@ -227,7 +226,7 @@ func (s *Server) UpdateAgent(ctx context.Context, req *registryv1.UpdateAgentReq
 // GetAgent implements RegistryService.
 func (s *Server) GetAgent(ctx context.Context, req *registryv1.GetAgentRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
-	parseAgentName(&v, "name", req.GetName())
+	checkAgentName(&v, "name", req.GetName())
 	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
@@ -274,7 +273,7 @@ func (s *Server) ListAgents(ctx context.Context, req *registryv1.ListAgentsReque
 // DeleteAgent implements RegistryService.
 func (s *Server) DeleteAgent(ctx context.Context, req *registryv1.DeleteAgentRequest) (*emptypb.Empty, error) {
 	var v grpcerr.Violations
-	parseAgentName(&v, "name", req.GetName())
+	checkAgentName(&v, "name", req.GetName())
 	if err := v.Err(reasonInvalidArgument, Domain); err != nil {
 		return nil, err
 	}
@@ -402,7 +401,7 @@ func (s *Server) RemoveUnsupportedProtocol(ctx context.Context, req *registryv1.
 // checkAgentAndProtocol validates an agent name and a protocol hash (either
 // form, or protocols/{hash}), adding violations to v.
 func checkAgentAndProtocol(v *grpcerr.Violations, name, protocol string) (pd.Hash, error) {
-	parseAgentName(v, "name", name)
+	checkAgentName(v, "name", name)
 	h, err := pd.ParseHash(strings.TrimPrefix(protocol, "protocols/"))
 	if err != nil {
 		v.Add("protocol", err.Error())

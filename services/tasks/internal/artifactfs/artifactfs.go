@@ -71,7 +71,7 @@ func CleanFileName(name string) (string, error) {
 		return "", fmt.Errorf("%w: file name %q contains a slash", ErrBadName, name)
 	}
 	if err := checkSegment(name); err != nil {
-		return "", fmt.Errorf("%w: file name %s", ErrBadName, err)
+		return "", fmt.Errorf("%w: file name %w", ErrBadName, err)
 	}
 	return name, nil
 }
@@ -92,7 +92,7 @@ func CleanRelativePath(p string) (string, error) {
 	segs := strings.Split(strings.TrimSuffix(p, "/"), "/")
 	for _, s := range segs {
 		if err := checkSegment(s); err != nil {
-			return "", fmt.Errorf("%w: relative_path %s", ErrBadName, err)
+			return "", fmt.Errorf("%w: relative_path %w", ErrBadName, err)
 		}
 	}
 	return strings.Join(segs, "/"), nil

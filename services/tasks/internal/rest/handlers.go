@@ -367,7 +367,7 @@ func (h *Handlers) uploadArtifact(w http.ResponseWriter, r *http.Request) {
 	}()
 	for {
 		part, err := mr.NextPart()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			break
 		}
 		if err != nil {
