@@ -47,7 +47,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Agent, "ap-agent", "default:agent", "agent served at /ap/v1/agent, as client:agent (others are at /agents/{client}/{agent}/ap/v1/agent)")
 	fs.DurationVar(&c.StepWait, "ap-step-wait", 30*time.Second, "how long POST .../steps waits for the step to complete before returning it as stored")
 	fs.DurationVar(&c.StepTimeout, "ap-step-timeout", 10*time.Minute, "how long one step execution may take before it is retried")
-	fs.DurationVar(&c.RetryMax, "ap-retry-max", 30*time.Second, "longest wait between attempts at a step that has no executor yet")
+	fs.DurationVar(&c.RetryMax, "ap-retry-max", 5*time.Second, "longest wait between attempts at a step that has no executor yet")
 	fs.IntVar(&c.MaxPageSize, "ap-max-page-size", 100, "largest page_size accepted by list endpoints")
 	fs.Int64Var(&c.MaxUploadBytes, "ap-max-upload-bytes", 32<<20, "largest artifact accepted, in bytes (larger uploads get 413)")
 	fs.IntVar(&c.MaxWatchers, "ap-max-watchers", 1024, "most concurrent task event streams")
