@@ -1,0 +1,173 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/parleyhq/parley/e2e/parleytest"
+)
+
+// The negotiation tests run two separate `parley serve` processes, Alice's
+// server (tour booking) and Bob's (weather), talking Agora over real HTTP.
+
+const (
+	aliceAgent = "clients/tours/agents/alice"
+	bobAgent   = "clients/weather/agents/bob"
+
+	forecastInput  = `{"type":"object","required":["date","location"],"properties":{"date":{"type":"string","description":"Day of the forecast, YYYY-MM-DD."},"location":{"type":"string","description":"City name."}}}`
+	forecastOutput = `{"type":"object","required":["temperature","precipitation","weatherCondition"],"properties":{"temperature":{"type":"number"},"precipitation":{"type":"number"},"weatherCondition":{"enum":["sunny","cloudy","rainy","snowy"]}}}`
+
+	lookupInput  = `{"type":"object","required":["date","location"],"properties":{"date":{"type":"string"},"location":{"type":"string"}}}`
+	lookupOutput = `{"type":"object","properties":{"temperature":{"type":"number"},"precipitation":{"type":"number"},"weather_condition":{"enum":["sunny","cloudy","rainy","snowy"]},"error":{"type":"string"}}}`
+)
+
+// forecasts is Bob's dataset: (location, date) → forecast in the tool's
+// field names.
+var forecasts = []struct {
+	location, date string
+	temperature    float64
+	precipitation  float64
+	condition      string
+}{
+	{"Paris", "2024-05-01", 18, 0, "sunny"},
+	{"Rome", "2024-05-01", 24, 0, "sunny"},
+	{"Oslo", "2024-05-02", 7, 3.5, "rainy"},
+	{"Lima", "2024-05-03", 19, 0.5, "cloudy"},
+}
+
+// setUpWeather creates Alice on a and Bob on b, Bob with his forecast tool
+// (a table keyed by the arguments, with JSON Schemas), and returns Bob's
+// Agora base URL.
+func setUpWeather(t *testing.T, a, b *parleytest.Server) string {
+	t.Helper()
+	createAgent(t, a, "tours", "alice", "")
+	createAgent(t, b, "weather", "bob", "")
+	entries := map[string]any{}
+	for _, f := range forecasts {
+		key := mustJSON(t, map[string]string{"date": f.date, "location": f.location})
+		entries[key] = map[string]any{"temperature": f.temperature, "precipitation": f.precipitation, "weather_condition": f.condition}
+	}
+	mustAPI(t, "PUT", b.URL("/v1/"+bobAgent+"/tools/forecast_lookup"), mustJSON(t, map[string]any{
+		"description":      "Look up the forecast of a city on a date.",
+		"table":            map[string]string{"entriesJson": mustJSON(t, entries)},
+		"inputSchemaJson":  lookupInput,
+		"outputSchemaJson": lookupOutput,
+	}))
+	return b.URL("/agora/weather/bob")
+}
+
+type sendResult struct {
+	Status       string `json:"status"`
+	ResultJSON   string `json:"resultJson"`
+	ProtocolHash string `json:"protocolHash"`
+	Path         string `json:"path"`
+	Error        string `json:"error"`
+	Negotiation  string `json:"negotiation"`
+}
+
+func sendForecast(t *testing.T, a *parleytest.Server, target, location, date string) sendResult {
+	t.Helper()
+	raw := mustAPI(t, "POST", a.URL("/v1/"+aliceAgent+":send"), mustJSON(t, map[string]string{
+		"targetUrl":        target,
+		"task":             "weather-forecast",
+		"taskDescription":  "Get the weather forecast for a date and a city.",
+		"taskDataJson":     mustJSON(t, map[string]string{"date": date, "location": location}),
+		"inputSchemaJson":  forecastInput,
+		"outputSchemaJson": forecastOutput,
+	}))
+	var r sendResult
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatalf("send reply %s: %v", raw, err)
+	}
+	return r
+}
+
+// costCalls returns the negotiator's LLM call count for agent.
+func costCalls(t *testing.T, srv *parleytest.Server, agent string) int {
+	t.Helper()
+	var c struct {
+		Calls string `json:"calls"` // int64 is a JSON string
+	}
+	if err := json.Unmarshal([]byte(mustAPI(t, "GET", srv.URL("/v1/costSummary?agent="+agent), "")), &c); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if c.Calls != "" {
+		fmt.Sscan(c.Calls, &n)
+	}
+	return n
+}
+
+// TestNegotiation_twoServersDeterministic: with task and tool schemas and no
+// LLM anywhere, Alice's first Send negotiates a PD with Bob over Agora, both
+// registries hold it, both dispatchers run routines, and every structured
+// query is answered with zero LLM calls.
+func TestNegotiation_twoServersDeterministic(t *testing.T) {
+	alice := parleytest.Start(t, "", "--send-allow-private")
+	bob := parleytest.Start(t, "")
+	target := setUpWeather(t, alice, bob)
+
+	first := sendForecast(t, alice, target, "Paris", "2024-05-01")
+	if first.Status != "success" || first.Negotiation == "" || first.ProtocolHash == "" || first.Path != "routine" {
+		t.Fatalf("first send = %+v, want success after a negotiation, answered by routines", first)
+	}
+	hash := first.ProtocolHash
+
+	// Both sides hold the same negotiated PD, byte for byte.
+	pdA := mustAPI(t, "GET", alice.URL("/protocols/"+hash), "")
+	pdB := mustAPI(t, "GET", bob.URL("/protocols/"+hash), "")
+	if pdA != pdB || sha1Hex([]byte(pdA)) != hash {
+		t.Fatalf("Alice's and Bob's PDs differ or do not hash to %s:\n%s\n---\n%s", hash, pdA, pdB)
+	}
+	// Alice's negotiation ended accepted; Bob advertises the PD.
+	neg := decode(t, mustAPI(t, "GET", alice.URL("/v1/"+first.Negotiation), ""))
+	if neg["state"] != "NEGOTIATION_STATE_ACCEPTED" || neg["mode"] != "NEGOTIATION_MODE_DETERMINISTIC" || neg["protocolSha1Hex"] != hash {
+		t.Fatalf("Alice's negotiation = %v", neg)
+	}
+	if wk := mustAPI(t, "GET", bob.URL("/agora/weather/bob/.wellknown"), ""); !strings.Contains(wk, hash) {
+		t.Fatalf("Bob's .wellknown %s does not list %s", wk, hash)
+	}
+	// Each side holds its routine for the PD.
+	mustAPI(t, "GET", alice.URL("/v1/"+aliceAgent+"/routines/"+hash), "")
+	mustAPI(t, "GET", bob.URL("/v1/"+bobAgent+"/routines/"+hash), "")
+
+	const n = 20
+	for i := range n {
+		f := forecasts[i%len(forecasts)]
+		r := sendForecast(t, alice, target, f.location, f.date)
+		if r.Status != "success" || r.Path != "routine" || r.ProtocolHash != hash || r.Negotiation != "" {
+			t.Fatalf("send %d = %+v, want success by routine under %s with no new negotiation", i, r, hash)
+		}
+		var out map[string]any
+		if err := json.Unmarshal([]byte(r.ResultJSON), &out); err != nil {
+			t.Fatal(err)
+		}
+		if out["temperature"] != f.temperature || out["weatherCondition"] != f.condition {
+			t.Fatalf("send %d result %v, want %+v", i, out, f)
+		}
+	}
+	// An unknown city gets the PD's error reply, not an LLM.
+	if r := sendForecast(t, alice, target, "Atlantis", "2024-05-01"); r.Status != "success" || !strings.Contains(r.ResultJSON, `"error"`) {
+		t.Errorf("unknown city = %+v, want the PD's error reply", r)
+	}
+
+	for _, srv := range []*parleytest.Server{alice, bob} {
+		if got := metric(t, srv, `parley_dispatcher_llm_calls_total`); got != 0 {
+			t.Errorf("dispatcher LLM calls = %v, want 0", got)
+		}
+		if got := costCalls(t, srv, ""); got != 0 {
+			t.Errorf("negotiator ledger calls = %d, want 0", got)
+		}
+	}
+	if got := metric(t, bob, `parley_dispatcher_envelopes_total{path="routine"}`); got < n+1 {
+		t.Errorf("Bob's routine envelopes = %v, want at least %d", got, n+1)
+	}
+	if got := metric(t, bob, `parley_dispatcher_envelopes_total{path="negotiation"}`); got != 1 {
+		t.Errorf("Bob's negotiation envelopes = %v, want 1", got)
+	}
+	if got := metric(t, alice, `parley_dispatcher_negotiations_total{outcome="accepted"}`); got != 1 {
+		t.Errorf("Alice's accepted negotiations = %v, want 1", got)
+	}
+}
