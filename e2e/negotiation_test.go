@@ -171,3 +171,104 @@ func TestNegotiation_twoServersDeterministic(t *testing.T) {
 		t.Errorf("Alice's accepted negotiations = %v, want 1", got)
 	}
 }
+
+// startFakeLLM runs the scripted LLM fixture (fakellm) as a process and
+// returns its OpenAI-compatible base URL.
+func startFakeLLM(t *testing.T) string {
+	t.Helper()
+	bin := parleytest.Build(t, "github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest/fakellm")
+	f := parleytest.StartProcess(t, bin)
+	return "http://" + f.HTTPAddr + "/v1"
+}
+
+// ledgerEntries lists the negotiator's ledger for agent.
+func ledgerEntries(t *testing.T, srv *parleytest.Server, agent string) []map[string]any {
+	t.Helper()
+	var l struct {
+		Entries []map[string]any `json:"ledgerEntries"`
+	}
+	if err := json.Unmarshal([]byte(mustAPI(t, "GET", srv.URL("/v1/ledgerEntries?pageSize=1000&agent="+agent), "")), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Entries
+}
+
+func sendText(t *testing.T, a *parleytest.Server, target, text string) sendResult {
+	t.Helper()
+	raw := mustAPI(t, "POST", a.URL("/v1/"+aliceAgent+":send"), mustJSON(t, map[string]string{"targetUrl": target, "text": text}))
+	var r sendResult
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestNegotiation_llmNaturalLanguageAndBudget: Bob has an LLM (the scripted
+// fixture) with a small daily budget. Negotiation and structured queries
+// still cost nothing; a natural-language envelope is answered by the LLM,
+// which calls Bob's tool through the dispatcher, and the calls land in the
+// ledger under Bob and the peer; once the budget is spent, natural-language
+// envelopes get a clear failure while routines keep answering.
+func TestNegotiation_llmNaturalLanguageAndBudget(t *testing.T) {
+	llmURL := startFakeLLM(t)
+	alice := parleytest.Start(t, "", "--send-allow-private")
+	bob := parleytest.Start(t, "", "--llm-provider", "openai", "--llm-base-url", llmURL, "--llm-model", "gpt-4o",
+		"--llm-api-key", "test-key", "--llm-max-retries", "0", "--llm-budget-agent-usd", "0.02")
+	target := setUpWeather(t, alice, bob)
+
+	first := sendForecast(t, alice, target, "Paris", "2024-05-01")
+	if first.Status != "success" || first.Path != "routine" || first.Negotiation == "" {
+		t.Fatalf("first send = %+v", first)
+	}
+	if got := costCalls(t, bob, ""); got != 0 {
+		t.Fatalf("Bob's LLM calls after a deterministic negotiation = %d, want 0", got)
+	}
+
+	// Natural language until the budget refuses.
+	answered, refused := 0, ""
+	for i := 0; i < 100 && refused == ""; i++ {
+		r := sendText(t, alice, target, "What will the weather be in Paris on 1 May 2024?")
+		switch {
+		case r.Status == "success":
+			if !strings.Contains(r.ResultJSON, "sunny") {
+				t.Fatalf("NL reply %s does not quote the tool's result", r.ResultJSON)
+			}
+			answered++
+		case r.Status == "failure" && strings.Contains(r.Error, "budget"):
+			refused = r.Error
+		default:
+			t.Fatalf("NL send %d = %+v", i, r)
+		}
+	}
+	if answered == 0 || refused == "" {
+		t.Fatalf("answered %d NL envelopes, refusal %q; want some answers, then a budget failure", answered, refused)
+	}
+	t.Logf("%d NL envelopes answered by the LLM, then: %s", answered, refused)
+	entries := ledgerEntries(t, bob, bobAgent)
+	if len(entries) < 2*answered {
+		t.Fatalf("ledger holds %d entries for %d answers (tool call + reply each)", len(entries), answered)
+	}
+	for _, e := range entries {
+		if e["agent"] != bobAgent || e["peer"] == "" || e["peer"] == nil || e["operation"] != "ReplyNaturalLanguage" {
+			t.Fatalf("ledger entry %v: want agent %s, a peer, ReplyNaturalLanguage", e, bobAgent)
+		}
+	}
+	calls := costCalls(t, bob, "")
+
+	// The budget stops LLM calls, not routines.
+	for i := range 5 {
+		if r := sendText(t, alice, target, "And in Rome?"); r.Status != "failure" || !strings.Contains(r.Error, "budget") {
+			t.Fatalf("NL send after exhaustion %d = %+v, want a budget failure", i, r)
+		}
+		f := forecasts[i%len(forecasts)]
+		if r := sendForecast(t, alice, target, f.location, f.date); r.Status != "success" || r.Path != "routine" || !strings.Contains(r.ResultJSON, f.condition) {
+			t.Fatalf("structured send after exhaustion %d = %+v", i, r)
+		}
+	}
+	if got := costCalls(t, bob, ""); got != calls {
+		t.Errorf("Bob's LLM calls went from %d to %d after the budget was spent", calls, got)
+	}
+	if got := costCalls(t, alice, ""); got != 0 {
+		t.Errorf("Alice's LLM calls = %d, want 0 (she has no LLM)", got)
+	}
+}
