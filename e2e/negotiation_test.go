@@ -272,3 +272,28 @@ func TestNegotiation_llmNaturalLanguageAndBudget(t *testing.T) {
 		t.Errorf("Alice's LLM calls = %d, want 0 (she has no LLM)", got)
 	}
 }
+
+// TestNegotiation_referenceExchange: a peer speaking the reference library's
+// "negotiation" exchange (protocolHash "negotiation", multiround, base64
+// hashes and string bodies) ends it with a FINALPROTOCOL; Bob's side
+// registers the PD and advertises it, with no LLM.
+func TestNegotiation_referenceExchange(t *testing.T) {
+	bob := parleytest.Start(t, "")
+	createAgent(t, bob, "weather", "bob", "")
+	body := "Let us use this protocol.\n<FINALPROTOCOL>\n" + weatherPD + "\n</FINALPROTOCOL>"
+	env := mustJSON(t, map[string]any{"protocolHash": "negotiation", "protocolSources": nil, "body": body, "multiround": true})
+	code, raw := api(t, "POST", bob.URL("/agora/weather/bob"), env)
+	rep := decode(t, raw)
+	if code != 200 || rep["status"] != "success" || rep["conversationId"] == nil {
+		t.Fatalf("reference negotiation = %d %s", code, raw)
+	}
+	if got := mustAPI(t, "GET", bob.URL("/protocols/"+weatherHex), ""); got != weatherPD {
+		t.Fatalf("Bob's registry holds %q, want the final PD", got)
+	}
+	if wk := mustAPI(t, "GET", bob.URL("/agora/weather/bob/.wellknown"), ""); !strings.Contains(wk, weatherHex) {
+		t.Fatalf(".wellknown %s does not list the agreed PD", wk)
+	}
+	if code, _ := api(t, "DELETE", bob.URL("/agora/weather/bob/conversations/"+rep["conversationId"].(string)), ""); code != 200 {
+		t.Fatalf("DELETE = %d", code)
+	}
+}
