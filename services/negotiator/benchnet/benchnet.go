@@ -35,7 +35,7 @@ import (
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/inproc"
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/sandbox"
 	"github.com/parleyhq/parley/services/negotiator/internal/schema"

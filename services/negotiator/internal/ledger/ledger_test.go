@@ -10,7 +10,7 @@ import (
 
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
 )

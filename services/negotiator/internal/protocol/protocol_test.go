@@ -3,7 +3,7 @@ package protocol_test
 import (
 	"testing"
 
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 )
 

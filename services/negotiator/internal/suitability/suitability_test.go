@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 	"github.com/parleyhq/parley/services/negotiator/internal/suitability"

@@ -17,7 +17,7 @@ import (
 	"regexp"
 	"strings"
 
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
 var toolName = regexp.MustCompile(`(?m)^- ([A-Za-z_][A-Za-z0-9_]*)\b`)
