@@ -176,7 +176,7 @@ func TestNegotiation_twoServersDeterministic(t *testing.T) {
 // returns its OpenAI-compatible base URL.
 func startFakeLLM(t *testing.T) string {
 	t.Helper()
-	bin := parleytest.Build(t, "github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest/fakellm")
+	bin := parleytest.Build(t, "github.com/parleyhq/parley/services/negotiator/llmtest/fakellm")
 	f := parleytest.StartProcess(t, bin)
 	return "http://" + f.HTTPAddr + "/v1"
 }

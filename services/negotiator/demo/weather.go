@@ -144,7 +144,6 @@ type Summary struct {
 	Transport           string  `json:"transport"`
 }
 
-
 // side is one agent on its server.
 type side struct {
 	agent string
