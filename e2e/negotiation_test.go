@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -295,5 +296,42 @@ func TestNegotiation_referenceExchange(t *testing.T) {
 	}
 	if code, _ := api(t, "DELETE", bob.URL("/agora/weather/bob/conversations/"+rep["conversationId"].(string)), ""); code != 200 {
 		t.Fatalf("DELETE = %d", code)
+	}
+}
+
+// TestDemoWeather_onServer: `parley demo weather --server` replays the story
+// on a running `parley serve`: one negotiated hash, no LLM call after the
+// (skipped) natural-language phase.
+func TestDemoWeather_onServer(t *testing.T) {
+	srv := parleytest.Start(t, "", "--send-allow-private")
+	for run := range 2 { // a second run on the same server starts from fresh agents
+		out, err := exec.Command(parleytest.Binary(t), "demo", "weather", "--json", "--queries", "4",
+			"--server", srv.GRPCAddr, "--http", "http://"+srv.HTTPAddr).CombinedOutput()
+		if err != nil {
+			t.Fatalf("run %d: parley demo weather: %v\n%s", run, err, out)
+		}
+		var s struct {
+			Protocol struct {
+				AliceSHA1, BobSHA1 string
+				SameHash           bool
+			}
+			Phases []struct {
+				Name     string
+				Skipped  bool
+				LLMCalls int
+				Correct  int
+			}
+		}
+		if err := json.Unmarshal(out, &s); err != nil {
+			t.Fatalf("run %d: summary %s: %v", run, out, err)
+		}
+		if !s.Protocol.SameHash || len(s.Protocol.AliceSHA1) != 40 || s.Protocol.AliceSHA1 != s.Protocol.BobSHA1 {
+			t.Fatalf("run %d: protocol %+v", run, s.Protocol)
+		}
+		for _, p := range s.Phases {
+			if p.LLMCalls != 0 || p.Name == "structured" && p.Correct != 4 || p.Name == "natural-language" && !p.Skipped {
+				t.Fatalf("run %d: phase %+v", run, p)
+			}
+		}
 	}
 }
