@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"os/signal"
 	"syscall"
@@ -15,7 +19,14 @@ import (
 )
 
 // runDemo runs a demo: `parley demo weather [--json] [--queries N]
-// [--nl-queries N] [--llm-provider ... --llm-model ...]`.
+// [--nl-queries N] [--server ADDR --http URL] [--llm-provider ... --llm-model ...]`.
+//
+// Without --server it starts two in-process Parley suites, Alice's and
+// Bob's, each with its own data directory, gRPC and HTTP listeners on
+// loopback, and the LLM flags given; the envelopes between them are real
+// Agora HTTP. With --server it runs both agents on that running `parley
+// serve` (started with --send-allow-private, since Alice sends to its own
+// loopback address), whose LLM configuration then applies.
 func runDemo(e env, args []string) error {
 	if len(args) == 0 || args[0] != "weather" {
 		return fmt.Errorf("usage: parley demo weather [flags] (run 'parley demo weather --help')")
@@ -24,7 +35,10 @@ func runDemo(e env, args []string) error {
 	fs.SetOutput(e.stderr)
 	asJSON := fs.Bool("json", false, "print one JSON summary on stdout instead of progress lines")
 	queries := fs.Int("queries", 10, "structured queries after negotiation")
-	nlQueries := fs.Int("nl-queries", 3, "natural-language queries before negotiation (needs --llm-provider)")
+	nlQueries := fs.Int("nl-queries", 3, "natural-language queries before negotiation (need an LLM)")
+	server := fs.String("server", "", "gRPC address of a running parley serve to replay the story on (default: two in-process suites)")
+	httpURL := fs.String("http", "http://127.0.0.1:8080", "with --server: its HTTP base URL, as the server itself can reach it")
+	serverCA := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "with --server: PEM CA bundle to dial it over TLS")
 	var cfg negotiatorconfig.Config
 	cfg.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args[1:], "PARLEY_", e.getenv); err != nil {
@@ -38,11 +52,17 @@ func runDemo(e env, args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opts := demo.Options{LLM: cfg.LLM, NLQueries: *nlQueries, StructuredQueries: *queries}
+	opts := demo.Options{NLQueries: *nlQueries, StructuredQueries: *queries}
 	if !*asJSON {
 		opts.Log = e.stdout
 	}
-	sum, err := demo.Weather(ctx, opts)
+	var sum demo.Summary
+	var err error
+	if *server != "" {
+		sum, err = demoOnServer(ctx, e, opts, *server, *serverCA, *httpURL)
+	} else {
+		sum, err = demoInProcess(ctx, opts, cfg.LLM)
+	}
 	if err != nil {
 		return err
 	}
@@ -53,4 +73,81 @@ func runDemo(e env, args []string) error {
 	}
 	fmt.Fprintf(e.stdout, "Alice and Bob hold protocol %s (same hash: %v); %s\n", sum.Protocol.AliceSHA1, sum.Protocol.SameHash, sum.Transport)
 	return nil
+}
+
+func demoOnServer(ctx context.Context, e env, opts demo.Options, addr, ca, httpURL string) (demo.Summary, error) {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	dial := dialServer(e, fs)
+	if err := fs.Parse([]string{"--server", addr, "--server-ca", ca}); err != nil {
+		return demo.Summary{}, err
+	}
+	conn, err := dial()
+	if err != nil {
+		return demo.Summary{}, err
+	}
+	defer conn.Close()
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	opts.AgentSuffix = "-" + hex.EncodeToString(b[:]) // fresh agents each run
+	opts.Alice = demo.Endpoint{Conn: conn, HTTPURL: httpURL}
+	opts.Bob = opts.Alice
+	opts.Transport = "Agora over HTTP through parley serve at " + httpURL + " (Alice and Bob on one server)"
+	return demo.Weather(ctx, opts)
+}
+
+// demoInProcess runs the story between two in-process suites.
+func demoInProcess(ctx context.Context, opts demo.Options, llm negotiatorconfig.LLM) (_ demo.Summary, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var stops []func() error
+	defer func() {
+		cancel()
+		for _, stop := range stops {
+			err = errors.Join(err, stop())
+		}
+	}()
+	start := func(name string) (demo.Endpoint, error) {
+		dir, err := os.MkdirTemp("", "parley-demo-"+name)
+		if err != nil {
+			return demo.Endpoint{}, err
+		}
+		stops = append(stops, func() error { return os.RemoveAll(dir) })
+		cfg, err := loadSuiteConfig([]string{"--data", dir, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"}, func(string) string { return "" })
+		if err != nil {
+			return demo.Endpoint{}, err
+		}
+		cfg.negotiator.LLM = llm
+		s, err := newSuite(ctx, cfg)
+		if err != nil {
+			return demo.Endpoint{}, err
+		}
+		gl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			s.Close()
+			return demo.Endpoint{}, err
+		}
+		hl, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			gl.Close()
+			s.Close()
+			return demo.Endpoint{}, err
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.srv.Run(ctx, gl, hl) }()
+		conn, err := s.srv.InProcessConn()
+		if err != nil {
+			return demo.Endpoint{}, err
+		}
+		// Stops run after cancel: close the client, wait for Run, close the suite.
+		stops = append([]func() error{func() error { conn.Close(); return errors.Join(<-done, s.Close()) }}, stops...)
+		return demo.Endpoint{Conn: conn, HTTPURL: "http://" + hl.Addr().String()}, nil
+	}
+	if opts.Alice, err = start("alice"); err != nil {
+		return demo.Summary{}, fmt.Errorf("start Alice's server: %w", err)
+	}
+	if opts.Bob, err = start("bob"); err != nil {
+		return demo.Summary{}, fmt.Errorf("start Bob's server: %w", err)
+	}
+	opts.Transport = "Agora over HTTP between two in-process Parley suites (Alice's at " + opts.Alice.HTTPURL + ", Bob's at " + opts.Bob.HTTPURL + ")"
+	return demo.Weather(ctx, opts)
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/dispatcher/config"
@@ -56,9 +57,17 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 	for p, n := range names {
 		dialects[p], _ = agora.ParseDialect(n)
 	}
+	var (
+		llm server.LLM = server.NoLLM{}
+		neg negotiatorv1.NegotiatorServiceClient
+	)
+	if a.peers.Negotiator != nil {
+		neg = negotiatorv1.NewNegotiatorServiceClient(a.peers.Negotiator)
+		llm = server.NegotiatorLLM{C: neg}
+	}
 	return server.Options{
-		// The negotiator does not offer LLM completions yet; see README.
-		LLM:                     server.NoLLM{},
+		LLM:                     llm,
+		Negotiator:              neg,
 		Metrics:                 s.Registry(),
 		ConversationTTL:         a.cfg.ConversationTTL,
 		MaxConversationsPerPeer: a.cfg.MaxConversationsPerPeer,

@@ -20,7 +20,7 @@ import (
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
 // negotiator is one running negotiator: its gRPC client and gateway URL.

@@ -35,10 +35,10 @@ import (
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/inproc"
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/sandbox"
 	"github.com/parleyhq/parley/services/negotiator/internal/schema"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
 // Strategies, in the order they run.

@@ -1,35 +1,39 @@
-// Package demo replays the Agora weather story with Parley's negotiator:
-// Alice, a tour-booking agent, needs forecasts; Bob, a weather service,
-// answers them with a tool reading a small dataset shipped here.
+// Package demo replays the Agora weather story through real Agora
+// envelopes: Alice, a tour-booking agent, needs forecasts; Bob, a weather
+// service, answers them with a table tool holding a small dataset shipped
+// here. Each lives on a Parley server (registry, dispatcher, negotiator);
+// the two may be one server.
 //
-// Phases: natural-language queries (only with an LLM configured), a
-// deterministic negotiation through two negotiators over gRPC on loopback
-// (Alice's and Bob's, each with its own store, as two separate servers
-// would be), routine synthesis on both sides, then N structured queries
-// answered by the routines with no LLM.
-//
-// The structured queries run through the negotiator's Starlark sandbox via
-// the Transport interface, in process: the Agora HTTP path (envelopes,
-// conversations, routines installed in the dispatcher) belongs to the
-// dispatcher. Swap Transport for one that sends envelopes through a real
-// `parley serve` once the dispatcher's Send exists.
+// Phases: natural-language queries (Alice's Send with no protocol: her LLM
+// writes the query, Bob's LLM answers with his tool; skipped when the
+// servers have no LLM), negotiation (Alice's first Send with her task's
+// JSON Schemas negotiates a PD with Bob over Agora, deterministically),
+// routines (each side's derived routine, installed by the negotiation), then
+// N structured queries (Alice's Send, answered by routines on both sides).
+// LLM use per phase is read from both negotiators' ledgers.
 package demo
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
-	"github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/internal/inproc"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
-	"github.com/parleyhq/parley/services/negotiator/internal/sandbox"
 )
 
-// The demo's agents.
+// The demo's agents (before Options.AgentSuffix).
 const (
 	Alice = "clients/tours/agents/alice"
 	Bob   = "clients/weather/agents/bob"
@@ -60,50 +64,46 @@ var Tool = &negotiatorv1.ToolSpec{
 	OutputSchemaJson: []byte(`{"type":"object","properties":{"temperature":{"type":"number"},"precipitation":{"type":"number"},"weather_condition":{"enum":["sunny","cloudy","rainy","snowy"]},"error":{"type":"string"}}}`),
 }
 
-// LookupForecast is Bob's tool over the dataset: JSON arguments in, JSON
-// result out.
-func LookupForecast(_ context.Context, name string, args []byte) ([]byte, error) {
-	if name != Tool.GetName() {
-		return nil, fmt.Errorf("unknown tool %q", name)
-	}
-	var a struct{ Date, Location string }
-	if err := json.Unmarshal(args, &a); err != nil {
-		return nil, err
-	}
+// nlTask is the task name of the natural-language phase: no PD names it,
+// so those Sends go out in natural language.
+const nlTask = "weather-question"
+
+// TableEntries returns Bob's dataset as a table tool's entries: the
+// canonical JSON of the arguments {"date","location"} to the result.
+func TableEntries() string {
+	m := map[string]any{}
 	for _, f := range dataset {
-		if f.Location == a.Location && f.Date == a.Date {
-			return json.Marshal(map[string]any{"temperature": f.Temperature, "precipitation": f.Precipitation, "weather_condition": f.Condition})
-		}
+		k, _ := json.Marshal(map[string]string{"date": f.Date, "location": f.Location})
+		m[string(k)] = map[string]any{"temperature": f.Temperature, "precipitation": f.Precipitation, "weather_condition": f.Condition}
 	}
-	return json.Marshal(map[string]string{"error": "Unsupported location"})
+	b, _ := json.Marshal(m)
+	return string(b)
 }
 
-// Transport carries Alice's structured query body to Bob and returns his
-// reply body.
-type Transport interface {
-	Exchange(ctx context.Context, body []byte) ([]byte, error)
-}
-
-// routineTransport answers with Bob's routine in the sandbox, in process.
-type routineTransport struct{ routine string }
-
-func (r routineTransport) Exchange(ctx context.Context, body []byte) ([]byte, error) {
-	return sandbox.Call(ctx, r.routine, "reply", []json.RawMessage{body, json.RawMessage(`{}`)}, LookupForecast, sandbox.Limits{})
+// Endpoint is one side's Parley server.
+type Endpoint struct {
+	// Conn reaches its gRPC services (registry, dispatcher, negotiator).
+	Conn grpc.ClientConnInterface
+	// HTTPURL is its HTTP base URL (where /agora/... is served), as the
+	// other side can reach it.
+	HTTPURL string
 }
 
 // Options configure a run.
 type Options struct {
-	// LLM configures both negotiators; no provider skips the
-	// natural-language phase.
-	LLM config.LLM
+	// Alice and Bob are the two sides' servers; they may be the same.
+	Alice, Bob Endpoint
+	// AgentSuffix is appended to the agent ids, so that a run on a server
+	// that already ran the demo starts from fresh agents.
+	AgentSuffix string
 	// NLQueries is the number of natural-language queries (3 when zero).
 	NLQueries int
 	// StructuredQueries is the number of structured queries (10 when zero).
 	StructuredQueries int
 	// Log receives progress lines; nil discards them.
 	Log io.Writer
-	// Transport overrides the in-process routine transport.
-	Transport Transport
+	// Transport describes where the envelopes travel, for the summary.
+	Transport string
 }
 
 // Phase is what one phase cost.
@@ -144,29 +144,51 @@ type Summary struct {
 	Transport           string  `json:"transport"`
 }
 
-// meter reads new ledger entries of both negotiators after each phase.
-type meter struct {
-	handles []*inproc.Negotiator
-	seen    []int
+// side is one agent on its server.
+type side struct {
+	agent string
+	reg   registryv1.RegistryServiceClient
+	disp  dispatcherv1.DispatcherServiceClient
+	neg   negotiatorv1.NegotiatorServiceClient
+	seen  int // ledger entries already counted
 }
 
-func (m *meter) phase(ctx context.Context, name string) (Phase, error) {
+func newSide(agent string, e Endpoint) *side {
+	return &side{
+		agent: agent,
+		reg:   registryv1.NewRegistryServiceClient(e.Conn),
+		disp:  dispatcherv1.NewDispatcherServiceClient(e.Conn),
+		neg:   negotiatorv1.NewNegotiatorServiceClient(e.Conn),
+	}
+}
+
+// ledger returns this agent's ledger entries.
+func (s *side) ledger(ctx context.Context) ([]*negotiatorv1.LedgerEntry, error) {
+	var entries []*negotiatorv1.LedgerEntry
+	token := ""
+	for {
+		resp, err := s.neg.ListLedgerEntries(ctx, &negotiatorv1.ListLedgerEntriesRequest{Agent: s.agent, PageSize: 1000, PageToken: token})
+		if err != nil {
+			return nil, fmt.Errorf("ledger of %s: %w", s.agent, err)
+		}
+		entries = append(entries, resp.GetLedgerEntries()...)
+		if token = resp.GetNextPageToken(); token == "" {
+			return entries, nil
+		}
+	}
+}
+
+// phase adds the ledger entries both sides made since the last phase,
+// priced at the paper's prices.
+func phase(ctx context.Context, name string, sides ...*side) (Phase, error) {
 	p := Phase{Name: name}
 	prices := ledger.DefaultPrices()
-	for i, h := range m.handles {
-		var entries []*negotiatorv1.LedgerEntry
-		token := ""
-		for {
-			resp, err := h.Client.ListLedgerEntries(ctx, &negotiatorv1.ListLedgerEntriesRequest{PageSize: 1000, PageToken: token})
-			if err != nil {
-				return p, err
-			}
-			entries = append(entries, resp.GetLedgerEntries()...)
-			if token = resp.GetNextPageToken(); token == "" {
-				break
-			}
+	for _, s := range sides {
+		entries, err := s.ledger(ctx)
+		if err != nil {
+			return p, err
 		}
-		for _, e := range entries[m.seen[i]:] {
+		for _, e := range entries[min(s.seen, len(entries)):] {
 			p.LLMCalls++
 			p.PromptTokens += e.GetPromptTokens()
 			p.CompletionTokens += e.GetCompletionTokens()
@@ -176,7 +198,7 @@ func (m *meter) phase(ctx context.Context, name string) (Phase, error) {
 			}
 			p.CostUSD += float64(price.CostMicroUSD(e.GetPromptTokens(), e.GetCompletionTokens())) / 1e6
 		}
-		m.seen[i] = len(entries)
+		s.seen = len(entries)
 	}
 	return p, nil
 }
@@ -185,6 +207,71 @@ func logf(w io.Writer, format string, args ...any) {
 	if w != nil {
 		fmt.Fprintf(w, format+"\n", args...)
 	}
+}
+
+func inputOf(f forecast) string {
+	b, _ := json.Marshal(map[string]string{"date": f.Date, "location": f.Location})
+	return string(b)
+}
+
+func ignoreExists(err error) error {
+	if status.Code(err) == codes.AlreadyExists {
+		return nil
+	}
+	return err
+}
+
+// setUp creates both agents and Bob's tool.
+func setUp(ctx context.Context, alice, bob *side) error {
+	for _, s := range []*side{alice, bob} {
+		parent, id, _ := strings.Cut(strings.TrimPrefix(s.agent, "clients/"), "/agents/")
+		_, err := s.reg.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/" + parent, AgentId: id, Agent: &registryv1.Agent{DisplayName: id}})
+		if err := ignoreExists(err); err != nil {
+			return fmt.Errorf("create %s: %w", s.agent, err)
+		}
+	}
+	_, err := bob.disp.SetTool(ctx, &dispatcherv1.SetToolRequest{Tool: &dispatcherv1.Tool{
+		Name:             bob.agent + "/tools/" + Tool.GetName(),
+		Description:      Tool.GetDescription(),
+		Kind:             &dispatcherv1.Tool_Table{Table: &dispatcherv1.TableTool{EntriesJson: TableEntries()}},
+		InputSchemaJson:  string(Tool.GetInputSchemaJson()),
+		OutputSchemaJson: string(Tool.GetOutputSchemaJson()),
+	}})
+	if err != nil {
+		return fmt.Errorf("set Bob's tool: %w", err)
+	}
+	return nil
+}
+
+func (s *side) sendStructured(ctx context.Context, target string, f forecast) (*dispatcherv1.SendResponse, bool, error) {
+	r, err := s.disp.Send(ctx, &dispatcherv1.SendRequest{
+		Agent: s.agent, TargetUrl: target, Task: Task.GetName(), TaskDescription: Task.GetDescription(), TaskDataJson: inputOf(f),
+		InputSchemaJson: string(Task.GetInputSchemaJson()), OutputSchemaJson: string(Task.GetOutputSchemaJson()),
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	if r.GetStatus() != "success" {
+		return r, false, fmt.Errorf("Bob answered %s: %s", r.GetStatus(), r.GetError())
+	}
+	var got struct {
+		Temperature      float64 `json:"temperature"`
+		Precipitation    float64 `json:"precipitation"`
+		WeatherCondition string  `json:"weatherCondition"`
+	}
+	ok := json.Unmarshal([]byte(r.GetResultJson()), &got) == nil &&
+		got.Temperature == f.Temperature && got.Precipitation == f.Precipitation && got.WeatherCondition == f.Condition
+	return r, ok, nil
+}
+
+// heldHash returns the SHA-1 of the PD bytes s's registry holds for hash.
+func (s *side) heldHash(ctx context.Context, hash string) (string, []byte, error) {
+	pd, err := s.reg.GetProtocol(ctx, &registryv1.GetProtocolRequest{Name: "protocols/" + hash})
+	if err != nil {
+		return "", nil, fmt.Errorf("%s's registry: %w", s.agent, err)
+	}
+	sum := sha1.Sum(pd.GetContent())
+	return hex.EncodeToString(sum[:]), pd.GetContent(), nil
 }
 
 // Weather runs the demo.
@@ -196,106 +283,130 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	if opts.StructuredQueries <= 0 {
 		opts.StructuredQueries = 10
 	}
-	aliceN, err := inproc.Start(ctx, opts.LLM)
-	if err != nil {
-		return sum, fmt.Errorf("start Alice's negotiator: %w", err)
+	alice, bob := newSide(Alice+opts.AgentSuffix, opts.Alice), newSide(Bob+opts.AgentSuffix, opts.Bob)
+	if err := setUp(ctx, alice, bob); err != nil {
+		return sum, err
 	}
-	defer aliceN.Close()
-	bobN, err := inproc.Start(ctx, opts.LLM)
-	if err != nil {
-		return sum, fmt.Errorf("start Bob's negotiator: %w", err)
+	if _, err := phase(ctx, "start", alice, bob); err != nil {
+		return sum, err
 	}
-	defer bobN.Close()
-	m := &meter{handles: []*inproc.Negotiator{aliceN, bobN}, seen: []int{0, 0}}
-	alice, bob := aliceN.Client, bobN.Client
+	target := strings.TrimSuffix(opts.Bob.HTTPURL, "/") + "/agora/weather/" + strings.TrimPrefix(bob.agent, "clients/weather/agents/")
+	sum.Transport = opts.Transport
+	logf(opts.Log, "Alice (%s) sends to Bob at %s", alice.agent, target)
 
 	// Phase 1: natural language.
 	nl := Phase{Name: "natural-language", Queries: opts.NLQueries}
-	if opts.LLM.Provider == "" {
-		nl.Skipped, nl.Queries = true, 0
-		nl.Note = "no LLM configured (--llm-provider); natural-language queries skipped"
-		logf(opts.Log, "phase 1, natural language: skipped, no LLM is configured")
-	} else {
-		for i := range opts.NLQueries {
-			if err := nlQuery(ctx, alice, bob, dataset[i%len(dataset)]); err != nil {
-				return sum, fmt.Errorf("natural-language query %d: %w", i+1, err)
-			}
-		}
-		p, err := m.phase(ctx, nl.Name)
+	for i := range opts.NLQueries {
+		r, err := alice.disp.Send(ctx, &dispatcherv1.SendRequest{Agent: alice.agent, TargetUrl: target, Task: nlTask, TaskDescription: Task.GetDescription(), TaskDataJson: inputOf(dataset[i%len(dataset)])})
 		if err != nil {
-			return sum, err
+			return sum, fmt.Errorf("natural-language query %d: %w", i+1, err)
 		}
-		p.Queries = opts.NLQueries
+		if r.GetStatus() != "success" {
+			if i == 0 && strings.Contains(r.GetError(), "no LLM is configured") {
+				nl.Skipped, nl.Queries = true, 0
+				nl.Note = "no LLM configured (--llm-provider); natural-language queries skipped"
+				break
+			}
+			return sum, fmt.Errorf("natural-language query %d: Bob answered %s: %s", i+1, r.GetStatus(), r.GetError())
+		}
+	}
+	p, err := phase(ctx, nl.Name, alice, bob)
+	if err != nil {
+		return sum, err
+	}
+	if !nl.Skipped {
+		p.Queries = nl.Queries
 		nl = p
 		logf(opts.Log, "phase 1, natural language: %d queries, %d LLM calls, %.4f USD", nl.Queries, nl.LLMCalls, nl.CostUSD)
+	} else {
+		logf(opts.Log, "phase 1, natural language: skipped, no LLM is configured")
 	}
 	sum.Phases = append(sum.Phases, nl)
 
-	// Phase 2: negotiation, relayed between the two negotiators.
-	sender, receiver, err := negotiate(ctx, alice, bob)
+	// Phase 2: negotiation, run by Alice's first structured Send.
+	first, _, err := alice.sendStructured(ctx, target, dataset[0])
+	if err != nil {
+		return sum, fmt.Errorf("first structured query: %w", err)
+	}
+	if first.GetNegotiation() == "" || first.GetProtocolHash() == "" {
+		return sum, fmt.Errorf("the first structured query negotiated nothing (path %s, protocol %q)", first.GetPath(), first.GetProtocolHash())
+	}
+	n, err := alice.neg.GetNegotiation(ctx, &negotiatorv1.GetNegotiationRequest{Name: first.GetNegotiation()})
 	if err != nil {
 		return sum, err
 	}
-	neg, err := m.phase(ctx, "negotiation")
+	neg, err := phase(ctx, "negotiation", alice, bob)
 	if err != nil {
 		return sum, err
 	}
-	neg.Note = fmt.Sprintf("%d messages, %s", sender.GetRounds(), sender.GetMode())
+	neg.Queries = 1
+	neg.Note = fmt.Sprintf("%s, %d messages over Agora, then the first query", n.GetMode(), n.GetRounds())
 	sum.Phases = append(sum.Phases, neg)
-	sum.Protocol.AliceSHA1 = sender.GetProtocolSha1Hex()
-	sum.Protocol.BobSHA1 = receiver.GetProtocolSha1Hex()
-	sum.Protocol.SameHash = sum.Protocol.AliceSHA1 != "" && sum.Protocol.AliceSHA1 == sum.Protocol.BobSHA1
-	sum.Protocol.SHA256 = sender.GetProtocolSha256Hex()
-	sum.Protocol.SizeBytes = len(sender.GetProtocol())
+	hash := first.GetProtocolHash()
+	aliceHash, pd, err := alice.heldHash(ctx, hash)
+	if err != nil {
+		return sum, err
+	}
+	bobHash, _, err := bob.heldHash(ctx, hash)
+	if err != nil {
+		return sum, err
+	}
 	sum.Protocol.Name = Task.GetName()
+	sum.Protocol.AliceSHA1, sum.Protocol.BobSHA1 = aliceHash, bobHash
+	sum.Protocol.SameHash = aliceHash == hash && bobHash == hash
+	sum.Protocol.SHA256 = n.GetProtocolSha256Hex()
+	sum.Protocol.SizeBytes = len(pd)
 	sum.Protocol.Derivation = "deterministic, from Alice's task schemas; Bob's tool schemas checked"
-	logf(opts.Log, "phase 2, negotiation: Alice holds %s, Bob holds %s", sum.Protocol.AliceSHA1, sum.Protocol.BobSHA1)
+	if n.GetMode() != negotiatorv1.NegotiationMode_NEGOTIATION_MODE_DETERMINISTIC {
+		sum.Protocol.Derivation = n.GetMode().String()
+	}
+	logf(opts.Log, "phase 2, negotiation: Alice holds %s, Bob holds %s", aliceHash, bobHash)
 	if !sum.Protocol.SameHash {
 		return sum, errors.New("Alice and Bob hold different protocol hashes")
 	}
 
-	// Phase 3: routines on both sides.
-	aliceRoutine, err := alice.SynthesizeRoutine(ctx, &negotiatorv1.SynthesizeRoutineRequest{Agent: Alice, Peer: Bob, Protocol: sender.GetProtocol(), Side: negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER, Task: Task})
+	// Phase 3: the routines the negotiation installed on both sides.
+	ar, err := alice.disp.GetRoutine(ctx, &dispatcherv1.GetRoutineRequest{Name: alice.agent + "/routines/" + hash})
 	if err != nil {
 		return sum, fmt.Errorf("Alice's routine: %w", err)
 	}
-	bobRoutine, err := bob.SynthesizeRoutine(ctx, &negotiatorv1.SynthesizeRoutineRequest{Agent: Bob, Peer: Alice, Protocol: receiver.GetProtocol(), Side: negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER, Tools: []*negotiatorv1.ToolSpec{Tool}})
+	br, err := bob.disp.GetRoutine(ctx, &dispatcherv1.GetRoutineRequest{Name: bob.agent + "/routines/" + hash})
 	if err != nil {
 		return sum, fmt.Errorf("Bob's routine: %w", err)
 	}
-	rt, err := m.phase(ctx, "routines")
+	rt, err := phase(ctx, "routines", alice, bob)
 	if err != nil {
 		return sum, err
 	}
-	rt.Note = fmt.Sprintf("Alice %s %s (%d examples), Bob %s %s (%d examples)",
-		aliceRoutine.GetOrigin(), aliceRoutine.GetState(), aliceRoutine.GetExamplesPassed(),
-		bobRoutine.GetOrigin(), bobRoutine.GetState(), bobRoutine.GetExamplesPassed())
+	rt.Note = fmt.Sprintf("derived from the schemas and installed by the negotiation: Alice send/parse (%d bytes, v%d), Bob reply (%d bytes, v%d)",
+		len(ar.GetSource()), ar.GetVersion(), len(br.GetSource()), br.GetVersion())
 	sum.Phases = append(sum.Phases, rt)
 	logf(opts.Log, "phase 3, routines: %s", rt.Note)
 
-	// Phase 4: structured queries through the routines.
-	transport := opts.Transport
-	sum.Transport = "in-process: Alice's and Bob's routines in the negotiator's Starlark sandbox (the Agora HTTP path needs the dispatcher)"
-	if transport == nil {
-		transport = routineTransport{routine: bobRoutine.GetSource()}
-	} else {
-		sum.Transport = "custom"
-	}
+	// Phase 4: structured queries, answered by routines on both sides.
 	st := Phase{Name: "structured", Queries: opts.StructuredQueries}
+	byRoutine := 0
 	for i := range opts.StructuredQueries {
-		ok, err := structuredQuery(ctx, aliceRoutine.GetSource(), transport, dataset[i%len(dataset)])
+		r, ok, err := alice.sendStructured(ctx, target, dataset[(i+1)%len(dataset)])
 		if err != nil {
 			return sum, fmt.Errorf("structured query %d: %w", i+1, err)
+		}
+		if r.GetProtocolHash() != hash {
+			return sum, fmt.Errorf("structured query %d used protocol %q, not %s", i+1, r.GetProtocolHash(), hash)
 		}
 		if ok {
 			st.Correct++
 		}
+		if r.GetPath() == "routine" {
+			byRoutine++
+		}
 	}
-	p, err := m.phase(ctx, st.Name)
+	p, err = phase(ctx, st.Name, alice, bob)
 	if err != nil {
 		return sum, err
 	}
 	st.LLMCalls, st.PromptTokens, st.CompletionTokens, st.CostUSD = p.LLMCalls, p.PromptTokens, p.CompletionTokens, p.CostUSD
+	st.Note = fmt.Sprintf("%d of %d sent and read by Alice's routine", byRoutine, st.Queries)
 	sum.Phases = append(sum.Phases, st)
 	logf(opts.Log, "phase 4, structured: %d queries, %d correct, %d LLM calls", st.Queries, st.Correct, st.LLMCalls)
 
@@ -319,106 +430,4 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	}
 	logf(opts.Log, "break-even: query %d (%s NL cost %.4f USD per query)", sum.BreakEvenQuery, sum.BreakEvenBasis, sum.NLCostPerQueryUSD)
 	return sum, nil
-}
-
-func inputOf(f forecast) []byte {
-	b, _ := json.Marshal(map[string]string{"date": f.Date, "location": f.Location})
-	return b
-}
-
-// nlQuery is one natural-language exchange: Alice's LLM writes the query,
-// Bob's LLM answers it (calling his tool when it asks to), Alice's LLM
-// parses the answer into her task's output.
-func nlQuery(ctx context.Context, alice, bob negotiatorv1.NegotiatorServiceClient, f forecast) error {
-	q, err := alice.ComposeQuery(ctx, &negotiatorv1.ComposeQueryRequest{Agent: Alice, Peer: Bob, Task: Task, TaskInputJson: inputOf(f)})
-	if err != nil {
-		return fmt.Errorf("compose: %w", err)
-	}
-	var results []*negotiatorv1.ToolResult
-	var body []byte
-	for range 6 {
-		r, err := bob.ReplyNaturalLanguage(ctx, &negotiatorv1.ReplyNaturalLanguageRequest{
-			Agent: Bob, Peer: Alice, Instructions: "You are Bob, a weather service. Answer forecast questions using your tool.",
-			Query: q.GetBody(), Tools: []*negotiatorv1.ToolSpec{Tool}, ToolResults: results,
-		})
-		if err != nil {
-			return fmt.Errorf("reply: %w", err)
-		}
-		if call := r.GetToolCall(); call != nil {
-			res, err := LookupForecast(ctx, call.GetName(), call.GetArgumentsJson())
-			if err != nil {
-				res, _ = json.Marshal(map[string]string{"error": err.Error()})
-			}
-			results = append(results, &negotiatorv1.ToolResult{Name: call.GetName(), ArgumentsJson: call.GetArgumentsJson(), ResultJson: res})
-			continue
-		}
-		body = r.GetBody()
-		break
-	}
-	if body == nil {
-		return errors.New("Bob's LLM kept calling tools")
-	}
-	if _, err := alice.ParseReply(ctx, &negotiatorv1.ParseReplyRequest{Agent: Alice, Peer: Bob, Task: Task, Reply: body}); err != nil {
-		return fmt.Errorf("parse: %w", err)
-	}
-	return nil
-}
-
-// negotiate relays the negotiation between Alice's and Bob's negotiators
-// as their dispatchers would.
-func negotiate(ctx context.Context, alice, bob negotiatorv1.NegotiatorServiceClient) (sender, receiver *negotiatorv1.Negotiation, err error) {
-	sender, err = alice.StartNegotiation(ctx, &negotiatorv1.StartNegotiationRequest{Agent: Alice, Peer: Bob, Task: Task})
-	if err != nil {
-		return nil, nil, fmt.Errorf("start negotiation: %w", err)
-	}
-	receiver, err = bob.ReceiveNegotiationMessage(ctx, &negotiatorv1.ReceiveNegotiationMessageRequest{Agent: Bob, Peer: Alice, BodyJson: sender.GetOutboundMessageJson(), Tools: []*negotiatorv1.ToolSpec{Tool}})
-	if err != nil {
-		return nil, nil, fmt.Errorf("Bob receives: %w", err)
-	}
-	open := negotiatorv1.NegotiationState_NEGOTIATION_STATE_OPEN
-	for range 10 {
-		if len(receiver.GetOutboundMessageJson()) == 0 {
-			break
-		}
-		if sender, err = alice.ReceiveNegotiationMessage(ctx, &negotiatorv1.ReceiveNegotiationMessageRequest{Name: sender.GetName(), BodyJson: receiver.GetOutboundMessageJson()}); err != nil {
-			return nil, nil, fmt.Errorf("Alice receives: %w", err)
-		}
-		if sender.GetState() != open || len(sender.GetOutboundMessageJson()) == 0 || receiver.GetState() != open {
-			break
-		}
-		if receiver, err = bob.ReceiveNegotiationMessage(ctx, &negotiatorv1.ReceiveNegotiationMessageRequest{Name: receiver.GetName(), BodyJson: sender.GetOutboundMessageJson()}); err != nil {
-			return nil, nil, fmt.Errorf("Bob receives: %w", err)
-		}
-	}
-	accepted := negotiatorv1.NegotiationState_NEGOTIATION_STATE_ACCEPTED
-	if sender.GetState() != accepted || receiver.GetState() != accepted {
-		return nil, nil, fmt.Errorf("negotiation ended %v / %v: %s %s", sender.GetState(), receiver.GetState(), sender.GetFailureReason(), receiver.GetFailureReason())
-	}
-	return sender, receiver, nil
-}
-
-// structuredQuery sends one query with Alice's routine and checks the
-// parsed answer against the dataset.
-func structuredQuery(ctx context.Context, aliceRoutine string, t Transport, f forecast) (bool, error) {
-	body, err := sandbox.Call(ctx, aliceRoutine, "send", []json.RawMessage{inputOf(f)}, nil, sandbox.Limits{})
-	if err != nil {
-		return false, fmt.Errorf("send: %w", err)
-	}
-	reply, err := t.Exchange(ctx, body)
-	if err != nil {
-		return false, fmt.Errorf("exchange: %w", err)
-	}
-	out, err := sandbox.Call(ctx, aliceRoutine, "parse", []json.RawMessage{reply}, nil, sandbox.Limits{})
-	if err != nil {
-		return false, fmt.Errorf("parse: %w", err)
-	}
-	var got struct {
-		Temperature      float64 `json:"temperature"`
-		Precipitation    float64 `json:"precipitation"`
-		WeatherCondition string  `json:"weatherCondition"`
-	}
-	if err := json.Unmarshal(out, &got); err != nil {
-		return false, err
-	}
-	return got.Temperature == f.Temperature && got.Precipitation == f.Precipitation && got.WeatherCondition == f.Condition, nil
 }

@@ -569,9 +569,17 @@ type SendRequest struct {
 	// Use this protocol (40 hex characters) instead of picking one.
 	ProtocolHash string `protobuf:"bytes,6,opt,name=protocol_hash,json=protocolHash,proto3" json:"protocol_hash,omitempty"`
 	// The target's dialect: "spec2024" (default), "std" or "pylib".
-	Dialect       string `protobuf:"bytes,7,opt,name=dialect,proto3" json:"dialect,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Dialect string `protobuf:"bytes,7,opt,name=dialect,proto3" json:"dialect,omitempty"`
+	// What the task is for, in a sentence (for negotiation and the LLM).
+	TaskDescription string `protobuf:"bytes,8,opt,name=task_description,json=taskDescription,proto3" json:"task_description,omitempty"`
+	// JSON Schema of the task data, an object (JSON text). With
+	// output_schema_json, a Send with no protocol yet negotiates one with the
+	// target deterministically (no LLM) over Agora before sending.
+	InputSchemaJson string `protobuf:"bytes,9,opt,name=input_schema_json,json=inputSchemaJson,proto3" json:"input_schema_json,omitempty"`
+	// JSON Schema of the task's result, an object (JSON text).
+	OutputSchemaJson string `protobuf:"bytes,10,opt,name=output_schema_json,json=outputSchemaJson,proto3" json:"output_schema_json,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *SendRequest) Reset() {
@@ -653,6 +661,27 @@ func (x *SendRequest) GetDialect() string {
 	return ""
 }
 
+func (x *SendRequest) GetTaskDescription() string {
+	if x != nil {
+		return x.TaskDescription
+	}
+	return ""
+}
+
+func (x *SendRequest) GetInputSchemaJson() string {
+	if x != nil {
+		return x.InputSchemaJson
+	}
+	return ""
+}
+
+func (x *SendRequest) GetOutputSchemaJson() string {
+	if x != nil {
+		return x.OutputSchemaJson
+	}
+	return ""
+}
+
 // SendResponse is the response of Send.
 type SendResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -666,7 +695,10 @@ type SendResponse struct {
 	// How the body was built and the reply read: "routine", "llm" or "text".
 	Path string `protobuf:"bytes,4,opt,name=path,proto3" json:"path,omitempty"`
 	// The target's error text, when it sent one.
-	Error         string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	Error string `protobuf:"bytes,5,opt,name=error,proto3" json:"error,omitempty"`
+	// The negotiation this Send ran with the target before sending
+	// (negotiations/{id} in this side's negotiator), if any.
+	Negotiation   string `protobuf:"bytes,6,opt,name=negotiation,proto3" json:"negotiation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -732,6 +764,13 @@ func (x *SendResponse) GetPath() string {
 func (x *SendResponse) GetError() string {
 	if x != nil {
 		return x.Error
+	}
+	return ""
+}
+
+func (x *SendResponse) GetNegotiation() string {
+	if x != nil {
+		return x.Negotiation
 	}
 	return ""
 }
@@ -1076,7 +1115,7 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\x10ListToolsRequest\x12\x1c\n" +
 	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"E\n" +
 	"\x11ListToolsResponse\x120\n" +
-	"\x05tools\x18\x01 \x03(\v2\x1a.parley.dispatcher.v1.ToolR\x05tools\"\xe7\x01\n" +
+	"\x05tools\x18\x01 \x03(\v2\x1a.parley.dispatcher.v1.ToolR\x05tools\"\xfe\x02\n" +
 	"\vSendRequest\x12\x1a\n" +
 	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12#\n" +
 	"\n" +
@@ -1085,14 +1124,19 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\x0etask_data_json\x18\x04 \x01(\tR\ftaskDataJson\x12\x12\n" +
 	"\x04text\x18\x05 \x01(\tR\x04text\x12)\n" +
 	"\rprotocol_hash\x18\x06 \x01(\tB\x04\xe2A\x01\x01R\fprotocolHash\x12\x1e\n" +
-	"\adialect\x18\a \x01(\tB\x04\xe2A\x01\x01R\adialect\"\x96\x01\n" +
+	"\adialect\x18\a \x01(\tB\x04\xe2A\x01\x01R\adialect\x12/\n" +
+	"\x10task_description\x18\b \x01(\tB\x04\xe2A\x01\x01R\x0ftaskDescription\x120\n" +
+	"\x11input_schema_json\x18\t \x01(\tB\x04\xe2A\x01\x01R\x0finputSchemaJson\x122\n" +
+	"\x12output_schema_json\x18\n" +
+	" \x01(\tB\x04\xe2A\x01\x01R\x10outputSchemaJson\"\xb8\x01\n" +
 	"\fSendResponse\x12\x16\n" +
 	"\x06status\x18\x01 \x01(\tR\x06status\x12\x1f\n" +
 	"\vresult_json\x18\x02 \x01(\tR\n" +
 	"resultJson\x12#\n" +
 	"\rprotocol_hash\x18\x03 \x01(\tR\fprotocolHash\x12\x12\n" +
 	"\x04path\x18\x04 \x01(\tR\x04path\x12\x14\n" +
-	"\x05error\x18\x05 \x01(\tR\x05error\"5\n" +
+	"\x05error\x18\x05 \x01(\tR\x05error\x12 \n" +
+	"\vnegotiation\x18\x06 \x01(\tR\vnegotiation\"5\n" +
 	"\x15ListSendCountsRequest\x12\x1c\n" +
 	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"Q\n" +
 	"\x16ListSendCountsResponse\x127\n" +

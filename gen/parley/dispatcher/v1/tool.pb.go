@@ -39,9 +39,15 @@ type Tool struct {
 	//	*Tool_Table
 	Kind isTool_Kind `protobuf_oneof:"kind"`
 	// When the tool was last set.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// JSON Schema of the tool's argument, an object (JSON text). With
+	// output_schema_json it lets a negotiation derive a protocol and this
+	// agent's routine with no LLM, and tells the LLM how to call the tool.
+	InputSchemaJson string `protobuf:"bytes,5,opt,name=input_schema_json,json=inputSchemaJson,proto3" json:"input_schema_json,omitempty"`
+	// JSON Schema of the tool's result, an object (JSON text).
+	OutputSchemaJson string `protobuf:"bytes,6,opt,name=output_schema_json,json=outputSchemaJson,proto3" json:"output_schema_json,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *Tool) Reset() {
@@ -111,6 +117,20 @@ func (x *Tool) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Tool) GetInputSchemaJson() string {
+	if x != nil {
+		return x.InputSchemaJson
+	}
+	return ""
+}
+
+func (x *Tool) GetOutputSchemaJson() string {
+	if x != nil {
+		return x.OutputSchemaJson
+	}
+	return ""
+}
+
 type isTool_Kind interface {
 	isTool_Kind()
 }
@@ -124,7 +144,8 @@ func (*Tool_Table) isTool_Kind() {}
 
 // TableTool maps a key to a JSON value. Called with a string it looks the
 // string up; called with any other value it looks up that value's compact
-// JSON encoding. A missing key returns None.
+// JSON encoding, object keys sorted (keys of the table that are JSON objects
+// are read the same way). A missing key returns None.
 type TableTool struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// A JSON object: key to value.
@@ -174,13 +195,15 @@ var File_parley_dispatcher_v1_tool_proto protoreflect.FileDescriptor
 
 const file_parley_dispatcher_v1_tool_proto_rawDesc = "" +
 	"\n" +
-	"\x1fparley/dispatcher/v1/tool.proto\x12\x14parley.dispatcher.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9b\x02\n" +
+	"\x1fparley/dispatcher/v1/tool.proto\x12\x14parley.dispatcher.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x81\x03\n" +
 	"\x04Tool\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12&\n" +
 	"\vdescription\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdescription\x127\n" +
 	"\x05table\x18\x03 \x01(\v2\x1f.parley.dispatcher.v1.TableToolH\x00R\x05table\x12A\n" +
 	"\vupdate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"updateTime:M\xeaAJ\n" +
+	"updateTime\x120\n" +
+	"\x11input_schema_json\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\x0finputSchemaJson\x122\n" +
+	"\x12output_schema_json\x18\x06 \x01(\tB\x04\xe2A\x01\x01R\x10outputSchemaJson:M\xeaAJ\n" +
 	"\x1adispatcher.parley.dev/Tool\x12,clients/{client}/agents/{agent}/tools/{tool}B\x06\n" +
 	"\x04kind\"4\n" +
 	"\tTableTool\x12'\n" +

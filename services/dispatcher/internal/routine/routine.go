@@ -87,8 +87,14 @@ type callState struct {
 func Compile(ctx context.Context, name, src string, tools map[string]Tool, limits Limits) (*Program, error) {
 	limits = limits.withDefaults()
 	predeclared := starlark.StringDict{"json": starjson.Module}
+	byName := make(map[string]*starlark.Builtin, len(tools))
 	for tname, t := range tools {
-		predeclared[tname] = toolBuiltin(tname, t)
+		b := toolBuiltin(tname, t)
+		predeclared[tname] = b
+		byName[tname] = b
+	}
+	if _, taken := predeclared[CallToolName]; !taken {
+		predeclared[CallToolName] = callToolBuiltin(byName)
 	}
 	_, prog, err := starlark.SourceProgramOptions(fileOptions, name, src, predeclared.Has)
 	if err != nil {
@@ -183,6 +189,27 @@ func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, fu
 	}
 	timer := time.AfterFunc(timeout, func() { thread.Cancel(why) })
 	return thread, func() { timer.Stop() }
+}
+
+// CallToolName is the builtin every routine has besides json and the tools
+// by id: call_tool(name, args) calls the tool named name with one argument,
+// the form routines derived by the negotiator use. A tool whose id is
+// call_tool shadows it.
+const CallToolName = "call_tool"
+
+func callToolBuiltin(tools map[string]*starlark.Builtin) *starlark.Builtin {
+	return starlark.NewBuiltin(CallToolName, func(thread *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+		var name string
+		var arg starlark.Value
+		if err := starlark.UnpackPositionalArgs(b.Name(), args, kwargs, 2, &name, &arg); err != nil {
+			return nil, err
+		}
+		t, ok := tools[name]
+		if !ok {
+			return nil, fmt.Errorf("call_tool: this agent has no tool %q", name)
+		}
+		return starlark.Call(thread, t, starlark.Tuple{arg}, nil)
+	})
 }
 
 func toolBuiltin(name string, t Tool) *starlark.Builtin {

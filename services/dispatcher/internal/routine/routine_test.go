@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 )
@@ -84,5 +85,44 @@ func TestSandbox(t *testing.T) {
 		if err == nil {
 			t.Errorf("routine %q ran, want an error", src)
 		}
+	}
+}
+
+// TestCallTool: call_tool(name, args) reaches the same tools as their ids,
+// and a table keyed by JSON objects matches whatever the key order.
+func TestCallTool(t *testing.T) {
+	table, err := TableTool(`{"{\"location\":\"Paris\",\"date\":\"2024-05-01\"}": {"temperature": 21}}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, src, want, wantErr string
+	}{
+		{"by name, keys in another order", `def reply(q, m):
+    return call_tool("forecast", {"date": "2024-05-01", "location": "Paris"})`, `{"temperature":21}`, ""},
+		{"by id", `def reply(q, m):
+    return forecast({"location": "Paris", "date": "2024-05-01"})`, `{"temperature":21}`, ""},
+		{"missing key", `def reply(q, m):
+    return call_tool("forecast", {"date": "2024-05-02", "location": "Paris"})`, `null`, ""},
+		{"unknown tool", `def reply(q, m):
+    return call_tool("nope", {})`, "", `no tool "nope"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Compile(t.Context(), "r", tt.src, map[string]Tool{"forecast": table}, Limits{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`{}`)}, json.RawMessage(`{}`))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || string(out) != tt.want {
+				t.Fatalf("Call = %s, %v; want %s", out, err, tt.want)
+			}
+		})
 	}
 }

@@ -102,13 +102,21 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 	if conv != nil {
 		memIn = conv.Memory
 	}
-	if hexHash == "" {
+	if hexHash == "" && negotiation && s.neg != nil {
+		// The reference library's "negotiation" exchange: the negotiator
+		// answers; FINALPROTOCOL ends it.
+		result, memory, path, answerErr = s.answerNegotiation(ctx, agent, req.GetPeer(), env.Body, memIn)
+	} else if hexHash == "" {
 		purpose := PurposeReply
 		if negotiation {
 			purpose = PurposeNegotiate
 		}
-		result, path, answerErr = s.answerNL(ctx, req.GetAgent(), purpose, env.Body, conv)
+		result, path, answerErr = s.answerNL(ctx, req.GetAgent(), req.GetPeer(), purpose, env.Body, conv)
 		memory = memIn
+	} else if hexHash == NegotiationPDHash && s.neg != nil && !agent.unsupported[hexHash] {
+		// Parley's negotiation PD: every hosted agent speaks it, through its
+		// negotiator, with no registry lookup.
+		result, memory, path, answerErr = s.answerNegotiation(ctx, agent, req.GetPeer(), query, memIn)
 	} else {
 		pe, err := s.protocol(ctx, hexHash, env.Sources)
 		if err != nil {
@@ -125,7 +133,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		if err := pdschema.Validate(pe.schemas.Request, query); err != nil {
 			return pathFailure, d.Failure(err.Error(), convRef(conv))
 		}
-		result, memory, path, answerErr = s.answerPD(ctx, req.GetAgent(), pe, query, memIn, conv)
+		result, memory, path, answerErr = s.answerPD(ctx, req.GetAgent(), req.GetPeer(), pe, query, memIn, conv)
 	}
 
 	var ref *agora.Conversation
@@ -213,7 +221,7 @@ func (s *Server) endConversation(ctx context.Context, req *dispatcherv1.DeliverE
 
 // answerNL answers a natural-language envelope: the connected agent's
 // natural-language handler, else the LLM, else a failure.
-func (s *Server) answerNL(ctx context.Context, agent string, purpose LLMPurpose, body json.RawMessage, conv *store.Conversation) (json.RawMessage, string, string) {
+func (s *Server) answerNL(ctx context.Context, agent, peer string, purpose LLMPurpose, body json.RawMessage, conv *store.Conversation) (json.RawMessage, string, string) {
 	if c := s.hub.nlHandler(agent); c != nil {
 		out, err := s.callHandler(ctx, c, "", nil, body, conv)
 		if err != nil {
@@ -221,12 +229,12 @@ func (s *Server) answerNL(ctx context.Context, agent string, purpose LLMPurpose,
 		}
 		return out, pathHandler, ""
 	}
-	out, err := s.complete(ctx, LLMRequest{Agent: agent, Purpose: purpose, Input: body})
+	out, err := s.complete(ctx, s.withTools(ctx, LLMRequest{Agent: agent, Peer: peer, Purpose: purpose, Input: body}))
 	if errors.Is(err, ErrNoLLM) {
 		return nil, pathFailure, "This agent cannot answer natural-language messages: it has no connected handler and no LLM is configured. Use a protocol it supports."
 	}
 	if err != nil {
-		return nil, pathFailure, "The language model could not answer: " + err.Error()
+		return nil, pathFailure, llmFailure(err)
 	}
 	return out, pathLLM, ""
 }
@@ -234,9 +242,16 @@ func (s *Server) answerNL(ctx context.Context, agent string, purpose LLMPurpose,
 // answerPD answers a supported protocol: routine, else connected handler,
 // else LLM reading the PD. A failed routine falls back to the handler and
 // then the LLM.
-func (s *Server) answerPD(ctx context.Context, agent string, pe *protocolEntry, query, memory json.RawMessage, conv *store.Conversation) (out, newMemory json.RawMessage, path, failure string) {
+//
+// A reply may be the body's JSON value or a string holding a JSON object or
+// list (what derived routines and the negotiator return); schemas check the
+// JSON inside, and the dialect decides how it goes on the wire.
+func (s *Server) answerPD(ctx context.Context, agent, peer string, pe *protocolEntry, query, memory json.RawMessage, conv *store.Conversation) (out, newMemory json.RawMessage, path, failure string) {
 	hexHash := pe.pd.GetSha1Hex()
-	check := func(out json.RawMessage) error { return pdschema.Validate(pe.schemas.Response, out) }
+	check := func(out json.RawMessage) error {
+		q, _ := agora.Query(out)
+		return pdschema.Validate(pe.schemas.Response, q)
+	}
 	var routineErr error
 	r, err := s.routines.get(ctx, agent, hexHash)
 	if err != nil {
@@ -248,6 +263,7 @@ func (s *Server) answerPD(ctx context.Context, agent string, pe *protocolEntry, 
 		}
 		out, newMemory, routineErr = s.runRoutine(ctx, r, "reply", []json.RawMessage{query}, mem, check)
 		if routineErr == nil {
+			out, _ = agora.Query(out)
 			return out, newMemory, pathRoutine, ""
 		}
 	}
@@ -261,19 +277,22 @@ func (s *Server) answerPD(ctx context.Context, agent string, pe *protocolEntry, 
 		}
 		return out, memory, pathHandler, ""
 	}
-	out, err = s.complete(ctx, LLMRequest{Agent: agent, Purpose: PurposeReply, Protocol: pe.pd.GetContent(), Input: query})
+	out, err = s.complete(ctx, s.withTools(ctx, LLMRequest{Agent: agent, Peer: peer, Purpose: PurposeReply, Protocol: pe.pd.GetContent(), Input: query}))
 	switch {
 	case err == nil:
 		if verr := check(out); verr != nil {
 			return nil, memory, pathFailure, "The language model's reply does not fit the protocol: " + verr.Error()
 		}
+		out, _ = agora.Query(out)
 		return out, memory, pathLLM, ""
 	case errors.Is(err, ErrNoLLM) && routineErr != nil:
 		return nil, memory, pathFailure, "The routine for this protocol failed and no LLM is configured: " + routineErr.Error()
 	case errors.Is(err, ErrNoLLM):
 		return nil, memory, pathFailure, "This agent has no routine or connected handler for this protocol and no LLM is configured."
+	case routineErr != nil:
+		return nil, memory, pathFailure, "The routine for this protocol failed (" + routineErr.Error() + ") and the LLM fallback failed: " + llmFailure(err)
 	default:
-		return nil, memory, pathFailure, "The language model could not answer: " + err.Error()
+		return nil, memory, pathFailure, llmFailure(err)
 	}
 }
 
@@ -307,8 +326,8 @@ func (s *Server) callHandler(ctx context.Context, c *agentConn, hexHash string, 
 // complete calls the LLM and counts the call and its tokens.
 func (s *Server) complete(ctx context.Context, req LLMRequest) (json.RawMessage, error) {
 	res, err := s.llm.Complete(ctx, req)
-	if errors.Is(err, ErrNoLLM) {
-		return nil, err
+	if errors.Is(err, ErrNoLLM) || errors.Is(err, ErrLLMBudget) {
+		return nil, err // no call was made
 	}
 	s.metrics.llmCalls.WithLabelValues(string(req.Purpose)).Inc()
 	if res.InputTokens > 0 {

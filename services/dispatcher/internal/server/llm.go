@@ -9,6 +9,10 @@ import (
 // ErrNoLLM is returned by an LLM that is not configured.
 var ErrNoLLM = errors.New("no LLM is configured")
 
+// ErrLLMBudget wraps the error of an LLM call refused because the agent's or
+// the peer's LLM budget is spent. Routines keep working.
+var ErrLLMBudget = errors.New("the LLM budget is exhausted")
+
 // LLMPurpose says what an LLM call is for.
 type LLMPurpose string
 
@@ -30,6 +34,24 @@ type LLMRequest struct {
 	Protocol []byte          // the PD's bytes; nil for natural language
 	Task     string          // the task name, when sending
 	Input    json.RawMessage // the body, task data or step input
+
+	// Peer is the other side: the caller's address when receiving, the
+	// target URL when sending. Budgets and the ledger are kept per peer.
+	Peer string
+	// TaskDescription, InputSchema and OutputSchema describe the task when
+	// the sender declared them (JSON Schemas, raw JSON).
+	TaskDescription           string
+	InputSchema, OutputSchema json.RawMessage
+	// Tools are the agent's tools the model may ask for when replying;
+	// CallTool runs one (JSON argument in, JSON result out).
+	Tools    []LLMTool
+	CallTool func(ctx context.Context, name string, arg json.RawMessage) (json.RawMessage, error)
+}
+
+// LLMTool describes one of the agent's tools to the model.
+type LLMTool struct {
+	Name, Description         string
+	InputSchema, OutputSchema json.RawMessage
 }
 
 // LLMResult is an LLM's answer.

@@ -11,6 +11,8 @@ const (
 	pathLLM      = "llm"
 	pathRejected = "rejected"
 	pathFailure  = "failure"
+	// pathNegotiation: a negotiation message answered through the negotiator.
+	pathNegotiation = "negotiation"
 )
 
 type metrics struct {
@@ -23,13 +25,14 @@ type metrics struct {
 	sends           *prometheus.CounterVec // by path
 	steps           *prometheus.CounterVec // by executor
 	connected       prometheus.Gauge
+	negotiations    *prometheus.CounterVec // by outcome
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		envelopes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_dispatcher_envelopes_total",
-			Help: "Inbound Agora envelopes by the path that answered them: routine, handler, llm, rejected or failure.",
+			Help: "Inbound Agora envelopes by the path that answered them: routine, handler, llm, rejected, failure or negotiation.",
 		}, []string{"path"}),
 		envelopeSeconds: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "parley_dispatcher_envelope_duration_seconds",
@@ -64,11 +67,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_dispatcher_connected_agents",
 			Help: "SDK agent streams currently connected.",
 		}),
+		negotiations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_dispatcher_negotiations_total",
+			Help: "Negotiations this side started from Send, by outcome: accepted or failed.",
+		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.envelopes, m.envelopeSeconds, m.routineFailures, m.quarantines, m.llmCalls, m.llmTokens, m.sends, m.steps, m.connected)
+		reg.MustRegister(m.envelopes, m.envelopeSeconds, m.routineFailures, m.quarantines, m.llmCalls, m.llmTokens, m.sends, m.steps, m.connected, m.negotiations)
 	}
-	for _, p := range []string{pathRoutine, pathHandler, pathLLM, pathRejected, pathFailure} {
+	for _, p := range []string{pathRoutine, pathHandler, pathLLM, pathRejected, pathFailure, pathNegotiation} {
 		m.envelopes.WithLabelValues(p)
 	}
 	return m

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc/codes"
@@ -14,6 +15,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
+	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -272,6 +274,18 @@ func (s *Server) SetTool(ctx context.Context, req *dispatcherv1.SetToolRequest) 
 		}
 	default:
 		v.Add("tool.kind", "must be set (table)")
+	}
+	for field, raw := range map[string]string{"tool.input_schema_json": t.GetInputSchemaJson(), "tool.output_schema_json": t.GetOutputSchemaJson()} {
+		if raw == "" {
+			continue
+		}
+		if _, err := pdschema.Compile(raw, ""); err != nil {
+			v.Add(field, err.Error())
+		} else if !strings.HasPrefix(strings.TrimSpace(raw), "{") {
+			v.Add(field, "must be a JSON Schema object")
+		} else if len(raw) > 64<<10 {
+			v.Add(field, "must be at most 64 KiB")
+		}
 	}
 	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
 		return nil, err

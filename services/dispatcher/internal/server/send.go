@@ -50,6 +50,11 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 	if req.GetTaskDataJson() != "" && !json.Valid([]byte(req.GetTaskDataJson())) {
 		v.Add("task_data_json", "must be JSON")
 	}
+	for field, raw := range map[string]string{"input_schema_json": req.GetInputSchemaJson(), "output_schema_json": req.GetOutputSchemaJson()} {
+		if raw != "" && !json.Valid([]byte(raw)) {
+			v.Add(field, "must be JSON")
+		}
+	}
 	if h := req.GetProtocolHash(); h != "" && !isHex40(strings.ToLower(h)) {
 		v.Add("protocol_hash", "must be 40 hex characters")
 	}
@@ -82,18 +87,25 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 		taskData = json.RawMessage("null")
 	}
 	hexHash := strings.ToLower(req.GetProtocolHash())
+	var negName string
 	if hexHash == "" {
 		hexHash = s.pickProtocol(ctx, agent, req.GetTask(), base)
+		if hexHash == "" || !s.hasSender(ctx, agent, hexHash) {
+			var agreed string
+			if agreed, negName = s.maybeNegotiate(ctx, agent, base, dialect, req, hexHash); agreed != "" {
+				hexHash = agreed
+			}
+		}
 	}
 	if hexHash == "" {
 		// No protocol fits: natural language, written by the LLM when there
 		// is one, else the task data itself.
-		body, err := s.complete(ctx, LLMRequest{Agent: agent, Purpose: PurposeSend, Task: req.GetTask(), Input: taskData})
+		body, err := s.complete(ctx, s.taskLLM(LLMRequest{Agent: agent, Peer: base, Purpose: PurposeSend, Input: taskData}, req))
 		path := pathLLM
 		if errors.Is(err, ErrNoLLM) {
 			body, path = taskData, "text"
 		} else if err != nil {
-			return nil, grpcerr.New(codes.Unavailable, "the language model could not write the message: "+err.Error(), "LLM_FAILED", Domain, nil)
+			return nil, sendLLMError(err)
 		}
 		rep, err := s.post(ctx, base, dialect, "", nil, body)
 		if err != nil {
@@ -101,7 +113,7 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 		}
 		s.countSend(ctx, agent, req.GetTask(), base, false)
 		s.metrics.sends.WithLabelValues(path).Inc()
-		return &dispatcherv1.SendResponse{Status: rep.status, ResultJson: string(rep.body), Path: path, Error: rep.err}, nil
+		return &dispatcherv1.SendResponse{Status: rep.status, ResultJson: string(rep.body), Path: path, Error: rep.err, Negotiation: negName}, nil
 	}
 
 	pe, err := s.protocol(ctx, hexHash, nil)
@@ -117,12 +129,12 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 	}
 	if body == nil {
 		path = pathLLM
-		body, err = s.complete(ctx, LLMRequest{Agent: agent, Purpose: PurposeSend, Protocol: pe.pd.GetContent(), Task: req.GetTask(), Input: taskData})
+		body, err = s.complete(ctx, s.taskLLM(LLMRequest{Agent: agent, Peer: base, Purpose: PurposeSend, Protocol: pe.pd.GetContent(), Input: taskData}, req))
 		if errors.Is(err, ErrNoLLM) {
 			return nil, grpcerr.New(codes.FailedPrecondition, fmt.Sprintf("agent %s has no sender routine for protocol %s and no LLM is configured", agent, hexHash), "NO_SENDER", Domain, map[string]string{"protocol": hexHash})
 		}
 		if err != nil {
-			return nil, grpcerr.New(codes.Unavailable, "the language model could not write the message: "+err.Error(), "LLM_FAILED", Domain, nil)
+			return nil, sendLLMError(err)
 		}
 	}
 	rep, err := s.post(ctx, base, dialect, hexHash, pe.pd.GetContent(), body)
@@ -132,15 +144,35 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 	s.countSend(ctx, agent, req.GetTask(), base, true)
 	result := rep.body
 	if rep.status == "success" {
-		result, path = s.parseReply(ctx, agent, r, hasRoutine, pe, req.GetTask(), rep.body, path)
+		result, path = s.parseReply(ctx, agent, r, hasRoutine, pe, req, base, rep.body, path)
 	}
 	s.metrics.sends.WithLabelValues(path).Inc()
-	return &dispatcherv1.SendResponse{Status: rep.status, ResultJson: string(result), ProtocolHash: hexHash, Path: path, Error: rep.err}, nil
+	return &dispatcherv1.SendResponse{Status: rep.status, ResultJson: string(result), ProtocolHash: hexHash, Path: path, Error: rep.err, Negotiation: negName}, nil
+}
+
+// taskLLM adds the Send's task description and schemas to an LLM request.
+func (s *Server) taskLLM(l LLMRequest, req *dispatcherv1.SendRequest) LLMRequest {
+	l.Task, l.TaskDescription = req.GetTask(), req.GetTaskDescription()
+	if v := req.GetInputSchemaJson(); v != "" {
+		l.InputSchema = json.RawMessage(v)
+	}
+	if v := req.GetOutputSchemaJson(); v != "" {
+		l.OutputSchema = json.RawMessage(v)
+	}
+	return l
+}
+
+// sendLLMError is Send's error when the LLM could not write a message.
+func sendLLMError(err error) error {
+	if errors.Is(err, ErrLLMBudget) {
+		return grpcerr.New(codes.ResourceExhausted, err.Error(), "LLM_BUDGET_EXHAUSTED", Domain, nil)
+	}
+	return grpcerr.New(codes.Unavailable, "the language model could not write the message: "+err.Error(), "LLM_FAILED", Domain, nil)
 }
 
 // parseReply reads a successful reply with the routine's parse, else the
 // LLM when parse fails, else returns the body as is.
-func (s *Server) parseReply(ctx context.Context, agent string, r *compiledRoutine, hasRoutine bool, pe *protocolEntry, task string, body json.RawMessage, path string) (json.RawMessage, string) {
+func (s *Server) parseReply(ctx context.Context, agent string, r *compiledRoutine, hasRoutine bool, pe *protocolEntry, req *dispatcherv1.SendRequest, base string, body json.RawMessage, path string) (json.RawMessage, string) {
 	query, _ := agora.Query(body)
 	if !hasRoutine || !r.prog.Has("parse") {
 		return query, path
@@ -149,7 +181,7 @@ func (s *Server) parseReply(ctx context.Context, agent string, r *compiledRoutin
 	if err == nil {
 		return out, path
 	}
-	out, lerr := s.complete(ctx, LLMRequest{Agent: agent, Purpose: PurposeParse, Protocol: pe.pd.GetContent(), Task: task, Input: query})
+	out, lerr := s.complete(ctx, s.taskLLM(LLMRequest{Agent: agent, Peer: base, Purpose: PurposeParse, Protocol: pe.pd.GetContent(), Input: query}, req))
 	if lerr != nil {
 		return query, path
 	}
@@ -199,8 +231,8 @@ func (s *Server) pickProtocol(ctx context.Context, agent, task, base string) str
 		if err != nil {
 			continue
 		}
-		out, err := s.complete(ctx, LLMRequest{Agent: agent, Purpose: PurposeJudge, Protocol: pe.pd.GetContent(), Task: task})
-		if errors.Is(err, ErrNoLLM) {
+		out, err := s.complete(ctx, LLMRequest{Agent: agent, Peer: base, Purpose: PurposeJudge, Protocol: pe.pd.GetContent(), Task: task})
+		if errors.Is(err, ErrNoLLM) || errors.Is(err, ErrLLMBudget) {
 			break
 		}
 		if err == nil && string(bytes.TrimSpace(out)) == "true" {
@@ -304,11 +336,17 @@ type peerReply struct {
 	status string
 	body   json.RawMessage
 	err    string
+	conv   string // conversationId of a multiround reply
 }
 
 // post sends one envelope in the peer's dialect and reads its reply. It
 // retries only when the request cannot have reached the peer (dial errors).
 func (s *Server) post(ctx context.Context, base string, d agora.Dialect, hexHash string, pd []byte, body json.RawMessage) (peerReply, error) {
+	return s.postTo(ctx, base, d, hexHash, pd, body, false)
+}
+
+// postTo is post to any URL (a base or a conversation), multiround or not.
+func (s *Server) postTo(ctx context.Context, base string, d agora.Dialect, hexHash string, pd []byte, body json.RawMessage, multiround bool) (peerReply, error) {
 	env := map[string]any{}
 	var sources []string
 	if hexHash != "" {
@@ -325,6 +363,9 @@ func (s *Server) post(ctx context.Context, base string, d agora.Dialect, hexHash
 			env["protocolSources"] = sources
 		}
 		env["body"] = body
+		if multiround {
+			env["multiround"] = true
+		}
 	case agora.Pylib:
 		env["protocolHash"], env["protocolSources"] = nil, nil
 		if hexHash != "" {
@@ -332,14 +373,14 @@ func (s *Server) post(ctx context.Context, base string, d agora.Dialect, hexHash
 			env["protocolHash"], env["protocolSources"] = base64.StdEncoding.EncodeToString(raw), sources
 		}
 		env["body"] = agora.BodyAs(body, true)
-		env["multiround"] = false
+		env["multiround"] = multiround
 	default:
 		env["protocolHash"], env["protocolSources"] = nil, nil
 		if hexHash != "" {
 			env["protocolHash"], env["protocolSources"] = hexHash, sources
 		}
 		env["body"] = agora.BodyAs(body, true)
-		env["multiround"] = false
+		env["multiround"] = multiround
 	}
 	data, err := json.Marshal(env)
 	if err != nil {
@@ -395,11 +436,12 @@ func (s *Server) postOnce(ctx context.Context, u string, data []byte) (peerReply
 		Body    json.RawMessage `json:"body"`
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
+		Conv    string          `json:"conversationId"`
 	}
 	if err := json.Unmarshal(raw, &w); err != nil {
 		return peerReply{}, fmt.Errorf("HTTP %d with a reply that is not JSON", resp.StatusCode)
 	}
-	rep := peerReply{status: w.Status, body: w.Body, err: w.Message}
+	rep := peerReply{status: w.Status, body: w.Body, err: w.Message, conv: w.Conv}
 	if rep.status == "" {
 		rep.status = "error"
 	}

@@ -8,6 +8,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
@@ -29,6 +31,9 @@ const Domain = "dispatcher.parley.dev"
 type Options struct {
 	// LLM answers what no routine or handler can; NoLLM when nil.
 	LLM LLM
+	// Negotiator runs protocol negotiations (Send with task schemas, and
+	// envelopes under the negotiation PD or "negotiation"); none when nil.
+	Negotiator negotiatorv1.NegotiatorServiceClient
 	// Metrics receives the dispatcher's collectors; none when nil.
 	Metrics prometheus.Registerer
 	// ConversationTTL is the sliding lifetime of a conversation; 5 min.
@@ -74,6 +79,7 @@ type Server struct {
 	registry registryv1.RegistryServiceClient
 	opts     Options
 	llm      LLM
+	neg      negotiatorv1.NegotiatorServiceClient
 	metrics  *metrics
 	now      func() time.Time
 
@@ -84,6 +90,10 @@ type Server struct {
 	hub       *hub
 	wellknown *cache[map[string][]string]
 	client    *http.Client
+
+	backoff negotiationBackoff
+	negPDMu sync.Mutex // guards negPD
+	negPD   []byte     // the negotiation PD, once fetched from the negotiator
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
@@ -123,6 +133,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 		registry: reg,
 		opts:     opts,
 		llm:      opts.LLM,
+		neg:      opts.Negotiator,
 		metrics:  newMetrics(opts.Metrics),
 		now:      opts.Now,
 	}

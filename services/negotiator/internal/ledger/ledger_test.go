@@ -10,9 +10,9 @@ import (
 
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
 func openStore(t *testing.T) *boltstore.Store {

@@ -3,8 +3,8 @@ package protocol_test
 import (
 	"testing"
 
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
 func TestParse(t *testing.T) {

@@ -5,10 +5,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/parleyhq/parley/services/negotiator/internal/llm/llmtest"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 	"github.com/parleyhq/parley/services/negotiator/internal/suitability"
+	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
 func TestParseVerdict_cannotBeFlippedByText(t *testing.T) {

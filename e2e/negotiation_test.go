@@ -1,0 +1,337 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+
+	"github.com/parleyhq/parley/e2e/parleytest"
+)
+
+// The negotiation tests run two separate `parley serve` processes, Alice's
+// server (tour booking) and Bob's (weather), talking Agora over real HTTP.
+
+const (
+	aliceAgent = "clients/tours/agents/alice"
+	bobAgent   = "clients/weather/agents/bob"
+
+	forecastInput  = `{"type":"object","required":["date","location"],"properties":{"date":{"type":"string","description":"Day of the forecast, YYYY-MM-DD."},"location":{"type":"string","description":"City name."}}}`
+	forecastOutput = `{"type":"object","required":["temperature","precipitation","weatherCondition"],"properties":{"temperature":{"type":"number"},"precipitation":{"type":"number"},"weatherCondition":{"enum":["sunny","cloudy","rainy","snowy"]}}}`
+
+	lookupInput  = `{"type":"object","required":["date","location"],"properties":{"date":{"type":"string"},"location":{"type":"string"}}}`
+	lookupOutput = `{"type":"object","properties":{"temperature":{"type":"number"},"precipitation":{"type":"number"},"weather_condition":{"enum":["sunny","cloudy","rainy","snowy"]},"error":{"type":"string"}}}`
+)
+
+// forecasts is Bob's dataset: (location, date) → forecast in the tool's
+// field names.
+var forecasts = []struct {
+	location, date string
+	temperature    float64
+	precipitation  float64
+	condition      string
+}{
+	{"Paris", "2024-05-01", 18, 0, "sunny"},
+	{"Rome", "2024-05-01", 24, 0, "sunny"},
+	{"Oslo", "2024-05-02", 7, 3.5, "rainy"},
+	{"Lima", "2024-05-03", 19, 0.5, "cloudy"},
+}
+
+// setUpWeather creates Alice on a and Bob on b, Bob with his forecast tool
+// (a table keyed by the arguments, with JSON Schemas), and returns Bob's
+// Agora base URL.
+func setUpWeather(t *testing.T, a, b *parleytest.Server) string {
+	t.Helper()
+	createAgent(t, a, "tours", "alice", "")
+	createAgent(t, b, "weather", "bob", "")
+	entries := map[string]any{}
+	for _, f := range forecasts {
+		key := mustJSON(t, map[string]string{"date": f.date, "location": f.location})
+		entries[key] = map[string]any{"temperature": f.temperature, "precipitation": f.precipitation, "weather_condition": f.condition}
+	}
+	mustAPI(t, "PUT", b.URL("/v1/"+bobAgent+"/tools/forecast_lookup"), mustJSON(t, map[string]any{
+		"description":      "Look up the forecast of a city on a date.",
+		"table":            map[string]string{"entriesJson": mustJSON(t, entries)},
+		"inputSchemaJson":  lookupInput,
+		"outputSchemaJson": lookupOutput,
+	}))
+	return b.URL("/agora/weather/bob")
+}
+
+type sendResult struct {
+	Status       string `json:"status"`
+	ResultJSON   string `json:"resultJson"`
+	ProtocolHash string `json:"protocolHash"`
+	Path         string `json:"path"`
+	Error        string `json:"error"`
+	Negotiation  string `json:"negotiation"`
+}
+
+func sendForecast(t *testing.T, a *parleytest.Server, target, location, date string) sendResult {
+	t.Helper()
+	raw := mustAPI(t, "POST", a.URL("/v1/"+aliceAgent+":send"), mustJSON(t, map[string]string{
+		"targetUrl":        target,
+		"task":             "weather-forecast",
+		"taskDescription":  "Get the weather forecast for a date and a city.",
+		"taskDataJson":     mustJSON(t, map[string]string{"date": date, "location": location}),
+		"inputSchemaJson":  forecastInput,
+		"outputSchemaJson": forecastOutput,
+	}))
+	var r sendResult
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatalf("send reply %s: %v", raw, err)
+	}
+	return r
+}
+
+// costCalls returns the negotiator's LLM call count for agent.
+func costCalls(t *testing.T, srv *parleytest.Server, agent string) int {
+	t.Helper()
+	var c struct {
+		Calls string `json:"calls"` // int64 is a JSON string
+	}
+	if err := json.Unmarshal([]byte(mustAPI(t, "GET", srv.URL("/v1/costSummary?agent="+agent), "")), &c); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if c.Calls != "" {
+		fmt.Sscan(c.Calls, &n)
+	}
+	return n
+}
+
+// TestNegotiation_twoServersDeterministic: with task and tool schemas and no
+// LLM anywhere, Alice's first Send negotiates a PD with Bob over Agora, both
+// registries hold it, both dispatchers run routines, and every structured
+// query is answered with zero LLM calls.
+func TestNegotiation_twoServersDeterministic(t *testing.T) {
+	alice := parleytest.Start(t, "", "--send-allow-private")
+	bob := parleytest.Start(t, "")
+	target := setUpWeather(t, alice, bob)
+
+	first := sendForecast(t, alice, target, "Paris", "2024-05-01")
+	if first.Status != "success" || first.Negotiation == "" || first.ProtocolHash == "" || first.Path != "routine" {
+		t.Fatalf("first send = %+v, want success after a negotiation, answered by routines", first)
+	}
+	hash := first.ProtocolHash
+
+	// Both sides hold the same negotiated PD, byte for byte.
+	pdA := mustAPI(t, "GET", alice.URL("/protocols/"+hash), "")
+	pdB := mustAPI(t, "GET", bob.URL("/protocols/"+hash), "")
+	if pdA != pdB || sha1Hex([]byte(pdA)) != hash {
+		t.Fatalf("Alice's and Bob's PDs differ or do not hash to %s:\n%s\n---\n%s", hash, pdA, pdB)
+	}
+	// Alice's negotiation ended accepted; Bob advertises the PD.
+	neg := decode(t, mustAPI(t, "GET", alice.URL("/v1/"+first.Negotiation), ""))
+	if neg["state"] != "NEGOTIATION_STATE_ACCEPTED" || neg["mode"] != "NEGOTIATION_MODE_DETERMINISTIC" || neg["protocolSha1Hex"] != hash {
+		t.Fatalf("Alice's negotiation = %v", neg)
+	}
+	if wk := mustAPI(t, "GET", bob.URL("/agora/weather/bob/.wellknown"), ""); !strings.Contains(wk, hash) {
+		t.Fatalf("Bob's .wellknown %s does not list %s", wk, hash)
+	}
+	// Each side holds its routine for the PD.
+	mustAPI(t, "GET", alice.URL("/v1/"+aliceAgent+"/routines/"+hash), "")
+	mustAPI(t, "GET", bob.URL("/v1/"+bobAgent+"/routines/"+hash), "")
+
+	const n = 20
+	for i := range n {
+		f := forecasts[i%len(forecasts)]
+		r := sendForecast(t, alice, target, f.location, f.date)
+		if r.Status != "success" || r.Path != "routine" || r.ProtocolHash != hash || r.Negotiation != "" {
+			t.Fatalf("send %d = %+v, want success by routine under %s with no new negotiation", i, r, hash)
+		}
+		var out map[string]any
+		if err := json.Unmarshal([]byte(r.ResultJSON), &out); err != nil {
+			t.Fatal(err)
+		}
+		if out["temperature"] != f.temperature || out["weatherCondition"] != f.condition {
+			t.Fatalf("send %d result %v, want %+v", i, out, f)
+		}
+	}
+	// An unknown city gets the PD's error reply, not an LLM.
+	if r := sendForecast(t, alice, target, "Atlantis", "2024-05-01"); r.Status != "success" || !strings.Contains(r.ResultJSON, `"error"`) {
+		t.Errorf("unknown city = %+v, want the PD's error reply", r)
+	}
+
+	for _, srv := range []*parleytest.Server{alice, bob} {
+		if got := metric(t, srv, `parley_dispatcher_llm_calls_total`); got != 0 {
+			t.Errorf("dispatcher LLM calls = %v, want 0", got)
+		}
+		if got := costCalls(t, srv, ""); got != 0 {
+			t.Errorf("negotiator ledger calls = %d, want 0", got)
+		}
+	}
+	if got := metric(t, bob, `parley_dispatcher_envelopes_total{path="routine"}`); got < n+1 {
+		t.Errorf("Bob's routine envelopes = %v, want at least %d", got, n+1)
+	}
+	if got := metric(t, bob, `parley_dispatcher_envelopes_total{path="negotiation"}`); got != 1 {
+		t.Errorf("Bob's negotiation envelopes = %v, want 1", got)
+	}
+	if got := metric(t, alice, `parley_dispatcher_negotiations_total{outcome="accepted"}`); got != 1 {
+		t.Errorf("Alice's accepted negotiations = %v, want 1", got)
+	}
+}
+
+// startFakeLLM runs the scripted LLM fixture (fakellm) as a process and
+// returns its OpenAI-compatible base URL.
+func startFakeLLM(t *testing.T) string {
+	t.Helper()
+	bin := parleytest.Build(t, "github.com/parleyhq/parley/services/negotiator/llmtest/fakellm")
+	f := parleytest.StartProcess(t, bin)
+	return "http://" + f.HTTPAddr + "/v1"
+}
+
+// ledgerEntries lists the negotiator's ledger for agent.
+func ledgerEntries(t *testing.T, srv *parleytest.Server, agent string) []map[string]any {
+	t.Helper()
+	var l struct {
+		Entries []map[string]any `json:"ledgerEntries"`
+	}
+	if err := json.Unmarshal([]byte(mustAPI(t, "GET", srv.URL("/v1/ledgerEntries?pageSize=1000&agent="+agent), "")), &l); err != nil {
+		t.Fatal(err)
+	}
+	return l.Entries
+}
+
+func sendText(t *testing.T, a *parleytest.Server, target, text string) sendResult {
+	t.Helper()
+	raw := mustAPI(t, "POST", a.URL("/v1/"+aliceAgent+":send"), mustJSON(t, map[string]string{"targetUrl": target, "text": text}))
+	var r sendResult
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestNegotiation_llmNaturalLanguageAndBudget: Bob has an LLM (the scripted
+// fixture) with a small daily budget. Negotiation and structured queries
+// still cost nothing; a natural-language envelope is answered by the LLM,
+// which calls Bob's tool through the dispatcher, and the calls land in the
+// ledger under Bob and the peer; once the budget is spent, natural-language
+// envelopes get a clear failure while routines keep answering.
+func TestNegotiation_llmNaturalLanguageAndBudget(t *testing.T) {
+	llmURL := startFakeLLM(t)
+	alice := parleytest.Start(t, "", "--send-allow-private")
+	bob := parleytest.Start(t, "", "--llm-provider", "openai", "--llm-base-url", llmURL, "--llm-model", "gpt-4o",
+		"--llm-api-key", "test-key", "--llm-max-retries", "0", "--llm-budget-agent-usd", "0.02")
+	target := setUpWeather(t, alice, bob)
+
+	first := sendForecast(t, alice, target, "Paris", "2024-05-01")
+	if first.Status != "success" || first.Path != "routine" || first.Negotiation == "" {
+		t.Fatalf("first send = %+v", first)
+	}
+	if got := costCalls(t, bob, ""); got != 0 {
+		t.Fatalf("Bob's LLM calls after a deterministic negotiation = %d, want 0", got)
+	}
+
+	// Natural language until the budget refuses.
+	answered, refused := 0, ""
+	for i := 0; i < 100 && refused == ""; i++ {
+		r := sendText(t, alice, target, "What will the weather be in Paris on 1 May 2024?")
+		switch {
+		case r.Status == "success":
+			if !strings.Contains(r.ResultJSON, "sunny") {
+				t.Fatalf("NL reply %s does not quote the tool's result", r.ResultJSON)
+			}
+			answered++
+		case r.Status == "failure" && strings.Contains(r.Error, "budget"):
+			refused = r.Error
+		default:
+			t.Fatalf("NL send %d = %+v", i, r)
+		}
+	}
+	if answered == 0 || refused == "" {
+		t.Fatalf("answered %d NL envelopes, refusal %q; want some answers, then a budget failure", answered, refused)
+	}
+	t.Logf("%d NL envelopes answered by the LLM, then: %s", answered, refused)
+	entries := ledgerEntries(t, bob, bobAgent)
+	if len(entries) < 2*answered {
+		t.Fatalf("ledger holds %d entries for %d answers (tool call + reply each)", len(entries), answered)
+	}
+	for _, e := range entries {
+		if e["agent"] != bobAgent || e["peer"] == "" || e["peer"] == nil || e["operation"] != "ReplyNaturalLanguage" {
+			t.Fatalf("ledger entry %v: want agent %s, a peer, ReplyNaturalLanguage", e, bobAgent)
+		}
+	}
+	calls := costCalls(t, bob, "")
+
+	// The budget stops LLM calls, not routines.
+	for i := range 5 {
+		if r := sendText(t, alice, target, "And in Rome?"); r.Status != "failure" || !strings.Contains(r.Error, "budget") {
+			t.Fatalf("NL send after exhaustion %d = %+v, want a budget failure", i, r)
+		}
+		f := forecasts[i%len(forecasts)]
+		if r := sendForecast(t, alice, target, f.location, f.date); r.Status != "success" || r.Path != "routine" || !strings.Contains(r.ResultJSON, f.condition) {
+			t.Fatalf("structured send after exhaustion %d = %+v", i, r)
+		}
+	}
+	if got := costCalls(t, bob, ""); got != calls {
+		t.Errorf("Bob's LLM calls went from %d to %d after the budget was spent", calls, got)
+	}
+	if got := costCalls(t, alice, ""); got != 0 {
+		t.Errorf("Alice's LLM calls = %d, want 0 (she has no LLM)", got)
+	}
+}
+
+// TestNegotiation_referenceExchange: a peer speaking the reference library's
+// "negotiation" exchange (protocolHash "negotiation", multiround, base64
+// hashes and string bodies) ends it with a FINALPROTOCOL; Bob's side
+// registers the PD and advertises it, with no LLM.
+func TestNegotiation_referenceExchange(t *testing.T) {
+	bob := parleytest.Start(t, "")
+	createAgent(t, bob, "weather", "bob", "")
+	body := "Let us use this protocol.\n<FINALPROTOCOL>\n" + weatherPD + "\n</FINALPROTOCOL>"
+	env := mustJSON(t, map[string]any{"protocolHash": "negotiation", "protocolSources": nil, "body": body, "multiround": true})
+	code, raw := api(t, "POST", bob.URL("/agora/weather/bob"), env)
+	rep := decode(t, raw)
+	if code != 200 || rep["status"] != "success" || rep["conversationId"] == nil {
+		t.Fatalf("reference negotiation = %d %s", code, raw)
+	}
+	if got := mustAPI(t, "GET", bob.URL("/protocols/"+weatherHex), ""); got != weatherPD {
+		t.Fatalf("Bob's registry holds %q, want the final PD", got)
+	}
+	if wk := mustAPI(t, "GET", bob.URL("/agora/weather/bob/.wellknown"), ""); !strings.Contains(wk, weatherHex) {
+		t.Fatalf(".wellknown %s does not list the agreed PD", wk)
+	}
+	if code, _ := api(t, "DELETE", bob.URL("/agora/weather/bob/conversations/"+rep["conversationId"].(string)), ""); code != 200 {
+		t.Fatalf("DELETE = %d", code)
+	}
+}
+
+// TestDemoWeather_onServer: `parley demo weather --server` replays the story
+// on a running `parley serve`: one negotiated hash, no LLM call after the
+// (skipped) natural-language phase.
+func TestDemoWeather_onServer(t *testing.T) {
+	srv := parleytest.Start(t, "", "--send-allow-private")
+	for run := range 2 { // a second run on the same server starts from fresh agents
+		out, err := exec.Command(parleytest.Binary(t), "demo", "weather", "--json", "--queries", "4",
+			"--server", srv.GRPCAddr, "--http", "http://"+srv.HTTPAddr).CombinedOutput()
+		if err != nil {
+			t.Fatalf("run %d: parley demo weather: %v\n%s", run, err, out)
+		}
+		var s struct {
+			Protocol struct {
+				AliceSHA1, BobSHA1 string
+				SameHash           bool
+			}
+			Phases []struct {
+				Name     string
+				Skipped  bool
+				LLMCalls int
+				Correct  int
+			}
+		}
+		if err := json.Unmarshal(out, &s); err != nil {
+			t.Fatalf("run %d: summary %s: %v", run, out, err)
+		}
+		if !s.Protocol.SameHash || len(s.Protocol.AliceSHA1) != 40 || s.Protocol.AliceSHA1 != s.Protocol.BobSHA1 {
+			t.Fatalf("run %d: protocol %+v", run, s.Protocol)
+		}
+		for _, p := range s.Phases {
+			if p.LLMCalls != 0 || p.Name == "structured" && p.Correct != 4 || p.Name == "natural-language" && !p.Skipped {
+				t.Fatalf("run %d: phase %+v", run, p)
+			}
+		}
+	}
+}
