@@ -46,11 +46,12 @@ protodeps:
 generate: tools protodeps
 	$(BUF) generate
 
-## lint: buf lint + buf format check + go vet + gofmt
+## lint: buf lint + buf format check + go vet + golangci-lint + gofmt
 lint: tools protodeps
 	$(BUF) lint
 	$(BUF) format -d --exit-code proto
 	$(MAKE) vet
+	$(MAKE) golangci
 	@bad=$$(gofmt -l $$(git ls-files '*.go' | grep -v '^gen/')); \
 	  if [ -n "$$bad" ]; then echo "gofmt needed: $$bad"; exit 1; fi
 

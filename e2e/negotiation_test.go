@@ -96,7 +96,9 @@ func costCalls(t *testing.T, srv *parleytest.Server, agent string) int {
 	}
 	var n int
 	if c.Calls != "" {
-		fmt.Sscan(c.Calls, &n)
+		if _, err := fmt.Sscan(c.Calls, &n); err != nil {
+			t.Fatalf("costSummary calls = %q, want an integer: %v", c.Calls, err)
+		}
 	}
 	return n
 }

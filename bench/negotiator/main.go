@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"math"
 	"os"
 	"strings"
@@ -24,14 +25,16 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "negotiator bench:", err)
 		os.Exit(1)
 	}
 }
 
-func run(args []string) error {
+// run writes the report to stdout and progress to stderr.
+func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("negotiator", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	var o benchnet.Options
 	fs.IntVar(&o.Agents, "agents", 20, "agents, servers included")
 	fs.IntVar(&o.Servers, "servers", 5, "servers (agents with tools)")
@@ -45,7 +48,7 @@ func run(args []string) error {
 		return err
 	}
 	if !*asJSON {
-		o.Log = os.Stderr
+		o.Log = stderr
 	}
 	rep, err := benchnet.Run(context.Background(), o)
 	if err != nil {
@@ -57,14 +60,14 @@ func run(args []string) error {
 				rep.Ratio[k] = -1
 			}
 		}
-		enc := json.NewEncoder(os.Stdout)
+		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rep)
 	}
-	fmt.Printf("%d agents (%d servers, %d free-text; %d users), %d queries, seed %d\n", rep.Agents, rep.Servers, rep.FreeTextServers, rep.Users, rep.Queries, rep.Seed)
-	fmt.Printf("user budgets (Pareto): %v\n\n", rep.Budgets)
-	fmt.Println("| strategy | cost USD | vs NL | LLM calls | tokens in/out | queries needing an LLM | negotiations | share needing an LLM per window |")
-	fmt.Println("|---|---|---|---|---|---|---|---|")
+	fmt.Fprintf(stdout, "%d agents (%d servers, %d free-text; %d users), %d queries, seed %d\n", rep.Agents, rep.Servers, rep.FreeTextServers, rep.Users, rep.Queries, rep.Seed)
+	fmt.Fprintf(stdout, "user budgets (Pareto): %v\n\n", rep.Budgets)
+	fmt.Fprintln(stdout, "| strategy | cost USD | vs NL | LLM calls | tokens in/out | queries needing an LLM | negotiations | share needing an LLM per window |")
+	fmt.Fprintln(stdout, "|---|---|---|---|---|---|---|---|")
 	for _, r := range rep.Results {
 		ratio := "1.0×"
 		if v, ok := rep.Ratio[r.Strategy]; ok {
@@ -77,7 +80,7 @@ func run(args []string) error {
 		for _, s := range r.LLMShareByWindow {
 			shares = append(shares, fmt.Sprintf("%.0f%%", 100*s))
 		}
-		fmt.Printf("| %s | %.4f | %s | %d | %d/%d | %d (%.0f%%) | %d | %s |\n", r.Strategy, r.CostUSD, ratio, r.LLMCalls, r.PromptTokens, r.CompletionTokens,
+		fmt.Fprintf(stdout, "| %s | %.4f | %s | %d | %d/%d | %d (%.0f%%) | %d | %s |\n", r.Strategy, r.CostUSD, ratio, r.LLMCalls, r.PromptTokens, r.CompletionTokens,
 			r.QueriesNeedingLLM, 100*float64(r.QueriesNeedingLLM)/float64(rep.Queries), r.Negotiations, strings.Join(shares, " "))
 	}
 	return nil

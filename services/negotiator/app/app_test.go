@@ -44,7 +44,7 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := slog.New(slog.DiscardHandler)
 	a, err := app.New(cfg, logger, app.Peers{})
 	if err != nil {
 		t.Fatal(err)

@@ -125,7 +125,7 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrBudget, err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrBudget, err)
 	}
 	thread, stop := newThread(ctx, fn, p.limits)
 	defer stop()
@@ -278,7 +278,7 @@ func wrapRunErr(err error) error {
 		return fmt.Errorf("routine error: %s", ee.Backtrace())
 	}
 	if isCancel(err.Error()) {
-		return fmt.Errorf("%w: %v", ErrBudget, err)
+		return fmt.Errorf("%w: %w", ErrBudget, err)
 	}
 	return err
 }

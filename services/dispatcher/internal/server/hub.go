@@ -122,7 +122,7 @@ func (c *agentConn) call(ctx context.Context, timeout time.Duration, fill func(i
 	err := c.stream.Send(msg)
 	c.sendMu.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", errAgentGone, err)
+		return nil, fmt.Errorf("%w: %w", errAgentGone, err)
 	}
 	select {
 	case r, ok := <-ch:

@@ -125,7 +125,9 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 	path := pathRoutine
 	var body json.RawMessage
 	if hasRoutine && r.prog.Has("send") {
-		body, _, err = s.runRoutine(ctx, r, "send", []json.RawMessage{taskData}, nil, nil)
+		// A failed routine leaves body nil and the LLM writes it instead;
+		// runRoutine has already recorded the failure.
+		body, _, _ = s.runRoutine(ctx, r, "send", []json.RawMessage{taskData}, nil, nil)
 	}
 	if body == nil {
 		path = pathLLM

@@ -40,15 +40,15 @@ func isHex40(s string) bool {
 	return true
 }
 
-// parseRoutineName splits clients/{c}/agents/{a}/routines/{id}, id a
-// lowercase SHA-1 hex or "steps".
-func parseRoutineName(name string) (agent, id string, ok bool) {
+// parseRoutineName returns the agent of clients/{c}/agents/{a}/routines/{id}
+// and whether the name is valid, id a lowercase SHA-1 hex or "steps".
+func parseRoutineName(name string) (agent string, ok bool) {
 	i := strings.LastIndex(name, "/routines/")
 	if i < 0 {
-		return "", "", false
+		return "", false
 	}
-	agent, id = name[:i], name[i+len("/routines/"):]
-	return agent, id, validAgentName(agent) && (isHex40(id) || id == stepRoutineID)
+	agent, id := name[:i], name[i+len("/routines/"):]
+	return agent, validAgentName(agent) && (isHex40(id) || id == stepRoutineID)
 }
 
 func parseToolName(name string) (agent string, ok bool) {

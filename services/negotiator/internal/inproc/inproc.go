@@ -5,7 +5,6 @@ package inproc
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -59,7 +58,7 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := slog.New(slog.DiscardHandler)
 	a, err := app.New(cfg, logger, app.Peers{})
 	if err != nil {
 		return nil, err
@@ -83,8 +82,12 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 		grpcLis.Close()
 		return nil, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(rctx, grpcLis, httpLis) }()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		// Close is best-effort and reports nothing, so Run's error is dropped.
+		_ = srv.Run(rctx, grpcLis, httpLis)
+	}()
 	n.closers = append(n.closers, func() { cancel(); <-done })
 	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -89,7 +89,7 @@ func Call(ctx context.Context, src, fn string, args []json.RawMessage, tool Tool
 	for i, a := range args {
 		v, err := fromJSON(thread.Thread, a)
 		if err != nil {
-			return nil, fmt.Errorf("%w: argument %d: %v", ErrRoutine, i, err)
+			return nil, fmt.Errorf("%w: argument %d: %w", ErrRoutine, i, err)
 		}
 		sargs[i] = v
 	}
@@ -99,7 +99,7 @@ func Call(ctx context.Context, src, fn string, args []json.RawMessage, tool Tool
 	}
 	out, err := toJSON(thread.Thread, res)
 	if err != nil {
-		return nil, fmt.Errorf("%w: result: %v", ErrRoutine, err)
+		return nil, fmt.Errorf("%w: result: %w", ErrRoutine, err)
 	}
 	return out, nil
 }
@@ -122,9 +122,9 @@ func newThread(ctx context.Context, lim Limits) *thread {
 // wrap classifies a Starlark error as a budget overrun or a routine failure.
 func (t *thread) wrap(err error) error {
 	if t.ctx.Err() != nil || t.ExecutionSteps() >= t.maxSteps || errors.Is(err, ErrBudget) {
-		return fmt.Errorf("%w: %v", ErrBudget, err)
+		return fmt.Errorf("%w: %w", ErrBudget, err)
 	}
-	return fmt.Errorf("%w: %v", ErrRoutine, err)
+	return fmt.Errorf("%w: %w", ErrRoutine, err)
 }
 
 func load(ctx context.Context, src string, tool Tool, lim Limits) (starlark.StringDict, error) {
@@ -148,11 +148,14 @@ func load(ctx context.Context, src string, tool Tool, lim Limits) (starlark.Stri
 			th.SetLocal("tool_calls", count+1)
 			raw, err := toJSON(th, targs)
 			if err != nil {
-				return nil, fmt.Errorf("call_tool: args: %v", err)
+				return nil, fmt.Errorf("call_tool: args: %w", err)
 			}
 			res, err := tool(ctx, name, raw)
 			if err != nil {
-				return nil, fmt.Errorf("call_tool %s: %v", name, err)
+				// A tool's failure is the routine's: a budget or context error
+				// inside it must neither make wrap report a budget overrun of
+				// this run nor reach the caller's error mapping.
+				return nil, fmt.Errorf("call_tool %s: %v", name, err) //nolint:errorlint // flattened on purpose, see above
 			}
 			return fromJSON(th, res)
 		}),

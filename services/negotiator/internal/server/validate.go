@@ -19,7 +19,9 @@ const (
 	maxProtocolLen = 256 << 10
 )
 
-func checkAgent(v *grpcerr.Violations, field, name string, required bool) {
+// checkAgent checks the request field "agent".
+func checkAgent(v *grpcerr.Violations, name string, required bool) {
+	const field = "agent"
 	switch {
 	case name == "" && required:
 		v.Add(field, "is required")
@@ -28,7 +30,9 @@ func checkAgent(v *grpcerr.Violations, field, name string, required bool) {
 	}
 }
 
-func checkPeer(v *grpcerr.Violations, field, peer string, required bool) {
+// checkPeer checks the request field "peer".
+func checkPeer(v *grpcerr.Violations, peer string, required bool) {
+	const field = "peer"
 	switch {
 	case peer == "" && required:
 		v.Add(field, "is required")
@@ -37,9 +41,10 @@ func checkPeer(v *grpcerr.Violations, field, peer string, required bool) {
 	}
 }
 
-func checkJSON(v *grpcerr.Violations, field string, raw []byte, required bool) {
+// checkJSON checks a required JSON field.
+func checkJSON(v *grpcerr.Violations, field string, raw []byte) {
 	switch {
-	case len(raw) == 0 && required:
+	case len(raw) == 0:
 		v.Add(field, "is required")
 	case len(raw) > 0 && !json.Valid(raw):
 		v.Add(field, "must be JSON")
@@ -56,7 +61,9 @@ func checkObjectJSON(v *grpcerr.Violations, field string, raw []byte) {
 	}
 }
 
-func checkProtocol(v *grpcerr.Violations, field string, pd []byte, required bool) {
+// checkProtocol checks the request field "protocol".
+func checkProtocol(v *grpcerr.Violations, pd []byte, required bool) {
+	const field = "protocol"
 	switch {
 	case len(pd) == 0 && required:
 		v.Add(field, "is required")
@@ -65,7 +72,9 @@ func checkProtocol(v *grpcerr.Violations, field string, pd []byte, required bool
 	}
 }
 
-func checkTask(v *grpcerr.Violations, field string, t *negotiatorv1.TaskSpec, required bool) {
+// checkTask checks the request field "task".
+func checkTask(v *grpcerr.Violations, t *negotiatorv1.TaskSpec, required bool) {
+	const field = "task"
 	if t == nil {
 		if required {
 			v.Add(field, "is required")
