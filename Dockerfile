@@ -14,6 +14,8 @@ ARG SERVICE
 
 FROM golang:1.26.8-bookworm AS build
 ARG SERVICE
+# VERSION is what `parley version` prints: --build-arg VERSION=v1.2.3.
+ARG VERSION=dev
 ENV CGO_ENABLED=0 \
     GOTOOLCHAIN=local \
     GOFLAGS=-buildvcs=false
@@ -29,7 +31,7 @@ RUN --mount=type=bind,target=/src \
     --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
     set -eu; \
-    go build -trimpath -ldflags='-s -w' -o /out/parley ./cmd/parley; \
+    go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/parley ./cmd/parley; \
     if [ "${SERVICE}" = gateway ]; then \
       cp /out/parley /out/service; \
     else \

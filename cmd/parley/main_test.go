@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -58,6 +59,19 @@ func TestServe_secondServerOnSameDataFailsFast(t *testing.T) {
 	_, err = newSuite(context.Background(), cfg)
 	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
 		t.Fatalf("second newSuite on %s = %v, want a 'locked by another process' error", dir, err)
+	}
+}
+
+func TestServe_portInUseIsOneLineError(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	var out, errOut bytes.Buffer
+	err = run([]string{"serve", "--data", t.TempDir(), "--grpc", taken.Addr().String(), "--http", "127.0.0.1:0"}, noEnv, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "address already in use") || strings.Contains(oneLine(err), "\n") {
+		t.Fatalf("parley serve on a taken port = %v, want a one-line 'address already in use' error", err)
 	}
 }
 

@@ -2,6 +2,8 @@ package serve
 
 import (
 	"flag"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -28,6 +30,28 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcName, grpcDefault, httpName, http
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "PEM certificate file; with --tls-key, serve HTTPS and TLS gRPC")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file for --tls-cert")
 	fs.StringVar(&f.PublicURL, "public-url", "", "public base URL of the HTTP side (https://parley.example.com), used in absolute links such as protocolSources")
-	fs.StringVar(&f.LogLevel, "log-level", "info", "log level: debug, info, warn or error")
+	f.LogLevel = "info"
+	fs.Var(logLevel{&f.LogLevel}, "log-level", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take before connections are cut")
+}
+
+// logLevel is a flag.Value accepting only the levels telemetry.NewLogger
+// knows, so a typo is reported instead of silently meaning info.
+type logLevel struct{ p *string }
+
+func (l logLevel) String() string {
+	if l.p == nil {
+		return ""
+	}
+	return *l.p
+}
+
+func (l logLevel) Set(v string) error {
+	switch lv := strings.ToLower(v); lv {
+	case "debug", "info", "warn", "error":
+		*l.p = lv
+		return nil
+	default:
+		return fmt.Errorf("unknown log level %q: want debug, info, warn or error", v)
+	}
 }

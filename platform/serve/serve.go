@@ -76,6 +76,9 @@ type Server struct {
 	checks   []check
 	pipe     *bufconn.Listener // in-process clients, see InProcessConn
 	running  bool              // Run has started serving
+
+	stopping chan struct{} // closed when shutdown starts; see Stopping
+	stopOnce sync.Once
 }
 
 type check struct {
@@ -97,7 +100,7 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 4 << 20
 	}
-	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux()}
+	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), stopping: make(chan struct{})}
 	s.metrics = telemetry.NewMetrics(opts.Registry)
 
 	grpcOpts := append(telemetry.ServerOptions(s.metrics, s.logger),
@@ -132,7 +135,10 @@ func New(opts Options) (*Server, error) {
 			}
 		}),
 	)
-	s.mux.Handle("/", http.MaxBytesHandler(s.Gateway, opts.MaxBodyBytes))
+	limited := http.MaxBytesHandler(s.Gateway, opts.MaxBodyBytes)
+	s.mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		limited.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), maxBodyKey{}, opts.MaxBodyBytes)))
+	}))
 	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
@@ -140,6 +146,12 @@ func New(opts Options) (*Server, error) {
 	s.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	return s, nil
 }
+
+// Stopping returns a channel closed when shutdown starts. Handlers of
+// long-lived streams (server-sent events, agent streams) end their stream
+// when it closes, so that the drain finishes quickly; short requests need
+// not watch it, as they are drained.
+func (s *Server) Stopping() <-chan struct{} { return s.stopping }
 
 // Registry returns the Prometheus registry served at /metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.opts.Registry }
@@ -197,6 +209,12 @@ func (s *Server) Handler() http.Handler { return s.metrics.Middleware(s.logger, 
 // fails, then shuts down within ShutdownTimeout. It returns nil after a
 // clean shutdown caused by ctx.
 func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
+	// Requests get their own base context, cancelled only once the drain is
+	// over: cancelling them with ctx (the signal) would abort requests in
+	// flight instead of letting Shutdown drain them. Long-lived handlers
+	// (event streams, agent streams) watch Stopping instead.
+	baseCtx, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelBase()
 	httpSrv := &http.Server{
 		Handler:           s.Handler(),
 		ReadHeaderTimeout: 10 * time.Second,
@@ -204,7 +222,7 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		MaxHeaderBytes:    64 << 10,
 		TLSConfig:         s.tlsConf,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),
-		BaseContext:       func(net.Listener) context.Context { return ctx },
+		BaseContext:       func(net.Listener) context.Context { return baseCtx },
 	}
 	errc := make(chan error, 2)
 	go func() {
@@ -238,11 +256,13 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	}
 	s.logger.InfoContext(ctx, "shutting down", slog.String("timeout", s.opts.ShutdownTimeout.String()))
 	s.health.Shutdown() // every service NOT_SERVING first, so balancers stop sending
+	s.stopOnce.Do(func() { close(s.stopping) })
 	// ctx is done by now; the drain gets its own bounded context.
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ShutdownTimeout)
 	defer cancel()
 	if err := httpSrv.Shutdown(sctx); err != nil {
 		s.logger.WarnContext(ctx, "http drain cut short; closing connections", slog.Any("err", err))
+		cancelBase()
 		_ = httpSrv.Close()
 	}
 	stopped := make(chan struct{})
@@ -273,12 +293,23 @@ func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 	if status.Code(err) == codes.ResourceExhausted && strings.HasSuffix(grpcerr.Reason(err), "_TOO_LARGE") {
 		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
 	}
+	// The gateway turns a body read failure into an InvalidArgument status
+	// holding the reader's message, so http.MaxBytesReader's error arrives
+	// as text, not as *http.MaxBytesError.
 	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) {
-		err = status.Errorf(codes.InvalidArgument, "request body exceeds %d bytes", mbe.Limit)
+	if errors.As(err, &mbe) || (status.Code(err) == codes.InvalidArgument && strings.Contains(status.Convert(err).Message(), "http: request body too large")) {
+		err = status.Errorf(codes.InvalidArgument, "request body exceeds the limit of %d bytes", maxBody(r))
 		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
 	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
+}
+
+type maxBodyKey struct{}
+
+// maxBody reports the body cap recorded for r by the gateway route.
+func maxBody(r *http.Request) int64 {
+	n, _ := r.Context().Value(maxBodyKey{}).(int64)
+	return n
 }
 
 type codeOverride struct {

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"flag"
 	"io"
 	"log/slog"
 	"net"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -191,5 +193,100 @@ func TestNew_tlsFlagsTogether(t *testing.T) {
 	_, err := New(Options{Logger: slog.New(slog.DiscardHandler), TLSCertFile: "cert.pem"})
 	if err == nil {
 		t.Error("New with --tls-cert but no --tls-key succeeded, want an error")
+	}
+}
+
+// TestRun_drainsRequestsInFlight proves that SIGTERM (ctx cancel) lets a
+// request that is already running finish, with an uncancelled context, and
+// that Stopping closes for long-lived streams.
+func TestRun_drainsRequestsInFlight(t *testing.T) {
+	s := newServer(t)
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	s.Handle("GET /slow", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(entered)
+		<-release
+		if err := r.Context().Err(); err != nil {
+			http.Error(w, "request context cancelled during drain: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = io.WriteString(w, "done")
+	}))
+	r := start(t, s)
+	type result struct {
+		code int
+		body string
+	}
+	got := make(chan result, 1)
+	go func() {
+		resp, err := http.Get(r.baseURL + "/slow")
+		if err != nil {
+			got <- result{body: err.Error()}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		got <- result{resp.StatusCode, string(b)}
+	}()
+	<-entered
+	r.cancel()
+	select {
+	case <-s.Stopping():
+	case <-time.After(5 * time.Second):
+		t.Fatal("Stopping() not closed after shutdown began")
+	}
+	close(release)
+	if res := <-got; res.code != http.StatusOK || res.body != "done" {
+		t.Errorf("request in flight at shutdown = %d %q, want 200 \"done\"", res.code, res.body)
+	}
+}
+
+// TestGateway_oversizedBodyIs413 proves the gateway's body cap answers 413,
+// as generated handlers report a body read failure as InvalidArgument.
+func TestGateway_oversizedBodyIs413(t *testing.T) {
+	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), MaxBodyBytes: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = s.Gateway.HandlePath(http.MethodPost, "/v1/echo", func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
+		if _, err := io.ReadAll(r.Body); err != nil {
+			// What generated handlers do with a read error.
+			runtime.HTTPError(r.Context(), s.Gateway, &runtime.JSONPb{}, w, r, status.Error(codes.InvalidArgument, err.Error()))
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, s)
+	for _, tc := range []struct {
+		size int
+		want int
+	}{{100, http.StatusOK}, {4096, http.StatusRequestEntityTooLarge}} {
+		resp, err := http.Post(r.baseURL+"/v1/echo", "application/json", strings.NewReader(strings.Repeat("x", tc.size)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("POST /v1/echo with %d bytes = %d, want %d", tc.size, resp.StatusCode, tc.want)
+		}
+	}
+}
+
+func TestFlags_rejectUnknownLogLevel(t *testing.T) {
+	var f Flags
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	f.Register(fs, "grpc", "", "http", "", "")
+	if f.LogLevel != "info" {
+		t.Errorf("default log level = %q, want info", f.LogLevel)
+	}
+	if err := fs.Parse([]string{"--log-level", "verbose"}); err == nil {
+		t.Error("--log-level verbose accepted, want an error")
+	}
+	if err := fs.Parse([]string{"--log-level", "WARN"}); err != nil || f.LogLevel != "warn" {
+		t.Errorf("--log-level WARN = %q, %v; want warn", f.LogLevel, err)
 	}
 }

@@ -46,6 +46,9 @@ func compile(raw, key string) (*jsonschema.Schema, error) {
 		return nil, fmt.Errorf("%s is not JSON: %w", key, err)
 	}
 	c := jsonschema.NewCompiler()
+	// jsonschema installs a file loader by default; a schema from a PD must
+	// never make us read files or URLs, so every external $ref is refused.
+	c.UseLoader(refuseLoader{})
 	c.DefaultDraft(jsonschema.Draft2020)
 	url := "mem:///" + key + ".json"
 	if err := c.AddResource(url, doc); err != nil {
@@ -112,4 +115,12 @@ func Validate(s *jsonschema.Schema, body []byte) error {
 
 func oneLine(err error) string {
 	return strings.Join(strings.Fields(err.Error()), " ")
+}
+
+// refuseLoader refuses every external $ref: a protocol's schema may refer
+// only to itself.
+type refuseLoader struct{}
+
+func (refuseLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("external $ref %q is not allowed", url)
 }

@@ -76,6 +76,9 @@ func Compile(raw []byte) (*Schema, error) {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	c := jsonschema.NewCompiler()
+	// jsonschema installs a file loader by default; a schema from a PD must
+	// never make us read files or URLs, so every external $ref is refused.
+	c.UseLoader(refuseLoader{})
 	if err := c.AddResource("mem:///schema.json", doc); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
@@ -213,4 +216,12 @@ func example(m map[string]any, all bool, depth int) any {
 		return nil
 	}
 	return "example"
+}
+
+// refuseLoader refuses every external $ref: a protocol's schema may refer
+// only to itself.
+type refuseLoader struct{}
+
+func (refuseLoader) Load(url string) (any, error) {
+	return nil, fmt.Errorf("external $ref %q is not allowed", url)
 }
