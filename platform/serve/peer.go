@@ -9,11 +9,15 @@ import (
 )
 
 // PeerCheck returns a readiness check that asks a peer's grpc.health.v1
-// service whether service is SERVING.
+// whether the server holding service is up. It checks the server-wide ""
+// entry, not the service's own entry: that one follows the peer's own
+// readiness (see watchReadiness), and peers that depend on each other
+// would otherwise keep each other NOT_SERVING. service names the peer in
+// errors.
 func PeerCheck(conn grpc.ClientConnInterface, service string) func(context.Context) error {
 	client := healthpb.NewHealthClient(conn)
 	return func(ctx context.Context) error {
-		resp, err := client.Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+		resp, err := client.Check(ctx, &healthpb.HealthCheckRequest{})
 		if err != nil {
 			return fmt.Errorf("%s unreachable: %w", service, err)
 		}

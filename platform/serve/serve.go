@@ -52,6 +52,9 @@ type Options struct {
 	TLSCertFile, TLSKeyFile string
 	// ShutdownTimeout bounds the whole drain; 10s when zero.
 	ShutdownTimeout time.Duration
+	// ReadinessInterval is how often the readiness checks run to drive the
+	// gRPC health of the declared services; 5s when zero.
+	ReadinessInterval time.Duration
 	// MaxBodyBytes caps request bodies on gateway routes (hand-written routes
 	// set their own limits); 4 MiB when zero. It also caps gRPC messages.
 	MaxBodyBytes int64
@@ -99,6 +102,9 @@ func New(opts Options) (*Server, error) {
 	}
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 4 << 20
+	}
+	if opts.ReadinessInterval <= 0 {
+		opts.ReadinessInterval = 5 * time.Second
 	}
 	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), stopping: make(chan struct{})}
 	s.metrics = telemetry.NewMetrics(opts.Registry)
@@ -182,11 +188,12 @@ func (s *Server) AddReadinessCheck(name string, fn func(context.Context) error) 
 	s.checks = append(s.checks, check{name: name, fn: fn})
 }
 
-func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+// runChecks runs every readiness check and returns the failures by name.
+func (s *Server) runChecks(ctx context.Context) map[string]string {
 	s.mu.Lock()
 	checks := append([]check(nil), s.checks...)
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(r.Context(), 3*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 	defer cancel()
 	failures := map[string]string{}
 	for _, c := range checks {
@@ -194,6 +201,47 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 			failures[c.name] = err.Error()
 		}
 	}
+	return failures
+}
+
+// watchReadiness runs the readiness checks every ReadinessInterval and sets
+// the gRPC health of the declared services (not the server-wide "" entry)
+// to match, so gRPC health probes see a store or dependency outage. Peers
+// check each other's "" entry (PeerCheck), which stays SERVING while the
+// server runs, so mutually dependent services cannot hold each other down.
+func (s *Server) watchReadiness(ctx context.Context) {
+	t := time.NewTicker(s.opts.ReadinessInterval)
+	defer t.Stop()
+	last := healthpb.HealthCheckResponse_SERVING
+	for {
+		st := healthpb.HealthCheckResponse_SERVING
+		if failures := s.runChecks(ctx); len(failures) > 0 {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+			if last == healthpb.HealthCheckResponse_SERVING && ctx.Err() == nil {
+				s.logger.WarnContext(ctx, "not ready; reporting NOT_SERVING until checks pass", slog.Any("failures", failures))
+			}
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if st != last {
+			s.mu.Lock()
+			for _, n := range s.services {
+				s.health.SetServingStatus(n, st)
+			}
+			s.mu.Unlock()
+			last = st
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	failures := s.runChecks(r.Context())
 	if len(failures) > 0 {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "failures": failures})
 		return
@@ -248,6 +296,9 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	}
 	s.mu.Unlock()
 	s.setServing(healthpb.HealthCheckResponse_SERVING)
+	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
+	watchDone := make(chan struct{})
+	go func() { defer close(watchDone); s.watchReadiness(watchCtx) }()
 
 	var runErr error
 	select {
@@ -255,6 +306,8 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	case runErr = <-errc:
 	}
 	s.logger.InfoContext(ctx, "shutting down", slog.String("timeout", s.opts.ShutdownTimeout.String()))
+	stopWatch()
+	<-watchDone
 	s.health.Shutdown() // every service NOT_SERVING first, so balancers stop sending
 	s.stopOnce.Do(func() { close(s.stopping) })
 	// ctx is done by now; the drain gets its own bounded context.

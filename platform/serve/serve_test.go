@@ -9,6 +9,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +31,9 @@ type panickyHealth struct {
 func (panickyHealth) Check(context.Context, *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
 	panic("boom")
 }
+
+// errNone stands for "no error" in an atomic.Value, which cannot hold nil.
+var errNone = errors.New("none")
 
 type running struct {
 	srv      *Server
@@ -90,8 +95,14 @@ func get(t *testing.T, url string) (int, string) {
 func TestRun_healthAndReadiness(t *testing.T) {
 	s := newServer(t)
 	s.HealthService("parley.test.v1.TestService")
-	var failing error
-	s.AddReadinessCheck("store", func(context.Context) error { return failing })
+	var failing atomic.Value // error
+	failing.Store(errNone)
+	s.AddReadinessCheck("store", func(context.Context) error {
+		if err := failing.Load().(error); !errors.Is(err, errNone) {
+			return err
+		}
+		return nil
+	})
 	r := start(t, s)
 
 	hc := healthpb.NewHealthClient(r.grpcConn)
@@ -107,7 +118,7 @@ func TestRun_healthAndReadiness(t *testing.T) {
 	if code, _ := get(t, r.baseURL+"/readyz"); code != http.StatusOK {
 		t.Errorf("GET /readyz = %d, want 200", code)
 	}
-	failing = errors.New("store closed")
+	failing.Store(errors.New("store closed"))
 	code, body := get(t, r.baseURL+"/readyz")
 	if code != http.StatusServiceUnavailable || !strings.Contains(body, "store closed") {
 		t.Errorf("GET /readyz with a failing check = %d %q, want 503 naming the failure", code, body)
@@ -289,4 +300,46 @@ func TestFlags_rejectUnknownLogLevel(t *testing.T) {
 	if err := fs.Parse([]string{"--log-level", "WARN"}); err != nil || f.LogLevel != "warn" {
 		t.Errorf("--log-level WARN = %q, %v; want warn", f.LogLevel, err)
 	}
+}
+
+// TestRun_healthFollowsReadiness proves that a failing readiness check
+// turns the declared services NOT_SERVING over gRPC (what Kubernetes gRPC
+// probes see) and back, while the server-wide entry stays SERVING.
+func TestRun_healthFollowsReadiness(t *testing.T) {
+	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), ReadinessInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.HealthService("parley.test.v1.TestService")
+	var mu sync.Mutex
+	var failing error
+	s.AddReadinessCheck("store", func(context.Context) error { mu.Lock(); defer mu.Unlock(); return failing })
+	r := start(t, s)
+	hc := healthpb.NewHealthClient(r.grpcConn)
+	waitFor := func(svc string, want healthpb.HealthCheckResponse_ServingStatus) {
+		t.Helper()
+		deadline := time.Now().Add(5 * time.Second)
+		var got healthpb.HealthCheckResponse_ServingStatus
+		for time.Now().Before(deadline) {
+			resp, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: svc}, grpc.WaitForReady(true))
+			if err == nil {
+				got = resp.GetStatus()
+				if got == want {
+					return
+				}
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		t.Fatalf("health of %q = %v, want %v", svc, got, want)
+	}
+	waitFor("parley.test.v1.TestService", healthpb.HealthCheckResponse_SERVING)
+	mu.Lock()
+	failing = errors.New("store closed")
+	mu.Unlock()
+	waitFor("parley.test.v1.TestService", healthpb.HealthCheckResponse_NOT_SERVING)
+	waitFor("", healthpb.HealthCheckResponse_SERVING)
+	mu.Lock()
+	failing = nil
+	mu.Unlock()
+	waitFor("parley.test.v1.TestService", healthpb.HealthCheckResponse_SERVING)
 }
