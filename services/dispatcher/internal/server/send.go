@@ -23,7 +23,9 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // maxReplyBytes caps a peer's reply and /wellknown document.
@@ -462,15 +464,22 @@ func (s *Server) postOnce(ctx context.Context, u string, data []byte) (peerReply
 
 // ListSendCounts implements DispatcherServiceServer.
 func (s *Server) ListSendCounts(ctx context.Context, req *dispatcherv1.ListSendCountsRequest) (*dispatcherv1.ListSendCountsResponse, error) {
-	if !validAgentName(req.GetParent()) {
-		return nil, invalid("parent", "must be clients/{client}/agents/{agent}")
+	size, after, err := listParams(req.GetParent(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
 	}
 	list, err := s.store.ListSendCounts(ctx, req.GetParent())
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "")
 	}
+	// The store lists counts in (task, target) order: the key below sorts
+	// the same way, as neither part holds a NUL.
+	page, next := paginate(list, func(c store.SendCount) string { return c.Task + "\x00" + c.TargetURL }, after, size)
 	resp := &dispatcherv1.ListSendCountsResponse{}
-	for _, c := range list {
+	if next != "" {
+		resp.NextPageToken = pagetoken.Encode(next, req.GetParent())
+	}
+	for _, c := range page {
 		resp.Counts = append(resp.Counts, &dispatcherv1.SendCount{Task: c.Task, TargetUrl: c.TargetURL, Conversations: c.Conversations, WithProtocol: c.WithProtocol})
 	}
 	return resp, nil
