@@ -37,6 +37,7 @@ func (s *Server) DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverE
 
 func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeRequest) (string, agora.Reply) {
 	peerDialect, peerFixed := s.opts.PeerDialects[req.GetPeer()]
+	followUp := req.GetConversationId() != ""
 	if !validAgentName(req.GetAgent()) {
 		return pathFailure, peerDialect.UnknownAgent()
 	}
@@ -46,7 +47,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 			return pathFailure, peerDialect.UnknownAgent()
 		}
 		s.logger.WarnContext(ctx, "agent lookup failed; answering with a fault", slog.String("agent", req.GetAgent()), slog.Any("err", err))
-		return pathFailure, peerDialect.Fault("the agent directory is unavailable; retry later")
+		return pathFailure, peerDialect.Fault("the agent directory is unavailable; retry later", followUp)
 	}
 	d := agent.dialect
 	if peerFixed {
@@ -77,7 +78,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		}
 		if err != nil {
 			s.logger.ErrorContext(ctx, "conversation lookup failed", slog.Any("err", err))
-			return pathFailure, d.Fault("internal error")
+			return pathFailure, d.Fault("internal error", followUp)
 		}
 		if !s.now().Before(c.ExpireTime) {
 			return pathFailure, d.Failure("Conversation expired", nil)
@@ -125,7 +126,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 				return pathRejected, d.Unsupported(hashFor(env, hexHash))
 			}
 			s.logger.WarnContext(ctx, "protocol resolution failed; answering with a fault", slog.String("protocol", hexHash), slog.Any("err", err))
-			return pathFailure, d.Fault("the protocol registry is unavailable; retry later")
+			return pathFailure, d.Fault("the protocol registry is unavailable; retry later", followUp)
 		}
 		if pe.schemaErr != nil || !s.supports(ctx, agent, hexHash) {
 			return pathRejected, d.Unsupported(hashFor(env, hexHash))
@@ -149,7 +150,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		})
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			s.logger.ErrorContext(ctx, "conversation update failed", slog.Any("err", err))
-			return pathFailure, d.Fault("internal error")
+			return pathFailure, d.Fault("internal error", followUp)
 		}
 		ref = &agora.Conversation{ID: conv.ID, Expires: exp.Unix()}
 	case env.Multiround:
@@ -173,7 +174,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		}
 		if err != nil {
 			s.logger.ErrorContext(ctx, "conversation create failed", slog.Any("err", err))
-			return pathFailure, d.Fault("internal error")
+			return pathFailure, d.Fault("internal error", followUp)
 		}
 		ref = &agora.Conversation{ID: c.ID, Expires: c.ExpireTime.Unix()}
 	}
@@ -215,7 +216,7 @@ func (s *Server) endConversation(ctx context.Context, req *dispatcherv1.DeliverE
 		return d.UnknownConversation()
 	default:
 		s.logger.ErrorContext(ctx, "conversation delete failed", slog.Any("err", err))
-		return d.Fault("internal error")
+		return d.Fault("internal error", true)
 	}
 }
 
