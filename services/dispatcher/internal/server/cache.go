@@ -38,13 +38,21 @@ func newCache[V any](ttl time.Duration, now func() time.Time) *cache[V] {
 // context detached from the caller's cancellation, since other callers may
 // wait on it, bounded by its own timeout.
 func (c *cache[V]) get(ctx context.Context, key string, load func(context.Context) (V, error)) (V, error) {
+	return c.getShared(ctx, key, key, load)
+}
+
+// getShared is get where loads in flight are shared only between callers
+// with the same flight key, for loads whose outcome depends on more than
+// key (a PD resolved from caller-supplied sources). The result is cached
+// under key.
+func (c *cache[V]) getShared(ctx context.Context, key, flight string, load func(context.Context) (V, error)) (V, error) {
 	c.mu.RLock()
 	e, ok := c.entries[key]
 	c.mu.RUnlock()
 	if ok && c.now().Before(e.expires) {
 		return e.v, e.err
 	}
-	ch := c.sf.DoChan(key, func() (any, error) {
+	ch := c.sf.DoChan(flight, func() (any, error) {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		v, err := load(lctx)
