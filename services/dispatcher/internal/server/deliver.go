@@ -94,31 +94,36 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 	}
 
 	query, bodyWasString := agora.Query(env.Body)
-	var (
-		result, memory json.RawMessage
-		path           string
-		answerErr      string
-	)
 	var memIn json.RawMessage
 	if conv != nil {
 		memIn = conv.Memory
 	}
-	if hexHash == "" && negotiation && s.neg != nil {
+	// answer runs the paid or sandboxed part. It runs only after a new
+	// conversation's slot is reserved, so a peer at its cap costs nothing.
+	var answer func() (result, memory json.RawMessage, path, answerErr string)
+	switch {
+	case hexHash == "" && negotiation && s.neg != nil:
 		// The reference library's "negotiation" exchange: the negotiator
 		// answers; FINALPROTOCOL ends it.
-		result, memory, path, answerErr = s.answerNegotiation(ctx, agent, req.GetPeer(), env.Body, memIn)
-	} else if hexHash == "" {
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			return s.answerNegotiation(ctx, agent, req.GetPeer(), env.Body, memIn)
+		}
+	case hexHash == "":
 		purpose := PurposeReply
 		if negotiation {
 			purpose = PurposeNegotiate
 		}
-		result, path, answerErr = s.answerNL(ctx, req.GetAgent(), req.GetPeer(), purpose, env.Body, conv)
-		memory = memIn
-	} else if hexHash == NegotiationPDHash && s.neg != nil && !agent.unsupported[hexHash] {
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			result, path, answerErr := s.answerNL(ctx, req.GetAgent(), req.GetPeer(), purpose, env.Body, conv)
+			return result, memIn, path, answerErr
+		}
+	case hexHash == NegotiationPDHash && s.neg != nil && !agent.unsupported[hexHash]:
 		// Parley's negotiation PD: every hosted agent speaks it, through its
 		// negotiator, with no registry lookup.
-		result, memory, path, answerErr = s.answerNegotiation(ctx, agent, req.GetPeer(), query, memIn)
-	} else {
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			return s.answerNegotiation(ctx, agent, req.GetPeer(), query, memIn)
+		}
+	default:
 		pe, err := s.protocol(ctx, hexHash, env.Sources)
 		if err != nil {
 			switch status.Code(err) {
@@ -134,12 +139,59 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		if err := pdschema.Validate(pe.schemas.Request, query); err != nil {
 			return pathFailure, d.Failure(err.Error(), convRef(conv))
 		}
-		result, memory, path, answerErr = s.answerPD(ctx, req.GetAgent(), req.GetPeer(), pe, query, memIn, conv)
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			return s.answerPD(ctx, req.GetAgent(), req.GetPeer(), pe, query, memIn, conv)
+		}
 	}
 
+	if conv == nil && env.Multiround {
+		// Reserve the peer's conversation slot before answering.
+		now := s.now()
+		key := hexHash
+		if negotiation {
+			key = negotiationKey
+		}
+		c := store.Conversation{
+			ID:           newConversationID(),
+			Agent:        req.GetAgent(),
+			Peer:         req.GetPeer(),
+			ProtocolHash: key,
+			CreateTime:   now,
+			ExpireTime:   now.Add(s.opts.ConversationTTL),
+		}
+		err := s.store.CreateConversation(ctx, c, s.opts.MaxConversationsPerPeer, now)
+		if errors.Is(err, store.ErrLimit) {
+			return pathFailure, d.Failure(fmt.Sprintf("Too many open conversations: at most %d per peer; end some with DELETE", s.opts.MaxConversationsPerPeer), nil)
+		}
+		if err != nil {
+			s.logger.ErrorContext(ctx, "conversation create failed", slog.Any("err", err))
+			return pathFailure, d.Fault("internal error", followUp)
+		}
+		result, memory, path, answerErr := answer()
+		if answerErr != "" {
+			// The first answer failed: release the slot.
+			if err := s.store.DeleteConversation(context.WithoutCancel(ctx), c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+				s.logger.ErrorContext(ctx, "conversation release failed", slog.Any("err", err))
+			}
+			return pathFailure, d.Failure(answerErr, nil)
+		}
+		if memory != nil {
+			err := s.store.UpdateConversation(ctx, c.ID, func(c *store.Conversation) error {
+				c.Memory = memory
+				return nil
+			})
+			if err != nil {
+				s.logger.ErrorContext(ctx, "conversation update failed", slog.Any("err", err))
+				return pathFailure, d.Fault("internal error", followUp)
+			}
+		}
+		ref := &agora.Conversation{ID: c.ID, Expires: c.ExpireTime.Unix()}
+		return path, d.Success(agora.BodyAs(result, bodyWasString || d == agora.Pylib), ref)
+	}
+
+	result, memory, path, answerErr := answer()
 	var ref *agora.Conversation
-	switch {
-	case conv != nil:
+	if conv != nil {
 		exp := s.now().Add(s.opts.ConversationTTL)
 		err := s.store.UpdateConversation(ctx, conv.ID, func(c *store.Conversation) error {
 			c.ExpireTime = exp
@@ -153,30 +205,6 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 			return pathFailure, d.Fault("internal error", followUp)
 		}
 		ref = &agora.Conversation{ID: conv.ID, Expires: exp.Unix()}
-	case env.Multiround:
-		now := s.now()
-		key := hexHash
-		if negotiation {
-			key = negotiationKey
-		}
-		c := store.Conversation{
-			ID:           newConversationID(),
-			Agent:        req.GetAgent(),
-			Peer:         req.GetPeer(),
-			ProtocolHash: key,
-			Memory:       memory,
-			CreateTime:   now,
-			ExpireTime:   now.Add(s.opts.ConversationTTL),
-		}
-		err := s.store.CreateConversation(ctx, c, s.opts.MaxConversationsPerPeer, now)
-		if errors.Is(err, store.ErrLimit) {
-			return pathFailure, d.Failure(fmt.Sprintf("Too many open conversations: at most %d per peer; end some with DELETE", s.opts.MaxConversationsPerPeer), nil)
-		}
-		if err != nil {
-			s.logger.ErrorContext(ctx, "conversation create failed", slog.Any("err", err))
-			return pathFailure, d.Fault("internal error", followUp)
-		}
-		ref = &agora.Conversation{ID: c.ID, Expires: c.ExpireTime.Unix()}
 	}
 	if answerErr != "" {
 		return pathFailure, d.Failure(answerErr, ref)
