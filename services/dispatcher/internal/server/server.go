@@ -46,6 +46,10 @@ type Options struct {
 	QuarantineAfter int
 	// HandlerTimeout is how long a connected SDK agent has to answer; 10 s.
 	HandlerTimeout time.Duration
+	// HandlerQueue bounds each connected SDK agent's queue of requests not
+	// yet written to its stream; 64. A full queue fails requests at once,
+	// and one full for HandlerTimeout drops the connection.
+	HandlerQueue int
 	// CacheTTL is how long agents and routines are cached; 5 s. Protocols,
 	// being immutable, are cached for at least a minute.
 	CacheTTL time.Duration
@@ -114,6 +118,9 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	}
 	if opts.HandlerTimeout <= 0 {
 		opts.HandlerTimeout = 10 * time.Second
+	}
+	if opts.HandlerQueue <= 0 {
+		opts.HandlerQueue = 64
 	}
 	if opts.CacheTTL <= 0 {
 		opts.CacheTTL = 5 * time.Second
