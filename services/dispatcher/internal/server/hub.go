@@ -219,10 +219,10 @@ func (s *Server) Connect(stream dispatcherv1.DispatcherService_ConnectServer) er
 		return invalid("hello.agent", "must be clients/{client}/agents/{agent}")
 	}
 	c := &agentConn{
-		agent:   hello.GetAgent(),
-		hashes:  map[string]bool{},
-		nl:      hello.GetNaturalLanguage(),
-		steps:   hello.GetSteps(),
+		agent:    hello.GetAgent(),
+		hashes:   map[string]bool{},
+		nl:       hello.GetNaturalLanguage(),
+		steps:    hello.GetSteps(),
 		stream:   stream,
 		pending:  map[string]chan *dispatcherv1.ConnectRequest{},
 		out:      make(chan *dispatcherv1.ConnectResponse, s.opts.HandlerQueue),
