@@ -94,3 +94,36 @@ func (c *cache[V]) forget(key string) {
 	defer c.mu.Unlock()
 	delete(c.entries, key)
 }
+
+// expirySet is a set of keys that each expire ttl after they are added.
+type expirySet struct {
+	ttl time.Duration
+	now func() time.Time
+
+	mu sync.Mutex // guards m
+	m  map[string]time.Time
+}
+
+func newExpirySet(ttl time.Duration, now func() time.Time) *expirySet {
+	return &expirySet{ttl: ttl, now: now, m: map[string]time.Time{}}
+}
+
+func (e *expirySet) add(key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.m) > 100_000 {
+		clear(e.m) // crude bound, as in cache.put
+	}
+	e.m[key] = e.now().Add(e.ttl)
+}
+
+func (e *expirySet) has(key string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	exp, ok := e.m[key]
+	if ok && !e.now().Before(exp) {
+		delete(e.m, key)
+		return false
+	}
+	return ok
+}
