@@ -72,7 +72,7 @@ func startDispatcher(t *testing.T) (dispatcherv1.DispatcherServiceClient, string
 	if err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := slog.New(slog.DiscardHandler)
 	a, err := app.New(cfg, logger, app.Peers{Registry: regConn, Negotiator: regConn})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,12 @@ func startDispatcher(t *testing.T) (dispatcherv1.DispatcherServiceClient, string
 	grpcLis, httpLis := listen(t), listen(t)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Logf("Run: %v", err)
+		}
+	})
 	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)

@@ -76,7 +76,7 @@ func Parse(data []byte) (*Envelope, error) {
 		// The slow path: encoding/json's result, and its error message.
 		w = wireEnvelope{}
 		if err := json.Unmarshal(trimmed, &w); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrMalformed, err)
+			return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
 	}
 	e := &Envelope{Body: w.Body, HadHashKey: w.ProtocolHash != nil, HadSourcesKey: w.ProtocolSources != nil}

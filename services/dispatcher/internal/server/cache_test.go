@@ -53,7 +53,9 @@ func TestProtocol_wrongSourcesDoNotPoisonOthers(t *testing.T) {
 		t.Errorf("protocol(good sources) = %v, want the PD", err)
 	}
 	close(release)
-	<-badErr // the fake registry now holds the PD, so this may succeed too
+	if err := <-badErr; err != nil { // the fake registry now holds the PD, so it may succeed too
+		t.Logf("protocol(bad sources) = %v", err)
+	}
 	// Now cached under the hash: any caller gets it without a registry call.
 	before := reg.resolveCalls.Load()
 	if _, err := e.srv.protocol(t.Context(), h, nil); err != nil || reg.resolveCalls.Load() != before {

@@ -248,7 +248,7 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 		opts.Now = e.now
 	}
 	opts.SendAllowPrivate = true
-	e.srv = New(st, slog.New(slog.NewTextHandler(io.Discard, nil)), registryv1.NewRegistryServiceClient(regConn), opts)
+	e.srv = New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), opts)
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

@@ -187,7 +187,7 @@ func (s *Server) tools(ctx context.Context, agent string) (map[string]routine.To
 
 // GetRoutine implements DispatcherServiceServer.
 func (s *Server) GetRoutine(ctx context.Context, req *dispatcherv1.GetRoutineRequest) (*dispatcherv1.Routine, error) {
-	if _, _, ok := parseRoutineName(req.GetName()); !ok {
+	if _, ok := parseRoutineName(req.GetName()); !ok {
 		return nil, invalid("name", "must be clients/{client}/agents/{agent}/routines/{sha1-hex or steps}")
 	}
 	r, err := s.store.GetRoutine(ctx, req.GetName())
@@ -231,7 +231,7 @@ func (s *Server) ListRoutines(ctx context.Context, req *dispatcherv1.ListRoutine
 func (s *Server) SetRoutine(ctx context.Context, req *dispatcherv1.SetRoutineRequest) (*dispatcherv1.Routine, error) {
 	r := req.GetRoutine()
 	var v grpcerr.Violations
-	agent, _, ok := parseRoutineName(r.GetName())
+	agent, ok := parseRoutineName(r.GetName())
 	if !ok {
 		v.Add("routine.name", "must be clients/{client}/agents/{agent}/routines/{sha1-hex or steps}")
 	}

@@ -128,7 +128,7 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 	path := pathRoutine
 	var body json.RawMessage
 	if hasRoutine && r.prog.Has("send") {
-		body, _, err = s.runRoutine(ctx, r, "send", []json.RawMessage{taskData}, nil, nil)
+		body, _, _ = s.runRoutine(ctx, r, "send", []json.RawMessage{taskData}, nil, nil) // on error body stays nil: the LLM writes it
 	}
 	if body == nil {
 		path = pathLLM

@@ -33,26 +33,26 @@ def parse(reply):
 	var sawSources string
 	target := http.NewServeMux()
 	target.HandleFunc("GET /agent/.wellknown", func(w http.ResponseWriter, _ *http.Request) {
-		w.Write([]byte(`{"` + weatherHex + `":["https://example.com/weather.txt"]}`))
+		_, _ = w.Write([]byte(`{"` + weatherHex + `":["https://example.com/weather.txt"]}`))
 	})
 	target.HandleFunc("POST /agent", func(w http.ResponseWriter, r *http.Request) {
 		r2, _ := http.NewRequestWithContext(r.Context(), http.MethodPost, e.url+"/agora/acme/weather", r.Body)
 		resp, err := http.DefaultClient.Do(r2)
 		if err != nil {
-			http.Error(w, err.Error(), 502)
+			http.Error(w, err.Error(), http.StatusBadGateway)
 			return
 		}
 		defer resp.Body.Close()
 		w.WriteHeader(resp.StatusCode)
 		buf := new(strings.Builder)
 		_, _ = bufCopy(buf, resp)
-		w.Write([]byte(buf.String()))
+		_, _ = w.Write([]byte(buf.String()))
 	})
 	target.HandleFunc("POST /spy", func(w http.ResponseWriter, r *http.Request) {
 		buf := new(strings.Builder)
 		_, _ = bufCopyReq(buf, r)
 		sawSources = buf.String()
-		w.Write([]byte(`{"status":"success","body":"ok"}`))
+		_, _ = w.Write([]byte(`{"status":"success","body":"ok"}`))
 	})
 	ts := httptest.NewServer(target)
 	defer ts.Close()
@@ -138,8 +138,10 @@ func TestSend_manyListedProtocolsCostBounded(t *testing.T) {
 		doc[sha1Hex([]byte(pd))] = []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(src))}
 	}
 	target := http.NewServeMux()
-	target.HandleFunc("GET /agent/.wellknown", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(mustJSON(doc))) })
-	target.HandleFunc("POST /agent", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte(`{"status":"success","body":"sunny"}`)) })
+	target.HandleFunc("GET /agent/.wellknown", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(mustJSON(doc))) })
+	target.HandleFunc("POST /agent", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{"status":"success","body":"sunny"}`))
+	})
 	ts := httptest.NewServer(target)
 	defer ts.Close()
 

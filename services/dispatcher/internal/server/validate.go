@@ -42,13 +42,13 @@ func isHex40(s string) bool {
 
 // parseRoutineName splits clients/{c}/agents/{a}/routines/{id}, id a
 // lowercase SHA-1 hex or "steps".
-func parseRoutineName(name string) (agent, id string, ok bool) {
+func parseRoutineName(name string) (agent string, ok bool) {
 	i := strings.LastIndex(name, "/routines/")
 	if i < 0 {
-		return "", "", false
+		return "", false
 	}
-	agent, id = name[:i], name[i+len("/routines/"):]
-	return agent, id, validAgentName(agent) && (isHex40(id) || id == stepRoutineID)
+	agent, id := name[:i], name[i+len("/routines/"):]
+	return agent, validAgentName(agent) && (isHex40(id) || id == stepRoutineID)
 }
 
 func parseToolName(name string) (agent string, ok bool) {
