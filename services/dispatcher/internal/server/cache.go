@@ -74,6 +74,19 @@ func (c *cache[V]) getShared(ctx context.Context, key, flight string, load func(
 	}
 }
 
+// peek returns key's cached value, if it is cached without error and fresh;
+// it never loads.
+func (c *cache[V]) peek(key string) (V, bool) {
+	c.mu.RLock()
+	e, ok := c.entries[key]
+	c.mu.RUnlock()
+	if !ok || e.err != nil || !c.now().Before(e.expires) {
+		var zero V
+		return zero, false
+	}
+	return e.v, true
+}
+
 // withNegative makes c keep errors negative accepts for ttl (0: never).
 func (c *cache[V]) withNegative(ttl time.Duration, negative func(error) bool) *cache[V] {
 	c.negTTL, c.negative = ttl, negative

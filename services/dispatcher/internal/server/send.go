@@ -201,9 +201,10 @@ func (s *Server) countSend(ctx context.Context, agent, task, target string, with
 //
 // A target chooses what its well-known document lists, so what one Send
 // spends on it is bounded: a listed hash we hold a sender routine for costs
-// nothing; only the first --send-max-listed-protocols listed hashes (in hash
-// order) are resolved through the registry, and those that do not resolve
-// are not tried again for that target for 10 minutes; the LLM judges only
+// nothing, and so does one whose PD is already in our cache; of the others
+// only the first --send-max-listed-protocols (in hash order) are resolved
+// through the registry, and those that do not resolve are not tried again
+// for that target for 10 minutes; the LLM judges only
 // resolved PDs whose metadata shares a word with the task, at most
 // --send-max-judge-calls per Send, and a "no" is kept for 10 minutes per
 // (target, hash, task).
@@ -233,8 +234,21 @@ func (s *Server) pickProtocol(ctx context.Context, agent, task, base string) str
 			return h
 		}
 	}
+	// PDs we already hold cost nothing to read; of the others, only those
+	// among the first SendMaxListed listed are resolved.
 	var resolved []*protocolEntry
-	for _, h := range hashes[:min(len(hashes), s.opts.SendMaxListed)] {
+	for i, h := range hashes {
+		pe, ok := s.protocols.peek(h)
+		if ok {
+			if fits(pe, task) {
+				return h
+			}
+			resolved = append(resolved, pe)
+			continue
+		}
+		if i >= s.opts.SendMaxListed {
+			continue
+		}
 		missKey := base + "\x00" + h
 		if s.pickMisses.has(missKey) {
 			continue

@@ -4,8 +4,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -137,6 +139,16 @@ func TestSend_manyListedProtocolsCostBounded(t *testing.T) {
 		}
 		doc[sha1Hex([]byte(pd))] = []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(src))}
 	}
+	// A PD that fits the task, listed after the first five: not resolved
+	// until we hold it for another reason.
+	sorted := slices.Sorted(maps.Keys(doc))
+	var fitPD, fitHash string
+	for i := 0; fitHash == "" || fitHash < sorted[4]; i++ {
+		fitPD = fmt.Sprintf("---\nname: weather forecast %d\n---\nAsk for it.", i)
+		fitHash = sha1Hex([]byte(fitPD))
+	}
+	fitSources := []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(fitPD))}
+	doc[fitHash] = fitSources
 	target := http.NewServeMux()
 	target.HandleFunc("GET /agent/.wellknown", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(mustJSON(doc))) })
 	target.HandleFunc("POST /agent", func(w http.ResponseWriter, _ *http.Request) {
@@ -177,5 +189,16 @@ func TestSend_manyListedProtocolsCostBounded(t *testing.T) {
 	}
 	if got := judgeCalls(); got > 4 {
 		t.Errorf("LLM judgements after two Sends = %d, want at most 4", got)
+	}
+
+	// Once we hold the fitting PD (say an envelope brought it), it is free
+	// to read and is picked.
+	if _, err := e.srv.protocol(t.Context(), fitHash, fitSources); err != nil {
+		t.Fatal(err)
+	}
+	before = e.reg.resolveCalls.Load()
+	resp, err := e.client.Send(t.Context(), &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: ts.URL + "/agent", Task: "weather-forecast", TaskDataJson: `{"city":"Paris"}`})
+	if err != nil || resp.GetProtocolHash() != fitHash || e.reg.resolveCalls.Load() != before {
+		t.Errorf("Send with the fitting PD held = %v, %v (%d registry calls); want it picked with no registry call", resp, err, e.reg.resolveCalls.Load()-before)
 	}
 }
