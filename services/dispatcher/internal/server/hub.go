@@ -44,7 +44,7 @@ type agentConn struct {
 	// out is the bounded outbound queue; one goroutine (sendLoop) drains it
 	// into the stream, so a client that stops reading blocks only that
 	// goroutine, never a request.
-	out       chan *dispatcherv1.ConnectResponse
+	out       chan outbound
 	stuckFor  time.Duration // queue full this long: drop the connection
 	fullSince atomic.Int64  // unix nanos when an enqueue first found the queue full; 0 when not
 	dropped   chan struct{} // closed by drop
@@ -125,7 +125,7 @@ func (c *agentConn) call(ctx context.Context, timeout time.Duration, fill func(i
 		c.mu.Unlock()
 	}()
 	dl, _ := ctx.Deadline()
-	if err := c.enqueue(fill(id, timestamppb.New(dl))); err != nil {
+	if err := c.enqueue(ctx, fill(id, timestamppb.New(dl))); err != nil {
 		return nil, err
 	}
 	select {
@@ -139,19 +139,25 @@ func (c *agentConn) call(ctx context.Context, timeout time.Duration, fill func(i
 	}
 }
 
+// outbound is a queued message and the context of the request it carries.
+type outbound struct {
+	ctx context.Context //nolint:containedctx // the request's, to skip sending what it gave up on
+	msg *dispatcherv1.ConnectResponse
+}
+
 // errAgentStuck: the connected agent's outbound queue is full.
 var errAgentStuck = errors.New("the connected agent is not reading its stream")
 
 // enqueue queues msg for the sender, failing at once when the queue is
 // full. A queue that stays full for stuckFor drops the connection.
-func (c *agentConn) enqueue(msg *dispatcherv1.ConnectResponse) error {
+func (c *agentConn) enqueue(ctx context.Context, msg *dispatcherv1.ConnectResponse) error {
 	select {
 	case <-c.dropped:
 		return errAgentGone
 	default:
 	}
 	select {
-	case c.out <- msg:
+	case c.out <- outbound{ctx: ctx, msg: msg}:
 		return nil
 	default:
 	}
@@ -172,9 +178,12 @@ func (c *agentConn) sendLoop(done <-chan struct{}) {
 		select {
 		case <-done:
 			return
-		case msg := <-c.out:
+		case o := <-c.out:
 			c.fullSince.Store(0) // the queue has room again
-			if err := c.stream.Send(msg); err != nil {
+			if o.ctx.Err() != nil {
+				continue // its request gave up while it waited
+			}
+			if err := c.stream.Send(o.msg); err != nil {
 				c.drop()
 				return
 			}
@@ -225,7 +234,7 @@ func (s *Server) Connect(stream dispatcherv1.DispatcherService_ConnectServer) er
 		steps:    hello.GetSteps(),
 		stream:   stream,
 		pending:  map[string]chan *dispatcherv1.ConnectRequest{},
-		out:      make(chan *dispatcherv1.ConnectResponse, s.opts.HandlerQueue),
+		out:      make(chan outbound, s.opts.HandlerQueue),
 		stuckFor: s.opts.HandlerTimeout,
 		dropped:  make(chan struct{}),
 	}
