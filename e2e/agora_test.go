@@ -238,7 +238,7 @@ func startWeather(t *testing.T, dialect string) *parleytest.Server {
 
 func TestAgora_weatherAnsweredByRoutineWithZeroLLM(t *testing.T) {
 	srv := startWeather(t, "")
-	const n, workers = 400, 8
+	const n, workers = 1000, 8 // the issue's "Done when": 1,000 envelopes
 	tests := []struct{ body, want string }{
 		{`{"date":"2026-12-01","location":"Paris"}`, `{"status":"success","body":{"precipitation":1.5,"temperature":7,"weatherCondition":"rainy"}}`},
 		{`{"date":"2026-12-01","location":"Rome"}`, `{"status":"success","body":{"precipitation":0,"temperature":14,"weatherCondition":"sunny"}}`},

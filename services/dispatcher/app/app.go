@@ -86,6 +86,8 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		SendTimeout:      a.cfg.SendTimeout,
 		SendRetries:      a.cfg.SendRetries,
 		SendAllowPrivate: a.cfg.SendAllowPrivate,
+		SendMaxListed:    a.cfg.SendMaxListed,
+		SendMaxJudge:     judgeCalls(a.cfg.SendMaxJudgeCalls),
 	}, nil
 }
 
@@ -157,4 +159,13 @@ type remoteDeliverer struct {
 
 func (r remoteDeliverer) DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverEnvelopeRequest) (*dispatcherv1.DeliverEnvelopeResponse, error) {
 	return r.c.DeliverEnvelope(ctx, req)
+}
+
+// judgeCalls turns --send-max-judge-calls into Options.SendMaxJudge, where 0
+// means the default and a negative value none.
+func judgeCalls(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

@@ -41,6 +41,10 @@ type Config struct {
 	SendTimeout       time.Duration
 	SendRetries       int
 	SendAllowPrivate  bool
+	// SendMaxListed and SendMaxJudgeCalls bound what one Send spends on a
+	// target's well-known document.
+	SendMaxListed     int
+	SendMaxJudgeCalls int
 }
 
 // RegisterFlags adds the dispatcher's own flags (not the shared serving flags)
@@ -63,6 +67,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.SendTimeout, "send-timeout", 10*time.Second, "time-out of one outbound Agora request")
 	fs.IntVar(&c.SendRetries, "send-retries", 2, "retries of an outbound request that cannot have reached the target")
 	fs.BoolVar(&c.SendAllowPrivate, "send-allow-private", false, "let Send reach loopback and private addresses (tests, labs)")
+	fs.IntVar(&c.SendMaxListed, "send-max-listed-protocols", 5, "protocols of a target's well-known document Send resolves at most")
+	fs.IntVar(&c.SendMaxJudgeCalls, "send-max-judge-calls", 2, "LLM calls one Send may spend judging whether a listed protocol fits")
 }
 
 // PeerDialects parses AgoraPeerDialects into peer → dialect name.
@@ -109,6 +115,8 @@ func (c *Config) Validate() error {
 		{"--agora-max-body-bytes", c.AgoraMaxBodyBytes > 0},
 		{"--send-timeout", c.SendTimeout > 0},
 		{"--send-retries", c.SendRetries >= 0},
+		{"--send-max-listed-protocols", c.SendMaxListed > 0},
+		{"--send-max-judge-calls", c.SendMaxJudgeCalls >= 0},
 		{"--dispatcher-negative-cache-ttl", c.NegativeCacheTTL >= 0},
 	}
 	for _, p := range positive {

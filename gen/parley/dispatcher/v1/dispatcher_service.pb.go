@@ -465,7 +465,11 @@ func (x *SetToolRequest) GetTool() *Tool {
 type ListToolsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent. Format: clients/{client}/agents/{agent}.
-	Parent        string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// Maximum results per page: 0 means 50, values above 1000 are clamped.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parameters.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -507,11 +511,27 @@ func (x *ListToolsRequest) GetParent() string {
 	return ""
 }
 
+func (x *ListToolsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListToolsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // ListToolsResponse is the response of ListTools.
 type ListToolsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent's tools.
-	Tools         []*Tool `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	Tools []*Tool `protobuf:"bytes,1,rep,name=tools,proto3" json:"tools,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -551,6 +571,13 @@ func (x *ListToolsResponse) GetTools() []*Tool {
 		return x.Tools
 	}
 	return nil
+}
+
+func (x *ListToolsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // SendRequest is the request of Send. Exactly one of task and text is set.
@@ -779,7 +806,11 @@ func (x *SendResponse) GetNegotiation() string {
 type ListSendCountsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The agent. Format: clients/{client}/agents/{agent}.
-	Parent        string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// Maximum results per page: 0 means 50, values above 1000 are clamped.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parameters.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -821,11 +852,27 @@ func (x *ListSendCountsRequest) GetParent() string {
 	return ""
 }
 
+func (x *ListSendCountsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSendCountsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 // ListSendCountsResponse is the response of ListSendCounts.
 type ListSendCountsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One entry per (task, target).
-	Counts        []*SendCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	Counts []*SendCount `protobuf:"bytes,1,rep,name=counts,proto3" json:"counts,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -865,6 +912,13 @@ func (x *ListSendCountsResponse) GetCounts() []*SendCount {
 		return x.Counts
 	}
 	return nil
+}
+
+func (x *ListSendCountsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // SendCount counts conversations an agent started for one (task, target).
@@ -1111,11 +1165,15 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\x11SetRoutineRequest\x12=\n" +
 	"\aroutine\x18\x01 \x01(\v2\x1d.parley.dispatcher.v1.RoutineB\x04\xe2A\x01\x02R\aroutine\"F\n" +
 	"\x0eSetToolRequest\x124\n" +
-	"\x04tool\x18\x01 \x01(\v2\x1a.parley.dispatcher.v1.ToolB\x04\xe2A\x01\x02R\x04tool\"0\n" +
+	"\x04tool\x18\x01 \x01(\v2\x1a.parley.dispatcher.v1.ToolB\x04\xe2A\x01\x02R\x04tool\"l\n" +
 	"\x10ListToolsRequest\x12\x1c\n" +
-	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"E\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"m\n" +
 	"\x11ListToolsResponse\x120\n" +
-	"\x05tools\x18\x01 \x03(\v2\x1a.parley.dispatcher.v1.ToolR\x05tools\"\xfe\x02\n" +
+	"\x05tools\x18\x01 \x03(\v2\x1a.parley.dispatcher.v1.ToolR\x05tools\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xfe\x02\n" +
 	"\vSendRequest\x12\x1a\n" +
 	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12#\n" +
 	"\n" +
@@ -1136,11 +1194,15 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\rprotocol_hash\x18\x03 \x01(\tR\fprotocolHash\x12\x12\n" +
 	"\x04path\x18\x04 \x01(\tR\x04path\x12\x14\n" +
 	"\x05error\x18\x05 \x01(\tR\x05error\x12 \n" +
-	"\vnegotiation\x18\x06 \x01(\tR\vnegotiation\"5\n" +
+	"\vnegotiation\x18\x06 \x01(\tR\vnegotiation\"q\n" +
 	"\x15ListSendCountsRequest\x12\x1c\n" +
-	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"Q\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"y\n" +
 	"\x16ListSendCountsResponse\x127\n" +
-	"\x06counts\x18\x01 \x03(\v2\x1f.parley.dispatcher.v1.SendCountR\x06counts\"\x89\x01\n" +
+	"\x06counts\x18\x01 \x03(\v2\x1f.parley.dispatcher.v1.SendCountR\x06counts\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x89\x01\n" +
 	"\tSendCount\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x1d\n" +
 	"\n" +

@@ -148,12 +148,23 @@ func (d Dialect) UnknownAgent() Reply {
 	return Reply{Status: http.StatusNotFound, Body: []byte(`{"status":"failure","body":"Unknown agent","error":"Unknown agent"}`)}
 }
 
-// Fault answers an internal fault or an unavailable dependency: 503 with a
-// failure body, or for pylib 200 with status error.
-func (d Dialect) Fault(msg string) Reply {
+// Fault answers an internal fault or an unavailable dependency
+// (specs/agora.md, section 8): std 500 with its failure body; spec2024 503
+// with a failure body (a transient failure the caller may retry); pylib 200
+// with status error on POST / (pylib reads other codes as a transport
+// failure) and 500 on follow-ups (conversation routes), as the reference
+// library answers.
+func (d Dialect) Fault(msg string, followUp bool) Reply {
 	m, _ := json.Marshal(msg)
-	if d == Pylib {
-		return Reply{Status: http.StatusOK, Body: []byte(`{"status":"error","body":null,"error":` + string(m) + `,"message":` + string(m) + `}`)}
+	switch d {
+	case Pylib:
+		code := http.StatusOK
+		if followUp {
+			code = http.StatusInternalServerError
+		}
+		return Reply{Status: code, Body: []byte(`{"status":"error","body":null,"error":` + string(m) + `,"message":` + string(m) + `}`)}
+	case Std:
+		return Reply{Status: http.StatusInternalServerError, Body: []byte(`{"status":"failure","error":` + string(m) + `}`)}
 	}
 	return Reply{Status: http.StatusServiceUnavailable, Body: []byte(`{"status":"failure","body":` + string(m) + `,"error":` + string(m) + `}`)}
 }

@@ -86,6 +86,11 @@ func TestDialectReplies(t *testing.T) {
 		{"pylib malformed", Pylib.Malformed("m"), 200, `{"status":"error","body":null,"error":"m","message":"m"}`},
 		{"unknown conversation", Spec2024.UnknownConversation(), 404, `{"status":"failure","body":"Conversation not found","error":"Conversation not found"}`},
 		{"pylib ended", Pylib.Ended(), 200, `{"status":"success","body":null}`},
+		{"std fault", Std.Fault("m", false), 500, `{"status":"failure","error":"m"}`},
+		{"std fault in a follow-up", Std.Fault("m", true), 500, `{"status":"failure","error":"m"}`},
+		{"spec2024 fault", Spec2024.Fault("m", false), 503, `{"status":"failure","body":"m","error":"m"}`},
+		{"pylib fault on POST /", Pylib.Fault("m", false), 200, `{"status":"error","body":null,"error":"m","message":"m"}`},
+		{"pylib fault in a follow-up", Pylib.Fault("m", true), 500, `{"status":"error","body":null,"error":"m","message":"m"}`},
 	}
 	for _, tt := range tests {
 		if tt.got.Status != tt.code || string(tt.got.Body) != tt.want {

@@ -38,13 +38,21 @@ func newCache[V any](ttl time.Duration, now func() time.Time) *cache[V] {
 // context detached from the caller's cancellation, since other callers may
 // wait on it, bounded by its own timeout.
 func (c *cache[V]) get(ctx context.Context, key string, load func(context.Context) (V, error)) (V, error) {
+	return c.getShared(ctx, key, key, load)
+}
+
+// getShared is get where loads in flight are shared only between callers
+// with the same flight key, for loads whose outcome depends on more than
+// key (a PD resolved from caller-supplied sources). The result is cached
+// under key.
+func (c *cache[V]) getShared(ctx context.Context, key, flight string, load func(context.Context) (V, error)) (V, error) {
 	c.mu.RLock()
 	e, ok := c.entries[key]
 	c.mu.RUnlock()
 	if ok && c.now().Before(e.expires) {
 		return e.v, e.err
 	}
-	ch := c.sf.DoChan(key, func() (any, error) {
+	ch := c.sf.DoChan(flight, func() (any, error) {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		v, err := load(lctx)
@@ -66,6 +74,19 @@ func (c *cache[V]) get(ctx context.Context, key string, load func(context.Contex
 	}
 }
 
+// peek returns key's cached value, if it is cached without error and fresh;
+// it never loads.
+func (c *cache[V]) peek(key string) (V, bool) {
+	c.mu.RLock()
+	e, ok := c.entries[key]
+	c.mu.RUnlock()
+	if !ok || e.err != nil || !c.now().Before(e.expires) {
+		var zero V
+		return zero, false
+	}
+	return e.v, true
+}
+
 // withNegative makes c keep errors negative accepts for ttl (0: never).
 func (c *cache[V]) withNegative(ttl time.Duration, negative func(error) bool) *cache[V] {
 	c.negTTL, c.negative = ttl, negative
@@ -85,4 +106,37 @@ func (c *cache[V]) forget(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.entries, key)
+}
+
+// expirySet is a set of keys that each expire ttl after they are added.
+type expirySet struct {
+	ttl time.Duration
+	now func() time.Time
+
+	mu sync.Mutex // guards m
+	m  map[string]time.Time
+}
+
+func newExpirySet(ttl time.Duration, now func() time.Time) *expirySet {
+	return &expirySet{ttl: ttl, now: now, m: map[string]time.Time{}}
+}
+
+func (e *expirySet) add(key string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.m) > 100_000 {
+		clear(e.m) // crude bound, as in cache.put
+	}
+	e.m[key] = e.now().Add(e.ttl)
+}
+
+func (e *expirySet) has(key string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	exp, ok := e.m[key]
+	if ok && !e.now().Before(exp) {
+		delete(e.m, key)
+		return false
+	}
+	return ok
 }

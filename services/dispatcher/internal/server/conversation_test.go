@@ -3,8 +3,10 @@ package server
 import (
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -176,5 +178,38 @@ func TestPylibShapedConversation(t *testing.T) {
 				t.Errorf("LLM calls = %d, want 0", e.llm.calls.Load())
 			}
 		})
+	}
+}
+
+// TestConversation_capCheckedBeforeAnswering: a peer at its conversation cap
+// gets the cap's failure without the LLM being paid for an answer it would
+// throw away; a first answer that fails gives the slot back.
+func TestConversation_capCheckedBeforeAnswering(t *testing.T) {
+	e := startWeather(t, 0, Options{MaxConversationsPerPeer: 1})
+	var fail atomic.Bool
+	fail.Store(true)
+	e.llm.reply = func(LLMRequest) (LLMResult, error) {
+		if fail.Load() {
+			return LLMResult{}, errors.New("model down")
+		}
+		return LLMResult{Output: json.RawMessage(`"hello"`)}, nil
+	}
+	post := `{"body":"hi","multiround":true}`
+	// A failed first answer releases its slot...
+	if code, m, raw := e.do("POST", "/agora/acme/weather", post); code != 200 || m["status"] != "failure" || m["conversationId"] != nil {
+		t.Fatalf("answer failing = %d %s, want failure without a conversation", code, raw)
+	}
+	fail.Store(false)
+	for i := range 5 {
+		code, m, raw := e.do("POST", "/agora/acme/weather", post)
+		switch {
+		case i == 0 && (code != 200 || m["status"] != "success" || m["conversationId"] == nil):
+			t.Errorf("post %d = %d %s, want success in a new conversation (the failed one's slot is free)", i, code, raw)
+		case i > 0 && (m["status"] != "failure" || !strings.Contains(raw, "Too many open conversations")):
+			t.Errorf("post %d = %d %s, want the cap's failure", i, code, raw)
+		}
+	}
+	if got := e.llm.calls.Load(); got != 2 {
+		t.Errorf("LLM calls = %d, want 2 (the failed answer and the one conversation)", got)
 	}
 }

@@ -37,6 +37,7 @@ func (s *Server) DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverE
 
 func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeRequest) (string, agora.Reply) {
 	peerDialect, peerFixed := s.opts.PeerDialects[req.GetPeer()]
+	followUp := req.GetConversationId() != ""
 	if !validAgentName(req.GetAgent()) {
 		return pathFailure, peerDialect.UnknownAgent()
 	}
@@ -46,7 +47,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 			return pathFailure, peerDialect.UnknownAgent()
 		}
 		s.logger.WarnContext(ctx, "agent lookup failed; answering with a fault", slog.String("agent", req.GetAgent()), slog.Any("err", err))
-		return pathFailure, peerDialect.Fault("the agent directory is unavailable; retry later")
+		return pathFailure, peerDialect.Fault("the agent directory is unavailable; retry later", followUp)
 	}
 	d := agent.dialect
 	if peerFixed {
@@ -77,7 +78,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		}
 		if err != nil {
 			s.logger.ErrorContext(ctx, "conversation lookup failed", slog.Any("err", err))
-			return pathFailure, d.Fault("internal error")
+			return pathFailure, d.Fault("internal error", followUp)
 		}
 		if !s.now().Before(c.ExpireTime) {
 			return pathFailure, d.Failure("Conversation expired", nil)
@@ -93,31 +94,36 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 	}
 
 	query, bodyWasString := agora.Query(env.Body)
-	var (
-		result, memory json.RawMessage
-		path           string
-		answerErr      string
-	)
 	var memIn json.RawMessage
 	if conv != nil {
 		memIn = conv.Memory
 	}
-	if hexHash == "" && negotiation && s.neg != nil {
+	// answer runs the paid or sandboxed part. It runs only after a new
+	// conversation's slot is reserved, so a peer at its cap costs nothing.
+	var answer func() (result, memory json.RawMessage, path, answerErr string)
+	switch {
+	case hexHash == "" && negotiation && s.neg != nil:
 		// The reference library's "negotiation" exchange: the negotiator
 		// answers; FINALPROTOCOL ends it.
-		result, memory, path, answerErr = s.answerNegotiation(ctx, agent, req.GetPeer(), env.Body, memIn)
-	} else if hexHash == "" {
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			return s.answerNegotiation(ctx, agent, req.GetPeer(), env.Body, memIn)
+		}
+	case hexHash == "":
 		purpose := PurposeReply
 		if negotiation {
 			purpose = PurposeNegotiate
 		}
-		result, path, answerErr = s.answerNL(ctx, req.GetAgent(), req.GetPeer(), purpose, env.Body, conv)
-		memory = memIn
-	} else if hexHash == NegotiationPDHash && s.neg != nil && !agent.unsupported[hexHash] {
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			result, path, answerErr := s.answerNL(ctx, req.GetAgent(), req.GetPeer(), purpose, env.Body, conv)
+			return result, memIn, path, answerErr
+		}
+	case hexHash == NegotiationPDHash && s.neg != nil && !agent.unsupported[hexHash]:
 		// Parley's negotiation PD: every hosted agent speaks it, through its
 		// negotiator, with no registry lookup.
-		result, memory, path, answerErr = s.answerNegotiation(ctx, agent, req.GetPeer(), query, memIn)
-	} else {
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			return s.answerNegotiation(ctx, agent, req.GetPeer(), query, memIn)
+		}
+	default:
 		pe, err := s.protocol(ctx, hexHash, env.Sources)
 		if err != nil {
 			switch status.Code(err) {
@@ -125,7 +131,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 				return pathRejected, d.Unsupported(hashFor(env, hexHash))
 			}
 			s.logger.WarnContext(ctx, "protocol resolution failed; answering with a fault", slog.String("protocol", hexHash), slog.Any("err", err))
-			return pathFailure, d.Fault("the protocol registry is unavailable; retry later")
+			return pathFailure, d.Fault("the protocol registry is unavailable; retry later", followUp)
 		}
 		if pe.schemaErr != nil || !s.supports(ctx, agent, hexHash) {
 			return pathRejected, d.Unsupported(hashFor(env, hexHash))
@@ -133,26 +139,13 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		if err := pdschema.Validate(pe.schemas.Request, query); err != nil {
 			return pathFailure, d.Failure(err.Error(), convRef(conv))
 		}
-		result, memory, path, answerErr = s.answerPD(ctx, req.GetAgent(), req.GetPeer(), pe, query, memIn, conv)
+		answer = func() (json.RawMessage, json.RawMessage, string, string) {
+			return s.answerPD(ctx, req.GetAgent(), req.GetPeer(), pe, query, memIn, conv)
+		}
 	}
 
-	var ref *agora.Conversation
-	switch {
-	case conv != nil:
-		exp := s.now().Add(s.opts.ConversationTTL)
-		err := s.store.UpdateConversation(ctx, conv.ID, func(c *store.Conversation) error {
-			c.ExpireTime = exp
-			if memory != nil {
-				c.Memory = memory
-			}
-			return nil
-		})
-		if err != nil && !errors.Is(err, store.ErrNotFound) {
-			s.logger.ErrorContext(ctx, "conversation update failed", slog.Any("err", err))
-			return pathFailure, d.Fault("internal error")
-		}
-		ref = &agora.Conversation{ID: conv.ID, Expires: exp.Unix()}
-	case env.Multiround:
+	if conv == nil && env.Multiround {
+		// Reserve the peer's conversation slot before answering.
 		now := s.now()
 		key := hexHash
 		if negotiation {
@@ -163,7 +156,6 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 			Agent:        req.GetAgent(),
 			Peer:         req.GetPeer(),
 			ProtocolHash: key,
-			Memory:       memory,
 			CreateTime:   now,
 			ExpireTime:   now.Add(s.opts.ConversationTTL),
 		}
@@ -173,9 +165,46 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 		}
 		if err != nil {
 			s.logger.ErrorContext(ctx, "conversation create failed", slog.Any("err", err))
-			return pathFailure, d.Fault("internal error")
+			return pathFailure, d.Fault("internal error", followUp)
 		}
-		ref = &agora.Conversation{ID: c.ID, Expires: c.ExpireTime.Unix()}
+		result, memory, path, answerErr := answer()
+		if answerErr != "" {
+			// The first answer failed: release the slot.
+			if err := s.store.DeleteConversation(context.WithoutCancel(ctx), c.ID); err != nil && !errors.Is(err, store.ErrNotFound) {
+				s.logger.ErrorContext(ctx, "conversation release failed", slog.Any("err", err))
+			}
+			return pathFailure, d.Failure(answerErr, nil)
+		}
+		if memory != nil {
+			err := s.store.UpdateConversation(ctx, c.ID, func(c *store.Conversation) error {
+				c.Memory = memory
+				return nil
+			})
+			if err != nil {
+				s.logger.ErrorContext(ctx, "conversation update failed", slog.Any("err", err))
+				return pathFailure, d.Fault("internal error", followUp)
+			}
+		}
+		ref := &agora.Conversation{ID: c.ID, Expires: c.ExpireTime.Unix()}
+		return path, d.Success(agora.BodyAs(result, bodyWasString || d == agora.Pylib), ref)
+	}
+
+	result, memory, path, answerErr := answer()
+	var ref *agora.Conversation
+	if conv != nil {
+		exp := s.now().Add(s.opts.ConversationTTL)
+		err := s.store.UpdateConversation(ctx, conv.ID, func(c *store.Conversation) error {
+			c.ExpireTime = exp
+			if memory != nil {
+				c.Memory = memory
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			s.logger.ErrorContext(ctx, "conversation update failed", slog.Any("err", err))
+			return pathFailure, d.Fault("internal error", followUp)
+		}
+		ref = &agora.Conversation{ID: conv.ID, Expires: exp.Unix()}
 	}
 	if answerErr != "" {
 		return pathFailure, d.Failure(answerErr, ref)
@@ -215,7 +244,7 @@ func (s *Server) endConversation(ctx context.Context, req *dispatcherv1.DeliverE
 		return d.UnknownConversation()
 	default:
 		s.logger.ErrorContext(ctx, "conversation delete failed", slog.Any("err", err))
-		return d.Fault("internal error")
+		return d.Fault("internal error", true)
 	}
 }
 

@@ -1,8 +1,11 @@
 package server
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -14,6 +17,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
@@ -354,5 +358,69 @@ func TestRoutineAPI(t *testing.T) {
 	}
 	if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: weatherAgent + "/routines/" + sha1Hex(nil)}); status.Code(err) != codes.NotFound {
 		t.Errorf("GetRoutine(missing) = %v, want NotFound", err)
+	}
+}
+
+// fakeDeliverer fails every DeliverEnvelope with err.
+type fakeDeliverer struct{ err error }
+
+func (f fakeDeliverer) DeliverEnvelope(context.Context, *dispatcherv1.DeliverEnvelopeRequest) (*dispatcherv1.DeliverEnvelopeResponse, error) {
+	return nil, f.err
+}
+
+// TestAgoraHTTP_deliverErrors: the Agora routes map a DeliverEnvelope error
+// by its gRPC code, not all to "dispatcher unavailable".
+func TestAgoraHTTP_deliverErrors(t *testing.T) {
+	tests := []struct {
+		code codes.Code
+		http int
+		want string
+	}{
+		{codes.InvalidArgument, 400, "malformed request"},
+		{codes.NotFound, 404, "not found"},
+		{codes.Unavailable, 503, "the dispatcher is unavailable"},
+		{codes.Internal, 500, "internal error"},
+		{codes.DeadlineExceeded, 500, "internal error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.code.String(), func(t *testing.T) {
+			mux := http.NewServeMux()
+			for p, h := range AgoraRoutes(fakeDeliverer{status.Error(tt.code, "secret detail")}, HTTPOptions{}) {
+				mux.Handle(p, h)
+			}
+			rec := httptest.NewRecorder()
+			mux.ServeHTTP(rec, httptest.NewRequestWithContext(t.Context(), "POST", "/agora/acme/weather", strings.NewReader(`{"body":"hi"}`)))
+			var m map[string]any
+			if err := json.Unmarshal(rec.Body.Bytes(), &m); err != nil || rec.Code != tt.http || m["error"] != tt.want || m["status"] != "failure" {
+				t.Errorf("reply = %d %s, want %d failure %q", rec.Code, rec.Body, tt.http, tt.want)
+			}
+		})
+	}
+}
+
+// TestDeliver_faultStatus: with the registry down, std answers 500, pylib
+// 200 error on POST / (and 500 on a follow-up), spec2024 503.
+func TestDeliver_faultStatus(t *testing.T) {
+	reg := newFakeRegistry()
+	reg.addAgent(agentRes(weatherAgent, registryv1.Dialect_DIALECT_STD, registryv1.SupportPolicy_SUPPORT_POLICY_EXPLICIT, weatherHex))
+	reg.resolveErr = status.Error(codes.Unavailable, "registry down")
+	e := startEnv(t, reg, "", Options{})
+	body := mustJSON(map[string]any{"protocolHash": weatherHex, "body": map[string]any{}})
+	if code, m, raw := e.do("POST", "/agora/acme/weather", body); code != 500 || m["status"] != "failure" {
+		t.Errorf("std fault = %d %s, want 500 failure", code, raw)
+	}
+	b64 := mustJSON(map[string]any{"protocolHash": weatherB64, "body": "{}"})
+	if code, m, raw := e.do("POST", "/agora/acme/weather", b64); code != 200 || m["status"] != "error" {
+		t.Errorf("pylib fault on POST / = %d %s, want 200 error", code, raw)
+	}
+
+	reg2 := newFakeRegistry()
+	reg2.getAgentErr = status.Error(codes.Unavailable, "registry down")
+	e2 := startEnv(t, reg2, "", Options{PeerDialects: map[string]agora.Dialect{"127.0.0.1": agora.Pylib}})
+	if code, m, raw := e2.do("POST", "/agora/acme/weather/conversations/abc", `{"body":"hi"}`); code != 500 || m["status"] != "error" {
+		t.Errorf("pylib fault in a follow-up = %d %s, want 500 error", code, raw)
+	}
+	if code, m, raw := e2.do("POST", "/agora/acme/weather", `{"body":"hi"}`); code != 200 || m["status"] != "error" {
+		t.Errorf("pylib fault on POST / = %d %s, want 200 error", code, raw)
 	}
 }

@@ -63,6 +63,11 @@ type fakeRegistry struct {
 
 	resolveCalls  atomic.Int64
 	getAgentCalls atomic.Int64
+	// resolveErr, when set, fails every ResolveProtocol; resolveHook, when
+	// set, runs first (tests block in it).
+	resolveErr  error
+	getAgentErr error // when set, fails every GetAgent
+	resolveHook func(*registryv1.ResolveProtocolRequest)
 
 	mu        sync.Mutex // guards agents and protocols
 	agents    map[string]*registryv1.Agent
@@ -99,6 +104,9 @@ func (f *fakeRegistry) addProtocolSchemas(content, request, response string) str
 
 func (f *fakeRegistry) GetAgent(_ context.Context, req *registryv1.GetAgentRequest) (*registryv1.Agent, error) {
 	f.getAgentCalls.Add(1)
+	if f.getAgentErr != nil {
+		return nil, f.getAgentErr
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	a, ok := f.agents[req.GetName()]
@@ -110,6 +118,12 @@ func (f *fakeRegistry) GetAgent(_ context.Context, req *registryv1.GetAgentReque
 
 func (f *fakeRegistry) ResolveProtocol(_ context.Context, req *registryv1.ResolveProtocolRequest) (*registryv1.Protocol, error) {
 	f.resolveCalls.Add(1)
+	if f.resolveHook != nil {
+		f.resolveHook(req)
+	}
+	if f.resolveErr != nil {
+		return nil, f.resolveErr
+	}
 	h := strings.ToLower(req.GetHash())
 	if len(h) == 28 {
 		raw, err := base64.StdEncoding.DecodeString(req.GetHash())

@@ -2,13 +2,14 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 
-	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -95,11 +96,29 @@ func (h *agoraHTTP) del(w http.ResponseWriter, r *http.Request) {
 func (h *agoraHTTP) serve(w http.ResponseWriter, r *http.Request, req *dispatcherv1.DeliverEnvelopeRequest) {
 	resp, err := h.d.DeliverEnvelope(r.Context(), req)
 	if err != nil {
-		code := runtime.HTTPStatusFromCode(status.Code(err))
-		writeRaw(w, code, []byte(`{"status":"failure","body":"the dispatcher is unavailable","error":"the dispatcher is unavailable"}`))
+		code, msg := deliverErrorReply(err)
+		m, _ := json.Marshal(msg)
+		writeRaw(w, code, []byte(`{"status":"failure","body":`+string(m)+`,"error":`+string(m)+`}`))
 		return
 	}
 	writeRaw(w, int(resp.GetHttpStatus()), resp.GetReplyJson())
+}
+
+// deliverErrorReply maps a DeliverEnvelope error (Agora errors travel in its
+// reply, so this is a transport or server fault) to an HTTP status and a
+// message: INVALID_ARGUMENT is a malformed request, NOT_FOUND an unknown
+// agent or conversation, UNAVAILABLE the dispatcher out of reach, anything
+// else an internal error (specs/agora.md, section 8).
+func deliverErrorReply(err error) (int, string) {
+	switch status.Code(err) {
+	case codes.InvalidArgument:
+		return http.StatusBadRequest, "malformed request"
+	case codes.NotFound:
+		return http.StatusNotFound, "not found"
+	case codes.Unavailable:
+		return http.StatusServiceUnavailable, "the dispatcher is unavailable"
+	}
+	return http.StatusInternalServerError, "internal error"
 }
 
 func writeRaw(w http.ResponseWriter, code int, body []byte) {

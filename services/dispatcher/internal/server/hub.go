@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -40,8 +41,15 @@ type agentConn struct {
 	steps  bool
 	stream dispatcherv1.DispatcherService_ConnectServer
 
-	sendMu sync.Mutex // serialises stream.Send
-	nextID atomic.Uint64
+	// out is the bounded outbound queue; one goroutine (sendLoop) drains it
+	// into the stream, so a client that stops reading blocks only that
+	// goroutine, never a request.
+	out       chan outbound
+	stuckFor  time.Duration // queue full this long: drop the connection
+	fullSince atomic.Int64  // unix nanos when an enqueue first found the queue full; 0 when not
+	dropped   chan struct{} // closed by drop
+	dropOnce  sync.Once
+	nextID    atomic.Uint64
 
 	mu      sync.Mutex // guards pending
 	pending map[string]chan *dispatcherv1.ConnectRequest
@@ -117,12 +125,8 @@ func (c *agentConn) call(ctx context.Context, timeout time.Duration, fill func(i
 		c.mu.Unlock()
 	}()
 	dl, _ := ctx.Deadline()
-	msg := fill(id, timestamppb.New(dl))
-	c.sendMu.Lock()
-	err := c.stream.Send(msg)
-	c.sendMu.Unlock()
-	if err != nil {
-		return nil, fmt.Errorf("%w: %w", errAgentGone, err)
+	if err := c.enqueue(ctx, fill(id, timestamppb.New(dl))); err != nil {
+		return nil, err
 	}
 	select {
 	case r, ok := <-ch:
@@ -134,6 +138,60 @@ func (c *agentConn) call(ctx context.Context, timeout time.Duration, fill func(i
 		return nil, fmt.Errorf("the connected agent did not answer in time: %w", ctx.Err())
 	}
 }
+
+// outbound is a queued message and the context of the request it carries.
+type outbound struct {
+	ctx context.Context //nolint:containedctx // the request's, to skip sending what it gave up on
+	msg *dispatcherv1.ConnectResponse
+}
+
+// errAgentStuck: the connected agent's outbound queue is full.
+var errAgentStuck = errors.New("the connected agent is not reading its stream")
+
+// enqueue queues msg for the sender, failing at once when the queue is
+// full. A queue that stays full for stuckFor drops the connection.
+func (c *agentConn) enqueue(ctx context.Context, msg *dispatcherv1.ConnectResponse) error {
+	select {
+	case <-c.dropped:
+		return errAgentGone
+	default:
+	}
+	select {
+	case c.out <- outbound{ctx: ctx, msg: msg}:
+		return nil
+	default:
+	}
+	now := time.Now().UnixNano()
+	if c.fullSince.CompareAndSwap(0, now) {
+		return errAgentStuck
+	}
+	if time.Duration(now-c.fullSince.Load()) >= c.stuckFor {
+		c.drop()
+	}
+	return errAgentStuck
+}
+
+// sendLoop drains the outbound queue into the stream until done closes or
+// a send fails (then the connection is dropped).
+func (c *agentConn) sendLoop(done <-chan struct{}) {
+	for {
+		select {
+		case <-done:
+			return
+		case o := <-c.out:
+			c.fullSince.Store(0) // the queue has room again
+			if o.ctx.Err() != nil {
+				continue // its request gave up while it waited
+			}
+			if err := c.stream.Send(o.msg); err != nil {
+				c.drop()
+				return
+			}
+		}
+	}
+}
+
+func (c *agentConn) drop() { c.dropOnce.Do(func() { close(c.dropped) }) }
 
 func (c *agentConn) deliver(id string, m *dispatcherv1.ConnectRequest) {
 	c.mu.Lock()
@@ -170,12 +228,15 @@ func (s *Server) Connect(stream dispatcherv1.DispatcherService_ConnectServer) er
 		return invalid("hello.agent", "must be clients/{client}/agents/{agent}")
 	}
 	c := &agentConn{
-		agent:   hello.GetAgent(),
-		hashes:  map[string]bool{},
-		nl:      hello.GetNaturalLanguage(),
-		steps:   hello.GetSteps(),
-		stream:  stream,
-		pending: map[string]chan *dispatcherv1.ConnectRequest{},
+		agent:    hello.GetAgent(),
+		hashes:   map[string]bool{},
+		nl:       hello.GetNaturalLanguage(),
+		steps:    hello.GetSteps(),
+		stream:   stream,
+		pending:  map[string]chan *dispatcherv1.ConnectRequest{},
+		out:      make(chan outbound, s.opts.HandlerQueue),
+		stuckFor: s.opts.HandlerTimeout,
+		dropped:  make(chan struct{}),
 	}
 	for i, h := range hello.GetProtocolHashes() {
 		raw, form, err := agora.ParseHash(h)
@@ -184,19 +245,34 @@ func (s *Server) Connect(stream dispatcherv1.DispatcherService_ConnectServer) er
 		}
 		c.hashes[(&agora.Envelope{Hash: raw}).HexHash()] = true
 	}
-	c.sendMu.Lock()
 	err = stream.Send(&dispatcherv1.ConnectResponse{Kind: &dispatcherv1.ConnectResponse_Ready{Ready: &dispatcherv1.ConnectReady{Agent: c.agent}}})
-	c.sendMu.Unlock()
 	if err != nil {
 		return err
 	}
+	done := make(chan struct{})
+	go c.sendLoop(done)
 	s.hub.add(c)
 	defer func() {
 		s.hub.remove(c)
 		c.closePending()
+		close(done)
 	}()
+	recvErr := make(chan error, 1)
+	go func() { recvErr <- c.recvLoop() }()
+	select {
+	case err := <-recvErr:
+		return err
+	case <-c.dropped:
+		// Returning ends the stream, which unblocks a pending Send and Recv.
+		s.logger.Warn("dropping a connected agent that does not read its stream", slog.String("agent", c.agent))
+		return grpcerr.New(codes.ResourceExhausted, "the agent did not read its stream; reconnect", "AGENT_STUCK", Domain, nil)
+	}
+}
+
+// recvLoop reads the agent's answers until the stream ends.
+func (c *agentConn) recvLoop() error {
 	for {
-		m, err := stream.Recv()
+		m, err := c.stream.Recv()
 		if err != nil {
 			if errors.Is(err, io.EOF) || errors.Is(err, context.Canceled) || status.Code(err) == codes.Canceled {
 				return nil

@@ -54,9 +54,12 @@ type protocolEntry struct {
 }
 
 // protocol resolves a PD through the registry, which fetches and verifies
-// it from sources when it does not hold it.
+// it from sources when it does not hold it. Concurrent first lookups share a
+// registry call only when they bring the same sources: a caller with wrong
+// sources must not fail one with right ones.
 func (s *Server) protocol(ctx context.Context, hexHash string, sources []string) (*protocolEntry, error) {
-	return s.protocols.get(ctx, hexHash, func(ctx context.Context) (*protocolEntry, error) {
+	flight := hexHash + "\x00" + strings.Join(sources, "\x00")
+	return s.protocols.getShared(ctx, hexHash, flight, func(ctx context.Context) (*protocolEntry, error) {
 		pd, err := s.registry.ResolveProtocol(ctx, &registryv1.ResolveProtocolRequest{Hash: hexHash, Sources: sources})
 		if err != nil {
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strings"
 	"sync"
 
@@ -300,12 +301,49 @@ func (s *Server) SetTool(ctx context.Context, req *dispatcherv1.SetToolRequest) 
 
 // ListTools implements DispatcherServiceServer.
 func (s *Server) ListTools(ctx context.Context, req *dispatcherv1.ListToolsRequest) (*dispatcherv1.ListToolsResponse, error) {
-	if !validAgentName(req.GetParent()) {
-		return nil, invalid("parent", "must be clients/{client}/agents/{agent}")
+	size, after, err := listParams(req.GetParent(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
 	}
 	list, err := s.store.ListTools(ctx, req.GetParent())
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "")
 	}
-	return &dispatcherv1.ListToolsResponse{Tools: list}, nil
+	page, next := paginate(list, (*dispatcherv1.Tool).GetName, after, size)
+	resp := &dispatcherv1.ListToolsResponse{Tools: page}
+	if next != "" {
+		resp.NextPageToken = pagetoken.Encode(next, req.GetParent())
+	}
+	return resp, nil
+}
+
+// listParams validates a List request's parent, page size and token; it
+// returns the page size and the key the page starts after.
+func listParams(parent string, pageSize int32, pageToken string) (int, string, error) {
+	var v grpcerr.Violations
+	if !validAgentName(parent) {
+		v.Add("parent", "must be clients/{client}/agents/{agent}")
+	}
+	size, ok := pagetoken.Size(pageSize, 50, 1000)
+	if !ok {
+		v.Add("page_size", "must not be negative")
+	}
+	after, err := pagetoken.Decode(pageToken, parent)
+	if err != nil {
+		v.Add("page_token", "is not a token from a previous call with the same parent")
+	}
+	return size, after, v.Err("INVALID_ARGUMENT", Domain)
+}
+
+// paginate returns the page of list (sorted by key) that starts after the
+// key after, and the key to continue after ("" on the last page).
+func paginate[T any](list []T, key func(T) string, after string, size int) ([]T, string) {
+	if after != "" {
+		i := sort.Search(len(list), func(i int) bool { return key(list[i]) > after })
+		list = list[i:]
+	}
+	if len(list) <= size {
+		return list, ""
+	}
+	return list[:size], key(list[size-1])
 }

@@ -17,13 +17,16 @@ import (
 	"strings"
 	"syscall"
 	"time"
+	"unicode"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // maxReplyBytes caps a peer's reply and /wellknown document.
@@ -197,6 +200,16 @@ func (s *Server) countSend(ctx context.Context, agent, task, target string, with
 }
 
 // pickProtocol returns the hash to use for task at target, or "".
+//
+// A target chooses what its well-known document lists, so what one Send
+// spends on it is bounded: a listed hash we hold a sender routine for costs
+// nothing, and so does one whose PD is already in our cache; of the others
+// only the first --send-max-listed-protocols (in hash order) are resolved
+// through the registry, and those that do not resolve are not tried again
+// for that target for 10 minutes; the LLM judges only
+// resolved PDs whose metadata shares a word with the task, at most
+// --send-max-judge-calls per Send, and a "no" is kept for 10 minutes per
+// (target, hash, task).
 func (s *Server) pickProtocol(ctx context.Context, agent, task, base string) string {
 	listed := s.targetProtocols(ctx, base)
 	hashes := make([]string, 0, len(listed))
@@ -208,31 +221,70 @@ func (s *Server) pickProtocol(ctx context.Context, agent, task, base string) str
 		r, err := s.routines.get(ctx, agent, h)
 		return err == nil && r.usable() && r.prog != nil && r.prog.Has("send")
 	}
-	for _, h := range hashes {
-		if hasSender(h) {
-			return h
-		}
-	}
-	for _, h := range hashes {
-		if pe, err := s.protocol(ctx, h, listed[h]); err == nil && fits(pe, task) {
-			return h
-		}
-	}
-	if own, err := s.store.ListRoutines(ctx, agent, "", 1000); err == nil {
-		for _, r := range own {
-			h := lastSegment(r.GetName())
-			if isHex40(h) && hasSender(h) {
-				if pe, err := s.protocol(ctx, h, nil); err == nil && fits(pe, task) {
-					return h
-				}
+	var own []string // hashes we hold a routine for
+	ownSet := map[string]bool{}
+	if list, err := s.store.ListRoutines(ctx, agent, "", 1000); err == nil {
+		for _, r := range list {
+			if h := lastSegment(r.GetName()); isHex40(h) {
+				own = append(own, h)
+				ownSet[h] = true
 			}
 		}
 	}
 	for _, h := range hashes {
-		pe, err := s.protocol(ctx, h, listed[h])
-		if err != nil {
+		if ownSet[h] && hasSender(h) {
+			return h
+		}
+	}
+	// PDs we already hold cost nothing to read; of the others, only those
+	// among the first SendMaxListed listed are resolved.
+	var resolved []*protocolEntry
+	for i, h := range hashes {
+		pe, ok := s.protocols.peek(h)
+		if ok {
+			if fits(pe, task) {
+				return h
+			}
+			resolved = append(resolved, pe)
 			continue
 		}
+		if i >= s.opts.SendMaxListed {
+			continue
+		}
+		missKey := base + "\x00" + h
+		if s.pickMisses.has(missKey) {
+			continue
+		}
+		pe, err := s.protocol(ctx, h, listed[h])
+		if err != nil {
+			if ctx.Err() == nil && status.Code(err) != codes.Unavailable {
+				s.pickMisses.add(missKey)
+			}
+			continue
+		}
+		if fits(pe, task) {
+			return h
+		}
+		resolved = append(resolved, pe)
+	}
+	for _, h := range own {
+		if hasSender(h) {
+			if pe, err := s.protocol(ctx, h, nil); err == nil && fits(pe, task) {
+				return h
+			}
+		}
+	}
+	judged := 0
+	for _, pe := range resolved {
+		if judged >= s.opts.SendMaxJudge {
+			break
+		}
+		h := pe.pd.GetSha1Hex()
+		missKey := base + "\x00" + h + "\x00" + task
+		if !related(pe, task) || s.pickMisses.has(missKey) {
+			continue
+		}
+		judged++
 		out, err := s.complete(ctx, LLMRequest{Agent: agent, Peer: base, Purpose: PurposeJudge, Protocol: pe.pd.GetContent(), Task: task})
 		if errors.Is(err, ErrNoLLM) || errors.Is(err, ErrLLMBudget) {
 			break
@@ -240,8 +292,24 @@ func (s *Server) pickProtocol(ctx context.Context, agent, task, base string) str
 		if err == nil && string(bytes.TrimSpace(out)) == "true" {
 			return h
 		}
+		if err == nil {
+			s.pickMisses.add(missKey)
+		}
 	}
 	return ""
+}
+
+// related is the cheap check before asking the LLM whether a PD fits: some
+// word of the task (four letters or more) occurs in the PD's title,
+// description or tags, ignoring case.
+func related(pe *protocolEntry, task string) bool {
+	meta := strings.ToLower(pe.pd.GetTitle() + " " + pe.pd.GetDescription() + " " + strings.Join(pe.pd.GetTags(), " "))
+	for _, w := range strings.FieldsFunc(strings.ToLower(task), func(r rune) bool { return !unicode.IsLetter(r) && !unicode.IsDigit(r) }) {
+		if len(w) >= 4 && strings.Contains(meta, w) {
+			return true
+		}
+	}
+	return false
 }
 
 // fits reports whether a PD's metadata names the task: its title, a tag or
@@ -464,15 +532,22 @@ func (s *Server) postOnce(ctx context.Context, u string, data []byte) (peerReply
 
 // ListSendCounts implements DispatcherServiceServer.
 func (s *Server) ListSendCounts(ctx context.Context, req *dispatcherv1.ListSendCountsRequest) (*dispatcherv1.ListSendCountsResponse, error) {
-	if !validAgentName(req.GetParent()) {
-		return nil, invalid("parent", "must be clients/{client}/agents/{agent}")
+	size, after, err := listParams(req.GetParent(), req.GetPageSize(), req.GetPageToken())
+	if err != nil {
+		return nil, err
 	}
 	list, err := s.store.ListSendCounts(ctx, req.GetParent())
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "")
 	}
+	// The store lists counts in (task, target) order: the key below sorts
+	// the same way, as neither part holds a NUL.
+	page, next := paginate(list, func(c store.SendCount) string { return c.Task + "\x00" + c.TargetURL }, after, size)
 	resp := &dispatcherv1.ListSendCountsResponse{}
-	for _, c := range list {
+	if next != "" {
+		resp.NextPageToken = pagetoken.Encode(next, req.GetParent())
+	}
+	for _, c := range page {
 		resp.Counts = append(resp.Counts, &dispatcherv1.SendCount{Task: c.Task, TargetUrl: c.TargetURL, Conversations: c.Conversations, WithProtocol: c.WithProtocol})
 	}
 	return resp, nil

@@ -1,9 +1,15 @@
 package server
 
 import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -103,5 +109,96 @@ func TestSend_errors(t *testing.T) {
 				t.Errorf("Send = %v, want %v", err, tt.code)
 			}
 		})
+	}
+}
+
+// TestSend_manyListedProtocolsCostBounded: a target whose well-known
+// document lists 300 PDs gets at most --send-max-listed-protocols registry
+// resolutions and --send-max-judge-calls LLM judgements per Send; misses are
+// remembered, and no PD is judged twice for the same task.
+func TestSend_manyListedProtocolsCostBounded(t *testing.T) {
+	e := startWeather(t, 0, Options{})
+	e.reg.addAgent(agentRes(senderAgent, 0, 0))
+	var mu sync.Mutex
+	judged := map[string]int{}
+	e.llm.reply = func(req LLMRequest) (LLMResult, error) {
+		if req.Purpose == PurposeJudge {
+			mu.Lock()
+			judged[sha1Hex(req.Protocol)]++
+			mu.Unlock()
+			return LLMResult{Output: json.RawMessage(`false`)}, nil
+		}
+		return LLMResult{Output: json.RawMessage(`"what is the forecast?"`)}, nil
+	}
+	doc := map[string][]string{}
+	for i := range 300 {
+		pd := fmt.Sprintf("---\nname: Forecast for weather, variant %d\n---\nAsk for it.", i)
+		src := pd
+		if i%2 == 1 {
+			src = "not the PD" // does not verify
+		}
+		doc[sha1Hex([]byte(pd))] = []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(src))}
+	}
+	// A PD that fits the task, listed after the first five: not resolved
+	// until we hold it for another reason.
+	sorted := slices.Sorted(maps.Keys(doc))
+	var fitPD, fitHash string
+	for i := 0; fitHash == "" || fitHash < sorted[4]; i++ {
+		fitPD = fmt.Sprintf("---\nname: weather forecast %d\n---\nAsk for it.", i)
+		fitHash = sha1Hex([]byte(fitPD))
+	}
+	fitSources := []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(fitPD))}
+	doc[fitHash] = fitSources
+	target := http.NewServeMux()
+	target.HandleFunc("GET /agent/.wellknown", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte(mustJSON(doc))) })
+	target.HandleFunc("POST /agent", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{"status":"success","body":"sunny"}`))
+	})
+	ts := httptest.NewServer(target)
+	defer ts.Close()
+
+	judgeCalls := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		n := 0
+		for h, c := range judged {
+			if c > 1 {
+				t.Errorf("PD %s judged %d times for one task", h, c)
+			}
+			n += c
+		}
+		return n
+	}
+	send := func() {
+		resp, err := e.client.Send(t.Context(), &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: ts.URL + "/agent", Task: "weather-forecast", TaskDataJson: `{"city":"Paris"}`})
+		if err != nil || resp.GetStatus() != "success" || resp.GetProtocolHash() != "" {
+			t.Fatalf("Send = %v, %v; want success in natural language (nothing fits)", resp, err)
+		}
+	}
+	send()
+	if got := e.reg.resolveCalls.Load(); got > 5 {
+		t.Errorf("registry resolutions after one Send = %d, want at most 5", got)
+	}
+	if got := judgeCalls(); got > 2 || got == 0 {
+		t.Errorf("LLM judgements after one Send = %d, want 1 or 2", got)
+	}
+	before := e.reg.resolveCalls.Load()
+	send()
+	if got := e.reg.resolveCalls.Load() - before; got != 0 {
+		t.Errorf("registry resolutions in a second Send = %d, want 0 (resolved PDs cached, failures remembered)", got)
+	}
+	if got := judgeCalls(); got > 4 {
+		t.Errorf("LLM judgements after two Sends = %d, want at most 4", got)
+	}
+
+	// Once we hold the fitting PD (say an envelope brought it), it is free
+	// to read and is picked.
+	if _, err := e.srv.protocol(t.Context(), fitHash, fitSources); err != nil {
+		t.Fatal(err)
+	}
+	before = e.reg.resolveCalls.Load()
+	resp, err := e.client.Send(t.Context(), &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: ts.URL + "/agent", Task: "weather-forecast", TaskDataJson: `{"city":"Paris"}`})
+	if err != nil || resp.GetProtocolHash() != fitHash || e.reg.resolveCalls.Load() != before {
+		t.Errorf("Send with the fitting PD held = %v, %v (%d registry calls); want it picked with no registry call", resp, err, e.reg.resolveCalls.Load()-before)
 	}
 }

@@ -46,6 +46,10 @@ type Options struct {
 	QuarantineAfter int
 	// HandlerTimeout is how long a connected SDK agent has to answer; 10 s.
 	HandlerTimeout time.Duration
+	// HandlerQueue bounds each connected SDK agent's queue of requests not
+	// yet written to its stream; 64. A full queue fails requests at once,
+	// and one full for HandlerTimeout drops the connection.
+	HandlerQueue int
 	// CacheTTL is how long agents and routines are cached; 5 s. Protocols,
 	// being immutable, are cached for at least a minute.
 	CacheTTL time.Duration
@@ -66,6 +70,12 @@ type Options struct {
 	HTTPClient *http.Client
 	// SendAllowPrivate lets Send reach loopback and private addresses.
 	SendAllowPrivate bool
+	// SendMaxListed is how many of the protocols a target's well-known
+	// document lists Send resolves at most (in hash order); 5.
+	SendMaxListed int
+	// SendMaxJudge caps the LLM calls one Send spends judging whether a
+	// listed protocol fits its task; 2 when zero, none when negative.
+	SendMaxJudge int
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
 }
@@ -89,7 +99,10 @@ type Server struct {
 	routines  *routineCache
 	hub       *hub
 	wellknown *cache[map[string][]string]
-	client    *http.Client
+	// pickMisses remembers, per target, listed protocols that did not
+	// resolve or that the LLM judged unfit for a task, for 10 minutes.
+	pickMisses *expirySet
+	client     *http.Client
 
 	backoff negotiationBackoff
 	negPDMu sync.Mutex // guards negPD
@@ -115,11 +128,20 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	if opts.HandlerTimeout <= 0 {
 		opts.HandlerTimeout = 10 * time.Second
 	}
+	if opts.HandlerQueue <= 0 {
+		opts.HandlerQueue = 64
+	}
 	if opts.CacheTTL <= 0 {
 		opts.CacheTTL = 5 * time.Second
 	}
 	if opts.SendTimeout <= 0 {
 		opts.SendTimeout = 10 * time.Second
+	}
+	if opts.SendMaxListed <= 0 {
+		opts.SendMaxListed = 5
+	}
+	if opts.SendMaxJudge == 0 {
+		opts.SendMaxJudge = 2
 	}
 	if opts.SendRetries < 0 {
 		opts.SendRetries = 0
@@ -143,6 +165,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	s.schemas = pdschema.NewCache(10_000)
 	s.wellknown = newCache[map[string][]string](max(opts.CacheTTL, 30*time.Second), opts.Now)
 	s.routines = newRoutineCache(s)
+	s.pickMisses = newExpirySet(10*time.Minute, opts.Now)
 	s.hub = newHub(s.metrics)
 	s.client = opts.HTTPClient
 	if s.client == nil {
