@@ -3,6 +3,8 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"net/http"
 	"os/exec"
 	"strings"
@@ -14,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/parleyhq/parley/e2e/parleytest"
+	"github.com/parleyhq/parley/sdk"
 )
 
 func TestServe_healthOverGRPCAndHTTP_thenSIGTERM(t *testing.T) {
@@ -77,5 +80,40 @@ func TestServe_secondProcessOnSameDataDirFailsFast(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
 		t.Fatal("second parley serve on a locked data directory hung")
+	}
+}
+
+// TestServe_SIGTERMWithConnectedAgent proves the 5 s shutdown bound holds
+// in the normal production state, with an SDK agent's stream open: the
+// dispatcher ends agent streams when shutdown starts instead of waiting for
+// --shutdown-timeout.
+func TestServe_SIGTERMWithConnectedAgent(t *testing.T) {
+	srv := parleytest.Start(t, "")
+	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ready := make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		done <- sdk.Connect(t.Context(), conn, "clients/acme/agents/idle", sdk.NaturalLanguage(func(context.Context, sdk.Envelope) (json.RawMessage, error) {
+			return json.RawMessage(`"hi"`), nil
+		}), sdk.OnReady(func() { close(ready) }))
+	}()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("sdk.Connect ended before ready: %v", err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the SDK agent did not connect")
+	}
+	start := time.Now()
+	if err := srv.Stop(5 * time.Second); err != nil {
+		t.Fatalf("SIGTERM with a connected agent: %v\n%s", err, srv.Log)
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(start))
+	if err := <-done; err == nil {
+		t.Error("sdk.Connect returned nil after the server stopped, want the stream's error (so callers reconnect)")
 	}
 }

@@ -99,6 +99,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	if err != nil {
 		return err
 	}
+	opts.Stopping = s.Stopping()
 	srv := server.New(a.store, a.logger, registryv1.NewRegistryServiceClient(a.peers.Registry), opts)
 	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, srv); err != nil {

@@ -262,6 +262,8 @@ func (s *Server) Connect(stream dispatcherv1.DispatcherService_ConnectServer) er
 	select {
 	case err := <-recvErr:
 		return err
+	case <-s.opts.Stopping:
+		return status.Error(codes.Unavailable, "the dispatcher is shutting down; reconnect")
 	case <-c.dropped:
 		// Returning ends the stream, which unblocks a pending Send and Recv.
 		s.logger.Warn("dropping a connected agent that does not read its stream", slog.String("agent", c.agent))

@@ -46,6 +46,10 @@ type Options struct {
 	QuarantineAfter int
 	// HandlerTimeout is how long a connected SDK agent has to answer; 10 s.
 	HandlerTimeout time.Duration
+	// Stopping, when it closes, ends every connected agent's stream with
+	// UNAVAILABLE so that a graceful shutdown need not wait for agents to
+	// hang up (the SDK reconnects); never closes when nil.
+	Stopping <-chan struct{}
 	// HandlerQueue bounds each connected SDK agent's queue of requests not
 	// yet written to its stream; 64. A full queue fails requests at once,
 	// and one full for HandlerTimeout drops the connection.
