@@ -210,12 +210,13 @@ func (e *executor) complete(ctx context.Context, ref store.StepRef, t *tasksv1.T
 			e.s.logger.WarnContext(ctx, "dropped an agent artifact with a bad name", slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Any("err", err))
 			continue
 		}
-		size, err := e.s.files.Write(ref.TaskID, rel, a.GetFileName(), bytes.NewReader(a.GetContent()), e.s.opts.MaxUploadBytes)
+		id := e.s.ids.next()
+		size, err := e.s.files.Write(ref.TaskID, id, bytes.NewReader(a.GetContent()), e.s.opts.MaxUploadBytes)
 		if err != nil {
 			return fmt.Errorf("store agent artifact: %w", err)
 		}
 		arts = append(arts, &tasksv1.Artifact{
-			Name:         t.GetName() + "/artifacts/" + e.s.ids.next(),
+			Name:         t.GetName() + "/artifacts/" + id,
 			FileName:     a.GetFileName(),
 			RelativePath: rel,
 			AgentCreated: true,

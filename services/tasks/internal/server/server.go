@@ -511,12 +511,13 @@ func (s *Server) UploadArtifact(ctx context.Context, parent string, a *tasksv1.A
 	if _, err := s.store.GetTask(ctx, ids[0]); err != nil {
 		return nil, s.toStatus(ctx, err, "TASK")
 	}
-	size, err := s.files.Write(ids[0], rel, a.GetFileName(), r, s.opts.MaxUploadBytes)
+	id := s.ids.next()
+	size, err := s.files.Write(ids[0], id, r, s.opts.MaxUploadBytes)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "ARTIFACT")
 	}
 	out := &tasksv1.Artifact{
-		Name:         parent + "/artifacts/" + s.ids.next(),
+		Name:         parent + "/artifacts/" + id,
 		FileName:     a.GetFileName(),
 		RelativePath: rel,
 		SizeBytes:    size,
@@ -570,7 +571,8 @@ func (s *Server) OpenArtifact(ctx context.Context, name string) (*tasksv1.Artifa
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := s.files.Open(strings.Split(name, "/")[1], a.GetRelativePath(), a.GetFileName())
+	ids := strings.Split(name, "/")
+	f, err := s.files.Open(ids[1], ids[3])
 	if err != nil {
 		if os.IsNotExist(err) {
 			err = fmt.Errorf("file of artifact %q: %w", name, store.ErrNotFound)
