@@ -51,13 +51,14 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		return nil, err
 	}
 	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, server.Options{
-		StepWait:       cfg.StepWait,
-		StepTimeout:    cfg.StepTimeout,
-		RetryMax:       cfg.RetryMax,
-		MaxPageSize:    cfg.MaxPageSize,
-		MaxUploadBytes: cfg.MaxUploadBytes,
-		MaxWatchers:    cfg.MaxWatchers,
-		MaxInFlight:    cfg.MaxInFlight,
+		StepWait:        cfg.StepWait,
+		StepTimeout:     cfg.StepTimeout,
+		RetryMax:        cfg.RetryMax,
+		MaxPageSize:     cfg.MaxPageSize,
+		MaxUploadBytes:  cfg.MaxUploadBytes,
+		MaxWatchers:     cfg.MaxWatchers,
+		MaxInFlight:     cfg.MaxInFlight,
+		MaxWaitingSteps: cfg.MaxWaitingSteps,
 	})
 	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers}, nil
 }

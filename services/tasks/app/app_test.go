@@ -387,6 +387,26 @@ func TestSteps_noExecutorStaysCreatedThenRuns(t *testing.T) {
 	})
 }
 
+func TestSteps_tooManyWaitingIs429AndWritesNothing(t *testing.T) {
+	_, conn := startFakeDispatcher(t, noExecutor)
+	e := startTasks(t, t.TempDir(), conn, func(c *config.Config) { c.MaxWaitingSteps = 2 })
+	task := e.createTask(t, `{}`)
+	steps := e.url + ap + "/" + task + "/steps"
+	for range 2 {
+		mustOK(t, postJSON(t, steps, `{"input":"x"}`)) // returns once the step waits
+	}
+	r := postJSON(t, steps, `{"input":"one too many"}`)
+	if r.code != http.StatusTooManyRequests {
+		t.Fatalf("third waiting step = %d %s, want 429", r.code, r.body)
+	}
+	if msg, _ := r.json(t)["message"].(string); !strings.Contains(msg, "waiting") {
+		t.Errorf("429 body %s; want a message about waiting steps", r.body)
+	}
+	if n := mustOK(t, get(t, steps))["pagination"].(map[string]any)["total_items"]; n != json.Number("2") {
+		t.Errorf("steps after the 429 = %v, want 2", n)
+	}
+}
+
 // blockingStep returns a step handler that waits for release.
 func blockingStep(release <-chan struct{}) func(context.Context, *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
 	return func(ctx context.Context, req *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {

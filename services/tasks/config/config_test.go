@@ -20,7 +20,7 @@ func TestLoad(t *testing.T) {
 		{"agent with capitals", []string{"--ap-agent", "Acme:w"}, nil, []string{"--ap-agent"}},
 		{"page size zero", []string{"--ap-max-page-size", "0"}, nil, []string{"--ap-max-page-size"}},
 		{"negative wait", []string{"--ap-step-wait", "-1s"}, nil, []string{"--ap-step-wait"}},
-		{"every bad value at once", []string{"--ap-max-upload-bytes", "0", "--ap-max-watchers", "0"}, nil, []string{"--ap-max-upload-bytes", "--ap-max-watchers"}},
+		{"every bad value at once", []string{"--ap-max-upload-bytes", "0", "--ap-max-watchers", "0", "--ap-max-waiting-steps", "0"}, nil, []string{"--ap-max-upload-bytes", "--ap-max-watchers", "--ap-max-waiting-steps"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

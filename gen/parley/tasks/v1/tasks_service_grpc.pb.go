@@ -54,7 +54,8 @@ type TasksServiceClient interface {
 	CancelTask(ctx context.Context, in *CancelTaskRequest, opts ...grpc.CallOption) (*Task, error)
 	// CreateStep stores a step as created, hands it to the task's agent through
 	// the dispatcher and waits for it up to wait. Errors: INVALID_ARGUMENT,
-	// NOT_FOUND.
+	// NOT_FOUND, RESOURCE_EXHAUSTED (TOO_MANY_WAITING_STEPS: the agent has the
+	// most steps allowed waiting for an executor; nothing is written).
 	CreateStep(ctx context.Context, in *CreateStepRequest, opts ...grpc.CallOption) (*Step, error)
 	// GetStep returns a step. Errors: INVALID_ARGUMENT, NOT_FOUND.
 	GetStep(ctx context.Context, in *GetStepRequest, opts ...grpc.CallOption) (*Step, error)
@@ -247,7 +248,8 @@ type TasksServiceServer interface {
 	CancelTask(context.Context, *CancelTaskRequest) (*Task, error)
 	// CreateStep stores a step as created, hands it to the task's agent through
 	// the dispatcher and waits for it up to wait. Errors: INVALID_ARGUMENT,
-	// NOT_FOUND.
+	// NOT_FOUND, RESOURCE_EXHAUSTED (TOO_MANY_WAITING_STEPS: the agent has the
+	// most steps allowed waiting for an executor; nothing is written).
 	CreateStep(context.Context, *CreateStepRequest) (*Step, error)
 	// GetStep returns a step. Errors: INVALID_ARGUMENT, NOT_FOUND.
 	GetStep(context.Context, *GetStepRequest) (*Step, error)

@@ -1,12 +1,14 @@
-// Package artifactfs keeps artifact bytes as files under
-// <data>/artifacts/<task_id>/<relative_path>/<file_name>.
+// Package artifactfs keeps artifact bytes as files named by artifact id:
+// <data>/artifacts/<task_id>/<artifact_id>.
 //
 // A write lands in a temporary file in the task's folder, is fsynced, renamed
 // into place, and the directories it touched are fsynced, all before Write
 // returns: metadata committed afterwards never points at bytes a crash could
-// lose. Names are checked so that nothing escapes the task's folder (no "..",
+// lose. An artifact's file name and relative path are metadata only, so two
+// artifacts with the same name keep their own bytes; the names are still
+// checked (CleanFileName, CleanRelativePath) so that a client writing them
+// out as a workspace cannot be sent outside the task's folder (no "..",
 // absolute paths, backslashes, NUL or control characters, drive letters).
-// Writing the same path twice replaces the file, as in a workspace.
 package artifactfs
 
 import (
@@ -33,6 +35,9 @@ var (
 // FS is the artifact folder of a data directory.
 type FS struct {
 	root string
+	// sync makes a file's or a directory's data durable; tests replace it
+	// to count calls.
+	sync func(*os.File) error
 }
 
 // New returns the FS rooted at <dataDir>/artifacts, creating it.
@@ -41,7 +46,7 @@ func New(dataDir string) (*FS, error) {
 	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, fmt.Errorf("artifact directory %s is unusable: %w", root, err)
 	}
-	return &FS{root: root}, nil
+	return &FS{root: root, sync: (*os.File).Sync}, nil
 }
 
 const maxNameBytes = 255
@@ -98,48 +103,40 @@ func CleanRelativePath(p string) (string, error) {
 	return strings.Join(segs, "/"), nil
 }
 
-// taskDir returns the task's folder; taskID is a server-made UUID, checked
-// anyway.
-func (f *FS) taskDir(taskID string) (string, error) {
-	if err := checkSegment(taskID); err != nil || strings.Contains(taskID, "/") {
-		return "", fmt.Errorf("%w: task id %q", ErrBadName, taskID)
+// checkID checks a server-made task or artifact id: one plain segment.
+func checkID(what, id string) error {
+	if err := checkSegment(id); err != nil || strings.ContainsAny(id, "/.") {
+		return fmt.Errorf("%w: %s id %q", ErrBadName, what, id)
 	}
-	return filepath.Join(f.root, taskID), nil
+	return nil
 }
 
-// path returns the file's path, checking names and that it stays inside the
-// task's folder.
-func (f *FS) path(taskID, relPath, fileName string) (dir, full string, err error) {
-	base, err := f.taskDir(taskID)
-	if err != nil {
+// path returns the task's folder and the artifact's file in it.
+func (f *FS) path(taskID, artifactID string) (dir, full string, err error) {
+	if err := checkID("task", taskID); err != nil {
 		return "", "", err
 	}
-	if _, err := CleanFileName(fileName); err != nil {
+	if err := checkID("artifact", artifactID); err != nil {
 		return "", "", err
 	}
-	rel, err := CleanRelativePath(relPath)
-	if err != nil {
-		return "", "", err
-	}
-	dir = filepath.Join(base, filepath.FromSlash(rel))
-	full = filepath.Join(dir, fileName)
-	if r, err := filepath.Rel(base, full); err != nil || r == ".." || strings.HasPrefix(r, ".."+string(filepath.Separator)) {
-		return "", "", fmt.Errorf("%w: %q escapes the task's folder", ErrBadName, rel+"/"+fileName)
-	}
-	return dir, full, nil
+	dir = filepath.Join(f.root, taskID)
+	return dir, filepath.Join(dir, artifactID), nil
 }
 
 // Write stores r's bytes (at most limit of them, else ErrTooLarge) as the
-// task's file relPath/fileName, durably, and returns its size.
-func (f *FS) Write(taskID, relPath, fileName string, r io.Reader, limit int64) (int64, error) {
-	dir, full, err := f.path(taskID, relPath, fileName)
+// bytes of the task's artifact artifactID, durably, and returns their size.
+// The artifact's file name and relative path are metadata the caller checks
+// (CleanFileName, CleanRelativePath) and stores; they play no part here.
+func (f *FS) Write(taskID, artifactID string, r io.Reader, limit int64) (int64, error) {
+	dir, full, err := f.path(taskID, artifactID)
 	if err != nil {
 		return 0, err
 	}
-	base, _ := f.taskDir(taskID)
-	created, err := mkdirAll(f.root, base, dir)
-	if err != nil {
-		return 0, err
+	created := false
+	if err := os.Mkdir(dir, 0o700); err == nil {
+		created = true
+	} else if !errors.Is(err, os.ErrExist) {
+		return 0, fmt.Errorf("make artifact directory: %w", err)
 	}
 	tmp, err := os.CreateTemp(dir, ".upload-"+randomHex()+"-*")
 	if err != nil {
@@ -159,7 +156,7 @@ func (f *FS) Write(taskID, relPath, fileName string, r io.Reader, limit int64) (
 	if n > limit {
 		return 0, fmt.Errorf("%w: over %d bytes", ErrTooLarge, limit)
 	}
-	if err := tmp.Sync(); err != nil {
+	if err := f.sync(tmp); err != nil {
 		return 0, fmt.Errorf("sync artifact: %w", err)
 	}
 	if err := tmp.Close(); err != nil {
@@ -169,55 +166,35 @@ func (f *FS) Write(taskID, relPath, fileName string, r io.Reader, limit int64) (
 		return 0, fmt.Errorf("rename artifact into place: %w", err)
 	}
 	committed = true
-	// The rename, and any directories made above, must reach the disk too.
-	for _, d := range append([]string{dir}, created...) {
-		if err := syncDir(d); err != nil {
+	// The rename, and the task's folder if it is new, must reach the disk
+	// too.
+	dirs := []string{dir}
+	if created {
+		dirs = append(dirs, f.root)
+	}
+	for _, d := range dirs {
+		if err := f.syncDir(d); err != nil {
 			return 0, err
 		}
 	}
 	return n, nil
 }
 
-// mkdirAll makes dir (inside root) and returns the parents of every
-// directory it created, which need an fsync to make the new entries durable.
-func mkdirAll(root, base, dir string) ([]string, error) {
-	var missing []string
-	for d := dir; ; d = filepath.Dir(d) {
-		if _, err := os.Lstat(d); err == nil {
-			break
-		} else if !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("artifact directory: %w", err)
-		}
-		missing = append(missing, d)
-		if d == base || d == root {
-			break
-		}
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("make artifact directory: %w", err)
-	}
-	var parents []string
-	for _, d := range missing {
-		parents = append(parents, filepath.Dir(d))
-	}
-	return parents, nil
-}
-
-func syncDir(dir string) error {
+func (f *FS) syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("open artifact directory: %w", err)
 	}
 	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := f.sync(d); err != nil {
 		return fmt.Errorf("sync artifact directory: %w", err)
 	}
 	return nil
 }
 
-// Open opens the task's file relPath/fileName for reading.
-func (f *FS) Open(taskID, relPath, fileName string) (*os.File, error) {
-	_, full, err := f.path(taskID, relPath, fileName)
+// Open opens the bytes of the task's artifact artifactID for reading.
+func (f *FS) Open(taskID, artifactID string) (*os.File, error) {
+	_, full, err := f.path(taskID, artifactID)
 	if err != nil {
 		return nil, err
 	}

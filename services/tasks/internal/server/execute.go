@@ -20,66 +20,171 @@ import (
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
-// retryMin is the first wait before another attempt at a parked step; it
-// doubles per attempt up to Options.RetryMax.
+// retryMin is the first wait before another attempt at an agent's waiting
+// steps; it doubles per failed attempt up to Options.RetryMax.
 const retryMin = 100 * time.Millisecond
 
-// executor hands pending steps to the dispatcher. A step whose attempt fails
-// (no executor for its agent yet, dispatcher down, ...) is parked: it stays
-// CREATED in the store, with a status_message saying why, and is retried
-// after a bounded, doubling backoff. Pending steps are in the store, so they
-// survive restarts (Server.Start resubmits them).
+// executor hands pending steps to the dispatcher. Attempts start from one
+// FIFO queue, at most Options.MaxInFlight at a time, each on its own
+// goroutine; nothing else holds a goroutine or a timer per step.
 //
-// Execution is at least once: a crash between ExecuteStep and the commit of
-// its result runs the step again after restart.
+// A step whose attempt fails (no executor for its agent yet, dispatcher down,
+// ...) waits: it stays CREATED in the store, with a status_message saying
+// why, in its agent's waiting list. Waiting is per agent: one loop goroutine
+// probes each waiting agent once per backoff interval (doubling from
+// retryMin to Options.RetryMax; at once to RetryMax when the dispatcher does
+// not know the agent) by retrying its oldest waiting step. When the probe
+// completes, the agent's other waiting steps are queued; until then new
+// steps of that agent join the list without an ExecuteStep call. A waiting
+// step's store record is written only when its status_message changes.
+//
+// Pending steps are in the store, so they survive restarts (Server.Start
+// queues them). Execution is at least once: a crash between ExecuteStep and
+// the commit of its result runs the step again after restart.
 type executor struct {
 	s      *Server
 	client dispatcherv1.DispatcherServiceClient
 	ctx    context.Context // ends on close
 	cancel context.CancelFunc
-	sem    chan struct{} // bounds concurrent ExecuteStep calls
-	wg     sync.WaitGroup
+	wake   chan struct{} // nudges the loop; capacity 1
+	loopWG sync.WaitGroup
+	wg     sync.WaitGroup // running attempts
 
-	mu      sync.Mutex // guards the fields below
-	closed  bool
-	queued  map[store.StepRef]bool // submitted, running or parked
-	running map[store.StepRef]bool
-	timers  map[store.StepRef]*time.Timer
-	waiters map[store.StepRef][]chan struct{}
+	mu       sync.Mutex // guards the fields below
+	closed   bool
+	ready    []job                  // attempts to start, oldest first
+	inFlight int                    // attempts running
+	queued   map[store.StepRef]bool // ready, running or waiting
+	running  map[store.StepRef]bool // calling ExecuteStep
+	agents   map[string]*agentWaits // by agent name
+	waiters  map[store.StepRef][]chan struct{}
+}
+
+// job is one attempt at a step; probe names the agent when the attempt is
+// that agent's probe.
+type job struct {
+	ref   store.StepRef
+	probe string
+}
+
+// agentWaits are an agent's waiting steps and the backoff of its probes.
+type agentWaits struct {
+	steps   []store.StepRef // oldest first; steps[0] is the next probe
+	failed  int             // failed probes in a row
+	due     time.Time       // next probe
+	probing bool            // a probe is running
+	msg     string          // why the agent's steps wait
 }
 
 func newExecutor(s *Server, client dispatcherv1.DispatcherServiceClient) *executor {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &executor{
+	e := &executor{
 		s: s, client: client, ctx: ctx, cancel: cancel,
-		sem:     make(chan struct{}, s.opts.MaxInFlight),
+		wake:    make(chan struct{}, 1),
 		queued:  map[store.StepRef]bool{},
 		running: map[store.StepRef]bool{},
-		timers:  map[store.StepRef]*time.Timer{},
+		agents:  map[string]*agentWaits{},
 		waiters: map[store.StepRef][]chan struct{}{},
+	}
+	e.loopWG.Add(1)
+	go e.loop()
+	return e
+}
+
+func (e *executor) nudge() {
+	select {
+	case e.wake <- struct{}{}:
+	default:
 	}
 }
 
-// submit starts an attempt at ref unless one is already queued.
-func (e *executor) submit(ref store.StepRef, attempt int) {
+// submit queues an attempt at ref unless one is already queued.
+func (e *executor) submit(ref store.StepRef) {
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.closed || e.queued[ref] {
+		e.mu.Unlock()
 		return
 	}
 	e.queued[ref] = true
-	e.wg.Add(1)
-	go e.run(ref, attempt)
+	e.ready = append(e.ready, job{ref: ref})
+	e.mu.Unlock()
+	e.nudge()
+}
+
+// waiting returns how many steps of agent wait for an executor.
+func (e *executor) waiting(agent string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if w := e.agents[agent]; w != nil {
+		return len(w.steps)
+	}
+	return 0
+}
+
+// loop starts due probes and ready attempts, then sleeps until the next
+// probe is due or something changes.
+func (e *executor) loop() {
+	defer e.loopWG.Done()
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	for {
+		e.mu.Lock()
+		now := time.Now()
+		var next time.Time
+		for agent, w := range e.agents {
+			switch {
+			case w.probing:
+			case len(w.steps) == 0:
+				delete(e.agents, agent)
+			case !w.due.After(now):
+				w.probing = true
+				e.ready = append(e.ready, job{ref: w.steps[0], probe: agent})
+			case next.IsZero() || w.due.Before(next):
+				next = w.due
+			}
+		}
+		for e.inFlight < e.s.opts.MaxInFlight && len(e.ready) > 0 && !e.closed {
+			j := e.ready[0]
+			e.ready[0] = job{}
+			e.ready = e.ready[1:]
+			e.inFlight++
+			e.wg.Add(1)
+			go e.attempt(j)
+		}
+		if len(e.ready) == 0 {
+			e.ready = nil // let the backing array go
+		}
+		e.mu.Unlock()
+		var due <-chan time.Time
+		if !next.IsZero() {
+			timer.Reset(time.Until(next))
+			due = timer.C
+		}
+		select {
+		case <-e.wake:
+		case <-due:
+		case <-e.ctx.Done():
+			return
+		}
+		timer.Stop()
+	}
 }
 
 // waiter returns a channel closed when ref's next attempt settles: the step
-// completed, or it was parked.
+// completed, or it waits.
 func (e *executor) waiter(ref store.StepRef) <-chan struct{} {
 	ch := make(chan struct{})
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.waiters[ref] = append(e.waiters[ref], ch)
 	return ch
+}
+
+// settle wakes ref's waiters.
+func (e *executor) settle(ref store.StepRef) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.settleLocked(ref)
 }
 
 func (e *executor) settleLocked(ref store.StepRef) {
@@ -105,50 +210,63 @@ func (e *executor) overlay(ref store.StepRef, st *tasksv1.Step) *tasksv1.Step {
 	return st
 }
 
-// dropTask forgets the parked steps of a cancelled task.
+// removeLocked drops refs matching drop from w, except a running probe.
+func (e *executor) removeLocked(w *agentWaits, drop func(store.StepRef) bool) {
+	kept := w.steps[:0]
+	for i, ref := range w.steps {
+		if drop(ref) && !(i == 0 && w.probing) {
+			delete(e.queued, ref)
+			e.settleLocked(ref)
+			continue
+		}
+		kept = append(kept, ref)
+	}
+	clear(w.steps[len(kept):])
+	w.steps = kept
+}
+
+// dropTask forgets the waiting steps of a cancelled task.
 func (e *executor) dropTask(taskID string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for ref, t := range e.timers {
-		if ref.TaskID == taskID && t.Stop() {
-			delete(e.timers, ref)
-			delete(e.queued, ref)
-			e.settleLocked(ref)
-		}
+	for _, w := range e.agents {
+		e.removeLocked(w, func(ref store.StepRef) bool { return ref.TaskID == taskID })
 	}
 }
 
 func (e *executor) close() {
 	e.mu.Lock()
 	e.closed = true
-	for ref, t := range e.timers {
-		t.Stop()
-		delete(e.timers, ref)
-	}
 	e.mu.Unlock()
 	e.cancel()
+	e.loopWG.Wait()
 	e.wg.Wait()
 }
 
-// finish ends an attempt that will not be retried.
-func (e *executor) finish(ref store.StepRef) {
+// done ends attempt j at a step that needs no more attempts (completed,
+// gone, cancelled, or shutting down).
+func (e *executor) done(j job) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	delete(e.queued, ref)
-	delete(e.running, ref)
-	e.settleLocked(ref)
+	delete(e.queued, j.ref)
+	delete(e.running, j.ref)
+	e.settleLocked(j.ref)
+	if w := e.agents[j.probe]; isProbe(w, j) {
+		w.probing = false // the next probe is due at once: w.due has passed
+		w.steps[0] = store.StepRef{}
+		w.steps = w.steps[1:]
+	}
 }
 
-func (e *executor) run(ref store.StepRef, attempt int) {
+func (e *executor) attempt(j job) {
 	defer e.wg.Done()
-	select {
-	case e.sem <- struct{}{}:
-	case <-e.ctx.Done():
-		e.finish(ref)
-		return
-	}
-	defer func() { <-e.sem }()
-	ctx := e.ctx
+	defer func() {
+		e.mu.Lock()
+		e.inFlight--
+		e.mu.Unlock()
+		e.nudge()
+	}()
+	ctx, ref := e.ctx, j.ref
 	t, err := e.s.store.GetTask(ctx, ref.TaskID)
 	var st *tasksv1.Step
 	if err == nil {
@@ -158,14 +276,25 @@ func (e *executor) run(ref store.StepRef, attempt int) {
 		if ctx.Err() == nil {
 			e.s.logger.ErrorContext(ctx, "load pending step", slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Any("err", err))
 		}
-		e.finish(ref)
+		e.done(j)
 		return
 	}
 	if st.GetStatus() != tasksv1.Step_STATUS_CREATED || t.GetState() != tasksv1.Task_STATE_ACTIVE {
-		e.finish(ref)
+		e.done(j)
 		return
 	}
+	agent := t.GetAgent()
 	e.mu.Lock()
+	if w := e.agents[agent]; w != nil && j.probe == "" {
+		// The agent is waiting for an executor: join its list; its probe
+		// decides for every step.
+		w.steps = append(w.steps, ref)
+		msg := w.msg
+		e.mu.Unlock()
+		e.note(ctx, ref, st, msg)
+		e.settle(ref)
+		return
+	}
 	e.running[ref] = true
 	e.mu.Unlock()
 	if e.s.hub.watched(ref.TaskID) {
@@ -176,7 +305,7 @@ func (e *executor) run(ref store.StepRef, attempt int) {
 
 	cctx, cancel := context.WithTimeout(ctx, e.s.opts.StepTimeout)
 	resp, err := e.client.ExecuteStep(cctx, &dispatcherv1.ExecuteStepRequest{
-		Agent:               t.GetAgent(),
+		Agent:               agent,
 		TaskId:              ref.TaskID,
 		StepId:              ref.StepID,
 		TaskInput:           t.GetInput(),
@@ -187,13 +316,40 @@ func (e *executor) run(ref store.StepRef, attempt int) {
 	if err == nil {
 		err = e.complete(ctx, ref, t, resp)
 	}
-	if err != nil {
-		if ctx.Err() != nil { // shutting down: the step stays pending
-			e.finish(ref)
-			return
-		}
-		e.park(ctx, ref, t, attempt, err)
+	switch {
+	case err == nil:
+		e.done(j)
+		e.release(agent)
+	case ctx.Err() != nil: // shutting down: the step stays pending
+		e.done(j)
+	default:
+		e.park(ctx, j, t, st, err)
 	}
+}
+
+// isProbe reports whether j is the running probe of w (the list may have
+// been released and started afresh while j ran).
+func isProbe(w *agentWaits, j job) bool {
+	return w != nil && j.probe != "" && w.probing && len(w.steps) > 0 && w.steps[0] == j.ref
+}
+
+// release queues every waiting step of agent: a step of it just ran.
+func (e *executor) release(agent string) {
+	e.mu.Lock()
+	w := e.agents[agent]
+	if w == nil {
+		e.mu.Unlock()
+		return
+	}
+	delete(e.agents, agent)
+	for i, ref := range w.steps {
+		if i == 0 && w.probing {
+			continue // still running; its attempt ends by itself
+		}
+		e.ready = append(e.ready, job{ref: ref})
+	}
+	e.mu.Unlock()
+	e.nudge()
 }
 
 // complete stores the agent's files durably, then the step's result, in
@@ -210,12 +366,13 @@ func (e *executor) complete(ctx context.Context, ref store.StepRef, t *tasksv1.T
 			e.s.logger.WarnContext(ctx, "dropped an agent artifact with a bad name", slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Any("err", err))
 			continue
 		}
-		size, err := e.s.files.Write(ref.TaskID, rel, a.GetFileName(), bytes.NewReader(a.GetContent()), e.s.opts.MaxUploadBytes)
+		id := e.s.ids.next()
+		size, err := e.s.files.Write(ref.TaskID, id, bytes.NewReader(a.GetContent()), e.s.opts.MaxUploadBytes)
 		if err != nil {
 			return fmt.Errorf("store agent artifact: %w", err)
 		}
 		arts = append(arts, &tasksv1.Artifact{
-			Name:         t.GetName() + "/artifacts/" + e.s.ids.next(),
+			Name:         t.GetName() + "/artifacts/" + id,
 			FileName:     a.GetFileName(),
 			RelativePath: rel,
 			AgentCreated: true,
@@ -252,7 +409,6 @@ func (e *executor) complete(ctx context.Context, ref store.StepRef, t *tasksv1.T
 	if err != nil {
 		return fmt.Errorf("store step result: %w", err)
 	}
-	e.finish(ref)
 	e.s.metrics.attempts.WithLabelValues("completed").Inc()
 	e.s.hub.publish(ref.TaskID, st)
 	return nil
@@ -275,21 +431,63 @@ func parkMessage(agent string, err error) string {
 	}
 }
 
-// park records why the step waits, wakes its waiters and schedules another
-// attempt.
-func (e *executor) park(ctx context.Context, ref store.StepRef, t *tasksv1.Task, attempt int, cause error) {
+// park puts the step of failed attempt j on its agent's waiting list. A
+// probe, or the attempt that starts the list, sets the agent's next probe.
+func (e *executor) park(ctx context.Context, j job, t *tasksv1.Task, st *tasksv1.Step, cause error) {
+	ref, agent := j.ref, t.GetAgent()
 	e.s.metrics.attempts.WithLabelValues("waiting").Inc()
-	msg := parkMessage(t.GetAgent(), cause)
-	// Say it once per step; retries of a step still waiting are debug noise.
+	msg := parkMessage(agent, cause)
+	code := status.Code(cause)
+	e.mu.Lock()
+	delete(e.running, ref)
+	w := e.agents[agent]
+	fresh := w == nil
+	if fresh {
+		w = &agentWaits{}
+		e.agents[agent] = w
+	}
+	probe := isProbe(w, j)
+	if probe {
+		w.probing = false
+		w.failed++
+	} else {
+		w.steps = append(w.steps, ref)
+	}
+	if probe || fresh {
+		delay := min(retryMin<<min(w.failed, 20), e.s.opts.RetryMax)
+		if code == codes.NotFound { // an agent nobody registered: back off fully
+			delay = e.s.opts.RetryMax
+		}
+		w.due = time.Now().Add(delay)
+		w.msg = msg
+	}
+	if e.closed {
+		delete(e.queued, ref)
+	}
+	failed := w.failed
+	e.mu.Unlock()
+	e.nudge()
+	// Say it once per agent; probes of an agent still waiting are debug noise.
 	level := slog.LevelDebug
-	if attempt == 0 {
+	if failed == 0 {
 		level = slog.LevelInfo
-		if c := status.Code(cause); c != codes.FailedPrecondition && c != codes.Unimplemented {
+		if code != codes.FailedPrecondition && code != codes.Unimplemented {
 			level = slog.LevelWarn
 		}
 	}
-	e.s.logger.Log(ctx, level, "step parked; will retry", slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Int("attempt", attempt), slog.Any("err", cause))
-	st, err := e.s.store.UpdateStep(ctx, ref, func(_ *tasksv1.Task, st *tasksv1.Step) ([]*tasksv1.Artifact, error) {
+	e.s.logger.Log(ctx, level, "step waits; will retry", slog.String("agent", agent), slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Int("failed_probes", failed), slog.Any("err", cause))
+	e.note(ctx, ref, st, msg)
+	e.settle(ref)
+}
+
+// note stores msg as the waiting step's status_message, unless st (as
+// loaded by this attempt) already says it: an unchanged step costs no
+// write.
+func (e *executor) note(ctx context.Context, ref store.StepRef, st *tasksv1.Step, msg string) {
+	if st.GetStatusMessage() == msg {
+		return
+	}
+	cur, err := e.s.store.UpdateStep(ctx, ref, func(_ *tasksv1.Task, st *tasksv1.Step) ([]*tasksv1.Artifact, error) {
 		if st.GetStatus() == tasksv1.Step_STATUS_CREATED && st.StatusMessage != msg {
 			st.StatusMessage = msg
 			st.UpdateTime = timestamppb.New(e.s.now())
@@ -297,26 +495,6 @@ func (e *executor) park(ctx context.Context, ref store.StepRef, t *tasksv1.Task,
 		return nil, nil
 	})
 	if err == nil {
-		e.s.hub.publish(ref.TaskID, st)
+		e.s.hub.publish(ref.TaskID, cur)
 	}
-	delay := min(retryMin<<min(attempt, 20), e.s.opts.RetryMax)
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	delete(e.running, ref)
-	e.settleLocked(ref)
-	if e.closed {
-		delete(e.queued, ref)
-		return
-	}
-	e.timers[ref] = time.AfterFunc(delay, func() {
-		e.mu.Lock()
-		if _, ok := e.timers[ref]; !ok { // stopped by dropTask or close
-			e.mu.Unlock()
-			return
-		}
-		delete(e.timers, ref)
-		delete(e.queued, ref)
-		e.mu.Unlock()
-		e.submit(ref, attempt+1)
-	})
 }

@@ -23,11 +23,15 @@ func (s *Server) Collectors() []prometheus.Collector {
 		s.metrics.attempts,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "parley_tasks_waiting_steps",
-			Help: "Steps waiting for their next attempt (stored as created, parked with a backoff).",
+			Help: "Steps waiting for an executor (stored as created, on their agent's waiting list).",
 		}, func() float64 {
 			s.exec.mu.Lock()
 			defer s.exec.mu.Unlock()
-			return float64(len(s.exec.timers))
+			n := 0
+			for _, w := range s.exec.agents {
+				n += len(w.steps)
+			}
+			return float64(n)
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "parley_tasks_event_streams",

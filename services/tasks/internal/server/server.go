@@ -52,6 +52,9 @@ type Options struct {
 	MaxWatchers int
 	// MaxInFlight caps concurrent ExecuteStep calls.
 	MaxInFlight int
+	// MaxWaitingSteps caps the steps of one agent waiting for an executor;
+	// CreateStep refuses more with RESOURCE_EXHAUSTED.
+	MaxWaitingSteps int
 }
 
 // Server implements the tasks's gRPC API.
@@ -92,6 +95,9 @@ func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.Dispatche
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = 512
 	}
+	if opts.MaxWaitingSteps <= 0 {
+		opts.MaxWaitingSteps = 1000
+	}
 	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, metrics: newMetrics(), now: time.Now}
 	s.exec = newExecutor(s, dispatcher)
 	return s
@@ -105,7 +111,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("list pending steps: %w", err)
 	}
 	for _, ref := range refs {
-		s.exec.submit(ref, 0)
+		s.exec.submit(ref)
 	}
 	if len(refs) > 0 {
 		s.logger.InfoContext(ctx, "resuming pending steps", slog.Int("steps", len(refs)))
@@ -378,6 +384,9 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		UpdateTime:          now,
 	}
 	st, err := s.store.CreateStep(ctx, taskID, in, func(t *tasksv1.Task, st *tasksv1.Step) error {
+		if t.GetState() == tasksv1.Task_STATE_ACTIVE && s.exec.waiting(t.GetAgent()) >= s.opts.MaxWaitingSteps {
+			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already has %d steps waiting for an executor (the most allowed); retry once one connects", t.GetAgent(), s.opts.MaxWaitingSteps), "TOO_MANY_WAITING_STEPS", Domain, nil)
+		}
 		if t.GetState() != tasksv1.Task_STATE_ACTIVE {
 			st.Status = tasksv1.Step_STATUS_COMPLETED
 			st.Output = proto.String(finishedOutput(t))
@@ -397,7 +406,7 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 	if wait > 0 {
 		settled = s.exec.waiter(ref)
 	}
-	s.exec.submit(ref, 0)
+	s.exec.submit(ref)
 	if wait <= 0 {
 		return st, nil
 	}
@@ -511,12 +520,13 @@ func (s *Server) UploadArtifact(ctx context.Context, parent string, a *tasksv1.A
 	if _, err := s.store.GetTask(ctx, ids[0]); err != nil {
 		return nil, s.toStatus(ctx, err, "TASK")
 	}
-	size, err := s.files.Write(ids[0], rel, a.GetFileName(), r, s.opts.MaxUploadBytes)
+	id := s.ids.next()
+	size, err := s.files.Write(ids[0], id, r, s.opts.MaxUploadBytes)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "ARTIFACT")
 	}
 	out := &tasksv1.Artifact{
-		Name:         parent + "/artifacts/" + s.ids.next(),
+		Name:         parent + "/artifacts/" + id,
 		FileName:     a.GetFileName(),
 		RelativePath: rel,
 		SizeBytes:    size,
@@ -570,7 +580,8 @@ func (s *Server) OpenArtifact(ctx context.Context, name string) (*tasksv1.Artifa
 	if err != nil {
 		return nil, nil, err
 	}
-	f, err := s.files.Open(strings.Split(name, "/")[1], a.GetRelativePath(), a.GetFileName())
+	ids := strings.Split(name, "/")
+	f, err := s.files.Open(ids[1], ids[3])
 	if err != nil {
 		if os.IsNotExist(err) {
 			err = fmt.Errorf("file of artifact %q: %w", name, store.ErrNotFound)

@@ -60,7 +60,11 @@ var (
 
 var allBuckets = [][]byte{bucketMeta, bucketTasks, bucketAgentTasks, bucketAgentCounts, bucketSteps, bucketArtifacts, bucketArtifactIndex, bucketPending}
 
-const schemaVersion = 1
+// schemaVersion 2 stores artifact bytes by artifact id
+// (<data>/artifacts/<task_id>/<artifact_id>). Version 1, pre-release, stored
+// them by name, so same-named artifacts shared one file; it is not migrated
+// (Open refuses it).
+const schemaVersion = 2
 
 // Store is the bbolt-backed store.
 type Store struct {
@@ -91,7 +95,10 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 			}
 		}
 		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != fmt.Sprint(schemaVersion) {
+		switch v := meta.Get([]byte("schema_version")); {
+		case string(v) == "1":
+			return fmt.Errorf("schema version 1 was written by a pre-release tasks service (artifact bytes stored by file name) and is not migrated; move %s and %s aside to start afresh", path, filepath.Join(dir, "artifacts"))
+		case v != nil && string(v) != fmt.Sprint(schemaVersion):
 			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
 		}
 		return meta.Put([]byte("schema_version"), []byte(fmt.Sprint(schemaVersion)))

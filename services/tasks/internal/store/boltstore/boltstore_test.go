@@ -2,8 +2,12 @@ package boltstore_test
 
 import (
 	"errors"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
@@ -64,5 +68,32 @@ func TestReopen_keepsWritesAndPending(t *testing.T) {
 	}
 	if err := s.CreateTask(ctx, &tasksv1.Task{Name: "tasks/t"}); !errors.Is(err, store.ErrAlreadyExists) {
 		t.Errorf("CreateTask(existing) after reopen = %v, want ErrAlreadyExists", err)
+	}
+}
+
+func TestOpen_refusesPreReleaseSchema(t *testing.T) {
+	dir := t.TempDir()
+	db, err := bolt.Open(filepath.Join(dir, boltstore.FileName), 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte("meta"))
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("schema_version"), []byte("1"))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := boltstore.Open(dir, time.Second)
+	if err == nil {
+		s.Close()
+		t.Fatal("Open(schema 1) = nil error, want refusal")
+	}
+	if !strings.Contains(err.Error(), "not migrated") {
+		t.Errorf("Open(schema 1) = %v; want it to say the data is not migrated", err)
 	}
 }

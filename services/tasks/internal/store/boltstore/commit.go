@@ -24,7 +24,10 @@ var errClosed = errors.New("store is closed")
 // never leaves partial changes (the same contract as db.Batch, whose
 // functions must also tolerate running more than once).
 type committer struct {
-	db   *bolt.DB
+	db *bolt.DB
+	// run is db.Update: a read-write transaction whose Commit fsyncs
+	// (the DB is never opened with NoSync). Tests wrap it to observe commits.
+	run  func(func(*bolt.Tx) error) error
 	ops  chan *op
 	quit chan struct{}
 	done chan struct{}
@@ -36,7 +39,7 @@ type op struct {
 }
 
 func newCommitter(db *bolt.DB) *committer {
-	c := &committer{db: db, ops: make(chan *op, maxGroup), quit: make(chan struct{}), done: make(chan struct{})}
+	c := &committer{db: db, run: db.Update, ops: make(chan *op, maxGroup), quit: make(chan struct{}), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
@@ -94,7 +97,7 @@ func (c *committer) commit(group []*op) {
 	for len(group) > 0 {
 		failed := -1
 		var failErr error
-		err := c.db.Update(func(tx *bolt.Tx) error {
+		err := c.run(func(tx *bolt.Tx) error {
 			for i, o := range group {
 				if err := o.fn(tx); err != nil {
 					failed, failErr = i, err

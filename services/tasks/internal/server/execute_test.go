@@ -1,0 +1,257 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
+	"github.com/parleyhq/parley/services/tasks/internal/store"
+	"github.com/parleyhq/parley/services/tasks/internal/store/boltstore"
+)
+
+// fakeDispatcher is an in-process DispatcherServiceClient running fn and
+// counting calls per agent and step: its failures (no executor, unknown
+// agent) are hard to cause with the real dispatcher.
+type fakeDispatcher struct {
+	dispatcherv1.DispatcherServiceClient // nil: only ExecuteStep is called
+
+	fn    func(context.Context, *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error)
+	mu    sync.Mutex // guards the maps
+	calls map[string]int
+	steps map[string]map[string]bool
+}
+
+func (f *fakeDispatcher) ExecuteStep(ctx context.Context, req *dispatcherv1.ExecuteStepRequest, _ ...grpc.CallOption) (*dispatcherv1.ExecuteStepResponse, error) {
+	f.mu.Lock()
+	f.calls[req.GetAgent()]++
+	if f.steps[req.GetAgent()] == nil {
+		f.steps[req.GetAgent()] = map[string]bool{}
+	}
+	f.steps[req.GetAgent()][req.GetStepId()] = true
+	f.mu.Unlock()
+	return f.fn(ctx, req)
+}
+
+// count returns the calls for agent and how many distinct steps they ran.
+func (f *fakeDispatcher) count(agent string) (calls, steps int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[agent], len(f.steps[agent])
+}
+
+// countingStore counts UpdateStep calls (each an fsynced write).
+type countingStore struct {
+	store.Store
+	mu      sync.Mutex // guards updates
+	updates int
+}
+
+func (c *countingStore) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*tasksv1.Task, *tasksv1.Step) ([]*tasksv1.Artifact, error)) (*tasksv1.Step, error) {
+	c.mu.Lock()
+	c.updates++
+	c.mu.Unlock()
+	return c.Store.UpdateStep(ctx, ref, mutate)
+}
+
+func (c *countingStore) updateCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.updates
+}
+
+const (
+	agentNone    = "clients/c/agents/none"    // no executor yet
+	agentUnknown = "clients/c/agents/unknown" // the dispatcher does not know it
+	agentOK      = "clients/c/agents/ok"      // runs steps
+)
+
+func fakeAgents(ctx context.Context, req *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
+	switch req.GetAgent() {
+	case agentNone:
+		return nil, grpcerr.New(codes.FailedPrecondition, "no executor", "NO_EXECUTOR", "dispatcher.parley.dev", nil)
+	case agentUnknown:
+		return nil, status.Error(codes.NotFound, "no such agent")
+	case "clients/c/agents/block":
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return &dispatcherv1.ExecuteStepResponse{Output: "ok"}, nil
+}
+
+func newTestServer(t *testing.T, dir string, opts Options) (*Server, *fakeDispatcher, *countingStore) {
+	t.Helper()
+	bs, err := boltstore.Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files, err := artifactfs.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStore{Store: bs}
+	fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
+	if opts.StepWait == 0 {
+		opts.StepWait = 5 * time.Second
+	}
+	s := New(cs, files, fd, slog.New(slog.DiscardHandler), opts)
+	t.Cleanup(func() {
+		s.Close()
+		bs.Close()
+	})
+	return s, fd, cs
+}
+
+func createTask(t *testing.T, s *Server, agent string) string {
+	t.Helper()
+	tk, err := s.CreateTask(t.Context(), &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: agent}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tk.GetName()
+}
+
+// createStep posts a step and waits up to wait for it to complete or wait.
+func createStep(t *testing.T, s *Server, task string, wait time.Duration) (*tasksv1.Step, error) {
+	t.Helper()
+	return s.CreateStep(t.Context(), &tasksv1.CreateStepRequest{Parent: task, Step: &tasksv1.Step{Input: new("x")}, Wait: durationpb.New(wait)})
+}
+
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: gave up after 10s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// Many steps of an agent without an executor cost one ExecuteStep per
+// retry interval (the probe), not one per step, and no store writes once
+// each step says why it waits; other agents run meanwhile.
+func TestWaiting_oneProbePerAgentAndNoRepeatWrites(t *testing.T) {
+	s, fd, cs := newTestServer(t, t.TempDir(), Options{RetryMax: 5 * time.Millisecond})
+	task := createTask(t, s, agentNone)
+	const steps = 50
+	if st, err := createStep(t, s, task, 5*time.Second); err != nil || st.GetStatusMessage() == "" {
+		t.Fatalf("first step = %v, %v; want it waiting with a message", st, err)
+	}
+	for range steps - 1 {
+		if _, err := createStep(t, s, task, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := cs.updateCount()
+	poll(t, "20 more probes", func() bool { calls, _ := fd.count(agentNone); return calls >= steps+20 })
+	if calls, distinct := fd.count(agentNone); distinct != 1 {
+		t.Errorf("ExecuteStep ran %d distinct steps of the waiting agent in %d calls, want 1 (its probe)", distinct, calls)
+	}
+	if n := cs.updateCount(); n > steps || n != before {
+		t.Errorf("UpdateStep writes = %d (%d before the retries); want at most one per step (%d), none for unchanged retries", n, before, steps)
+	}
+	ok := createTask(t, s, agentOK)
+	if st, err := createStep(t, s, ok, 5*time.Second); err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
+		t.Errorf("step of another agent = %v, %v; want completed", st, err)
+	}
+	// An executor connects: every waiting step runs.
+	fd.mu.Lock()
+	fd.fn = func(context.Context, *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
+		return &dispatcherv1.ExecuteStepResponse{Output: "ok"}, nil
+	}
+	fd.mu.Unlock()
+	poll(t, "all waiting steps complete", func() bool {
+		resp, err := s.ListSteps(t.Context(), &tasksv1.ListStepsRequest{Parent: task, PageSize: 100})
+		if err != nil {
+			return false
+		}
+		for _, st := range resp.GetSteps() {
+			if st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// A step of an agent the dispatcher does not know is retried only after
+// the longest backoff, while an agent with no executor yet backs off from
+// retryMin.
+func TestWaiting_unknownAgentBacksOffToTheMaximum(t *testing.T) {
+	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: time.Hour})
+	unknown, none := createTask(t, s, agentUnknown), createTask(t, s, agentNone)
+	for _, task := range []string{unknown, none} {
+		if _, err := createStep(t, s, task, 5*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poll(t, "three attempts for the agent without executor", func() bool { calls, _ := fd.count(agentNone); return calls >= 3 })
+	if calls, _ := fd.count(agentUnknown); calls != 1 {
+		t.Errorf("unknown agent had %d attempts while the other had 3 (100ms+200ms); want 1", calls)
+	}
+}
+
+// Start queues pending steps instead of starting a goroutine for each.
+func TestStart_boundsGoroutinesByMaxInFlight(t *testing.T) {
+	dir := t.TempDir()
+	bs, err := boltstore.Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	if err := bs.CreateTask(ctx, &tasksv1.Task{Name: "tasks/t", Agent: "clients/c/agents/block", State: tasksv1.Task_STATE_ACTIVE}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		st := &tasksv1.Step{Name: fmt.Sprintf("tasks/t/steps/s%03d", i), Status: tasksv1.Step_STATUS_CREATED}
+		if _, err := bs.CreateStep(ctx, "t", st, func(*tasksv1.Task, *tasksv1.Step) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := bs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	base := runtime.NumGoroutine()
+	const inFlight = 4
+	s, fd, _ := newTestServer(t, dir, Options{MaxInFlight: inFlight})
+	if err := s.Start(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "attempts in flight", func() bool { calls, _ := fd.count("clients/c/agents/block"); return calls >= inFlight })
+	if n := runtime.NumGoroutine() - base; n > inFlight+8 {
+		t.Errorf("%d goroutines after Start with 300 pending steps and %d in flight; want about %d", n, inFlight, inFlight)
+	}
+}
+
+func TestCreateStep_capsWaitingStepsPerAgent(t *testing.T) {
+	s, _, _ := newTestServer(t, t.TempDir(), Options{RetryMax: 5 * time.Millisecond, MaxWaitingSteps: 3})
+	task := createTask(t, s, agentNone)
+	for i := range 3 {
+		if st, err := createStep(t, s, task, 5*time.Second); err != nil || st.GetStatusMessage() == "" {
+			t.Fatalf("step %d = %v, %v; want it waiting", i, st, err)
+		}
+	}
+	_, err := createStep(t, s, task, 0)
+	if status.Code(err) != codes.ResourceExhausted || grpcerr.Reason(err) != "TOO_MANY_WAITING_STEPS" {
+		t.Fatalf("fourth waiting step = %v; want RESOURCE_EXHAUSTED TOO_MANY_WAITING_STEPS", err)
+	}
+	if resp, err := s.ListSteps(t.Context(), &tasksv1.ListStepsRequest{Parent: task}); err != nil || resp.GetTotalSize() != 3 {
+		t.Errorf("steps after refusal = %d, %v; want 3", resp.GetTotalSize(), err)
+	}
+	if st, err := createStep(t, s, createTask(t, s, agentOK), 5*time.Second); err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
+		t.Errorf("step of another agent = %v, %v; want completed", st, err)
+	}
+}
