@@ -71,7 +71,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	if err := tasksv1.RegisterTasksServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
 	}
-	rest.New(a.server, restOptions(a.cfg)).Register(s.Handle)
+	opts := restOptions(a.cfg)
+	opts.Stopping = s.Stopping()
+	rest.New(a.server, opts).Register(s.Handle)
 	for _, c := range a.server.Collectors() {
 		if err := s.Registry().Register(c); err != nil {
 			return err
@@ -101,7 +103,9 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	var cfg config.Config
 	fs := newFlagSet()
 	cfg.RegisterFlags(fs)
-	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(conn)), restOptions(cfg)).Register(s.Handle)
+	opts := restOptions(cfg)
+	opts.Stopping = s.Stopping()
+	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(conn)), opts).Register(s.Handle)
 	return tasksv1.RegisterTasksServiceHandler(ctx, s.Gateway, conn)
 }
 

@@ -50,6 +50,8 @@ func (h *Handlers) events(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprint(w, ": keep-alive\n\n")
 		case <-r.Context().Done():
 			return
+		case <-h.opts.Stopping:
+			return
 		}
 		if rc.Flush() != nil {
 			return

@@ -60,6 +60,9 @@ type Options struct {
 	MaxPageSize int
 	// MaxUploadBytes caps an artifact; larger gets 413.
 	MaxUploadBytes int64
+	// Stopping ends open event streams when it closes (graceful shutdown:
+	// clients reconnect elsewhere); never closes when nil.
+	Stopping <-chan struct{}
 }
 
 // Handlers are the Agent Protocol routes.
