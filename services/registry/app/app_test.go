@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -875,4 +877,27 @@ func TestPeriodicPeerSync(t *testing.T) {
 	// the peer is down.
 	a.cleanup()
 	b.cleanup()
+}
+
+// TestResolveSchemaRefReadsNoFile: a PD fetched from a data: URI whose
+// requestSchema refers to a local file is refused as invalid metadata, and
+// the file's bytes appear nowhere in the answer.
+func TestResolveSchemaRefReadsNoFile(t *testing.T) {
+	const secret = "TOP-SECRET-BYTES"
+	path := filepath.Join(t.TempDir(), "secret.json")
+	if err := os.WriteFile(path, []byte(`{"type": "`+secret+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startRegistry(t)
+	doc := "---\nname: Refs\nrequestSchema:\n  $ref: \"file://" + path + "\"\n---\nText."
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{
+		Hash:    fmt.Sprintf("%x", sha1Sum(doc)),
+		Sources: []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(doc))},
+	})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "outside the schema") {
+		t.Errorf("ResolveProtocol(PD with a file: $ref) error = %v; want INVALID_ARGUMENT refusing the ref", err)
+	}
+	if strings.Contains(fmt.Sprint(status.Convert(err).Proto()), secret) {
+		t.Errorf("ResolveProtocol(PD with a file: $ref) leaks the file: %v", err)
+	}
 }
