@@ -63,6 +63,7 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		MaxRedirects:   redirects(cfg.FetchMaxRedirects),
 		MaxConcurrent:  cfg.FetchMaxConcurrent,
 		MaxPerHost:     cfg.FetchMaxPerHost,
+		Logger:         logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--pd-fetch-allow: %w", err)

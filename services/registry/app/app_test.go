@@ -172,8 +172,8 @@ func TestGatewayErrors(t *testing.T) {
 		{"resolve malformed hash", "POST", "/v1/protocols:resolve", resolve("nope"), 400, "hash"},
 		{"resolve without sources", "POST", "/v1/protocols:resolve", resolve(unknownHex), 404, "no source"},
 		{"resolve private source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://10.0.0.1/pd"), 400, `sources[0] "https://10.0.0.1/pd"`},
-		{"resolve metadata source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://169.254.169.254/latest/meta-data"), 400, "cloud metadata"},
-		{"resolve loopback source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://"+victim.Addr().String()+"/pd"), 400, "loopback"},
+		{"resolve metadata source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://169.254.169.254/latest/meta-data"), 400, "destination refused"},
+		{"resolve loopback source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://"+victim.Addr().String()+"/pd"), 400, "destination refused"},
 		{"resolve http source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "http://example.com/pd"), 400, "http sources are not allowed"},
 		{"resolve malformed data URI", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain;charset=utf-8;base64,@@@"), 400, "base64"},
 		{"resolve wrong data URI prefix", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain,hello"), 400, "data: URI must start"},
@@ -899,5 +899,32 @@ func TestResolveSchemaRefReadsNoFile(t *testing.T) {
 	}
 	if strings.Contains(fmt.Sprint(status.Convert(err).Proto()), secret) {
 		t.Errorf("ResolveProtocol(PD with a file: $ref) leaks the file: %v", err)
+	}
+}
+
+// TestResolveErrorsRevealNoAddresses: a caller learns which of its sources
+// failed and in which way, never what the registry's DNS resolved a name to
+// nor which resolver it asked.
+func TestResolveErrorsRevealNoAddresses(t *testing.T) {
+	r := startRegistry(t)
+	victim := listen(t)
+	t.Cleanup(func() { victim.Close() })
+	_, port, _ := net.SplitHostPort(victim.Addr().String())
+	sources := []string{"https://localhost:" + port + "/pd", "https://parley-no-such-host.invalid/pd"}
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("ab", 20), Sources: sources})
+	st := status.Convert(err)
+	if st.Code() != codes.InvalidArgument {
+		t.Fatalf("ResolveProtocol(localhost, unresolvable) error = %v; want INVALID_ARGUMENT", err)
+	}
+	all := fmt.Sprint(st.Proto()) // message and details
+	for _, want := range []string{`sources[0] "` + sources[0] + `": destination refused`, `sources[1] "` + sources[1] + `": could not be reached or read: source unavailable`} {
+		if !strings.Contains(st.Message(), want) {
+			t.Errorf("message %q lacks %q", st.Message(), want)
+		}
+	}
+	for _, leak := range []string{"127.0.0.1", "::1", ":53", "lookup", "loopback"} {
+		if strings.Contains(all, leak) {
+			t.Errorf("error reveals %q: %s", leak, all)
+		}
 	}
 }
