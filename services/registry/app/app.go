@@ -107,8 +107,10 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		PublicURL:  cfg.PublicURL,
 		CacheBytes: cfg.PDCacheBytes,
 		Finder:     finder,
-		// Peers, then every source tried in full, plus slack.
-		ResolveTimeout: time.Duration(len(peers))*cfg.FetchConnectTimeout + time.Duration(cfg.FetchMaxSources)*cfg.FetchTimeout + time.Second,
+		// One budget for peers and every source: the dispatcher waits for
+		// the answer, with a time limit of its own.
+		ResolveTimeout: cfg.FetchTimeout,
+		Context:        a.stopped,
 		Peers:          clients,
 	})
 	return a, nil
@@ -191,11 +193,14 @@ func mountRoutes(s *serve.Server, b httpapi.Backend, publicURL string) {
 	s.Handle(httpapi.WellKnownAliasRoute, disc)
 }
 
-// Close stops the background loops, then closes peer connections and the
-// store.
+// Close stops the background loops and shared resolutions, then closes
+// peer connections and the store.
 func (a *App) Close() error {
 	a.stop()
 	a.loops.Wait()
+	if a.server != nil {
+		a.server.Close()
+	}
 	var errs []error
 	for _, c := range a.peers {
 		errs = append(errs, c.Close())
