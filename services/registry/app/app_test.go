@@ -533,53 +533,6 @@ func TestGatewayProcessRoutes(t *testing.T) {
 	}
 }
 
-func TestResolveSharesOneFetchPerHash(t *testing.T) {
-	doc := "---\nname: Shared\n---\nOne fetch for all."
-	var hits atomic.Int32
-	release := make(chan struct{})
-	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		hits.Add(1)
-		<-release
-		_, _ = io.WriteString(w, doc)
-	})}
-	srcLis := listen(t)
-	go func() { _ = src.Serve(srcLis) }() // ErrServerClosed once cleanup closes it
-	t.Cleanup(func() { src.Close() })
-	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String())
-	h := fmt.Sprintf("%x", sha1Sum(doc))
-	sourceURL := "http://" + srcLis.Addr().String() + "/pd"
-
-	const callers = 8
-	var wg sync.WaitGroup
-	errs := make(chan error, callers)
-	for range callers {
-		wg.Go(func() {
-			p, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: h, Sources: []string{sourceURL}})
-			if err == nil && string(p.GetContent()) != doc {
-				err = fmt.Errorf("content %q", p.GetContent())
-			}
-			errs <- err
-		})
-	}
-	// Hold the fetch until the source has been hit once; late callers find
-	// either the flight or the stored document, never a second fetch.
-	deadline := time.Now().Add(10 * time.Second)
-	for hits.Load() == 0 && time.Now().Before(deadline) {
-		runtimeGosched()
-	}
-	close(release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Errorf("ResolveProtocol() error = %v", err)
-		}
-	}
-	if got := hits.Load(); got != 1 {
-		t.Errorf("source fetched %d times for %d concurrent resolves, want 1", got, callers)
-	}
-}
-
 func TestPeerRegistries(t *testing.T) {
 	ctx := t.Context()
 	a := startRegistry(t)
@@ -926,5 +879,151 @@ func TestResolveErrorsRevealNoAddresses(t *testing.T) {
 		if strings.Contains(all, leak) {
 			t.Errorf("error reveals %q: %s", leak, all)
 		}
+	}
+}
+
+// silentListener accepts connections and never answers.
+func silentListener(t *testing.T) net.Listener {
+	t.Helper()
+	ln := listen(t)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	return ln
+}
+
+// TestResolveThreeSilentSourcesShareOneBudget: --pd-fetch-timeout bounds a
+// whole resolution, not each source, so that the registry answers well
+// within the dispatcher's own time limit.
+func TestResolveThreeSilentSourcesShareOneBudget(t *testing.T) {
+	silent := silentListener(t)
+	const budget = time.Second
+	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", silent.Addr().String(), "--pd-fetch-timeout", budget.String())
+	base := "http://" + silent.Addr().String()
+	start := time.Now()
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("ef", 20), Sources: []string{base + "/a", base + "/b", base + "/c"}})
+	elapsed := time.Since(start)
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.NotFound || !strings.Contains(msg, `sources[0] "`+base+`/a": timed out`) || !strings.Contains(msg, `sources[2] "`+base+`/c": not tried`) {
+		t.Errorf("ResolveProtocol(three silent sources) error = %v; want NOT_FOUND, the first timed out, the last not tried", err)
+	}
+	// Three sources with a budget each would take 3s.
+	if elapsed >= 2*budget {
+		t.Errorf("ResolveProtocol(three silent sources) took %v; want about the %v budget for all of them", elapsed, budget)
+	}
+}
+
+// recordingHandler keeps every log record at Warn and above.
+type recordingHandler struct {
+	mu      sync.Mutex
+	records []string
+}
+
+func (h *recordingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r.Level.String()+" "+r.Message)
+	return nil
+}
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *recordingHandler) errors() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, r := range h.records {
+		if strings.HasPrefix(r, "ERROR") {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestCloseDuringResolution: Close ends a shared resolution that is still
+// waiting for its source, returns promptly, and the resolution does not
+// then write to the closed store (which would be logged as an internal
+// error).
+func TestCloseDuringResolution(t *testing.T) {
+	doc := "---\nname: Late\n---\nArrives after Close."
+	hit := make(chan struct{}, 1)
+	release := make(chan struct{})
+	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hit <- struct{}{}
+		<-release
+		_, _ = io.WriteString(w, doc)
+	})}
+	srcLis := listen(t)
+	go func() { _ = src.Serve(srcLis) }()
+	t.Cleanup(func() { src.Close() })
+	var released sync.Once
+	t.Cleanup(func() { released.Do(func() { close(release) }) })
+
+	cfg, err := config.Load([]string{"--data", t.TempDir(), "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String(), "--pd-fetch-timeout", "30s"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &recordingHandler{}
+	logger := slog.New(logs)
+	a, err := app.New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := serve.New(serve.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := a.Register(ctx, srv); err != nil {
+		t.Fatal(err)
+	}
+	grpcLis := listen(t)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, grpcLis, listen(t)) }()
+	t.Cleanup(func() { cancel(); <-done })
+	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := registryv1.NewRegistryServiceClient(conn)
+
+	resolved := make(chan error, 1)
+	go func() {
+		_, err := client.ResolveProtocol(ctx, &registryv1.ResolveProtocolRequest{Hash: fmt.Sprintf("%x", sha1Sum(doc)), Sources: []string{"http://" + srcLis.Addr().String() + "/pd"}})
+		resolved <- err
+	}()
+	select {
+	case <-hit:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the source was never asked")
+	}
+	start := time.Now()
+	if err := a.Close(); err != nil {
+		t.Errorf("Close() error = %v", err)
+	}
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("Close() took %v during a resolution with a 30s budget; want it prompt", elapsed)
+	}
+	released.Do(func() { close(release) }) // the source answers only now
+	select {
+	case err := <-resolved:
+		if status.Code(err) != codes.Unavailable {
+			t.Errorf("ResolveProtocol() cut short by Close: error = %v; want UNAVAILABLE", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ResolveProtocol() did not return after Close")
+	}
+	if errs := logs.errors(); len(errs) != 0 {
+		t.Errorf("Close during a resolution logged errors: %q", errs)
 	}
 }
