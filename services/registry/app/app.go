@@ -130,6 +130,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	if err := registryv1.RegisterRegistryServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
 	}
+	if a.cfg.PublicURL == "" {
+		a.logger.WarnContext(ctx, "--public-url is not set: discovery advertises this registry's documents at the address each request reached (a loopback Host header is kept, any other is ignored); set --public-url when serving others")
+	}
 	mountRoutes(s, a.server, a.cfg.PublicURL)
 	for _, c := range a.server.Collectors() {
 		if err := s.Registry().Register(c); err != nil {
@@ -188,7 +191,7 @@ func (a *App) syncPeers(ctx context.Context) {
 
 func mountRoutes(s *serve.Server, b httpapi.Backend, publicURL string) {
 	s.Handle(httpapi.ProtocolRoute, httpapi.Protocols(b))
-	disc := httpapi.Discovery(b, publicURL)
+	disc := httpapi.Discovery(b, publicURL, s.Logger())
 	s.Handle(httpapi.WellKnownRoute, disc)
 	s.Handle(httpapi.WellKnownAliasRoute, disc)
 }

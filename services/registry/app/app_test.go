@@ -1027,3 +1027,71 @@ func TestCloseDuringResolution(t *testing.T) {
 		t.Errorf("Close during a resolution logged errors: %q", errs)
 	}
 }
+
+// TestConditionalGetOfMissingDocument: If-None-Match never turns a missing
+// document into 304; a stored one with a matching tag is 304.
+func TestConditionalGetOfMissingDocument(t *testing.T) {
+	r := startRegistry(t)
+	if _, err := r.client.CreateProtocol(t.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
+		t.Fatal(err)
+	}
+	missing := strings.Repeat("ab", 20)
+	for _, tt := range []struct {
+		hash, ifNoneMatch string
+		want              int
+	}{
+		{missing, "*", 404},
+		{missing, `"` + missing + `"`, 404},
+		{weatherHex, "*", 304},
+		{weatherHex, `W/"` + weatherHex + `"`, 304},
+		{weatherHex, `"other"`, 200},
+	} {
+		if got := do(t, "GET", r.url+"/protocols/"+tt.hash, "", "If-None-Match", tt.ifNoneMatch); got.code != tt.want {
+			t.Errorf("GET /protocols/%s with If-None-Match %s = %d, want %d", tt.hash, tt.ifNoneMatch, got.code, tt.want)
+		}
+	}
+}
+
+// TestDiscoveryIgnoresForgedHost: without --public-url, a Host header that
+// is not a loopback host does not end up in advertised sources; the
+// listener's address does. A loopback Host (local demos) is kept.
+func TestDiscoveryIgnoresForgedHost(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	if _, err := r.client.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "w", Agent: &registryv1.Agent{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: "clients/acme/agents/w", Protocol: weatherHex}); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(r.url, "http://"))
+	for _, tt := range []struct {
+		host, wantBase string
+	}{
+		{"evil.example", r.url},
+		{"evil.example:" + port, r.url},
+		{"10.1.2.3:" + port, r.url},
+		{"localhost:" + port, "http://localhost:" + port},
+		{"[::1]:" + port, "http://[::1]:" + port},
+	} {
+		req, err := http.NewRequestWithContext(ctx, "GET", r.url+"/agora/acme/w/.wellknown", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = tt.host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var shape map[string][]string
+		err = json.NewDecoder(resp.Body).Decode(&shape)
+		resp.Body.Close()
+		want := tt.wantBase + "/protocols/" + weatherHex
+		if err != nil || len(shape[weatherHex]) != 1 || shape[weatherHex][0] != want {
+			t.Errorf("wellknown with Host %s = %v, %v; want [%s]", tt.host, shape, err, want)
+		}
+	}
+}
