@@ -989,7 +989,12 @@ func TestCloseDuringResolution(t *testing.T) {
 	grpcLis := listen(t)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, listen(t)) }()
-	t.Cleanup(func() { cancel(); <-done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() error = %v", err)
+		}
+	})
 	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
