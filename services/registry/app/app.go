@@ -63,6 +63,7 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		MaxRedirects:   redirects(cfg.FetchMaxRedirects),
 		MaxConcurrent:  cfg.FetchMaxConcurrent,
 		MaxPerHost:     cfg.FetchMaxPerHost,
+		Logger:         logger,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--pd-fetch-allow: %w", err)
@@ -106,8 +107,10 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		PublicURL:  cfg.PublicURL,
 		CacheBytes: cfg.PDCacheBytes,
 		Finder:     finder,
-		// Peers, then every source tried in full, plus slack.
-		ResolveTimeout: time.Duration(len(peers))*cfg.FetchConnectTimeout + time.Duration(cfg.FetchMaxSources)*cfg.FetchTimeout + time.Second,
+		// One budget for peers and every source: the dispatcher waits for
+		// the answer, with a time limit of its own.
+		ResolveTimeout: cfg.FetchTimeout,
+		Context:        a.stopped,
 		Peers:          clients,
 	})
 	return a, nil
@@ -126,6 +129,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	registryv1.RegisterRegistryServiceServer(s.GRPC, a.server)
 	if err := registryv1.RegisterRegistryServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
+	}
+	if a.cfg.PublicURL == "" {
+		a.logger.WarnContext(ctx, "--public-url is not set: discovery advertises this registry's documents at the address each request reached (a loopback Host header is kept, any other is ignored); set --public-url when serving others")
 	}
 	mountRoutes(s, a.server, a.cfg.PublicURL)
 	for _, c := range a.server.Collectors() {
@@ -185,16 +191,19 @@ func (a *App) syncPeers(ctx context.Context) {
 
 func mountRoutes(s *serve.Server, b httpapi.Backend, publicURL string) {
 	s.Handle(httpapi.ProtocolRoute, httpapi.Protocols(b))
-	disc := httpapi.Discovery(b, publicURL)
+	disc := httpapi.Discovery(b, publicURL, s.Logger())
 	s.Handle(httpapi.WellKnownRoute, disc)
 	s.Handle(httpapi.WellKnownAliasRoute, disc)
 }
 
-// Close stops the background loops, then closes peer connections and the
-// store.
+// Close stops the background loops and shared resolutions, then closes
+// peer connections and the store.
 func (a *App) Close() error {
 	a.stop()
 	a.loops.Wait()
+	if a.server != nil {
+		a.server.Close()
+	}
 	var errs []error
 	for _, c := range a.peers {
 		errs = append(errs, c.Close())

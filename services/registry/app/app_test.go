@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -170,8 +172,8 @@ func TestGatewayErrors(t *testing.T) {
 		{"resolve malformed hash", "POST", "/v1/protocols:resolve", resolve("nope"), 400, "hash"},
 		{"resolve without sources", "POST", "/v1/protocols:resolve", resolve(unknownHex), 404, "no source"},
 		{"resolve private source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://10.0.0.1/pd"), 400, `sources[0] "https://10.0.0.1/pd"`},
-		{"resolve metadata source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://169.254.169.254/latest/meta-data"), 400, "cloud metadata"},
-		{"resolve loopback source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://"+victim.Addr().String()+"/pd"), 400, "loopback"},
+		{"resolve metadata source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://169.254.169.254/latest/meta-data"), 400, "destination refused"},
+		{"resolve loopback source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "https://"+victim.Addr().String()+"/pd"), 400, "destination refused"},
 		{"resolve http source", "POST", "/v1/protocols:resolve", resolve(unknownHex, "http://example.com/pd"), 400, "http sources are not allowed"},
 		{"resolve malformed data URI", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain;charset=utf-8;base64,@@@"), 400, "base64"},
 		{"resolve wrong data URI prefix", "POST", "/v1/protocols:resolve", resolve(unknownHex, "data:text/plain,hello"), 400, "data: URI must start"},
@@ -531,53 +533,6 @@ func TestGatewayProcessRoutes(t *testing.T) {
 	}
 }
 
-func TestResolveSharesOneFetchPerHash(t *testing.T) {
-	doc := "---\nname: Shared\n---\nOne fetch for all."
-	var hits atomic.Int32
-	release := make(chan struct{})
-	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		hits.Add(1)
-		<-release
-		_, _ = io.WriteString(w, doc)
-	})}
-	srcLis := listen(t)
-	go func() { _ = src.Serve(srcLis) }() // ErrServerClosed once cleanup closes it
-	t.Cleanup(func() { src.Close() })
-	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String())
-	h := fmt.Sprintf("%x", sha1Sum(doc))
-	sourceURL := "http://" + srcLis.Addr().String() + "/pd"
-
-	const callers = 8
-	var wg sync.WaitGroup
-	errs := make(chan error, callers)
-	for range callers {
-		wg.Go(func() {
-			p, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: h, Sources: []string{sourceURL}})
-			if err == nil && string(p.GetContent()) != doc {
-				err = fmt.Errorf("content %q", p.GetContent())
-			}
-			errs <- err
-		})
-	}
-	// Hold the fetch until the source has been hit once; late callers find
-	// either the flight or the stored document, never a second fetch.
-	deadline := time.Now().Add(10 * time.Second)
-	for hits.Load() == 0 && time.Now().Before(deadline) {
-		runtimeGosched()
-	}
-	close(release)
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			t.Errorf("ResolveProtocol() error = %v", err)
-		}
-	}
-	if got := hits.Load(); got != 1 {
-		t.Errorf("source fetched %d times for %d concurrent resolves, want 1", got, callers)
-	}
-}
-
 func TestPeerRegistries(t *testing.T) {
 	ctx := t.Context()
 	a := startRegistry(t)
@@ -875,4 +830,273 @@ func TestPeriodicPeerSync(t *testing.T) {
 	// the peer is down.
 	a.cleanup()
 	b.cleanup()
+}
+
+// TestResolveSchemaRefReadsNoFile: a PD fetched from a data: URI whose
+// requestSchema refers to a local file is refused as invalid metadata, and
+// the file's bytes appear nowhere in the answer.
+func TestResolveSchemaRefReadsNoFile(t *testing.T) {
+	const secret = "TOP-SECRET-BYTES"
+	path := filepath.Join(t.TempDir(), "secret.json")
+	if err := os.WriteFile(path, []byte(`{"type": "`+secret+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	r := startRegistry(t)
+	doc := "---\nname: Refs\nrequestSchema:\n  $ref: \"file://" + path + "\"\n---\nText."
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{
+		Hash:    fmt.Sprintf("%x", sha1Sum(doc)),
+		Sources: []string{"data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(doc))},
+	})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), "outside the schema") {
+		t.Errorf("ResolveProtocol(PD with a file: $ref) error = %v; want INVALID_ARGUMENT refusing the ref", err)
+	}
+	if strings.Contains(fmt.Sprint(status.Convert(err).Proto()), secret) {
+		t.Errorf("ResolveProtocol(PD with a file: $ref) leaks the file: %v", err)
+	}
+}
+
+// TestResolveErrorsRevealNoAddresses: a caller learns which of its sources
+// failed and in which way, never what the registry's DNS resolved a name to
+// nor which resolver it asked.
+func TestResolveErrorsRevealNoAddresses(t *testing.T) {
+	r := startRegistry(t)
+	victim := listen(t)
+	t.Cleanup(func() { victim.Close() })
+	_, port, _ := net.SplitHostPort(victim.Addr().String())
+	sources := []string{"https://localhost:" + port + "/pd", "https://parley-no-such-host.invalid/pd"}
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("ab", 20), Sources: sources})
+	st := status.Convert(err)
+	if st.Code() != codes.InvalidArgument {
+		t.Fatalf("ResolveProtocol(localhost, unresolvable) error = %v; want INVALID_ARGUMENT", err)
+	}
+	all := fmt.Sprint(st.Proto()) // message and details
+	for _, want := range []string{`sources[0] "` + sources[0] + `": destination refused`, `sources[1] "` + sources[1] + `": could not be reached or read: source unavailable`} {
+		if !strings.Contains(st.Message(), want) {
+			t.Errorf("message %q lacks %q", st.Message(), want)
+		}
+	}
+	for _, leak := range []string{"127.0.0.1", "::1", ":53", "lookup", "loopback"} {
+		if strings.Contains(all, leak) {
+			t.Errorf("error reveals %q: %s", leak, all)
+		}
+	}
+}
+
+// silentListener accepts connections and never answers.
+func silentListener(t *testing.T) net.Listener {
+	t.Helper()
+	ln := listen(t)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	return ln
+}
+
+// TestResolveThreeSilentSourcesShareOneBudget: --pd-fetch-timeout bounds a
+// whole resolution, not each source, so that the registry answers well
+// within the dispatcher's own time limit.
+func TestResolveThreeSilentSourcesShareOneBudget(t *testing.T) {
+	silent := silentListener(t)
+	const budget = time.Second
+	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", silent.Addr().String(), "--pd-fetch-timeout", budget.String())
+	base := "http://" + silent.Addr().String()
+	start := time.Now()
+	_, err := r.client.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: strings.Repeat("ef", 20), Sources: []string{base + "/a", base + "/b", base + "/c"}})
+	elapsed := time.Since(start)
+	msg := status.Convert(err).Message()
+	if status.Code(err) != codes.NotFound || !strings.Contains(msg, `sources[0] "`+base+`/a": timed out`) || !strings.Contains(msg, `sources[2] "`+base+`/c": not tried`) {
+		t.Errorf("ResolveProtocol(three silent sources) error = %v; want NOT_FOUND, the first timed out, the last not tried", err)
+	}
+	// Three sources with a budget each would take 3s.
+	if elapsed >= 2*budget {
+		t.Errorf("ResolveProtocol(three silent sources) took %v; want about the %v budget for all of them", elapsed, budget)
+	}
+}
+
+// recordingHandler keeps every log record at Warn and above.
+type recordingHandler struct {
+	mu      sync.Mutex
+	records []string
+}
+
+func (h *recordingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *recordingHandler) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.records = append(h.records, r.Level.String()+" "+r.Message)
+	return nil
+}
+func (h *recordingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *recordingHandler) WithGroup(string) slog.Handler      { return h }
+
+func (h *recordingHandler) errors() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, r := range h.records {
+		if strings.HasPrefix(r, "ERROR") {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// TestCloseDuringResolution: Close ends a shared resolution that is still
+// waiting for its source, returns promptly, and the resolution does not
+// then write to the closed store (which would be logged as an internal
+// error).
+func TestCloseDuringResolution(t *testing.T) {
+	doc := "---\nname: Late\n---\nArrives after Close."
+	hit := make(chan struct{}, 1)
+	release := make(chan struct{})
+	src := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hit <- struct{}{}
+		<-release
+		_, _ = io.WriteString(w, doc)
+	})}
+	srcLis := listen(t)
+	go func() { _ = src.Serve(srcLis) }()
+	t.Cleanup(func() { src.Close() })
+	var released sync.Once
+	t.Cleanup(func() { released.Do(func() { close(release) }) })
+
+	cfg, err := config.Load([]string{"--data", t.TempDir(), "--pd-fetch-allow-http", "--pd-fetch-allow", srcLis.Addr().String(), "--pd-fetch-timeout", "30s"}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &recordingHandler{}
+	logger := slog.New(logs)
+	a, err := app.New(cfg, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := serve.New(serve.Options{Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	if err := a.Register(ctx, srv); err != nil {
+		t.Fatal(err)
+	}
+	grpcLis := listen(t)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, grpcLis, listen(t)) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() error = %v", err)
+		}
+	})
+	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := registryv1.NewRegistryServiceClient(conn)
+
+	resolved := make(chan error, 1)
+	go func() {
+		_, err := client.ResolveProtocol(ctx, &registryv1.ResolveProtocolRequest{Hash: fmt.Sprintf("%x", sha1Sum(doc)), Sources: []string{"http://" + srcLis.Addr().String() + "/pd"}})
+		resolved <- err
+	}()
+	select {
+	case <-hit:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the source was never asked")
+	}
+	start := time.Now()
+	if err := a.Close(); err != nil {
+		t.Errorf("Close() error = %v", err)
+	}
+	if elapsed := time.Since(start); elapsed > 5*time.Second {
+		t.Errorf("Close() took %v during a resolution with a 30s budget; want it prompt", elapsed)
+	}
+	released.Do(func() { close(release) }) // the source answers only now
+	select {
+	case err := <-resolved:
+		if status.Code(err) != codes.Unavailable {
+			t.Errorf("ResolveProtocol() cut short by Close: error = %v; want UNAVAILABLE", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ResolveProtocol() did not return after Close")
+	}
+	if errs := logs.errors(); len(errs) != 0 {
+		t.Errorf("Close during a resolution logged errors: %q", errs)
+	}
+}
+
+// TestConditionalGetOfMissingDocument: If-None-Match never turns a missing
+// document into 304; a stored one with a matching tag is 304.
+func TestConditionalGetOfMissingDocument(t *testing.T) {
+	r := startRegistry(t)
+	if _, err := r.client.CreateProtocol(t.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
+		t.Fatal(err)
+	}
+	missing := strings.Repeat("ab", 20)
+	for _, tt := range []struct {
+		hash, ifNoneMatch string
+		want              int
+	}{
+		{missing, "*", 404},
+		{missing, `"` + missing + `"`, 404},
+		{weatherHex, "*", 304},
+		{weatherHex, `W/"` + weatherHex + `"`, 304},
+		{weatherHex, `"other"`, 200},
+	} {
+		if got := do(t, "GET", r.url+"/protocols/"+tt.hash, "", "If-None-Match", tt.ifNoneMatch); got.code != tt.want {
+			t.Errorf("GET /protocols/%s with If-None-Match %s = %d, want %d", tt.hash, tt.ifNoneMatch, got.code, tt.want)
+		}
+	}
+}
+
+// TestDiscoveryIgnoresForgedHost: without --public-url, a Host header that
+// is not a loopback host does not end up in advertised sources; the
+// listener's address does. A loopback Host (local demos) is kept.
+func TestDiscoveryIgnoresForgedHost(t *testing.T) {
+	r := startRegistry(t)
+	ctx := t.Context()
+	if _, err := r.client.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "w", Agent: &registryv1.Agent{}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.client.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: "clients/acme/agents/w", Protocol: weatherHex}); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(r.url, "http://"))
+	for _, tt := range []struct {
+		host, wantBase string
+	}{
+		{"evil.example", r.url},
+		{"evil.example:" + port, r.url},
+		{"10.1.2.3:" + port, r.url},
+		{"localhost:" + port, "http://localhost:" + port},
+		{"[::1]:" + port, "http://[::1]:" + port},
+	} {
+		req, err := http.NewRequestWithContext(ctx, "GET", r.url+"/agora/acme/w/.wellknown", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = tt.host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var shape map[string][]string
+		err = json.NewDecoder(resp.Body).Decode(&shape)
+		resp.Body.Close()
+		want := tt.wantBase + "/protocols/" + weatherHex
+		if err != nil || len(shape[weatherHex]) != 1 || shape[weatherHex][0] != want {
+			t.Errorf("wellknown with Host %s = %v, %v; want [%s]", tt.host, shape, err, want)
+		}
+	}
 }

@@ -66,7 +66,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.FetchAllowHTTP, "pd-fetch-allow-http", false, "allow plain http protocolSources (default: https and data: only)")
 	fs.StringVar(&c.FetchAllow, "pd-fetch-allow", "", "comma-separated CIDRs, addresses, hosts or host:port that protocolSources may reach even if internal (default: none)")
 	fs.DurationVar(&c.FetchConnectTimeout, "pd-fetch-connect-timeout", 2*time.Second, "time limit for connecting to a protocolSources URL")
-	fs.DurationVar(&c.FetchTimeout, "pd-fetch-timeout", 5*time.Second, "time limit for fetching one protocolSources URL, redirects and body included")
+	fs.DurationVar(&c.FetchTimeout, "pd-fetch-timeout", 5*time.Second, "time limit for resolving one protocol: peer registries and every protocolSources URL together, redirects and bodies included")
 	fs.IntVar(&c.FetchMaxRedirects, "pd-fetch-max-redirects", 3, "redirects followed per protocolSources URL")
 	fs.IntVar(&c.FetchMaxSources, "pd-fetch-max-sources", 3, "protocolSources tried per request")
 	fs.DurationVar(&c.FetchNegativeTTL, "pd-fetch-negative-ttl", 30*time.Second, "how long a failed (hash, source) is not fetched again (0 disables)")

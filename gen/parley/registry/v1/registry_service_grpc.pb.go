@@ -61,12 +61,15 @@ type RegistryServiceClient interface {
 	// ResolveProtocol returns a protocol by hash. When it is not stored, the
 	// registry asks its peer registries, then tries the given sources in order
 	// (at most 3), and stores the first document whose SHA-1 verifies, with the
-	// source it came from. Used by the dispatcher for every inbound envelope.
-	// Errors: INVALID_ARGUMENT (malformed hash; or every source was malformed,
+	// source it came from. One time budget (5 s by default) covers peers and
+	// all sources together. Used by the dispatcher for every inbound envelope.
+	// Errors: INVALID_ARGUMENT (malformed hash; or a source was malformed,
 	// refused as a destination, or served a document failing its hash check or
 	// metadata validation), RESOURCE_EXHAUSTED with reason PROTOCOL_TOO_LARGE
-	// (a source exceeded the size limit), NOT_FOUND (not stored and no source
-	// could be fetched). Messages name each source and why it failed.
+	// (a source exceeded the size limit) or FETCH_CAPACITY_EXHAUSTED (retry
+	// later), NOT_FOUND (not stored and no source could be fetched in time),
+	// UNAVAILABLE (the registry is shutting down). Messages name each source
+	// by index and URL with a fixed reason, never a resolved address.
 	ResolveProtocol(ctx context.Context, in *ResolveProtocolRequest, opts ...grpc.CallOption) (*Protocol, error)
 	// SyncProtocols copies every protocol a configured peer registry stores and
 	// this one lacks, verifying each document's hashes. Errors:
@@ -292,12 +295,15 @@ type RegistryServiceServer interface {
 	// ResolveProtocol returns a protocol by hash. When it is not stored, the
 	// registry asks its peer registries, then tries the given sources in order
 	// (at most 3), and stores the first document whose SHA-1 verifies, with the
-	// source it came from. Used by the dispatcher for every inbound envelope.
-	// Errors: INVALID_ARGUMENT (malformed hash; or every source was malformed,
+	// source it came from. One time budget (5 s by default) covers peers and
+	// all sources together. Used by the dispatcher for every inbound envelope.
+	// Errors: INVALID_ARGUMENT (malformed hash; or a source was malformed,
 	// refused as a destination, or served a document failing its hash check or
 	// metadata validation), RESOURCE_EXHAUSTED with reason PROTOCOL_TOO_LARGE
-	// (a source exceeded the size limit), NOT_FOUND (not stored and no source
-	// could be fetched). Messages name each source and why it failed.
+	// (a source exceeded the size limit) or FETCH_CAPACITY_EXHAUSTED (retry
+	// later), NOT_FOUND (not stored and no source could be fetched in time),
+	// UNAVAILABLE (the registry is shutting down). Messages name each source
+	// by index and URL with a fixed reason, never a resolved address.
 	ResolveProtocol(context.Context, *ResolveProtocolRequest) (*Protocol, error)
 	// SyncProtocols copies every protocol a configured peer registry stores and
 	// this one lacks, verifying each document's hashes. Errors:

@@ -4,15 +4,22 @@
 // A source is a data: URI in one of the two byte-exact forms the reference
 // library sends, or an https URL (http only when allowed). Every TCP
 // connection is checked in the dialer's Control function, after DNS
-// resolution and before connect(2): loopback, private, link-local (cloud
+// resolution and before connect(2): only global unicast addresses pass
+// (IPv6 only inside 2000::/3); loopback, private, link-local (cloud
 // metadata included), multicast, unspecified, CGNAT, unique-local,
-// IPv4-mapped and other special-purpose addresses are refused, so DNS
-// rebinding and redirects into the internal network get nothing. Redirects
+// site-local, IPv4-mapped, -compatible and -translated, NAT64, 6to4 and
+// other special-purpose addresses are refused, so DNS rebinding and
+// redirects into the internal network get nothing. Redirects
 // are followed at most MaxRedirects times, each re-checked. Time, size and
 // the scheme are capped. No cookies, credentials or proxies are used.
 //
 // An allowlist of CIDRs or host names lifts the address check for trusted
-// destinations, such as a local demo or a test server on loopback.
+// destinations, such as a local demo or a test server on loopback. A host
+// name on it trusts that name's DNS: whatever it resolves to (rebinding
+// included) is dialed, so prefer addresses and CIDRs.
+//
+// Errors are written for the caller who named the source: they never carry
+// resolved addresses or raw network errors, which go to the log.
 package fetch
 
 import (
@@ -22,6 +29,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -82,6 +90,9 @@ type Options struct {
 	// URIs take no slot.
 	MaxConcurrent int
 	MaxPerHost    int
+	// Logger receives what callers must not see: the address a refused
+	// destination resolved to and raw network errors [discard].
+	Logger *slog.Logger
 	// TLSConfig overrides the TLS client configuration (tests trust their
 	// own CA with it); nil uses the system roots.
 	TLSConfig *tls.Config
@@ -118,6 +129,9 @@ func New(opts Options) (*Fetcher, error) {
 	}
 	if opts.MaxPerHost <= 0 {
 		opts.MaxPerHost = 4
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	f := &Fetcher{opts: opts, allowHosts: map[string]bool{}, limit: newLimiter(opts.MaxConcurrent, opts.MaxPerHost)}
 	var errs []error
@@ -170,7 +184,10 @@ func New(opts Options) (*Fetcher, error) {
 	return f, nil
 }
 
-// Fetch returns the exact bytes of source, at most MaxBytes of them.
+// Fetch returns the exact bytes of source, at most MaxBytes of them. Its
+// errors are fit for the caller who named source: they never carry the
+// address a host name resolved to, nor raw network errors (which may name
+// internal hosts or the resolver); those go to the log.
 func (f *Fetcher) Fetch(ctx context.Context, source string) ([]byte, error) {
 	switch {
 	case strings.HasPrefix(source, DataBase64Prefix), strings.HasPrefix(source, DataPercentPrefix):
@@ -200,11 +217,11 @@ func (f *Fetcher) Fetch(ctx context.Context, source string) ([]byte, error) {
 	req.Header.Set("User-Agent", "parley-registry")
 	resp, err := f.client.Do(req)
 	if err != nil {
-		return nil, classify(err)
+		return nil, f.classify(ctx, source, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("answered %s, want 200 OK: %w", resp.Status, ErrUnavailable)
+		return nil, fmt.Errorf("answered HTTP %d, want 200: %w", resp.StatusCode, ErrUnavailable)
 	}
 	if resp.ContentLength > f.opts.MaxBytes {
 		return nil, fmt.Errorf("declares %d bytes, over the %d-byte limit: %w", resp.ContentLength, f.opts.MaxBytes, ErrTooLarge)
@@ -213,7 +230,7 @@ func (f *Fetcher) Fetch(ctx context.Context, source string) ([]byte, error) {
 	// accepted and anything longer is detected without reading it all.
 	body, err := io.ReadAll(io.LimitReader(resp.Body, f.opts.MaxBytes+1))
 	if err != nil {
-		return nil, classify(err)
+		return nil, f.classify(ctx, source, err)
 	}
 	if int64(len(body)) > f.opts.MaxBytes {
 		return nil, fmt.Errorf("body exceeds the %d-byte limit: %w", f.opts.MaxBytes, ErrTooLarge)
@@ -343,15 +360,15 @@ func (f *Fetcher) control(_ context.Context, _, address string, _ syscall.RawCon
 }
 
 // RefusedError is the dialer's refusal of an address; it wraps ErrRefused.
+// Addr and Reason are for the log: Error does not reveal them, since the
+// address is what the registry's DNS made of the caller's host name.
 type RefusedError struct {
 	Addr   string
 	Reason string
 }
 
-// Error says which address was refused and why.
-func (e *RefusedError) Error() string {
-	return "destination " + e.Addr + " is refused (" + e.Reason + " address)"
-}
+// Error says only that the destination was refused.
+func (e *RefusedError) Error() string { return ErrRefused.Error() }
 
 // Unwrap makes errors.Is(err, ErrRefused) hold.
 func (e *RefusedError) Unwrap() error { return ErrRefused }
@@ -367,7 +384,14 @@ var specialPrefixes = []struct {
 	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
 	{netip.MustParsePrefix("198.51.100.0/24"), "documentation"},
 	{netip.MustParsePrefix("203.0.113.0/24"), "documentation"},
+	{netip.MustParsePrefix("192.88.99.0/24"), "6to4 relay anycast"},
 	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
+	{netip.MustParsePrefix("::/96"), "IPv4-compatible IPv6"},
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), "IPv4-translated IPv6"},
+	{netip.MustParsePrefix("100:0:0:1::/64"), "dummy prefix"},
+	{netip.MustParsePrefix("3fff::/20"), "documentation"},
+	{netip.MustParsePrefix("5f00::/16"), "SRv6 SID"},
+	{netip.MustParsePrefix("fec0::/10"), "site-local"},
 	{netip.MustParsePrefix("64:ff9b::/96"), "NAT64"},
 	{netip.MustParsePrefix("64:ff9b:1::/48"), "NAT64"},
 	{netip.MustParsePrefix("100::/64"), "discard"},
@@ -410,14 +434,27 @@ func Blocked(ip netip.Addr) string {
 			return s.reason
 		}
 	}
+	switch {
+	case !ip.IsGlobalUnicast():
+		return "not global unicast"
+	case ip.Is6() && !globalUnicast6.Contains(ip):
+		// Every global unicast IPv6 assignment is inside 2000::/3; the rest
+		// of the space is reserved or special.
+		return "reserved IPv6"
+	}
 	return ""
 }
 
-// classify maps a transport error onto the error classes, keeping its text.
-func classify(err error) error {
+var globalUnicast6 = netip.MustParsePrefix("2000::/3")
+
+// classify maps a transport error onto the error classes. The caller gets
+// a fixed message; the raw error, which may name resolved addresses, the
+// resolver or internal hosts, goes to the log.
+func (f *Fetcher) classify(ctx context.Context, source string, err error) error {
 	var refused *RefusedError
 	switch {
 	case errors.As(err, &refused):
+		f.opts.Logger.WarnContext(ctx, "protocol source destination refused", slog.String("source", Describe(source)), slog.String("addr", refused.Addr), slog.String("reason", refused.Reason))
 		return refused
 	case errors.Is(err, ErrRefused), errors.Is(err, ErrUnavailable), errors.Is(err, ErrMalformed):
 		// From checkRedirect, wrapped by url.Error; drop the wrapper's
@@ -428,13 +465,11 @@ func classify(err error) error {
 		}
 		return err
 	case errors.Is(err, context.DeadlineExceeded), isTimeout(err):
+		f.opts.Logger.DebugContext(ctx, "protocol source timed out", slog.String("source", Describe(source)), slog.Any("err", err))
 		return fmt.Errorf("timed out: %w", ErrUnavailable)
 	default:
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return fmt.Errorf("%w: %w", err, ErrUnavailable)
+		f.opts.Logger.DebugContext(ctx, "protocol source fetch failed", slog.String("source", Describe(source)), slog.Any("err", err))
+		return fmt.Errorf("could not be reached or read: %w", ErrUnavailable)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -112,6 +113,10 @@ func TestFetch_refusesInternalDestinations(t *testing.T) {
 		{"CGNAT", "http://100.64.0.1/pd"},
 		{"unspecified", "http://0.0.0.0:" + port + "/pd"},
 		{"https private", "https://192.168.1.1/pd"},
+		{"IPv4-compatible loopback", "https://[::127.0.0.1]:" + port + "/pd"},
+		{"IPv4-translated loopback", "https://[::ffff:0:127.0.0.1]:" + port + "/pd"},
+		{"site-local", "https://[fec0::1]/pd"},
+		{"reserved IPv6", "https://[4000::1]/pd"},
 	}
 	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"8.8.8.8/32"}})
 	for _, tt := range tests {
@@ -296,6 +301,17 @@ func TestBlocked(t *testing.T) {
 		{"::ffff:8.8.8.8", "IPv4-mapped IPv6"},
 		{"255.255.255.255", "broadcast"},
 		{"64:ff9b::a00:1", "NAT64"},
+		{"::127.0.0.1", "IPv4-compatible IPv6"},
+		{"::a00:1", "IPv4-compatible IPv6"},
+		{"::ffff:0:7f00:1", "IPv4-translated IPv6"},
+		{"fec0::1", "site-local"},
+		{"feff::1", "site-local"},
+		{"100:0:0:1::1", "dummy prefix"},
+		{"3fff::1", "documentation"},
+		{"5f00::1", "SRv6 SID"},
+		{"192.88.99.1", "6to4 relay anycast"},
+		{"4000::1", "reserved IPv6"},
+		{"e000::1", "reserved IPv6"},
 	} {
 		if got := Blocked(netip.MustParseAddr(tt.ip)); got != tt.want {
 			t.Errorf("Blocked(%s) = %q, want %q", tt.ip, got, tt.want)
@@ -360,5 +376,38 @@ func TestFetch_concurrencyLimits(t *testing.T) {
 	}
 	if n := len(f.limit.hosts); n != 0 {
 		t.Errorf("limiter keeps %d idle hosts, want 0", n)
+	}
+}
+
+// TestFetch_errorsRevealNoInternalAddresses: what a caller reads says that
+// the destination was refused or could not be reached, never the address
+// a host name resolved to nor the resolver's; the log has the details.
+func TestFetch_errorsRevealNoInternalAddresses(t *testing.T) {
+	ln := listen(t)
+	_, port, _ := net.SplitHostPort(ln.Addr().String())
+	closed := listen(t)
+	closedAddr := closed.Addr().String()
+	closed.Close() // connection refused from now on
+	var logs bytes.Buffer
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{closedAddr}, Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	tests := []struct {
+		name, url string
+		want      error
+		msg       string
+	}{
+		{"name resolving to loopback", "http://localhost:" + port + "/pd", ErrRefused, "destination refused"},
+		{"unresolvable name", "http://parley-no-such-host.invalid/pd", ErrUnavailable, "could not be reached or read: source unavailable"},
+		{"connection refused", "http://" + closedAddr + "/pd", ErrUnavailable, "could not be reached or read: source unavailable"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := f.Fetch(t.Context(), tt.url)
+			if !errors.Is(err, tt.want) || err.Error() != tt.msg {
+				t.Fatalf("Fetch(%s) error = %q; want exactly %q", tt.url, err, tt.msg)
+			}
+		})
+	}
+	if !strings.Contains(logs.String(), "addr=127.0.0.1") && !strings.Contains(logs.String(), "addr=::1") {
+		t.Errorf("log lacks the refused address:\n%s", logs.String())
 	}
 }

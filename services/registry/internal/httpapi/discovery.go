@@ -2,8 +2,12 @@ package httpapi
 
 import (
 	"context"
+	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"strings"
+	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -26,10 +30,14 @@ import (
 //	 "unsupported": {"<hash>": {"comment": "...", "name": "...", "description": "..."}}}
 //
 // Sources stored as a path (the registry's own /protocols/{hash} when no
-// public URL is configured) are made absolute: against publicURL when set,
-// else against the request's scheme and host.
-func Discovery(b Backend, publicURL string) http.Handler {
+// public URL is configured) are made absolute against publicURL when set.
+// Without it, the request's Host header is trusted only when it names a
+// loopback host (local demos); any other Host could be forged to make the
+// registry advertise someone else's server, so the address the request
+// actually reached (the listener's) is used instead, with a warning once.
+func Discovery(b Backend, publicURL string, logger *slog.Logger) http.Handler {
 	publicURL = strings.TrimRight(publicURL, "/")
+	var warnOnce sync.Once
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		detail := r.URL.Query().Get("detail")
 		if detail != "" && detail != "full" {
@@ -44,11 +52,13 @@ func Discovery(b Backend, publicURL string) http.Handler {
 		}
 		base := publicURL
 		if base == "" {
-			scheme := "http"
-			if r.TLS != nil {
-				scheme = "https"
+			var trusted bool
+			base, trusted = requestBase(r)
+			if !trusted {
+				warnOnce.Do(func() {
+					logger.WarnContext(r.Context(), "discovery without --public-url: ignoring the request's Host header and advertising the listener address; set --public-url", slog.String("host", r.Host), slog.String("base", base))
+				})
 			}
-			base = scheme + "://" + r.Host
 		}
 		if detail == "" {
 			writeJSON(w, http.StatusOK, standard(a, base), "no-cache")
@@ -56,6 +66,37 @@ func Discovery(b Backend, publicURL string) http.Handler {
 		}
 		writeJSON(w, http.StatusOK, extended(r.Context(), b, a, base), "no-cache")
 	})
+}
+
+// requestBase is the scheme and host to make the registry's own paths
+// absolute against when no public URL is set: the request's Host if it is a
+// loopback host, else the local address the connection arrived on. trusted
+// says whether the Host header was used.
+func requestBase(r *http.Request) (base string, trusted bool) {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	if isLoopbackHost(r.Host) {
+		return scheme + "://" + r.Host, true
+	}
+	if local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok {
+		return scheme + "://" + local.String(), false
+	}
+	return scheme + "://localhost", false
+}
+
+func isLoopbackHost(hostport string) bool {
+	host := hostport
+	if h, _, err := net.SplitHostPort(hostport); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 func hashOf(ref string) string { return strings.TrimPrefix(ref, "protocols/") }

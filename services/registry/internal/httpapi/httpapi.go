@@ -55,8 +55,10 @@ func (b clientBackend) GetAgent(ctx context.Context, req *registryv1.GetAgentReq
 // Protocols serves GET (and HEAD) /protocols/{hash}: the exact stored bytes
 // as text/plain; charset=utf-8 (without the charset, the Python reference
 // decodes as Latin-1 and fails the hash check on non-ASCII documents). The
-// hash may be hex or percent-escaped base64. The ETag is the SHA-1, so
-// If-None-Match gets 304; documents never change, so caches may keep them.
+// hash may be hex or percent-escaped base64. The ETag is the SHA-1, so a
+// matching If-None-Match gets 304 for a stored document (a missing one is
+// 404 whatever the header says); documents never change, so caches may
+// keep them.
 func Protocols(b Backend) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, err := pd.ParseHash(r.PathValue("hash"))
@@ -66,16 +68,15 @@ func Protocols(b Backend) http.Handler {
 		}
 		etag := `"` + h.Hex() + `"`
 		hdr := w.Header()
-		if etagMatches(r.Header.Get("If-None-Match"), etag) {
-			// Content-addressed: a matching tag means the client holds the
-			// bytes; no need to look them up.
-			hdr["Etag"] = []string{etag}
-			w.WriteHeader(http.StatusNotModified)
-			return
-		}
 		p, err := b.GetProtocol(r.Context(), &registryv1.GetProtocolRequest{Name: "protocols/" + h.Hex()})
 		if err != nil {
 			writeError(w, err)
+			return
+		}
+		if etagMatches(r.Header.Get("If-None-Match"), etag) {
+			hdr["Etag"] = []string{etag}
+			hdr["Cache-Control"] = []string{"public, max-age=31536000, immutable"}
+			w.WriteHeader(http.StatusNotModified)
 			return
 		}
 		content := p.GetContent()

@@ -261,8 +261,9 @@ func schemaJSON(v *yaml.Node, where string) (string, error) {
 }
 
 // compileSchema compiles a JSON Schema (draft 2020-12 unless it names
-// another $schema). No loader is configured, so a $ref to anything outside
-// the document fails instead of reaching the network or the file system.
+// another $schema). The compiler's default loader reads file: URLs, so it is
+// replaced by one that refuses every URL: only refs inside the document
+// resolve, and nothing reaches the file system or the network.
 func compileSchema(raw []byte, where string) error {
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
@@ -270,15 +271,27 @@ func compileSchema(raw []byte, where string) error {
 	}
 	c := jsonschema.NewCompiler()
 	c.DefaultDraft(jsonschema.Draft2020)
+	c.UseLoader(refuseLoader{})
 	loc := "https://parley.invalid/pd/" + where + ".json"
 	if err := c.AddResource(loc, doc); err != nil {
 		return fmt.Errorf("is not a JSON Schema: %s", oneLine(err.Error()))
 	}
 	if _, err := c.Compile(loc); err != nil {
+		var le *jsonschema.LoadURLError
+		if errors.As(err, &le) && errors.Is(le.Err, errRefOutside) {
+			return fmt.Errorf("$ref %q points outside the schema; only refs inside it are allowed", le.URL)
+		}
 		return fmt.Errorf("is not a valid JSON Schema: %s", oneLine(err.Error()))
 	}
 	return nil
 }
+
+var errRefOutside = errors.New("refs outside the schema are refused")
+
+// refuseLoader is a jsonschema.URLLoader that loads nothing.
+type refuseLoader struct{}
+
+func (refuseLoader) Load(string) (any, error) { return nil, errRefOutside }
 
 // jsonValue converts a decoded YAML value into one encoding/json accepts.
 func jsonValue(v any, path string) (any, error) {

@@ -2,7 +2,13 @@ package pd
 
 import (
 	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -166,5 +172,41 @@ func TestParse_rejectsInvalidMetadata(t *testing.T) {
 				t.Errorf("Parse(%q) error spans lines: %q", tt.content, err)
 			}
 		})
+	}
+}
+
+// TestParse_schemaRefOutsideDocumentIsRefused proves a $ref never loads
+// anything: a file: ref to a file holding a secret is refused without the
+// secret in the error, and so is an http: ref (to a server that counts
+// requests) and a ref with an unknown scheme.
+func TestParse_schemaRefOutsideDocumentIsRefused(t *testing.T) {
+	const secret = "TOP-SECRET-BYTES"
+	path := filepath.Join(t.TempDir(), "secret.json")
+	if err := os.WriteFile(path, []byte(`{"type": "`+secret+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		_, _ = io.WriteString(w, `{"title": "`+secret+`"}`)
+	}))
+	t.Cleanup(srv.Close)
+	for _, ref := range []string{"file://" + path, path, srv.URL + "/schema.json", "gopher://example.com/x"} {
+		t.Run(ref, func(t *testing.T) {
+			content := "---\nname: Refs\nrequestSchema:\n  $ref: \"" + ref + "\"\n---\nText."
+			_, err := Parse([]byte(content), Options{})
+			if !errors.Is(err, ErrInvalidMetadata) {
+				t.Fatalf("Parse(requestSchema $ref %s) error = %v; want ErrInvalidMetadata", ref, err)
+			}
+			if strings.Contains(err.Error(), secret) {
+				t.Errorf("Parse(requestSchema $ref %s) error leaks the referenced content: %v", ref, err)
+			}
+			if !strings.Contains(err.Error(), "outside the schema") {
+				t.Errorf("Parse(requestSchema $ref %s) error = %v; want it to say refs outside the schema are refused", ref, err)
+			}
+		})
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the http $ref target was requested %d times, want 0", n)
 	}
 }

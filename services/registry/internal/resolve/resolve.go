@@ -24,6 +24,10 @@ import (
 // ErrMismatch reports a source whose bytes do not hash to the wanted SHA-1.
 var ErrMismatch = errors.New("content does not match the protocol hash")
 
+// errBudgetSpent marks sources not tried because the resolution's deadline
+// passed while earlier ones were tried.
+var errBudgetSpent = fmt.Errorf("not tried, the time for resolving was spent: %w", fetch.ErrUnavailable)
+
 // Fetcher fetches one source; *fetch.Fetcher is one.
 type Fetcher interface {
 	Fetch(ctx context.Context, source string) ([]byte, error)
@@ -142,7 +146,10 @@ func (e *NotFoundError) Unwrap() []error {
 }
 
 // Find returns the first verified copy of h: from a peer, else from the
-// first MaxSources sources in order.
+// first MaxSources sources in order. ctx's deadline is the budget for all
+// of them: each gets what the ones before it left. When it passes, the
+// NotFoundError says which source timed out and which were not tried;
+// when ctx is cancelled, Find returns ctx.Err().
 func (r *Resolver) Find(ctx context.Context, h pd.Hash, sources []string) (*Found, error) {
 	for _, p := range r.peers {
 		if b, ok := r.fromPeer(ctx, p, h); ok {
@@ -154,15 +161,19 @@ func (r *Resolver) Find(ctx context.Context, h pd.Hash, sources []string) (*Foun
 		if i >= r.opts.MaxSources {
 			break
 		}
-		if err := ctx.Err(); err != nil {
-			return nil, err
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, ctx.Err() // the caller gave up; not the sources' fault
+		}
+		if ctx.Err() != nil {
+			nf.Sources = append(nf.Sources, &SourceError{Index: i, Source: src, Err: errBudgetSpent})
+			continue
 		}
 		b, err := r.fromSource(ctx, h, src)
 		if err == nil {
 			return &Found{Content: b, Origin: fetch.Origin(src), Source: i}, nil
 		}
-		if ctx.Err() != nil {
-			return nil, ctx.Err() // the caller gave up; not the source's fault
+		if errors.Is(ctx.Err(), context.Canceled) {
+			return nil, ctx.Err()
 		}
 		nf.Sources = append(nf.Sources, &SourceError{Index: i, Source: src, Err: err})
 	}

@@ -3,6 +3,7 @@ package resolve
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"testing"
@@ -118,5 +119,34 @@ func TestFind_negativeCache(t *testing.T) {
 	}
 	if got := ff.calls["https://down/"]; got != 3 {
 		t.Errorf("fetches after the TTL = %d, want 3", got)
+	}
+}
+
+// waitFetcher blocks every fetch until its context ends.
+type waitFetcher struct{ calls int }
+
+func (f *waitFetcher) Fetch(ctx context.Context, _ string) ([]byte, error) {
+	f.calls++
+	<-ctx.Done()
+	return nil, fmt.Errorf("timed out: %w", fetch.ErrUnavailable)
+}
+
+// TestFind_oneBudgetForAllSources: when ctx's deadline passes during the
+// first source, the rest are reported as not tried, not fetched; a
+// cancelled ctx is returned as such.
+func TestFind_oneBudgetForAllSources(t *testing.T) {
+	f := &waitFetcher{}
+	r := New(f, nil, Options{}, slog.New(slog.DiscardHandler))
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	_, err := r.Find(ctx, pd.Sum([]byte("x")), []string{"https://a/", "https://b/", "https://c/"})
+	var nf *NotFoundError
+	if !errors.As(err, &nf) || len(nf.Sources) != 3 || !errors.Is(nf.Sources[2].Err, errBudgetSpent) || f.calls != 1 {
+		t.Fatalf("Find(deadline passes during the first source) = %v after %d fetches; want all three listed, the last not tried, one fetch", err, f.calls)
+	}
+	cctx, ccancel := context.WithCancel(t.Context())
+	ccancel()
+	if _, err := r.Find(cctx, pd.Sum([]byte("y")), []string{"https://a/"}); !errors.Is(err, context.Canceled) {
+		t.Errorf("Find(cancelled) error = %v, want context.Canceled", err)
 	}
 }

@@ -46,6 +46,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return nil
 	case isStatus(err):
 		return err
+	case errors.Is(err, errClosed):
+		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
 	case errors.As(err, &nf):

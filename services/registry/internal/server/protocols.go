@@ -250,8 +250,10 @@ func (s *Server) ResolveProtocol(ctx context.Context, req *registryv1.ResolvePro
 
 // resolve returns the stored protocol h or finds, verifies and stores it.
 // Concurrent calls for one hash share a single resolution, which runs on
-// its own time budget so that one impatient caller does not fail the
-// others; each caller still stops waiting when its own context ends.
+// its own time budget (ResolveTimeout, for peers and every source
+// together) so that one impatient caller does not fail the others; each
+// caller still stops waiting when its own context ends. The resolution
+// stops when the server's Context ends.
 func (s *Server) resolve(ctx context.Context, h pd.Hash, sources []string) (*registryv1.Protocol, error) {
 	p, err := s.stored(ctx, h)
 	if err == nil {
@@ -271,8 +273,10 @@ func (s *Server) resolve(ctx context.Context, h pd.Hash, sources []string) (*reg
 	// just failed are in the negative cache and are not fetched again.
 	for attempt := 0; ; attempt++ {
 		ch := s.flight.DoChan(string(h[:]), func() (any, error) { return s.resolveShared(ctx, h, sources) })
+		s.resolves.Add(1)
 		select {
 		case r := <-ch:
+			s.resolves.Add(-1)
 			if r.Err == nil {
 				return r.Val.(*registryv1.Protocol), nil
 			}
@@ -280,6 +284,7 @@ func (s *Server) resolve(ctx context.Context, h pd.Hash, sources []string) (*reg
 				return nil, r.Err
 			}
 		case <-ctx.Done():
+			s.resolves.Add(-1)
 			return nil, ctx.Err()
 		}
 	}
@@ -288,13 +293,22 @@ func (s *Server) resolve(ctx context.Context, h pd.Hash, sources []string) (*reg
 // resolveShared is one resolution of h, shared by every caller waiting on
 // it: peers, then sources, then the store.
 func (s *Server) resolveShared(ctx context.Context, h pd.Hash, sources []string) (any, error) {
+	if !s.begin() {
+		return nil, errClosed
+	}
+	defer s.running.Done()
+	// The first caller's values (trace, log attributes), not its deadline.
 	fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.ResolveTimeout)
 	defer cancel()
+	defer context.AfterFunc(s.opts.Context, cancel)()
 	if p, err := s.stored(fctx, h); err == nil {
 		return p, nil
 	}
 	found, err := s.opts.Finder.Find(fctx, h, sources)
 	if err != nil {
+		if s.opts.Context.Err() != nil {
+			return nil, errClosed
+		}
 		return nil, err
 	}
 	if int64(len(found.Content)) > s.opts.MaxBytes {

@@ -3,8 +3,11 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,8 +40,12 @@ type Options struct {
 	CacheBytes int64
 	// Finder resolves unknown hashes; nil means only stored ones resolve.
 	Finder Finder
-	// ResolveTimeout bounds one shared resolution (peers and sources) [20s].
+	// ResolveTimeout bounds one shared resolution, peers and every source
+	// together [5s].
 	ResolveTimeout time.Duration
+	// Context is the server's lifetime: shared resolutions stop when it
+	// ends [never]. Close then waits for them.
+	Context context.Context
 	// Peers are the peer registries SyncProtocols copies from, by the name
 	// they were configured with.
 	Peers map[string]registryv1.RegistryServiceClient
@@ -55,7 +62,17 @@ type Server struct {
 	flight  singleflight.Group // one resolution per hash in flight
 	metrics *metrics
 	now     func() time.Time
+
+	// Shared resolutions in flight, so that Close can wait for them
+	// before the store closes.
+	mu       sync.Mutex // guards closed and Add on running
+	closed   bool
+	running  sync.WaitGroup
+	resolves atomic.Int64 // callers waiting on a resolution (tests)
 }
+
+// errClosed refuses resolutions once Close has begun.
+var errClosed = errors.New("the registry is shutting down")
 
 var _ registryv1.RegistryServiceServer = (*Server)(nil)
 
@@ -65,7 +82,10 @@ func New(st store.Store, logger *slog.Logger, opts Options) *Server {
 		opts.MaxBytes = 256 << 10
 	}
 	if opts.ResolveTimeout <= 0 {
-		opts.ResolveTimeout = 20 * time.Second
+		opts.ResolveTimeout = 5 * time.Second
+	}
+	if opts.Context == nil {
+		opts.Context = context.Background()
 	}
 	opts.PublicURL = strings.TrimRight(opts.PublicURL, "/")
 	return &Server{
@@ -76,6 +96,26 @@ func New(st store.Store, logger *slog.Logger, opts Options) *Server {
 		metrics: newMetrics(),
 		now:     time.Now,
 	}
+}
+
+// Close waits for shared resolutions to end and refuses new ones; cancel
+// Options.Context first so that they end promptly. The store stays open.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	s.running.Wait()
+}
+
+// begin registers a shared resolution; false once Close has begun.
+func (s *Server) begin() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.running.Add(1)
+	return true
 }
 
 // Collectors returns the server's Prometheus collectors, for the caller to

@@ -4,7 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -120,5 +126,57 @@ func TestProtocolCache_staysWithinBudget(t *testing.T) {
 	c.put(pd.Sum(big), &registryv1.Protocol{Content: big})
 	if c.get(pd.Sum(big)) != nil {
 		t.Error("an entry larger than the whole budget was cached")
+	}
+}
+
+// TestResolveProtocol_sharesOneFetchPerHash holds the source's answer
+// until all callers wait on a resolution, so that none can find the
+// document already stored: without sharing, each would fetch.
+func TestResolveProtocol_sharesOneFetchPerHash(t *testing.T) {
+	const callers = 8
+	doc := "---\nname: Shared\n---\nOne fetch for all."
+	var s *Server
+	var hits atomic.Int32
+	src := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		hits.Add(1)
+		deadline := time.Now().Add(10 * time.Second)
+		for s.resolves.Load() < callers && time.Now().Before(deadline) {
+			runtime.Gosched()
+		}
+		_, _ = io.WriteString(w, doc)
+	}))
+	t.Cleanup(src.Close)
+	f, err := fetch.New(fetch.Options{AllowHTTP: true, Allow: []string{src.Listener.Addr().String()}, Timeout: 20 * time.Second, MaxPerHost: callers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	logger := slog.New(slog.DiscardHandler)
+	s = New(st, logger, Options{Finder: resolve.New(f, nil, resolve.Options{}, logger), ResolveTimeout: 20 * time.Second})
+	h := pd.Sum([]byte(doc))
+	var wg sync.WaitGroup
+	errs := make(chan error, callers)
+	for range callers {
+		wg.Go(func() {
+			p, err := s.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: h.Hex(), Sources: []string{src.URL + "/pd"}})
+			if err == nil && string(p.GetContent()) != doc {
+				err = fmt.Errorf("content %q", p.GetContent())
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Errorf("ResolveProtocol() error = %v", err)
+		}
+	}
+	if got := hits.Load(); got != 1 {
+		t.Errorf("source fetched %d times for %d concurrent resolves, want 1", got, callers)
 	}
 }
