@@ -124,6 +124,12 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 			return s.answerNegotiation(ctx, agent, req.GetPeer(), query, memIn)
 		}
 	default:
+		// Support is decided by hash alone, so check it before resolving:
+		// a protocol this agent would reject is never fetched, which keeps
+		// outsiders from making the registry fetch their URLs through it.
+		if !s.supports(ctx, agent, hexHash) {
+			return pathRejected, d.Unsupported(hashFor(env, hexHash))
+		}
 		pe, err := s.protocol(ctx, hexHash, env.Sources)
 		if err != nil {
 			switch status.Code(err) {
@@ -133,7 +139,7 @@ func (s *Server) deliver(ctx context.Context, req *dispatcherv1.DeliverEnvelopeR
 			s.logger.WarnContext(ctx, "protocol resolution failed; answering with a fault", slog.String("protocol", hexHash), slog.Any("err", err))
 			return pathFailure, d.Fault("the protocol registry is unavailable; retry later", followUp)
 		}
-		if pe.schemaErr != nil || !s.supports(ctx, agent, hexHash) {
+		if pe.schemaErr != nil {
 			return pathRejected, d.Unsupported(hashFor(env, hexHash))
 		}
 		if err := pdschema.Validate(pe.schemas.Request, query); err != nil {

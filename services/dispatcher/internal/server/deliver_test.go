@@ -424,3 +424,20 @@ func TestDeliver_faultStatus(t *testing.T) {
 		t.Errorf("pylib fault on POST / = %d %s, want 200 error", code, raw)
 	}
 }
+
+// TestUnsupportedProtocol_isNeverResolved proves the dispatcher rejects a
+// protocol its agent does not support without asking the registry to fetch
+// it, so outsiders cannot make the registry fetch their URLs through an
+// agent.
+func TestUnsupportedProtocol_isNeverResolved(t *testing.T) {
+	e := startWeather(t, registryv1.Dialect_DIALECT_UNSPECIFIED, Options{})
+	before := e.reg.resolveCalls.Load()
+	other := strings.Repeat("ab", 20)
+	_, m, raw := e.do("POST", "/agora/acme/weather", `{"protocolHash":"`+other+`","protocolSources":["https://attacker.example/pd.txt"],"body":"x"}`)
+	if m["status"] != "rejected" {
+		t.Errorf("unsupported protocol = %s, want rejected", raw)
+	}
+	if got := e.reg.resolveCalls.Load() - before; got != 0 {
+		t.Errorf("ResolveProtocol calls for an unsupported protocol = %d, want 0", got)
+	}
+}
