@@ -68,6 +68,7 @@ check-generated: generate
 check-tidy:
 	@for m in $$(go list -m -f '{{.Dir}}'); do (cd $$m && go mod tidy -diff) || { echo "go.mod untidy in $$m"; exit 1; }; done
 	@cd tools && GOWORK=off go mod tidy -diff
+	@cd tools/lint && GOWORK=off go mod tidy -diff
 
 ## unit: all Go tests with the race detector
 unit:
