@@ -1081,15 +1081,12 @@ func (x *DeliverEnvelopeResponse) GetReplyJson() []byte {
 // TestRoutineRequest is the request of TestRoutine.
 type TestRoutineRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The agent the routine would run for. Format:
-	// clients/{client}/agents/{agent}.
-	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
 	// The Starlark source.
-	Source string `protobuf:"bytes,2,opt,name=source,proto3" json:"source,omitempty"`
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
 	// The tools the routine may call, by id, each with its declared result.
-	Tools []*TestRoutineTool `protobuf:"bytes,3,rep,name=tools,proto3" json:"tools,omitempty"`
+	Tools []*TestRoutineTool `protobuf:"bytes,2,rep,name=tools,proto3" json:"tools,omitempty"`
 	// The calls to run, in order, each in a fresh thread with its own budgets.
-	Cases         []*TestRoutineCase `protobuf:"bytes,4,rep,name=cases,proto3" json:"cases,omitempty"`
+	Cases         []*TestRoutineCase `protobuf:"bytes,3,rep,name=cases,proto3" json:"cases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1122,13 +1119,6 @@ func (x *TestRoutineRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use TestRoutineRequest.ProtoReflect.Descriptor instead.
 func (*TestRoutineRequest) Descriptor() ([]byte, []int) {
 	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{16}
-}
-
-func (x *TestRoutineRequest) GetAgent() string {
-	if x != nil {
-		return x.Agent
-	}
-	return ""
 }
 
 func (x *TestRoutineRequest) GetSource() string {
@@ -1219,7 +1209,7 @@ func (x *TestRoutineTool) GetResultJson() string {
 // TestRoutineCase is one call of a routine function.
 type TestRoutineCase struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The function: reply, send, parse or step.
+	// The function, e.g. reply, send, parse or step.
 	Function string `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
 	// The positional arguments, JSON each.
 	ArgsJson      []string `protobuf:"bytes,2,rep,name=args_json,json=argsJson,proto3" json:"args_json,omitempty"`
@@ -1275,7 +1265,9 @@ func (x *TestRoutineCase) GetArgsJson() []string {
 type TestRoutineResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The results.
-	Results       []*TestRoutineResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	Results []*TestRoutineResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// The functions the routine defines at top level, sorted.
+	Functions     []string `protobuf:"bytes,2,rep,name=functions,proto3" json:"functions,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1313,6 +1305,13 @@ func (*TestRoutineResponse) Descriptor() ([]byte, []int) {
 func (x *TestRoutineResponse) GetResults() []*TestRoutineResult {
 	if x != nil {
 		return x.Results
+	}
+	return nil
+}
+
+func (x *TestRoutineResponse) GetFunctions() []string {
+	if x != nil {
+		return x.Functions
 	}
 	return nil
 }
@@ -1461,12 +1460,11 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus\x12\x1d\n" +
 	"\n" +
-	"reply_json\x18\x02 \x01(\fR\treplyJson\"\xd4\x01\n" +
-	"\x12TestRoutineRequest\x12\x1a\n" +
-	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x1c\n" +
-	"\x06source\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06source\x12A\n" +
-	"\x05tools\x18\x03 \x03(\v2%.parley.dispatcher.v1.TestRoutineToolB\x04\xe2A\x01\x01R\x05tools\x12A\n" +
-	"\x05cases\x18\x04 \x03(\v2%.parley.dispatcher.v1.TestRoutineCaseB\x04\xe2A\x01\x02R\x05cases\"\x80\x01\n" +
+	"reply_json\x18\x02 \x01(\fR\treplyJson\"\xb8\x01\n" +
+	"\x12TestRoutineRequest\x12\x1c\n" +
+	"\x06source\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06source\x12A\n" +
+	"\x05tools\x18\x02 \x03(\v2%.parley.dispatcher.v1.TestRoutineToolB\x04\xe2A\x01\x01R\x05tools\x12A\n" +
+	"\x05cases\x18\x03 \x03(\v2%.parley.dispatcher.v1.TestRoutineCaseB\x04\xe2A\x01\x02R\x05cases\"\x80\x01\n" +
 	"\x0fTestRoutineTool\x12\x14\n" +
 	"\x02id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x02id\x120\n" +
 	"\x11input_schema_json\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x0finputSchemaJson\x12%\n" +
@@ -1474,14 +1472,15 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"resultJson\"V\n" +
 	"\x0fTestRoutineCase\x12 \n" +
 	"\bfunction\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bfunction\x12!\n" +
-	"\targs_json\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\bargsJson\"X\n" +
+	"\targs_json\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\bargsJson\"v\n" +
 	"\x13TestRoutineResponse\x12A\n" +
-	"\aresults\x18\x01 \x03(\v2'.parley.dispatcher.v1.TestRoutineResultR\aresults\"s\n" +
+	"\aresults\x18\x01 \x03(\v2'.parley.dispatcher.v1.TestRoutineResultR\aresults\x12\x1c\n" +
+	"\tfunctions\x18\x02 \x03(\tR\tfunctions\"s\n" +
 	"\x11TestRoutineResult\x12\x1f\n" +
 	"\voutput_json\x18\x01 \x01(\tR\n" +
 	"outputJson\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12'\n" +
-	"\x0fbudget_exceeded\x18\x03 \x01(\bR\x0ebudgetExceeded2\xd5\v\n" +
+	"\x0fbudget_exceeded\x18\x03 \x01(\bR\x0ebudgetExceeded2\xba\v\n" +
 	"\x11DispatcherService\x12\x86\x01\n" +
 	"\n" +
 	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12\x97\x01\n" +
@@ -1494,8 +1493,8 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\x0eListSendCounts\x12+.parley.dispatcher.v1.ListSendCountsRequest\x1a,.parley.dispatcher.v1.ListSendCountsResponse\"2\x82\xd3\xe4\x93\x02,\x12*/v1/{parent=clients/*/agents/*}/sendCounts\x12n\n" +
 	"\x0fDeliverEnvelope\x12,.parley.dispatcher.v1.DeliverEnvelopeRequest\x1a-.parley.dispatcher.v1.DeliverEnvelopeResponse\x12Z\n" +
 	"\aConnect\x12$.parley.dispatcher.v1.ConnectRequest\x1a%.parley.dispatcher.v1.ConnectResponse(\x010\x01\x12b\n" +
-	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponse\x12\x9b\x01\n" +
-	"\vTestRoutine\x12(.parley.dispatcher.v1.TestRoutineRequest\x1a).parley.dispatcher.v1.TestRoutineResponse\"7\x82\xd3\xe4\x93\x021:\x01*\",/v1/{agent=clients/*/agents/*}/routines:testB\xe6\x01\n" +
+	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponse\x12\x80\x01\n" +
+	"\vTestRoutine\x12(.parley.dispatcher.v1.TestRoutineRequest\x1a).parley.dispatcher.v1.TestRoutineResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/routines:testB\xe6\x01\n" +
 	"\x18com.parley.dispatcher.v1B\x16DispatcherServiceProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
 var (

@@ -344,18 +344,9 @@ func request_DispatcherService_TestRoutine_0(ctx context.Context, marshaler runt
 	var (
 		protoReq TestRoutineRequest
 		metadata runtime.ServerMetadata
-		err      error
 	)
 	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
 		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
-	}
-	val, ok := pathParams["agent"]
-	if !ok {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "agent")
-	}
-	protoReq.Agent, err = runtime.String(val)
-	if err != nil {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "agent", err)
 	}
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
@@ -368,18 +359,9 @@ func local_request_DispatcherService_TestRoutine_0(ctx context.Context, marshale
 	var (
 		protoReq TestRoutineRequest
 		metadata runtime.ServerMetadata
-		err      error
 	)
 	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
 		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
-	}
-	val, ok := pathParams["agent"]
-	if !ok {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "agent")
-	}
-	protoReq.Agent, err = runtime.String(val)
-	if err != nil {
-		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "agent", err)
 	}
 	msg, err := server.TestRoutine(ctx, &protoReq)
 	return msg, metadata, err
@@ -537,7 +519,7 @@ func RegisterDispatcherServiceHandlerServer(ctx context.Context, mux *runtime.Se
 		var stream runtime.ServerTransportStream
 		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/parley.dispatcher.v1.DispatcherService/TestRoutine", runtime.WithHTTPPathPattern("/v1/{agent=clients/*/agents/*}/routines:test"))
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/parley.dispatcher.v1.DispatcherService/TestRoutine", runtime.WithHTTPPathPattern("/v1/routines:test"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -714,7 +696,7 @@ func RegisterDispatcherServiceHandlerClient(ctx context.Context, mux *runtime.Se
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
 		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
-		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/parley.dispatcher.v1.DispatcherService/TestRoutine", runtime.WithHTTPPathPattern("/v1/{agent=clients/*/agents/*}/routines:test"))
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/parley.dispatcher.v1.DispatcherService/TestRoutine", runtime.WithHTTPPathPattern("/v1/routines:test"))
 		if err != nil {
 			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
 			return
@@ -738,7 +720,7 @@ var (
 	pattern_DispatcherService_ListTools_0      = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3, 2, 4}, []string{"v1", "clients", "agents", "parent", "tools"}, ""))
 	pattern_DispatcherService_Send_0           = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3}, []string{"v1", "clients", "agents", "agent"}, "send"))
 	pattern_DispatcherService_ListSendCounts_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3, 2, 4}, []string{"v1", "clients", "agents", "parent", "sendCounts"}, ""))
-	pattern_DispatcherService_TestRoutine_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3, 2, 4}, []string{"v1", "clients", "agents", "agent", "routines"}, "test"))
+	pattern_DispatcherService_TestRoutine_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1}, []string{"v1", "routines"}, "test"))
 )
 
 var (

@@ -79,7 +79,8 @@ type DispatcherServiceClient interface {
 	ExecuteStep(ctx context.Context, in *ExecuteStepRequest, opts ...grpc.CallOption) (*ExecuteStepResponse, error)
 	// TestRoutine compiles a routine source and runs its functions on the
 	// given cases in the production runtime, with the same budgets, answering
-	// tool calls from the declared results; it stores nothing. The negotiator
+	// tool calls from the declared results. It stores nothing and reads no
+	// agent state, so it needs no agent. The negotiator
 	// validates routines with it. Errors: INVALID_ARGUMENT (bad request, or
 	// ROUTINE_INVALID when the source does not compile or load),
 	// RESOURCE_EXHAUSTED (ROUTINE_BUSY: every routine worker is taken).
@@ -254,7 +255,8 @@ type DispatcherServiceServer interface {
 	ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error)
 	// TestRoutine compiles a routine source and runs its functions on the
 	// given cases in the production runtime, with the same budgets, answering
-	// tool calls from the declared results; it stores nothing. The negotiator
+	// tool calls from the declared results. It stores nothing and reads no
+	// agent state, so it needs no agent. The negotiator
 	// validates routines with it. Errors: INVALID_ARGUMENT (bad request, or
 	// ROUTINE_INVALID when the source does not compile or load),
 	// RESOURCE_EXHAUSTED (ROUTINE_BUSY: every routine worker is taken).

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -172,6 +173,18 @@ func Compile(ctx context.Context, name, src string, tools map[string]Tool, limit
 func (p *Program) Has(fn string) bool {
 	_, ok := p.globals[fn].(starlark.Callable)
 	return ok
+}
+
+// Functions returns the names of the functions the routine defines, sorted.
+func (p *Program) Functions() []string {
+	var out []string
+	for name, v := range p.globals {
+		if _, ok := v.(*starlark.Function); ok {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // Call runs fn with args (raw JSON each). When memory is non-nil it is passed

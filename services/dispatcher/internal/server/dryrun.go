@@ -34,7 +34,10 @@ func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineR
 	if err != nil {
 		return nil, routineCompileStatus(err)
 	}
-	resp := &dispatcherv1.TestRoutineResponse{Results: make([]*dispatcherv1.TestRoutineResult, 0, len(req.GetCases()))}
+	resp := &dispatcherv1.TestRoutineResponse{
+		Results:   make([]*dispatcherv1.TestRoutineResult, 0, len(req.GetCases())),
+		Functions: prog.Functions(),
+	}
 	for _, c := range req.GetCases() {
 		res := &dispatcherv1.TestRoutineResult{}
 		if !prog.Has(c.GetFunction()) {
@@ -77,9 +80,6 @@ func busyStatus() error {
 // validateTestRoutine checks req and builds its tools.
 func validateTestRoutine(req *dispatcherv1.TestRoutineRequest) (map[string]routine.Tool, error) {
 	var v grpcerr.Violations
-	if !validAgentName(req.GetAgent()) {
-		v.Add("agent", "must be clients/{client}/agents/{agent}")
-	}
 	if req.GetSource() == "" {
 		v.Add("source", "must not be empty")
 	} else if len(req.GetSource()) > 256<<10 {

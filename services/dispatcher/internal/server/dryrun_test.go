@@ -27,7 +27,6 @@ func reasonOf(err error) string {
 // call_tool's one signature.
 func TestTestRoutine(t *testing.T) {
 	e := startEnv(t, nil, "", Options{RoutineLimits: routine.Limits{Pool: routine.NewPool(2)}})
-	const agent = "clients/c/agents/a"
 	tools := []*dispatcherv1.TestRoutineTool{{
 		Id:              "forecast",
 		InputSchemaJson: `{"type":"object","required":["city"]}`,
@@ -51,7 +50,7 @@ func TestTestRoutine(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			start := time.Now()
 			resp, err := e.client.TestRoutine(t.Context(), &dispatcherv1.TestRoutineRequest{
-				Agent: agent, Source: tt.src, Tools: tools,
+				Source: tt.src, Tools: tools,
 				Cases: []*dispatcherv1.TestRoutineCase{{Function: tt.fn, ArgsJson: tt.args}},
 			})
 			if err != nil {
@@ -68,10 +67,10 @@ func TestTestRoutine(t *testing.T) {
 	}
 	// After the 512 MiB attempt, the server still answers.
 	resp, err := e.client.TestRoutine(t.Context(), &dispatcherv1.TestRoutineRequest{
-		Agent: agent, Source: "def send(task):\n    return task\n",
+		Source: "def send(task):\n    return task\n",
 		Cases: []*dispatcherv1.TestRoutineCase{{Function: "send", ArgsJson: []string{`1`}}, {Function: "send", ArgsJson: []string{`[2]`}}},
 	})
-	if err != nil || len(resp.GetResults()) != 2 || resp.GetResults()[1].GetOutputJson() != "[2]" {
+	if err != nil || len(resp.GetResults()) != 2 || resp.GetResults()[1].GetOutputJson() != "[2]" || strings.Join(resp.GetFunctions(), ",") != "send" {
 		t.Fatalf("TestRoutine after the budget failures = %v, %v", resp, err)
 	}
 }
@@ -84,12 +83,12 @@ func TestTestRoutineErrors(t *testing.T) {
 		req        *dispatcherv1.TestRoutineRequest
 		wantReason string
 	}{
-		{"bad agent", &dispatcherv1.TestRoutineRequest{Agent: "agents/a", Source: "x = 1", Cases: cases}, "INVALID_ARGUMENT"},
-		{"no cases", &dispatcherv1.TestRoutineRequest{Agent: "clients/c/agents/a", Source: "x = 1"}, "INVALID_ARGUMENT"},
-		{"args not JSON", &dispatcherv1.TestRoutineRequest{Agent: "clients/c/agents/a", Source: "x = 1", Cases: []*dispatcherv1.TestRoutineCase{{Function: "send", ArgsJson: []string{"{"}}}}, "INVALID_ARGUMENT"},
-		{"bad tool schema", &dispatcherv1.TestRoutineRequest{Agent: "clients/c/agents/a", Source: "x = 1", Cases: cases, Tools: []*dispatcherv1.TestRoutineTool{{Id: "t", InputSchemaJson: `{"type":7}`}}}, "INVALID_ARGUMENT"},
-		{"does not compile", &dispatcherv1.TestRoutineRequest{Agent: "clients/c/agents/a", Source: "def send(:", Cases: cases}, "ROUTINE_INVALID"},
-		{"top level fails", &dispatcherv1.TestRoutineRequest{Agent: "clients/c/agents/a", Source: "x = 1 // 0", Cases: cases}, "ROUTINE_INVALID"},
+		{"no source", &dispatcherv1.TestRoutineRequest{Cases: cases}, "INVALID_ARGUMENT"},
+		{"no cases", &dispatcherv1.TestRoutineRequest{Source: "x = 1"}, "INVALID_ARGUMENT"},
+		{"args not JSON", &dispatcherv1.TestRoutineRequest{Source: "x = 1", Cases: []*dispatcherv1.TestRoutineCase{{Function: "send", ArgsJson: []string{"{"}}}}, "INVALID_ARGUMENT"},
+		{"bad tool schema", &dispatcherv1.TestRoutineRequest{Source: "x = 1", Cases: cases, Tools: []*dispatcherv1.TestRoutineTool{{Id: "t", InputSchemaJson: `{"type":7}`}}}, "INVALID_ARGUMENT"},
+		{"does not compile", &dispatcherv1.TestRoutineRequest{Source: "def send(:", Cases: cases}, "ROUTINE_INVALID"},
+		{"top level fails", &dispatcherv1.TestRoutineRequest{Source: "x = 1 // 0", Cases: cases}, "ROUTINE_INVALID"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
