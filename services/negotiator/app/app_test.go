@@ -15,11 +15,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
+	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
@@ -45,7 +47,22 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	a, err := app.New(cfg, logger, app.Peers{})
+	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	// The dispatcher peer is routinetest's stand-in for TestRoutine, served
+	// on the same gRPC server (services never import each other).
+	a, err := app.New(cfg, logger, app.Peers{Dispatcher: conn})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,14 +75,7 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 	if err := a.Register(ctx, srv); err != nil {
 		t.Fatal(err)
 	}
-	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	dispatcherv1.RegisterDispatcherServiceServer(srv.GRPC, &routinetest.Dispatcher{})
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
 	t.Cleanup(func() {
@@ -74,11 +84,6 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
 	return negotiator{client: negotiatorv1.NewNegotiatorServiceClient(conn), url: "http://" + httpLis.Addr().String()}
 }
 

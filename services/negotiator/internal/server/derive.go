@@ -57,7 +57,7 @@ func (s *Server) deriveSender(ctx context.Context, doc protocol.Document, task *
 	if err != nil {
 		return "", err
 	}
-	if _, err := routine.VerifySender(ctx, src, doc, in, out, s.opts.Limits); err != nil {
+	if _, err := routine.VerifySender(ctx, s.opts.Tester, src, doc, in, out); err != nil {
 		return "", fmt.Errorf("%w: %v", errRoutineFailed, err)
 	}
 	return src, nil
@@ -69,7 +69,7 @@ func (s *Server) deriveReceiver(ctx context.Context, doc protocol.Document, tool
 	if err != nil {
 		return "", err
 	}
-	if _, err := routine.VerifyReceiver(ctx, src, doc, []routine.Tool{tool}, s.opts.Limits); err != nil {
+	if _, err := routine.VerifyReceiver(ctx, s.opts.Tester, src, doc, []routine.Tool{tool}); err != nil {
 		return "", fmt.Errorf("%w: %v", errRoutineFailed, err)
 	}
 	return src, nil

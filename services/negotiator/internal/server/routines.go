@@ -128,9 +128,9 @@ func (s *Server) verify(ctx context.Context, src string, doc protocol.Document, 
 		if task != nil {
 			in, out = task.Input, task.Output
 		}
-		return routine.VerifySender(ctx, src, doc, in, out, s.opts.Limits)
+		return routine.VerifySender(ctx, s.opts.Tester, src, doc, in, out)
 	}
-	return routine.VerifyReceiver(ctx, src, doc, tools, s.opts.Limits)
+	return routine.VerifyReceiver(ctx, s.opts.Tester, src, doc, tools)
 }
 
 func checkCandidateName(name string) error {
