@@ -70,7 +70,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	led := ledger.New(client, st, prices, ledger.Budgets{
 		PerAgent: int64(cfg.LLM.BudgetAgentUSD * 1e6),
 		PerPeer:  int64(cfg.LLM.BudgetPeerUSD * 1e6),
-	}, metrics)
+	}, metrics, logger)
 	var tester routine.Tester
 	if peers.Dispatcher != nil {
 		tester = dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher)
