@@ -184,7 +184,7 @@ const routineSourceSchema = `{"type":"object","required":["source"],"additionalP
 func routinePrompt(side negotiatorv1.RoutineSide, pd []byte, tools []routine.Tool, task *negotiation.Task, lastErr string) llm.Request {
 	var sys strings.Builder
 	sys.WriteString("You write routines: small Starlark programs that follow a protocol document so that no LLM is needed for its messages.\n")
-	sys.WriteString("Available: the json module (json.encode, json.decode) and call_tool(name, args) returning a dict. No load, no while loops, no recursion.\n")
+	sys.WriteString("Available: the json module (json.encode, json.decode) and call_tool(name, args), both arguments required, returning the tool's JSON result (None when it has none). No load, no recursion; keep it simple, budgets apply.\n")
 	if side == negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER {
 		sys.WriteString("Define reply(query, memory): query is the request body (usually a string holding JSON); return the reply body as a string (json.encode of an object when the protocol uses JSON).\n")
 	} else {
