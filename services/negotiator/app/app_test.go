@@ -46,7 +46,7 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := slog.New(slog.DiscardHandler)
 	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -196,7 +196,7 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, fmt.Errorf("%w: %v", ErrBudget, err)
+		return nil, nil, fmt.Errorf("%w: %s", ErrBudget, err.Error())
 	}
 	release, err := p.limits.Pool.acquire(ctx, p.limits.Timeout)
 	if err != nil {
@@ -369,7 +369,7 @@ func wrapRunErr(err error) error {
 		return fmt.Errorf("routine error: %s", ee.Backtrace())
 	}
 	if errors.Is(err, errExpired) || isCancel(err.Error()) {
-		return fmt.Errorf("%w: %v", ErrBudget, err)
+		return fmt.Errorf("%w: %s", ErrBudget, err.Error())
 	}
 	return err
 }

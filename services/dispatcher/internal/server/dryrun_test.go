@@ -68,7 +68,7 @@ func TestTestRoutine(t *testing.T) {
 	// After the 512 MiB attempt, the server still answers.
 	resp, err := e.client.TestRoutine(t.Context(), &dispatcherv1.TestRoutineRequest{
 		Source: "def send(task):\n    return task\n",
-		Cases: []*dispatcherv1.TestRoutineCase{{Function: "send", ArgsJson: []string{`1`}}, {Function: "send", ArgsJson: []string{`[2]`}}},
+		Cases:  []*dispatcherv1.TestRoutineCase{{Function: "send", ArgsJson: []string{`1`}}, {Function: "send", ArgsJson: []string{`[2]`}}},
 	})
 	if err != nil || len(resp.GetResults()) != 2 || resp.GetResults()[1].GetOutputJson() != "[2]" || strings.Join(resp.GetFunctions(), ",") != "send" {
 		t.Fatalf("TestRoutine after the budget failures = %v, %v", resp, err)

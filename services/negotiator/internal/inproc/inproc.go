@@ -7,7 +7,6 @@ package inproc
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -63,7 +62,7 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	logger := slog.New(slog.DiscardHandler)
 	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -103,7 +102,12 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 	dispatcherv1.RegisterDispatcherServiceServer(srv.GRPC, &routinetest.Dispatcher{})
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(rctx, grpcLis, httpLis) }()
-	n.closers = append(n.closers, func() { cancel(); <-done })
+	n.closers = append(n.closers, func() {
+		cancel()
+		if err := <-done; err != nil {
+			logger.WarnContext(ctx, "in-process negotiator stopped", slog.Any("err", err))
+		}
+	})
 	n.Client = negotiatorv1.NewNegotiatorServiceClient(conn)
 	return n, nil
 }

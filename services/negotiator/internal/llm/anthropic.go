@@ -67,7 +67,7 @@ type anthropicResponse struct {
 func (a *Anthropic) Complete(ctx context.Context, model string, req Request) (Response, error) {
 	body := anthropicRequest{Model: model, System: req.System, MaxTokens: maxTokens(req)}
 	for _, m := range req.Messages {
-		body.Messages = append(body.Messages, openAIMessage{Role: m.Role, Content: m.Content})
+		body.Messages = append(body.Messages, openAIMessage(m))
 	}
 	name := schemaName(req)
 	if len(req.JSONSchema) > 0 {

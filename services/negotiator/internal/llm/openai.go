@@ -65,7 +65,7 @@ func (o *OpenAI) Complete(ctx context.Context, model string, req Request) (Respo
 		body.Messages = append(body.Messages, openAIMessage{Role: "system", Content: req.System})
 	}
 	for _, m := range req.Messages {
-		body.Messages = append(body.Messages, openAIMessage{Role: m.Role, Content: m.Content})
+		body.Messages = append(body.Messages, openAIMessage(m))
 	}
 	if len(req.JSONSchema) > 0 {
 		switch o.Structured {

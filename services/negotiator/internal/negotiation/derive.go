@@ -90,11 +90,11 @@ func DeriveProtocol(t Task) ([]byte, error) {
 func objectSchema(which string, raw json.RawMessage) ([]byte, *schema.Schema, error) {
 	canon, err := schema.Canonical(raw)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %s schema: %v", ErrInvalidTask, which, err)
+		return nil, nil, fmt.Errorf("%w: %s schema: %w", ErrInvalidTask, which, err)
 	}
 	s, err := schema.Compile(canon)
 	if err != nil {
-		return nil, nil, fmt.Errorf("%w: %s schema: %v", ErrInvalidTask, which, err)
+		return nil, nil, fmt.Errorf("%w: %s schema: %w", ErrInvalidTask, which, err)
 	}
 	if s.Type() != "object" || len(s.Properties()) == 0 {
 		return nil, nil, fmt.Errorf("%w: %s schema must be an object with properties", ErrInvalidTask, which)

@@ -75,7 +75,7 @@ func DecodeMessage(body []byte) (Message, error) {
 	var s string
 	if len(body) > 0 && body[0] == '"' {
 		if err := json.Unmarshal(body, &s); err != nil {
-			return Message{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+			return Message{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 		}
 		body = []byte(s)
 	}
@@ -83,7 +83,7 @@ func DecodeMessage(body []byte) (Message, error) {
 	d.DisallowUnknownFields()
 	var m Message
 	if err := d.Decode(&m); err != nil {
-		return Message{}, fmt.Errorf("%w: %v", ErrMalformed, err)
+		return Message{}, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	switch m.Type {
 	case TypePropose:

@@ -52,7 +52,7 @@ func Parse(content []byte) (Document, error) {
 	}
 	var m map[string]any
 	if err := yaml.Unmarshal(meta, &m); err != nil {
-		return d, fmt.Errorf("%w: metadata: %v", ErrMalformed, err)
+		return d, fmt.Errorf("%w: metadata: %w", ErrMalformed, err)
 	}
 	if m == nil {
 		return d, nil
@@ -78,7 +78,7 @@ func Parse(content []byte) (Document, error) {
 		}
 		raw, err := json.Marshal(v)
 		if err != nil {
-			return d, fmt.Errorf("%w: %s: %v", ErrMalformed, key, err)
+			return d, fmt.Errorf("%w: %s: %w", ErrMalformed, key, err)
 		}
 		*dst = raw
 	}

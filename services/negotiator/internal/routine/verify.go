@@ -165,7 +165,7 @@ func VerifyReceiver(ctx context.Context, tester Tester, src string, doc protocol
 		}
 		if respSchema != nil {
 			if err := respSchema.Validate(body(got)); err != nil {
-				return passed, fmt.Errorf("%w: example %s: reply %s does not match responseSchema: %v", ErrRoutine, ex, got, err)
+				return passed, fmt.Errorf("%w: example %s: reply %s does not match responseSchema: %w", ErrRoutine, ex, got, err)
 			}
 		}
 		passed++
@@ -229,7 +229,7 @@ func VerifySender(ctx context.Context, tester Tester, src string, doc protocol.D
 			return passed, fmt.Errorf("example %s: %w", ex, err)
 		}
 		if err := reqSchema.Validate(body(got)); err != nil {
-			return passed, fmt.Errorf("%w: example %s: body %s does not match requestSchema: %v", ErrRoutine, ex, got, err)
+			return passed, fmt.Errorf("%w: example %s: body %s does not match requestSchema: %w", ErrRoutine, ex, got, err)
 		}
 		passed++
 	}
@@ -243,7 +243,7 @@ func VerifySender(ctx context.Context, tester Tester, src string, doc protocol.D
 		}
 		if outSchema != nil {
 			if err := outSchema.Validate(got); err != nil {
-				return passed, fmt.Errorf("%w: reply example %s: output %s does not match the task output schema: %v", ErrRoutine, ex, got, err)
+				return passed, fmt.Errorf("%w: reply example %s: output %s does not match the task output schema: %w", ErrRoutine, ex, got, err)
 			}
 		}
 		passed++

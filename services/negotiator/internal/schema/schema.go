@@ -37,7 +37,7 @@ func decode(raw []byte) (any, error) {
 	d.UseNumber()
 	var v any
 	if err := d.Decode(&v); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	if d.More() {
 		return nil, fmt.Errorf("%w: trailing data", ErrInvalid)
@@ -73,15 +73,15 @@ func Compile(raw []byte) (*Schema, error) {
 	}
 	doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(raw))
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	c := jsonschema.NewCompiler()
 	if err := c.AddResource("mem:///schema.json", doc); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	sch, err := c.Compile("mem:///schema.json")
 	if err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	return &Schema{raw: m, compiled: sch}, nil
 }

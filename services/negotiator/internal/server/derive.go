@@ -14,10 +14,10 @@ import (
 // DeriveProtocol implements NegotiatorService. It needs no LLM.
 func (s *Server) DeriveProtocol(ctx context.Context, req *negotiatorv1.DeriveProtocolRequest) (*negotiatorv1.DeriveProtocolResponse, error) {
 	var v grpcerr.Violations
-	checkTask(&v, "task", req.GetTask(), true)
+	checkTask(&v, req.GetTask(), true)
 	if t := req.GetTask(); t != nil {
-		checkJSON(&v, "task.input_schema_json", t.GetInputSchemaJson(), true)
-		checkJSON(&v, "task.output_schema_json", t.GetOutputSchemaJson(), true)
+		checkJSON(&v, "task.input_schema_json", t.GetInputSchemaJson())
+		checkJSON(&v, "task.output_schema_json", t.GetOutputSchemaJson())
 	}
 	if req.GetTool() != nil {
 		checkTools(&v, "tool", []*negotiatorv1.ToolSpec{req.GetTool()})
@@ -58,7 +58,7 @@ func (s *Server) deriveSender(ctx context.Context, doc protocol.Document, task *
 		return "", err
 	}
 	if _, err := routine.VerifySender(ctx, s.opts.Tester, src, doc, in, out); err != nil {
-		return "", fmt.Errorf("%w: %v", errRoutineFailed, err)
+		return "", fmt.Errorf("%w: %w", errRoutineFailed, err)
 	}
 	return src, nil
 }
@@ -70,7 +70,7 @@ func (s *Server) deriveReceiver(ctx context.Context, doc protocol.Document, tool
 		return "", err
 	}
 	if _, err := routine.VerifyReceiver(ctx, s.opts.Tester, src, doc, []routine.Tool{tool}); err != nil {
-		return "", fmt.Errorf("%w: %v", errRoutineFailed, err)
+		return "", fmt.Errorf("%w: %w", errRoutineFailed, err)
 	}
 	return src, nil
 }

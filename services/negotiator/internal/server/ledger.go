@@ -14,7 +14,7 @@ import (
 // GetCostSummary implements NegotiatorService.
 func (s *Server) GetCostSummary(ctx context.Context, req *negotiatorv1.GetCostSummaryRequest) (*negotiatorv1.CostSummary, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), false)
+	checkAgent(&v, req.GetAgent(), false)
 	if err := invalid(v); err != nil {
 		return nil, err
 	}
@@ -28,7 +28,7 @@ func (s *Server) GetCostSummary(ctx context.Context, req *negotiatorv1.GetCostSu
 // ListLedgerEntries implements NegotiatorService.
 func (s *Server) ListLedgerEntries(ctx context.Context, req *negotiatorv1.ListLedgerEntriesRequest) (*negotiatorv1.ListLedgerEntriesResponse, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), false)
+	checkAgent(&v, req.GetAgent(), false)
 	if r := req.GetRole(); r != "" {
 		known := false
 		for _, role := range llm.Roles {

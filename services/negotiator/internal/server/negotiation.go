@@ -25,9 +25,9 @@ const negotiationPrefix = "negotiations/"
 // StartNegotiation implements NegotiatorService.
 func (s *Server) StartNegotiation(ctx context.Context, req *negotiatorv1.StartNegotiationRequest) (*negotiatorv1.Negotiation, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), true)
-	checkPeer(&v, "peer", req.GetPeer(), true)
-	checkTask(&v, "task", req.GetTask(), true)
+	checkAgent(&v, req.GetAgent(), true)
+	checkPeer(&v, req.GetPeer(), true)
+	checkTask(&v, req.GetTask(), true)
 	if err := invalid(v); err != nil {
 		return nil, err
 	}
@@ -107,12 +107,12 @@ func (s *Server) negotiationStatus(ctx context.Context, name string, err error) 
 func (s *Server) ReceiveNegotiationMessage(ctx context.Context, req *negotiatorv1.ReceiveNegotiationMessageRequest) (*negotiatorv1.Negotiation, error) {
 	var v grpcerr.Violations
 	if req.GetName() == "" {
-		checkAgent(&v, "agent", req.GetAgent(), true)
-		checkPeer(&v, "peer", req.GetPeer(), true)
+		checkAgent(&v, req.GetAgent(), true)
+		checkPeer(&v, req.GetPeer(), true)
 	} else if err := checkNegotiationName(req.GetName()); err != nil {
 		return nil, err
 	}
-	checkJSON(&v, "body_json", req.GetBodyJson(), true)
+	checkJSON(&v, "body_json", req.GetBodyJson())
 	checkTools(&v, "tools", req.GetTools())
 	if err := invalid(v); err != nil {
 		return nil, err
@@ -282,7 +282,7 @@ func (s *Server) metaTurn(ctx context.Context, n *negotiatorv1.Negotiation, body
 				return err
 			}
 		} else if err != nil {
-			return fmt.Errorf("%w: %v", errOutputInvalid, err)
+			return fmt.Errorf("%w: %w", errOutputInvalid, err)
 		}
 		s.record(n, m, answer.Encode(), true)
 		n.OutboundMessageJson = answer.Encode()
@@ -336,11 +336,11 @@ func (s *Server) senderAnswer(ctx context.Context, n *negotiatorv1.Negotiation, 
 	task := taskOf(n.GetTask())
 	reason := "the counter-proposal cannot be checked without an LLM"
 	if doc, err := protocol.Parse([]byte(m.Proposal)); err == nil && task != nil && task.HasSchemas() && len(doc.RequestSchema) > 0 {
-		if _, err := routine.DeriveSender(doc, task.Input, task.Output); err == nil {
+		_, err := routine.DeriveSender(doc, task.Input, task.Output)
+		if err == nil {
 			return negotiation.Message{Type: negotiation.TypeAccept, Protocol: m.Proposal}, nil
-		} else {
-			reason = err.Error()
 		}
+		reason = err.Error()
 	}
 	if s.ledger.Configured() {
 		n.Mode = negotiatorv1.NegotiationMode_NEGOTIATION_MODE_LLM

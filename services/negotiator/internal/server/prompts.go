@@ -24,7 +24,9 @@ func quoteJSON(s string) string {
 	return string(b)
 }
 
-func canonOr(raw []byte, none string) string {
+// canonOr returns raw in canonical form, or "none declared".
+func canonOr(raw []byte) string {
+	const none = "none declared"
 	if len(raw) == 0 {
 		return none
 	}
@@ -37,7 +39,7 @@ func canonOr(raw []byte, none string) string {
 
 func describeTask(b *strings.Builder, t *negotiation.Task) {
 	fmt.Fprintf(b, "Task name: %s\nTask description: %s\nTask input schema: %s\nTask output schema: %s\n",
-		t.Name, t.Description, canonOr(t.Input, "none declared"), canonOr(t.Output, "none declared"))
+		t.Name, t.Description, canonOr(t.Input), canonOr(t.Output))
 }
 
 func describeTools(b *strings.Builder, tools []routine.Tool) {
@@ -47,7 +49,7 @@ func describeTools(b *strings.Builder, tools []routine.Tool) {
 	}
 	b.WriteString("Tools:\n")
 	for _, t := range tools {
-		fmt.Fprintf(b, "- %s: %s Input schema: %s. Output schema: %s.\n", t.Name, t.Description, canonOr(t.Input, "none declared"), canonOr(t.Output, "none declared"))
+		fmt.Fprintf(b, "- %s: %s Input schema: %s. Output schema: %s.\n", t.Name, t.Description, canonOr(t.Input), canonOr(t.Output))
 	}
 }
 

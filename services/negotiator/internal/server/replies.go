@@ -47,7 +47,7 @@ func stripFence(text string) string {
 func validateAgainst(what string, raw json.RawMessage, text []byte) error {
 	sch, err := schema.Compile(raw)
 	if err != nil {
-		return fmt.Errorf("%w: %s schema: %v", errOutputInvalid, what, err)
+		return fmt.Errorf("%w: %s schema: %w", errOutputInvalid, what, err)
 	}
 	if err := sch.Validate(text); err != nil {
 		return fmt.Errorf("%w: it does not match the %s schema", errOutputInvalid, what)
@@ -58,11 +58,11 @@ func validateAgainst(what string, raw json.RawMessage, text []byte) error {
 // ComposeQuery implements NegotiatorService.
 func (s *Server) ComposeQuery(ctx context.Context, req *negotiatorv1.ComposeQueryRequest) (*negotiatorv1.ComposeQueryResponse, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), true)
-	checkPeer(&v, "peer", req.GetPeer(), true)
-	checkTask(&v, "task", req.GetTask(), true)
-	checkJSON(&v, "task_input_json", req.GetTaskInputJson(), true)
-	checkProtocol(&v, "protocol", req.GetProtocol(), false)
+	checkAgent(&v, req.GetAgent(), true)
+	checkPeer(&v, req.GetPeer(), true)
+	checkTask(&v, req.GetTask(), true)
+	checkJSON(&v, "task_input_json", req.GetTaskInputJson())
+	checkProtocol(&v, req.GetProtocol(), false)
 	if err := invalid(v); err != nil {
 		return nil, err
 	}
@@ -91,9 +91,9 @@ func (s *Server) ComposeQuery(ctx context.Context, req *negotiatorv1.ComposeQuer
 // ReplyNaturalLanguage implements NegotiatorService.
 func (s *Server) ReplyNaturalLanguage(ctx context.Context, req *negotiatorv1.ReplyNaturalLanguageRequest) (*negotiatorv1.ReplyResponse, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), true)
-	checkPeer(&v, "peer", req.GetPeer(), true)
-	checkJSON(&v, "query", req.GetQuery(), true)
+	checkAgent(&v, req.GetAgent(), true)
+	checkPeer(&v, req.GetPeer(), true)
+	checkJSON(&v, "query", req.GetQuery())
 	checkTools(&v, "tools", req.GetTools())
 	if err := invalid(v); err != nil {
 		return nil, err
@@ -104,10 +104,10 @@ func (s *Server) ReplyNaturalLanguage(ctx context.Context, req *negotiatorv1.Rep
 // ReplyWithProtocol implements NegotiatorService.
 func (s *Server) ReplyWithProtocol(ctx context.Context, req *negotiatorv1.ReplyWithProtocolRequest) (*negotiatorv1.ReplyResponse, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), true)
-	checkPeer(&v, "peer", req.GetPeer(), true)
-	checkJSON(&v, "query", req.GetQuery(), true)
-	checkProtocol(&v, "protocol", req.GetProtocol(), true)
+	checkAgent(&v, req.GetAgent(), true)
+	checkPeer(&v, req.GetPeer(), true)
+	checkJSON(&v, "query", req.GetQuery())
+	checkProtocol(&v, req.GetProtocol(), true)
 	checkTools(&v, "tools", req.GetTools())
 	if err := invalid(v); err != nil {
 		return nil, err
@@ -187,14 +187,14 @@ func parseReplyAction(text string, tools []routine.Tool, allowTools bool, bodySc
 // ParseReply implements NegotiatorService.
 func (s *Server) ParseReply(ctx context.Context, req *negotiatorv1.ParseReplyRequest) (*negotiatorv1.ParseReplyResponse, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), true)
-	checkPeer(&v, "peer", req.GetPeer(), true)
-	checkTask(&v, "task", req.GetTask(), true)
+	checkAgent(&v, req.GetAgent(), true)
+	checkPeer(&v, req.GetPeer(), true)
+	checkTask(&v, req.GetTask(), true)
 	if t := req.GetTask(); t != nil && len(t.GetOutputSchemaJson()) == 0 {
 		v.Add("task.output_schema_json", "is required to parse a reply")
 	}
-	checkJSON(&v, "reply", req.GetReply(), true)
-	checkProtocol(&v, "protocol", req.GetProtocol(), false)
+	checkJSON(&v, "reply", req.GetReply())
+	checkProtocol(&v, req.GetProtocol(), false)
 	if err := invalid(v); err != nil {
 		return nil, err
 	}

@@ -30,9 +30,9 @@ func candidateName(agent, sha1 string, side negotiatorv1.RoutineSide) string {
 // SynthesizeRoutine implements NegotiatorService.
 func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.SynthesizeRoutineRequest) (*negotiatorv1.RoutineCandidate, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), true)
-	checkPeer(&v, "peer", req.GetPeer(), false)
-	checkProtocol(&v, "protocol", req.GetProtocol(), true)
+	checkAgent(&v, req.GetAgent(), true)
+	checkPeer(&v, req.GetPeer(), false)
+	checkProtocol(&v, req.GetProtocol(), true)
 	switch req.GetSide() {
 	case negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER:
 	case negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER:
@@ -43,7 +43,7 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 		v.Add("side", "must be ROUTINE_SIDE_SENDER or ROUTINE_SIDE_RECEIVER")
 	}
 	checkTools(&v, "tools", req.GetTools())
-	checkTask(&v, "task", req.GetTask(), false)
+	checkTask(&v, req.GetTask(), false)
 	if err := invalid(v); err != nil {
 		return nil, err
 	}

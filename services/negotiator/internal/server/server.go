@@ -93,6 +93,6 @@ func (s *Server) complete(ctx context.Context, agent, peer, op string, req llm.R
 		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return resp, err
 	default:
-		return resp, fmt.Errorf("%w: %v", errLLMUnavailable, err)
+		return resp, fmt.Errorf("%w: %w", errLLMUnavailable, err)
 	}
 }

@@ -15,10 +15,10 @@ import (
 // an LLM whose answer must be a valid verdict object.
 func (s *Server) CheckSuitability(ctx context.Context, req *negotiatorv1.CheckSuitabilityRequest) (*negotiatorv1.SuitabilityVerdict, error) {
 	var v grpcerr.Violations
-	checkAgent(&v, "agent", req.GetAgent(), true)
-	checkPeer(&v, "peer", req.GetPeer(), true)
-	checkProtocol(&v, "protocol", req.GetProtocol(), true)
-	checkTask(&v, "task", req.GetTask(), false)
+	checkAgent(&v, req.GetAgent(), true)
+	checkPeer(&v, req.GetPeer(), true)
+	checkProtocol(&v, req.GetProtocol(), true)
+	checkTask(&v, req.GetTask(), false)
 	checkTools(&v, "tools", req.GetTools())
 	if err := invalid(v); err != nil {
 		return nil, err

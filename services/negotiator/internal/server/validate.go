@@ -19,7 +19,8 @@ const (
 	maxProtocolLen = 256 << 10
 )
 
-func checkAgent(v *grpcerr.Violations, field, name string, required bool) {
+func checkAgent(v *grpcerr.Violations, name string, required bool) {
+	const field = "agent"
 	switch {
 	case name == "" && required:
 		v.Add(field, "is required")
@@ -28,7 +29,8 @@ func checkAgent(v *grpcerr.Violations, field, name string, required bool) {
 	}
 }
 
-func checkPeer(v *grpcerr.Violations, field, peer string, required bool) {
+func checkPeer(v *grpcerr.Violations, peer string, required bool) {
+	const field = "peer"
 	switch {
 	case peer == "" && required:
 		v.Add(field, "is required")
@@ -37,9 +39,9 @@ func checkPeer(v *grpcerr.Violations, field, peer string, required bool) {
 	}
 }
 
-func checkJSON(v *grpcerr.Violations, field string, raw []byte, required bool) {
+func checkJSON(v *grpcerr.Violations, field string, raw []byte) {
 	switch {
-	case len(raw) == 0 && required:
+	case len(raw) == 0:
 		v.Add(field, "is required")
 	case len(raw) > 0 && !json.Valid(raw):
 		v.Add(field, "must be JSON")
@@ -56,7 +58,8 @@ func checkObjectJSON(v *grpcerr.Violations, field string, raw []byte) {
 	}
 }
 
-func checkProtocol(v *grpcerr.Violations, field string, pd []byte, required bool) {
+func checkProtocol(v *grpcerr.Violations, pd []byte, required bool) {
+	const field = "protocol"
 	switch {
 	case len(pd) == 0 && required:
 		v.Add(field, "is required")
@@ -65,7 +68,8 @@ func checkProtocol(v *grpcerr.Violations, field string, pd []byte, required bool
 	}
 }
 
-func checkTask(v *grpcerr.Violations, field string, t *negotiatorv1.TaskSpec, required bool) {
+func checkTask(v *grpcerr.Violations, t *negotiatorv1.TaskSpec, required bool) {
+	const field = "task"
 	if t == nil {
 		if required {
 			v.Add(field, "is required")

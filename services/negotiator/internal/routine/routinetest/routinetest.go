@@ -83,7 +83,7 @@ func (d *Dispatcher) TestRoutine(ctx context.Context, req *dispatcherv1.TestRout
 		}
 		tools[t.GetId()] = d
 	}
-	globals, err := load(ctx, req.GetSource(), tools)
+	globals, err := load(req.GetSource(), tools)
 	if err != nil {
 		st, _ := status.New(codes.InvalidArgument, fmt.Sprintf("routine.source does not run: %v", err)).
 			WithDetails(&errdetails.ErrorInfo{Reason: "ROUTINE_INVALID", Domain: "dispatcher.parley.dev"})
@@ -98,7 +98,7 @@ func (d *Dispatcher) TestRoutine(ctx context.Context, req *dispatcherv1.TestRout
 	slices.Sort(resp.Functions)
 	for _, c := range req.GetCases() {
 		r := &dispatcherv1.TestRoutineResult{}
-		out, err := call(ctx, globals, c)
+		out, err := call(globals, c)
 		if err != nil {
 			r.Error, r.BudgetExceeded = err.Error(), errors.Is(err, errBudget)
 		} else {
@@ -111,7 +111,7 @@ func (d *Dispatcher) TestRoutine(ctx context.Context, req *dispatcherv1.TestRout
 
 var errBudget = errors.New("routine budget exceeded")
 
-func call(ctx context.Context, globals starlark.StringDict, c *dispatcherv1.TestRoutineCase) (json.RawMessage, error) {
+func call(globals starlark.StringDict, c *dispatcherv1.TestRoutineCase) (json.RawMessage, error) {
 	f, ok := globals[c.GetFunction()].(starlark.Callable)
 	if !ok {
 		return nil, fmt.Errorf("the routine defines no function %s", c.GetFunction())
@@ -151,7 +151,7 @@ func newThread() (*starlark.Thread, func()) {
 
 func wrap(th *starlark.Thread, err error) error {
 	if th.ExecutionSteps() >= maxSteps || errors.Is(err, errBudget) {
-		return fmt.Errorf("%w: %v", errBudget, err)
+		return fmt.Errorf("%w: %w", errBudget, err)
 	}
 	return err
 }
@@ -162,7 +162,7 @@ type declared struct {
 	result json.RawMessage
 }
 
-func load(ctx context.Context, src string, tools map[string]declared) (starlark.StringDict, error) {
+func load(src string, tools map[string]declared) (starlark.StringDict, error) {
 	tool := func(name string) *starlark.Builtin {
 		return starlark.NewBuiltin(name, func(th *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
 			var arg starlark.Value
