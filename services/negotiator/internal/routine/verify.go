@@ -34,6 +34,10 @@ var ErrRoutine = errors.New("routine failed")
 // ErrNoTester is returned when no dispatcher is configured to test routines.
 var ErrNoTester = errors.New("no dispatcher to test routines (set the dispatcher peer)")
 
+// ErrTester wraps a failed TestRoutine call (the dispatcher unreachable,
+// busy, or refusing the request): the routine was not tested.
+var ErrTester = errors.New("testing the routine on the dispatcher failed")
+
 // body decodes an Agora body that is either JSON or a string holding JSON.
 func body(raw json.RawMessage) json.RawMessage {
 	raw = bytes.TrimSpace(raw)
@@ -60,10 +64,10 @@ func run(ctx context.Context, tester Tester, src string, tools []*dispatcherv1.T
 		if status.Code(err) == codes.InvalidArgument && reason(err) == "ROUTINE_INVALID" {
 			return nil, nil, fmt.Errorf("%w: %s", ErrRoutine, status.Convert(err).Message())
 		}
-		return nil, nil, fmt.Errorf("testing the routine on the dispatcher: %w", err)
+		return nil, nil, fmt.Errorf("%w: %w", ErrTester, err)
 	}
 	if len(resp.GetResults()) != len(cases) {
-		return nil, nil, fmt.Errorf("the dispatcher returned %d results for %d cases", len(resp.GetResults()), len(cases))
+		return nil, nil, fmt.Errorf("%w: %d results for %d cases", ErrTester, len(resp.GetResults()), len(cases))
 	}
 	return resp.GetFunctions(), resp.GetResults(), nil
 }
