@@ -76,6 +76,8 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 			Timeout:        a.cfg.RoutineTimeout,
 			MaxOutputBytes: a.cfg.RoutineMaxOutputBytes,
 			MaxToolCalls:   a.cfg.RoutineMaxToolCalls,
+			MaxAllocBytes:  a.cfg.RoutineMaxAllocBytes,
+			Pool:           routine.NewPool(a.cfg.RoutineWorkers),
 		},
 		QuarantineAfter:  a.cfg.QuarantineAfter,
 		HandlerTimeout:   a.cfg.HandlerTimeout,

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"runtime"
 	"strings"
 	"time"
 
@@ -30,6 +31,8 @@ type Config struct {
 	RoutineTimeout          time.Duration
 	RoutineMaxOutputBytes   int
 	RoutineMaxToolCalls     int
+	RoutineMaxAllocBytes    int64
+	RoutineWorkers          int
 	QuarantineAfter         int
 	HandlerTimeout          time.Duration
 	CacheTTL                time.Duration
@@ -57,6 +60,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RoutineTimeout, "routine-timeout", time.Second, "wall time per routine run")
 	fs.IntVar(&c.RoutineMaxOutputBytes, "routine-max-output-bytes", 64<<10, "largest routine result (and conversation memory), JSON bytes")
 	fs.IntVar(&c.RoutineMaxToolCalls, "routine-max-tool-calls", 100, "tool calls per routine run")
+	fs.Int64Var(&c.RoutineMaxAllocBytes, "routine-max-alloc-bytes", 64<<20, "allocation budget per routine run, bytes (see the README for what it covers)")
+	fs.IntVar(&c.RoutineWorkers, "routine-workers", 2*runtime.GOMAXPROCS(0), "routine runs executing at once; more wait up to --routine-timeout")
 	fs.IntVar(&c.QuarantineAfter, "routine-quarantine-after", 3, "consecutive failures that quarantine a routine")
 	fs.DurationVar(&c.HandlerTimeout, "handler-timeout", 10*time.Second, "how long a connected SDK agent has to answer an envelope or step")
 	fs.DurationVar(&c.CacheTTL, "dispatcher-cache-ttl", 5*time.Second, "how long the dispatcher caches agents and routines (protocols: at least 1m)")
@@ -109,6 +114,8 @@ func (c *Config) Validate() error {
 		{"--routine-timeout", c.RoutineTimeout > 0},
 		{"--routine-max-output-bytes", c.RoutineMaxOutputBytes > 0},
 		{"--routine-max-tool-calls", c.RoutineMaxToolCalls > 0},
+		{"--routine-max-alloc-bytes", c.RoutineMaxAllocBytes > 0},
+		{"--routine-workers", c.RoutineWorkers > 0},
 		{"--routine-quarantine-after", c.QuarantineAfter > 0},
 		{"--handler-timeout", c.HandlerTimeout > 0},
 		{"--dispatcher-cache-ttl", c.CacheTTL > 0},

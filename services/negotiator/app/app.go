@@ -11,12 +11,14 @@ import (
 
 	"google.golang.org/grpc"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
+	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 	"github.com/parleyhq/parley/services/negotiator/internal/server"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
@@ -68,8 +70,13 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	led := ledger.New(client, st, prices, ledger.Budgets{
 		PerAgent: int64(cfg.LLM.BudgetAgentUSD * 1e6),
 		PerPeer:  int64(cfg.LLM.BudgetPeerUSD * 1e6),
-	}, metrics)
+	}, metrics, logger)
+	var tester routine.Tester
+	if peers.Dispatcher != nil {
+		tester = dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher)
+	}
 	srv := server.New(st, led, logger, server.Options{
+		Tester:      tester,
 		MaxRounds:   cfg.NegotiationMaxRounds,
 		ShadowCalls: shadowCalls(cfg.RoutineShadowCalls),
 		Thresholds:  thresholds,

@@ -15,11 +15,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
+	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
@@ -33,6 +35,13 @@ type negotiator struct {
 // tweak edits the configuration (nil: no LLM).
 func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 	t.Helper()
+	return startNegotiatorWith(t, tweak, &routinetest.Dispatcher{})
+}
+
+// startNegotiatorWith serves disp as the negotiator's dispatcher peer on
+// the same gRPC server; nil runs it without a dispatcher peer.
+func startNegotiatorWith(t *testing.T, tweak func(*config.Config), disp dispatcherv1.DispatcherServiceServer) negotiator {
+	t.Helper()
 	cfg, err := config.Load(nil, func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +54,27 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger, app.Peers{})
+	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	// The dispatcher peer is (normally) routinetest's stand-in for
+	// TestRoutine, served on the same gRPC server (services never import
+	// each other).
+	peers := app.Peers{}
+	if disp != nil {
+		peers.Dispatcher = conn
+	}
+	a, err := app.New(cfg, logger, peers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,13 +87,8 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 	if err := a.Register(ctx, srv); err != nil {
 		t.Fatal(err)
 	}
-	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	if disp != nil {
+		dispatcherv1.RegisterDispatcherServiceServer(srv.GRPC, disp)
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
@@ -74,11 +98,6 @@ func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
 	return negotiator{client: negotiatorv1.NewNegotiatorServiceClient(conn), url: "http://" + httpLis.Addr().String()}
 }
 
@@ -590,6 +609,30 @@ func TestValidation(t *testing.T) {
 			code := status.Code(err)
 			if code != codes.InvalidArgument && code != codes.FailedPrecondition {
 				t.Errorf("got %v, want INVALID_ARGUMENT or FAILED_PRECONDITION", err)
+			}
+		})
+	}
+}
+
+// TestRoutines_untestedWithoutADispatcher: with no dispatcher, or one whose
+// TestRoutine fails, routines are never taken as tested: derivation reports
+// why instead of returning an unverified routine.
+func TestRoutines_untestedWithoutADispatcher(t *testing.T) {
+	tests := []struct {
+		name       string
+		disp       dispatcherv1.DispatcherServiceServer
+		wantCode   codes.Code
+		wantReason string
+	}{
+		{"no dispatcher peer", nil, codes.FailedPrecondition, "NO_DISPATCHER"},
+		{"TestRoutine fails", dispatcherv1.UnimplementedDispatcherServiceServer{}, codes.Unavailable, "DISPATCHER_UNAVAILABLE"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			n := startNegotiatorWith(t, nil, tt.disp)
+			_, err := n.client.DeriveProtocol(t.Context(), &negotiatorv1.DeriveProtocolRequest{Task: weatherTask})
+			if status.Code(err) != tt.wantCode || grpcerr.Reason(err) != tt.wantReason {
+				t.Errorf("DeriveProtocol = %v (reason %q), want %v %s", err, grpcerr.Reason(err), tt.wantCode, tt.wantReason)
 			}
 		})
 	}

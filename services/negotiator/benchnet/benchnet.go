@@ -32,11 +32,12 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/inproc"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
-	"github.com/parleyhq/parley/services/negotiator/internal/sandbox"
+	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/negotiator/internal/schema"
 	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
@@ -416,14 +417,33 @@ func example(raw []byte) []byte {
 	return s.Examples()[0]
 }
 
-// tool answers with an example of the tool's output schema.
-func tool(svc service) sandbox.Tool {
-	return func(context.Context, string, []byte) ([]byte, error) {
-		if len(svc.tool.GetOutputSchemaJson()) == 0 {
-			return []byte(`{"text":"The old town is best explored on foot in the morning."}`), nil
-		}
-		return example(svc.tool.GetOutputSchemaJson()), nil
+// tools declares the service's tool, answering an example of its output
+// schema.
+func tools(svc service) []*dispatcherv1.TestRoutineTool {
+	result := `{"text":"The old town is best explored on foot in the morning."}`
+	if len(svc.tool.GetOutputSchemaJson()) > 0 {
+		result = string(example(svc.tool.GetOutputSchemaJson()))
 	}
+	return []*dispatcherv1.TestRoutineTool{{Id: svc.tool.GetName(), ResultJson: result}}
+}
+
+// runRoutine runs fn of src once. The network has no dispatcher, so it
+// goes through the in-process stand-in of the dispatcher's TestRoutine
+// (routinetest), which follows the dispatcher's routine contract.
+func runRoutine(ctx context.Context, src, fn string, args []json.RawMessage, tools []*dispatcherv1.TestRoutineTool) (json.RawMessage, error) {
+	c := &dispatcherv1.TestRoutineCase{Function: fn}
+	for _, a := range args {
+		c.ArgsJson = append(c.ArgsJson, string(a))
+	}
+	var d routinetest.Dispatcher
+	resp, err := d.TestRoutine(ctx, &dispatcherv1.TestRoutineRequest{Source: src, Tools: tools, Cases: []*dispatcherv1.TestRoutineCase{c}})
+	if err != nil {
+		return nil, err
+	}
+	if e := resp.GetResults()[0].GetError(); e != "" {
+		return nil, errors.New(e)
+	}
+	return json.RawMessage(resp.GetResults()[0].GetOutputJson()), nil
 }
 
 func (r *runner) nl(ctx context.Context, q query, svc service) error {
@@ -444,8 +464,8 @@ func (r *runner) nl(ctx context.Context, q query, svc service) error {
 			return fmt.Errorf("reply: %w", err)
 		}
 		if call := rep.GetToolCall(); call != nil {
-			res, _ := tool(svc)(ctx, call.GetName(), call.GetArgumentsJson())
-			results = append(results, &negotiatorv1.ToolResult{Name: call.GetName(), ArgumentsJson: call.GetArgumentsJson(), ResultJson: res})
+			res := tools(svc)[0].GetResultJson()
+			results = append(results, &negotiatorv1.ToolResult{Name: call.GetName(), ArgumentsJson: call.GetArgumentsJson(), ResultJson: []byte(res)})
 			continue
 		}
 		body = rep.GetBody()
@@ -530,15 +550,15 @@ func (r *runner) adopt(ctx context.Context, q query, svc service, st *pairState,
 
 // structured runs one query through both routines, with no LLM.
 func (r *runner) structured(ctx context.Context, svc service, st *pairState) error {
-	body, err := sandbox.Call(ctx, st.senderRoutine, "send", []json.RawMessage{example(svc.task.GetInputSchemaJson())}, nil, sandbox.Limits{})
+	body, err := runRoutine(ctx, st.senderRoutine, "send", []json.RawMessage{example(svc.task.GetInputSchemaJson())}, nil)
 	if err != nil {
 		return fmt.Errorf("send routine: %w", err)
 	}
-	reply, err := sandbox.Call(ctx, st.serverRoutine, "reply", []json.RawMessage{body, json.RawMessage(`{}`)}, tool(svc), sandbox.Limits{})
+	reply, err := runRoutine(ctx, st.serverRoutine, "reply", []json.RawMessage{body, json.RawMessage(`{}`)}, tools(svc))
 	if err != nil {
 		return fmt.Errorf("reply routine: %w", err)
 	}
-	if _, err := sandbox.Call(ctx, st.senderRoutine, "parse", []json.RawMessage{reply}, nil, sandbox.Limits{}); err != nil {
+	if _, err := runRoutine(ctx, st.senderRoutine, "parse", []json.RawMessage{reply}, nil); err != nil {
 		return fmt.Errorf("parse routine: %w", err)
 	}
 	return nil

@@ -131,8 +131,10 @@ func (c *Config) Validate() error {
 	if c.LLM.BudgetAgentUSD < 0 || c.LLM.BudgetPeerUSD < 0 {
 		errs = append(errs, errors.New("--llm-budget-agent-usd and --llm-budget-peer-usd must not be negative"))
 	}
-	if _, err := ledger.ParsePrices(c.LLM.Prices, ledger.DefaultPrices()); err != nil {
+	if prices, err := ledger.ParsePrices(c.LLM.Prices, ledger.DefaultPrices()); err != nil {
 		errs = append(errs, fmt.Errorf("--llm-prices: %w", err))
+	} else if c.LLM.Provider != ProviderNone && (c.LLM.BudgetAgentUSD > 0 || c.LLM.BudgetPeerUSD > 0) {
+		errs = append(errs, unpriced(c.LLM, prices)...)
 	}
 	if _, err := negotiation.ParseThresholds(c.Thresholds); err != nil {
 		errs = append(errs, fmt.Errorf("--negotiation-thresholds: %w", err))
@@ -144,6 +146,24 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("--routine-shadow-calls must not be negative"))
 	}
 	return errors.Join(errs...)
+}
+
+// unpriced reports every configured model with no price: a budget would
+// count its calls at 0 and never stop them.
+func unpriced(l LLM, prices ledger.Prices) []error {
+	var errs []error
+	for _, m := range []struct{ flag, model string }{
+		{"--llm-model", l.Model}, {"--llm-model-negotiation", l.ModelNegotiation}, {"--llm-model-programming", l.ModelProgramming},
+		{"--llm-model-checking", l.ModelChecking}, {"--llm-model-conversation", l.ModelConversation},
+	} {
+		if m.model == "" {
+			continue
+		}
+		if _, ok := prices.Lookup(m.model); !ok {
+			errs = append(errs, fmt.Errorf("%s %q has no price, so an LLM budget cannot count its calls: add it with --llm-prices %q (USD per 1M tokens in/out)", m.flag, m.model, m.model+"=IN/OUT"))
+		}
+	}
+	return errs
 }
 
 // Load parses the one-service binary's flags from args, falling back to the

@@ -22,6 +22,10 @@ func TestLoad(t *testing.T) {
 			wantErr: []string{"--llm-provider", "--llm-base-url", "--llm-structured", "--llm-prices", "--negotiation-thresholds", "--negotiation-max-rounds"},
 		},
 		{name: "model required", args: []string{"--llm-provider=anthropic"}, wantErr: []string{"--llm-model"}},
+		{name: "budget with an unpriced default model", args: []string{"--llm-provider=openai", "--llm-model=mystery-1", "--llm-budget-agent-usd=1"}, wantErr: []string{`--llm-model "mystery-1" has no price`, "--llm-prices"}},
+		{name: "budget with an unpriced role model", args: []string{"--llm-provider=openai", "--llm-model=gpt-4o", "--llm-model-checking=mini-2", "--llm-budget-peer-usd=1"}, wantErr: []string{`--llm-model-checking "mini-2"`}},
+		{name: "budget with a model priced by flag", args: []string{"--llm-provider=openai", "--llm-model=mystery-1", "--llm-prices=mystery-1=1/2", "--llm-budget-agent-usd=1"}},
+		{name: "no budget, unpriced model is fine", args: []string{"--llm-provider=openai", "--llm-model=mystery-1"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -252,7 +252,7 @@ func (s *side) sendStructured(ctx context.Context, target string, f forecast) (*
 		return nil, false, err
 	}
 	if r.GetStatus() != "success" {
-		return r, false, fmt.Errorf("Bob answered %s: %s", r.GetStatus(), r.GetError()) //nolint:staticcheck // ST1005: starts with the name of the demo's agent
+		return r, false, fmt.Errorf("bob answered %s: %s", r.GetStatus(), r.GetError())
 	}
 	var got struct {
 		Temperature      float64 `json:"temperature"`
@@ -362,17 +362,17 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	}
 	logf(opts.Log, "phase 2, negotiation: Alice holds %s, Bob holds %s", aliceHash, bobHash)
 	if !sum.Protocol.SameHash {
-		return sum, errors.New("Alice and Bob hold different protocol hashes") //nolint:staticcheck // ST1005: starts with the names of the demo's agents
+		return sum, errors.New("alice and Bob hold different protocol hashes")
 	}
 
 	// Phase 3: the routines the negotiation installed on both sides.
 	ar, err := alice.disp.GetRoutine(ctx, &dispatcherv1.GetRoutineRequest{Name: alice.agent + "/routines/" + hash})
 	if err != nil {
-		return sum, fmt.Errorf("Alice's routine: %w", err) //nolint:staticcheck // ST1005: starts with the name of the demo's agent
+		return sum, fmt.Errorf("alice's routine: %w", err)
 	}
 	br, err := bob.disp.GetRoutine(ctx, &dispatcherv1.GetRoutineRequest{Name: bob.agent + "/routines/" + hash})
 	if err != nil {
-		return sum, fmt.Errorf("Bob's routine: %w", err) //nolint:staticcheck // ST1005: starts with the name of the demo's agent
+		return sum, fmt.Errorf("bob's routine: %w", err)
 	}
 	rt, err := phase(ctx, "routines", alice, bob)
 	if err != nil {

@@ -1132,6 +1132,309 @@ func (x *DeliverEnvelopeResponse) GetReplyJson() []byte {
 	return nil
 }
 
+// TestRoutineRequest is the request of TestRoutine.
+type TestRoutineRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The Starlark source.
+	Source string `protobuf:"bytes,1,opt,name=source,proto3" json:"source,omitempty"`
+	// The tools the routine may call, by id, each with its declared result.
+	Tools []*TestRoutineTool `protobuf:"bytes,2,rep,name=tools,proto3" json:"tools,omitempty"`
+	// The calls to run, in order, each in a fresh thread with its own budgets.
+	Cases         []*TestRoutineCase `protobuf:"bytes,3,rep,name=cases,proto3" json:"cases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TestRoutineRequest) Reset() {
+	*x = TestRoutineRequest{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TestRoutineRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TestRoutineRequest) ProtoMessage() {}
+
+func (x *TestRoutineRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TestRoutineRequest.ProtoReflect.Descriptor instead.
+func (*TestRoutineRequest) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TestRoutineRequest) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *TestRoutineRequest) GetTools() []*TestRoutineTool {
+	if x != nil {
+		return x.Tools
+	}
+	return nil
+}
+
+func (x *TestRoutineRequest) GetCases() []*TestRoutineCase {
+	if x != nil {
+		return x.Cases
+	}
+	return nil
+}
+
+// TestRoutineTool is a tool declared for a test run.
+type TestRoutineTool struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The tool id, as routines call it (`id(args)` or `call_tool(id, args)`).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// A JSON Schema the argument must match; empty accepts any argument.
+	InputSchemaJson string `protobuf:"bytes,2,opt,name=input_schema_json,json=inputSchemaJson,proto3" json:"input_schema_json,omitempty"`
+	// The JSON every call returns; empty returns None.
+	ResultJson    string `protobuf:"bytes,3,opt,name=result_json,json=resultJson,proto3" json:"result_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TestRoutineTool) Reset() {
+	*x = TestRoutineTool{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TestRoutineTool) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TestRoutineTool) ProtoMessage() {}
+
+func (x *TestRoutineTool) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TestRoutineTool.ProtoReflect.Descriptor instead.
+func (*TestRoutineTool) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TestRoutineTool) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *TestRoutineTool) GetInputSchemaJson() string {
+	if x != nil {
+		return x.InputSchemaJson
+	}
+	return ""
+}
+
+func (x *TestRoutineTool) GetResultJson() string {
+	if x != nil {
+		return x.ResultJson
+	}
+	return ""
+}
+
+// TestRoutineCase is one call of a routine function.
+type TestRoutineCase struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The function, e.g. reply, send, parse or step.
+	Function string `protobuf:"bytes,1,opt,name=function,proto3" json:"function,omitempty"`
+	// The positional arguments, JSON each.
+	ArgsJson      []string `protobuf:"bytes,2,rep,name=args_json,json=argsJson,proto3" json:"args_json,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TestRoutineCase) Reset() {
+	*x = TestRoutineCase{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TestRoutineCase) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TestRoutineCase) ProtoMessage() {}
+
+func (x *TestRoutineCase) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TestRoutineCase.ProtoReflect.Descriptor instead.
+func (*TestRoutineCase) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *TestRoutineCase) GetFunction() string {
+	if x != nil {
+		return x.Function
+	}
+	return ""
+}
+
+func (x *TestRoutineCase) GetArgsJson() []string {
+	if x != nil {
+		return x.ArgsJson
+	}
+	return nil
+}
+
+// TestRoutineResponse holds one result per case, in order.
+type TestRoutineResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The results.
+	Results []*TestRoutineResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// The functions the routine defines at top level, sorted.
+	Functions     []string `protobuf:"bytes,2,rep,name=functions,proto3" json:"functions,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TestRoutineResponse) Reset() {
+	*x = TestRoutineResponse{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TestRoutineResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TestRoutineResponse) ProtoMessage() {}
+
+func (x *TestRoutineResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TestRoutineResponse.ProtoReflect.Descriptor instead.
+func (*TestRoutineResponse) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TestRoutineResponse) GetResults() []*TestRoutineResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+func (x *TestRoutineResponse) GetFunctions() []string {
+	if x != nil {
+		return x.Functions
+	}
+	return nil
+}
+
+// TestRoutineResult is the outcome of one case.
+type TestRoutineResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The result, JSON; empty when error is set.
+	OutputJson string `protobuf:"bytes,1,opt,name=output_json,json=outputJson,proto3" json:"output_json,omitempty"`
+	// Why the call failed; empty on success.
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The call was stopped by a budget (steps, wall time, memory, output
+	// size or tool calls).
+	BudgetExceeded bool `protobuf:"varint,3,opt,name=budget_exceeded,json=budgetExceeded,proto3" json:"budget_exceeded,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *TestRoutineResult) Reset() {
+	*x = TestRoutineResult{}
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TestRoutineResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TestRoutineResult) ProtoMessage() {}
+
+func (x *TestRoutineResult) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TestRoutineResult.ProtoReflect.Descriptor instead.
+func (*TestRoutineResult) Descriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *TestRoutineResult) GetOutputJson() string {
+	if x != nil {
+		return x.OutputJson
+	}
+	return ""
+}
+
+func (x *TestRoutineResult) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *TestRoutineResult) GetBudgetExceeded() bool {
+	if x != nil {
+		return x.BudgetExceeded
+	}
+	return false
+}
+
 var File_parley_dispatcher_v1_dispatcher_service_proto protoreflect.FileDescriptor
 
 const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
@@ -1219,8 +1522,27 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\vhttp_status\x18\x01 \x01(\x05R\n" +
 	"httpStatus\x12\x1d\n" +
 	"\n" +
-	"reply_json\x18\x02 \x01(\fR\treplyJson2\xb7\n" +
-	"\n" +
+	"reply_json\x18\x02 \x01(\fR\treplyJson\"\xb8\x01\n" +
+	"\x12TestRoutineRequest\x12\x1c\n" +
+	"\x06source\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06source\x12A\n" +
+	"\x05tools\x18\x02 \x03(\v2%.parley.dispatcher.v1.TestRoutineToolB\x04\xe2A\x01\x01R\x05tools\x12A\n" +
+	"\x05cases\x18\x03 \x03(\v2%.parley.dispatcher.v1.TestRoutineCaseB\x04\xe2A\x01\x02R\x05cases\"\x80\x01\n" +
+	"\x0fTestRoutineTool\x12\x14\n" +
+	"\x02id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x02id\x120\n" +
+	"\x11input_schema_json\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\x0finputSchemaJson\x12%\n" +
+	"\vresult_json\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\n" +
+	"resultJson\"V\n" +
+	"\x0fTestRoutineCase\x12 \n" +
+	"\bfunction\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bfunction\x12!\n" +
+	"\targs_json\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\bargsJson\"v\n" +
+	"\x13TestRoutineResponse\x12A\n" +
+	"\aresults\x18\x01 \x03(\v2'.parley.dispatcher.v1.TestRoutineResultR\aresults\x12\x1c\n" +
+	"\tfunctions\x18\x02 \x03(\tR\tfunctions\"s\n" +
+	"\x11TestRoutineResult\x12\x1f\n" +
+	"\voutput_json\x18\x01 \x01(\tR\n" +
+	"outputJson\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12'\n" +
+	"\x0fbudget_exceeded\x18\x03 \x01(\bR\x0ebudgetExceeded2\xba\v\n" +
 	"\x11DispatcherService\x12\x86\x01\n" +
 	"\n" +
 	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12\x97\x01\n" +
@@ -1233,7 +1555,8 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\x0eListSendCounts\x12+.parley.dispatcher.v1.ListSendCountsRequest\x1a,.parley.dispatcher.v1.ListSendCountsResponse\"2\x82\xd3\xe4\x93\x02,\x12*/v1/{parent=clients/*/agents/*}/sendCounts\x12n\n" +
 	"\x0fDeliverEnvelope\x12,.parley.dispatcher.v1.DeliverEnvelopeRequest\x1a-.parley.dispatcher.v1.DeliverEnvelopeResponse\x12Z\n" +
 	"\aConnect\x12$.parley.dispatcher.v1.ConnectRequest\x1a%.parley.dispatcher.v1.ConnectResponse(\x010\x01\x12b\n" +
-	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponseB\xe6\x01\n" +
+	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponse\x12\x80\x01\n" +
+	"\vTestRoutine\x12(.parley.dispatcher.v1.TestRoutineRequest\x1a).parley.dispatcher.v1.TestRoutineResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/routines:testB\xe6\x01\n" +
 	"\x18com.parley.dispatcher.v1B\x16DispatcherServiceProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
 var (
@@ -1248,7 +1571,7 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_rawDescGZIP() []byte {
 	return file_parley_dispatcher_v1_dispatcher_service_proto_rawDescData
 }
 
-var file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes = make([]protoimpl.MessageInfo, 16)
+var file_parley_dispatcher_v1_dispatcher_service_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_parley_dispatcher_v1_dispatcher_service_proto_goTypes = []any{
 	(*ExecuteStepRequest)(nil),      // 0: parley.dispatcher.v1.ExecuteStepRequest
 	(*ExecuteStepResponse)(nil),     // 1: parley.dispatcher.v1.ExecuteStepResponse
@@ -1266,44 +1589,54 @@ var file_parley_dispatcher_v1_dispatcher_service_proto_goTypes = []any{
 	(*SendCount)(nil),               // 13: parley.dispatcher.v1.SendCount
 	(*DeliverEnvelopeRequest)(nil),  // 14: parley.dispatcher.v1.DeliverEnvelopeRequest
 	(*DeliverEnvelopeResponse)(nil), // 15: parley.dispatcher.v1.DeliverEnvelopeResponse
-	(*StepArtifact)(nil),            // 16: parley.dispatcher.v1.StepArtifact
-	(*Routine)(nil),                 // 17: parley.dispatcher.v1.Routine
-	(*Tool)(nil),                    // 18: parley.dispatcher.v1.Tool
-	(*ConnectRequest)(nil),          // 19: parley.dispatcher.v1.ConnectRequest
-	(*ConnectResponse)(nil),         // 20: parley.dispatcher.v1.ConnectResponse
+	(*TestRoutineRequest)(nil),      // 16: parley.dispatcher.v1.TestRoutineRequest
+	(*TestRoutineTool)(nil),         // 17: parley.dispatcher.v1.TestRoutineTool
+	(*TestRoutineCase)(nil),         // 18: parley.dispatcher.v1.TestRoutineCase
+	(*TestRoutineResponse)(nil),     // 19: parley.dispatcher.v1.TestRoutineResponse
+	(*TestRoutineResult)(nil),       // 20: parley.dispatcher.v1.TestRoutineResult
+	(*StepArtifact)(nil),            // 21: parley.dispatcher.v1.StepArtifact
+	(*Routine)(nil),                 // 22: parley.dispatcher.v1.Routine
+	(*Tool)(nil),                    // 23: parley.dispatcher.v1.Tool
+	(*ConnectRequest)(nil),          // 24: parley.dispatcher.v1.ConnectRequest
+	(*ConnectResponse)(nil),         // 25: parley.dispatcher.v1.ConnectResponse
 }
 var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
-	16, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
-	17, // 1: parley.dispatcher.v1.ListRoutinesResponse.routines:type_name -> parley.dispatcher.v1.Routine
-	17, // 2: parley.dispatcher.v1.SetRoutineRequest.routine:type_name -> parley.dispatcher.v1.Routine
-	18, // 3: parley.dispatcher.v1.SetToolRequest.tool:type_name -> parley.dispatcher.v1.Tool
-	18, // 4: parley.dispatcher.v1.ListToolsResponse.tools:type_name -> parley.dispatcher.v1.Tool
+	21, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
+	22, // 1: parley.dispatcher.v1.ListRoutinesResponse.routines:type_name -> parley.dispatcher.v1.Routine
+	22, // 2: parley.dispatcher.v1.SetRoutineRequest.routine:type_name -> parley.dispatcher.v1.Routine
+	23, // 3: parley.dispatcher.v1.SetToolRequest.tool:type_name -> parley.dispatcher.v1.Tool
+	23, // 4: parley.dispatcher.v1.ListToolsResponse.tools:type_name -> parley.dispatcher.v1.Tool
 	13, // 5: parley.dispatcher.v1.ListSendCountsResponse.counts:type_name -> parley.dispatcher.v1.SendCount
-	2,  // 6: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
-	3,  // 7: parley.dispatcher.v1.DispatcherService.ListRoutines:input_type -> parley.dispatcher.v1.ListRoutinesRequest
-	5,  // 8: parley.dispatcher.v1.DispatcherService.SetRoutine:input_type -> parley.dispatcher.v1.SetRoutineRequest
-	6,  // 9: parley.dispatcher.v1.DispatcherService.SetTool:input_type -> parley.dispatcher.v1.SetToolRequest
-	7,  // 10: parley.dispatcher.v1.DispatcherService.ListTools:input_type -> parley.dispatcher.v1.ListToolsRequest
-	9,  // 11: parley.dispatcher.v1.DispatcherService.Send:input_type -> parley.dispatcher.v1.SendRequest
-	11, // 12: parley.dispatcher.v1.DispatcherService.ListSendCounts:input_type -> parley.dispatcher.v1.ListSendCountsRequest
-	14, // 13: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:input_type -> parley.dispatcher.v1.DeliverEnvelopeRequest
-	19, // 14: parley.dispatcher.v1.DispatcherService.Connect:input_type -> parley.dispatcher.v1.ConnectRequest
-	0,  // 15: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
-	17, // 16: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
-	4,  // 17: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
-	17, // 18: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
-	18, // 19: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
-	8,  // 20: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
-	10, // 21: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
-	12, // 22: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
-	15, // 23: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
-	20, // 24: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
-	1,  // 25: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
-	16, // [16:26] is the sub-list for method output_type
-	6,  // [6:16] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	17, // 6: parley.dispatcher.v1.TestRoutineRequest.tools:type_name -> parley.dispatcher.v1.TestRoutineTool
+	18, // 7: parley.dispatcher.v1.TestRoutineRequest.cases:type_name -> parley.dispatcher.v1.TestRoutineCase
+	20, // 8: parley.dispatcher.v1.TestRoutineResponse.results:type_name -> parley.dispatcher.v1.TestRoutineResult
+	2,  // 9: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
+	3,  // 10: parley.dispatcher.v1.DispatcherService.ListRoutines:input_type -> parley.dispatcher.v1.ListRoutinesRequest
+	5,  // 11: parley.dispatcher.v1.DispatcherService.SetRoutine:input_type -> parley.dispatcher.v1.SetRoutineRequest
+	6,  // 12: parley.dispatcher.v1.DispatcherService.SetTool:input_type -> parley.dispatcher.v1.SetToolRequest
+	7,  // 13: parley.dispatcher.v1.DispatcherService.ListTools:input_type -> parley.dispatcher.v1.ListToolsRequest
+	9,  // 14: parley.dispatcher.v1.DispatcherService.Send:input_type -> parley.dispatcher.v1.SendRequest
+	11, // 15: parley.dispatcher.v1.DispatcherService.ListSendCounts:input_type -> parley.dispatcher.v1.ListSendCountsRequest
+	14, // 16: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:input_type -> parley.dispatcher.v1.DeliverEnvelopeRequest
+	24, // 17: parley.dispatcher.v1.DispatcherService.Connect:input_type -> parley.dispatcher.v1.ConnectRequest
+	0,  // 18: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
+	16, // 19: parley.dispatcher.v1.DispatcherService.TestRoutine:input_type -> parley.dispatcher.v1.TestRoutineRequest
+	22, // 20: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
+	4,  // 21: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
+	22, // 22: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
+	23, // 23: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
+	8,  // 24: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
+	10, // 25: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
+	12, // 26: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
+	15, // 27: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
+	25, // 28: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
+	1,  // 29: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
+	19, // 30: parley.dispatcher.v1.DispatcherService.TestRoutine:output_type -> parley.dispatcher.v1.TestRoutineResponse
+	20, // [20:31] is the sub-list for method output_type
+	9,  // [9:20] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_parley_dispatcher_v1_dispatcher_service_proto_init() }
@@ -1321,7 +1654,7 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc), len(file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   16,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	DispatcherService_DeliverEnvelope_FullMethodName = "/parley.dispatcher.v1.DispatcherService/DeliverEnvelope"
 	DispatcherService_Connect_FullMethodName         = "/parley.dispatcher.v1.DispatcherService/Connect"
 	DispatcherService_ExecuteStep_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/ExecuteStep"
+	DispatcherService_TestRoutine_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/TestRoutine"
 )
 
 // DispatcherServiceClient is the client API for DispatcherService service.
@@ -76,6 +77,14 @@ type DispatcherServiceClient interface {
 	// agent), FAILED_PRECONDITION with reason NO_EXECUTOR (nothing can run
 	// steps for this agent yet; retry when one connects), DEADLINE_EXCEEDED.
 	ExecuteStep(ctx context.Context, in *ExecuteStepRequest, opts ...grpc.CallOption) (*ExecuteStepResponse, error)
+	// TestRoutine compiles a routine source and runs its functions on the
+	// given cases in the production runtime, with the same budgets, answering
+	// tool calls from the declared results. It stores nothing and reads no
+	// agent state, so it needs no agent. The negotiator
+	// validates routines with it. Errors: INVALID_ARGUMENT (bad request, or
+	// ROUTINE_INVALID when the source does not compile or load),
+	// RESOURCE_EXHAUSTED (ROUTINE_BUSY: every routine worker is taken).
+	TestRoutine(ctx context.Context, in *TestRoutineRequest, opts ...grpc.CallOption) (*TestRoutineResponse, error)
 }
 
 type dispatcherServiceClient struct {
@@ -189,6 +198,16 @@ func (c *dispatcherServiceClient) ExecuteStep(ctx context.Context, in *ExecuteSt
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) TestRoutine(ctx context.Context, in *TestRoutineRequest, opts ...grpc.CallOption) (*TestRoutineResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TestRoutineResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_TestRoutine_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DispatcherServiceServer is the server API for DispatcherService service.
 // All implementations must embed UnimplementedDispatcherServiceServer
 // for forward compatibility.
@@ -234,6 +253,14 @@ type DispatcherServiceServer interface {
 	// agent), FAILED_PRECONDITION with reason NO_EXECUTOR (nothing can run
 	// steps for this agent yet; retry when one connects), DEADLINE_EXCEEDED.
 	ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error)
+	// TestRoutine compiles a routine source and runs its functions on the
+	// given cases in the production runtime, with the same budgets, answering
+	// tool calls from the declared results. It stores nothing and reads no
+	// agent state, so it needs no agent. The negotiator
+	// validates routines with it. Errors: INVALID_ARGUMENT (bad request, or
+	// ROUTINE_INVALID when the source does not compile or load),
+	// RESOURCE_EXHAUSTED (ROUTINE_BUSY: every routine worker is taken).
+	TestRoutine(context.Context, *TestRoutineRequest) (*TestRoutineResponse, error)
 	mustEmbedUnimplementedDispatcherServiceServer()
 }
 
@@ -273,6 +300,9 @@ func (UnimplementedDispatcherServiceServer) Connect(grpc.BidiStreamingServer[Con
 }
 func (UnimplementedDispatcherServiceServer) ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExecuteStep not implemented")
+}
+func (UnimplementedDispatcherServiceServer) TestRoutine(context.Context, *TestRoutineRequest) (*TestRoutineResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TestRoutine not implemented")
 }
 func (UnimplementedDispatcherServiceServer) mustEmbedUnimplementedDispatcherServiceServer() {}
 func (UnimplementedDispatcherServiceServer) testEmbeddedByValue()                           {}
@@ -464,6 +494,24 @@ func _DispatcherService_ExecuteStep_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_TestRoutine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TestRoutineRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).TestRoutine(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_TestRoutine_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).TestRoutine(ctx, req.(*TestRoutineRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DispatcherService_ServiceDesc is the grpc.ServiceDesc for DispatcherService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -506,6 +554,10 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ExecuteStep",
 			Handler:    _DispatcherService_ExecuteStep_Handler,
+		},
+		{
+			MethodName: "TestRoutine",
+			Handler:    _DispatcherService_TestRoutine_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

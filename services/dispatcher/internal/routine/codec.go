@@ -249,8 +249,16 @@ func (d *decoder) digits() bool {
 	return d.i > start
 }
 
-// encodeJSON encodes v as json.encode does.
-func encodeJSON(thread *starlark.Thread, v starlark.Value) ([]byte, error) {
+// errTooLarge is a value whose encoding would pass the caller's cap.
+var errTooLarge = errors.New("encoded value too large")
+
+// encodeJSON encodes v as json.encode does, or fails with errTooLarge when
+// the encoding would pass maxBytes, found before encoding by a walk that
+// stops at the cap.
+func encodeJSON(thread *starlark.Thread, v starlark.Value, maxBytes int) ([]byte, error) {
+	if sizeOf(v, int64(maxBytes)) > int64(maxBytes) {
+		return nil, errTooLarge
+	}
 	buf, err := appendJSON(make([]byte, 0, 256), v, 0)
 	if err == nil {
 		return buf, nil

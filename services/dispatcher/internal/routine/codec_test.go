@@ -109,7 +109,7 @@ func TestEncodeJSON_matchesJSONModule(t *testing.T) {
 			t.Fatalf("eval %s: %v", expr, err)
 		}
 		want, wantErr := starlark.Call(thread, jsonEncode, starlark.Tuple{v}, nil)
-		got, gotErr := encodeJSON(thread, v)
+		got, gotErr := encodeJSON(thread, v, 1<<20)
 		if _, err := appendJSON(nil, v, 0); err == nil {
 			fast++
 		}

@@ -1,6 +1,7 @@
 // Package routine runs Starlark routines in a sandbox: no I/O, no load, only
 // the json module and the host functions (tools) the agent declares, with
-// budgets on execution steps, wall time, tool calls and output size.
+// budgets on execution steps, wall time, allocation, tool calls and output
+// size, and a worker pool that bounds how many run at once.
 //
 // A Program is compiled and initialised once, then frozen, so calls share no
 // mutable state; each call gets its own thread and budgets. Values cross the
@@ -14,6 +15,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,6 +35,10 @@ type Limits struct {
 	Timeout        time.Duration // wall time; 1 s when 0
 	MaxOutputBytes int           // encoded result and memory; 64 KiB when 0
 	MaxToolCalls   int           // tool calls per run; 100 when 0
+	MaxAllocBytes  int64         // allocation budget per run (guard.go); 64 MiB when 0
+	// Pool bounds concurrent runs (and compiles) across programs; nil runs
+	// without a bound.
+	Pool *Pool
 }
 
 func (l Limits) withDefaults() Limits {
@@ -46,6 +53,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.MaxToolCalls <= 0 {
 		l.MaxToolCalls = 100
+	}
+	if l.MaxAllocBytes <= 0 {
+		l.MaxAllocBytes = 64 << 20
 	}
 	return l
 }
@@ -73,20 +83,54 @@ var (
 	jsonDecode = starjson.Module.Members["decode"]
 )
 
+// Pool bounds how many routine runs execute at once.
+type Pool struct{ slots chan struct{} }
+
+// NewPool returns a pool of n workers (at least one).
+func NewPool(n int) *Pool { return &Pool{slots: make(chan struct{}, max(n, 1))} }
+
+// ErrBusy is returned when no worker frees up within the wall-time budget.
+var ErrBusy = errors.New("every routine worker is busy")
+
+// acquire waits for a worker, at most the wall-time budget or until ctx's
+// deadline, and returns its release.
+func (p *Pool) acquire(ctx context.Context, wait time.Duration) (func(), error) {
+	if p == nil {
+		return func() {}, nil
+	}
+	select {
+	case p.slots <- struct{}{}:
+		return func() { <-p.slots }, nil
+	default:
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case p.slots <- struct{}{}:
+		return func() { <-p.slots }, nil
+	case <-t.C:
+		return nil, fmt.Errorf("%w: %w", ErrBudget, ErrBusy)
+	case <-ctx.Done():
+		return nil, fmt.Errorf("%w: %w", ErrBudget, ErrBusy)
+	}
+}
+
 // localCall is the thread-local key of a call's *callState.
 const localCall = "parley.call"
 
 // callState is what tools need of the call that runs them.
 type callState struct {
-	ctx            context.Context
-	toolCalls, max int64
+	ctx             context.Context
+	toolCalls, max  int64
+	alloc, maxAlloc int64 // bytes charged by guard.go, and the budget
+	expired         atomic.Bool
 }
 
 // Compile parses, compiles and initialises src. Top-level code runs under
 // the same budgets as a call.
 func Compile(ctx context.Context, name, src string, tools map[string]Tool, limits Limits) (*Program, error) {
 	limits = limits.withDefaults()
-	predeclared := starlark.StringDict{"json": starjson.Module}
+	predeclared := universeGuards()
 	byName := make(map[string]*starlark.Builtin, len(tools))
 	for tname, t := range tools {
 		b := toolBuiltin(tname, t)
@@ -96,13 +140,28 @@ func Compile(ctx context.Context, name, src string, tools map[string]Tool, limit
 	if _, taken := predeclared[CallToolName]; !taken {
 		predeclared[CallToolName] = callToolBuiltin(byName)
 	}
-	_, prog, err := starlark.SourceProgramOptions(fileOptions, name, src, predeclared.Has)
+	f, err := fileOptions.Parse(name, src, 0)
+	if err == nil {
+		err = rewrite(f)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("compile %s: %w", name, err)
 	}
-	thread, stop := newThread(ctx, name, limits)
+	prog, err := starlark.FileProgram(f, predeclared.Has)
+	if err != nil {
+		return nil, fmt.Errorf("compile %s: %w", name, err)
+	}
+	release, err := limits.Pool.acquire(ctx, limits.Timeout)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
+	thread, st, stop := newThread(ctx, name, limits)
 	defer stop()
 	globals, err := prog.Init(thread, predeclared)
+	if err == nil && st.expired.Load() {
+		err = errExpired
+	}
 	if err != nil {
 		return nil, wrapRunErr(err)
 	}
@@ -116,6 +175,18 @@ func (p *Program) Has(fn string) bool {
 	return ok
 }
 
+// Functions returns the names of the functions the routine defines, sorted.
+func (p *Program) Functions() []string {
+	var out []string
+	for name, v := range p.globals {
+		if _, ok := v.(*starlark.Function); ok {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // Call runs fn with args (raw JSON each). When memory is non-nil it is passed
 // as a last argument, a mutable dict (empty for "null" or "{}"), and its
 // state after the call is returned as newMemory.
@@ -125,9 +196,14 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, nil, fmt.Errorf("%w: %w", ErrBudget, err)
+		return nil, nil, fmt.Errorf("%w: %s", ErrBudget, err.Error())
 	}
-	thread, stop := newThread(ctx, fn, p.limits)
+	release, err := p.limits.Pool.acquire(ctx, p.limits.Timeout)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer release()
+	thread, st, stop := newThread(ctx, fn, p.limits)
 	defer stop()
 	sargs := make(starlark.Tuple, 0, len(args)+1)
 	for _, a := range args {
@@ -165,6 +241,11 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 			return nil, nil, fmt.Errorf("memory: %w", err)
 		}
 	}
+	// A run that finished after its deadline (one long step cannot be
+	// interrupted) fails: a late result is never a success.
+	if st.expired.Load() {
+		return nil, nil, wrapRunErr(errExpired)
+	}
 	return out, newMemory, nil
 }
 
@@ -173,7 +254,7 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 // releases the timer. A ctx cancelled without a deadline (a caller gone)
 // does not stop a running call: the wall-time budget bounds it anyway, and
 // watching ctx costs every call a registration.
-func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, func()) {
+func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, *callState, func()) {
 	thread := &starlark.Thread{
 		Name:  name,
 		Print: func(*starlark.Thread, string) {}, // print is a no-op: no I/O
@@ -182,13 +263,17 @@ func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, fu
 		},
 	}
 	thread.SetMaxExecutionSteps(l.MaxSteps)
-	thread.SetLocal(localCall, &callState{ctx: ctx, max: int64(l.MaxToolCalls)})
+	st := &callState{ctx: ctx, max: int64(l.MaxToolCalls), maxAlloc: l.MaxAllocBytes}
+	thread.SetLocal(localCall, st)
 	timeout, why := l.Timeout, "wall time budget exceeded"
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout, why = time.Until(dl), "request deadline exceeded"
 	}
-	timer := time.AfterFunc(timeout, func() { thread.Cancel(why) })
-	return thread, func() { timer.Stop() }
+	timer := time.AfterFunc(timeout, func() {
+		st.expired.Store(true)
+		thread.Cancel(why)
+	})
+	return thread, st, func() { timer.Stop() }
 }
 
 // CallToolName is the builtin every routine has besides json and the tools
@@ -231,7 +316,7 @@ func toolBuiltin(name string, t Tool) *starlark.Builtin {
 			out, err = t.callString(st.ctx, string(str))
 		} else {
 			var enc []byte
-			if enc, err = encodeJSON(thread, arg); err != nil {
+			if enc, err = encodeJSON(thread, arg, int(min(st.maxAlloc, math.MaxInt32))); err != nil {
 				return nil, err
 			}
 			out, err = t.call(st.ctx, enc)
@@ -254,7 +339,10 @@ func fromJSON(thread *starlark.Thread, raw json.RawMessage) (starlark.Value, err
 }
 
 func (p *Program) toJSON(thread *starlark.Thread, v starlark.Value) (json.RawMessage, error) {
-	enc, err := encodeJSON(thread, v)
+	enc, err := encodeJSON(thread, v, p.limits.MaxOutputBytes)
+	if errors.Is(err, errTooLarge) {
+		return nil, fmt.Errorf("%w: output exceeds %d bytes", ErrBudget, p.limits.MaxOutputBytes)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("the result is not JSON-encodable: %w", wrapRunErr(err))
 	}
@@ -263,6 +351,9 @@ func (p *Program) toJSON(thread *starlark.Thread, v starlark.Value) (json.RawMes
 	}
 	return enc, nil
 }
+
+// errExpired is a run that completed after its wall-time budget.
+var errExpired = errors.New("wall time budget exceeded (the run completed late)")
 
 // wrapRunErr marks cancellations (steps, wall time) as budget errors.
 func wrapRunErr(err error) error {
@@ -277,8 +368,8 @@ func wrapRunErr(err error) error {
 		}
 		return fmt.Errorf("routine error: %s", ee.Backtrace())
 	}
-	if isCancel(err.Error()) {
-		return fmt.Errorf("%w: %w", ErrBudget, err)
+	if errors.Is(err, errExpired) || isCancel(err.Error()) {
+		return fmt.Errorf("%w: %s", ErrBudget, err.Error())
 	}
 	return err
 }

@@ -66,3 +66,9 @@ func (t Tool) Call(ctx context.Context, arg json.RawMessage) (json.RawMessage, e
 	}
 	return t.call(ctx, arg)
 }
+
+// FuncTool is a tool answering every call with f; arg is the argument as
+// JSON.
+func FuncTool(f func(ctx context.Context, arg json.RawMessage) (json.RawMessage, error)) Tool {
+	return Tool{call: f}
+}

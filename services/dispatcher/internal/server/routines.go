@@ -4,13 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"sort"
 	"strings"
 	"sync"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -128,6 +126,9 @@ func (s *Server) runRoutine(ctx context.Context, r *compiledRoutine, fn string, 
 		err = r.compileErr
 	} else {
 		out, newMemory, err = r.prog.Call(ctx, fn, args, memory)
+		if errors.Is(err, routine.ErrBusy) {
+			return nil, nil, err // the pool's fault, not the routine's
+		}
 		if err == nil && check != nil {
 			err = check(out)
 		}
@@ -248,7 +249,7 @@ func (s *Server) SetRoutine(ctx context.Context, req *dispatcherv1.SetRoutineReq
 		return nil, s.toStatus(ctx, err, "")
 	}
 	if _, err := routine.Compile(ctx, r.GetName(), r.GetSource(), tools, s.opts.RoutineLimits); err != nil {
-		return nil, grpcerr.New(codes.InvalidArgument, fmt.Sprintf("routine.source does not run: %v", err), "ROUTINE_INVALID", Domain, nil)
+		return nil, routineCompileStatus(err)
 	}
 	stored, err := s.store.SetRoutine(ctx, r.GetName(), r.GetSource(), s.now())
 	if err != nil {

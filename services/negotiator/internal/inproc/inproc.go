@@ -1,6 +1,8 @@
 // Package inproc runs a negotiator inside the current process, on loopback
 // gRPC with a temporary data directory, for the weather demo and the
-// network benchmark.
+// network benchmark. No dispatcher runs there, so the same gRPC server
+// hosts routinetest's stand-in for the dispatcher's TestRoutine, and the
+// negotiator reaches it as its dispatcher peer, over the same RPC.
 package inproc
 
 import (
@@ -12,10 +14,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
+	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
 )
 
 // Negotiator is a running in-process negotiator.
@@ -59,20 +63,6 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 		return nil, err
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger, app.Peers{})
-	if err != nil {
-		return nil, err
-	}
-	n.closers = append(n.closers, func() { _ = a.Close() })
-	srv, err := serve.New(serve.Options{Logger: logger})
-	if err != nil {
-		return nil, err
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	n.closers = append(n.closers, cancel)
-	if err := a.Register(rctx, srv); err != nil {
-		return nil, err
-	}
 	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -82,18 +72,42 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 		grpcLis.Close()
 		return nil, err
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		// Close is best-effort and reports nothing, so Run's error is dropped.
-		_ = srv.Run(rctx, grpcLis, httpLis)
-	}()
-	n.closers = append(n.closers, func() { cancel(); <-done })
 	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { _ = conn.Close() })
+	a, err := app.New(cfg, logger, app.Peers{Dispatcher: conn})
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return nil, err
+	}
+	n.closers = append(n.closers, func() { _ = a.Close() })
+	srv, err := serve.New(serve.Options{Logger: logger})
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return nil, err
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	n.closers = append(n.closers, cancel)
+	if err := a.Register(rctx, srv); err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return nil, err
+	}
+	dispatcherv1.RegisterDispatcherServiceServer(srv.GRPC, &routinetest.Dispatcher{})
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(rctx, grpcLis, httpLis) }()
+	n.closers = append(n.closers, func() {
+		cancel()
+		if err := <-done; err != nil {
+			logger.WarnContext(ctx, "in-process negotiator stopped", slog.Any("err", err))
+		}
+	})
 	n.Client = negotiatorv1.NewNegotiatorServiceClient(conn)
 	return n, nil
 }

@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -61,15 +63,22 @@ type Ledger struct {
 	prices  Prices
 	budgets Budgets
 	metrics *Metrics
+	logger  *slog.Logger
 	now     func() time.Time
+	// warned holds the unpriced models already logged.
+	warned sync.Map
 }
 
-// New returns a Ledger. client may be unconfigured.
-func New(client *llm.Client, st store.Store, prices Prices, budgets Budgets, metrics *Metrics) *Ledger {
+// New returns a Ledger. client may be unconfigured; metrics and logger may
+// be nil.
+func New(client *llm.Client, st store.Store, prices Prices, budgets Budgets, metrics *Metrics, logger *slog.Logger) *Ledger {
 	if metrics == nil {
 		metrics = NewMetrics()
 	}
-	return &Ledger{client: client, store: st, prices: prices, budgets: budgets, metrics: metrics, now: time.Now}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	return &Ledger{client: client, store: st, prices: prices, budgets: budgets, metrics: metrics, logger: logger, now: time.Now}
 }
 
 // Configured reports whether an LLM is configured.
@@ -129,7 +138,16 @@ func (l *Ledger) Complete(ctx context.Context, c Call, req llm.Request) (llm.Res
 		return llm.Response{}, err
 	}
 	l.metrics.calls.WithLabelValues(role, "ok").Inc()
-	price, _ := l.prices.Lookup(resp.Model)
+	price, priced := l.prices.Lookup(resp.Model)
+	if !priced {
+		// Costs 0 for the budgets: config.Validate refuses unpriced
+		// configured models when a budget is set, but a provider may answer
+		// with a model name no price matches.
+		l.metrics.unpriced.WithLabelValues(resp.Model).Inc()
+		if _, seen := l.warned.LoadOrStore(resp.Model, true); !seen {
+			l.logger.WarnContext(ctx, "llm model has no price; its calls cost 0 and budgets do not count them (set --llm-prices)", slog.String("model", resp.Model))
+		}
+	}
 	cost := price.CostMicroUSD(resp.PromptTokens, resp.CompletionTokens)
 	l.metrics.tokens.WithLabelValues(role, resp.Model, "prompt").Add(float64(resp.PromptTokens))
 	l.metrics.tokens.WithLabelValues(role, resp.Model, "completion").Add(float64(resp.CompletionTokens))
@@ -169,6 +187,8 @@ type Metrics struct {
 	cost    *prometheus.CounterVec
 	seconds *prometheus.HistogramVec
 	calls   *prometheus.CounterVec
+	// unpriced counts calls answered by a model with no price.
+	unpriced *prometheus.CounterVec
 }
 
 // NewMetrics builds the collectors.
@@ -191,10 +211,14 @@ func NewMetrics() *Metrics {
 			Name: "parley_negotiator_llm_calls_total",
 			Help: "LLM calls by role and outcome (ok, error, budget_exhausted, not_configured).",
 		}, []string{"role", "outcome"}),
+		unpriced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_negotiator_llm_unpriced_calls_total",
+			Help: "LLM calls answered by a model with no configured price (recorded at cost 0), by model.",
+		}, []string{"model"}),
 	}
 }
 
 // Collectors returns the collectors to register.
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.tokens, m.cost, m.seconds, m.calls}
+	return []prometheus.Collector{m.tokens, m.cost, m.seconds, m.calls, m.unpriced}
 }

@@ -1,7 +1,10 @@
 package ledger_test
 
 import (
+	"bytes"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,7 +76,7 @@ func TestLedger_recordsAndEnforcesBudget(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.Collectors()...)
 	// Each call costs a few hundred micro-USD; the budget allows two.
-	l := ledger.New(client, st, ledger.DefaultPrices(), ledger.Budgets{PerAgent: 300}, m)
+	l := ledger.New(client, st, ledger.DefaultPrices(), ledger.Budgets{PerAgent: 300}, m, nil)
 	call := ledger.Call{Agent: "clients/c/agents/alice", Peer: "bob", Operation: "test"}
 	req := llm.Request{Role: llm.RoleConversation, Messages: []llm.Message{{Role: "user", Content: "What is the weather in Paris tomorrow?"}}}
 
@@ -138,7 +141,7 @@ func TestLedger_peerBudget(t *testing.T) {
 	}
 	t.Cleanup(func() { f.Close() })
 	client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, llm.Options{DefaultModel: "gpt-4o"})
-	l := ledger.New(client, openStore(t), ledger.DefaultPrices(), ledger.Budgets{PerPeer: 1}, nil)
+	l := ledger.New(client, openStore(t), ledger.DefaultPrices(), ledger.Budgets{PerPeer: 1}, nil, nil)
 	req := llm.Request{Messages: []llm.Message{{Role: "user", Content: "hi"}}}
 	if _, err := l.Complete(t.Context(), ledger.Call{Agent: "clients/c/agents/a", Peer: "mallory"}, req); err != nil {
 		t.Fatal(err)
@@ -158,8 +161,46 @@ func TestLedger_peerBudget(t *testing.T) {
 }
 
 func TestLedger_notConfigured(t *testing.T) {
-	l := ledger.New(llm.NewClient(nil, llm.Options{}), openStore(t), ledger.DefaultPrices(), ledger.Budgets{}, nil)
+	l := ledger.New(llm.NewClient(nil, llm.Options{}), openStore(t), ledger.DefaultPrices(), ledger.Budgets{}, nil, nil)
 	if _, err := l.Complete(t.Context(), ledger.Call{}, llm.Request{}); !errors.Is(err, llm.ErrNotConfigured) {
 		t.Errorf("Complete() = %v, want ErrNotConfigured", err)
+	}
+}
+
+// TestLedger_unpricedModel: calls answered by a model with no price are
+// counted by model and logged once per model.
+func TestLedger_unpricedModel(t *testing.T) {
+	f, err := llmtest.NewFakeServer(func(llmtest.Call) llmtest.Reply { return llmtest.Reply{Text: "ok"} })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	for _, tt := range []struct {
+		model     string
+		wantCalls float64
+		wantLogs  int
+	}{
+		{"mystery-1", 3, 1},
+		{"gpt-4o-2024-08-06", 0, 0},
+	} {
+		t.Run(tt.model, func(t *testing.T) {
+			var logs bytes.Buffer
+			client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, llm.Options{DefaultModel: tt.model})
+			m := ledger.NewMetrics()
+			l := ledger.New(client, openStore(t), ledger.DefaultPrices(), ledger.Budgets{}, m, slog.New(slog.NewTextHandler(&logs, nil)))
+			req := llm.Request{Role: llm.RoleConversation, Messages: []llm.Message{{Role: "user", Content: "hi"}}}
+			for range 3 {
+				if _, err := l.Complete(t.Context(), ledger.Call{Agent: "clients/c/agents/a", Peer: "p"}, req); err != nil {
+					t.Fatal(err)
+				}
+			}
+			unpriced := m.Collectors()[4].(*prometheus.CounterVec)
+			if got := testutil.ToFloat64(unpriced.WithLabelValues(tt.model)); got != tt.wantCalls {
+				t.Errorf("unpriced calls = %v, want %v", got, tt.wantCalls)
+			}
+			if got := strings.Count(logs.String(), "has no price"); got != tt.wantLogs {
+				t.Errorf("logged %d warnings, want %d:\n%s", got, tt.wantLogs, logs.String())
+			}
+		})
 	}
 }

@@ -1,8 +1,10 @@
 // Package routine derives Starlark routines from a PD's schemas and a
 // tool's schemas, and tests routines (derived or LLM-written) against
-// examples generated from those schemas in the sandbox.
+// examples generated from those schemas, run by the dispatcher's
+// TestRoutine (the runtime that serves them; see Tester).
 //
-// The routine contract, shared with the dispatcher:
+// The routine contract is the dispatcher's (services/dispatcher/README.md,
+// Routines); the functions:
 //
 //	def send(task)            # sender: task input (a dict) → body (a JSON string)
 //	def parse(reply)          # sender: reply body → task output (a dict)
@@ -10,7 +12,7 @@
 //
 // Bodies arrive as Agora bodies: usually a string holding JSON, sometimes
 // the JSON value itself; derived routines accept both. The receiver reaches
-// its tools with call_tool(name, args), which returns a dict.
+// its tools with call_tool(name, args), both arguments required.
 //
 // Fields are matched by name, ignoring case, "_", "-" and spaces
 // (weatherCondition matches weather_condition); nothing else is guessed.

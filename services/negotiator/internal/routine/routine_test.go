@@ -6,11 +6,41 @@ import (
 	"strings"
 	"testing"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
-	"github.com/parleyhq/parley/services/negotiator/internal/sandbox"
+	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
 )
+
+func tester() routine.Tester { return (&routinetest.Dispatcher{}).Client() }
+
+// TestVerify_noTester: without a dispatcher nothing is verified.
+func TestVerify_noTester(t *testing.T) {
+	if _, err := routine.VerifySender(t.Context(), nil, "def send(task):\n    return task\n", derivedDoc(t), nil, nil); !errors.Is(err, routine.ErrNoTester) {
+		t.Errorf("VerifySender without a tester = %v, want ErrNoTester", err)
+	}
+}
+
+// TestVerify_callToolSignature: call_tool takes the name and the arguments,
+// both required, as in the dispatcher.
+func TestVerify_callToolSignature(t *testing.T) {
+	doc := derivedDoc(t)
+	tool := routine.Tool{Name: "stock_lookup", Output: json.RawMessage(`{"type":"object","properties":{"inStock":{"type":"boolean"},"count":{"type":"integer"}}}`)}
+	for _, tt := range []struct {
+		src  string
+		pass bool
+	}{
+		{"def reply(query, memory):\n    return json.encode(call_tool('stock_lookup', {}))\n", true},
+		{"def reply(query, memory):\n    return json.encode(stock_lookup({}))\n", true},
+		{"def reply(query, memory):\n    return json.encode(call_tool('stock_lookup'))\n", false},
+	} {
+		_, err := routine.VerifyReceiver(t.Context(), tester(), tt.src, doc, []routine.Tool{tool})
+		if (err == nil) != tt.pass {
+			t.Errorf("VerifyReceiver(%q) = %v, want pass %v", tt.src, err, tt.pass)
+		}
+	}
+}
 
 func derivedDoc(t *testing.T) protocol.Document {
 	t.Helper()
@@ -75,7 +105,7 @@ func TestDeriveReceiver(t *testing.T) {
 				}
 				return
 			}
-			n, err := routine.VerifyReceiver(t.Context(), src, doc, []routine.Tool{tt.tool}, sandbox.Limits{})
+			n, err := routine.VerifyReceiver(t.Context(), tester(), src, doc, []routine.Tool{tt.tool})
 			if err != nil || n == 0 {
 				t.Errorf("VerifyReceiver(derived) = %d, %v\n%s", n, err, src)
 			}
@@ -103,12 +133,12 @@ func TestVerify_catchesBrokenRoutines(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var err error
 			if tt.sender {
-				_, err = routine.VerifySender(t.Context(), tt.src, doc, nil, json.RawMessage(`{"type":"object","required":["count"],"properties":{"count":{"type":"integer"}}}`), sandbox.Limits{})
+				_, err = routine.VerifySender(t.Context(), tester(), tt.src, doc, nil, json.RawMessage(`{"type":"object","required":["count"],"properties":{"count":{"type":"integer"}}}`))
 			} else {
-				_, err = routine.VerifyReceiver(t.Context(), tt.src, doc, []routine.Tool{tool}, sandbox.Limits{})
+				_, err = routine.VerifyReceiver(t.Context(), tester(), tt.src, doc, []routine.Tool{tool})
 			}
-			if err == nil {
-				t.Errorf("verification passed a broken routine:\n%s", tt.src)
+			if !errors.Is(err, routine.ErrRoutine) {
+				t.Errorf("verification = %v, want ErrRoutine for a broken routine:\n%s", err, tt.src)
 			}
 		})
 	}
@@ -120,15 +150,21 @@ func TestDeriveSender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := routine.VerifySender(t.Context(), src, doc, nil, nil, sandbox.Limits{})
+	n, err := routine.VerifySender(t.Context(), tester(), src, doc, nil, nil)
 	if err != nil || n < 2 {
 		t.Errorf("VerifySender(derived) = %d, %v", n, err)
 	}
-	body, err := sandbox.Call(t.Context(), src, "send", []json.RawMessage{json.RawMessage(`{"itemId":"a1","ignored":true}`)}, nil, sandbox.Limits{})
-	if err != nil || string(body) != `"{\"itemId\":\"a1\"}"` {
-		t.Errorf("send() = %s, %v", body, err)
+	resp, err := tester().TestRoutine(t.Context(), &dispatcherv1.TestRoutineRequest{Source: src, Cases: []*dispatcherv1.TestRoutineCase{
+		{Function: "send", ArgsJson: []string{`{"itemId":"a1","ignored":true}`}},
+		{Function: "parse", ArgsJson: []string{`"{\"error\":\"unknown item\"}"`}},
+	}})
+	if err != nil {
+		t.Fatal(err)
 	}
-	if _, err := sandbox.Call(t.Context(), src, "parse", []json.RawMessage{json.RawMessage(`"{\"error\":\"unknown item\"}"`)}, nil, sandbox.Limits{}); !errors.Is(err, sandbox.ErrRoutine) {
-		t.Errorf("parse(error reply) = %v, want a routine failure (so the LLM takes over)", err)
+	if r := resp.GetResults()[0]; r.GetOutputJson() != `"{\"itemId\":\"a1\"}"` {
+		t.Errorf("send() = %v", r)
+	}
+	if r := resp.GetResults()[1]; r.GetError() == "" {
+		t.Errorf("parse(error reply) = %v, want a routine failure (so the LLM takes over)", r)
 	}
 }

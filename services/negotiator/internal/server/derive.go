@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
@@ -57,8 +58,8 @@ func (s *Server) deriveSender(ctx context.Context, doc protocol.Document, task *
 	if err != nil {
 		return "", err
 	}
-	if _, err := routine.VerifySender(ctx, src, doc, in, out, s.opts.Limits); err != nil {
-		return "", fmt.Errorf("%w: %w", errRoutineFailed, err)
+	if _, err := routine.VerifySender(ctx, s.opts.Tester, src, doc, in, out); err != nil {
+		return "", verifyErr(err)
 	}
 	return src, nil
 }
@@ -69,8 +70,8 @@ func (s *Server) deriveReceiver(ctx context.Context, doc protocol.Document, tool
 	if err != nil {
 		return "", err
 	}
-	if _, err := routine.VerifyReceiver(ctx, src, doc, []routine.Tool{tool}, s.opts.Limits); err != nil {
-		return "", fmt.Errorf("%w: %w", errRoutineFailed, err)
+	if _, err := routine.VerifyReceiver(ctx, s.opts.Tester, src, doc, []routine.Tool{tool}); err != nil {
+		return "", verifyErr(err)
 	}
 	return src, nil
 }
@@ -82,4 +83,19 @@ func (s *Server) GetNegotiationProtocol(context.Context, *negotiatorv1.GetNegoti
 		ProtocolSha1Hex:   negotiation.PDSHA1,
 		ProtocolSha256Hex: negotiation.PDSHA256,
 	}, nil
+}
+
+// verifyErr marks a routine that failed its test; an untested one (no
+// dispatcher, or TestRoutine failed) keeps its own error.
+func verifyErr(err error) error {
+	if errors.Is(err, routine.ErrRoutine) {
+		return fmt.Errorf("%w: %w", errRoutineFailed, err)
+	}
+	return err
+}
+
+// untested reports whether err means a routine could not be tested at all,
+// which no retry or LLM rewrite fixes.
+func untested(err error) bool {
+	return errors.Is(err, routine.ErrNoTester) || errors.Is(err, routine.ErrTester)
 }

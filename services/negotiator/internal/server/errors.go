@@ -47,6 +47,11 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return withReason(codes.Unavailable, "the LLM provider is unavailable; retry later", "LLM_UNAVAILABLE")
 	case errors.Is(err, errOutputInvalid):
 		return withReason(codes.FailedPrecondition, err.Error(), "LLM_OUTPUT_INVALID")
+	case errors.Is(err, routine.ErrNoTester):
+		return withReason(codes.FailedPrecondition, err.Error(), "NO_DISPATCHER")
+	case errors.Is(err, routine.ErrTester):
+		s.logger.WarnContext(ctx, "routine not tested: TestRoutine failed", slog.Any("err", err))
+		return withReason(codes.Unavailable, err.Error()+"; retry later", "DISPATCHER_UNAVAILABLE")
 	case errors.Is(err, errRoutineFailed):
 		return withReason(codes.FailedPrecondition, err.Error(), "ROUTINE_FAILED_EXAMPLES")
 	case errors.Is(err, errNotInShadow):

@@ -24,8 +24,8 @@ func quoteJSON(s string) string {
 	return string(b)
 }
 
-// schemaText is raw in canonical form, or "none declared".
-func schemaText(raw []byte) string {
+// canonOr returns raw in canonical form, or "none declared".
+func canonOr(raw []byte) string {
 	const none = "none declared"
 	if len(raw) == 0 {
 		return none
@@ -39,7 +39,7 @@ func schemaText(raw []byte) string {
 
 func describeTask(b *strings.Builder, t *negotiation.Task) {
 	fmt.Fprintf(b, "Task name: %s\nTask description: %s\nTask input schema: %s\nTask output schema: %s\n",
-		t.Name, t.Description, schemaText(t.Input), schemaText(t.Output))
+		t.Name, t.Description, canonOr(t.Input), canonOr(t.Output))
 }
 
 func describeTools(b *strings.Builder, tools []routine.Tool) {
@@ -49,7 +49,7 @@ func describeTools(b *strings.Builder, tools []routine.Tool) {
 	}
 	b.WriteString("Tools:\n")
 	for _, t := range tools {
-		fmt.Fprintf(b, "- %s: %s Input schema: %s. Output schema: %s.\n", t.Name, t.Description, schemaText(t.Input), schemaText(t.Output))
+		fmt.Fprintf(b, "- %s: %s Input schema: %s. Output schema: %s.\n", t.Name, t.Description, canonOr(t.Input), canonOr(t.Output))
 	}
 }
 
@@ -186,7 +186,7 @@ const routineSourceSchema = `{"type":"object","required":["source"],"additionalP
 func routinePrompt(side negotiatorv1.RoutineSide, pd []byte, tools []routine.Tool, task *negotiation.Task, lastErr string) llm.Request {
 	var sys strings.Builder
 	sys.WriteString("You write routines: small Starlark programs that follow a protocol document so that no LLM is needed for its messages.\n")
-	sys.WriteString("Available: the json module (json.encode, json.decode) and call_tool(name, args) returning a dict. No load, no while loops, no recursion.\n")
+	sys.WriteString("Available: the json module (json.encode, json.decode) and call_tool(name, args), both arguments required, returning the tool's JSON result (None when it has none). No load, no recursion; keep it simple, budgets apply.\n")
 	if side == negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER {
 		sys.WriteString("Define reply(query, memory): query is the request body (usually a string holding JSON); return the reply body as a string (json.encode of an object when the protocol uses JSON).\n")
 	} else {

@@ -65,7 +65,11 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 	task := taskOf(req.GetTask())
 	// Derivation first: it needs no LLM and is correct by construction,
 	// so a derived routine is promoted at once.
-	if src, n, ok := s.tryDerive(ctx, doc, req.GetSide(), tools, task); ok {
+	src, n, ok, err := s.tryDerive(ctx, doc, req.GetSide(), tools, task)
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	if ok {
 		c.Source, c.ExamplesPassed = src, int32(n)
 		c.Origin = negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_DERIVED
 		c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
@@ -85,6 +89,9 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 			continue
 		}
 		n, err := s.verify(ctx, out.Source, doc, req.GetSide(), tools, task)
+		if untested(err) {
+			return nil, s.toStatus(ctx, err)
+		}
 		if err != nil {
 			lastErr = err.Error()
 			continue
@@ -101,25 +108,34 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 	return nil, s.toStatus(ctx, fmt.Errorf("%w: %s", errRoutineFailed, lastErr))
 }
 
-func (s *Server) tryDerive(ctx context.Context, doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (string, int, bool) {
+// tryDerive derives and tests a routine; err is set only when routines
+// cannot be tested at all.
+func (s *Server) tryDerive(ctx context.Context, doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (src string, n int, ok bool, err error) {
 	if len(doc.RequestSchema) == 0 || len(doc.ResponseSchema) == 0 {
-		return "", 0, false
+		return "", 0, false, nil
 	}
 	if side == negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER {
 		src, err := s.deriveSender(ctx, doc, task)
 		if err != nil {
-			return "", 0, false
+			if untested(err) {
+				return "", 0, false, err
+			}
+			return "", 0, false, nil
 		}
 		n, _ := s.verify(ctx, src, doc, side, tools, task)
-		return src, n, true
+		return src, n, true, nil
 	}
 	for _, t := range tools {
-		if src, err := s.deriveReceiver(ctx, doc, t); err == nil {
+		src, err := s.deriveReceiver(ctx, doc, t)
+		if untested(err) {
+			return "", 0, false, err
+		}
+		if err == nil {
 			n, _ := s.verify(ctx, src, doc, side, tools, task)
-			return src, n, true
+			return src, n, true, nil
 		}
 	}
-	return "", 0, false
+	return "", 0, false, nil
 }
 
 func (s *Server) verify(ctx context.Context, src string, doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (int, error) {
@@ -128,9 +144,9 @@ func (s *Server) verify(ctx context.Context, src string, doc protocol.Document, 
 		if task != nil {
 			in, out = task.Input, task.Output
 		}
-		return routine.VerifySender(ctx, src, doc, in, out, s.opts.Limits)
+		return routine.VerifySender(ctx, s.opts.Tester, src, doc, in, out)
 	}
-	return routine.VerifyReceiver(ctx, src, doc, tools, s.opts.Limits)
+	return routine.VerifyReceiver(ctx, s.opts.Tester, src, doc, tools)
 }
 
 func checkCandidateName(name string) error {

@@ -19,7 +19,6 @@ const (
 	maxProtocolLen = 256 << 10
 )
 
-// checkAgent checks the request field "agent".
 func checkAgent(v *grpcerr.Violations, name string, required bool) {
 	const field = "agent"
 	switch {
@@ -30,7 +29,6 @@ func checkAgent(v *grpcerr.Violations, name string, required bool) {
 	}
 }
 
-// checkPeer checks the request field "peer".
 func checkPeer(v *grpcerr.Violations, peer string, required bool) {
 	const field = "peer"
 	switch {
@@ -41,7 +39,6 @@ func checkPeer(v *grpcerr.Violations, peer string, required bool) {
 	}
 }
 
-// checkJSON checks a required JSON field.
 func checkJSON(v *grpcerr.Violations, field string, raw []byte) {
 	switch {
 	case len(raw) == 0:
@@ -61,7 +58,6 @@ func checkObjectJSON(v *grpcerr.Violations, field string, raw []byte) {
 	}
 }
 
-// checkProtocol checks the request field "protocol".
 func checkProtocol(v *grpcerr.Violations, pd []byte, required bool) {
 	const field = "protocol"
 	switch {
@@ -72,7 +68,6 @@ func checkProtocol(v *grpcerr.Violations, pd []byte, required bool) {
 	}
 }
 
-// checkTask checks the request field "task".
 func checkTask(v *grpcerr.Violations, t *negotiatorv1.TaskSpec, required bool) {
 	const field = "task"
 	if t == nil {

@@ -1,0 +1,101 @@
+package server
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+)
+
+func reasonOf(err error) string {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// TestTestRoutine runs sources through TestRoutine in the production
+// runtime: declared tool results, tool argument schemas, budgets, and
+// call_tool's one signature.
+func TestTestRoutine(t *testing.T) {
+	e := startEnv(t, nil, "", Options{RoutineLimits: routine.Limits{Pool: routine.NewPool(2)}})
+	tools := []*dispatcherv1.TestRoutineTool{{
+		Id:              "forecast",
+		InputSchemaJson: `{"type":"object","required":["city"]}`,
+		ResultJson:      `{"t":7}`,
+	}}
+	tests := []struct {
+		name, src, fn string
+		args          []string
+		want, wantErr string
+		wantBudget    bool
+	}{
+		{"call_tool", "def reply(q, m):\n    return call_tool('forecast', json.decode(q))\n", "reply", []string{`"{\"city\":\"Oslo\"}"`, `{}`}, `{"t":7}`, "", false},
+		{"tool by id", "def send(task):\n    return forecast(task)['t'] + 1\n", "send", []string{`{"city":"Oslo"}`}, `8`, "", false},
+		{"tool argument off schema", "def reply(q, m):\n    return call_tool('forecast', {})\n", "reply", []string{`"x"`, `{}`}, "", "argument of forecast", false},
+		{"call_tool with one argument", "def reply(q, m):\n    return call_tool('forecast')\n", "reply", []string{`"x"`, `{}`}, "", "call_tool", false},
+		{"missing function", "def send(task):\n    return 1\n", "parse", nil, "", "no function parse", false},
+		{"512 MiB in one step", "def reply(q, m):\n    return 'x' * (1 << 29)\n", "reply", []string{`"x"`, `{}`}, "", "allocation budget", true},
+		{"steps", "def reply(q, m):\n    while True:\n        pass\n", "reply", []string{`"x"`, `{}`}, "", "", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			start := time.Now()
+			resp, err := e.client.TestRoutine(t.Context(), &dispatcherv1.TestRoutineRequest{
+				Source: tt.src, Tools: tools,
+				Cases: []*dispatcherv1.TestRoutineCase{{Function: tt.fn, ArgsJson: tt.args}},
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := resp.GetResults()[0]
+			if r.GetOutputJson() != tt.want || !strings.Contains(r.GetError(), tt.wantErr) || (tt.wantErr == "" && !tt.wantBudget) != (r.GetError() == "") || r.GetBudgetExceeded() != tt.wantBudget {
+				t.Errorf("result = %v, want output %q, error containing %q, budget %v", r, tt.want, tt.wantErr, tt.wantBudget)
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Errorf("took %v", d)
+			}
+		})
+	}
+	// After the 512 MiB attempt, the server still answers.
+	resp, err := e.client.TestRoutine(t.Context(), &dispatcherv1.TestRoutineRequest{
+		Source: "def send(task):\n    return task\n",
+		Cases:  []*dispatcherv1.TestRoutineCase{{Function: "send", ArgsJson: []string{`1`}}, {Function: "send", ArgsJson: []string{`[2]`}}},
+	})
+	if err != nil || len(resp.GetResults()) != 2 || resp.GetResults()[1].GetOutputJson() != "[2]" || strings.Join(resp.GetFunctions(), ",") != "send" {
+		t.Fatalf("TestRoutine after the budget failures = %v, %v", resp, err)
+	}
+}
+
+func TestTestRoutineErrors(t *testing.T) {
+	e := startEnv(t, nil, "", Options{})
+	cases := []*dispatcherv1.TestRoutineCase{{Function: "send"}}
+	tests := []struct {
+		name       string
+		req        *dispatcherv1.TestRoutineRequest
+		wantReason string
+	}{
+		{"no source", &dispatcherv1.TestRoutineRequest{Cases: cases}, "INVALID_ARGUMENT"},
+		{"no cases", &dispatcherv1.TestRoutineRequest{Source: "x = 1"}, "INVALID_ARGUMENT"},
+		{"args not JSON", &dispatcherv1.TestRoutineRequest{Source: "x = 1", Cases: []*dispatcherv1.TestRoutineCase{{Function: "send", ArgsJson: []string{"{"}}}}, "INVALID_ARGUMENT"},
+		{"bad tool schema", &dispatcherv1.TestRoutineRequest{Source: "x = 1", Cases: cases, Tools: []*dispatcherv1.TestRoutineTool{{Id: "t", InputSchemaJson: `{"type":7}`}}}, "INVALID_ARGUMENT"},
+		{"does not compile", &dispatcherv1.TestRoutineRequest{Source: "def send(:", Cases: cases}, "ROUTINE_INVALID"},
+		{"top level fails", &dispatcherv1.TestRoutineRequest{Source: "x = 1 // 0", Cases: cases}, "ROUTINE_INVALID"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.client.TestRoutine(t.Context(), tt.req)
+			if status.Code(err) != codes.InvalidArgument || reasonOf(err) != tt.wantReason {
+				t.Errorf("TestRoutine = %v (reason %q), want INVALID_ARGUMENT %s", err, reasonOf(err), tt.wantReason)
+			}
+		})
+	}
+}
