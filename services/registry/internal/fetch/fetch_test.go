@@ -336,7 +336,7 @@ func TestFetch_concurrencyLimits(t *testing.T) {
 	})
 	port := srv.Listener.Addr().(*net.TCPAddr).Port
 	src := func(host string) string { return fmt.Sprintf("http://%s:%d/pd", host, port) }
-	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.1", "localhost"}, MaxConcurrent: 2, MaxPerHost: 1, ConnectTimeout: 100 * time.Millisecond, Timeout: 10 * time.Second})
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.1", "localhost"}, MaxConcurrent: 2, MaxPerHost: 1, ConnectTimeout: time.Second, Timeout: 10 * time.Second})
 	results := make(chan error, 2)
 	fetchInBackground := func(source string, want int32) {
 		t.Helper()
@@ -346,6 +346,11 @@ func TestFetch_concurrencyLimits(t *testing.T) {
 		}()
 		deadline := time.Now().Add(10 * time.Second)
 		for inFlight.Load() < want {
+			select {
+			case err := <-results:
+				t.Fatalf("Fetch(%s) ended before reaching the server: %v", source, err)
+			default:
+			}
 			if time.Now().After(deadline) {
 				t.Fatalf("%d fetches reached the server, want %d", inFlight.Load(), want)
 			}
