@@ -142,8 +142,7 @@ func protocolSync(e env, args []string) error {
 	fs := flag.NewFlagSet("parley protocol sync", flag.ContinueOnError)
 	dial := dialServer(e, fs)
 	peer := fs.String("peer", "", "the peer registry to copy from, as configured with --registry-peers; empty means all")
-	args, err := parseArgs(fs, args, e.stderr, 0, "[--peer ADDR]")
-	if err != nil {
+	if _, err := parseArgs(fs, args, e.stderr, 0, "[--peer ADDR]"); err != nil {
 		return err
 	}
 	conn, err := dial()
