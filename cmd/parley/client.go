@@ -19,7 +19,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"sort"
 	"strings"
 	"time"
 
@@ -119,14 +118,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 func subcommand(e env, group string, args []string, subs map[string]command) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintf(e.stderr, "Usage: parley %s <command> [flags]\n\nCommands:\n", group)
-		names := make([]string, 0, len(subs))
-		for n := range subs {
-			names = append(names, n)
-		}
-		sort.Strings(names)
-		for _, n := range names {
-			fmt.Fprintf(e.stderr, "  %-10s %s\n", n, subs[n].summary)
-		}
+		listCommands(e.stderr, subs)
 		if len(args) == 0 {
 			return fmt.Errorf("parley %s needs a command", group)
 		}
