@@ -53,19 +53,7 @@ func wireName(name string) string {
 // agentCall parses flags and the positional arguments, dials, and runs fn
 // with a client and the agent's resource name (args[0]).
 func agentCall(e env, fs *flag.FlagSet, args []string, nargs int, usage string, fn func(c registryv1.RegistryServiceClient, name string, args []string) error) error {
-	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, args, nargs, usage); err != nil {
-		return err
-	}
-	name, err := agentName(args[0])
-	if err != nil {
-		return err
-	}
-	conn, err := dial()
+	conn, name, args, err := agentConn(e, fs, args, nargs, usage)
 	if err != nil {
 		return err
 	}
@@ -182,11 +170,7 @@ func agentList(e env, args []string) error {
 	fs := flag.NewFlagSet("parley agent list", flag.ContinueOnError)
 	dial := dialServer(e, fs)
 	client := fs.String("client", "", "list only this client's agents")
-	args, err := parseArgs(fs, args, e.stderr)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, args, 0, "[--client CLIENT]"); err != nil {
+	if _, err := parseArgs(fs, args, e.stderr, 0, "[--client CLIENT]"); err != nil {
 		return err
 	}
 	parent := "clients/-"

@@ -7,8 +7,8 @@ package main
 // A subcommand uses it like this:
 //
 //	fs := flag.NewFlagSet("parley thing do", flag.ContinueOnError)
-//	dial := dialServer(e, fs)         // adds --server
-//	args, err := parseArgs(fs, args)  // flags may follow positionals
+//	dial := dialServer(e, fs)                               // adds --server
+//	args, err := parseArgs(fs, args, e.stderr, 1, "THING")  // flags may follow positionals
 //	conn, err := dial()
 //	defer conn.Close()
 //	ctx, cancel := callContext()
@@ -61,9 +61,10 @@ func callContext() (context.Context, context.CancelFunc) {
 
 // parseArgs parses fs from args, allowing flags before, between and after
 // positional arguments (`parley agent support a:b HASH --source URL`). An
-// argument "--" ends flag parsing. It returns the positional arguments.
-// Usage errors and -h print fs's defaults to stderr.
-func parseArgs(fs *flag.FlagSet, args []string, stderr io.Writer) ([]string, error) {
+// argument "--" ends flag parsing. It returns the positional arguments, of
+// which there must be n (usage names them for the error). Usage errors and
+// -h print fs's defaults to stderr.
+func parseArgs(fs *flag.FlagSet, args []string, stderr io.Writer, n int, usage string) ([]string, error) {
 	fs.SetOutput(stderr)
 	var pos []string
 	for {
@@ -72,22 +73,39 @@ func parseArgs(fs *flag.FlagSet, args []string, stderr io.Writer) ([]string, err
 		}
 		rest := fs.Args()
 		if len(rest) == 0 {
-			return pos, nil
+			break
 		}
 		if rest[0] == "--" {
-			return append(pos, rest[1:]...), nil
+			pos = append(pos, rest[1:]...)
+			break
 		}
 		pos = append(pos, rest[0])
 		args = rest[1:]
 	}
+	if len(pos) != n {
+		return nil, fmt.Errorf("usage: %s %s", fs.Name(), usage)
+	}
+	return pos, nil
 }
 
-// wantArgs checks the number of positional arguments.
-func wantArgs(fs *flag.FlagSet, args []string, n int, usage string) error {
-	if len(args) != n {
-		return fmt.Errorf("usage: %s %s", fs.Name(), usage)
+// agentConn parses fs from args with nargs positional arguments, the first
+// an AGENT, and dials --server. It returns the connection (the caller
+// closes it), the agent's resource name and the positional arguments.
+func agentConn(e env, fs *flag.FlagSet, args []string, nargs int, usage string) (*grpc.ClientConn, string, []string, error) {
+	dial := dialServer(e, fs)
+	args, err := parseArgs(fs, args, e.stderr, nargs, usage)
+	if err != nil {
+		return nil, "", nil, err
 	}
-	return nil
+	name, err := agentName(args[0])
+	if err != nil {
+		return nil, "", nil, err
+	}
+	conn, err := dial()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return conn, name, args, nil
 }
 
 // stringList is a repeatable string flag.
@@ -100,14 +118,7 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 func subcommand(e env, group string, args []string, subs map[string]command) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Fprintf(e.stderr, "Usage: parley %s <command> [flags]\n\nCommands:\n", group)
-		names := make([]string, 0, len(subs))
-		for n := range subs {
-			names = append(names, n)
-		}
-		sortStrings(names)
-		for _, n := range names {
-			fmt.Fprintf(e.stderr, "  %-10s %s\n", n, subs[n].summary)
-		}
+		listCommands(e.stderr, subs)
 		if len(args) == 0 {
 			return fmt.Errorf("parley %s needs a command", group)
 		}

@@ -9,6 +9,7 @@
 //	parley version
 //	parley protocol add|get|list|search|sync [--server ADDR] ...
 //	parley agent create|get|update|list|delete|support|unsupport|forget [--server ADDR] ...
+//	parley routine set|get|list [--server ADDR] ...
 //	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
@@ -24,8 +25,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -81,17 +83,17 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) er
 }
 
 func usage(w io.Writer, cmds map[string]command) {
-	names := make([]string, 0, len(cmds))
-	for n := range cmds {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	fmt.Fprintln(w, "Usage: parley <command> [flags]")
 	fmt.Fprintln(w, "\nCommands:")
-	for _, n := range names {
+	listCommands(w, cmds)
+	fmt.Fprintln(w, "\nRun 'parley <command> --help' for a command's flags.")
+}
+
+// listCommands prints cmds with their summaries, one a line, by name.
+func listCommands(w io.Writer, cmds map[string]command) {
+	for _, n := range slices.Sorted(maps.Keys(cmds)) {
 		fmt.Fprintf(w, "  %-10s %s\n", n, cmds[n].summary)
 	}
-	fmt.Fprintln(w, "\nRun 'parley <command> --help' for a command's flags.")
 }
 
 // oneLine keeps startup errors to a single line, as operators expect.

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 	"text/tabwriter"
 
@@ -26,11 +25,8 @@ func runProtocol(e env, args []string) error {
 func protocolAdd(e env, args []string) error {
 	fs := flag.NewFlagSet("parley protocol add", flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr)
+	args, err := parseArgs(fs, args, e.stderr, 1, "FILE")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, args, 1, "FILE"); err != nil {
 		return err
 	}
 	var content []byte
@@ -60,11 +56,8 @@ func protocolAdd(e env, args []string) error {
 func protocolGet(e env, args []string) error {
 	fs := flag.NewFlagSet("parley protocol get", flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr)
+	args, err := parseArgs(fs, args, e.stderr, 1, "HASH")
 	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, args, 1, "HASH"); err != nil {
 		return err
 	}
 	conn, err := dial()
@@ -93,18 +86,17 @@ func protocolSearch(e env, args []string) error {
 func listProtocols(e env, name string, args []string, search bool) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr)
+	nargs, usage := 0, ""
+	if search {
+		nargs, usage = 1, "TEXT"
+	}
+	args, err := parseArgs(fs, args, e.stderr, nargs, usage)
 	if err != nil {
 		return err
 	}
 	query := ""
 	if search {
-		if err := wantArgs(fs, args, 1, "TEXT"); err != nil {
-			return err
-		}
 		query = args[0]
-	} else if err := wantArgs(fs, args, 0, ""); err != nil {
-		return err
 	}
 	conn, err := dial()
 	if err != nil {
@@ -150,11 +142,7 @@ func protocolSync(e env, args []string) error {
 	fs := flag.NewFlagSet("parley protocol sync", flag.ContinueOnError)
 	dial := dialServer(e, fs)
 	peer := fs.String("peer", "", "the peer registry to copy from, as configured with --registry-peers; empty means all")
-	args, err := parseArgs(fs, args, e.stderr)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, args, 0, "[--peer ADDR]"); err != nil {
+	if _, err := parseArgs(fs, args, e.stderr, 0, "[--peer ADDR]"); err != nil {
 		return err
 	}
 	conn, err := dial()
@@ -174,5 +162,3 @@ func protocolSync(e env, args []string) error {
 	}
 	return nil
 }
-
-func sortStrings(s []string) { sort.Strings(s) }

@@ -27,19 +27,7 @@ func runRoutine(e env, args []string) error {
 // with a client and the agent's resource name (args[0]).
 func routineCall(e env, name string, args []string, nargs int, usage string, fn func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, args []string) error) error {
 	fs := flag.NewFlagSet("parley routine "+name, flag.ContinueOnError)
-	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr)
-	if err != nil {
-		return err
-	}
-	if err := wantArgs(fs, args, nargs, usage); err != nil {
-		return err
-	}
-	agent, err := agentName(args[0])
-	if err != nil {
-		return err
-	}
-	conn, err := dial()
+	conn, agent, args, err := agentConn(e, fs, args, nargs, usage)
 	if err != nil {
 		return err
 	}

@@ -54,7 +54,7 @@ type registry struct {
 
 // startRegistry runs a registry on two loopback listeners with a fresh data
 // directory; args are extra flags.
-func startRegistry(t *testing.T, args ...string) *registry {
+func startRegistry(t testing.TB, args ...string) *registry {
 	t.Helper()
 	cfg, err := config.Load(append([]string{"--data", t.TempDir()}, args...), func(string) string { return "" })
 	if err != nil {
@@ -573,17 +573,7 @@ func TestPeerRegistries(t *testing.T) {
 }
 
 func TestResolveSilentSourceEndsWithinBudget(t *testing.T) {
-	silent := listen(t)
-	t.Cleanup(func() { silent.Close() })
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { c.Close() }) // accept, never answer
-		}
-	}()
+	silent := silentListener(t)
 	const budget = 300 * time.Millisecond
 	r := startRegistry(t, "--pd-fetch-allow-http", "--pd-fetch-allow", silent.Addr().String(), "--pd-fetch-timeout", budget.String())
 	start := time.Now()

@@ -1,17 +1,12 @@
 package app_test
 
 import (
-	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"strconv"
 	"testing"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
-	"github.com/parleyhq/parley/platform/serve"
-	"github.com/parleyhq/parley/services/registry/app"
-	"github.com/parleyhq/parley/services/registry/config"
 )
 
 // BenchmarkGetProtocolRaw compares GET /protocols/{hash} through the real
@@ -20,40 +15,8 @@ import (
 // loopback HTTP/1.1 keep-alive, one request at a time. Compare ns/op of the
 // two sub-benchmarks of one run.
 func BenchmarkGetProtocolRaw(b *testing.B) {
-	cfg, err := config.Load([]string{"--data", b.TempDir()}, func(string) string { return "" })
-	if err != nil {
-		b.Fatal(err)
-	}
-	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { a.Close() })
-	srv, err := serve.New(serve.Options{Logger: logger})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := a.Register(ctx, srv); err != nil {
-		b.Fatal(err)
-	}
-	grpcLis, httpLis := listen(b), listen(b)
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
-	b.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			b.Errorf("Run() error = %v", err)
-		}
-	})
-
-	conn, err := srv.InProcessConn()
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { conn.Close() })
-	p, err := registryv1.NewRegistryServiceClient(conn).CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}})
+	r := startRegistry(b)
+	p, err := r.client.CreateProtocol(b.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -72,7 +35,7 @@ func BenchmarkGetProtocolRaw(b *testing.B) {
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
 	for _, bc := range []struct{ name, url string }{
-		{"serve", "http://" + httpLis.Addr().String() + "/protocols/" + p.GetSha1Hex()},
+		{"serve", r.url + "/protocols/" + p.GetSha1Hex()},
 		{"bare", "http://" + bareLis.Addr().String() + "/protocols/" + p.GetSha1Hex()},
 	} {
 		b.Run(bc.name, func(b *testing.B) {

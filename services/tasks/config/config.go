@@ -59,8 +59,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 
 var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
-// ValidID reports whether s is a DNS-safe lowercase client or agent id.
-func ValidID(s string) bool { return idPattern.MatchString(s) }
+// validID reports whether s is a DNS-safe lowercase client or agent id.
+func validID(s string) bool { return idPattern.MatchString(s) }
 
 // AgentName returns the resource name of the --ap-agent value.
 func (c *Config) AgentName() string {
@@ -74,7 +74,7 @@ func (c *Config) Validate() error {
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data must not be empty"))
 	}
-	if client, agent, ok := strings.Cut(c.Agent, ":"); !ok || !ValidID(client) || !ValidID(agent) {
+	if client, agent, ok := strings.Cut(c.Agent, ":"); !ok || !validID(client) || !validID(agent) {
 		errs = append(errs, fmt.Errorf("--ap-agent %q must be client:agent with lowercase DNS-safe ids", c.Agent))
 	}
 	if c.StepWait < 0 {

@@ -61,8 +61,8 @@ func (s *Server) checkSize(n int, field string) error {
 // the request field that carried it, for metadata errors. It is idempotent:
 // registering stored bytes returns the stored protocol.
 func (s *Server) register(ctx context.Context, content []byte, origin, field string) (*registryv1.Protocol, bool, error) {
-	h := pd.Sum(content)
-	if p := s.cache.get(h); p != nil && p.GetSha256Hex() == sha256Hex(content) {
+	h, sum256 := pd.Sum(content), sha256Hex(content)
+	if p := s.cache.get(h); p != nil && p.GetSha256Hex() == sum256 {
 		return p, false, nil
 	}
 	md, err := pd.Parse(content, pd.Options{Strict: s.opts.Strict})
@@ -74,7 +74,7 @@ func (s *Server) register(ctx context.Context, content []byte, origin, field str
 		Content:            content,
 		Sha1Hex:            h.Hex(),
 		Sha1Base64:         h.Base64(),
-		Sha256Hex:          sha256Hex(content),
+		Sha256Hex:          sum256,
 		Title:              md.Name,
 		Description:        md.Description,
 		Multiround:         md.Multiround,
@@ -235,10 +235,6 @@ func (s *Server) ResolveProtocol(ctx context.Context, req *registryv1.ResolvePro
 	h, err := parseProtocolRef("hash", req.GetHash())
 	if err != nil {
 		return nil, err
-	}
-	if p := s.cache.get(h); p != nil {
-		s.metrics.resolves.WithLabelValues("stored").Inc()
-		return p, nil
 	}
 	p, err := s.resolve(ctx, h, req.GetSources())
 	if err != nil {
