@@ -42,7 +42,7 @@ type Options struct {
 	StepWait time.Duration
 	// StepTimeout bounds one ExecuteStep call.
 	StepTimeout time.Duration
-	// RetryMax caps the backoff between attempts at a parked step.
+	// RetryMax caps the backoff between attempts at a parked step; 5 s.
 	RetryMax time.Duration
 	// MaxPageSize caps page_size.
 	MaxPageSize int
@@ -81,7 +81,7 @@ func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.Dispatche
 		opts.StepTimeout = 10 * time.Minute
 	}
 	if opts.RetryMax <= 0 {
-		opts.RetryMax = 30 * time.Second
+		opts.RetryMax = 5 * time.Second
 	}
 	if opts.MaxPageSize <= 0 {
 		opts.MaxPageSize = 100
