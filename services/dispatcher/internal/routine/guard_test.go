@@ -132,6 +132,12 @@ func TestPool(t *testing.T) {
 		t.Fatalf("Call with no free worker = %v, want ErrBusy", err)
 	}
 	release()
+	// The same pool with a generous wall time, so a loaded machine cannot
+	// turn the successful run into a late one.
+	p, err = Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, Limits{Pool: pool, Timeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`)); err != nil || string(out) != "1" {
 		t.Fatalf("Call = %s, %v", out, err)
 	}
