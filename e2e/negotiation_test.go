@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os/exec"
@@ -179,9 +180,228 @@ func TestNegotiation_twoServersDeterministic(t *testing.T) {
 // returns its OpenAI-compatible base URL.
 func startFakeLLM(t *testing.T) string {
 	t.Helper()
+	return startFake(t).base
+}
+
+// fakeLLM is one fakellm process.
+type fakeLLM struct {
+	root, base string // http://host:port and its /v1
+}
+
+func startFake(t *testing.T) fakeLLM {
+	t.Helper()
 	bin := parleytest.Build(t, "github.com/parleyhq/parley/services/negotiator/llmtest/fakellm")
 	f := parleytest.StartProcess(t, bin)
-	return "http://" + f.HTTPAddr + "/v1"
+	return fakeLLM{root: "http://" + f.HTTPAddr, base: "http://" + f.HTTPAddr + "/v1"}
+}
+
+// fakeStats is the fixture's count of successful calls and their tokens.
+type fakeStats struct {
+	Calls            int   `json:"calls"`
+	PromptTokens     int64 `json:"promptTokens"`
+	CompletionTokens int64 `json:"completionTokens"`
+}
+
+func (f fakeLLM) stats(t *testing.T) fakeStats {
+	t.Helper()
+	var st fakeStats
+	if err := json.Unmarshal([]byte(mustAPI(t, "GET", f.root+"/fake/stats", "")), &st); err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// llmFlags points a `parley serve` at a fake LLM; every LLM-written
+// routine is promoted at once (the dispatcher runs no shadow calls).
+func llmFlags(f fakeLLM, extra ...string) []string {
+	return append([]string{"--llm-provider", "openai", "--llm-base-url", f.base, "--llm-model", "gpt-4o",
+		"--llm-api-key", "test-key", "--llm-max-retries", "0", "--routine-shadow-calls", "0"}, extra...)
+}
+
+// ledgerTotals reads a negotiator's cost summary (every agent).
+func ledgerTotals(t *testing.T, srv *parleytest.Server) fakeStats {
+	t.Helper()
+	var c struct {
+		Calls, PromptTokens, CompletionTokens string // int64 are JSON strings
+	}
+	if err := json.Unmarshal([]byte(mustAPI(t, "GET", srv.URL("/v1/costSummary"), "")), &c); err != nil {
+		t.Fatal(err)
+	}
+	var st fakeStats
+	for _, f := range []struct {
+		s string
+		p any
+	}{{c.Calls, &st.Calls}, {c.PromptTokens, &st.PromptTokens}, {c.CompletionTokens, &st.CompletionTokens}} {
+		if f.s == "" {
+			continue
+		}
+		if _, err := fmt.Sscan(f.s, f.p); err != nil {
+			t.Fatalf("costSummary %+v: %v", c, err)
+		}
+	}
+	return st
+}
+
+// sendNLTask sends the weather task with no schemas: Alice's LLM writes
+// the query until a protocol is negotiated.
+func sendNLTask(t *testing.T, a *parleytest.Server, target, location, date string) sendResult {
+	t.Helper()
+	raw := mustAPI(t, "POST", a.URL("/v1/"+aliceAgent+":send"), mustJSON(t, map[string]string{
+		"targetUrl":       target,
+		"task":            "weather-forecast",
+		"taskDescription": "Get the weather forecast for a date and a city.",
+		"taskDataJson":    mustJSON(t, map[string]string{"date": date, "location": location}),
+	}))
+	var r sendResult
+	if err := json.Unmarshal([]byte(raw), &r); err != nil {
+		t.Fatalf("send reply %s: %v", raw, err)
+	}
+	return r
+}
+
+// roleCalls counts ledger entries of srv by role.
+func roleCalls(t *testing.T, srv *parleytest.Server) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for _, e := range ledgerEntries(t, srv, "") {
+		role, _ := e["role"].(string)
+		out[role]++
+	}
+	return out
+}
+
+// TestNegotiation_llmTwoServers: a task with no schemas goes out in natural
+// language until the negotiate threshold; then Alice's and Bob's LLMs (one
+// scripted fake each) negotiate over Agora in the paper's three turns,
+// agree on the canonical weather PD, each writes its routine (tested on its
+// own dispatcher), and later Sends are answered by routines with no LLM.
+func TestNegotiation_llmTwoServers(t *testing.T) {
+	fa, fb := startFake(t), startFake(t)
+	const negotiateAfter = 3
+	alice := parleytest.Start(t, "", llmFlags(fa, "--send-allow-private", "--negotiation-thresholds", fmt.Sprintf("*@*=1/%d/10", negotiateAfter))...)
+	bob := parleytest.Start(t, "", llmFlags(fb)...)
+	target := setUpWeather(t, alice, bob)
+
+	// Natural language below the threshold.
+	for i := 1; i < negotiateAfter; i++ {
+		r := sendNLTask(t, alice, target, "Paris", "2024-05-01")
+		if r.Status != "success" || r.Path != "llm" || r.Negotiation != "" || !strings.Contains(r.ResultJSON, "sunny") {
+			t.Fatalf("NL send %d = %+v, want an LLM exchange quoting Bob's tool", i, r)
+		}
+	}
+	nlA, nlB := ledgerTotals(t, alice), ledgerTotals(t, bob)
+	if nlA.Calls == 0 || nlB.Calls == 0 {
+		t.Fatalf("ledgers after the NL phase: alice %+v bob %+v, want LLM calls on both", nlA, nlB)
+	}
+
+	// The threshold: negotiation through the LLMs, then routines.
+	first := sendNLTask(t, alice, target, "Paris", "2024-05-01")
+	if first.Status != "success" || first.Negotiation == "" || first.ProtocolHash != weatherHex || first.Path != "routine" {
+		t.Fatalf("send at the threshold = %+v, want the weather PD %s negotiated and answered by routines", first, weatherHex)
+	}
+	if !strings.Contains(first.ResultJSON, `"weatherCondition":"sunny"`) {
+		t.Errorf("result %s, want Paris's forecast", first.ResultJSON)
+	}
+	for name, srv := range map[string]*parleytest.Server{"alice": alice, "bob": bob} {
+		if got := mustAPI(t, "GET", srv.URL("/protocols/"+weatherHex), ""); got != weatherPD {
+			t.Errorf("%s's registry holds %q, want the canonical weather PD", name, got)
+		}
+	}
+	mustAPI(t, "GET", alice.URL("/v1/"+aliceAgent+"/routines/"+weatherHex), "")
+	mustAPI(t, "GET", bob.URL("/v1/"+bobAgent+"/routines/"+weatherHex), "")
+	if wk := mustAPI(t, "GET", bob.URL("/agora/weather/bob/.wellknown"), ""); !strings.Contains(wk, weatherHex) {
+		t.Errorf("Bob's .wellknown %s does not list the agreed PD", wk)
+	}
+
+	// Alice's transcript: her proposal, Bob's counter, her acceptance.
+	neg := decode(t, mustAPI(t, "GET", alice.URL("/v1/"+first.Negotiation), ""))
+	transcript, _ := neg["transcript"].([]any)
+	if neg["state"] != "NEGOTIATION_STATE_ACCEPTED" || neg["mode"] != "NEGOTIATION_MODE_LLM" || neg["protocolSha1Hex"] != weatherHex || len(transcript) != 3 {
+		t.Fatalf("Alice's negotiation = %v, want ACCEPTED by the LLMs in 3 messages", neg)
+	}
+	for i, want := range []string{"propose", "counter", "accept"} {
+		m, _ := transcript[i].(map[string]any)
+		raw, _ := base64.StdEncoding.DecodeString(fmt.Sprint(m["bodyJson"]))
+		if !strings.Contains(string(raw), `"type":"`+want+`"`) || (m["sent"] == true) != (i != 1) {
+			t.Errorf("transcript[%d] = %v (%s), want %s", i, m, raw, want)
+		}
+	}
+
+	// Each ledger counts the negotiation's turns and the routine written
+	// on its side, with the tokens its fake reported.
+	wantRoles := map[*parleytest.Server]map[string]int{alice: {"negotiation": 2, "programming": 1}, bob: {"negotiation": 1, "programming": 1}}
+	for name, pair := range map[string]struct {
+		srv  *parleytest.Server
+		fake fakeLLM
+	}{"alice": {alice, fa}, "bob": {bob, fb}} {
+		roles := roleCalls(t, pair.srv)
+		for role, n := range wantRoles[pair.srv] {
+			if roles[role] != n {
+				t.Errorf("%s's ledger: %d %s calls, want %d (%v)", name, roles[role], role, n, roles)
+			}
+		}
+		if got, want := ledgerTotals(t, pair.srv), pair.fake.stats(t); got != want {
+			t.Errorf("%s's ledger %+v, its fake reported %+v", name, got, want)
+		}
+	}
+
+	// Later Sends: routines on both sides, no LLM anywhere.
+	ledA, ledB := ledgerTotals(t, alice), ledgerTotals(t, bob)
+	for i := range 8 {
+		f := forecasts[i%len(forecasts)]
+		r := sendNLTask(t, alice, target, f.location, f.date)
+		if r.Status != "success" || r.Path != "routine" || r.ProtocolHash != weatherHex || r.Negotiation != "" {
+			t.Fatalf("send %d after the negotiation = %+v, want routines under %s", i, r, weatherHex)
+		}
+		var out map[string]any
+		if err := json.Unmarshal([]byte(r.ResultJSON), &out); err != nil || out["temperature"] != f.temperature || out["weatherCondition"] != f.condition {
+			t.Fatalf("send %d result %s, want %+v", i, r.ResultJSON, f)
+		}
+	}
+	if got := ledgerTotals(t, alice); got != ledA {
+		t.Errorf("Alice's ledger went from %+v to %+v with routines", ledA, got)
+	}
+	if got := ledgerTotals(t, bob); got != ledB {
+		t.Errorf("Bob's ledger went from %+v to %+v with routines", ledB, got)
+	}
+	if got := metric(t, alice, `parley_dispatcher_negotiations_total{outcome="accepted"}`); got != 1 {
+		t.Errorf("Alice's accepted negotiations = %v, want 1", got)
+	}
+}
+
+// TestNegotiation_llmMaxRounds: when the negotiation would need more
+// messages than --negotiation-max-rounds allows, it ends REJECTED and the
+// Send is answered in natural language.
+func TestNegotiation_llmMaxRounds(t *testing.T) {
+	fa, fb := startFake(t), startFake(t)
+	alice := parleytest.Start(t, "", llmFlags(fa, "--send-allow-private", "--negotiation-thresholds", "*@*=1/1/10", "--negotiation-max-rounds", "2")...)
+	bob := parleytest.Start(t, "", llmFlags(fb)...)
+	target := setUpWeather(t, alice, bob)
+
+	r := sendNLTask(t, alice, target, "Paris", "2024-05-01")
+	if r.Status != "success" || r.Path != "llm" || r.Negotiation == "" || r.ProtocolHash != "" || !strings.Contains(r.ResultJSON, "sunny") {
+		t.Fatalf("send = %+v, want a failed negotiation and a natural-language answer\n%s", r, alice.Log)
+	}
+	neg := decode(t, mustAPI(t, "GET", alice.URL("/v1/"+r.Negotiation), ""))
+	if neg["state"] != "NEGOTIATION_STATE_REJECTED" || !strings.Contains(fmt.Sprint(neg["failureReason"]), "maximum rounds") {
+		t.Fatalf("Alice's negotiation = %v, want REJECTED at the maximum rounds", neg)
+	}
+	if code, _ := api(t, "GET", alice.URL("/protocols/"+weatherHex), ""); code != 404 {
+		t.Errorf("Alice's registry answers %d for the weather PD, want 404", code)
+	}
+	if code, _ := api(t, "GET", bob.URL("/v1/"+bobAgent+"/routines/"+weatherHex), ""); code != 404 {
+		t.Errorf("Bob's routine answers %d, want 404 (nothing agreed)", code)
+	}
+	if got := metric(t, alice, `parley_dispatcher_negotiations_total{outcome="failed"}`); got != 1 {
+		t.Errorf("Alice's failed negotiations = %v, want 1", got)
+	}
+	// The failure is remembered: the next Send does not renegotiate.
+	if r := sendNLTask(t, alice, target, "Paris", "2024-05-01"); r.Status != "success" || r.Path != "llm" || r.Negotiation != "" {
+		t.Errorf("next send = %+v, want natural language with no new negotiation", r)
+	}
+	if got := roleCalls(t, alice)["programming"]; got != 0 {
+		t.Errorf("Alice's programming calls = %d, want 0", got)
+	}
 }
 
 // ledgerEntries lists the negotiator's ledger for agent.

@@ -19,7 +19,8 @@ import (
 )
 
 // runDemo runs a demo: `parley demo weather [--json] [--queries N]
-// [--nl-queries N] [--server ADDR --http URL] [--llm-provider ... --llm-model ...]`.
+// [--nl-queries N] [--negotiation deterministic|llm] [--server ADDR --http URL]
+// [--llm-provider ... --llm-model ...]`.
 //
 // Without --server it starts two in-process Parley suites, Alice's and
 // Bob's, each with its own data directory, gRPC and HTTP listeners on
@@ -27,6 +28,13 @@ import (
 // Agora HTTP. With --server it runs both agents on that running `parley
 // serve` (started with --send-allow-private, since Alice sends to its own
 // loopback address), whose LLM configuration then applies.
+//
+// --negotiation llm drops the task's schemas so that the LLMs negotiate the
+// PD and write the routines after the natural-language queries: in process
+// the demo sets both suites' negotiate threshold to --nl-queries + 1 (unless
+// --negotiation-thresholds is given) and promotes LLM-written routines at
+// once (the dispatcher runs no shadow calls); a --server must be configured
+// so (--negotiation-thresholds '*@*=1/<nl+1>/10' --routine-shadow-calls 0).
 func runDemo(e env, args []string) error {
 	if len(args) == 0 || args[0] != "weather" {
 		return fmt.Errorf("usage: parley demo weather [flags] (run 'parley demo weather --help')")
@@ -39,6 +47,7 @@ func runDemo(e env, args []string) error {
 	server := fs.String("server", "", "gRPC address of a running parley serve to replay the story on (default: two in-process suites)")
 	httpURL := fs.String("http", "http://127.0.0.1:8080", "with --server: its HTTP base URL, as the server itself can reach it")
 	serverCA := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "with --server: PEM CA bundle to dial it over TLS")
+	negotiation := fs.String("negotiation", demo.NegotiationDeterministic, "how the PD is negotiated: deterministic (from the task's JSON Schemas, no LLM) or llm (no schemas: the LLMs negotiate and write the routines; needs an LLM)")
 	var cfg negotiatorconfig.Config
 	cfg.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args[1:], "PARLEY_", e.getenv); err != nil {
@@ -50,9 +59,12 @@ func runDemo(e env, args []string) error {
 	if *queries < 1 || *nlQueries < 1 {
 		return fmt.Errorf("--queries and --nl-queries must be at least 1")
 	}
+	if *negotiation != demo.NegotiationDeterministic && *negotiation != demo.NegotiationLLM {
+		return fmt.Errorf("--negotiation must be %s or %s", demo.NegotiationDeterministic, demo.NegotiationLLM)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	opts := demo.Options{NLQueries: *nlQueries, StructuredQueries: *queries}
+	opts := demo.Options{NLQueries: *nlQueries, StructuredQueries: *queries, Negotiation: *negotiation}
 	if !*asJSON {
 		opts.Log = e.stdout
 	}
@@ -61,7 +73,16 @@ func runDemo(e env, args []string) error {
 	if *server != "" {
 		sum, err = demoOnServer(ctx, e, opts, *server, *serverCA, *httpURL)
 	} else {
-		sum, err = demoInProcess(ctx, opts, cfg.LLM)
+		if *negotiation == demo.NegotiationLLM {
+			if cfg.LLM.Provider == "" {
+				return fmt.Errorf("--negotiation llm needs an LLM (--llm-provider, --llm-model)")
+			}
+			if cfg.Thresholds == "" {
+				cfg.Thresholds = fmt.Sprintf("*@*=1/%d/10", *nlQueries+1)
+			}
+			cfg.RoutineShadowCalls = 0
+		}
+		sum, err = demoInProcess(ctx, opts, cfg)
 	}
 	if err != nil {
 		return err
@@ -96,7 +117,7 @@ func demoOnServer(ctx context.Context, e env, opts demo.Options, addr, ca, httpU
 }
 
 // demoInProcess runs the story between two in-process suites.
-func demoInProcess(ctx context.Context, opts demo.Options, llm negotiatorconfig.LLM) (_ demo.Summary, err error) {
+func demoInProcess(ctx context.Context, opts demo.Options, neg negotiatorconfig.Config) (_ demo.Summary, err error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var stops []func() error
@@ -116,7 +137,8 @@ func demoInProcess(ctx context.Context, opts demo.Options, llm negotiatorconfig.
 		if err != nil {
 			return demo.Endpoint{}, err
 		}
-		cfg.negotiator.LLM = llm
+		cfg.negotiator.LLM = neg.LLM
+		cfg.negotiator.Thresholds, cfg.negotiator.RoutineShadowCalls = neg.Thresholds, neg.RoutineShadowCalls
 		s, err := newSuite(ctx, cfg)
 		if err != nil {
 			return demo.Endpoint{}, err

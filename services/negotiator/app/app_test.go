@@ -234,8 +234,10 @@ func TestNegotiation_llmWeatherThreeTurns(t *testing.T) {
 		t.Run(provider, func(t *testing.T) {
 			f := startFake(t, nil)
 			f.Enqueue(llmtest.WeatherNegotiation()...)
-			a := startNegotiator(t, withLLM(f, provider, func(c *config.Config) { c.LLM.ModelNegotiation = "llama-3-405b" }))
-			b := startNegotiator(t, withLLM(f, provider, nil))
+			f.Enqueue(llmtest.WeatherRoutines(bobTool.GetName())...)
+			promoteAtOnce := func(c *config.Config) { c.RoutineShadowCalls = 0 }
+			a := startNegotiator(t, withLLM(f, provider, func(c *config.Config) { c.LLM.ModelNegotiation = "llama-3-405b"; promoteAtOnce(c) }))
+			b := startNegotiator(t, withLLM(f, provider, promoteAtOnce))
 			nlTask := &negotiatorv1.TaskSpec{Name: "weather-forecast", Description: "Get tomorrow's weather for a tour."}
 			sender, receiver := relay(t, a, b, nlTask, []*negotiatorv1.ToolSpec{bobTool})
 			if sender.GetState() != negotiatorv1.NegotiationState_NEGOTIATION_STATE_ACCEPTED || receiver.GetState() != negotiatorv1.NegotiationState_NEGOTIATION_STATE_ACCEPTED {
@@ -245,21 +247,26 @@ func TestNegotiation_llmWeatherThreeTurns(t *testing.T) {
 			if sender.GetProtocolSha1Hex() != want || receiver.GetProtocolSha1Hex() != want {
 				t.Errorf("hashes = %s/%s, want the canonical weather PD %s", sender.GetProtocolSha1Hex(), receiver.GetProtocolSha1Hex(), want)
 			}
-			if got := len(f.Calls()); got != 3 {
-				t.Errorf("LLM calls = %d, want 3", got)
+			// Three turns, then each side's routine written by the
+			// programming LLM and tested before it is handed over.
+			if got := len(f.Calls()); got != 5 {
+				t.Errorf("LLM calls = %d, want 5", got)
+			}
+			if sender.GetRoutine() != llmtest.WeatherSenderRoutine || receiver.GetRoutine() != llmtest.WeatherReceiverRoutine(bobTool.GetName()) {
+				t.Errorf("routines = %q / %q, want the fixture's", sender.GetRoutine(), receiver.GetRoutine())
 			}
 			prompt, completion := f.Tokens()
 			sa, _ := a.client.GetCostSummary(t.Context(), &negotiatorv1.GetCostSummaryRequest{})
 			sb, _ := b.client.GetCostSummary(t.Context(), &negotiatorv1.GetCostSummaryRequest{Agent: bob})
-			if sa.GetCalls() != 2 || sb.GetCalls() != 1 || sa.GetPromptTokens()+sb.GetPromptTokens() != prompt || sa.GetCompletionTokens()+sb.GetCompletionTokens() != completion {
-				t.Errorf("ledgers alice %v bob %v, want 2+1 calls and the fake's %d/%d tokens", sa, sb, prompt, completion)
+			if sa.GetCalls() != 3 || sb.GetCalls() != 2 || sa.GetPromptTokens()+sb.GetPromptTokens() != prompt || sa.GetCompletionTokens()+sb.GetCompletionTokens() != completion {
+				t.Errorf("ledgers alice %v bob %v, want 3+2 calls and the fake's %d/%d tokens", sa, sb, prompt, completion)
 			}
 			entries, err := a.client.ListLedgerEntries(t.Context(), &negotiatorv1.ListLedgerEntriesRequest{Agent: alice, Role: "negotiation"})
 			if err != nil || len(entries.GetLedgerEntries()) != 2 || entries.GetLedgerEntries()[0].GetModel() != "llama-3-405b" || entries.GetLedgerEntries()[0].GetCostMicroUsd() <= 0 {
 				t.Errorf("ListLedgerEntries(alice, negotiation) = %v, %v", entries, err)
 			}
 			// The peer's PD text reached the LLM only quoted.
-			last := f.Calls()[2]
+			last := f.Calls()[2] // the sender's accepting turn
 			if strings.Contains(last.Messages[len(last.Messages)-1].Content, "\nThe sender sends") {
 				t.Errorf("the counter-proposal reached the sender's LLM unquoted")
 			}

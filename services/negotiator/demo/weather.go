@@ -11,6 +11,12 @@
 // routines (each side's derived routine, installed by the negotiation), then
 // N structured queries (Alice's Send, answered by routines on both sides).
 // LLM use per phase is read from both negotiators' ledgers.
+//
+// With Options.Negotiation "llm" Alice's task has no schemas: the
+// natural-language queries go on until the servers' negotiate threshold,
+// where the two LLMs negotiate the PD over Agora and each side's
+// programming LLM writes its routine (tested on its dispatcher); the
+// negotiation and routines phases then carry those LLM costs.
 package demo
 
 import (
@@ -104,7 +110,18 @@ type Options struct {
 	Log io.Writer
 	// Transport describes where the envelopes travel, for the summary.
 	Transport string
+	// Negotiation is NegotiationDeterministic (the default: Alice's task
+	// has JSON Schemas) or NegotiationLLM (it has none; the servers' LLMs
+	// negotiate once the NLQueries reach their negotiate threshold, which
+	// must be NLQueries+1, and write the routines, promoted at once).
+	Negotiation string
 }
+
+// Options.Negotiation values.
+const (
+	NegotiationDeterministic = "deterministic"
+	NegotiationLLM           = "llm"
+)
 
 // Phase is what one phase cost.
 type Phase struct {
@@ -181,26 +198,37 @@ func (s *side) ledger(ctx context.Context) ([]*negotiatorv1.LedgerEntry, error) 
 // phase adds the ledger entries both sides made since the last phase,
 // priced at the paper's prices.
 func phase(ctx context.Context, name string, sides ...*side) (Phase, error) {
-	p := Phase{Name: name}
+	p, _, err := phases(ctx, name, "", "", sides...)
+	return p, err
+}
+
+// phases is phase with the entries of role split off into a second phase
+// named splitName (role "" splits nothing).
+func phases(ctx context.Context, name, role, splitName string, sides ...*side) (Phase, Phase, error) {
+	p, q := Phase{Name: name}, Phase{Name: splitName}
 	prices := ledger.DefaultPrices()
 	for _, s := range sides {
 		entries, err := s.ledger(ctx)
 		if err != nil {
-			return p, err
+			return p, q, err
 		}
 		for _, e := range entries[min(s.seen, len(entries)):] {
-			p.LLMCalls++
-			p.PromptTokens += e.GetPromptTokens()
-			p.CompletionTokens += e.GetCompletionTokens()
+			to := &p
+			if role != "" && e.GetRole() == role {
+				to = &q
+			}
+			to.LLMCalls++
+			to.PromptTokens += e.GetPromptTokens()
+			to.CompletionTokens += e.GetCompletionTokens()
 			price, ok := prices.Lookup(e.GetModel())
 			if !ok {
 				price = prices["gpt-4o"]
 			}
-			p.CostUSD += float64(price.CostMicroUSD(e.GetPromptTokens(), e.GetCompletionTokens())) / 1e6
+			to.CostUSD += float64(price.CostMicroUSD(e.GetPromptTokens(), e.GetCompletionTokens())) / 1e6
 		}
 		s.seen = len(entries)
 	}
-	return p, nil
+	return p, q, nil
 }
 
 func logf(w io.Writer, format string, args ...any) {
@@ -243,11 +271,17 @@ func setUp(ctx context.Context, alice, bob *side) error {
 	return nil
 }
 
-func (s *side) sendStructured(ctx context.Context, target string, f forecast) (*dispatcherv1.SendResponse, bool, error) {
-	r, err := s.disp.Send(ctx, &dispatcherv1.SendRequest{
+// sendStructured sends Alice's task for f, with its schemas unless
+// schemaless (the LLM negotiation's task).
+func (s *side) sendStructured(ctx context.Context, target string, f forecast, schemaless bool) (*dispatcherv1.SendResponse, bool, error) {
+	req := &dispatcherv1.SendRequest{
 		Agent: s.agent, TargetUrl: target, Task: Task.GetName(), TaskDescription: Task.GetDescription(), TaskDataJson: inputOf(f),
 		InputSchemaJson: string(Task.GetInputSchemaJson()), OutputSchemaJson: string(Task.GetOutputSchemaJson()),
-	})
+	}
+	if schemaless {
+		req.InputSchemaJson, req.OutputSchemaJson = "", ""
+	}
+	r, err := s.disp.Send(ctx, req)
 	if err != nil {
 		return nil, false, err
 	}
@@ -283,6 +317,16 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	if opts.StructuredQueries <= 0 {
 		opts.StructuredQueries = 10
 	}
+	llmNeg := opts.Negotiation == NegotiationLLM
+	if opts.Negotiation != "" && opts.Negotiation != NegotiationDeterministic && !llmNeg {
+		return sum, fmt.Errorf("negotiation %q: want %s or %s", opts.Negotiation, NegotiationDeterministic, NegotiationLLM)
+	}
+	// The NL phase's task: with an LLM negotiation it is Alice's task (no
+	// schemas), so its Sends count towards the negotiate threshold.
+	task := nlTask
+	if llmNeg {
+		task = Task.GetName()
+	}
 	alice, bob := newSide(Alice+opts.AgentSuffix, opts.Alice), newSide(Bob+opts.AgentSuffix, opts.Bob)
 	if err := setUp(ctx, alice, bob); err != nil {
 		return sum, err
@@ -297,11 +341,17 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	// Phase 1: natural language.
 	nl := Phase{Name: "natural-language", Queries: opts.NLQueries}
 	for i := range opts.NLQueries {
-		r, err := alice.disp.Send(ctx, &dispatcherv1.SendRequest{Agent: alice.agent, TargetUrl: target, Task: nlTask, TaskDescription: Task.GetDescription(), TaskDataJson: inputOf(dataset[i%len(dataset)])})
+		r, err := alice.disp.Send(ctx, &dispatcherv1.SendRequest{Agent: alice.agent, TargetUrl: target, Task: task, TaskDescription: Task.GetDescription(), TaskDataJson: inputOf(dataset[i%len(dataset)])})
 		if err != nil {
 			return sum, fmt.Errorf("natural-language query %d: %w", i+1, err)
 		}
+		if r.GetNegotiation() != "" {
+			return sum, fmt.Errorf("natural-language query %d already negotiated: the servers' negotiate threshold must be %d (--negotiation-thresholds '*@*=1/%d/10')", i+1, opts.NLQueries+1, opts.NLQueries+1)
+		}
 		if r.GetStatus() != "success" {
+			if llmNeg {
+				return sum, fmt.Errorf("natural-language query %d: Bob answered %s: %s (an LLM negotiation needs an LLM on both servers)", i+1, r.GetStatus(), r.GetError())
+			}
 			if i == 0 && strings.Contains(r.GetError(), "no LLM is configured") {
 				nl.Skipped, nl.Queries = true, 0
 				nl.Note = "no LLM configured (--llm-provider); natural-language queries skipped"
@@ -324,18 +374,20 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	sum.Phases = append(sum.Phases, nl)
 
 	// Phase 2: negotiation, run by Alice's first structured Send.
-	first, _, err := alice.sendStructured(ctx, target, dataset[0])
+	first, _, err := alice.sendStructured(ctx, target, dataset[0], llmNeg)
 	if err != nil {
 		return sum, fmt.Errorf("first structured query: %w", err)
 	}
 	if first.GetNegotiation() == "" || first.GetProtocolHash() == "" {
-		return sum, fmt.Errorf("the first structured query negotiated nothing (path %s, protocol %q)", first.GetPath(), first.GetProtocolHash())
+		return sum, fmt.Errorf("the first structured query negotiated nothing (path %s, protocol %q, negotiation %q)", first.GetPath(), first.GetProtocolHash(), first.GetNegotiation())
 	}
 	n, err := alice.neg.GetNegotiation(ctx, &negotiatorv1.GetNegotiationRequest{Name: first.GetNegotiation()})
 	if err != nil {
 		return sum, err
 	}
-	neg, err := phase(ctx, "negotiation", alice, bob)
+	// The routines an LLM negotiation has the programming LLMs write, at
+	// acceptance, belong to the routines phase.
+	neg, written, err := phases(ctx, "negotiation", "programming", "routines", alice, bob)
 	if err != nil {
 		return sum, err
 	}
@@ -378,8 +430,16 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	if err != nil {
 		return sum, err
 	}
-	rt.Note = fmt.Sprintf("derived from the schemas and installed by the negotiation: Alice send/parse (%d bytes, v%d), Bob reply (%d bytes, v%d)",
-		len(ar.GetSource()), ar.GetVersion(), len(br.GetSource()), br.GetVersion())
+	rt.LLMCalls += written.LLMCalls
+	rt.PromptTokens += written.PromptTokens
+	rt.CompletionTokens += written.CompletionTokens
+	rt.CostUSD += written.CostUSD
+	how := "derived from the schemas"
+	if llmNeg {
+		how = "written by the programming LLMs, tested on each dispatcher,"
+	}
+	rt.Note = fmt.Sprintf("%s and installed by the negotiation: Alice send/parse (%d bytes, v%d), Bob reply (%d bytes, v%d)",
+		how, len(ar.GetSource()), ar.GetVersion(), len(br.GetSource()), br.GetVersion())
 	sum.Phases = append(sum.Phases, rt)
 	logf(opts.Log, "phase 3, routines: %s", rt.Note)
 
@@ -387,7 +447,7 @@ func Weather(ctx context.Context, opts Options) (Summary, error) {
 	st := Phase{Name: "structured", Queries: opts.StructuredQueries}
 	byRoutine := 0
 	for i := range opts.StructuredQueries {
-		r, ok, err := alice.sendStructured(ctx, target, dataset[(i+1)%len(dataset)])
+		r, ok, err := alice.sendStructured(ctx, target, dataset[(i+1)%len(dataset)], llmNeg)
 		if err != nil {
 			return sum, fmt.Errorf("structured query %d: %w", i+1, err)
 		}

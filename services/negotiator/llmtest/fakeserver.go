@@ -79,6 +79,7 @@ func NewFakeServer(respond func(Call) Reply) (*FakeServer, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/chat/completions", f.openAI)
 	mux.HandleFunc("POST /v1/messages", f.anthropic)
+	mux.HandleFunc("GET /fake/stats", f.stats)
 	f.srv = &http.Server{Handler: mux}
 	go func() { _ = f.srv.Serve(ln) }()
 	return f, nil
@@ -149,6 +150,32 @@ func (f *FakeServer) next(c *Call) Reply {
 	f.completion += c.CompletionTokens
 	f.mu.Unlock()
 	return r
+}
+
+// Stats is what GET /fake/stats answers: the successful calls and their
+// tokens, so that a test running the fake as a process (fakellm) can compare
+// them with a ledger.
+type Stats struct {
+	Calls            int   `json:"calls"`
+	PromptTokens     int64 `json:"promptTokens"`
+	CompletionTokens int64 `json:"completionTokens"`
+}
+
+// Stats counts the successful calls so far and their tokens.
+func (f *FakeServer) Stats() Stats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := Stats{PromptTokens: f.prompt, CompletionTokens: f.completion}
+	for _, c := range f.calls {
+		if c.PromptTokens > 0 || c.CompletionTokens > 0 {
+			st.Calls++
+		}
+	}
+	return st
+}
+
+func (f *FakeServer) stats(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, f.Stats(), "")
 }
 
 func (f *FakeServer) openAI(w http.ResponseWriter, r *http.Request) {

@@ -283,6 +283,21 @@ func (s *Server) negotiate(ctx context.Context, agent, base string, d agora.Dial
 			return nil, errors.New(negotiationFailure(err))
 		}
 	}
+	// Our answer closed the negotiation (we accepted a counter-proposal, or
+	// rejected): the target still has to hear it, or it never installs the
+	// PD.
+	if n.GetState() != negotiatorv1.NegotiationState_NEGOTIATION_STATE_OPEN && len(n.GetOutboundMessageJson()) > 0 {
+		rep, err := s.postTo(ctx, target, d, NegotiationPDHash, pd, n.GetOutboundMessageJson(), true)
+		if n.GetState() != negotiatorv1.NegotiationState_NEGOTIATION_STATE_ACCEPTED {
+			return n, nil // a rejection is best effort
+		}
+		if err != nil {
+			return n, err
+		}
+		if rep.status != "success" {
+			return n, fmt.Errorf("the target did not take our acceptance: %s %s", rep.status, rep.err)
+		}
+	}
 	return n, nil
 }
 

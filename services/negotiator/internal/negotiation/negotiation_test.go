@@ -234,6 +234,17 @@ func TestThresholds(t *testing.T) {
 			t.Errorf("Lookup(%q, %q) = %v, want %v", tt.task, tt.target, got, tt.want)
 		}
 	}
+	// *@* matches everything the more specific keys do not.
+	all, err := negotiation.ParseThresholds("*@*=1/1/1; weather@*=2/2/2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := all.Lookup("other", "bob"), (negotiation.Thresholds{1, 1, 1, 5}); got != want {
+		t.Errorf("Lookup(other, bob) under *@* = %v, want %v", got, want)
+	}
+	if got, want := all.Lookup("weather", "bob"), (negotiation.Thresholds{2, 2, 2, 5}); got != want {
+		t.Errorf("Lookup(weather, bob) = %v, want %v", got, want)
+	}
 	for _, bad := range []string{"weather=1/2/3", "a@b=1/2", "a@b=1/x/3"} {
 		if _, err := negotiation.ParseThresholds(bad); err == nil {
 			t.Errorf("ParseThresholds(%q) succeeded", bad)

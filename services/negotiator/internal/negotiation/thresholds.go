@@ -61,9 +61,9 @@ func ParseThresholds(s string) (ThresholdTable, error) {
 }
 
 // Lookup returns the thresholds for (task, target): an exact override, else
-// task@*, else *@target, else the defaults.
+// task@*, else *@target, else *@*, else the defaults.
 func (t ThresholdTable) Lookup(task, target string) Thresholds {
-	for _, k := range []string{task + "@" + target, task + "@*", "*@" + target} {
+	for _, k := range []string{task + "@" + target, task + "@*", "*@" + target, "*@*"} {
 		if th, ok := t.overrides[k]; ok {
 			return th
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -409,6 +410,9 @@ func (s *Server) accepted(ctx context.Context, n *negotiatorv1.Negotiation) erro
 			}
 		}
 	}
+	if n.Routine == "" && n.GetMode() == negotiatorv1.NegotiationMode_NEGOTIATION_MODE_LLM {
+		n.Routine = s.synthesizeAgreed(ctx, n)
+	}
 	if ourSide(n) == negotiation.Sender {
 		in.Task = taskOf(n.GetTask())
 	} else {
@@ -457,4 +461,32 @@ func (s *Server) referenceTurn(ctx context.Context, n *negotiatorv1.Negotiation,
 		return s.accepted(ctx, n)
 	}
 	return nil
+}
+
+// synthesizeAgreed has the programming LLM write this side's routine for a
+// PD agreed through the LLMs (no schemas to derive one from), tested on the
+// dispatcher's TestRoutine like any routine. It returns the source only when
+// the candidate is promoted at once (--routine-shadow-calls 0); otherwise
+// the candidate waits for its shadow calls and "" is returned. A failure
+// leaves the agreement standing, with no routine: messages then go through
+// the LLM.
+func (s *Server) synthesizeAgreed(ctx context.Context, n *negotiatorv1.Negotiation) string {
+	req := &negotiatorv1.SynthesizeRoutineRequest{Agent: n.GetAgent(), Peer: n.GetPeer(), Protocol: n.GetProtocol(), Task: n.GetTask()}
+	if ourSide(n) == negotiation.Sender {
+		req.Side = negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER
+	} else {
+		req.Side, req.Tools = negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER, n.GetTools()
+		if len(req.Tools) == 0 {
+			return ""
+		}
+	}
+	c, err := s.SynthesizeRoutine(ctx, req)
+	if err != nil {
+		s.logger.InfoContext(ctx, "no routine for the agreed protocol", slog.String("negotiation", n.GetName()), slog.Any("err", err))
+		return ""
+	}
+	if c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED {
+		return ""
+	}
+	return c.GetSource()
 }

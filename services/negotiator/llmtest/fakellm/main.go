@@ -2,55 +2,26 @@
 // scripted FakeServer as a process, for end-to-end tests that start
 // `parley serve --llm-provider openai --llm-base-url <url>/v1`. It logs one
 // JSON line {"msg":"listening","http":"127.0.0.1:port"} on stderr, then
-// serves until killed.
+// serves until killed. GET /fake/stats answers the successful calls and
+// their tokens (llmtest.Stats), to compare with a ledger; run one per
+// server so that each ledger has its own fake to match.
 //
-// Its one script answers reply prompts: with a tool on offer and no tool
-// result yet it asks for the first tool with {"date":"2024-05-01",
-// "location":"Paris"}; with a tool result it replies in words quoting it;
-// otherwise it replies "I do not know.". Any other prompt gets an error.
+// Its script is llmtest.WeatherStory: natural-language replies with a tool
+// call, the paper's three-turn weather negotiation (either side), and the
+// routines the programming LLM writes for the agreed PD.
 package main
 
 import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"regexp"
 	"strings"
 
 	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 
-var toolName = regexp.MustCompile(`(?m)^- ([A-Za-z_][A-Za-z0-9_]*)\b`)
-
-func respond(c llmtest.Call) llmtest.Reply {
-	var text strings.Builder
-	for _, m := range c.Messages {
-		text.WriteString(m.Content)
-	}
-	t := text.String()
-	reply := func(body string) llmtest.Reply {
-		b, _ := json.Marshal(map[string]any{"action": "reply", "body": body})
-		return llmtest.Reply{Text: string(b)}
-	}
-	switch {
-	case !strings.Contains(c.System, `"action":"reply"`):
-		return llmtest.Reply{Status: 400, Text: "fakellm only answers reply prompts"}
-	case strings.Contains(t, "Result of tool "):
-		i := strings.Index(t, "Result of tool ")
-		return reply("Here is what my tool says: " + strings.TrimSpace(t[i:]))
-	case strings.Contains(c.System, "call_tool"):
-		name := "tool"
-		if m := toolName.FindStringSubmatch(t); m != nil {
-			name = m[1]
-		}
-		b, _ := json.Marshal(map[string]any{"action": "call_tool", "tool": name, "arguments": map[string]string{"date": "2024-05-01", "location": "Paris"}})
-		return llmtest.Reply{Text: string(b)}
-	}
-	return reply("I do not know.")
-}
-
 func main() {
-	f, err := llmtest.NewFakeServer(respond)
+	f, err := llmtest.NewFakeServer(llmtest.WeatherStory)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
