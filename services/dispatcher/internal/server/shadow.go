@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -42,10 +43,27 @@ const (
 type shadows struct {
 	candidates *cache[*negotiatorv1.RoutineCandidate] // nil: none
 	slots      chan struct{}
+	stop       context.Context // done when the server stops shadow runs
+	cancel     context.CancelFunc
+
+	mu      sync.Mutex // guards stopped and wg.Add
+	stopped bool
+	wg      sync.WaitGroup
 }
 
 func newShadows(ttl time.Duration, now func() time.Time) *shadows {
-	return &shadows{candidates: newCache[*negotiatorv1.RoutineCandidate](ttl, now), slots: make(chan struct{}, shadowWorkers)}
+	stop, cancel := context.WithCancel(context.Background())
+	return &shadows{candidates: newCache[*negotiatorv1.RoutineCandidate](ttl, now), slots: make(chan struct{}, shadowWorkers), stop: stop, cancel: cancel}
+}
+
+// StopShadows cancels the shadow runs in flight and waits for them to end;
+// later calls start none. The app calls it before closing the store.
+func (s *Server) StopShadows() {
+	s.shadows.mu.Lock()
+	s.shadows.stopped = true
+	s.shadows.mu.Unlock()
+	s.shadows.cancel()
+	s.shadows.wg.Wait()
 }
 
 // candidateName is the negotiator's name of the routine candidate for
@@ -66,16 +84,27 @@ func (s *Server) shadow(ctx context.Context, agent, hexHash string, side negotia
 	if s.neg == nil {
 		return
 	}
+	s.shadows.mu.Lock()
+	if s.shadows.stopped {
+		s.shadows.mu.Unlock()
+		return
+	}
+	s.shadows.wg.Add(1)
+	s.shadows.mu.Unlock()
 	select {
 	case s.shadows.slots <- struct{}{}:
 	default:
+		s.shadows.wg.Done()
 		s.metrics.shadowRuns.WithLabelValues(shadowSkipped).Inc()
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shadowTimeout)
+	unhook := context.AfterFunc(s.shadows.stop, cancel)
 	go func() {
+		defer s.shadows.wg.Done()
 		defer func() { <-s.shadows.slots }()
 		defer cancel()
+		defer unhook()
 		s.runShadow(ctx, agent, hexHash, side, fn, args, memory, llmOut)
 	}()
 }
