@@ -251,3 +251,56 @@ func TestSameJSON(t *testing.T) {
 		}
 	}
 }
+
+// TestShadow_senderCandidateReplacesTheLLMComposer: on the sending side,
+// the LLM writes each Send's body under the PD while the SHADOW sender
+// candidate's send(task) is compared with it; once promoted, Send uses it.
+func TestShadow_senderCandidateReplacesTheLLMComposer(t *testing.T) {
+	const required = 2
+	neg := &fakeShadowNegotiator{candidates: map[string]*negotiatorv1.RoutineCandidate{}}
+	name := candidateName(senderAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER)
+	src := "def send(task):\n    return json.encode({\"location\": task[\"location\"], \"date\": task[\"date\"]})\n"
+	neg.candidates[name] = &negotiatorv1.RoutineCandidate{Name: name, Source: src,
+		State: negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, ShadowCallsRequired: required}
+	e := startWeather(t, registryv1.Dialect_DIALECT_UNSPECIFIED, Options{Negotiator: neg})
+	e.reg.addAgent(agentRes(senderAgent, 0, 0))
+	e.llm.reply = func(req LLMRequest) (LLMResult, error) {
+		if req.Purpose != PurposeSend {
+			return LLMResult{}, fmt.Errorf("unexpected LLM purpose %s", req.Purpose)
+		}
+		return LLMResult{Output: req.Input}, nil // the task data is the PD's query
+	}
+	send := func() *dispatcherv1.SendResponse {
+		t.Helper()
+		r, err := e.client.Send(t.Context(), &dispatcherv1.SendRequest{Agent: senderAgent, TargetUrl: e.url + "/agora/acme/weather",
+			Task: "forecast", ProtocolHash: weatherHex, TaskDataJson: `{"date":"2026-12-01","location":"Paris"}`})
+		if err != nil || r.GetStatus() != "success" || !strings.Contains(r.GetResultJson(), "rainy") {
+			t.Fatalf("Send = %v, %v; want the Paris forecast", r, err)
+		}
+		return r
+	}
+	for i := range required {
+		if r := send(); r.GetPath() != pathLLM {
+			t.Fatalf("Send %d path = %s, want llm while the candidate shadows", i, r.GetPath())
+		}
+		if r := waitReports(t, neg, i+1)[i]; !r.GetAgreed() {
+			t.Fatalf("report %d = %v, want agreed", i, r)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(senderAgent, weatherHex)}); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the promoted sender routine was not installed")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r := send(); r.GetPath() != pathRoutine {
+		t.Errorf("Send after promotion path = %s, want routine", r.GetPath())
+	}
+	if got := e.llm.calls.Load(); got != required {
+		t.Errorf("LLM calls = %d, want %d", got, required)
+	}
+}
