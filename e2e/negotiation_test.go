@@ -448,20 +448,19 @@ func TestNegotiation_llmTwoServersShadow(t *testing.T) {
 		}
 	}
 	waitCandidates(shadowCalls, "ROUTINE_CANDIDATE_STATE_PROMOTED")
-	// The promotion is installed right after the report that caused it.
+	// Each dispatcher installs its routine right after the report that
+	// promoted it, and counts the promotion once it is installed.
 	deadline := time.Now().Add(30 * time.Second)
-	for name, u := range map[string]string{"alice": alice.URL("/v1/" + aliceAgent + "/routines/" + weatherHex), "bob": bob.URL("/v1/" + bobAgent + "/routines/" + weatherHex)} {
-		for {
-			code, _ := api(t, "GET", u, "")
-			if code == 200 {
-				break
-			}
+	for name, srv := range map[string]*parleytest.Server{"alice": alice, "bob": bob} {
+		for metric(t, srv, `parley_dispatcher_shadow_runs_total{outcome="promoted"}`) != 1 {
 			if time.Now().After(deadline) {
-				t.Fatalf("%s's routine answers %d after the promotion, want 200", name, code)
+				t.Fatalf("%s installed no promoted routine", name)
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	mustAPI(t, "GET", alice.URL("/v1/"+aliceAgent+"/routines/"+weatherHex), "")
+	mustAPI(t, "GET", bob.URL("/v1/"+bobAgent+"/routines/"+weatherHex), "")
 
 	ledA, ledB := ledgerTotals(t, alice), ledgerTotals(t, bob)
 	for i := range 8 {
@@ -482,8 +481,8 @@ func TestNegotiation_llmTwoServersShadow(t *testing.T) {
 		t.Errorf("Bob's ledger went from %+v to %+v with routines", ledB, got)
 	}
 	for name, srv := range map[string]*parleytest.Server{"alice": alice, "bob": bob} {
-		if got := metric(t, srv, `parley_dispatcher_shadow_runs_total{outcome="promoted"}`); got != 1 {
-			t.Errorf("%s's promoted shadow runs = %v, want 1", name, got)
+		if got := metric(t, srv, `parley_dispatcher_shadow_runs_total{outcome="agreed"}`); got != shadowCalls-1 {
+			t.Errorf("%s's agreeing shadow runs before the promotion = %v, want %d", name, got, shadowCalls-1)
 		}
 	}
 }

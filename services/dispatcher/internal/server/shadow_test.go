@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -126,6 +127,26 @@ func waitReports(t *testing.T, neg *fakeShadowNegotiator, n int) []*negotiatorv1
 	}
 }
 
+// waitPromoted polls until the dispatcher has installed one promoted
+// candidate (the metric counts it after SetRoutine returned).
+func waitPromoted(t *testing.T, e *testEnv) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var m dto.Metric
+		if err := e.srv.metrics.shadowRuns.WithLabelValues(shadowPromoted).Write(&m); err != nil {
+			t.Fatal(err)
+		}
+		if m.GetCounter().GetValue() == 1 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("promoted shadow runs = %v, want 1", m.GetCounter().GetValue())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
 func TestShadow_agreeingCandidateIsInstalledAndReplacesTheLLM(t *testing.T) {
 	const required = 3
 	e, neg := startShadowWeather(t, weatherRoutine, required)
@@ -140,21 +161,11 @@ func TestShadow_agreeingCandidateIsInstalledAndReplacesTheLLM(t *testing.T) {
 			t.Fatalf("report %d = %v, want agreed", i, r)
 		}
 	}
-	// The promotion installs the routine; poll for it (the report is
-	// answered before SetRoutine runs).
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		r, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(weatherAgent, weatherHex)})
-		if err == nil {
-			if r.GetSource() != weatherRoutine {
-				t.Fatalf("installed routine %q, want the candidate's source", r.GetSource())
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("GetRoutine after promotion = %v, want the candidate installed", err)
-		}
-		time.Sleep(5 * time.Millisecond)
+	// The promotion installs the routine after the report is answered.
+	waitPromoted(t, e)
+	r, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(weatherAgent, weatherHex)})
+	if err != nil || r.GetSource() != weatherRoutine {
+		t.Fatalf("GetRoutine after promotion = %v, %v; want the candidate's source", r, err)
 	}
 	llmCalls := e.llm.calls.Load()
 	if llmCalls != required {
@@ -287,15 +298,9 @@ func TestShadow_senderCandidateReplacesTheLLMComposer(t *testing.T) {
 			t.Fatalf("report %d = %v, want agreed", i, r)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(senderAgent, weatherHex)}); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the promoted sender routine was not installed")
-		}
-		time.Sleep(5 * time.Millisecond)
+	waitPromoted(t, e)
+	if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(senderAgent, weatherHex)}); err != nil {
+		t.Fatalf("GetRoutine after promotion = %v, want the sender routine installed", err)
 	}
 	if r := send(); r.GetPath() != pathRoutine {
 		t.Errorf("Send after promotion path = %s, want routine", r.GetPath())
