@@ -1,12 +1,15 @@
 package e2e
 
 import (
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/parleyhq/parley/e2e/parleytest"
 )
@@ -212,10 +215,16 @@ func (f fakeLLM) stats(t *testing.T) fakeStats {
 }
 
 // llmFlags points a `parley serve` at a fake LLM; every LLM-written
-// routine is promoted at once (the dispatcher runs no shadow calls).
+// routine is promoted at once (--routine-shadow-calls 0).
 func llmFlags(f fakeLLM, extra ...string) []string {
+	return append(llmShadowFlags(f), append([]string{"--routine-shadow-calls", "0"}, extra...)...)
+}
+
+// llmShadowFlags points a `parley serve` at a fake LLM, LLM-written
+// routines shadowing the LLM for the default number of calls.
+func llmShadowFlags(f fakeLLM, extra ...string) []string {
 	return append([]string{"--llm-provider", "openai", "--llm-base-url", f.base, "--llm-model", "gpt-4o",
-		"--llm-api-key", "test-key", "--llm-max-retries", "0", "--routine-shadow-calls", "0"}, extra...)
+		"--llm-api-key", "test-key", "--llm-max-retries", "0"}, extra...)
 }
 
 // ledgerTotals reads a negotiator's cost summary (every agent).
@@ -366,6 +375,115 @@ func TestNegotiation_llmTwoServers(t *testing.T) {
 	}
 	if got := metric(t, alice, `parley_dispatcher_negotiations_total{outcome="accepted"}`); got != 1 {
 		t.Errorf("Alice's accepted negotiations = %v, want 1", got)
+	}
+}
+
+// candidatePath is the negotiator's REST path of the routine candidate for
+// (agent, PD, side): its id is the first 16 bytes of SHA-256(agent NUL
+// sha1-hex NUL side) in hex.
+func candidatePath(agent, hexHash, side string) string {
+	h := sha256.Sum256([]byte(agent + "\x00" + hexHash + "\x00" + side))
+	return "/v1/routineCandidates/" + hex.EncodeToString(h[:16])
+}
+
+// TestNegotiation_llmTwoServersShadow: at the default --routine-shadow-calls
+// (5), the routines the programming LLMs write after the negotiation first
+// shadow the LLM: each Send under the agreed PD is still composed and
+// answered by the LLMs while each dispatcher runs its candidate on the same
+// input and reports the comparison. After 5 agreeing calls both candidates
+// are promoted and installed, and later Sends use routines with no LLM.
+func TestNegotiation_llmTwoServersShadow(t *testing.T) {
+	fa, fb := startFake(t), startFake(t)
+	const negotiateAfter, shadowCalls = 2, 5
+	alice := parleytest.Start(t, "", llmShadowFlags(fa, "--send-allow-private", "--negotiation-thresholds", fmt.Sprintf("*@*=1/%d/10", negotiateAfter))...)
+	bob := parleytest.Start(t, "", llmShadowFlags(fb)...)
+	target := setUpWeather(t, alice, bob)
+	candidates := map[string]string{
+		"alice": alice.URL(candidatePath(aliceAgent, weatherHex, "ROUTINE_SIDE_SENDER")),
+		"bob":   bob.URL(candidatePath(bobAgent, weatherHex, "ROUTINE_SIDE_RECEIVER")),
+	}
+	// waitCandidates polls both candidates until they have agreements
+	// agreements and state.
+	waitCandidates := func(agreements int, state string) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for name, u := range candidates {
+			for {
+				c := decode(t, mustAPI(t, "GET", u, ""))
+				if c["state"] == state && c["agreements"] == float64(agreements) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("%s's routine candidate = %v, want %s with %d agreements", name, c, state, agreements)
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+	}
+
+	for i := 1; i < negotiateAfter; i++ {
+		if r := sendNLTask(t, alice, target, "Paris", "2024-05-01"); r.Status != "success" || r.Path != "llm" || r.ProtocolHash != "" {
+			t.Fatalf("NL send %d = %+v, want natural language", i, r)
+		}
+	}
+	// The negotiation, then shadowCalls Sends under the agreed PD through
+	// the LLMs, each compared with the candidates on both sides.
+	for i := range shadowCalls {
+		f := forecasts[i%len(forecasts)]
+		r := sendNLTask(t, alice, target, f.location, f.date)
+		if r.Status != "success" || r.Path != "llm" || r.ProtocolHash != weatherHex || (r.Negotiation != "") != (i == 0) {
+			t.Fatalf("send %d under the agreed PD = %+v, want the LLMs speaking %s", i, r, weatherHex)
+		}
+		var out map[string]any
+		if err := json.Unmarshal([]byte(r.ResultJSON), &out); err != nil || out["temperature"] != f.temperature || out["weatherCondition"] != f.condition {
+			t.Fatalf("send %d result %s, want %+v", i, r.ResultJSON, f)
+		}
+		if i < shadowCalls-1 {
+			waitCandidates(i+1, "ROUTINE_CANDIDATE_STATE_SHADOW")
+			for name, u := range map[string]string{"alice": alice.URL("/v1/" + aliceAgent + "/routines/" + weatherHex), "bob": bob.URL("/v1/" + bobAgent + "/routines/" + weatherHex)} {
+				if code, _ := api(t, "GET", u, ""); code != 404 {
+					t.Fatalf("%s's routine answers %d during the shadow calls, want 404", name, code)
+				}
+			}
+		}
+	}
+	waitCandidates(shadowCalls, "ROUTINE_CANDIDATE_STATE_PROMOTED")
+	// Each dispatcher installs its routine right after the report that
+	// promoted it, and counts the promotion once it is installed.
+	deadline := time.Now().Add(30 * time.Second)
+	for name, srv := range map[string]*parleytest.Server{"alice": alice, "bob": bob} {
+		for metric(t, srv, `parley_dispatcher_shadow_runs_total{outcome="promoted"}`) != 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s installed no promoted routine", name)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	mustAPI(t, "GET", alice.URL("/v1/"+aliceAgent+"/routines/"+weatherHex), "")
+	mustAPI(t, "GET", bob.URL("/v1/"+bobAgent+"/routines/"+weatherHex), "")
+
+	ledA, ledB := ledgerTotals(t, alice), ledgerTotals(t, bob)
+	for i := range 8 {
+		f := forecasts[i%len(forecasts)]
+		r := sendNLTask(t, alice, target, f.location, f.date)
+		if r.Status != "success" || r.Path != "routine" || r.ProtocolHash != weatherHex {
+			t.Fatalf("send %d after the promotion = %+v, want routines under %s", i, r, weatherHex)
+		}
+		var out map[string]any
+		if err := json.Unmarshal([]byte(r.ResultJSON), &out); err != nil || out["temperature"] != f.temperature || out["weatherCondition"] != f.condition {
+			t.Fatalf("send %d result %s, want %+v", i, r.ResultJSON, f)
+		}
+	}
+	if got := ledgerTotals(t, alice); got != ledA {
+		t.Errorf("Alice's ledger went from %+v to %+v with routines", ledA, got)
+	}
+	if got := ledgerTotals(t, bob); got != ledB {
+		t.Errorf("Bob's ledger went from %+v to %+v with routines", ledB, got)
+	}
+	for name, srv := range map[string]*parleytest.Server{"alice": alice, "bob": bob} {
+		if got := metric(t, srv, `parley_dispatcher_shadow_runs_total{outcome="agreed"}`); got != shadowCalls-1 {
+			t.Errorf("%s's agreeing shadow runs before the promotion = %v, want %d", name, got, shadowCalls-1)
+		}
 	}
 }
 

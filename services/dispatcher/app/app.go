@@ -37,6 +37,7 @@ type App struct {
 	logger *slog.Logger
 	store  store.Store
 	peers  Peers
+	srv    *server.Server // set by Register
 }
 
 // New opens the store. It does not listen; Register builds the server.
@@ -103,6 +104,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	opts.Stopping = s.Stopping()
 	srv := server.New(a.store, a.logger, registryv1.NewRegistryServiceClient(a.peers.Registry), opts)
+	a.srv = srv
 	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, srv); err != nil {
 		return err
@@ -139,8 +141,13 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 	}
 }
 
-// Close closes the store.
-func (a *App) Close() error { return a.store.Close() }
+// Close stops the shadow runs in flight and closes the store.
+func (a *App) Close() error {
+	if a.srv != nil {
+		a.srv.StopShadows() // they may install a routine in the store
+	}
+	return a.store.Close()
+}
 
 // RegisterGateway mounts the dispatcher's REST routes and the Agora routes on
 // s for a gateway process that reaches the dispatcher over conn instead of

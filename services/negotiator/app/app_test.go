@@ -2,6 +2,8 @@ package app_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"log/slog"
@@ -496,6 +498,12 @@ func TestRoutineCandidates_shadowThenPromote(t *testing.T) {
 	c, err := n.client.SynthesizeRoutine(ctx, &negotiatorv1.SynthesizeRoutineRequest{Agent: bob, Peer: alice, Protocol: pd, Side: negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER, Tools: []*negotiatorv1.ToolSpec{tool}})
 	if err != nil || c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW || c.GetOrigin() != negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_LLM || c.GetExamplesPassed() == 0 {
 		t.Fatalf("SynthesizeRoutine = %v, %v; want an LLM routine in shadow", c, err)
+	}
+	// The name is the documented function of (agent, PD, side): the
+	// dispatcher looks candidates up by it.
+	sum := sha256.Sum256([]byte(bob + "\x00" + c.GetProtocolSha1Hex() + "\x00ROUTINE_SIDE_RECEIVER"))
+	if want := "routineCandidates/" + hex.EncodeToString(sum[:16]); c.GetName() != want {
+		t.Errorf("candidate name = %s, want %s", c.GetName(), want)
 	}
 	for i, want := range []negotiatorv1.RoutineCandidateState{negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED} {
 		got, err := n.client.ReportShadowResult(ctx, &negotiatorv1.ReportShadowResultRequest{Name: c.GetName(), Agreed: true})

@@ -193,7 +193,10 @@ func (RoutineCandidateState) EnumDescriptor() ([]byte, []int) {
 type RoutineCandidate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The resource name. Format: routineCandidates/{routine_candidate}, 32 hex
-	// digits determined by (agent, protocol, side).
+	// digits determined by (agent, protocol, side): the first 16 bytes of
+	// SHA-256(agent, NUL, protocol_sha1_hex, NUL, the side's enum value name
+	// such as ROUTINE_SIDE_RECEIVER), so a caller finds the candidate of an
+	// (agent, PD, side) without listing.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
 	// The agent. Format: clients/{client}/agents/{agent}.
 	Agent string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -319,6 +320,7 @@ func (s *Server) answerPD(ctx context.Context, agent, peer string, pe *protocolE
 			return nil, memory, pathFailure, "The language model's reply does not fit the protocol: " + verr.Error()
 		}
 		out, _ = agora.Query(out)
+		s.shadow(ctx, agent, hexHash, negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER, "reply", []json.RawMessage{query}, memory, out)
 		return out, memory, pathLLM, ""
 	case errors.Is(err, ErrNoLLM) && routineErr != nil:
 		return nil, memory, pathFailure, "The routine for this protocol failed and no LLM is configured: " + routineErr.Error()

@@ -249,6 +249,7 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 	}
 	opts.SendAllowPrivate = true
 	e.srv = New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), opts)
+	t.Cleanup(e.srv.StopShadows) // before the store closes
 
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

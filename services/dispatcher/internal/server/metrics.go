@@ -26,6 +26,7 @@ type metrics struct {
 	steps           *prometheus.CounterVec // by executor
 	connected       prometheus.Gauge
 	negotiations    *prometheus.CounterVec // by outcome
+	shadowRuns      *prometheus.CounterVec // by outcome
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -71,9 +72,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_dispatcher_negotiations_total",
 			Help: "Negotiations this side started from Send, by outcome: accepted or failed.",
 		}, []string{"outcome"}),
+		shadowRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_dispatcher_shadow_runs_total",
+			Help: "Shadow runs of LLM-written routine candidates beside the LLM, by outcome: agreed, disagreed, promoted (agreed and installed), skipped (every shadow worker busy) or error (not compared).",
+		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.envelopes, m.envelopeSeconds, m.routineFailures, m.quarantines, m.llmCalls, m.llmTokens, m.sends, m.steps, m.connected, m.negotiations)
+		reg.MustRegister(m.envelopes, m.envelopeSeconds, m.routineFailures, m.quarantines, m.llmCalls, m.llmTokens, m.sends, m.steps, m.connected, m.negotiations, m.shadowRuns)
 	}
 	for _, p := range []string{pathRoutine, pathHandler, pathLLM, pathRejected, pathFailure, pathNegotiation} {
 		m.envelopes.WithLabelValues(p)

@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
@@ -141,6 +142,7 @@ func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*disp
 		if err != nil {
 			return nil, sendLLMError(err)
 		}
+		s.shadow(ctx, agent, hexHash, negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER, "send", []json.RawMessage{taskData}, nil, body)
 	}
 	rep, err := s.post(ctx, base, dialect, hexHash, pe.pd.GetContent(), body)
 	if err != nil {
@@ -189,6 +191,9 @@ func (s *Server) parseReply(ctx context.Context, agent string, r *compiledRoutin
 	out, lerr := s.complete(ctx, s.taskLLM(LLMRequest{Agent: agent, Peer: base, Purpose: PurposeParse, Protocol: pe.pd.GetContent(), Input: query}, req))
 	if lerr != nil {
 		return query, path
+	}
+	if path != pathLLM { // at most one shadow run per Send: none ran for send
+		s.shadow(ctx, agent, pe.pd.GetSha1Hex(), negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER, "parse", []json.RawMessage{query}, nil, out)
 	}
 	return out, pathLLM
 }

@@ -101,6 +101,7 @@ type Server struct {
 	protocols *cache[*protocolEntry]
 	schemas   *pdschema.Cache
 	routines  *routineCache
+	shadows   *shadows
 	hub       *hub
 	wellknown *cache[map[string][]string]
 	// pickMisses remembers, per target, listed protocols that did not
@@ -169,6 +170,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	s.schemas = pdschema.NewCache(10_000)
 	s.wellknown = newCache[map[string][]string](max(opts.CacheTTL, 30*time.Second), opts.Now)
 	s.routines = newRoutineCache(s)
+	s.shadows = newShadows(opts.CacheTTL, opts.Now)
 	s.pickMisses = newExpirySet(10*time.Minute, opts.Now)
 	s.hub = newHub(s.metrics)
 	s.client = opts.HTTPClient
