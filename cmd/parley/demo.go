@@ -33,8 +33,10 @@ import (
 // PD and write the routines after the natural-language queries: in process
 // the demo sets both suites' negotiate threshold to --nl-queries + 1 (unless
 // --negotiation-thresholds is given) and promotes LLM-written routines at
-// once (the dispatcher runs no shadow calls); a --server must be configured
-// so (--negotiation-thresholds '*@*=1/<nl+1>/10' --routine-shadow-calls 0).
+// once (--routine-shadow-calls 0) so that the phases stay separate: with the
+// default, each routine would first shadow the LLM for 5 calls. A --server
+// must be configured the same way (--negotiation-thresholds
+// '*@*=1/<nl+1>/10' --routine-shadow-calls 0).
 func runDemo(e env, args []string) error {
 	if len(args) == 0 || args[0] != "weather" {
 		return fmt.Errorf("usage: parley demo weather [flags] (run 'parley demo weather --help')")
