@@ -9,13 +9,10 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/parleyhq/parley/platform/grpcclient"
 	"github.com/parleyhq/parley/platform/serve"
@@ -54,14 +51,5 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	defer a.Close()
-	srv, err := serve.New(cfg.Flags.Options(logger))
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := a.Register(ctx, srv); err != nil {
-		return err
-	}
-	return serve.ListenAndRun(ctx, srv, cfg.Flags)
+	return serve.RunUntilSignal(cfg.Flags, logger, a)
 }
