@@ -74,7 +74,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"outcome"}),
 		shadowRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_dispatcher_shadow_runs_total",
-			Help: "Shadow runs of LLM-written routine candidates beside the LLM, by outcome: agreed, disagreed, promoted (agreed and installed), skipped (every shadow worker busy) or error (not compared).",
+			Help: "Shadow runs of LLM-written routine candidates beside the LLM, by outcome: agreed, disagreed, promoted (agreed and installed), conflict (promoted but not installed: it clashes with the installed routine), skipped (every shadow worker busy) or error (not compared, or an install that may succeed later).",
 		}, []string{"outcome"}),
 	}
 	if reg != nil {

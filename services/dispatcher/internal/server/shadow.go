@@ -8,9 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
+	"go.starlark.net/syntax"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -18,6 +21,7 @@ import (
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // shadowWorkers bounds the shadow runs in flight; a call that finds every
@@ -35,7 +39,13 @@ const (
 	shadowPromoted  = "promoted"
 	shadowSkipped   = "skipped"
 	shadowError     = "error"
+	shadowConflict  = "conflict"
 )
+
+// shadowInstallTimeout bounds installing a promoted candidate. The install
+// runs on a context StopShadows waits for rather than cancels, so a
+// promotion is not lost to a shutdown in its middle.
+const shadowInstallTimeout = 10 * time.Second
 
 // shadows runs LLM-written routine candidates beside the LLM. Candidates
 // are looked up per (agent, PD, side) with a short TTL, so a PD with no
@@ -49,6 +59,11 @@ type shadows struct {
 	mu      sync.Mutex // guards stopped and wg.Add
 	stopped bool
 	wg      sync.WaitGroup
+
+	// installMu serialises installs, each a read-merge-write of the
+	// agent's routine for a PD (a sender and a receiver candidate of one
+	// PD may be promoted at once).
+	installMu sync.Mutex
 }
 
 func newShadows(ttl time.Duration, now func() time.Time) *shadows {
@@ -122,7 +137,14 @@ func (s *Server) runShadow(ctx context.Context, agent, hexHash string, side nego
 		s.logger.InfoContext(ctx, "routine candidate lookup failed; no shadow run", slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
 		return
 	}
-	if c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW {
+	switch c.GetState() {
+	case negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW:
+	case negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED:
+		// The LLM answered although the candidate was promoted: its install
+		// failed or was lost (the state is cached before installing). Retry.
+		s.installPromoted(ctx, agent, hexHash, name, c)
+		return
+	default:
 		return
 	}
 	agreed, detail, err := s.compareCandidate(ctx, agent, c, fn, args, memory, llmOut)
@@ -146,30 +168,176 @@ func (s *Server) runShadow(ctx context.Context, agent, hexHash string, side nego
 		s.logger.InfoContext(ctx, "routine candidate disagreed with the LLM", slog.String("candidate", name), slog.String("agent", agent),
 			slog.String("protocol", hexHash), slog.String("state", got.GetState().String()), slog.String("detail", detail))
 	case got.GetState() == negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED:
-		if _, err := s.SetRoutine(ctx, &dispatcherv1.SetRoutineRequest{Routine: &dispatcherv1.Routine{Name: routineName(agent, hexHash), Source: got.GetSource()}}); err != nil {
-			s.metrics.shadowRuns.WithLabelValues(shadowError).Inc()
-			s.logger.ErrorContext(ctx, "promoted routine not installed", slog.String("candidate", name), slog.Any("err", err))
-			return
-		}
-		s.metrics.shadowRuns.WithLabelValues(shadowPromoted).Inc()
-		s.logger.InfoContext(ctx, "routine candidate promoted and installed", slog.String("candidate", name), slog.String("agent", agent),
-			slog.String("protocol", hexHash), slog.Int("agreements", int(got.GetAgreements())))
+		s.installPromoted(ctx, agent, hexHash, name, got)
 	default:
 		s.metrics.shadowRuns.WithLabelValues(shadowAgreed).Inc()
 	}
 }
 
+// installPromoted installs the promoted candidate c as (part of) the
+// agent's routine for the PD, idempotently: nothing is done when the
+// routine already defines the candidate's functions (installed before, or
+// written by the user, which is never replaced). A routine of the other
+// side is kept: the candidate is appended to it when their top-level names
+// do not clash and the merged source passes SetRoutine's validation;
+// otherwise nothing is installed and the outcome is a conflict. A failure
+// that may pass (busy workers, the store) is an error; the next call that
+// finds the candidate PROMOTED tries again.
+func (s *Server) installPromoted(ctx context.Context, agent, hexHash, cname string, c *negotiatorv1.RoutineCandidate) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shadowInstallTimeout)
+	defer cancel()
+	s.shadows.installMu.Lock()
+	defer s.shadows.installMu.Unlock()
+	rname := routineName(agent, hexHash)
+	src, installed, conflict, err := s.mergedRoutine(ctx, rname, c.GetSource())
+	switch {
+	case err != nil:
+		s.metrics.shadowRuns.WithLabelValues(shadowError).Inc()
+		s.logger.ErrorContext(ctx, "promoted routine not installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
+		return
+	case installed:
+		return
+	case conflict != "":
+		s.metrics.shadowRuns.WithLabelValues(shadowConflict).Inc()
+		s.logger.WarnContext(ctx, "promoted routine not installed: it conflicts with the installed routine", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.String("conflict", conflict))
+		return
+	}
+	if _, err := s.SetRoutine(ctx, &dispatcherv1.SetRoutineRequest{Routine: &dispatcherv1.Routine{Name: rname, Source: src}}); err != nil {
+		if status.Code(err) == codes.InvalidArgument && src != c.GetSource() {
+			s.metrics.shadowRuns.WithLabelValues(shadowConflict).Inc()
+			s.logger.WarnContext(ctx, "promoted routine not installed: merged with the installed routine it does not pass validation", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
+			return
+		}
+		s.metrics.shadowRuns.WithLabelValues(shadowError).Inc()
+		s.logger.ErrorContext(ctx, "promoted routine not installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
+		return
+	}
+	s.metrics.shadowRuns.WithLabelValues(shadowPromoted).Inc()
+	s.logger.InfoContext(ctx, "routine candidate promoted and installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Int("agreements", int(c.GetAgreements())))
+}
+
+// mergedRoutine returns the source to install for the candidate cand as
+// the routine rname: cand alone when there is no routine, else the routine
+// followed by cand. installed reports that the routine already defines
+// every function cand defines; conflict, when not "", says why the two
+// cannot be merged.
+func (s *Server) mergedRoutine(ctx context.Context, rname, cand string) (src string, installed bool, conflict string, err error) {
+	candNames, candFuncs, err := topLevelNames(cand)
+	if err != nil {
+		return "", false, "the candidate does not parse: " + err.Error(), nil
+	}
+	cur, err := s.store.GetRoutine(ctx, rname)
+	if errors.Is(err, store.ErrNotFound) {
+		return cand, false, "", nil
+	}
+	if err != nil {
+		return "", false, "", err
+	}
+	curNames, curFuncs, err := topLevelNames(cur.GetSource())
+	if err != nil {
+		return "", false, "the installed routine does not parse: " + err.Error(), nil
+	}
+	if len(candFuncs) > 0 && !slices.ContainsFunc(candFuncs, func(f string) bool { return !slices.Contains(curFuncs, f) }) {
+		return "", true, "", nil
+	}
+	var clash []string
+	for _, n := range candNames {
+		if slices.Contains(curNames, n) {
+			clash = append(clash, n)
+		}
+	}
+	if len(clash) > 0 {
+		return "", false, "both define " + strings.Join(clash, ", "), nil
+	}
+	return strings.TrimRight(cur.GetSource(), "\n") + "\n\n" + cand, false, "", nil
+}
+
+// topLevelNames returns the global names src binds (defs, assignments,
+// loop variables and loads at top level, sorted) and, of them, the
+// functions it defines.
+func topLevelNames(src string) (names, funcs []string, err error) {
+	f, err := (&syntax.FileOptions{While: true, TopLevelControl: true, GlobalReassign: true, Set: true}).Parse("routine", src, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	seen := map[string]bool{}
+	add := func(id *syntax.Ident) {
+		if id != nil && !seen[id.Name] {
+			seen[id.Name] = true
+			names = append(names, id.Name)
+		}
+	}
+	var target func(e syntax.Expr)
+	target = func(e syntax.Expr) {
+		switch e := e.(type) {
+		case *syntax.Ident:
+			add(e)
+		case *syntax.TupleExpr:
+			for _, x := range e.List {
+				target(x)
+			}
+		case *syntax.ListExpr:
+			for _, x := range e.List {
+				target(x)
+			}
+		case *syntax.ParenExpr:
+			target(e.X)
+		}
+	}
+	var walk func(stmts []syntax.Stmt)
+	walk = func(stmts []syntax.Stmt) {
+		for _, st := range stmts {
+			switch st := st.(type) {
+			case *syntax.DefStmt:
+				add(st.Name)
+				funcs = append(funcs, st.Name.Name)
+			case *syntax.AssignStmt:
+				target(st.LHS)
+			case *syntax.ForStmt:
+				target(st.Vars)
+				walk(st.Body)
+			case *syntax.WhileStmt:
+				walk(st.Body)
+			case *syntax.IfStmt:
+				walk(st.True)
+				walk(st.False)
+			case *syntax.LoadStmt:
+				for _, id := range st.To {
+					add(id)
+				}
+			}
+		}
+	}
+	walk(f.Stmts)
+	slices.Sort(names)
+	slices.Sort(funcs)
+	return names, funcs, nil
+}
+
+// isTimeOverrun reports whether err is a run stopped (or finished late) at
+// its wall-time budget or deadline. Unlike the step or allocation budgets it
+// depends on the machine's load, not on the routine, so it is no verdict.
+func isTimeOverrun(err error) bool {
+	if !errors.Is(err, routine.ErrBudget) {
+		return false
+	}
+	msg := err.Error()
+	return strings.Contains(msg, "wall time budget exceeded") || strings.Contains(msg, "request deadline exceeded") || strings.Contains(msg, "context deadline exceeded") || strings.Contains(msg, "context canceled")
+}
+
 // compareCandidate runs fn of the candidate's source with the agent's tools
 // and the server's routine budgets and compares its result with llmOut. A
 // run that fails is a disagreement; err is set only when nothing could be
-// compared (every routine worker busy, the tools unreadable).
+// compared (every routine worker busy, the wall-time budget or deadline
+// overrun, which says more of the machine's load than of the routine, the
+// tools unreadable).
 func (s *Server) compareCandidate(ctx context.Context, agent string, c *negotiatorv1.RoutineCandidate, fn string, args []json.RawMessage, memory, llmOut json.RawMessage) (agreed bool, detail string, err error) {
 	tools, err := s.tools(ctx, agent)
 	if err != nil {
 		return false, "", err
 	}
 	prog, err := routine.Compile(ctx, c.GetName(), c.GetSource(), tools, s.opts.RoutineLimits)
-	if errors.Is(err, routine.ErrBusy) {
+	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
 	}
 	if err != nil {
@@ -182,7 +350,7 @@ func (s *Server) compareCandidate(ctx context.Context, agent string, c *negotiat
 		memory = json.RawMessage("{}")
 	}
 	out, _, err := prog.Call(ctx, fn, args, memory)
-	if errors.Is(err, routine.ErrBusy) {
+	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
 	}
 	if err != nil {

@@ -32,8 +32,14 @@ type ThresholdTable struct {
 	overrides map[string]Thresholds
 }
 
+// MaxThreshold bounds each threshold: counts are sent as int32, and a
+// conversation count beyond a million is a mistake, not a policy.
+const MaxThreshold = 1_000_000
+
 // ParseThresholds reads "task@target=3/5/10/5;..." (the last number may be
-// omitted and defaults to 5). Task or target may be "*".
+// omitted and defaults to 5), each number at most MaxThreshold. Task or
+// target may be "*"; neither may contain "@", which would make the
+// task@target keys ambiguous.
 func ParseThresholds(s string) (ThresholdTable, error) {
 	t := ThresholdTable{Default: DefaultThresholds, overrides: map[string]Thresholds{}}
 	for item := range strings.SplitSeq(s, ";") {
@@ -43,19 +49,23 @@ func ParseThresholds(s string) (ThresholdTable, error) {
 		}
 		key, vals, ok := strings.Cut(item, "=")
 		task, target, ok2 := strings.Cut(key, "@")
+		task, target = strings.TrimSpace(task), strings.TrimSpace(target)
 		parts := strings.Split(vals, "/")
 		if !ok || !ok2 || task == "" || target == "" || len(parts) < 3 || len(parts) > 4 {
 			return t, fmt.Errorf("threshold %q: want task@target=lookup/negotiate/request[/routine]", item)
 		}
+		if strings.Contains(target, "@") {
+			return t, fmt.Errorf("threshold %q: a task or target name must not contain @", item)
+		}
 		nums := []int{0, 0, 0, DefaultThresholds.RoutineOnUse}
 		for i, p := range parts {
 			n, err := strconv.Atoi(strings.TrimSpace(p))
-			if err != nil || n < 0 {
-				return t, fmt.Errorf("threshold %q: %q is not a non-negative integer", item, p)
+			if err != nil || n < 0 || n > MaxThreshold {
+				return t, fmt.Errorf("threshold %q: %q is not an integer from 0 to %d", item, p, MaxThreshold)
 			}
 			nums[i] = n
 		}
-		t.overrides[strings.TrimSpace(task)+"@"+strings.TrimSpace(target)] = Thresholds{nums[0], nums[1], nums[2], nums[3]}
+		t.overrides[task+"@"+target] = Thresholds{nums[0], nums[1], nums[2], nums[3]}
 	}
 	return t, nil
 }
