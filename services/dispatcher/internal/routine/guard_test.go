@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 )
@@ -76,12 +78,138 @@ def reply(q, m):
 	}
 }
 
-func TestGuardedCompile(t *testing.T) {
-	if _, err := Compile(t.Context(), "r", "def f(l):\n    l[g()] += [1]\n\ndef g():\n    return 0\n", nil, Limits{}); err == nil {
-		t.Error("Compile accepted += on a target that calls a function")
+// TestAugmentedTargetWithCalls: an augmented target that calls functions
+// compiles, and its calls run once, in order.
+func TestAugmentedTargetWithCalls(t *testing.T) {
+	src := `
+calls = []
+def g(k):
+    calls.append(k)
+    return k
+def reply(q, m):
+    counts = {"a": 1}
+    counts["A".lower()] += 1
+    l = [[0, 0]]
+    n = []
+    def h(k):
+        n.append(k)
+        return k
+    l[h(0)][h(1)] += 5
+    for k in ["x", "y", "x"]:
+        m[k.upper()] = m.get(k.upper(), 0)
+        m[k.upper()] += 1
+    return {"counts": counts, "l": l, "n": n, "m": m}
+`
+	p, err := Compile(t.Context(), "r", src, nil, Limits{})
+	if err != nil {
+		t.Fatal(err)
 	}
+	out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+	const want = `{"counts":{"a":2},"l":[[0,5]],"m":{"X":2,"Y":1},"n":[0,1]}`
+	if err != nil || string(out) != want {
+		t.Fatalf("Call = %s, %v; want %s", out, err, want)
+	}
+}
+
+func TestGuardedCompile(t *testing.T) {
 	if _, err := Compile(t.Context(), "r", "x = '$add'\n", nil, Limits{}); err != nil {
 		t.Errorf("Compile = %v", err)
+	}
+}
+
+// TestAllocationBudgetOneStep: operations that build a large value in one
+// step, or in few steps each copying a large value, are refused under a
+// 1 MiB budget before they allocate much more than it.
+func TestAllocationBudgetOneStep(t *testing.T) {
+	tests := []struct{ name, body string }{
+		{"join of a set with a big separator", "sep = 'x' * (1 << 16)\n    st = set([str(i) for i in range(1000)])\n    return len(sep.join(st))"},
+		{"join of a dict with a big separator", "sep = 'x' * (1 << 16)\n    d = {str(i): 1 for i in range(1000)}\n    return len(sep.join(d))"},
+		{"format with a repeated keyword", "s = 'x' * (1 << 16)\n    return len(('{a}' * 1000).format(a=s))"},
+		{"percent with a mapping", "s = 'x' * (1 << 16)\n    return len(('%(a)s' * 1000) % {'a': s})"},
+		{"upper retained", "s = 'x' * (1 << 16)\n    k = []\n    for i in range(1000):\n        k.append(s.upper())\n    return len(k)"},
+		{"split retained", "s = ',' * (1 << 16)\n    k = []\n    for i in range(100):\n        k.append(s.split(','))\n    return len(k)"},
+		{"whitespace split retained", "s = ' x' * (1 << 15)\n    k = []\n    for i in range(100):\n        k.append(s.split())\n    return len(k)"},
+		{"json.decode retained", "s = '[' + '[],' * (1 << 14) + '[]]'\n    k = []\n    for i in range(100):\n        k.append(json.decode(s))\n    return len(k)"},
+		{"list slice copies", "l = [0] * (1 << 12)\n    k = []\n    for i in range(1000):\n        k.append(l[:])\n    return len(k)"},
+		{"string slice copies", "s = 'x' * (1 << 16)\n    k = []\n    for i in range(1000):\n        k.append(s[::1])\n    return len(k)"},
+		{"dict items retained", "d = {i: i for i in range(4000)}\n    k = []\n    for i in range(1000):\n        k.append(d.items())\n    return len(k)"},
+		{"bytes retained", "s = 'x' * (1 << 16)\n    k = []\n    for i in range(1000):\n        k.append(bytes(s))\n    return len(k)"},
+		{"set union method retained", "a = set(range(4000))\n    k = []\n    for i in range(1000):\n        k.append(a.union(a))\n    return len(k)"},
+		{"set union retained", "a = set(range(4000))\n    k = []\n    for i in range(1000):\n        k.append(a | a)\n    return len(k)"},
+		{"bigint squaring", "x = 3\n    for i in range(23):\n        x = x * x\n    return x % 7"},
+		{"bigint shifting", "x = 1\n    for i in range(100000):\n        x = x << 500\n    return x % 7"},
+		{"str of deep nesting", "s = 'x' * (1 << 16)\n    x = [s] * 100\n    for i in range(70):\n        x = [x]\n    return len(str(x))"},
+		{"str of a set of tuples", "s = 'x' * (1 << 10)\n    t = tuple([s] * 1000)\n    return len(str(set([t])))"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p, err := Compile(t.Context(), "r", "def reply(q, m):\n    "+tt.body+"\n", nil, Limits{Timeout: time.Minute, MaxSteps: 10_000_000, MaxAllocBytes: 1 << 20})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+			runtime.ReadMemStats(&after)
+			if !errors.Is(err, ErrBudget) || !strings.Contains(err.Error(), "allocation budget") {
+				t.Fatalf("Call = %s, %v; want the allocation budget's ErrBudget", out, err)
+			}
+			if got := after.TotalAlloc - before.TotalAlloc; got > 16<<20 {
+				t.Errorf("allocated %d MiB before the refusal, want little over the 1 MiB budget", got>>20)
+			}
+		})
+	}
+}
+
+// TestGuardedSemanticsMore: the newly guarded operations keep their
+// meaning, and growing a list by += is charged only what it adds.
+func TestGuardedSemanticsMore(t *testing.T) {
+	src := `
+def reply(q, m):
+    l = []
+    for i in range(5000):
+        l += [i]
+    d = {"a": 1}
+    d |= {"b": 2}
+    c = []
+    c.append(c)
+    return {
+        "c": str(c), "un": sorted(set([1]).union([2], [3])),
+        "n": len(l), "d": d, "s": "abcdef"[1:4], "r": [1, 2, 3][::-1], "t": "abc"[-2:],
+        "u": "aB".upper() + "aB".lower(), "sp": "a,b".split(","), "ws": " a  b ".split(),
+        "rs": "a,b,c".rsplit(",", 1), "sl": "a\nb".splitlines(), "pa": "a=b".partition("="),
+        "f": "{a}{a}{0}".format("z", a="y"), "p": "%(a)s%(a)s" % {"a": "w"},
+        "j": "-".join(set(["x"])), "i": sorted(d.items()), "k": sorted(d.keys()),
+        "set": sorted(set([1, 2]) | set([3])), "x": 6 ^ 3, "o": 4 | 1, "a": 7 & 2, "sh": 1 << 3,
+        "b": len(bytes("hi")), "big": (1 << 70) * 3 % 1000,
+    }
+`
+	p, err := Compile(t.Context(), "r", src, nil, Limits{MaxAllocBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+	const want = `{"a":2,"b":2,"big":272,"c":"[[...]]","d":{"a":1,"b":2},"f":"yyz","i":[["a",1],["b",2]],"j":"x","k":["a","b"],"n":5000,"o":5,"p":"ww","pa":["a","=","b"],"r":[3,2,1],"rs":["a,b","c"],"s":"bcd","set":[1,2,3],"sh":8,"sl":["a","b"],"sp":["a","b"],"t":"bc","u":"ABab","un":[1,2,3],"ws":["a","b"],"x":5}`
+	if err != nil || string(out) != want {
+		t.Fatalf("Call = %s, %v;\nwant %s", out, err, want)
+	}
+}
+
+// TestPoolCallerGone: a caller whose context ends while it waits for a
+// worker gets its context's error, not the pool's.
+func TestPoolCallerGone(t *testing.T) {
+	pool := NewPool(1)
+	release, err := pool.acquire(t.Context(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer release()
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
+	defer cancel()
+	_, err = pool.acquire(ctx, time.Minute)
+	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrBusy) || errors.Is(err, ErrBudget) {
+		t.Fatalf("acquire = %v, want context.DeadlineExceeded only", err)
 	}
 }
 

@@ -92,8 +92,9 @@ func NewPool(n int) *Pool { return &Pool{slots: make(chan struct{}, max(n, 1))} 
 // ErrBusy is returned when no worker frees up within the wall-time budget.
 var ErrBusy = errors.New("every routine worker is busy")
 
-// acquire waits for a worker, at most the wall-time budget or until ctx's
-// deadline, and returns its release.
+// acquire waits for a worker, at most the wall-time budget or until ctx
+// ends, and returns its release. A ctx that ends first is the caller's
+// error, not the pool's, so it is returned as is (wrapped).
 func (p *Pool) acquire(ctx context.Context, wait time.Duration) (func(), error) {
 	if p == nil {
 		return func() {}, nil
@@ -111,7 +112,7 @@ func (p *Pool) acquire(ctx context.Context, wait time.Duration) (func(), error) 
 	case <-t.C:
 		return nil, fmt.Errorf("%w: %w", ErrBudget, ErrBusy)
 	case <-ctx.Done():
-		return nil, fmt.Errorf("%w: %w", ErrBudget, ErrBusy)
+		return nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
 	}
 }
 
