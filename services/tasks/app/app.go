@@ -7,6 +7,7 @@ import (
 	"context"
 	"flag"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,6 +38,10 @@ type App struct {
 	store  store.Store
 	server *server.Server
 	peers  Peers
+	// stopping is the server's Options.Stopping: the server is built before
+	// Register knows the serve.Server, so Register relays its Stopping here.
+	stopping chan struct{}
+	stopOnce sync.Once
 }
 
 // New opens the store and builds the server. It does not listen.
@@ -50,6 +55,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		st.Close()
 		return nil, err
 	}
+	stopping := make(chan struct{})
 	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, server.Options{
 		StepWait:        cfg.StepWait,
 		StepTimeout:     cfg.StepTimeout,
@@ -59,14 +65,22 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		MaxWatchers:     cfg.MaxWatchers,
 		MaxInFlight:     cfg.MaxInFlight,
 		MaxWaitingSteps: cfg.MaxWaitingSteps,
+		Stopping:        stopping,
 	})
-	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers}, nil
+	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers, stopping: stopping}, nil
 }
 
 // Register mounts the tasks on s: gRPC service, gateway handlers, the Agent
 // Protocol routes, health name and readiness check. It also resumes steps
 // left pending by the last run.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
+	go func() {
+		select {
+		case <-s.Stopping():
+			a.stop()
+		case <-a.stopping: // closed by Close
+		}
+	}()
 	tasksv1.RegisterTasksServiceServer(s.GRPC, a.server)
 	if err := tasksv1.RegisterTasksServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
@@ -91,6 +105,7 @@ func restOptions(cfg config.Config) rest.Options {
 
 // Close stops step execution, then closes the store.
 func (a *App) Close() error {
+	a.stop()
 	a.server.Close()
 	return a.store.Close()
 }
@@ -108,5 +123,8 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(conn)), opts).Register(s.Handle)
 	return tasksv1.RegisterTasksServiceHandler(ctx, s.Gateway, conn)
 }
+
+// stop ends the server's WatchTask streams.
+func (a *App) stop() { a.stopOnce.Do(func() { close(a.stopping) }) }
 
 func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("tasks-gateway", flag.ContinueOnError) }

@@ -12,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -617,5 +621,43 @@ func TestMetrics_countStepAttempts(t *testing.T) {
 		if !strings.Contains(string(r.body), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// A graceful stop ends open WatchTask streams with UNAVAILABLE instead of
+// waiting the whole ShutdownTimeout (2 s) for them.
+func TestWatchTask_endsOnShutdown(t *testing.T) {
+	_, conn := startFakeDispatcher(t, echoStep)
+	e := startTasks(t, t.TempDir(), conn)
+	tk, err := e.client.CreateTask(t.Context(), &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: "clients/default/agents/agent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := grpc.NewClient(e.conn.Target(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	st, err := tasksv1.NewTasksServiceClient(c2).WatchTask(t.Context(), &tasksv1.WatchTaskRequest{Name: tk.GetName()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := make(chan error, 1)
+	go func() {
+		for {
+			if _, err := st.Recv(); err != nil {
+				ended <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // let the stream open on the server
+	start := time.Now()
+	e.stop()
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("shutdown with an open WatchTask took %v; want well under the 2s ShutdownTimeout", d)
+	}
+	if err := <-ended; status.Code(err) != codes.Unavailable {
+		t.Errorf("WatchTask ended with %v; want UNAVAILABLE", err)
 	}
 }

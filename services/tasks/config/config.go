@@ -38,7 +38,8 @@ type Config struct {
 	MaxWatchers int
 	// MaxInFlight caps concurrent ExecuteStep calls.
 	MaxInFlight int
-	// MaxWaitingSteps caps the steps of one agent waiting for an executor.
+	// MaxWaitingSteps caps the steps of one agent queued, running or waiting
+	// for an executor.
 	MaxWaitingSteps int
 }
 
@@ -54,7 +55,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MaxUploadBytes, "ap-max-upload-bytes", 32<<20, "largest artifact accepted, in bytes (larger uploads get 413)")
 	fs.IntVar(&c.MaxWatchers, "ap-max-watchers", 1024, "most concurrent task event streams")
 	fs.IntVar(&c.MaxInFlight, "ap-max-in-flight", 512, "most steps executing at once")
-	fs.IntVar(&c.MaxWaitingSteps, "ap-max-waiting-steps", 1000, "most steps of one agent waiting for an executor (more get 429)")
+	fs.IntVar(&c.MaxWaitingSteps, "ap-max-waiting-steps", 1000, "most steps of one agent queued, running or waiting for an executor (more get 429)")
 }
 
 var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -28,14 +29,23 @@ const retryMin = 100 * time.Millisecond
 // FIFO queue, at most Options.MaxInFlight at a time, each on its own
 // goroutine; nothing else holds a goroutine or a timer per step.
 //
-// A step whose attempt fails (no executor for its agent yet, dispatcher down,
-// ...) waits: it stays CREATED in the store, with a status_message saying
-// why, in its agent's waiting list. Waiting is per agent: one loop goroutine
+// Failures are of two kinds. An agent-level failure (FAILED_PRECONDITION
+// NO_EXECUTOR, UNAVAILABLE, UNIMPLEMENTED, NOT_FOUND: see agentLevel) says
+// nothing about the step: the step waits, CREATED in the store with a
+// status_message saying why, in its agent's waiting list. Any other failure
+// (the handler failed or timed out, bad input, ...) is the step's own: the
+// step alone backs off and is retried, at most Options.MaxStepAttempts
+// attempts in all, then completes with an output explaining the failure
+// (see failStep); other steps of its agent run meanwhile.
+//
+// Waiting is per agent: one loop goroutine
 // probes each waiting agent once per backoff interval (doubling from
 // retryMin to Options.RetryMax; at once to RetryMax when the dispatcher does
 // not know the agent) by retrying its oldest waiting step. When the probe
 // completes, the agent's other waiting steps are queued; until then new
-// steps of that agent join the list without an ExecuteStep call. A waiting
+// steps of that agent join the list without an ExecuteStep call. An agent
+// not known to have an executor (no attempt of it reached one since it last
+// waited) gets one probe at a time too: its first attempt is its probe. A waiting
 // step's store record is written only when its status_message changes.
 //
 // Pending steps are in the store, so they survive restarts (Server.Start
@@ -58,6 +68,11 @@ type executor struct {
 	running  map[store.StepRef]bool // calling ExecuteStep
 	agents   map[string]*agentWaits // by agent name
 	waiters  map[store.StepRef][]chan struct{}
+	known    map[string]bool             // agents whose last attempt reached an executor
+	backoff  map[store.StepRef]time.Time // steps retried after a step-level failure, when due
+	tries    map[store.StepRef]int       // failed attempts of a step, step-level
+	agentOf  map[store.StepRef]string    // agent of each queued step, once known
+	count    map[string]int              // queued steps per agent, plus reservations
 }
 
 // job is one attempt at a step; probe names the agent when the attempt is
@@ -85,6 +100,11 @@ func newExecutor(s *Server, client dispatcherv1.DispatcherServiceClient) *execut
 		running: map[store.StepRef]bool{},
 		agents:  map[string]*agentWaits{},
 		waiters: map[store.StepRef][]chan struct{}{},
+		known:   map[string]bool{},
+		backoff: map[store.StepRef]time.Time{},
+		tries:   map[store.StepRef]int{},
+		agentOf: map[store.StepRef]string{},
+		count:   map[string]int{},
 	}
 	e.loopWG.Add(1)
 	go e.loop()
@@ -98,27 +118,72 @@ func (e *executor) nudge() {
 	}
 }
 
-// submit queues an attempt at ref unless one is already queued.
-func (e *executor) submit(ref store.StepRef) {
+// reserve counts a step of agent about to be submitted, unless agent
+// already has max steps queued, running or waiting; it reports whether it
+// did. The reservation passes to submit(ref, agent), or unreserve undoes it.
+func (e *executor) reserve(agent string, limit int) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.count[agent] >= limit {
+		return false
+	}
+	e.count[agent]++
+	return true
+}
+
+func (e *executor) unreserve(agent string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.uncountLocked(agent)
+}
+
+func (e *executor) uncountLocked(agent string) {
+	if e.count[agent]--; e.count[agent] <= 0 {
+		delete(e.count, agent)
+	}
+}
+
+// forgetLocked drops every trace of ref once no attempt at it is queued.
+func (e *executor) forgetLocked(ref store.StepRef) {
+	if !e.queued[ref] {
+		return
+	}
+	delete(e.queued, ref)
+	delete(e.running, ref)
+	delete(e.tries, ref)
+	delete(e.backoff, ref)
+	if agent, ok := e.agentOf[ref]; ok {
+		delete(e.agentOf, ref)
+		e.uncountLocked(agent)
+	}
+}
+
+// submit queues an attempt at ref unless one is already queued. agent is
+// ref's agent with a reservation made by reserve, or "" (resumed steps:
+// counted once an attempt loads the task).
+func (e *executor) submit(ref store.StepRef, agent string) {
 	e.mu.Lock()
 	if e.closed || e.queued[ref] {
+		if agent != "" {
+			e.uncountLocked(agent)
+		}
 		e.mu.Unlock()
 		return
 	}
 	e.queued[ref] = true
+	if agent != "" {
+		e.agentOf[ref] = agent
+	}
 	e.ready = append(e.ready, job{ref: ref})
 	e.mu.Unlock()
 	e.nudge()
 }
 
-// waiting returns how many steps of agent wait for an executor.
-func (e *executor) waiting(agent string) int {
+// pending returns how many steps of agent are queued, running or waiting.
+func (e *executor) pending(agent string) int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if w := e.agents[agent]; w != nil {
-		return len(w.steps)
-	}
-	return 0
+	return e.count[agent]
 }
 
 // loop starts due probes and ready attempts, then sleeps until the next
@@ -141,6 +206,14 @@ func (e *executor) loop() {
 				e.ready = append(e.ready, job{ref: w.steps[0], probe: agent})
 			case next.IsZero() || w.due.Before(next):
 				next = w.due
+			}
+		}
+		for ref, due := range e.backoff {
+			if !due.After(now) {
+				delete(e.backoff, ref)
+				e.ready = append(e.ready, job{ref: ref})
+			} else if next.IsZero() || due.Before(next) {
+				next = due
 			}
 		}
 		for e.inFlight < e.s.opts.MaxInFlight && len(e.ready) > 0 && !e.closed {
@@ -215,7 +288,7 @@ func (e *executor) removeLocked(w *agentWaits, drop func(store.StepRef) bool) {
 	kept := w.steps[:0]
 	for i, ref := range w.steps {
 		if drop(ref) && !(i == 0 && w.probing) {
-			delete(e.queued, ref)
+			e.forgetLocked(ref)
 			e.settleLocked(ref)
 			continue
 		}
@@ -231,6 +304,12 @@ func (e *executor) dropTask(taskID string) {
 	defer e.mu.Unlock()
 	for _, w := range e.agents {
 		e.removeLocked(w, func(ref store.StepRef) bool { return ref.TaskID == taskID })
+	}
+	for ref := range e.backoff {
+		if ref.TaskID == taskID {
+			e.forgetLocked(ref)
+			e.settleLocked(ref)
+		}
 	}
 }
 
@@ -248,8 +327,7 @@ func (e *executor) close() {
 func (e *executor) done(j job) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	delete(e.queued, j.ref)
-	delete(e.running, j.ref)
+	e.forgetLocked(j.ref)
 	e.settleLocked(j.ref)
 	if w := e.agents[j.probe]; isProbe(w, j) {
 		w.probing = false // the next probe is due at once: w.due has passed
@@ -285,7 +363,18 @@ func (e *executor) attempt(j job) {
 	}
 	agent := t.GetAgent()
 	e.mu.Lock()
-	if w := e.agents[agent]; w != nil && j.probe == "" {
+	if _, ok := e.agentOf[ref]; !ok && e.queued[ref] { // resumed: count it now
+		e.agentOf[ref] = agent
+		e.count[agent]++
+	}
+	w := e.agents[agent]
+	if w == nil && j.probe == "" && !e.known[agent] {
+		// Nothing says the agent has an executor: this attempt is its
+		// probe, and its other steps join the list until it ends.
+		w = &agentWaits{steps: []store.StepRef{ref}, probing: true}
+		e.agents[agent] = w
+		j.probe = agent
+	} else if w != nil && j.probe == "" {
 		// The agent is waiting for an executor: join its list; its probe
 		// decides for every step.
 		w.steps = append(w.steps, ref)
@@ -322,9 +411,99 @@ func (e *executor) attempt(j job) {
 		e.release(agent)
 	case ctx.Err() != nil: // shutting down: the step stays pending
 		e.done(j)
-	default:
+	case agentLevel(err):
 		e.park(ctx, j, t, st, err)
+	default:
+		e.stepFailed(ctx, j, t, st, err)
 	}
+}
+
+// agentLevel reports whether err from ExecuteStep is about the agent (no
+// executor, dispatcher down or not yet able to execute, agent unknown)
+// rather than about the step: only such errors put the agent's steps on
+// its waiting list.
+func agentLevel(err error) bool {
+	switch status.Code(err) {
+	case codes.FailedPrecondition:
+		return grpcerr.Reason(err) == "NO_EXECUTOR"
+	case codes.Unavailable, codes.Unimplemented, codes.NotFound:
+		return true
+	}
+	return false
+}
+
+// stepFailed handles a step-level failure of attempt j: an executor exists,
+// so the agent's waiting steps go ahead, and the step alone backs off
+// (doubling from retryMin to RetryMax) or, after MaxStepAttempts attempts,
+// completes with the failure as its output.
+func (e *executor) stepFailed(ctx context.Context, j job, t *tasksv1.Task, st *tasksv1.Step, cause error) {
+	ref, agent := j.ref, t.GetAgent()
+	e.mu.Lock()
+	delete(e.running, ref)
+	if w := e.agents[agent]; isProbe(w, j) {
+		w.probing = false
+		w.steps[0] = store.StepRef{}
+		w.steps = w.steps[1:]
+	}
+	if e.closed { // shutting down: the step stays pending
+		e.mu.Unlock()
+		e.done(j)
+		return
+	}
+	e.tries[ref]++
+	n := e.tries[ref]
+	last := n >= e.s.opts.MaxStepAttempts
+	if !last {
+		e.backoff[ref] = time.Now().Add(min(retryMin<<min(n-1, 20), e.s.opts.RetryMax))
+	}
+	e.mu.Unlock()
+	e.release(agent)
+	if last {
+		e.s.logger.WarnContext(ctx, "step failed; giving up", slog.String("agent", agent), slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Int("attempts", n), slog.Any("err", cause))
+		if err := e.failStep(ctx, ref, cause, n); err != nil && ctx.Err() == nil {
+			e.s.logger.ErrorContext(ctx, "store failed step", slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Any("err", err))
+		}
+		e.done(j)
+		return
+	}
+	e.s.metrics.attempts.WithLabelValues("retrying").Inc()
+	e.s.logger.InfoContext(ctx, "step attempt failed; will retry", slog.String("agent", agent), slog.String("task", ref.TaskID), slog.String("step", ref.StepID), slog.Int("attempts", n), slog.Any("err", cause))
+	e.note(ctx, ref, st, fmt.Sprintf("retrying: attempt %d of %d failed (%s: %s); the step stays created and is retried automatically", n, e.s.opts.MaxStepAttempts, status.Code(cause), status.Convert(cause).Message()))
+	e.settle(ref)
+	e.nudge()
+}
+
+// failStep completes a step that failed MaxStepAttempts times. The Agent
+// Protocol has no failed status, so the step is completed (not last: the
+// task stays open for another step) with the failure in output and, as
+// {"error": {...}}, in additional_output.
+func (e *executor) failStep(ctx context.Context, ref store.StepRef, cause error, attempts int) error {
+	s := status.Convert(cause)
+	out := fmt.Sprintf("The step failed after %d attempts and was not completed: %s (%s). Post a new step to try again.", attempts, s.Message(), s.Code())
+	extra, err := json.Marshal(map[string]any{"error": map[string]any{
+		"code": s.Code().String(), "reason": grpcerr.Reason(cause), "message": s.Message(), "attempts": attempts,
+	}})
+	if err != nil {
+		return err
+	}
+	now := timestamppb.New(e.s.now())
+	cur, err := e.s.store.UpdateStep(ctx, ref, func(_ *tasksv1.Task, st *tasksv1.Step) ([]*tasksv1.Artifact, error) {
+		if st.GetStatus() != tasksv1.Step_STATUS_CREATED {
+			return nil, nil
+		}
+		st.Status = tasksv1.Step_STATUS_COMPLETED
+		st.Output = proto.String(out)
+		st.AdditionalOutputJson = extra
+		st.StatusMessage = ""
+		st.UpdateTime = now
+		return nil, nil
+	})
+	if err != nil {
+		return err
+	}
+	e.s.metrics.attempts.WithLabelValues("failed").Inc()
+	e.s.hub.publish(ref.TaskID, cur)
+	return nil
 }
 
 // isProbe reports whether j is the running probe of w (the list may have
@@ -336,6 +515,7 @@ func isProbe(w *agentWaits, j job) bool {
 // release queues every waiting step of agent: a step of it just ran.
 func (e *executor) release(agent string) {
 	e.mu.Lock()
+	e.known[agent] = true
 	w := e.agents[agent]
 	if w == nil {
 		e.mu.Unlock()
@@ -424,8 +604,8 @@ func parkMessage(agent string, err error) string {
 		return "waiting: the dispatcher cannot execute steps yet; the step stays created and is retried automatically"
 	case code == codes.NotFound:
 		return fmt.Sprintf("waiting: the dispatcher does not know agent %s; the step stays created and is retried automatically", agent)
-	case code == codes.Unavailable, code == codes.DeadlineExceeded:
-		return "waiting: the dispatcher is unavailable or timed out; the step stays created and is retried automatically"
+	case code == codes.Unavailable:
+		return "waiting: the dispatcher is unavailable; the step stays created and is retried automatically"
 	default:
 		return fmt.Sprintf("waiting: the last attempt failed (%s); the step stays created and is retried automatically", code)
 	}
@@ -440,6 +620,7 @@ func (e *executor) park(ctx context.Context, j job, t *tasksv1.Task, st *tasksv1
 	code := status.Code(cause)
 	e.mu.Lock()
 	delete(e.running, ref)
+	delete(e.known, agent)
 	w := e.agents[agent]
 	fresh := w == nil
 	if fresh {
@@ -449,7 +630,9 @@ func (e *executor) park(ctx context.Context, j job, t *tasksv1.Task, st *tasksv1
 	probe := isProbe(w, j)
 	if probe {
 		w.probing = false
-		w.failed++
+		if !w.due.IsZero() { // not an unknown agent's first attempt
+			w.failed++
+		}
 	} else {
 		w.steps = append(w.steps, ref)
 	}
@@ -462,7 +645,7 @@ func (e *executor) park(ctx context.Context, j job, t *tasksv1.Task, st *tasksv1
 		w.msg = msg
 	}
 	if e.closed {
-		delete(e.queued, ref)
+		e.forgetLocked(ref)
 	}
 	failed := w.failed
 	e.mu.Unlock()

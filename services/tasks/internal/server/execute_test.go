@@ -2,9 +2,11 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -41,8 +43,20 @@ func (f *fakeDispatcher) ExecuteStep(ctx context.Context, req *dispatcherv1.Exec
 		f.steps[req.GetAgent()] = map[string]bool{}
 	}
 	f.steps[req.GetAgent()][req.GetStepId()] = true
+	fn := f.fn
 	f.mu.Unlock()
-	return f.fn(ctx, req)
+	return fn(ctx, req)
+}
+
+// total returns the calls for every agent.
+func (f *fakeDispatcher) total() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		n += c
+	}
+	return n
 }
 
 // count returns the calls for agent and how many distinct steps they ran.
@@ -84,7 +98,7 @@ func fakeAgents(ctx context.Context, req *dispatcherv1.ExecuteStepRequest) (*dis
 		return nil, grpcerr.New(codes.FailedPrecondition, "no executor", "NO_EXECUTOR", "dispatcher.parley.dev", nil)
 	case agentUnknown:
 		return nil, status.Error(codes.NotFound, "no such agent")
-	case "clients/c/agents/block":
+	case "clients/c/agents/block0", "clients/c/agents/block1", "clients/c/agents/block2", "clients/c/agents/block3":
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}
@@ -212,13 +226,18 @@ func TestStart_boundsGoroutinesByMaxInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	if err := bs.CreateTask(ctx, &tasksv1.Task{Name: "tasks/t", Agent: "clients/c/agents/block", State: tasksv1.Task_STATE_ACTIVE}); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 300 {
-		st := &tasksv1.Step{Name: fmt.Sprintf("tasks/t/steps/s%03d", i), Status: tasksv1.Step_STATUS_CREATED}
-		if _, err := bs.CreateStep(ctx, "t", st, func(*tasksv1.Task, *tasksv1.Step) error { return nil }); err != nil {
+	// Four agents, as an agent not known to have an executor gets one
+	// attempt at a time.
+	for a := range 4 {
+		task := fmt.Sprintf("t%d", a)
+		if err := bs.CreateTask(ctx, &tasksv1.Task{Name: "tasks/" + task, Agent: fmt.Sprintf("clients/c/agents/block%d", a), State: tasksv1.Task_STATE_ACTIVE}); err != nil {
 			t.Fatal(err)
+		}
+		for i := range 75 {
+			st := &tasksv1.Step{Name: fmt.Sprintf("tasks/%s/steps/s%03d", task, i), Status: tasksv1.Step_STATUS_CREATED}
+			if _, err := bs.CreateStep(ctx, task, st, func(*tasksv1.Task, *tasksv1.Step) error { return nil }); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 	if err := bs.Close(); err != nil {
@@ -230,7 +249,7 @@ func TestStart_boundsGoroutinesByMaxInFlight(t *testing.T) {
 	if err := s.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
-	poll(t, "attempts in flight", func() bool { calls, _ := fd.count("clients/c/agents/block"); return calls >= inFlight })
+	poll(t, "attempts in flight", func() bool { return fd.total() >= inFlight })
 	if n := runtime.NumGoroutine() - base; n > inFlight+8 {
 		t.Errorf("%d goroutines after Start with 300 pending steps and %d in flight; want about %d", n, inFlight, inFlight)
 	}
@@ -253,5 +272,137 @@ func TestCreateStep_capsWaitingStepsPerAgent(t *testing.T) {
 	}
 	if st, err := createStep(t, s, createTask(t, s, agentOK), 5*time.Second); err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
 		t.Errorf("step of another agent = %v, %v; want completed", st, err)
+	}
+}
+
+// A step failing for its own reasons (its handler fails) backs off alone,
+// is tried MaxStepAttempts times, then completes with the failure as its
+// output; later steps of the same agent, on other tasks, run meanwhile.
+func TestStepFailure_retriesTheStepAloneThenCompletesIt(t *testing.T) {
+	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: 50 * time.Millisecond, MaxStepAttempts: 3})
+	var mu sync.Mutex
+	poisonCalls := 0
+	fd.fn = func(_ context.Context, req *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
+		if req.GetInput() == "bad" {
+			mu.Lock()
+			poisonCalls++
+			mu.Unlock()
+			return nil, grpcerr.New(codes.Aborted, "handler crashed on this input", "HANDLER_FAILED", "dispatcher.parley.dev", nil)
+		}
+		return &dispatcherv1.ExecuteStepResponse{Output: "ok"}, nil
+	}
+	bad, err := s.CreateStep(t.Context(), &tasksv1.CreateStepRequest{Parent: createTask(t, s, agentOK), Step: &tasksv1.Step{Input: new("bad")}, Wait: durationpb.New(5 * time.Second)})
+	if err != nil || bad.GetStatus() != tasksv1.Step_STATUS_CREATED || bad.GetStatusMessage() == "" {
+		t.Fatalf("failing step after its first attempt = %v, %v; want created with a retry message", bad, err)
+	}
+	for range 3 {
+		st, err := createStep(t, s, createTask(t, s, agentOK), 2*time.Second)
+		if err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
+			t.Fatalf("healthy step of the same agent = %v, %v; want completed at once", st, err)
+		}
+	}
+	var got *tasksv1.Step
+	poll(t, "failing step completes", func() bool {
+		got, err = s.GetStep(t.Context(), &tasksv1.GetStepRequest{Name: bad.GetName()})
+		return err == nil && got.GetStatus() == tasksv1.Step_STATUS_COMPLETED
+	})
+	if !strings.Contains(got.GetOutput(), "failed after 3 attempts") || got.GetIsLast() {
+		t.Errorf("failed step output = %q, is_last %v; want the failure explained, not last", got.GetOutput(), got.GetIsLast())
+	}
+	var extra struct {
+		Error struct {
+			Code, Reason string
+			Attempts     int
+		}
+	}
+	if err := json.Unmarshal(got.GetAdditionalOutputJson(), &extra); err != nil || extra.Error.Reason != "HANDLER_FAILED" || extra.Error.Code != "Aborted" || extra.Error.Attempts != 3 {
+		t.Errorf("additional_output = %s (%v); want the error with reason HANDLER_FAILED and 3 attempts", got.GetAdditionalOutputJson(), err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	mu.Lock()
+	defer mu.Unlock()
+	if poisonCalls != 3 {
+		t.Errorf("failing step tried %d times; want MaxStepAttempts (3)", poisonCalls)
+	}
+	if n := s.exec.pending(agentOK); n != 0 {
+		t.Errorf("agent still counts %d pending steps; want 0", n)
+	}
+}
+
+func TestAgentLevel(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{grpcerr.New(codes.FailedPrecondition, "x", "NO_EXECUTOR", "d", nil), true},
+		{status.Error(codes.Unavailable, "x"), true},
+		{status.Error(codes.Unimplemented, "x"), true},
+		{status.Error(codes.NotFound, "x"), true},
+		{grpcerr.New(codes.FailedPrecondition, "x", "OTHER", "d", nil), false},
+		{grpcerr.New(codes.Aborted, "x", "HANDLER_FAILED", "d", nil), false},
+		{grpcerr.New(codes.DeadlineExceeded, "x", "HANDLER_TIMEOUT", "d", nil), false},
+		{status.Error(codes.DeadlineExceeded, "x"), false},
+		{status.Error(codes.InvalidArgument, "x"), false},
+	} {
+		if got := agentLevel(tc.err); got != tc.want {
+			t.Errorf("agentLevel(%v) = %v; want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
+// The cap counts an agent's queued and running steps, not only waiting
+// ones, so concurrent creates while the first attempt is in flight cannot
+// overshoot it; and the agent, not known to have an executor, gets one
+// attempt at a time.
+func TestCreateStep_capHoldsUnderConcurrentCreates(t *testing.T) {
+	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: time.Hour, MaxWaitingSteps: 3})
+	fd.fn = func(context.Context, *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
+		time.Sleep(300 * time.Millisecond) // a slow dispatcher
+		return nil, grpcerr.New(codes.FailedPrecondition, "no executor", "NO_EXECUTOR", "d", nil)
+	}
+	task := createTask(t, s, agentNone)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	accepted, refused := 0, 0
+	for range 200 {
+		wg.Go(func() {
+			_, err := createStep(t, s, task, 0)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				accepted++
+			case status.Code(err) == codes.ResourceExhausted:
+				refused++
+			default:
+				t.Errorf("CreateStep: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if accepted != 3 || refused != 197 {
+		t.Errorf("accepted %d, refused %d of 200 concurrent creates with cap 3; want 3 and 197", accepted, refused)
+	}
+	time.Sleep(700 * time.Millisecond)
+	if calls, distinct := fd.count(agentNone); distinct != 1 || calls > 3 {
+		t.Errorf("ExecuteStep ran %d distinct steps in %d calls; want 1 step (the probe), at most 3 calls", distinct, calls)
+	}
+	if n := s.exec.pending(agentNone); n != 3 {
+		t.Errorf("pending = %d; want 3", n)
+	}
+}
+
+// Completed steps leave the count: a cap of 1 still takes one step after
+// another.
+func TestCreateStep_capReleasesCompletedSteps(t *testing.T) {
+	s, _, _ := newTestServer(t, t.TempDir(), Options{MaxWaitingSteps: 1})
+	task := createTask(t, s, agentOK)
+	for i := range 3 {
+		if st, err := createStep(t, s, task, 5*time.Second); err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
+			t.Fatalf("step %d = %v, %v; want completed", i, st, err)
+		}
+	}
+	if n := s.exec.pending(agentOK); n != 0 {
+		t.Errorf("pending = %d after the steps completed; want 0", n)
 	}
 }

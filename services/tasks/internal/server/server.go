@@ -52,9 +52,17 @@ type Options struct {
 	MaxWatchers int
 	// MaxInFlight caps concurrent ExecuteStep calls.
 	MaxInFlight int
-	// MaxWaitingSteps caps the steps of one agent waiting for an executor;
-	// CreateStep refuses more with RESOURCE_EXHAUSTED.
+	// MaxWaitingSteps caps the steps of one agent not yet completed
+	// (queued, running, or waiting for an executor); CreateStep refuses more
+	// with RESOURCE_EXHAUSTED.
 	MaxWaitingSteps int
+	// MaxStepAttempts caps the attempts at a step failing for its own
+	// reasons (not for want of an executor), after which it completes with
+	// the failure as its output; 5.
+	MaxStepAttempts int
+	// Stopping, when it closes, ends WatchTask streams with UNAVAILABLE so
+	// a graceful stop need not wait for them.
+	Stopping <-chan struct{}
 }
 
 // Server implements the tasks's gRPC API.
@@ -98,6 +106,9 @@ func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.Dispatche
 	if opts.MaxWaitingSteps <= 0 {
 		opts.MaxWaitingSteps = 1000
 	}
+	if opts.MaxStepAttempts <= 0 {
+		opts.MaxStepAttempts = 5
+	}
 	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, metrics: newMetrics(), now: time.Now}
 	s.exec = newExecutor(s, dispatcher)
 	return s
@@ -111,7 +122,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("list pending steps: %w", err)
 	}
 	for _, ref := range refs {
-		s.exec.submit(ref)
+		s.exec.submit(ref, "")
 	}
 	if len(refs) > 0 {
 		s.logger.InfoContext(ctx, "resuming pending steps", slog.Int("steps", len(refs)))
@@ -374,6 +385,17 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		wait = min(wait, req.GetWait().AsDuration())
 	}
 	taskID := ids[0]
+	// Count the step against its agent's cap before storing it, so
+	// concurrent creates cannot all pass the check.
+	t, err := s.store.GetTask(ctx, taskID)
+	if err != nil {
+		return nil, s.toStatus(ctx, err, "TASK")
+	}
+	agent := t.GetAgent()
+	reserved := t.GetState() == tasksv1.Task_STATE_ACTIVE
+	if reserved && !s.exec.reserve(agent, s.opts.MaxWaitingSteps) {
+		return nil, grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already has %d steps queued, running or waiting for an executor (the most allowed); retry later", agent, s.opts.MaxWaitingSteps), "TOO_MANY_WAITING_STEPS", Domain, nil)
+	}
 	now := timestamppb.New(s.now())
 	in := &tasksv1.Step{
 		Name:                req.GetParent() + "/steps/" + s.ids.next(),
@@ -384,9 +406,6 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		UpdateTime:          now,
 	}
 	st, err := s.store.CreateStep(ctx, taskID, in, func(t *tasksv1.Task, st *tasksv1.Step) error {
-		if t.GetState() == tasksv1.Task_STATE_ACTIVE && s.exec.waiting(t.GetAgent()) >= s.opts.MaxWaitingSteps {
-			return grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already has %d steps waiting for an executor (the most allowed); retry once one connects", t.GetAgent(), s.opts.MaxWaitingSteps), "TOO_MANY_WAITING_STEPS", Domain, nil)
-		}
 		if t.GetState() != tasksv1.Task_STATE_ACTIVE {
 			st.Status = tasksv1.Step_STATUS_COMPLETED
 			st.Output = proto.String(finishedOutput(t))
@@ -394,6 +413,11 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		}
 		return nil
 	})
+	if err != nil || st.GetStatus() != tasksv1.Step_STATUS_CREATED {
+		if reserved {
+			s.exec.unreserve(agent)
+		}
+	}
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "TASK")
 	}
@@ -406,7 +430,7 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 	if wait > 0 {
 		settled = s.exec.waiter(ref)
 	}
-	s.exec.submit(ref)
+	s.exec.submit(ref, agent)
 	if wait <= 0 {
 		return st, nil
 	}
@@ -486,13 +510,25 @@ func (s *Server) WatchTask(req *tasksv1.WatchTaskRequest, stream grpc.ServerStre
 	if err != nil {
 		return err
 	}
-	for st := range ch {
-		if err := stream.Send(&tasksv1.WatchTaskResponse{Step: st}); err != nil {
-			return err
+	for {
+		select {
+		case st, ok := <-ch:
+			if !ok {
+				return s.watchEnded(stream.Context())
+			}
+			if err := stream.Send(&tasksv1.WatchTaskResponse{Step: st}); err != nil {
+				return err
+			}
+		case <-s.opts.Stopping: // nil unless set: never ready
+			return grpcerr.New(codes.Unavailable, "the server is shutting down; reconnect", "SHUTTING_DOWN", Domain, nil)
 		}
 	}
-	if err := stream.Context().Err(); err != nil {
-		return s.toStatus(stream.Context(), err, "TASK")
+}
+
+// watchEnded says why a WatchTask subscription closed.
+func (s *Server) watchEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return s.toStatus(ctx, err, "TASK")
 	}
 	return grpcerr.New(codes.ResourceExhausted, "the watcher fell too far behind; reconnect", "WATCHER_TOO_SLOW", Domain, nil)
 }
