@@ -270,3 +270,28 @@ func TestPool(t *testing.T) {
 		t.Fatalf("Call = %s, %v", out, err)
 	}
 }
+
+// TestTimeBudgetIsMarked: a run stopped by its wall time matches
+// ErrTimeBudget; one stopped by its step budget does not.
+func TestTimeBudgetIsMarked(t *testing.T) {
+	loop := "def reply(q, m):\n    while True:\n        pass\n"
+	for _, tc := range []struct {
+		name     string
+		limits   Limits
+		wantTime bool
+	}{
+		{"wall time", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}, true},
+		{"steps", Limits{MaxSteps: 1000, Timeout: 10 * time.Second}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := Compile(t.Context(), "r", loop, nil, tc.limits)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+			if !errors.Is(err, ErrBudget) || errors.Is(err, ErrTimeBudget) != tc.wantTime {
+				t.Errorf("Call error = %v; want ErrBudget, ErrTimeBudget %v", err, tc.wantTime)
+			}
+		})
+	}
+}

@@ -29,6 +29,19 @@ import (
 // ErrBudget marks a call stopped by one of its budgets.
 var ErrBudget = errors.New("routine budget exceeded")
 
+// ErrTimeBudget marks the ErrBudget errors caused by the wall-time budget or
+// the caller's deadline (a run stopped, or finished late). Unlike the step
+// and allocation budgets, these depend on the machine's load, not only on
+// the routine.
+var ErrTimeBudget = errors.New("routine time budget exceeded")
+
+// timeBudgetError is an ErrBudget error that also matches ErrTimeBudget,
+// keeping the wrapped error's text.
+type timeBudgetError struct{ err error }
+
+func (e timeBudgetError) Error() string   { return e.err.Error() }
+func (e timeBudgetError) Unwrap() []error { return []error{e.err, ErrTimeBudget} }
+
 // Limits are a call's budgets. Zero values take the defaults.
 type Limits struct {
 	MaxSteps       uint64        // Starlark execution steps; 1,000,000 when 0
@@ -362,7 +375,7 @@ func wrapRunErr(err error) error {
 	if errors.As(err, &ee) {
 		msg := ee.Msg
 		if isCancel(msg) {
-			return fmt.Errorf("%w: %s", ErrBudget, msg)
+			return markTime(fmt.Errorf("%w: %s", ErrBudget, msg), msg)
 		}
 		if errors.Is(err, ErrBudget) {
 			return fmt.Errorf("routine stopped: %s: %w", strings.TrimSpace(ee.Backtrace()), ErrBudget)
@@ -370,7 +383,16 @@ func wrapRunErr(err error) error {
 		return fmt.Errorf("routine error: %s", ee.Backtrace())
 	}
 	if errors.Is(err, errExpired) || isCancel(err.Error()) {
-		return fmt.Errorf("%w: %s", ErrBudget, err.Error())
+		return markTime(fmt.Errorf("%w: %s", ErrBudget, err.Error()), err.Error())
+	}
+	return err
+}
+
+// markTime makes err match ErrTimeBudget when msg says the run was stopped
+// by its wall time or deadline (the reasons given to thread.Cancel).
+func markTime(err error, msg string) error {
+	if strings.Contains(msg, "wall time budget exceeded") || strings.Contains(msg, "request deadline exceeded") {
+		return timeBudgetError{err}
 	}
 	return err
 }

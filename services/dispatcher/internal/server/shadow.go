@@ -318,11 +318,7 @@ func topLevelNames(src string) (names, funcs []string, err error) {
 // its wall-time budget or deadline. Unlike the step or allocation budgets it
 // depends on the machine's load, not on the routine, so it is no verdict.
 func isTimeOverrun(err error) bool {
-	if !errors.Is(err, routine.ErrBudget) {
-		return false
-	}
-	msg := err.Error()
-	return strings.Contains(msg, "wall time budget exceeded") || strings.Contains(msg, "request deadline exceeded") || strings.Contains(msg, "context deadline exceeded") || strings.Contains(msg, "context canceled")
+	return errors.Is(err, routine.ErrTimeBudget)
 }
 
 // compareCandidate runs fn of the candidate's source with the agent's tools
