@@ -48,5 +48,8 @@ func (f Flags) Options(logger *slog.Logger) Options {
 		TLSCertFile:     f.TLSCert,
 		TLSKeyFile:      f.TLSKey,
 		ShutdownTimeout: f.ShutdownTimeout,
+
+		DataDir:           f.DataDir,
+		OperatorTokenFile: f.OperatorTokenFile,
 	}
 }
