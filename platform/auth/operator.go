@@ -24,12 +24,12 @@ func LoadOperatorToken(path, dataDir string) (token, file string, created bool, 
 		return token, path, false, err
 	}
 	file = filepath.Join(dataDir, OperatorTokenFile)
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return "", file, false, fmt.Errorf("data directory %s is unusable: %w", dataDir, err)
+	}
 	token, err = readToken(file)
 	if !errors.Is(err, fs.ErrNotExist) {
 		return token, file, false, err
-	}
-	if err := os.MkdirAll(dataDir, 0o700); err != nil {
-		return "", file, false, fmt.Errorf("data directory %s is unusable: %w", dataDir, err)
 	}
 	token, err = NewOperatorToken()
 	if err != nil {
