@@ -123,7 +123,7 @@ func New(opts Options) (*Server, error) {
 		if created {
 			s.logger.Info("operator token written; send it as 'authorization: Bearer <token>' to act as the operator", slog.String("path", file))
 		} else {
-			s.logger.Info("operator token read", slog.String("path", file))
+			s.logger.Debug("operator token read", slog.String("path", file))
 		}
 	}
 
