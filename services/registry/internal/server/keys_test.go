@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"testing"
@@ -138,7 +139,7 @@ func TestAgentKeys_lifecycle(t *testing.T) {
 	if err != nil || rotated.GetName() == second.GetName() || !strings.HasPrefix(rotated.GetName(), a.GetName()+"/keys/") {
 		t.Fatalf("RotateKey = %v, %v", rotated, err)
 	}
-	if _, err := s.VerifyKey(ctx, second.GetSecret()); err != auth.ErrInvalidCredential {
+	if _, err := s.VerifyKey(ctx, second.GetSecret()); !errors.Is(err, auth.ErrInvalidCredential) {
 		t.Errorf("VerifyKey(rotated-away key) error = %v, want ErrInvalidCredential", err)
 	}
 	if _, err := s.DeleteKey(ctx, &registryv1.DeleteKeyRequest{Name: first.GetName()}); err != nil {
@@ -183,7 +184,7 @@ func TestVerifyKey_refusesForgeries(t *testing.T) {
 	}
 	for name, in := range tests {
 		t.Run(name, func(t *testing.T) {
-			if p, err := s.VerifyKey(ctx, in); err != auth.ErrInvalidCredential {
+			if p, err := s.VerifyKey(ctx, in); !errors.Is(err, auth.ErrInvalidCredential) {
 				t.Errorf("VerifyKey(%s) = %+v, %v; want ErrInvalidCredential", name, p, err)
 			}
 		})
