@@ -224,22 +224,33 @@ func TestUpload_refusesTraversalAndWritesNothing(t *testing.T) {
 	e := startTasks(t, dir, conn)
 	task := e.createTask(t, `{}`)
 	url := e.url + ap + "/" + task + "/artifacts"
-	tests := []struct{ name, relPath, fileName string }{
-		{"dotdot", "../", "f.txt"},
-		{"deep dotdot", "a/../../../etc", "f.txt"},
-		{"absolute", "/etc", "passwd"},
-		{"backslashes", `..\..\x`, "f.txt"},
-		{"NUL", "a\x00", "f.txt"},
-		{"dotdot file name", "", ".."},
-		{"file name with directories", "", "../../../evil"},
-		{"absolute file name", "", "/etc/passwd"},
-		{"backslash file name", "", `..\evil`},
-		{"drive", "C:/Windows", "f.txt"},
+	// An empty relPath omits the relative_path part, unless emptyPart.
+	tests := []struct {
+		name, relPath, fileName string
+		emptyPart               bool
+	}{
+		{"dotdot", "../", "f.txt", false},
+		{"deep dotdot", "a/../../../etc", "f.txt", false},
+		{"absolute", "/etc", "passwd", false},
+		{"backslashes", `..\..\x`, "f.txt", false},
+		{"NUL", "a\x00", "f.txt", false},
+		{"dotdot file name", "", "..", false},
+		{"file name with directories", "", "../../../evil", false},
+		{"absolute file name", "", "/etc/passwd", false},
+		{"backslash file name", "", `..\evil`, false},
+		{"drive", "C:/Windows", "f.txt", false},
+		// The README: "." and an empty relative_path are refused (omit the
+		// field for the task's root), as are bidirectional controls.
+		{"dot path", ".", "f.txt", false},
+		{"empty path", "", "f.txt", true},
+		{"right-to-left override", "", "gpj.\u202eexe", false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			r := upload(t, url, func(mw *multipart.Writer) {
-				fieldPart("relative_path", tc.relPath)(mw)
+				if tc.relPath != "" || tc.emptyPart {
+					fieldPart("relative_path", tc.relPath)(mw)
+				}
 				filePart(tc.fileName, "evil")(mw)
 			})
 			if r.code != http.StatusBadRequest {
