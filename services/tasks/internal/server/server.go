@@ -72,14 +72,14 @@ type Options struct {
 type Server struct {
 	tasksv1.UnimplementedTasksServiceServer
 
-	store   store.Store
-	files   *artifactfs.FS
-	logger  *slog.Logger
-	opts    Options
-	hub     *hub
-	sched   *scheduler.Scheduler
-	ids     *idGen
-	now     func() time.Time
+	store  store.Store
+	files  *artifactfs.FS
+	logger *slog.Logger
+	opts   Options
+	hub    *hub
+	sched  *scheduler.Scheduler
+	ids    *idGen
+	now    func() time.Time
 }
 
 var _ tasksv1.TasksServiceServer = (*Server)(nil)
