@@ -55,5 +55,6 @@ func (f Flags) Options(logger *slog.Logger) Options {
 		TLSCertFile:     f.TLSCert,
 		TLSKeyFile:      f.TLSKey,
 		ShutdownTimeout: f.ShutdownTimeout,
+		Limits:          Limits{MaxConnections: f.MaxConnections},
 	}
 }
