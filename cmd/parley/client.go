@@ -22,6 +22,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/grpcclient"
@@ -38,20 +40,72 @@ const callTimeout = 30 * time.Second
 // 127.0.0.1:9090) and --server-ca on fs, and returns a function that dials
 // the server once fs is parsed. The connection is plaintext unless
 // --server-ca names a PEM CA bundle. The caller closes it.
-func dialServer(e env, fs *flag.FlagSet) func() (*grpc.ClientConn, error) {
+func dialServer(e env, fs *flag.FlagSet) func() (*serverConn, error) {
 	def := e.getenv("PARLEY_SERVER")
 	if def == "" {
 		def = defaultServer
 	}
 	addr := fs.String("server", def, "gRPC `address` of a running Parley server")
 	ca := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "PEM CA bundle `file`; when set, dial the server over TLS")
-	return func() (*grpc.ClientConn, error) {
+	return func() (*serverConn, error) {
 		conn, err := grpcclient.Dial(*addr, grpcclient.Options{CAFile: *ca})
 		if err != nil {
 			return nil, fmt.Errorf("--server %s: %w", *addr, err)
 		}
-		return conn, nil
+		return &serverConn{ClientConn: conn, addr: *addr}, nil
 	}
+}
+
+// serverConn is the connection to --server. It rewrites the two errors a
+// new user meets first, a server that is not there and a server that does
+// not host the service called, into one line that says what to change.
+type serverConn struct {
+	*grpc.ClientConn
+	addr string
+}
+
+func (c *serverConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return c.explain(method, c.ClientConn.Invoke(ctx, method, args, reply, opts...))
+}
+
+func (c *serverConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := c.ClientConn.NewStream(ctx, desc, method, opts...)
+	return s, c.explain(method, err)
+}
+
+// serviceHomes says, per gRPC service, which part of Parley hosts it.
+var serviceHomes = map[string]string{
+	"parley.registry.v1.RegistryService":     "the registry",
+	"parley.dispatcher.v1.DispatcherService": "the dispatcher",
+	"parley.negotiator.v1.NegotiatorService": "the negotiator",
+	"parley.tasks.v1.TasksService":           "the tasks service",
+}
+
+// explain rewrites err from calling method (/pkg.Service/Method).
+func (c *serverConn) explain(method string, err error) error {
+	st, ok := status.FromError(err)
+	if err == nil || !ok {
+		return err
+	}
+	service := strings.TrimPrefix(method, "/")
+	service, _, _ = strings.Cut(service, "/")
+	switch {
+	case st.Code() == codes.Unavailable:
+		cause := "unavailable"
+		for _, k := range []string{"connection refused", "no such host", "i/o timeout", "connection reset", "handshake"} {
+			if strings.Contains(st.Message(), k) {
+				cause = k
+			}
+		}
+		return fmt.Errorf("cannot reach a Parley server at %s (%s): start one with 'parley serve', or point --server (or PARLEY_SERVER) at its gRPC address", c.addr, cause)
+	case st.Code() == codes.Unimplemented && strings.HasPrefix(st.Message(), "unknown service"):
+		home := serviceHomes[service]
+		if home == "" {
+			home = "another Parley service"
+		}
+		return fmt.Errorf("the server at %s does not host %s (%s): 'parley serve' hosts every service on its --grpc address (default %s); in a split deployment, point --server (or PARLEY_SERVER) at the process running %s", c.addr, service, home, defaultServer, home)
+	}
+	return err
 }
 
 // callContext returns the context for one client call.
@@ -95,7 +149,7 @@ func parseArgs(e env, fs *flag.FlagSet, args []string, doc envflag.Doc) ([]strin
 // agentConn parses fs from args with doc's positional arguments, the first
 // an agent, and dials --server. It returns the connection (the caller
 // closes it), the agent's resource name and the positional arguments.
-func agentConn(e env, fs *flag.FlagSet, args []string, doc envflag.Doc) (*grpc.ClientConn, string, []string, error) {
+func agentConn(e env, fs *flag.FlagSet, args []string, doc envflag.Doc) (*serverConn, string, []string, error) {
 	dial := dialServer(e, fs)
 	args, err := parseArgs(e, fs, args, doc)
 	if err != nil {
