@@ -38,7 +38,7 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcName, grpcDefault, httpName, http
 	fs.Var(logLevel{&f.LogLevel}, "log-level", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take before connections are cut")
 	fs.StringVar(&f.OperatorTokenFile, "operator-token-file", "", "file holding the operator token (default: <data>/operator.token, written with mode 0600 on first start)")
-	fs.IntVar(&f.MaxConnections, "max-connections", 400, "open connections allowed on each listener (gRPC and HTTP); more are refused. Keep twice this under the open-file limit (ulimit -n)")
+	fs.IntVar(&f.MaxConnections, "max-connections", 400, "open connections allowed on each listener (gRPC and HTTP); more are refused. keep twice this under the open-file limit")
 }
 
 // logLevel is a flag.Value accepting only the levels telemetry.NewLogger
