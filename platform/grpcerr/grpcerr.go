@@ -49,6 +49,16 @@ func (v Violations) Err(reason, domain string) error {
 	if len(v) > 1 {
 		msg += " (and more, see details)"
 	}
+	return v.ErrWithMessage(msg, reason, domain)
+}
+
+// ErrWithMessage is Err with a message of the caller's, for a failure whose
+// one sentence says more than its first field (every source of a document
+// that could not be resolved, say).
+func (v Violations) ErrWithMessage(msg, reason, domain string) error {
+	if len(v) == 0 {
+		return nil
+	}
 	st := status.New(codes.InvalidArgument, msg)
 	br := &errdetails.BadRequest{}
 	for _, f := range v {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"strconv"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -53,7 +52,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.As(err, &nf):
 		return resolveStatus(nf)
 	case errors.As(err, &me):
-		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.Error(), map[string]string{me.field: me.err.Error()}, []string{me.field})
+		v := grpcerr.Violations{{Field: me.field, Description: me.err.Error()}}
+		return v.Err(reasonInvalidMetadata, Domain)
 	case errors.Is(err, pd.ErrInvalidMetadata):
 		return grpcerr.New(codes.InvalidArgument, err.Error(), reasonInvalidMetadata, Domain, nil)
 	case errors.Is(err, errPeerTooLarge):
@@ -93,13 +93,11 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	if len(nf.Sources) == 0 {
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonProtocolNotFound, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
-	fields := map[string]string{}
-	var order []string
+	var fields grpcerr.Violations
 	invalid, tooLarge, busy := false, false, false
 	for _, se := range nf.Sources {
 		field := "sources[" + strconv.Itoa(se.Index) + "]"
-		order = append(order, field)
-		fields[field] = se.Err.Error()
+		fields.Add(field, se.Err.Error())
 		switch {
 		case errors.Is(se.Err, fetch.ErrMalformed), errors.Is(se.Err, fetch.ErrRefused), errors.Is(se.Err, resolve.ErrMismatch), errors.Is(se.Err, pd.ErrInvalidMetadata):
 			invalid = true
@@ -111,7 +109,7 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	}
 	switch {
 	case invalid:
-		return withFields(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
+		return fields.ErrWithMessage(nf.Error(), reasonSourceInvalid, Domain)
 	case tooLarge:
 		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonTooLarge, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	case busy:
@@ -119,21 +117,6 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	default:
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonUnresolved, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
-}
-
-// withFields builds a status with msg, an ErrorInfo and a BadRequest
-// listing fields in order.
-func withFields(code codes.Code, reason, msg string, fields map[string]string, order []string) error {
-	st := status.New(code, msg)
-	br := &errdetails.BadRequest{}
-	for _, f := range order {
-		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: f, Description: fields[f]})
-	}
-	withDetails, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: Domain}, br)
-	if err != nil {
-		return st.Err()
-	}
-	return withDetails.Err()
 }
 
 func isAlreadyExists(err error) bool { return errors.Is(err, store.ErrAlreadyExists) }

@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -171,37 +170,21 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	writeJSON(w, code, errorJSON{Message: msg})
 }
 
-// writeStatus renders a backend (gRPC status) error.
+// writeStatus renders a backend (gRPC status) error with the HTTP status
+// every Parley route uses (grpcerr.HTTPStatus).
 func writeStatus(w http.ResponseWriter, err error) {
-	st, _ := status.FromError(err)
-	code := http.StatusInternalServerError
-	switch st.Code() {
-	case codes.NotFound:
-		code = http.StatusNotFound
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		code = http.StatusBadRequest
-	case codes.AlreadyExists, codes.Aborted:
-		code = http.StatusConflict
-	case codes.ResourceExhausted:
-		code = http.StatusTooManyRequests
-		if strings.HasSuffix(grpcerr.Reason(err), "_TOO_LARGE") {
-			code = http.StatusRequestEntityTooLarge
-		}
-	case codes.Unavailable:
-		code = http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		code = http.StatusGatewayTimeout
-	case codes.Canceled:
-		code = 499 // client closed request; nobody reads it
-	case codes.Unauthenticated:
-		code = http.StatusUnauthorized
-	case codes.PermissionDenied:
-		code = http.StatusForbidden
-	}
-	msg := st.Message()
+	code := grpcerr.HTTPStatus(err)
+	msg := status.Convert(err).Message()
 	if code == http.StatusInternalServerError {
 		msg = "internal error"
 	}
+	writeError(w, code, msg)
+}
+
+// WriteRouteError answers an unknown path (404) or a wrong method (405)
+// under the Agent Protocol routes in their {"message"} shape, for
+// serve.Server.HandleErrors.
+func WriteRouteError(w http.ResponseWriter, _ *http.Request, code int, msg string) {
 	writeError(w, code, msg)
 }
 
