@@ -9,6 +9,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // New returns a status error with code, message and an ErrorInfo whose
@@ -83,4 +85,15 @@ func Reason(err error) string {
 		}
 	}
 	return ""
+}
+
+// FromResource turns a store's *resource.Error into NOT_FOUND or
+// ALREADY_EXISTS with the reason it derives (AGENT_NOT_FOUND) and the name
+// in metadata under its kind ({"agent": "clients/a/agents/b"}).
+func FromResource(e *resource.Error, domain string) error {
+	code := codes.NotFound
+	if errors.Is(e, resource.ErrAlreadyExists) {
+		code = codes.AlreadyExists
+	}
+	return New(code, e.Error(), e.Reason(), domain, map[string]string{e.MetadataKey(): e.Name})
 }

@@ -20,6 +20,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/tasks/config"
 )
 
@@ -697,5 +698,43 @@ func TestWatchTask_endsOnShutdown(t *testing.T) {
 	}
 	if err := <-ended; status.Code(err) != codes.Unavailable {
 		t.Errorf("WatchTask ended with %v; want UNAVAILABLE", err)
+	}
+}
+
+// TestGRPC_notFoundReasonNamesTheResource proves the NOT_FOUND reason comes
+// from the store's error, which names the missing resource.
+func TestGRPC_notFoundReasonNamesTheResource(t *testing.T) {
+	_, conn := startFakeDispatcher(t, echoStep)
+	e := startTasks(t, t.TempDir(), conn)
+	ctx := t.Context()
+	tk, err := e.client.CreateTask(ctx, &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: "clients/default/agents/agent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"task", func() error {
+			_, err := e.client.GetTask(ctx, &tasksv1.GetTaskRequest{Name: "tasks/nope"})
+			return err
+		}, "TASK_NOT_FOUND"},
+		{"step", func() error {
+			_, err := e.client.GetStep(ctx, &tasksv1.GetStepRequest{Name: tk.GetName() + "/steps/nope"})
+			return err
+		}, "STEP_NOT_FOUND"},
+		{"artifact", func() error {
+			_, err := e.client.GetArtifact(ctx, &tasksv1.GetArtifactRequest{Name: tk.GetName() + "/artifacts/nope"})
+			return err
+		}, "ARTIFACT_NOT_FOUND"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			if status.Code(err) != codes.NotFound || grpcerr.Reason(err) != tt.want {
+				t.Errorf("error = %v (reason %q), want NOT_FOUND %s", err, grpcerr.Reason(err), tt.want)
+			}
+		})
 	}
 }

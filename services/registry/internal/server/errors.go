@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/fetch"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 	"github.com/parleyhq/parley/services/registry/internal/resolve"
@@ -19,15 +20,12 @@ import (
 // Reasons (ErrorInfo.reason) callers branch on.
 const (
 	reasonInvalidArgument   = "INVALID_ARGUMENT"
-	reasonNotFound          = "NOT_FOUND"
 	reasonInvalidMetadata   = "INVALID_PROTOCOL_METADATA"
 	reasonTooLarge          = "PROTOCOL_TOO_LARGE"
 	reasonCollision         = "PROTOCOL_SHA1_COLLISION"
 	reasonProtocolNotFound  = "PROTOCOL_NOT_FOUND"
 	reasonUnresolved        = "PROTOCOL_UNRESOLVED"
 	reasonSourceInvalid     = "PROTOCOL_SOURCE_INVALID"
-	reasonAgentNotFound     = "AGENT_NOT_FOUND"
-	reasonAgentExists       = "AGENT_ALREADY_EXISTS"
 	reasonEtagMismatch      = "AGENT_ETAG_MISMATCH"
 	reasonProtocolMissing   = "PROTOCOL_UNAVAILABLE"
 	reasonTooManyProtocols  = "AGENT_PROTOCOLS_LIMIT"
@@ -39,6 +37,7 @@ const (
 // toStatus maps domain and store errors to gRPC status errors.
 func (s *Server) toStatus(ctx context.Context, err error) error {
 	var nf *resolve.NotFoundError
+	var missing *resource.Error
 	var me *metadataError
 	switch {
 	case err == nil:
@@ -60,8 +59,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return grpcerr.New(codes.ResourceExhausted, err.Error(), reasonTooLarge, Domain, nil)
 	case errors.Is(err, store.ErrConflict):
 		return grpcerr.New(codes.AlreadyExists, "a different document with the same SHA-1 is already stored; the stored one is kept ("+err.Error()+")", reasonCollision, Domain, nil)
-	case errors.Is(err, store.ErrNotFound):
-		return grpcerr.New(codes.NotFound, err.Error(), reasonNotFound, Domain, nil)
+	case errors.As(err, &missing):
+		return grpcerr.FromResource(missing, Domain)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 		return status.Error(codes.Internal, "internal error")
@@ -118,5 +117,3 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonUnresolved, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
 }
-
-func isAlreadyExists(err error) bool { return errors.Is(err, store.ErrAlreadyExists) }

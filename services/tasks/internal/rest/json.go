@@ -15,6 +15,7 @@ import (
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // The JSON shapes of the spec. Pointers and RawMessage render null where
@@ -66,8 +67,6 @@ type paginationJSON struct {
 	PageSize    int32 `json:"page_size"`
 }
 
-func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
-
 func timeJSON(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return ""
@@ -94,7 +93,7 @@ func toTaskJSON(t *tasksv1.Task, arts []*tasksv1.Artifact) taskJSON {
 		input = &t.Input
 	}
 	return taskJSON{
-		TaskID:          lastSegment(t.GetName()),
+		TaskID:          resource.ID(t.GetName()),
 		Input:           input,
 		AdditionalInput: object(t.GetAdditionalInputJson()),
 		Artifacts:       toArtifactsJSON(arts),
@@ -113,7 +112,7 @@ var stepStatuses = map[tasksv1.Step_Status]string{
 func toStepJSON(st *tasksv1.Step) stepJSON {
 	out := stepJSON{
 		TaskID:           strings.Split(st.GetName(), "/")[1],
-		StepID:           lastSegment(st.GetName()),
+		StepID:           resource.ID(st.GetName()),
 		Status:           stepStatuses[st.GetStatus()],
 		Input:            st.Input,
 		AdditionalInput:  object(st.GetAdditionalInputJson()),
@@ -144,7 +143,7 @@ func toArtifactsJSON(arts []*tasksv1.Artifact) []artifactJSON {
 
 func toArtifactJSON(a *tasksv1.Artifact) artifactJSON {
 	out := artifactJSON{
-		ArtifactID:   lastSegment(a.GetName()),
+		ArtifactID:   resource.ID(a.GetName()),
 		AgentCreated: a.GetAgentCreated(),
 		FileName:     a.GetFileName(),
 		SizeBytes:    a.GetSizeBytes(),
