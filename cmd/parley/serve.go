@@ -5,9 +5,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"google.golang.org/grpc"
 
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/serve"
@@ -58,6 +61,8 @@ func loadSuiteConfig(args []string, getenv func(string) string) (suiteConfig, er
 // calls.
 type suite struct {
 	srv     *serve.Server
+	conn    *grpc.ClientConn // in-process, to the suite's own services
+	logger  *slog.Logger
 	closers []func() error
 }
 
@@ -69,7 +74,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &suite{srv: srv}
+	s := &suite{srv: srv, logger: logger}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -80,6 +85,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, conn.Close)
+	s.conn = conn
 
 	reg, err := registryapp.New(cfg.registry, logger.With("component", "registry"))
 	if err != nil {
@@ -130,6 +136,8 @@ func runServe(e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	runErr := serve.ListenAndRun(ctx, s.srv, cfg.Flags)
+	runErr := serve.ListenAndRun(ctx, s.srv, cfg.Flags, func(ctx context.Context) {
+		ensureDefaultAgent(ctx, s.conn, cfg.tasks.AgentName(), s.logger)
+	})
 	return errors.Join(runErr, s.Close())
 }
