@@ -40,7 +40,7 @@ func AlreadyExists(kind, name string) error {
 
 func (e *Error) Error() string {
 	what := "does not exist"
-	if e.Err == ErrAlreadyExists {
+	if errors.Is(e.Err, ErrAlreadyExists) {
 		what = "already exists"
 	}
 	return e.Kind + " " + strconv.Quote(e.Name) + " " + what
@@ -53,7 +53,7 @@ func (e *Error) Unwrap() error { return e.Err }
 // or _ALREADY_EXISTS.
 func (e *Error) Reason() string {
 	suffix := "_NOT_FOUND"
-	if e.Err == ErrAlreadyExists {
+	if errors.Is(e.Err, ErrAlreadyExists) {
 		suffix = "_ALREADY_EXISTS"
 	}
 	return strings.ToUpper(e.MetadataKey()) + suffix
