@@ -19,19 +19,27 @@ import (
 
 // Reasons (ErrorInfo.reason) callers branch on.
 const (
-	reasonInvalidArgument   = "INVALID_ARGUMENT"
-	reasonInvalidMetadata   = "INVALID_PROTOCOL_METADATA"
-	reasonTooLarge          = "PROTOCOL_TOO_LARGE"
-	reasonCollision         = "PROTOCOL_SHA1_COLLISION"
-	reasonProtocolNotFound  = "PROTOCOL_NOT_FOUND"
-	reasonUnresolved        = "PROTOCOL_UNRESOLVED"
-	reasonSourceInvalid     = "PROTOCOL_SOURCE_INVALID"
-	reasonEtagMismatch      = "AGENT_ETAG_MISMATCH"
-	reasonProtocolMissing   = "PROTOCOL_UNAVAILABLE"
-	reasonTooManyProtocols  = "AGENT_PROTOCOLS_LIMIT"
-	reasonPeerNotConfigured = "PEER_NOT_CONFIGURED"
-	reasonPeerUnavailable   = "PEER_UNAVAILABLE"
-	reasonFetchBusy         = "FETCH_CAPACITY_EXHAUSTED"
+	reasonInvalidArgument    = "INVALID_ARGUMENT"
+	reasonNotFound           = "NOT_FOUND"
+	reasonInvalidMetadata    = "INVALID_PROTOCOL_METADATA"
+	reasonTooLarge           = "PROTOCOL_TOO_LARGE"
+	reasonCollision          = "PROTOCOL_SHA1_COLLISION"
+	reasonProtocolNotFound   = "PROTOCOL_NOT_FOUND"
+	reasonUnresolved         = "PROTOCOL_UNRESOLVED"
+	reasonSourceInvalid      = "PROTOCOL_SOURCE_INVALID"
+	reasonEtagMismatch       = "AGENT_ETAG_MISMATCH"
+	reasonProtocolMissing    = "PROTOCOL_UNAVAILABLE"
+	reasonTooManyProtocols   = "AGENT_PROTOCOLS_LIMIT"
+	reasonPeerNotConfigured  = "PEER_NOT_CONFIGURED"
+	reasonPeerUnavailable    = "PEER_UNAVAILABLE"
+	reasonFetchBusy          = "FETCH_CAPACITY_EXHAUSTED"
+	reasonClientExists       = "CLIENT_ALREADY_EXISTS"
+	reasonClientNotFound     = "CLIENT_NOT_FOUND"
+	reasonRegistrationClosed = "REGISTRATION_CLOSED"
+	reasonRegistrationLimit  = "REGISTRATION_RATE_LIMITED"
+	reasonKeyNotFound        = "KEY_NOT_FOUND"
+	reasonKeyOwnerNotFound   = "KEY_OWNER_NOT_FOUND"
+	reasonKeyLimit           = "KEY_LIMIT"
 )
 
 // toStatus maps domain and store errors to gRPC status errors.
@@ -61,6 +69,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return grpcerr.New(codes.AlreadyExists, "a different document with the same SHA-1 is already stored; the stored one is kept ("+err.Error()+")", reasonCollision, Domain, nil)
 	case errors.As(err, &missing):
 		return grpcerr.FromResource(missing, Domain)
+	case errors.Is(err, store.ErrNotFound): // a store error that does not name its kind
+		return grpcerr.New(codes.NotFound, err.Error(), reasonNotFound, Domain, nil)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 		return status.Error(codes.Internal, "internal error")
@@ -117,3 +127,5 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonUnresolved, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
 }
+
+func isAlreadyExists(err error) bool { return errors.Is(err, store.ErrAlreadyExists) }
