@@ -29,7 +29,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -37,16 +36,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/parleyhq/parley/platform/auth"
-	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/telemetry"
 )
 
@@ -95,14 +91,16 @@ type Server struct {
 	refused *prometheus.CounterVec // connections refused over Limits.MaxConnections
 	health  *health.Server
 	mux     *http.ServeMux
+	routes  *http.ServeMux // the hand-written routes alone, to find wrong methods
 	tlsConf *tls.Config
 
-	mu       sync.Mutex // guards services, checks, pipe and routes
+	mu       sync.Mutex // guards services, checks, pipe and patterns
 	services []string
+	shapes   []errorShape // see HandleErrors
 	checks   []check
 	pipe     *bufconn.Listener // in-process clients, see InProcessConn
 	running  bool              // Run has started serving
-	routes   []string          // hand-written route patterns, for Routes
+	patterns []string          // hand-written route patterns, for Routes
 
 	stopping chan struct{} // closed when shutdown starts; see Stopping
 	stopOnce sync.Once
@@ -134,7 +132,7 @@ func New(opts Options) (*Server, error) {
 		opts.ReadinessInterval = 5 * time.Second
 	}
 	opts.Limits = opts.Limits.withDefaults()
-	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), stopping: make(chan struct{})}
+	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), routes: http.NewServeMux(), stopping: make(chan struct{})}
 	s.metrics = telemetry.NewMetrics(opts.Registry)
 	if opts.OperatorTokenFile != "" || opts.DataDir != "" {
 		tok, file, created, err := auth.LoadOperatorToken(opts.OperatorTokenFile, opts.DataDir)
@@ -186,6 +184,7 @@ func New(opts Options) (*Server, error) {
 
 	s.Gateway = runtime.NewServeMux(
 		runtime.WithErrorHandler(errorHandler),
+		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		// Keep %2F and other reserved escapes intact while routing, so an
 		// id holding "/" (a base64 protocol hash) stays one path segment.
 		runtime.WithUnescapingMode(runtime.UnescapingModeAllExceptReserved),
@@ -199,9 +198,9 @@ func New(opts Options) (*Server, error) {
 		}, gatewayAuth),
 	)
 	limited := http.MaxBytesHandler(s.Gateway, opts.MaxBodyBytes)
-	s.mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle("/", s.fallback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limited.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), maxBodyKey{}, opts.MaxBodyBytes)))
-	}))
+	})))
 	s.handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	}))
@@ -230,12 +229,13 @@ func (s *Server) Handle(pattern string, h http.Handler) { s.handle(pattern, h) }
 // handle mounts a route, behind the access policy when it is on.
 func (s *Server) handle(pattern string, h http.Handler) {
 	s.mu.Lock()
-	s.routes = append(s.routes, pattern)
+	s.patterns = append(s.patterns, pattern)
 	s.mu.Unlock()
 	if s.auth != nil {
 		h = s.auth.Route(pattern, h)
 	}
 	s.mux.Handle(pattern, h)
+	s.routes.Handle(pattern, h)
 }
 
 // SetKeyVerifier sets what checks client and agent keys when access
@@ -252,7 +252,7 @@ func (s *Server) SetKeyVerifier(v auth.Verifier) {
 func (s *Server) Routes() []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.Clone(s.routes)
+	return slices.Clone(s.patterns)
 }
 
 // AuthEnabled reports whether access control is on.
@@ -438,39 +438,6 @@ func (s *Server) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
 		s.health.SetServingStatus(n, st)
 	}
 }
-
-// errorHandler is the gateway's error handler: the default JSON status body,
-// except that RESOURCE_EXHAUSTED whose ErrorInfo reason ends in _TOO_LARGE
-// (a document or upload over a size limit) maps to 413 instead of 429.
-func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	if status.Code(err) == codes.ResourceExhausted && strings.HasSuffix(grpcerr.Reason(err), "_TOO_LARGE") {
-		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
-	}
-	// The gateway turns a body read failure into an InvalidArgument status
-	// holding the reader's message, so http.MaxBytesReader's error arrives
-	// as text, not as *http.MaxBytesError.
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) || (status.Code(err) == codes.InvalidArgument && strings.Contains(status.Convert(err).Message(), "http: request body too large")) {
-		err = status.Errorf(codes.InvalidArgument, "request body exceeds the limit of %d bytes", maxBody(r))
-		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
-	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
-}
-
-type maxBodyKey struct{}
-
-// maxBody reports the body cap recorded for r by the gateway route.
-func maxBody(r *http.Request) int64 {
-	n, _ := r.Context().Value(maxBodyKey{}).(int64)
-	return n
-}
-
-type codeOverride struct {
-	http.ResponseWriter
-	code int
-}
-
-func (c *codeOverride) WriteHeader(int) { c.ResponseWriter.WriteHeader(c.code) }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
