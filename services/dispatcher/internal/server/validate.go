@@ -2,6 +2,8 @@ package server
 
 import (
 	"strings"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 )
 
 // validID reports whether s is a DNS-safe resource id: lowercase letters,
@@ -48,7 +50,7 @@ func parseRoutineName(name string) (agent string, ok bool) {
 		return "", false
 	}
 	agent, id := name[:i], name[i+len("/routines/"):]
-	return agent, validAgentName(agent) && (isHex40(id) || id == stepRoutineID)
+	return agent, validAgentName(agent) && (isHex40(id) || id == hosted.StepsID)
 }
 
 func parseToolName(name string) (agent string, ok bool) {
