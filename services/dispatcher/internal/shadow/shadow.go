@@ -148,6 +148,10 @@ func (s *Runner) Stop() {
 	s.wg.Wait()
 }
 
+// Wait waits until every shadow run started so far has ended (tests call
+// it between requests, when no run can start meanwhile).
+func (s *Runner) Wait() { s.wg.Wait() }
+
 // CandidateName is the negotiator's name of the routine candidate for
 // (agent, PD, side): routineCandidates/ and the first 16 bytes of
 // SHA-256(agent NUL sha1-hex NUL side enum name), in hex.
