@@ -72,7 +72,7 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	for _, r := range statusRules {
 		if errors.Is(err, r.kind) {
 			msg := err.Error()
-			if r.kind == hosted.ErrInvalid {
+			if errors.Is(r.kind, hosted.ErrInvalid) {
 				msg = "routine.source does not run: " + strings.TrimPrefix(msg, hosted.ErrInvalid.Error()+": ")
 			}
 			return grpcerr.New(r.code, msg, r.reason, Domain, nil)

@@ -16,7 +16,7 @@ import (
 
 // GetRoutine implements DispatcherServiceServer.
 func (s *Server) GetRoutine(ctx context.Context, req *dispatcherv1.GetRoutineRequest) (*dispatcherv1.Routine, error) {
-	if _, ok := parseRoutineName(req.GetName()); !ok {
+	if !validRoutineName(req.GetName()) {
 		return nil, invalid("name", "must be clients/{client}/agents/{agent}/routines/{sha1-hex or steps}")
 	}
 	r, err := s.store.GetRoutine(ctx, req.GetName())
@@ -60,7 +60,7 @@ func (s *Server) ListRoutines(ctx context.Context, req *dispatcherv1.ListRoutine
 func (s *Server) SetRoutine(ctx context.Context, req *dispatcherv1.SetRoutineRequest) (*dispatcherv1.Routine, error) {
 	r := req.GetRoutine()
 	var v grpcerr.Violations
-	if _, ok := parseRoutineName(r.GetName()); !ok {
+	if !validRoutineName(r.GetName()) {
 		v.Add("routine.name", "must be clients/{client}/agents/{agent}/routines/{sha1-hex or steps}")
 	}
 	if r.GetSource() == "" {

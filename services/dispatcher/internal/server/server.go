@@ -49,15 +49,23 @@ const Domain = "dispatcher.parley.dev"
 // NegotiationPDHash is the SHA-1 of Parley's negotiation PD.
 const NegotiationPDHash = negotiation.PDHash
 
-// The LLM types, for callers of this package (app, tests).
-type (
-	LLM        = llm.LLM
-	LLMRequest = llm.Request
-	LLMResult  = llm.Result
-	LLMPurpose = llm.Purpose
-	NoLLM      = llm.NoLLM
-	LLMTool    = llm.Tool
-)
+// LLM is internal/llm's LLM, for callers of this package (app, tests).
+type LLM = llm.LLM
+
+// LLMRequest is internal/llm's Request.
+type LLMRequest = llm.Request
+
+// LLMResult is internal/llm's Result.
+type LLMResult = llm.Result
+
+// LLMPurpose is internal/llm's Purpose.
+type LLMPurpose = llm.Purpose
+
+// NoLLM is internal/llm's NoLLM.
+type NoLLM = llm.NoLLM
+
+// LLMTool is internal/llm's Tool.
+type LLMTool = llm.Tool
 
 // LLM errors and purposes, re-exported from internal/llm.
 var (

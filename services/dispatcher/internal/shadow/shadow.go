@@ -58,7 +58,7 @@ type Candidate struct {
 	Agreements int
 }
 
-// ErrNoCandidate: the negotiator holds no candidate of that name.
+// ErrNoCandidate is the error of a candidate the negotiator does not hold.
 var ErrNoCandidate = errors.New("no routine candidate")
 
 // Candidates is what shadow runs need of the negotiator.
