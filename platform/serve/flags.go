@@ -18,6 +18,7 @@ type Flags struct {
 	PublicURL       string
 	LogLevel        string
 	ShutdownTimeout time.Duration
+	MaxConnections  int
 }
 
 // Register adds the shared flags to fs. grpcName, httpName and the defaults
@@ -33,6 +34,7 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcName, grpcDefault, httpName, http
 	f.LogLevel = "info"
 	fs.Var(logLevel{&f.LogLevel}, "log-level", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take before connections are cut")
+	fs.IntVar(&f.MaxConnections, "max-connections", 400, "open connections allowed on each listener (gRPC and HTTP); more are refused. keep twice this under the open-file limit")
 }
 
 // logLevel is a flag.Value accepting only the levels telemetry.NewLogger
