@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 
@@ -156,11 +159,23 @@ func agentUpdate(e env, args []string) error {
 }
 
 func printAgent(e env, a *registryv1.Agent) error {
-	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(a)
+	b, err := protojson.Marshal(a)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(e.stdout, string(b))
+	return writeIndented(e.stdout, b)
+}
+
+// writeIndented prints JSON with encoding/json's two-space indentation and
+// a final newline. protojson varies its whitespace from build to build on
+// purpose; output meant for people and scripts must not.
+func writeIndented(w io.Writer, b []byte) error {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, b, "", "  "); err != nil {
+		return err
+	}
+	buf.WriteByte('\n')
+	_, err := w.Write(buf.Bytes())
 	return err
 }
 

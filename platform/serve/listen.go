@@ -56,5 +56,8 @@ func (f Flags) Options(logger *slog.Logger) Options {
 		TLSKeyFile:      f.TLSKey,
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          Limits{MaxConnections: f.MaxConnections},
+
+		DataDir:           f.DataDir,
+		OperatorTokenFile: f.OperatorTokenFile,
 	}
 }

@@ -43,6 +43,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/telemetry"
 )
@@ -63,6 +64,9 @@ type Options struct {
 	// MaxBodyBytes caps request bodies on gateway routes (hand-written routes
 	// set their own limits); 4 MiB when zero. It also caps gRPC messages.
 	MaxBodyBytes int64
+	// OperatorTokenFile and DataDir locate the operator token (see
+	// auth.LoadOperatorToken); with both empty there is none.
+	OperatorTokenFile, DataDir string
 	// Limits bounds connections: timeouts, a cap per listener, gRPC
 	// keepalive. Zero fields take the defaults documented on Limits.
 	Limits Limits
@@ -91,6 +95,8 @@ type Server struct {
 
 	stopping chan struct{} // closed when shutdown starts; see Stopping
 	stopOnce sync.Once
+
+	operatorToken string // never logged
 }
 
 type check struct {
@@ -118,6 +124,18 @@ func New(opts Options) (*Server, error) {
 	opts.Limits = opts.Limits.withDefaults()
 	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), stopping: make(chan struct{})}
 	s.metrics = telemetry.NewMetrics(opts.Registry)
+	if opts.OperatorTokenFile != "" || opts.DataDir != "" {
+		tok, file, created, err := auth.LoadOperatorToken(opts.OperatorTokenFile, opts.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("operator token: %w", err)
+		}
+		s.operatorToken = tok
+		if created {
+			s.logger.Info("operator token written; send it as 'authorization: Bearer <token>' to act as the operator", slog.String("path", file))
+		} else {
+			s.logger.Debug("operator token read", slog.String("path", file))
+		}
+	}
 	s.refused = newRefusedCounter(opts.Registry)
 
 	grpcOpts := append(telemetry.ServerOptions(s.metrics, s.logger),

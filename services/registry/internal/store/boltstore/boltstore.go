@@ -41,9 +41,17 @@ var (
 	// bucketRequests maps a request id (AIP-155) to when it was recorded,
 	// 8 bytes of big-endian Unix nanoseconds, then the Agent it produced.
 	bucketRequests = []byte("agent_requests")
+	// bucketClients maps a client's resource name to its Client.
+	bucketClients = []byte("clients")
+	// bucketKeys maps a key id (16 hex digits) to the 32-byte SHA-256 of
+	// its secret followed by its Key, secret cleared.
+	bucketKeys = []byte("keys")
+	// bucketKeyNames maps a key's resource name to its id, so that an
+	// owner's keys are listed by Seek on its name.
+	bucketKeyNames = []byte("key_names")
 )
 
-var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests}
+var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames}
 
 const schemaVersion = 1
 
@@ -208,7 +216,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 }
 
 // CreateAgent implements store.Store.
-func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, requestID string) (*registryv1.Agent, error) {
+func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store.StoredKey, requestID string) (*registryv1.Agent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -224,6 +232,11 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, requestID 
 		}
 		if err := putAgent(b, a); err != nil {
 			return err
+		}
+		if key != nil {
+			if err := putKey(tx, *key); err != nil {
+				return err
+			}
 		}
 		return record(tx, requestID, a)
 	})
@@ -369,6 +382,9 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(name)) == nil {
 			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+		}
+		if err := deleteKeys(tx, name); err != nil {
+			return err
 		}
 		return b.Delete([]byte(name))
 	})

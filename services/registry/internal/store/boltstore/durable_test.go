@@ -5,6 +5,7 @@ import (
 	"time"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/registry/internal/store"
 	"github.com/parleyhq/parley/services/registry/internal/store/storetest"
 )
 
@@ -28,7 +29,14 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 		do   func() error
 	}{
 		{"CreateProtocol", func() error { _, _, err := s.CreateProtocol(ctx, storetest.Protocol("pd")); return err }},
-		{"CreateAgent", func() error { _, err := s.CreateAgent(ctx, &registryv1.Agent{Name: agent}, "req-1"); return err }},
+		{"CreateClient", func() error {
+			_, err := s.CreateClient(ctx, &registryv1.Client{Name: "clients/c"}, key("clients/c", "k0"))
+			return err
+		}},
+		{"CreateKey", func() error { return s.CreateKey(ctx, key("clients/c", "k1")) }},
+		{"RotateKey", func() error { return s.RotateKey(ctx, "clients/c/keys/k1", key("clients/c", "k2")) }},
+		{"DeleteKey", func() error { return s.DeleteKey(ctx, "clients/c/keys/k2") }},
+		{"CreateAgent", func() error { _, err := s.CreateAgent(ctx, &registryv1.Agent{Name: agent}, nil, "req-1"); return err }},
 		{"UpdateAgent", func() error {
 			_, err := s.UpdateAgent(ctx, agent, "req-2", func(a *registryv1.Agent) error { a.DisplayName = "x"; return nil })
 			return err
@@ -45,4 +53,10 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 			t.Errorf("%s: commits went %+v -> %+v; want it to return after a synced commit, and no unsynced one", w.name, before, after)
 		}
 	}
+}
+
+func key(parent, id string) store.StoredKey {
+	k := store.StoredKey{ID: id, Key: &registryv1.Key{Name: parent + "/keys/" + id}}
+	copy(k.Hash[:], "hash-of-"+id)
+	return k
 }
