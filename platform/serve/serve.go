@@ -27,7 +27,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
@@ -35,16 +34,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/parleyhq/parley/platform/auth"
-	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/telemetry"
 )
 
@@ -85,10 +81,12 @@ type Server struct {
 	refused *prometheus.CounterVec // connections refused over Limits.MaxConnections
 	health  *health.Server
 	mux     *http.ServeMux
+	routes  *http.ServeMux // the hand-written routes alone, to find wrong methods
 	tlsConf *tls.Config
 
 	mu       sync.Mutex // guards services, checks and pipe
 	services []string
+	shapes   []errorShape // see HandleErrors
 	checks   []check
 	pipe     *bufconn.Listener // in-process clients, see InProcessConn
 	running  bool              // Run has started serving
@@ -122,7 +120,7 @@ func New(opts Options) (*Server, error) {
 		opts.ReadinessInterval = 5 * time.Second
 	}
 	opts.Limits = opts.Limits.withDefaults()
-	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), stopping: make(chan struct{})}
+	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), routes: http.NewServeMux(), stopping: make(chan struct{})}
 	s.metrics = telemetry.NewMetrics(opts.Registry)
 	if opts.OperatorTokenFile != "" || opts.DataDir != "" {
 		tok, file, created, err := auth.LoadOperatorToken(opts.OperatorTokenFile, opts.DataDir)
@@ -159,6 +157,7 @@ func New(opts Options) (*Server, error) {
 
 	s.Gateway = runtime.NewServeMux(
 		runtime.WithErrorHandler(errorHandler),
+		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		// Keep %2F and other reserved escapes intact while routing, so an
 		// id holding "/" (a base64 protocol hash) stays one path segment.
 		runtime.WithUnescapingMode(runtime.UnescapingModeAllExceptReserved),
@@ -172,14 +171,14 @@ func New(opts Options) (*Server, error) {
 		}),
 	)
 	limited := http.MaxBytesHandler(s.Gateway, opts.MaxBodyBytes)
-	s.mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle("/", s.fallback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limited.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), maxBodyKey{}, opts.MaxBodyBytes)))
-	}))
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	})))
+	s.Handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	s.mux.HandleFunc("GET /readyz", s.readyz)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
+	}))
+	s.Handle("GET /readyz", http.HandlerFunc(s.readyz))
+	s.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	return s, nil
 }
 
@@ -198,7 +197,10 @@ func (s *Server) Logger() *slog.Logger { return s.logger }
 // Handle adds a hand-written HTTP route (Go ServeMux pattern syntax). Such
 // routes get telemetry and the read and write timeouts of Limits, but no
 // body cap: they set their own. Wrap long-lived streams in Stream.
-func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+func (s *Server) Handle(pattern string, h http.Handler) {
+	s.mux.Handle(pattern, h)
+	s.routes.Handle(pattern, h)
+}
 
 // HealthService declares gRPC service names whose health status follows the
 // server's: NOT_SERVING until Run, SERVING while it runs.
@@ -374,39 +376,6 @@ func (s *Server) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
 		s.health.SetServingStatus(n, st)
 	}
 }
-
-// errorHandler is the gateway's error handler: the default JSON status body,
-// except that RESOURCE_EXHAUSTED whose ErrorInfo reason ends in _TOO_LARGE
-// (a document or upload over a size limit) maps to 413 instead of 429.
-func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	if status.Code(err) == codes.ResourceExhausted && strings.HasSuffix(grpcerr.Reason(err), "_TOO_LARGE") {
-		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
-	}
-	// The gateway turns a body read failure into an InvalidArgument status
-	// holding the reader's message, so http.MaxBytesReader's error arrives
-	// as text, not as *http.MaxBytesError.
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) || (status.Code(err) == codes.InvalidArgument && strings.Contains(status.Convert(err).Message(), "http: request body too large")) {
-		err = status.Errorf(codes.InvalidArgument, "request body exceeds the limit of %d bytes", maxBody(r))
-		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
-	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
-}
-
-type maxBodyKey struct{}
-
-// maxBody reports the body cap recorded for r by the gateway route.
-func maxBody(r *http.Request) int64 {
-	n, _ := r.Context().Value(maxBodyKey{}).(int64)
-	return n
-}
-
-type codeOverride struct {
-	http.ResponseWriter
-	code int
-}
-
-func (c *codeOverride) WriteHeader(int) { c.ResponseWriter.WriteHeader(c.code) }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
