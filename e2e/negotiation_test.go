@@ -253,7 +253,7 @@ func (f fakeLLM) assertNoCalls(t *testing.T, srv *parleytest.Server) {
 // assertLLMCounted proves that an earlier assertNoCalls could fail: one
 // natural-language envelope to agora (an Agora agent URL on srv) is
 // answered by the LLM, and the call shows up at the fake f, in srv's
-// ledger and in parley_dispatcher_llm_calls_total.
+// ledger and in both LLM call metrics.
 func assertLLMCounted(t *testing.T, srv *parleytest.Server, f fakeLLM, agora string) {
 	t.Helper()
 	code, raw := api(t, "POST", agora, `{"body":"What will the weather be in Paris on 1 May 2024?"}`)
