@@ -104,7 +104,7 @@ func (c *serverConn) explain(method string, err error) error {
 		if home == "" {
 			home = "another Parley service"
 		}
-		return fmt.Errorf("the server at %s does not host %s (%s): 'parley serve' hosts every service on its --grpc address (default %s); in a split deployment, point --server (or PARLEY_SERVER) at the process running %s", c.addr, service, home, defaultServer, home)
+		return fmt.Errorf("the server at %s does not host %s (%s): 'parley serve' hosts every service on its --grpc-addr address (default %s); in a split deployment, point --server (or PARLEY_SERVER) at the process running %s", c.addr, service, home, defaultServer, home)
 	case st.Code() == codes.Unauthenticated:
 		return fmt.Errorf("the server at %s refused the credential: %s; set --token (or PARLEY_TOKEN) to a key, or to the operator token in the server's data directory (operator.token)", c.addr, st.Message())
 	}
