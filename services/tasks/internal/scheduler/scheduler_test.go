@@ -430,7 +430,11 @@ func TestFirstProbe_followersWaitForItsOutcome(t *testing.T) {
 			release := make(chan struct{})
 			f.run.set(func(ctx context.Context, req scheduler.Request) (*scheduler.Result, error) {
 				if req.Input == "first" {
-					<-release
+					select { // Close cancels ctx: a failing test cannot hang here
+					case <-release:
+					case <-ctx.Done():
+						return nil, ctx.Err()
+					}
 					if tc.outcome != nil {
 						return nil, tc.outcome
 					}
