@@ -594,7 +594,10 @@ func sendText(t *testing.T, a *parleytest.Server, target, text string) sendResul
 // envelopes get a clear failure while routines keep answering.
 func TestNegotiation_llmNaturalLanguageAndBudget(t *testing.T) {
 	llmURL := startFakeLLM(t)
-	alice := parleytest.Start(t, "", "--send-allow-private")
+	// Alice has an LLM too, so that her zero below could fail: her text
+	// and structured sends need none.
+	fa := startFake(t)
+	alice := parleytest.Start(t, "", llmShadowFlags(fa, "--send-allow-private")...)
 	bob := parleytest.Start(t, "", "--llm-provider", "openai", "--llm-base-url", llmURL, "--llm-model", "gpt-4o",
 		"--llm-api-key", "test-key", "--llm-max-retries", "0", "--llm-budget-agent-usd", "0.02")
 	target := setUpWeather(t, alice, bob)
@@ -651,9 +654,8 @@ func TestNegotiation_llmNaturalLanguageAndBudget(t *testing.T) {
 	if got := costCalls(t, bob, ""); got != calls {
 		t.Errorf("Bob's LLM calls went from %d to %d after the budget was spent", calls, got)
 	}
-	if got := costCalls(t, alice, ""); got != 0 {
-		t.Errorf("Alice's LLM calls = %d, want 0 (she has no LLM)", got)
-	}
+	fa.assertNoCalls(t, alice)
+	assertLLMCounted(t, alice, fa, alice.URL("/agora/tours/alice"))
 }
 
 // TestNegotiation_referenceExchange: a peer speaking the reference library's

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -35,19 +34,35 @@ type suiteConfig struct {
 	tasks      tasksconfig.Config
 }
 
-func loadSuiteConfig(args []string, getenv func(string) string) (suiteConfig, error) {
+// serveDoc is the help of `parley serve`.
+var serveDoc = envflag.Doc{
+	Usage:   "parley serve [flags]",
+	Summary: "Run the registry, dispatcher, negotiator and tasks services and the REST gateway in one process, keeping their data under --data. Stop it with Ctrl-C (SIGINT) or SIGTERM.",
+	Prefix:  "PARLEY_",
+	Examples: []string{
+		"parley serve --data ./data",
+		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_MODEL=llama3.2 parley serve --llm-base-url http://127.0.0.1:11434/v1",
+		"parley serve --grpc :9090 --http :8080 --tls-cert cert.pem --tls-key key.pem --public-url https://parley.example.com",
+	},
+}
+
+// loadSuiteConfig parses the flags of `parley serve` (help goes to
+// e.stdout) and the PARLEY_* environment.
+func loadSuiteConfig(e env, args []string) (suiteConfig, error) {
 	var c suiteConfig
 	fs := flag.NewFlagSet("parley serve", flag.ContinueOnError)
+	fs.SetOutput(e.stdout)
 	c.Flags.Register(fs, "grpc", "127.0.0.1:9090", "http", "127.0.0.1:8080", "./data")
 	c.registry.RegisterFlags(fs)
 	c.dispatcher.RegisterFlags(fs)
 	c.negotiator.RegisterFlags(fs)
 	c.tasks.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
+	pos, err := serveDoc.ParseArgs(fs, args, e.getenv)
+	if err != nil {
 		return c, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("parley serve takes no arguments, got %q", fs.Args())
+	if len(pos) > 0 {
+		return c, usageErrorf("parley serve takes no arguments, got %q", pos)
 	}
 	c.registry.Flags = c.Flags
 	c.dispatcher.Flags = c.Flags
@@ -126,7 +141,7 @@ func (s *suite) Close() error {
 }
 
 func runServe(e env, args []string) error {
-	cfg, err := loadSuiteConfig(args, e.getenv)
+	cfg, err := loadSuiteConfig(e, args)
 	if err != nil {
 		return err
 	}

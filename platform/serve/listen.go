@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+
+	"github.com/parleyhq/parley/platform/auth"
 )
 
 // Listen opens the gRPC and HTTP listeners named by f. A port in use comes
@@ -23,7 +25,7 @@ func Listen(f Flags) (grpcLis, httpLis net.Listener, err error) {
 }
 
 // ListenAndRun listens on the addresses in f, logs the bound addresses as
-// the attributes grpc=<addr> and http=<addr> (so port 0 is usable), and runs
+// the JSON attributes "grpc":"<addr>" and "http":"<addr>" (so port 0 is usable), and runs
 // s until ctx ends. Each of setup runs once s serves (it may call s over
 // InProcessConn) and before the addresses are logged, so clients that wait
 // for that line find its work done.
@@ -50,11 +52,20 @@ func ListenAndRun(ctx context.Context, s *Server, f Flags, setup ...func(context
 
 // Options returns the serve.Options the flags describe.
 func (f Flags) Options(logger *slog.Logger) Options {
+	var policy auth.Policy
+	if f.Auth {
+		policy = auth.ParleyPolicy()
+	}
 	return Options{
+		Policy:          policy,
 		Logger:          logger,
 		TLSCertFile:     f.TLSCert,
 		TLSKeyFile:      f.TLSKey,
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          Limits{MaxConnections: f.MaxConnections},
+
+		DataDir:           f.DataDir,
+		OperatorTokenFile: f.OperatorTokenFile,
+		MetricsPublic:     f.MetricsPublic,
 	}
 }

@@ -697,7 +697,7 @@ func TestUpdateAgent(t *testing.T) {
 	}{
 		{"no agent", &registryv1.UpdateAgentRequest{}},
 		{"bad name", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: "agents/w", DisplayName: "x"}}},
-		{"unknown path", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"owner"}}}},
+		{"unknown path", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"owner.country"}}}},
 		{"star with another path", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name}, UpdateMask: &fieldmaskpb.FieldMask{Paths: []string{"*", "dialect"}}}},
 		{"long display name", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name, DisplayName: strings.Repeat("x", 201)}}},
 		{"bad support policy", &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: name, SupportPolicy: 9}}},
@@ -720,8 +720,14 @@ func TestRequestIDs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The first result, less the initial key's secret: it is shown once.
+	firstKey := first.GetInitialKey()
+	first.InitialKey = nil
 	if again, err := create("7d1c8f1e-create"); err != nil || !proto.Equal(again, first) {
-		t.Errorf("CreateAgent(repeated request_id) = %v, %v; want the first result %v", again, err, first)
+		t.Errorf("CreateAgent(repeated request_id) = %v, %v; want the first result %v without its key", again, err, first)
+	}
+	if firstKey.GetSecret() == "" {
+		t.Errorf("CreateAgent() initial_key = %v, want a secret", firstKey)
 	}
 	if _, err := create("another"); status.Code(err) != codes.AlreadyExists {
 		t.Errorf("CreateAgent(new request_id) error = %v, want ALREADY_EXISTS", err)
@@ -1113,5 +1119,60 @@ func TestDiscoveryIgnoresForgedHost(t *testing.T) {
 		if err != nil || len(shape[weatherHex]) != 1 || shape[weatherHex][0] != want {
 			t.Errorf("wellknown with Host %s = %v, %v; want [%s]", tt.host, shape, err, want)
 		}
+	}
+}
+
+// TestKeys_grpcThenREST creates an agent over gRPC, then manages its keys
+// over REST, through both bindings of the key routes.
+func TestKeys_grpcThenREST(t *testing.T) {
+	r := startRegistry(t)
+	a, err := r.client.CreateAgent(t.Context(), &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "bot", Agent: &registryv1.Agent{Owner: &registryv1.Owner{Country: "FR"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(r.url+"/v1/"+a.GetName()+"/keys", "application/json", strings.NewReader("{}"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var created struct{ Name, Secret string }
+	err = json.NewDecoder(resp.Body).Decode(&created)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK || !strings.HasPrefix(created.Secret, "parley_ak_") {
+		t.Fatalf("POST /v1/%s/keys = %d %+v, %v; want 200 with a secret", a.GetName(), resp.StatusCode, created, err)
+	}
+	resp, err = http.Get(r.url + "/v1/" + a.GetName() + "/keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || strings.Contains(string(body), "parley_ak_") || !strings.Contains(string(body), created.Name) {
+		t.Errorf("GET keys = %d %s; want both keys listed without secrets", resp.StatusCode, body)
+	}
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodDelete, r.url+"/v1/"+created.Name, nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("DELETE /v1/%s = %d, want 200", created.Name, resp.StatusCode)
+	}
+	got, err := r.client.IntrospectKey(t.Context(), &registryv1.IntrospectKeyRequest{Secret: created.Secret})
+	if err != nil || got.GetActive() {
+		t.Errorf("IntrospectKey(revoked over REST) = %v, %v; want inactive", got, err)
+	}
+	got, err = r.client.IntrospectKey(t.Context(), &registryv1.IntrospectKeyRequest{Secret: a.GetInitialKey().GetSecret()})
+	if err != nil || !got.GetActive() || got.GetAgent() != a.GetName() {
+		t.Errorf("IntrospectKey(initial key) = %v, %v; want active for %s", got, err, a.GetName())
+	}
+	// Without an operator principal (auth is not switched on here), only
+	// open registration lets a client be created.
+	if _, err := r.client.CreateClient(t.Context(), &registryv1.CreateClientRequest{ClientId: "acme"}); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("CreateClient(no operator, closed registration) error = %v, want PERMISSION_DENIED", err)
+	}
+	open := startRegistry(t, "--open-registration")
+	if c, err := open.client.CreateClient(t.Context(), &registryv1.CreateClientRequest{ClientId: "acme"}); err != nil || !strings.HasPrefix(c.GetKey().GetSecret(), "parley_ck_") {
+		t.Errorf("CreateClient(open registration) = %v, %v", c, err)
 	}
 }

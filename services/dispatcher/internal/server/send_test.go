@@ -22,6 +22,9 @@ const senderAgent = "clients/acme/agents/asker"
 
 func TestSend_routineBothSides(t *testing.T) {
 	e := startWeather(t, 0, Options{PublicURL: "https://parley.example.com"})
+	// An LLM that answers, so that a call the routines should have saved
+	// is counted (with no reply set the fake refuses uncounted).
+	e.llm.reply = func(LLMRequest) (LLMResult, error) { return LLMResult{Output: json.RawMessage(`"llm"`)}, nil }
 	e.reg.addAgent(agentRes(senderAgent, 0, 0))
 	e.setRoutine(senderAgent, weatherHex, `
 def send(task):
@@ -193,7 +196,7 @@ func TestSend_manyListedProtocolsCostBounded(t *testing.T) {
 
 	// Once we hold the fitting PD (say an envelope brought it), it is free
 	// to read and is picked.
-	if _, err := e.srv.protocol(t.Context(), fitHash, fitSources); err != nil {
+	if _, err := e.srv.dir.Protocol(t.Context(), fitHash, fitSources); err != nil {
 		t.Fatal(err)
 	}
 	before = e.reg.resolveCalls.Load()

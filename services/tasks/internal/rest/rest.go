@@ -1,5 +1,5 @@
 // Package rest serves the Agent Protocol v1 REST surface
-// (specs/agent-protocol-openapi.yml) by hand: its snake_case shapes, int32
+// (https://github.com/AI-Engineer-Foundation/agent-protocol, schemas/openapi.yml) by hand: its snake_case shapes, int32
 // pagination numbers and status codes are not what the grpc-gateway emits.
 // Handlers call a Backend: the in-process gRPC server in `parley serve`, or
 // a thin adapter over the generated client in `parley gateway`.

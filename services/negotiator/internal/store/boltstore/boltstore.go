@@ -7,25 +7,23 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 )
 
 // FileName is the database file inside the data directory.
 const FileName = "negotiator.db"
 
-// Buckets, created by Open.
+// Buckets, created by Open (platform/boltdb adds "meta" for schema_version).
 var (
-	// bucketMeta holds schema_version.
-	bucketMeta = []byte("meta")
 	// bucketLedger maps ledgerEntries/{16 hex} to a LedgerEntry; the hex id
 	// comes from the bucket's sequence, so keys sort by time.
 	bucketLedger = []byte("ledger")
@@ -40,48 +38,28 @@ var (
 	bucketCandidates = []byte("routine_candidates")
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketLedger, bucketTotals, bucketVerdicts, bucketNegotiations, bucketCandidates}
+var allBuckets = [][]byte{bucketLedger, bucketTotals, bucketVerdicts, bucketNegotiations, bucketCandidates}
 
 const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *bolt.DB
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
+// Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
-	}
-	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	// Ledger appends come from concurrent LLM calls: group-commit them.
-	db.MaxBatchDelay = time.Millisecond
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != fmt.Sprint(schemaVersion) {
-			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
-		}
-		return meta.Put([]byte("schema_version"), []byte(fmt.Sprint(schemaVersion)))
+	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets:       allBuckets,
+		SchemaVersion: schemaVersion,
+		LockTimeout:   lockTimeout,
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, err
 	}
 	return &Store{db: db}, nil
 }
@@ -97,10 +75,12 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-func get[T proto.Message](b *bolt.Bucket, key string, m T) error {
+// get decodes key of b into m; a missing key is a *resource.Error
+// of kind.
+func get[T proto.Message](b *bolt.Bucket, kind, key string, m T) error {
 	v := b.Get([]byte(key))
 	if v == nil {
-		return fmt.Errorf("%s: %w", key, store.ErrNotFound)
+		return resource.NotFound(kind, key)
 	}
 	if err := proto.Unmarshal(v, m); err != nil {
 		return fmt.Errorf("decode %s: %w", key, err)
@@ -125,7 +105,7 @@ func (s *Store) AppendLedgerEntry(ctx context.Context, e *negotiatorv1.LedgerEnt
 	var out *negotiatorv1.LedgerEntry
 	// Batch may run the function again after a failed batch, so it starts
 	// from e each time and only assigns out at the end.
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLedger)
 		seq, err := b.NextSequence()
 		if err != nil {
@@ -142,7 +122,7 @@ func (s *Store) AppendLedgerEntry(ctx context.Context, e *negotiatorv1.LedgerEnt
 		tb := tx.Bucket(bucketTotals)
 		for _, k := range totalKeys {
 			t := &negotiatorv1.CostSummary{}
-			if err := get(tb, k, t); err != nil && !errors.Is(err, store.ErrNotFound) {
+			if err := get(tb, "cost total", k, t); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err
 			}
 			t.Calls++
@@ -204,7 +184,7 @@ func (s *Store) Totals(ctx context.Context, key string) (*negotiatorv1.CostSumma
 	}
 	t := &negotiatorv1.CostSummary{}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if err := get(tx.Bucket(bucketTotals), key, t); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if err := get(tx.Bucket(bucketTotals), "cost total", key, t); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
 		return nil
@@ -218,7 +198,7 @@ func (s *Store) GetVerdict(ctx context.Context, key string) (*negotiatorv1.Suita
 		return nil, err
 	}
 	v := &negotiatorv1.SuitabilityVerdict{}
-	err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketVerdicts), key, v) })
+	err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketVerdicts), "verdict", key, v) })
 	if err != nil {
 		return nil, err
 	}
@@ -230,7 +210,7 @@ func (s *Store) PutVerdict(ctx context.Context, key string, v *negotiatorv1.Suit
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
+	return s.db.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
 }
 
 // CreateNegotiation implements store.Store.
@@ -241,7 +221,7 @@ func (s *Store) CreateNegotiation(ctx context.Context, n *negotiatorv1.Negotiati
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketNegotiations)
 		if b.Get([]byte(n.GetName())) != nil {
-			return fmt.Errorf("%s: %w", n.GetName(), store.ErrAlreadyExists)
+			return resource.AlreadyExists("negotiation", n.GetName())
 		}
 		return put(b, n.GetName(), n)
 	})
@@ -253,7 +233,7 @@ func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.
 		return nil, err
 	}
 	n := &negotiatorv1.Negotiation{}
-	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketNegotiations), name, n) }); err != nil {
+	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketNegotiations), "negotiation", name, n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -262,7 +242,7 @@ func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.
 // UpdateNegotiation implements store.Store.
 func (s *Store) UpdateNegotiation(ctx context.Context, name string, mutate func(*negotiatorv1.Negotiation) error) (*negotiatorv1.Negotiation, error) {
 	n := &negotiatorv1.Negotiation{}
-	if err := update(ctx, s.db, bucketNegotiations, name, n, func() error { return mutate(n) }); err != nil {
+	if err := update(ctx, s.db, bucketNegotiations, "negotiation", name, n, func() error { return mutate(n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -282,7 +262,7 @@ func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiat
 		return nil, err
 	}
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketCandidates), name, c) }); err != nil {
+	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketCandidates), "routine candidate", name, c) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -291,7 +271,7 @@ func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiat
 // UpdateRoutineCandidate implements store.Store.
 func (s *Store) UpdateRoutineCandidate(ctx context.Context, name string, mutate func(*negotiatorv1.RoutineCandidate) error) (*negotiatorv1.RoutineCandidate, error) {
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := update(ctx, s.db, bucketCandidates, name, c, func() error { return mutate(c) }); err != nil {
+	if err := update(ctx, s.db, bucketCandidates, "routine candidate", name, c, func() error { return mutate(c) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -299,13 +279,13 @@ func (s *Store) UpdateRoutineCandidate(ctx context.Context, name string, mutate 
 
 // update decodes key into m, runs mutate and writes m back, in one
 // transaction. mutate's error is returned unwrapped.
-func update(ctx context.Context, db *bolt.DB, bucket []byte, key string, m proto.Message, mutate func() error) error {
+func update(ctx context.Context, db *boltdb.DB, bucket []byte, kind, key string, m proto.Message, mutate func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
-		if err := get(b, key, m); err != nil {
+		if err := get(b, kind, key, m); err != nil {
 			return err
 		}
 		if err := mutate(); err != nil {

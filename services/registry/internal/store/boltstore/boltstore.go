@@ -10,18 +10,17 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
@@ -29,10 +28,8 @@ import (
 // FileName is the database file inside the data directory.
 const FileName = "registry.db"
 
-// Buckets, created by Open.
+// Buckets, created by Open (platform/boltdb adds "meta" for schema_version).
 var (
-	// bucketMeta holds schema_version.
-	bucketMeta = []byte("meta")
 	// bucketProtocols maps a raw 20-byte SHA-1 to its Protocol, content
 	// cleared. Raw keys sort like lowercase hex, so listings resume by Seek.
 	bucketProtocols = []byte("protocols")
@@ -45,48 +42,38 @@ var (
 	// bucketRequests maps a request id (AIP-155) to when it was recorded,
 	// 8 bytes of big-endian Unix nanoseconds, then the Agent it produced.
 	bucketRequests = []byte("agent_requests")
+	// bucketClients maps a client's resource name to its Client.
+	bucketClients = []byte("clients")
+	// bucketKeys maps a key id (16 hex digits) to the 32-byte SHA-256 of
+	// its secret followed by its Key, secret cleared.
+	bucketKeys = []byte("keys")
+	// bucketKeyNames maps a key's resource name to its id, so that an
+	// owner's keys are listed by Seek on its name.
+	bucketKeyNames = []byte("key_names")
 )
+
+var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames}
 
 const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *bolt.DB
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
+// Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
-	}
-	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	// Group commit for concurrent resolves of different documents.
-	db.MaxBatchDelay = time.Millisecond
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != strconv.Itoa(schemaVersion) {
-			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
-		}
-		return meta.Put([]byte("schema_version"), []byte(strconv.Itoa(schemaVersion)))
+	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets:       allBuckets,
+		SchemaVersion: schemaVersion,
+		LockTimeout:   lockTimeout,
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, err
 	}
 	return &Store{db: db}, nil
 }
@@ -127,7 +114,7 @@ func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*re
 	)
 	// Batch may run the function more than once; it sets both results on
 	// every run.
-	err = s.db.Batch(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		stored, created = nil, false
 		b := tx.Bucket(bucketProtocols)
 		if old := b.Get(key); old != nil {
@@ -179,7 +166,7 @@ func (s *Store) GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Prot
 	err := s.db.View(func(tx *bolt.Tx) error {
 		val := tx.Bucket(bucketProtocols).Get(sha1[:])
 		if val == nil {
-			return fmt.Errorf("protocol %s: %w", sha1.Hex(), store.ErrNotFound)
+			return resource.NotFound("protocol", sha1.Hex())
 		}
 		content := tx.Bucket(bucketContent).Get(sha1[:])
 		if content == nil {
@@ -230,7 +217,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 }
 
 // CreateAgent implements store.Store.
-func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, requestID string) (*registryv1.Agent, error) {
+func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store.StoredKey, requestID string) (*registryv1.Agent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -242,10 +229,15 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, requestID 
 		}
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(a.GetName())) != nil {
-			return fmt.Errorf("agent %s: %w", a.GetName(), store.ErrAlreadyExists)
+			return resource.AlreadyExists("agent", a.GetName())
 		}
 		if err := putAgent(b, a); err != nil {
 			return err
+		}
+		if key != nil {
+			if err := putKey(tx, *key); err != nil {
+				return err
+			}
 		}
 		return record(tx, requestID, a)
 	})
@@ -341,7 +333,7 @@ func (s *Store) GetAgent(ctx context.Context, name string) (*registryv1.Agent, e
 	err := s.db.View(func(tx *bolt.Tx) error {
 		val := tx.Bucket(bucketAgents).Get([]byte(name))
 		if val == nil {
-			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+			return resource.NotFound("agent", name)
 		}
 		var err error
 		a, err = decodeAgent(val)
@@ -390,7 +382,10 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(name)) == nil {
-			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+			return resource.NotFound("agent", name)
+		}
+		if err := deleteKeys(tx, name); err != nil {
+			return err
 		}
 		return b.Delete([]byte(name))
 	})
@@ -410,7 +405,7 @@ func (s *Store) UpdateAgent(ctx context.Context, name, requestID string, mutate 
 		b := tx.Bucket(bucketAgents)
 		val := b.Get([]byte(name))
 		if val == nil {
-			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+			return resource.NotFound("agent", name)
 		}
 		if a, err = decodeAgent(val); err != nil {
 			return err
