@@ -204,7 +204,7 @@ type group struct {
 // for its "listening" line. The group is killed when the test ends.
 func startGroup(t *testing.T, bin, dataDir string, extra ...string) *group {
 	t.Helper()
-	args := append([]string{"serve", "--data", dataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, extra...)
+	args := append([]string{"serve", "--data", dataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--operator-token-file", parleytest.OperatorTokenFile(t)}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

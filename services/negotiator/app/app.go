@@ -13,6 +13,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
@@ -122,6 +123,9 @@ func NewLLMClient(c config.LLM) *llm.Client {
 // metrics, health name and readiness checks.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	negotiatorv1.RegisterNegotiatorServiceServer(s.GRPC, a.server)
+	if a.peers.Registry != nil {
+		s.FallbackKeyVerifier(introspector(registryv1.NewRegistryServiceClient(a.peers.Registry)))
+	}
 	if err := negotiatorv1.RegisterNegotiatorServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
 	}

@@ -36,12 +36,16 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "negotiator", cfg.LogLevel)
-	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{})
+	token, err := serve.PeerToken(cfg.Flags)
+	if err != nil {
+		return err
+	}
+	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{Token: token})
 	if err != nil {
 		return fmt.Errorf("--registry-addr: %w", err)
 	}
 	defer registryConn.Close()
-	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{})
+	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{Token: token})
 	if err != nil {
 		return fmt.Errorf("--dispatcher-addr: %w", err)
 	}
