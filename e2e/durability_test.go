@@ -61,6 +61,7 @@ func TestServe_kill9UnderLoadLosesNoAcknowledgedWrite(t *testing.T) {
 		return len(acked[kind])
 	}
 	client := &http.Client{Timeout: 30 * time.Second}
+	token := parleytest.OperatorToken(t)
 	post := func(method, path string, body any) (map[string]any, bool) {
 		b, _ := json.Marshal(body)
 		if s, ok := body.(string); ok {
@@ -71,6 +72,7 @@ func TestServe_kill9UnderLoadLosesNoAcknowledgedWrite(t *testing.T) {
 			return nil, false
 		}
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := client.Do(req)
 		if err != nil {
 			return nil, false
