@@ -29,9 +29,14 @@ import (
 	"os"
 	"slices"
 	"strings"
+
+	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
 )
 
 func main() {
+	if dispatcherapp.IsRoutineWorker() { // the dispatcher's routine workers
+		os.Exit(dispatcherapp.ServeRoutineWorker())
+	}
 	if err := run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "parley:", oneLine(err))

@@ -22,6 +22,9 @@ import (
 )
 
 func main() {
+	if app.IsRoutineWorker() {
+		os.Exit(app.ServeRoutineWorker())
+	}
 	if err := run(os.Args[1:], os.Getenv); err != nil {
 		if !errors.Is(err, flag.ErrHelp) {
 			fmt.Fprintln(os.Stderr, "dispatcher:", err)

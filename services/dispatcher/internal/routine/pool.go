@@ -256,6 +256,16 @@ type worker struct {
 	known  map[string]bool // programs the worker holds
 	killed atomic.Bool     // killed at a run's deadline
 	dead   bool            // its pipe broke: reap it
+
+	waitOnce sync.Once // Wait is called once, by whoever reaps it first
+}
+
+// wait waits for the worker's exit, once however many callers.
+func (w *worker) wait() {
+	w.waitOnce.Do(func() {
+		w.in.Close()
+		_ = w.cmd.Wait()
+	})
 }
 
 // headBuffer keeps the first bytes a worker writes to stderr (the Go
@@ -318,6 +328,12 @@ func (p *Pool) start() (*worker, error) {
 	w.r = bufio.NewReaderSize(outR, 16<<10)
 	p.started.Add(1)
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		_ = w.cmd.Process.Kill()
+		w.wait()
+		return nil, errors.New("the routine pool is closed")
+	}
 	p.live[w] = struct{}{}
 	p.mu.Unlock()
 	hello := time.AfterFunc(30*time.Second, func() { _ = w.cmd.Process.Kill() })
@@ -333,8 +349,7 @@ func (p *Pool) start() (*worker, error) {
 
 // reap waits for a dead or killed worker and forgets it.
 func (p *Pool) reap(w *worker) {
-	w.in.Close()
-	_ = w.cmd.Wait()
+	w.wait()
 	if ps := w.cmd.ProcessState; ps != nil {
 		rss := peakRSS(ps)
 		for {
@@ -449,7 +464,7 @@ func (p *Pool) deathError(w *worker, budget time.Duration, ioErr error) error {
 		return &failure{kind: KindTime, err: fmt.Errorf("%w: wall time budget exceeded: the run was killed %v past its budget of %v", ErrBudget, p.opts.KillMargin, budget)}
 	}
 	_ = w.cmd.Process.Kill()
-	_ = w.cmd.Wait()
+	w.wait() // its stderr is complete once it is reaped
 	why := strings.TrimSpace(w.stderr.String())
 	if first, _, ok := strings.Cut(why, "\n"); ok {
 		why = first

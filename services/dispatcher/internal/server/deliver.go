@@ -16,6 +16,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -356,6 +357,9 @@ func (s *Server) callHandler(ctx context.Context, c *agentConn, hexHash string, 
 	}
 	if !json.Valid(out) {
 		return nil, errors.New("the handler's body is not JSON")
+	}
+	if err := jsondepth.Check(out, jsondepth.Max); err != nil {
+		return nil, fmt.Errorf("the handler's body: %w", err)
 	}
 	return out, nil
 }

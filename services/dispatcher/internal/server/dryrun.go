@@ -32,6 +32,7 @@ func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineR
 	}
 	prog, err := routine.Compile(ctx, "test", req.GetSource(), tools, s.opts.RoutineLimits)
 	if err != nil {
+		s.countStop(err)
 		return nil, routineCompileStatus(err)
 	}
 	resp := &dispatcherv1.TestRoutineResponse{
@@ -56,6 +57,8 @@ func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineR
 		case err != nil:
 			res.Error = err.Error()
 			res.BudgetExceeded = errors.Is(err, routine.ErrBudget)
+			res.FailureKind = failureKind(err)
+			s.countStop(err)
 		default:
 			res.OutputJson = string(out)
 		}

@@ -2,6 +2,8 @@ package server
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
 // Paths an envelope can take, the label of the dispatcher's metrics.
@@ -19,6 +21,7 @@ type metrics struct {
 	envelopes       *prometheus.CounterVec   // by path
 	envelopeSeconds *prometheus.HistogramVec // by path
 	routineFailures prometheus.Counter
+	routineStops    *prometheus.CounterVec // by kind
 	quarantines     prometheus.Counter
 	llmCalls        *prometheus.CounterVec // by purpose
 	llmTokens       *prometheus.CounterVec // by direction
@@ -44,6 +47,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "parley_dispatcher_routine_failures_total",
 			Help: "Routine runs that failed: errors, budget overruns and schema-invalid output.",
 		}),
+		routineStops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_dispatcher_routine_kills_total",
+			Help: "Routine runs (envelopes, steps, shadow and test runs) stopped by a budget or killed at the worker boundary, by kind: time, memory, output or steps.",
+		}, []string{"kind"}),
 		quarantines: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "parley_dispatcher_routine_quarantines_total",
 			Help: "Routines quarantined after consecutive failures.",
@@ -78,7 +85,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.envelopes, m.envelopeSeconds, m.routineFailures, m.quarantines, m.llmCalls, m.llmTokens, m.sends, m.steps, m.connected, m.negotiations, m.shadowRuns)
+		reg.MustRegister(m.envelopes, m.envelopeSeconds, m.routineFailures, m.routineStops, m.quarantines, m.llmCalls, m.llmTokens, m.sends, m.steps, m.connected, m.negotiations, m.shadowRuns)
+	}
+	for _, k := range []routine.Kind{routine.KindTime, routine.KindMemory, routine.KindOutput, routine.KindSteps} {
+		m.routineStops.WithLabelValues(k.String())
 	}
 	for _, p := range []string{pathRoutine, pathHandler, pathLLM, pathRejected, pathFailure, pathNegotiation} {
 		m.envelopes.WithLabelValues(p)

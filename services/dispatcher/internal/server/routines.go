@@ -142,12 +142,13 @@ func (s *Server) runRoutine(ctx context.Context, r *compiledRoutine, fn string, 
 	if err != nil {
 		s.metrics.routineFailures.Inc()
 	}
+	s.countStop(err)
 	msg := ""
 	if err != nil {
 		msg = err.Error()
 	}
 	// Recorded even when the caller has gone: the failure happened.
-	stored, rerr := s.store.RecordRoutineRun(context.WithoutCancel(ctx), r.name, r.version, msg, s.opts.QuarantineAfter)
+	stored, rerr := s.store.RecordRoutineRun(context.WithoutCancel(ctx), r.name, r.version, msg, failureKind(err), s.opts.QuarantineAfter)
 	if rerr != nil {
 		s.logger.WarnContext(ctx, "routine outcome not recorded; quarantine may lag", slog.String("routine", r.name), slog.Any("err", rerr))
 		return out, newMemory, err
@@ -163,6 +164,33 @@ func (s *Server) runRoutine(ctx context.Context, r *compiledRoutine, fn string, 
 	}
 	r.mu.Unlock()
 	return out, newMemory, err
+}
+
+// failureKind is what stopped a failed run, for the Routine resource: a
+// check of the output that failed is the routine's error.
+func failureKind(err error) dispatcherv1.RoutineFailureKind {
+	switch routine.KindOf(err) {
+	case routine.KindTime:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME
+	case routine.KindMemory:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_MEMORY
+	case routine.KindOutput:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_OUTPUT
+	case routine.KindSteps:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_STEPS
+	}
+	if err != nil {
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_ERROR
+	}
+	return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_UNSPECIFIED
+}
+
+// countStop counts a run stopped by a budget or killed, by kind.
+func (s *Server) countStop(err error) {
+	switch k := routine.KindOf(err); k {
+	case routine.KindTime, routine.KindMemory, routine.KindOutput, routine.KindSteps:
+		s.metrics.routineStops.WithLabelValues(k.String()).Inc()
+	}
 }
 
 // tools returns agent's tools as routine host functions.

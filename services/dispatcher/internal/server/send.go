@@ -25,6 +25,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -512,6 +513,9 @@ func (s *Server) postOnce(ctx context.Context, u string, data []byte) (peerReply
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
 		Conv    string          `json:"conversationId"`
+	}
+	if err := jsondepth.Check(raw, jsondepth.Max); err != nil {
+		return peerReply{}, fmt.Errorf("HTTP %d with a reply: %w", resp.StatusCode, err)
 	}
 	if err := json.Unmarshal(raw, &w); err != nil {
 		return peerReply{}, fmt.Errorf("HTTP %d with a reply that is not JSON", resp.StatusCode)

@@ -346,6 +346,7 @@ func (s *Server) compareCandidate(ctx context.Context, agent string, c *negotiat
 		memory = json.RawMessage("{}")
 	}
 	out, _, err := prog.Call(ctx, fn, args, memory)
+	s.countStop(err)
 	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
 	}
