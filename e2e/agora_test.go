@@ -134,20 +134,35 @@ func percentEncode(s string) string {
 	return b.String()
 }
 
-// metric returns the sum of the samples of a metric whose line starts with
-// prefix (name plus any labels), from /metrics.
-func metric(t *testing.T, srv *parleytest.Server, prefix string) float64 {
+// scrape returns the sum of the samples of a metric from /metrics, and
+// whether there was any. name is the metric's name, optionally with its
+// labels exactly as exposed (`name{path="routine"}`); without labels every
+// labelled sample of name counts.
+func scrape(t *testing.T, srv *parleytest.Server, name string) (sum float64, found bool) {
 	t.Helper()
 	raw := mustAPI(t, "GET", srv.URL("/metrics"), "")
-	var sum float64
 	for _, l := range strings.Split(raw, "\n") {
-		if !strings.HasPrefix(l, prefix) {
+		rest, ok := strings.CutPrefix(l, name)
+		if !ok || rest == "" || !(rest[0] == ' ' || rest[0] == '{' && !strings.HasSuffix(name, "}")) {
 			continue
 		}
 		var v float64
-		if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err == nil {
-			sum += v
+		if _, err := fmt.Sscan(l[strings.LastIndexByte(l, ' ')+1:], &v); err != nil {
+			t.Fatalf("/metrics line %q: %v", l, err)
 		}
+		sum, found = sum+v, true
+	}
+	return sum, found
+}
+
+// metric is scrape for a metric that must exist: a missing one (a typo, a
+// renamed metric, or a labelled counter never incremented) fails the test
+// rather than reading as 0.
+func metric(t *testing.T, srv *parleytest.Server, name string) float64 {
+	t.Helper()
+	sum, found := scrape(t, srv, name)
+	if !found {
+		t.Fatalf("/metrics of %s has no sample of %s", srv.HTTPAddr, name)
 	}
 	return sum
 }
@@ -215,11 +230,11 @@ func TestAgora_dataURIProtocolVerifiedAnsweredAndServed(t *testing.T) {
 	}
 }
 
-// startWeather runs parley serve with acme:weather supporting the weather PD,
-// answered by a routine over a table tool.
-func startWeather(t *testing.T, dialect string) *parleytest.Server {
+// startWeather runs parley serve (with extra flags) with acme:weather
+// supporting the weather PD, answered by a routine over a table tool.
+func startWeather(t *testing.T, dialect string, extra ...string) *parleytest.Server {
 	t.Helper()
-	srv := parleytest.Start(t, "")
+	srv := parleytest.Start(t, "", extra...)
 	fields := ""
 	if dialect != "" {
 		fields = `,"dialect":"` + dialect + `"`
@@ -237,7 +252,10 @@ func startWeather(t *testing.T, dialect string) *parleytest.Server {
 }
 
 func TestAgora_weatherAnsweredByRoutineWithZeroLLM(t *testing.T) {
-	srv := startWeather(t, "")
+	// The scripted LLM is configured, so an envelope the routine did not
+	// answer would reach it and be counted.
+	fake := startFake(t)
+	srv := startWeather(t, "", llmShadowFlags(fake)...)
 	const n, workers = 1000, 8 // the issue's "Done when": 1,000 envelopes
 	tests := []struct{ body, want string }{
 		{`{"date":"2026-12-01","location":"Paris"}`, `{"status":"success","body":{"precipitation":1.5,"temperature":7,"weatherCondition":"rainy"}}`},
@@ -278,9 +296,8 @@ func TestAgora_weatherAnsweredByRoutineWithZeroLLM(t *testing.T) {
 	if got := metric(t, srv, `parley_dispatcher_envelopes_total{path="routine"}`); got != n {
 		t.Errorf("envelopes answered by the routine = %v, want %d", got, n)
 	}
-	if got := metric(t, srv, "parley_dispatcher_llm_calls_total"); got != 0 {
-		t.Errorf("LLM calls = %v, want 0", got)
-	}
+	fake.assertNoCalls(t, srv)
+	assertLLMCounted(t, srv, fake, srv.URL("/agora/acme/weather"))
 }
 
 func TestAgora_unsupportedProtocolPerDialect(t *testing.T) {
@@ -343,16 +360,17 @@ func pylibPost(t *testing.T, url string, wantN int) string {
 	return id
 }
 
-func startCounter(t *testing.T, dataDir string) *parleytest.Server {
+func startCounter(t *testing.T, dataDir string, extra ...string) *parleytest.Server {
 	t.Helper()
-	srv := parleytest.Start(t, dataDir)
+	srv := parleytest.Start(t, dataDir, extra...)
 	createAgent(t, srv, "acme", "counter", `,"supportPolicy":"SUPPORT_POLICY_IMPLEMENTED"`)
 	setRoutine(t, srv, "clients/acme/agents/counter", sha1Hex([]byte(counterPD)), counterRoutine)
 	return srv
 }
 
 func TestAgora_pylibShapedMultiroundConversation(t *testing.T) {
-	srv := startCounter(t, "")
+	fake := startFake(t) // configured: a call would be counted
+	srv := startCounter(t, "", llmShadowFlags(fake)...)
 	id := pylibPost(t, srv.URL("/agora/acme/counter"), 1)
 	conv := srv.URL("/agora/acme/counter/conversations/" + id)
 	for n := 2; n <= 4; n++ {
@@ -368,9 +386,8 @@ func TestAgora_pylibShapedMultiroundConversation(t *testing.T) {
 	if m := decode(t, raw); code != http.StatusOK || m["status"] != "error" {
 		t.Errorf("POST after DELETE = %d %s, want 200 status error", code, raw)
 	}
-	if got := metric(t, srv, "parley_dispatcher_llm_calls_total"); got != 0 {
-		t.Errorf("LLM calls = %v, want 0", got)
-	}
+	fake.assertNoCalls(t, srv)
+	assertLLMCounted(t, srv, fake, srv.URL("/agora/acme/counter"))
 }
 
 func TestAgora_conversationsSurviveRestart(t *testing.T) {

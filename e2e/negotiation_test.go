@@ -107,13 +107,15 @@ func costCalls(t *testing.T, srv *parleytest.Server, agent string) int {
 	return n
 }
 
-// TestNegotiation_twoServersDeterministic: with task and tool schemas and no
-// LLM anywhere, Alice's first Send negotiates a PD with Bob over Agora, both
-// registries hold it, both dispatchers run routines, and every structured
-// query is answered with zero LLM calls.
+// TestNegotiation_twoServersDeterministic: with task and tool schemas,
+// Alice's first Send negotiates a PD with Bob over Agora, both registries
+// hold it, both dispatchers run routines, and every structured query is
+// answered with zero LLM calls, although both servers have an LLM (a
+// scripted fake each) that would answer and count any call.
 func TestNegotiation_twoServersDeterministic(t *testing.T) {
-	alice := parleytest.Start(t, "", "--send-allow-private")
-	bob := parleytest.Start(t, "")
+	fa, fb := startFake(t), startFake(t)
+	alice := parleytest.Start(t, "", llmShadowFlags(fa, "--send-allow-private")...)
+	bob := parleytest.Start(t, "", llmShadowFlags(fb)...)
 	target := setUpWeather(t, alice, bob)
 
 	first := sendForecast(t, alice, target, "Paris", "2024-05-01")
@@ -155,18 +157,17 @@ func TestNegotiation_twoServersDeterministic(t *testing.T) {
 			t.Fatalf("send %d result %v, want %+v", i, out, f)
 		}
 	}
-	// An unknown city gets the PD's error reply, not an LLM.
+	fa.assertNoCalls(t, alice)
+	fb.assertNoCalls(t, bob)
+	assertLLMCounted(t, alice, fa, alice.URL("/agora/tours/alice"))
+	assertLLMCounted(t, bob, fb, target)
+
+	// An unknown city gets an error reply. It is checked after the zeros
+	// above: Bob's routine answers it, but Alice's derived parse fails on
+	// a reply without the output schema's fields (a routine failure), so
+	// with an LLM configured it falls back to one "parse" LLM call.
 	if r := sendForecast(t, alice, target, "Atlantis", "2024-05-01"); r.Status != "success" || !strings.Contains(r.ResultJSON, `"error"`) {
 		t.Errorf("unknown city = %+v, want the PD's error reply", r)
-	}
-
-	for _, srv := range []*parleytest.Server{alice, bob} {
-		if got := metric(t, srv, `parley_dispatcher_llm_calls_total`); got != 0 {
-			t.Errorf("dispatcher LLM calls = %v, want 0", got)
-		}
-		if got := costCalls(t, srv, ""); got != 0 {
-			t.Errorf("negotiator ledger calls = %d, want 0", got)
-		}
 	}
 	if got := metric(t, bob, `parley_dispatcher_envelopes_total{path="routine"}`); got < n+1 {
 		t.Errorf("Bob's routine envelopes = %v, want at least %d", got, n+1)
@@ -225,6 +226,44 @@ func llmFlags(f fakeLLM, extra ...string) []string {
 func llmShadowFlags(f fakeLLM, extra ...string) []string {
 	return append([]string{"--llm-provider", "openai", "--llm-base-url", f.base, "--llm-model", "gpt-4o",
 		"--llm-api-key", "test-key", "--llm-max-retries", "0"}, extra...)
+}
+
+// assertNoCalls fails the test if srv, configured with the fake f, made
+// any LLM call so far: f answered none and srv's ledger records none.
+// parley_dispatcher_llm_calls_total has no sample before the first call
+// (its children are made per purpose), so only assertLLMCounted requires it.
+func (f fakeLLM) assertNoCalls(t *testing.T, srv *parleytest.Server) {
+	t.Helper()
+	if st := f.stats(t); st.Calls != 0 {
+		t.Errorf("the scripted LLM answered %d calls from %s, want 0", st.Calls, srv.HTTPAddr)
+	}
+	if got := ledgerTotals(t, srv); got.Calls != 0 {
+		t.Errorf("the ledger of %s records %d LLM calls, want 0", srv.HTTPAddr, got.Calls)
+	}
+	if got, _ := scrape(t, srv, "parley_dispatcher_llm_calls_total"); got != 0 {
+		t.Errorf("parley_dispatcher_llm_calls_total of %s = %v, want 0", srv.HTTPAddr, got)
+	}
+}
+
+// assertLLMCounted proves that an earlier assertNoCalls could fail: one
+// natural-language envelope to agora (an Agora agent URL on srv) is
+// answered by the LLM, and the call shows up at the fake f, in srv's
+// ledger and in parley_dispatcher_llm_calls_total.
+func assertLLMCounted(t *testing.T, srv *parleytest.Server, f fakeLLM, agora string) {
+	t.Helper()
+	code, raw := api(t, "POST", agora, `{"body":"What will the weather be in Paris on 1 May 2024?"}`)
+	if m := decode(t, raw); code != 200 || m["status"] != "success" {
+		t.Fatalf("natural-language envelope to %s = %d %s, want an LLM's answer", agora, code, raw)
+	}
+	if st := f.stats(t); st.Calls == 0 {
+		t.Errorf("the scripted LLM answered no call after a natural-language envelope to %s", agora)
+	}
+	if got := ledgerTotals(t, srv); got.Calls == 0 {
+		t.Errorf("the ledger of %s records no call after a natural-language envelope", srv.HTTPAddr)
+	}
+	if got := metric(t, srv, "parley_dispatcher_llm_calls_total"); got == 0 {
+		t.Errorf("parley_dispatcher_llm_calls_total of %s = 0 after a natural-language envelope", srv.HTTPAddr)
+	}
 }
 
 // ledgerTotals reads a negotiator's cost summary (every agent).
@@ -452,7 +491,10 @@ func TestNegotiation_llmTwoServersShadow(t *testing.T) {
 	// promoted it, and counts the promotion once it is installed.
 	deadline := time.Now().Add(30 * time.Second)
 	for name, srv := range map[string]*parleytest.Server{"alice": alice, "bob": bob} {
-		for metric(t, srv, `parley_dispatcher_shadow_runs_total{outcome="promoted"}`) != 1 {
+		for {
+			if n, _ := scrape(t, srv, `parley_dispatcher_shadow_runs_total{outcome="promoted"}`); n == 1 {
+				break
+			}
 			if time.Now().After(deadline) {
 				t.Fatalf("%s installed no promoted routine", name)
 			}
@@ -552,7 +594,10 @@ func sendText(t *testing.T, a *parleytest.Server, target, text string) sendResul
 // envelopes get a clear failure while routines keep answering.
 func TestNegotiation_llmNaturalLanguageAndBudget(t *testing.T) {
 	llmURL := startFakeLLM(t)
-	alice := parleytest.Start(t, "", "--send-allow-private")
+	// Alice has an LLM too, so that her zero below could fail: her text
+	// and structured sends need none.
+	fa := startFake(t)
+	alice := parleytest.Start(t, "", llmShadowFlags(fa, "--send-allow-private")...)
 	bob := parleytest.Start(t, "", "--llm-provider", "openai", "--llm-base-url", llmURL, "--llm-model", "gpt-4o",
 		"--llm-api-key", "test-key", "--llm-max-retries", "0", "--llm-budget-agent-usd", "0.02")
 	target := setUpWeather(t, alice, bob)
@@ -609,9 +654,8 @@ func TestNegotiation_llmNaturalLanguageAndBudget(t *testing.T) {
 	if got := costCalls(t, bob, ""); got != calls {
 		t.Errorf("Bob's LLM calls went from %d to %d after the budget was spent", calls, got)
 	}
-	if got := costCalls(t, alice, ""); got != 0 {
-		t.Errorf("Alice's LLM calls = %d, want 0 (she has no LLM)", got)
-	}
+	fa.assertNoCalls(t, alice)
+	assertLLMCounted(t, alice, fa, alice.URL("/agora/tours/alice"))
 }
 
 // TestNegotiation_referenceExchange: a peer speaking the reference library's
@@ -640,13 +684,18 @@ func TestNegotiation_referenceExchange(t *testing.T) {
 }
 
 // TestDemoWeather_onServer: `parley demo weather --server` replays the story
-// on a running `parley serve`: one negotiated hash, no LLM call after the
-// (skipped) natural-language phase.
+// on a running `parley serve` whose LLM is a scripted fake: natural-language
+// queries cost LLM calls, then one negotiated hash, and no LLM call in the
+// negotiation, routines and structured phases.
 func TestDemoWeather_onServer(t *testing.T) {
-	srv := parleytest.Start(t, "", "--send-allow-private")
+	const nlQueries, queries = 2, 4
+	fake := startFake(t)
+	srv := parleytest.Start(t, "", llmShadowFlags(fake, "--send-allow-private",
+		"--negotiation-thresholds", fmt.Sprintf("*@*=1/%d/10", nlQueries+1))...)
 	for run := range 2 { // a second run on the same server starts from fresh agents
-		out, err := exec.Command(parleytest.Binary(t), "demo", "weather", "--json", "--queries", "4",
-			"--server", srv.GRPCAddr, "--http", "http://"+srv.HTTPAddr).CombinedOutput()
+		out, err := exec.Command(parleytest.Binary(t), "demo", "weather", "--json",
+			"--nl-queries", fmt.Sprint(nlQueries), "--queries", fmt.Sprint(queries),
+			"--server", srv.GRPCAddr, "--http", "http://"+srv.HTTPAddr).Output()
 		if err != nil {
 			t.Fatalf("run %d: parley demo weather: %v\n%s", run, err, out)
 		}
@@ -658,6 +707,7 @@ func TestDemoWeather_onServer(t *testing.T) {
 			Phases []struct {
 				Name     string
 				Skipped  bool
+				Queries  int
 				LLMCalls int
 				Correct  int
 			}
@@ -668,9 +718,27 @@ func TestDemoWeather_onServer(t *testing.T) {
 		if !s.Protocol.SameHash || len(s.Protocol.AliceSHA1) != 40 || s.Protocol.AliceSHA1 != s.Protocol.BobSHA1 {
 			t.Fatalf("run %d: protocol %+v", run, s.Protocol)
 		}
+		seen := map[string]bool{}
 		for _, p := range s.Phases {
-			if p.LLMCalls != 0 || p.Name == "structured" && p.Correct != 4 || p.Name == "natural-language" && !p.Skipped {
-				t.Fatalf("run %d: phase %+v", run, p)
+			seen[p.Name] = true
+			switch p.Name {
+			case "natural-language":
+				if p.Skipped || p.Queries != nlQueries || p.LLMCalls == 0 {
+					t.Errorf("run %d: phase %+v, want %d queries answered through LLM calls", run, p, nlQueries)
+				}
+			case "structured":
+				if p.LLMCalls != 0 || p.Queries != queries || p.Correct != queries {
+					t.Errorf("run %d: phase %+v, want %d correct queries and 0 LLM calls", run, p, queries)
+				}
+			default:
+				if p.LLMCalls != 0 {
+					t.Errorf("run %d: phase %+v, want 0 LLM calls", run, p)
+				}
+			}
+		}
+		for _, name := range []string{"natural-language", "negotiation", "routines", "structured"} {
+			if !seen[name] {
+				t.Errorf("run %d: the summary has no %q phase: %s", run, name, out)
 			}
 		}
 	}

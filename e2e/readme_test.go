@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -41,7 +42,22 @@ func TestReadme_walkthrough(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = root
+	// The script's mktemp directories (binary, data, work) land in the
+	// test's own temporary directory, removed when the test ends.
+	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	// The script runs `parley serve` in the background. If the script
+	// fails before its `kill %1`, that orphan would keep the output pipe
+	// open and hang the test: run everything in one process group, kill
+	// the group on timeout and after the script, and stop waiting for the
+	// pipe WaitDelay after the script is gone.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	killGroup := func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.Cancel = killGroup
+	cmd.WaitDelay = 10 * time.Second
 	out, err := cmd.CombinedOutput()
+	if cmd.Process != nil {
+		_ = killGroup() // ESRCH when the script cleaned up after itself
+	}
 	if err != nil {
 		t.Fatalf("walkthrough failed: %v\n%s", err, out)
 	}

@@ -113,7 +113,12 @@ func TestServe_SIGTERMWithConnectedAgent(t *testing.T) {
 		t.Fatalf("SIGTERM with a connected agent: %v\n%s", err, srv.Log)
 	}
 	t.Logf("exited %v after SIGTERM", time.Since(start))
-	if err := <-done; err == nil {
-		t.Error("sdk.Connect returned nil after the server stopped, want the stream's error (so callers reconnect)")
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("sdk.Connect returned nil after the server stopped, want the stream's error (so callers reconnect)")
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("sdk.Connect still running 30s after the server stopped")
 	}
 }

@@ -131,7 +131,12 @@ func TestSteps_sdkHandlerAndRoutineBothComplete(t *testing.T) {
 		t.Errorf("SDK step = %+v, want output \"sdk: write/draft\"", got)
 	}
 	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("sdk.Connect after cancel = %v, want nil", err)
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("sdk.Connect after cancel = %v, want nil", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("sdk.Connect still running 30s after cancel")
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -43,6 +44,23 @@ func (f *fakeDispatcher) Connect(stream dispatcherv1.DispatcherService_ConnectSe
 			return nil
 		}
 		f.replies <- m
+	}
+}
+
+// recvTimeout bounds every wait on a channel, so that a lost message fails
+// the test instead of hanging it until go test's own limit.
+const recvTimeout = 30 * time.Second
+
+// recv returns the next value from ch, failing the test after recvTimeout.
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(recvTimeout):
+		t.Fatalf("no %s within %s", what, recvTimeout)
+		var zero T
+		return zero
 	}
 }
 
@@ -93,14 +111,14 @@ func TestConnect_answersEnvelopesAndSteps(t *testing.T) {
 			sdk.OnReady(func() { close(ready) }),
 		)
 	}()
-	hello := <-f.hello
+	hello := recv(t, f.hello, "the agent's hello")
 	if hello.GetAgent() != "clients/acme/agents/weather" || len(hello.GetProtocolHashes()) != 1 || !hello.GetNaturalLanguage() || !hello.GetSteps() {
 		t.Errorf("hello = %v, want the agent, one hash, NL and steps", hello)
 	}
-	<-ready
+	recv(t, ready, "the ready callback")
 	got := map[string]*dispatcherv1.ConnectRequest{}
 	for range 4 {
-		m := <-f.replies
+		m := recv(t, f.replies, "a reply")
 		if r := m.GetEnvelopeReply(); r != nil {
 			got[r.GetRequestId()] = m
 		}
@@ -121,7 +139,7 @@ func TestConnect_answersEnvelopesAndSteps(t *testing.T) {
 		t.Errorf("reply 4 = %v, want an error for an unhandled protocol", r)
 	}
 	cancel()
-	if err := <-done; err != nil {
+	if err := recv(t, done, "Connect's return after cancel"); err != nil {
 		t.Errorf("Connect after cancel = %v, want nil", err)
 	}
 }

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 
@@ -11,13 +14,18 @@ import (
 	"google.golang.org/protobuf/types/known/fieldmaskpb"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/envflag"
 )
 
 // runAgent is `parley agent`: hosted agents and the protocols they support.
 // AGENT is `<client>:<agent>` (or the resource name
 // clients/{client}/agents/{agent}).
 func runAgent(e env, args []string) error {
-	return subcommand(e, "agent", args, map[string]command{
+	return subcommand(e, "agent", args, agentCommands())
+}
+
+func agentCommands() map[string]command {
+	return map[string]command{
 		"create":    {"create a hosted agent CLIENT:AGENT", agentCreate},
 		"get":       {"print a hosted agent as JSON", agentGet},
 		"update":    {"change AGENT's --display-name, --description, --dialect or --policy", agentUpdate},
@@ -26,7 +34,7 @@ func runAgent(e env, args []string) error {
 		"support":   {"declare AGENT supports protocol HASH [--source URL ...]", agentSupport},
 		"unsupport": {"declare AGENT refuses protocol HASH [--comment TEXT]", agentUnsupport},
 		"forget":    {"remove protocol HASH from both of AGENT's lists", agentForget},
-	})
+	}
 }
 
 // agentName turns `client:agent` into clients/{client}/agents/{agent}.
@@ -52,8 +60,8 @@ func wireName(name string) string {
 
 // agentCall parses flags and the positional arguments, dials, and runs fn
 // with a client and the agent's resource name (args[0]).
-func agentCall(e env, fs *flag.FlagSet, args []string, nargs int, usage string, fn func(c registryv1.RegistryServiceClient, name string, args []string) error) error {
-	conn, name, args, err := agentConn(e, fs, args, nargs, usage)
+func agentCall(e env, fs *flag.FlagSet, args []string, doc envflag.Doc, fn func(c registryv1.RegistryServiceClient, name string, args []string) error) error {
+	conn, name, args, err := agentConn(e, fs, args, doc)
 	if err != nil {
 		return err
 	}
@@ -80,7 +88,10 @@ func agentCreate(e env, args []string) error {
 	desc := fs.String("description", "", "what the agent does")
 	dialect := fs.String("dialect", "", "Agora reply dialect: spec2024 (default), std or pylib")
 	policy := fs.String("policy", "", "support policy: explicit (default) or implemented")
-	return agentCall(e, fs, args, 1, "CLIENT:AGENT [flags]", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+	return agentCall(e, fs, args, clientDoc("parley agent create CLIENT:AGENT [flags]",
+		"Create a hosted agent on the server. Prints its name.",
+		[]envflag.Arg{argAgent},
+		"parley agent create acme:weather --display-name 'Acme weather' --dialect std"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
 		d, ok := dialects[*dialect]
 		if !ok {
 			return fmt.Errorf("--dialect %q must be spec2024, std or pylib", *dialect)
@@ -115,7 +126,10 @@ func agentUpdate(e env, args []string) error {
 	dialect := fs.String("dialect", "", "Agora reply dialect: spec2024, std or pylib")
 	policy := fs.String("policy", "", "support policy: explicit or implemented")
 	fs.StringVar(&agent.Etag, "etag", "", "apply only if the agent's etag is still this one")
-	return agentCall(e, fs, args, 1, "CLIENT:AGENT [--display-name TEXT] [--description TEXT] [--dialect std|pylib|spec2024] [--policy explicit|implemented] [--etag ETAG]", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+	return agentCall(e, fs, args, clientDoc("parley agent update CLIENT:AGENT [flags]",
+		"Change the fields of a hosted agent whose flags are given; prints the agent as JSON.",
+		[]envflag.Arg{argAgent},
+		"parley agent update acme:weather --description 'forecasts by city' --policy implemented"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
 		var ok bool
 		if agent.Dialect, ok = dialects[*dialect]; !ok {
 			return fmt.Errorf("--dialect %q must be spec2024, std or pylib", *dialect)
@@ -145,17 +159,32 @@ func agentUpdate(e env, args []string) error {
 }
 
 func printAgent(e env, a *registryv1.Agent) error {
-	b, err := protojson.MarshalOptions{Multiline: true}.Marshal(a)
+	b, err := protojson.Marshal(a)
 	if err != nil {
 		return err
 	}
-	_, err = fmt.Fprintln(e.stdout, string(b))
+	return writeIndented(e.stdout, b)
+}
+
+// writeIndented prints JSON with encoding/json's two-space indentation and
+// a final newline. protojson varies its whitespace from build to build on
+// purpose; output meant for people and scripts must not.
+func writeIndented(w io.Writer, b []byte) error {
+	var buf bytes.Buffer
+	if err := json.Indent(&buf, b, "", "  "); err != nil {
+		return err
+	}
+	buf.WriteByte('\n')
+	_, err := w.Write(buf.Bytes())
 	return err
 }
 
 func agentGet(e env, args []string) error {
 	fs := flag.NewFlagSet("parley agent get", flag.ContinueOnError)
-	return agentCall(e, fs, args, 1, "CLIENT:AGENT", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+	return agentCall(e, fs, args, clientDoc("parley agent get CLIENT:AGENT [flags]",
+		"Print a hosted agent as JSON.",
+		[]envflag.Arg{argAgent},
+		"parley agent get acme:weather"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
 		ctx, cancel := callContext()
 		defer cancel()
 		a, err := c.GetAgent(ctx, &registryv1.GetAgentRequest{Name: name})
@@ -170,7 +199,9 @@ func agentList(e env, args []string) error {
 	fs := flag.NewFlagSet("parley agent list", flag.ContinueOnError)
 	dial := dialServer(e, fs)
 	client := fs.String("client", "", "list only this client's agents")
-	if _, err := parseArgs(fs, args, e.stderr, 0, "[--client CLIENT]"); err != nil {
+	if _, err := parseArgs(e, fs, args, clientDoc("parley agent list [flags]",
+		"List hosted agents: name, number of supported protocols, display name.", nil,
+		"parley agent list --client acme")); err != nil {
 		return err
 	}
 	parent := "clients/-"
@@ -203,7 +234,10 @@ func agentList(e env, args []string) error {
 
 func agentDelete(e env, args []string) error {
 	fs := flag.NewFlagSet("parley agent delete", flag.ContinueOnError)
-	return agentCall(e, fs, args, 1, "CLIENT:AGENT", func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+	return agentCall(e, fs, args, clientDoc("parley agent delete CLIENT:AGENT [flags]",
+		"Delete a hosted agent.",
+		[]envflag.Arg{argAgent},
+		"parley agent delete acme:weather"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
 		ctx, cancel := callContext()
 		defer cancel()
 		_, err := c.DeleteAgent(ctx, &registryv1.DeleteAgentRequest{Name: name})
@@ -214,8 +248,11 @@ func agentDelete(e env, args []string) error {
 func agentSupport(e env, args []string) error {
 	fs := flag.NewFlagSet("parley agent support", flag.ContinueOnError)
 	var sources stringList
-	fs.Var(&sources, "source", "a URL or data: URI peers can fetch the document from; repeatable (default: this registry's /protocols/{hash})")
-	return agentCall(e, fs, args, 2, "CLIENT:AGENT HASH [--source URL ...]", func(c registryv1.RegistryServiceClient, name string, rest []string) error {
+	fs.Var(&sources, "source", "a `URL` or data: URI peers can fetch the document from; repeatable (default: this registry's /protocols/{hash})")
+	return agentCall(e, fs, args, clientDoc("parley agent support CLIENT:AGENT HASH [flags]",
+		"Declare that the agent supports a protocol; prints the agent as JSON.",
+		[]envflag.Arg{argAgent, argHash},
+		"parley agent support acme:weather 0f3c...e9 --source https://example.com/weather.md"), func(c registryv1.RegistryServiceClient, name string, rest []string) error {
 		ctx, cancel := callContext()
 		defer cancel()
 		a, err := c.AddSupportedProtocol(ctx, &registryv1.AddSupportedProtocolRequest{Name: name, Protocol: rest[0], Sources: sources})
@@ -229,7 +266,10 @@ func agentSupport(e env, args []string) error {
 func agentUnsupport(e env, args []string) error {
 	fs := flag.NewFlagSet("parley agent unsupport", flag.ContinueOnError)
 	comment := fs.String("comment", "", "why the agent refuses it, shown in /.wellknown?detail=full")
-	return agentCall(e, fs, args, 2, "CLIENT:AGENT HASH [--comment TEXT]", func(c registryv1.RegistryServiceClient, name string, rest []string) error {
+	return agentCall(e, fs, args, clientDoc("parley agent unsupport CLIENT:AGENT HASH [flags]",
+		"Declare that the agent refuses a protocol; prints the agent as JSON.",
+		[]envflag.Arg{argAgent, argHash},
+		"parley agent unsupport acme:weather 0f3c...e9 --comment 'superseded by v2'"), func(c registryv1.RegistryServiceClient, name string, rest []string) error {
 		ctx, cancel := callContext()
 		defer cancel()
 		a, err := c.AddUnsupportedProtocol(ctx, &registryv1.AddUnsupportedProtocolRequest{Name: name, Protocol: rest[0], Comment: *comment})
@@ -242,7 +282,10 @@ func agentUnsupport(e env, args []string) error {
 
 func agentForget(e env, args []string) error {
 	fs := flag.NewFlagSet("parley agent forget", flag.ContinueOnError)
-	return agentCall(e, fs, args, 2, "CLIENT:AGENT HASH", func(c registryv1.RegistryServiceClient, name string, rest []string) error {
+	return agentCall(e, fs, args, clientDoc("parley agent forget CLIENT:AGENT HASH [flags]",
+		"Remove a protocol from both the agent's supported and refused lists; prints the agent as JSON.",
+		[]envflag.Arg{argAgent, argHash},
+		"parley agent forget acme:weather 0f3c...e9"), func(c registryv1.RegistryServiceClient, name string, rest []string) error {
 		ctx, cancel := callContext()
 		defer cancel()
 		if _, err := c.RemoveSupportedProtocol(ctx, &registryv1.RemoveSupportedProtocolRequest{Name: name, Protocol: rest[0]}); err != nil {

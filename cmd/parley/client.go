@@ -7,8 +7,8 @@ package main
 // A subcommand uses it like this:
 //
 //	fs := flag.NewFlagSet("parley thing do", flag.ContinueOnError)
-//	dial := dialServer(e, fs)                               // adds --server
-//	args, err := parseArgs(fs, args, e.stderr, 1, "THING")  // flags may follow positionals
+//	dial := dialServer(e, fs)                   // adds --server
+//	args, err := parseArgs(e, fs, args, doc)    // flags may follow positionals; doc is the --help
 //	conn, err := dial()
 //	defer conn.Close()
 //	ctx, cancel := callContext()
@@ -18,12 +18,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"strings"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/grpcclient"
 )
 
@@ -38,20 +40,72 @@ const callTimeout = 30 * time.Second
 // 127.0.0.1:9090) and --server-ca on fs, and returns a function that dials
 // the server once fs is parsed. The connection is plaintext unless
 // --server-ca names a PEM CA bundle. The caller closes it.
-func dialServer(e env, fs *flag.FlagSet) func() (*grpc.ClientConn, error) {
+func dialServer(e env, fs *flag.FlagSet) func() (*serverConn, error) {
 	def := e.getenv("PARLEY_SERVER")
 	if def == "" {
 		def = defaultServer
 	}
-	addr := fs.String("server", def, "gRPC address of a running Parley server (environment PARLEY_SERVER)")
-	ca := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "PEM CA bundle; when set, dial the server over TLS (environment PARLEY_SERVER_CA)")
-	return func() (*grpc.ClientConn, error) {
+	addr := fs.String("server", def, "gRPC `address` of a running Parley server")
+	ca := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "PEM CA bundle `file`; when set, dial the server over TLS")
+	return func() (*serverConn, error) {
 		conn, err := grpcclient.Dial(*addr, grpcclient.Options{CAFile: *ca})
 		if err != nil {
 			return nil, fmt.Errorf("--server %s: %w", *addr, err)
 		}
-		return conn, nil
+		return &serverConn{ClientConn: conn, addr: *addr}, nil
 	}
+}
+
+// serverConn is the connection to --server. It rewrites the two errors a
+// new user meets first, a server that is not there and a server that does
+// not host the service called, into one line that says what to change.
+type serverConn struct {
+	*grpc.ClientConn
+	addr string
+}
+
+func (c *serverConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	return c.explain(method, c.ClientConn.Invoke(ctx, method, args, reply, opts...))
+}
+
+func (c *serverConn) NewStream(ctx context.Context, desc *grpc.StreamDesc, method string, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	s, err := c.ClientConn.NewStream(ctx, desc, method, opts...)
+	return s, c.explain(method, err)
+}
+
+// serviceHomes says, per gRPC service, which part of Parley hosts it.
+var serviceHomes = map[string]string{
+	"parley.registry.v1.RegistryService":     "the registry",
+	"parley.dispatcher.v1.DispatcherService": "the dispatcher",
+	"parley.negotiator.v1.NegotiatorService": "the negotiator",
+	"parley.tasks.v1.TasksService":           "the tasks service",
+}
+
+// explain rewrites err from calling method (/pkg.Service/Method).
+func (c *serverConn) explain(method string, err error) error {
+	st, ok := status.FromError(err)
+	if err == nil || !ok {
+		return err
+	}
+	service := strings.TrimPrefix(method, "/")
+	service, _, _ = strings.Cut(service, "/")
+	switch {
+	case st.Code() == codes.Unavailable:
+		cause := "unavailable"
+		for _, k := range []string{"connection refused", "no such host", "i/o timeout", "connection reset", "handshake"} {
+			if strings.Contains(st.Message(), k) {
+				cause = k
+			}
+		}
+		return fmt.Errorf("cannot reach a Parley server at %s (%s): start one with 'parley serve', or point --server (or PARLEY_SERVER) at its gRPC address", c.addr, cause)
+	case st.Code() == codes.Unimplemented && strings.HasPrefix(st.Message(), "unknown service"):
+		home := serviceHomes[service]
+		if home == "" {
+			home = "another Parley service"
+		}
+		return fmt.Errorf("the server at %s does not host %s (%s): 'parley serve' hosts every service on its --grpc address (default %s); in a split deployment, point --server (or PARLEY_SERVER) at the process running %s", c.addr, service, home, defaultServer, home)
+	}
+	return err
 }
 
 // callContext returns the context for one client call.
@@ -59,41 +113,45 @@ func callContext() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), callTimeout)
 }
 
+// clientEnv names the variables client subcommands read: only the
+// connection flags, so that an unrelated PARLEY_* setting never changes
+// what a command does.
+var clientEnv = map[string]string{"server": "PARLEY_SERVER", "server-ca": "PARLEY_SERVER_CA"}
+
+// clientDoc is the help of a client subcommand.
+func clientDoc(usage, summary string, args []envflag.Arg, examples ...string) envflag.Doc {
+	return envflag.Doc{Usage: usage, Summary: summary, Args: args, Examples: examples, Env: clientEnv}
+}
+
+// The positional arguments client subcommands share.
+var (
+	argAgent = envflag.Arg{Name: "CLIENT:AGENT", Help: "a hosted agent, as client:agent (or clients/CLIENT/agents/AGENT)"}
+	argHash  = envflag.Arg{Name: "HASH", Help: "a protocol document's SHA-1, 40 hex or 28 base64 characters"}
+)
+
 // parseArgs parses fs from args, allowing flags before, between and after
 // positional arguments (`parley agent support a:b HASH --source URL`). An
 // argument "--" ends flag parsing. It returns the positional arguments, of
-// which there must be n (usage names them for the error). Usage errors and
-// -h print fs's defaults to stderr.
-func parseArgs(fs *flag.FlagSet, args []string, stderr io.Writer, n int, usage string) ([]string, error) {
-	fs.SetOutput(stderr)
-	var pos []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			return nil, err
-		}
-		rest := fs.Args()
-		if len(rest) == 0 {
-			break
-		}
-		if rest[0] == "--" {
-			pos = append(pos, rest[1:]...)
-			break
-		}
-		pos = append(pos, rest[0])
-		args = rest[1:]
+// which there must be as many as doc.Args names. --help prints doc to
+// stdout and returns flag.ErrHelp.
+func parseArgs(e env, fs *flag.FlagSet, args []string, doc envflag.Doc) ([]string, error) {
+	fs.SetOutput(e.stdout)
+	pos, err := doc.ParseArgs(fs, args, e.getenv)
+	if err != nil {
+		return nil, err
 	}
-	if len(pos) != n {
-		return nil, fmt.Errorf("usage: %s %s", fs.Name(), usage)
+	if len(pos) != len(doc.Args) {
+		return nil, usageErrorf("usage: %s (run '%s --help')", doc.Usage, fs.Name())
 	}
 	return pos, nil
 }
 
-// agentConn parses fs from args with nargs positional arguments, the first
-// an AGENT, and dials --server. It returns the connection (the caller
+// agentConn parses fs from args with doc's positional arguments, the first
+// an agent, and dials --server. It returns the connection (the caller
 // closes it), the agent's resource name and the positional arguments.
-func agentConn(e env, fs *flag.FlagSet, args []string, nargs int, usage string) (*grpc.ClientConn, string, []string, error) {
+func agentConn(e env, fs *flag.FlagSet, args []string, doc envflag.Doc) (*serverConn, string, []string, error) {
 	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr, nargs, usage)
+	args, err := parseArgs(e, fs, args, doc)
 	if err != nil {
 		return nil, "", nil, err
 	}
@@ -116,17 +174,22 @@ func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
 
 // subcommand dispatches `parley <group> <sub> ...` to subs.
 func subcommand(e env, group string, args []string, subs map[string]command) error {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
-		fmt.Fprintf(e.stderr, "Usage: parley %s <command> [flags]\n\nCommands:\n", group)
-		listCommands(e.stderr, subs)
+	if len(args) == 0 || isHelp(args[0]) {
+		w := e.stdout
 		if len(args) == 0 {
-			return fmt.Errorf("parley %s needs a command", group)
+			w = e.stderr
+		}
+		fmt.Fprintf(w, "Usage: parley %s <command> [arguments] [flags]\n\nCommands:\n", group)
+		listCommands(w, subs)
+		fmt.Fprintf(w, "\nRun 'parley %s <command> --help' for a command's arguments, flags and examples.\n", group)
+		if len(args) == 0 {
+			return usageErrorf("parley %s needs a command", group)
 		}
 		return flag.ErrHelp
 	}
 	c, ok := subs[args[0]]
 	if !ok {
-		return fmt.Errorf("unknown command %q (run 'parley %s help')", "parley "+group+" "+args[0], group)
+		return usageErrorf("unknown command %q (run 'parley %s help')", "parley "+group+" "+args[0], group)
 	}
 	return c.run(e, args[1:])
 }

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/signal"
@@ -38,11 +39,40 @@ import (
 // must be configured the same way (--negotiation-thresholds
 // '*@*=1/<nl+1>/10' --routine-shadow-calls 0).
 func runDemo(e env, args []string) error {
-	if len(args) == 0 || args[0] != "weather" {
-		return fmt.Errorf("usage: parley demo weather [flags] (run 'parley demo weather --help')")
+	if len(args) > 0 && isHelp(args[0]) {
+		// One demo so far: its whole help is the group's.
+		fmt.Fprintf(e.stdout, "Usage: parley demo <command> [flags]\n\nCommands:\n")
+		listCommands(e.stdout, demoCommands())
+		fmt.Fprintln(e.stdout)
+		return runDemoWeather(e, []string{"--help"})
 	}
+	return subcommand(e, "demo", args, demoCommands())
+}
+
+func demoCommands() map[string]command {
+	return map[string]command{
+		"weather": {"Alice asks Bob for forecasts: natural language, then a negotiated protocol and routines", runDemoWeather},
+	}
+}
+
+// demoWeatherDoc is the help of `parley demo weather`.
+var demoWeatherDoc = envflag.Doc{
+	Usage: "parley demo weather [flags]",
+	Summary: "Replay the weather story: Alice's agent asks Bob's for forecasts in natural language (through the LLM), " +
+		"they negotiate a protocol, Bob's side writes a routine, and the remaining queries run without the LLM. " +
+		"Without --server it starts two in-process Parley servers; with --server it runs both agents on that one, " +
+		"which must run with --send-allow-private since Alice sends to its own loopback address.",
+	Prefix: "PARLEY_",
+	Examples: []string{
+		"parley demo weather",
+		"parley demo weather --json --queries 100",
+		"parley demo weather --server 127.0.0.1:9090 --http http://127.0.0.1:8080   # against parley serve --send-allow-private",
+	},
+}
+
+func runDemoWeather(e env, args []string) error {
 	fs := flag.NewFlagSet("parley demo weather", flag.ContinueOnError)
-	fs.SetOutput(e.stderr)
+	fs.SetOutput(e.stdout)
 	asJSON := fs.Bool("json", false, "print one JSON summary on stdout instead of progress lines")
 	queries := fs.Int("queries", 10, "structured queries after negotiation")
 	nlQueries := fs.Int("nl-queries", 3, "natural-language queries before negotiation (need an LLM)")
@@ -52,7 +82,7 @@ func runDemo(e env, args []string) error {
 	negotiation := fs.String("negotiation", demo.NegotiationDeterministic, "how the PD is negotiated: deterministic (from the task's JSON Schemas, no LLM) or llm (no schemas: the LLMs negotiate and write the routines; needs an LLM)")
 	var cfg negotiatorconfig.Config
 	cfg.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args[1:], "PARLEY_", e.getenv); err != nil {
+	if _, err := parseArgs(e, fs, args, demoWeatherDoc); err != nil {
 		return err
 	}
 	if err := cfg.Validate(); err != nil {
@@ -135,7 +165,7 @@ func demoInProcess(ctx context.Context, opts demo.Options, neg negotiatorconfig.
 			return demo.Endpoint{}, err
 		}
 		stops = append(stops, func() error { return os.RemoveAll(dir) })
-		cfg, err := loadSuiteConfig([]string{"--data", dir, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"}, func(string) string { return "" })
+		cfg, err := loadSuiteConfig(env{getenv: func(string) string { return "" }, stdout: io.Discard}, []string{"--data", dir, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"})
 		if err != nil {
 			return demo.Endpoint{}, err
 		}

@@ -21,6 +21,16 @@ import (
 	tasksapp "github.com/parleyhq/parley/services/tasks/app"
 )
 
+// gatewayDoc is the help of `parley gateway`.
+var gatewayDoc = envflag.Doc{
+	Usage:   "parley gateway [flags]",
+	Summary: "Serve the REST gateway (the /v1 routes and the Agent Protocol) in front of services running as separate processes, reaching each over gRPC.",
+	Prefix:  "PARLEY_",
+	Examples: []string{
+		"parley gateway --http :8080 --registry-addr 127.0.0.1:9091 --dispatcher-addr 127.0.0.1:9092 --negotiator-addr 127.0.0.1:9093 --tasks-addr 127.0.0.1:9094",
+	},
+}
+
 // runGateway serves the REST gateway for services running as separate
 // processes, reaching each over gRPC.
 func runGateway(e env, args []string) error {
@@ -28,12 +38,13 @@ func runGateway(e env, args []string) error {
 	var caFile string
 	addrs := map[string]*string{}
 	fs := flag.NewFlagSet("parley gateway", flag.ContinueOnError)
+	fs.SetOutput(e.stdout)
 	f.Register(fs, "grpc", "127.0.0.1:0", "http", ":8080", "")
 	for _, svc := range []string{"registry", "dispatcher", "negotiator", "tasks"} {
-		addrs[svc] = fs.String(svc+"-addr", "dns:///"+svc+":9090", svc+" gRPC address")
+		addrs[svc] = fs.String(svc+"-addr", "dns:///"+svc+":9090", "gRPC `address` of the "+svc+" service")
 	}
-	fs.StringVar(&caFile, "peer-ca", "", "PEM CA bundle; when set, dial services over TLS")
-	if err := envflag.Parse(fs, args, "PARLEY_", e.getenv); err != nil {
+	fs.StringVar(&caFile, "peer-ca", "", "PEM CA bundle `file`; when set, dial services over TLS")
+	if _, err := parseArgs(e, fs, args, gatewayDoc); err != nil {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "gateway", f.LogLevel)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"net/http"
@@ -14,16 +13,28 @@ import (
 	"github.com/parleyhq/parley/platform/grpcclient"
 )
 
+// healthDoc is the help of `parley health`.
+var healthDoc = envflag.Doc{
+	Usage:   "parley health [flags]",
+	Summary: "Check a server's gRPC health (grpc.health.v1) or an HTTP URL; print the status and exit 0 when serving, 1 otherwise. Container health checks use it, since the images have no shell or curl.",
+	Prefix:  "PARLEY_HEALTH_",
+	Examples: []string{
+		"parley health --server 127.0.0.1:9090",
+		"parley health --url http://127.0.0.1:8080/readyz",
+	},
+}
+
 // runHealth checks a server: over gRPC (grpc.health.v1, service "" by
 // default) or over HTTP (any 2xx). Container health checks use it, since
 // the images have no shell or curl.
 func runHealth(e env, args []string) error {
 	fs := flag.NewFlagSet("parley health", flag.ContinueOnError)
-	server := fs.String("server", "", "gRPC address to check")
-	url := fs.String("url", "", "HTTP URL to check instead, e.g. http://127.0.0.1:8080/readyz")
-	service := fs.String("service", "", "gRPC service name to check; empty means the whole server")
+	fs.SetOutput(e.stdout)
+	server := fs.String("server", "", "gRPC `address` to check")
+	url := fs.String("url", "", "HTTP `URL` to check instead, e.g. http://127.0.0.1:8080/readyz")
+	service := fs.String("service", "", "gRPC service `name` to check; empty means the whole server")
 	timeout := fs.Duration("timeout", 3*time.Second, "how long to wait for an answer")
-	if err := envflag.Parse(fs, args, "PARLEY_HEALTH_", e.getenv); err != nil {
+	if _, err := parseArgs(e, fs, args, healthDoc); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
@@ -60,6 +71,6 @@ func runHealth(e env, args []string) error {
 		}
 		return nil
 	default:
-		return errors.New("parley health needs --server or --url")
+		return usageErrorf("parley health needs --server or --url")
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/parleyhq/parley/platform/envflag"
 	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
 )
 
@@ -37,12 +38,30 @@ func main() {
 	if dispatcherapp.IsRoutineWorker() { // the dispatcher's routine workers
 		os.Exit(dispatcherapp.ServeRoutineWorker())
 	}
-	if err := run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "parley:", oneLine(err))
-		}
-		os.Exit(1)
+	err := run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, "parley:", oneLine(err))
 	}
+	os.Exit(exitCode(err))
+}
+
+// exitCode is 0 for success and --help, 2 for a command line the command
+// cannot accept, and 1 for a failure.
+func exitCode(err error) int {
+	var ue *envflag.UsageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		return 2
+	default:
+		return 1
+	}
+}
+
+// usageErrorf is a command-line mistake: exit status 2.
+func usageErrorf(format string, args ...any) error {
+	return &envflag.UsageError{Err: fmt.Errorf(format, args...)}
 }
 
 // env carries what a subcommand may touch of the outside world.
@@ -55,6 +74,16 @@ type env struct {
 type command struct {
 	summary string
 	run     func(e env, args []string) error
+}
+
+// groups are the commands that take a subcommand, with their subcommands.
+func groups() map[string]map[string]command {
+	return map[string]map[string]command{
+		"agent":    agentCommands(),
+		"demo":     demoCommands(),
+		"protocol": protocolCommands(),
+		"routine":  routineCommands(),
+	}
 }
 
 func commands() map[string]command {
@@ -73,25 +102,35 @@ func commands() map[string]command {
 func run(args []string, getenv func(string) string, stdout, stderr io.Writer) error {
 	e := env{getenv: getenv, stdout: stdout, stderr: stderr}
 	cmds := commands()
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	if len(args) == 0 {
 		usage(stderr, cmds)
-		if len(args) == 0 {
-			return errors.New("missing command")
-		}
+		return usageErrorf("missing command")
+	}
+	if isHelp(args[0]) {
+		usage(stdout, cmds)
 		return flag.ErrHelp
 	}
 	c, ok := cmds[args[0]]
 	if !ok {
-		return fmt.Errorf("unknown command %q (run 'parley help')", args[0])
+		return usageErrorf("unknown command %q (run 'parley help')", args[0])
 	}
 	return c.run(e, args[1:])
+}
+
+// isHelp reports whether arg asks for help.
+func isHelp(arg string) bool {
+	return arg == "-h" || arg == "--help" || arg == "help"
 }
 
 func usage(w io.Writer, cmds map[string]command) {
 	fmt.Fprintln(w, "Usage: parley <command> [flags]")
 	fmt.Fprintln(w, "\nCommands:")
 	listCommands(w, cmds)
-	fmt.Fprintln(w, "\nRun 'parley <command> --help' for a command's flags.")
+	fmt.Fprintln(w, "\nExamples:")
+	fmt.Fprintln(w, "  parley serve --data ./data          # every service on 127.0.0.1:9090 (gRPC) and :8080 (HTTP)")
+	fmt.Fprintln(w, "  parley agent create acme:weather   # a hosted agent on that server")
+	fmt.Fprintln(w, "  parley demo weather                # the Agora story end to end, in process")
+	fmt.Fprintln(w, "\nRun 'parley <command> --help' for a command's arguments and flags.")
 }
 
 // listCommands prints cmds with their summaries, one a line, by name.

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -23,7 +24,7 @@ func TestRun_badInvocations(t *testing.T) {
 		want string
 	}{
 		{"unknown command", []string{"frobnicate"}, `unknown command "frobnicate"`},
-		{"unknown flag", []string{"serve", "--bogus"}, "flag provided but not defined: -bogus"},
+		{"unknown flag", []string{"serve", "--bogus"}, "flag provided but not defined: --bogus"},
 		{"stray argument", []string{"serve", "extra"}, "takes no arguments"},
 		{"data dir is a file", []string{"serve", "--data", file, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, "data directory " + file + " is unusable"},
 		{"bad duration", []string{"serve", "--shutdown-timeout", "soon"}, "invalid value"},
@@ -47,7 +48,7 @@ func TestRun_badInvocations(t *testing.T) {
 
 func TestServe_secondServerOnSameDataFailsFast(t *testing.T) {
 	dir := t.TempDir()
-	cfg, err := loadSuiteConfig([]string{"--data", dir}, noEnv)
+	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,8 +77,8 @@ func TestServe_portInUseIsOneLineError(t *testing.T) {
 }
 
 func TestServe_environmentFallback(t *testing.T) {
-	env := map[string]string{"PARLEY_DATA": "/env/data", "PARLEY_HTTP": "127.0.0.1:1234"}
-	cfg, err := loadSuiteConfig([]string{"--http", "127.0.0.1:0"}, func(k string) string { return env[k] })
+	vars := map[string]string{"PARLEY_DATA": "/env/data", "PARLEY_HTTP": "127.0.0.1:1234"}
+	cfg, err := loadSuiteConfig(env{getenv: func(k string) string { return vars[k] }, stdout: io.Discard}, []string{"--http", "127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,23 +9,31 @@ import (
 	"text/tabwriter"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/envflag"
 )
 
 // runProtocol is `parley protocol`: the registry's protocol documents.
 func runProtocol(e env, args []string) error {
-	return subcommand(e, "protocol", args, map[string]command{
+	return subcommand(e, "protocol", args, protocolCommands())
+}
+
+func protocolCommands() map[string]command {
+	return map[string]command{
 		"add":    {"store a protocol document FILE ('-' for stdin); prints its SHA-1 hex", protocolAdd},
 		"get":    {"print the exact document of HASH (hex or base64)", protocolGet},
 		"list":   {"list stored protocols: SHA-1, size, name", protocolList},
 		"search": {"list protocols whose name, description or tags contain TEXT", protocolSearch},
 		"sync":   {"copy every protocol a configured peer registry holds (--peer)", protocolSync},
-	})
+	}
 }
 
 func protocolAdd(e env, args []string) error {
 	fs := flag.NewFlagSet("parley protocol add", flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr, 1, "FILE")
+	args, err := parseArgs(e, fs, args, clientDoc("parley protocol add FILE [flags]",
+		"Store a protocol document in the registry; prints its SHA-1 in hex.",
+		[]envflag.Arg{{Name: "FILE", Help: "the document (Markdown with front matter), or - for standard input"}},
+		"parley protocol add weather.md"))
 	if err != nil {
 		return err
 	}
@@ -56,7 +64,10 @@ func protocolAdd(e env, args []string) error {
 func protocolGet(e env, args []string) error {
 	fs := flag.NewFlagSet("parley protocol get", flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	args, err := parseArgs(fs, args, e.stderr, 1, "HASH")
+	args, err := parseArgs(e, fs, args, clientDoc("parley protocol get HASH [flags]",
+		"Print a stored protocol document exactly as stored.",
+		[]envflag.Arg{argHash},
+		"parley protocol get 0f3c...e9 > weather.md"))
 	if err != nil {
 		return err
 	}
@@ -86,11 +97,14 @@ func protocolSearch(e env, args []string) error {
 func listProtocols(e env, name string, args []string, search bool) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	nargs, usage := 0, ""
+	doc := clientDoc("parley protocol list [flags]", "List stored protocols: SHA-1, size in bytes, title.", nil,
+		"parley protocol list")
 	if search {
-		nargs, usage = 1, "TEXT"
+		doc = clientDoc("parley protocol search TEXT [flags]", "List stored protocols whose title, description or tags contain the text.",
+			[]envflag.Arg{{Name: "TEXT", Help: "the text to look for, case-insensitive"}},
+			"parley protocol search weather")
 	}
-	args, err := parseArgs(fs, args, e.stderr, nargs, usage)
+	args, err := parseArgs(e, fs, args, doc)
 	if err != nil {
 		return err
 	}
@@ -142,7 +156,9 @@ func protocolSync(e env, args []string) error {
 	fs := flag.NewFlagSet("parley protocol sync", flag.ContinueOnError)
 	dial := dialServer(e, fs)
 	peer := fs.String("peer", "", "the peer registry to copy from, as configured with --registry-peers; empty means all")
-	if _, err := parseArgs(fs, args, e.stderr, 0, "[--peer ADDR]"); err != nil {
+	if _, err := parseArgs(e, fs, args, clientDoc("parley protocol sync [flags]",
+		"Copy every protocol that the configured peer registries hold into this one.", nil,
+		"parley protocol sync --peer registry.example.com:9090")); err != nil {
 		return err
 	}
 	conn, err := dial()

@@ -144,3 +144,43 @@ func TestProtocolAndAgentCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestAgentJSON_isStableAndIndented checks what scripts and people read:
+// protojson's Multiline output varies its spacing on purpose; the CLI
+// prints encoding/json's two-space indentation, the same every run.
+func TestAgentJSON_isStableAndIndented(t *testing.T) {
+	addr := startRegistry(t)
+	if _, err := cli(t, addr, "agent", "create", "acme:weather", "--display-name", "Weather"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := cli(t, addr, "agent", "get", "acme:weather")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var compact, indented bytes.Buffer
+	if err := json.Compact(&compact, []byte(got)); err != nil {
+		t.Fatalf("agent get printed invalid JSON %q: %v", got, err)
+	}
+	if err := json.Indent(&indented, compact.Bytes(), "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	if want := indented.String() + "\n"; got != want {
+		t.Errorf("agent get printed\n%s\nwant two-space indented JSON:\n%s", got, want)
+	}
+	if !strings.Contains(got, "\n  \"displayName\": \"Weather\"") {
+		t.Errorf("agent get = %s, want \"displayName\": \"Weather\" on its own line", got)
+	}
+}
+
+func TestIndentJSON_evensOutProtojsonSpacing(t *testing.T) {
+	// protojson inserts a random extra space after some colons (by design,
+	// so nobody depends on its layout); the CLI's printer removes it.
+	var out bytes.Buffer
+	if err := writeIndented(&out, []byte("{\"name\":  \"clients/acme/agents/w\",\n \"dialect\":\"DIALECT_STD\"}")); err != nil {
+		t.Fatal(err)
+	}
+	want := "{\n  \"name\": \"clients/acme/agents/w\",\n  \"dialect\": \"DIALECT_STD\"\n}\n"
+	if out.String() != want {
+		t.Errorf("writeIndented = %q, want %q", out.String(), want)
+	}
+}

@@ -10,24 +10,32 @@ import (
 	"strings"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/envflag"
 )
 
 // runRoutine is `parley routine`: a hosted agent's routines on a running
 // server. AGENT is `<client>:<agent>`; HASH is the protocol's SHA-1 (40 hex
 // or 28 base64 characters) or "steps".
 func runRoutine(e env, args []string) error {
-	return subcommand(e, "routine", args, map[string]command{
+	return subcommand(e, "routine", args, routineCommands())
+}
+
+func routineCommands() map[string]command {
+	return map[string]command{
 		"set":  {"store FILE as the next version of AGENT's routine for HASH", routineSet},
 		"get":  {"print the current version of AGENT's routine for HASH", routineGet},
 		"list": {"list AGENT's routines", routineList},
-	})
+	}
 }
+
+// argRoutine is the HASH of a routine: a protocol or "steps".
+var argRoutine = envflag.Arg{Name: "HASH", Help: "the protocol's SHA-1 (40 hex or 28 base64 characters), or steps for the Agent Protocol step routine"}
 
 // routineCall parses flags and the positional arguments, dials, and runs fn
 // with a client and the agent's resource name (args[0]).
-func routineCall(e env, name string, args []string, nargs int, usage string, fn func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, args []string) error) error {
+func routineCall(e env, name string, args []string, doc envflag.Doc, fn func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, args []string) error) error {
 	fs := flag.NewFlagSet("parley routine "+name, flag.ContinueOnError)
-	conn, agent, args, err := agentConn(e, fs, args, nargs, usage)
+	conn, agent, args, err := agentConn(e, fs, args, doc)
 	if err != nil {
 		return err
 	}
@@ -38,7 +46,11 @@ func routineCall(e env, name string, args []string, nargs int, usage string, fn 
 }
 
 func routineSet(e env, args []string) error {
-	return routineCall(e, "set", args, 3, "AGENT HASH FILE", func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, args []string) error {
+	return routineCall(e, "set", args, clientDoc("parley routine set CLIENT:AGENT HASH FILE [flags]",
+		"Store a Starlark file as the next version of the agent's routine for a protocol; prints the routine's name and version.",
+		[]envflag.Arg{argAgent, argRoutine, {Name: "FILE", Help: "the Starlark source"}},
+		"parley routine set acme:weather 0f3c...e9 weather.star",
+		"parley routine set acme:weather steps echo.star"), func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, args []string) error {
 		id, err := routineID(args[1])
 		if err != nil {
 			return err
@@ -57,7 +69,10 @@ func routineSet(e env, args []string) error {
 }
 
 func routineGet(e env, args []string) error {
-	return routineCall(e, "get", args, 2, "AGENT HASH", func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, args []string) error {
+	return routineCall(e, "get", args, clientDoc("parley routine get CLIENT:AGENT HASH [flags]",
+		"Print the current version of a routine: a header line (name, version, state, failures, last error), then the source.",
+		[]envflag.Arg{argAgent, argRoutine},
+		"parley routine get acme:weather steps"), func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, args []string) error {
 		id, err := routineID(args[1])
 		if err != nil {
 			return err
@@ -72,7 +87,10 @@ func routineGet(e env, args []string) error {
 }
 
 func routineList(e env, args []string) error {
-	return routineCall(e, "list", args, 1, "AGENT", func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, _ []string) error {
+	return routineCall(e, "list", args, clientDoc("parley routine list CLIENT:AGENT [flags]",
+		"List an agent's routines: name, version, state, consecutive failures.",
+		[]envflag.Arg{argAgent},
+		"parley routine list acme:weather"), func(ctx context.Context, c dispatcherv1.DispatcherServiceClient, agent string, _ []string) error {
 		tok := ""
 		for {
 			resp, err := c.ListRoutines(ctx, &dispatcherv1.ListRoutinesRequest{Parent: agent, PageToken: tok})

@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"flag"
-	"fmt"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"google.golang.org/grpc"
 
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/serve"
@@ -32,19 +34,35 @@ type suiteConfig struct {
 	tasks      tasksconfig.Config
 }
 
-func loadSuiteConfig(args []string, getenv func(string) string) (suiteConfig, error) {
+// serveDoc is the help of `parley serve`.
+var serveDoc = envflag.Doc{
+	Usage:   "parley serve [flags]",
+	Summary: "Run the registry, dispatcher, negotiator and tasks services and the REST gateway in one process, keeping their data under --data. Stop it with Ctrl-C (SIGINT) or SIGTERM.",
+	Prefix:  "PARLEY_",
+	Examples: []string{
+		"parley serve --data ./data",
+		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_MODEL=llama3.2 parley serve --llm-base-url http://127.0.0.1:11434/v1",
+		"parley serve --grpc :9090 --http :8080 --tls-cert cert.pem --tls-key key.pem --public-url https://parley.example.com",
+	},
+}
+
+// loadSuiteConfig parses the flags of `parley serve` (help goes to
+// e.stdout) and the PARLEY_* environment.
+func loadSuiteConfig(e env, args []string) (suiteConfig, error) {
 	var c suiteConfig
 	fs := flag.NewFlagSet("parley serve", flag.ContinueOnError)
+	fs.SetOutput(e.stdout)
 	c.Flags.Register(fs, "grpc", "127.0.0.1:9090", "http", "127.0.0.1:8080", "./data")
 	c.registry.RegisterFlags(fs)
 	c.dispatcher.RegisterFlags(fs)
 	c.negotiator.RegisterFlags(fs)
 	c.tasks.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
+	pos, err := serveDoc.ParseArgs(fs, args, e.getenv)
+	if err != nil {
 		return c, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("parley serve takes no arguments, got %q", fs.Args())
+	if len(pos) > 0 {
+		return c, usageErrorf("parley serve takes no arguments, got %q", pos)
 	}
 	c.registry.Flags = c.Flags
 	c.dispatcher.Flags = c.Flags
@@ -58,6 +76,8 @@ func loadSuiteConfig(args []string, getenv func(string) string) (suiteConfig, er
 // calls.
 type suite struct {
 	srv     *serve.Server
+	conn    *grpc.ClientConn // in-process, to the suite's own services
+	logger  *slog.Logger
 	closers []func() error
 }
 
@@ -69,7 +89,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &suite{srv: srv}
+	s := &suite{srv: srv, logger: logger}
 	defer func() {
 		if err != nil {
 			s.Close()
@@ -80,6 +100,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, conn.Close)
+	s.conn = conn
 
 	reg, err := registryapp.New(cfg.registry, logger.With("component", "registry"))
 	if err != nil {
@@ -120,7 +141,7 @@ func (s *suite) Close() error {
 }
 
 func runServe(e env, args []string) error {
-	cfg, err := loadSuiteConfig(args, e.getenv)
+	cfg, err := loadSuiteConfig(e, args)
 	if err != nil {
 		return err
 	}
@@ -130,6 +151,8 @@ func runServe(e env, args []string) error {
 	if err != nil {
 		return err
 	}
-	runErr := serve.ListenAndRun(ctx, s.srv, cfg.Flags)
+	runErr := serve.ListenAndRun(ctx, s.srv, cfg.Flags, func(ctx context.Context) {
+		ensureDefaultAgent(ctx, s.conn, cfg.tasks.AgentName(), s.logger)
+	})
 	return errors.Join(runErr, s.Close())
 }

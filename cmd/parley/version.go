@@ -1,8 +1,11 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"runtime/debug"
+
+	"github.com/parleyhq/parley/platform/envflag"
 )
 
 // version is set at link time: -ldflags "-X main.version=v1.2.3".
@@ -18,7 +21,15 @@ func versionString() string {
 	return "dev"
 }
 
-func runVersion(e env, _ []string) error {
+func runVersion(e env, args []string) error {
+	fs := flag.NewFlagSet("parley version", flag.ContinueOnError)
+	if _, err := parseArgs(e, fs, args, envflag.Doc{
+		Usage:    "parley version",
+		Summary:  "Print the version of this binary.",
+		Examples: []string{"parley version"},
+	}); err != nil {
+		return err
+	}
 	_, err := fmt.Fprintln(e.stdout, "parley", versionString())
 	return err
 }

@@ -22,6 +22,7 @@ import (
 
 type build struct {
 	once sync.Once
+	dir  string // removed by RemoveBuilds
 	path string
 	err  error
 }
@@ -48,6 +49,7 @@ func Build(t testing.TB, pkg string) string {
 			b.err = err
 			return
 		}
+		b.dir = dir
 		b.path = filepath.Join(dir, filepath.Base(pkg))
 		out, err := exec.Command("go", "build", "-o", b.path, pkg).CombinedOutput()
 		if err != nil {
@@ -58,6 +60,22 @@ func Build(t testing.TB, pkg string) string {
 		t.Fatal(b.err)
 	}
 	return b.path
+}
+
+// RemoveBuilds deletes every binary Build made. Call it from TestMain
+// after m.Run: the binaries outlive single tests, so t.TempDir cannot hold
+// them.
+func RemoveBuilds() error {
+	buildsMu.Lock()
+	defer buildsMu.Unlock()
+	var errs []error
+	for pkg, b := range builds {
+		if b.dir != "" {
+			errs = append(errs, os.RemoveAll(b.dir))
+		}
+		delete(builds, pkg)
+	}
+	return errors.Join(errs...)
 }
 
 // Binary builds the parley binary once and returns its path.

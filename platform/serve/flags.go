@@ -18,6 +18,10 @@ type Flags struct {
 	PublicURL       string
 	LogLevel        string
 	ShutdownTimeout time.Duration
+	// OperatorTokenFile holds the operator token; empty means
+	// DataDir/operator.token, written on first start.
+	OperatorTokenFile string
+	MaxConnections    int
 }
 
 // Register adds the shared flags to fs. grpcName, httpName and the defaults
@@ -33,6 +37,8 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcName, grpcDefault, httpName, http
 	f.LogLevel = "info"
 	fs.Var(logLevel{&f.LogLevel}, "log-level", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take before connections are cut")
+	fs.StringVar(&f.OperatorTokenFile, "operator-token-file", "", "file holding the operator token (default: <data>/operator.token, written with mode 0600 on first start)")
+	fs.IntVar(&f.MaxConnections, "max-connections", 400, "open connections allowed on each listener (gRPC and HTTP); more are refused. keep twice this under the open-file limit")
 }
 
 // logLevel is a flag.Value accepting only the levels telemetry.NewLogger

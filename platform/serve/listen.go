@@ -24,8 +24,10 @@ func Listen(f Flags) (grpcLis, httpLis net.Listener, err error) {
 
 // ListenAndRun listens on the addresses in f, logs the bound addresses as
 // the attributes grpc=<addr> and http=<addr> (so port 0 is usable), and runs
-// s until ctx ends.
-func ListenAndRun(ctx context.Context, s *Server, f Flags) error {
+// s until ctx ends. Each of setup runs once s serves (it may call s over
+// InProcessConn) and before the addresses are logged, so clients that wait
+// for that line find its work done.
+func ListenAndRun(ctx context.Context, s *Server, f Flags, setup ...func(context.Context)) error {
 	grpcLis, httpLis, err := Listen(f)
 	if err != nil {
 		return err
@@ -34,11 +36,16 @@ func ListenAndRun(ctx context.Context, s *Server, f Flags) error {
 	if s.tlsConf != nil {
 		scheme = "https"
 	}
+	errc := make(chan error, 1)
+	go func() { errc <- s.Run(ctx, grpcLis, httpLis) }()
+	for _, fn := range setup {
+		fn(ctx)
+	}
 	s.logger.InfoContext(ctx, "listening",
 		slog.String("grpc", grpcLis.Addr().String()),
 		slog.String("http", httpLis.Addr().String()),
 		slog.String("url", scheme+"://"+httpLis.Addr().String()))
-	return s.Run(ctx, grpcLis, httpLis)
+	return <-errc
 }
 
 // Options returns the serve.Options the flags describe.
@@ -48,5 +55,9 @@ func (f Flags) Options(logger *slog.Logger) Options {
 		TLSCertFile:     f.TLSCert,
 		TLSKeyFile:      f.TLSKey,
 		ShutdownTimeout: f.ShutdownTimeout,
+		Limits:          Limits{MaxConnections: f.MaxConnections},
+
+		DataDir:           f.DataDir,
+		OperatorTokenFile: f.OperatorTokenFile,
 	}
 }

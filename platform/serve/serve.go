@@ -9,6 +9,11 @@
 // gRPC port would cost about 3x in throughput. That path skips gRPC
 // interceptors, so telemetry.Middleware applies the same concerns to HTTP.
 //
+// Every connection is bounded (Limits): HTTP read, write and idle timeouts,
+// which long-lived routes lift with Stream or stretch with Timeouts; a cap
+// on open connections per listener; and on gRPC a handshake timeout,
+// keepalive pings with enforcement, an idle limit and a maximum age.
+//
 // Shutdown (when Run's context ends): health flips to NOT_SERVING first, then
 // HTTP drains, then gRPC stops gracefully, forced after ShutdownTimeout.
 package serve
@@ -38,6 +43,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/telemetry"
 )
@@ -58,6 +64,12 @@ type Options struct {
 	// MaxBodyBytes caps request bodies on gateway routes (hand-written routes
 	// set their own limits); 4 MiB when zero. It also caps gRPC messages.
 	MaxBodyBytes int64
+	// OperatorTokenFile and DataDir locate the operator token (see
+	// auth.LoadOperatorToken); with both empty there is none.
+	OperatorTokenFile, DataDir string
+	// Limits bounds connections: timeouts, a cap per listener, gRPC
+	// keepalive. Zero fields take the defaults documented on Limits.
+	Limits Limits
 }
 
 // Server is a gRPC server plus an HTTP server sharing health and metrics.
@@ -70,6 +82,7 @@ type Server struct {
 	opts    Options
 	logger  *slog.Logger
 	metrics *telemetry.Metrics
+	refused *prometheus.CounterVec // connections refused over Limits.MaxConnections
 	health  *health.Server
 	mux     *http.ServeMux
 	tlsConf *tls.Config
@@ -82,6 +95,8 @@ type Server struct {
 
 	stopping chan struct{} // closed when shutdown starts; see Stopping
 	stopOnce sync.Once
+
+	operatorToken string // never logged
 }
 
 type check struct {
@@ -106,11 +121,26 @@ func New(opts Options) (*Server, error) {
 	if opts.ReadinessInterval <= 0 {
 		opts.ReadinessInterval = 5 * time.Second
 	}
+	opts.Limits = opts.Limits.withDefaults()
 	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), stopping: make(chan struct{})}
 	s.metrics = telemetry.NewMetrics(opts.Registry)
+	if opts.OperatorTokenFile != "" || opts.DataDir != "" {
+		tok, file, created, err := auth.LoadOperatorToken(opts.OperatorTokenFile, opts.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("operator token: %w", err)
+		}
+		s.operatorToken = tok
+		if created {
+			s.logger.Info("operator token written; send it as 'authorization: Bearer <token>' to act as the operator", slog.String("path", file))
+		} else {
+			s.logger.Debug("operator token read", slog.String("path", file))
+		}
+	}
+	s.refused = newRefusedCounter(opts.Registry)
 
 	grpcOpts := append(telemetry.ServerOptions(s.metrics, s.logger),
 		grpc.MaxRecvMsgSize(int(opts.MaxBodyBytes)))
+	grpcOpts = append(grpcOpts, opts.Limits.grpcOptions()...)
 	if (opts.TLSCertFile == "") != (opts.TLSKeyFile == "") {
 		return nil, errors.New("--tls-cert and --tls-key must be given together")
 	}
@@ -166,7 +196,8 @@ func (s *Server) Registry() *prometheus.Registry { return s.opts.Registry }
 func (s *Server) Logger() *slog.Logger { return s.logger }
 
 // Handle adds a hand-written HTTP route (Go ServeMux pattern syntax). Such
-// routes get telemetry but no body cap: they set their own.
+// routes get telemetry and the read and write timeouts of Limits, but no
+// body cap: they set their own. Wrap long-lived streams in Stream.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
 // HealthService declares gRPC service names whose health status follows the
@@ -263,10 +294,15 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	// (event streams, agent streams) watch Stopping instead.
 	baseCtx, cancelBase := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelBase()
+	lim := s.opts.Limits
+	grpcLis = limitListener(grpcLis, lim.MaxConnections, s.refused.WithLabelValues("grpc"))
+	httpLis = limitListener(httpLis, lim.MaxConnections, s.refused.WithLabelValues("http"))
 	httpSrv := &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
+		ReadHeaderTimeout: min(10*time.Second, lim.ReadTimeout),
+		ReadTimeout:       lim.ReadTimeout,
+		WriteTimeout:      lim.WriteTimeout,
+		IdleTimeout:       lim.IdleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		TLSConfig:         s.tlsConf,
 		ErrorLog:          slog.NewLogLogger(s.logger.Handler(), slog.LevelWarn),

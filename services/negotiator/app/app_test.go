@@ -176,9 +176,30 @@ func relay(t *testing.T, a, b negotiator, task *negotiatorv1.TaskSpec, tools []*
 	return sender, receiver
 }
 
-func TestNegotiation_deterministicBetweenTwoServersWithoutLLM(t *testing.T) {
-	a := startNegotiator(t, nil)
-	b := startNegotiator(t, nil)
+// TestNegotiation_deterministicBetweenTwoServers: task and tool schemas
+// are enough to agree on a PD, with no LLM configured, and with one
+// configured (a fake that answers and records every call, so that the
+// zero below could fail) that is then never called.
+func TestNegotiation_deterministicBetweenTwoServers(t *testing.T) {
+	for _, withFake := range []bool{false, true} {
+		name := map[bool]string{false: "no LLM configured", true: "an LLM configured"}[withFake]
+		t.Run(name, func(t *testing.T) {
+			var f *llmtest.FakeServer
+			var tweak func(*config.Config)
+			if withFake {
+				f = startFake(t, llmtest.WeatherStory)
+				tweak = withLLM(f, config.ProviderOpenAI, nil)
+			}
+			testDeterministicNegotiation(t, startNegotiator(t, tweak), startNegotiator(t, tweak))
+			if f != nil && len(f.Calls()) != 0 {
+				t.Errorf("the configured LLM received %d calls, want 0", len(f.Calls()))
+			}
+		})
+	}
+}
+
+func testDeterministicNegotiation(t *testing.T, a, b negotiator) {
+	t.Helper()
 	sender, receiver := relay(t, a, b, weatherTask, []*negotiatorv1.ToolSpec{bobTool})
 	for name, n := range map[string]*negotiatorv1.Negotiation{"alice": sender, "bob": receiver} {
 		if n.GetState() != negotiatorv1.NegotiationState_NEGOTIATION_STATE_ACCEPTED || n.GetMode() != negotiatorv1.NegotiationMode_NEGOTIATION_MODE_DETERMINISTIC {

@@ -112,6 +112,8 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		ResolveTimeout: cfg.FetchTimeout,
 		Context:        a.stopped,
 		Peers:          clients,
+
+		OpenRegistration: cfg.OpenRegistration,
 	})
 	return a, nil
 }

@@ -2,9 +2,6 @@ package app_test
 
 import (
 	"crypto/sha1" //nolint:gosec // the Agora id
-	"runtime"
 )
 
 func sha1Sum(s string) [20]byte { return sha1.Sum([]byte(s)) } //nolint:gosec // the Agora id
-
-func runtimeGosched() { runtime.Gosched() }

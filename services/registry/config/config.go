@@ -54,6 +54,10 @@ type Config struct {
 	// PeerSyncInterval, when positive, runs SyncProtocols from every peer
 	// that often in the background.
 	PeerSyncInterval time.Duration
+
+	// OpenRegistration lets anyone create a client (rate-limited per
+	// address), not only the operator.
+	OpenRegistration bool
 }
 
 // RegisterFlags adds the registry's own flags (not the shared serving flags)
@@ -75,6 +79,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Peers, "registry-peers", "", "comma-separated gRPC addresses of peer registries asked for unknown protocols and copied by SyncProtocols")
 	fs.DurationVar(&c.PeerSyncInterval, "registry-peer-sync-interval", 0, "how often to copy missing protocols from every peer registry in the background (0 disables)")
 	fs.StringVar(&c.PeerCA, "registry-peer-ca", "", "PEM CA bundle; when set, dial peer registries over TLS")
+	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let anyone create a client, at most 3 per address and then 1 a minute (default: only the operator)")
 }
 
 // PeerList returns the configured peer addresses.

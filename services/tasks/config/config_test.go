@@ -3,6 +3,7 @@ package config_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/parleyhq/parley/services/tasks/config"
 )
@@ -44,5 +45,35 @@ func TestLoad(t *testing.T) {
 	})
 	if err != nil || cfg.AgentName() != "clients/acme/agents/writer" {
 		t.Errorf("AgentName() = %q, %v; want clients/acme/agents/writer", cfg.AgentName(), err)
+	}
+}
+
+// TestLoad_defaults pins every default the README's config table lists.
+func TestLoad_defaults(t *testing.T) {
+	cfg, err := config.Load(nil, func(string) string { return "" })
+	if err != nil {
+		t.Fatalf("Load(nil) = %v, want nil", err)
+	}
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"Agent", cfg.Agent, "default:agent"},
+		{"AgentName()", cfg.AgentName(), "clients/default/agents/agent"},
+		{"StepWait", cfg.StepWait, 30 * time.Second},
+		{"StepTimeout", cfg.StepTimeout, 10 * time.Minute},
+		{"RetryMax", cfg.RetryMax, 5 * time.Second},
+		{"MaxPageSize", cfg.MaxPageSize, 100},
+		{"MaxUploadBytes", cfg.MaxUploadBytes, int64(32 << 20)},
+		{"MaxWatchers", cfg.MaxWatchers, 1024},
+		{"MaxInFlight", cfg.MaxInFlight, 512},
+		{"MaxWaitingSteps", cfg.MaxWaitingSteps, 1000},
+		{"DispatcherAddr", cfg.DispatcherAddr, "dns:///dispatcher:9090"},
+		{"DataDir", cfg.DataDir, "/var/lib/parley"},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("Load(nil).%s = %v, want %v", c.name, c.got, c.want)
+		}
 	}
 }

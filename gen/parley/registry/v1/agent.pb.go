@@ -157,7 +157,12 @@ type Agent struct {
 	// Which protocols the agent accepts beyond its explicit list.
 	SupportPolicy SupportPolicy `protobuf:"varint,9,opt,name=support_policy,json=supportPolicy,proto3,enum=parley.registry.v1.SupportPolicy" json:"support_policy,omitempty"`
 	// The Agora reply dialect the agent writes by default.
-	Dialect       Dialect `protobuf:"varint,10,opt,name=dialect,proto3,enum=parley.registry.v1.Dialect" json:"dialect,omitempty"`
+	Dialect Dialect `protobuf:"varint,10,opt,name=dialect,proto3,enum=parley.registry.v1.Dialect" json:"dialect,omitempty"`
+	// Who is behind the agent, and what it may spend.
+	Owner *Owner `protobuf:"bytes,11,opt,name=owner,proto3" json:"owner,omitempty"`
+	// The agent's first key, with its secret, set only in CreateAgent's
+	// response. A repeat with the same request_id does not return it again.
+	InitialKey    *Key `protobuf:"bytes,12,opt,name=initial_key,json=initialKey,proto3" json:"initial_key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -260,6 +265,20 @@ func (x *Agent) GetDialect() Dialect {
 		return x.Dialect
 	}
 	return Dialect_DIALECT_UNSPECIFIED
+}
+
+func (x *Agent) GetOwner() *Owner {
+	if x != nil {
+		return x.Owner
+	}
+	return nil
+}
+
+func (x *Agent) GetInitialKey() *Key {
+	if x != nil {
+		return x.InitialKey
+	}
+	return nil
 }
 
 // SupportedProtocol is one protocol an agent supports.
@@ -376,7 +395,7 @@ var File_parley_registry_v1_agent_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1eparley/registry/v1/agent.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\x9c\x05\n" +
+	"\x1eparley/registry/v1/agent.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fparley/registry/v1/client.proto\"\x93\x06\n" +
 	"\x05Agent\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12'\n" +
 	"\fdisplay_name\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdisplayName\x12&\n" +
@@ -390,7 +409,10 @@ const file_parley_registry_v1_agent_proto_rawDesc = "" +
 	"\x15unsupported_protocols\x18\b \x03(\v2'.parley.registry.v1.UnsupportedProtocolB\x04\xe2A\x01\x03R\x14unsupportedProtocols\x12N\n" +
 	"\x0esupport_policy\x18\t \x01(\x0e2!.parley.registry.v1.SupportPolicyB\x04\xe2A\x01\x01R\rsupportPolicy\x12;\n" +
 	"\adialect\x18\n" +
-	" \x01(\x0e2\x1b.parley.registry.v1.DialectB\x04\xe2A\x01\x01R\adialect:?\xeaA<\n" +
+	" \x01(\x0e2\x1b.parley.registry.v1.DialectB\x04\xe2A\x01\x01R\adialect\x125\n" +
+	"\x05owner\x18\v \x01(\v2\x19.parley.registry.v1.OwnerB\x04\xe2A\x01\x01R\x05owner\x12>\n" +
+	"\vinitial_key\x18\f \x01(\v2\x17.parley.registry.v1.KeyB\x04\xe2A\x01\x03R\n" +
+	"initialKey:?\xeaA<\n" +
 	"\x19registry.parley.dev/Agent\x12\x1fclients/{client}/agents/{agent}\"U\n" +
 	"\x11SupportedProtocol\x12 \n" +
 	"\bprotocol\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
@@ -431,6 +453,8 @@ var file_parley_registry_v1_agent_proto_goTypes = []any{
 	(*SupportedProtocol)(nil),     // 3: parley.registry.v1.SupportedProtocol
 	(*UnsupportedProtocol)(nil),   // 4: parley.registry.v1.UnsupportedProtocol
 	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
+	(*Owner)(nil),                 // 6: parley.registry.v1.Owner
+	(*Key)(nil),                   // 7: parley.registry.v1.Key
 }
 var file_parley_registry_v1_agent_proto_depIdxs = []int32{
 	5, // 0: parley.registry.v1.Agent.create_time:type_name -> google.protobuf.Timestamp
@@ -439,11 +463,13 @@ var file_parley_registry_v1_agent_proto_depIdxs = []int32{
 	4, // 3: parley.registry.v1.Agent.unsupported_protocols:type_name -> parley.registry.v1.UnsupportedProtocol
 	0, // 4: parley.registry.v1.Agent.support_policy:type_name -> parley.registry.v1.SupportPolicy
 	1, // 5: parley.registry.v1.Agent.dialect:type_name -> parley.registry.v1.Dialect
-	6, // [6:6] is the sub-list for method output_type
-	6, // [6:6] is the sub-list for method input_type
-	6, // [6:6] is the sub-list for extension type_name
-	6, // [6:6] is the sub-list for extension extendee
-	0, // [0:6] is the sub-list for field type_name
+	6, // 6: parley.registry.v1.Agent.owner:type_name -> parley.registry.v1.Owner
+	7, // 7: parley.registry.v1.Agent.initial_key:type_name -> parley.registry.v1.Key
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_agent_proto_init() }
@@ -451,6 +477,7 @@ func file_parley_registry_v1_agent_proto_init() {
 	if File_parley_registry_v1_agent_proto != nil {
 		return
 	}
+	file_parley_registry_v1_client_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -1143,11 +1143,641 @@ func (x *RemoveUnsupportedProtocolRequest) GetRequestId() string {
 	return ""
 }
 
+// CreateClientRequest is the request of CreateClient.
+type CreateClientRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client's id: lowercase letters, digits and hyphens, 1 to 63
+	// characters, starting with a letter.
+	ClientId string `protobuf:"bytes,1,opt,name=client_id,json=clientId,proto3" json:"client_id,omitempty"`
+	// The client to create.
+	Client        *Client `protobuf:"bytes,2,opt,name=client,proto3" json:"client,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateClientRequest) Reset() {
+	*x = CreateClientRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateClientRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateClientRequest) ProtoMessage() {}
+
+func (x *CreateClientRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateClientRequest.ProtoReflect.Descriptor instead.
+func (*CreateClientRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *CreateClientRequest) GetClientId() string {
+	if x != nil {
+		return x.ClientId
+	}
+	return ""
+}
+
+func (x *CreateClientRequest) GetClient() *Client {
+	if x != nil {
+		return x.Client
+	}
+	return nil
+}
+
+// CreateClientResponse is the response of CreateClient.
+type CreateClientResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The new client.
+	Client *Client `protobuf:"bytes,1,opt,name=client,proto3" json:"client,omitempty"`
+	// Its first client key, with the secret: store it, it is not shown
+	// again.
+	Key           *Key `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateClientResponse) Reset() {
+	*x = CreateClientResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateClientResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateClientResponse) ProtoMessage() {}
+
+func (x *CreateClientResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateClientResponse.ProtoReflect.Descriptor instead.
+func (*CreateClientResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CreateClientResponse) GetClient() *Client {
+	if x != nil {
+		return x.Client
+	}
+	return nil
+}
+
+func (x *CreateClientResponse) GetKey() *Key {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+// GetClientRequest is the request of GetClient.
+type GetClientRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: clients/{client}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetClientRequest) Reset() {
+	*x = GetClientRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetClientRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetClientRequest) ProtoMessage() {}
+
+func (x *GetClientRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetClientRequest.ProtoReflect.Descriptor instead.
+func (*GetClientRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetClientRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ListClientsRequest is the request of ListClients.
+type ListClientsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Maximum results per page: 0 means 50, values above 1000 are clamped.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parameters.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClientsRequest) Reset() {
+	*x = ListClientsRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClientsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClientsRequest) ProtoMessage() {}
+
+func (x *ListClientsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClientsRequest.ProtoReflect.Descriptor instead.
+func (*ListClientsRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ListClientsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListClientsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListClientsResponse is the response of ListClients.
+type ListClientsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The clients on this page.
+	Clients []*Client `protobuf:"bytes,1,rep,name=clients,proto3" json:"clients,omitempty"`
+	// The token of the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClientsResponse) Reset() {
+	*x = ListClientsResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClientsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClientsResponse) ProtoMessage() {}
+
+func (x *ListClientsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClientsResponse.ProtoReflect.Descriptor instead.
+func (*ListClientsResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ListClientsResponse) GetClients() []*Client {
+	if x != nil {
+		return x.Clients
+	}
+	return nil
+}
+
+func (x *ListClientsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// CreateKeyRequest is the request of CreateKey.
+type CreateKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The owner of the new key. Format: clients/{client} or
+	// clients/{client}/agents/{agent}.
+	Parent        string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateKeyRequest) Reset() {
+	*x = CreateKeyRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateKeyRequest) ProtoMessage() {}
+
+func (x *CreateKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateKeyRequest.ProtoReflect.Descriptor instead.
+func (*CreateKeyRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *CreateKeyRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+// ListKeysRequest is the request of ListKeys.
+type ListKeysRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: clients/{client} or clients/{client}/agents/{agent}.
+	Parent        string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysRequest) Reset() {
+	*x = ListKeysRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysRequest) ProtoMessage() {}
+
+func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
+func (*ListKeysRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *ListKeysRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+// ListKeysResponse is the response of ListKeys.
+type ListKeysResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The live keys, oldest first, without secrets.
+	Keys          []*Key `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListKeysResponse) Reset() {
+	*x = ListKeysResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListKeysResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListKeysResponse) ProtoMessage() {}
+
+func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
+func (*ListKeysResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ListKeysResponse) GetKeys() []*Key {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+// DeleteKeyRequest is the request of DeleteKey.
+type DeleteKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Format: clients/{client}/keys/{key} or
+	// clients/{client}/agents/{agent}/keys/{key}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteKeyRequest) Reset() {
+	*x = DeleteKeyRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteKeyRequest) ProtoMessage() {}
+
+func (x *DeleteKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteKeyRequest.ProtoReflect.Descriptor instead.
+func (*DeleteKeyRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *DeleteKeyRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// RotateKeyRequest is the request of RotateKey.
+type RotateKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key to replace. Format: clients/{client}/keys/{key} or
+	// clients/{client}/agents/{agent}/keys/{key}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateKeyRequest) Reset() {
+	*x = RotateKeyRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateKeyRequest) ProtoMessage() {}
+
+func (x *RotateKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateKeyRequest.ProtoReflect.Descriptor instead.
+func (*RotateKeyRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *RotateKeyRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// IntrospectKeyRequest is the request of IntrospectKey.
+type IntrospectKeyRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The secret as the caller presented it, at most 256 characters.
+	Secret        string `protobuf:"bytes,1,opt,name=secret,proto3" json:"secret,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IntrospectKeyRequest) Reset() {
+	*x = IntrospectKeyRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IntrospectKeyRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IntrospectKeyRequest) ProtoMessage() {}
+
+func (x *IntrospectKeyRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IntrospectKeyRequest.ProtoReflect.Descriptor instead.
+func (*IntrospectKeyRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{29}
+}
+
+func (x *IntrospectKeyRequest) GetSecret() string {
+	if x != nil {
+		return x.Secret
+	}
+	return ""
+}
+
+// IntrospectKeyResponse is the response of IntrospectKey.
+type IntrospectKeyResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the secret is a live key.
+	Active bool `protobuf:"varint,1,opt,name=active,proto3" json:"active,omitempty"`
+	// What the key identifies; unspecified when inactive.
+	Kind PrincipalKind `protobuf:"varint,2,opt,name=kind,proto3,enum=parley.registry.v1.PrincipalKind" json:"kind,omitempty"`
+	// The key. Format: clients/{client}/keys/{key} or
+	// clients/{client}/agents/{agent}/keys/{key}.
+	Key string `protobuf:"bytes,3,opt,name=key,proto3" json:"key,omitempty"`
+	// The key's client. Format: clients/{client}.
+	Client string `protobuf:"bytes,4,opt,name=client,proto3" json:"client,omitempty"`
+	// For an agent key, the agent. Format: clients/{client}/agents/{agent}.
+	Agent         string `protobuf:"bytes,5,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IntrospectKeyResponse) Reset() {
+	*x = IntrospectKeyResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IntrospectKeyResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IntrospectKeyResponse) ProtoMessage() {}
+
+func (x *IntrospectKeyResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IntrospectKeyResponse.ProtoReflect.Descriptor instead.
+func (*IntrospectKeyResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *IntrospectKeyResponse) GetActive() bool {
+	if x != nil {
+		return x.Active
+	}
+	return false
+}
+
+func (x *IntrospectKeyResponse) GetKind() PrincipalKind {
+	if x != nil {
+		return x.Kind
+	}
+	return PrincipalKind_PRINCIPAL_KIND_UNSPECIFIED
+}
+
+func (x *IntrospectKeyResponse) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
+}
+
+func (x *IntrospectKeyResponse) GetClient() string {
+	if x != nil {
+		return x.Client
+	}
+	return ""
+}
+
+func (x *IntrospectKeyResponse) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
 var File_parley_registry_v1_registry_service_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\n" +
-	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
+	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a\x1fparley/registry/v1/client.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
 	"\x15CreateProtocolRequest\x12>\n" +
 	"\bprotocol\x18\x01 \x01(\v2\x1c.parley.registry.v1.ProtocolB\x04\xe2A\x01\x02R\bprotocol\".\n" +
 	"\x12GetProtocolRequest\x12\x18\n" +
@@ -1219,7 +1849,40 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12 \n" +
 	"\bprotocol\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12#\n" +
 	"\n" +
-	"request_id\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\trequestId2\xb2\x10\n" +
+	"request_id\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\trequestId\"r\n" +
+	"\x13CreateClientRequest\x12!\n" +
+	"\tclient_id\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bclientId\x128\n" +
+	"\x06client\x18\x02 \x01(\v2\x1a.parley.registry.v1.ClientB\x04\xe2A\x01\x01R\x06client\"u\n" +
+	"\x14CreateClientResponse\x122\n" +
+	"\x06client\x18\x01 \x01(\v2\x1a.parley.registry.v1.ClientR\x06client\x12)\n" +
+	"\x03key\x18\x02 \x01(\v2\x17.parley.registry.v1.KeyR\x03key\",\n" +
+	"\x10GetClientRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"P\n" +
+	"\x12ListClientsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"s\n" +
+	"\x13ListClientsResponse\x124\n" +
+	"\aclients\x18\x01 \x03(\v2\x1a.parley.registry.v1.ClientR\aclients\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"0\n" +
+	"\x10CreateKeyRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"/\n" +
+	"\x0fListKeysRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\"?\n" +
+	"\x10ListKeysResponse\x12+\n" +
+	"\x04keys\x18\x01 \x03(\v2\x17.parley.registry.v1.KeyR\x04keys\",\n" +
+	"\x10DeleteKeyRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\",\n" +
+	"\x10RotateKeyRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"4\n" +
+	"\x14IntrospectKeyRequest\x12\x1c\n" +
+	"\x06secret\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06secret\"\xa6\x01\n" +
+	"\x15IntrospectKeyResponse\x12\x16\n" +
+	"\x06active\x18\x01 \x01(\bR\x06active\x125\n" +
+	"\x04kind\x18\x02 \x01(\x0e2!.parley.registry.v1.PrincipalKindR\x04kind\x12\x10\n" +
+	"\x03key\x18\x03 \x01(\tR\x03key\x12\x16\n" +
+	"\x06client\x18\x04 \x01(\tR\x06client\x12\x14\n" +
+	"\x05agent\x18\x05 \x01(\tR\x05agent2\x86\x19\n" +
 	"\x0fRegistryService\x12z\n" +
 	"\x0eCreateProtocol\x12).parley.registry.v1.CreateProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1f\x82\xd3\xe4\x93\x02\x19:\bprotocol\"\r/v1/protocols\x12s\n" +
 	"\vGetProtocol\x12&.parley.registry.v1.GetProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/{name=protocols/*}\x12{\n" +
@@ -1236,7 +1899,15 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x14AddSupportedProtocol\x12/.parley.registry.v1.AddSupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"=\x82\xd3\xe4\x93\x027:\x01*\"2/v1/{name=clients/*/agents/*}:addSupportedProtocol\x12\xaa\x01\n" +
 	"\x17RemoveSupportedProtocol\x122.parley.registry.v1.RemoveSupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"@\x82\xd3\xe4\x93\x02::\x01*\"5/v1/{name=clients/*/agents/*}:removeSupportedProtocol\x12\xa7\x01\n" +
 	"\x16AddUnsupportedProtocol\x121.parley.registry.v1.AddUnsupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"?\x82\xd3\xe4\x93\x029:\x01*\"4/v1/{name=clients/*/agents/*}:addUnsupportedProtocol\x12\xb0\x01\n" +
-	"\x19RemoveUnsupportedProtocol\x124.parley.registry.v1.RemoveUnsupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"B\x82\xd3\xe4\x93\x02<:\x01*\"7/v1/{name=clients/*/agents/*}:removeUnsupportedProtocolB\xd6\x01\n" +
+	"\x19RemoveUnsupportedProtocol\x124.parley.registry.v1.RemoveUnsupportedProtocolRequest\x1a\x19.parley.registry.v1.Agent\"B\x82\xd3\xe4\x93\x02<:\x01*\"7/v1/{name=clients/*/agents/*}:removeUnsupportedProtocol\x12~\n" +
+	"\fCreateClient\x12'.parley.registry.v1.CreateClientRequest\x1a(.parley.registry.v1.CreateClientResponse\"\x1b\x82\xd3\xe4\x93\x02\x15:\x06client\"\v/v1/clients\x12k\n" +
+	"\tGetClient\x12$.parley.registry.v1.GetClientRequest\x1a\x1a.parley.registry.v1.Client\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/v1/{name=clients/*}\x12s\n" +
+	"\vListClients\x12&.parley.registry.v1.ListClientsRequest\x1a'.parley.registry.v1.ListClientsResponse\"\x13\x82\xd3\xe4\x93\x02\r\x12\v/v1/clients\x12\x9d\x01\n" +
+	"\tCreateKey\x12$.parley.registry.v1.CreateKeyRequest\x1a\x17.parley.registry.v1.Key\"Q\x82\xd3\xe4\x93\x02K:\x01*Z):\x01*\"$/v1/{parent=clients/*/agents/*}/keys\"\x1b/v1/{parent=clients/*}/keys\x12\xa2\x01\n" +
+	"\bListKeys\x12#.parley.registry.v1.ListKeysRequest\x1a$.parley.registry.v1.ListKeysResponse\"K\x82\xd3\xe4\x93\x02EZ&\x12$/v1/{parent=clients/*/agents/*}/keys\x12\x1b/v1/{parent=clients/*}/keys\x12\x96\x01\n" +
+	"\tDeleteKey\x12$.parley.registry.v1.DeleteKeyRequest\x1a\x16.google.protobuf.Empty\"K\x82\xd3\xe4\x93\x02EZ&*$/v1/{name=clients/*/agents/*/keys/*}*\x1b/v1/{name=clients/*/keys/*}\x12\xab\x01\n" +
+	"\tRotateKey\x12$.parley.registry.v1.RotateKeyRequest\x1a\x17.parley.registry.v1.Key\"_\x82\xd3\xe4\x93\x02Y:\x01*Z0:\x01*\"+/v1/{name=clients/*/agents/*/keys/*}:rotate\"\"/v1/{name=clients/*/keys/*}:rotate\x12d\n" +
+	"\rIntrospectKey\x12(.parley.registry.v1.IntrospectKeyRequest\x1a).parley.registry.v1.IntrospectKeyResponseB\xd6\x01\n" +
 	"\x16com.parley.registry.v1B\x14RegistryServiceProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (
@@ -1251,7 +1922,7 @@ func file_parley_registry_v1_registry_service_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_registry_service_proto_rawDescData
 }
 
-var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*CreateProtocolRequest)(nil),            // 0: parley.registry.v1.CreateProtocolRequest
 	(*GetProtocolRequest)(nil),               // 1: parley.registry.v1.GetProtocolRequest
@@ -1272,54 +1943,91 @@ var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*RemoveSupportedProtocolRequest)(nil),   // 16: parley.registry.v1.RemoveSupportedProtocolRequest
 	(*AddUnsupportedProtocolRequest)(nil),    // 17: parley.registry.v1.AddUnsupportedProtocolRequest
 	(*RemoveUnsupportedProtocolRequest)(nil), // 18: parley.registry.v1.RemoveUnsupportedProtocolRequest
-	(*Protocol)(nil),                         // 19: parley.registry.v1.Protocol
-	(*Agent)(nil),                            // 20: parley.registry.v1.Agent
-	(*fieldmaskpb.FieldMask)(nil),            // 21: google.protobuf.FieldMask
-	(*emptypb.Empty)(nil),                    // 22: google.protobuf.Empty
+	(*CreateClientRequest)(nil),              // 19: parley.registry.v1.CreateClientRequest
+	(*CreateClientResponse)(nil),             // 20: parley.registry.v1.CreateClientResponse
+	(*GetClientRequest)(nil),                 // 21: parley.registry.v1.GetClientRequest
+	(*ListClientsRequest)(nil),               // 22: parley.registry.v1.ListClientsRequest
+	(*ListClientsResponse)(nil),              // 23: parley.registry.v1.ListClientsResponse
+	(*CreateKeyRequest)(nil),                 // 24: parley.registry.v1.CreateKeyRequest
+	(*ListKeysRequest)(nil),                  // 25: parley.registry.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),                 // 26: parley.registry.v1.ListKeysResponse
+	(*DeleteKeyRequest)(nil),                 // 27: parley.registry.v1.DeleteKeyRequest
+	(*RotateKeyRequest)(nil),                 // 28: parley.registry.v1.RotateKeyRequest
+	(*IntrospectKeyRequest)(nil),             // 29: parley.registry.v1.IntrospectKeyRequest
+	(*IntrospectKeyResponse)(nil),            // 30: parley.registry.v1.IntrospectKeyResponse
+	(*Protocol)(nil),                         // 31: parley.registry.v1.Protocol
+	(*Agent)(nil),                            // 32: parley.registry.v1.Agent
+	(*fieldmaskpb.FieldMask)(nil),            // 33: google.protobuf.FieldMask
+	(*Client)(nil),                           // 34: parley.registry.v1.Client
+	(*Key)(nil),                              // 35: parley.registry.v1.Key
+	(PrincipalKind)(0),                       // 36: parley.registry.v1.PrincipalKind
+	(*emptypb.Empty)(nil),                    // 37: google.protobuf.Empty
 }
 var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
-	19, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
-	19, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	19, // 2: parley.registry.v1.SearchProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	20, // 3: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
-	20, // 4: parley.registry.v1.UpdateAgentRequest.agent:type_name -> parley.registry.v1.Agent
-	21, // 5: parley.registry.v1.UpdateAgentRequest.update_mask:type_name -> google.protobuf.FieldMask
-	20, // 6: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
-	0,  // 7: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
-	1,  // 8: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
-	2,  // 9: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
-	5,  // 10: parley.registry.v1.RegistryService.SearchProtocols:input_type -> parley.registry.v1.SearchProtocolsRequest
-	4,  // 11: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
-	7,  // 12: parley.registry.v1.RegistryService.SyncProtocols:input_type -> parley.registry.v1.SyncProtocolsRequest
-	9,  // 13: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
-	11, // 14: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
-	12, // 15: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
-	10, // 16: parley.registry.v1.RegistryService.UpdateAgent:input_type -> parley.registry.v1.UpdateAgentRequest
-	14, // 17: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
-	15, // 18: parley.registry.v1.RegistryService.AddSupportedProtocol:input_type -> parley.registry.v1.AddSupportedProtocolRequest
-	16, // 19: parley.registry.v1.RegistryService.RemoveSupportedProtocol:input_type -> parley.registry.v1.RemoveSupportedProtocolRequest
-	17, // 20: parley.registry.v1.RegistryService.AddUnsupportedProtocol:input_type -> parley.registry.v1.AddUnsupportedProtocolRequest
-	18, // 21: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:input_type -> parley.registry.v1.RemoveUnsupportedProtocolRequest
-	19, // 22: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
-	19, // 23: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
-	3,  // 24: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
-	6,  // 25: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
-	19, // 26: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
-	8,  // 27: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
-	20, // 28: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
-	20, // 29: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
-	13, // 30: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
-	20, // 31: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
-	22, // 32: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
-	20, // 33: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
-	20, // 34: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
-	20, // 35: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	20, // 36: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	22, // [22:37] is the sub-list for method output_type
-	7,  // [7:22] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	31, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
+	31, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	31, // 2: parley.registry.v1.SearchProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	32, // 3: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	32, // 4: parley.registry.v1.UpdateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	33, // 5: parley.registry.v1.UpdateAgentRequest.update_mask:type_name -> google.protobuf.FieldMask
+	32, // 6: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
+	34, // 7: parley.registry.v1.CreateClientRequest.client:type_name -> parley.registry.v1.Client
+	34, // 8: parley.registry.v1.CreateClientResponse.client:type_name -> parley.registry.v1.Client
+	35, // 9: parley.registry.v1.CreateClientResponse.key:type_name -> parley.registry.v1.Key
+	34, // 10: parley.registry.v1.ListClientsResponse.clients:type_name -> parley.registry.v1.Client
+	35, // 11: parley.registry.v1.ListKeysResponse.keys:type_name -> parley.registry.v1.Key
+	36, // 12: parley.registry.v1.IntrospectKeyResponse.kind:type_name -> parley.registry.v1.PrincipalKind
+	0,  // 13: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
+	1,  // 14: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
+	2,  // 15: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
+	5,  // 16: parley.registry.v1.RegistryService.SearchProtocols:input_type -> parley.registry.v1.SearchProtocolsRequest
+	4,  // 17: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
+	7,  // 18: parley.registry.v1.RegistryService.SyncProtocols:input_type -> parley.registry.v1.SyncProtocolsRequest
+	9,  // 19: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
+	11, // 20: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
+	12, // 21: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
+	10, // 22: parley.registry.v1.RegistryService.UpdateAgent:input_type -> parley.registry.v1.UpdateAgentRequest
+	14, // 23: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
+	15, // 24: parley.registry.v1.RegistryService.AddSupportedProtocol:input_type -> parley.registry.v1.AddSupportedProtocolRequest
+	16, // 25: parley.registry.v1.RegistryService.RemoveSupportedProtocol:input_type -> parley.registry.v1.RemoveSupportedProtocolRequest
+	17, // 26: parley.registry.v1.RegistryService.AddUnsupportedProtocol:input_type -> parley.registry.v1.AddUnsupportedProtocolRequest
+	18, // 27: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:input_type -> parley.registry.v1.RemoveUnsupportedProtocolRequest
+	19, // 28: parley.registry.v1.RegistryService.CreateClient:input_type -> parley.registry.v1.CreateClientRequest
+	21, // 29: parley.registry.v1.RegistryService.GetClient:input_type -> parley.registry.v1.GetClientRequest
+	22, // 30: parley.registry.v1.RegistryService.ListClients:input_type -> parley.registry.v1.ListClientsRequest
+	24, // 31: parley.registry.v1.RegistryService.CreateKey:input_type -> parley.registry.v1.CreateKeyRequest
+	25, // 32: parley.registry.v1.RegistryService.ListKeys:input_type -> parley.registry.v1.ListKeysRequest
+	27, // 33: parley.registry.v1.RegistryService.DeleteKey:input_type -> parley.registry.v1.DeleteKeyRequest
+	28, // 34: parley.registry.v1.RegistryService.RotateKey:input_type -> parley.registry.v1.RotateKeyRequest
+	29, // 35: parley.registry.v1.RegistryService.IntrospectKey:input_type -> parley.registry.v1.IntrospectKeyRequest
+	31, // 36: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
+	31, // 37: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
+	3,  // 38: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
+	6,  // 39: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
+	31, // 40: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
+	8,  // 41: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
+	32, // 42: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
+	32, // 43: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
+	13, // 44: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
+	32, // 45: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
+	37, // 46: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
+	32, // 47: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
+	32, // 48: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
+	32, // 49: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	32, // 50: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	20, // 51: parley.registry.v1.RegistryService.CreateClient:output_type -> parley.registry.v1.CreateClientResponse
+	34, // 52: parley.registry.v1.RegistryService.GetClient:output_type -> parley.registry.v1.Client
+	23, // 53: parley.registry.v1.RegistryService.ListClients:output_type -> parley.registry.v1.ListClientsResponse
+	35, // 54: parley.registry.v1.RegistryService.CreateKey:output_type -> parley.registry.v1.Key
+	26, // 55: parley.registry.v1.RegistryService.ListKeys:output_type -> parley.registry.v1.ListKeysResponse
+	37, // 56: parley.registry.v1.RegistryService.DeleteKey:output_type -> google.protobuf.Empty
+	35, // 57: parley.registry.v1.RegistryService.RotateKey:output_type -> parley.registry.v1.Key
+	30, // 58: parley.registry.v1.RegistryService.IntrospectKey:output_type -> parley.registry.v1.IntrospectKeyResponse
+	36, // [36:59] is the sub-list for method output_type
+	13, // [13:36] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_registry_service_proto_init() }
@@ -1328,6 +2036,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 		return
 	}
 	file_parley_registry_v1_agent_proto_init()
+	file_parley_registry_v1_client_proto_init()
 	file_parley_registry_v1_protocol_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -1335,7 +2044,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_registry_service_proto_rawDesc), len(file_parley_registry_v1_registry_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   19,
+			NumMessages:   31,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -35,6 +35,14 @@ const (
 	RegistryService_RemoveSupportedProtocol_FullMethodName   = "/parley.registry.v1.RegistryService/RemoveSupportedProtocol"
 	RegistryService_AddUnsupportedProtocol_FullMethodName    = "/parley.registry.v1.RegistryService/AddUnsupportedProtocol"
 	RegistryService_RemoveUnsupportedProtocol_FullMethodName = "/parley.registry.v1.RegistryService/RemoveUnsupportedProtocol"
+	RegistryService_CreateClient_FullMethodName              = "/parley.registry.v1.RegistryService/CreateClient"
+	RegistryService_GetClient_FullMethodName                 = "/parley.registry.v1.RegistryService/GetClient"
+	RegistryService_ListClients_FullMethodName               = "/parley.registry.v1.RegistryService/ListClients"
+	RegistryService_CreateKey_FullMethodName                 = "/parley.registry.v1.RegistryService/CreateKey"
+	RegistryService_ListKeys_FullMethodName                  = "/parley.registry.v1.RegistryService/ListKeys"
+	RegistryService_DeleteKey_FullMethodName                 = "/parley.registry.v1.RegistryService/DeleteKey"
+	RegistryService_RotateKey_FullMethodName                 = "/parley.registry.v1.RegistryService/RotateKey"
+	RegistryService_IntrospectKey_FullMethodName             = "/parley.registry.v1.RegistryService/IntrospectKey"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -111,6 +119,35 @@ type RegistryServiceClient interface {
 	// list; removing an absent one changes nothing. Errors: INVALID_ARGUMENT,
 	// NOT_FOUND (agent).
 	RemoveUnsupportedProtocol(ctx context.Context, in *RemoveUnsupportedProtocolRequest, opts ...grpc.CallOption) (*Agent, error)
+	// CreateClient creates a client and its first client key, returned once in
+	// the response. Only the operator may call it, or anyone when the
+	// registry runs with --open-registration (then rate-limited per caller).
+	// Errors: INVALID_ARGUMENT, ALREADY_EXISTS, PERMISSION_DENIED,
+	// RESOURCE_EXHAUSTED (registration rate limit).
+	CreateClient(ctx context.Context, in *CreateClientRequest, opts ...grpc.CallOption) (*CreateClientResponse, error)
+	// GetClient returns a client. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetClient(ctx context.Context, in *GetClientRequest, opts ...grpc.CallOption) (*Client, error)
+	// ListClients lists clients in name order.
+	ListClients(ctx context.Context, in *ListClientsRequest, opts ...grpc.CallOption) (*ListClientsResponse, error)
+	// CreateKey creates a key for a client or one of its agents and returns
+	// it with its secret, once. Errors: INVALID_ARGUMENT, NOT_FOUND (client or
+	// agent), RESOURCE_EXHAUSTED (at most 20 keys each).
+	CreateKey(ctx context.Context, in *CreateKeyRequest, opts ...grpc.CallOption) (*Key, error)
+	// ListKeys lists the live keys of a client or agent by id and creation
+	// time, never their secrets. Errors: INVALID_ARGUMENT.
+	ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error)
+	// DeleteKey revokes a key at once; services that cache keys stop
+	// accepting it within their cache bound (5 s). Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// RotateKey replaces a key: it revokes the named key and returns a new
+	// one for the same owner, with its secret, in one step. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	RotateKey(ctx context.Context, in *RotateKeyRequest, opts ...grpc.CallOption) (*Key, error)
+	// IntrospectKey says whom a key secret identifies, for services that
+	// check callers' keys. It has no HTTP route. An unknown, revoked or
+	// malformed secret is not an error: the response has active false.
+	IntrospectKey(ctx context.Context, in *IntrospectKeyRequest, opts ...grpc.CallOption) (*IntrospectKeyResponse, error)
 }
 
 type registryServiceClient struct {
@@ -271,6 +308,86 @@ func (c *registryServiceClient) RemoveUnsupportedProtocol(ctx context.Context, i
 	return out, nil
 }
 
+func (c *registryServiceClient) CreateClient(ctx context.Context, in *CreateClientRequest, opts ...grpc.CallOption) (*CreateClientResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CreateClientResponse)
+	err := c.cc.Invoke(ctx, RegistryService_CreateClient_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) GetClient(ctx context.Context, in *GetClientRequest, opts ...grpc.CallOption) (*Client, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Client)
+	err := c.cc.Invoke(ctx, RegistryService_GetClient_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListClients(ctx context.Context, in *ListClientsRequest, opts ...grpc.CallOption) (*ListClientsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListClientsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListClients_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) CreateKey(ctx context.Context, in *CreateKeyRequest, opts ...grpc.CallOption) (*Key, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Key)
+	err := c.cc.Invoke(ctx, RegistryService_CreateKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListKeys(ctx context.Context, in *ListKeysRequest, opts ...grpc.CallOption) (*ListKeysResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListKeysResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListKeys_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) DeleteKey(ctx context.Context, in *DeleteKeyRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(emptypb.Empty)
+	err := c.cc.Invoke(ctx, RegistryService_DeleteKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) RotateKey(ctx context.Context, in *RotateKeyRequest, opts ...grpc.CallOption) (*Key, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Key)
+	err := c.cc.Invoke(ctx, RegistryService_RotateKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) IntrospectKey(ctx context.Context, in *IntrospectKeyRequest, opts ...grpc.CallOption) (*IntrospectKeyResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IntrospectKeyResponse)
+	err := c.cc.Invoke(ctx, RegistryService_IntrospectKey_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -345,6 +462,35 @@ type RegistryServiceServer interface {
 	// list; removing an absent one changes nothing. Errors: INVALID_ARGUMENT,
 	// NOT_FOUND (agent).
 	RemoveUnsupportedProtocol(context.Context, *RemoveUnsupportedProtocolRequest) (*Agent, error)
+	// CreateClient creates a client and its first client key, returned once in
+	// the response. Only the operator may call it, or anyone when the
+	// registry runs with --open-registration (then rate-limited per caller).
+	// Errors: INVALID_ARGUMENT, ALREADY_EXISTS, PERMISSION_DENIED,
+	// RESOURCE_EXHAUSTED (registration rate limit).
+	CreateClient(context.Context, *CreateClientRequest) (*CreateClientResponse, error)
+	// GetClient returns a client. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetClient(context.Context, *GetClientRequest) (*Client, error)
+	// ListClients lists clients in name order.
+	ListClients(context.Context, *ListClientsRequest) (*ListClientsResponse, error)
+	// CreateKey creates a key for a client or one of its agents and returns
+	// it with its secret, once. Errors: INVALID_ARGUMENT, NOT_FOUND (client or
+	// agent), RESOURCE_EXHAUSTED (at most 20 keys each).
+	CreateKey(context.Context, *CreateKeyRequest) (*Key, error)
+	// ListKeys lists the live keys of a client or agent by id and creation
+	// time, never their secrets. Errors: INVALID_ARGUMENT.
+	ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error)
+	// DeleteKey revokes a key at once; services that cache keys stop
+	// accepting it within their cache bound (5 s). Errors: INVALID_ARGUMENT,
+	// NOT_FOUND.
+	DeleteKey(context.Context, *DeleteKeyRequest) (*emptypb.Empty, error)
+	// RotateKey replaces a key: it revokes the named key and returns a new
+	// one for the same owner, with its secret, in one step. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND.
+	RotateKey(context.Context, *RotateKeyRequest) (*Key, error)
+	// IntrospectKey says whom a key secret identifies, for services that
+	// check callers' keys. It has no HTTP route. An unknown, revoked or
+	// malformed secret is not an error: the response has active false.
+	IntrospectKey(context.Context, *IntrospectKeyRequest) (*IntrospectKeyResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -399,6 +545,30 @@ func (UnimplementedRegistryServiceServer) AddUnsupportedProtocol(context.Context
 }
 func (UnimplementedRegistryServiceServer) RemoveUnsupportedProtocol(context.Context, *RemoveUnsupportedProtocolRequest) (*Agent, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveUnsupportedProtocol not implemented")
+}
+func (UnimplementedRegistryServiceServer) CreateClient(context.Context, *CreateClientRequest) (*CreateClientResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateClient not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetClient(context.Context, *GetClientRequest) (*Client, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetClient not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListClients(context.Context, *ListClientsRequest) (*ListClientsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListClients not implemented")
+}
+func (UnimplementedRegistryServiceServer) CreateKey(context.Context, *CreateKeyRequest) (*Key, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateKey not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListKeys(context.Context, *ListKeysRequest) (*ListKeysResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListKeys not implemented")
+}
+func (UnimplementedRegistryServiceServer) DeleteKey(context.Context, *DeleteKeyRequest) (*emptypb.Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method DeleteKey not implemented")
+}
+func (UnimplementedRegistryServiceServer) RotateKey(context.Context, *RotateKeyRequest) (*Key, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateKey not implemented")
+}
+func (UnimplementedRegistryServiceServer) IntrospectKey(context.Context, *IntrospectKeyRequest) (*IntrospectKeyResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method IntrospectKey not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -691,6 +861,150 @@ func _RegistryService_RemoveUnsupportedProtocol_Handler(srv interface{}, ctx con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_CreateClient_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateClientRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).CreateClient(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_CreateClient_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).CreateClient(ctx, req.(*CreateClientRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_GetClient_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetClientRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetClient(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetClient_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetClient(ctx, req.(*GetClientRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListClients_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListClientsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListClients(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListClients_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListClients(ctx, req.(*ListClientsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_CreateKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).CreateKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_CreateKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).CreateKey(ctx, req.(*CreateKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListKeys_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListKeysRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListKeys(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListKeys_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListKeys(ctx, req.(*ListKeysRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_DeleteKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(DeleteKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).DeleteKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_DeleteKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).DeleteKey(ctx, req.(*DeleteKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_RotateKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).RotateKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_RotateKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).RotateKey(ctx, req.(*RotateKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_IntrospectKey_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IntrospectKeyRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).IntrospectKey(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_IntrospectKey_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).IntrospectKey(ctx, req.(*IntrospectKeyRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -757,6 +1071,38 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveUnsupportedProtocol",
 			Handler:    _RegistryService_RemoveUnsupportedProtocol_Handler,
+		},
+		{
+			MethodName: "CreateClient",
+			Handler:    _RegistryService_CreateClient_Handler,
+		},
+		{
+			MethodName: "GetClient",
+			Handler:    _RegistryService_GetClient_Handler,
+		},
+		{
+			MethodName: "ListClients",
+			Handler:    _RegistryService_ListClients_Handler,
+		},
+		{
+			MethodName: "CreateKey",
+			Handler:    _RegistryService_CreateKey_Handler,
+		},
+		{
+			MethodName: "ListKeys",
+			Handler:    _RegistryService_ListKeys_Handler,
+		},
+		{
+			MethodName: "DeleteKey",
+			Handler:    _RegistryService_DeleteKey_Handler,
+		},
+		{
+			MethodName: "RotateKey",
+			Handler:    _RegistryService_RotateKey_Handler,
+		},
+		{
+			MethodName: "IntrospectKey",
+			Handler:    _RegistryService_IntrospectKey_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

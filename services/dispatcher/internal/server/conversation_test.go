@@ -148,6 +148,8 @@ func TestPylibShapedConversation(t *testing.T) {
 			h := sha1Hex([]byte(counterPD))
 			reg.addAgent(agentRes(counterAgent, 0, registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED))
 			e := startEnv(t, reg, "", Options{PeerDialects: tt.peers})
+			// An LLM that answers, so that a call is counted.
+			e.llm.reply = func(LLMRequest) (LLMResult, error) { return LLMResult{Output: json.RawMessage(`"llm"`)}, nil }
 			e.setRoutine(counterAgent, h, counterRoutine)
 			b64 := base64.StdEncoding.EncodeToString(mustHex(h))
 			dataURI := "data:text/plain;charset=utf-8;base64," + base64.StdEncoding.EncodeToString([]byte(counterPD))

@@ -11,11 +11,9 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"net/url"
 	"sort"
 	"strings"
-	"syscall"
 	"time"
 	"unicode"
 
@@ -24,6 +22,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/egress"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/platform/pagetoken"
@@ -486,7 +485,7 @@ func (s *Server) postTo(ctx context.Context, base string, d agora.Dialect, hexHa
 	if ctx.Err() != nil {
 		return peerReply{}, status.FromContextError(ctx.Err()).Err()
 	}
-	return peerReply{}, grpcerr.New(codes.Unavailable, fmt.Sprintf("target %s did not answer: %v", base, lastErr), "TARGET_UNAVAILABLE", Domain, nil)
+	return peerReply{}, s.targetError(ctx, base, lastErr)
 }
 
 func (s *Server) postOnce(ctx context.Context, u string, data []byte) (peerReply, error) {
@@ -518,7 +517,7 @@ func (s *Server) postOnce(ctx context.Context, u string, data []byte) (peerReply
 		return peerReply{}, fmt.Errorf("HTTP %d with a reply: %w", resp.StatusCode, err)
 	}
 	if err := json.Unmarshal(raw, &w); err != nil {
-		return peerReply{}, fmt.Errorf("HTTP %d with a reply that is not JSON", resp.StatusCode)
+		return peerReply{}, badReplyError{status: resp.StatusCode}
 	}
 	rep := peerReply{status: w.Status, body: w.Body, err: w.Message, conv: w.Conv}
 	if rep.status == "" {
@@ -564,23 +563,13 @@ func (s *Server) ListSendCounts(ctx context.Context, req *dispatcherv1.ListSendC
 
 // newSendClient returns the HTTP client for outbound envelopes. Unless
 // allowPrivate, it refuses to dial loopback, private, link-local and other
-// internal addresses, checking the dialed IP so DNS rebinding cannot evade it,
-// and does not follow redirects.
-func newSendClient(allowPrivate bool) *http.Client {
-	dialer := &net.Dialer{Timeout: 2 * time.Second}
-	if !allowPrivate {
-		dialer.Control = func(_, address string, _ syscall.RawConn) error {
-			ap, err := netip.ParseAddrPort(address)
-			if err != nil {
-				return err
-			}
-			ip := ap.Addr().Unmap()
-			if ip.IsLoopback() || ip.IsPrivate() || ip.IsLinkLocalUnicast() || ip.IsLinkLocalMulticast() ||
-				ip.IsUnspecified() || ip.IsMulticast() || netip.MustParsePrefix("100.64.0.0/10").Contains(ip) {
-				return fmt.Errorf("refusing to send to internal address %s", ip)
-			}
-			return nil
-		}
+// internal addresses (platform/egress checks the dialed IP, so DNS
+// rebinding cannot evade it), and it does not follow redirects. lookup,
+// when set, replaces the system resolver (a test seam).
+func newSendClient(allowPrivate bool, lookup egress.Lookup) *http.Client {
+	dialer := &egress.Dialer{Timeout: 2 * time.Second, Lookup: lookup}
+	if allowPrivate {
+		dialer.Allow = egress.AllowAll
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.DialContext = dialer.DialContext
@@ -589,4 +578,35 @@ func newSendClient(allowPrivate bool) *http.Client {
 		Transport:     tr,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
+}
+
+// badReplyError is a peer's answer that is not an Agora reply.
+type badReplyError struct{ status int }
+
+func (e badReplyError) Error() string {
+	return fmt.Sprintf("answered HTTP %d with a reply that is not JSON", e.status)
+}
+
+// targetError is Send's error for a target that could not be used. The
+// caller named the target, so the message never carries what our resolver
+// or network said (addresses, resolver, internal names); that goes to the
+// log.
+func (s *Server) targetError(ctx context.Context, base string, err error) error {
+	var bad badReplyError
+	switch {
+	case errors.Is(err, egress.ErrRefused):
+		var refused *egress.RefusedError
+		if errors.As(err, &refused) {
+			s.logger.WarnContext(ctx, "send target refused", slog.String("target", base), slog.String("addr", refused.Addr), slog.String("reason", refused.Reason))
+		}
+		return grpcerr.New(codes.InvalidArgument, "target "+base+" refused: internal address", "TARGET_REFUSED", Domain, nil)
+	case errors.As(err, &bad):
+		return grpcerr.New(codes.Unavailable, "target "+base+" "+bad.Error(), "TARGET_UNAVAILABLE", Domain, nil)
+	}
+	s.logger.InfoContext(ctx, "send target unreachable", slog.String("target", base), slog.Any("err", err))
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return grpcerr.New(codes.Unavailable, "target "+base+" did not answer in time", "TARGET_UNAVAILABLE", Domain, nil)
+	}
+	return grpcerr.New(codes.Unavailable, "target "+base+" could not be reached", "TARGET_UNAVAILABLE", Domain, nil)
 }

@@ -22,6 +22,9 @@ const senderAgent = "clients/acme/agents/asker"
 
 func TestSend_routineBothSides(t *testing.T) {
 	e := startWeather(t, 0, Options{PublicURL: "https://parley.example.com"})
+	// An LLM that answers, so that a call the routines should have saved
+	// is counted (with no reply set the fake refuses uncounted).
+	e.llm.reply = func(LLMRequest) (LLMResult, error) { return LLMResult{Output: json.RawMessage(`"llm"`)}, nil }
 	e.reg.addAgent(agentRes(senderAgent, 0, 0))
 	e.setRoutine(senderAgent, weatherHex, `
 def send(task):

@@ -18,6 +18,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/egress"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
@@ -74,6 +75,9 @@ type Options struct {
 	HTTPClient *http.Client
 	// SendAllowPrivate lets Send reach loopback and private addresses.
 	SendAllowPrivate bool
+	// SendLookup resolves target host names for Send instead of the system
+	// resolver; a test seam (the address guard applies either way).
+	SendLookup egress.Lookup
 	// SendMaxListed is how many of the protocols a target's well-known
 	// document lists Send resolves at most (in hash order); 5.
 	SendMaxListed int
@@ -175,7 +179,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	s.hub = newHub(s.metrics)
 	s.client = opts.HTTPClient
 	if s.client == nil {
-		s.client = newSendClient(opts.SendAllowPrivate)
+		s.client = newSendClient(opts.SendAllowPrivate, opts.SendLookup)
 	}
 	return s
 }

@@ -216,32 +216,31 @@ func TestShadow_disagreeingCandidateIsNotInstalled(t *testing.T) {
 func TestShadow_noCandidateIsLookedUpOncePerTTL(t *testing.T) {
 	e, neg := startShadowWeather(t, "", 0)
 	e.llm.reply = weatherLLM(0)
+	// Each envelope's shadow run is awaited before the next, so that every
+	// one of them has looked (or not) by the time lookups are counted; a
+	// poll that stopped at the first lookup would pass with no cache.
 	for range 5 {
 		e.do("POST", "/agora/acme/weather", parisEnvelope)
+		e.waitShadowRuns()
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if lookups, _ := neg.counts(); lookups == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			lookups, _ := neg.counts()
-			t.Fatalf("candidate lookups = %d, want 1", lookups)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if lookups, _ := neg.counts(); lookups != 1 {
+		t.Fatalf("candidate lookups after 5 envelopes = %d, want 1", lookups)
+	}
+	if n := shadowOutcome(t, e, shadowSkipped); n != 0 {
+		t.Fatalf("skipped shadow runs = %v, want 0 (each envelope's run is awaited)", n)
 	}
 	e.advance(time.Minute) // past the cache TTL
 	e.do("POST", "/agora/acme/weather", parisEnvelope)
-	for {
-		if lookups, _ := neg.counts(); lookups == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			lookups, _ := neg.counts()
-			t.Fatalf("candidate lookups after the TTL = %d, want 2", lookups)
-		}
-		time.Sleep(5 * time.Millisecond)
+	e.waitShadowRuns()
+	if lookups, _ := neg.counts(); lookups != 2 {
+		t.Fatalf("candidate lookups after the TTL = %d, want 2", lookups)
 	}
+}
+
+// waitShadowRuns waits until every shadow run started so far has ended.
+// Call it between requests only: no shadow run may start while it waits.
+func (e *testEnv) waitShadowRuns() {
+	e.srv.shadows.wg.Wait()
 }
 
 func TestSameJSON(t *testing.T) {

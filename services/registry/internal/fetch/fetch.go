@@ -3,13 +3,10 @@
 //
 // A source is a data: URI in one of the two byte-exact forms the reference
 // library sends, or an https URL (http only when allowed). Every TCP
-// connection is checked in the dialer's Control function, after DNS
-// resolution and before connect(2): only global unicast addresses pass
-// (IPv6 only inside 2000::/3); loopback, private, link-local (cloud
-// metadata included), multicast, unspecified, CGNAT, unique-local,
-// site-local, IPv4-mapped, -compatible and -translated, NAT64, 6to4 and
-// other special-purpose addresses are refused, so DNS rebinding and
-// redirects into the internal network get nothing. Redirects
+// connection goes through platform/egress's dialer, which checks the
+// address after DNS resolution and before connect(2) against its one
+// Blocked rule, so DNS rebinding and redirects into the internal network
+// get nothing. Redirects
 // are followed at most MaxRedirects times, each re-checked. Time, size and
 // the scheme are capped. No cookies, credentials or proxies are used.
 //
@@ -36,8 +33,9 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/parleyhq/parley/platform/egress"
 )
 
 // Error classes; every error from Fetch wraps exactly one.
@@ -157,7 +155,7 @@ func New(opts Options) (*Fetcher, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	checked := &net.Dialer{Timeout: opts.ConnectTimeout, ControlContext: f.control}
+	checked := &egress.Dialer{Timeout: opts.ConnectTimeout, Allow: f.allowNets}
 	trusted := &net.Dialer{Timeout: opts.ConnectTimeout}
 	transport := &http.Transport{
 		Proxy: nil, // a proxy would dial for us and bypass the address check
@@ -341,24 +339,6 @@ func (f *Fetcher) checkRedirect(req *http.Request, via []*http.Request) error {
 	return nil
 }
 
-// control runs for every connection after DNS resolution, before connect.
-func (f *Fetcher) control(_ context.Context, _, address string, _ syscall.RawConn) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return &RefusedError{Addr: address, Reason: "unparseable address"}
-	}
-	ip := ap.Addr().WithZone("")
-	for _, p := range f.allowNets {
-		if p.Contains(ip) {
-			return nil
-		}
-	}
-	if reason := Blocked(ip); reason != "" {
-		return &RefusedError{Addr: ip.String(), Reason: reason}
-	}
-	return nil
-}
-
 // RefusedError is the dialer's refusal of an address; it wraps ErrRefused.
 // Addr and Reason are for the log: Error does not reveal them, since the
 // address is what the registry's DNS made of the caller's host name.
@@ -373,89 +353,15 @@ func (e *RefusedError) Error() string { return ErrRefused.Error() }
 // Unwrap makes errors.Is(err, ErrRefused) hold.
 func (e *RefusedError) Unwrap() error { return ErrRefused }
 
-var specialPrefixes = []struct {
-	p      netip.Prefix
-	reason string
-}{
-	{netip.MustParsePrefix("0.0.0.0/8"), "this-network"},
-	{netip.MustParsePrefix("100.64.0.0/10"), "CGNAT"},
-	{netip.MustParsePrefix("192.0.0.0/24"), "IETF protocol assignment"},
-	{netip.MustParsePrefix("192.0.2.0/24"), "documentation"},
-	{netip.MustParsePrefix("198.18.0.0/15"), "benchmarking"},
-	{netip.MustParsePrefix("198.51.100.0/24"), "documentation"},
-	{netip.MustParsePrefix("203.0.113.0/24"), "documentation"},
-	{netip.MustParsePrefix("192.88.99.0/24"), "6to4 relay anycast"},
-	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
-	{netip.MustParsePrefix("::/96"), "IPv4-compatible IPv6"},
-	{netip.MustParsePrefix("::ffff:0:0:0/96"), "IPv4-translated IPv6"},
-	{netip.MustParsePrefix("100:0:0:1::/64"), "dummy prefix"},
-	{netip.MustParsePrefix("3fff::/20"), "documentation"},
-	{netip.MustParsePrefix("5f00::/16"), "SRv6 SID"},
-	{netip.MustParsePrefix("fec0::/10"), "site-local"},
-	{netip.MustParsePrefix("64:ff9b::/96"), "NAT64"},
-	{netip.MustParsePrefix("64:ff9b:1::/48"), "NAT64"},
-	{netip.MustParsePrefix("100::/64"), "discard"},
-	{netip.MustParsePrefix("2001::/23"), "IETF protocol assignment"},
-	{netip.MustParsePrefix("2001:db8::/32"), "documentation"},
-	{netip.MustParsePrefix("2002::/16"), "6to4"},
-}
-
-var (
-	metadataV4 = netip.MustParseAddr("169.254.169.254")
-	metadataV6 = netip.MustParseAddr("fd00:ec2::254")
-)
-
-// Blocked returns why ip may not be fetched from, or "" when it may.
-func Blocked(ip netip.Addr) string {
-	switch {
-	case !ip.IsValid():
-		return "invalid"
-	case ip == metadataV4, ip == metadataV6:
-		return "cloud metadata"
-	case ip.Is4In6():
-		return "IPv4-mapped IPv6"
-	case ip.IsUnspecified():
-		return "unspecified"
-	case ip.IsLoopback():
-		return "loopback"
-	case ip.IsMulticast():
-		return "multicast"
-	case ip.IsLinkLocalUnicast():
-		return "link-local"
-	case ip.Is4() && ip.IsPrivate():
-		return "private"
-	case ip.IsPrivate():
-		return "unique-local"
-	case ip == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-		return "broadcast"
-	}
-	for _, s := range specialPrefixes {
-		if s.p.Contains(ip) {
-			return s.reason
-		}
-	}
-	switch {
-	case !ip.IsGlobalUnicast():
-		return "not global unicast"
-	case ip.Is6() && !globalUnicast6.Contains(ip):
-		// Every global unicast IPv6 assignment is inside 2000::/3; the rest
-		// of the space is reserved or special.
-		return "reserved IPv6"
-	}
-	return ""
-}
-
-var globalUnicast6 = netip.MustParsePrefix("2000::/3")
-
 // classify maps a transport error onto the error classes. The caller gets
 // a fixed message; the raw error, which may name resolved addresses, the
 // resolver or internal hosts, goes to the log.
 func (f *Fetcher) classify(ctx context.Context, source string, err error) error {
-	var refused *RefusedError
+	var refused *egress.RefusedError
 	switch {
 	case errors.As(err, &refused):
 		f.opts.Logger.WarnContext(ctx, "protocol source destination refused", slog.String("source", Describe(source)), slog.String("addr", refused.Addr), slog.String("reason", refused.Reason))
-		return refused
+		return &RefusedError{Addr: refused.Addr, Reason: refused.Reason}
 	case errors.Is(err, ErrRefused), errors.Is(err, ErrUnavailable), errors.Is(err, ErrMalformed):
 		// From checkRedirect, wrapped by url.Error; drop the wrapper's
 		// repetition of the URL.

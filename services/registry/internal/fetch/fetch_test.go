@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/netip"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -257,65 +256,30 @@ func TestFetch_neverAnsweringSourceEndsWithinBudget(t *testing.T) {
 			t.Cleanup(func() { c.Close() }) // hold it open, never answer
 		}
 	}()
-	const budget = 300 * time.Millisecond
+	const budget = 100 * time.Millisecond
 	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.1/32"}, Timeout: budget, ConnectTimeout: budget})
+	// Contract: Timeout ends a fetch. Only the budget can end this one
+	// (the source never answers; ctx's deadline is a backstop so that a
+	// lost budget fails instead of hanging). The bound is a margin, not a
+	// speed: 45 times the budget for a loaded CI machine, yet under the
+	// 5s default Timeout that an ignored option would fall back to.
+	const bound = 4500 * time.Millisecond
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
 	start := time.Now()
-	_, err := f.Fetch(t.Context(), "http://"+ln.Addr().String()+"/pd")
+	_, err := f.Fetch(ctx, "http://"+ln.Addr().String()+"/pd")
 	elapsed := time.Since(start)
-	if !errors.Is(err, ErrUnavailable) {
-		t.Errorf("Fetch(silent source) error = %v; want ErrUnavailable", err)
+	if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+		t.Errorf("Fetch(silent source) error = %v (backstop %v); want ErrUnavailable within the budget", err, ctx.Err())
 	}
-	// Generous slack: this checks that the budget applies, not its speed.
-	if elapsed > budget+3*time.Second {
-		t.Errorf("Fetch(silent source) took %v; want about the %v budget", elapsed, budget)
+	if elapsed > bound {
+		t.Errorf("Fetch(silent source) took %v; want the %v budget to end it (bound %v)", elapsed, budget, bound)
 	}
 }
 
 func TestNew_rejectsBadAllowlist(t *testing.T) {
 	if _, err := New(Options{Allow: []string{"10.0.0.0/33"}}); err == nil || !strings.Contains(err.Error(), "10.0.0.0/33") {
 		t.Errorf("New(bad CIDR) error = %v; want it named", err)
-	}
-}
-
-func TestBlocked(t *testing.T) {
-	for _, tt := range []struct {
-		ip   string
-		want string
-	}{
-		{"93.184.216.34", ""},
-		{"2606:2800:220:1:248:1893:25c8:1946", ""},
-		{"127.0.0.1", "loopback"},
-		{"169.254.169.254", "cloud metadata"},
-		{"fd00:ec2::254", "cloud metadata"},
-		{"169.254.1.1", "link-local"},
-		{"fe80::1", "link-local"},
-		{"10.0.0.1", "private"},
-		{"172.16.0.1", "private"},
-		{"192.168.0.1", "private"},
-		{"fc00::1", "unique-local"},
-		{"100.64.0.1", "CGNAT"},
-		{"224.0.0.1", "multicast"},
-		{"ff02::1", "multicast"},
-		{"0.0.0.0", "unspecified"},
-		{"::", "unspecified"},
-		{"::ffff:8.8.8.8", "IPv4-mapped IPv6"},
-		{"255.255.255.255", "broadcast"},
-		{"64:ff9b::a00:1", "NAT64"},
-		{"::127.0.0.1", "IPv4-compatible IPv6"},
-		{"::a00:1", "IPv4-compatible IPv6"},
-		{"::ffff:0:7f00:1", "IPv4-translated IPv6"},
-		{"fec0::1", "site-local"},
-		{"feff::1", "site-local"},
-		{"100:0:0:1::1", "dummy prefix"},
-		{"3fff::1", "documentation"},
-		{"5f00::1", "SRv6 SID"},
-		{"192.88.99.1", "6to4 relay anycast"},
-		{"4000::1", "reserved IPv6"},
-		{"e000::1", "reserved IPv6"},
-	} {
-		if got := Blocked(netip.MustParseAddr(tt.ip)); got != tt.want {
-			t.Errorf("Blocked(%s) = %q, want %q", tt.ip, got, tt.want)
-		}
 	}
 }
 

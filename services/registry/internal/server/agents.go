@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/services/registry/internal/fetch"
@@ -86,20 +87,31 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 		UpdateTime:    now,
 		SupportPolicy: in.GetSupportPolicy(),
 		Dialect:       in.GetDialect(),
+		Owner:         in.GetOwner(),
 	}
-	created, err := s.store.CreateAgent(ctx, a, key)
+	secret, first, err := s.newKey(a.GetName(), auth.Agent)
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	created, err := s.store.CreateAgent(ctx, a, &first, key)
 	if isAlreadyExists(err) {
 		return nil, grpcerr.New(codes.AlreadyExists, "agent "+a.GetName()+" already exists", reasonAgentExists, Domain, map[string]string{"agent": a.GetName()})
 	}
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
+	// A replayed request id returns the first result and stores no key;
+	// the first key's secret went out with that first result only.
+	if _, err := s.store.GetKeyByID(ctx, first.ID); err == nil {
+		created = proto.Clone(created).(*registryv1.Agent)
+		created.InitialKey = withSecret(first.Key, secret)
+	}
 	return created, nil
 }
 
 // mutableAgentPaths are the Agent fields UpdateAgent may change, as
 // update_mask paths.
-var mutableAgentPaths = []string{"display_name", "description", "support_policy", "dialect"}
+var mutableAgentPaths = []string{"display_name", "description", "support_policy", "dialect", "owner"}
 
 // ignoredAgentPaths are Agent fields an update_mask may name but that
 // UpdateAgent never changes: the identifier, the etag (a precondition) and
@@ -107,7 +119,7 @@ var mutableAgentPaths = []string{"display_name", "description", "support_policy"
 // PATCHes back a whole Agent it read.
 var ignoredAgentPaths = map[string]bool{
 	"name": true, "etag": true, "create_time": true, "update_time": true,
-	"supported_protocols": true, "unsupported_protocols": true,
+	"supported_protocols": true, "unsupported_protocols": true, "initial_key": true,
 }
 
 // checkAgentFields validates the values of in's fields named by paths.
@@ -130,6 +142,8 @@ func checkAgentFields(v *grpcerr.Violations, in *registryv1.Agent, paths []strin
 			if _, ok := registryv1.Dialect_name[int32(in.GetDialect())]; !ok {
 				v.Add("agent.dialect", fmt.Sprintf("%d is not a Dialect", in.GetDialect()))
 			}
+		case "owner":
+			checkOwner(v, in.GetOwner())
 		}
 	}
 }
@@ -164,6 +178,9 @@ func updatePaths(v *grpcerr.Violations, in *registryv1.Agent, mask []string) []s
 		}
 		if in.GetDialect() != registryv1.Dialect_DIALECT_UNSPECIFIED {
 			paths = append(paths, "dialect")
+		}
+		if in.GetOwner() != nil {
+			paths = append(paths, "owner")
 		}
 		return paths
 	}
@@ -217,6 +234,8 @@ func (s *Server) UpdateAgent(ctx context.Context, req *registryv1.UpdateAgentReq
 				a.SupportPolicy = in.GetSupportPolicy()
 			case "dialect":
 				a.Dialect = in.GetDialect()
+			case "owner":
+				a.Owner = in.GetOwner()
 			}
 		}
 		return nil

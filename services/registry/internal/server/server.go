@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 	"github.com/parleyhq/parley/services/registry/internal/resolve"
 	"github.com/parleyhq/parley/services/registry/internal/store"
@@ -49,6 +50,12 @@ type Options struct {
 	// Peers are the peer registries SyncProtocols copies from, by the name
 	// they were configured with.
 	Peers map[string]registryv1.RegistryServiceClient
+	// OpenRegistration lets callers other than the operator create clients,
+	// at most RegistrationBurst at once and RegistrationRate per second
+	// per remote address after that [3, 1/60].
+	OpenRegistration  bool
+	RegistrationRate  float64
+	RegistrationBurst int
 }
 
 // Server implements the registry's gRPC API.
@@ -69,6 +76,8 @@ type Server struct {
 	closed   bool
 	running  sync.WaitGroup
 	resolves atomic.Int64 // callers waiting on a resolution (tests)
+
+	registrations *auth.Limiter // open registrations per remote address
 }
 
 // errClosed refuses resolutions once Close has begun.
@@ -88,13 +97,20 @@ func New(st store.Store, logger *slog.Logger, opts Options) *Server {
 		opts.Context = context.Background()
 	}
 	opts.PublicURL = strings.TrimRight(opts.PublicURL, "/")
+	if opts.RegistrationRate <= 0 {
+		opts.RegistrationRate = 1.0 / 60
+	}
+	if opts.RegistrationBurst <= 0 {
+		opts.RegistrationBurst = 3
+	}
 	return &Server{
-		store:   st,
-		logger:  logger,
-		opts:    opts,
-		cache:   newProtocolCache(opts.CacheBytes),
-		metrics: newMetrics(),
-		now:     time.Now,
+		registrations: auth.NewLimiter(opts.RegistrationRate, opts.RegistrationBurst, nil),
+		store:         st,
+		logger:        logger,
+		opts:          opts,
+		cache:         newProtocolCache(opts.CacheBytes),
+		metrics:       newMetrics(),
+		now:           time.Now,
 	}
 }
 

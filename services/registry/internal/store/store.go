@@ -32,7 +32,21 @@ var (
 	// ErrConflict reports a protocol whose SHA-1 is already stored for
 	// different bytes (a SHA-1 collision): the stored one is kept.
 	ErrConflict = errors.New("sha-1 collision with a stored protocol")
+	// ErrTooManyKeys reports a key beyond MaxKeys for one owner.
+	ErrTooManyKeys = errors.New("too many keys")
 )
+
+// MaxKeys is the most live keys a client or an agent may hold.
+const MaxKeys = 20
+
+// StoredKey is a key as the store keeps it: the resource, whose Secret is
+// always empty, plus its id and the SHA-256 of the secret. Secrets are
+// never stored.
+type StoredKey struct {
+	Key  *registryv1.Key
+	ID   string
+	Hash [32]byte
+}
 
 // ListOptions select a page of a list.
 type ListOptions struct {
@@ -66,20 +80,45 @@ type Store interface {
 	// ListProtocols returns protocols without content in SHA-1 order.
 	ListProtocols(ctx context.Context, opts ListOptions) ([]*registryv1.Protocol, error)
 
-	// CreateAgent stores a, stamping its etag, or fails with
-	// ErrAlreadyExists when its name is taken. See the package comment for requestID.
-	CreateAgent(ctx context.Context, a *registryv1.Agent, requestID string) (*registryv1.Agent, error)
+	// CreateAgent stores a, stamping its etag, and its first key when key
+	// is not nil, or fails with ErrAlreadyExists when its name is taken.
+	// See the package comment for requestID: a repeat stores no key.
+	CreateAgent(ctx context.Context, a *registryv1.Agent, key *StoredKey, requestID string) (*registryv1.Agent, error)
 	// GetAgent returns an agent by resource name, or ErrNotFound.
 	GetAgent(ctx context.Context, name string) (*registryv1.Agent, error)
 	// ListAgents returns agents in name order.
 	ListAgents(ctx context.Context, opts ListOptions) ([]*registryv1.Agent, error)
-	// DeleteAgent removes an agent, or fails with ErrNotFound.
+	// DeleteAgent removes an agent and its keys, or fails with ErrNotFound.
 	DeleteAgent(ctx context.Context, name string) error
 	// UpdateAgent runs mutate on the stored agent inside one transaction and
 	// stores the result with a new etag. If mutate fails, nothing is written
 	// and its error is returned as is. The name cannot change. See
 	// the package comment for requestID.
 	UpdateAgent(ctx context.Context, name, requestID string, mutate func(*registryv1.Agent) error) (*registryv1.Agent, error)
+	// CreateClient stores c and its first key, or fails with
+	// ErrAlreadyExists when its name is taken.
+	CreateClient(ctx context.Context, c *registryv1.Client, key StoredKey) (*registryv1.Client, error)
+	// GetClient returns a client by resource name, or ErrNotFound.
+	GetClient(ctx context.Context, name string) (*registryv1.Client, error)
+	// ListClients returns clients in name order.
+	ListClients(ctx context.Context, opts ListOptions) ([]*registryv1.Client, error)
+
+	// CreateKey stores a key. Its owner (the client or agent its name is
+	// under) must exist, else ErrNotFound; an owner holding MaxKeys keys
+	// gets ErrTooManyKeys.
+	CreateKey(ctx context.Context, k StoredKey) error
+	// ListKeys returns the keys of an owner (clients/{client} or
+	// clients/{client}/agents/{agent}), oldest first. An owner without
+	// keys, or missing, has none.
+	ListKeys(ctx context.Context, parent string) ([]*registryv1.Key, error)
+	// DeleteKey removes a key by resource name, or fails with ErrNotFound.
+	DeleteKey(ctx context.Context, name string) error
+	// RotateKey removes the key named old and stores k, which must have
+	// the same owner, in one transaction; ErrNotFound when old is missing.
+	RotateKey(ctx context.Context, old string, k StoredKey) error
+	// GetKeyByID returns a key by its id, or ErrNotFound.
+	GetKeyByID(ctx context.Context, id string) (StoredKey, error)
+
 	// SweepRequests forgets request ids recorded before t and returns how
 	// many it dropped.
 	SweepRequests(ctx context.Context, before time.Time) (int, error)
@@ -98,6 +137,16 @@ func Matches(p *registryv1.Protocol, query string) bool {
 		}
 	}
 	return false
+}
+
+// KeyParent returns the owner of the key named name: the part before
+// "/keys/{key}", or "" when name has no such part.
+func KeyParent(name string) string {
+	i := strings.LastIndex(name, "/keys/")
+	if i < 0 {
+		return ""
+	}
+	return name[:i]
 }
 
 // AgentPrefix returns the key prefix of client's agents.

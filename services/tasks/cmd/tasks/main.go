@@ -22,12 +22,12 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Getenv); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "tasks:", err)
-		}
-		os.Exit(1)
+	err := run(os.Args[1:], os.Getenv)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return // --help is an answer, not a failure: exit 0
 	}
+	fmt.Fprintln(os.Stderr, "tasks:", err)
+	os.Exit(1)
 }
 
 func run(args []string, getenv func(string) string) error {

@@ -8,7 +8,8 @@
 // artifacts with the same name keep their own bytes; the names are still
 // checked (CleanFileName, CleanRelativePath) so that a client writing them
 // out as a workspace cannot be sent outside the task's folder (no "..",
-// absolute paths, backslashes, NUL or control characters, drive letters).
+// absolute paths, backslashes, NUL, control or bidirectional control
+// characters, drive letters).
 package artifactfs
 
 import (
@@ -63,7 +64,9 @@ func checkSegment(s string) error {
 		return errors.New("is not valid UTF-8")
 	}
 	for _, r := range s {
-		if r == '\\' || r == ':' || r == 0 || unicode.IsControl(r) {
+		// Bidirectional controls (U+202E and kin) make "gpj.\u202eexe" read
+		// as "exe.jpg": refused like other control characters.
+		if r == '\\' || r == ':' || r == 0 || unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r) {
 			return fmt.Errorf("contains the character %q", r)
 		}
 	}
@@ -82,10 +85,10 @@ func CleanFileName(name string) (string, error) {
 }
 
 // CleanRelativePath checks a relative directory and returns it in canonical
-// form (segments joined by "/", no trailing slash; "" for the task's root).
-// "." and "./" mean the root.
+// form (segments joined by "/", no trailing slash). "" is the task's root
+// (the field left unset); "." and "./" are refused, as every "." segment.
 func CleanRelativePath(p string) (string, error) {
-	if p == "" || p == "." || p == "./" {
+	if p == "" {
 		return "", nil
 	}
 	if strings.HasPrefix(p, "/") {

@@ -355,9 +355,10 @@ func (h *Handlers) uploadArtifact(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var (
-		relPath  string
-		fileName string
-		spool    *os.File
+		relPath    string
+		hasRelPath bool
+		fileName   string
+		spool      *os.File
 	)
 	defer func() {
 		if spool != nil {
@@ -381,7 +382,7 @@ func (h *Handlers) uploadArtifact(w http.ResponseWriter, r *http.Request) {
 				writeUploadError(w, err, h.opts.MaxUploadBytes)
 				return
 			}
-			relPath = string(v)
+			relPath, hasRelPath = string(v), true
 		case "file":
 			if spool != nil {
 				writeError(w, http.StatusBadRequest, "the upload has more than one part named file")
@@ -409,6 +410,10 @@ func (h *Handlers) uploadArtifact(w http.ResponseWriter, r *http.Request) {
 	}
 	if spool == nil {
 		writeError(w, http.StatusBadRequest, "the upload has no part named file")
+		return
+	}
+	if hasRelPath && relPath == "" {
+		writeError(w, http.StatusBadRequest, "relative_path must not be empty; omit it to store the file at the task's root")
 		return
 	}
 	if _, err := spool.Seek(0, io.SeekStart); err != nil {

@@ -1,5 +1,5 @@
 // Package rest serves the Agent Protocol v1 REST surface
-// (specs/agent-protocol-openapi.yml) by hand: its snake_case shapes, int32
+// (https://github.com/AI-Engineer-Foundation/agent-protocol, schemas/openapi.yml) by hand: its snake_case shapes, int32
 // pagination numbers and status codes are not what the grpc-gateway emits.
 // Handlers call a Backend: the in-process gRPC server in `parley serve`, or
 // a thin adapter over the generated client in `parley gateway`.
@@ -27,9 +27,15 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"time"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/serve"
 )
+
+// uploadTimeout bounds reading an artifact upload and answering it: a
+// 32 MiB file at about 150 KB/s.
+const uploadTimeout = 4 * time.Minute
 
 // Backend is what the handlers need of the tasks service. Errors are gRPC
 // statuses.
@@ -90,11 +96,13 @@ func (h *Handlers) Register(handle func(pattern string, handler http.Handler)) {
 		handle("GET "+base, http.HandlerFunc(h.listTasks))
 		handle("GET "+base+"/{task_id}", http.HandlerFunc(h.getTask))
 		handle("POST "+base+"/{task_id}", http.HandlerFunc(h.taskAction))
-		handle("GET "+base+"/{task_id}/events", http.HandlerFunc(h.events))
+		// The event stream lives as long as the client; an upload may take
+		// longer to read than the server's default.
+		handle("GET "+base+"/{task_id}/events", serve.Stream(http.HandlerFunc(h.events)))
 		handle("POST "+base+"/{task_id}/steps", http.HandlerFunc(h.createStep))
 		handle("GET "+base+"/{task_id}/steps", http.HandlerFunc(h.listSteps))
 		handle("GET "+base+"/{task_id}/steps/{step_id}", http.HandlerFunc(h.getStep))
-		handle("POST "+base+"/{task_id}/artifacts", http.HandlerFunc(h.uploadArtifact))
+		handle("POST "+base+"/{task_id}/artifacts", serve.Timeouts(http.HandlerFunc(h.uploadArtifact), uploadTimeout, uploadTimeout))
 		handle("GET "+base+"/{task_id}/artifacts", http.HandlerFunc(h.listArtifacts))
 		handle("GET "+base+"/{task_id}/artifacts/{artifact_id}", http.HandlerFunc(h.downloadArtifact))
 	}

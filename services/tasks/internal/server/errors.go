@@ -13,8 +13,12 @@ import (
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
-// errTaskFinished reports an action a finished task does not allow.
-var errTaskFinished = errors.New("the task is finished")
+var (
+	// errTaskFinished reports an action a finished task does not allow.
+	errTaskFinished = errors.New("the task is finished")
+	// errTooManyWaiting reports an agent at its cap of pending steps.
+	errTooManyWaiting = errors.New("too many steps waiting")
+)
 
 // toStatus maps store, file and domain errors to gRPC statuses; resource
 // (TASK, STEP, ARTIFACT) prefixes the NOT_FOUND reason.

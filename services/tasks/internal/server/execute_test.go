@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -20,6 +21,7 @@ import (
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
+	"github.com/parleyhq/parley/services/tasks/internal/scheduler"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 	"github.com/parleyhq/parley/services/tasks/internal/store/boltstore"
 )
@@ -103,6 +105,14 @@ func fakeAgents(ctx context.Context, req *dispatcherv1.ExecuteStepRequest) (*dis
 		return nil, ctx.Err()
 	}
 	return &dispatcherv1.ExecuteStepResponse{Output: "ok"}, nil
+}
+
+// stoppedClock is a scheduler clock that never moves: no backoff ends.
+type stoppedClock struct{}
+
+func (stoppedClock) Now() time.Time { return time.Unix(1e9, 0) }
+func (stoppedClock) NewTimer(time.Duration) (<-chan time.Time, func() bool) {
+	return nil, func() bool { return true }
 }
 
 func newTestServer(t *testing.T, dir string, opts Options) (*Server, *fakeDispatcher, *countingStore) {
@@ -318,34 +328,45 @@ func TestStepFailure_retriesTheStepAloneThenCompletesIt(t *testing.T) {
 	if err := json.Unmarshal(got.GetAdditionalOutputJson(), &extra); err != nil || extra.Error.Reason != "HANDLER_FAILED" || extra.Error.Code != "Aborted" || extra.Error.Attempts != 3 {
 		t.Errorf("additional_output = %s (%v); want the error with reason HANDLER_FAILED and 3 attempts", got.GetAdditionalOutputJson(), err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	// Once no attempt at the step is scheduled, no more calls can come (no
+	// need to wait and see).
+	ref := store.StepRef{TaskID: strings.Split(bad.GetName(), "/")[1], StepID: lastSegment(bad.GetName())}
+	poll(t, "the completed step leaves the scheduler", func() bool { return !s.sched.Scheduled(ref) })
 	mu.Lock()
 	defer mu.Unlock()
 	if poisonCalls != 3 {
 		t.Errorf("failing step tried %d times; want MaxStepAttempts (3)", poisonCalls)
 	}
-	if n := s.exec.pending(agentOK); n != 0 {
+	if n := s.sched.Pending(agentOK); n != 0 {
 		t.Errorf("agent still counts %d pending steps; want 0", n)
 	}
 }
 
-func TestAgentLevel(t *testing.T) {
+// The adapter says what is down: each dispatcher status maps to one
+// scheduler sentinel, or to a step-level failure.
+func TestFromDispatcher(t *testing.T) {
 	for _, tc := range []struct {
 		err  error
-		want bool
+		want error // nil: a *scheduler.StepError
 	}{
-		{grpcerr.New(codes.FailedPrecondition, "x", "NO_EXECUTOR", "d", nil), true},
-		{status.Error(codes.Unavailable, "x"), true},
-		{status.Error(codes.Unimplemented, "x"), true},
-		{status.Error(codes.NotFound, "x"), true},
-		{grpcerr.New(codes.FailedPrecondition, "x", "OTHER", "d", nil), false},
-		{grpcerr.New(codes.Aborted, "x", "HANDLER_FAILED", "d", nil), false},
-		{grpcerr.New(codes.DeadlineExceeded, "x", "HANDLER_TIMEOUT", "d", nil), false},
-		{status.Error(codes.DeadlineExceeded, "x"), false},
-		{status.Error(codes.InvalidArgument, "x"), false},
+		{grpcerr.New(codes.FailedPrecondition, "x", "NO_EXECUTOR", "d", nil), scheduler.ErrNoExecutor},
+		{grpcerr.New(codes.Unavailable, "x", "LLM_FAILED", "d", nil), scheduler.ErrLLMUnavailable},
+		{status.Error(codes.Unavailable, "x"), scheduler.ErrDispatcherUnavailable},
+		{status.Error(codes.Unimplemented, "x"), scheduler.ErrNotSupported},
+		{status.Error(codes.NotFound, "x"), scheduler.ErrAgentUnavailable},
+		{grpcerr.New(codes.FailedPrecondition, "x", "OTHER", "d", nil), nil},
+		{grpcerr.New(codes.Aborted, "x", "HANDLER_FAILED", "d", nil), nil},
+		{grpcerr.New(codes.DeadlineExceeded, "x", "HANDLER_TIMEOUT", "d", nil), nil},
+		{status.Error(codes.DeadlineExceeded, "x"), nil},
+		{status.Error(codes.InvalidArgument, "x"), nil},
 	} {
-		if got := agentLevel(tc.err); got != tc.want {
-			t.Errorf("agentLevel(%v) = %v; want %v", tc.err, got, tc.want)
+		got := fromDispatcher(tc.err)
+		var se *scheduler.StepError
+		switch {
+		case tc.want != nil && !errors.Is(got, tc.want):
+			t.Errorf("fromDispatcher(%v) = %v; want %v", tc.err, got, tc.want)
+		case tc.want == nil && (!errors.As(got, &se) || se.Code != status.Code(tc.err).String() || se.Reason != grpcerr.Reason(tc.err)):
+			t.Errorf("fromDispatcher(%v) = %v; want a StepError with its code and reason", tc.err, got)
 		}
 	}
 }
@@ -355,9 +376,12 @@ func TestAgentLevel(t *testing.T) {
 // overshoot it; and the agent, not known to have an executor, gets one
 // attempt at a time.
 func TestCreateStep_capHoldsUnderConcurrentCreates(t *testing.T) {
-	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: time.Hour, MaxWaitingSteps: 3})
+	// The clock never moves, so no probe falls due again: once the
+	// scheduler is idle, nothing more can happen.
+	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: time.Hour, MaxWaitingSteps: 3, Clock: stoppedClock{}})
+	release := make(chan struct{})
 	fd.fn = func(context.Context, *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
-		time.Sleep(300 * time.Millisecond) // a slow dispatcher
+		<-release // a slow dispatcher: every create arrives during the first attempt
 		return nil, grpcerr.New(codes.FailedPrecondition, "no executor", "NO_EXECUTOR", "d", nil)
 	}
 	task := createTask(t, s, agentNone)
@@ -383,11 +407,12 @@ func TestCreateStep_capHoldsUnderConcurrentCreates(t *testing.T) {
 	if accepted != 3 || refused != 197 {
 		t.Errorf("accepted %d, refused %d of 200 concurrent creates with cap 3; want 3 and 197", accepted, refused)
 	}
-	time.Sleep(700 * time.Millisecond)
+	close(release)
+	poll(t, "the scheduler goes idle", s.sched.Idle)
 	if calls, distinct := fd.count(agentNone); distinct != 1 || calls > 3 {
 		t.Errorf("ExecuteStep ran %d distinct steps in %d calls; want 1 step (the probe), at most 3 calls", distinct, calls)
 	}
-	if n := s.exec.pending(agentNone); n != 3 {
+	if n := s.sched.Pending(agentNone); n != 3 {
 		t.Errorf("pending = %d; want 3", n)
 	}
 }
@@ -402,7 +427,7 @@ func TestCreateStep_capReleasesCompletedSteps(t *testing.T) {
 			t.Fatalf("step %d = %v, %v; want completed", i, st, err)
 		}
 	}
-	if n := s.exec.pending(agentOK); n != 0 {
+	if n := s.sched.Pending(agentOK); n != 0 {
 		t.Errorf("pending = %d after the steps completed; want 0", n)
 	}
 }

@@ -2,37 +2,10 @@ package server
 
 import "github.com/prometheus/client_golang/prometheus"
 
-// metrics are the server's own Prometheus collectors; app registers them on
-// the serving registry.
-type metrics struct {
-	attempts *prometheus.CounterVec
-}
-
-func newMetrics() *metrics {
-	return &metrics{
-		attempts: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "parley_tasks_step_attempts_total",
-			Help: "Step executions handed to the dispatcher, by result: completed, or waiting (no executor, dispatcher down, ...; retried).",
-		}, []string{"result"}),
-	}
-}
-
-// Collectors returns the server's metrics for registration.
+// Collectors returns the server's metrics (the scheduler's and the event
+// streams') for registration.
 func (s *Server) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{
-		s.metrics.attempts,
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "parley_tasks_waiting_steps",
-			Help: "Steps waiting for an executor (stored as created, on their agent's waiting list).",
-		}, func() float64 {
-			s.exec.mu.Lock()
-			defer s.exec.mu.Unlock()
-			n := 0
-			for _, w := range s.exec.agents {
-				n += len(w.steps)
-			}
-			return float64(n)
-		}),
+	return append(s.sched.Collectors(),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "parley_tasks_event_streams",
 			Help: "Open task event streams (SSE and WatchTask).",
@@ -41,5 +14,5 @@ func (s *Server) Collectors() []prometheus.Collector {
 			defer s.hub.mu.Unlock()
 			return float64(s.hub.n)
 		}),
-	}
+	)
 }

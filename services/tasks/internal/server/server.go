@@ -29,6 +29,7 @@ import (
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
+	"github.com/parleyhq/parley/services/tasks/internal/scheduler"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
@@ -63,21 +64,22 @@ type Options struct {
 	// Stopping, when it closes, ends WatchTask streams with UNAVAILABLE so
 	// a graceful stop need not wait for them.
 	Stopping <-chan struct{}
+	// Clock is the step scheduler's time; nil is real time. Tests set it.
+	Clock scheduler.Clock
 }
 
 // Server implements the tasks's gRPC API.
 type Server struct {
 	tasksv1.UnimplementedTasksServiceServer
 
-	store   store.Store
-	files   *artifactfs.FS
-	logger  *slog.Logger
-	opts    Options
-	hub     *hub
-	exec    *executor
-	ids     *idGen
-	metrics *metrics
-	now     func() time.Time
+	store  store.Store
+	files  *artifactfs.FS
+	logger *slog.Logger
+	opts   Options
+	hub    *hub
+	sched  *scheduler.Scheduler
+	ids    *idGen
+	now    func() time.Time
 }
 
 var _ tasksv1.TasksServiceServer = (*Server)(nil)
@@ -109,8 +111,17 @@ func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.Dispatche
 	if opts.MaxStepAttempts <= 0 {
 		opts.MaxStepAttempts = 5
 	}
-	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, metrics: newMetrics(), now: time.Now}
-	s.exec = newExecutor(s, dispatcher)
+	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, now: time.Now}
+	s.sched = scheduler.New(st, files, dispatcherRunner{client: dispatcher}, hubEvents{s.hub}, logger, scheduler.Options{
+		StepTimeout:     opts.StepTimeout,
+		RetryMax:        opts.RetryMax,
+		MaxInFlight:     opts.MaxInFlight,
+		MaxStepAttempts: opts.MaxStepAttempts,
+		MaxUploadBytes:  opts.MaxUploadBytes,
+		NewID:           s.ids.next,
+		Now:             func() time.Time { return s.now() },
+		Clock:           opts.Clock,
+	})
 	return s
 }
 
@@ -122,7 +133,7 @@ func (s *Server) Start(ctx context.Context) error {
 		return fmt.Errorf("list pending steps: %w", err)
 	}
 	for _, ref := range refs {
-		s.exec.submit(ref, "")
+		s.sched.Submit(ref, "", nil, nil)
 	}
 	if len(refs) > 0 {
 		s.logger.InfoContext(ctx, "resuming pending steps", slog.Int("steps", len(refs)))
@@ -132,7 +143,7 @@ func (s *Server) Start(ctx context.Context) error {
 
 // Close stops executing steps and waits for running attempts to end. Steps
 // cut short stay pending and resume on the next Start.
-func (s *Server) Close() { s.exec.close() }
+func (s *Server) Close() { s.sched.Close() }
 
 // idGen makes version 7 UUIDs: a millisecond timestamp, a 12-bit counter
 // that keeps ids from one process strictly increasing, and 62 random bits.
@@ -355,20 +366,13 @@ func (s *Server) CancelTask(ctx context.Context, req *tasksv1.CancelTaskRequest)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "TASK")
 	}
-	s.exec.dropTask(ids[0])
+	s.sched.DropTask(ids[0])
 	return t, nil
 }
 
-// finishedOutput is the output of a step posted to a task that takes no
-// more steps.
-func finishedOutput(t *tasksv1.Task) string {
-	if t.GetState() == tasksv1.Task_STATE_CANCELLED {
-		return "This task was cancelled; the step was not run. Create a new task to continue."
-	}
-	return "This task is finished: an earlier step was its last (is_last), so the step was not run. Create a new task to continue."
-}
-
-// CreateStep implements tasksv1.TasksServiceServer.
+// CreateStep implements tasksv1.TasksServiceServer. The task is read once,
+// in the transaction that stores the step, and the first attempt gets both
+// from there; the step as the attempt left it comes back on Wait's channel.
 func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest) (*tasksv1.Step, error) {
 	ids, err := parseName("parent", req.GetParent(), "tasks")
 	if err != nil {
@@ -385,17 +389,6 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		wait = min(wait, req.GetWait().AsDuration())
 	}
 	taskID := ids[0]
-	// Count the step against its agent's cap before storing it, so
-	// concurrent creates cannot all pass the check.
-	t, err := s.store.GetTask(ctx, taskID)
-	if err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
-	}
-	agent := t.GetAgent()
-	reserved := t.GetState() == tasksv1.Task_STATE_ACTIVE
-	if reserved && !s.exec.reserve(agent, s.opts.MaxWaitingSteps) {
-		return nil, grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already has %d steps queued, running or waiting for an executor (the most allowed); retry later", agent, s.opts.MaxWaitingSteps), "TOO_MANY_WAITING_STEPS", Domain, nil)
-	}
 	now := timestamppb.New(s.now())
 	in := &tasksv1.Step{
 		Name:                req.GetParent() + "/steps/" + s.ids.next(),
@@ -405,18 +398,34 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		CreateTime:          now,
 		UpdateTime:          now,
 	}
+	// The step counts against its agent's cap from inside the transaction
+	// that stores it, so concurrent creates cannot all pass the check. A
+	// group commit may run decide more than once: reserve only once.
+	var (
+		task     *tasksv1.Task
+		reserved string // the agent reserved for, if any
+	)
 	st, err := s.store.CreateStep(ctx, taskID, in, func(t *tasksv1.Task, st *tasksv1.Step) error {
+		task = t
 		if t.GetState() != tasksv1.Task_STATE_ACTIVE {
 			st.Status = tasksv1.Step_STATUS_COMPLETED
-			st.Output = proto.String(finishedOutput(t))
+			st.Output = proto.String(scheduler.FinishedOutput(t))
 			st.IsLast = true
+			return nil
+		}
+		if reserved == "" {
+			if !s.sched.Reserve(t.GetAgent(), s.opts.MaxWaitingSteps) {
+				return fmt.Errorf("agent %s: %w", t.GetAgent(), errTooManyWaiting)
+			}
+			reserved = t.GetAgent()
 		}
 		return nil
 	})
-	if err != nil || st.GetStatus() != tasksv1.Step_STATUS_CREATED {
-		if reserved {
-			s.exec.unreserve(agent)
-		}
+	if reserved != "" && (err != nil || st.GetStatus() != tasksv1.Step_STATUS_CREATED) {
+		s.sched.Unreserve(reserved)
+	}
+	if errors.Is(err, errTooManyWaiting) {
+		return nil, grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already has %d steps queued, running or waiting for an executor (the most allowed); retry later", task.GetAgent(), s.opts.MaxWaitingSteps), "TOO_MANY_WAITING_STEPS", Domain, nil)
 	}
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "TASK")
@@ -426,18 +435,21 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		return st, nil
 	}
 	ref := store.StepRef{TaskID: taskID, StepID: lastSegment(st.GetName())}
-	var settled <-chan struct{}
+	var settled <-chan *tasksv1.Step
 	if wait > 0 {
-		settled = s.exec.waiter(ref)
+		settled = s.sched.Wait(ref)
 	}
-	s.exec.submit(ref, agent)
+	s.sched.Submit(ref, reserved, task, proto.CloneOf(st))
 	if wait <= 0 {
 		return st, nil
 	}
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	select {
-	case <-settled:
+	case cur := <-settled:
+		if cur != nil {
+			return s.sched.Overlay(ref, proto.CloneOf(cur)), nil
+		}
 	case <-timer.C:
 	case <-ctx.Done():
 		return nil, s.toStatus(ctx, ctx.Err(), "STEP")
@@ -446,7 +458,7 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "STEP")
 	}
-	return s.exec.overlay(ref, cur), nil
+	return s.sched.Overlay(ref, cur), nil
 }
 
 func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
@@ -462,7 +474,7 @@ func (s *Server) GetStep(ctx context.Context, req *tasksv1.GetStepRequest) (*tas
 	if err != nil {
 		return nil, s.toStatus(ctx, err, "STEP")
 	}
-	return s.exec.overlay(ref, st), nil
+	return s.sched.Overlay(ref, st), nil
 }
 
 // ListSteps implements tasksv1.TasksServiceServer.
@@ -480,7 +492,7 @@ func (s *Server) ListSteps(ctx context.Context, req *tasksv1.ListStepsRequest) (
 		return nil, s.toStatus(ctx, err, "TASK")
 	}
 	for i, st := range steps {
-		steps[i] = s.exec.overlay(store.StepRef{TaskID: ids[0], StepID: lastSegment(st.GetName())}, st)
+		steps[i] = s.sched.Overlay(store.StepRef{TaskID: ids[0], StepID: lastSegment(st.GetName())}, st)
 	}
 	return &tasksv1.ListStepsResponse{Steps: steps, TotalSize: clamp32(total), NextPageToken: nextToken(offset, len(steps), total, req.GetParent())}, nil
 }

@@ -45,6 +45,14 @@ var (
 	// bucketRequests maps a request id (AIP-155) to when it was recorded,
 	// 8 bytes of big-endian Unix nanoseconds, then the Agent it produced.
 	bucketRequests = []byte("agent_requests")
+	// bucketClients maps a client's resource name to its Client.
+	bucketClients = []byte("clients")
+	// bucketKeys maps a key id (16 hex digits) to the 32-byte SHA-256 of
+	// its secret followed by its Key, secret cleared.
+	bucketKeys = []byte("keys")
+	// bucketKeyNames maps a key's resource name to its id, so that an
+	// owner's keys are listed by Seek on its name.
+	bucketKeyNames = []byte("key_names")
 )
 
 const schemaVersion = 1
@@ -73,7 +81,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	// Group commit for concurrent resolves of different documents.
 	db.MaxBatchDelay = time.Millisecond
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests} {
+		for _, b := range [][]byte{bucketMeta, bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -230,7 +238,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 }
 
 // CreateAgent implements store.Store.
-func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, requestID string) (*registryv1.Agent, error) {
+func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store.StoredKey, requestID string) (*registryv1.Agent, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -246,6 +254,11 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, requestID 
 		}
 		if err := putAgent(b, a); err != nil {
 			return err
+		}
+		if key != nil {
+			if err := putKey(tx, *key); err != nil {
+				return err
+			}
 		}
 		return record(tx, requestID, a)
 	})
@@ -391,6 +404,9 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(name)) == nil {
 			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+		}
+		if err := deleteKeys(tx, name); err != nil {
+			return err
 		}
 		return b.Delete([]byte(name))
 	})

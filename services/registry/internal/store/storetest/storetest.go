@@ -35,6 +35,12 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ListAgents_pagesAndClients", testListAgents},
 		{"UpdateAgent_mutateErrorWritesNothing", testUpdateAgentError},
 		{"RequestIDs_repeatReturnsFirstResult", testRequestIDs},
+		{"Clients_createGetList", testClients},
+		{"Keys_lifecycle", testKeys},
+		{"Keys_ownerMustExist", testKeysOwnerMissing},
+		{"Keys_limitPerOwner", testKeysLimit},
+		{"Keys_goWithTheirAgent", testKeysDeletedWithAgent},
+		{"Keys_secretNeverStored", testKeysSecretNeverStored},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -206,11 +212,11 @@ func agent(client, id string) *registryv1.Agent {
 func testAgents(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	a := agent("acme", "weather")
-	created, err := s.CreateAgent(ctx, a, "")
+	created, err := s.CreateAgent(ctx, a, nil, "")
 	if err != nil || created.GetEtag() == "" {
 		t.Fatalf("CreateAgent() = %v, %v; want an etag", created, err)
 	}
-	if _, err := s.CreateAgent(ctx, a, ""); !errors.Is(err, store.ErrAlreadyExists) {
+	if _, err := s.CreateAgent(ctx, a, nil, ""); !errors.Is(err, store.ErrAlreadyExists) {
 		t.Errorf("CreateAgent(again) error = %v, want ErrAlreadyExists", err)
 	}
 	updated, err := s.UpdateAgent(ctx, a.GetName(), "", func(a *registryv1.Agent) error {
@@ -242,7 +248,7 @@ func testListAgents(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	for _, c := range []string{"a", "ab", "b"} {
 		for _, id := range []string{"x", "y", "z"} {
-			if _, err := s.CreateAgent(ctx, agent(c, id), ""); err != nil {
+			if _, err := s.CreateAgent(ctx, agent(c, id), nil, ""); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -277,7 +283,7 @@ func testListAgents(t *testing.T, s store.Store) {
 func testUpdateAgentError(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	a := agent("acme", "w")
-	created, err := s.CreateAgent(ctx, a, "")
+	created, err := s.CreateAgent(ctx, a, nil, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,15 +304,15 @@ func testUpdateAgentError(t *testing.T, s store.Store) {
 func testRequestIDs(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	a := agent("acme", "w")
-	first, err := s.CreateAgent(ctx, a, "create-1")
+	first, err := s.CreateAgent(ctx, a, nil, "create-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	again, err := s.CreateAgent(ctx, a, "create-1")
+	again, err := s.CreateAgent(ctx, a, nil, "create-1")
 	if err != nil || !proto.Equal(again, first) {
 		t.Errorf("CreateAgent(repeat request id) = %v, %v; want the first result %v", again, err, first)
 	}
-	if _, err := s.CreateAgent(ctx, a, "create-2"); !errors.Is(err, store.ErrAlreadyExists) {
+	if _, err := s.CreateAgent(ctx, a, nil, "create-2"); !errors.Is(err, store.ErrAlreadyExists) {
 		t.Errorf("CreateAgent(new request id) error = %v, want ErrAlreadyExists", err)
 	}
 
