@@ -74,19 +74,6 @@ func (f *failure) Is(target error) bool {
 	return false
 }
 
-// withKind marks err, a run's error, with kind k (or the kind it already
-// has).
-func withKind(k Kind, err error) error {
-	if err == nil {
-		return nil
-	}
-	var f *failure
-	if errors.As(err, &f) {
-		return err
-	}
-	return &failure{kind: k, err: err}
-}
-
 // classify marks a run's error with its kind, from the marks the budgets
 // left on it.
 func classify(err error) error {

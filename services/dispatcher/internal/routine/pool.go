@@ -342,7 +342,10 @@ func (p *Pool) start() (*worker, error) {
 	if err != nil || typ != frameHello {
 		_ = w.cmd.Process.Kill()
 		p.reap(w)
-		return nil, fmt.Errorf("the routine worker %s did not start (does its main call routine.ServeWorker?): %v %s", p.opts.Executable, err, strings.TrimSpace(w.stderr.String()))
+		if err == nil {
+			err = fmt.Errorf("frame %q instead of hello", typ)
+		}
+		return nil, fmt.Errorf("the routine worker %s did not start (does its main call routine.ServeWorker?): %w %s", p.opts.Executable, err, strings.TrimSpace(w.stderr.String()))
 	}
 	return w, nil
 }

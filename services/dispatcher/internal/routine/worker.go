@@ -51,7 +51,7 @@ func ServeWorker() int {
 		w:        bufio.NewWriterSize(os.Stdout, 64<<10),
 		programs: map[string]*Program{},
 	}
-	if err := w.serve(); err != nil && !errors.Is(err, io.EOF) {
+	if err := w.serve(); !errors.Is(err, io.EOF) {
 		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
 		return 1
 	}
