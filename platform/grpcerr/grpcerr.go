@@ -9,6 +9,8 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // New returns a status error with code, message and an ErrorInfo whose
@@ -49,6 +51,16 @@ func (v Violations) Err(reason, domain string) error {
 	if len(v) > 1 {
 		msg += " (and more, see details)"
 	}
+	return v.ErrWithMessage(msg, reason, domain)
+}
+
+// ErrWithMessage is Err with a message of the caller's, for a failure whose
+// one sentence says more than its first field (every source of a document
+// that could not be resolved, say).
+func (v Violations) ErrWithMessage(msg, reason, domain string) error {
+	if len(v) == 0 {
+		return nil
+	}
 	st := status.New(codes.InvalidArgument, msg)
 	br := &errdetails.BadRequest{}
 	for _, f := range v {
@@ -73,4 +85,15 @@ func Reason(err error) string {
 		}
 	}
 	return ""
+}
+
+// FromResource turns a store's *resource.Error into NOT_FOUND or
+// ALREADY_EXISTS with the reason it derives (AGENT_NOT_FOUND) and the name
+// in metadata under its kind ({"agent": "clients/a/agents/b"}).
+func FromResource(e *resource.Error, domain string) error {
+	code := codes.NotFound
+	if errors.Is(e, resource.ErrAlreadyExists) {
+		code = codes.AlreadyExists
+	}
+	return New(code, e.Error(), e.Reason(), domain, map[string]string{e.MetadataKey(): e.Name})
 }

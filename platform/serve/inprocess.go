@@ -31,10 +31,27 @@ func (s *Server) InProcessConn() (*grpc.ClientConn, error) {
 		// The pipe never leaves the process, so there is nothing to verify.
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // in-memory pipe to ourselves
 	}
-	return grpc.NewClient("passthrough:///in-process",
+	opts := []grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.opts.MaxBodyBytes)*4)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.opts.MaxBodyBytes) * 4)),
+	}
+	if s.auth != nil {
+		// Services in one process call each other as the operator: the
+		// pipe cannot be reached from outside it.
+		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(s.operatorToken)))
+	}
+	return grpc.NewClient("passthrough:///in-process", opts...)
 }
+
+// bearerToken sends a credential on every call.
+type bearerToken string
+
+func (t bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(t)}, nil
+}
+
+// RequireTransportSecurity is false: the in-process pipe is not a network.
+func (bearerToken) RequireTransportSecurity() bool { return false }
 
 func (s *Server) servePipe(lis *bufconn.Listener) { _ = s.GRPC.Serve(lis) }

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+
+	"github.com/parleyhq/parley/platform/auth"
 )
 
 // Listen opens the gRPC and HTTP listeners named by f. A port in use comes
@@ -50,7 +52,12 @@ func ListenAndRun(ctx context.Context, s *Server, f Flags, setup ...func(context
 
 // Options returns the serve.Options the flags describe.
 func (f Flags) Options(logger *slog.Logger) Options {
+	var policy auth.Policy
+	if f.Auth {
+		policy = auth.ParleyPolicy()
+	}
 	return Options{
+		Policy:          policy,
 		Logger:          logger,
 		TLSCertFile:     f.TLSCert,
 		TLSKeyFile:      f.TLSKey,
@@ -59,5 +66,6 @@ func (f Flags) Options(logger *slog.Logger) Options {
 
 		DataDir:           f.DataDir,
 		OperatorTokenFile: f.OperatorTokenFile,
+		MetricsPublic:     f.MetricsPublic,
 	}
 }

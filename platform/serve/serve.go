@@ -25,9 +25,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
-	"strings"
+	"slices"
 	"sync"
 	"time"
 
@@ -35,16 +36,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
-	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/parleyhq/parley/platform/auth"
-	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/telemetry"
 )
 
@@ -70,6 +68,14 @@ type Options struct {
 	// Limits bounds connections: timeouts, a cap per listener, gRPC
 	// keepalive. Zero fields take the defaults documented on Limits.
 	Limits Limits
+	// Policy, when set, switches access control on: every gRPC call,
+	// gateway route and hand-written route is checked against it (see
+	// package auth), and calls it does not list are refused. Keys are
+	// refused until SetKeyVerifier.
+	Policy auth.Policy
+	// MetricsPublic leaves /metrics open to anyone when Policy is set;
+	// otherwise it needs the operator token.
+	MetricsPublic bool
 }
 
 // Server is a gRPC server plus an HTTP server sharing health and metrics.
@@ -85,18 +91,22 @@ type Server struct {
 	refused *prometheus.CounterVec // connections refused over Limits.MaxConnections
 	health  *health.Server
 	mux     *http.ServeMux
+	routes  *http.ServeMux // the hand-written routes alone, to find wrong methods
 	tlsConf *tls.Config
 
-	mu       sync.Mutex // guards services, checks and pipe
+	mu       sync.Mutex // guards services, checks, pipe and patterns
 	services []string
+	shapes   []errorShape // see HandleErrors
 	checks   []check
 	pipe     *bufconn.Listener // in-process clients, see InProcessConn
 	running  bool              // Run has started serving
+	patterns []string          // hand-written route patterns, for Routes
 
 	stopping chan struct{} // closed when shutdown starts; see Stopping
 	stopOnce sync.Once
 
-	operatorToken string // never logged
+	operatorToken string              // never logged
+	auth          *auth.Authenticator // nil: access control off
 }
 
 type check struct {
@@ -122,7 +132,7 @@ func New(opts Options) (*Server, error) {
 		opts.ReadinessInterval = 5 * time.Second
 	}
 	opts.Limits = opts.Limits.withDefaults()
-	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), stopping: make(chan struct{})}
+	s := &Server{opts: opts, logger: opts.Logger, health: health.NewServer(), mux: http.NewServeMux(), routes: http.NewServeMux(), stopping: make(chan struct{})}
 	s.metrics = telemetry.NewMetrics(opts.Registry)
 	if opts.OperatorTokenFile != "" || opts.DataDir != "" {
 		tok, file, created, err := auth.LoadOperatorToken(opts.OperatorTokenFile, opts.DataDir)
@@ -140,6 +150,21 @@ func New(opts Options) (*Server, error) {
 
 	grpcOpts := append(telemetry.ServerOptions(s.metrics, s.logger),
 		grpc.MaxRecvMsgSize(int(opts.MaxBodyBytes)))
+	gatewayAuth := func(next runtime.HandlerFunc) runtime.HandlerFunc { return next }
+	if opts.Policy != nil {
+		policy := opts.Policy
+		if opts.MetricsPublic {
+			policy = maps.Clone(policy)
+			policy["GET /metrics"] = auth.Rule{Allow: auth.Anyone}
+		}
+		s.auth = auth.New(auth.Options{OperatorToken: s.operatorToken, Policy: policy, Logger: s.logger})
+		// Inside the telemetry chain, so refusals are counted and logged
+		// like any other failed call.
+		grpcOpts = append(grpcOpts,
+			grpc.ChainUnaryInterceptor(s.auth.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(s.auth.StreamInterceptor()))
+		gatewayAuth = s.auth.Gateway
+	}
 	grpcOpts = append(grpcOpts, opts.Limits.grpcOptions()...)
 	if (opts.TLSCertFile == "") != (opts.TLSKeyFile == "") {
 		return nil, errors.New("--tls-cert and --tls-key must be given together")
@@ -159,6 +184,7 @@ func New(opts Options) (*Server, error) {
 
 	s.Gateway = runtime.NewServeMux(
 		runtime.WithErrorHandler(errorHandler),
+		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		// Keep %2F and other reserved escapes intact while routing, so an
 		// id holding "/" (a base64 protocol hash) stays one path segment.
 		runtime.WithUnescapingMode(runtime.UnescapingModeAllExceptReserved),
@@ -169,17 +195,17 @@ func New(opts Options) (*Server, error) {
 				}
 				next(w, r, params)
 			}
-		}),
+		}, gatewayAuth),
 	)
 	limited := http.MaxBytesHandler(s.Gateway, opts.MaxBodyBytes)
-	s.mux.Handle("/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	s.mux.Handle("/", s.fallback(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		limited.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), maxBodyKey{}, opts.MaxBodyBytes)))
-	}))
-	s.mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	})))
+	s.handle("GET /healthz", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	})
-	s.mux.HandleFunc("GET /readyz", s.readyz)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
+	}))
+	s.handle("GET /readyz", http.HandlerFunc(s.readyz))
+	s.handle("GET /metrics", promhttp.HandlerFor(opts.Registry, promhttp.HandlerOpts{Registry: opts.Registry}))
 	return s, nil
 }
 
@@ -198,7 +224,39 @@ func (s *Server) Logger() *slog.Logger { return s.logger }
 // Handle adds a hand-written HTTP route (Go ServeMux pattern syntax). Such
 // routes get telemetry and the read and write timeouts of Limits, but no
 // body cap: they set their own. Wrap long-lived streams in Stream.
-func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
+func (s *Server) Handle(pattern string, h http.Handler) { s.handle(pattern, h) }
+
+// handle mounts a route, behind the access policy when it is on.
+func (s *Server) handle(pattern string, h http.Handler) {
+	s.mu.Lock()
+	s.patterns = append(s.patterns, pattern)
+	s.mu.Unlock()
+	if s.auth != nil {
+		h = s.auth.Route(pattern, h)
+	}
+	s.mux.Handle(pattern, h)
+	s.routes.Handle(pattern, h)
+}
+
+// SetKeyVerifier sets what checks client and agent keys when access
+// control is on: the registry's store in its own process, an introspecting
+// client elsewhere. Without one, only the operator token authenticates.
+func (s *Server) SetKeyVerifier(v auth.Verifier) {
+	if s.auth != nil {
+		s.auth.SetVerifier(v)
+	}
+}
+
+// Routes returns the patterns of the hand-written HTTP routes, for tests
+// that check each has an access policy entry.
+func (s *Server) Routes() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.patterns)
+}
+
+// AuthEnabled reports whether access control is on.
+func (s *Server) AuthEnabled() bool { return s.auth != nil }
 
 // HealthService declares gRPC service names whose health status follows the
 // server's: NOT_SERVING until Run, SERVING while it runs.
@@ -282,7 +340,13 @@ func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
 
 // Handler returns the HTTP handler with telemetry applied, for tests and for
 // callers that run their own http.Server.
-func (s *Server) Handler() http.Handler { return s.metrics.Middleware(s.logger, s.mux) }
+func (s *Server) Handler() http.Handler {
+	var h http.Handler = s.mux
+	if s.auth != nil {
+		h = s.auth.Middleware(h)
+	}
+	return s.metrics.Middleware(s.logger, h)
+}
 
 // Run serves gRPC on grpcLis and HTTP on httpLis until ctx ends or a server
 // fails, then shuts down within ShutdownTimeout. It returns nil after a
@@ -374,39 +438,6 @@ func (s *Server) setServing(st healthpb.HealthCheckResponse_ServingStatus) {
 		s.health.SetServingStatus(n, st)
 	}
 }
-
-// errorHandler is the gateway's error handler: the default JSON status body,
-// except that RESOURCE_EXHAUSTED whose ErrorInfo reason ends in _TOO_LARGE
-// (a document or upload over a size limit) maps to 413 instead of 429.
-func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
-	if status.Code(err) == codes.ResourceExhausted && strings.HasSuffix(grpcerr.Reason(err), "_TOO_LARGE") {
-		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
-	}
-	// The gateway turns a body read failure into an InvalidArgument status
-	// holding the reader's message, so http.MaxBytesReader's error arrives
-	// as text, not as *http.MaxBytesError.
-	var mbe *http.MaxBytesError
-	if errors.As(err, &mbe) || (status.Code(err) == codes.InvalidArgument && strings.Contains(status.Convert(err).Message(), "http: request body too large")) {
-		err = status.Errorf(codes.InvalidArgument, "request body exceeds the limit of %d bytes", maxBody(r))
-		w = &codeOverride{ResponseWriter: w, code: http.StatusRequestEntityTooLarge}
-	}
-	runtime.DefaultHTTPErrorHandler(ctx, mux, m, w, r, err)
-}
-
-type maxBodyKey struct{}
-
-// maxBody reports the body cap recorded for r by the gateway route.
-func maxBody(r *http.Request) int64 {
-	n, _ := r.Context().Value(maxBodyKey{}).(int64)
-	return n
-}
-
-type codeOverride struct {
-	http.ResponseWriter
-	code int
-}
-
-func (c *codeOverride) WriteHeader(int) { c.ResponseWriter.WriteHeader(c.code) }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")

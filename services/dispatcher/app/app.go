@@ -176,19 +176,10 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	if err := dispatcherv1.RegisterDispatcherServiceHandler(ctx, s.Gateway, conn); err != nil {
 		return err
 	}
-	for pattern, h := range server.AgoraRoutes(remoteDeliverer{dispatcherv1.NewDispatcherServiceClient(conn)}, server.HTTPOptions{}) {
+	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(conn)}, server.HTTPOptions{}) {
 		s.Handle(pattern, h)
 	}
 	return nil
-}
-
-// remoteDeliverer adapts the gRPC client to server.Deliverer.
-type remoteDeliverer struct {
-	c dispatcherv1.DispatcherServiceClient
-}
-
-func (r remoteDeliverer) DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverEnvelopeRequest) (*dispatcherv1.DeliverEnvelopeResponse, error) {
-	return r.c.DeliverEnvelope(ctx, req)
 }
 
 // judgeCalls turns --send-max-judge-calls into Options.SendMaxJudge, where 0

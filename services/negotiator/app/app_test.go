@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -583,17 +584,22 @@ func TestGateway(t *testing.T) {
 		t.Errorf("GET costSummary = %d %v, want 3 calls", code, m)
 	}
 	for _, tc := range []struct {
-		path string
-		want int
+		path   string
+		want   int
+		reason string // of a NOT_FOUND, taken from the store's error
 	}{
-		{"/v1/ledgerEntries?pageToken=forged", http.StatusBadRequest},
-		{"/v1/ledgerEntries?role=dancing", http.StatusBadRequest},
-		{"/v1/negotiations/missing", http.StatusNotFound},
-		{"/v1/routineCandidates/missing", http.StatusNotFound},
-		{"/v1/negotiationProtocol", http.StatusOK},
+		{"/v1/ledgerEntries?pageToken=forged", http.StatusBadRequest, ""},
+		{"/v1/ledgerEntries?role=dancing", http.StatusBadRequest, ""},
+		{"/v1/negotiations/missing", http.StatusNotFound, "NEGOTIATION_NOT_FOUND"},
+		{"/v1/routineCandidates/missing", http.StatusNotFound, "ROUTINE_CANDIDATE_NOT_FOUND"},
+		{"/v1/negotiationProtocol", http.StatusOK, ""},
 	} {
-		if code, m := get(tc.path); code != tc.want {
+		code, m := get(tc.path)
+		if code != tc.want {
 			t.Errorf("GET %s = %d %v, want %d", tc.path, code, m, tc.want)
+		}
+		if tc.reason != "" && !strings.Contains(fmt.Sprint(m["details"]), "reason:"+tc.reason) {
+			t.Errorf("GET %s details = %v, want reason %s", tc.path, m["details"], tc.reason)
 		}
 	}
 	code, m = get("/v1/thresholds?task=weather&target=bob")

@@ -129,6 +129,7 @@ func redirects(n int) int {
 // raw-document and discovery routes, metrics, health name and readiness.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	registryv1.RegisterRegistryServiceServer(s.GRPC, a.server)
+	s.SetKeyVerifier(a.server) // keys are checked against this store
 	if err := registryv1.RegisterRegistryServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
 	}

@@ -88,6 +88,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	opts := restOptions(a.cfg)
 	opts.Stopping = s.Stopping()
 	rest.New(a.server, opts).Register(s.Handle)
+	registerErrorShapes(s)
 	for _, c := range a.server.Collectors() {
 		if err := s.Registry().Register(c); err != nil {
 			return err
@@ -121,7 +122,15 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	opts := restOptions(cfg)
 	opts.Stopping = s.Stopping()
 	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(conn)), opts).Register(s.Handle)
+	registerErrorShapes(s)
 	return tasksv1.RegisterTasksServiceHandler(ctx, s.Gateway, conn)
+}
+
+// registerErrorShapes makes unknown paths and wrong methods under the
+// Agent Protocol routes answer in the spec's {"message"} shape.
+func registerErrorShapes(s *serve.Server) {
+	s.HandleErrors("/ap/", rest.WriteRouteError)
+	s.HandleErrors("/agents/", rest.WriteRouteError)
 }
 
 // stop ends the server's WatchTask streams.

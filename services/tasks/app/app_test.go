@@ -64,6 +64,44 @@ func TestAgentProtocol_unknownIDsAre404WithMessage(t *testing.T) {
 	}
 }
 
+// TestAgentProtocol_unknownRoutesAndWrongMethods proves the Agent Protocol
+// routes answer an unknown path 404 and a wrong method 405 (with Allow) in
+// the spec's {"message"} shape, while other paths keep the gateway's body.
+func TestAgentProtocol_unknownRoutesAndWrongMethods(t *testing.T) {
+	_, conn := startFakeDispatcher(t, echoStep)
+	e := startTasks(t, t.TempDir(), conn)
+	tests := []struct {
+		name, method, path string
+		wantCode           int
+		wantAllow          string
+		wantKey            string
+	}{
+		{"delete tasks", "DELETE", ap, 405, "GET, HEAD, POST", "message"},
+		{"put a step", "PUT", ap + "/x/steps/y", 405, "GET, HEAD", "message"},
+		{"hosted agent wrong method", "PATCH", "/agents/acme/bot" + ap, 405, "GET, HEAD, POST", "message"},
+		{"unknown agent protocol path", "GET", "/ap/v1/agent/nothing", 404, "", "message"},
+		{"unknown gateway path", "GET", "/v1/nothing", 404, "", "code"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := do(t, tc.method, e.url+tc.path, "application/json", strings.NewReader(`{}`))
+			if r.code != tc.wantCode {
+				t.Fatalf("%s %s = %d %s, want %d", tc.method, tc.path, r.code, r.body, tc.wantCode)
+			}
+			if got := r.header.Get("Allow"); got != tc.wantAllow {
+				t.Errorf("%s %s Allow = %q, want %q", tc.method, tc.path, got, tc.wantAllow)
+			}
+			body := r.json(t)
+			if _, ok := body[tc.wantKey]; !ok {
+				t.Errorf("%s %s body %s has no %q", tc.method, tc.path, r.body, tc.wantKey)
+			}
+			if _, hasCode := body["code"]; tc.wantKey == "message" && hasCode {
+				t.Errorf("%s %s body %s is the gateway's, want the Agent Protocol's {\"message\"}", tc.method, tc.path, r.body)
+			}
+		})
+	}
+}
+
 func TestAgentProtocol_badBodiesAre422AndWriteNothing(t *testing.T) {
 	_, conn := startFakeDispatcher(t, echoStep)
 	e := startTasks(t, t.TempDir(), conn)
@@ -673,5 +711,43 @@ func TestWatchTask_endsOnShutdown(t *testing.T) {
 	// stop that waited out ShutdownTimeout would cut the transport instead.
 	if err := <-ended; status.Code(err) != codes.Unavailable || grpcerr.Reason(err) != "SHUTTING_DOWN" {
 		t.Errorf("WatchTask ended with %v; want UNAVAILABLE SHUTTING_DOWN", err)
+	}
+}
+
+// TestGRPC_notFoundReasonNamesTheResource proves the NOT_FOUND reason comes
+// from the store's error, which names the missing resource.
+func TestGRPC_notFoundReasonNamesTheResource(t *testing.T) {
+	_, conn := startFakeDispatcher(t, echoStep)
+	e := startTasks(t, t.TempDir(), conn)
+	ctx := t.Context()
+	tk, err := e.client.CreateTask(ctx, &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: "clients/default/agents/agent"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"task", func() error {
+			_, err := e.client.GetTask(ctx, &tasksv1.GetTaskRequest{Name: "tasks/nope"})
+			return err
+		}, "TASK_NOT_FOUND"},
+		{"step", func() error {
+			_, err := e.client.GetStep(ctx, &tasksv1.GetStepRequest{Name: tk.GetName() + "/steps/nope"})
+			return err
+		}, "STEP_NOT_FOUND"},
+		{"artifact", func() error {
+			_, err := e.client.GetArtifact(ctx, &tasksv1.GetArtifactRequest{Name: tk.GetName() + "/artifacts/nope"})
+			return err
+		}, "ARTIFACT_NOT_FOUND"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			if status.Code(err) != codes.NotFound || grpcerr.Reason(err) != tt.want {
+				t.Errorf("error = %v (reason %q), want NOT_FOUND %s", err, grpcerr.Reason(err), tt.want)
+			}
+		})
 	}
 }

@@ -130,7 +130,7 @@ func BenchmarkIdleConversation(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; b.Loop(); i++ {
 		c := store.Conversation{
-			ID: newConversationID(), Agent: counterAgent, Peer: fmt.Sprintf("10.0.%d.%d", i/250%250, i%250),
+			ID: fmt.Sprintf("conv-%022d", i), Agent: counterAgent, Peer: fmt.Sprintf("10.0.%d.%d", i/250%250, i%250),
 			ProtocolHash: weatherHex, Memory: json.RawMessage(`{"n":3,"last":{"q":"next"}}`),
 			CreateTime: now, ExpireTime: now.Add(5 * time.Minute),
 		}

@@ -18,6 +18,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
@@ -361,11 +362,11 @@ func TestRoutineAPI(t *testing.T) {
 	}
 }
 
-// fakeDeliverer fails every DeliverEnvelope with err.
+// fakeDeliverer fails every Deliver with err.
 type fakeDeliverer struct{ err error }
 
-func (f fakeDeliverer) DeliverEnvelope(context.Context, *dispatcherv1.DeliverEnvelopeRequest) (*dispatcherv1.DeliverEnvelopeResponse, error) {
-	return nil, f.err
+func (f fakeDeliverer) Deliver(context.Context, inbound.Envelope) (inbound.Reply, error) {
+	return inbound.Reply{}, f.err
 }
 
 // TestAgoraHTTP_deliverErrors: the Agora routes map a DeliverEnvelope error

@@ -4,44 +4,84 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
+	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
+	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
-// toStatus maps store and context errors to gRPC statuses; notFoundReason
-// names the missing resource's ErrorInfo reason.
-func (s *Server) toStatus(ctx context.Context, err error, notFoundReason string) error {
-	switch {
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return status.FromContextError(err).Err()
-	case errors.Is(err, store.ErrNotFound):
-		return grpcerr.New(codes.NotFound, err.Error(), notFoundReason, Domain, nil)
-	case errors.Is(err, store.ErrLimit):
-		return grpcerr.New(codes.ResourceExhausted, err.Error(), "LIMIT_REACHED", Domain, nil)
-	default:
-		if _, ok := status.FromError(err); ok && status.Code(err) != codes.Unknown {
-			return err
-		}
-		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
-		return status.Error(codes.Internal, "internal error")
-	}
+// statusRule maps a sentinel of the core to a code and an ErrorInfo
+// reason. The error's own text is the message: the core writes it for the
+// caller.
+type statusRule struct {
+	kind   error
+	code   codes.Code
+	reason string
 }
 
-// peerError translates a registry error for our callers: NOT_FOUND of a
-// referenced resource is FAILED_PRECONDITION, UNAVAILABLE and deadlines
-// pass through, the rest is logged and INTERNAL.
-func (s *Server) peerError(ctx context.Context, err error, what string) error {
-	switch status.Code(err) {
-	case codes.NotFound:
-		return grpcerr.New(codes.FailedPrecondition, what+" is not registered", "REFERENCE_NOT_FOUND", Domain, nil)
-	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-		return status.Error(status.Code(err), what+": registry unavailable, retry later")
+// statusRules is the dispatcher's one table from core errors to statuses,
+// most specific first.
+var statusRules = []statusRule{
+	{outbound.ErrUnknownAgent, codes.FailedPrecondition, "REFERENCE_NOT_FOUND"},
+	{outbound.ErrUnknownProtocol, codes.FailedPrecondition, "REFERENCE_NOT_FOUND"},
+	{outbound.ErrRegistry, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
+	{outbound.ErrNoSender, codes.FailedPrecondition, "NO_SENDER"},
+	{outbound.ErrTargetRefused, codes.InvalidArgument, "TARGET_REFUSED"},
+	{outbound.ErrTargetUnavailable, codes.Unavailable, "TARGET_UNAVAILABLE"},
+	{llm.ErrLLMBudget, codes.ResourceExhausted, "LLM_BUDGET_EXHAUSTED"},
+	{outbound.ErrLLM, codes.Unavailable, "LLM_FAILED"},
+	{inbound.ErrUnknownAgent, codes.NotFound, "AGENT_NOT_FOUND"},
+	{inbound.ErrRegistry, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
+	{inbound.ErrNoExecutor, codes.FailedPrecondition, "NO_EXECUTOR"},
+	{inbound.ErrHandlerTimeout, codes.DeadlineExceeded, "HANDLER_TIMEOUT"},
+	{inbound.ErrHandlerFailed, codes.Aborted, "HANDLER_FAILED"},
+	{inbound.ErrLLM, codes.Unavailable, "LLM_FAILED"},
+	{hosted.ErrInvalid, codes.InvalidArgument, "ROUTINE_INVALID"},
+	{routine.ErrBusy, codes.ResourceExhausted, "ROUTINE_BUSY"},
+	{hub.ErrNoHello, codes.InvalidArgument, "INVALID_ARGUMENT"},
+	{hub.ErrBadHello, codes.InvalidArgument, "INVALID_ARGUMENT"},
+	{hub.ErrDuplicateHello, codes.InvalidArgument, "DUPLICATE_HELLO"},
+	{hub.ErrStopping, codes.Unavailable, "SHUTTING_DOWN"},
+	{hub.ErrDropped, codes.ResourceExhausted, "AGENT_STUCK"},
+	// A hosted agent the registry does not know (SetRoutine, SetTool).
+	{directory.ErrNotFound, codes.NotFound, "AGENT_NOT_FOUND"},
+	{directory.ErrUnavailable, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
+	{directory.ErrRefused, codes.FailedPrecondition, "REFERENCE_INVALID"},
+	// The store's only NOT_FOUND that reaches a handler is GetRoutine's.
+	{store.ErrNotFound, codes.NotFound, "ROUTINE_NOT_FOUND"},
+	{store.ErrLimit, codes.ResourceExhausted, "LIMIT_REACHED"},
+}
+
+// toStatus maps an error of the core to a gRPC status, deriving the code
+// and reason from the sentinel it wraps. Anything unexpected is logged and
+// INTERNAL.
+func (s *Server) toStatus(ctx context.Context, err error) error {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return status.FromContextError(err).Err()
 	}
-	s.logger.ErrorContext(ctx, "registry call failed", slog.Any("err", err))
+	for _, r := range statusRules {
+		if errors.Is(err, r.kind) {
+			msg := err.Error()
+			if errors.Is(r.kind, hosted.ErrInvalid) {
+				msg = "routine.source does not run: " + strings.TrimPrefix(msg, hosted.ErrInvalid.Error()+": ")
+			}
+			return grpcerr.New(r.code, msg, r.reason, Domain, nil)
+		}
+	}
+	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
+		return err
+	}
+	s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 	return status.Error(codes.Internal, "internal error")
 }
 

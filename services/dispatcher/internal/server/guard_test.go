@@ -86,12 +86,3 @@ func TestSend_guardRefusesInternalAddresses(t *testing.T) {
 		t.Errorf("Send(guard off) = %v, %v, target hits %d; want success and 1 hit", resp, err, hits.Load())
 	}
 }
-
-func TestTargetError_neverLeaksNetworkDetail(t *testing.T) {
-	e := startWeather(t, 0, Options{})
-	dnsErr := &net.DNSError{Err: "no such host", Name: "0x7f000001", Server: "10.255.255.53:53"}
-	err := e.srv.targetError(t.Context(), "http://x.example", &net.OpError{Op: "dial", Net: "tcp", Err: dnsErr})
-	if msg := status.Convert(err).Message(); msg != "target http://x.example could not be reached" {
-		t.Errorf("targetError(DNS failure) = %q, want only that the target could not be reached", msg)
-	}
-}

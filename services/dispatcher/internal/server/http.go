@@ -13,12 +13,31 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 )
 
-// Deliverer is what the Agora HTTP routes call: the Server in process, or a
-// gRPC client adapter in a separate gateway.
+// Deliverer is what the Agora HTTP routes call: the Server in process
+// (straight into the inbound pipeline), or RemoteDeliverer in a separate
+// gateway. An error is a transport or server fault; Agora errors travel in
+// the reply.
 type Deliverer interface {
-	DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverEnvelopeRequest) (*dispatcherv1.DeliverEnvelopeResponse, error)
+	Deliver(ctx context.Context, e inbound.Envelope) (inbound.Reply, error)
+}
+
+// RemoteDeliverer reaches the dispatcher's DeliverEnvelope over gRPC.
+type RemoteDeliverer struct {
+	C dispatcherv1.DispatcherServiceClient
+}
+
+// Deliver implements Deliverer.
+func (r RemoteDeliverer) Deliver(ctx context.Context, e inbound.Envelope) (inbound.Reply, error) {
+	resp, err := r.C.DeliverEnvelope(ctx, &dispatcherv1.DeliverEnvelopeRequest{
+		Agent: e.Agent, Peer: e.Peer, ConversationId: e.ConversationID, EndConversation: e.End, EnvelopeJson: e.JSON,
+	})
+	if err != nil {
+		return inbound.Reply{}, err
+	}
+	return inbound.Reply{Status: int(resp.GetHttpStatus()), Body: resp.GetReplyJson()}, nil
 }
 
 // HTTPOptions configures the Agora routes.
@@ -76,35 +95,35 @@ func (h *agoraHTTP) post(w http.ResponseWriter, r *http.Request) {
 		writeRaw(w, http.StatusBadRequest, []byte(`{"status":"failure","body":"unreadable request body","error":"unreadable request body"}`))
 		return
 	}
-	h.serve(w, r, &dispatcherv1.DeliverEnvelopeRequest{
+	h.serve(w, r, inbound.Envelope{
 		Agent:          AgentName(r.PathValue("client"), r.PathValue("agent")),
-		ConversationId: r.PathValue("id"),
-		EnvelopeJson:   body,
+		ConversationID: r.PathValue("id"),
+		JSON:           body,
 		Peer:           h.peer(r),
 	})
 }
 
 func (h *agoraHTTP) del(w http.ResponseWriter, r *http.Request) {
-	h.serve(w, r, &dispatcherv1.DeliverEnvelopeRequest{
-		Agent:           AgentName(r.PathValue("client"), r.PathValue("agent")),
-		ConversationId:  r.PathValue("id"),
-		EndConversation: true,
-		Peer:            h.peer(r),
+	h.serve(w, r, inbound.Envelope{
+		Agent:          AgentName(r.PathValue("client"), r.PathValue("agent")),
+		ConversationID: r.PathValue("id"),
+		End:            true,
+		Peer:           h.peer(r),
 	})
 }
 
-func (h *agoraHTTP) serve(w http.ResponseWriter, r *http.Request, req *dispatcherv1.DeliverEnvelopeRequest) {
-	resp, err := h.d.DeliverEnvelope(r.Context(), req)
+func (h *agoraHTTP) serve(w http.ResponseWriter, r *http.Request, e inbound.Envelope) {
+	resp, err := h.d.Deliver(r.Context(), e)
 	if err != nil {
 		code, msg := deliverErrorReply(err)
 		m, _ := json.Marshal(msg)
 		writeRaw(w, code, []byte(`{"status":"failure","body":`+string(m)+`,"error":`+string(m)+`}`))
 		return
 	}
-	writeRaw(w, int(resp.GetHttpStatus()), resp.GetReplyJson())
+	writeRaw(w, resp.Status, resp.Body)
 }
 
-// deliverErrorReply maps a DeliverEnvelope error (Agora errors travel in its
+// deliverErrorReply maps a Deliver error (Agora errors travel in its
 // reply, so this is a transport or server fault) to an HTTP status and a
 // message: INVALID_ARGUMENT is a malformed request, NOT_FOUND an unknown
 // agent or conversation, UNAVAILABLE the dispatcher out of reach, anything

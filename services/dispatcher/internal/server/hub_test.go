@@ -57,7 +57,7 @@ func TestConnect_stuckAgentDoesNotBlockRequests(t *testing.T) {
 		return resp.StatusCode, string(raw)
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for e.srv.hub.nlHandler(weatherAgent) != nil {
+	for e.srv.hub.NL(weatherAgent) != nil {
 		if time.Now().After(deadline) {
 			t.Fatal("the stuck agent was never dropped")
 		}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -133,12 +132,4 @@ func llmError(err error) error {
 		return fmt.Errorf("the negotiator is unavailable: %s", status.Convert(err).Message())
 	}
 	return errors.New(status.Convert(err).Message())
-}
-
-// llmFailure is the Agora failure text for a failed LLM call.
-func llmFailure(err error) string {
-	if errors.Is(err, ErrLLMBudget) {
-		return "This agent's LLM budget is exhausted, so it cannot answer messages that need a language model now; messages following a protocol it has a routine for still work. " + strings.TrimPrefix(err.Error(), ErrLLMBudget.Error()+": ")
-	}
-	return "The language model could not answer: " + err.Error()
 }

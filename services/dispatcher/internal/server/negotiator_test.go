@@ -12,6 +12,7 @@ import (
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 )
 
 // fakeNegotiatorClient answers ReplyNaturalLanguage from a script of
@@ -85,7 +86,7 @@ func TestNegotiatorLLM(t *testing.T) {
 			}
 		})
 	}
-	if msg := llmFailure(llmError(grpcerr.New(codes.ResourceExhausted, "spent", "LLM_BUDGET_EXHAUSTED", "d", nil))); !strings.Contains(msg, "budget is exhausted") || !strings.Contains(msg, "routine") {
+	if msg := llm.Failure(llmError(grpcerr.New(codes.ResourceExhausted, "spent", "LLM_BUDGET_EXHAUSTED", "d", nil))); !strings.Contains(msg, "budget is exhausted") || !strings.Contains(msg, "routine") {
 		t.Errorf("budget failure text %q is not clear", msg)
 	}
 }

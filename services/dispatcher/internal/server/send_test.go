@@ -196,7 +196,7 @@ func TestSend_manyListedProtocolsCostBounded(t *testing.T) {
 
 	// Once we hold the fitting PD (say an envelope brought it), it is free
 	// to read and is picked.
-	if _, err := e.srv.protocol(t.Context(), fitHash, fitSources); err != nil {
+	if _, err := e.srv.dir.Protocol(t.Context(), fitHash, fitSources); err != nil {
 		t.Fatal(err)
 	}
 	before = e.reg.resolveCalls.Load()

@@ -1,39 +1,95 @@
-// Package server implements parley.dispatcher.v1.DispatcherService: the
-// Agora receiving path (DeliverEnvelope, behind the hand-written /agora HTTP
-// routes), the sending path (Send), routines and tools, SDK agent streams
-// (Connect) and Agent Protocol steps (ExecuteStep).
+// Package server is the dispatcher's transport: the gRPC handlers of
+// parley.dispatcher.v1.DispatcherService and the hand-written Agora HTTP
+// routes. Each handler decodes and validates, calls the core, and maps its
+// errors (toStatus); the core lives in concept packages that know nothing
+// of gRPC:
+//
+//	inbound      an envelope or a step in, the answer out
+//	outbound     Send: pick a protocol, write, post, read, negotiate
+//	hub          connected SDK agents (Connect streams)
+//	shadow       LLM-written routine candidates run beside the LLM
+//	hosted       routines and tools: lookup, run, quarantine, Install
+//	negotiation  the negotiator's interface and installing agreements
+//	directory    the registry's agents and protocols, cached
+//
+// This package also adapts the peers to the core's small interfaces: the
+// registry's and negotiator's gRPC clients (peers.go, negotiator.go) and
+// the guarded HTTP client that sends envelopes.
 package server
 
 import (
 	"context"
 	"log/slog"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/egress"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
-	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
+	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
+	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
+	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
+	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // Domain is the ErrorInfo domain of the dispatcher's errors.
 const Domain = "dispatcher.parley.dev"
 
+// NegotiationPDHash is the SHA-1 of Parley's negotiation PD.
+const NegotiationPDHash = negotiation.PDHash
+
+// LLM is internal/llm's LLM, for callers of this package (app, tests).
+type LLM = llm.LLM
+
+// LLMRequest is internal/llm's Request.
+type LLMRequest = llm.Request
+
+// LLMResult is internal/llm's Result.
+type LLMResult = llm.Result
+
+// LLMPurpose is internal/llm's Purpose.
+type LLMPurpose = llm.Purpose
+
+// NoLLM is internal/llm's NoLLM.
+type NoLLM = llm.NoLLM
+
+// LLMTool is internal/llm's Tool.
+type LLMTool = llm.Tool
+
+// LLM errors and purposes, re-exported from internal/llm.
+var (
+	ErrNoLLM     = llm.ErrNoLLM
+	ErrLLMBudget = llm.ErrLLMBudget
+)
+
+// LLM purposes, re-exported from internal/llm.
+const (
+	PurposeReply     = llm.PurposeReply
+	PurposeNegotiate = llm.PurposeNegotiate
+	PurposeSend      = llm.PurposeSend
+	PurposeParse     = llm.PurposeParse
+	PurposeJudge     = llm.PurposeJudge
+	PurposeStep      = llm.PurposeStep
+)
+
 // Options configures a Server. Zero values take the defaults noted.
 type Options struct {
 	// LLM answers what no routine or handler can; NoLLM when nil.
 	LLM LLM
 	// Negotiator runs protocol negotiations (Send with task schemas, and
-	// envelopes under the negotiation PD or "negotiation"); none when nil.
+	// envelopes under the negotiation PD or "negotiation") and keeps
+	// routine candidates; none when nil.
 	Negotiator negotiatorv1.NegotiatorServiceClient
 	// Metrics receives the dispatcher's collectors; none when nil.
 	Metrics prometheus.Registerer
@@ -52,8 +108,7 @@ type Options struct {
 	// hang up (the SDK reconnects); never closes when nil.
 	Stopping <-chan struct{}
 	// HandlerQueue bounds each connected SDK agent's queue of requests not
-	// yet written to its stream; 64. A full queue fails requests at once,
-	// and one full for HandlerTimeout drops the connection.
+	// yet written to its stream; 64.
 	HandlerQueue int
 	// CacheTTL is how long agents and routines are cached; 5 s. Protocols,
 	// being immutable, are cached for at least a minute.
@@ -88,34 +143,20 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Server implements the dispatcher's gRPC API.
+// Server implements the dispatcher's gRPC API over the core.
 type Server struct {
 	dispatcherv1.UnimplementedDispatcherServiceServer
 
 	store    store.Store
 	logger   *slog.Logger
-	registry registryv1.RegistryServiceClient
 	opts     Options
-	llm      LLM
-	neg      negotiatorv1.NegotiatorServiceClient
-	metrics  *metrics
-	now      func() time.Time
-
-	agents    *cache[*agentEntry]
-	protocols *cache[*protocolEntry]
-	schemas   *pdschema.Cache
-	routines  *routineCache
-	shadows   *shadows
-	hub       *hub
-	wellknown *cache[map[string][]string]
-	// pickMisses remembers, per target, listed protocols that did not
-	// resolve or that the LLM judged unfit for a task, for 10 minutes.
-	pickMisses *expirySet
-	client     *http.Client
-
-	backoff negotiationBackoff
-	negPDMu sync.Mutex // guards negPD
-	negPD   []byte     // the negotiation PD, once fetched from the negotiator
+	metrics  *metrics.Metrics
+	dir      *directory.Directory
+	routines *hosted.Set
+	hub      *hub.Hub
+	shadows  *shadow.Runner
+	inbound  *inbound.Pipeline
+	outbound *outbound.Sender
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
@@ -125,68 +166,59 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	if opts.LLM == nil {
 		opts.LLM = NoLLM{}
 	}
-	if opts.ConversationTTL <= 0 {
-		opts.ConversationTTL = 5 * time.Minute
-	}
-	if opts.MaxConversationsPerPeer <= 0 {
-		opts.MaxConversationsPerPeer = 100
-	}
-	if opts.QuarantineAfter <= 0 {
-		opts.QuarantineAfter = 3
-	}
-	if opts.HandlerTimeout <= 0 {
-		opts.HandlerTimeout = 10 * time.Second
-	}
-	if opts.HandlerQueue <= 0 {
-		opts.HandlerQueue = 64
-	}
 	if opts.CacheTTL <= 0 {
 		opts.CacheTTL = 5 * time.Second
-	}
-	if opts.SendTimeout <= 0 {
-		opts.SendTimeout = 10 * time.Second
-	}
-	if opts.SendMaxListed <= 0 {
-		opts.SendMaxListed = 5
-	}
-	if opts.SendMaxJudge == 0 {
-		opts.SendMaxJudge = 2
-	}
-	if opts.SendRetries < 0 {
-		opts.SendRetries = 0
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	s := &Server{
-		store:    st,
-		logger:   logger,
-		registry: reg,
-		opts:     opts,
-		llm:      opts.LLM,
-		neg:      opts.Negotiator,
-		metrics:  newMetrics(opts.Metrics),
-		now:      opts.Now,
+	m := metrics.New(opts.Metrics)
+	dir := directory.New(registryPeer{reg}, directory.Options{CacheTTL: opts.CacheTTL, NegativeTTL: opts.NegativeCacheTTL, Now: opts.Now})
+	routines := hosted.New(st, agentChecker{dir}, hosted.Options{
+		Limits: opts.RoutineLimits, QuarantineAfter: opts.QuarantineAfter, CacheTTL: opts.CacheTTL, Now: opts.Now, Logger: logger, Metrics: m,
+	})
+	var (
+		neg        negotiation.Negotiator
+		candidates shadow.Candidates
+	)
+	if opts.Negotiator != nil {
+		neg = negotiatorPeer{opts.Negotiator}
+		candidates = candidatePeer{opts.Negotiator}
 	}
-	s.agents = newCache[*agentEntry](opts.CacheTTL, opts.Now).
-		withNegative(opts.NegativeCacheTTL, func(err error) bool { return status.Code(err) == codes.NotFound })
-	s.protocols = newCache[*protocolEntry](max(opts.CacheTTL, time.Minute), opts.Now)
-	s.schemas = pdschema.NewCache(10_000)
-	s.wellknown = newCache[map[string][]string](max(opts.CacheTTL, 30*time.Second), opts.Now)
-	s.routines = newRoutineCache(s)
-	s.shadows = newShadows(opts.CacheTTL, opts.Now)
-	s.pickMisses = newExpirySet(10*time.Minute, opts.Now)
-	s.hub = newHub(s.metrics)
-	s.client = opts.HTTPClient
-	if s.client == nil {
-		s.client = newSendClient(opts.SendAllowPrivate, opts.SendLookup)
+	shadows := shadow.New(candidates, routines, shadow.Options{CacheTTL: opts.CacheTTL, Now: opts.Now, Logger: logger, Metrics: m})
+	h := hub.New(hub.Options{Queue: opts.HandlerQueue, Timeout: opts.HandlerTimeout, Stopping: opts.Stopping, Logger: logger, Metrics: m})
+	model := llm.Counted{LLM: opts.LLM, Metrics: m}
+	client := opts.HTTPClient
+	if client == nil {
+		client = newSendClient(opts.SendAllowPrivate, opts.SendLookup)
 	}
-	return s
+	return &Server{
+		store: st, logger: logger, opts: opts, metrics: m, dir: dir, routines: routines, hub: h, shadows: shadows,
+		inbound: inbound.New(st, dir, routines, h, model, shadows, neg, inbound.Options{
+			ConversationTTL: opts.ConversationTTL, MaxConversationsPerPeer: opts.MaxConversationsPerPeer,
+			PeerDialects: opts.PeerDialects, Now: opts.Now, Logger: logger, Metrics: m,
+		}),
+		outbound: outbound.New(client, dir, routines, shadows, model, st, neg, outbound.Options{
+			PublicURL: opts.PublicURL, Timeout: opts.SendTimeout, Retries: opts.SendRetries,
+			MaxListed: opts.SendMaxListed, MaxJudge: opts.SendMaxJudge, CacheTTL: opts.CacheTTL,
+			Now: opts.Now, Logger: logger, Metrics: m,
+		}),
+	}
 }
 
 // Sweep removes conversations that expired more than a day ago, keeping
 // recent ones as tombstones so that late follow-ups get "Conversation
 // expired" rather than 404. app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
-	return s.store.SweepConversations(ctx, s.now().Add(-24*time.Hour))
+	return s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
+}
+
+// StopShadows cancels the shadow runs in flight and waits for them to end;
+// later calls start none. The app calls it before closing the store.
+func (s *Server) StopShadows() { s.shadows.Stop() }
+
+// Deliver answers one envelope in process: what the Agora HTTP routes call
+// in `parley serve`, with no proto in between.
+func (s *Server) Deliver(ctx context.Context, e inbound.Envelope) (inbound.Reply, error) {
+	return s.inbound.Deliver(ctx, e), nil
 }

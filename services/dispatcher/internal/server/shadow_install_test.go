@@ -14,14 +14,16 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
 )
 
 // shadowOutcome returns parley_dispatcher_shadow_runs_total{outcome}.
 func shadowOutcome(t *testing.T, e *testEnv, outcome string) float64 {
 	t.Helper()
 	var m dto.Metric
-	if err := e.srv.metrics.shadowRuns.WithLabelValues(outcome).Write(&m); err != nil {
+	if err := e.srv.metrics.ShadowRuns.WithLabelValues(outcome).Write(&m); err != nil {
 		t.Fatal(err)
 	}
 	return m.GetCounter().GetValue()
@@ -47,7 +49,7 @@ const sendCandidate = "def send(task):\n    return json.encode({\"location\": ta
 func startSenderShadow(t *testing.T, routine, src string) (*testEnv, *fakeShadowNegotiator) {
 	t.Helper()
 	neg := &fakeShadowNegotiator{candidates: map[string]*negotiatorv1.RoutineCandidate{}}
-	name := candidateName(weatherAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER)
+	name := shadow.CandidateName(weatherAgent, weatherHex, shadow.Sender)
 	neg.candidates[name] = &negotiatorv1.RoutineCandidate{Name: name, Source: src,
 		State: negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, ShadowCallsRequired: 1}
 	reg := newFakeRegistry()
@@ -79,7 +81,7 @@ func (e *testEnv) sendForecast(t *testing.T) *dispatcherv1.SendResponse {
 
 func (e *testEnv) weatherRoutineSource(t *testing.T) string {
 	t.Helper()
-	r, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(weatherAgent, weatherHex)})
+	r, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: hosted.Name(weatherAgent, weatherHex)})
 	if err != nil {
 		t.Fatalf("GetRoutine = %v", err)
 	}
@@ -139,10 +141,10 @@ func TestShadow_promotedCandidateNeverReplacesAUserRoutine(t *testing.T) {
 	}
 	// As when a lookup finds the candidate PROMOTED: the user's routine
 	// already defines send.
-	name := candidateName(weatherAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER)
+	name := shadow.CandidateName(weatherAgent, weatherHex, shadow.Sender)
 	c := neg.candidates[name]
 	c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
-	e.srv.installPromoted(t.Context(), weatherAgent, weatherHex, name, c)
+	e.srv.shadows.InstallPromoted(t.Context(), weatherAgent, weatherHex, fromCandidate(c))
 	if src := e.weatherRoutineSource(t); src != user {
 		t.Errorf("routine after the promotion = %q, want the user's unchanged", src)
 	}
@@ -157,7 +159,7 @@ func TestShadow_promotedCandidateNeverReplacesAUserRoutine(t *testing.T) {
 // promotion failed) is installed by the next call's lookup.
 func TestShadow_promotedButUninstalledCandidateIsInstalledOnLookup(t *testing.T) {
 	e, neg := startShadowWeather(t, weatherRoutine, 1)
-	name := candidateName(weatherAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER)
+	name := shadow.CandidateName(weatherAgent, weatherHex, shadow.Receiver)
 	neg.candidates[name].State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
 	e.llm.reply = weatherLLM(0)
 	e.do("POST", "/agora/acme/weather", parisEnvelope)
@@ -201,7 +203,7 @@ func (b *busyNegotiator) ReportShadowResult(ctx context.Context, req *negotiator
 // The reviewer's lost promotion: the install after the promotion fails (a
 // transient busy pool); the next call installs it.
 func TestShadow_failedInstallOfAPromotionIsRetried(t *testing.T) {
-	name := candidateName(weatherAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER)
+	name := shadow.CandidateName(weatherAgent, weatherHex, shadow.Receiver)
 	fake := &fakeShadowNegotiator{candidates: map[string]*negotiatorv1.RoutineCandidate{name: {Name: name, Source: weatherRoutine,
 		State: negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, ShadowCallsRequired: 1}}}
 	pool := routine.NewPool(1)
@@ -214,7 +216,7 @@ func TestShadow_failedInstallOfAPromotionIsRetried(t *testing.T) {
 	e.llm.reply = weatherLLM(0)
 	e.do("POST", "/agora/acme/weather", parisEnvelope)
 	waitOutcome(t, e, shadowError, 1)
-	if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(weatherAgent, weatherHex)}); err == nil {
+	if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: hosted.Name(weatherAgent, weatherHex)}); err == nil {
 		t.Fatal("routine installed although every worker was busy")
 	}
 	<-neg.done
@@ -229,7 +231,7 @@ func TestShadow_failedInstallOfAPromotionIsRetried(t *testing.T) {
 // load) is not compared: nothing is reported, the candidate stays SHADOW.
 func TestShadow_timeBudgetOverrunIsNotADisagreement(t *testing.T) {
 	slow := "def reply(query, memory):\n    n = 0\n    for i in range(1000000000):\n        n += 1\n    return n\n"
-	name := candidateName(weatherAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER)
+	name := shadow.CandidateName(weatherAgent, weatherHex, shadow.Receiver)
 	neg := &fakeShadowNegotiator{candidates: map[string]*negotiatorv1.RoutineCandidate{name: {Name: name, Source: slow,
 		State: negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, ShadowCallsRequired: 1}}}
 	reg := newFakeRegistry()
@@ -245,18 +247,5 @@ func TestShadow_timeBudgetOverrunIsNotADisagreement(t *testing.T) {
 	}
 	if st := neg.candidates[name].GetState(); st != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW {
 		t.Errorf("candidate state = %v, want SHADOW", st)
-	}
-}
-
-func TestTopLevelNames(t *testing.T) {
-	names, funcs, err := topLevelNames("A = 1\nb, (c, d) = 1, (2, 3)\ndef f(x):\n    y = x\n    return y\nif A:\n    g = 2\nfor i in []:\n    pass\n")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, want := strings.Join(names, ","), "A,b,c,d,f,g,i"; got != want {
-		t.Errorf("names = %s, want %s", got, want)
-	}
-	if got := strings.Join(funcs, ","); got != "f" {
-		t.Errorf("funcs = %s, want f", got)
 	}
 }

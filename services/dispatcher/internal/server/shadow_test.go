@@ -17,6 +17,8 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
+	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
 )
 
 // fakeShadowNegotiator holds routine candidates and applies the
@@ -82,7 +84,7 @@ func startShadowWeather(t *testing.T, candidate string, required int32) (*testEn
 	t.Helper()
 	neg := &fakeShadowNegotiator{candidates: map[string]*negotiatorv1.RoutineCandidate{}}
 	if candidate != "" {
-		name := candidateName(weatherAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER)
+		name := shadow.CandidateName(weatherAgent, weatherHex, shadow.Receiver)
 		neg.candidates[name] = &negotiatorv1.RoutineCandidate{Name: name, Source: candidate,
 			State: negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, ShadowCallsRequired: required}
 	}
@@ -134,7 +136,7 @@ func waitPromoted(t *testing.T, e *testEnv) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var m dto.Metric
-		if err := e.srv.metrics.shadowRuns.WithLabelValues(shadowPromoted).Write(&m); err != nil {
+		if err := e.srv.metrics.ShadowRuns.WithLabelValues(shadowPromoted).Write(&m); err != nil {
 			t.Fatal(err)
 		}
 		if m.GetCounter().GetValue() == 1 {
@@ -163,7 +165,7 @@ func TestShadow_agreeingCandidateIsInstalledAndReplacesTheLLM(t *testing.T) {
 	}
 	// The promotion installs the routine after the report is answered.
 	waitPromoted(t, e)
-	r, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(weatherAgent, weatherHex)})
+	r, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: hosted.Name(weatherAgent, weatherHex)})
 	if err != nil || r.GetSource() != weatherRoutine {
 		t.Fatalf("GetRoutine after promotion = %v, %v; want the candidate's source", r, err)
 	}
@@ -204,7 +206,7 @@ func TestShadow_disagreeingCandidateIsNotInstalled(t *testing.T) {
 	if got := e.llm.calls.Load(); got != 4 {
 		t.Errorf("LLM calls = %d, want 4 (the candidate is not used)", got)
 	}
-	_, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(weatherAgent, weatherHex)})
+	_, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: hosted.Name(weatherAgent, weatherHex)})
 	if status.Code(err) != codes.NotFound {
 		t.Errorf("GetRoutine = %v, want NOT_FOUND (the rejected candidate is not installed)", err)
 	}
@@ -240,26 +242,7 @@ func TestShadow_noCandidateIsLookedUpOncePerTTL(t *testing.T) {
 // waitShadowRuns waits until every shadow run started so far has ended.
 // Call it between requests only: no shadow run may start while it waits.
 func (e *testEnv) waitShadowRuns() {
-	e.srv.shadows.wg.Wait()
-}
-
-func TestSameJSON(t *testing.T) {
-	for _, tc := range []struct {
-		a, b string
-		want bool
-	}{
-		{`{"a":1,"b":[1,2]}`, `{"b":[1,2.0],"a":1.0}`, true},
-		{`"{\"a\":1}"`, `{"a":1}`, true},
-		{`{"a":1}`, `{"a":2}`, false},
-		{`"text"`, `"text"`, true},
-		{`"text"`, `"Text"`, false},
-		{`[1,2]`, `[2,1]`, false},
-		{`not json`, `not json`, false},
-	} {
-		if got := sameJSON(json.RawMessage(tc.a), json.RawMessage(tc.b)); got != tc.want {
-			t.Errorf("sameJSON(%s, %s) = %v, want %v", tc.a, tc.b, got, tc.want)
-		}
-	}
+	e.srv.shadows.Wait()
 }
 
 // TestShadow_senderCandidateReplacesTheLLMComposer: on the sending side,
@@ -268,7 +251,7 @@ func TestSameJSON(t *testing.T) {
 func TestShadow_senderCandidateReplacesTheLLMComposer(t *testing.T) {
 	const required = 2
 	neg := &fakeShadowNegotiator{candidates: map[string]*negotiatorv1.RoutineCandidate{}}
-	name := candidateName(senderAgent, weatherHex, negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER)
+	name := shadow.CandidateName(senderAgent, weatherHex, shadow.Sender)
 	src := "def send(task):\n    return json.encode({\"location\": task[\"location\"], \"date\": task[\"date\"]})\n"
 	neg.candidates[name] = &negotiatorv1.RoutineCandidate{Name: name, Source: src,
 		State: negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, ShadowCallsRequired: required}
@@ -298,7 +281,7 @@ func TestShadow_senderCandidateReplacesTheLLMComposer(t *testing.T) {
 		}
 	}
 	waitPromoted(t, e)
-	if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: routineName(senderAgent, weatherHex)}); err != nil {
+	if _, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: hosted.Name(senderAgent, weatherHex)}); err != nil {
 		t.Fatalf("GetRoutine after promotion = %v, want the sender routine installed", err)
 	}
 	if r := send(); r.GetPath() != pathRoutine {

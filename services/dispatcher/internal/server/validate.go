@@ -2,6 +2,8 @@ package server
 
 import (
 	"strings"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 )
 
 // validID reports whether s is a DNS-safe resource id: lowercase letters,
@@ -40,15 +42,15 @@ func isHex40(s string) bool {
 	return true
 }
 
-// parseRoutineName returns the agent of clients/{c}/agents/{a}/routines/{id}
-// and whether the name is valid, id a lowercase SHA-1 hex or "steps".
-func parseRoutineName(name string) (agent string, ok bool) {
+// validRoutineName reports whether name is
+// clients/{c}/agents/{a}/routines/{id}, id a lowercase SHA-1 hex or "steps".
+func validRoutineName(name string) bool {
 	i := strings.LastIndex(name, "/routines/")
 	if i < 0 {
-		return "", false
+		return false
 	}
 	agent, id := name[:i], name[i+len("/routines/"):]
-	return agent, validAgentName(agent) && (isHex40(id) || id == stepRoutineID)
+	return validAgentName(agent) && (isHex40(id) || id == hosted.StepsID)
 }
 
 func parseToolName(name string) (agent string, ok bool) {

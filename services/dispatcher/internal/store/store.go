@@ -9,12 +9,14 @@ import (
 	"time"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
-// Sentinel errors; backends wrap them.
+// Sentinel errors. Backends return *resource.Error values for the first two,
+// which carry the resource's kind ("routine", "conversation") and name.
 var (
-	ErrNotFound      = errors.New("not found")
-	ErrAlreadyExists = errors.New("already exists")
+	ErrNotFound      = resource.ErrNotFound
+	ErrAlreadyExists = resource.ErrAlreadyExists
 	// ErrLimit: a peer already holds its maximum of open conversations.
 	ErrLimit = errors.New("limit reached")
 )

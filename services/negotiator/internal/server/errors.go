@@ -9,12 +9,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
-	"github.com/parleyhq/parley/services/negotiator/internal/store"
 )
 
 // Errors of the server's own making.
@@ -33,6 +33,7 @@ func withReason(code codes.Code, msg, reason string) error {
 // toStatus maps domain and store errors to gRPC statuses, once.
 func (s *Server) toStatus(ctx context.Context, err error) error {
 	var be *ledger.BudgetError
+	var missing *resource.Error
 	switch {
 	case err == nil:
 		return nil
@@ -70,10 +71,8 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return withReason(codes.FailedPrecondition, "the negotiation is closed", "NEGOTIATION_CLOSED")
 	case errors.Is(err, negotiation.ErrOutOfTurn), errors.Is(err, negotiation.ErrHashDiffer):
 		return withReason(codes.FailedPrecondition, err.Error(), "NEGOTIATION_OUT_OF_TURN")
-	case errors.Is(err, store.ErrNotFound):
-		return withReason(codes.NotFound, err.Error(), "NOT_FOUND")
-	case errors.Is(err, store.ErrAlreadyExists):
-		return withReason(codes.AlreadyExists, err.Error(), "ALREADY_EXISTS")
+	case errors.As(err, &missing):
+		return grpcerr.FromResource(missing, Domain)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 		return status.Error(codes.Internal, "internal error")

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"strings"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -17,7 +16,6 @@ import (
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
-	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/suitability"
 )
 
@@ -83,7 +81,7 @@ func (s *Server) GetNegotiation(ctx context.Context, req *negotiatorv1.GetNegoti
 	}
 	n, err := s.store.GetNegotiation(ctx, req.GetName())
 	if err != nil {
-		return nil, s.negotiationStatus(ctx, req.GetName(), err)
+		return nil, s.toStatus(ctx, err)
 	}
 	return n, nil
 }
@@ -95,13 +93,6 @@ func checkNegotiationName(name string) error {
 		v.Add("name", "must look like negotiations/{negotiation}")
 	}
 	return invalid(v)
-}
-
-func (s *Server) negotiationStatus(ctx context.Context, name string, err error) error {
-	if errors.Is(err, store.ErrNotFound) {
-		return grpcerr.New(codes.NotFound, fmt.Sprintf("negotiation %q does not exist", name), "NEGOTIATION_NOT_FOUND", Domain, nil)
-	}
-	return s.toStatus(ctx, err)
 }
 
 // ReceiveNegotiationMessage implements NegotiatorService.
@@ -123,7 +114,7 @@ func (s *Server) ReceiveNegotiationMessage(ctx context.Context, req *negotiatorv
 	}
 	stored, err := s.store.GetNegotiation(ctx, req.GetName())
 	if err != nil {
-		return nil, s.negotiationStatus(ctx, req.GetName(), err)
+		return nil, s.toStatus(ctx, err)
 	}
 	if stored.GetState() != negotiatorv1.NegotiationState_NEGOTIATION_STATE_OPEN {
 		return nil, s.toStatus(ctx, negotiation.ErrClosed)

@@ -5,11 +5,9 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
@@ -17,7 +15,6 @@ import (
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
-	"github.com/parleyhq/parley/services/negotiator/internal/store"
 )
 
 const candidatePrefix = "routineCandidates/"
@@ -158,13 +155,6 @@ func checkCandidateName(name string) error {
 	return invalid(v)
 }
 
-func (s *Server) candidateStatus(ctx context.Context, name string, err error) error {
-	if errors.Is(err, store.ErrNotFound) {
-		return grpcerr.New(codes.NotFound, fmt.Sprintf("routine candidate %q does not exist", name), "ROUTINE_CANDIDATE_NOT_FOUND", Domain, nil)
-	}
-	return s.toStatus(ctx, err)
-}
-
 // GetRoutineCandidate implements NegotiatorService.
 func (s *Server) GetRoutineCandidate(ctx context.Context, req *negotiatorv1.GetRoutineCandidateRequest) (*negotiatorv1.RoutineCandidate, error) {
 	if err := checkCandidateName(req.GetName()); err != nil {
@@ -172,7 +162,7 @@ func (s *Server) GetRoutineCandidate(ctx context.Context, req *negotiatorv1.GetR
 	}
 	c, err := s.store.GetRoutineCandidate(ctx, req.GetName())
 	if err != nil {
-		return nil, s.candidateStatus(ctx, req.GetName(), err)
+		return nil, s.toStatus(ctx, err)
 	}
 	return c, nil
 }
@@ -199,7 +189,7 @@ func (s *Server) ReportShadowResult(ctx context.Context, req *negotiatorv1.Repor
 		return nil
 	})
 	if err != nil {
-		return nil, s.candidateStatus(ctx, req.GetName(), err)
+		return nil, s.toStatus(ctx, err)
 	}
 	return c, nil
 }

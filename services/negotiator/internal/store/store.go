@@ -6,15 +6,17 @@ package store
 
 import (
 	"context"
-	"errors"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // Sentinel errors; backends wrap them.
 var (
-	ErrNotFound      = errors.New("not found")
-	ErrAlreadyExists = errors.New("already exists")
+	// ErrNotFound is matched by every *resource.Error the store
+	// returns; they carry the kind ("negotiation") and the name.
+	ErrNotFound      = resource.ErrNotFound
+	ErrAlreadyExists = resource.ErrAlreadyExists
 )
 
 // LedgerFilter selects ledger entries; empty fields match everything.

@@ -41,13 +41,13 @@ func Discovery(b Backend, publicURL string, logger *slog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		detail := r.URL.Query().Get("detail")
 		if detail != "" && detail != "full" {
-			writeError(w, status.Error(codes.InvalidArgument, `detail: must be "full" or absent`))
+			writeError(w, r, status.Error(codes.InvalidArgument, `detail: must be "full" or absent`))
 			return
 		}
 		name := "clients/" + r.PathValue("client") + "/agents/" + r.PathValue("agent")
 		a, err := b.GetAgent(r.Context(), &registryv1.GetAgentRequest{Name: name})
 		if err != nil {
-			writeError(w, err)
+			writeError(w, r, err)
 			return
 		}
 		base := publicURL

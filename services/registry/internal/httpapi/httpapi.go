@@ -15,11 +15,11 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 )
 
@@ -63,14 +63,14 @@ func Protocols(b Backend) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		h, err := pd.ParseHash(r.PathValue("hash"))
 		if err != nil {
-			writeError(w, status.Error(codes.InvalidArgument, "hash: "+err.Error()))
+			writeError(w, r, status.Error(codes.InvalidArgument, "hash: "+err.Error()))
 			return
 		}
 		etag := `"` + h.Hex() + `"`
 		hdr := w.Header()
 		p, err := b.GetProtocol(r.Context(), &registryv1.GetProtocolRequest{Name: "protocols/" + h.Hex()})
 		if err != nil {
-			writeError(w, err)
+			writeError(w, r, err)
 			return
 		}
 		if etagMatches(r.Header.Get("If-None-Match"), etag) {
@@ -106,20 +106,11 @@ func etagMatches(header, etag string) bool {
 	return false
 }
 
-// errorBody is the gateway's JSON error shape.
-type errorBody struct {
-	Code    int32  `json:"code"`
-	Message string `json:"message"`
-}
-
-func writeError(w http.ResponseWriter, err error) {
-	st := status.Convert(err)
-	code := runtime.HTTPStatusFromCode(st.Code())
-	msg := st.Message()
-	if st.Code() == codes.Unknown {
-		code, msg = http.StatusInternalServerError, "internal error"
-	}
-	writeJSON(w, code, errorBody{Code: int32(st.Code()), Message: msg}, "no-store")
+// writeError answers in the gateway's error body and status
+// (serve.WriteError); errors are never cached.
+func writeError(w http.ResponseWriter, r *http.Request, err error) {
+	w.Header().Set("Cache-Control", "no-store")
+	serve.WriteError(w, r, err)
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any, cacheControl string) {

@@ -51,13 +51,6 @@ func checkAgentName(v *grpcerr.Violations, field, name string) {
 	}
 }
 
-func (s *Server) agentNotFound(ctx context.Context, err error, name string) error {
-	if isNotFound(err) {
-		return grpcerr.New(codes.NotFound, "agent "+name+" does not exist", reasonAgentNotFound, Domain, map[string]string{"agent": name})
-	}
-	return s.toStatus(ctx, err)
-}
-
 // CreateAgent implements RegistryService.
 func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
@@ -94,9 +87,6 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 		return nil, s.toStatus(ctx, err)
 	}
 	created, err := s.store.CreateAgent(ctx, a, &first, key)
-	if isAlreadyExists(err) {
-		return nil, grpcerr.New(codes.AlreadyExists, "agent "+a.GetName()+" already exists", reasonAgentExists, Domain, map[string]string{"agent": a.GetName()})
-	}
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
@@ -251,7 +241,7 @@ func (s *Server) GetAgent(ctx context.Context, req *registryv1.GetAgentRequest) 
 	}
 	a, err := s.store.GetAgent(ctx, req.GetName())
 	if err != nil {
-		return nil, s.agentNotFound(ctx, err, req.GetName())
+		return nil, s.toStatus(ctx, err)
 	}
 	return a, nil
 }
@@ -297,7 +287,7 @@ func (s *Server) DeleteAgent(ctx context.Context, req *registryv1.DeleteAgentReq
 		return nil, err
 	}
 	if err := s.store.DeleteAgent(ctx, req.GetName()); err != nil {
-		return nil, s.agentNotFound(ctx, err, req.GetName())
+		return nil, s.toStatus(ctx, err)
 	}
 	return &emptypb.Empty{}, nil
 }
@@ -441,7 +431,7 @@ func (s *Server) updateAgent(ctx context.Context, name, key string, mutate func(
 		return nil
 	})
 	if err != nil {
-		return nil, s.agentNotFound(ctx, err, name)
+		return nil, s.toStatus(ctx, err)
 	}
 	return a, nil
 }

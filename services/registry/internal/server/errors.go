@@ -6,11 +6,11 @@ import (
 	"log/slog"
 	"strconv"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/fetch"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 	"github.com/parleyhq/parley/services/registry/internal/resolve"
@@ -27,8 +27,6 @@ const (
 	reasonProtocolNotFound   = "PROTOCOL_NOT_FOUND"
 	reasonUnresolved         = "PROTOCOL_UNRESOLVED"
 	reasonSourceInvalid      = "PROTOCOL_SOURCE_INVALID"
-	reasonAgentNotFound      = "AGENT_NOT_FOUND"
-	reasonAgentExists        = "AGENT_ALREADY_EXISTS"
 	reasonEtagMismatch       = "AGENT_ETAG_MISMATCH"
 	reasonProtocolMissing    = "PROTOCOL_UNAVAILABLE"
 	reasonTooManyProtocols   = "AGENT_PROTOCOLS_LIMIT"
@@ -47,6 +45,7 @@ const (
 // toStatus maps domain and store errors to gRPC status errors.
 func (s *Server) toStatus(ctx context.Context, err error) error {
 	var nf *resolve.NotFoundError
+	var missing *resource.Error
 	var me *metadataError
 	switch {
 	case err == nil:
@@ -60,14 +59,17 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	case errors.As(err, &nf):
 		return resolveStatus(nf)
 	case errors.As(err, &me):
-		return withFields(codes.InvalidArgument, reasonInvalidMetadata, me.Error(), map[string]string{me.field: me.err.Error()}, []string{me.field})
+		v := grpcerr.Violations{{Field: me.field, Description: me.err.Error()}}
+		return v.Err(reasonInvalidMetadata, Domain)
 	case errors.Is(err, pd.ErrInvalidMetadata):
 		return grpcerr.New(codes.InvalidArgument, err.Error(), reasonInvalidMetadata, Domain, nil)
 	case errors.Is(err, errPeerTooLarge):
 		return grpcerr.New(codes.ResourceExhausted, err.Error(), reasonTooLarge, Domain, nil)
 	case errors.Is(err, store.ErrConflict):
 		return grpcerr.New(codes.AlreadyExists, "a different document with the same SHA-1 is already stored; the stored one is kept ("+err.Error()+")", reasonCollision, Domain, nil)
-	case errors.Is(err, store.ErrNotFound):
+	case errors.As(err, &missing):
+		return grpcerr.FromResource(missing, Domain)
+	case errors.Is(err, store.ErrNotFound): // a store error that does not name its kind
 		return grpcerr.New(codes.NotFound, err.Error(), reasonNotFound, Domain, nil)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
@@ -100,13 +102,11 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	if len(nf.Sources) == 0 {
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonProtocolNotFound, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
-	fields := map[string]string{}
-	var order []string
+	var fields grpcerr.Violations
 	invalid, tooLarge, busy := false, false, false
 	for _, se := range nf.Sources {
 		field := "sources[" + strconv.Itoa(se.Index) + "]"
-		order = append(order, field)
-		fields[field] = se.Err.Error()
+		fields.Add(field, se.Err.Error())
 		switch {
 		case errors.Is(se.Err, fetch.ErrMalformed), errors.Is(se.Err, fetch.ErrRefused), errors.Is(se.Err, resolve.ErrMismatch), errors.Is(se.Err, pd.ErrInvalidMetadata):
 			invalid = true
@@ -118,7 +118,7 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	}
 	switch {
 	case invalid:
-		return withFields(codes.InvalidArgument, reasonSourceInvalid, nf.Error(), fields, order)
+		return fields.ErrWithMessage(nf.Error(), reasonSourceInvalid, Domain)
 	case tooLarge:
 		return grpcerr.New(codes.ResourceExhausted, nf.Error(), reasonTooLarge, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	case busy:
@@ -126,21 +126,6 @@ func resolveStatus(nf *resolve.NotFoundError) error {
 	default:
 		return grpcerr.New(codes.NotFound, nf.Error(), reasonUnresolved, Domain, map[string]string{"protocol": nf.Hash.Hex()})
 	}
-}
-
-// withFields builds a status with msg, an ErrorInfo and a BadRequest
-// listing fields in order.
-func withFields(code codes.Code, reason, msg string, fields map[string]string, order []string) error {
-	st := status.New(code, msg)
-	br := &errdetails.BadRequest{}
-	for _, f := range order {
-		br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: f, Description: fields[f]})
-	}
-	withDetails, err := st.WithDetails(&errdetails.ErrorInfo{Reason: reason, Domain: Domain}, br)
-	if err != nil {
-		return st.Err()
-	}
-	return withDetails.Err()
 }
 
 func isAlreadyExists(err error) bool { return errors.Is(err, store.ErrAlreadyExists) }

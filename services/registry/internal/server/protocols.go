@@ -169,16 +169,9 @@ func (s *Server) GetProtocol(ctx context.Context, req *registryv1.GetProtocolReq
 	}
 	p, err := s.stored(ctx, h)
 	if err != nil {
-		return nil, s.notFound(ctx, err, h)
+		return nil, s.toStatus(ctx, err)
 	}
 	return p, nil
-}
-
-func (s *Server) notFound(ctx context.Context, err error, h pd.Hash) error {
-	if isNotFound(err) {
-		return grpcerr.New(codes.NotFound, "protocol "+h.Hex()+" is not stored", reasonProtocolNotFound, Domain, map[string]string{"protocol": h.Hex()})
-	}
-	return s.toStatus(ctx, err)
 }
 
 // ListProtocols implements RegistryService.

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -178,5 +179,50 @@ func TestResolveProtocol_sharesOneFetchPerHash(t *testing.T) {
 	}
 	if got := hits.Load(); got != 1 {
 		t.Errorf("source fetched %d times for %d concurrent resolves, want 1", got, callers)
+	}
+}
+
+// TestNotFound_reasonNamesTheResource proves the NOT_FOUND reason comes from
+// the store's error, which names the missing resource's kind.
+func TestNotFound_reasonNamesTheResource(t *testing.T) {
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	s := New(st, slog.New(slog.DiscardHandler), Options{CacheBytes: 1 << 20})
+	h := pd.Sum([]byte("absent"))
+	tests := []struct {
+		name       string
+		call       func() error
+		wantReason string
+		wantKey    string
+		wantValue  string
+	}{
+		{"get agent", func() error {
+			_, err := s.GetAgent(t.Context(), &registryv1.GetAgentRequest{Name: "clients/a/agents/b"})
+			return err
+		}, "AGENT_NOT_FOUND", "agent", "clients/a/agents/b"},
+		{"delete agent", func() error {
+			_, err := s.DeleteAgent(t.Context(), &registryv1.DeleteAgentRequest{Name: "clients/a/agents/b"})
+			return err
+		}, "AGENT_NOT_FOUND", "agent", "clients/a/agents/b"},
+		{"get protocol", func() error {
+			_, err := s.GetProtocol(t.Context(), &registryv1.GetProtocolRequest{Name: "protocols/" + h.Hex()})
+			return err
+		}, "PROTOCOL_NOT_FOUND", "protocol", h.Hex()},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := tt.call()
+			if status.Code(err) != codes.NotFound || grpcerr.Reason(err) != tt.wantReason {
+				t.Fatalf("error = %v; want NOT_FOUND %s", err, tt.wantReason)
+			}
+			for _, d := range status.Convert(err).Details() {
+				if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetMetadata()[tt.wantKey] != tt.wantValue {
+					t.Errorf("ErrorInfo metadata = %v, want %s=%s", info.GetMetadata(), tt.wantKey, tt.wantValue)
+				}
+			}
+		})
 	}
 }

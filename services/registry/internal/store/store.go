@@ -22,13 +22,16 @@ import (
 	"time"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 )
 
 // Sentinel errors; backends wrap them.
 var (
-	ErrNotFound      = errors.New("not found")
-	ErrAlreadyExists = errors.New("already exists")
+	// ErrNotFound is matched by every *resource.Error the store
+	// returns; they carry the kind ("agent", "protocol") and the name.
+	ErrNotFound      = resource.ErrNotFound
+	ErrAlreadyExists = resource.ErrAlreadyExists
 	// ErrConflict reports a protocol whose SHA-1 is already stored for
 	// different bytes (a SHA-1 collision): the stored one is kept.
 	ErrConflict = errors.New("sha-1 collision with a stored protocol")

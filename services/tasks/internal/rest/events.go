@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // heartbeat keeps idle event streams open through proxies.
@@ -45,7 +47,7 @@ func (h *Handlers) events(w http.ResponseWriter, r *http.Request) {
 			if err != nil {
 				return
 			}
-			fmt.Fprintf(w, "event: step\nid: %s\ndata: %s\n\n", lastSegment(st.GetName()), data)
+			fmt.Fprintf(w, "event: step\nid: %s\ndata: %s\n\n", resource.ID(st.GetName()), data)
 		case <-tick.C:
 			fmt.Fprint(w, ": keep-alive\n\n")
 		case <-r.Context().Done():

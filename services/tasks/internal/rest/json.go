@@ -10,12 +10,12 @@ import (
 	"strings"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // The JSON shapes of the spec. Pointers and RawMessage render null where
@@ -67,8 +67,6 @@ type paginationJSON struct {
 	PageSize    int32 `json:"page_size"`
 }
 
-func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
-
 func timeJSON(ts *timestamppb.Timestamp) string {
 	if ts == nil {
 		return ""
@@ -95,7 +93,7 @@ func toTaskJSON(t *tasksv1.Task, arts []*tasksv1.Artifact) taskJSON {
 		input = &t.Input
 	}
 	return taskJSON{
-		TaskID:          lastSegment(t.GetName()),
+		TaskID:          resource.ID(t.GetName()),
 		Input:           input,
 		AdditionalInput: object(t.GetAdditionalInputJson()),
 		Artifacts:       toArtifactsJSON(arts),
@@ -114,7 +112,7 @@ var stepStatuses = map[tasksv1.Step_Status]string{
 func toStepJSON(st *tasksv1.Step) stepJSON {
 	out := stepJSON{
 		TaskID:           strings.Split(st.GetName(), "/")[1],
-		StepID:           lastSegment(st.GetName()),
+		StepID:           resource.ID(st.GetName()),
 		Status:           stepStatuses[st.GetStatus()],
 		Input:            st.Input,
 		AdditionalInput:  object(st.GetAdditionalInputJson()),
@@ -145,7 +143,7 @@ func toArtifactsJSON(arts []*tasksv1.Artifact) []artifactJSON {
 
 func toArtifactJSON(a *tasksv1.Artifact) artifactJSON {
 	out := artifactJSON{
-		ArtifactID:   lastSegment(a.GetName()),
+		ArtifactID:   resource.ID(a.GetName()),
 		AgentCreated: a.GetAgentCreated(),
 		FileName:     a.GetFileName(),
 		SizeBytes:    a.GetSizeBytes(),
@@ -171,37 +169,21 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 	writeJSON(w, code, errorJSON{Message: msg})
 }
 
-// writeStatus renders a backend (gRPC status) error.
+// writeStatus renders a backend (gRPC status) error with the HTTP status
+// every Parley route uses (grpcerr.HTTPStatus).
 func writeStatus(w http.ResponseWriter, err error) {
-	st, _ := status.FromError(err)
-	code := http.StatusInternalServerError
-	switch st.Code() {
-	case codes.NotFound:
-		code = http.StatusNotFound
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		code = http.StatusBadRequest
-	case codes.AlreadyExists, codes.Aborted:
-		code = http.StatusConflict
-	case codes.ResourceExhausted:
-		code = http.StatusTooManyRequests
-		if strings.HasSuffix(grpcerr.Reason(err), "_TOO_LARGE") {
-			code = http.StatusRequestEntityTooLarge
-		}
-	case codes.Unavailable:
-		code = http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		code = http.StatusGatewayTimeout
-	case codes.Canceled:
-		code = 499 // client closed request; nobody reads it
-	case codes.Unauthenticated:
-		code = http.StatusUnauthorized
-	case codes.PermissionDenied:
-		code = http.StatusForbidden
-	}
-	msg := st.Message()
+	code := grpcerr.HTTPStatus(err)
+	msg := status.Convert(err).Message()
 	if code == http.StatusInternalServerError {
 		msg = "internal error"
 	}
+	writeError(w, code, msg)
+}
+
+// WriteRouteError answers an unknown path (404) or a wrong method (405)
+// under the Agent Protocol routes in their {"message"} shape, for
+// serve.Server.HandleErrors.
+func WriteRouteError(w http.ResponseWriter, _ *http.Request, code int, msg string) {
 	writeError(w, code, msg)
 }
 

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
-	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
 var (
@@ -20,19 +20,19 @@ var (
 	errTooManyWaiting = errors.New("too many steps waiting")
 )
 
-// toStatus maps store, file and domain errors to gRPC statuses; resource
-// (TASK, STEP, ARTIFACT) prefixes the NOT_FOUND reason.
-func (s *Server) toStatus(ctx context.Context, err error, resource string) error {
+// toStatus maps store, file and domain errors to gRPC statuses, once. The
+// reason of NOT_FOUND and ALREADY_EXISTS comes from the store's error, which
+// names the resource (TASK_NOT_FOUND).
+func (s *Server) toStatus(ctx context.Context, err error) error {
 	if _, ok := status.FromError(err); ok {
 		return err
 	}
+	var re *resource.Error
 	switch {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return status.FromContextError(err).Err()
-	case errors.Is(err, store.ErrNotFound):
-		return grpcerr.New(codes.NotFound, err.Error(), resource+"_NOT_FOUND", Domain, nil)
-	case errors.Is(err, store.ErrAlreadyExists):
-		return grpcerr.New(codes.AlreadyExists, err.Error(), resource+"_ALREADY_EXISTS", Domain, nil)
+	case errors.As(err, &re):
+		return grpcerr.FromResource(re, Domain)
 	case errors.Is(err, errTaskFinished):
 		return grpcerr.New(codes.FailedPrecondition, "the task is finished and can no longer be cancelled", "TASK_FINISHED", Domain, nil)
 	case errors.Is(err, artifactfs.ErrBadName):

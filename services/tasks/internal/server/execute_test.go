@@ -20,6 +20,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
 	"github.com/parleyhq/parley/services/tasks/internal/scheduler"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
@@ -330,7 +331,7 @@ func TestStepFailure_retriesTheStepAloneThenCompletesIt(t *testing.T) {
 	}
 	// Once no attempt at the step is scheduled, no more calls can come (no
 	// need to wait and see).
-	ref := store.StepRef{TaskID: strings.Split(bad.GetName(), "/")[1], StepID: lastSegment(bad.GetName())}
+	ref := store.StepRef{TaskID: strings.Split(bad.GetName(), "/")[1], StepID: resource.ID(bad.GetName())}
 	poll(t, "the completed step leaves the scheduler", func() bool { return !s.sched.Scheduled(ref) })
 	mu.Lock()
 	defer mu.Unlock()

@@ -28,6 +28,7 @@ import (
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
 	"github.com/parleyhq/parley/services/tasks/internal/scheduler"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
@@ -269,7 +270,7 @@ func (s *Server) CreateTask(ctx context.Context, req *tasksv1.CreateTaskRequest)
 		UpdateTime:          now,
 	}
 	if err := s.store.CreateTask(ctx, t); err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	return t, nil
 }
@@ -282,7 +283,7 @@ func (s *Server) GetTask(ctx context.Context, req *tasksv1.GetTaskRequest) (*tas
 	}
 	t, err := s.store.GetTask(ctx, ids[0])
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	return t, nil
 }
@@ -340,7 +341,7 @@ func (s *Server) ListTasks(ctx context.Context, req *tasksv1.ListTasksRequest) (
 	}
 	tasks, total, err := s.store.ListTasks(ctx, req.GetAgent(), offset, limit)
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	return &tasksv1.ListTasksResponse{Tasks: tasks, TotalSize: clamp32(total), NextPageToken: nextToken(offset, len(tasks), total, req.GetAgent())}, nil
 }
@@ -364,7 +365,7 @@ func (s *Server) CancelTask(ctx context.Context, req *tasksv1.CancelTaskRequest)
 		return nil
 	})
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	s.sched.DropTask(ids[0])
 	return t, nil
@@ -428,13 +429,13 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		return nil, grpcerr.New(codes.ResourceExhausted, fmt.Sprintf("agent %s already has %d steps queued, running or waiting for an executor (the most allowed); retry later", task.GetAgent(), s.opts.MaxWaitingSteps), "TOO_MANY_WAITING_STEPS", Domain, nil)
 	}
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	s.hub.publish(taskID, st)
 	if st.GetStatus() != tasksv1.Step_STATUS_CREATED {
 		return st, nil
 	}
-	ref := store.StepRef{TaskID: taskID, StepID: lastSegment(st.GetName())}
+	ref := store.StepRef{TaskID: taskID, StepID: resource.ID(st.GetName())}
 	var settled <-chan *tasksv1.Step
 	if wait > 0 {
 		settled = s.sched.Wait(ref)
@@ -452,16 +453,14 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 		}
 	case <-timer.C:
 	case <-ctx.Done():
-		return nil, s.toStatus(ctx, ctx.Err(), "STEP")
+		return nil, s.toStatus(ctx, ctx.Err())
 	}
 	cur, err := s.store.GetStep(ctx, ref)
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "STEP")
+		return nil, s.toStatus(ctx, err)
 	}
 	return s.sched.Overlay(ref, cur), nil
 }
-
-func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
 
 // GetStep implements tasksv1.TasksServiceServer.
 func (s *Server) GetStep(ctx context.Context, req *tasksv1.GetStepRequest) (*tasksv1.Step, error) {
@@ -472,7 +471,7 @@ func (s *Server) GetStep(ctx context.Context, req *tasksv1.GetStepRequest) (*tas
 	ref := store.StepRef{TaskID: ids[0], StepID: ids[1]}
 	st, err := s.store.GetStep(ctx, ref)
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "STEP")
+		return nil, s.toStatus(ctx, err)
 	}
 	return s.sched.Overlay(ref, st), nil
 }
@@ -489,10 +488,10 @@ func (s *Server) ListSteps(ctx context.Context, req *tasksv1.ListStepsRequest) (
 	}
 	steps, total, err := s.store.ListSteps(ctx, ids[0], offset, limit)
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	for i, st := range steps {
-		steps[i] = s.sched.Overlay(store.StepRef{TaskID: ids[0], StepID: lastSegment(st.GetName())}, st)
+		steps[i] = s.sched.Overlay(store.StepRef{TaskID: ids[0], StepID: resource.ID(st.GetName())}, st)
 	}
 	return &tasksv1.ListStepsResponse{Steps: steps, TotalSize: clamp32(total), NextPageToken: nextToken(offset, len(steps), total, req.GetParent())}, nil
 }
@@ -506,7 +505,7 @@ func (s *Server) Subscribe(ctx context.Context, name string) (<-chan *tasksv1.St
 		return nil, err
 	}
 	if _, err := s.store.GetTask(ctx, ids[0]); err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	sub, err := s.hub.subscribe(ids[0])
 	if err != nil {
@@ -540,7 +539,7 @@ func (s *Server) WatchTask(req *tasksv1.WatchTaskRequest, stream grpc.ServerStre
 // watchEnded says why a WatchTask subscription closed.
 func (s *Server) watchEnded(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
-		return s.toStatus(ctx, err, "TASK")
+		return s.toStatus(ctx, err)
 	}
 	return grpcerr.New(codes.ResourceExhausted, "the watcher fell too far behind; reconnect", "WATCHER_TOO_SLOW", Domain, nil)
 }
@@ -566,12 +565,12 @@ func (s *Server) UploadArtifact(ctx context.Context, parent string, a *tasksv1.A
 	}
 	// Refuse before writing bytes for an unknown task.
 	if _, err := s.store.GetTask(ctx, ids[0]); err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	id := s.ids.next()
 	size, err := s.files.Write(ids[0], id, r, s.opts.MaxUploadBytes)
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "ARTIFACT")
+		return nil, s.toStatus(ctx, err)
 	}
 	out := &tasksv1.Artifact{
 		Name:         parent + "/artifacts/" + id,
@@ -581,7 +580,7 @@ func (s *Server) UploadArtifact(ctx context.Context, parent string, a *tasksv1.A
 		CreateTime:   timestamppb.New(s.now()),
 	}
 	if err := s.store.CreateArtifact(ctx, ids[0], out); err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	return out, nil
 }
@@ -599,7 +598,7 @@ func (s *Server) GetArtifact(ctx context.Context, req *tasksv1.GetArtifactReques
 	}
 	a, err := s.store.GetArtifact(ctx, ids[0], ids[1])
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "ARTIFACT")
+		return nil, s.toStatus(ctx, err)
 	}
 	return a, nil
 }
@@ -616,7 +615,7 @@ func (s *Server) ListArtifacts(ctx context.Context, req *tasksv1.ListArtifactsRe
 	}
 	arts, total, err := s.store.ListArtifacts(ctx, ids[0], offset, limit)
 	if err != nil {
-		return nil, s.toStatus(ctx, err, "TASK")
+		return nil, s.toStatus(ctx, err)
 	}
 	return &tasksv1.ListArtifactsResponse{Artifacts: arts, TotalSize: clamp32(total), NextPageToken: nextToken(offset, len(arts), total, req.GetParent())}, nil
 }
@@ -632,9 +631,9 @@ func (s *Server) OpenArtifact(ctx context.Context, name string) (*tasksv1.Artifa
 	f, err := s.files.Open(ids[1], ids[3])
 	if err != nil {
 		if os.IsNotExist(err) {
-			err = fmt.Errorf("file of artifact %q: %w", name, store.ErrNotFound)
+			err = resource.NotFound("artifact", name)
 		}
-		return nil, nil, s.toStatus(ctx, err, "ARTIFACT")
+		return nil, nil, s.toStatus(ctx, err)
 	}
 	return a, f, nil
 }
@@ -658,7 +657,7 @@ func (s *Server) ReadArtifact(req *tasksv1.ReadArtifactRequest, stream grpc.Serv
 			return nil
 		}
 		if err != nil {
-			return s.toStatus(stream.Context(), err, "ARTIFACT")
+			return s.toStatus(stream.Context(), err)
 		}
 	}
 }

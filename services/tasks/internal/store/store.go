@@ -8,15 +8,16 @@ package store
 
 import (
 	"context"
-	"errors"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
-// Sentinel errors; backends wrap them.
+// Sentinel errors. Backends return *resource.Error values that match them
+// and carry the resource's kind ("task", "step", "artifact") and name.
 var (
-	ErrNotFound      = errors.New("not found")
-	ErrAlreadyExists = errors.New("already exists")
+	ErrNotFound      = resource.ErrNotFound
+	ErrAlreadyExists = resource.ErrAlreadyExists
 )
 
 // StepRef names a step by its task and step ids.

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -145,7 +146,7 @@ func (s *Store) GetRoutine(ctx context.Context, name string) (*dispatcherv1.Rout
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketRoutines).Get([]byte(name))
 		if v == nil {
-			return fmt.Errorf("routine %q: %w", name, store.ErrNotFound)
+			return resource.NotFound("routine", name)
 		}
 		return proto.Unmarshal(v, &out)
 	})
@@ -193,7 +194,7 @@ func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64
 		b := tx.Bucket(bucketRoutines)
 		v := b.Get([]byte(name))
 		if v == nil {
-			return fmt.Errorf("routine %q: %w", name, store.ErrNotFound)
+			return resource.NotFound("routine", name)
 		}
 		out.Reset()
 		if err := proto.Unmarshal(v, &out); err != nil {
@@ -285,7 +286,7 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, ma
 	return s.db.Batch(func(tx *bolt.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		if convs.Get([]byte(c.ID)) != nil {
-			return fmt.Errorf("conversation %q: %w", c.ID, store.ErrAlreadyExists)
+			return resource.AlreadyExists("conversation", c.ID)
 		}
 		idx := tx.Bucket(bucketPeerConversations)
 		if maxPerPeer > 0 {
@@ -317,7 +318,7 @@ func (s *Store) GetConversation(ctx context.Context, id string) (store.Conversat
 	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketConversations).Get([]byte(id))
 		if v == nil {
-			return fmt.Errorf("conversation: %w", store.ErrNotFound)
+			return resource.NotFound("conversation", id)
 		}
 		return json.Unmarshal(v, &c)
 	})
@@ -333,7 +334,7 @@ func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*
 		convs := tx.Bucket(bucketConversations)
 		v := convs.Get([]byte(id))
 		if v == nil {
-			return fmt.Errorf("conversation: %w", store.ErrNotFound)
+			return resource.NotFound("conversation", id)
 		}
 		var c store.Conversation
 		if err := json.Unmarshal(v, &c); err != nil {
@@ -362,7 +363,7 @@ func (s *Store) DeleteConversation(ctx context.Context, id string) error {
 		convs := tx.Bucket(bucketConversations)
 		v := convs.Get([]byte(id))
 		if v == nil {
-			return fmt.Errorf("conversation: %w", store.ErrNotFound)
+			return resource.NotFound("conversation", id)
 		}
 		var c store.Conversation
 		if err := json.Unmarshal(v, &c); err != nil {

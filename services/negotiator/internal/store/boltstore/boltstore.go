@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 )
 
@@ -97,10 +98,12 @@ func (s *Store) Ping(ctx context.Context) error {
 // Close closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
-func get[T proto.Message](b *bolt.Bucket, key string, m T) error {
+// get decodes key of b into m; a missing key is a *resource.Error
+// of kind.
+func get[T proto.Message](b *bolt.Bucket, kind, key string, m T) error {
 	v := b.Get([]byte(key))
 	if v == nil {
-		return fmt.Errorf("%s: %w", key, store.ErrNotFound)
+		return resource.NotFound(kind, key)
 	}
 	if err := proto.Unmarshal(v, m); err != nil {
 		return fmt.Errorf("decode %s: %w", key, err)
@@ -142,7 +145,7 @@ func (s *Store) AppendLedgerEntry(ctx context.Context, e *negotiatorv1.LedgerEnt
 		tb := tx.Bucket(bucketTotals)
 		for _, k := range totalKeys {
 			t := &negotiatorv1.CostSummary{}
-			if err := get(tb, k, t); err != nil && !errors.Is(err, store.ErrNotFound) {
+			if err := get(tb, "cost total", k, t); err != nil && !errors.Is(err, store.ErrNotFound) {
 				return err
 			}
 			t.Calls++
@@ -204,7 +207,7 @@ func (s *Store) Totals(ctx context.Context, key string) (*negotiatorv1.CostSumma
 	}
 	t := &negotiatorv1.CostSummary{}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if err := get(tx.Bucket(bucketTotals), key, t); err != nil && !errors.Is(err, store.ErrNotFound) {
+		if err := get(tx.Bucket(bucketTotals), "cost total", key, t); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
 		return nil
@@ -218,7 +221,7 @@ func (s *Store) GetVerdict(ctx context.Context, key string) (*negotiatorv1.Suita
 		return nil, err
 	}
 	v := &negotiatorv1.SuitabilityVerdict{}
-	err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketVerdicts), key, v) })
+	err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketVerdicts), "verdict", key, v) })
 	if err != nil {
 		return nil, err
 	}
@@ -241,7 +244,7 @@ func (s *Store) CreateNegotiation(ctx context.Context, n *negotiatorv1.Negotiati
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketNegotiations)
 		if b.Get([]byte(n.GetName())) != nil {
-			return fmt.Errorf("%s: %w", n.GetName(), store.ErrAlreadyExists)
+			return resource.AlreadyExists("negotiation", n.GetName())
 		}
 		return put(b, n.GetName(), n)
 	})
@@ -253,7 +256,7 @@ func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.
 		return nil, err
 	}
 	n := &negotiatorv1.Negotiation{}
-	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketNegotiations), name, n) }); err != nil {
+	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketNegotiations), "negotiation", name, n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -262,7 +265,7 @@ func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.
 // UpdateNegotiation implements store.Store.
 func (s *Store) UpdateNegotiation(ctx context.Context, name string, mutate func(*negotiatorv1.Negotiation) error) (*negotiatorv1.Negotiation, error) {
 	n := &negotiatorv1.Negotiation{}
-	if err := update(ctx, s.db, bucketNegotiations, name, n, func() error { return mutate(n) }); err != nil {
+	if err := update(ctx, s.db, bucketNegotiations, "negotiation", name, n, func() error { return mutate(n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -282,7 +285,7 @@ func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiat
 		return nil, err
 	}
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketCandidates), name, c) }); err != nil {
+	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketCandidates), "routine candidate", name, c) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -291,7 +294,7 @@ func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiat
 // UpdateRoutineCandidate implements store.Store.
 func (s *Store) UpdateRoutineCandidate(ctx context.Context, name string, mutate func(*negotiatorv1.RoutineCandidate) error) (*negotiatorv1.RoutineCandidate, error) {
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := update(ctx, s.db, bucketCandidates, name, c, func() error { return mutate(c) }); err != nil {
+	if err := update(ctx, s.db, bucketCandidates, "routine candidate", name, c, func() error { return mutate(c) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -299,13 +302,13 @@ func (s *Store) UpdateRoutineCandidate(ctx context.Context, name string, mutate 
 
 // update decodes key into m, runs mutate and writes m back, in one
 // transaction. mutate's error is returned unwrapped.
-func update(ctx context.Context, db *bolt.DB, bucket []byte, key string, m proto.Message, mutate func() error) error {
+func update(ctx context.Context, db *bolt.DB, bucket []byte, kind, key string, m proto.Message, mutate func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucket)
-		if err := get(b, key, m); err != nil {
+		if err := get(b, kind, key, m); err != nil {
 			return err
 		}
 		if err := mutate(); err != nil {

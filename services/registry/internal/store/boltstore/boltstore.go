@@ -22,6 +22,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
@@ -187,7 +188,7 @@ func (s *Store) GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Prot
 	err := s.db.View(func(tx *bolt.Tx) error {
 		val := tx.Bucket(bucketProtocols).Get(sha1[:])
 		if val == nil {
-			return fmt.Errorf("protocol %s: %w", sha1.Hex(), store.ErrNotFound)
+			return resource.NotFound("protocol", sha1.Hex())
 		}
 		content := tx.Bucket(bucketContent).Get(sha1[:])
 		if content == nil {
@@ -250,7 +251,7 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store
 		}
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(a.GetName())) != nil {
-			return fmt.Errorf("agent %s: %w", a.GetName(), store.ErrAlreadyExists)
+			return resource.AlreadyExists("agent", a.GetName())
 		}
 		if err := putAgent(b, a); err != nil {
 			return err
@@ -354,7 +355,7 @@ func (s *Store) GetAgent(ctx context.Context, name string) (*registryv1.Agent, e
 	err := s.db.View(func(tx *bolt.Tx) error {
 		val := tx.Bucket(bucketAgents).Get([]byte(name))
 		if val == nil {
-			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+			return resource.NotFound("agent", name)
 		}
 		var err error
 		a, err = decodeAgent(val)
@@ -403,7 +404,7 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(name)) == nil {
-			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+			return resource.NotFound("agent", name)
 		}
 		if err := deleteKeys(tx, name); err != nil {
 			return err
@@ -426,7 +427,7 @@ func (s *Store) UpdateAgent(ctx context.Context, name, requestID string, mutate 
 		b := tx.Bucket(bucketAgents)
 		val := b.Get([]byte(name))
 		if val == nil {
-			return fmt.Errorf("agent %s: %w", name, store.ErrNotFound)
+			return resource.NotFound("agent", name)
 		}
 		if a, err = decodeAgent(val); err != nil {
 			return err

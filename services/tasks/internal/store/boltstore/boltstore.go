@@ -20,7 +20,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -28,6 +27,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
@@ -124,8 +124,6 @@ func (s *Store) Close() error {
 	return s.db.Close()
 }
 
-func lastSegment(name string) string { return name[strings.LastIndexByte(name, '/')+1:] }
-
 func key(parts ...[]byte) []byte { return bytes.Join(parts, []byte{0}) }
 
 func seqBytes(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
@@ -133,7 +131,7 @@ func seqBytes(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
 func getTask(tx *bolt.Tx, taskID string) (*tasksv1.Task, error) {
 	v := tx.Bucket(bucketTasks).Get([]byte(taskID))
 	if v == nil {
-		return nil, fmt.Errorf("task %q: %w", taskID, store.ErrNotFound)
+		return nil, resource.NotFound("task", "tasks/"+taskID)
 	}
 	t := &tasksv1.Task{}
 	if err := proto.Unmarshal(v, t); err != nil {
@@ -155,11 +153,11 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	id := lastSegment(t.GetName())
+	id := resource.ID(t.GetName())
 	return s.commit.update(func(tx *bolt.Tx) error {
 		tasks := tx.Bucket(bucketTasks)
 		if tasks.Get([]byte(id)) != nil {
-			return fmt.Errorf("task %q: %w", id, store.ErrAlreadyExists)
+			return resource.AlreadyExists("task", t.GetName())
 		}
 		counts := tx.Bucket(bucketAgentCounts)
 		var n uint64
@@ -259,10 +257,10 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		if err := decide(t, st); err != nil {
 			return err
 		}
-		k := key([]byte(taskID), []byte(lastSegment(st.GetName())))
+		k := key([]byte(taskID), []byte(resource.ID(st.GetName())))
 		steps := tx.Bucket(bucketSteps)
 		if steps.Get(k) != nil {
-			return fmt.Errorf("step %q: %w", st.GetName(), store.ErrAlreadyExists)
+			return resource.AlreadyExists("step", st.GetName())
 		}
 		if err := put(steps, k, st); err != nil {
 			return err
@@ -293,7 +291,7 @@ func getStep(tx *bolt.Tx, ref store.StepRef) ([]byte, *tasksv1.Step, error) {
 	k := key([]byte(ref.TaskID), []byte(ref.StepID))
 	v := tx.Bucket(bucketSteps).Get(k)
 	if v == nil {
-		return nil, nil, fmt.Errorf("step %q of task %q: %w", ref.StepID, ref.TaskID, store.ErrNotFound)
+		return nil, nil, resource.NotFound("step", "tasks/"+ref.TaskID+"/steps/"+ref.StepID)
 	}
 	st := &tasksv1.Step{}
 	if err := proto.Unmarshal(v, st); err != nil {
@@ -424,11 +422,11 @@ func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
 
 // addArtifact stores a as t's next artifact; the caller stores t.
 func addArtifact(tx *bolt.Tx, t *tasksv1.Task, a *tasksv1.Artifact) error {
-	taskID := lastSegment(t.GetName())
+	taskID := resource.ID(t.GetName())
 	idx := tx.Bucket(bucketArtifactIndex)
-	ik := key([]byte(taskID), []byte(lastSegment(a.GetName())))
+	ik := key([]byte(taskID), []byte(resource.ID(a.GetName())))
 	if idx.Get(ik) != nil {
-		return fmt.Errorf("artifact %q: %w", a.GetName(), store.ErrAlreadyExists)
+		return resource.AlreadyExists("artifact", a.GetName())
 	}
 	seq := seqBytes(uint64(t.GetArtifactCount()))
 	t.ArtifactCount++
@@ -465,7 +463,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 	err := s.db.View(func(tx *bolt.Tx) error {
 		seq := tx.Bucket(bucketArtifactIndex).Get(key([]byte(taskID), []byte(artifactID)))
 		if seq == nil {
-			return fmt.Errorf("artifact %q of task %q: %w", artifactID, taskID, store.ErrNotFound)
+			return resource.NotFound("artifact", "tasks/"+taskID+"/artifacts/"+artifactID)
 		}
 		return proto.Unmarshal(tx.Bucket(bucketArtifacts).Get(key([]byte(taskID), seq)), a)
 	})

@@ -29,7 +29,7 @@ func TestProtocol_wrongSourcesDoNotPoisonOthers(t *testing.T) {
 
 	badErr := make(chan error, 1)
 	go func() {
-		_, err := e.srv.protocol(t.Context(), h, bad)
+		_, err := e.srv.dir.Protocol(t.Context(), h, bad)
 		badErr <- err
 	}()
 	if got := <-entered; got[0] != bad[0] {
@@ -37,7 +37,7 @@ func TestProtocol_wrongSourcesDoNotPoisonOthers(t *testing.T) {
 	}
 	goodErr := make(chan error, 1)
 	go func() {
-		_, err := e.srv.protocol(t.Context(), h, good)
+		_, err := e.srv.dir.Protocol(t.Context(), h, good)
 		goodErr <- err
 	}()
 	select {
@@ -58,7 +58,7 @@ func TestProtocol_wrongSourcesDoNotPoisonOthers(t *testing.T) {
 	}
 	// Now cached under the hash: any caller gets it without a registry call.
 	before := reg.resolveCalls.Load()
-	if _, err := e.srv.protocol(t.Context(), h, nil); err != nil || reg.resolveCalls.Load() != before {
+	if _, err := e.srv.dir.Protocol(t.Context(), h, nil); err != nil || reg.resolveCalls.Load() != before {
 		t.Errorf("protocol(cached) = %v with %d more registry calls, want the cached PD", err, reg.resolveCalls.Load()-before)
 	}
 }

@@ -1,4 +1,10 @@
-package server
+// Package shadow runs LLM-written routine candidates beside the LLM: when
+// the LLM answered a protocol, the candidate for (agent, protocol, side)
+// answers the same input off the caller's path, the negotiator hears
+// whether they agreed, and a candidate it promotes is installed as the
+// agent's routine (hosted.Set.Install), so later calls need no LLM. The
+// negotiator sits behind the Candidates interface.
+package shadow
 
 import (
 	"context"
@@ -14,15 +20,63 @@ import (
 	"time"
 
 	"go.starlark.net/syntax"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
-	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
+	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
+
+// Side is the side of a protocol a routine plays.
+type Side string
+
+// Sides, spelled as the negotiator's enum names (they enter candidate
+// names).
+const (
+	Sender   Side = "ROUTINE_SIDE_SENDER"
+	Receiver Side = "ROUTINE_SIDE_RECEIVER"
+)
+
+// State is a candidate's state at the negotiator.
+type State int
+
+// Candidate states.
+const (
+	StateOther    State = iota // retired, or anything not run
+	StateShadow                // runs beside the LLM
+	StatePromoted              // agreed often enough: install it
+)
+
+// Candidate is an LLM-written routine the negotiator keeps for (agent,
+// protocol, side).
+type Candidate struct {
+	Name       string
+	Source     string
+	State      State
+	Agreements int
+}
+
+// ErrNoCandidate is the error of a candidate the negotiator does not hold.
+var ErrNoCandidate = errors.New("no routine candidate")
+
+// Candidates is what shadow runs need of the negotiator.
+type Candidates interface {
+	// Candidate returns a candidate; ErrNoCandidate when there is none.
+	Candidate(ctx context.Context, name string) (Candidate, error)
+	// Report tells the negotiator one comparison's outcome and returns
+	// the candidate as it now stands.
+	Report(ctx context.Context, name string, agreed bool, detail string) (Candidate, error)
+}
+
+// Options configures a Runner.
+type Options struct {
+	CacheTTL time.Duration
+	Now      func() time.Time
+	Logger   *slog.Logger
+	Metrics  *metrics.Metrics
+}
 
 // shadowWorkers bounds the shadow runs in flight; a call that finds every
 // one busy is not compared (the candidate simply waits for a later call).
@@ -47,11 +101,14 @@ const (
 // promotion is not lost to a shutdown in its middle.
 const shadowInstallTimeout = 10 * time.Second
 
-// shadows runs LLM-written routine candidates beside the LLM. Candidates
+// Runner runs LLM-written routine candidates beside the LLM. Candidates
 // are looked up per (agent, PD, side) with a short TTL, so a PD with no
 // candidate costs no negotiator round trip per call.
-type shadows struct {
-	candidates *cache[*negotiatorv1.RoutineCandidate] // nil: none
+type Runner struct {
+	neg        Candidates
+	routines   *hosted.Set
+	opts       Options
+	candidates *cache.Cache[*Candidate] // nil: none
 	slots      chan struct{}
 	stop       context.Context // done when the server stops shadow runs
 	cancel     context.CancelFunc
@@ -66,80 +123,100 @@ type shadows struct {
 	installMu sync.Mutex
 }
 
-func newShadows(ttl time.Duration, now func() time.Time) *shadows {
+// New returns a Runner; with neg nil it runs nothing.
+func New(neg Candidates, routines *hosted.Set, opts Options) *Runner {
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Metrics == nil {
+		opts.Metrics = metrics.New(nil)
+	}
 	stop, cancel := context.WithCancel(context.Background())
-	return &shadows{candidates: newCache[*negotiatorv1.RoutineCandidate](ttl, now), slots: make(chan struct{}, shadowWorkers), stop: stop, cancel: cancel}
+	return &Runner{neg: neg, routines: routines, opts: opts, candidates: cache.New[*Candidate](opts.CacheTTL, opts.Now), slots: make(chan struct{}, shadowWorkers), stop: stop, cancel: cancel}
 }
 
-// StopShadows cancels the shadow runs in flight and waits for them to end;
-// later calls start none. The app calls it before closing the store.
-func (s *Server) StopShadows() {
-	s.shadows.mu.Lock()
-	s.shadows.stopped = true
-	s.shadows.mu.Unlock()
-	s.shadows.cancel()
-	s.shadows.wg.Wait()
+// Stop cancels the shadow runs in flight and waits for them to end; later
+// calls start none. The app calls it before closing the store.
+func (s *Runner) Stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
 }
 
-// candidateName is the negotiator's name of the routine candidate for
+// Wait waits until every shadow run started so far has ended (tests call
+// it between requests, when no run can start meanwhile).
+func (s *Runner) Wait() { s.wg.Wait() }
+
+// CandidateName is the negotiator's name of the routine candidate for
 // (agent, PD, side): routineCandidates/ and the first 16 bytes of
 // SHA-256(agent NUL sha1-hex NUL side enum name), in hex.
-func candidateName(agent, hexHash string, side negotiatorv1.RoutineSide) string {
-	h := sha256.Sum256([]byte(agent + "\x00" + hexHash + "\x00" + side.String()))
+func CandidateName(agent, hexHash string, side Side) string {
+	h := sha256.Sum256([]byte(agent + "\x00" + hexHash + "\x00" + string(side)))
 	return "routineCandidates/" + hex.EncodeToString(h[:16])
 }
 
-// shadow compares, off the caller's path, what the LLM answered (llmOut)
+// Run compares, off the caller's path, what the LLM answered (llmOut)
 // with what the SHADOW candidate for (agent, PD, side), if any, answers
 // fn(args) in the routine runtime, and reports the comparison to the
 // negotiator. A candidate the negotiator then promotes is installed as the
 // agent's routine (a new version), so the next call needs no LLM. At most
 // one shadow run per call, and at most shadowWorkers at once.
-func (s *Server) shadow(ctx context.Context, agent, hexHash string, side negotiatorv1.RoutineSide, fn string, args []json.RawMessage, memory, llmOut json.RawMessage) {
-	if s.neg == nil {
+func (s *Runner) Run(ctx context.Context, agent, hexHash string, side Side, fn string, args []json.RawMessage, memory, llmOut json.RawMessage) {
+	if s == nil || s.neg == nil {
 		return
 	}
-	s.shadows.mu.Lock()
-	if s.shadows.stopped {
-		s.shadows.mu.Unlock()
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
 		return
 	}
-	s.shadows.wg.Add(1)
-	s.shadows.mu.Unlock()
+	s.wg.Add(1)
+	s.mu.Unlock()
 	select {
-	case s.shadows.slots <- struct{}{}:
+	case s.slots <- struct{}{}:
 	default:
-		s.shadows.wg.Done()
-		s.metrics.shadowRuns.WithLabelValues(shadowSkipped).Inc()
+		s.wg.Done()
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowSkipped).Inc()
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shadowTimeout)
-	unhook := context.AfterFunc(s.shadows.stop, cancel)
+	unhook := context.AfterFunc(s.stop, cancel)
 	go func() {
-		defer s.shadows.wg.Done()
-		defer func() { <-s.shadows.slots }()
+		defer s.wg.Done()
+		defer func() { <-s.slots }()
 		defer cancel()
 		defer unhook()
 		s.runShadow(ctx, agent, hexHash, side, fn, args, memory, llmOut)
 	}()
 }
 
-func (s *Server) runShadow(ctx context.Context, agent, hexHash string, side negotiatorv1.RoutineSide, fn string, args []json.RawMessage, memory, llmOut json.RawMessage) {
-	name := candidateName(agent, hexHash, side)
-	c, err := s.shadows.candidates.get(ctx, name, func(ctx context.Context) (*negotiatorv1.RoutineCandidate, error) {
-		c, err := s.neg.GetRoutineCandidate(ctx, &negotiatorv1.GetRoutineCandidateRequest{Name: name})
-		if status.Code(err) == codes.NotFound {
+func (s *Runner) runShadow(ctx context.Context, agent, hexHash string, side Side, fn string, args []json.RawMessage, memory, llmOut json.RawMessage) {
+	name := CandidateName(agent, hexHash, side)
+	c, err := s.candidates.Get(ctx, name, func(ctx context.Context) (*Candidate, error) {
+		c, err := s.neg.Candidate(ctx, name)
+		if errors.Is(err, ErrNoCandidate) {
 			return nil, nil
 		}
-		return c, err
+		if err != nil {
+			return nil, err
+		}
+		return &c, nil
 	})
 	if err != nil {
-		s.logger.InfoContext(ctx, "routine candidate lookup failed; no shadow run", slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
+		s.opts.Logger.InfoContext(ctx, "routine candidate lookup failed; no shadow run", slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
 		return
 	}
-	switch c.GetState() {
-	case negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW:
-	case negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED:
+	if c == nil {
+		return
+	}
+	switch c.State {
+	case StateShadow:
+	case StatePromoted:
 		// The LLM answered although the candidate was promoted: its install
 		// failed or was lost (the state is cached before installing). Retry.
 		s.installPromoted(ctx, agent, hexHash, name, c)
@@ -149,29 +226,35 @@ func (s *Server) runShadow(ctx context.Context, agent, hexHash string, side nego
 	}
 	agreed, detail, err := s.compareCandidate(ctx, agent, c, fn, args, memory, llmOut)
 	if err != nil {
-		s.metrics.shadowRuns.WithLabelValues(shadowError).Inc()
-		s.logger.InfoContext(ctx, "shadow run not compared", slog.String("candidate", name), slog.Any("err", err))
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowError).Inc()
+		s.opts.Logger.InfoContext(ctx, "shadow run not compared", slog.String("candidate", name), slog.Any("err", err))
 		return
 	}
-	got, err := s.neg.ReportShadowResult(ctx, &negotiatorv1.ReportShadowResultRequest{Name: name, Agreed: agreed, Detail: detail})
+	got, err := s.neg.Report(ctx, name, agreed, detail)
 	if err != nil {
 		// Most often another call's report settled it first: look again.
-		s.shadows.candidates.forget(name)
-		s.metrics.shadowRuns.WithLabelValues(shadowError).Inc()
-		s.logger.InfoContext(ctx, "shadow result not reported", slog.String("candidate", name), slog.Any("err", err))
+		s.candidates.Forget(name)
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowError).Inc()
+		s.opts.Logger.InfoContext(ctx, "shadow result not reported", slog.String("candidate", name), slog.Any("err", err))
 		return
 	}
-	s.shadows.candidates.put(name, cacheEntry[*negotiatorv1.RoutineCandidate]{v: got, expires: s.now().Add(s.shadows.candidates.ttl)})
+	s.candidates.Put(name, &got)
 	switch {
 	case !agreed:
-		s.metrics.shadowRuns.WithLabelValues(shadowDisagreed).Inc()
-		s.logger.InfoContext(ctx, "routine candidate disagreed with the LLM", slog.String("candidate", name), slog.String("agent", agent),
-			slog.String("protocol", hexHash), slog.String("state", got.GetState().String()), slog.String("detail", detail))
-	case got.GetState() == negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED:
-		s.installPromoted(ctx, agent, hexHash, name, got)
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowDisagreed).Inc()
+		s.opts.Logger.InfoContext(ctx, "routine candidate disagreed with the LLM", slog.String("candidate", name), slog.String("agent", agent),
+			slog.String("protocol", hexHash), slog.Int("state", int(got.State)), slog.String("detail", detail))
+	case got.State == StatePromoted:
+		s.installPromoted(ctx, agent, hexHash, name, &got)
 	default:
-		s.metrics.shadowRuns.WithLabelValues(shadowAgreed).Inc()
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowAgreed).Inc()
 	}
+}
+
+// InstallPromoted installs the promoted candidate c now, as a lookup that
+// finds it PROMOTED does.
+func (s *Runner) InstallPromoted(ctx context.Context, agent, hexHash string, c Candidate) {
+	s.installPromoted(ctx, agent, hexHash, c.Name, &c)
 }
 
 // installPromoted installs the promoted candidate c as (part of) the
@@ -183,37 +266,37 @@ func (s *Server) runShadow(ctx context.Context, agent, hexHash string, side nego
 // otherwise nothing is installed and the outcome is a conflict. A failure
 // that may pass (busy workers, the store) is an error; the next call that
 // finds the candidate PROMOTED tries again.
-func (s *Server) installPromoted(ctx context.Context, agent, hexHash, cname string, c *negotiatorv1.RoutineCandidate) {
+func (s *Runner) installPromoted(ctx context.Context, agent, hexHash, cname string, c *Candidate) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shadowInstallTimeout)
 	defer cancel()
-	s.shadows.installMu.Lock()
-	defer s.shadows.installMu.Unlock()
-	rname := routineName(agent, hexHash)
-	src, installed, conflict, err := s.mergedRoutine(ctx, rname, c.GetSource())
+	s.installMu.Lock()
+	defer s.installMu.Unlock()
+	rname := hosted.Name(agent, hexHash)
+	src, installed, conflict, err := s.mergedRoutine(ctx, rname, c.Source)
 	switch {
 	case err != nil:
-		s.metrics.shadowRuns.WithLabelValues(shadowError).Inc()
-		s.logger.ErrorContext(ctx, "promoted routine not installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowError).Inc()
+		s.opts.Logger.ErrorContext(ctx, "promoted routine not installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
 		return
 	case installed:
 		return
 	case conflict != "":
-		s.metrics.shadowRuns.WithLabelValues(shadowConflict).Inc()
-		s.logger.WarnContext(ctx, "promoted routine not installed: it conflicts with the installed routine", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.String("conflict", conflict))
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowConflict).Inc()
+		s.opts.Logger.WarnContext(ctx, "promoted routine not installed: it conflicts with the installed routine", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.String("conflict", conflict))
 		return
 	}
-	if _, err := s.SetRoutine(ctx, &dispatcherv1.SetRoutineRequest{Routine: &dispatcherv1.Routine{Name: rname, Source: src}}); err != nil {
-		if status.Code(err) == codes.InvalidArgument && src != c.GetSource() {
-			s.metrics.shadowRuns.WithLabelValues(shadowConflict).Inc()
-			s.logger.WarnContext(ctx, "promoted routine not installed: merged with the installed routine it does not pass validation", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
+	if _, err := s.routines.Install(ctx, rname, src); err != nil {
+		if errors.Is(err, hosted.ErrInvalid) && src != c.Source {
+			s.opts.Metrics.ShadowRuns.WithLabelValues(shadowConflict).Inc()
+			s.opts.Logger.WarnContext(ctx, "promoted routine not installed: merged with the installed routine it does not pass validation", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
 			return
 		}
-		s.metrics.shadowRuns.WithLabelValues(shadowError).Inc()
-		s.logger.ErrorContext(ctx, "promoted routine not installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowError).Inc()
+		s.opts.Logger.ErrorContext(ctx, "promoted routine not installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Any("err", err))
 		return
 	}
-	s.metrics.shadowRuns.WithLabelValues(shadowPromoted).Inc()
-	s.logger.InfoContext(ctx, "routine candidate promoted and installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Int("agreements", int(c.GetAgreements())))
+	s.opts.Metrics.ShadowRuns.WithLabelValues(shadowPromoted).Inc()
+	s.opts.Logger.InfoContext(ctx, "routine candidate promoted and installed", slog.String("candidate", cname), slog.String("agent", agent), slog.String("protocol", hexHash), slog.Int("agreements", c.Agreements))
 }
 
 // mergedRoutine returns the source to install for the candidate cand as
@@ -221,19 +304,19 @@ func (s *Server) installPromoted(ctx context.Context, agent, hexHash, cname stri
 // followed by cand. installed reports that the routine already defines
 // every function cand defines; conflict, when not "", says why the two
 // cannot be merged.
-func (s *Server) mergedRoutine(ctx context.Context, rname, cand string) (src string, installed bool, conflict string, err error) {
+func (s *Runner) mergedRoutine(ctx context.Context, rname, cand string) (src string, installed bool, conflict string, err error) {
 	candNames, candFuncs, err := topLevelNames(cand)
 	if err != nil {
 		return "", false, "the candidate does not parse: " + err.Error(), nil
 	}
-	cur, err := s.store.GetRoutine(ctx, rname)
+	cur, err := s.routines.Source(ctx, rname)
 	if errors.Is(err, store.ErrNotFound) {
 		return cand, false, "", nil
 	}
 	if err != nil {
 		return "", false, "", err
 	}
-	curNames, curFuncs, err := topLevelNames(cur.GetSource())
+	curNames, curFuncs, err := topLevelNames(cur)
 	if err != nil {
 		return "", false, "the installed routine does not parse: " + err.Error(), nil
 	}
@@ -249,7 +332,7 @@ func (s *Server) mergedRoutine(ctx context.Context, rname, cand string) (src str
 	if len(clash) > 0 {
 		return "", false, "both define " + strings.Join(clash, ", "), nil
 	}
-	return strings.TrimRight(cur.GetSource(), "\n") + "\n\n" + cand, false, "", nil
+	return strings.TrimRight(cur, "\n") + "\n\n" + cand, false, "", nil
 }
 
 // topLevelNames returns the global names src binds (defs, assignments,
@@ -327,12 +410,12 @@ func isTimeOverrun(err error) bool {
 // compared (every routine worker busy, the wall-time budget or deadline
 // overrun, which says more of the machine's load than of the routine, the
 // tools unreadable).
-func (s *Server) compareCandidate(ctx context.Context, agent string, c *negotiatorv1.RoutineCandidate, fn string, args []json.RawMessage, memory, llmOut json.RawMessage) (agreed bool, detail string, err error) {
-	tools, err := s.tools(ctx, agent)
+func (s *Runner) compareCandidate(ctx context.Context, agent string, c *Candidate, fn string, args []json.RawMessage, memory, llmOut json.RawMessage) (agreed bool, detail string, err error) {
+	tools, err := s.routines.Tools(ctx, agent)
 	if err != nil {
 		return false, "", err
 	}
-	prog, err := routine.Compile(ctx, c.GetName(), c.GetSource(), tools, s.opts.RoutineLimits)
+	prog, err := routine.Compile(ctx, c.Name, c.Source, tools, s.routines.Limits())
 	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
 	}
@@ -346,25 +429,25 @@ func (s *Server) compareCandidate(ctx context.Context, agent string, c *negotiat
 		memory = json.RawMessage("{}")
 	}
 	out, _, err := prog.Call(ctx, fn, args, memory)
-	s.countStop(err)
+	hosted.CountStop(s.opts.Metrics, err)
 	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
 	}
 	if err != nil {
 		return false, fmt.Sprintf("%s failed: %v", fn, err), nil
 	}
-	if sameJSON(out, llmOut) {
+	if SameJSON(out, llmOut) {
 		return true, "", nil
 	}
 	return false, fmt.Sprintf("%s answered %s, the LLM %s", fn, clip(out), clip(llmOut)), nil
 }
 
-// sameJSON is the shadow comparison: two results agree when their canonical
+// SameJSON is the shadow comparison: two results agree when their canonical
 // JSON is equal. A string holding a JSON object or list stands for that
 // value (as on the wire, see agora.Query); canonical JSON has object keys
 // sorted, no insignificant space, and numbers as float64 (so 1 and 1.0
 // agree). Anything that is not JSON agrees with nothing.
-func sameJSON(a, b json.RawMessage) bool {
+func SameJSON(a, b json.RawMessage) bool {
 	ca, ok := canonicalJSON(a)
 	if !ok {
 		return false

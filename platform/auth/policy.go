@@ -1,0 +1,95 @@
+package auth
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/api/annotations"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+)
+
+// Rule says who may make one call: the kinds of caller allowed, and the
+// request field naming the resource a non-operator caller must own (see
+// Principal.Owns). For RPCs the field is a dotted path in the request
+// message; for gateway routes the same path is read from the path
+// parameters, then the query; for hand-written routes it is a path value.
+type Rule struct {
+	Allow    Kind
+	Resource string
+}
+
+// Policy maps a full gRPC method ("/parley.registry.v1.RegistryService/
+// GetAgent") or a hand-written HTTP route pattern ("GET /healthz") to its
+// rule. A call with no entry is refused.
+type Policy map[string]Rule
+
+// gatewayRoutes maps each gateway route, "VERB /v1/pattern" as written in
+// the google.api.http option, to its full gRPC method, over every service
+// linked into the binary. The gateway middleware learns the route's
+// pattern, not the method, so this is how it finds the rule.
+func gatewayRoutes() map[string]string {
+	out := map[string]string{}
+	protoregistry.GlobalFiles.RangeFiles(func(f protoreflect.FileDescriptor) bool {
+		svcs := f.Services()
+		for i := range svcs.Len() {
+			svc := svcs.Get(i)
+			methods := svc.Methods()
+			for j := range methods.Len() {
+				m := methods.Get(j)
+				rule, _ := proto.GetExtension(m.Options(), annotations.E_Http).(*annotations.HttpRule)
+				if rule == nil {
+					continue
+				}
+				full := "/" + string(svc.FullName()) + "/" + string(m.Name())
+				for _, r := range append([]*annotations.HttpRule{rule}, rule.GetAdditionalBindings()...) {
+					if verb, pattern := httpRule(r); pattern != "" {
+						out[verb+" "+normalise(pattern)] = full
+					}
+				}
+			}
+		}
+		return true
+	})
+	return out
+}
+
+func httpRule(r *annotations.HttpRule) (verb, pattern string) {
+	switch p := r.GetPattern().(type) {
+	case *annotations.HttpRule_Get:
+		return "GET", p.Get
+	case *annotations.HttpRule_Post:
+		return "POST", p.Post
+	case *annotations.HttpRule_Put:
+		return "PUT", p.Put
+	case *annotations.HttpRule_Patch:
+		return "PATCH", p.Patch
+	case *annotations.HttpRule_Delete:
+		return "DELETE", p.Delete
+	case *annotations.HttpRule_Custom:
+		return strings.ToUpper(p.Custom.GetKind()), p.Custom.GetPath()
+	}
+	return "", ""
+}
+
+// bareVariable is a path variable without a pattern, "{name}".
+var bareVariable = regexp.MustCompile(`\{([a-zA-Z0-9_.]+)\}`)
+
+// normalise writes a route pattern as runtime.Pattern.String does:
+// "{name}" becomes "{name=*}".
+func normalise(pattern string) string { return bareVariable.ReplaceAllString(pattern, "{$1=*}") }
+
+// Missing returns the names among calls (full gRPC methods or route
+// patterns) that have no entry in p, sorted.
+func (p Policy) Missing(calls []string) []string {
+	var out []string
+	for _, c := range calls {
+		if _, ok := p[c]; !ok {
+			out = append(out, c)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

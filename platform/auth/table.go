@@ -1,0 +1,143 @@
+package auth
+
+// ParleyPolicy is Parley's one access policy: every RPC of every service,
+// and every hand-written route, with who may call it and the resource the
+// caller must own. cmd/parley's policy test walks every registered
+// service descriptor and route and fails on one missing here, so a new RPC
+// cannot ship open by accident.
+//
+// The principles (issue 12): an agent key acts as that agent only; a
+// client key manages the client's agents, keys, routines and tools and
+// reads its ledger; the operator may do anything, and services in one
+// process call each other as the operator. Agora envelopes and discovery,
+// PD serving and health are public by design. Registering a PD needs any
+// valid key. RPCs only services call are the operator's.
+//
+// Rules naming no resource on tasks/* and negotiations/* (whose names do
+// not carry their agent) are the operator's until ownership is looked up.
+func ParleyPolicy() Policy {
+	own := Agent | Client | Operator // the agent itself, its client, the operator
+	manage := Client | Operator      // the client that owns it, the operator
+	const (
+		reg  = "/parley.registry.v1.RegistryService/"
+		disp = "/parley.dispatcher.v1.DispatcherService/"
+		neg  = "/parley.negotiator.v1.NegotiatorService/"
+		task = "/parley.tasks.v1.TasksService/"
+	)
+	p := Policy{
+		// Registry: protocols.
+		reg + "CreateProtocol":  {Allow: AnyKey},
+		reg + "GetProtocol":     {Allow: Anyone},
+		reg + "ListProtocols":   {Allow: Anyone},
+		reg + "SearchProtocols": {Allow: Anyone},
+		reg + "ResolveProtocol": {Allow: AnyKey}, // it fetches from the network
+		reg + "SyncProtocols":   {Allow: Operator},
+		// Registry: agents.
+		reg + "CreateAgent":               {Allow: manage, Resource: "parent"},
+		reg + "GetAgent":                  {Allow: own, Resource: "name"},
+		reg + "ListAgents":                {Allow: manage, Resource: "parent"}, // clients/- is the operator's
+		reg + "UpdateAgent":               {Allow: manage, Resource: "agent.name"},
+		reg + "DeleteAgent":               {Allow: manage, Resource: "name"},
+		reg + "AddSupportedProtocol":      {Allow: own, Resource: "name"},
+		reg + "RemoveSupportedProtocol":   {Allow: own, Resource: "name"},
+		reg + "AddUnsupportedProtocol":    {Allow: own, Resource: "name"},
+		reg + "RemoveUnsupportedProtocol": {Allow: own, Resource: "name"},
+		// Registry: clients and keys. CreateClient is open here because
+		// the registry decides with --open-registration (operator only
+		// without it).
+		reg + "CreateClient":  {Allow: Anyone},
+		reg + "GetClient":     {Allow: manage, Resource: "name"},
+		reg + "ListClients":   {Allow: Operator},
+		reg + "CreateKey":     {Allow: manage, Resource: "parent"},
+		reg + "ListKeys":      {Allow: own, Resource: "parent"},
+		reg + "DeleteKey":     {Allow: manage, Resource: "name"},
+		reg + "RotateKey":     {Allow: own, Resource: "name"},
+		reg + "IntrospectKey": {Allow: Operator},
+
+		// Dispatcher.
+		disp + "GetRoutine":      {Allow: own, Resource: "name"},
+		disp + "ListRoutines":    {Allow: own, Resource: "parent"},
+		disp + "SetRoutine":      {Allow: manage, Resource: "routine.name"},
+		disp + "SetTool":         {Allow: manage, Resource: "tool.name"},
+		disp + "ListTools":       {Allow: own, Resource: "parent"},
+		disp + "Send":            {Allow: own, Resource: "agent"},
+		disp + "ListSendCounts":  {Allow: own, Resource: "parent"},
+		disp + "DeliverEnvelope": {Allow: Operator}, // the Agora routes call it
+		disp + "Connect":         {Allow: Agent | Operator},
+		disp + "ExecuteStep":     {Allow: Operator}, // the tasks service calls it
+		disp + "TestRoutine":     {Allow: AnyKey},
+
+		// Negotiator: each call spends the named agent's LLM budget.
+		neg + "GetCostSummary":            {Allow: own, Resource: "agent"},
+		neg + "ListLedgerEntries":         {Allow: own, Resource: "agent"},
+		neg + "ComposeQuery":              {Allow: own, Resource: "agent"},
+		neg + "ReplyNaturalLanguage":      {Allow: own, Resource: "agent"},
+		neg + "ReplyWithProtocol":         {Allow: own, Resource: "agent"},
+		neg + "ParseReply":                {Allow: own, Resource: "agent"},
+		neg + "CheckSuitability":          {Allow: own, Resource: "agent"},
+		neg + "StartNegotiation":          {Allow: own, Resource: "agent"},
+		neg + "SynthesizeRoutine":         {Allow: own, Resource: "agent"},
+		neg + "DeriveProtocol":            {Allow: AnyKey},
+		neg + "GetNegotiationProtocol":    {Allow: Anyone},
+		neg + "GetThresholds":             {Allow: AnyKey},
+		neg + "ReceiveNegotiationMessage": {Allow: Operator},
+		neg + "GetNegotiation":            {Allow: Operator},
+		neg + "GetRoutineCandidate":       {Allow: Operator},
+		neg + "ReportShadowResult":        {Allow: Operator},
+
+		// Tasks (the v1 API; the Agent Protocol routes are below).
+		task + "CreateTask":     {Allow: own, Resource: "task.agent"},
+		task + "ListTasks":      {Allow: own, Resource: "agent"},
+		task + "GetTask":        {Allow: Operator},
+		task + "CancelTask":     {Allow: Operator},
+		task + "CreateStep":     {Allow: Operator},
+		task + "GetStep":        {Allow: Operator},
+		task + "ListSteps":      {Allow: Operator},
+		task + "WatchTask":      {Allow: Operator},
+		task + "CreateArtifact": {Allow: Operator},
+		task + "GetArtifact":    {Allow: Operator},
+		task + "ListArtifacts":  {Allow: Operator},
+		task + "ReadArtifact":   {Allow: Operator},
+
+		// gRPC health is public; reflection needs a key.
+		"/grpc.health.v1.Health/Check":                                   {Allow: Anyone},
+		"/grpc.health.v1.Health/Watch":                                   {Allow: Anyone},
+		"/grpc.health.v1.Health/List":                                    {Allow: Anyone},
+		"/grpc.reflection.v1.ServerReflection/ServerReflectionInfo":      {Allow: AnyKey},
+		"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": {Allow: AnyKey},
+
+		// Hand-written HTTP routes.
+		"GET /healthz":                                    {Allow: Anyone},
+		"GET /readyz":                                     {Allow: Anyone},
+		"GET /metrics":                                    {Allow: Operator}, // serve.Options.MetricsPublic opens it
+		"GET /protocols/{hash}":                           {Allow: Anyone},
+		"GET /agora/{client}/{agent}/.wellknown":          {Allow: Anyone},
+		"GET /agora/{client}/{agent}/wellknown":           {Allow: Anyone},
+		"POST /agora/{client}/{agent}":                    {Allow: Anyone},
+		"POST /agora/{client}/{agent}/{$}":                {Allow: Anyone},
+		"POST /agora/{client}/{agent}/conversations/{id}": {Allow: Anyone},
+		// A peer ends a conversation; its id is unguessable.
+		"DELETE /agora/{client}/{agent}/conversations/{id}": {Allow: Anyone},
+	}
+	// The Agent Protocol routes are public by default, as the spec has no
+	// authentication and its official suite sends none.
+	for _, prefix := range []string{"", "/agents/{client}/{agent}"} {
+		base := prefix + "/ap/v1/agent/tasks"
+		for _, route := range []string{
+			"POST " + base,
+			"GET " + base,
+			"GET " + base + "/{task_id}",
+			"POST " + base + "/{task_id}",
+			"GET " + base + "/{task_id}/events",
+			"POST " + base + "/{task_id}/steps",
+			"GET " + base + "/{task_id}/steps",
+			"GET " + base + "/{task_id}/steps/{step_id}",
+			"POST " + base + "/{task_id}/artifacts",
+			"GET " + base + "/{task_id}/artifacts",
+			"GET " + base + "/{task_id}/artifacts/{artifact_id}",
+		} {
+			p[route] = Rule{Allow: Anyone}
+		}
+	}
+	return p
+}

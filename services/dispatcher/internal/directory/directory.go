@@ -1,0 +1,206 @@
+// Package directory is the dispatcher's cached view of the registry: the
+// hosted agents as the hot path needs them and the protocol documents they
+// speak, resolved and with their schemas compiled. The registry itself sits
+// behind the small Registry interface; internal/server adapts the gRPC
+// client to it and maps its status codes onto this package's sentinels.
+package directory
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
+	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
+)
+
+// Errors a Registry reports, and so the Directory.
+var (
+	// ErrNotFound: the registry holds no such agent or protocol.
+	ErrNotFound = errors.New("not registered")
+	// ErrRefused: the registry refused to resolve a protocol for a reason
+	// of the caller's (sources that do not verify, refused, too large).
+	ErrRefused = errors.New("refused by the registry")
+	// ErrUnavailable: the registry could not be reached or timed out.
+	ErrUnavailable = errors.New("the registry is unavailable")
+)
+
+// NotFoundError is ErrNotFound for one resource: its kind ("agent",
+// "protocol") and name.
+type NotFoundError struct {
+	Kind, Name string
+}
+
+// Error says which resource is not registered.
+func (e *NotFoundError) Error() string { return e.Kind + " " + e.Name + " is not registered" }
+
+// Unwrap makes errors.Is(err, ErrNotFound) hold.
+func (e *NotFoundError) Unwrap() error { return ErrNotFound }
+
+// Agent is a hosted agent as the registry describes it.
+type Agent struct {
+	Name string // clients/{c}/agents/{a}
+	// Supported and Unsupported are the agent's lists of protocols
+	// (sha1 hex).
+	Supported, Unsupported map[string]bool
+	// Implemented is SUPPORT_POLICY_IMPLEMENTED: a protocol the agent has
+	// a routine or connected handler for is supported too.
+	Implemented bool
+	Dialect     agora.Dialect
+}
+
+// Document is a protocol document as the registry returns it.
+type Document struct {
+	Hash                          string // sha1 hex
+	Content                       []byte
+	Title, Description            string
+	Tags                          []string
+	RequestSchema, ResponseSchema string // JSON Schemas from its metadata; "" when none
+}
+
+// Protocol is a resolved protocol document with its compiled schemas.
+type Protocol struct {
+	Document
+	Schemas pdschema.Schemas
+	// SchemaErr is set when the document declares a schema that does not
+	// compile; such a protocol cannot validate anything and is treated as
+	// unsupported.
+	SchemaErr error
+}
+
+// Registry is what the directory needs of the registry service.
+type Registry interface {
+	// GetAgent returns a hosted agent; ErrNotFound when unknown.
+	GetAgent(ctx context.Context, name string) (Agent, error)
+	// ResolveProtocol returns a protocol document, which the registry
+	// fetches and verifies from sources when it does not hold it.
+	ResolveProtocol(ctx context.Context, hash string, sources []string) (Document, error)
+	// CreateProtocol stores a document; one already stored is no error.
+	CreateProtocol(ctx context.Context, content []byte) error
+	// AddSupportedProtocol adds a protocol to an agent's supported list.
+	AddSupportedProtocol(ctx context.Context, agent, hash string) error
+}
+
+// Options configures a Directory.
+type Options struct {
+	// CacheTTL is how long agents are cached; protocols, being
+	// immutable, for at least a minute.
+	CacheTTL time.Duration
+	// NegativeTTL is how long an agent the registry reports ErrNotFound
+	// stays unknown without asking again; 0 asks every time.
+	NegativeTTL time.Duration
+	Now         func() time.Time
+}
+
+// Directory caches the registry's answers. It is safe for concurrent use.
+type Directory struct {
+	reg       Registry
+	agents    *cache.Cache[*Agent]
+	protocols *cache.Cache[*Protocol]
+	schemas   *pdschema.Cache
+}
+
+// New returns a Directory over reg.
+func New(reg Registry, opts Options) *Directory {
+	return &Directory{
+		reg: reg,
+		agents: cache.New[*Agent](opts.CacheTTL, opts.Now).
+			WithNegative(opts.NegativeTTL, func(err error) bool { return errors.Is(err, ErrNotFound) }),
+		protocols: cache.New[*Protocol](max(opts.CacheTTL, time.Minute), opts.Now),
+		schemas:   pdschema.NewCache(10_000),
+	}
+}
+
+// Agent returns the hosted agent name; errors wrap ErrNotFound or
+// ErrUnavailable.
+func (d *Directory) Agent(ctx context.Context, name string) (*Agent, error) {
+	return d.agents.Get(ctx, name, func(ctx context.Context) (*Agent, error) {
+		a, err := d.reg.GetAgent(ctx, name)
+		if errors.Is(err, ErrNotFound) {
+			return nil, &NotFoundError{Kind: "agent", Name: name}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("agent %s: %w", name, err)
+		}
+		return &a, nil
+	})
+}
+
+// RefreshAgent reads agent name from the registry, bypassing and then
+// refreshing the cache: for rare calls that must see the agent as it is
+// now (installing a routine for it).
+func (d *Directory) RefreshAgent(ctx context.Context, name string) (*Agent, error) {
+	d.ForgetAgent(name)
+	return d.Agent(ctx, name)
+}
+
+// ForgetAgent drops a cached agent, after it changed.
+func (d *Directory) ForgetAgent(name string) { d.agents.Forget(name) }
+
+// Protocol resolves a protocol document through the registry. Concurrent
+// first lookups share a registry call only when they bring the same
+// sources: a caller with wrong sources must not fail one with right ones.
+func (d *Directory) Protocol(ctx context.Context, hexHash string, sources []string) (*Protocol, error) {
+	flight := hexHash + "\x00" + strings.Join(sources, "\x00")
+	return d.protocols.GetShared(ctx, hexHash, flight, func(ctx context.Context) (*Protocol, error) {
+		doc, err := d.reg.ResolveProtocol(ctx, hexHash, sources)
+		if errors.Is(err, ErrNotFound) {
+			return nil, &NotFoundError{Kind: "protocol", Name: hexHash}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("protocol %s: %w", hexHash, err)
+		}
+		p := &Protocol{Document: doc}
+		// The registry parsed and checked the schemas; we only compile them.
+		p.Schemas, p.SchemaErr = d.schemas.Compile(doc.Hash, doc.RequestSchema, doc.ResponseSchema)
+		return p, nil
+	})
+}
+
+// PeekProtocol returns a protocol already in the cache; it never calls
+// the registry.
+func (d *Directory) PeekProtocol(hexHash string) (*Protocol, bool) {
+	return d.protocols.Peek(hexHash)
+}
+
+// Register stores a protocol document in the registry.
+func (d *Directory) Register(ctx context.Context, content []byte) error {
+	if err := d.reg.CreateProtocol(ctx, content); err != nil {
+		return fmt.Errorf("register the protocol: %w", err)
+	}
+	return nil
+}
+
+// AddSupported adds a protocol to an agent's supported list.
+func (d *Directory) AddSupported(ctx context.Context, agent, hexHash string) error {
+	if err := d.reg.AddSupportedProtocol(ctx, agent, hexHash); err != nil {
+		return fmt.Errorf("add the supported protocol: %w", err)
+	}
+	d.ForgetAgent(agent)
+	return nil
+}
+
+// ValidAgentName reports whether name is clients/{client}/agents/{agent},
+// each id DNS-safe: lowercase letters, digits and hyphens, 1 to 63
+// characters, starting with a letter.
+func ValidAgentName(name string) bool {
+	p := strings.Split(name, "/")
+	return len(p) == 4 && p[0] == "clients" && ValidID(p[1]) && p[2] == "agents" && ValidID(p[3])
+}
+
+// ValidID reports whether s is a DNS-safe resource id.
+func ValidID(s string) bool {
+	if len(s) == 0 || len(s) > 63 || s[0] < 'a' || s[0] > 'z' {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
