@@ -25,7 +25,7 @@ func Listen(f Flags) (grpcLis, httpLis net.Listener, err error) {
 }
 
 // ListenAndRun listens on the addresses in f, logs the bound addresses as
-// the attributes grpc=<addr> and http=<addr> (so port 0 is usable), and runs
+// the JSON attributes "grpc":"<addr>" and "http":"<addr>" (so port 0 is usable), and runs
 // s until ctx ends. Each of setup runs once s serves (it may call s over
 // InProcessConn) and before the addresses are logged, so clients that wait
 // for that line find its work done.

@@ -7,19 +7,17 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -27,10 +25,8 @@ import (
 // FileName is the database file inside the data directory.
 const FileName = "dispatcher.db"
 
-// Buckets, created by Open.
+// Buckets, created by Open (platform/boltdb adds "meta" for schema_version).
 var (
-	// bucketMeta holds schema_version.
-	bucketMeta = []byte("meta")
 	// bucketRoutines: routine name → Routine (current version, with state).
 	bucketRoutines = []byte("routines")
 	// bucketRoutineVersions: routine name + "@" + 20-digit version → source.
@@ -46,47 +42,28 @@ var (
 	bucketSendCounts = []byte("send_counts")
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts}
+var allBuckets = [][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts}
 
 const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *bolt.DB
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
+// Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
-	}
-	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	db.MaxBatchDelay = time.Millisecond
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != fmt.Sprint(schemaVersion) {
-			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
-		}
-		return meta.Put([]byte("schema_version"), []byte(fmt.Sprint(schemaVersion)))
+	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets:       allBuckets,
+		SchemaVersion: schemaVersion,
+		LockTimeout:   lockTimeout,
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, err
 	}
 	return &Store{db: db}, nil
 }
@@ -190,7 +167,7 @@ func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64
 		return nil, err
 	}
 	var out dispatcherv1.Routine
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRoutines)
 		v := b.Get([]byte(name))
 		if v == nil {
@@ -283,7 +260,7 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, ma
 	if err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		if convs.Get([]byte(c.ID)) != nil {
 			return resource.AlreadyExists("conversation", c.ID)
@@ -330,7 +307,7 @@ func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		v := convs.Get([]byte(id))
 		if v == nil {
@@ -424,7 +401,7 @@ func (s *Store) CountSend(ctx context.Context, agent, task, target string, withP
 		return err
 	}
 	key := []byte(agent + "\x00" + task + "\x00" + target)
-	return s.db.Batch(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSendCounts)
 		var c sendCount
 		if v := b.Get(key); v != nil {

@@ -7,15 +7,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 )
@@ -23,10 +22,8 @@ import (
 // FileName is the database file inside the data directory.
 const FileName = "negotiator.db"
 
-// Buckets, created by Open.
+// Buckets, created by Open (platform/boltdb adds "meta" for schema_version).
 var (
-	// bucketMeta holds schema_version.
-	bucketMeta = []byte("meta")
 	// bucketLedger maps ledgerEntries/{16 hex} to a LedgerEntry; the hex id
 	// comes from the bucket's sequence, so keys sort by time.
 	bucketLedger = []byte("ledger")
@@ -41,48 +38,28 @@ var (
 	bucketCandidates = []byte("routine_candidates")
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketLedger, bucketTotals, bucketVerdicts, bucketNegotiations, bucketCandidates}
+var allBuckets = [][]byte{bucketLedger, bucketTotals, bucketVerdicts, bucketNegotiations, bucketCandidates}
 
 const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *bolt.DB
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
+// Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
-	}
-	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	// Ledger appends come from concurrent LLM calls: group-commit them.
-	db.MaxBatchDelay = time.Millisecond
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != fmt.Sprint(schemaVersion) {
-			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
-		}
-		return meta.Put([]byte("schema_version"), []byte(fmt.Sprint(schemaVersion)))
+	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets:       allBuckets,
+		SchemaVersion: schemaVersion,
+		LockTimeout:   lockTimeout,
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, err
 	}
 	return &Store{db: db}, nil
 }
@@ -128,7 +105,7 @@ func (s *Store) AppendLedgerEntry(ctx context.Context, e *negotiatorv1.LedgerEnt
 	var out *negotiatorv1.LedgerEntry
 	// Batch may run the function again after a failed batch, so it starts
 	// from e each time and only assigns out at the end.
-	err := s.db.Batch(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLedger)
 		seq, err := b.NextSequence()
 		if err != nil {
@@ -233,7 +210,7 @@ func (s *Store) PutVerdict(ctx context.Context, key string, v *negotiatorv1.Suit
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Batch(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
+	return s.db.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
 }
 
 // CreateNegotiation implements store.Store.
@@ -302,7 +279,7 @@ func (s *Store) UpdateRoutineCandidate(ctx context.Context, name string, mutate 
 
 // update decodes key into m, runs mutate and writes m back, in one
 // transaction. mutate's error is returned unwrapped.
-func update(ctx context.Context, db *bolt.DB, bucket []byte, kind, key string, m proto.Message, mutate func() error) error {
+func update(ctx context.Context, db *boltdb.DB, bucket []byte, kind, key string, m proto.Message, mutate func() error) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}

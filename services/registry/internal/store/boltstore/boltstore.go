@@ -10,18 +10,16 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 	"github.com/parleyhq/parley/services/registry/internal/store"
@@ -30,10 +28,8 @@ import (
 // FileName is the database file inside the data directory.
 const FileName = "registry.db"
 
-// Buckets, created by Open.
+// Buckets, created by Open (platform/boltdb adds "meta" for schema_version).
 var (
-	// bucketMeta holds schema_version.
-	bucketMeta = []byte("meta")
 	// bucketProtocols maps a raw 20-byte SHA-1 to its Protocol, content
 	// cleared. Raw keys sort like lowercase hex, so listings resume by Seek.
 	bucketProtocols = []byte("protocols")
@@ -56,46 +52,28 @@ var (
 	bucketKeyNames = []byte("key_names")
 )
 
+var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames}
+
 const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *bolt.DB
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
 
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
+// Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
-	}
-	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	// Group commit for concurrent resolves of different documents.
-	db.MaxBatchDelay = time.Millisecond
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMeta, bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames} {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bucketMeta)
-		if v := meta.Get([]byte("schema_version")); v != nil && string(v) != strconv.Itoa(schemaVersion) {
-			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
-		}
-		return meta.Put([]byte("schema_version"), []byte(strconv.Itoa(schemaVersion)))
+	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets:       allBuckets,
+		SchemaVersion: schemaVersion,
+		LockTimeout:   lockTimeout,
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, err
 	}
 	return &Store{db: db}, nil
 }
@@ -136,7 +114,7 @@ func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*re
 	)
 	// Batch may run the function more than once; it sets both results on
 	// every run.
-	err = s.db.Batch(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		stored, created = nil, false
 		b := tx.Bucket(bucketProtocols)
 		if old := b.Get(key); old != nil {

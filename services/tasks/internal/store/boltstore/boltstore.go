@@ -1,8 +1,8 @@
 // Package boltstore is the tasks's embedded bbolt backend: one file,
 // tasks.db, in the data directory.
 //
-// Writes go through a committer (commit.go), so concurrent requests share
-// one fsync (group commit) and each returns only after its transaction is on
+// Writes go through platform/boltdb's group committer, so concurrent
+// requests share one fsync and each returns only after its transaction is on
 // disk.
 //
 // Keys: ids are UUIDs; seq is a big-endian uint64 giving an item's position
@@ -16,17 +16,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"os"
 	"path/filepath"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
-	berrors "go.etcd.io/bbolt/errors"
 	"google.golang.org/protobuf/proto"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
@@ -34,10 +32,8 @@ import (
 // FileName is the database file inside the data directory.
 const FileName = "tasks.db"
 
-// Buckets, created by Open.
+// Buckets, created by Open (platform/boltdb adds "meta" for schema_version).
 var (
-	// bucketMeta holds schema_version.
-	bucketMeta = []byte("meta")
 	// bucketTasks maps task_id to a marshalled tasksv1.Task.
 	bucketTasks = []byte("tasks")
 	// bucketAgentTasks maps agent NUL seq to task_id: an agent's tasks in
@@ -58,7 +54,7 @@ var (
 	bucketPending = []byte("pending")
 )
 
-var allBuckets = [][]byte{bucketMeta, bucketTasks, bucketAgentTasks, bucketAgentCounts, bucketSteps, bucketArtifacts, bucketArtifactIndex, bucketPending}
+var allBuckets = [][]byte{bucketTasks, bucketAgentTasks, bucketAgentCounts, bucketSteps, bucketArtifacts, bucketArtifactIndex, bucketPending}
 
 // schemaVersion 2 stores artifact bytes by artifact id
 // (<data>/artifacts/<task_id>/<artifact_id>). Version 1, pre-release, stored
@@ -68,8 +64,7 @@ const schemaVersion = 2
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db     *bolt.DB
-	commit *committer
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
@@ -77,37 +72,19 @@ var _ store.Store = (*Store)(nil)
 // Open opens (creating if needed) the database in dir. If another process
 // holds the file, it fails after lockTimeout instead of waiting forever.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
-	}
 	path := filepath.Join(dir, FileName)
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockTimeout})
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", path, err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range allBuckets {
-			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
-				return err
-			}
-		}
-		meta := tx.Bucket(bucketMeta)
-		switch v := meta.Get([]byte("schema_version")); {
-		case string(v) == "1":
-			return fmt.Errorf("schema version 1 was written by a pre-release tasks service (artifact bytes stored by file name) and is not migrated; move %s and %s aside to start afresh", path, filepath.Join(dir, "artifacts"))
-		case v != nil && string(v) != fmt.Sprint(schemaVersion):
-			return fmt.Errorf("schema version %s is not supported (want %d)", v, schemaVersion)
-		}
-		return meta.Put([]byte("schema_version"), []byte(fmt.Sprint(schemaVersion)))
+	db, err := boltdb.Open(path, boltdb.Options{
+		Buckets:       allBuckets,
+		SchemaVersion: schemaVersion,
+		Migrate: func(_ *bolt.Tx, from int) error {
+			return fmt.Errorf("schema version %d was written by a pre-release tasks service (artifact bytes stored by file name) and is not migrated; move %s and %s aside to start afresh", from, path, filepath.Join(dir, "artifacts"))
+		},
+		LockTimeout: lockTimeout,
 	})
 	if err != nil {
-		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, err
 	}
-	return &Store{db: db, commit: newCommitter(db)}, nil
+	return &Store{db: db}, nil
 }
 
 // Ping reports whether the database is open.
@@ -119,10 +96,7 @@ func (s *Store) Ping(ctx context.Context) error {
 }
 
 // Close finishes queued writes and closes the database.
-func (s *Store) Close() error {
-	s.commit.close()
-	return s.db.Close()
-}
+func (s *Store) Close() error { return s.db.Close() }
 
 func key(parts ...[]byte) []byte { return bytes.Join(parts, []byte{0}) }
 
@@ -154,7 +128,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 		return err
 	}
 	id := resource.ID(t.GetName())
-	return s.commit.update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		tasks := tx.Bucket(bucketTasks)
 		if tasks.Get([]byte(id)) != nil {
 			return resource.AlreadyExists("task", t.GetName())
@@ -224,7 +198,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 		return nil, err
 	}
 	var out *tasksv1.Task
-	err := s.commit.update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -247,7 +221,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.commit.update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -364,7 +338,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.commit.update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, ref.TaskID)
 		if err != nil {
 			return err
@@ -441,7 +415,7 @@ func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Ar
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.commit.update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err

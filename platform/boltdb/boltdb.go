@@ -1,0 +1,177 @@
+// Package boltdb is the one way Parley opens a bbolt database: it creates the
+// data directory and the buckets, checks and migrates the schema version, and
+// sends every write through one group committer (commit.go), so concurrent
+// writers share an fsync and each returns only once its write is on disk.
+//
+// Each service keeps its own buckets, keys and migrations in its boltstore;
+// this package knows none of them. Together with the boltstores it is the only
+// code that imports go.etcd.io/bbolt (e2e/arch_bbolt_test.go checks that).
+//
+// The schema version lives in bucket "meta", key "schema_version", as a
+// decimal string. A new database gets Options.SchemaVersion; an older one is
+// handed to Options.Migrate; a newer one is refused.
+package boltdb
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// Tx is a bbolt transaction, named here so that stores need not spell the
+// import twice.
+type Tx = bolt.Tx
+
+// Bucket is a bbolt bucket.
+type Bucket = bolt.Bucket
+
+var (
+	bucketMeta       = []byte("meta")
+	keySchemaVersion = []byte("schema_version")
+)
+
+// Options says what a store needs from its database.
+type Options struct {
+	// Buckets are created when missing. The "meta" bucket is this package's
+	// and is always created.
+	Buckets [][]byte
+	// SchemaVersion is the version the store writes (1 or more).
+	SchemaVersion int
+	// Migrate upgrades a database written at version from (from <
+	// SchemaVersion) inside the opening transaction; Open then records
+	// SchemaVersion. An error refuses the database and says why. Nil means
+	// no older version can be upgraded.
+	Migrate func(tx *Tx, from int) error
+	// LockTimeout bounds the wait for a file that another process holds
+	// open; zero waits forever.
+	LockTimeout time.Duration
+
+	// openFile replaces os.OpenFile: tests keep the file to make its
+	// writes fail.
+	openFile func(string, int, os.FileMode) (*os.File, error)
+}
+
+// DB is an open database. Reads use View, writes Update.
+type DB struct {
+	db     *bolt.DB
+	commit *committer
+	// synced and unsynced count committed write transactions by whether
+	// bbolt fsynced them (see Commits).
+	synced, unsynced atomic.Uint64
+}
+
+// Open opens, creating if needed, the database file at path and its
+// directory. It never sets bbolt's NoSync, NoGrowSync or MmapFlags: a write
+// acknowledged by Update is on disk.
+func Open(path string, opts Options) (*DB, error) {
+	if opts.SchemaVersion < 1 {
+		return nil, fmt.Errorf("open %s: schema version %d is not positive", path, opts.SchemaVersion)
+	}
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: opts.LockTimeout, OpenFile: opts.openFile})
+	if errors.Is(err, berrors.ErrTimeout) {
+		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return initialise(tx, opts) }); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("initialise %s: %w", path, err)
+	}
+	d := &DB{db: db}
+	d.commit = newCommitter(d)
+	return d, nil
+}
+
+// initialise creates the buckets and brings the schema to opts.SchemaVersion.
+func initialise(tx *bolt.Tx, opts Options) error {
+	for _, b := range append([][]byte{bucketMeta}, opts.Buckets...) {
+		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+			return fmt.Errorf("bucket %s: %w", b, err)
+		}
+	}
+	meta := tx.Bucket(bucketMeta)
+	want := []byte(strconv.Itoa(opts.SchemaVersion))
+	if v := meta.Get(keySchemaVersion); v != nil {
+		from, err := strconv.Atoi(string(v))
+		switch {
+		case err != nil || from < 1:
+			return fmt.Errorf("schema version %q is not a version", v)
+		case from > opts.SchemaVersion:
+			return fmt.Errorf("schema version %d is not supported (want %d); was it written by a newer release?", from, opts.SchemaVersion)
+		case from < opts.SchemaVersion && opts.Migrate == nil:
+			return fmt.Errorf("schema version %d is not supported (want %d)", from, opts.SchemaVersion)
+		case from < opts.SchemaVersion:
+			if err := opts.Migrate(tx, from); err != nil {
+				return fmt.Errorf("migrate schema version %d to %d: %w", from, opts.SchemaVersion, err)
+			}
+		}
+	}
+	return meta.Put(keySchemaVersion, want)
+}
+
+// View runs fn in a read-only transaction.
+func (d *DB) View(fn func(*Tx) error) error { return d.db.View(fn) }
+
+// Update runs fn in a read-write transaction shared with other concurrent
+// writers and returns once that transaction is durable, or with fn's error
+// (then none of fn's changes are written).
+//
+// fn may run more than once: when another write in its group fails, the group
+// is retried without it. So fn must set its results afresh on each run and
+// have no effect outside the transaction.
+func (d *DB) Update(fn func(*Tx) error) error { return d.commit.update(fn) }
+
+// Close finishes the writes already queued and closes the file. Later
+// writes fail.
+func (d *DB) Close() error {
+	d.commit.close()
+	return d.db.Close()
+}
+
+// CommitStats counts the write transactions that committed.
+type CommitStats struct {
+	// Synced committed with bbolt's fsync of data and meta pages.
+	Synced uint64
+	// Unsynced committed without it (the DB had NoSync set): a crash could
+	// lose them although their writers were told they succeeded.
+	Unsynced uint64
+}
+
+// Commits reports the write transactions committed so far, by whether bbolt
+// fsynced them. It is the durability seam: a kill -9 cannot show a missing
+// fsync (the page cache outlives the process), so stores' tests check that
+// every write ends in a synced commit and none in an unsynced one.
+func (d *DB) Commits() CommitStats {
+	return CommitStats{Synced: d.synced.Load(), Unsynced: d.unsynced.Load()}
+}
+
+// Durable reports an error when the database is set up to acknowledge writes
+// that are not yet on disk.
+func (d *DB) Durable() error {
+	if d.db.NoSync || d.db.NoGrowSync || d.db.MmapFlags != 0 {
+		return fmt.Errorf("%s: NoSync=%v NoGrowSync=%v MmapFlags=%#x; want every sync on", d.db.Path(), d.db.NoSync, d.db.NoGrowSync, d.db.MmapFlags)
+	}
+	return nil
+}
+
+// countCommit records one committed write transaction. bbolt's Tx.Commit
+// fsyncs unless NoSync is set (bar OpenBSD, where it always does).
+func (d *DB) countCommit() {
+	if !d.db.NoSync {
+		d.synced.Add(1)
+	} else {
+		d.unsynced.Add(1)
+	}
+}

@@ -1,0 +1,241 @@
+package boltdb
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+var bucketThings = []byte("things")
+
+func open(t *testing.T, path string, opts Options) *DB {
+	t.Helper()
+	if opts.SchemaVersion == 0 {
+		opts.SchemaVersion = 1
+	}
+	if opts.Buckets == nil {
+		opts.Buckets = [][]byte{bucketThings}
+	}
+	opts.LockTimeout = time.Second
+	d, err := Open(path, opts)
+	if err != nil {
+		t.Fatalf("Open(%s) = %v", path, err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func get(t *testing.T, d *DB, bucket []byte, key string) string {
+	t.Helper()
+	var v []byte
+	if err := d.View(func(tx *Tx) error {
+		v = append(v, tx.Bucket(bucket).Get([]byte(key))...)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return string(v)
+}
+
+func put(key, value string) func(*Tx) error {
+	return func(tx *Tx) error { return tx.Bucket(bucketThings).Put([]byte(key), []byte(value)) }
+}
+
+func TestOpen_createsDirectoryBucketsAndVersion(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "a", "b", "x.db")
+	d := open(t, path, Options{SchemaVersion: 3})
+	if err := d.Update(put("k", "v")); err != nil {
+		t.Fatalf("Update = %v", err)
+	}
+	if got := get(t, d, bucketMeta, "schema_version"); got != "3" {
+		t.Errorf("schema_version = %q, want %q", got, "3")
+	}
+	d.Close()
+	d = open(t, path, Options{SchemaVersion: 3})
+	if got := get(t, d, bucketThings, "k"); got != "v" {
+		t.Errorf("after reopen, k = %q, want %q", got, "v")
+	}
+}
+
+func TestOpen_schemaVersions(t *testing.T) {
+	errRefused := errors.New("refused")
+	tests := []struct {
+		name    string
+		stored  string
+		migrate func(tx *Tx, from int) error
+		wantErr string // empty: opens and records version 2
+	}{
+		{name: "same", stored: "2"},
+		{name: "older, migrated", stored: "1", migrate: func(tx *Tx, from int) error {
+			if from != 1 {
+				return errors.New("wrong from")
+			}
+			return tx.Bucket(bucketThings).Put([]byte("migrated"), []byte("yes"))
+		}},
+		{name: "older, no migration", stored: "1", wantErr: "schema version 1 is not supported (want 2)"},
+		{name: "older, migration refuses", stored: "1", migrate: func(*Tx, int) error { return errRefused }, wantErr: "refused"},
+		{name: "newer", stored: "3", wantErr: "schema version 3 is not supported (want 2)"},
+		{name: "garbage", stored: "two", wantErr: `schema version "two" is not a version`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "x.db")
+			d := open(t, path, Options{})
+			if err := d.Update(func(tx *Tx) error { return tx.Bucket(bucketMeta).Put(keySchemaVersion, []byte(tt.stored)) }); err != nil {
+				t.Fatal(err)
+			}
+			d.Close()
+			d, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 2, Migrate: tt.migrate, LockTimeout: time.Second})
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("Open(stored %s) = %v, want an error containing %q", tt.stored, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Open(stored %s) = %v", tt.stored, err)
+			}
+			defer d.Close()
+			if got := get(t, d, bucketMeta, "schema_version"); got != "2" {
+				t.Errorf("schema_version = %q, want 2", got)
+			}
+			if tt.migrate != nil && get(t, d, bucketThings, "migrated") != "yes" {
+				t.Errorf("Migrate's write is missing")
+			}
+		})
+	}
+}
+
+func TestOpen_refusesALockedFileAfterLockTimeout(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	open(t, path, Options{})
+	// bbolt's flock is per open file, so a second Open in this process
+	// waits like another process would.
+	_, err := Open(path, Options{SchemaVersion: 1, LockTimeout: 50 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
+		t.Fatalf("second Open(%s) = %v, want a 'locked by another process' error", path, err)
+	}
+}
+
+func TestUpdate_failingWriteLeavesNothingAndSparesTheGroup(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	errBad := errors.New("bad write")
+	var wg sync.WaitGroup
+	errs := make([]error, 40)
+	for i := range errs {
+		wg.Go(func() {
+			key := string(rune('A' + i))
+			errs[i] = d.Update(func(tx *Tx) error {
+				if err := put(key, "v")(tx); err != nil {
+					return err
+				}
+				if i%4 == 0 {
+					return errBad // after a put: it must be rolled back
+				}
+				return nil
+			})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		key := string(rune('A' + i))
+		got := get(t, d, bucketThings, key)
+		if i%4 == 0 {
+			if !errors.Is(err, errBad) || got != "" {
+				t.Errorf("failing write %s: Update = %v, stored %q; want %v and nothing stored", key, err, got, errBad)
+			}
+			continue
+		}
+		if err != nil || got != "v" {
+			t.Errorf("write %s: Update = %v, stored %q; want nil and %q", key, err, got, "v")
+		}
+	}
+}
+
+// A commit that fails must reach every writer in its group as an error, and
+// what they wrote must not be visible. The failure is a real one: the
+// database file is closed under bbolt, so its page writes fail as a dying
+// disk's would (reads go through the mmap and still work).
+func TestUpdate_failedCommitReachesTheWriter(t *testing.T) {
+	var file *os.File
+	d, err := Open(filepath.Join(t.TempDir(), "x.db"), Options{
+		Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second,
+		openFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+			f, err := os.OpenFile(name, flag, perm)
+			file = f
+			return f, err
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := d.Update(put("before", "v")); err != nil {
+		t.Fatalf("Update on a healthy file = %v", err)
+	}
+	before := d.Commits()
+	if err := file.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, 8)
+	for i := range errs {
+		wg.Go(func() { errs[i] = d.Update(put(string(rune('a'+i)), "v")) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if !errors.Is(err, os.ErrClosed) {
+			t.Errorf("Update #%d over a failing commit = %v, want %v", i, err, os.ErrClosed)
+		}
+		if got := get(t, d, bucketThings, string(rune('a'+i))); got != "" {
+			t.Errorf("write #%d is visible after its commit failed: %q", i, got)
+		}
+	}
+	if after := d.Commits(); after != before {
+		t.Errorf("Commits() went %+v -> %+v over failed commits, want no change", before, after)
+	}
+}
+
+func TestUpdate_returnsOnlyAfterASyncedCommit(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	if err := d.Durable(); err != nil {
+		t.Fatalf("Durable() = %v", err)
+	}
+	for i := range 5 {
+		before := d.Commits()
+		if err := d.Update(put("k", "v")); err != nil {
+			t.Fatal(err)
+		}
+		after := d.Commits()
+		if after.Synced <= before.Synced || after.Unsynced != 0 {
+			t.Fatalf("write %d: Commits() went %+v -> %+v, want one more synced and no unsynced", i, before, after)
+		}
+	}
+}
+
+// The seam must see NoSync, or the stores' durability tests prove nothing.
+func TestCommits_seesNoSync(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	d.db.NoSync = true
+	if err := d.Durable(); err == nil {
+		t.Errorf("Durable() on a NoSync DB = nil, want an error")
+	}
+	if err := d.Update(put("k", "v")); err != nil {
+		t.Fatal(err)
+	}
+	if c := d.Commits(); c.Unsynced != 1 || c.Synced != 0 {
+		t.Errorf("Commits() after a NoSync write = %+v, want {Synced:0 Unsynced:1}", c)
+	}
+}
+
+func TestUpdate_afterCloseFails(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	d.Close()
+	if err := d.Update(put("k", "v")); !errors.Is(err, ErrClosed) {
+		t.Errorf("Update after Close = %v, want %v", err, ErrClosed)
+	}
+}

@@ -1,0 +1,155 @@
+package boltdb
+
+import (
+	"errors"
+	"runtime"
+	"sync"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// maxGroup caps how many writes share one transaction.
+const maxGroup = 512
+
+// ErrClosed reports a write after Close.
+var ErrClosed = errors.New("database is closed")
+
+// committer is group commit without a timer: one goroutine runs
+// transactions back to back, and each takes every write that queued while
+// the previous one was being fsynced. An idle database commits a lone write
+// at once; a busy one shares each fsync among many writers. (db.Batch
+// instead waits MaxBatchDelay before every commit; docs/benchmarks.md
+// compares the two.)
+//
+// A write whose function fails is dropped from the group and gets its
+// error; the others are retried in a fresh transaction, so a failing write
+// never leaves partial changes (the same contract as db.Batch, whose
+// functions must also tolerate running more than once). A commit that
+// fails fails every write in the group.
+type committer struct {
+	d    *DB
+	ops  chan *op
+	quit chan struct{}
+	done chan struct{}
+	stop sync.Once
+}
+
+type op struct {
+	fn  func(*bolt.Tx) error
+	err chan error
+}
+
+func newCommitter(d *DB) *committer {
+	c := &committer{d: d, ops: make(chan *op, maxGroup), quit: make(chan struct{}), done: make(chan struct{})}
+	go c.loop()
+	return c
+}
+
+// update runs fn in a shared read-write transaction and returns once that
+// transaction is durable, or with fn's or the commit's error.
+func (c *committer) update(fn func(*bolt.Tx) error) error {
+	o := &op{fn: fn, err: make(chan error, 1)}
+	select {
+	case <-c.quit:
+		return ErrClosed
+	default:
+	}
+	select {
+	case c.ops <- o:
+	case <-c.quit:
+		return ErrClosed
+	}
+	select {
+	case err := <-o.err:
+		return err
+	case <-c.done:
+		// The loop has ended; it answered o before ending, or never saw it.
+		select {
+		case err := <-o.err:
+			return err
+		default:
+			return ErrClosed
+		}
+	}
+}
+
+// close stops the loop after the group being committed; writes still
+// queued get ErrClosed. Later calls only wait.
+func (c *committer) close() {
+	c.stop.Do(func() { close(c.quit) })
+	<-c.done
+}
+
+func (c *committer) loop() {
+	defer close(c.done)
+	group := make([]*op, 0, maxGroup)
+	for {
+		select {
+		case o := <-c.ops:
+			group = append(group[:0], o)
+		case <-c.quit:
+			for {
+				select {
+				case o := <-c.ops:
+					o.err <- ErrClosed
+				default:
+					return
+				}
+			}
+		}
+		c.gather(&group)
+		c.commit(group)
+	}
+}
+
+// gather adds the writes that queue while runnable writers (typically the
+// ones the last commit just answered) get to run: it yields the processor
+// and drains the queue until a yield brings nothing new. With no writer
+// runnable it returns at once, so an idle database commits a lone write
+// without delay.
+func (c *committer) gather(group *[]*op) {
+	for len(*group) < maxGroup {
+		runtime.Gosched()
+		n := len(*group)
+	drain:
+		for len(*group) < maxGroup {
+			select {
+			case o := <-c.ops:
+				*group = append(*group, o)
+			default:
+				break drain
+			}
+		}
+		if len(*group) == n {
+			return
+		}
+	}
+}
+
+// commit runs group in one transaction, dropping failing writes, and
+// hands every remaining write the commit's own result.
+func (c *committer) commit(group []*op) {
+	for len(group) > 0 {
+		failed := -1
+		var failErr error
+		err := c.d.db.Update(func(tx *bolt.Tx) error {
+			for i, o := range group {
+				if err := o.fn(tx); err != nil {
+					failed, failErr = i, err
+					return err
+				}
+			}
+			tx.OnCommit(c.d.countCommit)
+			return nil
+		})
+		if failed >= 0 {
+			group[failed].err <- failErr
+			group = append(group[:failed], group[failed+1:]...)
+			continue
+		}
+		for _, o := range group {
+			o.err <- err
+		}
+		return
+	}
+}
