@@ -229,9 +229,10 @@ func llmShadowFlags(f fakeLLM, extra ...string) []string {
 }
 
 // assertNoCalls fails the test if srv, configured with the fake f, made
-// any LLM call so far: f answered none and srv's ledger records none.
-// parley_dispatcher_llm_calls_total has no sample before the first call
-// (its children are made per purpose), so only assertLLMCounted requires it.
+// any LLM call so far: f answered none, srv's ledger records none, and
+// neither the dispatcher's nor the negotiator's LLM call metric counts one.
+// Those metrics have no sample before the first call (their children are
+// made per label), so only assertLLMCounted requires them to exist.
 func (f fakeLLM) assertNoCalls(t *testing.T, srv *parleytest.Server) {
 	t.Helper()
 	if st := f.stats(t); st.Calls != 0 {
@@ -240,15 +241,19 @@ func (f fakeLLM) assertNoCalls(t *testing.T, srv *parleytest.Server) {
 	if got := ledgerTotals(t, srv); got.Calls != 0 {
 		t.Errorf("the ledger of %s records %d LLM calls, want 0", srv.HTTPAddr, got.Calls)
 	}
-	if got, _ := scrape(t, srv, "parley_dispatcher_llm_calls_total"); got != 0 {
-		t.Errorf("parley_dispatcher_llm_calls_total of %s = %v, want 0", srv.HTTPAddr, got)
+	// The metrics count failed calls too, which the fake's and the
+	// ledger's counts leave out.
+	for _, m := range []string{"parley_dispatcher_llm_calls_total", "parley_negotiator_llm_calls_total"} {
+		if got, _ := scrape(t, srv, m); got != 0 {
+			t.Errorf("%s of %s = %v, want 0", m, srv.HTTPAddr, got)
+		}
 	}
 }
 
 // assertLLMCounted proves that an earlier assertNoCalls could fail: one
 // natural-language envelope to agora (an Agora agent URL on srv) is
 // answered by the LLM, and the call shows up at the fake f, in srv's
-// ledger and in parley_dispatcher_llm_calls_total.
+// ledger and in both LLM call metrics.
 func assertLLMCounted(t *testing.T, srv *parleytest.Server, f fakeLLM, agora string) {
 	t.Helper()
 	code, raw := api(t, "POST", agora, `{"body":"What will the weather be in Paris on 1 May 2024?"}`)
@@ -261,8 +266,10 @@ func assertLLMCounted(t *testing.T, srv *parleytest.Server, f fakeLLM, agora str
 	if got := ledgerTotals(t, srv); got.Calls == 0 {
 		t.Errorf("the ledger of %s records no call after a natural-language envelope", srv.HTTPAddr)
 	}
-	if got := metric(t, srv, "parley_dispatcher_llm_calls_total"); got == 0 {
-		t.Errorf("parley_dispatcher_llm_calls_total of %s = 0 after a natural-language envelope", srv.HTTPAddr)
+	for _, m := range []string{"parley_dispatcher_llm_calls_total", "parley_negotiator_llm_calls_total"} {
+		if got := metric(t, srv, m); got == 0 {
+			t.Errorf("%s of %s = 0 after a natural-language envelope", m, srv.HTTPAddr)
+		}
 	}
 }
 

@@ -7,6 +7,7 @@ package directory
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -71,6 +72,16 @@ type Protocol struct {
 	SchemaErr error
 }
 
+// Check unwraps a reply (agora.Query) and validates it against the
+// protocol's response schema, parsing it once.
+func (p *Protocol) Check(out json.RawMessage) (json.RawMessage, error) {
+	q, _ := agora.Query(out)
+	if p.Schemas.Response == nil {
+		return q, nil
+	}
+	return q, pdschema.Validate(p.Schemas.Response, q)
+}
+
 // Registry is what the directory needs of the registry service.
 type Registry interface {
 	// GetAgent returns a hosted agent; ErrNotFound when unknown.
@@ -117,6 +128,9 @@ func New(reg Registry, opts Options) *Directory {
 // Agent returns the hosted agent name; errors wrap ErrNotFound or
 // ErrUnavailable.
 func (d *Directory) Agent(ctx context.Context, name string) (*Agent, error) {
+	if a, ok := d.agents.Peek(name); ok {
+		return a, nil // the warm path: no loader closure to allocate
+	}
 	return d.agents.Get(ctx, name, func(ctx context.Context) (*Agent, error) {
 		a, err := d.reg.GetAgent(ctx, name)
 		if errors.Is(err, ErrNotFound) {
@@ -144,6 +158,9 @@ func (d *Directory) ForgetAgent(name string) { d.agents.Forget(name) }
 // first lookups share a registry call only when they bring the same
 // sources: a caller with wrong sources must not fail one with right ones.
 func (d *Directory) Protocol(ctx context.Context, hexHash string, sources []string) (*Protocol, error) {
+	if p, ok := d.protocols.Peek(hexHash); ok {
+		return p, nil // the warm path: no flight key to build
+	}
 	flight := hexHash + "\x00" + strings.Join(sources, "\x00")
 	return d.protocols.GetShared(ctx, hexHash, flight, func(ctx context.Context) (*Protocol, error) {
 		doc, err := d.reg.ResolveProtocol(ctx, hexHash, sources)
@@ -187,8 +204,8 @@ func (d *Directory) AddSupported(ctx context.Context, agent, hexHash string) err
 // each id DNS-safe: lowercase letters, digits and hyphens, 1 to 63
 // characters, starting with a letter.
 func ValidAgentName(name string) bool {
-	p := strings.Split(name, "/")
-	return len(p) == 4 && p[0] == "clients" && ValidID(p[1]) && p[2] == "agents" && ValidID(p[3])
+	client, rest, ok := strings.Cut(strings.TrimPrefix(name, "clients/"), "/agents/")
+	return ok && strings.HasPrefix(name, "clients/") && ValidID(client) && ValidID(rest)
 }
 
 // ValidID reports whether s is a DNS-safe resource id.

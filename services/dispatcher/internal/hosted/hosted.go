@@ -140,6 +140,9 @@ func (r *Routine) Has(fn string) bool { return r != nil && r.prog != nil && r.pr
 // Exist when there is none.
 func (s *Set) Get(ctx context.Context, agent, id string) (*Routine, error) {
 	name := Name(agent, id)
+	if r, ok := s.cache.Peek(name); ok {
+		return r, nil // the warm path: no loader closure to allocate
+	}
 	return s.cache.Get(ctx, name, func(ctx context.Context) (*Routine, error) {
 		r, err := s.store.GetRoutine(ctx, name)
 		if errors.Is(err, store.ErrNotFound) {

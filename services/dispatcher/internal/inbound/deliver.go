@@ -108,6 +108,11 @@ type Answer struct {
 
 func failed(msg string) Answer { return Answer{Path: metrics.PathFailure, Err: errors.New(msg)} }
 
+// failedWith is a failure that keeps the conversation's memory.
+func failedWith(memory json.RawMessage, msg string) Answer {
+	return Answer{Memory: memory, Path: metrics.PathFailure, Err: errors.New(msg)}
+}
+
 // Deliver answers one envelope. Agora errors travel in the reply, so it
 // has no error of its own.
 func (p *Pipeline) Deliver(ctx context.Context, e Envelope) Reply {
@@ -406,10 +411,7 @@ func routineSentence(err error) string {
 func (p *Pipeline) answerPD(ctx context.Context, agent, peer string, pe *directory.Protocol, r *hosted.Routine, query, memory json.RawMessage, conv *store.Conversation) Answer {
 	hexHash := pe.Hash
 	// check validates a reply once and returns it unwrapped.
-	check := func(out json.RawMessage) (json.RawMessage, error) {
-		q, _ := agora.Query(out)
-		return q, pdschema.Validate(pe.Schemas.Response, q)
-	}
+	check := pe.Check
 	var routineErr error
 	if r.Usable() {
 		mem := memory

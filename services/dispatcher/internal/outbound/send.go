@@ -591,7 +591,7 @@ func (s *Sender) postTo(ctx context.Context, base string, d agora.Dialect, hexHa
 		}
 		lastErr = err
 		var op *net.OpError
-		if !errors.As(err, &op) || op.Op != "dial" {
+		if errors.Is(err, egress.ErrRefused) || !errors.As(err, &op) || op.Op != "dial" {
 			break
 		}
 	}

@@ -1,0 +1,75 @@
+package negotiation_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
+	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+)
+
+const (
+	agent = "clients/acme/agents/weather"
+	hash  = "00112233445566778899aabbccddeeff00112233"
+)
+
+type fakeRegistry struct {
+	registered [][]byte
+	supported  []string
+}
+
+func (f *fakeRegistry) Register(_ context.Context, content []byte) error {
+	f.registered = append(f.registered, content)
+	return nil
+}
+
+func (f *fakeRegistry) AddSupported(_ context.Context, a, h string) error {
+	f.supported = append(f.supported, a+" "+h)
+	return nil
+}
+
+type agents struct{}
+
+func (agents) Exists(context.Context, string) error { return nil }
+
+func TestInstall(t *testing.T) {
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	routines := hosted.New(st, agents{}, hosted.Options{})
+	reg := &fakeRegistry{}
+	n := negotiation.Negotiation{Name: "negotiations/1", State: negotiation.StateAccepted, Protocol: []byte("pd"), ProtocolHash: hash,
+		Routine: "def reply(q, m):\n    return q\n"}
+	if err := negotiation.Install(t.Context(), reg, routines, slog.New(slog.DiscardHandler), agent, n, true); err != nil {
+		t.Fatalf("Install = %v", err)
+	}
+	if len(reg.registered) != 1 || len(reg.supported) != 1 || reg.supported[0] != agent+" "+hash {
+		t.Errorf("registry saw %q registered and %v supported; want the PD and %s", reg.registered, reg.supported, hash)
+	}
+	if r, err := routines.Get(t.Context(), agent, hash); err != nil || !r.Has("reply") {
+		t.Errorf("routine after Install = %v, %v; want reply installed", r, err)
+	}
+	// The sending side installs its routine but does not change what the
+	// agent supports.
+	n.Routine = "def reply(q, m:"
+	err = negotiation.Install(t.Context(), reg, routines, slog.New(slog.DiscardHandler), agent, n, false)
+	if !errors.Is(err, hosted.ErrInvalid) || len(reg.supported) != 1 {
+		t.Errorf("Install(bad routine, sender) = %v with %v supported; want ErrInvalid and nothing added", err, reg.supported)
+	}
+}
+
+func TestFailure(t *testing.T) {
+	if got := negotiation.Failure(llm.ErrNoLLM); got != "it needs a language model and none is configured" {
+		t.Errorf("Failure(ErrNoLLM) = %q", got)
+	}
+	if got := negotiation.Failure(errors.New("the peer left")); got != "the peer left" {
+		t.Errorf("Failure(other) = %q, want the error's text", got)
+	}
+}
