@@ -100,7 +100,10 @@ func TestApp_killedRoutineIsAccounted(t *testing.T) {
 // agent's share of the workers: a second agent's envelopes, sent during
 // the attack, are all answered by its routine.
 func TestApp_oneAgentCannotStarveAnother(t *testing.T) {
-	_, base := startDispatcher(t, "--routine-quarantine-after", "1000", "--routine-workers", "4")
+	// A 3 s budget for everyone: the attack lasts as long, and the other
+	// agent's millisecond of work stays in budget on a machine that the
+	// attacker's two runaways and a parallel test run keep busy.
+	_, base := startDispatcher(t, "--routine-quarantine-after", "1000", "--routine-workers", "4", "--routine-timeout", "3s")
 	put := func(agent, src string) {
 		name := "clients/acme/agents/" + agent + "/routines/" + pdHex
 		if code, body := httpDo(t, "PUT", base+"/v1/"+name, mustMarshal(t, map[string]string{"source": src})); code != 200 {
