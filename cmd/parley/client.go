@@ -103,7 +103,7 @@ func (c *serverConn) explain(method string, err error) error {
 		if home == "" {
 			home = "another Parley service"
 		}
-		return fmt.Errorf("the server at %s does not host %s (%s): 'parley serve' hosts every service on its --grpc address (default %s); in a split deployment, point --server (or PARLEY_SERVER) at the process running %s", c.addr, service, home, defaultServer, home)
+		return fmt.Errorf("the server at %s does not host %s (%s): 'parley serve' hosts every service on its --grpc-addr address (default %s); in a split deployment, point --server (or PARLEY_SERVER) at the process running %s", c.addr, service, home, defaultServer, home)
 	}
 	return err
 }

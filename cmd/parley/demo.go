@@ -165,7 +165,7 @@ func demoInProcess(ctx context.Context, opts demo.Options, neg negotiatorconfig.
 			return demo.Endpoint{}, err
 		}
 		stops = append(stops, func() error { return os.RemoveAll(dir) })
-		cfg, err := loadSuiteConfig(env{getenv: func(string) string { return "" }, stdout: io.Discard}, []string{"--data", dir, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"})
+		cfg, err := loadSuiteConfig(env{getenv: func(string) string { return "" }, stdout: io.Discard}, []string{"--data", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"})
 		if err != nil {
 			return demo.Endpoint{}, err
 		}

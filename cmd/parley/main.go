@@ -3,7 +3,7 @@
 //
 // Usage:
 //
-//	parley serve [--data ./data] [--http 127.0.0.1:8080] [--grpc 127.0.0.1:9090] [flags]
+//	parley serve [--data ./data] [--http-addr 127.0.0.1:8080] [--grpc-addr 127.0.0.1:9090] [flags]
 //	parley gateway --registry-addr A --dispatcher-addr A --negotiator-addr A --tasks-addr A
 //	parley health (--server ADDR | --url URL)
 //	parley version

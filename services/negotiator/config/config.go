@@ -171,7 +171,7 @@ func unpriced(l LLM, prices ledger.Prices) []error {
 func Load(args []string, getenv func(string) string) (Config, error) {
 	var c Config
 	fs := flag.NewFlagSet("negotiator", flag.ContinueOnError)
-	c.Flags.Register(fs, "grpc-addr", ":9090", "http-addr", ":8080", "/var/lib/parley")
+	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
 	fs.StringVar(&c.RegistryAddr, "registry-addr", "dns:///registry:9090", "registry gRPC address")
 	fs.StringVar(&c.DispatcherAddr, "dispatcher-addr", "dns:///dispatcher:9090", "dispatcher gRPC address")

@@ -438,9 +438,7 @@ func (p *Pipeline) answerPD(ctx context.Context, agent, peer string, pe *directo
 		return Answer{Body: out, Memory: memory, Path: metrics.PathHandler}
 	}
 	out, err := p.llm.Complete(ctx, p.routines.WithTools(ctx, llm.Request{Agent: agent, Peer: peer, Purpose: llm.PurposeReply, Protocol: pe.Content, Input: query}))
-	fail := func(msg string) Answer {
-		return Answer{Memory: memory, Path: metrics.PathFailure, Err: errors.New(msg)}
-	}
+	fail := func(msg string) Answer { return failedWith(memory, msg) }
 	switch {
 	case err == nil:
 		out, verr := check(out)
