@@ -32,6 +32,8 @@ func TestReadme_walkthrough(t *testing.T) {
 		`{"status":"success","body":"{\"precipitation\":0,\"temperature\":18,\"weatherCondition\":\"sunny\"}"}`,
 		`{"status":"rejected"}`,
 		"3a732bde0e63d2e838d1a722feebf3d67b52b211  -",
+		`"status":"completed"`,
+		`"file_name":"notes.txt"`,
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("walkthrough output lacks %q; output:\n%s", want, out)
