@@ -42,7 +42,7 @@ type App struct {
 }
 
 // IsRoutineWorker reports whether this process was started by the
-// dispatcher as a routine worker (the binary re-executed, see ADR 0004).
+// dispatcher as a routine worker (the binary re-executed, see docs/adr/0005).
 // Every binary that runs the dispatcher, test binaries included, begins
 // its main (or TestMain) with:
 //

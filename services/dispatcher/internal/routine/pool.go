@@ -29,7 +29,7 @@ import (
 //     caller's deadline) plus PoolOptions.KillMargin, and replaced.
 // Inside a worker the in-process guards still run and give the early,
 // precise errors (steps, allocation estimate, output size); the kill and
-// the cap are what hold when they cannot. See docs/adr/0004.
+// the cap are what hold when they cannot. See docs/adr/0005.
 //
 // Fair shares: an agent holds at most PoolOptions.AgentShare workers at
 // once; its further calls wait for its own share (never for another
