@@ -21,7 +21,7 @@ func TestSeparateProcesses_registryBehindGateway(t *testing.T) {
 	reg := parleytest.StartProcess(t, parleytest.Build(t, "github.com/parleyhq/parley/services/registry/cmd/registry"),
 		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data", t.TempDir())
 	gw := parleytest.StartProcess(t, parleytest.Binary(t), "gateway",
-		"--http", "127.0.0.1:0", "--registry-addr", reg.GRPCAddr,
+		"--http-addr", "127.0.0.1:0", "--registry-addr", reg.GRPCAddr,
 		// Nothing listens on these in this test; only the registry is used.
 		"--dispatcher-addr", "127.0.0.1:1", "--negotiator-addr", "127.0.0.1:1", "--tasks-addr", "127.0.0.1:1")
 

@@ -60,7 +60,7 @@ func TestServe_healthOverGRPCAndHTTP_thenSIGTERM(t *testing.T) {
 func TestServe_secondProcessOnSameDataDirFailsFast(t *testing.T) {
 	first := parleytest.Start(t, "")
 	second := parleytest.Binary(t)
-	cmd := exec.Command(second, "serve", "--data", first.DataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0")
+	cmd := exec.Command(second, "serve", "--data", first.DataDir, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0")
 	done := make(chan error, 1)
 	var out []byte
 	go func() {

@@ -59,7 +59,7 @@ trap cleanup EXIT
 
 (cd "$root" && go build -o "$work/parley" ./cmd/parley)
 mkdir -p "$work/data" "$work/newman"
-"$work/parley" serve --data "$work/data" --http 127.0.0.1:0 --grpc 127.0.0.1:0 2>"$work/server.log" &
+"$work/parley" serve --data "$work/data" --http-addr 127.0.0.1:0 --grpc-addr 127.0.0.1:0 2>"$work/server.log" &
 pid=$!
 
 addr=

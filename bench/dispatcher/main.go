@@ -194,7 +194,7 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 // startParley runs `parley serve` on free loopback ports and returns the
 // addresses it logged.
 func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr string, stop func(), err error) {
-	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "info")
+	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "info")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return "", "", nil, err

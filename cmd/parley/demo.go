@@ -19,11 +19,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/parleyhq/parley/cmd/parley/internal/demo"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	negotiatorconfig "github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/demo"
 )
 
 // runDemo runs a demo: `parley demo weather [--json] [--queries N]
@@ -270,7 +270,7 @@ func demoInProcess(ctx context.Context, opts demo.Options, neg negotiatorconfig.
 			return demo.Endpoint{}, err
 		}
 		stops = append(stops, func() error { return os.RemoveAll(dir) })
-		cfg, err := loadSuiteConfig(env{getenv: func(string) string { return "" }, stdout: io.Discard}, []string{"--data", dir, "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"})
+		cfg, err := loadSuiteConfig(env{getenv: func(string) string { return "" }, stdout: io.Discard}, []string{"--data", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"})
 		if err != nil {
 			return demo.Endpoint{}, err
 		}

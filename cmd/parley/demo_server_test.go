@@ -10,8 +10,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/parleyhq/parley/cmd/parley/internal/demo"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
-	"github.com/parleyhq/parley/services/negotiator/demo"
 )
 
 // startServe runs `parley serve` in process with extra flags on loopback

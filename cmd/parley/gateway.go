@@ -19,6 +19,7 @@ import (
 	negotiatorapp "github.com/parleyhq/parley/services/negotiator/app"
 	registryapp "github.com/parleyhq/parley/services/registry/app"
 	tasksapp "github.com/parleyhq/parley/services/tasks/app"
+	tasksconfig "github.com/parleyhq/parley/services/tasks/config"
 )
 
 // gatewayDoc is the help of `parley gateway`.
@@ -27,7 +28,7 @@ var gatewayDoc = envflag.Doc{
 	Summary: "Serve the REST gateway (the /v1 routes and the Agent Protocol) in front of services running as separate processes, reaching each over gRPC.",
 	Prefix:  "PARLEY_",
 	Examples: []string{
-		"parley gateway --http :8080 --registry-addr 127.0.0.1:9091 --dispatcher-addr 127.0.0.1:9092 --negotiator-addr 127.0.0.1:9093 --tasks-addr 127.0.0.1:9094",
+		"parley gateway --http-addr :8080 --registry-addr 127.0.0.1:9091 --dispatcher-addr 127.0.0.1:9092 --negotiator-addr 127.0.0.1:9093 --tasks-addr 127.0.0.1:9094",
 	},
 }
 
@@ -35,14 +36,16 @@ var gatewayDoc = envflag.Doc{
 // processes, reaching each over gRPC.
 func runGateway(e env, args []string) error {
 	var f serve.Flags
+	var tasks tasksconfig.Config
 	var caFile string
 	addrs := map[string]*string{}
 	fs := flag.NewFlagSet("parley gateway", flag.ContinueOnError)
 	fs.SetOutput(e.stdout)
-	f.Register(fs, "grpc", "127.0.0.1:0", "http", ":8080", "")
+	f.Register(fs, "127.0.0.1:0", ":8080", "")
 	for _, svc := range []string{"registry", "dispatcher", "negotiator", "tasks"} {
 		addrs[svc] = fs.String(svc+"-addr", "dns:///"+svc+":9090", "gRPC `address` of the "+svc+" service")
 	}
+	tasks.RegisterGatewayFlags(fs)
 	fs.StringVar(&caFile, "peer-ca", "", "PEM CA bundle `file`; when set, dial services over TLS")
 	if _, err := parseArgs(e, fs, args, gatewayDoc); err != nil {
 		return err
@@ -62,7 +65,9 @@ func runGateway(e env, args []string) error {
 		{"registry", registryapp.ServiceName, registryapp.RegisterGateway},
 		{"dispatcher", dispatcherapp.ServiceName, dispatcherapp.RegisterGateway},
 		{"negotiator", negotiatorapp.ServiceName, negotiatorapp.RegisterGateway},
-		{"tasks", tasksapp.ServiceName, tasksapp.RegisterGateway},
+		{"tasks", tasksapp.ServiceName, func(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
+			return tasksapp.RegisterGateway(ctx, s, conn, tasks)
+		}},
 	}
 	var conns []*grpc.ClientConn
 	defer func() {

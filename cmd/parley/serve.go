@@ -42,7 +42,7 @@ var serveDoc = envflag.Doc{
 	Examples: []string{
 		"parley serve --data ./data",
 		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_MODEL=llama3.2 parley serve --llm-base-url http://127.0.0.1:11434/v1",
-		"parley serve --grpc :9090 --http :8080 --tls-cert cert.pem --tls-key key.pem --public-url https://parley.example.com",
+		"parley serve --grpc-addr :9090 --http-addr :8080 --tls-cert cert.pem --tls-key key.pem --public-url https://parley.example.com",
 	},
 }
 
@@ -52,7 +52,7 @@ func loadSuiteConfig(e env, args []string) (suiteConfig, error) {
 	var c suiteConfig
 	fs := flag.NewFlagSet("parley serve", flag.ContinueOnError)
 	fs.SetOutput(e.stdout)
-	c.Flags.Register(fs, "grpc", "127.0.0.1:9090", "http", "127.0.0.1:8080", "./data")
+	c.Flags.Register(fs, "127.0.0.1:9090", "127.0.0.1:8080", "./data")
 	c.registry.RegisterFlags(fs)
 	c.dispatcher.RegisterFlags(fs)
 	c.negotiator.RegisterFlags(fs)
@@ -112,7 +112,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, disp.Close)
-	neg, err := negotiatorapp.New(cfg.negotiator, logger.With("component", "negotiator"), negotiatorapp.Peers{Registry: conn, Dispatcher: conn})
+	neg, err := negotiatorapp.New(cfg.negotiator, logger.With("component", "negotiator"), negotiatorapp.Peers{Dispatcher: conn})
 	if err != nil {
 		return nil, err
 	}

@@ -106,7 +106,7 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	args := append([]string{"serve", "--data", dataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, extra...)
+	args := append([]string{"serve", "--data", dataDir, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}, extra...)
 	s := StartProcess(t, Binary(t), args...)
 	s.DataDir = dataDir
 	return s

@@ -122,11 +122,15 @@ func (d Doc) parse(fs *flag.FlagSet, args []string, interleave bool, pos *[]stri
 func (d Doc) fromEnv(fs *flag.FlagSet, getenv func(string) string) error {
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	aliasedSet(fs, set)
 	var errs []error
 	fs.VisitAll(func(f *flag.Flag) {
 		name := d.envName(f.Name)
 		if set[f.Name] || name == "" {
 			return
+		}
+		if a, ok := f.Value.(*alias); ok && getenv(d.envName(a.target.Name)) != "" {
+			return // the current spelling's variable wins
 		}
 		v := getenv(name)
 		if v == "" {
@@ -199,6 +203,10 @@ func (d Doc) Print(w io.Writer, fs *flag.FlagSet) {
 
 func (d Doc) printFlags(w io.Writer, fs *flag.FlagSet) {
 	fs.VisitAll(func(f *flag.Flag) {
+		if _, ok := f.Value.(*alias); ok {
+			fmt.Fprintf(w, "  --%s\n    \t%s\n", f.Name, f.Usage)
+			return
+		}
 		name, help := flag.UnquoteUsage(f)
 		line := "  --" + f.Name
 		if name != "" {

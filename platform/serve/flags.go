@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/parleyhq/parley/platform/envflag"
 )
 
 // Flags are the serving flags every Parley binary shares. Service-specific
@@ -28,12 +30,16 @@ type Flags struct {
 	MaxConnections int
 }
 
-// Register adds the shared flags to fs. grpcName, httpName and the defaults
-// differ between the all-in-one binary (--grpc, --http, loopback defaults)
-// and one-service binaries (--grpc-addr, --http-addr, all interfaces).
-func (f *Flags) Register(fs *flag.FlagSet, grpcName, grpcDefault, httpName, httpDefault, dataDefault string) {
-	fs.StringVar(&f.GRPCAddr, grpcName, grpcDefault, "gRPC listen address (port 0 picks a free port)")
-	fs.StringVar(&f.HTTPAddr, httpName, httpDefault, "HTTP listen address for the REST gateway, health and metrics (port 0 picks a free port)")
+// Register adds the shared flags to fs, with the same names in every
+// binary: --grpc-addr and --http-addr (--grpc and --http, the old spelling
+// of `parley serve`, stay as deprecated aliases). Only the defaults differ
+// between the all-in-one binary (loopback) and one-service binaries (all
+// interfaces).
+func (f *Flags) Register(fs *flag.FlagSet, grpcDefault, httpDefault, dataDefault string) {
+	fs.StringVar(&f.GRPCAddr, "grpc-addr", grpcDefault, "gRPC listen address (port 0 picks a free port)")
+	fs.StringVar(&f.HTTPAddr, "http-addr", httpDefault, "HTTP listen address for the REST gateway, health and metrics (port 0 picks a free port)")
+	envflag.Alias(fs, "grpc", "grpc-addr")
+	envflag.Alias(fs, "http", "http-addr")
 	fs.StringVar(&f.DataDir, "data", dataDefault, "data directory; each service keeps one bbolt file there")
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "PEM certificate file; with --tls-key, serve HTTPS and TLS gRPC")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file for --tls-cert")

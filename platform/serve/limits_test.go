@@ -320,7 +320,7 @@ func TestFlags_maxConnectionsReachesOptions(t *testing.T) {
 	var f Flags
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	f.Register(fs, "grpc", "", "http", "", "")
+	f.Register(fs, "", "", "")
 	if err := fs.Parse([]string{"--max-connections", "7"}); err != nil {
 		t.Fatal(err)
 	}

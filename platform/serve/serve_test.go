@@ -290,7 +290,7 @@ func TestFlags_rejectUnknownLogLevel(t *testing.T) {
 	var f Flags
 	fs := flag.NewFlagSet("x", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	f.Register(fs, "grpc", "", "http", "", "")
+	f.Register(fs, "", "", "")
 	if f.LogLevel != "info" {
 		t.Errorf("default log level = %q, want info", f.LogLevel)
 	}

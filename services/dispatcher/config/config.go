@@ -142,7 +142,7 @@ func (c *Config) Validate() error {
 func Load(args []string, getenv func(string) string) (Config, error) {
 	var c Config
 	fs := flag.NewFlagSet("dispatcher", flag.ContinueOnError)
-	c.Flags.Register(fs, "grpc-addr", ":9090", "http-addr", ":8080", "/var/lib/parley")
+	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
 	fs.StringVar(&c.RegistryAddr, "registry-addr", "dns:///registry:9090", "registry gRPC address")
 	fs.StringVar(&c.NegotiatorAddr, "negotiator-addr", "dns:///negotiator:9090", "negotiator gRPC address")

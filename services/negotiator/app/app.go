@@ -27,11 +27,11 @@ import (
 // ServiceName is the negotiator's gRPC service name, also its health name.
 const ServiceName = "parley.negotiator.v1.NegotiatorService"
 
-// Peers are the services the negotiator calls, as gRPC connections. The
-// negotiator does not call them yet; the dispatcher relays negotiation
-// messages and registers agreed PDs.
+// Peers are the services the negotiator calls, as gRPC connections: only
+// the dispatcher, whose TestRoutine runs routines under test. The
+// negotiator never calls the registry (the dispatcher relays negotiation
+// messages and registers agreed PDs).
 type Peers struct {
-	Registry   grpc.ClientConnInterface
 	Dispatcher grpc.ClientConnInterface
 }
 
@@ -78,19 +78,10 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	srv := server.New(st, led, logger, server.Options{
 		Tester:      tester,
 		MaxRounds:   cfg.NegotiationMaxRounds,
-		ShadowCalls: shadowCalls(cfg.RoutineShadowCalls),
+		ShadowCalls: cfg.RoutineShadowCalls,
 		Thresholds:  thresholds,
 	})
 	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv, peers: peers}, nil
-}
-
-// shadowCalls maps the flag (0: promote at once) to server.Options
-// (0: default, negative: promote at once).
-func shadowCalls(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }
 
 // NewLLMClient builds the LLM client the configuration describes; an
@@ -122,17 +113,9 @@ func NewLLMClient(c config.LLM) *llm.Client {
 			llm.RoleConversation: c.ModelConversation,
 		},
 		Timeout:       c.Timeout,
-		MaxRetries:    retries(c.MaxRetries),
+		MaxRetries:    c.MaxRetries,
 		MaxConcurrent: c.MaxConcurrent,
 	})
-}
-
-// retries maps the flag (0: none) to llm.Options (0: default, negative: none).
-func retries(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }
 
 // Register mounts the negotiator on s: gRPC service, gateway handlers,
@@ -149,9 +132,6 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("negotiator-store", a.store.Ping)
-	if a.peers.Registry != nil {
-		s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
-	}
 	if a.peers.Dispatcher != nil {
 		s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
 	}

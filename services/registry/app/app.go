@@ -60,7 +60,7 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		Allow:          cfg.AllowList(),
 		ConnectTimeout: cfg.FetchConnectTimeout,
 		Timeout:        cfg.FetchTimeout,
-		MaxRedirects:   redirects(cfg.FetchMaxRedirects),
+		MaxRedirects:   cfg.FetchMaxRedirects,
 		MaxConcurrent:  cfg.FetchMaxConcurrent,
 		MaxPerHost:     cfg.FetchMaxPerHost,
 		Logger:         logger,
@@ -87,13 +87,9 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		clients[addr] = c
 		peers = append(peers, peer{name: addr, client: c})
 	}
-	negTTL := cfg.FetchNegativeTTL
-	if negTTL == 0 {
-		negTTL = -1 // the flag's 0 disables; the resolver's 0 means default
-	}
 	finder := resolve.New(f, peers, resolve.Options{
 		MaxSources:  cfg.FetchMaxSources,
-		NegativeTTL: negTTL,
+		NegativeTTL: cfg.FetchNegativeTTL,
 		PeerTimeout: cfg.FetchConnectTimeout,
 	}, logger)
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
@@ -116,13 +112,6 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		OpenRegistration: cfg.OpenRegistration,
 	})
 	return a, nil
-}
-
-func redirects(n int) int {
-	if n == 0 {
-		return -1 // fetch.Options: negative follows none, 0 means default
-	}
-	return n
 }
 
 // Register mounts the registry on s: gRPC service, gateway handlers, the

@@ -149,7 +149,7 @@ func (c *Config) Validate() error {
 func Load(args []string, getenv func(string) string) (Config, error) {
 	var c Config
 	fs := flag.NewFlagSet("registry", flag.ContinueOnError)
-	c.Flags.Register(fs, "grpc-addr", ":9090", "http-addr", ":8080", "/var/lib/parley")
+	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
 	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
 		return c, err

@@ -5,7 +5,6 @@ package app
 
 import (
 	"context"
-	"flag"
 	"log/slog"
 	"sync"
 	"time"
@@ -112,13 +111,13 @@ func (a *App) Close() error {
 }
 
 // RegisterGateway mounts the tasks's REST routes on s for a gateway process
-// that reaches the tasks over conn instead of in-process. It serves the
-// default agent and limits of a default configuration (--ap-agent
-// default:agent).
-func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
-	var cfg config.Config
-	fs := newFlagSet()
-	cfg.RegisterFlags(fs)
+// that reaches the tasks over conn instead of in-process. cfg holds the
+// flags of config.RegisterGatewayFlags, which the gateway registers on its
+// own flag set (--ap-agent and the Agent Protocol limits).
+func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, cfg config.Config) error {
+	if err := cfg.ValidateGateway(); err != nil {
+		return err
+	}
 	opts := restOptions(cfg)
 	opts.Stopping = s.Stopping()
 	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(conn)), opts).Register(s.Handle)
@@ -135,5 +134,3 @@ func registerErrorShapes(s *serve.Server) {
 
 // stop ends the server's WatchTask streams.
 func (a *App) stop() { a.stopOnce.Do(func() { close(a.stopping) }) }
-
-func newFlagSet() *flag.FlagSet { return flag.NewFlagSet("tasks-gateway", flag.ContinueOnError) }

@@ -2,6 +2,7 @@ package app_test
 
 import (
 	"context"
+	"flag"
 	"log/slog"
 	"mime/multipart"
 	"net/http"
@@ -13,17 +14,25 @@ import (
 
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/tasks/app"
+	"github.com/parleyhq/parley/services/tasks/config"
 )
 
-// startGateway runs `parley gateway`'s tasks routes against e over gRPC.
-func startGateway(t *testing.T, conn *grpc.ClientConn) string {
+// startGateway runs `parley gateway`'s tasks routes against e over gRPC,
+// with the gateway's command-line flags args.
+func startGateway(t *testing.T, conn *grpc.ClientConn, args ...string) string {
 	t.Helper()
+	var cfg config.Config
+	fs := flag.NewFlagSet("parley gateway", flag.ContinueOnError)
+	cfg.RegisterGatewayFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
 	srv, err := serve.New(serve.Options{Logger: slog.New(slog.DiscardHandler), ShutdownTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := app.RegisterGateway(ctx, srv, conn); err != nil {
+	if err := app.RegisterGateway(ctx, srv, conn, cfg); err != nil {
 		t.Fatal(err)
 	}
 	grpcLis, httpLis := listen(t), listen(t)
@@ -36,6 +45,21 @@ func startGateway(t *testing.T, conn *grpc.ClientConn) string {
 		}
 	})
 	return "http://" + httpLis.Addr().String()
+}
+
+// TestGateway_servesTheConfiguredAgent proves a standalone gateway serves
+// the --ap-agent it is given at /ap/v1/agent, not only default:agent.
+func TestGateway_servesTheConfiguredAgent(t *testing.T) {
+	_, dconn := startFakeDispatcher(t, echoStep)
+	e := startTasks(t, t.TempDir(), dconn)
+	gw := startGateway(t, e.conn, "--ap-agent", "acme:bot")
+	task := mustOK(t, postJSON(t, gw+ap, `{"input":"for bot"}`))["task_id"].(string)
+	if m := mustOK(t, get(t, e.url+"/agents/acme/bot"+ap+"/"+task)); m["input"] != "for bot" {
+		t.Errorf("task created at the gateway's /ap/v1/agent = %v, want it on acme:bot", m)
+	}
+	if r := get(t, e.url+ap+"/"+task); r.code != http.StatusNotFound {
+		t.Errorf("GET the task on default:agent = %d %s, want 404", r.code, r.body)
+	}
 }
 
 func TestGateway_servesAgentProtocolOverGRPC(t *testing.T) {

@@ -47,15 +47,38 @@ type Config struct {
 // to fs. The all-in-one `parley serve` calls it too, so names must not clash
 // with other services' flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
-	fs.StringVar(&c.Agent, "ap-agent", "default:agent", "agent served at /ap/v1/agent, as client:agent (others are at /agents/{client}/{agent}/ap/v1/agent)")
+	c.RegisterGatewayFlags(fs)
 	fs.DurationVar(&c.StepWait, "ap-step-wait", 30*time.Second, "how long POST .../steps waits for the step to complete before returning it as stored")
 	fs.DurationVar(&c.StepTimeout, "ap-step-timeout", 10*time.Minute, "how long one step execution may take before it is retried")
 	fs.DurationVar(&c.RetryMax, "ap-retry-max", 5*time.Second, "longest wait between attempts at a step that has no executor yet")
-	fs.IntVar(&c.MaxPageSize, "ap-max-page-size", 100, "largest page_size accepted by list endpoints")
-	fs.Int64Var(&c.MaxUploadBytes, "ap-max-upload-bytes", 32<<20, "largest artifact accepted, in bytes (larger uploads get 413)")
 	fs.IntVar(&c.MaxWatchers, "ap-max-watchers", 1024, "most concurrent task event streams")
 	fs.IntVar(&c.MaxInFlight, "ap-max-in-flight", 512, "most steps executing at once")
 	fs.IntVar(&c.MaxWaitingSteps, "ap-max-waiting-steps", 1000, "most steps of one agent queued, running or waiting for an executor (more get 429)")
+}
+
+// RegisterGatewayFlags adds the flags of the Agent Protocol routes, which
+// a gateway process (`parley gateway`) serves too: --ap-agent,
+// --ap-max-page-size and --ap-max-upload-bytes. RegisterFlags includes them.
+func (c *Config) RegisterGatewayFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Agent, "ap-agent", "default:agent", "agent served at /ap/v1/agent, as client:agent (others are at /agents/{client}/{agent}/ap/v1/agent)")
+	fs.IntVar(&c.MaxPageSize, "ap-max-page-size", 100, "largest page_size accepted by list endpoints")
+	fs.Int64Var(&c.MaxUploadBytes, "ap-max-upload-bytes", 32<<20, "largest artifact accepted, in bytes (larger uploads get 413)")
+}
+
+// ValidateGateway reports every bad value among the flags of
+// RegisterGatewayFlags at once.
+func (c *Config) ValidateGateway() error {
+	var errs []error
+	if client, agent, ok := strings.Cut(c.Agent, ":"); !ok || !validID(client) || !validID(agent) {
+		errs = append(errs, fmt.Errorf("--ap-agent %q must be client:agent with lowercase DNS-safe ids", c.Agent))
+	}
+	if c.MaxPageSize < 1 || c.MaxPageSize > 10000 {
+		errs = append(errs, errors.New("--ap-max-page-size must be between 1 and 10000"))
+	}
+	if c.MaxUploadBytes < 1 {
+		errs = append(errs, errors.New("--ap-max-upload-bytes must be positive"))
+	}
+	return errors.Join(errs...)
 }
 
 var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -71,12 +94,9 @@ func (c *Config) AgentName() string {
 
 // Validate reports every bad value at once.
 func (c *Config) Validate() error {
-	var errs []error
+	errs := []error{c.ValidateGateway()}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data must not be empty"))
-	}
-	if client, agent, ok := strings.Cut(c.Agent, ":"); !ok || !validID(client) || !validID(agent) {
-		errs = append(errs, fmt.Errorf("--ap-agent %q must be client:agent with lowercase DNS-safe ids", c.Agent))
 	}
 	if c.StepWait < 0 {
 		errs = append(errs, errors.New("--ap-step-wait must not be negative"))
@@ -86,12 +106,6 @@ func (c *Config) Validate() error {
 	}
 	if c.RetryMax <= 0 {
 		errs = append(errs, errors.New("--ap-retry-max must be positive"))
-	}
-	if c.MaxPageSize < 1 || c.MaxPageSize > 10000 {
-		errs = append(errs, errors.New("--ap-max-page-size must be between 1 and 10000"))
-	}
-	if c.MaxUploadBytes < 1 {
-		errs = append(errs, errors.New("--ap-max-upload-bytes must be positive"))
 	}
 	if c.MaxWatchers < 1 {
 		errs = append(errs, errors.New("--ap-max-watchers must be positive"))
@@ -110,7 +124,7 @@ func (c *Config) Validate() error {
 func Load(args []string, getenv func(string) string) (Config, error) {
 	var c Config
 	fs := flag.NewFlagSet("tasks", flag.ContinueOnError)
-	c.Flags.Register(fs, "grpc-addr", ":9090", "http-addr", ":8080", "/var/lib/parley")
+	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
 	fs.StringVar(&c.DispatcherAddr, "dispatcher-addr", "dns:///dispatcher:9090", "dispatcher gRPC address")
 	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
@@ -20,26 +21,15 @@ import (
 
 // Errors a Registry reports, and so the Directory.
 var (
-	// ErrNotFound: the registry holds no such agent or protocol.
-	ErrNotFound = errors.New("not registered")
+	// ErrNotFound: the registry holds no such agent or protocol. The
+	// Directory returns it as a *resource.Error naming the kind.
+	ErrNotFound = resource.ErrNotFound
 	// ErrRefused: the registry refused to resolve a protocol for a reason
 	// of the caller's (sources that do not verify, refused, too large).
 	ErrRefused = errors.New("refused by the registry")
 	// ErrUnavailable: the registry could not be reached or timed out.
 	ErrUnavailable = errors.New("the registry is unavailable")
 )
-
-// NotFoundError is ErrNotFound for one resource: its kind ("agent",
-// "protocol") and name.
-type NotFoundError struct {
-	Kind, Name string
-}
-
-// Error says which resource is not registered.
-func (e *NotFoundError) Error() string { return e.Kind + " " + e.Name + " is not registered" }
-
-// Unwrap makes errors.Is(err, ErrNotFound) hold.
-func (e *NotFoundError) Unwrap() error { return ErrNotFound }
 
 // Agent is a hosted agent as the registry describes it.
 type Agent struct {
@@ -134,7 +124,7 @@ func (d *Directory) Agent(ctx context.Context, name string) (*Agent, error) {
 	return d.agents.Get(ctx, name, func(ctx context.Context) (*Agent, error) {
 		a, err := d.reg.GetAgent(ctx, name)
 		if errors.Is(err, ErrNotFound) {
-			return nil, &NotFoundError{Kind: "agent", Name: name}
+			return nil, resource.NotFound("agent", name)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("agent %s: %w", name, err)
@@ -165,7 +155,7 @@ func (d *Directory) Protocol(ctx context.Context, hexHash string, sources []stri
 	return d.protocols.GetShared(ctx, hexHash, flight, func(ctx context.Context) (*Protocol, error) {
 		doc, err := d.reg.ResolveProtocol(ctx, hexHash, sources)
 		if errors.Is(err, ErrNotFound) {
-			return nil, &NotFoundError{Kind: "protocol", Name: hexHash}
+			return nil, resource.NotFound("protocol", hexHash)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("protocol %s: %w", hexHash, err)

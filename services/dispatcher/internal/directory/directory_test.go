@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 )
 
@@ -74,9 +75,9 @@ func TestDirectory(t *testing.T) {
 		t.Errorf("registry GetAgent calls = %d, want 1 (cached)", n)
 	}
 	_, err := d.Agent(ctx, "clients/acme/agents/ghost")
-	var nf *directory.NotFoundError
-	if !errors.Is(err, directory.ErrNotFound) || !errors.As(err, &nf) || nf.Kind != "agent" || err.Error() != "agent clients/acme/agents/ghost is not registered" {
-		t.Errorf("Agent(ghost) = %v, want a NotFoundError of kind agent", err)
+	var nf *resource.Error
+	if !errors.Is(err, directory.ErrNotFound) || !errors.As(err, &nf) || nf.Kind != "agent" || nf.Name != "clients/acme/agents/ghost" {
+		t.Errorf("Agent(ghost) = %v, want a resource error of kind agent", err)
 	}
 	_, _ = d.Agent(ctx, "clients/acme/agents/ghost")
 	if n := reg.getAgent.Load(); n != 2 {

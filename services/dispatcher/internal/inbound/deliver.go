@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
@@ -437,9 +438,7 @@ func (p *Pipeline) answerPD(ctx context.Context, agent, peer string, pe *directo
 		return Answer{Body: out, Memory: memory, Path: metrics.PathHandler}
 	}
 	out, err := p.llm.Complete(ctx, p.routines.WithTools(ctx, llm.Request{Agent: agent, Peer: peer, Purpose: llm.PurposeReply, Protocol: pe.Content, Input: query}))
-	fail := func(msg string) Answer {
-		return Answer{Memory: memory, Path: metrics.PathFailure, Err: errors.New(msg)}
-	}
+	fail := func(msg string) Answer { return failedWith(memory, msg) }
 	switch {
 	case err == nil:
 		out, verr := check(out)
@@ -484,6 +483,9 @@ func (p *Pipeline) callHandler(ctx context.Context, c *hub.Conn, hexHash string,
 	}
 	if !json.Valid(out) {
 		return nil, errors.New("the handler's body is not JSON")
+	}
+	if err := jsondepth.Check(out, jsondepth.Max); err != nil {
+		return nil, fmt.Errorf("the handler's body: %w", err)
 	}
 	return out, nil
 }

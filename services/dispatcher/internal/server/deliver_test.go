@@ -381,7 +381,8 @@ func TestAgoraHTTP_deliverErrors(t *testing.T) {
 		{codes.NotFound, 404, "not found"},
 		{codes.Unavailable, 503, "the dispatcher is unavailable"},
 		{codes.Internal, 500, "internal error"},
-		{codes.DeadlineExceeded, 500, "internal error"},
+		{codes.DeadlineExceeded, 504, "the dispatcher did not answer in time"},
+		{codes.ResourceExhausted, 429, "too many requests; retry later"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.code.String(), func(t *testing.T) {

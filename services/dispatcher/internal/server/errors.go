@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
@@ -53,12 +54,9 @@ var statusRules = []statusRule{
 	{hub.ErrDuplicateHello, codes.InvalidArgument, "DUPLICATE_HELLO"},
 	{hub.ErrStopping, codes.Unavailable, "SHUTTING_DOWN"},
 	{hub.ErrDropped, codes.ResourceExhausted, "AGENT_STUCK"},
-	// A hosted agent the registry does not know (SetRoutine, SetTool).
-	{directory.ErrNotFound, codes.NotFound, "AGENT_NOT_FOUND"},
+	{directory.ErrNotFound, codes.NotFound, "NOT_FOUND"},
 	{directory.ErrUnavailable, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
 	{directory.ErrRefused, codes.FailedPrecondition, "REFERENCE_INVALID"},
-	// The store's only NOT_FOUND that reaches a handler is GetRoutine's.
-	{store.ErrNotFound, codes.NotFound, "ROUTINE_NOT_FOUND"},
 	{store.ErrLimit, codes.ResourceExhausted, "LIMIT_REACHED"},
 }
 
@@ -68,6 +66,12 @@ var statusRules = []statusRule{
 func (s *Server) toStatus(ctx context.Context, err error) error {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return status.FromContextError(err).Err()
+	}
+	// A missing or taken resource (the store's, or an agent the registry
+	// does not know) names its kind: ROUTINE_NOT_FOUND, AGENT_NOT_FOUND.
+	var re *resource.Error
+	if errors.As(err, &re) {
+		return grpcerr.FromResource(re, Domain)
 	}
 	for _, r := range statusRules {
 		if errors.Is(err, r.kind) {

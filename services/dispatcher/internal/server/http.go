@@ -9,10 +9,8 @@ import (
 	"net/http"
 	"strings"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 )
 
@@ -124,18 +122,22 @@ func (h *agoraHTTP) serve(w http.ResponseWriter, r *http.Request, e inbound.Enve
 }
 
 // deliverErrorReply maps a Deliver error (Agora errors travel in its
-// reply, so this is a transport or server fault) to an HTTP status and a
-// message: INVALID_ARGUMENT is a malformed request, NOT_FOUND an unknown
-// agent or conversation, UNAVAILABLE the dispatcher out of reach, anything
-// else an internal error (specs/agora.md, section 8).
+// reply, so this is a transport or server fault) to an HTTP status, through
+// the one gRPC-to-HTTP table (grpcerr.HTTPStatus), and a message that says
+// no more than the status (specs/agora.md, section 8).
 func deliverErrorReply(err error) (int, string) {
-	switch status.Code(err) {
-	case codes.InvalidArgument:
-		return http.StatusBadRequest, "malformed request"
-	case codes.NotFound:
-		return http.StatusNotFound, "not found"
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable, "the dispatcher is unavailable"
+	code := grpcerr.HTTPStatus(err)
+	switch code {
+	case http.StatusBadRequest:
+		return code, "malformed request"
+	case http.StatusNotFound:
+		return code, "not found"
+	case http.StatusTooManyRequests:
+		return code, "too many requests; retry later"
+	case http.StatusServiceUnavailable:
+		return code, "the dispatcher is unavailable"
+	case http.StatusGatewayTimeout:
+		return code, "the dispatcher did not answer in time"
 	}
 	return http.StatusInternalServerError, "internal error"
 }

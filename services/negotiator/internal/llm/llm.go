@@ -121,8 +121,8 @@ type Options struct {
 	DefaultModel string
 	// Timeout bounds each attempt (60s).
 	Timeout time.Duration
-	// MaxRetries is the number of retries after the first attempt (3); set
-	// it negative for none.
+	// MaxRetries is the number of retries after the first attempt; zero
+	// means none (config owns the default).
 	MaxRetries int
 	// BaseBackoff is the first retry's backoff ceiling (500ms); it doubles
 	// each retry up to MaxBackoff (20s). A Retry-After header replaces it,
@@ -150,12 +150,7 @@ func NewClient(provider Provider, opts Options) *Client {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 60 * time.Second
 	}
-	if opts.MaxRetries == 0 {
-		opts.MaxRetries = 3
-	}
-	if opts.MaxRetries < 0 {
-		opts.MaxRetries = 0
-	}
+	opts.MaxRetries = max(opts.MaxRetries, 0)
 	if opts.BaseBackoff <= 0 {
 		opts.BaseBackoff = 500 * time.Millisecond
 	}

@@ -147,7 +147,7 @@ func TestClient_retries(t *testing.T) {
 				f.Enqueue(tt.script...)
 				sl := &sleepLog{}
 				c := llm.NewClient(providers(f)[pname], llm.Options{
-					DefaultModel: "m", BaseBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
+					DefaultModel: "m", MaxRetries: 3, BaseBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
 					Sleep: sl.sleep, Jitter: func(n int64) int64 { return n - 1 },
 				})
 				_, err := c.Complete(t.Context(), llm.Request{Messages: []llm.Message{{Role: "user", Content: "hi"}}})

@@ -27,7 +27,7 @@ type Options struct {
 	// (negotiation.DefaultMaxRounds when zero).
 	MaxRounds int
 	// ShadowCalls is how many agreeing shadow calls promote an LLM-written
-	// routine (5 when zero; negative: promote at once).
+	// routine; zero promotes at once (config owns the default).
 	ShadowCalls int
 	// Thresholds are the per-(task, target) thresholds.
 	Thresholds negotiation.ThresholdTable
@@ -57,12 +57,7 @@ func New(st store.Store, led *ledger.Ledger, logger *slog.Logger, opts Options) 
 	if opts.MaxRounds <= 0 {
 		opts.MaxRounds = negotiation.DefaultMaxRounds
 	}
-	switch {
-	case opts.ShadowCalls == 0:
-		opts.ShadowCalls = 5
-	case opts.ShadowCalls < 0:
-		opts.ShadowCalls = 0
-	}
+	opts.ShadowCalls = max(opts.ShadowCalls, 0)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

@@ -80,7 +80,8 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// Timeout bounds one fetch, redirects and body included [5s].
 	Timeout time.Duration
-	// MaxRedirects caps redirects followed [3]; negative follows none.
+	// MaxRedirects caps redirects followed; zero follows none (config owns
+	// the default).
 	MaxRedirects int
 	// MaxConcurrent caps URL fetches in flight [64]; MaxPerHost those to one
 	// host, by the source URL's host name [4]. A fetch waits for a slot at
@@ -117,8 +118,6 @@ func New(opts Options) (*Fetcher, error) {
 		opts.Timeout = 5 * time.Second
 	}
 	switch {
-	case opts.MaxRedirects == 0:
-		opts.MaxRedirects = 3
 	case opts.MaxRedirects < 0:
 		opts.MaxRedirects = 0
 	}

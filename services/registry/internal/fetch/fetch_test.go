@@ -139,7 +139,7 @@ func TestFetch_refusesRedirectIntoInternalDestinations(t *testing.T) {
 	t.Cleanup(redirector.Close)
 	// Only the redirector's exact host:port is trusted, not the victim on
 	// the same loopback address.
-	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{redirector.Listener.Addr().String()}})
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{redirector.Listener.Addr().String()}, MaxRedirects: 3})
 	for _, dest := range []string{
 		"http://" + victim.Addr().String() + "/secret",
 		"http://169.254.169.254/latest/meta-data/",
@@ -173,7 +173,7 @@ func TestFetch_redirectLimits(t *testing.T) {
 		}
 	}))
 	t.Cleanup(srv.Close)
-	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.0/8"}})
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.0/8"}, MaxRedirects: 3})
 
 	if _, err := f.Fetch(t.Context(), srv.URL+"/loop"); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "redirects") {
 		t.Errorf("Fetch(redirect loop) error = %v; want too many redirects", err)
@@ -378,5 +378,23 @@ func TestFetch_errorsRevealNoInternalAddresses(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "addr=127.0.0.1") && !strings.Contains(logs.String(), "addr=::1") {
 		t.Errorf("log lacks the refused address:\n%s", logs.String())
+	}
+}
+
+// TestFetch_zeroRedirectsFollowsNone proves MaxRedirects is taken verbatim:
+// zero, as --pd-fetch-max-redirects=0 passes it, follows no redirect.
+func TestFetch_zeroRedirectsFollowsNone(t *testing.T) {
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			http.Redirect(w, r, "/there", http.StatusFound)
+			return
+		}
+		fmt.Fprint(w, "arrived")
+	}))
+	t.Cleanup(srv.Close)
+	f := newFetcher(t, Options{AllowHTTP: true, Allow: []string{"127.0.0.0/8"}})
+	if _, err := f.Fetch(t.Context(), srv.URL+"/pd"); !errors.Is(err, ErrUnavailable) || hits.Load() != 1 {
+		t.Errorf("Fetch(one redirect) with MaxRedirects 0 = %v after %d requests, want a redirect error after 1", err, hits.Load())
 	}
 }

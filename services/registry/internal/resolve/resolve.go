@@ -45,8 +45,8 @@ type Peer interface {
 type Options struct {
 	// MaxSources is how many sources of one request are tried [3].
 	MaxSources int
-	// NegativeTTL is how long a failed (hash, source) is not retried [30s];
-	// negative disables the cache.
+	// NegativeTTL is how long a failed (hash, source) is not retried; zero
+	// disables the cache (config owns the default).
 	NegativeTTL time.Duration
 	// NegativeEntries caps the negative cache [10000].
 	NegativeEntries int
@@ -80,9 +80,6 @@ type negEntry struct {
 func New(f Fetcher, peers []Peer, opts Options, logger *slog.Logger) *Resolver {
 	if opts.MaxSources <= 0 {
 		opts.MaxSources = 3
-	}
-	if opts.NegativeTTL == 0 {
-		opts.NegativeTTL = 30 * time.Second
 	}
 	if opts.NegativeEntries <= 0 {
 		opts.NegativeEntries = 10000
@@ -216,7 +213,7 @@ func (r *Resolver) fromSource(ctx context.Context, h pd.Hash, src string) ([]byt
 }
 
 func (r *Resolver) negative(k negKey) error {
-	if r.opts.NegativeTTL < 0 {
+	if r.opts.NegativeTTL <= 0 {
 		return nil
 	}
 	r.mu.Lock()
@@ -233,7 +230,7 @@ func (r *Resolver) negative(k negKey) error {
 }
 
 func (r *Resolver) remember(k negKey, err error) {
-	if r.opts.NegativeTTL < 0 {
+	if r.opts.NegativeTTL <= 0 {
 		return
 	}
 	r.mu.Lock()
