@@ -31,9 +31,13 @@ import (
 	"strings"
 
 	"github.com/parleyhq/parley/platform/envflag"
+	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
 )
 
 func main() {
+	if dispatcherapp.IsRoutineWorker() { // the dispatcher's routine workers
+		os.Exit(dispatcherapp.ServeRoutineWorker())
+	}
 	err := run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "parley:", oneLine(err))

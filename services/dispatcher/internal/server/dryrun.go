@@ -10,6 +10,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
@@ -32,6 +33,7 @@ func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineR
 	}
 	prog, err := routine.Compile(ctx, "test", req.GetSource(), tools, s.opts.RoutineLimits)
 	if err != nil {
+		hosted.CountStop(s.metrics, err)
 		return nil, routineCompileStatus(err)
 	}
 	resp := &dispatcherv1.TestRoutineResponse{
@@ -56,6 +58,8 @@ func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineR
 		case err != nil:
 			res.Error = err.Error()
 			res.BudgetExceeded = errors.Is(err, routine.ErrBudget)
+			res.FailureKind = hosted.FailureKind(err)
+			hosted.CountStop(s.metrics, err)
 		default:
 			res.OutputJson = string(out)
 		}

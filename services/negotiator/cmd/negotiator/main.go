@@ -40,17 +40,12 @@ func run(args []string, getenv func(string) string) error {
 	if err != nil {
 		return err
 	}
-	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{Token: token})
-	if err != nil {
-		return fmt.Errorf("--registry-addr: %w", err)
-	}
-	defer registryConn.Close()
 	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{Token: token})
 	if err != nil {
 		return fmt.Errorf("--dispatcher-addr: %w", err)
 	}
 	defer dispatcherConn.Close()
-	a, err := app.New(cfg, logger, app.Peers{Registry: registryConn, Dispatcher: dispatcherConn})
+	a, err := app.New(cfg, logger, app.Peers{Dispatcher: dispatcherConn})
 	if err != nil {
 		return err
 	}
