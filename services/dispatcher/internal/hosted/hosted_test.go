@@ -115,3 +115,23 @@ func TestRun_badOutputIsAFault(t *testing.T) {
 		t.Errorf("Run(output rejected) = %v, want ErrBadOutput and ErrRoutineFault", err)
 	}
 }
+
+func TestDryRun(t *testing.T) {
+	s := newSet(t, 3)
+	echo := routine.FuncTool(func(_ context.Context, arg json.RawMessage) (json.RawMessage, error) { return arg, nil })
+	src := "def f(x):\n    return echo(x)\n\ndef loop(x):\n    while True:\n        pass\n"
+	fns, res, err := s.DryRun(t.Context(), src, map[string]routine.Tool{"echo": echo}, []hosted.Case{
+		{Fn: "f", Args: []json.RawMessage{json.RawMessage(`{"a":1}`)}},
+		{Fn: "g"},
+		{Fn: "loop", Args: []json.RawMessage{json.RawMessage(`1`)}},
+	})
+	if err != nil {
+		t.Fatalf("DryRun = %v", err)
+	}
+	if len(fns) != 2 || string(res[0].Output) != `{"a":1}` || res[1].Err == "" || !res[2].Budget {
+		t.Errorf("DryRun = %v, %+v; want f and loop, f's output, g missing, loop over budget", fns, res)
+	}
+	if _, _, err := s.DryRun(t.Context(), "def f(:", nil, nil); !errors.Is(err, hosted.ErrInvalid) {
+		t.Errorf("DryRun(syntax error) = %v, want ErrInvalid", err)
+	}
+}
