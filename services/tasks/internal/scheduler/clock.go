@@ -6,16 +6,16 @@ import "time"
 // Tests inject a fake one to step time instead of sleeping.
 type Clock interface {
 	Now() time.Time
-	// NewTimer returns a channel that receives once d has passed, and a
-	// function that stops the timer.
-	NewTimer(d time.Duration) (<-chan time.Time, func() bool)
+	// At returns a channel that receives once the time is deadline or
+	// later, and a function that stops the timer.
+	At(deadline time.Time) (<-chan time.Time, func() bool)
 }
 
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }
 
-func (realClock) NewTimer(d time.Duration) (<-chan time.Time, func() bool) {
-	t := time.NewTimer(d)
+func (realClock) At(deadline time.Time) (<-chan time.Time, func() bool) {
+	t := time.NewTimer(time.Until(deadline))
 	return t.C, t.Stop
 }

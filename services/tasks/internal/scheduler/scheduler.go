@@ -112,6 +112,7 @@ type Scheduler struct {
 	closed   bool
 	ready    []job                  // attempts to start, oldest first
 	inFlight int                    // attempts running
+	inRunner int                    // attempts inside RunStep
 	queued   map[store.StepRef]bool // ready, running, waiting or backing off
 	running  map[store.StepRef]bool // in RunStep
 	agents   map[string]*agentWaits // by agent name
@@ -218,12 +219,13 @@ func (s *Scheduler) Scheduled(ref store.StepRef) bool {
 	return s.queued[ref]
 }
 
-// Idle reports whether no attempt is running or ready to start: until a
-// step is submitted or a backoff ends, nothing happens.
+// Idle reports whether no attempt is ready to start and every running one
+// waits on its agent (inside RunStep): until a step is submitted, a backoff
+// ends or an agent answers, nothing happens.
 func (s *Scheduler) Idle() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.inFlight == 0 && len(s.ready) == 0
+	return s.inFlight == s.inRunner && len(s.ready) == 0
 }
 
 // forgetLocked drops every trace of ref once no attempt at it is queued.
@@ -307,7 +309,7 @@ func (s *Scheduler) loop() {
 		var due <-chan time.Time
 		stop := func() bool { return false }
 		if !next.IsZero() {
-			due, stop = s.clock.NewTimer(next.Sub(now))
+			due, stop = s.clock.At(next)
 		}
 		select {
 		case <-s.wake:
@@ -502,6 +504,9 @@ func (s *Scheduler) attempt(j job) {
 	}
 
 	cctx, cancel := context.WithTimeout(ctx, s.opts.StepTimeout)
+	s.mu.Lock()
+	s.inRunner++
+	s.mu.Unlock()
 	res, err := s.run.RunStep(cctx, Request{
 		Agent:           agent,
 		TaskID:          ref.TaskID,
@@ -511,6 +516,9 @@ func (s *Scheduler) attempt(j job) {
 		AdditionalInput: st.GetAdditionalInputJson(),
 	})
 	cancel()
+	s.mu.Lock()
+	s.inRunner--
+	s.mu.Unlock()
 	var cur *tasksv1.Step
 	if err == nil {
 		cur, err = s.complete(ctx, ref, t, res)

@@ -2,12 +2,10 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -20,10 +18,8 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
-	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
 	"github.com/parleyhq/parley/services/tasks/internal/scheduler"
-	"github.com/parleyhq/parley/services/tasks/internal/store"
 	"github.com/parleyhq/parley/services/tasks/internal/store/boltstore"
 )
 
@@ -69,26 +65,6 @@ func (f *fakeDispatcher) count(agent string) (calls, steps int) {
 	return f.calls[agent], len(f.steps[agent])
 }
 
-// countingStore counts UpdateStep calls (each an fsynced write).
-type countingStore struct {
-	store.Store
-	mu      sync.Mutex // guards updates
-	updates int
-}
-
-func (c *countingStore) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*tasksv1.Task, *tasksv1.Step) ([]*tasksv1.Artifact, error)) (*tasksv1.Step, error) {
-	c.mu.Lock()
-	c.updates++
-	c.mu.Unlock()
-	return c.Store.UpdateStep(ctx, ref, mutate)
-}
-
-func (c *countingStore) updateCount() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.updates
-}
-
 const (
 	agentNone    = "clients/c/agents/none"    // no executor yet
 	agentUnknown = "clients/c/agents/unknown" // the dispatcher does not know it
@@ -112,11 +88,11 @@ func fakeAgents(ctx context.Context, req *dispatcherv1.ExecuteStepRequest) (*dis
 type stoppedClock struct{}
 
 func (stoppedClock) Now() time.Time { return time.Unix(1e9, 0) }
-func (stoppedClock) NewTimer(time.Duration) (<-chan time.Time, func() bool) {
+func (stoppedClock) At(time.Time) (<-chan time.Time, func() bool) {
 	return nil, func() bool { return true }
 }
 
-func newTestServer(t *testing.T, dir string, opts Options) (*Server, *fakeDispatcher, *countingStore) {
+func newTestServer(t *testing.T, dir string, opts Options) (*Server, *fakeDispatcher) {
 	t.Helper()
 	bs, err := boltstore.Open(dir, time.Second)
 	if err != nil {
@@ -126,17 +102,16 @@ func newTestServer(t *testing.T, dir string, opts Options) (*Server, *fakeDispat
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := &countingStore{Store: bs}
 	fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
 	if opts.StepWait == 0 {
 		opts.StepWait = 5 * time.Second
 	}
-	s := New(cs, files, fd, slog.New(slog.DiscardHandler), opts)
+	s := New(bs, files, fd, slog.New(slog.DiscardHandler), opts)
 	t.Cleanup(func() {
 		s.Close()
 		bs.Close()
 	})
-	return s, fd, cs
+	return s, fd
 }
 
 func createTask(t *testing.T, s *Server, agent string) string {
@@ -162,70 +137,6 @@ func poll(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("%s: gave up after 10s", what)
 		}
 		time.Sleep(2 * time.Millisecond)
-	}
-}
-
-// Many steps of an agent without an executor cost one ExecuteStep per
-// retry interval (the probe), not one per step, and no store writes once
-// each step says why it waits; other agents run meanwhile.
-func TestWaiting_oneProbePerAgentAndNoRepeatWrites(t *testing.T) {
-	s, fd, cs := newTestServer(t, t.TempDir(), Options{RetryMax: 5 * time.Millisecond})
-	task := createTask(t, s, agentNone)
-	const steps = 50
-	if st, err := createStep(t, s, task, 5*time.Second); err != nil || st.GetStatusMessage() == "" {
-		t.Fatalf("first step = %v, %v; want it waiting with a message", st, err)
-	}
-	for range steps - 1 {
-		if _, err := createStep(t, s, task, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
-	before := cs.updateCount()
-	poll(t, "20 more probes", func() bool { calls, _ := fd.count(agentNone); return calls >= steps+20 })
-	if calls, distinct := fd.count(agentNone); distinct != 1 {
-		t.Errorf("ExecuteStep ran %d distinct steps of the waiting agent in %d calls, want 1 (its probe)", distinct, calls)
-	}
-	if n := cs.updateCount(); n > steps || n != before {
-		t.Errorf("UpdateStep writes = %d (%d before the retries); want at most one per step (%d), none for unchanged retries", n, before, steps)
-	}
-	ok := createTask(t, s, agentOK)
-	if st, err := createStep(t, s, ok, 5*time.Second); err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
-		t.Errorf("step of another agent = %v, %v; want completed", st, err)
-	}
-	// An executor connects: every waiting step runs.
-	fd.mu.Lock()
-	fd.fn = func(context.Context, *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
-		return &dispatcherv1.ExecuteStepResponse{Output: "ok"}, nil
-	}
-	fd.mu.Unlock()
-	poll(t, "all waiting steps complete", func() bool {
-		resp, err := s.ListSteps(t.Context(), &tasksv1.ListStepsRequest{Parent: task, PageSize: 100})
-		if err != nil {
-			return false
-		}
-		for _, st := range resp.GetSteps() {
-			if st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
-				return false
-			}
-		}
-		return true
-	})
-}
-
-// A step of an agent the dispatcher does not know is retried only after
-// the longest backoff, while an agent with no executor yet backs off from
-// retryMin.
-func TestWaiting_unknownAgentBacksOffToTheMaximum(t *testing.T) {
-	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: time.Hour})
-	unknown, none := createTask(t, s, agentUnknown), createTask(t, s, agentNone)
-	for _, task := range []string{unknown, none} {
-		if _, err := createStep(t, s, task, 5*time.Second); err != nil {
-			t.Fatal(err)
-		}
-	}
-	poll(t, "three attempts for the agent without executor", func() bool { calls, _ := fd.count(agentNone); return calls >= 3 })
-	if calls, _ := fd.count(agentUnknown); calls != 1 {
-		t.Errorf("unknown agent had %d attempts while the other had 3 (100ms+200ms); want 1", calls)
 	}
 }
 
@@ -256,7 +167,7 @@ func TestStart_boundsGoroutinesByMaxInFlight(t *testing.T) {
 	}
 	base := runtime.NumGoroutine()
 	const inFlight = 4
-	s, fd, _ := newTestServer(t, dir, Options{MaxInFlight: inFlight})
+	s, fd := newTestServer(t, dir, Options{MaxInFlight: inFlight})
 	if err := s.Start(t.Context()); err != nil {
 		t.Fatal(err)
 	}
@@ -267,7 +178,7 @@ func TestStart_boundsGoroutinesByMaxInFlight(t *testing.T) {
 }
 
 func TestCreateStep_capsWaitingStepsPerAgent(t *testing.T) {
-	s, _, _ := newTestServer(t, t.TempDir(), Options{RetryMax: 5 * time.Millisecond, MaxWaitingSteps: 3})
+	s, _ := newTestServer(t, t.TempDir(), Options{RetryMax: 5 * time.Millisecond, MaxWaitingSteps: 3})
 	task := createTask(t, s, agentNone)
 	for i := range 3 {
 		if st, err := createStep(t, s, task, 5*time.Second); err != nil || st.GetStatusMessage() == "" {
@@ -283,63 +194,6 @@ func TestCreateStep_capsWaitingStepsPerAgent(t *testing.T) {
 	}
 	if st, err := createStep(t, s, createTask(t, s, agentOK), 5*time.Second); err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
 		t.Errorf("step of another agent = %v, %v; want completed", st, err)
-	}
-}
-
-// A step failing for its own reasons (its handler fails) backs off alone,
-// is tried MaxStepAttempts times, then completes with the failure as its
-// output; later steps of the same agent, on other tasks, run meanwhile.
-func TestStepFailure_retriesTheStepAloneThenCompletesIt(t *testing.T) {
-	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: 50 * time.Millisecond, MaxStepAttempts: 3})
-	var mu sync.Mutex
-	poisonCalls := 0
-	fd.fn = func(_ context.Context, req *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
-		if req.GetInput() == "bad" {
-			mu.Lock()
-			poisonCalls++
-			mu.Unlock()
-			return nil, grpcerr.New(codes.Aborted, "handler crashed on this input", "HANDLER_FAILED", "dispatcher.parley.dev", nil)
-		}
-		return &dispatcherv1.ExecuteStepResponse{Output: "ok"}, nil
-	}
-	bad, err := s.CreateStep(t.Context(), &tasksv1.CreateStepRequest{Parent: createTask(t, s, agentOK), Step: &tasksv1.Step{Input: new("bad")}, Wait: durationpb.New(5 * time.Second)})
-	if err != nil || bad.GetStatus() != tasksv1.Step_STATUS_CREATED || bad.GetStatusMessage() == "" {
-		t.Fatalf("failing step after its first attempt = %v, %v; want created with a retry message", bad, err)
-	}
-	for range 3 {
-		st, err := createStep(t, s, createTask(t, s, agentOK), 2*time.Second)
-		if err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
-			t.Fatalf("healthy step of the same agent = %v, %v; want completed at once", st, err)
-		}
-	}
-	var got *tasksv1.Step
-	poll(t, "failing step completes", func() bool {
-		got, err = s.GetStep(t.Context(), &tasksv1.GetStepRequest{Name: bad.GetName()})
-		return err == nil && got.GetStatus() == tasksv1.Step_STATUS_COMPLETED
-	})
-	if !strings.Contains(got.GetOutput(), "failed after 3 attempts") || got.GetIsLast() {
-		t.Errorf("failed step output = %q, is_last %v; want the failure explained, not last", got.GetOutput(), got.GetIsLast())
-	}
-	var extra struct {
-		Error struct {
-			Code, Reason string
-			Attempts     int
-		}
-	}
-	if err := json.Unmarshal(got.GetAdditionalOutputJson(), &extra); err != nil || extra.Error.Reason != "HANDLER_FAILED" || extra.Error.Code != "Aborted" || extra.Error.Attempts != 3 {
-		t.Errorf("additional_output = %s (%v); want the error with reason HANDLER_FAILED and 3 attempts", got.GetAdditionalOutputJson(), err)
-	}
-	// Once no attempt at the step is scheduled, no more calls can come (no
-	// need to wait and see).
-	ref := store.StepRef{TaskID: strings.Split(bad.GetName(), "/")[1], StepID: resource.ID(bad.GetName())}
-	poll(t, "the completed step leaves the scheduler", func() bool { return !s.sched.Scheduled(ref) })
-	mu.Lock()
-	defer mu.Unlock()
-	if poisonCalls != 3 {
-		t.Errorf("failing step tried %d times; want MaxStepAttempts (3)", poisonCalls)
-	}
-	if n := s.sched.Pending(agentOK); n != 0 {
-		t.Errorf("agent still counts %d pending steps; want 0", n)
 	}
 }
 
@@ -379,7 +233,7 @@ func TestFromDispatcher(t *testing.T) {
 func TestCreateStep_capHoldsUnderConcurrentCreates(t *testing.T) {
 	// The clock never moves, so no probe falls due again: once the
 	// scheduler is idle, nothing more can happen.
-	s, fd, _ := newTestServer(t, t.TempDir(), Options{RetryMax: time.Hour, MaxWaitingSteps: 3, Clock: stoppedClock{}})
+	s, fd := newTestServer(t, t.TempDir(), Options{RetryMax: time.Hour, MaxWaitingSteps: 3, Clock: stoppedClock{}})
 	release := make(chan struct{})
 	fd.fn = func(context.Context, *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
 		<-release // a slow dispatcher: every create arrives during the first attempt
@@ -421,7 +275,7 @@ func TestCreateStep_capHoldsUnderConcurrentCreates(t *testing.T) {
 // Completed steps leave the count: a cap of 1 still takes one step after
 // another.
 func TestCreateStep_capReleasesCompletedSteps(t *testing.T) {
-	s, _, _ := newTestServer(t, t.TempDir(), Options{MaxWaitingSteps: 1})
+	s, _ := newTestServer(t, t.TempDir(), Options{MaxWaitingSteps: 1})
 	task := createTask(t, s, agentOK)
 	for i := range 3 {
 		if st, err := createStep(t, s, task, 5*time.Second); err != nil || st.GetStatus() != tasksv1.Step_STATUS_COMPLETED {
