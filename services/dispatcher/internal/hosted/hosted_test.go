@@ -44,6 +44,9 @@ func TestInstall(t *testing.T) {
 	if _, err := s.Install(ctx, hosted.Name("clients/acme/agents/ghost", "steps"), "def step(a, b, c):\n    return 'x'\n"); !errors.Is(err, errUnknownAgent) {
 		t.Errorf("Install(unknown agent) = %v, want the agent check's error", err)
 	}
+	if _, err := s.Install(ctx, "not/a/routine", "def step(a, b, c):\n    return 'x'\n"); !errors.Is(err, hosted.ErrInvalid) {
+		t.Errorf("Install(bad name) = %v, want ErrInvalid", err)
+	}
 	if _, err := s.Install(ctx, hosted.Name(agent, "steps"), "def step(a, b, c:"); !errors.Is(err, hosted.ErrInvalid) {
 		t.Errorf("Install(syntax error) = %v, want ErrInvalid", err)
 	}
