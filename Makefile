@@ -7,11 +7,18 @@ BIN        := $(CURDIR)/.bin
 BUF        := tools/node_modules/.bin/buf
 NEWMAN     := tools/node_modules/.bin/newman
 GOLANGCI   := $(BIN)/golangci-lint
+GREMLINS   := $(BIN)/gremlins
+# The durability and security packages that mutation testing covers, as
+# module:package. docs/benchmarks.md records their kill rates.
+MUTATION   := platform:./boltdb platform:./egress \
+	services/registry:./internal/fetch services/registry:./internal/resolve \
+	services/registry:./internal/store/boltstore services/dispatcher:./internal/store/boltstore \
+	services/negotiator:./internal/store/boltstore services/tasks:./internal/store/boltstore
 PLUGINS    := $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-grpc-gateway $(BIN)/protoc-gen-openapiv2
 # Path to the official Agent Protocol Postman collection; required when CI is set.
 AP_SUITE   ?=
 
-.PHONY: golangci all tools protodeps generate lint fmt-check check-generated check-tidy vet unit postman test ci breaking build clean
+.PHONY: golangci all tools protodeps generate lint fmt-check check-generated check-tidy vet unit postman test ci breaking build clean mutation
 
 all: build
 
@@ -29,6 +36,10 @@ $(BIN)/protoc-gen-%: tools/go.mod tools/go.sum
 		google.golang.org/grpc/cmd/protoc-gen-go-grpc \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-grpc-gateway \
 		github.com/grpc-ecosystem/grpc-gateway/v2/protoc-gen-openapiv2
+
+$(GREMLINS): tools/go.mod tools/go.sum
+	@mkdir -p $(BIN)
+	cd tools && GOWORK=off go build -o $(GREMLINS) github.com/go-gremlins/gremlins/cmd/gremlins
 
 $(GOLANGCI): tools/lint/go.mod tools/lint/go.sum
 	@mkdir -p $(BIN)
@@ -57,6 +68,11 @@ lint: tools protodeps
 
 vet:
 	go vet work
+
+## mutation: mutation testing (gremlins) of the packages in MUTATION; slow, so not part of `make test`
+mutation: $(GREMLINS)
+	@for p in $(MUTATION); do m=$${p%%:*}; pkg=$${p#*:}; echo "== $$m/$${pkg#./}"; \
+	  (cd $$m && $(GREMLINS) unleash --workers 2 --timeout-coefficient 5 -E '_test\.go$$' $$pkg) || exit 1; done
 
 ## check-generated: fail when gen/ has drifted from proto/
 check-generated: generate

@@ -239,3 +239,119 @@ func TestUpdate_afterCloseFails(t *testing.T) {
 		t.Errorf("Update after Close = %v, want %v", err, ErrClosed)
 	}
 }
+
+// holdCommitter blocks the committer inside a write until release is
+// closed, so that the test can line up the next group.
+func holdCommitter(t *testing.T, d *DB) (release func(), done <-chan error) {
+	t.Helper()
+	entered, hold := make(chan struct{}), make(chan struct{})
+	errc := make(chan error, 1)
+	var once sync.Once
+	go func() {
+		errc <- d.Update(func(tx *Tx) error {
+			once.Do(func() { close(entered) })
+			<-hold
+			return put("held", "v")(tx)
+		})
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the committer did not start the holding write within 10s")
+	}
+	return func() { close(hold) }, errc
+}
+
+// waitQueued waits until n writes wait in the committer's queue.
+func waitQueued(t *testing.T, d *DB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for len(d.commit.ops) < n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d writes queued after 10s, want %d", len(d.commit.ops), n)
+		}
+		time.Sleep(time.Millisecond) // polling the queue
+	}
+}
+
+func TestUpdate_writesQueuedDuringACommitShareTheNext(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	release, held := holdCommitter(t, d)
+	const n = 10
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() { errs[i] = d.Update(put(string(rune('a'+i)), "v")) })
+	}
+	waitQueued(t, d, n)
+	before := d.Commits()
+	release()
+	wg.Wait()
+	if err := <-held; err != nil {
+		t.Fatalf("holding write: %v", err)
+	}
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("queued write %d: %v", i, err)
+		}
+	}
+	if got := d.Commits().Synced - before.Synced; got != 2 {
+		t.Errorf("%d queued writes took %d commits after the held one began, want 2 (it and one group)", n, got)
+	}
+}
+
+// The failing write is the first of its group; the others still commit.
+func TestUpdate_failingFirstWriteOfAGroupSparesTheRest(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	release, held := holdCommitter(t, d)
+	errBad := errors.New("bad write")
+	bad := make(chan error, 1)
+	go func() {
+		bad <- d.Update(func(tx *Tx) error {
+			if err := put("bad", "v")(tx); err != nil {
+				return err
+			}
+			return errBad
+		})
+	}()
+	waitQueued(t, d, 1)
+	var wg sync.WaitGroup
+	errs := make([]error, 5)
+	for i := range errs {
+		wg.Go(func() { errs[i] = d.Update(put(string(rune('a'+i)), "v")) })
+	}
+	waitQueued(t, d, 1+len(errs))
+	release()
+	wg.Wait()
+	if err := <-held; err != nil {
+		t.Errorf("holding write = %v, want nil", err)
+	}
+	if err := <-bad; !errors.Is(err, errBad) {
+		t.Errorf("failing write = %v, want %v", err, errBad)
+	}
+	if got := get(t, d, bucketThings, "bad"); got != "" {
+		t.Errorf("the failing write's put is visible: %q", got)
+	}
+	for i, err := range errs {
+		if got := get(t, d, bucketThings, string(rune('a'+i))); err != nil || got != "v" {
+			t.Errorf("write %d after a failing one: Update = %v, stored %q; want nil and %q", i, err, got, "v")
+		}
+	}
+}
+
+func TestUpdate_loneFailingWriteCommitsNothing(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	before := d.Commits()
+	errBad := errors.New("bad write")
+	if err := d.Update(func(*Tx) error { return errBad }); !errors.Is(err, errBad) {
+		t.Fatalf("Update = %v, want %v", err, errBad)
+	}
+	// A good write next: the committer handles one group at a time, so
+	// anything the failing write had set off has committed by its return.
+	if err := d.Update(put("k", "v")); err != nil {
+		t.Fatal(err)
+	}
+	if after := d.Commits(); after.Synced != before.Synced+1 {
+		t.Errorf("Commits() went %+v -> %+v for a failing write then a good one, want one commit", before, after)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
@@ -16,11 +17,12 @@ type Case struct {
 }
 
 // Result is one case's outcome: Output, or Err (the routine's failure) with
-// Budget set when a budget stopped it.
+// Budget set when a budget stopped it and Kind the failure's kind.
 type Result struct {
 	Output json.RawMessage
 	Err    string
 	Budget bool
+	Kind   dispatcherv1.RoutineFailureKind
 }
 
 // DryRun compiles src with tools and runs each case in the production
@@ -34,6 +36,7 @@ func (s *Set) DryRun(ctx context.Context, src string, tools map[string]routine.T
 		return nil, nil, err
 	}
 	if err != nil {
+		CountStop(s.opts.Metrics, err)
 		return nil, nil, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
 	results := make([]Result, 0, len(cases))
@@ -47,7 +50,8 @@ func (s *Set) DryRun(ctx context.Context, src string, tools map[string]routine.T
 		case errors.Is(err, routine.ErrBusy):
 			return nil, nil, err
 		case err != nil:
-			results = append(results, Result{Err: err.Error(), Budget: errors.Is(err, routine.ErrBudget)})
+			CountStop(s.opts.Metrics, err)
+			results = append(results, Result{Err: err.Error(), Budget: errors.Is(err, routine.ErrBudget), Kind: FailureKind(err)})
 		default:
 			results = append(results, Result{Output: out})
 		}

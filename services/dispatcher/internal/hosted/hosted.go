@@ -282,13 +282,15 @@ func (s *Set) Run(ctx context.Context, r *Routine, c Call) (out, newMemory json.
 	if err != nil {
 		s.opts.Metrics.RoutineFailures.Inc()
 	}
+	CountStop(s.opts.Metrics, err)
+	kind := FailureKind(err)
 	msg := ""
 	if err != nil {
 		msg = err.Error()
 		err = fmt.Errorf("%w: %w", ErrRoutineFault, err)
 	}
 	// Recorded even when the caller has gone: the failure happened.
-	stored, rerr := s.store.RecordRoutineRun(context.WithoutCancel(ctx), r.name, r.version, msg, s.opts.QuarantineAfter)
+	stored, rerr := s.store.RecordRoutineRun(context.WithoutCancel(ctx), r.name, r.version, msg, kind, s.opts.QuarantineAfter)
 	if rerr != nil {
 		s.opts.Logger.WarnContext(ctx, "routine outcome not recorded; quarantine may lag", slog.String("routine", r.name), slog.Any("err", rerr))
 		return out, newMemory, err
@@ -308,6 +310,34 @@ func (s *Set) Run(ctx context.Context, r *Routine, c Call) (out, newMemory json.
 			slog.Int("consecutive_failures", int(stored.GetConsecutiveFailures())), slog.Any("err", err))
 	}
 	return out, newMemory, err
+}
+
+// FailureKind is what stopped a failed run, for the Routine resource: a
+// failed check of the output is the routine's error.
+func FailureKind(err error) dispatcherv1.RoutineFailureKind {
+	switch routine.KindOf(err) {
+	case routine.KindTime:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME
+	case routine.KindMemory:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_MEMORY
+	case routine.KindOutput:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_OUTPUT
+	case routine.KindSteps:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_STEPS
+	}
+	if err != nil {
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_ERROR
+	}
+	return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_UNSPECIFIED
+}
+
+// CountStop counts, in m, a run stopped by a budget or killed at the
+// worker boundary, by kind.
+func CountStop(m *metrics.Metrics, err error) {
+	switch k := routine.KindOf(err); k {
+	case routine.KindTime, routine.KindMemory, routine.KindOutput, routine.KindSteps:
+		m.RoutineKills.WithLabelValues(k.String()).Inc()
+	}
 }
 
 // Tools returns agent's tools as routine host functions.

@@ -41,7 +41,7 @@ func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineR
 	}
 	resp := &dispatcherv1.TestRoutineResponse{Results: make([]*dispatcherv1.TestRoutineResult, 0, len(results)), Functions: fns}
 	for _, r := range results {
-		resp.Results = append(resp.Results, &dispatcherv1.TestRoutineResult{OutputJson: string(r.Output), Error: r.Err, BudgetExceeded: r.Budget})
+		resp.Results = append(resp.Results, &dispatcherv1.TestRoutineResult{OutputJson: string(r.Output), Error: r.Err, BudgetExceeded: r.Budget, FailureKind: r.Kind})
 	}
 	return resp, nil
 }

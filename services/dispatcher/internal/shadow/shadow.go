@@ -429,6 +429,7 @@ func (s *Runner) compareCandidate(ctx context.Context, agent string, c *Candidat
 		memory = json.RawMessage("{}")
 	}
 	out, _, err := prog.Call(ctx, fn, args, memory)
+	hosted.CountStop(s.opts.Metrics, err)
 	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
 	}
