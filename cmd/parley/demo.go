@@ -14,9 +14,9 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/parleyhq/parley/cmd/parley/internal/demo"
 	"github.com/parleyhq/parley/platform/envflag"
 	negotiatorconfig "github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/demo"
 )
 
 // runDemo runs a demo: `parley demo weather [--json] [--queries N]
