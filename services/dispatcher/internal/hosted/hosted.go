@@ -405,7 +405,11 @@ func (s *Set) WithTools(ctx context.Context, req llm.Request) llm.Request {
 // agent), after checking that it compiles with the agent's tools. Errors
 // wrap the Agents check's error, ErrInvalid, or are routine.ErrBusy.
 func (s *Set) Install(ctx context.Context, name, source string) (*dispatcherv1.Routine, error) {
-	agent := name[:strings.LastIndex(name, "/routines/")]
+	i := strings.LastIndex(name, "/routines/")
+	if i < 0 {
+		return nil, fmt.Errorf("%w: %q is not a routine name", ErrInvalid, name)
+	}
+	agent := name[:i]
 	if err := s.agents.Exists(ctx, agent); err != nil {
 		return nil, err
 	}
@@ -430,7 +434,11 @@ func (s *Set) Install(ctx context.Context, name, source string) (*dispatcherv1.R
 // SetTool stores a tool of a hosted agent (validated by the caller) and
 // makes its routines pick it up.
 func (s *Set) SetTool(ctx context.Context, t *dispatcherv1.Tool) (*dispatcherv1.Tool, error) {
-	agent := t.GetName()[:strings.LastIndex(t.GetName(), "/tools/")]
+	i := strings.LastIndex(t.GetName(), "/tools/")
+	if i < 0 {
+		return nil, fmt.Errorf("%w: %q is not a tool name", ErrInvalid, t.GetName())
+	}
+	agent := t.GetName()[:i]
 	if err := s.agents.Exists(ctx, agent); err != nil {
 		return nil, err
 	}
