@@ -300,9 +300,10 @@ func (s *Set) Run(ctx context.Context, r *Routine, c Call) (out, newMemory json.
 	r.failures = stored.GetConsecutiveFailures()
 	wasQuarantined := r.quarantined
 	r.quarantined = stored.GetState() == dispatcherv1.Routine_STATE_QUARANTINED
+	nowQuarantined := r.quarantined // read under the lock: runs race here
 	r.mu.Unlock()
 	switch {
-	case r.quarantined && !wasQuarantined:
+	case nowQuarantined && !wasQuarantined:
 		s.opts.Metrics.Quarantines.Inc()
 		s.opts.Logger.WarnContext(ctx, "routine quarantined; the LLM answers its protocol until a new version is set",
 			slog.String("routine", r.name), slog.Int64("version", r.version), slog.Any("err", err))
