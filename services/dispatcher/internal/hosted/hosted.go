@@ -16,6 +16,7 @@ import (
 	"time"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
@@ -203,7 +204,7 @@ func (s *Set) Hashes(ctx context.Context, agent string) []string {
 	}
 	out := make([]string, 0, len(list))
 	for _, r := range list {
-		if h := lastSegment(r.GetName()); h != StepsID {
+		if h := resource.ID(r.GetName()); h != StepsID {
 			out = append(out, h)
 		}
 	}
@@ -299,9 +300,10 @@ func (s *Set) Run(ctx context.Context, r *Routine, c Call) (out, newMemory json.
 	r.failures = stored.GetConsecutiveFailures()
 	wasQuarantined := r.quarantined
 	r.quarantined = stored.GetState() == dispatcherv1.Routine_STATE_QUARANTINED
+	nowQuarantined := r.quarantined // read under the lock: runs race here
 	r.mu.Unlock()
 	switch {
-	case r.quarantined && !wasQuarantined:
+	case nowQuarantined && !wasQuarantined:
 		s.opts.Metrics.Quarantines.Inc()
 		s.opts.Logger.WarnContext(ctx, "routine quarantined; the LLM answers its protocol until a new version is set",
 			slog.String("routine", r.name), slog.Int64("version", r.version), slog.Any("err", err))
@@ -354,7 +356,7 @@ func (s *Set) Tools(ctx context.Context, agent string) (map[string]routine.Tool,
 			if err != nil {
 				continue // validated on SetTool; skip rather than break every routine
 			}
-			out[lastSegment(t.GetName())] = fn
+			out[resource.ID(t.GetName())] = fn
 		}
 	}
 	return out, nil
@@ -370,7 +372,7 @@ func (s *Set) ToolSpecs(ctx context.Context, agent string) []llm.Tool {
 	out := make([]llm.Tool, 0, len(list))
 	for _, t := range list {
 		out = append(out, llm.Tool{
-			Name:         lastSegment(t.GetName()),
+			Name:         resource.ID(t.GetName()),
 			Description:  t.GetDescription(),
 			InputSchema:  json.RawMessage(t.GetInputSchemaJson()),
 			OutputSchema: json.RawMessage(t.GetOutputSchemaJson()),
@@ -404,7 +406,11 @@ func (s *Set) WithTools(ctx context.Context, req llm.Request) llm.Request {
 // agent), after checking that it compiles with the agent's tools. Errors
 // wrap the Agents check's error, ErrInvalid, or are routine.ErrBusy.
 func (s *Set) Install(ctx context.Context, name, source string) (*dispatcherv1.Routine, error) {
-	agent := name[:strings.LastIndex(name, "/routines/")]
+	i := strings.LastIndex(name, "/routines/")
+	if i < 0 {
+		return nil, fmt.Errorf("%w: %q is not a routine name", ErrInvalid, name)
+	}
+	agent := name[:i]
 	if err := s.agents.Exists(ctx, agent); err != nil {
 		return nil, err
 	}
@@ -429,7 +435,11 @@ func (s *Set) Install(ctx context.Context, name, source string) (*dispatcherv1.R
 // SetTool stores a tool of a hosted agent (validated by the caller) and
 // makes its routines pick it up.
 func (s *Set) SetTool(ctx context.Context, t *dispatcherv1.Tool) (*dispatcherv1.Tool, error) {
-	agent := t.GetName()[:strings.LastIndex(t.GetName(), "/tools/")]
+	i := strings.LastIndex(t.GetName(), "/tools/")
+	if i < 0 {
+		return nil, fmt.Errorf("%w: %q is not a tool name", ErrInvalid, t.GetName())
+	}
+	agent := t.GetName()[:i]
 	if err := s.agents.Exists(ctx, agent); err != nil {
 		return nil, err
 	}
@@ -443,5 +453,3 @@ func (s *Set) SetTool(ctx context.Context, t *dispatcherv1.Tool) (*dispatcherv1.
 
 // Limits are the routine budgets runs get, for dry runs elsewhere.
 func (s *Set) Limits() routine.Limits { return s.opts.Limits }
-
-func lastSegment(name string) string { return name[strings.LastIndex(name, "/")+1:] }

@@ -43,8 +43,10 @@ type PoolOptions struct {
 	// Workers is how many routine runs execute at once (worker processes);
 	// at least 1.
 	Workers int
-	// AgentShare is the most workers one agent holds at once; half the
-	// workers (at least 1) when 0.
+	// AgentShare is the most workers one agent holds at once; when 0,
+	// three quarters of the workers (at least 1), so that a quarter (at
+	// least one worker when there are two or more) stays free for the
+	// other agents whatever one agent does.
 	AgentShare int
 	// MemoryBytes caps each worker's memory above its start size; 256 MiB
 	// when 0.
@@ -88,7 +90,10 @@ func NewPool(n int) *Pool { return NewPoolWith(PoolOptions{Workers: n}) }
 func NewPoolWith(o PoolOptions) *Pool {
 	o.Workers = max(o.Workers, 1)
 	if o.AgentShare <= 0 {
-		o.AgentShare = max(o.Workers/2, 1)
+		o.AgentShare = max(o.Workers-o.Workers/4, 1)
+		if o.Workers >= 2 {
+			o.AgentShare = min(o.AgentShare, o.Workers-1)
+		}
 	}
 	if o.MemoryBytes <= 0 {
 		o.MemoryBytes = 256 << 20
