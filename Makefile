@@ -45,9 +45,10 @@ $(GOLANGCI): tools/lint/go.mod tools/lint/go.sum
 	@mkdir -p $(BIN)
 	cd tools/lint && GOWORK=off go build -o $(GOLANGCI) github.com/golangci/golangci-lint/v2/cmd/golangci-lint
 
-## golangci: golangci-lint (config .golangci.yml) in every workspace module
+## golangci: golangci-lint (config .golangci.yml) in every workspace module; a run waits
+## for another on the same machine instead of failing (--allow-serial-runners)
 golangci: $(GOLANGCI)
-	@for m in $$(go list -m -f '{{.Dir}}'); do (cd $$m && $(GOLANGCI) run --config $(CURDIR)/.golangci.yml --max-issues-per-linter=0 --max-same-issues=0 ./...) || exit 1; done
+	@for m in $$(go list -m -f '{{.Dir}}'); do (cd $$m && $(GOLANGCI) run --allow-serial-runners --config $(CURDIR)/.golangci.yml --max-issues-per-linter=0 --max-same-issues=0 ./...) || exit 1; done
 
 ## protodeps: google/api protos into third_party/proto (gitignored)
 protodeps:

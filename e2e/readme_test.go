@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,30 +22,56 @@ func TestReadme_walkthrough(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	out, err := runReadmeBlock(t, root, "## Walkthrough")
+	if err != nil {
+		t.Fatalf("walkthrough failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		`{"status":"ok"}`,
+		"3a732bde0e63d2e838d1a722feebf3d67b52b211\n",
+		`{"status":"success","body":"{\"precipitation\":0,\"temperature\":18,\"weatherCondition\":\"sunny\"}"}`,
+		`{"status":"rejected"}`,
+		"3a732bde0e63d2e838d1a722feebf3d67b52b211  -",
+		`"status":"completed"`,
+		`"file_name":"notes.txt"`,
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("walkthrough output lacks %q; output:\n%s", want, out)
+		}
+	}
+}
+
+// runReadmeBlock runs the first ```sh block after heading in README.md
+// with bash, from the repo root, with extra environment variables, and
+// returns its combined output.
+func runReadmeBlock(t *testing.T, root, heading string, env ...string) ([]byte, error) {
+	t.Helper()
 	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	section := string(readme)
-	start := strings.Index(section, "## Walkthrough")
+	start := strings.Index(section, heading+"\n")
 	if start < 0 {
-		t.Fatal("README.md has no ## Walkthrough section")
+		t.Fatalf("README.md has no %s section", heading)
 	}
 	section = section[start:]
 	open := strings.Index(section, "```sh\n")
 	if open < 0 {
-		t.Fatal("the walkthrough has no ```sh block")
+		t.Fatalf("README section %s has no ```sh block", heading)
 	}
 	script := section[open+len("```sh\n"):]
 	script = script[:strings.Index(script, "```")]
 
-	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Minute)
+	// A generous bound: the script builds binaries, which on a loaded
+	// 2-core machine has taken over three minutes.
+	ctx, cancel := context.WithTimeout(t.Context(), 8*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
 	cmd.Dir = root
 	// The script's mktemp directories (binary, data, work) land in the
 	// test's own temporary directory, removed when the test ends.
-	cmd.Env = append(os.Environ(), "TMPDIR="+t.TempDir())
+	cmd.Env = append(append(os.Environ(), "TMPDIR="+t.TempDir()), env...)
 	// The script runs `parley serve` in the background. If the script
 	// fails before its `kill %1`, that orphan would keep the output pipe
 	// open and hang the test: run everything in one process group, kill
@@ -58,18 +85,45 @@ func TestReadme_walkthrough(t *testing.T) {
 	if cmd.Process != nil {
 		_ = killGroup() // ESRCH when the script cleaned up after itself
 	}
+	return out, err
+}
+
+// TestReadme_servicesSeparately runs the README's section on running the
+// four service binaries, `parley gateway` and the CLI as separate
+// processes, with the same flags as `parley serve`.
+func TestReadme_servicesSeparately(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds five binaries and runs them as separate processes")
+	}
+	root, err := filepath.Abs("..")
 	if err != nil {
-		t.Fatalf("walkthrough failed: %v\n%s", err, out)
+		t.Fatal(err)
+	}
+	// The services dial each other (the negotiator and the dispatcher both
+	// ways), so each needs its peers' addresses before they listen: the
+	// README takes them as variables. Free ports are picked here and
+	// released for the script to bind; another process could take one in
+	// between, which would fail the test loudly, not silently.
+	var env []string
+	for _, name := range []string{"REG", "NEG", "DISP", "TASKS", "HTTP"} {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		env = append(env, name+"="+l.Addr().String())
+		l.Close()
+	}
+	out, err := runReadmeBlock(t, root, "## Running the services separately", env...)
+	if err != nil {
+		t.Fatalf("the README's separate-processes section failed: %v\n%s", err, out)
 	}
 	for _, want := range []string{
 		`{"status":"ok"}`,
-		"3a732bde0e63d2e838d1a722feebf3d67b52b211\n",
-		`{"status":"success","body":"{\"precipitation\":0,\"temperature\":18,\"weatherCondition\":\"sunny\"}"}`,
-		`{"status":"rejected"}`,
-		"3a732bde0e63d2e838d1a722feebf3d67b52b211  -",
+		`{"status":"success","body":"ping"}`,
+		`"input":"split"`,
 	} {
 		if !strings.Contains(string(out), want) {
-			t.Errorf("walkthrough output lacks %q; output:\n%s", want, out)
+			t.Errorf("separate-processes output lacks %q; output:\n%s", want, out)
 		}
 	}
 }

@@ -29,6 +29,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -83,6 +84,7 @@ type agent struct {
 	nl        EnvelopeFunc
 	steps     StepFunc
 	ready     func()
+	key       string
 }
 
 // Protocol handles envelopes of one protocol, named by its SHA-1 as 40 hex
@@ -104,6 +106,16 @@ func Steps(fn StepFunc) Handler { return Handler{func(a *agent) { a.steps = fn }
 // routes requests to it.
 func OnReady(fn func()) Handler { return Handler{func(a *agent) { a.ready = fn }} }
 
+// Key authenticates the stream with the agent's key (parley_ak_…), or the
+// operator token. A server with access control refuses a stream without
+// one.
+func Key(secret string) Handler { return Handler{func(a *agent) { a.key = secret }} }
+
+// ErrNotAuthorized is returned, wrapped, when the server refuses the
+// stream's credential (UNAUTHENTICATED) or its agent (PERMISSION_DENIED).
+// Retrying cannot help: fix the key or the agent name.
+var ErrNotAuthorized = errors.New("the server refused this agent's credential")
+
 // Connect attaches agent (clients/{client}/agents/{agent}) to the dispatcher
 // reachable over conn and serves requests until ctx ends (returning nil) or
 // the stream fails.
@@ -114,12 +126,23 @@ func Connect(ctx context.Context, conn grpc.ClientConnInterface, agentName strin
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := dispatcherv1.NewDispatcherServiceClient(conn).Connect(ctx)
+	callCtx := ctx
+	if a.key != "" {
+		callCtx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+a.key)
+	}
+	stream, err := dispatcherv1.NewDispatcherServiceClient(conn).Connect(callCtx)
 	if err != nil {
-		return fmt.Errorf("connect: %w", err)
+		return connectError(err)
 	}
 	hello := &dispatcherv1.AgentHello{Agent: agentName, ProtocolHashes: a.hashes, NaturalLanguage: a.nl != nil, Steps: a.steps != nil}
 	if err := stream.Send(&dispatcherv1.ConnectRequest{Kind: &dispatcherv1.ConnectRequest_Hello{Hello: hello}}); err != nil {
+		if errors.Is(err, io.EOF) {
+			// The server ended the stream; Recv says why.
+			if _, err = stream.Recv(); err == nil {
+				err = io.ErrUnexpectedEOF
+			}
+			return connectError(err)
+		}
 		return fmt.Errorf("connect: send hello: %w", err)
 	}
 	var sendMu sync.Mutex // serialises stream.Send
@@ -136,7 +159,7 @@ func Connect(ctx context.Context, conn grpc.ClientConnInterface, agentName strin
 			if ctx.Err() != nil || errors.Is(err, io.EOF) || status.Code(err) == codes.Canceled {
 				return nil
 			}
-			return fmt.Errorf("connect: %w", err)
+			return connectError(err)
 		}
 		switch k := m.GetKind().(type) {
 		case *dispatcherv1.ConnectResponse_Ready:
@@ -157,6 +180,16 @@ func Connect(ctx context.Context, conn grpc.ClientConnInterface, agentName strin
 			}()
 		}
 	}
+}
+
+// connectError wraps a stream error, marking refusals with
+// ErrNotAuthorized so that a caller's reconnect loop can stop.
+func connectError(err error) error {
+	switch status.Code(err) {
+	case codes.Unauthenticated, codes.PermissionDenied:
+		return fmt.Errorf("connect: %w: %s", ErrNotAuthorized, status.Convert(err).Message())
+	}
+	return fmt.Errorf("connect: %w", err)
 }
 
 func (a *agent) envelope(ctx context.Context, r *dispatcherv1.EnvelopeRequest) *dispatcherv1.ConnectRequest {

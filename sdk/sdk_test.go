@@ -5,11 +5,15 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/sdk"
@@ -141,5 +145,49 @@ func TestConnect_answersEnvelopesAndSteps(t *testing.T) {
 	cancel()
 	if err := recv(t, done, "Connect's return after cancel"); err != nil {
 		t.Errorf("Connect after cancel = %v, want nil", err)
+	}
+}
+
+// keyCheckingDispatcher accepts only the stream carrying want and refuses
+// the rest as the real server does.
+type keyCheckingDispatcher struct {
+	dispatcherv1.UnimplementedDispatcherServiceServer
+	want string
+}
+
+func (f *keyCheckingDispatcher) Connect(stream dispatcherv1.DispatcherService_ConnectServer) error {
+	md, _ := metadata.FromIncomingContext(stream.Context())
+	if got := md.Get("authorization"); len(got) == 0 || got[0] != "Bearer "+f.want {
+		return status.Error(codes.Unauthenticated, "the key is unknown or revoked")
+	}
+	return status.Error(codes.PermissionDenied, "this credential may not connect agent x")
+}
+
+func TestConnect_sendsKeyAndGivesUpWhenRefused(t *testing.T) {
+	f := &keyCheckingDispatcher{want: "parley_ak_good"}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	dispatcherv1.RegisterDispatcherServiceServer(gs, f)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	for _, tc := range []struct{ name, key, wantMsg string }{
+		{"wrong key", "parley_ak_bad", "unknown or revoked"},
+		{"right key, wrong agent", "parley_ak_good", "may not connect"},
+	} {
+		err := sdk.Connect(t.Context(), conn, "clients/c/agents/x", sdk.Key(tc.key))
+		if !errors.Is(err, sdk.ErrNotAuthorized) || !strings.Contains(err.Error(), tc.wantMsg) {
+			t.Errorf("Connect(%s) = %v, want ErrNotAuthorized saying %q", tc.name, err, tc.wantMsg)
+		}
+		if strings.Contains(err.Error(), tc.key) {
+			t.Errorf("Connect(%s) error holds the key: %v", tc.name, err)
+		}
 	}
 }

@@ -34,6 +34,7 @@ func agentCommands() map[string]command {
 		"support":   {"declare AGENT supports protocol HASH [--source URL ...]", agentSupport},
 		"unsupport": {"declare AGENT refuses protocol HASH [--comment TEXT]", agentUnsupport},
 		"forget":    {"remove protocol HASH from both of AGENT's lists", agentForget},
+		"key":       {"create, list or revoke AGENT's keys", agentKey},
 	}
 }
 
@@ -89,9 +90,9 @@ func agentCreate(e env, args []string) error {
 	dialect := fs.String("dialect", "", "Agora reply dialect: spec2024 (default), std or pylib")
 	policy := fs.String("policy", "", "support policy: explicit (default) or implemented")
 	return agentCall(e, fs, args, clientDoc("parley agent create CLIENT:AGENT [flags]",
-		"Create a hosted agent on the server. Prints its name.",
+		"Create a hosted agent on the server with its first key, which it prints alone on stdout\n(not shown again); the agent's name goes to stderr.",
 		[]envflag.Arg{argAgent},
-		"parley agent create acme:weather --display-name 'Acme weather' --dialect std"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+		"KEY=$(parley agent create acme:weather --display-name 'Acme weather' --dialect std)"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
 		d, ok := dialects[*dialect]
 		if !ok {
 			return fmt.Errorf("--dialect %q must be spec2024, std or pylib", *dialect)
@@ -111,7 +112,8 @@ func agentCreate(e env, args []string) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintln(e.stdout, wireName(a.GetName()))
+		fmt.Fprintf(e.stderr, "created agent %s; its key follows on stdout and is not shown again\n", wireName(a.GetName()))
+		fmt.Fprintln(e.stdout, a.GetInitialKey().GetSecret())
 		return nil
 	})
 }

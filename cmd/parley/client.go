@@ -47,8 +47,9 @@ func dialServer(e env, fs *flag.FlagSet) func() (*serverConn, error) {
 	}
 	addr := fs.String("server", def, "gRPC `address` of a running Parley server")
 	ca := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "PEM CA bundle `file`; when set, dial the server over TLS")
+	token := fs.String("token", e.getenv("PARLEY_TOKEN"), "credential sent with every call: a client or agent key, or the operator token (`<data>/operator.token`)")
 	return func() (*serverConn, error) {
-		conn, err := grpcclient.Dial(*addr, grpcclient.Options{CAFile: *ca})
+		conn, err := grpcclient.Dial(*addr, grpcclient.Options{CAFile: *ca, Token: strings.TrimSpace(*token)})
 		if err != nil {
 			return nil, fmt.Errorf("--server %s: %w", *addr, err)
 		}
@@ -104,6 +105,8 @@ func (c *serverConn) explain(method string, err error) error {
 			home = "another Parley service"
 		}
 		return fmt.Errorf("the server at %s does not host %s (%s): 'parley serve' hosts every service on its --grpc-addr address (default %s); in a split deployment, point --server (or PARLEY_SERVER) at the process running %s", c.addr, service, home, defaultServer, home)
+	case st.Code() == codes.Unauthenticated:
+		return fmt.Errorf("the server at %s refused the credential: %s; set --token (or PARLEY_TOKEN) to a key, or to the operator token in the server's data directory (operator.token)", c.addr, st.Message())
 	}
 	return err
 }
@@ -116,7 +119,7 @@ func callContext() (context.Context, context.CancelFunc) {
 // clientEnv names the variables client subcommands read: only the
 // connection flags, so that an unrelated PARLEY_* setting never changes
 // what a command does.
-var clientEnv = map[string]string{"server": "PARLEY_SERVER", "server-ca": "PARLEY_SERVER_CA"}
+var clientEnv = map[string]string{"server": "PARLEY_SERVER", "server-ca": "PARLEY_SERVER_CA", "token": "PARLEY_TOKEN"}
 
 // clientDoc is the help of a client subcommand.
 func clientDoc(usage, summary string, args []envflag.Arg, examples ...string) envflag.Doc {

@@ -9,14 +9,21 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/parleyhq/parley/cmd/parley/internal/demo"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/envflag"
+	"github.com/parleyhq/parley/platform/grpcerr"
 	negotiatorconfig "github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/demo"
 )
 
 // runDemo runs a demo: `parley demo weather [--json] [--queries N]
@@ -119,13 +126,73 @@ func runDemoWeather(e env, args []string) error {
 	if err != nil {
 		return err
 	}
+	saved := computeSavings(sum)
 	if *asJSON {
 		enc := json.NewEncoder(e.stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(sum)
+		return enc.Encode(struct {
+			demo.Summary
+			Saved savings `json:"saved"`
+		}{sum, saved})
 	}
 	fmt.Fprintf(e.stdout, "Alice and Bob hold protocol %s (same hash: %v); %s\n", sum.Protocol.AliceSHA1, sum.Protocol.SameHash, sum.Transport)
+	fmt.Fprintln(e.stdout, saved)
 	return nil
+}
+
+// nlCallsPerQuery is the LLM calls one natural-language weather exchange
+// takes: Alice composes, Bob asks for his tool, then replies (counted by
+// TestDemoWeather_scriptedLLM).
+const nlCallsPerQuery = 3
+
+// savings is what the negotiated protocol saved against natural language
+// over the queries that followed negotiation (the first structured query
+// included): positive when Parley was cheaper.
+type savings struct {
+	Queries  int     `json:"queries"`
+	LLMCalls int64   `json:"llmCalls"`
+	USD      float64 `json:"usd"`
+	// Basis says where the natural-language figures come from.
+	Basis string `json:"basis"`
+}
+
+// computeSavings compares what the queries after negotiation cost
+// (negotiation, routines, structured queries) with what natural language
+// would have cost for as many queries: the measured per-query cost and
+// calls when the natural-language phase ran, else the paper's 0.020 USD
+// and the demo's 3 calls per exchange.
+func computeSavings(sum demo.Summary) savings {
+	var s savings
+	var spentCalls int64
+	var spentUSD float64
+	callsPerQuery := float64(nlCallsPerQuery)
+	s.Basis = fmt.Sprintf("natural language at the paper's %.3f USD and %d LLM calls per query", demo.PaperNLCostUSD, nlCallsPerQuery)
+	for _, p := range sum.Phases {
+		switch p.Name {
+		case "natural-language":
+			if !p.Skipped && p.Queries > 0 && p.CostUSD > 0 {
+				callsPerQuery = float64(p.LLMCalls) / float64(p.Queries)
+				s.Basis = fmt.Sprintf("natural language as measured: %.4f USD and %.1f LLM calls per query", sum.NLCostPerQueryUSD, callsPerQuery)
+			}
+		case "negotiation", "structured":
+			s.Queries += p.Queries
+			fallthrough
+		case "routines":
+			spentCalls += p.LLMCalls
+			spentUSD += p.CostUSD
+		}
+	}
+	s.LLMCalls = int64(math.Round(callsPerQuery*float64(s.Queries))) - spentCalls
+	s.USD = sum.NLCostPerQueryUSD*float64(s.Queries) - spentUSD
+	return s
+}
+
+// String is the demo's closing line.
+func (s savings) String() string {
+	if s.USD >= 0 {
+		return fmt.Sprintf("Saved over the %d queries after negotiation: %d LLM calls and %.4f USD (%s).", s.Queries, s.LLMCalls, s.USD, s.Basis)
+	}
+	return fmt.Sprintf("Not saving yet over the %d queries after negotiation: %d LLM calls saved, but %.4f USD more than natural language (%s); see the break-even query.", s.Queries, s.LLMCalls, -s.USD, s.Basis)
 }
 
 func demoOnServer(ctx context.Context, e env, opts demo.Options, addr, ca, httpURL string) (demo.Summary, error) {
@@ -145,7 +212,45 @@ func demoOnServer(ctx context.Context, e env, opts demo.Options, addr, ca, httpU
 	opts.Alice = demo.Endpoint{Conn: conn, HTTPURL: httpURL}
 	opts.Bob = opts.Alice
 	opts.Transport = "Agora over HTTP through parley serve at " + httpURL + " (Alice and Bob on one server)"
-	return demo.Weather(ctx, opts)
+	sum, err := demo.Weather(ctx, opts)
+	if err != nil && (grpcerr.Reason(err) == "TARGET_REFUSED" || strings.Contains(err.Error(), "refused: internal address")) {
+		err = fmt.Errorf("%w; Alice sends to Bob at %s, an address the server refuses as internal: start that server with --send-allow-private (labs and tests only), or give --http a URL the server may send to", err, httpURL)
+	}
+	// Progress goes where the run's log went, stderr with --json, so that
+	// --json output stays one document.
+	w := opts.Log
+	if w == nil {
+		w = e.stderr
+	}
+	return sum, errors.Join(err, removeDemoAgents(w, conn, opts.AgentSuffix))
+}
+
+// removeDemoAgents deletes the agents a run on --server created, so the
+// user's server keeps none of them, and says so; if that fails, it names
+// them for the user to delete.
+func removeDemoAgents(w io.Writer, conn *serverConn, suffix string) error {
+	reg := registryv1.NewRegistryServiceClient(conn)
+	ctx, cancel := callContext()
+	defer cancel()
+	var removed, left []string
+	var errs []error
+	for _, a := range []string{demo.Alice + suffix, demo.Bob + suffix} {
+		_, err := reg.DeleteAgent(ctx, &registryv1.DeleteAgentRequest{Name: a})
+		switch {
+		case err == nil:
+			removed = append(removed, wireName(a))
+		case status.Code(err) != codes.NotFound: // NotFound: never created
+			left = append(left, wireName(a))
+			errs = append(errs, err)
+		}
+	}
+	if len(removed) > 0 {
+		fmt.Fprintf(w, "removed the agents it created: %s\n", strings.Join(removed, ", "))
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("could not remove the agents the demo created (%s); delete them with 'parley agent delete': %w", strings.Join(left, ", "), errors.Join(errs...))
+	}
+	return nil
 }
 
 // demoInProcess runs the story between two in-process suites.

@@ -7,7 +7,7 @@ import (
 	"math"
 	"testing"
 
-	"github.com/parleyhq/parley/services/negotiator/demo"
+	"github.com/parleyhq/parley/cmd/parley/internal/demo"
 	"github.com/parleyhq/parley/services/negotiator/llmtest"
 )
 

@@ -31,9 +31,13 @@ import (
 	"strings"
 
 	"github.com/parleyhq/parley/platform/envflag"
+	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
 )
 
 func main() {
+	if dispatcherapp.IsRoutineWorker() { // the dispatcher's routine workers
+		os.Exit(dispatcherapp.ServeRoutineWorker())
+	}
 	err := run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, "parley:", oneLine(err))
@@ -76,6 +80,7 @@ type command struct {
 func groups() map[string]map[string]command {
 	return map[string]map[string]command{
 		"agent":    agentCommands(),
+		"client":   clientCommands(),
 		"demo":     demoCommands(),
 		"protocol": protocolCommands(),
 		"routine":  routineCommands(),
@@ -85,6 +90,7 @@ func groups() map[string]map[string]command {
 func commands() map[string]command {
 	return map[string]command{
 		"agent":    {"manage hosted agents and the protocols they support", runAgent},
+		"client":   {"create clients, the accounts that own agents", runClient},
 		"demo":     {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
 		"gateway":  {"run the REST gateway in front of separately running services", runGateway},
 		"health":   {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},

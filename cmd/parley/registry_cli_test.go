@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -100,8 +101,8 @@ func TestProtocolAndAgentCommands(t *testing.T) {
 		t.Errorf("protocol search nothing = %q, %v; want no output", got, err)
 	}
 
-	if got, err := cli(t, addr, "agent", "create", "acme:weather", "--display-name", "Weather", "--dialect", "std"); err != nil || strings.TrimSpace(got) != "acme:weather" {
-		t.Fatalf("agent create = %q, %v", got, err)
+	if got, err := cli(t, addr, "agent", "create", "acme:weather", "--display-name", "Weather", "--dialect", "std"); err != nil || !regexp.MustCompile(`^parley_ak_[0-9a-f]{16}_[A-Za-z0-9_-]{43}\n$`).MatchString(got) {
+		t.Fatalf("agent create = %q, %v; want the agent's key alone on stdout", got, err)
 	}
 	got, err := cli(t, addr, "agent", "update", "acme:weather", "--description", "Forecasts.", "--policy", "implemented")
 	var updated map[string]any

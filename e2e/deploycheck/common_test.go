@@ -98,7 +98,7 @@ var parleyServices = []parleyService{
 		name:        "negotiator",
 		stateful:    true,
 		grpcService: "parley.negotiator.v1.NegotiatorService",
-		peers:       []string{"registry", "dispatcher"},
+		peers:       []string{"dispatcher"},
 		startsAfter: []string{"registry"},
 	},
 	{

@@ -323,7 +323,9 @@ func TestUpdate_failingFirstWriteOfAGroupSparesTheRest(t *testing.T) {
 	waitQueued(t, d, 1+len(errs))
 	release()
 	wg.Wait()
-	<-held
+	if err := <-held; err != nil {
+		t.Errorf("holding write = %v, want nil", err)
+	}
 	if err := <-bad; !errors.Is(err, errBad) {
 		t.Errorf("failing write = %v, want %v", err, errBad)
 	}

@@ -12,6 +12,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/parleyhq/parley/platform/auth"
 )
 
 // Options configures a peer connection.
@@ -20,6 +22,9 @@ type Options struct {
 	CAFile string
 	// MaxMessageBytes caps received messages; 16 MiB when zero.
 	MaxMessageBytes int
+	// Token, when set, is sent as `authorization: Bearer <token>` on every
+	// call: a key, or the operator token between services.
+	Token string
 }
 
 // Dial returns a lazily connecting client for target. It does no I/O.
@@ -42,7 +47,12 @@ func Dial(target string, opts Options) (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(&tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12})
 	}
-	return grpc.NewClient(target,
+	dial := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes)))
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes)),
+	}
+	if opts.Token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(auth.Bearer(opts.Token)))
+	}
+	return grpc.NewClient(target, dial...)
 }

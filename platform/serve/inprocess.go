@@ -9,6 +9,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/parleyhq/parley/platform/auth"
 )
 
 // InProcessConn returns a client connection to this server's own gRPC
@@ -39,19 +41,9 @@ func (s *Server) InProcessConn() (*grpc.ClientConn, error) {
 	if s.auth != nil {
 		// Services in one process call each other as the operator: the
 		// pipe cannot be reached from outside it.
-		opts = append(opts, grpc.WithPerRPCCredentials(bearerToken(s.operatorToken)))
+		opts = append(opts, grpc.WithPerRPCCredentials(auth.Bearer(s.operatorToken)))
 	}
 	return grpc.NewClient("passthrough:///in-process", opts...)
 }
-
-// bearerToken sends a credential on every call.
-type bearerToken string
-
-func (t bearerToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"authorization": "Bearer " + string(t)}, nil
-}
-
-// RequireTransportSecurity is false: the in-process pipe is not a network.
-func (bearerToken) RequireTransportSecurity() bool { return false }
 
 func (s *Server) servePipe(lis *bufconn.Listener) { _ = s.GRPC.Serve(lis) }

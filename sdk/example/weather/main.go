@@ -7,6 +7,10 @@
 //
 //	go run . --server 127.0.0.1:9090 --agent clients/acme/agents/weather
 //
+// PARLEY_TOKEN holds the agent's key (parley_ak_…), which the server asks
+// for when it runs with --auth. A refused key stops the agent instead of
+// reconnecting for ever.
+//
 // Create the agent first (`parley agent create acme:weather`): the
 // dispatcher refuses streams for agents the registry does not know.
 package main
@@ -41,7 +45,7 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, logger, *server, *agent); err != nil {
+	if err := run(ctx, logger, *server, *agent, os.Getenv("PARLEY_TOKEN")); err != nil {
 		logger.ErrorContext(ctx, "agent stopped", slog.Any("err", err))
 		os.Exit(1)
 	}
@@ -49,7 +53,7 @@ func main() {
 
 // run connects until ctx ends, waiting a little longer after each broken
 // stream (up to 30 s) so that a restarting server is not hammered.
-func run(ctx context.Context, logger *slog.Logger, server, agent string) error {
+func run(ctx context.Context, logger *slog.Logger, server, agent, key string) error {
 	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
@@ -62,9 +66,13 @@ func run(ctx context.Context, logger *slog.Logger, server, agent string) error {
 			sdk.NaturalLanguage(chat),
 			sdk.Steps(step),
 			sdk.OnReady(func() { logger.InfoContext(ctx, "connected", slog.String("agent", agent)) }),
+			sdk.Key(key),
 		)
 		if ctx.Err() != nil {
 			return nil
+		}
+		if errors.Is(err, sdk.ErrNotAuthorized) {
+			return err // another try with the same key would fail the same way
 		}
 		logger.WarnContext(ctx, "stream broken; reconnecting", slog.Any("err", err), slog.Duration("in", wait))
 		select {

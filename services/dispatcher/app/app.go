@@ -38,7 +38,22 @@ type App struct {
 	store  store.Store
 	peers  Peers
 	srv    *server.Server // set by Register
+	pool   *routine.Pool  // the routine workers, set by Register
 }
+
+// IsRoutineWorker reports whether this process was started by the
+// dispatcher as a routine worker (the binary re-executed, see docs/adr/0005).
+// Every binary that runs the dispatcher, test binaries included, begins
+// its main (or TestMain) with:
+//
+//	if app.IsRoutineWorker() {
+//		os.Exit(app.ServeRoutineWorker())
+//	}
+func IsRoutineWorker() bool { return routine.IsWorker() }
+
+// ServeRoutineWorker serves routine runs on stdin and stdout until the
+// dispatcher closes them, and returns the exit code.
+func ServeRoutineWorker() int { return routine.ServeWorker() }
 
 // New opens the store. It does not listen; Register builds the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
@@ -78,7 +93,7 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 			MaxOutputBytes: a.cfg.RoutineMaxOutputBytes,
 			MaxToolCalls:   a.cfg.RoutineMaxToolCalls,
 			MaxAllocBytes:  a.cfg.RoutineMaxAllocBytes,
-			Pool:           routine.NewPool(a.cfg.RoutineWorkers),
+			Pool:           a.pool,
 		},
 		QuarantineAfter:  a.cfg.QuarantineAfter,
 		HandlerTimeout:   a.cfg.HandlerTimeout,
@@ -98,6 +113,9 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 // Agora routes, health name and readiness checks. Expired conversations are
 // swept until ctx ends.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
+	if a.pool == nil {
+		a.pool = routine.NewPool(a.cfg.RoutineWorkers)
+	}
 	opts, err := a.options(s)
 	if err != nil {
 		return err
@@ -141,11 +159,13 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 	}
 }
 
-// Close stops the shadow runs in flight and closes the store.
+// Close stops the shadow runs in flight and the routine workers, and
+// closes the store.
 func (a *App) Close() error {
 	if a.srv != nil {
 		a.srv.StopShadows() // they may install a routine in the store
 	}
+	_ = a.pool.Close()
 	return a.store.Close()
 }
 

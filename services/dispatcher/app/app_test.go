@@ -31,7 +31,7 @@ type fakeRegistry struct {
 }
 
 func (fakeRegistry) GetAgent(_ context.Context, req *registryv1.GetAgentRequest) (*registryv1.Agent, error) {
-	if req.GetName() != "clients/acme/agents/echo" {
+	if req.GetName() != "clients/acme/agents/echo" && req.GetName() != "clients/acme/agents/other" {
 		return nil, status.Error(codes.NotFound, "no such agent")
 	}
 	return &registryv1.Agent{Name: req.GetName(), SupportPolicy: registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED}, nil
@@ -55,7 +55,8 @@ func listen(t *testing.T) net.Listener {
 
 // startDispatcher runs the dispatcher app on serve.Server over loopback and
 // returns a gRPC client and the HTTP base URL.
-func startDispatcher(t *testing.T) (dispatcherv1.DispatcherServiceClient, string) {
+// Extra args are dispatcher flags.
+func startDispatcher(t *testing.T, args ...string) (dispatcherv1.DispatcherServiceClient, string) {
 	t.Helper()
 	regLis := listen(t)
 	regSrv := grpc.NewServer()
@@ -68,7 +69,7 @@ func startDispatcher(t *testing.T) (dispatcherv1.DispatcherServiceClient, string
 	}
 	t.Cleanup(func() { regConn.Close() })
 
-	cfg, err := config.Load([]string{"--data", t.TempDir()}, func(string) string { return "" })
+	cfg, err := config.Load(append([]string{"--data", t.TempDir()}, args...), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

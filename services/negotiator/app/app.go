@@ -27,11 +27,11 @@ import (
 // ServiceName is the negotiator's gRPC service name, also its health name.
 const ServiceName = "parley.negotiator.v1.NegotiatorService"
 
-// Peers are the services the negotiator calls, as gRPC connections. The
-// negotiator does not call them yet; the dispatcher relays negotiation
-// messages and registers agreed PDs.
+// Peers are the services the negotiator calls, as gRPC connections: only
+// the dispatcher, whose TestRoutine runs routines under test. The
+// negotiator never calls the registry (the dispatcher relays negotiation
+// messages and registers agreed PDs).
 type Peers struct {
-	Registry   grpc.ClientConnInterface
 	Dispatcher grpc.ClientConnInterface
 }
 
@@ -132,9 +132,6 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("negotiator-store", a.store.Ping)
-	if a.peers.Registry != nil {
-		s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
-	}
 	if a.peers.Dispatcher != nil {
 		s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
 	}

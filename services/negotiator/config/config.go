@@ -56,9 +56,6 @@ func (l LLM) String() string {
 type Config struct {
 	serve.Flags
 
-	// RegistryAddr is the registry gRPC address (one-service binary only;
-	// `parley serve` connects in-process).
-	RegistryAddr string
 	// DispatcherAddr is the dispatcher gRPC address (one-service binary only;
 	// `parley serve` connects in-process).
 	DispatcherAddr string
@@ -173,7 +170,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs := flag.NewFlagSet("negotiator", flag.ContinueOnError)
 	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
-	fs.StringVar(&c.RegistryAddr, "registry-addr", "dns:///registry:9090", "registry gRPC address")
+	fs.String("registry-addr", "", "deprecated and ignored: the negotiator does not call the registry")
 	fs.StringVar(&c.DispatcherAddr, "dispatcher-addr", "dns:///dispatcher:9090", "dispatcher gRPC address")
 	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
 		return c, err

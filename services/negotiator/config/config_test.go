@@ -44,3 +44,11 @@ func TestLoad(t *testing.T) {
 		})
 	}
 }
+
+// TestLoad_registryAddrIsAcceptedAndIgnored proves old command lines still
+// start the negotiator, which no longer dials the registry.
+func TestLoad_registryAddrIsAcceptedAndIgnored(t *testing.T) {
+	if _, err := config.Load([]string{"--registry-addr", "dns:///registry:9090"}, func(string) string { return "" }); err != nil {
+		t.Errorf("Load(--registry-addr) = %v, want nil", err)
+	}
+}

@@ -6,7 +6,6 @@ package app
 import (
 	"context"
 	"log/slog"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -37,10 +36,6 @@ type App struct {
 	store  store.Store
 	server *server.Server
 	peers  Peers
-	// stopping is the server's Options.Stopping: the server is built before
-	// Register knows the serve.Server, so Register relays its Stopping here.
-	stopping chan struct{}
-	stopOnce sync.Once
 }
 
 // New opens the store and builds the server. It does not listen.
@@ -54,7 +49,6 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		st.Close()
 		return nil, err
 	}
-	stopping := make(chan struct{})
 	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, server.Options{
 		StepWait:        cfg.StepWait,
 		StepTimeout:     cfg.StepTimeout,
@@ -64,22 +58,14 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		MaxWatchers:     cfg.MaxWatchers,
 		MaxInFlight:     cfg.MaxInFlight,
 		MaxWaitingSteps: cfg.MaxWaitingSteps,
-		Stopping:        stopping,
 	})
-	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers, stopping: stopping}, nil
+	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers}, nil
 }
 
 // Register mounts the tasks on s: gRPC service, gateway handlers, the Agent
 // Protocol routes, health name and readiness check. It also resumes steps
 // left pending by the last run.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
-	go func() {
-		select {
-		case <-s.Stopping():
-			a.stop()
-		case <-a.stopping: // closed by Close
-		}
-	}()
 	tasksv1.RegisterTasksServiceServer(s.GRPC, a.server)
 	if err := tasksv1.RegisterTasksServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
@@ -96,7 +82,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("tasks-store", a.store.Ping)
 	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
-	return a.server.Start(ctx)
+	return a.server.Start(ctx, s.Stopping())
 }
 
 func restOptions(cfg config.Config) rest.Options {
@@ -105,7 +91,6 @@ func restOptions(cfg config.Config) rest.Options {
 
 // Close stops step execution, then closes the store.
 func (a *App) Close() error {
-	a.stop()
 	a.server.Close()
 	return a.store.Close()
 }
@@ -131,6 +116,3 @@ func registerErrorShapes(s *serve.Server) {
 	s.HandleErrors("/ap/", rest.WriteRouteError)
 	s.HandleErrors("/agents/", rest.WriteRouteError)
 }
-
-// stop ends the server's WatchTask streams.
-func (a *App) stop() { a.stopOnce.Do(func() { close(a.stopping) }) }

@@ -123,8 +123,10 @@ func TestKill9_losesNothingAcknowledged(t *testing.T) {
 	for w := range 16 {
 		wg.Go(func() { crashWorker(client, base, w, got, &ops) })
 	}
+	// 300 acknowledged writes are plenty to lose some on a bad commit path,
+	// and a loaded CI machine under -race reaches them well within 10s.
 	eventually(t, "load builds up", func() (bool, string) {
-		return ops.Load() >= 600, fmt.Sprint(ops.Load(), " operations acknowledged")
+		return ops.Load() >= 300, fmt.Sprint(ops.Load(), " operations acknowledged")
 	})
 	if err := cmd.Process.Kill(); err != nil { // SIGKILL: no shutdown code runs
 		t.Fatal(err)

@@ -1380,8 +1380,10 @@ type TestRoutineResult struct {
 	// The call was stopped by a budget (steps, wall time, memory, output
 	// size or tool calls).
 	BudgetExceeded bool `protobuf:"varint,3,opt,name=budget_exceeded,json=budgetExceeded,proto3" json:"budget_exceeded,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// What stopped the call; unspecified on success.
+	FailureKind   RoutineFailureKind `protobuf:"varint,4,opt,name=failure_kind,json=failureKind,proto3,enum=parley.dispatcher.v1.RoutineFailureKind" json:"failure_kind,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *TestRoutineResult) Reset() {
@@ -1433,6 +1435,13 @@ func (x *TestRoutineResult) GetBudgetExceeded() bool {
 		return x.BudgetExceeded
 	}
 	return false
+}
+
+func (x *TestRoutineResult) GetFailureKind() RoutineFailureKind {
+	if x != nil {
+		return x.FailureKind
+	}
+	return RoutineFailureKind_ROUTINE_FAILURE_KIND_UNSPECIFIED
 }
 
 var File_parley_dispatcher_v1_dispatcher_service_proto protoreflect.FileDescriptor
@@ -1537,12 +1546,13 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\targs_json\x18\x02 \x03(\tB\x04\xe2A\x01\x01R\bargsJson\"v\n" +
 	"\x13TestRoutineResponse\x12A\n" +
 	"\aresults\x18\x01 \x03(\v2'.parley.dispatcher.v1.TestRoutineResultR\aresults\x12\x1c\n" +
-	"\tfunctions\x18\x02 \x03(\tR\tfunctions\"s\n" +
+	"\tfunctions\x18\x02 \x03(\tR\tfunctions\"\xc0\x01\n" +
 	"\x11TestRoutineResult\x12\x1f\n" +
 	"\voutput_json\x18\x01 \x01(\tR\n" +
 	"outputJson\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12'\n" +
-	"\x0fbudget_exceeded\x18\x03 \x01(\bR\x0ebudgetExceeded2\xba\v\n" +
+	"\x0fbudget_exceeded\x18\x03 \x01(\bR\x0ebudgetExceeded\x12K\n" +
+	"\ffailure_kind\x18\x04 \x01(\x0e2(.parley.dispatcher.v1.RoutineFailureKindR\vfailureKind2\xba\v\n" +
 	"\x11DispatcherService\x12\x86\x01\n" +
 	"\n" +
 	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12\x97\x01\n" +
@@ -1597,8 +1607,9 @@ var file_parley_dispatcher_v1_dispatcher_service_proto_goTypes = []any{
 	(*StepArtifact)(nil),            // 21: parley.dispatcher.v1.StepArtifact
 	(*Routine)(nil),                 // 22: parley.dispatcher.v1.Routine
 	(*Tool)(nil),                    // 23: parley.dispatcher.v1.Tool
-	(*ConnectRequest)(nil),          // 24: parley.dispatcher.v1.ConnectRequest
-	(*ConnectResponse)(nil),         // 25: parley.dispatcher.v1.ConnectResponse
+	(RoutineFailureKind)(0),         // 24: parley.dispatcher.v1.RoutineFailureKind
+	(*ConnectRequest)(nil),          // 25: parley.dispatcher.v1.ConnectRequest
+	(*ConnectResponse)(nil),         // 26: parley.dispatcher.v1.ConnectResponse
 }
 var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
 	21, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
@@ -1610,33 +1621,34 @@ var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
 	17, // 6: parley.dispatcher.v1.TestRoutineRequest.tools:type_name -> parley.dispatcher.v1.TestRoutineTool
 	18, // 7: parley.dispatcher.v1.TestRoutineRequest.cases:type_name -> parley.dispatcher.v1.TestRoutineCase
 	20, // 8: parley.dispatcher.v1.TestRoutineResponse.results:type_name -> parley.dispatcher.v1.TestRoutineResult
-	2,  // 9: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
-	3,  // 10: parley.dispatcher.v1.DispatcherService.ListRoutines:input_type -> parley.dispatcher.v1.ListRoutinesRequest
-	5,  // 11: parley.dispatcher.v1.DispatcherService.SetRoutine:input_type -> parley.dispatcher.v1.SetRoutineRequest
-	6,  // 12: parley.dispatcher.v1.DispatcherService.SetTool:input_type -> parley.dispatcher.v1.SetToolRequest
-	7,  // 13: parley.dispatcher.v1.DispatcherService.ListTools:input_type -> parley.dispatcher.v1.ListToolsRequest
-	9,  // 14: parley.dispatcher.v1.DispatcherService.Send:input_type -> parley.dispatcher.v1.SendRequest
-	11, // 15: parley.dispatcher.v1.DispatcherService.ListSendCounts:input_type -> parley.dispatcher.v1.ListSendCountsRequest
-	14, // 16: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:input_type -> parley.dispatcher.v1.DeliverEnvelopeRequest
-	24, // 17: parley.dispatcher.v1.DispatcherService.Connect:input_type -> parley.dispatcher.v1.ConnectRequest
-	0,  // 18: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
-	16, // 19: parley.dispatcher.v1.DispatcherService.TestRoutine:input_type -> parley.dispatcher.v1.TestRoutineRequest
-	22, // 20: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
-	4,  // 21: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
-	22, // 22: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
-	23, // 23: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
-	8,  // 24: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
-	10, // 25: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
-	12, // 26: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
-	15, // 27: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
-	25, // 28: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
-	1,  // 29: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
-	19, // 30: parley.dispatcher.v1.DispatcherService.TestRoutine:output_type -> parley.dispatcher.v1.TestRoutineResponse
-	20, // [20:31] is the sub-list for method output_type
-	9,  // [9:20] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	24, // 9: parley.dispatcher.v1.TestRoutineResult.failure_kind:type_name -> parley.dispatcher.v1.RoutineFailureKind
+	2,  // 10: parley.dispatcher.v1.DispatcherService.GetRoutine:input_type -> parley.dispatcher.v1.GetRoutineRequest
+	3,  // 11: parley.dispatcher.v1.DispatcherService.ListRoutines:input_type -> parley.dispatcher.v1.ListRoutinesRequest
+	5,  // 12: parley.dispatcher.v1.DispatcherService.SetRoutine:input_type -> parley.dispatcher.v1.SetRoutineRequest
+	6,  // 13: parley.dispatcher.v1.DispatcherService.SetTool:input_type -> parley.dispatcher.v1.SetToolRequest
+	7,  // 14: parley.dispatcher.v1.DispatcherService.ListTools:input_type -> parley.dispatcher.v1.ListToolsRequest
+	9,  // 15: parley.dispatcher.v1.DispatcherService.Send:input_type -> parley.dispatcher.v1.SendRequest
+	11, // 16: parley.dispatcher.v1.DispatcherService.ListSendCounts:input_type -> parley.dispatcher.v1.ListSendCountsRequest
+	14, // 17: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:input_type -> parley.dispatcher.v1.DeliverEnvelopeRequest
+	25, // 18: parley.dispatcher.v1.DispatcherService.Connect:input_type -> parley.dispatcher.v1.ConnectRequest
+	0,  // 19: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
+	16, // 20: parley.dispatcher.v1.DispatcherService.TestRoutine:input_type -> parley.dispatcher.v1.TestRoutineRequest
+	22, // 21: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
+	4,  // 22: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
+	22, // 23: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
+	23, // 24: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
+	8,  // 25: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
+	10, // 26: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
+	12, // 27: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
+	15, // 28: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
+	26, // 29: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
+	1,  // 30: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
+	19, // 31: parley.dispatcher.v1.DispatcherService.TestRoutine:output_type -> parley.dispatcher.v1.TestRoutineResponse
+	21, // [21:32] is the sub-list for method output_type
+	10, // [10:21] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_parley_dispatcher_v1_dispatcher_service_proto_init() }

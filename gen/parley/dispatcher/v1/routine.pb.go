@@ -23,6 +23,72 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// RoutineFailureKind is what stopped a failed routine run.
+type RoutineFailureKind int32
+
+const (
+	// No failure, or one recorded before kinds were.
+	RoutineFailureKind_ROUTINE_FAILURE_KIND_UNSPECIFIED RoutineFailureKind = 0
+	// The routine raised an error, or its result was invalid.
+	RoutineFailureKind_ROUTINE_FAILURE_KIND_ERROR RoutineFailureKind = 1
+	// The wall-time budget or the request's deadline (the run was stopped, or
+	// its worker killed).
+	RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME RoutineFailureKind = 2
+	// The allocation budget or the worker's memory cap.
+	RoutineFailureKind_ROUTINE_FAILURE_KIND_MEMORY RoutineFailureKind = 3
+	// The result or memory was too large or too deeply nested.
+	RoutineFailureKind_ROUTINE_FAILURE_KIND_OUTPUT RoutineFailureKind = 4
+	// The step budget or the tool-call budget.
+	RoutineFailureKind_ROUTINE_FAILURE_KIND_STEPS RoutineFailureKind = 5
+)
+
+// Enum value maps for RoutineFailureKind.
+var (
+	RoutineFailureKind_name = map[int32]string{
+		0: "ROUTINE_FAILURE_KIND_UNSPECIFIED",
+		1: "ROUTINE_FAILURE_KIND_ERROR",
+		2: "ROUTINE_FAILURE_KIND_TIME",
+		3: "ROUTINE_FAILURE_KIND_MEMORY",
+		4: "ROUTINE_FAILURE_KIND_OUTPUT",
+		5: "ROUTINE_FAILURE_KIND_STEPS",
+	}
+	RoutineFailureKind_value = map[string]int32{
+		"ROUTINE_FAILURE_KIND_UNSPECIFIED": 0,
+		"ROUTINE_FAILURE_KIND_ERROR":       1,
+		"ROUTINE_FAILURE_KIND_TIME":        2,
+		"ROUTINE_FAILURE_KIND_MEMORY":      3,
+		"ROUTINE_FAILURE_KIND_OUTPUT":      4,
+		"ROUTINE_FAILURE_KIND_STEPS":       5,
+	}
+)
+
+func (x RoutineFailureKind) Enum() *RoutineFailureKind {
+	p := new(RoutineFailureKind)
+	*p = x
+	return p
+}
+
+func (x RoutineFailureKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (RoutineFailureKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_parley_dispatcher_v1_routine_proto_enumTypes[0].Descriptor()
+}
+
+func (RoutineFailureKind) Type() protoreflect.EnumType {
+	return &file_parley_dispatcher_v1_routine_proto_enumTypes[0]
+}
+
+func (x RoutineFailureKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use RoutineFailureKind.Descriptor instead.
+func (RoutineFailureKind) EnumDescriptor() ([]byte, []int) {
+	return file_parley_dispatcher_v1_routine_proto_rawDescGZIP(), []int{0}
+}
+
 // State is whether the dispatcher runs the routine.
 type Routine_State int32
 
@@ -61,11 +127,11 @@ func (x Routine_State) String() string {
 }
 
 func (Routine_State) Descriptor() protoreflect.EnumDescriptor {
-	return file_parley_dispatcher_v1_routine_proto_enumTypes[0].Descriptor()
+	return file_parley_dispatcher_v1_routine_proto_enumTypes[1].Descriptor()
 }
 
 func (Routine_State) Type() protoreflect.EnumType {
-	return &file_parley_dispatcher_v1_routine_proto_enumTypes[0]
+	return &file_parley_dispatcher_v1_routine_proto_enumTypes[1]
 }
 
 func (x Routine_State) Number() protoreflect.EnumNumber {
@@ -104,9 +170,11 @@ type Routine struct {
 	// Failures since the last success of this version.
 	ConsecutiveFailures int32 `protobuf:"varint,6,opt,name=consecutive_failures,json=consecutiveFailures,proto3" json:"consecutive_failures,omitempty"`
 	// The last failure's message, for operators.
-	LastError     string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LastError string `protobuf:"bytes,7,opt,name=last_error,json=lastError,proto3" json:"last_error,omitempty"`
+	// What stopped the last failed run.
+	LastFailureKind RoutineFailureKind `protobuf:"varint,8,opt,name=last_failure_kind,json=lastFailureKind,proto3,enum=parley.dispatcher.v1.RoutineFailureKind" json:"last_failure_kind,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *Routine) Reset() {
@@ -188,11 +256,18 @@ func (x *Routine) GetLastError() string {
 	return ""
 }
 
+func (x *Routine) GetLastFailureKind() RoutineFailureKind {
+	if x != nil {
+		return x.LastFailureKind
+	}
+	return RoutineFailureKind_ROUTINE_FAILURE_KIND_UNSPECIFIED
+}
+
 var File_parley_dispatcher_v1_routine_proto protoreflect.FileDescriptor
 
 const file_parley_dispatcher_v1_routine_proto_rawDesc = "" +
 	"\n" +
-	"\"parley/dispatcher/v1/routine.proto\x12\x14parley.dispatcher.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe4\x03\n" +
+	"\"parley/dispatcher/v1/routine.proto\x12\x14parley.dispatcher.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc0\x04\n" +
 	"\aRoutine\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1c\n" +
 	"\x06source\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06source\x12\x1e\n" +
@@ -202,12 +277,20 @@ const file_parley_dispatcher_v1_routine_proto_rawDesc = "" +
 	"\x05state\x18\x05 \x01(\x0e2#.parley.dispatcher.v1.Routine.StateB\x04\xe2A\x01\x03R\x05state\x127\n" +
 	"\x14consecutive_failures\x18\x06 \x01(\x05B\x04\xe2A\x01\x03R\x13consecutiveFailures\x12#\n" +
 	"\n" +
-	"last_error\x18\a \x01(\tB\x04\xe2A\x01\x03R\tlastError\"G\n" +
+	"last_error\x18\a \x01(\tB\x04\xe2A\x01\x03R\tlastError\x12Z\n" +
+	"\x11last_failure_kind\x18\b \x01(\x0e2(.parley.dispatcher.v1.RoutineFailureKindB\x04\xe2A\x01\x03R\x0flastFailureKind\"G\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x10\n" +
 	"\fSTATE_ACTIVE\x10\x01\x12\x15\n" +
 	"\x11STATE_QUARANTINED\x10\x02:V\xeaAS\n" +
-	"\x1ddispatcher.parley.dev/Routine\x122clients/{client}/agents/{agent}/routines/{routine}B\xdc\x01\n" +
+	"\x1ddispatcher.parley.dev/Routine\x122clients/{client}/agents/{agent}/routines/{routine}*\xdb\x01\n" +
+	"\x12RoutineFailureKind\x12$\n" +
+	" ROUTINE_FAILURE_KIND_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aROUTINE_FAILURE_KIND_ERROR\x10\x01\x12\x1d\n" +
+	"\x19ROUTINE_FAILURE_KIND_TIME\x10\x02\x12\x1f\n" +
+	"\x1bROUTINE_FAILURE_KIND_MEMORY\x10\x03\x12\x1f\n" +
+	"\x1bROUTINE_FAILURE_KIND_OUTPUT\x10\x04\x12\x1e\n" +
+	"\x1aROUTINE_FAILURE_KIND_STEPS\x10\x05B\xdc\x01\n" +
 	"\x18com.parley.dispatcher.v1B\fRoutineProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
 var (
@@ -222,21 +305,23 @@ func file_parley_dispatcher_v1_routine_proto_rawDescGZIP() []byte {
 	return file_parley_dispatcher_v1_routine_proto_rawDescData
 }
 
-var file_parley_dispatcher_v1_routine_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_parley_dispatcher_v1_routine_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
 var file_parley_dispatcher_v1_routine_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
 var file_parley_dispatcher_v1_routine_proto_goTypes = []any{
-	(Routine_State)(0),            // 0: parley.dispatcher.v1.Routine.State
-	(*Routine)(nil),               // 1: parley.dispatcher.v1.Routine
-	(*timestamppb.Timestamp)(nil), // 2: google.protobuf.Timestamp
+	(RoutineFailureKind)(0),       // 0: parley.dispatcher.v1.RoutineFailureKind
+	(Routine_State)(0),            // 1: parley.dispatcher.v1.Routine.State
+	(*Routine)(nil),               // 2: parley.dispatcher.v1.Routine
+	(*timestamppb.Timestamp)(nil), // 3: google.protobuf.Timestamp
 }
 var file_parley_dispatcher_v1_routine_proto_depIdxs = []int32{
-	2, // 0: parley.dispatcher.v1.Routine.update_time:type_name -> google.protobuf.Timestamp
-	0, // 1: parley.dispatcher.v1.Routine.state:type_name -> parley.dispatcher.v1.Routine.State
-	2, // [2:2] is the sub-list for method output_type
-	2, // [2:2] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	3, // 0: parley.dispatcher.v1.Routine.update_time:type_name -> google.protobuf.Timestamp
+	1, // 1: parley.dispatcher.v1.Routine.state:type_name -> parley.dispatcher.v1.Routine.State
+	0, // 2: parley.dispatcher.v1.Routine.last_failure_kind:type_name -> parley.dispatcher.v1.RoutineFailureKind
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_parley_dispatcher_v1_routine_proto_init() }
@@ -249,7 +334,7 @@ func file_parley_dispatcher_v1_routine_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_dispatcher_v1_routine_proto_rawDesc), len(file_parley_dispatcher_v1_routine_proto_rawDesc)),
-			NumEnums:      1,
+			NumEnums:      2,
 			NumMessages:   1,
 			NumExtensions: 0,
 			NumServices:   0,

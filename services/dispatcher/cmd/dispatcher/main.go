@@ -22,6 +22,9 @@ import (
 )
 
 func main() {
+	if app.IsRoutineWorker() {
+		os.Exit(app.ServeRoutineWorker())
+	}
 	err := run(os.Args[1:], os.Getenv)
 	if err == nil || errors.Is(err, flag.ErrHelp) {
 		return // --help is an answer, not a failure: exit 0

@@ -15,6 +15,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // ErrMalformed marks a request that is not a valid Agora envelope.
@@ -70,6 +72,10 @@ func Parse(data []byte) (*Envelope, error) {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return nil, fmt.Errorf("%w: the request must be a JSON object", ErrMalformed)
+	}
+	// Before any parser recurses into it (the body reaches routines too).
+	if err := jsondepth.Check(trimmed, jsondepth.Max); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	var w wireEnvelope
 	if !json.Valid(trimmed) || !w.scan(trimmed) {

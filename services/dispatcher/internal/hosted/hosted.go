@@ -282,13 +282,15 @@ func (s *Set) Run(ctx context.Context, r *Routine, c Call) (out, newMemory json.
 	if err != nil {
 		s.opts.Metrics.RoutineFailures.Inc()
 	}
+	CountStop(s.opts.Metrics, err)
+	kind := FailureKind(err)
 	msg := ""
 	if err != nil {
 		msg = err.Error()
 		err = fmt.Errorf("%w: %w", ErrRoutineFault, err)
 	}
 	// Recorded even when the caller has gone: the failure happened.
-	stored, rerr := s.store.RecordRoutineRun(context.WithoutCancel(ctx), r.name, r.version, msg, s.opts.QuarantineAfter)
+	stored, rerr := s.store.RecordRoutineRun(context.WithoutCancel(ctx), r.name, r.version, msg, kind, s.opts.QuarantineAfter)
 	if rerr != nil {
 		s.opts.Logger.WarnContext(ctx, "routine outcome not recorded; quarantine may lag", slog.String("routine", r.name), slog.Any("err", rerr))
 		return out, newMemory, err
@@ -297,9 +299,10 @@ func (s *Set) Run(ctx context.Context, r *Routine, c Call) (out, newMemory json.
 	r.failures = stored.GetConsecutiveFailures()
 	wasQuarantined := r.quarantined
 	r.quarantined = stored.GetState() == dispatcherv1.Routine_STATE_QUARANTINED
+	nowQuarantined := r.quarantined // read under the lock: runs race here
 	r.mu.Unlock()
 	switch {
-	case r.quarantined && !wasQuarantined:
+	case nowQuarantined && !wasQuarantined:
 		s.opts.Metrics.Quarantines.Inc()
 		s.opts.Logger.WarnContext(ctx, "routine quarantined; the LLM answers its protocol until a new version is set",
 			slog.String("routine", r.name), slog.Int64("version", r.version), slog.Any("err", err))
@@ -308,6 +311,34 @@ func (s *Set) Run(ctx context.Context, r *Routine, c Call) (out, newMemory json.
 			slog.Int("consecutive_failures", int(stored.GetConsecutiveFailures())), slog.Any("err", err))
 	}
 	return out, newMemory, err
+}
+
+// FailureKind is what stopped a failed run, for the Routine resource: a
+// failed check of the output is the routine's error.
+func FailureKind(err error) dispatcherv1.RoutineFailureKind {
+	switch routine.KindOf(err) {
+	case routine.KindTime:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME
+	case routine.KindMemory:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_MEMORY
+	case routine.KindOutput:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_OUTPUT
+	case routine.KindSteps:
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_STEPS
+	}
+	if err != nil {
+		return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_ERROR
+	}
+	return dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_UNSPECIFIED
+}
+
+// CountStop counts, in m, a run stopped by a budget or killed at the
+// worker boundary, by kind.
+func CountStop(m *metrics.Metrics, err error) {
+	switch k := routine.KindOf(err); k {
+	case routine.KindTime, routine.KindMemory, routine.KindOutput, routine.KindSteps:
+		m.RoutineKills.WithLabelValues(k.String()).Inc()
+	}
 }
 
 // Tools returns agent's tools as routine host functions.
@@ -374,7 +405,11 @@ func (s *Set) WithTools(ctx context.Context, req llm.Request) llm.Request {
 // agent), after checking that it compiles with the agent's tools. Errors
 // wrap the Agents check's error, ErrInvalid, or are routine.ErrBusy.
 func (s *Set) Install(ctx context.Context, name, source string) (*dispatcherv1.Routine, error) {
-	agent := name[:strings.LastIndex(name, "/routines/")]
+	i := strings.LastIndex(name, "/routines/")
+	if i < 0 {
+		return nil, fmt.Errorf("%w: %q is not a routine name", ErrInvalid, name)
+	}
+	agent := name[:i]
 	if err := s.agents.Exists(ctx, agent); err != nil {
 		return nil, err
 	}
@@ -399,7 +434,11 @@ func (s *Set) Install(ctx context.Context, name, source string) (*dispatcherv1.R
 // SetTool stores a tool of a hosted agent (validated by the caller) and
 // makes its routines pick it up.
 func (s *Set) SetTool(ctx context.Context, t *dispatcherv1.Tool) (*dispatcherv1.Tool, error) {
-	agent := t.GetName()[:strings.LastIndex(t.GetName(), "/tools/")]
+	i := strings.LastIndex(t.GetName(), "/tools/")
+	if i < 0 {
+		return nil, fmt.Errorf("%w: %q is not a tool name", ErrInvalid, t.GetName())
+	}
+	agent := t.GetName()[:i]
 	if err := s.agents.Exists(ctx, agent); err != nil {
 		return nil, err
 	}

@@ -44,6 +44,9 @@ func TestInstall(t *testing.T) {
 	if _, err := s.Install(ctx, hosted.Name("clients/acme/agents/ghost", "steps"), "def step(a, b, c):\n    return 'x'\n"); !errors.Is(err, errUnknownAgent) {
 		t.Errorf("Install(unknown agent) = %v, want the agent check's error", err)
 	}
+	if _, err := s.Install(ctx, "not/a/routine", "def step(a, b, c):\n    return 'x'\n"); !errors.Is(err, hosted.ErrInvalid) {
+		t.Errorf("Install(bad name) = %v, want ErrInvalid", err)
+	}
 	if _, err := s.Install(ctx, hosted.Name(agent, "steps"), "def step(a, b, c:"); !errors.Is(err, hosted.ErrInvalid) {
 		t.Errorf("Install(syntax error) = %v, want ErrInvalid", err)
 	}
@@ -113,5 +116,25 @@ func TestRun_badOutputIsAFault(t *testing.T) {
 	_, _, err := s.Run(ctx, r, hosted.Call{Fn: "reply", Args: []json.RawMessage{json.RawMessage(`{"n": 2}`)}, Memory: json.RawMessage("{}"), Check: reject})
 	if !errors.Is(err, hosted.ErrBadOutput) || !errors.Is(err, hosted.ErrRoutineFault) {
 		t.Errorf("Run(output rejected) = %v, want ErrBadOutput and ErrRoutineFault", err)
+	}
+}
+
+func TestDryRun(t *testing.T) {
+	s := newSet(t, 3)
+	echo := routine.FuncTool(func(_ context.Context, arg json.RawMessage) (json.RawMessage, error) { return arg, nil })
+	src := "def f(x):\n    return echo(x)\n\ndef loop(x):\n    while True:\n        pass\n"
+	fns, res, err := s.DryRun(t.Context(), src, map[string]routine.Tool{"echo": echo}, []hosted.Case{
+		{Fn: "f", Args: []json.RawMessage{json.RawMessage(`{"a":1}`)}},
+		{Fn: "g"},
+		{Fn: "loop", Args: []json.RawMessage{json.RawMessage(`1`)}},
+	})
+	if err != nil {
+		t.Fatalf("DryRun = %v", err)
+	}
+	if len(fns) != 2 || string(res[0].Output) != `{"a":1}` || res[1].Err == "" || !res[2].Budget {
+		t.Errorf("DryRun = %v, %+v; want f and loop, f's output, g missing, loop over budget", fns, res)
+	}
+	if _, _, err := s.DryRun(t.Context(), "def f(:", nil, nil); !errors.Is(err, hosted.ErrInvalid) {
+		t.Errorf("DryRun(syntax error) = %v, want ErrInvalid", err)
 	}
 }

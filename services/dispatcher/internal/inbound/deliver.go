@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
@@ -482,6 +483,9 @@ func (p *Pipeline) callHandler(ctx context.Context, c *hub.Conn, hexHash string,
 	}
 	if !json.Valid(out) {
 		return nil, errors.New("the handler's body is not JSON")
+	}
+	if err := jsondepth.Check(out, jsondepth.Max); err != nil {
+		return nil, fmt.Errorf("the handler's body: %w", err)
 	}
 	return out, nil
 }

@@ -24,6 +24,7 @@ type Metrics struct {
 	Envelopes       *prometheus.CounterVec   // by path
 	EnvelopeSeconds *prometheus.HistogramVec // by path
 	RoutineFailures prometheus.Counter
+	RoutineKills    *prometheus.CounterVec // by kind: time, memory, output, steps
 	Quarantines     prometheus.Counter
 	LLMCalls        *prometheus.CounterVec // by purpose
 	LLMTokens       *prometheus.CounterVec // by direction
@@ -50,6 +51,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "parley_dispatcher_routine_failures_total",
 			Help: "Routine runs that failed: errors, budget overruns and schema-invalid output.",
 		}),
+		RoutineKills: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "parley_dispatcher_routine_kills_total",
+			Help: "Routine runs (envelopes, steps, shadow and test runs) stopped by a budget or killed at the worker boundary, by kind: time, memory, output or steps.",
+		}, []string{"kind"}),
 		Quarantines: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "parley_dispatcher_routine_quarantines_total",
 			Help: "Routines quarantined after consecutive failures.",
@@ -84,7 +89,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Envelopes, m.EnvelopeSeconds, m.RoutineFailures, m.Quarantines, m.LLMCalls, m.LLMTokens, m.Sends, m.Steps, m.Connected, m.Negotiations, m.ShadowRuns)
+		reg.MustRegister(m.Envelopes, m.EnvelopeSeconds, m.RoutineFailures, m.RoutineKills, m.Quarantines, m.LLMCalls, m.LLMTokens, m.Sends, m.Steps, m.Connected, m.Negotiations, m.ShadowRuns)
+	}
+	for _, k := range []string{"time", "memory", "output", "steps"} {
+		m.RoutineKills.WithLabelValues(k)
 	}
 	for _, p := range []string{PathRoutine, PathHandler, PathLLM, PathRejected, PathFailure, PathNegotiation} {
 		m.Envelopes.WithLabelValues(p)

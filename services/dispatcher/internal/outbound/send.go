@@ -25,6 +25,7 @@ import (
 	"unicode"
 
 	"github.com/parleyhq/parley/platform/egress"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
@@ -624,6 +625,9 @@ func (s *Sender) postOnce(ctx context.Context, u string, data []byte) (peerReply
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
 		Conv    string          `json:"conversationId"`
+	}
+	if err := jsondepth.Check(raw, jsondepth.Max); err != nil {
+		return peerReply{}, fmt.Errorf("HTTP %d with a reply: %w", resp.StatusCode, err)
 	}
 	if err := json.Unmarshal(raw, &w); err != nil {
 		return peerReply{}, badReplyError{status: resp.StatusCode}

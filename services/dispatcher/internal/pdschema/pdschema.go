@@ -15,6 +15,8 @@ import (
 	"sync"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // Schemas are a PD's compiled schemas; nil fields validate anything.
@@ -40,6 +42,9 @@ func Compile(requestJSON, responseJSON string) (Schemas, error) {
 func compile(raw, key string) (*jsonschema.Schema, error) {
 	if raw == "" {
 		return nil, nil
+	}
+	if err := jsondepth.CheckString(raw, jsondepth.Max); err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
 	}
 	doc, err := jsonschema.UnmarshalJSON(strings.NewReader(raw))
 	if err != nil {

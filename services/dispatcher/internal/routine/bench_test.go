@@ -7,8 +7,17 @@ import (
 
 // BenchmarkCall runs a reply routine typical of derived ones: string
 // concatenation, a dict built from the query, a tool call and a format,
-// through the allocation guards.
+// through the allocation guards: in this process (no hard boundary, the
+// reference) and behind the worker-process boundary, sequentially and
+// from 16 goroutines.
 func BenchmarkCall(b *testing.B) {
+	b.Run("in-process", func(b *testing.B) { benchCall(b, NewPoolWith(PoolOptions{Workers: 4, InProcess: true}), 1) })
+	b.Run("workers", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4, AgentShare: 4}), 1) })
+	b.Run("in-process-parallel16", func(b *testing.B) { benchCall(b, NewPoolWith(PoolOptions{Workers: 4, InProcess: true}), 16) })
+	b.Run("workers-parallel16", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4, AgentShare: 4}), 16) })
+}
+
+func benchCall(b *testing.B, pool *Pool, par int) {
 	table, err := TableTool(`{"Paris": {"t": 7}}`)
 	if err != nil {
 		b.Fatal(err)
@@ -21,15 +30,27 @@ def reply(query, memory):
     out["w"] = weather(query["city"])
     out["s"] = "%s/%d" % (query["city"], len(out))
     return json.encode(out)
-`, map[string]Tool{"weather": table}, Limits{Pool: NewPool(4)})
+`, map[string]Tool{"weather": table}, Limits{Pool: pool})
 	if err != nil {
 		b.Fatal(err)
 	}
 	args := []json.RawMessage{json.RawMessage(`{"city":"Paris"}`)}
 	b.ReportAllocs()
-	for b.Loop() {
-		if _, _, err := p.Call(b.Context(), "reply", args, json.RawMessage(`{}`)); err != nil {
-			b.Fatal(err)
+	if par == 1 {
+		for b.Loop() {
+			if _, _, err := p.Call(b.Context(), "reply", args, json.RawMessage(`{}`)); err != nil {
+				b.Fatal(err)
+			}
 		}
+		return
 	}
+	b.SetParallelism(par)
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, _, err := p.Call(b.Context(), "reply", args, json.RawMessage(`{}`)); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }

@@ -10,6 +10,8 @@ import (
 	"unicode/utf8"
 
 	"go.starlark.net/starlark"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // The hot path moves every query, tool result, reply and memory across the
@@ -23,13 +25,21 @@ import (
 // errSlowPath sends a value or document to the json module.
 var errSlowPath = errors.New("not plain JSON data")
 
-// maxFastDepth bounds the fast paths' recursion; deeper data (or a cycle)
-// takes the json module.
-const maxFastDepth = 64
+// maxFastDepth bounds the nesting of JSON in and out of routines (the
+// arguments, tool results, json.decode, the result and memory): deeper
+// input is refused before any parser recurses into it, a deeper result (or
+// a cycle) is refused before it is encoded.
+const maxFastDepth = jsondepth.Max
+
+// errTooDeep is a value nested deeper than maxFastDepth.
+var errTooDeep = errors.New("value nested too deeply")
 
 // decodeJSON parses one JSON document into Starlark values, as json.decode
 // does.
 func decodeJSON(thread *starlark.Thread, raw []byte) (starlark.Value, error) {
+	if err := jsondepth.Check(raw, maxFastDepth); err != nil {
+		return nil, err
+	}
 	d := decoder{s: raw}
 	v, err := d.value(0)
 	if err == nil {
@@ -260,8 +270,8 @@ func encodeJSON(thread *starlark.Thread, v starlark.Value, maxBytes int) ([]byte
 		return nil, errTooLarge
 	}
 	buf, err := appendJSON(make([]byte, 0, 256), v, 0)
-	if err == nil {
-		return buf, nil
+	if err == nil || errors.Is(err, errTooDeep) {
+		return buf, err
 	}
 	enc, err := starlark.Call(thread, jsonEncode, starlark.Tuple{v}, nil)
 	if err != nil {
@@ -272,7 +282,7 @@ func encodeJSON(thread *starlark.Thread, v starlark.Value, maxBytes int) ([]byte
 
 func appendJSON(buf []byte, v starlark.Value, depth int) ([]byte, error) {
 	if depth > maxFastDepth {
-		return nil, errSlowPath
+		return nil, errTooDeep
 	}
 	switch x := v.(type) {
 	case starlark.NoneType:

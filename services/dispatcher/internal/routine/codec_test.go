@@ -1,15 +1,19 @@
 package routine
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
 
 	"go.starlark.net/starlark"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // The fast JSON paths must give exactly what Starlark's json module gives:
-// the same values (types included) and the same errors.
+// the same values (types included) and the same errors, except past the
+// nesting limit, which they refuse (TestDepthLimit).
 
 var decodeCorpus = []string{
 	`null`, `true`, `false`, ` 0 `, `-0`, `7`, `-12`, `1.5`, `-0.25e-3`, `1e5`, `1E+2`,
@@ -17,7 +21,7 @@ var decodeCorpus = []string{
 	`""`, `"abc"`, `"a\"b\\c\/d\n\u00e9\ud83d\ude00"`, `"café ☕ 日本"`, "\"\xff\xfe\"", "\"tab\there\"",
 	`[]`, `[1,"a",null,[true,{}]]`, `{}`, `{"a":1,"b":{"c":[1,2,{"d":null}]}}`, `{"a":1,"a":2}`,
 	` { "date" : "2026-12-01" , "location" : "Paris" } `,
-	strings.Repeat("[", 100) + strings.Repeat("]", 100),
+	strings.Repeat("[", maxFastDepth) + strings.Repeat("]", maxFastDepth),
 	// Invalid: both must fail with json.decode's message.
 	``, ` `, `nul`, `nullx`, `01`, `1.`, `.5`, `-`, `1e`, `1-2`, `+1`, `"abc`, `"\x"`, `[1,]`, `[1 2]`,
 	`{"a" 1}`, `{"a":1,}`, `{1:2}`, `{"a":1`, `[`, `tru`, `{"a":1} x`, `[1]]`,
@@ -46,6 +50,12 @@ func FuzzDecodeJSON(f *testing.F) {
 func checkDecode(t *testing.T, doc string) {
 	t.Helper()
 	thread := &starlark.Thread{}
+	if jsondepth.CheckString(doc, maxFastDepth) != nil {
+		if _, err := decodeJSON(thread, []byte(doc)); !errors.Is(err, jsondepth.ErrTooDeep) {
+			t.Fatalf("decodeJSON(%q) error = %v, want too deep", doc, err)
+		}
+		return
+	}
 	want, wantErr := starlark.Call(thread, jsonDecode, starlark.Tuple{starlark.String(doc)}, nil)
 	got, gotErr := decodeJSON(thread, []byte(doc))
 	if fmt.Sprint(gotErr) != fmt.Sprint(wantErr) {
@@ -83,7 +93,7 @@ func TestEncodeJSON_matchesJSONModule(t *testing.T) {
 		`None`, `True`, `False`, `0`, `-7`, `1 << 70`, `-(1 << 64)`, `1.5`, `1.0`, `1e308 * 10`, `float("nan")`, `-0.0`, `1e-7`,
 		`""`, `"abc"`, `"quote \" and \\ backslash"`, `"café ☕"`, `"\x7f del"`, `"line\nbreak"`, `"\x01"`,
 		`[]`, `()`, `[1, (2, 3), [None]]`, `{}`, `{"b": 1, "a": [1, {"d": 2, "c": 3}]}`,
-		`{1: 2}`, `{"a": set([1])}`, `set([1])`, `range(3)`, `{"f": len}`, `nest(100)`, `cyclic()`,
+		`{1: 2}`, `{"a": set([1])}`, `set([1])`, `range(3)`, `{"f": len}`, `nest(64)`,
 	}
 	predeclared := starlark.StringDict{
 		"set": starlark.Universe["set"],
@@ -121,7 +131,17 @@ func TestEncodeJSON_matchesJSONModule(t *testing.T) {
 			t.Errorf("encodeJSON(%s) = %s, want %s", expr, got, want)
 		}
 	}
-	if want := 23; fast != want {
+	// Deeper values, cycles included, are refused before encoding.
+	for _, expr := range []string{`nest(65)`, `cyclic()`} {
+		v, err := starlark.EvalOptions(fileOptions, &starlark.Thread{}, "expr", expr, predeclared)
+		if err != nil {
+			t.Fatalf("eval %s: %v", expr, err)
+		}
+		if _, err := encodeJSON(&starlark.Thread{}, v, 1<<20); !errors.Is(err, errTooDeep) {
+			t.Errorf("encodeJSON(%s) error = %v, want errTooDeep", expr, err)
+		}
+	}
+	if want := 24; fast != want {
 		t.Errorf("%d expressions took the fast path, want %d", fast, want)
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"go.starlark.net/starlark"
 	"go.starlark.net/starlarkstruct"
 	"go.starlark.net/syntax"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // go.starlark.net has a step budget and cancellation but no allocation
@@ -214,7 +216,7 @@ func charge(thread *starlark.Thread, what string, n int64) error {
 	}
 	st.alloc = satAdd(st.alloc, n)
 	if st.alloc > st.maxAlloc {
-		return fmt.Errorf("%w: %s would exceed the allocation budget of %d bytes", ErrBudget, what, st.maxAlloc)
+		return &failure{kind: KindMemory, err: fmt.Errorf("%w: %s would exceed the allocation budget of %d bytes", ErrBudget, what, st.maxAlloc)}
 	}
 	return nil
 }
@@ -713,7 +715,7 @@ func universeGuards() starlark.StringDict {
 			var n int64
 			for _, a := range args {
 				if l := starlark.Len(a); l > 0 {
-					n = satAdd(n, int64(l)*per)
+					n = satAdd(n, satMul(int64(l), per)) // range(1 << 62) has a length
 				}
 			}
 			return n
@@ -763,11 +765,21 @@ func universeGuards() starlark.StringDict {
 		return satMul(renderSize(args[0], limit), 4)
 	})
 	d["json"] = &starlarkstruct.Module{Name: "json", Members: members}
-	members["decode"] = wrap("decode", jsonDecode, func(args starlark.Tuple, _ int64) int64 {
+	decode := wrap("decode", jsonDecode, func(args starlark.Tuple, _ int64) int64 {
 		if len(args) == 0 {
 			return 0
 		}
 		return satMul(max(seqBytes(args[0]), 0), elemBytes) // every byte may start a value
+	})
+	members["decode"] = starlark.NewBuiltin("decode", func(thread *starlark.Thread, b *starlark.Builtin, args starlark.Tuple, kwargs []starlark.Tuple) (starlark.Value, error) {
+		if len(args) > 0 {
+			if s, ok := args[0].(starlark.String); ok {
+				if err := jsondepth.CheckString(string(s), maxFastDepth); err != nil {
+					return nil, fmt.Errorf("json.decode: %w", err)
+				}
+			}
+		}
+		return starlark.Call(thread, decode, args, kwargs)
 	})
 	d["bytes"] = wrap("bytes", starlark.Universe["bytes"], func(args starlark.Tuple, _ int64) int64 {
 		if len(args) == 0 {

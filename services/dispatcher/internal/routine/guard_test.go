@@ -199,15 +199,15 @@ def reply(q, m):
 // TestPoolCallerGone: a caller whose context ends while it waits for a
 // worker gets its context's error, not the pool's.
 func TestPoolCallerGone(t *testing.T) {
-	pool := NewPool(1)
-	release, err := pool.acquire(t.Context(), time.Second)
+	pool := NewPoolWith(PoolOptions{Workers: 1, InProcess: true})
+	_, release, err := pool.acquire(t.Context(), "a", time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release()
+	defer release(nil)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
 	defer cancel()
-	_, err = pool.acquire(ctx, time.Minute)
+	_, _, err = pool.acquire(ctx, "b", time.Minute)
 	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrBusy) || errors.Is(err, ErrBudget) {
 		t.Fatalf("acquire = %v, want context.DeadlineExceeded only", err)
 	}
@@ -247,25 +247,28 @@ func TestOutputCapBeforeEncoding(t *testing.T) {
 // TestPool: with every worker taken, a call waits at most its wall time and
 // fails; it runs once a worker is free.
 func TestPool(t *testing.T) {
-	pool := NewPool(1)
-	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, Limits{Pool: pool, Timeout: 20 * time.Millisecond})
+	pool := newTestPool(t, PoolOptions{Workers: 1})
+	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, Limits{Pool: pool, Timeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	release, err := pool.acquire(t.Context(), time.Second)
+	w, release, err := pool.acquire(t.Context(), "someone else", time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`)); !errors.Is(err, ErrBusy) {
-		t.Fatalf("Call with no free worker = %v, want ErrBusy", err)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	if _, _, err := p.Call(ctx, "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`)); err == nil || errors.Is(err, ErrBusy) == errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Call with no free worker = %v, want the caller's deadline", err)
 	}
-	release()
-	// The same pool with a generous wall time, so a loaded machine cannot
-	// turn the successful run into a late one.
-	p, err = Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, Limits{Pool: pool, Timeout: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	short, err := Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, Limits{Pool: pool, Timeout: 20 * time.Millisecond})
+	if err == nil {
+		_, _, err = short.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
 	}
+	if !errors.Is(err, ErrBusy) {
+		t.Fatalf("Compile or Call with no free worker = %v, want ErrBusy", err)
+	}
+	release(w)
 	if out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`)); err != nil || string(out) != "1" {
 		t.Fatalf("Call = %s, %v", out, err)
 	}

@@ -81,12 +81,16 @@ type Tool struct {
 	// callString, when set, answers a string argument as is, sparing the
 	// hot path a JSON encode and decode of the key.
 	callString func(ctx context.Context, arg string) (json.RawMessage, error)
+	// table, for a TableTool, is its entries: a pool's workers build the
+	// tool from them and answer it without a round trip.
+	table *string
 }
 
 // Program is a compiled, initialised and frozen routine.
 type Program struct {
-	globals starlark.StringDict
+	globals starlark.StringDict // in this process
 	limits  Limits
+	remote  *remoteProgram // in the pool's workers
 }
 
 var fileOptions = &syntax.FileOptions{While: true, TopLevelControl: true, GlobalReassign: true}
@@ -95,39 +99,6 @@ var (
 	jsonEncode = starjson.Module.Members["encode"]
 	jsonDecode = starjson.Module.Members["decode"]
 )
-
-// Pool bounds how many routine runs execute at once.
-type Pool struct{ slots chan struct{} }
-
-// NewPool returns a pool of n workers (at least one).
-func NewPool(n int) *Pool { return &Pool{slots: make(chan struct{}, max(n, 1))} }
-
-// ErrBusy is returned when no worker frees up within the wall-time budget.
-var ErrBusy = errors.New("every routine worker is busy")
-
-// acquire waits for a worker, at most the wall-time budget or until ctx
-// ends, and returns its release. A ctx that ends first is the caller's
-// error, not the pool's, so it is returned as is (wrapped).
-func (p *Pool) acquire(ctx context.Context, wait time.Duration) (func(), error) {
-	if p == nil {
-		return func() {}, nil
-	}
-	select {
-	case p.slots <- struct{}{}:
-		return func() { <-p.slots }, nil
-	default:
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case p.slots <- struct{}{}:
-		return func() { <-p.slots }, nil
-	case <-t.C:
-		return nil, fmt.Errorf("%w: %w", ErrBudget, ErrBusy)
-	case <-ctx.Done():
-		return nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
-	}
-}
 
 // localCall is the thread-local key of a call's *callState.
 const localCall = "parley.call"
@@ -141,9 +112,19 @@ type callState struct {
 }
 
 // Compile parses, compiles and initialises src. Top-level code runs under
-// the same budgets as a call.
+// the same budgets as a call. With limits.Pool set (the server always sets
+// it) both happen in a worker process, behind the pool's hard boundary
+// (pool.go); without, in this process under the in-process guards only.
 func Compile(ctx context.Context, name, src string, tools map[string]Tool, limits Limits) (*Program, error) {
 	limits = limits.withDefaults()
+	if limits.Pool.remote() {
+		return limits.Pool.compile(ctx, name, src, tools, limits)
+	}
+	p, err := compileLocal(ctx, name, src, tools, limits)
+	return p, classify(err)
+}
+
+func compileLocal(ctx context.Context, name, src string, tools map[string]Tool, limits Limits) (*Program, error) {
 	predeclared := universeGuards()
 	byName := make(map[string]*starlark.Builtin, len(tools))
 	for tname, t := range tools {
@@ -165,11 +146,6 @@ func Compile(ctx context.Context, name, src string, tools map[string]Tool, limit
 	if err != nil {
 		return nil, fmt.Errorf("compile %s: %w", name, err)
 	}
-	release, err := limits.Pool.acquire(ctx, limits.Timeout)
-	if err != nil {
-		return nil, err
-	}
-	defer release()
 	thread, st, stop := newThread(ctx, name, limits)
 	defer stop()
 	globals, err := prog.Init(thread, predeclared)
@@ -185,12 +161,35 @@ func Compile(ctx context.Context, name, src string, tools map[string]Tool, limit
 
 // Has reports whether the routine defines a function fn.
 func (p *Program) Has(fn string) bool {
+	if p.remote != nil {
+		_, ok := slices.BinarySearch(p.remote.callables, fn)
+		return ok
+	}
 	_, ok := p.globals[fn].(starlark.Callable)
 	return ok
 }
 
 // Functions returns the names of the functions the routine defines, sorted.
 func (p *Program) Functions() []string {
+	if p.remote != nil {
+		return slices.Clone(p.remote.functions)
+	}
+	return p.functions()
+}
+
+// sortedCallables returns the names of the globals a Call can run.
+func sortedCallables(p *Program) []string {
+	var out []string
+	for name, v := range p.globals {
+		if _, ok := v.(starlark.Callable); ok {
+			out = append(out, name)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+func (p *Program) functions() []string {
 	var out []string
 	for name, v := range p.globals {
 		if _, ok := v.(*starlark.Function); ok {
@@ -205,18 +204,24 @@ func (p *Program) Functions() []string {
 // as a last argument, a mutable dict (empty for "null" or "{}"), and its
 // state after the call is returned as newMemory.
 func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, memory json.RawMessage) (out, newMemory json.RawMessage, err error) {
+	if !p.Has(fn) {
+		return nil, nil, &failure{kind: KindError, err: fmt.Errorf("the routine defines no function %s", fn)}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, nil, &failure{kind: KindTime, err: fmt.Errorf("%w: %s", ErrBudget, err.Error())}
+	}
+	if p.remote != nil {
+		return p.limits.Pool.call(ctx, p, fn, args, memory)
+	}
+	out, newMemory, err = p.callLocal(ctx, fn, args, memory)
+	return out, newMemory, classify(err)
+}
+
+func (p *Program) callLocal(ctx context.Context, fn string, args []json.RawMessage, memory json.RawMessage) (out, newMemory json.RawMessage, err error) {
 	f, ok := p.globals[fn].(starlark.Callable)
 	if !ok {
 		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, nil, fmt.Errorf("%w: %s", ErrBudget, err.Error())
-	}
-	release, err := p.limits.Pool.acquire(ctx, p.limits.Timeout)
-	if err != nil {
-		return nil, nil, err
-	}
-	defer release()
 	thread, st, stop := newThread(ctx, fn, p.limits)
 	defer stop()
 	sargs := make(starlark.Tuple, 0, len(args)+1)
@@ -355,13 +360,16 @@ func fromJSON(thread *starlark.Thread, raw json.RawMessage) (starlark.Value, err
 func (p *Program) toJSON(thread *starlark.Thread, v starlark.Value) (json.RawMessage, error) {
 	enc, err := encodeJSON(thread, v, p.limits.MaxOutputBytes)
 	if errors.Is(err, errTooLarge) {
-		return nil, fmt.Errorf("%w: output exceeds %d bytes", ErrBudget, p.limits.MaxOutputBytes)
+		return nil, &failure{kind: KindOutput, err: fmt.Errorf("%w: output exceeds %d bytes", ErrBudget, p.limits.MaxOutputBytes)}
+	}
+	if errors.Is(err, errTooDeep) {
+		return nil, &failure{kind: KindOutput, err: fmt.Errorf("%w: the result is nested deeper than %d levels", ErrBudget, maxFastDepth)}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("the result is not JSON-encodable: %w", wrapRunErr(err))
 	}
 	if len(enc) > p.limits.MaxOutputBytes {
-		return nil, fmt.Errorf("%w: output of %d bytes exceeds %d", ErrBudget, len(enc), p.limits.MaxOutputBytes)
+		return nil, &failure{kind: KindOutput, err: fmt.Errorf("%w: output of %d bytes exceeds %d", ErrBudget, len(enc), p.limits.MaxOutputBytes)}
 	}
 	return enc, nil
 }
@@ -378,7 +386,11 @@ func wrapRunErr(err error) error {
 			return markTime(fmt.Errorf("%w: %s", ErrBudget, msg), msg)
 		}
 		if errors.Is(err, ErrBudget) {
-			return fmt.Errorf("routine stopped: %s: %w", strings.TrimSpace(ee.Backtrace()), ErrBudget)
+			k := KindOf(err)
+			if k == KindNone {
+				k = KindSteps
+			}
+			return &failure{kind: k, err: fmt.Errorf("routine stopped: %s: %w", strings.TrimSpace(ee.Backtrace()), ErrBudget)}
 		}
 		return fmt.Errorf("routine error: %s", ee.Backtrace())
 	}

@@ -38,21 +38,22 @@ func TestBudgets(t *testing.T) {
 		src    string
 		limits Limits
 		ctx    func(context.Context) context.Context
+		kind   Kind
 	}{
-		{"steps", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 10_000, Timeout: time.Minute}, nil},
-		{"wall time", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}, nil},
-		{"output size", "def reply(q, m):\n    return 'x' * 1000\n", Limits{MaxOutputBytes: 100}, nil},
-		{"tool calls", "def reply(q, m):\n    for i in range(10):\n        t('a')\n", Limits{MaxToolCalls: 3}, nil},
+		{"steps", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 10_000, Timeout: time.Minute}, nil, KindSteps},
+		{"wall time", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}, nil, KindTime},
+		{"output size", "def reply(q, m):\n    return 'x' * 1000\n", Limits{MaxOutputBytes: 100}, nil, KindOutput},
+		{"tool calls", "def reply(q, m):\n    for i in range(10):\n        t('a')\n", Limits{MaxToolCalls: 3}, nil, KindSteps},
 		{"request deadline before the wall time", loop, Limits{MaxSteps: 1 << 62, Timeout: time.Minute}, func(ctx context.Context) context.Context {
 			ctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 			t.Cleanup(cancel)
 			return ctx
-		}},
+		}, KindTime},
 		{"request cancelled before the call", loop, Limits{MaxSteps: 1 << 62, Timeout: time.Minute}, func(ctx context.Context) context.Context {
 			ctx, cancel := context.WithCancel(ctx)
 			cancel()
 			return ctx
-		}},
+		}, KindTime},
 	}
 	tool := func() Tool { tt, _ := TableTool(`{}`); return tt }()
 	for _, tt := range tests {
@@ -66,24 +67,31 @@ func TestBudgets(t *testing.T) {
 				ctx = tt.ctx(ctx)
 			}
 			_, _, err = p.Call(ctx, "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
-			if !errors.Is(err, ErrBudget) {
-				t.Errorf("Call = %v, want ErrBudget", err)
+			if !errors.Is(err, ErrBudget) || KindOf(err) != tt.kind {
+				t.Errorf("Call = %v (kind %v), want ErrBudget of kind %v", err, KindOf(err), tt.kind)
 			}
 		})
 	}
 }
 
+// TestSandbox: a routine cannot load code or reach the host; each attempt
+// fails as the routine's own error (KindError, not a budget), with the
+// reason, in process and behind the worker boundary.
 func TestSandbox(t *testing.T) {
-	for _, src := range []string{
-		`load("x.star", "y")`,
-		"def reply(q, m):\n    return open('/etc/passwd')\n",
+	pool := newTestPool(t, PoolOptions{Workers: 1})
+	for _, tc := range []struct{ src, want string }{
+		{`load("x.star", "y")`, "load is not allowed in routines"},
+		{"def reply(q, m):\n    return open('/etc/passwd')\n", "undefined: open"},
+		{"def reply(q, m):\n    return getattr(json, 'os')\n", "no .os field"},
 	} {
-		p, err := Compile(t.Context(), "r", src, nil, Limits{})
-		if err == nil {
-			_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
-		}
-		if err == nil {
-			t.Errorf("routine %q ran, want an error", src)
+		for _, limits := range []Limits{{}, {Pool: pool}} {
+			p, err := Compile(t.Context(), "r", tc.src, nil, limits)
+			if err == nil {
+				_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+			}
+			if err == nil || KindOf(err) != KindError || errors.Is(err, ErrBudget) || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("routine %q (pool %v): err = %v (kind %v), want a routine error saying %q", tc.src, limits.Pool != nil, err, KindOf(err), tc.want)
+			}
 		}
 	}
 }

@@ -7,12 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // TableTool returns a Tool that looks keys up in entriesJSON, a JSON object.
 // A string argument is looked up as is; any other value by its compact JSON
 // encoding. A missing key gives nil (None in Starlark).
 func TableTool(entriesJSON string) (Tool, error) {
+	if err := jsondepth.CheckString(entriesJSON, maxFastDepth); err != nil {
+		return Tool{}, fmt.Errorf("table entries: %w", err)
+	}
 	var entries map[string]json.RawMessage
 	if err := json.Unmarshal([]byte(entriesJSON), &entries); err != nil {
 		return Tool{}, fmt.Errorf("table entries must be a JSON object: %w", err)
@@ -39,7 +44,7 @@ func TableTool(entriesJSON string) (Tool, error) {
 		return entries[key], nil
 	}
 	callString := func(_ context.Context, key string) (json.RawMessage, error) { return entries[key], nil }
-	return Tool{call: call, callString: callString}, nil
+	return Tool{call: call, callString: callString, table: &entriesJSON}, nil
 }
 
 // canonicalJSON returns raw compacted, with object keys sorted at every

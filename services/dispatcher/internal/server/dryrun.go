@@ -3,13 +3,11 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-
-	"google.golang.org/grpc/codes"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
@@ -20,61 +18,32 @@ const (
 	maxTestTools = 64
 )
 
-// TestRoutine implements DispatcherServiceServer: it compiles the source
-// and runs each case in the production runtime (routine.Compile and
-// Program.Call with the server's budgets and worker pool), answering tool
-// calls from the declared results. It stores nothing and reads no agent
-// state, so it works for agents this dispatcher does not host yet.
+// TestRoutine implements DispatcherServiceServer: a dry run of the source
+// in the production runtime (hosted.Set.DryRun), answering tool calls from
+// the declared results. It stores nothing and reads no agent state, so it
+// works for agents this dispatcher does not host yet.
 func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineRequest) (*dispatcherv1.TestRoutineResponse, error) {
 	tools, err := validateTestRoutine(req)
 	if err != nil {
 		return nil, err
 	}
-	prog, err := routine.Compile(ctx, "test", req.GetSource(), tools, s.opts.RoutineLimits)
-	if err != nil {
-		return nil, routineCompileStatus(err)
-	}
-	resp := &dispatcherv1.TestRoutineResponse{
-		Results:   make([]*dispatcherv1.TestRoutineResult, 0, len(req.GetCases())),
-		Functions: prog.Functions(),
-	}
+	cases := make([]hosted.Case, 0, len(req.GetCases()))
 	for _, c := range req.GetCases() {
-		res := &dispatcherv1.TestRoutineResult{}
-		if !prog.Has(c.GetFunction()) {
-			res.Error = fmt.Sprintf("the routine defines no function %s", c.GetFunction())
-			resp.Results = append(resp.Results, res)
-			continue
-		}
 		args := make([]json.RawMessage, len(c.GetArgsJson()))
 		for i, a := range c.GetArgsJson() {
 			args[i] = json.RawMessage(a)
 		}
-		out, _, err := prog.Call(ctx, c.GetFunction(), args, nil)
-		switch {
-		case errors.Is(err, routine.ErrBusy):
-			return nil, busyStatus()
-		case err != nil:
-			res.Error = err.Error()
-			res.BudgetExceeded = errors.Is(err, routine.ErrBudget)
-		default:
-			res.OutputJson = string(out)
-		}
-		resp.Results = append(resp.Results, res)
+		cases = append(cases, hosted.Case{Fn: c.GetFunction(), Args: args})
+	}
+	fns, results, err := s.routines.DryRun(ctx, req.GetSource(), tools, cases)
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
+	resp := &dispatcherv1.TestRoutineResponse{Results: make([]*dispatcherv1.TestRoutineResult, 0, len(results)), Functions: fns}
+	for _, r := range results {
+		resp.Results = append(resp.Results, &dispatcherv1.TestRoutineResult{OutputJson: string(r.Output), Error: r.Err, BudgetExceeded: r.Budget, FailureKind: r.Kind})
 	}
 	return resp, nil
-}
-
-// routineCompileStatus maps a routine.Compile error: a full worker pool is
-// RESOURCE_EXHAUSTED, anything else a source that does not run.
-func routineCompileStatus(err error) error {
-	if errors.Is(err, routine.ErrBusy) {
-		return busyStatus()
-	}
-	return grpcerr.New(codes.InvalidArgument, fmt.Sprintf("routine.source does not run: %v", err), "ROUTINE_INVALID", Domain, nil)
-}
-
-func busyStatus() error {
-	return grpcerr.New(codes.ResourceExhausted, "every routine worker is busy; retry later", "ROUTINE_BUSY", Domain, nil)
 }
 
 // validateTestRoutine checks req and builds its tools.

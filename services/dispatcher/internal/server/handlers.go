@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net/url"
 	"strings"
 
@@ -12,9 +13,11 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
@@ -142,8 +145,11 @@ func (s *Server) ExecuteStep(ctx context.Context, req *dispatcherv1.ExecuteStepR
 
 // Connect implements DispatcherServiceServer.
 func (s *Server) Connect(stream dispatcherv1.DispatcherService_ConnectServer) error {
-	err := s.hub.Serve(connectStream{stream})
+	err := s.hub.Serve(&connectStream{DispatcherService_ConnectServer: stream, admit: s.admit})
+	var denied *admitError
 	switch {
+	case errors.As(err, &denied):
+		return denied.status
 	case err == nil:
 		return nil
 	case errors.Is(err, hub.ErrNoHello):
@@ -156,15 +162,57 @@ func (s *Server) Connect(stream dispatcherv1.DispatcherService_ConnectServer) er
 }
 
 // connectStream is the gRPC stream as the hub sees it: a client that hung
-// up ends Recv with io.EOF.
+// up ends Recv with io.EOF, and the hello is admitted before the hub reads
+// it.
 type connectStream struct {
 	dispatcherv1.DispatcherService_ConnectServer
+	admit    func(ctx context.Context, agent string) error
+	admitted bool
 }
 
-func (c connectStream) Recv() (*dispatcherv1.ConnectRequest, error) {
+func (c *connectStream) Recv() (*dispatcherv1.ConnectRequest, error) {
 	m, err := c.DispatcherService_ConnectServer.Recv()
 	if status.Code(err) == codes.Canceled {
 		return nil, io.EOF
 	}
+	if err == nil && !c.admitted {
+		c.admitted = true
+		if hello := m.GetHello(); hello != nil {
+			if err := c.admit(c.Context(), hello.GetAgent()); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return m, err
+}
+
+// admitError carries the status refusing a hello through the hub.
+type admitError struct{ status error }
+
+func (e *admitError) Error() string { return status.Convert(e.status).Message() }
+
+// admit binds a stream to the caller's key: an agent key may connect only
+// its own agent (the operator any), and only an agent the registry holds.
+// Both answers are PERMISSION_DENIED, so a caller cannot probe which agents
+// exist. Without access control (no principal) anyone may connect any
+// name, as before.
+func (s *Server) admit(ctx context.Context, agent string) error {
+	p, ok := auth.FromContext(ctx)
+	if !ok {
+		return nil
+	}
+	deny := func(why string) error {
+		s.logger.WarnContext(ctx, "agent stream refused", slog.String("agent", agent), slog.String("principal", p.String()), slog.String("reason", why))
+		return &admitError{grpcerr.New(codes.PermissionDenied, "this credential may not connect agent "+agent+"; connect with that agent's own key", "AGENT_STREAM_DENIED", Domain, map[string]string{"agent": agent})}
+	}
+	if p.Kind != auth.Operator && p.Agent != agent {
+		return deny("not the key's agent")
+	}
+	if _, err := s.dir.RefreshAgent(ctx, agent); err != nil {
+		if errors.Is(err, directory.ErrNotFound) {
+			return deny("no such agent")
+		}
+		return err
+	}
+	return nil
 }

@@ -28,6 +28,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
@@ -252,6 +253,10 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 		// resolver seam keeps the guard on: it tests the guard.
 		opts.SendAllowPrivate = true
 	}
+	if opts.RoutineLimits.Pool == nil {
+		opts.RoutineLimits.Pool = routine.NewPool(4)
+	}
+	t.Cleanup(func() { _ = opts.RoutineLimits.Pool.Close() })
 	e.srv = New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), opts)
 	t.Cleanup(e.srv.StopShadows) // before the store closes
 

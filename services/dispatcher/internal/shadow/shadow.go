@@ -415,6 +415,7 @@ func (s *Runner) compareCandidate(ctx context.Context, agent string, c *Candidat
 	if err != nil {
 		return false, "", err
 	}
+	ctx = routine.WithAgent(ctx, agent) // the agent's share of the workers
 	prog, err := routine.Compile(ctx, c.Name, c.Source, tools, s.routines.Limits())
 	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
@@ -429,6 +430,7 @@ func (s *Runner) compareCandidate(ctx context.Context, agent string, c *Candidat
 		memory = json.RawMessage("{}")
 	}
 	out, _, err := prog.Call(ctx, fn, args, memory)
+	hosted.CountStop(s.opts.Metrics, err)
 	if errors.Is(err, routine.ErrBusy) || isTimeOverrun(err) {
 		return false, "", err
 	}

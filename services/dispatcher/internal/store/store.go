@@ -60,10 +60,11 @@ type Store interface {
 	// sort after after, in name order.
 	ListRoutines(ctx context.Context, parent, after string, limit int) ([]*dispatcherv1.Routine, error)
 	// RecordRoutineRun records one run of version of name: runErr "" is a
-	// success, which clears the failure count; otherwise the count grows and
-	// reaching quarantineAfter quarantines the routine. A run of an older
-	// version is ignored. It returns the routine as stored.
-	RecordRoutineRun(ctx context.Context, name string, version int64, runErr string, quarantineAfter int) (*dispatcherv1.Routine, error)
+	// success, which clears the failure count; otherwise the count grows,
+	// runErr and kind become the last failure, and reaching quarantineAfter
+	// quarantines the routine. A run of an older version is ignored. It
+	// returns the routine as stored.
+	RecordRoutineRun(ctx context.Context, name string, version int64, runErr string, kind dispatcherv1.RoutineFailureKind, quarantineAfter int) (*dispatcherv1.Routine, error)
 
 	// SetTool stores t (replacing a tool of the same name) and returns it.
 	SetTool(ctx context.Context, t *dispatcherv1.Tool, now time.Time) (*dispatcherv1.Tool, error)

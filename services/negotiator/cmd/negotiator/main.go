@@ -36,17 +36,12 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "negotiator", cfg.LogLevel)
-	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{})
-	if err != nil {
-		return fmt.Errorf("--registry-addr: %w", err)
-	}
-	defer registryConn.Close()
 	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{})
 	if err != nil {
 		return fmt.Errorf("--dispatcher-addr: %w", err)
 	}
 	defer dispatcherConn.Close()
-	a, err := app.New(cfg, logger, app.Peers{Registry: registryConn, Dispatcher: dispatcherConn})
+	a, err := app.New(cfg, logger, app.Peers{Dispatcher: dispatcherConn})
 	if err != nil {
 		return err
 	}

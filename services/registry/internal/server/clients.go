@@ -32,7 +32,7 @@ func checkClientName(v *grpcerr.Violations, field, name string) {
 func (s *Server) CreateClient(ctx context.Context, req *registryv1.CreateClientRequest) (*registryv1.CreateClientResponse, error) {
 	if p, _ := auth.FromContext(ctx); p.Kind != auth.Operator {
 		if !s.opts.OpenRegistration {
-			return nil, grpcerr.New(codes.PermissionDenied, "only the operator may create clients on this registry (it runs without --open-registration)", reasonRegistrationClosed, Domain, nil)
+			return nil, grpcerr.New(codes.PermissionDenied, "only the operator may create clients on this registry (it runs without --open-registration): call with the operator token", reasonRegistrationClosed, Domain, nil)
 		}
 		if !s.registrations.Allow(auth.RemoteAddr(ctx)) {
 			return nil, grpcerr.New(codes.ResourceExhausted, "too many clients created from this address; try again in a minute", reasonRegistrationLimit, Domain, nil)

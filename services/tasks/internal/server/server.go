@@ -62,9 +62,6 @@ type Options struct {
 	// reasons (not for want of an executor), after which it completes with
 	// the failure as its output; 5.
 	MaxStepAttempts int
-	// Stopping, when it closes, ends WatchTask streams with UNAVAILABLE so
-	// a graceful stop need not wait for them.
-	Stopping <-chan struct{}
 	// Clock is the step scheduler's time; nil is real time. Tests set it.
 	Clock scheduler.Clock
 }
@@ -81,6 +78,8 @@ type Server struct {
 	sched  *scheduler.Scheduler
 	ids    *idGen
 	now    func() time.Time
+	// stopping is given to Start before serving; see Start.
+	stopping <-chan struct{}
 }
 
 var _ tasksv1.TasksServiceServer = (*Server)(nil)
@@ -127,8 +126,12 @@ func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.Dispatche
 }
 
 // Start resumes every pending step (steps stored as created whose execution
-// was not finished before the last shutdown or crash).
-func (s *Server) Start(ctx context.Context) error {
+// was not finished before the last shutdown or crash). When stopping closes
+// (serve.Server.Stopping: a graceful stop began), WatchTask streams end
+// with UNAVAILABLE so the drain need not wait for them; nil never closes.
+// Call it once, before serving.
+func (s *Server) Start(ctx context.Context, stopping <-chan struct{}) error {
+	s.stopping = stopping
 	refs, err := s.store.ListPending(ctx)
 	if err != nil {
 		return fmt.Errorf("list pending steps: %w", err)
@@ -530,7 +533,7 @@ func (s *Server) WatchTask(req *tasksv1.WatchTaskRequest, stream grpc.ServerStre
 			if err := stream.Send(&tasksv1.WatchTaskResponse{Step: st}); err != nil {
 				return err
 			}
-		case <-s.opts.Stopping: // nil unless set: never ready
+		case <-s.stopping: // nil unless set: never ready
 			return grpcerr.New(codes.Unavailable, "the server is shutting down; reconnect", "SHUTTING_DOWN", Domain, nil)
 		}
 	}

@@ -168,7 +168,7 @@ func TestStart_boundsGoroutinesByMaxInFlight(t *testing.T) {
 	base := runtime.NumGoroutine()
 	const inFlight = 4
 	s, fd := newTestServer(t, dir, Options{MaxInFlight: inFlight})
-	if err := s.Start(t.Context()); err != nil {
+	if err := s.Start(t.Context(), nil); err != nil {
 		t.Fatal(err)
 	}
 	poll(t, "attempts in flight", func() bool { return fd.total() >= inFlight })

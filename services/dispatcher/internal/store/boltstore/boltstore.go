@@ -162,7 +162,7 @@ func (s *Store) ListRoutines(ctx context.Context, parent, after string, limit in
 }
 
 // RecordRoutineRun implements store.Store.
-func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64, runErr string, quarantineAfter int) (*dispatcherv1.Routine, error) {
+func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64, runErr string, kind dispatcherv1.RoutineFailureKind, quarantineAfter int) (*dispatcherv1.Routine, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -188,6 +188,7 @@ func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64
 		} else {
 			out.ConsecutiveFailures++
 			out.LastError = runErr
+			out.LastFailureKind = kind
 			if quarantineAfter > 0 && int(out.ConsecutiveFailures) >= quarantineAfter {
 				out.State = dispatcherv1.Routine_STATE_QUARANTINED
 			}

@@ -30,7 +30,10 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 		do   func() error
 	}{
 		{"SetRoutine", func() error { _, err := s.SetRoutine(ctx, routine, "src", now); return err }},
-		{"RecordRoutineRun", func() error { _, err := s.RecordRoutineRun(ctx, routine, 1, "boom", 3); return err }},
+		{"RecordRoutineRun", func() error {
+			_, err := s.RecordRoutineRun(ctx, routine, 1, "boom", dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_ERROR, 3)
+			return err
+		}},
 		{"SetTool", func() error {
 			_, err := s.SetTool(ctx, &dispatcherv1.Tool{Name: "clients/c/agents/a/tools/t"}, now)
 			return err

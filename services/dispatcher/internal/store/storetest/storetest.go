@@ -35,16 +35,16 @@ func testRoutines(t *testing.T, s store.Store) {
 		}
 	}
 	for i := 1; i <= 3; i++ {
-		r, err := s.RecordRoutineRun(ctx, name, 2, "boom", 3)
+		r, err := s.RecordRoutineRun(ctx, name, 2, "boom", dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME, 3)
 		if err != nil || r.GetConsecutiveFailures() != int32(i) {
 			t.Fatalf("RecordRoutineRun failure #%d = %v, %v", i, r, err)
 		}
 	}
 	r, _ := s.GetRoutine(ctx, name)
-	if r.GetState() != dispatcherv1.Routine_STATE_QUARANTINED || r.GetLastError() != "boom" {
-		t.Errorf("after 3 failures = %v, want quarantined with last error", r)
+	if r.GetState() != dispatcherv1.Routine_STATE_QUARANTINED || r.GetLastError() != "boom" || r.GetLastFailureKind() != dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME {
+		t.Errorf("after 3 failures = %v, want quarantined with last error and its kind", r)
 	}
-	if r, _ := s.RecordRoutineRun(ctx, name, 1, "", 3); r.GetConsecutiveFailures() != 3 {
+	if r, _ := s.RecordRoutineRun(ctx, name, 1, "", dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_UNSPECIFIED, 3); r.GetConsecutiveFailures() != 3 {
 		t.Errorf("RecordRoutineRun of an old version changed the routine: %v", r)
 	}
 	r, _ = s.SetRoutine(ctx, name, "x = 2", now)

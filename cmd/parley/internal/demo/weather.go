@@ -36,7 +36,6 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
-	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 )
 
 // The demo's agents (before Options.AgentSuffix).
@@ -206,7 +205,6 @@ func phase(ctx context.Context, name string, sides ...*side) (Phase, error) {
 // named splitName (role "" splits nothing).
 func phases(ctx context.Context, name, role, splitName string, sides ...*side) (Phase, Phase, error) {
 	p, q := Phase{Name: name}, Phase{Name: splitName}
-	prices := ledger.DefaultPrices()
 	for _, s := range sides {
 		entries, err := s.ledger(ctx)
 		if err != nil {
@@ -220,15 +218,27 @@ func phases(ctx context.Context, name, role, splitName string, sides ...*side) (
 			to.LLMCalls++
 			to.PromptTokens += e.GetPromptTokens()
 			to.CompletionTokens += e.GetCompletionTokens()
-			price, ok := prices.Lookup(e.GetModel())
-			if !ok {
-				price = prices["gpt-4o"]
-			}
-			to.CostUSD += float64(price.CostMicroUSD(e.GetPromptTokens(), e.GetCompletionTokens())) / 1e6
+			to.CostUSD += costUSD(e)
 		}
 		s.seen = len(entries)
 	}
 	return p, q, nil
+}
+
+// Paper prices of gpt-4o, in USD per million tokens, for entries of a model
+// the negotiator has no price for.
+const (
+	paperPromptUSD     = 5
+	paperCompletionUSD = 15
+)
+
+// costUSD is what the negotiator's ledger charged for e, or, for a model it
+// has no price for, e's tokens at the paper's gpt-4o prices.
+func costUSD(e *negotiatorv1.LedgerEntry) float64 {
+	if c := e.GetCostMicroUsd(); c > 0 {
+		return float64(c) / 1e6
+	}
+	return (float64(e.GetPromptTokens())*paperPromptUSD + float64(e.GetCompletionTokens())*paperCompletionUSD) / 1e6
 }
 
 func logf(w io.Writer, format string, args ...any) {

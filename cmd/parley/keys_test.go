@@ -1,0 +1,121 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+var (
+	clientKeyLine = regexp.MustCompile(`^parley_ck_[0-9a-f]{16}_[A-Za-z0-9_-]{43}\n$`)
+	agentKeyLine  = regexp.MustCompile(`^parley_ak_[0-9a-f]{16}_[A-Za-z0-9_-]{43}\n$`)
+)
+
+// TestKeyCommands runs `parley serve --auth` in process and drives the
+// client and key commands with the operator token from its data
+// directory, then with the keys they print.
+func TestKeyCommands(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir, "--auth", "--grpc", "127.0.0.1:0", "--http", "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := runSuite(t, cfg)
+	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	as := func(token string, args ...string) (string, string, error) {
+		t.Helper()
+		var stdout, stderr bytes.Buffer
+		getenv := func(k string) string {
+			switch k {
+			case "PARLEY_SERVER":
+				return addr
+			case "PARLEY_TOKEN":
+				return token
+			}
+			return ""
+		}
+		err := run(args, getenv, &stdout, &stderr)
+		return stdout.String(), stderr.String(), err
+	}
+
+	if _, _, err := as("", "client", "create", "acme"); err == nil || !strings.Contains(err.Error(), "operator token") {
+		t.Errorf("client create without a token = %v, want a refusal naming the operator token", err)
+	}
+	clientKey, msg, err := as(string(op), "client", "create", "acme")
+	if err != nil || !clientKeyLine.MatchString(clientKey) || !strings.Contains(msg, "created client acme") {
+		t.Fatalf("client create = %q (stderr %q), %v; want the client key alone on stdout", clientKey, msg, err)
+	}
+	clientKey = strings.TrimSpace(clientKey)
+	agentKey, _, err := as(clientKey, "agent", "create", "acme:bot")
+	if err != nil || !agentKeyLine.MatchString(agentKey) {
+		t.Fatalf("agent create with the client key = %q, %v", agentKey, err)
+	}
+	if _, _, err := as(clientKey, "agent", "create", "other:bot"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Errorf("agent create under another client = %v, want PermissionDenied", err)
+	}
+	second, _, err := as(clientKey, "agent", "key", "create", "acme:bot")
+	if err != nil || !agentKeyLine.MatchString(second) {
+		t.Fatalf("agent key create = %q, %v", second, err)
+	}
+	list, _, err := as(clientKey, "agent", "key", "list", "acme:bot")
+	if err != nil || strings.Count(list, "\n") != 2 || strings.Contains(list, "parley_ak_") {
+		t.Fatalf("agent key list = %q, %v; want two ids and times, no secrets", list, err)
+	}
+	id := strings.Fields(list)[0]
+	if _, _, err := as(clientKey, "agent", "key", "revoke", "acme:bot", id); err != nil {
+		t.Fatalf("agent key revoke: %v", err)
+	}
+	after, _, _ := as(clientKey, "agent", "key", "list", "acme:bot")
+	if strings.Contains(after, id) || strings.Count(after, "\n") != 1 {
+		t.Errorf("agent key list after revoking %s = %q", id, after)
+	}
+	// The oldest key, the one agent create printed, is the one revoked.
+	if _, _, err := as(strings.TrimSpace(agentKey), "agent", "get", "acme:bot"); err == nil || !strings.Contains(err.Error(), "refused the credential") {
+		t.Errorf("agent get with the revoked key = %v, want the credential refused", err)
+	}
+	live := strings.TrimSpace(second)
+	if got, _, err := as(live, "agent", "get", "acme:bot"); err != nil || !strings.Contains(got, "clients/acme/agents/bot") {
+		t.Errorf("agent get with its own key = %q, %v", got, err)
+	}
+	if _, _, err := as(live, "agent", "key", "create", "acme:bot"); err == nil || !strings.Contains(err.Error(), "PermissionDenied") {
+		t.Errorf("agent key create with an agent key = %v, want PermissionDenied: the client manages keys", err)
+	}
+}
+
+// runSuite serves cfg's suite on loopback until the test ends and returns
+// its gRPC address.
+func runSuite(t *testing.T, cfg suiteConfig) string {
+	t.Helper()
+	s, err := newSuite(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Run(ctx, gl, hl) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run() = %v", err)
+		}
+		s.Close()
+	})
+	return gl.Addr().String()
+}

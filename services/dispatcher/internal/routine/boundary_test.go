@@ -1,0 +1,280 @@
+package routine
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// slack is the generous margin the time bounds below allow on top of a
+// run's budget and the pool's kill margin: the bound under test is
+// budget + KillMargin, but a loaded 2-core CI machine (and -race) can
+// delay the kill's delivery and the test's own goroutines by seconds. A run
+// that is never stopped fails the bound by far more: it runs forever.
+const slack = 5 * time.Second
+
+// killMargin is the boundary's stated margin (PoolOptions.KillMargin's
+// default): a run ends within its budget plus this.
+const killMargin = 250 * time.Millisecond
+
+// TestBoundary runs the issue's bad inputs through real worker processes
+// and checks, for each: the failure kind, the time bound, that the
+// workers are idle after it; and, at the end, the memory bound.
+func TestBoundary(t *testing.T) {
+	const budget = 500 * time.Millisecond
+	pool := newTestPool(t, PoolOptions{Workers: 2, MemoryBytes: 256 << 20})
+	limits := Limits{Pool: pool, Timeout: budget}
+	parentBefore := peakSelf(t)
+	body := func(expr string) string { return "def reply(q, m):\n    return " + expr + "\n" }
+	loop := func(stmts string) string { return "def reply(q, m):\n" + stmts + "\n    return 1\n" }
+	huge := "1 << 62"
+	cases := []struct {
+		name   string
+		src    string
+		arg    string
+		limits *Limits
+		kinds  []Kind // acceptable kinds; the first is the expected one
+	}{
+		{"all over a huge range (one builtin, no steps)", body("all(range(1, " + huge + "))"), "1", nil, []Kind{KindTime}},
+		{"max over 30M", body("max(range(30000000))"), "1", nil, []Kind{KindTime}},
+		{"int of a million digits", body(`int("9" * 1000000)`), "1", nil, []Kind{KindTime}},
+		{"sorted over 4M", body("sorted(range(4000000))"), "1", nil, []Kind{KindTime, KindMemory}},
+		{"json.decode of half a million levels", body(`json.decode("[" * 500000 + "]" * 500000)`), "1", nil, []Kind{KindError}},
+		{"a query nested half a million levels", body("q"), strings.Repeat("[", 500000) + strings.Repeat("]", 500000), nil, []Kind{KindError}},
+		{"recursion", "def f(n):\n    return f(n + 1)\ndef reply(q, m):\n    return f(0)\n", "1", nil, []Kind{KindError}},
+		{"while True", loop("    while True:\n        pass"), "1", nil, []Kind{KindSteps, KindTime}},
+		// The doubling loops reach the allocation budget in a few rounds,
+		// unless a slow machine (or -race) reaches the wall time first.
+		{"string doubling", loop("    s = 'x'\n    while True:\n        s = s + s"), "1", nil, []Kind{KindMemory, KindTime}},
+		{"list doubling", loop("    l = [0]\n    while True:\n        l = l + l"), "1", nil, []Kind{KindMemory, KindTime}},
+		{"list doubling in place", loop("    l = [0]\n    while True:\n        l += l"), "1", nil, []Kind{KindMemory, KindTime}},
+		{"dict doubling", loop("    d = {0: 0}\n    while True:\n        d = d | {k + len(d): v for k, v in d.items()}"), "1", nil, []Kind{KindMemory, KindSteps, KindTime}},
+		{"set doubling", loop("    s = set([0])\n    while True:\n        s = s.union([x + len(s) for x in s])"), "1", nil, []Kind{KindMemory, KindSteps, KindTime}},
+		{"a large shift", body("1 << (1 << 30)"), "1", nil, []Kind{KindMemory}},
+		{"a power (no ** in Starlark)", body("10 ** 10 ** 8"), "1", nil, []Kind{KindError}},
+		{"sorted", body("sorted(range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
+		{"max", body("max(range(" + huge + "))"), "1", nil, []Kind{KindTime}},
+		{"min", body("min(range(" + huge + ", 0, -1))"), "1", nil, []Kind{KindTime}},
+		{"any", body("any([0] * (1 << 30))"), "1", nil, []Kind{KindMemory}},
+		{"enumerate", body("enumerate(range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
+		{"zip", body("zip(range(" + huge + "), range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
+		{"reversed", body("reversed(range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
+		{"str.join", body(`("ab" * (1 << 20)).join(["a"] * (1 << 16))`), "1", nil, []Kind{KindMemory}},
+		{"str.replace", body(`("x" * (1 << 24)).replace("x", "yyyy")`), "1", nil, []Kind{KindMemory}},
+		{"str.split", body(`("x " * (1 << 22)).split(" ")`), "1", nil, []Kind{KindMemory}},
+		{"% formatting", loop("    s = 'x' * (1 << 24)\n    t = '%s%s%s%s%s' % (s, s, s, s, s)"), "1", nil, []Kind{KindMemory}},
+		{"a huge result", body(`"x" * 100000`), "1", nil, []Kind{KindOutput}},
+		{"a deeply nested result", "def reply(q, m):\n    x = []\n    for i in range(1000):\n        x = [x]\n    return x\n", "1", nil, []Kind{KindOutput}},
+		{"print in a loop", loop("    while True:\n        print('x')"), "1", nil, []Kind{KindSteps, KindTime}},
+		{"past the worker's memory cap (the guard set too high to see it)", body(`len("x" * (1 << 29))`), "1",
+			&Limits{Pool: pool, Timeout: budget, MaxAllocBytes: 8 << 30}, []Kind{KindMemory}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			l := limits
+			if tc.limits != nil {
+				l = *tc.limits
+			}
+			if tc.kinds[0] != KindTime {
+				// Cases that other budgets stop get a wall time no loaded
+				// machine reaches first, so their kind is deterministic.
+				l.Timeout = 5 * time.Second
+			}
+			// Compile, then Call: each is one run with its own budget.
+			bound := 2 * (l.Timeout + killMargin + slack)
+			done := make(chan error, 1)
+			go func() {
+				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", tc.src, nil, l)
+				if err == nil {
+					_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(tc.arg)}, json.RawMessage(`{}`))
+				}
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(bound):
+				t.Fatalf("the run was not stopped within %v (stated margin included)", bound)
+			}
+			if err == nil {
+				t.Fatal("the run succeeded, want a failure")
+			}
+			if k := KindOf(err); !slices.Contains(tc.kinds, k) {
+				t.Errorf("kind %v (%v), want one of %v", k, err, tc.kinds)
+			}
+			waitIdle(t, pool)
+		})
+	}
+	stats := pool.Stats()
+	if stats.Kills[KindTime] == 0 || stats.Kills[KindMemory] == 0 {
+		t.Errorf("kills by kind %v, want time and memory kills", stats.Kills)
+	}
+	_ = pool.Close()
+	// A worker holds at most its cap above its start size; its start size
+	// (the binary's pages, the runtime, and under -race the detector's own
+	// memory) is the fixed overhead, stated here as 192 MiB.
+	const overhead = 192 << 20
+	if got, bound := pool.Stats().PeakRSS, pool.Options().MemoryBytes+overhead; got > bound || got == 0 {
+		t.Errorf("a worker's peak RSS was %d MiB, want at most %d MiB", got>>20, bound>>20)
+	}
+	// The server side parses nothing deep and holds nothing big.
+	if grew := peakSelf(t) - parentBefore; grew > 128<<20 {
+		t.Errorf("the test process's peak RSS grew %d MiB during the table, want under 128", grew>>20)
+	}
+}
+
+// TestFairShare: 64 concurrent runaway calls from one agent take only
+// that agent's share; another agent's calls, made during the attack, all
+// succeed, and the attacker's excess gets ErrBusy.
+func TestFairShare(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 4})
+	runaway, err := Compile(t.Context(), "clients/c/agents/attacker/routines/r", "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, Limits{Pool: pool, Timeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The victim's budget (the default, 1 s) is shorter than the
+	// attacker's: without fair shares it would wait behind runaways that
+	// hold every worker for 2 s and fail busy.
+	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, Limits{Pool: pool, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	kinds := map[string]int{}
+	attackDone := make(chan struct{})
+	for range 64 {
+		wg.Go(func() {
+			_, _, err := runaway.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case errors.Is(err, ErrBusy):
+				kinds["busy"]++
+			case err != nil:
+				kinds[KindOf(err).String()]++
+			default:
+				kinds["ok"]++
+			}
+		})
+	}
+	go func() { wg.Wait(); close(attackDone) }()
+	calls := 0
+	for attacking := true; attacking || calls < 20; calls++ {
+		select {
+		case <-attackDone:
+			attacking = false
+		default:
+		}
+		q := strconv.Itoa(calls)
+		out, _, err := victim.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(q)}, json.RawMessage(`{}`))
+		if err != nil || string(out) != `{"echo":`+q+`}` {
+			t.Fatalf("the victim's call %d during the attack = %s, %v", calls, out, err)
+		}
+	}
+	if kinds["time"] == 0 || kinds["busy"] == 0 || kinds["ok"] != 0 || kinds["time"]+kinds["busy"] != 64 {
+		t.Errorf("the attacker's 64 calls ended %v, want time kills and busy failures only", kinds)
+	}
+	waitIdle(t, pool)
+}
+
+// TestToolCallbacks: a tool that is not a table is answered by the server
+// during the run, and a table tool in the worker itself.
+func TestToolCallbacks(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 1})
+	var seen []string
+	echo := FuncTool(func(_ context.Context, arg json.RawMessage) (json.RawMessage, error) {
+		seen = append(seen, string(arg))
+		if string(arg) == `"fail"` {
+			return nil, errors.New("declined")
+		}
+		return json.RawMessage(`{"got":` + string(arg) + `}`), nil
+	})
+	table, err := TableTool(`{"Paris": 7}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    m['n'] = 1\n    return [echo(q), t('Paris'), call_tool('echo', [1])]\ndef fail(q):\n    return echo('fail')\n", map[string]Tool{"echo": echo, "t": table}, Limits{Pool: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !p.Has("reply") || p.Has("nope") || fmt.Sprint(p.Functions()) != "[fail reply]" {
+		t.Errorf("Has/Functions = %v", p.Functions())
+	}
+	out, mem, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`"hi"`)}, json.RawMessage(`{}`))
+	if err != nil || string(out) != `[{"got":"hi"},7,{"got":[1]}]` || string(mem) != `{"n":1}` {
+		t.Fatalf("Call = %s, %s, %v", out, mem, err)
+	}
+	if _, _, err := p.Call(t.Context(), "fail", []json.RawMessage{json.RawMessage(`1`)}, nil); err == nil || !strings.Contains(err.Error(), "declined") || KindOf(err) != KindError {
+		t.Fatalf("Call of a failing tool = %v, want the tool's error", err)
+	}
+	if len(seen) != 3 {
+		t.Errorf("the server answered %d tool calls (%v), want 3", len(seen), seen)
+	}
+}
+
+// waitIdle waits until every worker slot is back in the pool and every
+// live worker is asleep on its pipe: nothing a killed or failed run left
+// behind keeps burning CPU. A worker may spend a moment in its garbage
+// collector after a large run, so the wait allows a generous 5 s.
+func waitIdle(t *testing.T, p *Pool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		busy := fmt.Sprintf("%d of %d worker slots back", len(p.idle), p.opts.Workers)
+		if len(p.idle) == p.opts.Workers {
+			busy = ""
+			for _, pid := range p.Stats().Workers {
+				if s := procState(t, pid); s != "S" {
+					busy = fmt.Sprintf("worker %d in state %s", pid, s)
+				}
+			}
+		}
+		if busy == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the pool is not idle: %s", busy)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// procState is a process's state letter (R running, S asleep, …), or "gone".
+func procState(t *testing.T, pid int) string {
+	t.Helper()
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "gone"
+	}
+	// The state follows the command name in parentheses.
+	return strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))[0]
+}
+
+// peakSelf is this process's peak RSS, in bytes.
+func peakSelf(t *testing.T) int64 {
+	t.Helper()
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(status)) {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM")
+	return 0
+}

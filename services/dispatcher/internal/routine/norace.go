@@ -1,0 +1,5 @@
+//go:build !race
+
+package routine
+
+const raceEnabled = false

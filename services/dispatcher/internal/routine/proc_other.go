@@ -1,0 +1,18 @@
+//go:build !linux
+
+package routine
+
+import (
+	"errors"
+	"os"
+	"syscall"
+)
+
+// limitSelf is not supported off Linux: the pool refuses to start workers.
+func limitSelf(int64) error {
+	return errors.New("routine workers need Linux (RLIMIT_AS)")
+}
+
+func procAttr() *syscall.SysProcAttr { return nil }
+
+func peakRSS(*os.ProcessState) int64 { return 0 }

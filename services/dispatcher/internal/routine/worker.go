@@ -1,0 +1,191 @@
+package routine
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// workerEnv, set by the pool in a worker's environment to the worker's
+// memory cap in bytes, makes the binary a routine worker.
+const workerEnv = "PARLEY_ROUTINE_WORKER"
+
+// IsWorker reports whether this process was started by a Pool as a routine
+// worker. Every binary that runs a Pool (parley, the dispatcher, and the
+// test binaries of the packages that start one, in TestMain) begins its
+// main with:
+//
+//	if routine.IsWorker() {
+//		os.Exit(routine.ServeWorker())
+//	}
+func IsWorker() bool { return os.Getenv(workerEnv) != "" }
+
+// ServeWorker runs this process as a routine worker, on stdin and stdout,
+// until stdin closes, and returns the exit code. It first caps its own
+// address space (see limitSelf), so nothing the routines do can take more
+// memory than the pool allows.
+func ServeWorker() int {
+	limit, err := strconv.ParseInt(os.Getenv(workerEnv), 10, 64)
+	if err != nil || limit <= 0 {
+		fmt.Fprintf(os.Stderr, "routine worker: %s must be the memory cap in bytes\n", workerEnv)
+		return 2
+	}
+	// The Go heap collects hard before the cap; stacks are bounded well
+	// under it (deep recursion in a builtin dies, it does not grow).
+	debug.SetMemoryLimit(limit / 2)
+	debug.SetMaxStack(64 << 20)
+	if err := limitSelf(limit); err != nil {
+		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
+		return 2
+	}
+	w := &workerConn{
+		r:        bufio.NewReaderSize(os.Stdin, 64<<10),
+		w:        bufio.NewWriterSize(os.Stdout, 64<<10),
+		programs: map[string]*Program{},
+	}
+	if err := w.serve(); !errors.Is(err, io.EOF) {
+		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// workerCacheSize bounds the programs a worker keeps compiled; past it the
+// worker forgets them all and the pool sends them again (frameUnknown).
+const workerCacheSize = 256
+
+type workerConn struct {
+	r        *bufio.Reader
+	w        *bufio.Writer
+	programs map[string]*Program
+}
+
+func (c *workerConn) serve() error {
+	if err := writeFrame(c.w, frameHello); err != nil {
+		return err
+	}
+	for {
+		typ, f, err := readFrame(c.r)
+		if err != nil {
+			return err
+		}
+		switch typ {
+		case frameProgram:
+			err = c.compile(f)
+		case frameCall:
+			err = c.call(f)
+		default:
+			err = fmt.Errorf("unexpected frame %q", typ)
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// compile handles P: key name src limits (tool name, kind, table)….
+func (c *workerConn) compile(f [][]byte) error {
+	if len(f) < 4 || (len(f)-4)%3 != 0 {
+		return errBadFrame
+	}
+	key, name, src, lim := string(f[0]), string(f[1]), string(f[2]), f[3]
+	if len(lim) != 40 {
+		return errBadFrame
+	}
+	limits := Limits{
+		MaxSteps:       uint64(getInt(lim[0:8])),
+		Timeout:        time.Duration(getInt(lim[8:16])),
+		MaxOutputBytes: int(getInt(lim[16:24])),
+		MaxToolCalls:   int(getInt(lim[24:32])),
+		MaxAllocBytes:  getInt(lim[32:40]),
+	}
+	tools := map[string]Tool{}
+	for i := 4; i < len(f); i += 3 {
+		tname, kind, entries := string(f[i]), f[i+1], string(f[i+2])
+		if string(kind) == "t" {
+			t, err := TableTool(entries)
+			if err != nil {
+				return c.fail(err)
+			}
+			tools[tname] = t
+		} else {
+			tools[tname] = FuncTool(c.toolStub(tname))
+		}
+	}
+	p, err := compileLocal(context.Background(), name, src, tools, limits)
+	if err != nil {
+		return c.fail(err)
+	}
+	if len(c.programs) >= workerCacheSize {
+		clear(c.programs)
+	}
+	c.programs[key] = p
+	return writeFrame(c.w, frameCompiled, []byte(strings.Join(sortedCallables(p), "\n")), []byte(strings.Join(p.functions(), "\n")))
+}
+
+// toolStub is a tool answered by the pool: the call goes to the parent as
+// T and waits for its R.
+func (c *workerConn) toolStub(name string) func(context.Context, json.RawMessage) (json.RawMessage, error) {
+	return func(_ context.Context, arg json.RawMessage) (json.RawMessage, error) {
+		if err := writeFrame(c.w, frameTool, []byte(name), arg); err != nil {
+			return nil, err
+		}
+		typ, f, err := readFrame(c.r)
+		if err != nil {
+			return nil, err
+		}
+		if typ != frameToolDone || len(f) != 2 || len(f[0]) != 1 {
+			return nil, errBadFrame
+		}
+		if f[0][0] == 0 {
+			return nil, errors.New(string(f[1]))
+		}
+		if len(f[1]) == 0 {
+			return nil, nil
+		}
+		return json.RawMessage(f[1]), nil
+	}
+}
+
+// call handles C: key fn deadline hasMem mem args….
+func (c *workerConn) call(f [][]byte) error {
+	if len(f) < 5 || len(f[3]) != 1 {
+		return errBadFrame
+	}
+	p := c.programs[string(f[0])]
+	if p == nil {
+		return writeFrame(c.w, frameUnknown)
+	}
+	ctx := context.Background()
+	if dl := time.Duration(getInt(f[2])); dl > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, dl)
+		defer cancel()
+	}
+	var memory json.RawMessage
+	if f[3][0] == 1 {
+		memory = json.RawMessage(f[4])
+	}
+	args := make([]json.RawMessage, 0, len(f)-5)
+	for _, a := range f[5:] {
+		args = append(args, json.RawMessage(a))
+	}
+	out, mem, err := p.callLocal(ctx, string(f[1]), args, memory)
+	if err != nil {
+		return c.fail(err)
+	}
+	return writeFrame(c.w, frameDone, out, putBool(mem != nil), mem)
+}
+
+func (c *workerConn) fail(err error) error {
+	err = classify(err)
+	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(err.Error()))
+}
