@@ -7,7 +7,8 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/parleyhq/parley/platform/grpcerr"
 )
 
 // Middleware records the caller's address for the checks that follow
@@ -82,14 +83,8 @@ func (a *Authenticator) Gateway(next runtime.HandlerFunc) runtime.HandlerFunc {
 // the google.rpc.Status, with the HTTP status of its code (401, 403, 429).
 func WriteError(w http.ResponseWriter, err error) {
 	st := status.Convert(err)
-	body, merr := protojson.Marshal(st.Proto())
-	if merr != nil {
-		body = []byte(`{"code":13,"message":"internal error"}`)
-	}
-	w.Header().Set("Content-Type", "application/json")
 	if st.Code() == codes.Unauthenticated {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="parley"`)
 	}
-	w.WriteHeader(runtime.HTTPStatusFromCode(st.Code()))
-	_, _ = w.Write(body)
+	grpcerr.WriteHTTP(w, grpcerr.HTTPStatus(err), st)
 }

@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 )
 
 // HTTPStatus is the one table from gRPC status to HTTP status that every
@@ -47,4 +48,21 @@ func HTTPStatus(err error) int {
 	default: // Unknown, Internal, DataLoss
 		return http.StatusInternalServerError
 	}
+}
+
+// statusJSON is the gateway's default marshaling of a status.
+var statusJSON = protojson.MarshalOptions{EmitUnpopulated: true}
+
+// WriteHTTP writes st as the gateway writes errors, with HTTP status code:
+// the JSON of google.rpc.Status ({"code", "message", "details"}).
+func WriteHTTP(w http.ResponseWriter, code int, st *status.Status) {
+	body, err := statusJSON.Marshal(st.Proto())
+	if err != nil {
+		body = []byte(`{"code":13,"message":"internal error","details":[]}`)
+		code = http.StatusInternalServerError
+	}
+	w.Header().Del("Trailer")
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(body)
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
 )
@@ -147,19 +146,8 @@ func WriteError(w http.ResponseWriter, _ *http.Request, err error) {
 	writeStatus(w, grpcerr.HTTPStatus(st.Err()), st)
 }
 
-// statusJSON is the gateway's default marshaling of a status.
-var statusJSON = protojson.MarshalOptions{EmitUnpopulated: true}
-
 func writeStatus(w http.ResponseWriter, code int, st *status.Status) {
-	body, err := statusJSON.Marshal(st.Proto())
-	if err != nil {
-		body = []byte(`{"code":13,"message":"internal error","details":[]}`)
-		code = http.StatusInternalServerError
-	}
-	w.Header().Del("Trailer")
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	_, _ = w.Write(body)
+	grpcerr.WriteHTTP(w, code, st)
 }
 
 type maxBodyKey struct{}

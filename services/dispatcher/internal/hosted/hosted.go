@@ -16,6 +16,7 @@ import (
 	"time"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
@@ -203,7 +204,7 @@ func (s *Set) Hashes(ctx context.Context, agent string) []string {
 	}
 	out := make([]string, 0, len(list))
 	for _, r := range list {
-		if h := lastSegment(r.GetName()); h != StepsID {
+		if h := resource.ID(r.GetName()); h != StepsID {
 			out = append(out, h)
 		}
 	}
@@ -355,7 +356,7 @@ func (s *Set) Tools(ctx context.Context, agent string) (map[string]routine.Tool,
 			if err != nil {
 				continue // validated on SetTool; skip rather than break every routine
 			}
-			out[lastSegment(t.GetName())] = fn
+			out[resource.ID(t.GetName())] = fn
 		}
 	}
 	return out, nil
@@ -371,7 +372,7 @@ func (s *Set) ToolSpecs(ctx context.Context, agent string) []llm.Tool {
 	out := make([]llm.Tool, 0, len(list))
 	for _, t := range list {
 		out = append(out, llm.Tool{
-			Name:         lastSegment(t.GetName()),
+			Name:         resource.ID(t.GetName()),
 			Description:  t.GetDescription(),
 			InputSchema:  json.RawMessage(t.GetInputSchemaJson()),
 			OutputSchema: json.RawMessage(t.GetOutputSchemaJson()),
@@ -452,5 +453,3 @@ func (s *Set) SetTool(ctx context.Context, t *dispatcherv1.Tool) (*dispatcherv1.
 
 // Limits are the routine budgets runs get, for dry runs elsewhere.
 func (s *Set) Limits() routine.Limits { return s.opts.Limits }
-
-func lastSegment(name string) string { return name[strings.LastIndex(name, "/")+1:] }

@@ -17,6 +17,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
@@ -348,7 +349,7 @@ func TestRoutineAPI(t *testing.T) {
 			t.Fatalf("ListRoutines = %v", err)
 		}
 		for _, r := range resp.GetRoutines() {
-			names = append(names, lastSegment(r.GetName()))
+			names = append(names, resource.ID(r.GetName()))
 		}
 		if tok = resp.GetNextPageToken(); tok == "" {
 			break

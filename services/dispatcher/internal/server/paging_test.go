@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // TestList_paginates walks ListTools and ListSendCounts page by page
@@ -27,7 +28,7 @@ func TestList_paginates(t *testing.T) {
 			r, err := e.client.ListTools(t.Context(), &dispatcherv1.ListToolsRequest{Parent: weatherAgent, PageSize: size, PageToken: token})
 			var names []string
 			for _, x := range r.GetTools() {
-				names = append(names, lastSegment(x.GetName()))
+				names = append(names, resource.ID(x.GetName()))
 			}
 			return names, r.GetNextPageToken(), err
 		},

@@ -74,5 +74,3 @@ func isIdent(s string) bool {
 	}
 	return true
 }
-
-func lastSegment(name string) string { return name[strings.LastIndex(name, "/")+1:] }
