@@ -71,9 +71,17 @@ vet:
 	go vet work
 
 ## mutation: mutation testing (gremlins) of the packages in MUTATION; slow, so not part of `make test`
+# gremlins tests each mutant in a copy of the module made elsewhere, where
+# go.work and the relative replace paths do not reach: each module is built
+# alone (GOWORK=off) from a copy of its go.mod whose replaces are absolute.
+# -count=1: gremlins times each mutant from the coverage run, which must
+# not come from the test cache.
 mutation: $(GREMLINS)
-	@for p in $(MUTATION); do m=$${p%%:*}; pkg=$${p#*:}; echo "== $$m/$${pkg#./}"; \
-	  (cd $$m && $(GREMLINS) unleash --workers 2 --timeout-coefficient 5 -E '_test\.go$$' $$pkg) || exit 1; done
+	@tmp=$$(mktemp -d); trap 'rm -rf "$$tmp"' EXIT; \
+	for p in $(MUTATION); do m=$${p%%:*}; pkg=$${p#*:}; n=$$(echo $$m | tr / _); echo "== $$m/$${pkg#./}"; \
+	  sed -E "s#=> (\.\./[^ ]*)#=> $(CURDIR)/$$m/\1#" $$m/go.mod > "$$tmp/$$n.mod"; cp $$m/go.sum "$$tmp/$$n.sum"; \
+	  (cd $$m && GOWORK=off GOFLAGS="-modfile=$$tmp/$$n.mod -count=1" \
+	    $(GREMLINS) unleash --workers 2 --timeout-coefficient 10 -E '_test\.go$$' $$pkg) || exit 1; done
 
 ## check-generated: fail when gen/ has drifted from proto/
 check-generated: generate

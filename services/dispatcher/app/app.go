@@ -105,7 +105,7 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		SendRetries:      a.cfg.SendRetries,
 		SendAllowPrivate: a.cfg.SendAllowPrivate,
 		SendMaxListed:    a.cfg.SendMaxListed,
-		SendMaxJudge:     judgeCalls(a.cfg.SendMaxJudgeCalls),
+		SendMaxJudge:     a.cfg.SendMaxJudgeCalls,
 	}, nil
 }
 
@@ -180,13 +180,4 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 		s.Handle(pattern, h)
 	}
 	return nil
-}
-
-// judgeCalls turns --send-max-judge-calls into Options.SendMaxJudge, where 0
-// means the default and a negative value none.
-func judgeCalls(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }
