@@ -124,6 +124,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	srv := server.New(a.store, a.logger, registryv1.NewRegistryServiceClient(a.peers.Registry), opts)
 	a.srv = srv
 	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
+	s.FallbackKeyVerifier(introspector(registryv1.NewRegistryServiceClient(a.peers.Registry)))
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, srv); err != nil {
 		return err
 	}
