@@ -18,6 +18,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.33.0 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
+	github.com/parleyhq/parley/sdk v0.0.0
 	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
@@ -37,6 +38,7 @@ require (
 replace (
 	github.com/parleyhq/parley/gen => ../gen
 	github.com/parleyhq/parley/platform => ../platform
+	github.com/parleyhq/parley/sdk => ../sdk
 	github.com/parleyhq/parley/services/dispatcher => ../services/dispatcher
 	github.com/parleyhq/parley/services/negotiator => ../services/negotiator
 	github.com/parleyhq/parley/services/registry => ../services/registry

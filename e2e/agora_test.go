@@ -61,6 +61,7 @@ func api(t *testing.T, method, url, body string) (int, string) {
 		t.Fatal(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+parleytest.OperatorToken(t))
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatalf("%s %s: %v", method, url, err)
@@ -196,7 +197,9 @@ func TestAgora_dataURIProtocolVerifiedAnsweredAndServed(t *testing.T) {
 				if err := os.WriteFile(file, []byte(routine), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				out, err := exec.Command(parleytest.Binary(t), "routine", "set", "acme:echo", h, file, "--server", srv.GRPCAddr).CombinedOutput()
+				cmd := exec.Command(parleytest.Binary(t), "routine", "set", "acme:echo", h, file, "--server", srv.GRPCAddr)
+				cmd.Env = append(os.Environ(), "PARLEY_TOKEN="+parleytest.OperatorToken(t))
+				out, err := cmd.CombinedOutput()
 				if err != nil || !strings.Contains(string(out), "v1") {
 					t.Fatalf("parley routine set = %q, %v; want version 1", out, err)
 				}

@@ -61,6 +61,7 @@ func TestServe_kill9UnderLoadLosesNoAcknowledgedWrite(t *testing.T) {
 		return len(acked[kind])
 	}
 	client := &http.Client{Timeout: 30 * time.Second}
+	token := parleytest.OperatorToken(t)
 	post := func(method, path string, body any) (map[string]any, bool) {
 		b, _ := json.Marshal(body)
 		if s, ok := body.(string); ok {
@@ -71,6 +72,7 @@ func TestServe_kill9UnderLoadLosesNoAcknowledgedWrite(t *testing.T) {
 			return nil, false
 		}
 		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := client.Do(req)
 		if err != nil {
 			return nil, false
@@ -204,7 +206,7 @@ type group struct {
 // for its "listening" line. The group is killed when the test ends.
 func startGroup(t *testing.T, bin, dataDir string, extra ...string) *group {
 	t.Helper()
-	args := append([]string{"serve", "--data", dataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0"}, extra...)
+	args := append([]string{"serve", "--data", dataDir, "--http", "127.0.0.1:0", "--grpc", "127.0.0.1:0", "--operator-token-file", parleytest.OperatorTokenFile(t)}, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}

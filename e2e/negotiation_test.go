@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -700,9 +701,11 @@ func TestDemoWeather_onServer(t *testing.T) {
 	srv := parleytest.Start(t, "", llmShadowFlags(fake, "--send-allow-private",
 		"--negotiation-thresholds", fmt.Sprintf("*@*=1/%d/10", nlQueries+1))...)
 	for run := range 2 { // a second run on the same server starts from fresh agents
-		out, err := exec.Command(parleytest.Binary(t), "demo", "weather", "--json",
+		cmd := exec.Command(parleytest.Binary(t), "demo", "weather", "--json",
 			"--nl-queries", fmt.Sprint(nlQueries), "--queries", fmt.Sprint(queries),
-			"--server", srv.GRPCAddr, "--http", "http://"+srv.HTTPAddr).Output()
+			"--server", srv.GRPCAddr, "--http", "http://"+srv.HTTPAddr)
+		cmd.Env = append(os.Environ(), "PARLEY_TOKEN="+parleytest.OperatorToken(t))
+		out, err := cmd.Output()
 		if err != nil {
 			t.Fatalf("run %d: parley demo weather: %v\n%s", run, err, out)
 		}

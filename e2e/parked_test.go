@@ -22,7 +22,12 @@ import (
 // fails the test instead of reading as zero.
 func metricValue(t *testing.T, srv *parleytest.Server, name string) string {
 	t.Helper()
-	resp, err := http.Get(srv.URL("/metrics"))
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, srv.URL("/metrics"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+parleytest.OperatorToken(t))
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +86,7 @@ func TestSteps_parkedBeforeTheAgentExistsAllEndAfterRestart(t *testing.T) {
 	}
 
 	srv = parleytest.Start(t, srv.DataDir, "--ap-retry-max", "200ms")
-	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(parleytest.Bearer(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func TestServe_healthOverGRPCAndHTTP_thenSIGTERM(t *testing.T) {
 		}
 	}
 
-	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(parleytest.Bearer(t)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,8 @@ func TestServe_secondProcessOnSameDataDirFailsFast(t *testing.T) {
 // --shutdown-timeout.
 func TestServe_SIGTERMWithConnectedAgent(t *testing.T) {
 	srv := parleytest.Start(t, "")
-	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	createAgent(t, srv, "acme", "idle", "") // the dispatcher admits only registered agents
+	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(parleytest.Bearer(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func waitStep(t *testing.T, srv *parleytest.Server, agentPath, taskID, stepID st
 // SDK agent connects stays `created` and completes once it connects.
 func TestSteps_sdkHandlerAndRoutineBothComplete(t *testing.T) {
 	srv := parleytest.Start(t, "")
-	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(parleytest.Bearer(t)))
 	if err != nil {
 		t.Fatal(err)
 	}

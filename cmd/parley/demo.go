@@ -73,7 +73,7 @@ var demoWeatherDoc = envflag.Doc{
 	Examples: []string{
 		"parley demo weather",
 		"parley demo weather --json --queries 100",
-		"parley demo weather --server 127.0.0.1:9090 --http http://127.0.0.1:8080   # against parley serve --send-allow-private",
+		"PARLEY_TOKEN=$(cat data/operator.token) parley demo weather --server 127.0.0.1:9090 --http http://127.0.0.1:8080   # against parley serve --send-allow-private",
 	},
 }
 

@@ -7,6 +7,8 @@ import (
 	"io"
 	"math"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -15,10 +17,12 @@ import (
 )
 
 // startServe runs `parley serve` in process with extra flags on loopback
-// and returns its gRPC address and HTTP base URL.
-func startServe(t *testing.T, extra ...string) (grpcAddr, httpURL string, conn registryv1.RegistryServiceClient) {
+// and returns its gRPC address and HTTP base URL, and an environment
+// holding its operator token in PARLEY_TOKEN.
+func startServe(t *testing.T, extra ...string) (grpcAddr, httpURL string, conn registryv1.RegistryServiceClient, getenv func(string) string) {
 	t.Helper()
-	args := append([]string{"--data", t.TempDir(), "--log-level", "error"}, extra...)
+	dir := t.TempDir()
+	args := append([]string{"--data", dir, "--log-level", "error"}, extra...)
 	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, args)
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +57,17 @@ func startServe(t *testing.T, extra ...string) (grpcAddr, httpURL string, conn r
 			t.Errorf("Close() = %v", err)
 		}
 	})
-	return gl.Addr().String(), "http://" + hl.Addr().String(), registryv1.NewRegistryServiceClient(c)
+	token, err := os.ReadFile(filepath.Join(dir, "operator.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	getenv = func(k string) string {
+		if k == "PARLEY_TOKEN" {
+			return strings.TrimSpace(string(token))
+		}
+		return ""
+	}
+	return gl.Addr().String(), "http://" + hl.Addr().String(), registryv1.NewRegistryServiceClient(c), getenv
 }
 
 // demoAgents lists the demo's agents (Alice's and Bob's, whatever their
@@ -74,9 +88,9 @@ func demoAgents(t *testing.T, reg registryv1.RegistryServiceClient) []string {
 }
 
 func TestDemoOnServer_refusedSendNamesTheFlag(t *testing.T) {
-	addr, url, reg := startServe(t) // without --send-allow-private
+	addr, url, reg, getenv := startServe(t) // without --send-allow-private
 	var out, errOut bytes.Buffer
-	err := run([]string{"demo", "weather", "--server", addr, "--http", url, "--queries", "2"}, noEnv, &out, &errOut)
+	err := run([]string{"demo", "weather", "--server", addr, "--http", url, "--queries", "2"}, getenv, &out, &errOut)
 	if err == nil {
 		t.Fatal("demo against a server that refuses loopback sends succeeded, want an error")
 	}
@@ -89,9 +103,9 @@ func TestDemoOnServer_refusedSendNamesTheFlag(t *testing.T) {
 }
 
 func TestDemoOnServer_leavesNoAgentsAndSaysWhatItSaved(t *testing.T) {
-	addr, url, reg := startServe(t, "--send-allow-private")
+	addr, url, reg, getenv := startServe(t, "--send-allow-private")
 	var out, errOut bytes.Buffer
-	err := run([]string{"demo", "weather", "--server", addr, "--http", url, "--queries", "3"}, noEnv, &out, &errOut)
+	err := run([]string{"demo", "weather", "--server", addr, "--http", url, "--queries", "3"}, getenv, &out, &errOut)
 	if err != nil {
 		t.Fatalf("demo on a server: %v\n%s", err, out.String())
 	}

@@ -75,6 +75,9 @@ func RemoveBuilds() error {
 		}
 		delete(builds, pkg)
 	}
+	if operator.dir != "" {
+		errs = append(errs, os.RemoveAll(operator.dir))
+	}
 	return errors.Join(errs...)
 }
 
@@ -106,7 +109,8 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	args := append([]string{"serve", "--data", dataDir, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}, extra...)
+	_, tokenFile := operatorToken(t)
+	args := append([]string{"serve", "--data", dataDir, "--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--operator-token-file", tokenFile}, extra...)
 	s := StartProcess(t, Binary(t), args...)
 	s.DataDir = dataDir
 	return s

@@ -99,6 +99,9 @@ func New(opts Options) *Authenticator {
 // Authenticator before the registry that verifies keys, then sets it.
 func (a *Authenticator) SetVerifier(v Verifier) { a.verifier.Store(&v) }
 
+// SetVerifierIfUnset sets v unless a verifier is set.
+func (a *Authenticator) SetVerifierIfUnset(v Verifier) { a.verifier.CompareAndSwap(nil, &v) }
+
 // OperatorToken returns the operator token, for in-process clients.
 func (a *Authenticator) OperatorToken() string { return a.opts.OperatorToken }
 

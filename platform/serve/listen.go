@@ -2,6 +2,7 @@ package serve
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -68,4 +69,18 @@ func (f Flags) Options(logger *slog.Logger) Options {
 		OperatorTokenFile: f.OperatorTokenFile,
 		MetricsPublic:     f.MetricsPublic,
 	}
+}
+
+// PeerToken is the credential a one-service binary sends to its peers: the
+// operator token when --auth is on, else none. Separate processes must
+// share one token, so --auth there needs --operator-token-file.
+func PeerToken(f Flags) (string, error) {
+	if !f.Auth {
+		return "", nil
+	}
+	if f.OperatorTokenFile == "" {
+		return "", errors.New("--auth in a one-service binary needs --operator-token-file, the operator token every service of the deployment shares")
+	}
+	tok, _, _, err := auth.LoadOperatorToken(f.OperatorTokenFile, f.DataDir)
+	return tok, err
 }

@@ -106,6 +106,7 @@ type Server struct {
 	stopOnce sync.Once
 
 	operatorToken string              // never logged
+	tokenWritten  string              // the token's file, when New wrote it
 	auth          *auth.Authenticator // nil: access control off
 }
 
@@ -141,7 +142,9 @@ func New(opts Options) (*Server, error) {
 		}
 		s.operatorToken = tok
 		if created {
-			s.logger.Info("operator token written; send it as 'authorization: Bearer <token>' to act as the operator", slog.String("path", file))
+			// Logged when serving starts, so that a server failing to
+			// start prints only why.
+			s.tokenWritten = file
 		} else {
 			s.logger.Debug("operator token read", slog.String("path", file))
 		}
@@ -244,6 +247,16 @@ func (s *Server) handle(pattern string, h http.Handler) {
 func (s *Server) SetKeyVerifier(v auth.Verifier) {
 	if s.auth != nil {
 		s.auth.SetVerifier(v)
+	}
+}
+
+// FallbackKeyVerifier sets v as the key verifier unless one is set: a
+// service that reaches the registry only over gRPC offers an introspecting
+// verifier, which the registry's own (SetKeyVerifier) overrides when both
+// run in one process.
+func (s *Server) FallbackKeyVerifier(v auth.Verifier) {
+	if s.auth != nil {
+		s.auth.SetVerifierIfUnset(v)
 	}
 }
 
@@ -396,6 +409,9 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	}
 	s.mu.Unlock()
 	s.setServing(healthpb.HealthCheckResponse_SERVING)
+	if s.tokenWritten != "" {
+		s.logger.InfoContext(ctx, "operator token written; send it as 'authorization: Bearer <token>' to act as the operator", slog.String("path", s.tokenWritten))
+	}
 	watchCtx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	watchDone := make(chan struct{})
 	go func() { defer close(watchDone); s.watchReadiness(watchCtx) }()

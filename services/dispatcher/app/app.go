@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -105,7 +106,7 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		SendRetries:      a.cfg.SendRetries,
 		SendAllowPrivate: a.cfg.SendAllowPrivate,
 		SendMaxListed:    a.cfg.SendMaxListed,
-		SendMaxJudge:     judgeCalls(a.cfg.SendMaxJudgeCalls),
+		SendMaxJudge:     a.cfg.SendMaxJudgeCalls,
 	}, nil
 }
 
@@ -124,6 +125,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	srv := server.New(a.store, a.logger, registryv1.NewRegistryServiceClient(a.peers.Registry), opts)
 	a.srv = srv
 	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
+	s.FallbackKeyVerifier(introspector(registryv1.NewRegistryServiceClient(a.peers.Registry)))
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, srv); err != nil {
 		return err
 	}
@@ -165,8 +167,7 @@ func (a *App) Close() error {
 	if a.srv != nil {
 		a.srv.StopShadows() // they may install a routine in the store
 	}
-	_ = a.pool.Close()
-	return a.store.Close()
+	return errors.Join(a.pool.Close(), a.store.Close())
 }
 
 // RegisterGateway mounts the dispatcher's REST routes and the Agora routes on
@@ -180,13 +181,4 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 		s.Handle(pattern, h)
 	}
 	return nil
-}
-
-// judgeCalls turns --send-max-judge-calls into Options.SendMaxJudge, where 0
-// means the default and a negative value none.
-func judgeCalls(n int) int {
-	if n == 0 {
-		return -1
-	}
-	return n
 }

@@ -39,12 +39,16 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "dispatcher", cfg.LogLevel)
-	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{})
+	token, err := serve.PeerToken(cfg.Flags)
+	if err != nil {
+		return err
+	}
+	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{Token: token})
 	if err != nil {
 		return fmt.Errorf("--registry-addr: %w", err)
 	}
 	defer registryConn.Close()
-	negotiatorConn, err := grpcclient.Dial(cfg.NegotiatorAddr, grpcclient.Options{})
+	negotiatorConn, err := grpcclient.Dial(cfg.NegotiatorAddr, grpcclient.Options{Token: token})
 	if err != nil {
 		return fmt.Errorf("--negotiator-addr: %w", err)
 	}

@@ -319,9 +319,18 @@ func (h *Hub) Serve(stream Stream) error {
 	}()
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- c.recvLoop() }()
+	// A stream whose context ends (the client hung up, or its key was
+	// revoked and the auth interceptor ended it) ends here as a hang-up;
+	// returning unblocks the loops, as for a dropped agent.
+	var ended <-chan struct{}
+	if cs, ok := stream.(interface{ Context() context.Context }); ok {
+		ended = cs.Context().Done()
+	}
 	select {
 	case err := <-recvErr:
 		return err
+	case <-ended:
+		return nil
 	case <-h.opts.Stopping:
 		return ErrStopping
 	case <-c.dropped:

@@ -85,7 +85,8 @@ type Options struct {
 	// document lists Send resolves at most (in hash order); 5.
 	MaxListed int
 	// MaxJudge caps the LLM calls one Send spends judging whether a
-	// listed protocol fits its task; 2 when zero, none when negative.
+	// listed protocol fits its task; zero judges none (config owns the
+	// default).
 	MaxJudge int
 	// CacheTTL is how long well-known documents are cached (at least 30 s).
 	CacheTTL time.Duration
@@ -122,9 +123,7 @@ func New(client Client, dir *directory.Directory, routines *hosted.Set, shadows 
 	if opts.MaxListed <= 0 {
 		opts.MaxListed = 5
 	}
-	if opts.MaxJudge == 0 {
-		opts.MaxJudge = 2
-	}
+	opts.MaxJudge = max(opts.MaxJudge, 0)
 	if opts.Retries < 0 {
 		opts.Retries = 0
 	}

@@ -120,7 +120,7 @@ func TestSend_errors(t *testing.T) {
 // resolutions and --send-max-judge-calls LLM judgements per Send; misses are
 // remembered, and no PD is judged twice for the same task.
 func TestSend_manyListedProtocolsCostBounded(t *testing.T) {
-	e := startWeather(t, 0, Options{})
+	e := startWeather(t, 0, Options{SendMaxJudge: 2}) // the flag default
 	e.reg.addAgent(agentRes(senderAgent, 0, 0))
 	var mu sync.Mutex
 	judged := map[string]int{}

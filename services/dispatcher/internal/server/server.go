@@ -137,7 +137,7 @@ type Options struct {
 	// document lists Send resolves at most (in hash order); 5.
 	SendMaxListed int
 	// SendMaxJudge caps the LLM calls one Send spends judging whether a
-	// listed protocol fits its task; 2 when zero, none when negative.
+	// listed protocol fits its task; zero judges none.
 	SendMaxJudge int
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time

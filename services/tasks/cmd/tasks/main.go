@@ -36,7 +36,11 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "tasks", cfg.LogLevel)
-	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{})
+	token, err := serve.PeerToken(cfg.Flags)
+	if err != nil {
+		return err
+	}
+	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{Token: token})
 	if err != nil {
 		return fmt.Errorf("--dispatcher-addr: %w", err)
 	}
