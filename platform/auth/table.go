@@ -53,6 +53,18 @@ func ParleyPolicy() Policy {
 		reg + "DeleteKey":     {Allow: manage, Resource: "name"},
 		reg + "RotateKey":     {Allow: own, Resource: "name"},
 		reg + "IntrospectKey": {Allow: Operator},
+		// Registry: connections. The acting agent is the caller: an agent
+		// key acts as itself only. Lists are the agent's or its client's.
+		// ListClientGroupMembers is any key here: the handler admits the
+		// client's own keys (agent or client) and the operator.
+		reg + "FollowAgent":             {Allow: Agent | Operator, Resource: "name"},
+		reg + "UnfollowAgent":           {Allow: Agent | Operator, Resource: "name"},
+		reg + "ListFollowers":           {Allow: own, Resource: "parent"},
+		reg + "ListFollowing":           {Allow: own, Resource: "parent"},
+		reg + "JoinClientGroup":         {Allow: Agent | Operator, Resource: "name"},
+		reg + "LeaveClientGroup":        {Allow: Agent | Operator, Resource: "name"},
+		reg + "ListClientGroupMembers":  {Allow: AnyKey},
+		reg + "CheckDialoguePermission": {Allow: Operator}, // the dispatcher calls it
 
 		// Dispatcher.
 		disp + "GetRoutine":      {Allow: own, Resource: "name"},

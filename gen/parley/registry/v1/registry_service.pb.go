@@ -1773,11 +1773,687 @@ func (x *IntrospectKeyResponse) GetAgent() string {
 	return ""
 }
 
+// FollowAgentRequest is the request of FollowAgent.
+type FollowAgentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent that follows (the caller). Format:
+	// clients/{client}/agents/{agent}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The agent to follow. Format: clients/{client}/agents/{agent}.
+	Agent         string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FollowAgentRequest) Reset() {
+	*x = FollowAgentRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FollowAgentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FollowAgentRequest) ProtoMessage() {}
+
+func (x *FollowAgentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FollowAgentRequest.ProtoReflect.Descriptor instead.
+func (*FollowAgentRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *FollowAgentRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *FollowAgentRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+// UnfollowAgentRequest is the request of UnfollowAgent.
+type UnfollowAgentRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent that stops following (the caller). Format:
+	// clients/{client}/agents/{agent}.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The agent to stop following. Format: clients/{client}/agents/{agent}.
+	Agent         string `protobuf:"bytes,2,opt,name=agent,proto3" json:"agent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UnfollowAgentRequest) Reset() {
+	*x = UnfollowAgentRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UnfollowAgentRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UnfollowAgentRequest) ProtoMessage() {}
+
+func (x *UnfollowAgentRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UnfollowAgentRequest.ProtoReflect.Descriptor instead.
+func (*UnfollowAgentRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *UnfollowAgentRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UnfollowAgentRequest) GetAgent() string {
+	if x != nil {
+		return x.Agent
+	}
+	return ""
+}
+
+// ListFollowersRequest is the request of ListFollowers.
+type ListFollowersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent followed. Format: clients/{client}/agents/{agent}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// The most agents to return: 0 means 50, above 1000 means 1000.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parent.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFollowersRequest) Reset() {
+	*x = ListFollowersRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFollowersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFollowersRequest) ProtoMessage() {}
+
+func (x *ListFollowersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFollowersRequest.ProtoReflect.Descriptor instead.
+func (*ListFollowersRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ListFollowersRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *ListFollowersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListFollowersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListFollowersResponse is the response of ListFollowers.
+type ListFollowersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The followers' names, clients/{client}/agents/{agent}.
+	Agents []string `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	// The token of the next page; empty on the last.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFollowersResponse) Reset() {
+	*x = ListFollowersResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFollowersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFollowersResponse) ProtoMessage() {}
+
+func (x *ListFollowersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFollowersResponse.ProtoReflect.Descriptor instead.
+func (*ListFollowersResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *ListFollowersResponse) GetAgents() []string {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+func (x *ListFollowersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// ListFollowingRequest is the request of ListFollowing.
+type ListFollowingRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent that follows. Format: clients/{client}/agents/{agent}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// The most agents to return: 0 means 50, above 1000 means 1000.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parent.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFollowingRequest) Reset() {
+	*x = ListFollowingRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFollowingRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFollowingRequest) ProtoMessage() {}
+
+func (x *ListFollowingRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFollowingRequest.ProtoReflect.Descriptor instead.
+func (*ListFollowingRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *ListFollowingRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *ListFollowingRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListFollowingRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListFollowingResponse is the response of ListFollowing.
+type ListFollowingResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The followed agents' names, clients/{client}/agents/{agent}.
+	Agents []string `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	// The token of the next page; empty on the last.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListFollowingResponse) Reset() {
+	*x = ListFollowingResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListFollowingResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListFollowingResponse) ProtoMessage() {}
+
+func (x *ListFollowingResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListFollowingResponse.ProtoReflect.Descriptor instead.
+func (*ListFollowingResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *ListFollowingResponse) GetAgents() []string {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+func (x *ListFollowingResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// JoinClientGroupRequest is the request of JoinClientGroup.
+type JoinClientGroupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent joining its client's group. Format:
+	// clients/{client}/agents/{agent}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *JoinClientGroupRequest) Reset() {
+	*x = JoinClientGroupRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *JoinClientGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*JoinClientGroupRequest) ProtoMessage() {}
+
+func (x *JoinClientGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use JoinClientGroupRequest.ProtoReflect.Descriptor instead.
+func (*JoinClientGroupRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *JoinClientGroupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// LeaveClientGroupRequest is the request of LeaveClientGroup.
+type LeaveClientGroupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent leaving its client's group. Format:
+	// clients/{client}/agents/{agent}.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaveClientGroupRequest) Reset() {
+	*x = LeaveClientGroupRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaveClientGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaveClientGroupRequest) ProtoMessage() {}
+
+func (x *LeaveClientGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaveClientGroupRequest.ProtoReflect.Descriptor instead.
+func (*LeaveClientGroupRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *LeaveClientGroupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ListClientGroupMembersRequest is the request of ListClientGroupMembers.
+type ListClientGroupMembersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The client whose group is listed. Format: clients/{client}.
+	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
+	// The most members to return: 0 means 50, above 1000 means 1000.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// A next_page_token from a previous call with the same parent.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClientGroupMembersRequest) Reset() {
+	*x = ListClientGroupMembersRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClientGroupMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClientGroupMembersRequest) ProtoMessage() {}
+
+func (x *ListClientGroupMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClientGroupMembersRequest.ProtoReflect.Descriptor instead.
+func (*ListClientGroupMembersRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *ListClientGroupMembersRequest) GetParent() string {
+	if x != nil {
+		return x.Parent
+	}
+	return ""
+}
+
+func (x *ListClientGroupMembersRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListClientGroupMembersRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListClientGroupMembersResponse is the response of ListClientGroupMembers.
+type ListClientGroupMembersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The members' names, clients/{client}/agents/{agent}.
+	Agents []string `protobuf:"bytes,1,rep,name=agents,proto3" json:"agents,omitempty"`
+	// The token of the next page; empty on the last.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListClientGroupMembersResponse) Reset() {
+	*x = ListClientGroupMembersResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListClientGroupMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListClientGroupMembersResponse) ProtoMessage() {}
+
+func (x *ListClientGroupMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListClientGroupMembersResponse.ProtoReflect.Descriptor instead.
+func (*ListClientGroupMembersResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{40}
+}
+
+func (x *ListClientGroupMembersResponse) GetAgents() []string {
+	if x != nil {
+		return x.Agents
+	}
+	return nil
+}
+
+func (x *ListClientGroupMembersResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// CheckDialoguePermissionRequest is the request of CheckDialoguePermission.
+type CheckDialoguePermissionRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The agent that would start the dialogue. Format:
+	// clients/{client}/agents/{agent}.
+	Sender string `protobuf:"bytes,1,opt,name=sender,proto3" json:"sender,omitempty"`
+	// The agent it would start it with. Format:
+	// clients/{client}/agents/{agent}.
+	Recipient     string `protobuf:"bytes,2,opt,name=recipient,proto3" json:"recipient,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckDialoguePermissionRequest) Reset() {
+	*x = CheckDialoguePermissionRequest{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckDialoguePermissionRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckDialoguePermissionRequest) ProtoMessage() {}
+
+func (x *CheckDialoguePermissionRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckDialoguePermissionRequest.ProtoReflect.Descriptor instead.
+func (*CheckDialoguePermissionRequest) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *CheckDialoguePermissionRequest) GetSender() string {
+	if x != nil {
+		return x.Sender
+	}
+	return ""
+}
+
+func (x *CheckDialoguePermissionRequest) GetRecipient() string {
+	if x != nil {
+		return x.Recipient
+	}
+	return ""
+}
+
+// CheckDialoguePermissionResponse is the response of
+// CheckDialoguePermission.
+type CheckDialoguePermissionResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the sender may start the dialogue.
+	Allowed bool `protobuf:"varint,1,opt,name=allowed,proto3" json:"allowed,omitempty"`
+	// The connection that allows it; unspecified when refused.
+	Basis         DialogueBasis `protobuf:"varint,2,opt,name=basis,proto3,enum=parley.registry.v1.DialogueBasis" json:"basis,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckDialoguePermissionResponse) Reset() {
+	*x = CheckDialoguePermissionResponse{}
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckDialoguePermissionResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckDialoguePermissionResponse) ProtoMessage() {}
+
+func (x *CheckDialoguePermissionResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_registry_service_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckDialoguePermissionResponse.ProtoReflect.Descriptor instead.
+func (*CheckDialoguePermissionResponse) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_registry_service_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *CheckDialoguePermissionResponse) GetAllowed() bool {
+	if x != nil {
+		return x.Allowed
+	}
+	return false
+}
+
+func (x *CheckDialoguePermissionResponse) GetBasis() DialogueBasis {
+	if x != nil {
+		return x.Basis
+	}
+	return DialogueBasis_DIALOGUE_BASIS_UNSPECIFIED
+}
+
 var File_parley_registry_v1_registry_service_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\n" +
-	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a\x1fparley/registry/v1/client.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
+	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a\x1fparley/registry/v1/client.proto\x1a#parley/registry/v1/connection.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
 	"\x15CreateProtocolRequest\x12>\n" +
 	"\bprotocol\x18\x01 \x01(\v2\x1c.parley.registry.v1.ProtocolB\x04\xe2A\x01\x02R\bprotocol\".\n" +
 	"\x12GetProtocolRequest\x12\x18\n" +
@@ -1882,7 +2558,47 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x04kind\x18\x02 \x01(\x0e2!.parley.registry.v1.PrincipalKindR\x04kind\x12\x10\n" +
 	"\x03key\x18\x03 \x01(\tR\x03key\x12\x16\n" +
 	"\x06client\x18\x04 \x01(\tR\x06client\x12\x14\n" +
-	"\x05agent\x18\x05 \x01(\tR\x05agent2\x86\x19\n" +
+	"\x05agent\x18\x05 \x01(\tR\x05agent\"J\n" +
+	"\x12FollowAgentRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1a\n" +
+	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x05agent\"L\n" +
+	"\x14UnfollowAgentRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1a\n" +
+	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x05agent\"|\n" +
+	"\x14ListFollowersRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12!\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\x04\xe2A\x01\x01R\bpageSize\x12#\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"W\n" +
+	"\x15ListFollowersResponse\x12\x16\n" +
+	"\x06agents\x18\x01 \x03(\tR\x06agents\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"|\n" +
+	"\x14ListFollowingRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12!\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\x04\xe2A\x01\x01R\bpageSize\x12#\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"W\n" +
+	"\x15ListFollowingResponse\x12\x16\n" +
+	"\x06agents\x18\x01 \x03(\tR\x06agents\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"2\n" +
+	"\x16JoinClientGroupRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"3\n" +
+	"\x17LeaveClientGroupRequest\x12\x18\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x85\x01\n" +
+	"\x1dListClientGroupMembersRequest\x12\x1c\n" +
+	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12!\n" +
+	"\tpage_size\x18\x02 \x01(\x05B\x04\xe2A\x01\x01R\bpageSize\x12#\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\tpageToken\"`\n" +
+	"\x1eListClientGroupMembersResponse\x12\x16\n" +
+	"\x06agents\x18\x01 \x03(\tR\x06agents\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"b\n" +
+	"\x1eCheckDialoguePermissionRequest\x12\x1c\n" +
+	"\x06sender\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06sender\x12\"\n" +
+	"\trecipient\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\trecipient\"t\n" +
+	"\x1fCheckDialoguePermissionResponse\x12\x18\n" +
+	"\aallowed\x18\x01 \x01(\bR\aallowed\x127\n" +
+	"\x05basis\x18\x02 \x01(\x0e2!.parley.registry.v1.DialogueBasisR\x05basis2\xa1\"\n" +
 	"\x0fRegistryService\x12z\n" +
 	"\x0eCreateProtocol\x12).parley.registry.v1.CreateProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1f\x82\xd3\xe4\x93\x02\x19:\bprotocol\"\r/v1/protocols\x12s\n" +
 	"\vGetProtocol\x12&.parley.registry.v1.GetProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/{name=protocols/*}\x12{\n" +
@@ -1907,7 +2623,15 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\bListKeys\x12#.parley.registry.v1.ListKeysRequest\x1a$.parley.registry.v1.ListKeysResponse\"K\x82\xd3\xe4\x93\x02EZ&\x12$/v1/{parent=clients/*/agents/*}/keys\x12\x1b/v1/{parent=clients/*}/keys\x12\x96\x01\n" +
 	"\tDeleteKey\x12$.parley.registry.v1.DeleteKeyRequest\x1a\x16.google.protobuf.Empty\"K\x82\xd3\xe4\x93\x02EZ&*$/v1/{name=clients/*/agents/*/keys/*}*\x1b/v1/{name=clients/*/keys/*}\x12\xab\x01\n" +
 	"\tRotateKey\x12$.parley.registry.v1.RotateKeyRequest\x1a\x17.parley.registry.v1.Key\"_\x82\xd3\xe4\x93\x02Y:\x01*Z0:\x01*\"+/v1/{name=clients/*/agents/*/keys/*}:rotate\"\"/v1/{name=clients/*/keys/*}:rotate\x12d\n" +
-	"\rIntrospectKey\x12(.parley.registry.v1.IntrospectKeyRequest\x1a).parley.registry.v1.IntrospectKeyResponseB\xd6\x01\n" +
+	"\rIntrospectKey\x12(.parley.registry.v1.IntrospectKeyRequest\x1a).parley.registry.v1.IntrospectKeyResponse\x12\x82\x01\n" +
+	"\vFollowAgent\x12&.parley.registry.v1.FollowAgentRequest\x1a\x1a.parley.registry.v1.Follow\"/\x82\xd3\xe4\x93\x02):\x01*\"$/v1/{name=clients/*/agents/*}:follow\x12\x84\x01\n" +
+	"\rUnfollowAgent\x12(.parley.registry.v1.UnfollowAgentRequest\x1a\x16.google.protobuf.Empty\"1\x82\xd3\xe4\x93\x02+:\x01*\"&/v1/{name=clients/*/agents/*}:unfollow\x12\x97\x01\n" +
+	"\rListFollowers\x12(.parley.registry.v1.ListFollowersRequest\x1a).parley.registry.v1.ListFollowersResponse\"1\x82\xd3\xe4\x93\x02+\x12)/v1/{parent=clients/*/agents/*}/followers\x12\x97\x01\n" +
+	"\rListFollowing\x12(.parley.registry.v1.ListFollowingRequest\x1a).parley.registry.v1.ListFollowingResponse\"1\x82\xd3\xe4\x93\x02+\x12)/v1/{parent=clients/*/agents/*}/following\x12\x8f\x01\n" +
+	"\x0fJoinClientGroup\x12*.parley.registry.v1.JoinClientGroupRequest\x1a\x16.google.protobuf.Empty\"8\x82\xd3\xe4\x93\x022:\x01*\"-/v1/{name=clients/*/agents/*}:joinClientGroup\x12\x92\x01\n" +
+	"\x10LeaveClientGroup\x12+.parley.registry.v1.LeaveClientGroupRequest\x1a\x16.google.protobuf.Empty\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/{name=clients/*/agents/*}:leaveClientGroup\x12\xac\x01\n" +
+	"\x16ListClientGroupMembers\x121.parley.registry.v1.ListClientGroupMembersRequest\x1a2.parley.registry.v1.ListClientGroupMembersResponse\"+\x82\xd3\xe4\x93\x02%\x12#/v1/{parent=clients/*}/groupMembers\x12\x82\x01\n" +
+	"\x17CheckDialoguePermission\x122.parley.registry.v1.CheckDialoguePermissionRequest\x1a3.parley.registry.v1.CheckDialoguePermissionResponseB\xd6\x01\n" +
 	"\x16com.parley.registry.v1B\x14RegistryServiceProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (
@@ -1922,7 +2646,7 @@ func file_parley_registry_v1_registry_service_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_registry_service_proto_rawDescData
 }
 
-var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_parley_registry_v1_registry_service_proto_msgTypes = make([]protoimpl.MessageInfo, 43)
 var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*CreateProtocolRequest)(nil),            // 0: parley.registry.v1.CreateProtocolRequest
 	(*GetProtocolRequest)(nil),               // 1: parley.registry.v1.GetProtocolRequest
@@ -1955,79 +2679,110 @@ var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*RotateKeyRequest)(nil),                 // 28: parley.registry.v1.RotateKeyRequest
 	(*IntrospectKeyRequest)(nil),             // 29: parley.registry.v1.IntrospectKeyRequest
 	(*IntrospectKeyResponse)(nil),            // 30: parley.registry.v1.IntrospectKeyResponse
-	(*Protocol)(nil),                         // 31: parley.registry.v1.Protocol
-	(*Agent)(nil),                            // 32: parley.registry.v1.Agent
-	(*fieldmaskpb.FieldMask)(nil),            // 33: google.protobuf.FieldMask
-	(*Client)(nil),                           // 34: parley.registry.v1.Client
-	(*Key)(nil),                              // 35: parley.registry.v1.Key
-	(PrincipalKind)(0),                       // 36: parley.registry.v1.PrincipalKind
-	(*emptypb.Empty)(nil),                    // 37: google.protobuf.Empty
+	(*FollowAgentRequest)(nil),               // 31: parley.registry.v1.FollowAgentRequest
+	(*UnfollowAgentRequest)(nil),             // 32: parley.registry.v1.UnfollowAgentRequest
+	(*ListFollowersRequest)(nil),             // 33: parley.registry.v1.ListFollowersRequest
+	(*ListFollowersResponse)(nil),            // 34: parley.registry.v1.ListFollowersResponse
+	(*ListFollowingRequest)(nil),             // 35: parley.registry.v1.ListFollowingRequest
+	(*ListFollowingResponse)(nil),            // 36: parley.registry.v1.ListFollowingResponse
+	(*JoinClientGroupRequest)(nil),           // 37: parley.registry.v1.JoinClientGroupRequest
+	(*LeaveClientGroupRequest)(nil),          // 38: parley.registry.v1.LeaveClientGroupRequest
+	(*ListClientGroupMembersRequest)(nil),    // 39: parley.registry.v1.ListClientGroupMembersRequest
+	(*ListClientGroupMembersResponse)(nil),   // 40: parley.registry.v1.ListClientGroupMembersResponse
+	(*CheckDialoguePermissionRequest)(nil),   // 41: parley.registry.v1.CheckDialoguePermissionRequest
+	(*CheckDialoguePermissionResponse)(nil),  // 42: parley.registry.v1.CheckDialoguePermissionResponse
+	(*Protocol)(nil),                         // 43: parley.registry.v1.Protocol
+	(*Agent)(nil),                            // 44: parley.registry.v1.Agent
+	(*fieldmaskpb.FieldMask)(nil),            // 45: google.protobuf.FieldMask
+	(*Client)(nil),                           // 46: parley.registry.v1.Client
+	(*Key)(nil),                              // 47: parley.registry.v1.Key
+	(PrincipalKind)(0),                       // 48: parley.registry.v1.PrincipalKind
+	(DialogueBasis)(0),                       // 49: parley.registry.v1.DialogueBasis
+	(*emptypb.Empty)(nil),                    // 50: google.protobuf.Empty
+	(*Follow)(nil),                           // 51: parley.registry.v1.Follow
 }
 var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
-	31, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
-	31, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	31, // 2: parley.registry.v1.SearchProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
-	32, // 3: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
-	32, // 4: parley.registry.v1.UpdateAgentRequest.agent:type_name -> parley.registry.v1.Agent
-	33, // 5: parley.registry.v1.UpdateAgentRequest.update_mask:type_name -> google.protobuf.FieldMask
-	32, // 6: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
-	34, // 7: parley.registry.v1.CreateClientRequest.client:type_name -> parley.registry.v1.Client
-	34, // 8: parley.registry.v1.CreateClientResponse.client:type_name -> parley.registry.v1.Client
-	35, // 9: parley.registry.v1.CreateClientResponse.key:type_name -> parley.registry.v1.Key
-	34, // 10: parley.registry.v1.ListClientsResponse.clients:type_name -> parley.registry.v1.Client
-	35, // 11: parley.registry.v1.ListKeysResponse.keys:type_name -> parley.registry.v1.Key
-	36, // 12: parley.registry.v1.IntrospectKeyResponse.kind:type_name -> parley.registry.v1.PrincipalKind
-	0,  // 13: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
-	1,  // 14: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
-	2,  // 15: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
-	5,  // 16: parley.registry.v1.RegistryService.SearchProtocols:input_type -> parley.registry.v1.SearchProtocolsRequest
-	4,  // 17: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
-	7,  // 18: parley.registry.v1.RegistryService.SyncProtocols:input_type -> parley.registry.v1.SyncProtocolsRequest
-	9,  // 19: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
-	11, // 20: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
-	12, // 21: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
-	10, // 22: parley.registry.v1.RegistryService.UpdateAgent:input_type -> parley.registry.v1.UpdateAgentRequest
-	14, // 23: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
-	15, // 24: parley.registry.v1.RegistryService.AddSupportedProtocol:input_type -> parley.registry.v1.AddSupportedProtocolRequest
-	16, // 25: parley.registry.v1.RegistryService.RemoveSupportedProtocol:input_type -> parley.registry.v1.RemoveSupportedProtocolRequest
-	17, // 26: parley.registry.v1.RegistryService.AddUnsupportedProtocol:input_type -> parley.registry.v1.AddUnsupportedProtocolRequest
-	18, // 27: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:input_type -> parley.registry.v1.RemoveUnsupportedProtocolRequest
-	19, // 28: parley.registry.v1.RegistryService.CreateClient:input_type -> parley.registry.v1.CreateClientRequest
-	21, // 29: parley.registry.v1.RegistryService.GetClient:input_type -> parley.registry.v1.GetClientRequest
-	22, // 30: parley.registry.v1.RegistryService.ListClients:input_type -> parley.registry.v1.ListClientsRequest
-	24, // 31: parley.registry.v1.RegistryService.CreateKey:input_type -> parley.registry.v1.CreateKeyRequest
-	25, // 32: parley.registry.v1.RegistryService.ListKeys:input_type -> parley.registry.v1.ListKeysRequest
-	27, // 33: parley.registry.v1.RegistryService.DeleteKey:input_type -> parley.registry.v1.DeleteKeyRequest
-	28, // 34: parley.registry.v1.RegistryService.RotateKey:input_type -> parley.registry.v1.RotateKeyRequest
-	29, // 35: parley.registry.v1.RegistryService.IntrospectKey:input_type -> parley.registry.v1.IntrospectKeyRequest
-	31, // 36: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
-	31, // 37: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
-	3,  // 38: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
-	6,  // 39: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
-	31, // 40: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
-	8,  // 41: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
-	32, // 42: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
-	32, // 43: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
-	13, // 44: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
-	32, // 45: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
-	37, // 46: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
-	32, // 47: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
-	32, // 48: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
-	32, // 49: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	32, // 50: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	20, // 51: parley.registry.v1.RegistryService.CreateClient:output_type -> parley.registry.v1.CreateClientResponse
-	34, // 52: parley.registry.v1.RegistryService.GetClient:output_type -> parley.registry.v1.Client
-	23, // 53: parley.registry.v1.RegistryService.ListClients:output_type -> parley.registry.v1.ListClientsResponse
-	35, // 54: parley.registry.v1.RegistryService.CreateKey:output_type -> parley.registry.v1.Key
-	26, // 55: parley.registry.v1.RegistryService.ListKeys:output_type -> parley.registry.v1.ListKeysResponse
-	37, // 56: parley.registry.v1.RegistryService.DeleteKey:output_type -> google.protobuf.Empty
-	35, // 57: parley.registry.v1.RegistryService.RotateKey:output_type -> parley.registry.v1.Key
-	30, // 58: parley.registry.v1.RegistryService.IntrospectKey:output_type -> parley.registry.v1.IntrospectKeyResponse
-	36, // [36:59] is the sub-list for method output_type
-	13, // [13:36] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	43, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
+	43, // 1: parley.registry.v1.ListProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	43, // 2: parley.registry.v1.SearchProtocolsResponse.protocols:type_name -> parley.registry.v1.Protocol
+	44, // 3: parley.registry.v1.CreateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	44, // 4: parley.registry.v1.UpdateAgentRequest.agent:type_name -> parley.registry.v1.Agent
+	45, // 5: parley.registry.v1.UpdateAgentRequest.update_mask:type_name -> google.protobuf.FieldMask
+	44, // 6: parley.registry.v1.ListAgentsResponse.agents:type_name -> parley.registry.v1.Agent
+	46, // 7: parley.registry.v1.CreateClientRequest.client:type_name -> parley.registry.v1.Client
+	46, // 8: parley.registry.v1.CreateClientResponse.client:type_name -> parley.registry.v1.Client
+	47, // 9: parley.registry.v1.CreateClientResponse.key:type_name -> parley.registry.v1.Key
+	46, // 10: parley.registry.v1.ListClientsResponse.clients:type_name -> parley.registry.v1.Client
+	47, // 11: parley.registry.v1.ListKeysResponse.keys:type_name -> parley.registry.v1.Key
+	48, // 12: parley.registry.v1.IntrospectKeyResponse.kind:type_name -> parley.registry.v1.PrincipalKind
+	49, // 13: parley.registry.v1.CheckDialoguePermissionResponse.basis:type_name -> parley.registry.v1.DialogueBasis
+	0,  // 14: parley.registry.v1.RegistryService.CreateProtocol:input_type -> parley.registry.v1.CreateProtocolRequest
+	1,  // 15: parley.registry.v1.RegistryService.GetProtocol:input_type -> parley.registry.v1.GetProtocolRequest
+	2,  // 16: parley.registry.v1.RegistryService.ListProtocols:input_type -> parley.registry.v1.ListProtocolsRequest
+	5,  // 17: parley.registry.v1.RegistryService.SearchProtocols:input_type -> parley.registry.v1.SearchProtocolsRequest
+	4,  // 18: parley.registry.v1.RegistryService.ResolveProtocol:input_type -> parley.registry.v1.ResolveProtocolRequest
+	7,  // 19: parley.registry.v1.RegistryService.SyncProtocols:input_type -> parley.registry.v1.SyncProtocolsRequest
+	9,  // 20: parley.registry.v1.RegistryService.CreateAgent:input_type -> parley.registry.v1.CreateAgentRequest
+	11, // 21: parley.registry.v1.RegistryService.GetAgent:input_type -> parley.registry.v1.GetAgentRequest
+	12, // 22: parley.registry.v1.RegistryService.ListAgents:input_type -> parley.registry.v1.ListAgentsRequest
+	10, // 23: parley.registry.v1.RegistryService.UpdateAgent:input_type -> parley.registry.v1.UpdateAgentRequest
+	14, // 24: parley.registry.v1.RegistryService.DeleteAgent:input_type -> parley.registry.v1.DeleteAgentRequest
+	15, // 25: parley.registry.v1.RegistryService.AddSupportedProtocol:input_type -> parley.registry.v1.AddSupportedProtocolRequest
+	16, // 26: parley.registry.v1.RegistryService.RemoveSupportedProtocol:input_type -> parley.registry.v1.RemoveSupportedProtocolRequest
+	17, // 27: parley.registry.v1.RegistryService.AddUnsupportedProtocol:input_type -> parley.registry.v1.AddUnsupportedProtocolRequest
+	18, // 28: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:input_type -> parley.registry.v1.RemoveUnsupportedProtocolRequest
+	19, // 29: parley.registry.v1.RegistryService.CreateClient:input_type -> parley.registry.v1.CreateClientRequest
+	21, // 30: parley.registry.v1.RegistryService.GetClient:input_type -> parley.registry.v1.GetClientRequest
+	22, // 31: parley.registry.v1.RegistryService.ListClients:input_type -> parley.registry.v1.ListClientsRequest
+	24, // 32: parley.registry.v1.RegistryService.CreateKey:input_type -> parley.registry.v1.CreateKeyRequest
+	25, // 33: parley.registry.v1.RegistryService.ListKeys:input_type -> parley.registry.v1.ListKeysRequest
+	27, // 34: parley.registry.v1.RegistryService.DeleteKey:input_type -> parley.registry.v1.DeleteKeyRequest
+	28, // 35: parley.registry.v1.RegistryService.RotateKey:input_type -> parley.registry.v1.RotateKeyRequest
+	29, // 36: parley.registry.v1.RegistryService.IntrospectKey:input_type -> parley.registry.v1.IntrospectKeyRequest
+	31, // 37: parley.registry.v1.RegistryService.FollowAgent:input_type -> parley.registry.v1.FollowAgentRequest
+	32, // 38: parley.registry.v1.RegistryService.UnfollowAgent:input_type -> parley.registry.v1.UnfollowAgentRequest
+	33, // 39: parley.registry.v1.RegistryService.ListFollowers:input_type -> parley.registry.v1.ListFollowersRequest
+	35, // 40: parley.registry.v1.RegistryService.ListFollowing:input_type -> parley.registry.v1.ListFollowingRequest
+	37, // 41: parley.registry.v1.RegistryService.JoinClientGroup:input_type -> parley.registry.v1.JoinClientGroupRequest
+	38, // 42: parley.registry.v1.RegistryService.LeaveClientGroup:input_type -> parley.registry.v1.LeaveClientGroupRequest
+	39, // 43: parley.registry.v1.RegistryService.ListClientGroupMembers:input_type -> parley.registry.v1.ListClientGroupMembersRequest
+	41, // 44: parley.registry.v1.RegistryService.CheckDialoguePermission:input_type -> parley.registry.v1.CheckDialoguePermissionRequest
+	43, // 45: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
+	43, // 46: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
+	3,  // 47: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
+	6,  // 48: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
+	43, // 49: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
+	8,  // 50: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
+	44, // 51: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
+	44, // 52: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
+	13, // 53: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
+	44, // 54: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
+	50, // 55: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
+	44, // 56: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 57: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 58: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 59: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	20, // 60: parley.registry.v1.RegistryService.CreateClient:output_type -> parley.registry.v1.CreateClientResponse
+	46, // 61: parley.registry.v1.RegistryService.GetClient:output_type -> parley.registry.v1.Client
+	23, // 62: parley.registry.v1.RegistryService.ListClients:output_type -> parley.registry.v1.ListClientsResponse
+	47, // 63: parley.registry.v1.RegistryService.CreateKey:output_type -> parley.registry.v1.Key
+	26, // 64: parley.registry.v1.RegistryService.ListKeys:output_type -> parley.registry.v1.ListKeysResponse
+	50, // 65: parley.registry.v1.RegistryService.DeleteKey:output_type -> google.protobuf.Empty
+	47, // 66: parley.registry.v1.RegistryService.RotateKey:output_type -> parley.registry.v1.Key
+	30, // 67: parley.registry.v1.RegistryService.IntrospectKey:output_type -> parley.registry.v1.IntrospectKeyResponse
+	51, // 68: parley.registry.v1.RegistryService.FollowAgent:output_type -> parley.registry.v1.Follow
+	50, // 69: parley.registry.v1.RegistryService.UnfollowAgent:output_type -> google.protobuf.Empty
+	34, // 70: parley.registry.v1.RegistryService.ListFollowers:output_type -> parley.registry.v1.ListFollowersResponse
+	36, // 71: parley.registry.v1.RegistryService.ListFollowing:output_type -> parley.registry.v1.ListFollowingResponse
+	50, // 72: parley.registry.v1.RegistryService.JoinClientGroup:output_type -> google.protobuf.Empty
+	50, // 73: parley.registry.v1.RegistryService.LeaveClientGroup:output_type -> google.protobuf.Empty
+	40, // 74: parley.registry.v1.RegistryService.ListClientGroupMembers:output_type -> parley.registry.v1.ListClientGroupMembersResponse
+	42, // 75: parley.registry.v1.RegistryService.CheckDialoguePermission:output_type -> parley.registry.v1.CheckDialoguePermissionResponse
+	45, // [45:76] is the sub-list for method output_type
+	14, // [14:45] is the sub-list for method input_type
+	14, // [14:14] is the sub-list for extension type_name
+	14, // [14:14] is the sub-list for extension extendee
+	0,  // [0:14] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_registry_service_proto_init() }
@@ -2037,6 +2792,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 	}
 	file_parley_registry_v1_agent_proto_init()
 	file_parley_registry_v1_client_proto_init()
+	file_parley_registry_v1_connection_proto_init()
 	file_parley_registry_v1_protocol_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -2044,7 +2800,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_registry_service_proto_rawDesc), len(file_parley_registry_v1_registry_service_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   43,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -43,6 +43,14 @@ const (
 	RegistryService_DeleteKey_FullMethodName                 = "/parley.registry.v1.RegistryService/DeleteKey"
 	RegistryService_RotateKey_FullMethodName                 = "/parley.registry.v1.RegistryService/RotateKey"
 	RegistryService_IntrospectKey_FullMethodName             = "/parley.registry.v1.RegistryService/IntrospectKey"
+	RegistryService_FollowAgent_FullMethodName               = "/parley.registry.v1.RegistryService/FollowAgent"
+	RegistryService_UnfollowAgent_FullMethodName             = "/parley.registry.v1.RegistryService/UnfollowAgent"
+	RegistryService_ListFollowers_FullMethodName             = "/parley.registry.v1.RegistryService/ListFollowers"
+	RegistryService_ListFollowing_FullMethodName             = "/parley.registry.v1.RegistryService/ListFollowing"
+	RegistryService_JoinClientGroup_FullMethodName           = "/parley.registry.v1.RegistryService/JoinClientGroup"
+	RegistryService_LeaveClientGroup_FullMethodName          = "/parley.registry.v1.RegistryService/LeaveClientGroup"
+	RegistryService_ListClientGroupMembers_FullMethodName    = "/parley.registry.v1.RegistryService/ListClientGroupMembers"
+	RegistryService_CheckDialoguePermission_FullMethodName   = "/parley.registry.v1.RegistryService/CheckDialoguePermission"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -148,6 +156,38 @@ type RegistryServiceClient interface {
 	// check callers' keys. It has no HTTP route. An unknown, revoked or
 	// malformed secret is not an error: the response has active false.
 	IntrospectKey(ctx context.Context, in *IntrospectKeyRequest, opts ...grpc.CallOption) (*IntrospectKeyResponse, error)
+	// FollowAgent makes the agent `name` follow `agent`, so that `agent` may
+	// start dialogues with it. Following again changes nothing. Errors:
+	// INVALID_ARGUMENT (malformed names, following itself), NOT_FOUND (either
+	// agent missing, reason AGENT_NOT_FOUND).
+	FollowAgent(ctx context.Context, in *FollowAgentRequest, opts ...grpc.CallOption) (*Follow, error)
+	// UnfollowAgent stops the agent `name` following `agent`. Unfollowing an
+	// agent not followed changes nothing. Errors: INVALID_ARGUMENT, NOT_FOUND
+	// (the agent `name` missing).
+	UnfollowAgent(ctx context.Context, in *UnfollowAgentRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// ListFollowers lists the agents that follow an agent, in name order.
+	// Errors: INVALID_ARGUMENT (malformed parent, page size or token).
+	ListFollowers(ctx context.Context, in *ListFollowersRequest, opts ...grpc.CallOption) (*ListFollowersResponse, error)
+	// ListFollowing lists the agents an agent follows, in name order.
+	// Errors: INVALID_ARGUMENT (malformed parent, page size or token).
+	ListFollowing(ctx context.Context, in *ListFollowingRequest, opts ...grpc.CallOption) (*ListFollowingResponse, error)
+	// JoinClientGroup makes an agent a member of its own client's group,
+	// whose members may start dialogues with each other. Joining again
+	// changes nothing. Errors: INVALID_ARGUMENT, NOT_FOUND (agent missing).
+	JoinClientGroup(ctx context.Context, in *JoinClientGroupRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// LeaveClientGroup removes an agent from its client's group; leaving
+	// when not a member changes nothing. Errors: INVALID_ARGUMENT, NOT_FOUND
+	// (agent missing).
+	LeaveClientGroup(ctx context.Context, in *LeaveClientGroupRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// ListClientGroupMembers lists the members of a client's group in name
+	// order. Only the client's own keys (client or agent) and the operator
+	// may read it. Errors: INVALID_ARGUMENT, PERMISSION_DENIED.
+	ListClientGroupMembers(ctx context.Context, in *ListClientGroupMembersRequest, opts ...grpc.CallOption) (*ListClientGroupMembersResponse, error)
+	// CheckDialoguePermission says whether `sender` may start a dialogue with
+	// `recipient`: the recipient follows the sender, or both are in their
+	// client's group. The dispatcher calls it; it has no HTTP route. Errors:
+	// INVALID_ARGUMENT (malformed names).
+	CheckDialoguePermission(ctx context.Context, in *CheckDialoguePermissionRequest, opts ...grpc.CallOption) (*CheckDialoguePermissionResponse, error)
 }
 
 type registryServiceClient struct {
@@ -388,6 +428,86 @@ func (c *registryServiceClient) IntrospectKey(ctx context.Context, in *Introspec
 	return out, nil
 }
 
+func (c *registryServiceClient) FollowAgent(ctx context.Context, in *FollowAgentRequest, opts ...grpc.CallOption) (*Follow, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Follow)
+	err := c.cc.Invoke(ctx, RegistryService_FollowAgent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) UnfollowAgent(ctx context.Context, in *UnfollowAgentRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(emptypb.Empty)
+	err := c.cc.Invoke(ctx, RegistryService_UnfollowAgent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListFollowers(ctx context.Context, in *ListFollowersRequest, opts ...grpc.CallOption) (*ListFollowersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFollowersResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListFollowers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListFollowing(ctx context.Context, in *ListFollowingRequest, opts ...grpc.CallOption) (*ListFollowingResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFollowingResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListFollowing_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) JoinClientGroup(ctx context.Context, in *JoinClientGroupRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(emptypb.Empty)
+	err := c.cc.Invoke(ctx, RegistryService_JoinClientGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) LeaveClientGroup(ctx context.Context, in *LeaveClientGroupRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(emptypb.Empty)
+	err := c.cc.Invoke(ctx, RegistryService_LeaveClientGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListClientGroupMembers(ctx context.Context, in *ListClientGroupMembersRequest, opts ...grpc.CallOption) (*ListClientGroupMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListClientGroupMembersResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListClientGroupMembers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) CheckDialoguePermission(ctx context.Context, in *CheckDialoguePermissionRequest, opts ...grpc.CallOption) (*CheckDialoguePermissionResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CheckDialoguePermissionResponse)
+	err := c.cc.Invoke(ctx, RegistryService_CheckDialoguePermission_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -491,6 +611,38 @@ type RegistryServiceServer interface {
 	// check callers' keys. It has no HTTP route. An unknown, revoked or
 	// malformed secret is not an error: the response has active false.
 	IntrospectKey(context.Context, *IntrospectKeyRequest) (*IntrospectKeyResponse, error)
+	// FollowAgent makes the agent `name` follow `agent`, so that `agent` may
+	// start dialogues with it. Following again changes nothing. Errors:
+	// INVALID_ARGUMENT (malformed names, following itself), NOT_FOUND (either
+	// agent missing, reason AGENT_NOT_FOUND).
+	FollowAgent(context.Context, *FollowAgentRequest) (*Follow, error)
+	// UnfollowAgent stops the agent `name` following `agent`. Unfollowing an
+	// agent not followed changes nothing. Errors: INVALID_ARGUMENT, NOT_FOUND
+	// (the agent `name` missing).
+	UnfollowAgent(context.Context, *UnfollowAgentRequest) (*emptypb.Empty, error)
+	// ListFollowers lists the agents that follow an agent, in name order.
+	// Errors: INVALID_ARGUMENT (malformed parent, page size or token).
+	ListFollowers(context.Context, *ListFollowersRequest) (*ListFollowersResponse, error)
+	// ListFollowing lists the agents an agent follows, in name order.
+	// Errors: INVALID_ARGUMENT (malformed parent, page size or token).
+	ListFollowing(context.Context, *ListFollowingRequest) (*ListFollowingResponse, error)
+	// JoinClientGroup makes an agent a member of its own client's group,
+	// whose members may start dialogues with each other. Joining again
+	// changes nothing. Errors: INVALID_ARGUMENT, NOT_FOUND (agent missing).
+	JoinClientGroup(context.Context, *JoinClientGroupRequest) (*emptypb.Empty, error)
+	// LeaveClientGroup removes an agent from its client's group; leaving
+	// when not a member changes nothing. Errors: INVALID_ARGUMENT, NOT_FOUND
+	// (agent missing).
+	LeaveClientGroup(context.Context, *LeaveClientGroupRequest) (*emptypb.Empty, error)
+	// ListClientGroupMembers lists the members of a client's group in name
+	// order. Only the client's own keys (client or agent) and the operator
+	// may read it. Errors: INVALID_ARGUMENT, PERMISSION_DENIED.
+	ListClientGroupMembers(context.Context, *ListClientGroupMembersRequest) (*ListClientGroupMembersResponse, error)
+	// CheckDialoguePermission says whether `sender` may start a dialogue with
+	// `recipient`: the recipient follows the sender, or both are in their
+	// client's group. The dispatcher calls it; it has no HTTP route. Errors:
+	// INVALID_ARGUMENT (malformed names).
+	CheckDialoguePermission(context.Context, *CheckDialoguePermissionRequest) (*CheckDialoguePermissionResponse, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -569,6 +721,30 @@ func (UnimplementedRegistryServiceServer) RotateKey(context.Context, *RotateKeyR
 }
 func (UnimplementedRegistryServiceServer) IntrospectKey(context.Context, *IntrospectKeyRequest) (*IntrospectKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method IntrospectKey not implemented")
+}
+func (UnimplementedRegistryServiceServer) FollowAgent(context.Context, *FollowAgentRequest) (*Follow, error) {
+	return nil, status.Error(codes.Unimplemented, "method FollowAgent not implemented")
+}
+func (UnimplementedRegistryServiceServer) UnfollowAgent(context.Context, *UnfollowAgentRequest) (*emptypb.Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method UnfollowAgent not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListFollowers(context.Context, *ListFollowersRequest) (*ListFollowersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFollowers not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListFollowing(context.Context, *ListFollowingRequest) (*ListFollowingResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFollowing not implemented")
+}
+func (UnimplementedRegistryServiceServer) JoinClientGroup(context.Context, *JoinClientGroupRequest) (*emptypb.Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinClientGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) LeaveClientGroup(context.Context, *LeaveClientGroupRequest) (*emptypb.Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method LeaveClientGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListClientGroupMembers(context.Context, *ListClientGroupMembersRequest) (*ListClientGroupMembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListClientGroupMembers not implemented")
+}
+func (UnimplementedRegistryServiceServer) CheckDialoguePermission(context.Context, *CheckDialoguePermissionRequest) (*CheckDialoguePermissionResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckDialoguePermission not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -1005,6 +1181,150 @@ func _RegistryService_IntrospectKey_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_FollowAgent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FollowAgentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).FollowAgent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_FollowAgent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).FollowAgent(ctx, req.(*FollowAgentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_UnfollowAgent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UnfollowAgentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).UnfollowAgent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_UnfollowAgent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).UnfollowAgent(ctx, req.(*UnfollowAgentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListFollowers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFollowersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListFollowers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListFollowers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListFollowers(ctx, req.(*ListFollowersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListFollowing_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFollowingRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListFollowing(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListFollowing_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListFollowing(ctx, req.(*ListFollowingRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_JoinClientGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinClientGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).JoinClientGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_JoinClientGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).JoinClientGroup(ctx, req.(*JoinClientGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_LeaveClientGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveClientGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).LeaveClientGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_LeaveClientGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).LeaveClientGroup(ctx, req.(*LeaveClientGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListClientGroupMembers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListClientGroupMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListClientGroupMembers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListClientGroupMembers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListClientGroupMembers(ctx, req.(*ListClientGroupMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_CheckDialoguePermission_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckDialoguePermissionRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).CheckDialoguePermission(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_CheckDialoguePermission_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).CheckDialoguePermission(ctx, req.(*CheckDialoguePermissionRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1103,6 +1423,38 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "IntrospectKey",
 			Handler:    _RegistryService_IntrospectKey_Handler,
+		},
+		{
+			MethodName: "FollowAgent",
+			Handler:    _RegistryService_FollowAgent_Handler,
+		},
+		{
+			MethodName: "UnfollowAgent",
+			Handler:    _RegistryService_UnfollowAgent_Handler,
+		},
+		{
+			MethodName: "ListFollowers",
+			Handler:    _RegistryService_ListFollowers_Handler,
+		},
+		{
+			MethodName: "ListFollowing",
+			Handler:    _RegistryService_ListFollowing_Handler,
+		},
+		{
+			MethodName: "JoinClientGroup",
+			Handler:    _RegistryService_JoinClientGroup_Handler,
+		},
+		{
+			MethodName: "LeaveClientGroup",
+			Handler:    _RegistryService_LeaveClientGroup_Handler,
+		},
+		{
+			MethodName: "ListClientGroupMembers",
+			Handler:    _RegistryService_ListClientGroupMembers_Handler,
+		},
+		{
+			MethodName: "CheckDialoguePermission",
+			Handler:    _RegistryService_CheckDialoguePermission_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

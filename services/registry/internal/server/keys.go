@@ -36,9 +36,10 @@ func checkKeyName(v *grpcerr.Violations, field, name string) {
 }
 
 // ownerKind is the kind of key owner holds: Agent under an agent, else
-// Client.
+// Client. Submatch 2 is the whole "/agents/{agent}" part; submatch 3 is
+// empty for a one-letter agent id.
 func ownerKind(owner string) auth.Kind {
-	if keyOwnerPattern.FindStringSubmatch(owner)[3] != "" {
+	if keyOwnerPattern.FindStringSubmatch(owner)[2] != "" {
 		return auth.Agent
 	}
 	return auth.Client

@@ -122,6 +122,36 @@ type Store interface {
 	// GetKeyByID returns a key by its id, or ErrNotFound.
 	GetKeyByID(ctx context.Context, id string) (StoredKey, error)
 
+	// Follow records that follower follows agent; both must exist, else
+	// ErrNotFound naming the missing one. Following again changes nothing
+	// and returns created false.
+	Follow(ctx context.Context, follower, agent string) (created bool, err error)
+	// Unfollow removes the follow, if any. The follower must exist, else
+	// ErrNotFound.
+	Unfollow(ctx context.Context, follower, agent string) error
+	// ListFollowers returns the names of the agents following agent, in
+	// name order, starting after opts.After.
+	ListFollowers(ctx context.Context, agent string, opts ListOptions) ([]string, error)
+	// ListFollowing returns the names of the agents follower follows, in
+	// name order, starting after opts.After.
+	ListFollowing(ctx context.Context, follower string, opts ListOptions) ([]string, error)
+	// IsFollowing reports whether follower follows agent.
+	IsFollowing(ctx context.Context, follower, agent string) (bool, error)
+	// JoinClientGroup makes agent a member of its client's group; it must
+	// exist, else ErrNotFound. Joining again changes nothing.
+	JoinClientGroup(ctx context.Context, agent string) error
+	// LeaveClientGroup removes agent from its client's group, if a member;
+	// it must exist, else ErrNotFound.
+	LeaveClientGroup(ctx context.Context, agent string) error
+	// ListClientGroupMembers returns the members of client's group
+	// (clients/{client}), in name order, starting after opts.After.
+	ListClientGroupMembers(ctx context.Context, client string, opts ListOptions) ([]string, error)
+	// InClientGroup reports whether agent is a member of its client's
+	// group.
+	InClientGroup(ctx context.Context, agent string) (bool, error)
+	// DeleteAgent (above) also removes the agent's follows, both ways, and
+	// its client-group membership.
+
 	// SweepRequests forgets request ids recorded before t and returns how
 	// many it dropped.
 	SweepRequests(ctx context.Context, before time.Time) (int, error)

@@ -50,9 +50,18 @@ var (
 	// bucketKeyNames maps a key's resource name to its id, so that an
 	// owner's keys are listed by Seek on its name.
 	bucketKeyNames = []byte("key_names")
+	// bucketFollowing maps follower NUL followed (two agent names) to
+	// nothing: whom an agent follows is a Seek on its name.
+	bucketFollowing = []byte("following")
+	// bucketFollowers holds the same edges reversed, followed NUL
+	// follower, written in the same transactions.
+	bucketFollowers = []byte("followers")
+	// bucketClientGroups maps a member agent's name to nothing; a
+	// client's group is the keys under clients/{client}/agents/.
+	bucketClientGroups = []byte("client_group_members")
 )
 
-var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames}
+var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames, bucketFollowing, bucketFollowers, bucketClientGroups}
 
 const schemaVersion = 1
 
@@ -385,6 +394,9 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 			return resource.NotFound("agent", name)
 		}
 		if err := deleteKeys(tx, name); err != nil {
+			return err
+		}
+		if err := deleteConnections(tx, name); err != nil {
 			return err
 		}
 		return b.Delete([]byte(name))

@@ -41,6 +41,10 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Keys_limitPerOwner", testKeysLimit},
 		{"Keys_goWithTheirAgent", testKeysDeletedWithAgent},
 		{"Keys_secretNeverStored", testKeysSecretNeverStored},
+		{"Follows_lifecycle", testFollows},
+		{"Follows_missingAgentWritesNothing", testFollowMissing},
+		{"ClientGroups_joinLeaveList", testClientGroups},
+		{"Connections_goWithTheirAgent", testConnectionsGoWithTheirAgent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
