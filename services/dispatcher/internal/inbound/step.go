@@ -27,6 +27,9 @@ var (
 	ErrNoExecutor = errors.New("no executor")
 	// ErrHandlerTimeout: the connected step handler did not answer.
 	ErrHandlerTimeout = errors.New("handler timeout")
+	// ErrRoutineFailed: the agent's step routine failed and no LLM could
+	// stand in. The step has an executor, so it fails rather than waits.
+	ErrRoutineFailed = errors.New("step routine failed")
 	// ErrHandlerFailed: the connected step handler reported an error.
 	ErrHandlerFailed = errors.New("handler failed")
 	// ErrLLM: the LLM could not execute the step.
@@ -107,11 +110,12 @@ func (p *Pipeline) Step(ctx context.Context, req Step) (*dispatcherv1.ExecuteSte
 		resp.Executor = metrics.PathLLM
 		return resp, nil
 	case errors.Is(err, llm.ErrNoLLM):
-		msg := "agent " + agent + " has no connected step handler, no step routine and no LLM; connect one and retry"
 		if routineErr != nil {
-			msg = "the step routine of " + agent + " failed and no LLM is configured: " + routineErr.Error()
+			// The detail is the routine owner's: hosted.Run keeps it on the
+			// Routine resource; the step's caller gets one sentence.
+			return nil, fail(ErrRoutineFailed, "the step routine of "+agent+" failed and no LLM is configured to stand in; its owner can read why on the routine")
 		}
-		return nil, fail(ErrNoExecutor, msg)
+		return nil, fail(ErrNoExecutor, "agent "+agent+" has no connected step handler, no step routine and no LLM; connect one and retry")
 	default:
 		return nil, fail(ErrLLM, "the language model could not execute the step: "+err.Error())
 	}

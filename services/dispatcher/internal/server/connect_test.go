@@ -119,7 +119,14 @@ def step(task_input, step_input, additional_input):
 		t.Errorf("ExecuteStep with a step routine = %v, %v; want job:end, last, {\"k\":7}", resp, err)
 	}
 
+	// A routine that fails with no LLM to fall back on ends the step: the
+	// agent has an executor, so the step must not be parked as if it had none.
 	e.setRoutine(weatherAgent, "steps", "def step(t, i, a):\n    return 42\n")
+	_, err = e.client.ExecuteStep(t.Context(), &dispatcherv1.ExecuteStepRequest{Agent: weatherAgent, TaskId: "t", StepId: "s"})
+	if status.Code(err) != codes.Aborted || grpcerr.Reason(err) != "ROUTINE_FAILED" || strings.Contains(status.Convert(err).Message(), "42") {
+		t.Errorf("ExecuteStep with a broken routine and no LLM = %v, want ABORTED ROUTINE_FAILED in one sentence without the routine's detail", err)
+	}
+
 	e.llm.reply = func(req LLMRequest) (LLMResult, error) {
 		return LLMResult{Output: json.RawMessage(`"from the llm"`)}, nil
 	}

@@ -46,6 +46,7 @@ var statusRules = []statusRule{
 	{inbound.ErrNoExecutor, codes.FailedPrecondition, "NO_EXECUTOR"},
 	{inbound.ErrHandlerTimeout, codes.DeadlineExceeded, "HANDLER_TIMEOUT"},
 	{inbound.ErrHandlerFailed, codes.Aborted, "HANDLER_FAILED"},
+	{inbound.ErrRoutineFailed, codes.Aborted, "ROUTINE_FAILED"},
 	{inbound.ErrLLM, codes.Unavailable, "LLM_FAILED"},
 	{hosted.ErrInvalid, codes.InvalidArgument, "ROUTINE_INVALID"},
 	{routine.ErrBusy, codes.ResourceExhausted, "ROUTINE_BUSY"},
