@@ -92,13 +92,7 @@ func (c *serverConn) explain(method string, err error) error {
 	service, _, _ = strings.Cut(service, "/")
 	switch {
 	case st.Code() == codes.Unavailable:
-		cause := "unavailable"
-		for _, k := range []string{"connection refused", "no such host", "i/o timeout", "connection reset", "handshake"} {
-			if strings.Contains(st.Message(), k) {
-				cause = k
-			}
-		}
-		return fmt.Errorf("cannot reach a Parley server at %s (%s): start one with 'parley serve', or point --server (or PARLEY_SERVER) at its gRPC address", c.addr, cause)
+		return fmt.Errorf("cannot reach a Parley server at %s (%s): start one with 'parley serve', or point --server (or PARLEY_SERVER) at its gRPC address", c.addr, reachCause(st.Message()))
 	case st.Code() == codes.Unimplemented && strings.HasPrefix(st.Message(), "unknown service"):
 		home := serviceHomes[service]
 		if home == "" {
@@ -109,6 +103,18 @@ func (c *serverConn) explain(method string, err error) error {
 		return fmt.Errorf("the server at %s refused the credential: %s; set --token (or PARLEY_TOKEN) to a key, or to the operator token in the server's data directory (operator.token)", c.addr, st.Message())
 	}
 	return err
+}
+
+// reachCause names why a dial failed in a few words, from the transport's
+// message, without its addresses and resolver details.
+func reachCause(msg string) string {
+	cause := "unavailable"
+	for _, k := range []string{"connection refused", "no such host", "i/o timeout", "deadline exceeded", "connection reset", "handshake"} {
+		if strings.Contains(msg, k) {
+			cause = k
+		}
+	}
+	return cause
 }
 
 // callContext returns the context for one client call.

@@ -49,6 +49,32 @@ func TestClient_unreachableServerIsOneLineNamingTheFlag(t *testing.T) {
 	}
 }
 
+func TestHealth_unreachableTargetIsOneLineNamingTheFlag(t *testing.T) {
+	addr := closedAddr(t)
+	for _, tc := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"health", "--server", addr, "--timeout", "2s"}, []string{addr, "--server", "PARLEY_HEALTH_SERVER"}},
+		{[]string{"health", "--url", "http://" + addr + "/readyz", "--timeout", "2s"}, []string{addr, "--url", "PARLEY_HEALTH_URL"}},
+	} {
+		var out, errOut bytes.Buffer
+		err := run(tc.args, noEnv, &out, &errOut)
+		if err == nil {
+			t.Fatalf("parley %q = nil, want an error", tc.args)
+		}
+		msg := oneLine(err)
+		for _, want := range tc.want {
+			if !strings.Contains(msg, want) {
+				t.Errorf("parley %q = %q, want it to name %s", tc.args, msg, want)
+			}
+		}
+		if strings.Contains(msg, "rpc error") || strings.Contains(msg, "desc =") || strings.Contains(msg, "dial tcp") {
+			t.Errorf("parley %q = %q, want a sentence, not a raw transport error", tc.args, msg)
+		}
+	}
+}
+
 // startEmptyServer runs a Parley server that hosts no service but health.
 func startEmptyServer(t *testing.T) string {
 	t.Helper()

@@ -7,7 +7,9 @@ import (
 	"net/http"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/grpcclient"
@@ -47,7 +49,7 @@ func runHealth(e env, args []string) error {
 		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return err
+			return fmt.Errorf("cannot reach %s (%s): check that the server runs, or change --url (or PARLEY_HEALTH_URL)", *url, reachCause(err.Error()))
 		}
 		resp.Body.Close()
 		if resp.StatusCode/100 != 2 {
@@ -63,6 +65,9 @@ func runHealth(e env, args []string) error {
 		defer conn.Close()
 		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: *service})
 		if err != nil {
+			if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
+				return fmt.Errorf("cannot reach a server at %s (%s): check that it runs, or change --server (or PARLEY_HEALTH_SERVER)", *server, reachCause(st.Message()))
+			}
 			return fmt.Errorf("health check of %s: %w", *server, err)
 		}
 		fmt.Fprintln(e.stdout, resp.GetStatus())

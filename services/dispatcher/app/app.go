@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -166,8 +167,7 @@ func (a *App) Close() error {
 	if a.srv != nil {
 		a.srv.StopShadows() // they may install a routine in the store
 	}
-	_ = a.pool.Close()
-	return a.store.Close()
+	return errors.Join(a.pool.Close(), a.store.Close())
 }
 
 // RegisterGateway mounts the dispatcher's REST routes and the Agora routes on

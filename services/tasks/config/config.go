@@ -43,7 +43,7 @@ type Config struct {
 	MaxWaitingSteps int
 }
 
-// RegisterFlags adds the tasks's own flags (not the shared serving flags)
+// RegisterFlags adds the tasks service's own flags (not the shared serving flags)
 // to fs. The all-in-one `parley serve` calls it too, so names must not clash
 // with other services' flags.
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {

@@ -25,7 +25,7 @@ func TestLoad(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := config.Load(tc.args, func(k string) string { return tc.env[k] })
+			_, err := config.Load(tc.args, func(k string) string { return tc.env[k] })
 			if len(tc.wantErr) == 0 {
 				if err != nil {
 					t.Fatalf("Load(%q) = %v, want nil", tc.args, err)
@@ -37,7 +37,6 @@ func TestLoad(t *testing.T) {
 					t.Errorf("Load(%q) = %v, want an error naming %s", tc.args, err, want)
 				}
 			}
-			_ = cfg
 		})
 	}
 	cfg, err := config.Load(nil, func(k string) string {

@@ -30,6 +30,7 @@ func ParseDialect(s string) (Dialect, error) {
 	return Spec2024, fmt.Errorf("unknown Agora dialect %q (want spec2024, std or pylib)", s)
 }
 
+// String returns the dialect's flag spelling (spec2024, std, pylib).
 func (d Dialect) String() string {
 	switch d {
 	case Std:

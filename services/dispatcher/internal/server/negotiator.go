@@ -121,7 +121,10 @@ func (n NegotiatorLLM) reply(ctx context.Context, req LLMRequest, peer string, i
 	}
 }
 
-// llmError turns the negotiator's LLM errors into the dispatcher's.
+// llmError turns any negotiator error into the core's (LLM calls and
+// negotiation alike): the LLM sentinels, one sentence for an unreachable
+// negotiator, or an error carrying the status message only (the
+// negotiator writes its messages for callers).
 func llmError(err error) error {
 	switch reason := grpcerr.Reason(err); {
 	case reason == "LLM_NOT_CONFIGURED":
@@ -129,7 +132,9 @@ func llmError(err error) error {
 	case reason == "LLM_BUDGET_EXHAUSTED":
 		return fmt.Errorf("%w: %s", ErrLLMBudget, status.Convert(err).Message())
 	case status.Code(err) == codes.Unavailable && reason == "":
-		return fmt.Errorf("the negotiator is unavailable: %s", status.Convert(err).Message())
+		// The transport's own text names our addresses and resolver, and
+		// this error reaches Agora peers (llm.Failure): one sentence only.
+		return errors.New("the negotiator is unavailable; retry later")
 	}
 	return errors.New(status.Convert(err).Message())
 }

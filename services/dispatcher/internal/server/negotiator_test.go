@@ -9,10 +9,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
 )
 
 // fakeNegotiatorClient answers ReplyNaturalLanguage from a script of
@@ -88,5 +90,24 @@ func TestNegotiatorLLM(t *testing.T) {
 	}
 	if msg := llm.Failure(llmError(grpcerr.New(codes.ResourceExhausted, "spent", "LLM_BUDGET_EXHAUSTED", "d", nil))); !strings.Contains(msg, "budget is exhausted") || !strings.Contains(msg, "routine") {
 		t.Errorf("budget failure text %q is not clear", msg)
+	}
+}
+
+// An unreachable negotiator is one sentence for the Agora peer: the
+// transport's text (our addresses, ports, resolver) is not for strangers.
+func TestLLMError_unreachableNegotiatorNamesNothingOfOurs(t *testing.T) {
+	transport := status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 10.1.2.3:9090: connect: connection refused"`)
+	msg := llm.Failure(llmError(transport))
+	if strings.Contains(msg, "10.1.2.3") || strings.Contains(msg, "transport") || !strings.Contains(msg, "unavailable") {
+		t.Errorf("llm.Failure(llmError(%v)) = %q, want a sentence saying the negotiator is unavailable and nothing of the transport", transport, msg)
+	}
+}
+
+// The same holds on the negotiation path (negotiation.Failure).
+func TestLLMError_unreachableNegotiatorOnTheNegotiationPath(t *testing.T) {
+	transport := status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 10.1.2.3:9090: connect: connection refused"`)
+	msg := negotiation.Failure(llmError(transport))
+	if strings.Contains(msg, "10.1.2.3") || strings.Contains(msg, "transport") || !strings.Contains(msg, "unavailable") {
+		t.Errorf("negotiation.Failure(llmError(%v)) = %q, want a sentence saying the negotiator is unavailable and nothing of the transport", transport, msg)
 	}
 }

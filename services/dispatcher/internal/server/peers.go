@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -121,21 +120,12 @@ func fromNegotiation(n *negotiatorv1.Negotiation) negotiation.Negotiation {
 	return out
 }
 
-// negotiatorError turns the negotiator's errors into the core's: the LLM
-// sentinels, or an error carrying the status message only.
-func negotiatorError(err error) error {
-	if lerr := llmError(err); errors.Is(lerr, llm.ErrNoLLM) || errors.Is(lerr, llm.ErrLLMBudget) {
-		return lerr
-	}
-	return errors.New(status.Convert(err).Message())
-}
-
 func (n negotiatorPeer) Start(ctx context.Context, agent, peer string, task negotiation.Task) (negotiation.Negotiation, error) {
 	r, err := n.c.StartNegotiation(ctx, &negotiatorv1.StartNegotiationRequest{Agent: agent, Peer: peer, Task: &negotiatorv1.TaskSpec{
 		Name: task.Name, Description: task.Description, InputSchemaJson: task.InputSchema, OutputSchemaJson: task.OutputSchema,
 	}})
 	if err != nil {
-		return negotiation.Negotiation{}, negotiatorError(err)
+		return negotiation.Negotiation{}, llmError(err)
 	}
 	return fromNegotiation(r), nil
 }
@@ -147,7 +137,7 @@ func (n negotiatorPeer) Receive(ctx context.Context, name string, body json.RawM
 	}
 	r, err := n.c.ReceiveNegotiationMessage(ctx, req)
 	if err != nil {
-		return negotiation.Negotiation{}, negotiatorError(err)
+		return negotiation.Negotiation{}, llmError(err)
 	}
 	return fromNegotiation(r), nil
 }
@@ -155,7 +145,7 @@ func (n negotiatorPeer) Receive(ctx context.Context, name string, body json.RawM
 func (n negotiatorPeer) NegotiateAfter(ctx context.Context, task, target string) (int, error) {
 	th, err := n.c.GetThresholds(ctx, &negotiatorv1.GetThresholdsRequest{Task: task, Target: target})
 	if err != nil {
-		return 0, negotiatorError(err)
+		return 0, llmError(err)
 	}
 	return int(th.GetNegotiateAfter()), nil
 }
@@ -163,7 +153,7 @@ func (n negotiatorPeer) NegotiateAfter(ctx context.Context, task, target string)
 func (n negotiatorPeer) Protocol(ctx context.Context) ([]byte, error) {
 	r, err := n.c.GetNegotiationProtocol(ctx, &negotiatorv1.GetNegotiationProtocolRequest{})
 	if err != nil {
-		return nil, negotiatorError(err)
+		return nil, llmError(err)
 	}
 	return r.GetProtocol(), nil
 }

@@ -242,8 +242,10 @@ func (s *Runner) runShadow(ctx context.Context, agent, hexHash string, side Side
 	switch {
 	case !agreed:
 		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowDisagreed).Inc()
+		// detail quotes both answers (bodies): it goes to the candidate's
+		// rejection reason, which only its owner reads, never to the log.
 		s.opts.Logger.InfoContext(ctx, "routine candidate disagreed with the LLM", slog.String("candidate", name), slog.String("agent", agent),
-			slog.String("protocol", hexHash), slog.Int("state", int(got.State)), slog.String("detail", detail))
+			slog.String("protocol", hexHash), slog.Int("state", int(got.State)))
 	case got.State == StatePromoted:
 		s.installPromoted(ctx, agent, hexHash, name, &got)
 	default:

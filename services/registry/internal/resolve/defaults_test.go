@@ -49,6 +49,9 @@ func TestFind_zeroNegativeTTLNeverCaches(t *testing.T) {
 	if got := ff.calls["https://down/"]; got != 2 {
 		t.Errorf("fetches with NegativeTTL 0 = %d, want 2", got)
 	}
+	if _, err := r.Find(t.Context(), pd.Sum([]byte("y")), []string{"https://down/"}); err == nil {
+		t.Fatal("Find() succeeded; want failure")
+	}
 	if len(r.neg) != 1 {
 		t.Errorf("negative cache holds %d entries, want only the old one", len(r.neg))
 	}

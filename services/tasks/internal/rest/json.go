@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -170,12 +171,18 @@ func writeError(w http.ResponseWriter, code int, msg string) {
 }
 
 // writeStatus renders a backend (gRPC status) error with the HTTP status
-// every Parley route uses (grpcerr.HTTPStatus).
+// every Parley route uses (grpcerr.HTTPStatus). An UNAVAILABLE without a
+// reason is the gRPC transport's (`parley gateway` cannot reach the tasks
+// service), and its text names our addresses: callers get one sentence.
 func writeStatus(w http.ResponseWriter, err error) {
 	code := grpcerr.HTTPStatus(err)
-	msg := status.Convert(err).Message()
-	if code == http.StatusInternalServerError {
+	st := status.Convert(err)
+	msg := st.Message()
+	switch {
+	case code == http.StatusInternalServerError:
 		msg = "internal error"
+	case st.Code() == codes.Unavailable && grpcerr.Reason(err) == "":
+		msg = "the tasks service is unavailable; retry later"
 	}
 	writeError(w, code, msg)
 }

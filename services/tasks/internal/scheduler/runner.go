@@ -43,6 +43,7 @@ type StepError struct {
 	Message string // one sentence for the step's reader
 }
 
+// Error returns the message with its code and, when known, its reason.
 func (e *StepError) Error() string {
 	if e.Reason != "" {
 		return fmt.Sprintf("%s (%s, %s)", e.Message, e.Code, e.Reason)
