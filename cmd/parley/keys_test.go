@@ -98,7 +98,7 @@ func TestKeyCommands(t *testing.T) {
 
 // runSuite serves cfg's suite on loopback until the test ends and returns
 // its gRPC address.
-func runSuite(t *testing.T, cfg suiteConfig) string {
+func runSuite(t testing.TB, cfg suiteConfig) string {
 	t.Helper()
 	s, err := newSuite(t.Context(), cfg)
 	if err != nil {

@@ -39,7 +39,7 @@ func (s *Server) DeliverEnvelope(ctx context.Context, req *dispatcherv1.DeliverE
 // Send implements DispatcherServiceServer.
 func (s *Server) Send(ctx context.Context, req *dispatcherv1.SendRequest) (*dispatcherv1.SendResponse, error) {
 	var v grpcerr.Violations
-	if !validAgentName(req.GetAgent()) {
+	if !directory.ValidAgentName(req.GetAgent()) {
 		v.Add("agent", "must be clients/{client}/agents/{agent}")
 	}
 	target, err := url.Parse(req.GetTargetUrl())
@@ -118,7 +118,7 @@ func (s *Server) ListSendCounts(ctx context.Context, req *dispatcherv1.ListSendC
 // NO_EXECUTOR.
 func (s *Server) ExecuteStep(ctx context.Context, req *dispatcherv1.ExecuteStepRequest) (*dispatcherv1.ExecuteStepResponse, error) {
 	var v grpcerr.Violations
-	if !validAgentName(req.GetAgent()) {
+	if !directory.ValidAgentName(req.GetAgent()) {
 		v.Add("agent", "must be clients/{client}/agents/{agent}")
 	}
 	if req.GetTaskId() == "" {

@@ -10,6 +10,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
@@ -29,7 +30,7 @@ func (s *Server) GetRoutine(ctx context.Context, req *dispatcherv1.GetRoutineReq
 // ListRoutines implements DispatcherServiceServer.
 func (s *Server) ListRoutines(ctx context.Context, req *dispatcherv1.ListRoutinesRequest) (*dispatcherv1.ListRoutinesResponse, error) {
 	var v grpcerr.Violations
-	if !validAgentName(req.GetParent()) {
+	if !directory.ValidAgentName(req.GetParent()) {
 		v.Add("parent", "must be clients/{client}/agents/{agent}")
 	}
 	size, ok := pagetoken.Size(req.GetPageSize(), 50, 1000)
@@ -139,7 +140,7 @@ func (s *Server) ListTools(ctx context.Context, req *dispatcherv1.ListToolsReque
 // returns the page size and the key the page starts after.
 func listParams(parent string, pageSize int32, pageToken string) (int, string, error) {
 	var v grpcerr.Violations
-	if !validAgentName(parent) {
+	if !directory.ValidAgentName(parent) {
 		v.Add("parent", "must be clients/{client}/agents/{agent}")
 	}
 	size, ok := pagetoken.Size(pageSize, 50, 1000)

@@ -3,28 +3,9 @@ package server
 import (
 	"strings"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 )
-
-// validID reports whether s is a DNS-safe resource id: lowercase letters,
-// digits and hyphens, 1 to 63 characters, starting with a letter.
-func validID(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[0] < 'a' || s[0] > 'z' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
-
-func validAgentName(name string) bool {
-	p := strings.Split(name, "/")
-	return len(p) == 4 && p[0] == "clients" && validID(p[1]) && p[2] == "agents" && validID(p[3])
-}
 
 // AgentName returns clients/{client}/agents/{agent}.
 func AgentName(client, agent string) string { return "clients/" + client + "/agents/" + agent }
@@ -50,7 +31,7 @@ func validRoutineName(name string) bool {
 		return false
 	}
 	agent, id := name[:i], name[i+len("/routines/"):]
-	return validAgentName(agent) && (isHex40(id) || id == hosted.StepsID)
+	return directory.ValidAgentName(agent) && (isHex40(id) || id == hosted.StepsID)
 }
 
 func parseToolName(name string) (agent string, ok bool) {
@@ -59,7 +40,7 @@ func parseToolName(name string) (agent string, ok bool) {
 		return "", false
 	}
 	agent, id := name[:i], name[i+len("/tools/"):]
-	return agent, validAgentName(agent) && isIdent(id)
+	return agent, directory.ValidAgentName(agent) && isIdent(id)
 }
 
 func isIdent(s string) bool {
