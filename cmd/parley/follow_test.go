@@ -1,0 +1,83 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/grpcclient"
+)
+
+// TestFollowAndUnfollow runs `parley follow` and `parley unfollow` with an
+// agent key against a running suite, and checks the follow through the
+// registry; following as another agent is refused.
+func TestFollowAndUnfollow(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := runSuite(t, cfg)
+	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(token string, args ...string) (string, error) {
+		var stdout bytes.Buffer
+		getenv := func(k string) string {
+			return map[string]string{"PARLEY_SERVER": addr, "PARLEY_TOKEN": token}[k]
+		}
+		err := run(args, getenv, &stdout, io.Discard)
+		return strings.TrimSpace(stdout.String()), err
+	}
+	must := func(token string, args ...string) string {
+		t.Helper()
+		out, err := call(token, args...)
+		if err != nil {
+			t.Fatalf("parley %q: %v", args, err)
+		}
+		return out
+	}
+	operator := strings.TrimSpace(string(op))
+	acmeKey := must(operator, "client", "create", "acme")
+	betaKey := must(operator, "client", "create", "beta")
+	aliceKey := must(acmeKey, "agent", "create", "acme:alice")
+	bobKey := must(betaKey, "agent", "create", "beta:bob")
+
+	conn, err := grpcclient.Dial(addr, grpcclient.Options{Token: operator})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	reg := registryv1.NewRegistryServiceClient(conn)
+	followers := func() []string {
+		t.Helper()
+		resp, err := reg.ListFollowers(t.Context(), &registryv1.ListFollowersRequest{Parent: "clients/acme/agents/alice"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetAgents()
+	}
+
+	must(bobKey, "follow", "acme:alice", "--as", "beta:bob")
+	if got := followers(); len(got) != 1 || got[0] != "clients/beta/agents/bob" {
+		t.Errorf("followers of alice after 'parley follow' = %v, want [clients/beta/agents/bob]", got)
+	}
+	if _, err := call(aliceKey, "follow", "acme:alice", "--as", "beta:bob"); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("parley follow --as bob with alice's key: error = %v, want PERMISSION_DENIED", err)
+	}
+	if _, err := call(bobKey, "follow", "acme:alice"); err == nil || !strings.Contains(err.Error(), "--as") {
+		t.Errorf("parley follow without --as: error = %v, want one naming --as", err)
+	}
+	must(bobKey, "unfollow", "acme:alice", "--as", "beta:bob")
+	if got := followers(); len(got) != 0 {
+		t.Errorf("followers of alice after 'parley unfollow' = %v, want none", got)
+	}
+}
