@@ -132,6 +132,11 @@ func errorHandler(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshale
 		err = status.Errorf(codes.InvalidArgument, "request body exceeds the limit of %d bytes", maxBody(r))
 		code = http.StatusRequestEntityTooLarge
 	}
+	// An UNAVAILABLE without a reason is the gRPC transport's (`parley
+	// gateway` cannot reach a service), and its text names our addresses.
+	if status.Code(err) == codes.Unavailable && grpcerr.Reason(err) == "" {
+		err = status.Error(codes.Unavailable, "the service behind this route is unavailable; retry later")
+	}
 	runtime.DefaultHTTPErrorHandler(ctx, mux, m, &codeOverride{ResponseWriter: w, code: code}, r, err)
 }
 

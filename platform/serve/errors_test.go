@@ -9,6 +9,7 @@ import (
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/grpcerr"
 )
@@ -131,5 +132,39 @@ func TestWriteError_sameBodyAsGateway(t *testing.T) {
 	}
 	if bodies[0] != bodies[1] || !strings.Contains(bodies[0], `"message":"thing \"x\" not found"`) {
 		t.Errorf("bodies = %q, want two equal gateway bodies with the message", bodies)
+	}
+}
+
+// In `parley gateway` the gateway's backends are gRPC clients: when one
+// cannot be reached, the status is the transport's, whose text names our
+// addresses. Callers get one sentence; a service's own UNAVAILABLE (with a
+// reason) keeps its message.
+func TestErrorHandler_transportErrorNamesNothingOfOurs(t *testing.T) {
+	s := newServer(t)
+	for path, err := range map[string]error{
+		"/v1/transport": status.Error(codes.Unavailable, `connection error: desc = "transport: Error while dialing: dial tcp 10.1.2.3:9090: connect: connection refused"`),
+		"/v1/service":   grpcerr.New(codes.Unavailable, "the registry is unavailable; retry later", "REGISTRY_UNAVAILABLE", "test.parley.dev", nil),
+	} {
+		if err := s.Gateway.HandlePath(http.MethodGet, path, func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
+			_, m := runtime.MarshalerForRequest(s.Gateway, r)
+			runtime.HTTPError(r.Context(), s.Gateway, m, w, r, err)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := start(t, s)
+	for path, want := range map[string]string{
+		"/v1/transport": "the service behind this route is unavailable; retry later",
+		"/v1/service":   "the registry is unavailable; retry later",
+	} {
+		resp, err := http.Get(r.baseURL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(b), want) || strings.Contains(string(b), "10.1.2.3") {
+			t.Errorf("GET %s = %d %s, want 503 saying %q and no address", path, resp.StatusCode, b, want)
+		}
 	}
 }
