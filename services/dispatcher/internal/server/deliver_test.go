@@ -44,7 +44,11 @@ func TestWeatherRoutine_answersThousandEnvelopesWithoutLLM(t *testing.T) {
 		"protocolSources": []string{"https://example.com/weather.txt"},
 		"body":            `{"date": "2026-12-01", "location": "Paris"}`,
 	})
-	const n, workers = 1000, 8
+	// Three senders: the agent's fair share of the default four routine
+	// workers. More would queue for a share and, on a loaded machine, wait
+	// past the budget into the busy-to-LLM fallback, which is not what this
+	// test is about (TestApp_oneAgentCannotStarveAnother covers shares).
+	const n, workers = 1000, 3
 	var wg sync.WaitGroup
 	errs := make(chan string, n)
 	for w := range workers {
