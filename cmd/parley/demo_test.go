@@ -37,20 +37,19 @@ func demoPhase(t *testing.T, s demo.Summary, name string) demo.Phase {
 }
 
 // TestDemoWeather_withoutLLM: two in-process suites, no LLM: both sides
-// hold the same negotiated hash, and nothing after the skipped
-// natural-language phase calls an LLM.
+// hold the same negotiated hash, the natural-language phase is skipped,
+// and routines answer. With no LLM nothing could count a call, so "no LLM
+// calls" is asserted where it can fail: TestDemoWeather_scriptedLLM.
 func TestDemoWeather_withoutLLM(t *testing.T) {
 	s := runDemoJSON(t, "--queries", "12")
 	if !s.Protocol.SameHash || len(s.Protocol.AliceSHA1) != 40 || s.Protocol.AliceSHA1 != s.Protocol.BobSHA1 {
 		t.Errorf("protocol = %+v, want Alice and Bob holding the same SHA-1", s.Protocol)
 	}
-	if nl := demoPhase(t, s, "natural-language"); !nl.Skipped || nl.LLMCalls != 0 {
+	if nl := demoPhase(t, s, "natural-language"); !nl.Skipped {
 		t.Errorf("natural-language phase = %+v, want skipped", nl)
 	}
-	for _, name := range []string{"negotiation", "routines", "structured"} {
-		if p := demoPhase(t, s, name); p.LLMCalls != 0 || p.CostUSD != 0 {
-			t.Errorf("%s phase = %+v, want no LLM calls", name, p)
-		}
+	for _, name := range []string{"negotiation", "routines"} {
+		demoPhase(t, s, name) // each phase must be in the summary
 	}
 	if st := demoPhase(t, s, "structured"); st.Correct != 12 || st.Note != "12 of 12 sent and read by Alice's routine" {
 		t.Errorf("structured phase = %+v, want 12 correct answers by routines", st)

@@ -21,39 +21,16 @@ var ErrTooDeep = errors.New("JSON nested too deeply")
 // objects nested deeper than limit. It does not validate data: text that
 // is not JSON passes when its brackets are shallow enough, for the parser
 // to refuse with its own message.
-func Check(data []byte, limit int) error {
+func Check(data []byte, limit int) error { return check(data, limit) }
+
+// CheckString is Check for a string.
+func CheckString(s string, limit int) error { return check(s, limit) }
+
+// check is Check and CheckString: one pass, allocation-free.
+func check[T string | []byte](data T, limit int) error {
 	depth, inString := 0, false
 	for i := 0; i < len(data); i++ {
 		c := data[i]
-		if inString {
-			switch c {
-			case '\\':
-				i++
-			case '"':
-				inString = false
-			}
-			continue
-		}
-		switch c {
-		case '"':
-			inString = true
-		case '[', '{':
-			depth++
-			if depth > limit {
-				return fmt.Errorf("%w: more than %d levels of arrays and objects", ErrTooDeep, limit)
-			}
-		case ']', '}':
-			depth--
-		}
-	}
-	return nil
-}
-
-// CheckString is Check for a string.
-func CheckString(s string, limit int) error {
-	depth, inString := 0, false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
 		if inString {
 			switch c {
 			case '\\':
