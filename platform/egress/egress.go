@@ -66,11 +66,7 @@ var AllowAll = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustPars
 // DialContext connects to address (host:port) on network, refusing
 // internal destinations with a *RefusedError.
 func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
-	timeout := d.Timeout
-	if timeout <= 0 {
-		timeout = 2 * time.Second
-	}
-	nd := &net.Dialer{Timeout: timeout, ControlContext: d.control}
+	nd := &net.Dialer{Timeout: d.connectTimeout(), ControlContext: d.control}
 	if d.Lookup == nil {
 		return nd.DialContext(ctx, network, address)
 	}
@@ -94,6 +90,17 @@ func (d *Dialer) DialContext(ctx context.Context, network, address string) (net.
 		}
 	}
 	return nil, err
+}
+
+// defaultTimeout bounds one connect when Dialer.Timeout is not set.
+const defaultTimeout = 2 * time.Second
+
+// connectTimeout is Timeout, or defaultTimeout when it is not positive.
+func (d *Dialer) connectTimeout() time.Duration {
+	if d.Timeout <= 0 {
+		return defaultTimeout
+	}
+	return d.Timeout
 }
 
 // control runs for every connection after DNS resolution, before connect.

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestBlocked lists every refused range with an address inside it and the
@@ -130,4 +131,22 @@ func TestDialer_checksLiteralsAndAllowAll(t *testing.T) {
 		t.Fatalf("DialContext(%s) with AllowAll error = %v", ln.Addr(), err)
 	}
 	c.Close()
+}
+
+// The zero Dialer is documented to bound a connect at 2 s; a set Timeout
+// is used as given.
+func TestDialer_connectTimeout(t *testing.T) {
+	for _, tt := range []struct {
+		timeout, want time.Duration
+	}{
+		{0, 2 * time.Second},
+		{-time.Second, 2 * time.Second},
+		{time.Nanosecond, time.Nanosecond},
+		{5 * time.Second, 5 * time.Second},
+	} {
+		d := &Dialer{Timeout: tt.timeout}
+		if got := d.connectTimeout(); got != tt.want {
+			t.Errorf("Dialer{Timeout: %v}.connectTimeout() = %v, want %v", tt.timeout, got, tt.want)
+		}
+	}
 }
