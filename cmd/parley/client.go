@@ -47,8 +47,13 @@ func dialServer(e env, fs *flag.FlagSet) func() (*serverConn, error) {
 	}
 	addr := fs.String("server", def, "gRPC `address` of a running Parley server")
 	ca := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "PEM CA bundle `file`; when set, dial the server over TLS")
-	token := fs.String("token", e.getenv("PARLEY_TOKEN"), "credential sent with every call: a client or agent key, or the operator token (`<data>/operator.token`)")
+	// No default from $PARLEY_TOKEN: help prints defaults, and this one is
+	// a secret. The variable is read when dialing instead.
+	token := fs.String("token", "", "credential sent with every call: a client or agent key, or the operator token (`<data>/operator.token`)")
 	return func() (*serverConn, error) {
+		if *token == "" {
+			*token = e.getenv("PARLEY_TOKEN")
+		}
 		conn, err := grpcclient.Dial(*addr, grpcclient.Options{CAFile: *ca, Token: strings.TrimSpace(*token)})
 		if err != nil {
 			return nil, fmt.Errorf("--server %s: %w", *addr, err)

@@ -124,3 +124,23 @@ func TestFlagErrors_useDoubleDash(t *testing.T) {
 		}
 	}
 }
+
+// TestHelp_neverEchoesTheToken: help shows flag defaults, and --token's
+// comes from $PARLEY_TOKEN; a secret must not reach the terminal, a
+// pasted transcript or a CI log that way.
+func TestHelp_neverEchoesTheToken(t *testing.T) {
+	const secret = "parley_ck_0123456789abcdef_secretsecretsecretsecretsecretsecretsec"
+	getenv := func(k string) string {
+		if k == "PARLEY_TOKEN" {
+			return secret
+		}
+		return ""
+	}
+	for _, path := range commandPaths() {
+		var out, errOut bytes.Buffer
+		_ = run(append(strings.Fields(path), "--help"), getenv, &out, &errOut)
+		if strings.Contains(out.String()+errOut.String(), secret) {
+			t.Errorf("parley %s --help prints $PARLEY_TOKEN", path)
+		}
+	}
+}
