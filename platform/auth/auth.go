@@ -71,7 +71,7 @@ type Authenticator struct {
 	opts     Options
 	verifier atomic.Pointer[Verifier]
 	failures *Limiter
-	routes   map[string]string // "VERB /gateway/pattern" → full gRPC method
+	routes   map[string]gatewayRoute // by "VERB /gateway/pattern"
 }
 
 // New returns an Authenticator.

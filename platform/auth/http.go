@@ -47,7 +47,9 @@ func (a *Authenticator) Route(pattern string, h http.Handler) http.Handler {
 // of the RPC the route maps to, so that the in-process gateway, which
 // calls handlers directly and skips gRPC interceptors, is held to the same
 // policy. The rule's resource is read from the path parameters, then from
-// the query string.
+// the query string when the gateway fills that field from the query; a
+// resource the body carries reads as "" and is refused, so a query naming
+// the caller's agent cannot stand in for a body naming another.
 func (a *Authenticator) Gateway(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 		// Only the compiled pattern is known before the handler runs; its
@@ -56,17 +58,20 @@ func (a *Authenticator) Gateway(next runtime.HandlerFunc) runtime.HandlerFunc {
 		if pat, ok := runtime.HTTPPattern(r.Context()); ok {
 			pattern = pat.String()
 		}
-		method, ok := a.routes[r.Method+" "+pattern]
+		route, ok := a.routes[r.Method+" "+pattern]
 		if !ok {
-			method = r.Method + " " + pattern // no RPC: refused as unlisted
+			route = gatewayRoute{method: r.Method + " " + pattern, body: "*"} // no RPC: refused as unlisted
 		}
 		p, err := a.check(r.Context(), call{
-			method: method,
+			method: route.method,
 			header: r.Header.Get("Authorization"),
 			remote: RemoteAddr(r.Context()),
 			resource: func(field string) string {
 				if v, ok := params[field]; ok {
 					return v
+				}
+				if !route.queryFills(field) {
+					return ""
 				}
 				return r.URL.Query().Get(field)
 			},

@@ -15,7 +15,9 @@ import (
 // request field naming the resource a non-operator caller must own (see
 // Principal.Owns). For RPCs the field is a dotted path in the request
 // message; for gateway routes the same path is read from the path
-// parameters, then the query; for hand-written routes it is a path value.
+// parameters, then from the query when the gateway fills the request
+// from the query (never from a query the body supersedes); for
+// hand-written routes it is a path value.
 type Rule struct {
 	Allow    Kind
 	Resource string
@@ -26,12 +28,32 @@ type Rule struct {
 // rule. A call with no entry is refused.
 type Policy map[string]Rule
 
+// gatewayRoute is the RPC a gateway route calls and the body field of its
+// google.api.http rule ("" none, "*" the whole request).
+type gatewayRoute struct {
+	method string
+	body   string
+}
+
+// queryFills reports whether the gateway fills field of the request from
+// the query string: never with body "*", and not for fields under the
+// body field, which the body fills.
+func (r gatewayRoute) queryFills(field string) bool {
+	switch r.body {
+	case "":
+		return true
+	case "*":
+		return false
+	}
+	return field != r.body && !strings.HasPrefix(field, r.body+".")
+}
+
 // gatewayRoutes maps each gateway route, "VERB /v1/pattern" as written in
-// the google.api.http option, to its full gRPC method, over every service
-// linked into the binary. The gateway middleware learns the route's
-// pattern, not the method, so this is how it finds the rule.
-func gatewayRoutes() map[string]string {
-	out := map[string]string{}
+// the google.api.http option, to its full gRPC method and body field, over
+// every service linked into the binary. The gateway middleware learns the
+// route's pattern, not the method, so this is how it finds the rule.
+func gatewayRoutes() map[string]gatewayRoute {
+	out := map[string]gatewayRoute{}
 	protoregistry.GlobalFiles.RangeFiles(func(f protoreflect.FileDescriptor) bool {
 		svcs := f.Services()
 		for i := range svcs.Len() {
@@ -46,7 +68,7 @@ func gatewayRoutes() map[string]string {
 				full := "/" + string(svc.FullName()) + "/" + string(m.Name())
 				for _, r := range append([]*annotations.HttpRule{rule}, rule.GetAdditionalBindings()...) {
 					if verb, pattern := httpRule(r); pattern != "" {
-						out[verb+" "+normalise(pattern)] = full
+						out[verb+" "+normalise(pattern)] = gatewayRoute{method: full, body: r.GetBody()}
 					}
 				}
 			}

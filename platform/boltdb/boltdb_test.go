@@ -355,3 +355,29 @@ func TestUpdate_loneFailingWriteCommitsNothing(t *testing.T) {
 		t.Errorf("Commits() went %+v -> %+v for a failing write then a good one, want one commit", before, after)
 	}
 }
+
+// TestUpdate_panickingWriteFailsAloneAndTheDatabaseGoesOn: a write
+// function that panics runs on the committer's goroutine, where no caller
+// can recover it; it must come back as that writer's error, write nothing,
+// and leave the committer serving later writes.
+func TestUpdate_panickingWriteFailsAloneAndTheDatabaseGoesOn(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	err := d.Update(func(tx *Tx) error {
+		if err := put("half", "done")(tx); err != nil {
+			return err
+		}
+		panic("a bug in a store function")
+	})
+	if !errors.Is(err, ErrPanicked) || !strings.Contains(err.Error(), "a bug in a store function") {
+		t.Fatalf("Update = %v, want ErrPanicked naming the panic", err)
+	}
+	if err := d.Update(put("k", "v")); err != nil {
+		t.Fatalf("Update after a panicking write = %v", err)
+	}
+	if got := get(t, d, bucketThings, "half"); got != "" {
+		t.Errorf("the panicking write left half = %q", got)
+	}
+	if got := get(t, d, bucketThings, "k"); got != "v" {
+		t.Errorf("k = %q, want v", got)
+	}
+}

@@ -2,6 +2,7 @@ package boltdb
 
 import (
 	"errors"
+	"fmt"
 	"runtime"
 	"sync"
 
@@ -14,6 +15,11 @@ const maxGroup = 512
 // ErrClosed reports a write after Close.
 var ErrClosed = errors.New("database is closed")
 
+// ErrPanicked marks a write whose function panicked. The committer runs
+// it on its own goroutine, where no caller could recover the panic, so it
+// becomes that write's error instead of ending the process.
+var ErrPanicked = errors.New("write function panicked")
+
 // committer is group commit without a timer: one goroutine runs
 // transactions back to back, and each takes every write that queued while
 // the previous one was being fsynced. An idle database commits a lone write
@@ -24,8 +30,9 @@ var ErrClosed = errors.New("database is closed")
 // A write whose function fails is dropped from the group and gets its
 // error; the others are retried in a fresh transaction, so a failing write
 // never leaves partial changes (the same contract as db.Batch, whose
-// functions must also tolerate running more than once). A commit that
-// fails fails every write in the group.
+// functions must also tolerate running more than once). A function that
+// panics fails the same way, with ErrPanicked. A commit that fails fails
+// every write in the group.
 type committer struct {
 	d    *DB
 	ops  chan *op
@@ -134,7 +141,7 @@ func (c *committer) commit(group []*op) {
 		var failErr error
 		err := c.d.db.Update(func(tx *bolt.Tx) error {
 			for i, o := range group {
-				if err := o.fn(tx); err != nil {
+				if err := safeCall(o.fn, tx); err != nil {
 					failed, failErr = i, err
 					return err
 				}
@@ -152,4 +159,14 @@ func (c *committer) commit(group []*op) {
 		}
 		return
 	}
+}
+
+// safeCall runs fn, turning a panic into an error wrapping ErrPanicked.
+func safeCall(fn func(*bolt.Tx) error, tx *bolt.Tx) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("%w: %v", ErrPanicked, r)
+		}
+	}()
+	return fn(tx)
 }
