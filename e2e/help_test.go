@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -9,7 +10,8 @@ import (
 )
 
 // TestHelp_everyBinaryExitsZero runs --help on the shipped binaries: help is
-// a successful answer, so scripts and container probes must see exit 0.
+// a successful answer, so scripts and container probes must see exit 0, and
+// every command's help shows its usage and an example.
 func TestHelp_everyBinaryExitsZero(t *testing.T) {
 	runs := [][]string{
 		{parleytest.Binary(t), "--help"},
@@ -25,8 +27,10 @@ func TestHelp_everyBinaryExitsZero(t *testing.T) {
 		if err != nil {
 			t.Errorf("%s: %v, want exit 0\n%s", strings.Join(r[1:], " "), err, out)
 		}
-		if !strings.Contains(string(out), "Usage") {
-			t.Errorf("%s printed no usage:\n%s", strings.Join(r[1:], " "), out)
+		for _, want := range []string{"Usage", "Examples:"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("%s %s printed no %q:\n%s", filepath.Base(r[0]), strings.Join(r[1:], " "), want, out)
+			}
 		}
 	}
 }

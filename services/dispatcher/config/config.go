@@ -137,6 +137,17 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// doc is the one-service binary's --help.
+var doc = envflag.Doc{
+	Usage:   "dispatcher [flags]",
+	Summary: "Run the Parley dispatcher alone: Agora envelopes in and out, routines, SDK agent streams and Agent Protocol steps. It calls the registry and the negotiator.",
+	Examples: []string{
+		"dispatcher --registry-addr dns:///registry:9090 --negotiator-addr dns:///negotiator:9090",
+		"dispatcher --data ./data/dispatcher --grpc-addr 127.0.0.1:9091 --http-addr 127.0.0.1:8081 --registry-addr 127.0.0.1:9090 --negotiator-addr 127.0.0.1:9092",
+	},
+	Prefix: "PARLEY_",
+}
+
 // Load parses the one-service binary's flags from args, falling back to the
 // environment (PARLEY_GRPC_ADDR, PARLEY_DATA, ...).
 func Load(args []string, getenv func(string) string) (Config, error) {
@@ -146,8 +157,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.RegisterFlags(fs)
 	fs.StringVar(&c.RegistryAddr, "registry-addr", "dns:///registry:9090", "registry gRPC address")
 	fs.StringVar(&c.NegotiatorAddr, "negotiator-addr", "dns:///negotiator:9090", "negotiator gRPC address")
-	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
+	pos, err := doc.ParseArgs(fs, args, getenv)
+	if err != nil {
 		return c, err
+	}
+	if len(pos) > 0 {
+		return c, fmt.Errorf("dispatcher takes no arguments, got %q", pos)
 	}
 	return c, c.Validate()
 }

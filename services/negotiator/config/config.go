@@ -163,6 +163,17 @@ func unpriced(l LLM, prices ledger.Prices) []error {
 	return errs
 }
 
+// doc is the one-service binary's --help.
+var doc = envflag.Doc{
+	Usage:   "negotiator [flags]",
+	Summary: "Run the Parley negotiator alone: LLM providers, negotiation, suitability verdicts, routine synthesis and the cost ledger. It calls the dispatcher.",
+	Examples: []string{
+		"negotiator --dispatcher-addr dns:///dispatcher:9090",
+		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_BASE_URL=http://127.0.0.1:11434/v1 PARLEY_LLM_MODEL=llama3.2 negotiator --dispatcher-addr 127.0.0.1:9091",
+	},
+	Prefix: "PARLEY_",
+}
+
 // Load parses the one-service binary's flags from args, falling back to the
 // environment (PARLEY_GRPC_ADDR, PARLEY_DATA, PARLEY_LLM_PROVIDER, ...).
 func Load(args []string, getenv func(string) string) (Config, error) {
@@ -172,8 +183,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.RegisterFlags(fs)
 	fs.String("registry-addr", "", "deprecated and ignored: the negotiator does not call the registry")
 	fs.StringVar(&c.DispatcherAddr, "dispatcher-addr", "dns:///dispatcher:9090", "dispatcher gRPC address")
-	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
+	pos, err := doc.ParseArgs(fs, args, getenv)
+	if err != nil {
 		return c, err
+	}
+	if len(pos) > 0 {
+		return c, fmt.Errorf("negotiator takes no arguments, got %q", pos)
 	}
 	return c, c.Validate()
 }

@@ -144,6 +144,17 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// doc is the one-service binary's --help.
+var doc = envflag.Doc{
+	Usage:   "registry [flags]",
+	Summary: "Run the Parley registry alone: protocol documents, discovery, the agent directory, clients and keys, follows and client groups.",
+	Examples: []string{
+		"registry --data /var/lib/parley --grpc-addr :9090 --http-addr :8080",
+		"PARLEY_DATA=./data/registry registry --grpc-addr 127.0.0.1:9090 --http-addr 127.0.0.1:8080",
+	},
+	Prefix: "PARLEY_",
+}
+
 // Load parses the one-service binary's flags from args, falling back to the
 // environment (PARLEY_GRPC_ADDR, PARLEY_DATA, PARLEY_PD_MAX_BYTES, ...).
 func Load(args []string, getenv func(string) string) (Config, error) {
@@ -151,11 +162,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs := flag.NewFlagSet("registry", flag.ContinueOnError)
 	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
-	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
+	pos, err := doc.ParseArgs(fs, args, getenv)
+	if err != nil {
 		return c, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("registry takes no arguments, got %q", fs.Args())
+	if len(pos) > 0 {
+		return c, fmt.Errorf("registry takes no arguments, got %q", pos)
 	}
 	return c, c.Validate()
 }

@@ -119,6 +119,17 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// doc is the one-service binary's --help.
+var doc = envflag.Doc{
+	Usage:   "tasks [flags]",
+	Summary: "Run the Parley tasks service alone: Agent Protocol tasks, steps and artifacts. Steps run through the dispatcher.",
+	Examples: []string{
+		"tasks --dispatcher-addr dns:///dispatcher:9090",
+		"tasks --data ./data/tasks --grpc-addr 127.0.0.1:9093 --http-addr 127.0.0.1:8083 --dispatcher-addr 127.0.0.1:9091",
+	},
+	Prefix: "PARLEY_",
+}
+
 // Load parses the one-service binary's flags from args, falling back to the
 // environment (PARLEY_GRPC_ADDR, PARLEY_DATA, ...).
 func Load(args []string, getenv func(string) string) (Config, error) {
@@ -127,8 +138,12 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
 	fs.StringVar(&c.DispatcherAddr, "dispatcher-addr", "dns:///dispatcher:9090", "dispatcher gRPC address")
-	if err := envflag.Parse(fs, args, "PARLEY_", getenv); err != nil {
+	pos, err := doc.ParseArgs(fs, args, getenv)
+	if err != nil {
 		return c, err
+	}
+	if len(pos) > 0 {
+		return c, fmt.Errorf("tasks takes no arguments, got %q", pos)
 	}
 	return c, c.Validate()
 }
