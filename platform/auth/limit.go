@@ -6,12 +6,15 @@ import (
 )
 
 // Limiter is a token bucket per key (a remote address): Rate tokens per
-// second up to Burst. Buckets left full are forgotten, so its memory is
-// bounded by the keys active in the last Burst/Rate seconds.
+// second up to Burst. Buckets left full are forgotten by a sweep once a
+// minute, and it holds at most maxKeys buckets: a new key past that is
+// refused until a sweep frees room, so cycling through addresses (easy with
+// IPv6) cannot grow it.
 type Limiter struct {
-	rate  float64
-	burst float64
-	now   func() time.Time
+	rate    float64
+	burst   float64
+	now     func() time.Time
+	maxKeys int
 
 	mu      sync.Mutex // guards buckets and swept
 	buckets map[string]*bucket
@@ -29,8 +32,11 @@ func NewLimiter(rate float64, burst int, now func() time.Time) *Limiter {
 	if now == nil {
 		now = time.Now
 	}
-	return &Limiter{rate: rate, burst: float64(burst), now: now, buckets: map[string]*bucket{}}
+	return &Limiter{rate: rate, burst: float64(burst), now: now, maxKeys: defaultMaxKeys, buckets: map[string]*bucket{}}
 }
+
+// defaultMaxKeys bounds a Limiter's buckets (about 150 bytes each).
+const defaultMaxKeys = 100_000
 
 // Allow takes a token from key's bucket and reports whether there was one.
 func (l *Limiter) Allow(key string) bool {
@@ -40,6 +46,9 @@ func (l *Limiter) Allow(key string) bool {
 	l.sweep(t)
 	b := l.buckets[key]
 	if b == nil {
+		if len(l.buckets) >= l.maxKeys {
+			return false
+		}
 		b = &bucket{tokens: l.burst, at: t}
 		l.buckets[key] = b
 	}

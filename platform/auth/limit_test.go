@@ -28,6 +28,33 @@ func TestLimiter_refusesPastBurstAndRefills(t *testing.T) {
 	}
 }
 
+// Keys cycled faster than buckets refill (many remote addresses) cannot grow
+// the limiter past its cap: a new key past it is refused until a sweep
+// frees room, and known keys keep their buckets.
+func TestLimiter_holdsAtMostMaxKeys(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := NewLimiter(1, 3, func() time.Time { return now })
+	l.maxKeys = 2
+	for _, k := range []string{"a", "b"} {
+		if !l.Allow(k) {
+			t.Fatalf("Allow(%s) = false, want true below the cap", k)
+		}
+	}
+	if l.Allow("c") {
+		t.Errorf("Allow(c) past the cap = true, want false")
+	}
+	if n := len(l.buckets); n != 2 {
+		t.Errorf("buckets after a key past the cap = %d, want 2", n)
+	}
+	if !l.Allow("a") {
+		t.Errorf("Allow(a), a known key, = false, want true")
+	}
+	now = now.Add(2 * time.Minute) // every bucket refills; the sweep drops them
+	if !l.Allow("c") {
+		t.Errorf("Allow(c) after a sweep = false, want true")
+	}
+}
+
 func TestPrincipal_Owns(t *testing.T) {
 	agent := Principal{Kind: Agent, Client: "clients/acme", Agent: "clients/acme/agents/bot"}
 	client := Principal{Kind: Client, Client: "clients/acme"}
