@@ -10,6 +10,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
@@ -36,16 +37,8 @@ var (
 	ErrLLM = errors.New("LLM failed")
 )
 
-// failure is an error whose text is its message and which wraps a kind.
-type failure struct {
-	msg  string
-	kind error
-}
-
-func (f *failure) Error() string { return f.msg }
-func (f *failure) Unwrap() error { return f.kind }
-
-func fail(kind error, msg string) error { return &failure{msg: msg, kind: kind} }
+// fail is fault.New, the core's caller-facing error.
+var fail = fault.New
 
 // Step is one Agent Protocol step for a hosted agent; the caller has
 // validated it.

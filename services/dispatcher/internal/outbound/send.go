@@ -29,6 +29,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
@@ -58,15 +59,8 @@ var (
 	ErrLLM = errors.New("LLM failed")
 )
 
-// failure is an error whose text is its message and which wraps a kind.
-type failure struct {
-	msg  string
-	kind error
-}
-
-func (f *failure) Error() string        { return f.msg }
-func (f *failure) Unwrap() error        { return f.kind }
-func fail(kind error, msg string) error { return &failure{msg: msg, kind: kind} }
+// fail is fault.New, the core's caller-facing error.
+var fail = fault.New
 
 // Client sends HTTP requests: *http.Client, guarded in production.
 type Client interface {
@@ -292,7 +286,7 @@ func taskLLM(l llm.Request, req Request) llm.Request {
 // sendLLMError is Send's error when the LLM could not write a message.
 func sendLLMError(err error) error {
 	if errors.Is(err, llm.ErrLLMBudget) {
-		return &failure{msg: err.Error(), kind: err}
+		return fault.New(err, err.Error())
 	}
 	return fail(ErrLLM, "the language model could not write the message: "+err.Error())
 }
