@@ -56,7 +56,7 @@ type Refusal struct {
 	Err   error // ErrFull, or a *resource.Error for an unknown agent
 }
 
-// ErrFull: the recipient's mailbox is at its size bound; the message was not
+// ErrFull is returned when the recipient's mailbox is at its size bound; the message was not
 // appended for that recipient.
 var ErrFull = errors.New("mailbox full")
 
