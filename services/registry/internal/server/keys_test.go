@@ -64,8 +64,8 @@ func TestCreateClient_returnsKeyOnceThatVerifies(t *testing.T) {
 func TestCreateClient_operatorOnlyUnlessOpen(t *testing.T) {
 	closed := newKeyServer(t, Options{})
 	for name, ctx := range map[string]context.Context{
-		"client key":   auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Client, Client: "clients/x"}),
-		"anonymous":    auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Anonymous}),
+		"client key": auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Client, Client: "clients/x"}),
+		"anonymous":  auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Anonymous}),
 	} {
 		_, err := closed.CreateClient(ctx, &registryv1.CreateClientRequest{ClientId: "acme"})
 		if status.Code(err) != codes.PermissionDenied || grpcerr.Reason(err) != reasonRegistrationClosed {
