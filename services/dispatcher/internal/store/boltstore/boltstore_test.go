@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/storetest"
@@ -11,6 +12,17 @@ import (
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store {
+		s, err := boltstore.Open(t.TempDir(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
+
+func TestMailboxConformance(t *testing.T) {
+	storetest.RunMailboxes(t, func(t *testing.T) mailbox.Store {
 		s, err := boltstore.Open(t.TempDir(), time.Second)
 		if err != nil {
 			t.Fatal(err)
