@@ -42,7 +42,7 @@ type App struct {
 	srv    *server.Server // set by Register
 	// mailboxes are the agents' durable mailboxes (network delivery).
 	mailboxes *mailbox.Mailboxes
-	pool   *routine.Pool  // the routine workers, set by Register
+	pool      *routine.Pool // the routine workers, set by Register
 }
 
 // IsRoutineWorker reports whether this process was started by the
