@@ -96,7 +96,12 @@ func receive(t *testing.T, m *mailbox.Mailboxes, agent string, opts mailbox.Rece
 			return nil
 		})
 	}()
-	t.Cleanup(func() { cancel(); <-r.done })
+	t.Cleanup(func() {
+		cancel()
+		if err := <-r.done; err == nil {
+			t.Error("Receive returned nil; it only ends with an error")
+		}
+	})
 	return r
 }
 
@@ -161,7 +166,9 @@ func TestReceive_resumesAfterTheAcknowledgedCursor(t *testing.T) {
 		t.Errorf("after ack 2 = %q, want 3:m3 4:m4", got)
 	}
 	r.cancel()
-	r.end(t)
+	if err := r.end(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("Receive after cancel = %v, want context.Canceled", err)
+	}
 	// A later After than the acknowledged cursor wins.
 	r = receive(t, m, bob, mailbox.ReceiveOptions{After: 3})
 	if got := r.next(t, 1); got != "4:m4 " {
