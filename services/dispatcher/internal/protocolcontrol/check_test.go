@@ -154,7 +154,9 @@ func TestCheck_refusals(t *testing.T) {
 		{"schema missing field", opened, Input{Sender: Counterpart, Type: "offer", AnswersType: "request", Body: []byte(`{}`)}, RuleSchema,
 			func(v *Violation) bool { return v.Path == "" && strings.Contains(v.Detail, "price") }},
 		{"deadline passed", opened, Input{Sender: Counterpart, Type: "offer", AnswersType: "request", Body: []byte(`{"price":1}`), Now: t0.Add(30 * time.Second)}, RuleDeadlinePassed,
-			func(v *Violation) bool { return v.Deadline == "offer_timeout" && v.DeadlineAt.Equal(t0.Add(30*time.Second)) }},
+			func(v *Violation) bool {
+				return v.Deadline == "offer_timeout" && v.DeadlineAt.Equal(t0.Add(30*time.Second))
+			}},
 		{"pair ended", declined, Input{Sender: Initiator, Type: "withdrawn", AnswersType: "decline"}, RulePairEnded,
 			func(v *Violation) bool { return v.State == "decline" && v.Outcome == OutcomeFailure }},
 		{"deadline field not a number", nil, Input{Sender: Initiator, Type: "request", Body: []byte(`{"offer_timeout": "soon"}`)}, RuleSchema,
@@ -263,7 +265,9 @@ func TestCheck_alwaysAllowedPassesInAnyOpenState(t *testing.T) {
 	// It still checks the role.
 	state := run(t, m, step{Initiator, "request", "", "", 0})
 	_, err := m.Check(state, Input{Sender: Counterpart, Type: "withdrawn", AnswersType: "request", Body: []byte("{}"), Now: t0})
-	violation(t, err, RuleWrongRole)
+	if v := violation(t, err, RuleWrongRole); v.Role != "supplier" {
+		t.Errorf("Violation.Role = %q, want supplier", v.Role)
+	}
 }
 
 func TestCompile_rejectsAmbiguousCounterpart(t *testing.T) {
