@@ -16,12 +16,19 @@ var allowedBbolt = regexp.MustCompile(`^github\.com/parleyhq/parley/(platform/bo
 // TestArch_onlyBoltstoresImportBbolt reads the workspace's import graph,
 // test files included, and fails on any other package that imports bbolt.
 func TestArch_onlyBoltstoresImportBbolt(t *testing.T) {
-	violations, checked := bboltViolations(importGraph(t))
+	checkImports(t, allowedBbolt, "go.etcd.io/bbolt", "only platform/boltdb and boltstore packages may import bbolt")
+}
+
+// checkImports fails t for each workspace package not matched by allowed
+// that imports module, saying why.
+func checkImports(t *testing.T, allowed *regexp.Regexp, module, why string) {
+	t.Helper()
+	violations, checked := importViolations(importGraph(t), allowed, module)
 	if checked < 10 {
 		t.Fatalf("go list returned %d of our packages; want the whole workspace", checked)
 	}
 	for _, v := range violations {
-		t.Errorf("%s; only platform/boltdb and boltstore packages may import bbolt", v)
+		t.Errorf("%s; %s", v, why)
 	}
 }
 
