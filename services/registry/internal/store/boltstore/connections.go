@@ -7,6 +7,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
@@ -40,7 +41,10 @@ func (s *Store) Follow(ctx context.Context, follower, agent string) (bool, error
 		if err := following.Put(edge(follower, agent), []byte{}); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketFollowers).Put(edge(agent, follower), []byte{})
+		if err := tx.Bucket(bucketFollowers).Put(edge(agent, follower), []byte{}); err != nil {
+			return err
+		}
+		return notify(tx, &registryv1.Notification{Type: "followed", Recipient: agent, Agent: follower}, s.maxOutbox)
 	})
 	if err != nil {
 		return false, err
@@ -57,10 +61,17 @@ func (s *Store) Unfollow(ctx context.Context, follower, agent string) error {
 		if tx.Bucket(bucketAgents).Get([]byte(follower)) == nil {
 			return resource.NotFound("agent", follower)
 		}
-		if err := tx.Bucket(bucketFollowing).Delete(edge(follower, agent)); err != nil {
+		following := tx.Bucket(bucketFollowing)
+		if following.Get(edge(follower, agent)) == nil {
+			return nil
+		}
+		if err := following.Delete(edge(follower, agent)); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketFollowers).Delete(edge(agent, follower))
+		if err := tx.Bucket(bucketFollowers).Delete(edge(agent, follower)); err != nil {
+			return err
+		}
+		return notify(tx, &registryv1.Notification{Type: "unfollowed", Recipient: agent, Agent: follower}, s.maxOutbox)
 	})
 }
 
