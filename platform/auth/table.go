@@ -89,6 +89,8 @@ func ParleyPolicy() Policy {
 		reg + "ListGroupInvites":       {Allow: own, Resource: "parent"},
 		reg + "ResolveRecipients":      {Allow: Operator},
 		reg + "ListNotifications":      {Allow: Operator},
+		// Registry: identity. Every credential may ask whom it identifies.
+		reg + "GetCaller": {Allow: AnyKey},
 
 		// Dispatcher.
 		disp + "GetRoutine":      {Allow: own, Resource: "name"},

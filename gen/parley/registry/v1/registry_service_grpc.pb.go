@@ -69,6 +69,7 @@ const (
 	RegistryService_ListGroupInvites_FullMethodName          = "/parley.registry.v1.RegistryService/ListGroupInvites"
 	RegistryService_ResolveRecipients_FullMethodName         = "/parley.registry.v1.RegistryService/ResolveRecipients"
 	RegistryService_ListNotifications_FullMethodName         = "/parley.registry.v1.RegistryService/ListNotifications"
+	RegistryService_GetCaller_FullMethodName                 = "/parley.registry.v1.RegistryService/GetCaller"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -282,6 +283,12 @@ type RegistryServiceClient interface {
 	// sequence, waiting up to `wait` for one; the dispatcher relays them to
 	// mailboxes. It has no HTTP route. Errors: INVALID_ARGUMENT.
 	ListNotifications(ctx context.Context, in *ListNotificationsRequest, opts ...grpc.CallOption) (*ListNotificationsResponse, error)
+	// GetCaller says who the call's own credential identifies: its kind, and
+	// its client and agent for keys. Tools use it to act as "me" without
+	// being told the agent's name. Errors: UNAUTHENTICATED (no or a bad
+	// credential), FAILED_PRECONDITION (the server runs without access
+	// control, so callers have no identity).
+	GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*Caller, error)
 }
 
 type registryServiceClient struct {
@@ -782,6 +789,16 @@ func (c *registryServiceClient) ListNotifications(ctx context.Context, in *ListN
 	return out, nil
 }
 
+func (c *registryServiceClient) GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*Caller, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Caller)
+	err := c.cc.Invoke(ctx, RegistryService_GetCaller_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -993,6 +1010,12 @@ type RegistryServiceServer interface {
 	// sequence, waiting up to `wait` for one; the dispatcher relays them to
 	// mailboxes. It has no HTTP route. Errors: INVALID_ARGUMENT.
 	ListNotifications(context.Context, *ListNotificationsRequest) (*ListNotificationsResponse, error)
+	// GetCaller says who the call's own credential identifies: its kind, and
+	// its client and agent for keys. Tools use it to act as "me" without
+	// being told the agent's name. Errors: UNAUTHENTICATED (no or a bad
+	// credential), FAILED_PRECONDITION (the server runs without access
+	// control, so callers have no identity).
+	GetCaller(context.Context, *GetCallerRequest) (*Caller, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -1149,6 +1172,9 @@ func (UnimplementedRegistryServiceServer) ResolveRecipients(context.Context, *Re
 }
 func (UnimplementedRegistryServiceServer) ListNotifications(context.Context, *ListNotificationsRequest) (*ListNotificationsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListNotifications not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetCaller(context.Context, *GetCallerRequest) (*Caller, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCaller not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -2053,6 +2079,24 @@ func _RegistryService_ListNotifications_Handler(srv interface{}, ctx context.Con
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_GetCaller_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCallerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetCaller(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetCaller_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetCaller(ctx, req.(*GetCallerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -2255,6 +2299,10 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListNotifications",
 			Handler:    _RegistryService_ListNotifications_Handler,
+		},
+		{
+			MethodName: "GetCaller",
+			Handler:    _RegistryService_GetCaller_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
