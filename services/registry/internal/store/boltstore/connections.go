@@ -104,18 +104,32 @@ func (s *Store) listEdges(ctx context.Context, bucket []byte, from string, opts 
 // prefix+opts.After, at most opts.Limit.
 func scanPrefix(b *bolt.Bucket, prefix []byte, opts store.ListOptions) []string {
 	var out []string
+	_ = walkPrefix(b, prefix, opts, func(k, _ []byte) error {
+		out = append(out, string(k[len(prefix):]))
+		return nil
+	})
+	return out
+}
+
+// walkPrefix calls fn for the keys under prefix that sort after
+// prefix+opts.After, at most opts.Limit of them, stopping at fn's first
+// error.
+func walkPrefix(b *bolt.Bucket, prefix []byte, opts store.ListOptions, fn func(k, v []byte) error) error {
 	c := b.Cursor()
-	k, _ := c.Seek(prefix)
+	k, v := c.Seek(prefix)
 	if opts.After != "" {
 		start := append(bytes.Clone(prefix), opts.After...)
-		if k, _ = c.Seek(start); k != nil && bytes.Equal(k, start) {
-			k, _ = c.Next()
+		if k, v = c.Seek(start); k != nil && bytes.Equal(k, start) {
+			k, v = c.Next()
 		}
 	}
-	for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < opts.Limit; k, _ = c.Next() {
-		out = append(out, string(k[len(prefix):]))
+	for n := 0; k != nil && bytes.HasPrefix(k, prefix) && n < opts.Limit; k, v = c.Next() {
+		if err := fn(k, v); err != nil {
+			return err
+		}
+		n++
 	}
-	return out
+	return nil
 }
 
 // IsFollowing implements store.Store.

@@ -83,18 +83,14 @@ func (g *groupTx) Members(path string, opts store.ListOptions) ([]*registryv1.Gr
 }
 
 func (g *groupTx) EachMember(path string, fn func(*registryv1.GroupMember) error) error {
-	prefix := []byte(path + edgeSep)
-	c := g.tx.Bucket(bucketGroupMembers).Cursor()
-	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+	all := store.ListOptions{Limit: int(^uint(0) >> 1)}
+	return walkPrefix(g.tx.Bucket(bucketGroupMembers), []byte(path+edgeSep), all, func(_, v []byte) error {
 		m, err := decode(v, &registryv1.GroupMember{})
 		if err != nil {
 			return err
 		}
-		if err := fn(m); err != nil {
-			return err
-		}
-	}
-	return nil
+		return fn(m)
+	})
 }
 
 func (g *groupTx) AgentGroups(agent string, opts store.ListOptions) ([]*registryv1.GroupMember, error) {
@@ -290,24 +286,13 @@ func (s *Store) TrimNotifications(ctx context.Context, through uint64) error {
 // scanValues decodes the values of the keys "from NUL x" after
 // "from NUL opts.After", at most opts.Limit.
 func scanValues[T proto.Message](b *bolt.Bucket, from string, opts store.ListOptions, newT func() T) ([]T, error) {
-	prefix := []byte(from + edgeSep)
-	c := b.Cursor()
-	k, v := c.Seek(prefix)
-	if opts.After != "" {
-		start := append(bytes.Clone(prefix), opts.After...)
-		if k, v = c.Seek(start); k != nil && bytes.Equal(k, start) {
-			k, v = c.Next()
-		}
-	}
 	var out []T
-	for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < opts.Limit; k, v = c.Next() {
+	err := walkPrefix(b, []byte(from+edgeSep), opts, func(_, v []byte) error {
 		m, err := decode(v, newT())
-		if err != nil {
-			return nil, err
-		}
 		out = append(out, m)
-	}
-	return out, nil
+		return err
+	})
+	return out, err
 }
 
 func put(b *bolt.Bucket, key []byte, m proto.Message) error {
