@@ -19,3 +19,14 @@ func TestConformance(t *testing.T) {
 		return s
 	})
 }
+
+func TestDialogueConformance(t *testing.T) {
+	storetest.RunDialogues(t, func(t *testing.T) store.DialogueStore {
+		s, err := boltstore.Open(t.TempDir(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
