@@ -137,9 +137,11 @@ type view struct {
 	answered store.DialogueMessage
 }
 
-func (v *view) Dialogue() store.Dialogue              { return v.dialogue }
-func (v *view) Answered() store.DialogueMessage       { return v.answered }
-func (v *view) PairState(p store.Pair) json.RawMessage { return bytes.Clone(v.tx.Bucket(bucketDialoguePairs).Get(pairKey(v.dialogue.ID, p))) }
+func (v *view) Dialogue() store.Dialogue        { return v.dialogue }
+func (v *view) Answered() store.DialogueMessage { return v.answered }
+func (v *view) PairState(p store.Pair) json.RawMessage {
+	return bytes.Clone(v.tx.Bucket(bucketDialoguePairs).Get(pairKey(v.dialogue.ID, p)))
+}
 
 func (v *view) Received(agent string) bool {
 	return v.tx.Bucket(bucketDialogueReceipts).Get(join(v.answered.ID, agent)) != nil
