@@ -223,6 +223,7 @@ type Message struct {
 type Result struct {
 	DialogueID string
 	MessageID  string
+	Category   mailbox.Category
 	Time       time.Time
 	// Recipients are the agents whose mailboxes hold the message, in the
 	// order resolved.
@@ -502,7 +503,7 @@ func (s *Service) deliver(ctx context.Context, msg mailbox.Message, accepted []s
 	if len(accepted) == 0 {
 		return Result{}, &RefusedError{Refusals: refusals, MessageID: msg.ID}
 	}
-	return Result{DialogueID: msg.DialogueID, MessageID: msg.ID, Time: msg.Time, Recipients: accepted, Refusals: refusals}, nil
+	return Result{DialogueID: msg.DialogueID, MessageID: msg.ID, Category: msg.Category, Time: msg.Time, Recipients: accepted, Refusals: refusals}, nil
 }
 
 // protocolErrors puts a protocol_error in the sender's mailbox for each
