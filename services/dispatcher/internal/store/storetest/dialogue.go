@@ -17,11 +17,7 @@ func RunDialogues(t *testing.T, open func(t *testing.T) store.DialogueStore) {
 	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
 }
 
-const (
-	alice = "clients/a/agents/alice"
-	bob   = "clients/b/agents/bob"
-	carol = "clients/c/agents/carol"
-)
+// alice, bob and carol are the mailbox suite's agents.
 
 var errPlan = errors.New("plan refused")
 
