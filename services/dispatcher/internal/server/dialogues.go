@@ -32,17 +32,18 @@ const (
 // reservedTypes are message types only the network sends.
 var reservedTypes = map[string]bool{"protocol_error": true, "general_error": true}
 
-// networkReady fails when the agent network is not wired (no mailboxes).
-func (s *Server) networkReady() error {
-	if s.dialogues == nil {
-		return status.Error(codes.Unavailable, "the agent network is not available on this server: it has no mailboxes")
+// begin starts a dialogue call once its request is valid (v holds no
+// violation) and the agent network is wired; its context carries the call's
+// time limit, which the caller cancels.
+func (s *Server) begin(ctx context.Context, v grpcerr.Violations) (context.Context, context.CancelFunc, error) {
+	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
+		return nil, nil, err
 	}
-	return nil
-}
-
-// withMessageTimeout bounds one dialogue call.
-func (s *Server) withMessageTimeout(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, s.opts.MessageTimeout)
+	if s.dialogues == nil {
+		return nil, nil, status.Error(codes.Unavailable, "the agent network is not available on this server: it has no mailboxes")
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.opts.MessageTimeout)
+	return ctx, cancel, nil
 }
 
 // SendMessage implements DispatcherService.
@@ -72,13 +73,10 @@ func (s *Server) BroadcastMessage(ctx context.Context, req *dispatcherv1.Broadca
 }
 
 func (s *Server) open(ctx context.Context, v grpcerr.Violations, sender string, cat mailbox.Category, list dialogue.List, m dialogue.Message) (*dispatcherv1.SendMessageResponse, error) {
-	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
+	ctx, cancel, err := s.begin(ctx, v)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.networkReady(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := s.withMessageTimeout(ctx)
 	defer cancel()
 	res, err := s.dialogues.Open(ctx, sender, cat, list, m)
 	if err != nil {
@@ -95,13 +93,10 @@ func (s *Server) ReplyMessage(ctx context.Context, req *dispatcherv1.ReplyMessag
 		v.Add("in_reply_to", "must be a message id (letters, digits, - and _, at most 64)")
 	}
 	m := s.checkMessage(&v, req.GetMessageType(), req.GetRecipientType(), req.GetBodyJson(), true)
-	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
+	ctx, cancel, err := s.begin(ctx, v)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.networkReady(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := s.withMessageTimeout(ctx)
 	defer cancel()
 	res, err := s.dialogues.Reply(ctx, req.GetSender(), req.GetInReplyTo(), req.GetAll(), m)
 	if err != nil {
@@ -150,13 +145,10 @@ func (s *Server) CloseDialogueAgent(ctx context.Context, req *dispatcherv1.Close
 }
 
 func (s *Server) closeOp(ctx context.Context, v grpcerr.Violations, agent string, op func(context.Context) (dialogue.View, error)) (*dispatcherv1.Dialogue, error) {
-	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
+	ctx, cancel, err := s.begin(ctx, v)
+	if err != nil {
 		return nil, err
 	}
-	if err := s.networkReady(); err != nil {
-		return nil, err
-	}
-	ctx, cancel := s.withMessageTimeout(ctx)
 	defer cancel()
 	view, err := op(ctx)
 	if err != nil {
@@ -167,13 +159,14 @@ func (s *Server) closeOp(ctx context.Context, v grpcerr.Violations, agent string
 
 // CloseAllDialogues implements DispatcherService.
 func (s *Server) CloseAllDialogues(ctx context.Context, req *dispatcherv1.CloseAllDialoguesRequest) (*dispatcherv1.CloseAllDialoguesResponse, error) {
+	var v grpcerr.Violations
 	if !directory.ValidAgentName(req.GetAgent()) {
-		return nil, invalid("agent", "must be clients/{client}/agents/{agent}")
+		v.Add("agent", "must be clients/{client}/agents/{agent}")
 	}
-	if err := s.networkReady(); err != nil {
+	ctx, cancel, err := s.begin(ctx, v)
+	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := s.withMessageTimeout(ctx)
 	defer cancel()
 	n, err := s.dialogues.CloseAll(ctx, req.GetAgent())
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,7 +16,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -74,19 +72,7 @@ func startNetwork(t *testing.T) *netEnv {
 		reg.addAgent(&registryv1.Agent{Name: a})
 	}
 	reg.follow(netBob, netAlice)
-	regLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	regSrv := grpc.NewServer()
-	registryv1.RegisterRegistryServiceServer(regSrv, reg)
-	go func() { _ = regSrv.Serve(regLis) }()
-	t.Cleanup(regSrv.Stop)
-	regConn, err := grpc.NewClient(regLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { regConn.Close() })
+	regConn := serveGRPC(t, func(s *grpc.Server) { registryv1.RegisterRegistryServiceServer(s, reg) })
 
 	st, err := boltstore.Open(t.TempDir(), time.Second)
 	if err != nil {
@@ -98,19 +84,7 @@ func startNetwork(t *testing.T) *netEnv {
 		Dialogues: st, Mailboxes: mb, MessageMaxBodyBytes: 100,
 	})
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	dispatcherv1.RegisterDispatcherServiceServer(gs, srv)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	gw := runtime.NewServeMux()
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(t.Context(), gw, srv); err != nil {
 		t.Fatal(err)
