@@ -241,6 +241,14 @@ var matrixRPCs = map[string]rpcRow{
 	disp + "Connect":         {targets: noT, ok: codes.InvalidArgument},
 	disp + "ExecuteStep":     {targets: noT, ok: codes.InvalidArgument},
 	disp + "TestRoutine":     {targets: noT, ok: codes.InvalidArgument},
+	// Dialogues (issue 13): the acting agent is the sender.
+	disp + "SendMessage":           {targets: agentT, ok: codes.InvalidArgument},
+	disp + "ReplyMessage":          {targets: agentT, ok: codes.InvalidArgument},
+	disp + "BroadcastMessage":      {targets: agentT, ok: codes.InvalidArgument},
+	disp + "CloseDialogue":         {targets: []string{"{agent}/dialogues/none"}, ok: codes.NotFound},
+	disp + "CloseDialogueMessages": {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
+	disp + "CloseDialogueAgent":    {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
+	disp + "CloseAllDialogues":     {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},
