@@ -378,6 +378,10 @@ func startMatrixSuite(t *testing.T) (*suite, matrixFixture) {
 		}
 		fx.creds[c] = a.GetInitialKey().GetSecret()
 	}
+	// The own agent serves its Agent Protocol routes to its keys only.
+	if _, err := reg.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: ownAgentName, AgentProtocolAccess: registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_TOKEN}}); err != nil {
+		t.Fatal(err)
+	}
 	k, err := reg.CreateKey(ctx, &registryv1.CreateKeyRequest{Parent: ownAgentName})
 	if err != nil {
 		t.Fatal(err)
@@ -522,6 +526,42 @@ func TestPermissionMatrix(t *testing.T) {
 			cases++
 			if got.status != wantStatus || got.reason != want.reason {
 				t.Errorf("route %s (%s %s) as %s = %d %s, want %d %s", route, verb, row.path, c, got.status, got.reason, wantStatus, want.reason)
+			}
+		}
+	}
+	// The Agent Protocol routes of an agent with token access (the own
+	// agent): the table lets anyone through, then the routes admit only the
+	// agent's key, its client's key and the operator. Their refusals are
+	// the spec's {"message"} shape, without a reason.
+	token := auth.Rule{Allow: auth.AnyKey, Resource: "agent"}
+	for _, route := range routes {
+		row, ok := matrixRoutes[route]
+		if !ok || !strings.HasPrefix(route, "POST /agents/") && !strings.HasPrefix(route, "GET /agents/") {
+			continue
+		}
+		verb, _, _ := strings.Cut(route, " ")
+		path := strings.Replace(row.path, "/agents/acme/ghost/", "/agents/acme/bot/", 1)
+		for c := range numCallers {
+			want := expectedOutcome(token, c, ownAgentName, true, codes.OK)
+			wantStatus := runtime.HTTPStatusFromCode(want.code)
+			if want.reason == "" {
+				wantStatus = row.ok
+			}
+			if c != wrongKey && c != revokedKey {
+				want.reason = "" // refused by the route, not the table
+			}
+			var body io.Reader
+			if row.body != "" {
+				body = strings.NewReader(row.body)
+			}
+			hreq, err := http.NewRequest(verb, fx.httpURL+path, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := callREST(t.Context(), hreq, fx.creds[c])
+			cases++
+			if got.status != wantStatus || got.reason != want.reason {
+				t.Errorf("route %s (%s %s, token access) as %s = %d %s, want %d %s", route, verb, path, c, got.status, got.reason, wantStatus, want.reason)
 			}
 		}
 	}
