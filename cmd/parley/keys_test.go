@@ -100,6 +100,13 @@ func TestKeyCommands(t *testing.T) {
 // its gRPC address.
 func runSuite(t testing.TB, cfg suiteConfig) string {
 	t.Helper()
+	grpcAddr, _ := runSuiteHTTP(t, cfg)
+	return grpcAddr
+}
+
+// runSuiteHTTP is runSuite that also returns the HTTP address.
+func runSuiteHTTP(t testing.TB, cfg suiteConfig) (grpcAddr, httpAddr string) {
+	t.Helper()
 	s, err := newSuite(t.Context(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +129,7 @@ func runSuite(t testing.TB, cfg suiteConfig) string {
 		}
 		s.Close()
 	})
-	return gl.Addr().String()
+	return gl.Addr().String(), hl.Addr().String()
 }
 
 // TestRevokedKeyEndsOpenSDKStream: in `parley serve`, revoking an agent's

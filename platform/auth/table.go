@@ -78,6 +78,12 @@ func ParleyPolicy() Policy {
 		disp + "Connect":         {Allow: Agent | Operator},
 		disp + "ExecuteStep":     {Allow: Operator}, // the tasks service calls it
 		disp + "TestRoutine":     {Allow: AnyKey},
+		// Dispatcher: mailboxes. An agent key receives and acknowledges
+		// its own agent's mailbox only; client keys do not (one stream per
+		// agent, opened by the agent).
+		disp + "ReceiveMessages":                                  {Allow: Agent | Operator, Resource: "agent"},
+		disp + "AcknowledgeMessages":                              {Allow: Agent | Operator, Resource: "agent"},
+		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {Allow: Agent | Operator, Resource: "clients/{client}/agents/{agent}"},
 
 		// Negotiator: each call spends the named agent's LLM budget.
 		neg + "GetCostSummary":            {Allow: own, Resource: "agent"},

@@ -114,6 +114,10 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		SendAllowPrivate: a.cfg.SendAllowPrivate,
 		SendMaxListed:    a.cfg.SendMaxListed,
 		SendMaxJudge:     a.cfg.SendMaxJudgeCalls,
+		Mailboxes:        a.mailboxes,
+		MailboxOptions: server.MailboxOptions{
+			Batch: a.cfg.MailboxStreamBatch, Keepalive: a.cfg.MailboxStreamKeepalive, MaxDuration: a.cfg.MailboxStreamMaxDuration,
+		},
 	}, nil
 }
 
@@ -139,6 +143,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	for pattern, h := range server.AgoraRoutes(srv, a.httpOptions()) {
 		s.Handle(pattern, h)
 	}
+	for pattern, h := range srv.MailboxRoutes() {
+		s.Handle(pattern, serve.Stream(h))
+	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
@@ -146,6 +153,10 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	go a.sweep(ctx, srv)
 	return nil
 }
+
+// Mailboxes returns the agents' mailboxes, which the network's senders
+// append to; tests append through it too.
+func (a *App) Mailboxes() mailbox.Appender { return a.mailboxes }
 
 func (a *App) httpOptions() server.HTTPOptions {
 	return server.HTTPOptions{MaxBodyBytes: a.cfg.AgoraMaxBodyBytes, PeerHeader: a.cfg.AgoraPeerHeader}

@@ -16,6 +16,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -59,6 +60,11 @@ var statusRules = []statusRule{
 	{directory.ErrUnavailable, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
 	{directory.ErrRefused, codes.FailedPrecondition, "REFERENCE_INVALID"},
 	{store.ErrLimit, codes.ResourceExhausted, "LIMIT_REACHED"},
+	{mailbox.ErrReplaced, codes.Aborted, "STREAM_REPLACED"},
+	{mailbox.ErrStopping, codes.Unavailable, "SHUTTING_DOWN"},
+	{mailbox.ErrCursorAhead, codes.FailedPrecondition, "CURSOR_AHEAD"},
+	{mailbox.ErrFull, codes.ResourceExhausted, "MAILBOX_FULL"},
+	{mailbox.ErrInvalid, codes.InvalidArgument, "INVALID_ARGUMENT"},
 }
 
 // toStatus maps an error of the core to a gRPC status, deriving the code

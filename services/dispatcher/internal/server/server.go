@@ -35,6 +35,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
 	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
@@ -141,6 +142,13 @@ type Options struct {
 	SendMaxJudge int
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+
+	// Mailboxes are the agents' durable mailboxes that ReceiveMessages,
+	// AcknowledgeMessages and the SSE route read; those answer
+	// UNIMPLEMENTED when nil.
+	Mailboxes *mailbox.Mailboxes
+	// MailboxOptions tune the receive streams.
+	MailboxOptions MailboxOptions
 }
 
 // Server implements the dispatcher's gRPC API over the core.
