@@ -65,6 +65,30 @@ func ParleyPolicy() Policy {
 		reg + "LeaveClientGroup":        {Allow: Agent | Operator, Resource: "name"},
 		reg + "ListClientGroupMembers":  {Allow: AnyKey},
 		reg + "CheckDialoguePermission": {Allow: Operator}, // the dispatcher calls it
+		// Registry: groups (issue 13). The acting agent is `name`: an agent
+		// key acts as itself only; admin and membership rules are the
+		// handlers'. Lists are the agent's or its client's. GetGroup and
+		// SearchGroups take any key; the handlers hide restricted_private
+		// groups. The distribution-list resolver and the notification
+		// outbox are the dispatcher's.
+		reg + "CreateGroup":            {Allow: Agent | Operator, Resource: "name"},
+		reg + "UpdateGroup":            {Allow: Agent | Operator, Resource: "name"},
+		reg + "GetGroup":               {Allow: AnyKey},
+		reg + "SearchGroups":           {Allow: AnyKey},
+		reg + "JoinGroup":              {Allow: Agent | Operator, Resource: "name"},
+		reg + "LeaveGroup":             {Allow: Agent | Operator, Resource: "name"},
+		reg + "SetGroupRegions":        {Allow: Agent | Operator, Resource: "name"},
+		reg + "InviteToGroup":          {Allow: Agent | Operator, Resource: "name"},
+		reg + "AnswerGroupJoinRequest": {Allow: Agent | Operator, Resource: "name"},
+		reg + "AnswerGroupInvite":      {Allow: Agent | Operator, Resource: "name"},
+		reg + "RemoveGroupMember":      {Allow: Agent | Operator, Resource: "name"},
+		reg + "SetGroupMemberType":     {Allow: Agent | Operator, Resource: "name"},
+		reg + "ListGroupMembers":       {Allow: Agent | Operator, Resource: "name"},
+		reg + "ListAgentGroups":        {Allow: own, Resource: "parent"},
+		reg + "ListGroupJoinRequests":  {Allow: Agent | Operator, Resource: "parent"},
+		reg + "ListGroupInvites":       {Allow: own, Resource: "parent"},
+		reg + "ResolveRecipients":      {Allow: Operator},
+		reg + "ListNotifications":      {Allow: Operator},
 		// Registry: identity. Every credential may ask whom it identifies.
 		reg + "GetCaller": {Allow: AnyKey},
 
