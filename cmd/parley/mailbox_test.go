@@ -26,7 +26,7 @@ func TestMailbox_anAgentKeyReachesOnlyItsOwnMailbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	addr, httpAddr := runSuiteHTTP(t, cfg)
+	_, addr, base := startSuite(t, cfg)
 	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
 	if err != nil {
 		t.Fatal(err)
@@ -66,7 +66,7 @@ func TestMailbox_anAgentKeyReachesOnlyItsOwnMailbox(t *testing.T) {
 		return err
 	}
 	sse := func(token, agent string) int {
-		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+httpAddr+"/v1/"+agent+"/messages:stream", nil)
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, base+"/v1/"+agent+"/messages:stream", nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,7 +4,9 @@ package auth
 // and every hand-written route, with who may call it and the resource the
 // caller must own. cmd/parley's policy test walks every registered
 // service descriptor and route and fails on one missing here, so a new RPC
-// cannot ship open by accident.
+// cannot ship open by accident. Its TestPermissionMatrix calls every RPC
+// and route as each kind of caller and needs a row (the request's target
+// and the handler's code) for a new one in matrixRPCs.
 //
 // The principles (issue 12): an agent key acts as that agent only; a
 // client key manages the client's agents, keys, routines and tools and
