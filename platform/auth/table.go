@@ -106,6 +106,16 @@ func ParleyPolicy() Policy {
 		disp + "Connect":         {Allow: Agent | Operator},
 		disp + "ExecuteStep":     {Allow: Operator}, // the tasks service calls it
 		disp + "TestRoutine":     {Allow: AnyKey},
+		// Dispatcher: the agent network's dialogues. The acting agent is
+		// the caller: an agent key sends, replies and closes as itself
+		// only; a client key cannot act as its agents here.
+		disp + "SendMessage":           {Allow: Agent | Operator, Resource: "sender"},
+		disp + "ReplyMessage":          {Allow: Agent | Operator, Resource: "sender"},
+		disp + "BroadcastMessage":      {Allow: Agent | Operator, Resource: "sender"},
+		disp + "CloseDialogue":         {Allow: Agent | Operator, Resource: "name"},
+		disp + "CloseDialogueMessages": {Allow: Agent | Operator, Resource: "name"},
+		disp + "CloseDialogueAgent":    {Allow: Agent | Operator, Resource: "name"},
+		disp + "CloseAllDialogues":     {Allow: Agent | Operator, Resource: "agent"},
 		// Dispatcher: mailboxes. An agent key receives and acknowledges
 		// its own agent's mailbox only; client keys do not (one stream per
 		// agent, opened by the agent).

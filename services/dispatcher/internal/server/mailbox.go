@@ -53,13 +53,6 @@ func (o MailboxOptions) withDefaults() MailboxOptions {
 	return o
 }
 
-var categories = map[mailbox.Category]dispatcherv1.MessageCategory{
-	mailbox.CategoryMessage:       dispatcherv1.MessageCategory_MESSAGE_CATEGORY_MESSAGE,
-	mailbox.CategorySubscription:  dispatcherv1.MessageCategory_MESSAGE_CATEGORY_SUBSCRIPTION,
-	mailbox.CategoryService:       dispatcherv1.MessageCategory_MESSAGE_CATEGORY_SERVICE,
-	mailbox.CategoryNotifications: dispatcherv1.MessageCategory_MESSAGE_CATEGORY_NOTIFICATIONS,
-}
-
 // NetworkMessage is d as its recipient receives it.
 func NetworkMessage(d mailbox.Delivery) *dispatcherv1.NetworkMessage {
 	m := d.Message
@@ -68,7 +61,7 @@ func NetworkMessage(d mailbox.Delivery) *dispatcherv1.NetworkMessage {
 		DialogueId:    m.DialogueID,
 		Sender:        m.Sender,
 		Recipient:     d.Agent,
-		Category:      categories[m.Category],
+		Category:      categories[string(m.Category)],
 		MessageType:   m.Type,
 		Protocol:      m.Protocol,
 		RecipientType: m.RecipientType,
@@ -80,7 +73,7 @@ func NetworkMessage(d mailbox.Delivery) *dispatcherv1.NetworkMessage {
 }
 
 func (s *Server) mailboxAgent(agent string) error {
-	if s.opts.Mailboxes == nil {
+	if s.opts.Delivery == nil {
 		return status.Error(codes.Unimplemented, "this dispatcher has no mailboxes")
 	}
 	if !directory.ValidAgentName(agent) {
@@ -95,7 +88,7 @@ func (s *Server) receive(ctx context.Context, agent string, opts mailbox.Receive
 	ctx, cancel := context.WithTimeout(ctx, mo.MaxDuration)
 	defer cancel()
 	opts.Batch, opts.Keepalive, opts.Stop = mo.Batch, mo.Keepalive, s.opts.Stopping
-	return s.opts.Mailboxes.Receive(ctx, agent, opts, send)
+	return s.opts.Delivery.Receive(ctx, agent, opts, send)
 }
 
 // ReceiveMessages implements dispatcherv1.DispatcherServiceServer.
@@ -125,9 +118,9 @@ func (s *Server) AcknowledgeMessages(ctx context.Context, req *dispatcherv1.Ackn
 		err error
 	)
 	if req.GetClearBacklog() {
-		st, err = s.opts.Mailboxes.ClearBacklog(ctx, req.GetAgent())
+		st, err = s.opts.Delivery.ClearBacklog(ctx, req.GetAgent())
 	} else {
-		st, err = s.opts.Mailboxes.Acknowledge(ctx, req.GetAgent(), req.GetCursor())
+		st, err = s.opts.Delivery.Acknowledge(ctx, req.GetAgent(), req.GetCursor())
 	}
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
@@ -175,7 +168,7 @@ func sseEvent(d mailbox.Delivery) ([]byte, error) {
 	}
 	data, err := json.Marshal(sseMessage{
 		MessageID: m.ID, DialogueID: m.DialogueID, Sender: m.Sender, Recipient: d.Agent,
-		Category: categories[m.Category].String(), MessageType: m.Type, Protocol: m.Protocol,
+		Category: categories[string(m.Category)].String(), MessageType: m.Type, Protocol: m.Protocol,
 		RecipientType: m.RecipientType, Body: body, InReplyTo: m.InReplyTo,
 		CreateTime: m.Time.UTC().Format(time.RFC3339Nano), Cursor: strconv.FormatUint(d.Cursor, 10),
 	})
@@ -214,7 +207,7 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request) {
 			fail(invalid("Last-Event-ID", "must be a cursor this stream sent as an event id"))
 			return
 		}
-		if _, err := s.opts.Mailboxes.Acknowledge(r.Context(), agent, n); err != nil {
+		if _, err := s.opts.Delivery.Acknowledge(r.Context(), agent, n); err != nil {
 			fail(s.toStatus(r.Context(), err))
 			return
 		}
