@@ -249,6 +249,9 @@ var matrixRPCs = map[string]rpcRow{
 	disp + "CloseDialogueMessages": {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseDialogueAgent":    {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseAllDialogues":     {targets: agentT, ok: codes.OK},
+	// Mailboxes (issue 13).
+	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
+	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},
@@ -290,25 +293,27 @@ var matrixRPCs = map[string]rpcRow{
 // routeRow is a hand-written route's row: a concrete request and the HTTP
 // status its handler answers callers the policy lets through.
 type routeRow struct {
-	path string // with the pattern's variables filled
-	body string
-	ok   int
+	path   string // with the pattern's variables filled
+	body   string
+	ok     int
+	target string // the resource the path names, when the rule has one
 }
 
 // matrixRoutes has a row per hand-written route. The Agent Protocol
 // routes name an agent that does not exist, or a task that does not.
 var matrixRoutes = func() map[string]routeRow {
 	m := map[string]routeRow{
-		"GET /healthz":                                      {path: "/healthz", ok: http.StatusOK},
-		"GET /readyz":                                       {path: "/readyz", ok: http.StatusOK},
-		"GET /metrics":                                      {path: "/metrics", ok: http.StatusOK},
-		"GET /protocols/{hash}":                             {path: "/protocols/none", ok: http.StatusBadRequest},
-		"GET /agora/{client}/{agent}/.wellknown":            {path: "/agora/acme/ghost/.wellknown", ok: http.StatusNotFound},
-		"GET /agora/{client}/{agent}/wellknown":             {path: "/agora/acme/ghost/wellknown", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}":                      {path: "/agora/acme/ghost", body: "{}", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}/{$}":                  {path: "/agora/acme/ghost/", body: "{}", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}/conversations/{id}":   {path: "/agora/acme/ghost/conversations/none", body: "{}", ok: http.StatusNotFound},
-		"DELETE /agora/{client}/{agent}/conversations/{id}": {path: "/agora/acme/ghost/conversations/none", ok: http.StatusNotFound},
+		"GET /healthz":                                            {path: "/healthz", ok: http.StatusOK},
+		"GET /readyz":                                             {path: "/readyz", ok: http.StatusOK},
+		"GET /metrics":                                            {path: "/metrics", ok: http.StatusOK},
+		"GET /protocols/{hash}":                                   {path: "/protocols/none", ok: http.StatusBadRequest},
+		"GET /agora/{client}/{agent}/.wellknown":                  {path: "/agora/acme/ghost/.wellknown", ok: http.StatusNotFound},
+		"GET /agora/{client}/{agent}/wellknown":                   {path: "/agora/acme/ghost/wellknown", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}":                            {path: "/agora/acme/ghost", body: "{}", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}/{$}":                        {path: "/agora/acme/ghost/", body: "{}", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}/conversations/{id}":         {path: "/agora/acme/ghost/conversations/none", body: "{}", ok: http.StatusNotFound},
+		"DELETE /agora/{client}/{agent}/conversations/{id}":       {path: "/agora/acme/ghost/conversations/none", ok: http.StatusNotFound},
+		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {path: "/v1/" + ownAgentName + "/messages:stream", ok: http.StatusOK, target: ownAgentName},
 	}
 	for _, prefix := range []string{"", "/agents/{client}/{agent}"} {
 		path := strings.NewReplacer("{client}", "acme", "{agent}", "ghost").Replace(prefix)
@@ -503,7 +508,7 @@ func TestPermissionMatrix(t *testing.T) {
 		rule, hasRule := policy[route]
 		verb, _, _ := strings.Cut(route, " ")
 		for c := range numCallers {
-			want := expectedOutcome(rule, c, "", true, codes.OK)
+			want := expectedOutcome(rule, c, row.target, true, codes.OK)
 			if !hasRule {
 				want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 			}
