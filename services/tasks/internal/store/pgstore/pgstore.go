@@ -11,7 +11,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -38,11 +37,7 @@ var _ store.Store = (*Store)(nil)
 // Open connects to the database at url and migrates schema (Schema, or a
 // test's own).
 func Open(ctx context.Context, url, schema string) (*Store, error) {
-	migs, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migs})
+	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migrationFiles})
 	if err != nil {
 		return nil, err
 	}
@@ -50,18 +45,10 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 }
 
 // Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.Ping(ctx)
-}
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
 // Close closes the connections.
-func (s *Store) Close() error {
-	s.db.Close()
-	return nil
-}
+func (s *Store) Close() error { return s.db.Close() }
 
 func stepName(ref store.StepRef) string { return "tasks/" + ref.TaskID + "/steps/" + ref.StepID }
 
