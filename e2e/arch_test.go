@@ -144,3 +144,24 @@ func TestArch_noRuntimeCallCycle(t *testing.T) {
 		t.Errorf("the dispatcher no longer calls the negotiator (calls: %v): the test reads the wrong graph", calls)
 	}
 }
+
+// TestArch_binariesCarryNoTestSupport: the product's binaries link none of
+// the negotiator's test support (the in-process negotiator, the scripted
+// LLM fixture, the routine runtime stand-in) nor the benchmark harness.
+func TestArch_binariesCarryNoTestSupport(t *testing.T) {
+	binaries := []string{modulePrefix + "cmd/parley"}
+	for _, svc := range []string{"registry", "negotiator", "dispatcher", "tasks"} {
+		binaries = append(binaries, modulePrefix+"services/"+svc+"/cmd/"+svc)
+	}
+	graph := goListProdDeps(t, binaries...)
+	for _, b := range binaries {
+		if _, ok := graph[b]; !ok {
+			t.Errorf("binary %s is missing", b)
+		}
+	}
+	for pkg := range graph {
+		if strings.HasPrefix(pkg, modulePrefix+"services/negotiator/negotiatortest") || strings.HasPrefix(pkg, modulePrefix+"bench/") {
+			t.Errorf("a binary links %s, which is test support", pkg)
+		}
+	}
+}
