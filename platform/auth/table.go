@@ -65,6 +65,8 @@ func ParleyPolicy() Policy {
 		reg + "LeaveClientGroup":        {Allow: Agent | Operator, Resource: "name"},
 		reg + "ListClientGroupMembers":  {Allow: AnyKey},
 		reg + "CheckDialoguePermission": {Allow: Operator}, // the dispatcher calls it
+		// Registry: identity. Every credential may ask whom it identifies.
+		reg + "GetCaller": {Allow: AnyKey},
 
 		// Dispatcher.
 		disp + "GetRoutine":      {Allow: own, Resource: "name"},

@@ -17,6 +17,7 @@ import (
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/server"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -39,7 +40,9 @@ type App struct {
 	store  store.Store
 	peers  Peers
 	srv    *server.Server // set by Register
-	pool   *routine.Pool  // the routine workers, set by Register
+	// mailboxes are the agents' durable mailboxes (network delivery).
+	mailboxes *mailbox.Mailboxes
+	pool      *routine.Pool // the routine workers, set by Register
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -62,7 +65,11 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &App{cfg: cfg, logger: logger, store: st, peers: peers}, nil
+	mb := mailbox.New(st, mailbox.Options{
+		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
+		Retention: cfg.MailboxRetention,
+	})
+	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb}, nil
 }
 
 func (a *App) options(s *serve.Server) (server.Options, error) {
@@ -156,6 +163,11 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 				a.logger.WarnContext(ctx, "conversation sweep failed; retrying next tick", slog.Any("err", err))
 			} else if n > 0 {
 				a.logger.InfoContext(ctx, "swept expired conversations", slog.Int("count", n))
+			}
+			if n, err := a.mailboxes.Compact(ctx, 1000); err != nil {
+				a.logger.WarnContext(ctx, "mailbox compaction failed; retrying next tick", slog.Any("err", err))
+			} else if n > 0 {
+				a.logger.InfoContext(ctx, "compacted acknowledged messages", slog.Int("count", n))
 			}
 		}
 	}

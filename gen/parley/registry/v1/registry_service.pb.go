@@ -2453,7 +2453,7 @@ var File_parley_registry_v1_registry_service_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\n" +
-	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a\x1fparley/registry/v1/client.proto\x1a#parley/registry/v1/connection.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
+	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a\x1fparley/registry/v1/caller.proto\x1a\x1fparley/registry/v1/client.proto\x1a#parley/registry/v1/connection.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
 	"\x15CreateProtocolRequest\x12>\n" +
 	"\bprotocol\x18\x01 \x01(\v2\x1c.parley.registry.v1.ProtocolB\x04\xe2A\x01\x02R\bprotocol\".\n" +
 	"\x12GetProtocolRequest\x12\x18\n" +
@@ -2598,7 +2598,7 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\trecipient\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\trecipient\"t\n" +
 	"\x1fCheckDialoguePermissionResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x127\n" +
-	"\x05basis\x18\x02 \x01(\x0e2!.parley.registry.v1.DialogueBasisR\x05basis2\xa1\"\n" +
+	"\x05basis\x18\x02 \x01(\x0e2!.parley.registry.v1.DialogueBasisR\x05basis2\x84#\n" +
 	"\x0fRegistryService\x12z\n" +
 	"\x0eCreateProtocol\x12).parley.registry.v1.CreateProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1f\x82\xd3\xe4\x93\x02\x19:\bprotocol\"\r/v1/protocols\x12s\n" +
 	"\vGetProtocol\x12&.parley.registry.v1.GetProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/{name=protocols/*}\x12{\n" +
@@ -2631,7 +2631,9 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x0fJoinClientGroup\x12*.parley.registry.v1.JoinClientGroupRequest\x1a\x16.google.protobuf.Empty\"8\x82\xd3\xe4\x93\x022:\x01*\"-/v1/{name=clients/*/agents/*}:joinClientGroup\x12\x92\x01\n" +
 	"\x10LeaveClientGroup\x12+.parley.registry.v1.LeaveClientGroupRequest\x1a\x16.google.protobuf.Empty\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/{name=clients/*/agents/*}:leaveClientGroup\x12\xac\x01\n" +
 	"\x16ListClientGroupMembers\x121.parley.registry.v1.ListClientGroupMembersRequest\x1a2.parley.registry.v1.ListClientGroupMembersResponse\"+\x82\xd3\xe4\x93\x02%\x12#/v1/{parent=clients/*}/groupMembers\x12\x82\x01\n" +
-	"\x17CheckDialoguePermission\x122.parley.registry.v1.CheckDialoguePermissionRequest\x1a3.parley.registry.v1.CheckDialoguePermissionResponseB\xd6\x01\n" +
+	"\x17CheckDialoguePermission\x122.parley.registry.v1.CheckDialoguePermissionRequest\x1a3.parley.registry.v1.CheckDialoguePermissionResponse\x12a\n" +
+	"\tGetCaller\x12$.parley.registry.v1.GetCallerRequest\x1a\x1a.parley.registry.v1.Caller\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
+	"/v1/callerB\xd6\x01\n" +
 	"\x16com.parley.registry.v1B\x14RegistryServiceProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (
@@ -2698,8 +2700,10 @@ var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*Key)(nil),                              // 47: parley.registry.v1.Key
 	(PrincipalKind)(0),                       // 48: parley.registry.v1.PrincipalKind
 	(DialogueBasis)(0),                       // 49: parley.registry.v1.DialogueBasis
-	(*emptypb.Empty)(nil),                    // 50: google.protobuf.Empty
-	(*Follow)(nil),                           // 51: parley.registry.v1.Follow
+	(*GetCallerRequest)(nil),                 // 50: parley.registry.v1.GetCallerRequest
+	(*emptypb.Empty)(nil),                    // 51: google.protobuf.Empty
+	(*Follow)(nil),                           // 52: parley.registry.v1.Follow
+	(*Caller)(nil),                           // 53: parley.registry.v1.Caller
 }
 var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
 	43, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
@@ -2747,39 +2751,41 @@ var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
 	38, // 42: parley.registry.v1.RegistryService.LeaveClientGroup:input_type -> parley.registry.v1.LeaveClientGroupRequest
 	39, // 43: parley.registry.v1.RegistryService.ListClientGroupMembers:input_type -> parley.registry.v1.ListClientGroupMembersRequest
 	41, // 44: parley.registry.v1.RegistryService.CheckDialoguePermission:input_type -> parley.registry.v1.CheckDialoguePermissionRequest
-	43, // 45: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
-	43, // 46: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
-	3,  // 47: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
-	6,  // 48: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
-	43, // 49: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
-	8,  // 50: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
-	44, // 51: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
-	44, // 52: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
-	13, // 53: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
-	44, // 54: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
-	50, // 55: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
-	44, // 56: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
-	44, // 57: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
-	44, // 58: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	44, // 59: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	20, // 60: parley.registry.v1.RegistryService.CreateClient:output_type -> parley.registry.v1.CreateClientResponse
-	46, // 61: parley.registry.v1.RegistryService.GetClient:output_type -> parley.registry.v1.Client
-	23, // 62: parley.registry.v1.RegistryService.ListClients:output_type -> parley.registry.v1.ListClientsResponse
-	47, // 63: parley.registry.v1.RegistryService.CreateKey:output_type -> parley.registry.v1.Key
-	26, // 64: parley.registry.v1.RegistryService.ListKeys:output_type -> parley.registry.v1.ListKeysResponse
-	50, // 65: parley.registry.v1.RegistryService.DeleteKey:output_type -> google.protobuf.Empty
-	47, // 66: parley.registry.v1.RegistryService.RotateKey:output_type -> parley.registry.v1.Key
-	30, // 67: parley.registry.v1.RegistryService.IntrospectKey:output_type -> parley.registry.v1.IntrospectKeyResponse
-	51, // 68: parley.registry.v1.RegistryService.FollowAgent:output_type -> parley.registry.v1.Follow
-	50, // 69: parley.registry.v1.RegistryService.UnfollowAgent:output_type -> google.protobuf.Empty
-	34, // 70: parley.registry.v1.RegistryService.ListFollowers:output_type -> parley.registry.v1.ListFollowersResponse
-	36, // 71: parley.registry.v1.RegistryService.ListFollowing:output_type -> parley.registry.v1.ListFollowingResponse
-	50, // 72: parley.registry.v1.RegistryService.JoinClientGroup:output_type -> google.protobuf.Empty
-	50, // 73: parley.registry.v1.RegistryService.LeaveClientGroup:output_type -> google.protobuf.Empty
-	40, // 74: parley.registry.v1.RegistryService.ListClientGroupMembers:output_type -> parley.registry.v1.ListClientGroupMembersResponse
-	42, // 75: parley.registry.v1.RegistryService.CheckDialoguePermission:output_type -> parley.registry.v1.CheckDialoguePermissionResponse
-	45, // [45:76] is the sub-list for method output_type
-	14, // [14:45] is the sub-list for method input_type
+	50, // 45: parley.registry.v1.RegistryService.GetCaller:input_type -> parley.registry.v1.GetCallerRequest
+	43, // 46: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
+	43, // 47: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
+	3,  // 48: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
+	6,  // 49: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
+	43, // 50: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
+	8,  // 51: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
+	44, // 52: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
+	44, // 53: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
+	13, // 54: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
+	44, // 55: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
+	51, // 56: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
+	44, // 57: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 58: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 59: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 60: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	20, // 61: parley.registry.v1.RegistryService.CreateClient:output_type -> parley.registry.v1.CreateClientResponse
+	46, // 62: parley.registry.v1.RegistryService.GetClient:output_type -> parley.registry.v1.Client
+	23, // 63: parley.registry.v1.RegistryService.ListClients:output_type -> parley.registry.v1.ListClientsResponse
+	47, // 64: parley.registry.v1.RegistryService.CreateKey:output_type -> parley.registry.v1.Key
+	26, // 65: parley.registry.v1.RegistryService.ListKeys:output_type -> parley.registry.v1.ListKeysResponse
+	51, // 66: parley.registry.v1.RegistryService.DeleteKey:output_type -> google.protobuf.Empty
+	47, // 67: parley.registry.v1.RegistryService.RotateKey:output_type -> parley.registry.v1.Key
+	30, // 68: parley.registry.v1.RegistryService.IntrospectKey:output_type -> parley.registry.v1.IntrospectKeyResponse
+	52, // 69: parley.registry.v1.RegistryService.FollowAgent:output_type -> parley.registry.v1.Follow
+	51, // 70: parley.registry.v1.RegistryService.UnfollowAgent:output_type -> google.protobuf.Empty
+	34, // 71: parley.registry.v1.RegistryService.ListFollowers:output_type -> parley.registry.v1.ListFollowersResponse
+	36, // 72: parley.registry.v1.RegistryService.ListFollowing:output_type -> parley.registry.v1.ListFollowingResponse
+	51, // 73: parley.registry.v1.RegistryService.JoinClientGroup:output_type -> google.protobuf.Empty
+	51, // 74: parley.registry.v1.RegistryService.LeaveClientGroup:output_type -> google.protobuf.Empty
+	40, // 75: parley.registry.v1.RegistryService.ListClientGroupMembers:output_type -> parley.registry.v1.ListClientGroupMembersResponse
+	42, // 76: parley.registry.v1.RegistryService.CheckDialoguePermission:output_type -> parley.registry.v1.CheckDialoguePermissionResponse
+	53, // 77: parley.registry.v1.RegistryService.GetCaller:output_type -> parley.registry.v1.Caller
+	46, // [46:78] is the sub-list for method output_type
+	14, // [14:46] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -2791,6 +2797,7 @@ func file_parley_registry_v1_registry_service_proto_init() {
 		return
 	}
 	file_parley_registry_v1_agent_proto_init()
+	file_parley_registry_v1_caller_proto_init()
 	file_parley_registry_v1_client_proto_init()
 	file_parley_registry_v1_connection_proto_init()
 	file_parley_registry_v1_protocol_proto_init()

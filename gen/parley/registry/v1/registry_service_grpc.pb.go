@@ -51,6 +51,7 @@ const (
 	RegistryService_LeaveClientGroup_FullMethodName          = "/parley.registry.v1.RegistryService/LeaveClientGroup"
 	RegistryService_ListClientGroupMembers_FullMethodName    = "/parley.registry.v1.RegistryService/ListClientGroupMembers"
 	RegistryService_CheckDialoguePermission_FullMethodName   = "/parley.registry.v1.RegistryService/CheckDialoguePermission"
+	RegistryService_GetCaller_FullMethodName                 = "/parley.registry.v1.RegistryService/GetCaller"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -188,6 +189,12 @@ type RegistryServiceClient interface {
 	// client's group. The dispatcher calls it; it has no HTTP route. Errors:
 	// INVALID_ARGUMENT (malformed names).
 	CheckDialoguePermission(ctx context.Context, in *CheckDialoguePermissionRequest, opts ...grpc.CallOption) (*CheckDialoguePermissionResponse, error)
+	// GetCaller says who the call's own credential identifies: its kind, and
+	// its client and agent for keys. Tools use it to act as "me" without
+	// being told the agent's name. Errors: UNAUTHENTICATED (no or a bad
+	// credential), FAILED_PRECONDITION (the server runs without access
+	// control, so callers have no identity).
+	GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*Caller, error)
 }
 
 type registryServiceClient struct {
@@ -508,6 +515,16 @@ func (c *registryServiceClient) CheckDialoguePermission(ctx context.Context, in 
 	return out, nil
 }
 
+func (c *registryServiceClient) GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*Caller, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Caller)
+	err := c.cc.Invoke(ctx, RegistryService_GetCaller_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -643,6 +660,12 @@ type RegistryServiceServer interface {
 	// client's group. The dispatcher calls it; it has no HTTP route. Errors:
 	// INVALID_ARGUMENT (malformed names).
 	CheckDialoguePermission(context.Context, *CheckDialoguePermissionRequest) (*CheckDialoguePermissionResponse, error)
+	// GetCaller says who the call's own credential identifies: its kind, and
+	// its client and agent for keys. Tools use it to act as "me" without
+	// being told the agent's name. Errors: UNAUTHENTICATED (no or a bad
+	// credential), FAILED_PRECONDITION (the server runs without access
+	// control, so callers have no identity).
+	GetCaller(context.Context, *GetCallerRequest) (*Caller, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -745,6 +768,9 @@ func (UnimplementedRegistryServiceServer) ListClientGroupMembers(context.Context
 }
 func (UnimplementedRegistryServiceServer) CheckDialoguePermission(context.Context, *CheckDialoguePermissionRequest) (*CheckDialoguePermissionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckDialoguePermission not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetCaller(context.Context, *GetCallerRequest) (*Caller, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCaller not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -1325,6 +1351,24 @@ func _RegistryService_CheckDialoguePermission_Handler(srv interface{}, ctx conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_GetCaller_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCallerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetCaller(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetCaller_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetCaller(ctx, req.(*GetCallerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1455,6 +1499,10 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckDialoguePermission",
 			Handler:    _RegistryService_CheckDialoguePermission_Handler,
+		},
+		{
+			MethodName: "GetCaller",
+			Handler:    _RegistryService_GetCaller_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -42,7 +42,8 @@ var (
 	bucketSendCounts = []byte("send_counts")
 )
 
-var allBuckets = [][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts}
+var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts},
+	mailboxBuckets...)
 
 const schemaVersion = 1
 
