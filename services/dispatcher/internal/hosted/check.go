@@ -12,9 +12,9 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
-// ErrCheckFailed: a routine failed its check (it does not run, lacks a
-// function, fails on an example, or answers off its schema). The routine
-// is at fault, not the machine.
+// ErrCheckFailed is the error of a routine that failed its check (it does
+// not run, lacks a function, fails on an example, or answers off its
+// schema). The routine is at fault, not the machine.
 var ErrCheckFailed = errors.New("the routine failed its check")
 
 // Check is how to check a routine someone else wrote (the negotiator)
