@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
@@ -20,6 +21,7 @@ import (
 	"github.com/parleyhq/parley/services/negotiator/internal/server"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/negotiator/internal/store/pgstore"
 )
 
 // ServiceName is the negotiator's gRPC service name, also its health name.
@@ -34,10 +36,11 @@ type App struct {
 	server  *server.Server
 }
 
-// New opens the store (negotiator.db in the data directory) and builds the
-// server. It does not listen. The negotiator calls no other service: the
-// dispatcher calls it, relays negotiation messages, registers agreed PDs and
-// runs the checks of the routines it writes (issue 9: no call cycle).
+// New opens the store (negotiator.db in the data directory, or PostgreSQL
+// with cfg.DatabaseURL) and builds the server. It does not listen. The
+// negotiator calls no other service: the dispatcher calls it, relays
+// negotiation messages, registers agreed PDs and runs the checks of the
+// routines it writes (issue 9: no call cycle).
 func New(cfg config.Config, logger *slog.Logger) (*App, error) {
 	prices, err := ledger.ParsePrices(cfg.LLM.Prices, ledger.DefaultPrices())
 	if err != nil {
@@ -47,7 +50,7 @@ func New(cfg config.Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
+	st, err := openStore(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +71,17 @@ func New(cfg config.Config, logger *slog.Logger) (*App, error) {
 		Thresholds:  thresholds,
 	})
 	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv}, nil
+}
+
+// openStore opens PostgreSQL when cfg.DatabaseURL is set, else
+// negotiator.db in the data directory.
+func openStore(cfg config.Config) (store.Store, error) {
+	if cfg.DatabaseURL == "" {
+		return boltstore.Open(cfg.DataDir, 2*time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
+	defer cancel()
+	return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
 }
 
 // NewLLMClient builds the LLM client the configuration describes; an

@@ -20,6 +20,7 @@ import (
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
@@ -682,5 +683,25 @@ func TestDeriveProtocol_returnsRoutinesWithTheirChecks(t *testing.T) {
 		if err := json.Unmarshal(args, &call); err != nil || len(call) != 2 {
 			t.Errorf("reply args %s: want [query, memory]", args)
 		}
+	}
+}
+
+// TestPostgreSQL_replicasShareNegotiations runs the deterministic
+// negotiation between two negotiators on PostgreSQL (--database-url), then
+// reads a negotiation started on alice's through a second replica of hers
+// on the same database.
+func TestPostgreSQL_replicasShareNegotiations(t *testing.T) {
+	aliceDB, bobDB := pgdbtest.Database(t), pgdbtest.Database(t)
+	on := func(url string) func(*config.Config) { return func(c *config.Config) { c.DatabaseURL = url } }
+	a := startNegotiator(t, on(aliceDB))
+	testDeterministicNegotiation(t, a, startNegotiator(t, on(bobDB)))
+	replica := startNegotiator(t, on(aliceDB))
+	started, err := a.client.StartNegotiation(t.Context(), &negotiatorv1.StartNegotiationRequest{Agent: alice, Peer: bob, Task: weatherTask})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := replica.client.GetNegotiation(t.Context(), &negotiatorv1.GetNegotiationRequest{Name: started.GetName()})
+	if err != nil || got.GetAgent() != alice || len(got.GetTranscript()) != len(started.GetTranscript()) {
+		t.Errorf("GetNegotiation through the replica = %v, %v; want the negotiation started on the first", got, err)
 	}
 }
