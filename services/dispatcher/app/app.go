@@ -43,6 +43,8 @@ type App struct {
 	srv    *server.Server // set by Register
 	// mailboxes are the agents' durable mailboxes (network delivery).
 	mailboxes *mailbox.Mailboxes
+	// dialogues is the store's dialogue side (the same bbolt file).
+	dialogues store.DialogueStore
 	pool      *routine.Pool // the routine workers, set by Register
 }
 
@@ -70,7 +72,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
 	})
-	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb}, nil
+	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st}, nil
 }
 
 func (a *App) options(s *serve.Server) (server.Options, error) {
@@ -115,6 +117,11 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		SendAllowPrivate: a.cfg.SendAllowPrivate,
 		SendMaxListed:    a.cfg.SendMaxListed,
 		SendMaxJudge:     a.cfg.SendMaxJudgeCalls,
+		// The agent network's dialogues.
+		Dialogues:           a.dialogues,
+		Mailboxes:           a.mailboxes,
+		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
+		MessageTimeout:      a.cfg.MessageTimeout,
 	}, nil
 }
 
@@ -145,6 +152,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	go a.sweep(ctx, srv)
+	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{

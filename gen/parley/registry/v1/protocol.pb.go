@@ -466,7 +466,11 @@ type StateMachineMessage struct {
 	// The deadlines a message of this type sets on its pair.
 	Deadlines []*StateMachineDeadline `protobuf:"bytes,7,rep,name=deadlines,proto3" json:"deadlines,omitempty"`
 	// The outcome the pair has once a message of this type is accepted.
-	Outcome       StateMachineOutcome `protobuf:"varint,8,opt,name=outcome,proto3,enum=parley.registry.v1.StateMachineOutcome" json:"outcome,omitempty"`
+	Outcome StateMachineOutcome `protobuf:"varint,8,opt,name=outcome,proto3,enum=parley.registry.v1.StateMachineOutcome" json:"outcome,omitempty"`
+	// Whether accepting a message of this type forms an order between the
+	// pair (for example accept_offer); the dispatcher then records every
+	// later message of the pair in the order's audit trail.
+	OpensOrder    bool `protobuf:"varint,9,opt,name=opens_order,json=opensOrder,proto3" json:"opens_order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -555,6 +559,13 @@ func (x *StateMachineMessage) GetOutcome() StateMachineOutcome {
 		return x.Outcome
 	}
 	return StateMachineOutcome_STATE_MACHINE_OUTCOME_UNSPECIFIED
+}
+
+func (x *StateMachineMessage) GetOpensOrder() bool {
+	if x != nil {
+		return x.OpensOrder
+	}
+	return false
 }
 
 // StateMachineTransition says which message types may follow a message type.
@@ -663,7 +674,7 @@ const file_parley_registry_v1_protocol_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05field\x18\x02 \x01(\tR\x05field\x12\x16\n" +
 	"\x06guards\x18\x03 \x03(\tR\x06guards\x12+\n" +
-	"\x03max\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03max\"\xd8\x02\n" +
+	"\x03max\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03max\"\xf9\x02\n" +
 	"\x13StateMachineMessage\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n" +
 	"\vsender_role\x18\x02 \x01(\tR\n" +
@@ -674,7 +685,9 @@ const file_parley_registry_v1_protocol_proto_rawDesc = "" +
 	"\fsender_roles\x18\x05 \x03(\tR\vsenderRoles\x12\x18\n" +
 	"\aanswers\x18\x06 \x03(\tR\aanswers\x12F\n" +
 	"\tdeadlines\x18\a \x03(\v2(.parley.registry.v1.StateMachineDeadlineR\tdeadlines\x12A\n" +
-	"\aoutcome\x18\b \x01(\x0e2'.parley.registry.v1.StateMachineOutcomeR\aoutcome\"}\n" +
+	"\aoutcome\x18\b \x01(\x0e2'.parley.registry.v1.StateMachineOutcomeR\aoutcome\x12\x1f\n" +
+	"\vopens_order\x18\t \x01(\bR\n" +
+	"opensOrder\"}\n" +
 	"\x16StateMachineTransition\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x12\n" +
 	"\x04next\x18\x02 \x03(\tR\x04next\x125\n" +

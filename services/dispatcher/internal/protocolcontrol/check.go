@@ -52,6 +52,7 @@ type Pair struct {
 	Outcome         Outcome    `json:"outcome,omitempty"`
 	Ended           bool       `json:"ended,omitempty"`
 	Expired         string     `json:"expired,omitempty"` // the deadline whose expiry ended the pair
+	Order           bool       `json:"order,omitempty"`   // an opensOrder message was accepted
 	Deadlines       []Deadline `json:"deadlines,omitempty"`
 }
 
@@ -65,6 +66,9 @@ type Result struct {
 	Body []byte
 	// Role is the sender's role.
 	Role string
+	// OpensOrder is true when this message formed the pair's order (its
+	// type is opensOrder and the pair had none).
+	OpensOrder bool
 }
 
 // Inspect decodes a stored pair state; nil gives the zero Pair.
@@ -142,6 +146,8 @@ func (m *Machine) Check(state []byte, in Input) (Result, error) {
 	})
 	p.Deadlines = append(p.Deadlines, set...)
 	p.State = in.Type
+	opens := mt.opens && !p.Order
+	p.Order = p.Order || mt.opens
 	if mt.outcome != OutcomeNone {
 		p.Outcome = mt.outcome
 	}
@@ -153,7 +159,7 @@ func (m *Machine) Check(state []byte, in Input) (Result, error) {
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{State: out, Pair: p, Body: body, Role: role}, nil
+	return Result{State: out, Pair: p, Body: body, Role: role, OpensOrder: opens}, nil
 }
 
 // Expire fires deadline name of the pair at now. When the deadline is pending

@@ -27,7 +27,7 @@ func shopMachine(t *testing.T) *Machine {
 			}},
 			{Type: "offer", SenderRoles: []string{"supplier"}, SchemaJson: `{"type":"object","required":["price"],"properties":{"price":{"type":"number","minimum":0}}}`},
 			{Type: "decline", SenderRoles: []string{"supplier"}, Outcome: registryv1.StateMachineOutcome_STATE_MACHINE_OUTCOME_FAILURE},
-			{Type: "accept", SenderRoles: []string{"consumer"}, Answers: []string{"offer"}},
+			{Type: "accept", SenderRoles: []string{"consumer"}, Answers: []string{"offer"}, OpensOrder: true},
 			{Type: "chat", SenderRoles: []string{"consumer", "supplier"}, Answers: []string{"accept", "offer", "chat"}},
 			{Type: "done", SenderRole: "supplier", Outcome: registryv1.StateMachineOutcome_STATE_MACHINE_OUTCOME_SUCCESS},
 			{Type: "confirm_fail", SenderRoles: []string{"consumer"}, Outcome: registryv1.StateMachineOutcome_STATE_MACHINE_OUTCOME_FAILURE},
@@ -124,6 +124,25 @@ func TestCheck_confirmFailOverridesSuccess(t *testing.T) {
 	p, _ := Inspect(state)
 	if p.Outcome != OutcomeFailure || !p.Ended {
 		t.Errorf("pair = %+v, want ended in failure", p)
+	}
+}
+
+func TestCheck_opensOrderOnce(t *testing.T) {
+	m := shopMachine(t)
+	state := run(t, m, step{Initiator, "request", "", "", 0}, step{Counterpart, "offer", "request", `{"price":1}`, 0})
+	res, err := m.Check(state, Input{Sender: Initiator, Type: "accept", AnswersType: "offer", Body: []byte("{}"), Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.OpensOrder || !res.Pair.Order {
+		t.Errorf("Check(accept) = OpensOrder %v, Pair.Order %v; want both true", res.OpensOrder, res.Pair.Order)
+	}
+	res, err = m.Check(res.State, Input{Sender: Counterpart, Type: "chat", AnswersType: "accept", Body: []byte("{}"), Now: t0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.OpensOrder || !res.Pair.Order {
+		t.Errorf("Check(chat) = OpensOrder %v, Pair.Order %v; want false, true", res.OpensOrder, res.Pair.Order)
 	}
 }
 

@@ -56,7 +56,9 @@
 //
 // Accepting a message makes its type the pair's state, meets the deadlines
 // that guard it, sets the deadlines it declares (replacing pending ones of
-// the same name), and records its outcome. A pair whose state has no
+// the same name), records its outcome, and marks the pair as holding an
+// order when the type is opensOrder (Result.OpensOrder tells the caller to
+// form the order record). A pair whose state has no
 // transitions has ended: every later message is refused, and its pending
 // deadlines are dropped. A deadline that expires before it is met ends its
 // pair with a failure.

@@ -46,6 +46,7 @@ type messageType struct {
 	explicit  bool     // answers came from the PD
 	deadlines []deadlineSpec
 	outcome   Outcome
+	opens     bool // accepting it forms an order
 }
 
 type deadlineSpec struct {
@@ -79,7 +80,7 @@ func Compile(sm *registryv1.StateMachine) (*Machine, error) {
 			bad("message type %q is empty or declared twice", pm.GetType())
 			continue
 		}
-		mt := &messageType{name: pm.GetType(), senders: pm.GetSenderRoles(), receiver: pm.GetReceiverRole()}
+		mt := &messageType{name: pm.GetType(), senders: pm.GetSenderRoles(), receiver: pm.GetReceiverRole(), opens: pm.GetOpensOrder()}
 		if len(mt.senders) == 0 && pm.GetSenderRole() != "" {
 			mt.senders = []string{pm.GetSenderRole()}
 		}

@@ -149,6 +149,7 @@ stateMachine:
         - {name: offer_timeout, guards: [offer, reject_task], max: 1h}
     - type: offer
       sender: supplier
+      opensOrder: true
     - type: reject_task
       sender: supplier
       outcome: failure
@@ -181,7 +182,7 @@ func TestParse_serviceStateMachine(t *testing.T) {
 		TypeField: "type",
 		Messages: []MessageType{
 			{Type: "new_task_request", Senders: []string{"consumer"}, Deadlines: []Deadline{{Name: "offer_timeout", Field: "offer_timeout", Guards: []string{"offer", "reject_task"}, Max: time.Hour}}},
-			{Type: "offer", Senders: []string{"supplier"}},
+			{Type: "offer", Senders: []string{"supplier"}, OpensOrder: true},
 			{Type: "reject_task", Senders: []string{"supplier"}, Outcome: OutcomeFailure},
 			{Type: "note", Senders: []string{"consumer", "supplier"}, Answers: []string{"offer", "note"}},
 			{Type: "done", Senders: []string{"supplier"}, Outcome: OutcomeSuccess, Deadlines: []Deadline{{Name: "sign_off", Field: "sign_off_seconds", Guards: []string{"note"}}}},

@@ -23,6 +23,7 @@ import (
 //	      schema: {type: object} # optional JSON Schema for this type's bodies
 //	      answers: [proposal]    # optional; types it may answer (in_reply_to)
 //	      outcome: failure       # optional; success or failure
+//	      opensOrder: true       # optional; accepting it forms an order
 //	      deadlines:             # optional; set from a body field in seconds
 //	        - name: offer_timeout
 //	          field: offer_timeout # optional; defaults to name
@@ -56,6 +57,7 @@ type MessageType struct {
 	Answers    []string
 	Deadlines  []Deadline
 	Outcome    Outcome
+	OpensOrder bool
 }
 
 // Outcome is how a message type ends its pair, if it says.
@@ -98,6 +100,7 @@ type yamlStateMachine struct {
 		Schema    any       `yaml:"schema"`
 		Answers   []string  `yaml:"answers"`
 		Outcome   string    `yaml:"outcome"`
+		Opens     bool      `yaml:"opensOrder"`
 		Deadlines []struct {
 			Name   string   `yaml:"name"`
 			Field  string   `yaml:"field"`
@@ -163,7 +166,7 @@ func parseStateMachine(v *yaml.Node) (*StateMachine, error) {
 		types[m.Type] = true
 	}
 	for i, m := range y.Messages {
-		mt := MessageType{Type: m.Type, Receiver: m.Receiver, Answers: m.Answers}
+		mt := MessageType{Type: m.Type, Receiver: m.Receiver, Answers: m.Answers, OpensOrder: m.Opens}
 		switch m.Sender.Kind {
 		case yaml.SequenceNode:
 			if err := m.Sender.Decode(&mt.Senders); err != nil {

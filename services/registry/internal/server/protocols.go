@@ -126,7 +126,7 @@ func stateMachineProto(sm *pd.StateMachine) *registryv1.StateMachine {
 	for _, m := range sm.Messages {
 		pm := &registryv1.StateMachineMessage{
 			Type: m.Type, SenderRole: m.Senders[0], SenderRoles: m.Senders, ReceiverRole: m.Receiver,
-			SchemaJson: m.SchemaJSON, Answers: m.Answers, Outcome: outcomeProto[m.Outcome],
+			SchemaJson: m.SchemaJSON, Answers: m.Answers, Outcome: outcomeProto[m.Outcome], OpensOrder: m.OpensOrder,
 		}
 		for _, d := range m.Deadlines {
 			dl := &registryv1.StateMachineDeadline{Name: d.Name, Field: d.Field, Guards: d.Guards}

@@ -27,3 +27,14 @@ func TestConformance(t *testing.T) {
 func TestMailboxConformance(t *testing.T) {
 	storetest.RunMailboxes(t, func(t *testing.T) mailbox.Store { return open(t) })
 }
+
+func TestDialogueConformance(t *testing.T) {
+	storetest.RunDialogues(t, func(t *testing.T) store.DialogueStore {
+		s, err := boltstore.Open(t.TempDir(), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	})
+}
