@@ -209,7 +209,8 @@ var matrixRPCs = map[string]rpcRow{
 	reg + "ListClientGroupMembers":  {targets: noT, set: map[string]string{"parent": "{client}"}, ok: codes.OK, okFor: map[caller]codes.Code{otherClient: codes.PermissionDenied}},
 	reg + "CheckDialoguePermission": {targets: noT, ok: codes.InvalidArgument},
 	reg + "GetCaller":               {targets: noT, ok: codes.OK},
-	// Groups (issue 13): requests without a group path are invalid.
+
+	// Groups (issue 13): the acting agent is `name`.
 	reg + "CreateGroup":            {targets: agentT, ok: codes.InvalidArgument},
 	reg + "UpdateGroup":            {targets: agentT, ok: codes.InvalidArgument},
 	reg + "GetGroup":               {targets: noT, ok: codes.InvalidArgument},
@@ -226,8 +227,8 @@ var matrixRPCs = map[string]rpcRow{
 	reg + "ListAgentGroups":        {targets: agentT, ok: codes.OK},
 	reg + "ListGroupJoinRequests":  {targets: agentT, ok: codes.InvalidArgument},
 	reg + "ListGroupInvites":       {targets: agentT, ok: codes.OK},
+	reg + "ListNotifications":      {targets: agentT, ok: codes.OK},
 	reg + "ResolveRecipients":      {targets: noT, ok: codes.InvalidArgument},
-	reg + "ListNotifications":      {targets: noT, ok: codes.OK},
 
 	disp + "GetRoutine":      {targets: []string{"{agent}/routines/none"}, ok: codes.InvalidArgument},
 	disp + "ListRoutines":    {targets: agentT, ok: codes.OK},
@@ -240,6 +241,14 @@ var matrixRPCs = map[string]rpcRow{
 	disp + "Connect":         {targets: noT, ok: codes.InvalidArgument},
 	disp + "ExecuteStep":     {targets: noT, ok: codes.InvalidArgument},
 	disp + "TestRoutine":     {targets: noT, ok: codes.InvalidArgument},
+	// Dialogues (issue 13): the acting agent is the sender.
+	disp + "SendMessage":           {targets: agentT, ok: codes.InvalidArgument},
+	disp + "ReplyMessage":          {targets: agentT, ok: codes.InvalidArgument},
+	disp + "BroadcastMessage":      {targets: agentT, ok: codes.InvalidArgument},
+	disp + "CloseDialogue":         {targets: []string{"{agent}/dialogues/none"}, ok: codes.NotFound},
+	disp + "CloseDialogueMessages": {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
+	disp + "CloseDialogueAgent":    {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
+	disp + "CloseAllDialogues":     {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},

@@ -64,6 +64,9 @@ func ServeRoutineWorker() int { return routine.ServeWorker() }
 
 // New opens the store. It does not listen; Register builds the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
+	if cfg.DatabaseURL != "" {
+		return nil, errors.New("--database-url: the dispatcher has no PostgreSQL store yet (issue 15)")
+	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
 		return nil, err
@@ -122,6 +125,11 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		Mailboxes:           a.mailboxes,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
+		// Their receive streams.
+		Delivery: a.mailboxes,
+		MailboxOptions: server.MailboxOptions{
+			Batch: a.cfg.MailboxStreamBatch, Keepalive: a.cfg.MailboxStreamKeepalive, MaxDuration: a.cfg.MailboxStreamMaxDuration,
+		},
 	}, nil
 }
 
@@ -147,6 +155,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	for pattern, h := range server.AgoraRoutes(srv, a.httpOptions()) {
 		s.Handle(pattern, h)
 	}
+	for pattern, h := range srv.MailboxRoutes() {
+		s.Handle(pattern, serve.Stream(h))
+	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
@@ -161,6 +172,10 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	go func() { _ = relay.Run(ctx) }() // returns nil when ctx ends
 	return nil
 }
+
+// Mailboxes returns the agents' mailboxes, which the network's senders
+// append to; tests append through it too.
+func (a *App) Mailboxes() mailbox.Appender { return a.mailboxes }
 
 func (a *App) httpOptions() server.HTTPOptions {
 	return server.HTTPOptions{MaxBodyBytes: a.cfg.AgoraMaxBodyBytes, PeerHeader: a.cfg.AgoraPeerHeader}
