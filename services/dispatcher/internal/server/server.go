@@ -155,6 +155,9 @@ type Options struct {
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC; 10 s.
 	MessageTimeout time.Duration
+	// Orders keeps service transactions' orders; GetOrder and ListOrders
+	// answer UNAVAILABLE without it.
+	Orders store.OrderStore
 }
 
 // Server implements the dispatcher's gRPC API over the core.
