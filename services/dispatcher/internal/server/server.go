@@ -158,6 +158,12 @@ type Options struct {
 	// Orders keeps service transactions' orders; GetOrder and ListOrders
 	// answer UNAVAILABLE without it.
 	Orders store.OrderStore
+
+	// Delivery is the mailboxes that ReceiveMessages, AcknowledgeMessages
+	// and the SSE route read; those answer UNIMPLEMENTED when nil.
+	Delivery *mailbox.Mailboxes
+	// MailboxOptions tune the receive streams.
+	MailboxOptions MailboxOptions
 }
 
 // Server implements the dispatcher's gRPC API over the core.
