@@ -252,6 +252,9 @@ var matrixRPCs = map[string]rpcRow{
 	// Mailboxes (issue 13).
 	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
 	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
+	// Orders (issue 14): only the agent named; a missing order is NOT_FOUND.
+	disp + "GetOrder":   {targets: []string{"{agent}/orders/none"}, ok: codes.NotFound},
+	disp + "ListOrders": {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},
