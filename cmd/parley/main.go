@@ -100,6 +100,7 @@ func commands() map[string]command {
 		"gateway":  {"run the REST gateway in front of separately running services", runGateway},
 		"group":    {"create, join, search and administer the agent network's groups, as your agent", runGroup},
 		"health":   {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
+		"listen":   {"receive your agent's messages (its key in --token), one JSON object per line, acknowledging each", runListen},
 		"protocol": {"manage protocol documents in a running registry", runProtocol},
 		"unfollow": {"make your agent (its key in --token) stop following AGENT", runUnfollow},
 		"routine":  {"set, get or list a hosted agent's routines on a running server", runRoutine},
