@@ -4,6 +4,7 @@ package routine
 
 import (
 	"errors"
+	"io"
 	"os"
 	"syscall"
 )
@@ -16,3 +17,5 @@ func limitSelf(int64) error {
 func procAttr() *syscall.SysProcAttr { return nil }
 
 func peakRSS(*os.ProcessState) int64 { return 0 }
+
+func workerPipes() (in, out io.ReadWriter, err error) { return os.Stdin, os.Stdout, nil }

@@ -46,9 +46,14 @@ func ServeWorker() int {
 		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
 		return 2
 	}
+	in, out, err := workerPipes()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
+		return 2
+	}
 	w := &workerConn{
-		r:        bufio.NewReaderSize(os.Stdin, 64<<10),
-		w:        bufio.NewWriterSize(os.Stdout, 64<<10),
+		r:        bufio.NewReaderSize(in, 64<<10),
+		w:        bufio.NewWriterSize(out, 64<<10),
 		programs: map[string]*Program{},
 	}
 	if err := w.serve(); !errors.Is(err, io.EOF) {
