@@ -278,3 +278,82 @@ func peakSelf(t *testing.T) int64 {
 	t.Fatal("no VmHWM")
 	return 0
 }
+
+// TestFrameCap: a worker that announces a frame larger than its run's
+// limits allow (a result and memory, or a tool's argument, each at most
+// the output cap; the program's names) is killed, and the run fails with
+// kind output, without the server reading or allocating the frame.
+func TestFrameCap(t *testing.T) {
+	for _, mode := range []string{"compile", "call"} {
+		t.Run(mode, func(t *testing.T) {
+			pool := newTestPool(t, PoolOptions{Workers: 1, Executable: rogueWorker(t, mode)})
+			before := peakSelf(t)
+			done := make(chan error, 1)
+			go func() {
+				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return q\n", nil, Limits{Pool: pool, Timeout: 5 * time.Second})
+				if err == nil {
+					_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+				}
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(5*time.Second + killMargin + slack):
+				t.Fatal("the run did not end")
+			}
+			if KindOf(err) != KindOutput || !strings.Contains(err.Error(), "over the cap") {
+				t.Fatalf("run = %v (kind %v), want kind output naming the frame cap", err, KindOf(err))
+			}
+			if got := pool.Stats().Kills[KindOutput]; got != 1 {
+				t.Errorf("output kills = %d, want 1", got)
+			}
+			waitIdle(t, pool)
+			// 200 MiB was announced; the server reads only its header.
+			if grew := peakSelf(t) - before; grew > 64<<20 {
+				t.Errorf("the test process's peak RSS grew %d MiB, want under 64", grew>>20)
+			}
+		})
+	}
+}
+
+// TestToolArgumentCap: a tool's argument gets the output cap, whether the
+// tool is answered in the worker (a table) or by the server.
+func TestToolArgumentCap(t *testing.T) {
+	table, err := TableTool(`{"k": 1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	called := false
+	server := FuncTool(func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		called = true
+		return json.RawMessage(`1`), nil
+	})
+	pool := newTestPool(t, PoolOptions{Workers: 1})
+	limits := Limits{Pool: pool, MaxOutputBytes: 1 << 10}
+	for _, src := range []string{
+		"def reply(q):\n    return table('x' * 2000)\n",
+		"def reply(q):\n    return table(['x'] * 500)\n",
+		"def reply(q):\n    return server({'k': 'x' * 2000})\n",
+	} {
+		p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", src, map[string]Tool{"table": table, "server": server}, limits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, nil)
+		if KindOf(err) != KindOutput || !strings.Contains(err.Error(), "argument of tool") {
+			t.Errorf("%q: Call = %v (kind %v), want kind output naming the argument", src, err, KindOf(err))
+		}
+	}
+	if called {
+		t.Error("the server's tool was called with an argument over the cap")
+	}
+	// At the cap it still works.
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q):\n    return server('x' * 1000)\n", map[string]Tool{"server": server}, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, nil); err != nil || string(out) != "1" {
+		t.Errorf("Call with an argument under the cap = %s, %v, want 1", out, err)
+	}
+}

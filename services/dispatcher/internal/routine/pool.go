@@ -259,6 +259,7 @@ type worker struct {
 	r      *bufio.Reader
 	stderr *headBuffer
 	known  map[string]bool // programs the worker holds
+	limit  int             // the largest frame the current exchange may read
 	killed atomic.Bool     // killed at a run's deadline
 	dead   bool            // its pipe broke: reap it
 
@@ -342,7 +343,7 @@ func (p *Pool) start() (*worker, error) {
 	p.live[w] = struct{}{}
 	p.mu.Unlock()
 	hello := time.AfterFunc(30*time.Second, func() { _ = w.cmd.Process.Kill() })
-	typ, _, err := readFrame(w.r)
+	typ, _, err := readFrame(w.r, frameSlack)
 	hello.Stop()
 	if err != nil || typ != frameHello {
 		_ = w.cmd.Process.Kill()
@@ -468,6 +469,10 @@ func (p *Pool) run(ctx context.Context, name string, l Limits, do func(w *worker
 
 // deathError explains a run whose worker died or was killed.
 func (p *Pool) deathError(w *worker, budget time.Duration, ioErr error) error {
+	if big, ok := errors.AsType[*frameTooLargeError](ioErr); ok {
+		_ = w.cmd.Process.Kill()
+		return &failure{kind: KindOutput, err: fmt.Errorf("%w: the routine's worker sent %v allowed by its limits, and was killed", ErrBudget, big)}
+	}
 	if w.killed.Load() {
 		return &failure{kind: KindTime, err: fmt.Errorf("%w: wall time budget exceeded: the run was killed %v past its budget of %v", ErrBudget, p.opts.KillMargin, budget)}
 	}
@@ -503,6 +508,8 @@ func (p *Pool) load(w *worker, prog *remoteProgram, force bool) error {
 	if w.known[prog.key] && !force {
 		return nil
 	}
+	// Its answer lists the program's global names, each in its source.
+	w.limit = 4*len(prog.def[2]) + frameSlack
 	if err := w.send(frameProgram, prog.def...); err != nil {
 		return err
 	}
@@ -544,7 +551,7 @@ func (w *worker) send(typ byte, fields ...[]byte) error {
 }
 
 func (w *worker) recv() (byte, [][]byte, error) {
-	typ, f, err := readFrame(w.r)
+	typ, f, err := readFrame(w.r, w.limit)
 	if err != nil {
 		w.dead = true
 	}
@@ -582,6 +589,9 @@ func (p *Pool) call(ctx context.Context, prog *Program, fn string, args []json.R
 			if err := p.load(w, rp, false); err != nil {
 				return err
 			}
+			// A result and memory, or a tool's name and argument, each
+			// at most the output cap.
+			w.limit = 2*prog.limits.MaxOutputBytes + frameSlack
 			if err := w.send(frameCall, fields...); err != nil {
 				return err
 			}

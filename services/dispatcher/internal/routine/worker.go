@@ -78,7 +78,7 @@ func (c *workerConn) serve() error {
 		return err
 	}
 	for {
-		typ, f, err := readFrame(c.r)
+		typ, f, err := readFrame(c.r, maxFrame)
 		if err != nil {
 			return err
 		}
@@ -143,7 +143,7 @@ func (c *workerConn) toolStub(name string) func(context.Context, json.RawMessage
 		if err := writeFrame(c.w, frameTool, []byte(name), arg); err != nil {
 			return nil, err
 		}
-		typ, f, err := readFrame(c.r)
+		typ, f, err := readFrame(c.r, maxFrame)
 		if err != nil {
 			return nil, err
 		}
@@ -192,5 +192,9 @@ func (c *workerConn) call(f [][]byte) error {
 
 func (c *workerConn) fail(err error) error {
 	err = classify(err)
-	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(err.Error()))
+	msg := err.Error()
+	if len(msg) > maxErrorText {
+		msg = strings.ToValidUTF8(msg[:maxErrorText], "") + "…"
+	}
+	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(msg))
 }
