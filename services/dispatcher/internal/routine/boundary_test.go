@@ -357,3 +357,56 @@ func TestToolArgumentCap(t *testing.T) {
 		t.Errorf("Call with an argument under the cap = %s, %v, want 1", out, err)
 	}
 }
+
+// TestCPULimit: with the wall-time kill out of the way (a kill margin of
+// ten minutes), a run stuck in one builtin is still stopped, by the
+// kernel's CPU limit: its budget (1 s) plus one to two seconds of CPU.
+func TestCPULimit(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 1, KillMargin: 10 * time.Minute})
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, Limits{Pool: pool, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(3 * time.Minute): // 3 s of CPU, on a machine loaded far past anything seen
+		t.Fatal("the run was not stopped by its CPU limit")
+	}
+	if KindOf(err) != KindTime || !strings.Contains(err.Error(), "CPU time budget") {
+		t.Fatalf("Call = %v (kind %v), want kind time naming the CPU budget", err, KindOf(err))
+	}
+	waitIdle(t, pool)
+}
+
+// TestWorkerRecycling: a worker whose life's CPU left is less than a
+// run's budget (plus the soft limit's slack) is replaced before the run,
+// so the kernel's hard limit never kills it in one; every run succeeds.
+func TestWorkerRecycling(t *testing.T) {
+	// A run's budget is 2 s: with 6 s of life, a worker is replaced once it
+	// has used 1 s.
+	pool := newTestPool(t, PoolOptions{Workers: 1, WorkerCPU: 6 * time.Second})
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    s = 0\n    for i in range(q):\n        s += i\n    return s\n", nil,
+		Limits{Pool: pool, Timeout: 2 * time.Second, MaxSteps: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for calls := 0; pool.Stats().Recycled == 0; calls++ {
+		if calls == 500 {
+			t.Fatalf("no worker recycled after %d calls (stats %+v)", calls, pool.Stats())
+		}
+		if _, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`100000`)}, json.RawMessage(`{}`)); err != nil {
+			t.Fatalf("call %d: %v", calls, err)
+		}
+	}
+	if out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`3`)}, json.RawMessage(`{}`)); err != nil || string(out) != "3" {
+		t.Fatalf("Call after the recycling = %s, %v, want 3", out, err)
+	}
+	if s := pool.Stats(); s.Started < 2 || len(s.Kills) != 0 {
+		t.Errorf("stats %+v, want a second worker started and no kills", s)
+	}
+}

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -29,6 +31,37 @@ func limitSelf(limit int64) error {
 		return fmt.Errorf("setrlimit RLIMIT_AS: %w", err)
 	}
 	return syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{})
+}
+
+// limitCPU sets this worker's CPU time limit, in seconds: past soft the
+// kernel sends SIGXCPU (every second), at hard SIGKILL. A process may move
+// its soft limit up to its hard one, never its hard one up.
+func limitCPU(soft, hard uint64) error {
+	if err := syscall.Setrlimit(syscall.RLIMIT_CPU, &syscall.Rlimit{Cur: soft, Max: hard}); err != nil {
+		return fmt.Errorf("setrlimit RLIMIT_CPU: %w", err)
+	}
+	return nil
+}
+
+// cpuUsed is the CPU time this process has used, user and system.
+func cpuUsed() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// exitOnCPULimit makes SIGXCPU (the soft CPU limit, armCPU) end the
+// worker, saying why on stderr. The Go runtime ignores SIGXCPU otherwise.
+func exitOnCPULimit() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGXCPU)
+	go func() {
+		<-c
+		fmt.Fprintln(os.Stderr, "routine worker: "+cpuDeath)
+		os.Exit(3)
+	}()
 }
 
 // vmSize is this process's mapped address space, in bytes.

@@ -16,8 +16,8 @@ import (
 //	P key name src limits tools…         H (hello, once at start)
 //	C key fn deadline hasMem mem args…   K callables functions (compiled)
 //	R ok payload (a tool's answer)       T tool arg (a tool call)
-//	                                     D out hasMem mem (the result)
-//	                                     E kind message (a failure)
+//	                                     D out hasMem mem cpu (the result)
+//	                                     E kind message cpu (a failure)
 //	                                     U (C of a program it does not hold)
 const (
 	frameHello    = 'H'
