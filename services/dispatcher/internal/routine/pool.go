@@ -312,8 +312,15 @@ func (h *headBuffer) String() string {
 	return string(h.b)
 }
 
+// Supported returns nil where the pool can run worker processes (Linux),
+// else an error saying so: a server should refuse to start with it.
+func Supported() error { return supported() }
+
 // start starts a worker and waits for its hello.
 func (p *Pool) start() (*worker, error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	p.mu.Lock()
 	closed := p.closed
 	p.mu.Unlock()

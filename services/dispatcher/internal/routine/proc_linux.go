@@ -13,6 +13,9 @@ import (
 	"unsafe"
 )
 
+// supported: the worker processes' limits are Linux's.
+func supported() error { return nil }
+
 // limitSelf caps this worker's address space at what it has mapped now
 // plus limit: the Go runtime reserves most of its address space at start,
 // so what routines can add is about limit. Past it allocation fails and
