@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 
@@ -8,36 +9,36 @@ import (
 	"github.com/parleyhq/parley/platform/envflag"
 )
 
-// runFollow is `parley follow AGENT --as CLIENT:AGENT`: the --as agent
-// follows AGENT, so AGENT may start dialogues with it. The key in --token
-// must be the --as agent's (or the operator token): the server refuses
-// any other.
+// runFollow is `parley follow AGENT`: the agent whose key is in --token
+// follows AGENT, so AGENT may start dialogues with it. The acting agent is
+// the key's, found with GetCaller; --as CLIENT:AGENT names it instead, for
+// the operator token (the server refuses an agent key acting as another).
 func runFollow(e env, args []string) error { return followCall(e, args, true) }
 
-// runUnfollow is `parley unfollow AGENT --as CLIENT:AGENT`.
+// runUnfollow is `parley unfollow AGENT [--as CLIENT:AGENT]`.
 func runUnfollow(e env, args []string) error { return followCall(e, args, false) }
 
 func followCall(e env, args []string, follow bool) error {
 	verb := map[bool]string{true: "follow", false: "unfollow"}[follow]
 	fs := flag.NewFlagSet("parley "+verb, flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	asAgent := fs.String("as", "", "the acting agent, `CLIENT:AGENT`, whose key is in --token (required)")
-	summary := "Make the --as agent follow AGENT, so that AGENT may start dialogues with it.\nFollowing again changes nothing."
+	asAgent := fs.String("as", "", "the acting agent, `CLIENT:AGENT` [the agent whose key is in --token]; needed only with the operator token")
+	summary := "Make the agent whose key is in --token follow AGENT, so that AGENT may start\ndialogues with it. Following again changes nothing."
 	if !follow {
-		summary = "Make the --as agent stop following AGENT. Not following it is no error."
+		summary = "Make the agent whose key is in --token stop following AGENT. Not following it\nis no error."
 	}
 	pos, err := parseArgs(e, fs, args, clientDoc("parley "+verb+" AGENT [flags]", summary,
 		[]envflag.Arg{{Name: "AGENT", Help: "the agent to " + verb + ", as client:agent"}},
-		"PARLEY_TOKEN=$BOB_KEY parley "+verb+" acme:alice --as beta:bob"))
+		"PARLEY_TOKEN=$BOB_KEY parley "+verb+" acme:alice",
+		"PARLEY_TOKEN=$(cat data/operator.token) parley "+verb+" acme:alice --as beta:bob"))
 	if err != nil {
 		return err
 	}
-	if *asAgent == "" {
-		return usageErrorf("parley %s needs --as CLIENT:AGENT, the agent whose key is in --token", verb)
-	}
-	follower, err := agentName(*asAgent)
-	if err != nil {
-		return usageErrorf("--as: %v", err)
+	var follower string
+	if *asAgent != "" {
+		if follower, err = agentName(*asAgent); err != nil {
+			return usageErrorf("--as: %v", err)
+		}
 	}
 	target, err := agentName(pos[0])
 	if err != nil {
@@ -50,6 +51,15 @@ func followCall(e env, args []string, follow bool) error {
 	defer conn.Close()
 	ctx, cancel := callContext()
 	defer cancel()
+	if follower == "" {
+		follower, err = callerAgent(ctx, conn)
+		if errors.Is(err, errNotAnAgent) {
+			return usageErrorf("parley %s acts as the agent whose key is in --token; %v: use an agent key, or name the agent with --as CLIENT:AGENT", verb, err)
+		}
+		if err != nil {
+			return err
+		}
+	}
 	c := registryv1.NewRegistryServiceClient(conn)
 	if follow {
 		_, err = c.FollowAgent(ctx, &registryv1.FollowAgentRequest{Name: follower, Agent: target})

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -66,18 +67,37 @@ func TestFollowAndUnfollow(t *testing.T) {
 		return resp.GetAgents()
 	}
 
-	must(bobKey, "follow", "acme:alice", "--as", "beta:bob")
+	if got := must(bobKey, "whoami"); got != "agent beta:bob" {
+		t.Errorf("parley whoami with bob's key = %q, want %q", got, "agent beta:bob")
+	}
+	if got := must(betaKey, "whoami"); got != "client beta" {
+		t.Errorf("parley whoami with beta's client key = %q, want %q", got, "client beta")
+	}
+	if got := must(operator, "whoami"); got != "operator" {
+		t.Errorf("parley whoami with the operator token = %q, want %q", got, "operator")
+	}
+	if _, err := call("", "whoami"); err == nil || !strings.Contains(err.Error(), "refused the credential") {
+		t.Errorf("parley whoami without a token: error = %v, want the server's refusal (UNAUTHENTICATED)", err)
+	}
+
+	// The acting agent is the key's: no --as needed.
+	must(bobKey, "follow", "acme:alice")
 	if got := followers(); len(got) != 1 || got[0] != "clients/beta/agents/bob" {
 		t.Errorf("followers of alice after 'parley follow' = %v, want [clients/beta/agents/bob]", got)
 	}
 	if _, err := call(aliceKey, "follow", "acme:alice", "--as", "beta:bob"); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("parley follow --as bob with alice's key: error = %v, want PERMISSION_DENIED", err)
 	}
-	if _, err := call(bobKey, "follow", "acme:alice"); err == nil || !strings.Contains(err.Error(), "--as") {
-		t.Errorf("parley follow without --as: error = %v, want one naming --as", err)
+	if _, err := call(betaKey, "follow", "acme:alice"); exitCode(err) != 2 || !strings.Contains(fmt.Sprint(err), "--as") {
+		t.Errorf("parley follow with a client key and no --as: error = %v, want a usage error naming --as", err)
 	}
-	must(bobKey, "unfollow", "acme:alice", "--as", "beta:bob")
+	must(bobKey, "unfollow", "acme:alice")
 	if got := followers(); len(got) != 0 {
 		t.Errorf("followers of alice after 'parley unfollow' = %v, want none", got)
+	}
+	// --as still names the agent for the operator.
+	must(operator, "follow", "acme:alice", "--as", "beta:bob")
+	if got := followers(); len(got) != 1 || got[0] != "clients/beta/agents/bob" {
+		t.Errorf("followers of alice after 'parley follow --as beta:bob' (operator) = %v, want [clients/beta/agents/bob]", got)
 	}
 }

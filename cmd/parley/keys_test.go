@@ -2,10 +2,8 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -100,29 +98,8 @@ func TestKeyCommands(t *testing.T) {
 // its gRPC address.
 func runSuite(t testing.TB, cfg suiteConfig) string {
 	t.Helper()
-	s, err := newSuite(t.Context(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	gl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	hl, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.srv.Run(ctx, gl, hl) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run() = %v", err)
-		}
-		s.Close()
-	})
-	return gl.Addr().String()
+	_, addr, _ := startSuite(t, cfg)
+	return addr
 }
 
 // TestRevokedKeyEndsOpenSDKStream: in `parley serve`, revoking an agent's

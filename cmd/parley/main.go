@@ -10,6 +10,8 @@
 //	parley protocol add|get|list|search|sync [--server ADDR] ...
 //	parley agent create|get|update|list|delete|support|unsupport|forget [--server ADDR] ...
 //	parley routine set|get|list [--server ADDR] ...
+//	parley whoami [--token T]   who the credential is (GetCaller)
+//	parley follow|unfollow CLIENT:AGENT [--as CLIENT:AGENT]
 //	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
@@ -92,14 +94,15 @@ func commands() map[string]command {
 		"agent":    {"manage hosted agents and the protocols they support", runAgent},
 		"client":   {"create clients, the accounts that own agents", runClient},
 		"demo":     {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
-		"follow":   {"make the --as agent follow AGENT (AGENT may then start dialogues with it)", runFollow},
+		"follow":   {"make your agent (its key in --token) follow AGENT, so AGENT may start dialogues with it", runFollow},
 		"gateway":  {"run the REST gateway in front of separately running services", runGateway},
 		"health":   {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
 		"protocol": {"manage protocol documents in a running registry", runProtocol},
-		"unfollow": {"make the --as agent stop following AGENT", runUnfollow},
+		"unfollow": {"make your agent (its key in --token) stop following AGENT", runUnfollow},
 		"routine":  {"set, get or list a hosted agent's routines on a running server", runRoutine},
 		"serve":    {"run every service and the gateway in one process", runServe},
 		"version":  {"print the version", runVersion},
+		"whoami":   {"print who --token (or PARLEY_TOKEN) identifies: agent, client or operator", runWhoami},
 	}
 }
 

@@ -32,6 +32,8 @@ type suiteConfig struct {
 	dispatcher dispatcherconfig.Config
 	negotiator negotiatorconfig.Config
 	tasks      tasksconfig.Config
+	// tune, when set, adjusts the serving options (tests only).
+	tune func(*serve.Options)
 }
 
 // serveDoc is the help of `parley serve`.
@@ -90,7 +92,11 @@ type suite struct {
 // it after Run returns, and on error nothing is left open.
 func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 	logger := telemetry.NewLogger(os.Stderr, "parley", cfg.LogLevel)
-	srv, err := serve.New(cfg.Flags.Options(logger))
+	opts := cfg.Flags.Options(logger)
+	if cfg.tune != nil {
+		cfg.tune(&opts)
+	}
+	srv, err := serve.New(opts)
 	if err != nil {
 		return nil, err
 	}

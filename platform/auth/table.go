@@ -4,7 +4,9 @@ package auth
 // and every hand-written route, with who may call it and the resource the
 // caller must own. cmd/parley's policy test walks every registered
 // service descriptor and route and fails on one missing here, so a new RPC
-// cannot ship open by accident.
+// cannot ship open by accident. Its TestPermissionMatrix calls every RPC
+// and route as each kind of caller and needs a row (the request's target
+// and the handler's code) for a new one in matrixRPCs.
 //
 // The principles (issue 12): an agent key acts as that agent only; a
 // client key manages the client's agents, keys, routines and tools and
@@ -65,6 +67,32 @@ func ParleyPolicy() Policy {
 		reg + "LeaveClientGroup":        {Allow: Agent | Operator, Resource: "name"},
 		reg + "ListClientGroupMembers":  {Allow: AnyKey},
 		reg + "CheckDialoguePermission": {Allow: Operator}, // the dispatcher calls it
+		// Registry: groups (issue 13). The acting agent is `name`: an agent
+		// key acts as itself only; admin and membership rules are the
+		// handlers'. Lists are the agent's or its client's. GetGroup and
+		// SearchGroups take any key; the handlers hide restricted_private
+		// groups. The distribution-list resolver and the notification
+		// outbox are the dispatcher's.
+		reg + "CreateGroup":            {Allow: Agent | Operator, Resource: "name"},
+		reg + "UpdateGroup":            {Allow: Agent | Operator, Resource: "name"},
+		reg + "GetGroup":               {Allow: AnyKey},
+		reg + "SearchGroups":           {Allow: AnyKey},
+		reg + "JoinGroup":              {Allow: Agent | Operator, Resource: "name"},
+		reg + "LeaveGroup":             {Allow: Agent | Operator, Resource: "name"},
+		reg + "SetGroupRegions":        {Allow: Agent | Operator, Resource: "name"},
+		reg + "InviteToGroup":          {Allow: Agent | Operator, Resource: "name"},
+		reg + "AnswerGroupJoinRequest": {Allow: Agent | Operator, Resource: "name"},
+		reg + "AnswerGroupInvite":      {Allow: Agent | Operator, Resource: "name"},
+		reg + "RemoveGroupMember":      {Allow: Agent | Operator, Resource: "name"},
+		reg + "SetGroupMemberType":     {Allow: Agent | Operator, Resource: "name"},
+		reg + "ListGroupMembers":       {Allow: Agent | Operator, Resource: "name"},
+		reg + "ListAgentGroups":        {Allow: own, Resource: "parent"},
+		reg + "ListGroupJoinRequests":  {Allow: Agent | Operator, Resource: "parent"},
+		reg + "ListGroupInvites":       {Allow: own, Resource: "parent"},
+		reg + "ResolveRecipients":      {Allow: Operator},
+		reg + "ListNotifications":      {Allow: Operator},
+		// Registry: identity. Every credential may ask whom it identifies.
+		reg + "GetCaller": {Allow: AnyKey},
 
 		// Dispatcher.
 		disp + "GetRoutine":      {Allow: own, Resource: "name"},
@@ -78,6 +106,16 @@ func ParleyPolicy() Policy {
 		disp + "Connect":         {Allow: Agent | Operator},
 		disp + "ExecuteStep":     {Allow: Operator}, // the tasks service calls it
 		disp + "TestRoutine":     {Allow: AnyKey},
+		// Dispatcher: the agent network's dialogues. The acting agent is
+		// the caller: an agent key sends, replies and closes as itself
+		// only; a client key cannot act as its agents here.
+		disp + "SendMessage":           {Allow: Agent | Operator, Resource: "sender"},
+		disp + "ReplyMessage":          {Allow: Agent | Operator, Resource: "sender"},
+		disp + "BroadcastMessage":      {Allow: Agent | Operator, Resource: "sender"},
+		disp + "CloseDialogue":         {Allow: Agent | Operator, Resource: "name"},
+		disp + "CloseDialogueMessages": {Allow: Agent | Operator, Resource: "name"},
+		disp + "CloseDialogueAgent":    {Allow: Agent | Operator, Resource: "name"},
+		disp + "CloseAllDialogues":     {Allow: Agent | Operator, Resource: "agent"},
 
 		// Negotiator: each call spends the named agent's LLM budget.
 		neg + "GetCostSummary":            {Allow: own, Resource: "agent"},

@@ -76,6 +76,9 @@ type Options struct {
 	// MetricsPublic leaves /metrics open to anyone when Policy is set;
 	// otherwise it needs the operator token.
 	MetricsPublic bool
+	// AuthFailBurst is how many failed authentications one address may
+	// make before getting RESOURCE_EXHAUSTED (auth.Options.FailBurst) [20].
+	AuthFailBurst int
 }
 
 // Server is a gRPC server plus an HTTP server sharing health and metrics.
@@ -160,7 +163,7 @@ func New(opts Options) (*Server, error) {
 			policy = maps.Clone(policy)
 			policy["GET /metrics"] = auth.Rule{Allow: auth.Anyone}
 		}
-		s.auth = auth.New(auth.Options{OperatorToken: s.operatorToken, Policy: policy, Logger: s.logger})
+		s.auth = auth.New(auth.Options{OperatorToken: s.operatorToken, Policy: policy, Logger: s.logger, FailBurst: opts.AuthFailBurst})
 		// Inside the telemetry chain, so refusals are counted and logged
 		// like any other failed call.
 		grpcOpts = append(grpcOpts,

@@ -17,6 +17,7 @@ import (
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/server"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -39,7 +40,11 @@ type App struct {
 	store  store.Store
 	peers  Peers
 	srv    *server.Server // set by Register
-	pool   *routine.Pool  // the routine workers, set by Register
+	// mailboxes are the agents' durable mailboxes (network delivery).
+	mailboxes *mailbox.Mailboxes
+	// dialogues is the store's dialogue side (the same bbolt file).
+	dialogues store.DialogueStore
+	pool      *routine.Pool // the routine workers, set by Register
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -58,11 +63,18 @@ func ServeRoutineWorker() int { return routine.ServeWorker() }
 
 // New opens the store. It does not listen; Register builds the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
+	if cfg.DatabaseURL != "" {
+		return nil, errors.New("--database-url: the dispatcher has no PostgreSQL store yet (issue 15)")
+	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
 		return nil, err
 	}
-	return &App{cfg: cfg, logger: logger, store: st, peers: peers}, nil
+	mb := mailbox.New(st, mailbox.Options{
+		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
+		Retention: cfg.MailboxRetention,
+	})
+	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st}, nil
 }
 
 func (a *App) options(s *serve.Server) (server.Options, error) {
@@ -107,6 +119,11 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		SendAllowPrivate: a.cfg.SendAllowPrivate,
 		SendMaxListed:    a.cfg.SendMaxListed,
 		SendMaxJudge:     a.cfg.SendMaxJudgeCalls,
+		// The agent network's dialogues.
+		Dialogues:           a.dialogues,
+		Mailboxes:           a.mailboxes,
+		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
+		MessageTimeout:      a.cfg.MessageTimeout,
 	}, nil
 }
 
@@ -140,6 +157,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	go a.sweep(ctx, srv)
+	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
 	return nil
 }
 
@@ -159,6 +177,11 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 				a.logger.WarnContext(ctx, "conversation sweep failed; retrying next tick", slog.Any("err", err))
 			} else if n > 0 {
 				a.logger.InfoContext(ctx, "swept expired conversations", slog.Int("count", n))
+			}
+			if n, err := a.mailboxes.Compact(ctx, 1000); err != nil {
+				a.logger.WarnContext(ctx, "mailbox compaction failed; retrying next tick", slog.Any("err", err))
+			} else if n > 0 {
+				a.logger.InfoContext(ctx, "compacted acknowledged messages", slog.Int("count", n))
 			}
 		}
 	}

@@ -48,6 +48,15 @@ type Config struct {
 	// target's well-known document.
 	SendMaxListed     int
 	SendMaxJudgeCalls int
+	// MessageMaxBodyBytes and MessageTimeout bound one message of the
+	// agent network (SendMessage, ReplyMessage, BroadcastMessage).
+	MessageMaxBodyBytes int64
+	MessageTimeout      time.Duration
+
+	// Mailboxes (durable delivery of network messages).
+	MailboxMaxMessages int64         // unacknowledged messages per agent
+	MailboxMaxBytes    int64         // their body bytes per agent
+	MailboxRetention   time.Duration // acknowledged messages kept this long
 }
 
 // RegisterFlags adds the dispatcher's own flags (not the shared serving flags)
@@ -74,6 +83,11 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.SendAllowPrivate, "send-allow-private", false, "let Send reach loopback and private addresses (tests, labs)")
 	fs.IntVar(&c.SendMaxListed, "send-max-listed-protocols", 5, "protocols of a target's well-known document Send resolves at most")
 	fs.IntVar(&c.SendMaxJudgeCalls, "send-max-judge-calls", 2, "LLM calls one Send may spend judging whether a listed protocol fits")
+	fs.Int64Var(&c.MessageMaxBodyBytes, "message-max-body-bytes", 64<<10, "largest body_json of an agent-network message (send, reply, broadcast)")
+	fs.DurationVar(&c.MessageTimeout, "message-timeout", 10*time.Second, "time limit of one agent-network send, reply, broadcast or close")
+	fs.Int64Var(&c.MailboxMaxMessages, "mailbox-max-messages", 10_000, "unacknowledged messages an agent's mailbox holds; a send past it is refused for that agent")
+	fs.Int64Var(&c.MailboxMaxBytes, "mailbox-max-bytes", 64<<20, "body bytes of the unacknowledged messages an agent's mailbox holds")
+	fs.DurationVar(&c.MailboxRetention, "mailbox-retention", 24*time.Hour, "how long an acknowledged message stays in its mailbox before compaction")
 }
 
 // PeerDialects parses AgoraPeerDialects into peer → dialect name.
@@ -125,6 +139,11 @@ func (c *Config) Validate() error {
 		{"--send-max-listed-protocols", c.SendMaxListed > 0},
 		{"--send-max-judge-calls", c.SendMaxJudgeCalls >= 0},
 		{"--dispatcher-negative-cache-ttl", c.NegativeCacheTTL >= 0},
+		{"--message-max-body-bytes", c.MessageMaxBodyBytes > 0},
+		{"--message-timeout", c.MessageTimeout > 0},
+		{"--mailbox-max-messages", c.MailboxMaxMessages > 0},
+		{"--mailbox-max-bytes", c.MailboxMaxBytes > 0},
+		{"--mailbox-retention", c.MailboxRetention > 0},
 	}
 	for _, p := range positive {
 		if !p.ok {

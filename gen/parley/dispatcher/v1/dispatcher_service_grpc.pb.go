@@ -19,17 +19,24 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	DispatcherService_GetRoutine_FullMethodName      = "/parley.dispatcher.v1.DispatcherService/GetRoutine"
-	DispatcherService_ListRoutines_FullMethodName    = "/parley.dispatcher.v1.DispatcherService/ListRoutines"
-	DispatcherService_SetRoutine_FullMethodName      = "/parley.dispatcher.v1.DispatcherService/SetRoutine"
-	DispatcherService_SetTool_FullMethodName         = "/parley.dispatcher.v1.DispatcherService/SetTool"
-	DispatcherService_ListTools_FullMethodName       = "/parley.dispatcher.v1.DispatcherService/ListTools"
-	DispatcherService_Send_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/Send"
-	DispatcherService_ListSendCounts_FullMethodName  = "/parley.dispatcher.v1.DispatcherService/ListSendCounts"
-	DispatcherService_DeliverEnvelope_FullMethodName = "/parley.dispatcher.v1.DispatcherService/DeliverEnvelope"
-	DispatcherService_Connect_FullMethodName         = "/parley.dispatcher.v1.DispatcherService/Connect"
-	DispatcherService_ExecuteStep_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/ExecuteStep"
-	DispatcherService_TestRoutine_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/TestRoutine"
+	DispatcherService_GetRoutine_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/GetRoutine"
+	DispatcherService_ListRoutines_FullMethodName          = "/parley.dispatcher.v1.DispatcherService/ListRoutines"
+	DispatcherService_SetRoutine_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/SetRoutine"
+	DispatcherService_SetTool_FullMethodName               = "/parley.dispatcher.v1.DispatcherService/SetTool"
+	DispatcherService_ListTools_FullMethodName             = "/parley.dispatcher.v1.DispatcherService/ListTools"
+	DispatcherService_Send_FullMethodName                  = "/parley.dispatcher.v1.DispatcherService/Send"
+	DispatcherService_ListSendCounts_FullMethodName        = "/parley.dispatcher.v1.DispatcherService/ListSendCounts"
+	DispatcherService_DeliverEnvelope_FullMethodName       = "/parley.dispatcher.v1.DispatcherService/DeliverEnvelope"
+	DispatcherService_Connect_FullMethodName               = "/parley.dispatcher.v1.DispatcherService/Connect"
+	DispatcherService_ExecuteStep_FullMethodName           = "/parley.dispatcher.v1.DispatcherService/ExecuteStep"
+	DispatcherService_TestRoutine_FullMethodName           = "/parley.dispatcher.v1.DispatcherService/TestRoutine"
+	DispatcherService_SendMessage_FullMethodName           = "/parley.dispatcher.v1.DispatcherService/SendMessage"
+	DispatcherService_ReplyMessage_FullMethodName          = "/parley.dispatcher.v1.DispatcherService/ReplyMessage"
+	DispatcherService_BroadcastMessage_FullMethodName      = "/parley.dispatcher.v1.DispatcherService/BroadcastMessage"
+	DispatcherService_CloseDialogue_FullMethodName         = "/parley.dispatcher.v1.DispatcherService/CloseDialogue"
+	DispatcherService_CloseDialogueMessages_FullMethodName = "/parley.dispatcher.v1.DispatcherService/CloseDialogueMessages"
+	DispatcherService_CloseDialogueAgent_FullMethodName    = "/parley.dispatcher.v1.DispatcherService/CloseDialogueAgent"
+	DispatcherService_CloseAllDialogues_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/CloseAllDialogues"
 )
 
 // DispatcherServiceClient is the client API for DispatcherService service.
@@ -85,6 +92,37 @@ type DispatcherServiceClient interface {
 	// ROUTINE_INVALID when the source does not compile or load),
 	// RESOURCE_EXHAUSTED (ROUTINE_BUSY: every routine worker is taken).
 	TestRoutine(ctx context.Context, in *TestRoutineRequest, opts ...grpc.CallOption) (*TestRoutineResponse, error)
+	// SendMessage opens a dialogue (category message) from sender to the
+	// distribution list. Permission is checked per recipient; the response
+	// lists every recipient refused and why. Errors: INVALID_ARGUMENT (the
+	// field named), PERMISSION_DENIED (no recipient may be messaged; reason
+	// RECIPIENTS_REFUSED), NOT_FOUND (no recipient exists),
+	// RESOURCE_EXHAUSTED (every mailbox full), FAILED_PRECONDITION (no
+	// recipient accepted for mixed reasons, or a protocol error; the
+	// ErrorInfo metadata names each), UNAVAILABLE (the registry).
+	SendMessage(ctx context.Context, in *SendMessageRequest, opts ...grpc.CallOption) (*SendMessageResponse, error)
+	// ReplyMessage answers a message the sender received: to its sender, or
+	// with all to every recipient of it too. Errors: INVALID_ARGUMENT,
+	// PERMISSION_DENIED (MESSAGE_NOT_RECEIVED: the sender did not receive
+	// it; BROADCAST_NOT_ANSWERABLE), FAILED_PRECONDITION (DIALOGUE_CLOSED by
+	// its initiator; PROTOCOL_ERROR; RECIPIENT_CLOSED), RESOURCE_EXHAUSTED.
+	ReplyMessage(ctx context.Context, in *ReplyMessageRequest, opts ...grpc.CallOption) (*SendMessageResponse, error)
+	// BroadcastMessage opens a one-way dialogue (category subscription) to
+	// the distribution list; nobody can answer it. Errors: as SendMessage.
+	BroadcastMessage(ctx context.Context, in *BroadcastMessageRequest, opts ...grpc.CallOption) (*SendMessageResponse, error)
+	// CloseDialogue closes a dialogue: for everyone when the agent opened
+	// it, else for the agent alone. Errors: INVALID_ARGUMENT, NOT_FOUND (no
+	// such dialogue of this agent).
+	CloseDialogue(ctx context.Context, in *CloseDialogueRequest, opts ...grpc.CallOption) (*Dialogue, error)
+	// CloseDialogueMessages stops the agent receiving the given message
+	// types in a dialogue. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	CloseDialogueMessages(ctx context.Context, in *CloseDialogueMessagesRequest, opts ...grpc.CallOption) (*Dialogue, error)
+	// CloseDialogueAgent stops the agent receiving messages from one
+	// counterpart in a dialogue. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	CloseDialogueAgent(ctx context.Context, in *CloseDialogueAgentRequest, opts ...grpc.CallOption) (*Dialogue, error)
+	// CloseAllDialogues closes every dialogue open for the agent, as
+	// CloseDialogue does each. Errors: INVALID_ARGUMENT.
+	CloseAllDialogues(ctx context.Context, in *CloseAllDialoguesRequest, opts ...grpc.CallOption) (*CloseAllDialoguesResponse, error)
 }
 
 type dispatcherServiceClient struct {
@@ -208,6 +246,76 @@ func (c *dispatcherServiceClient) TestRoutine(ctx context.Context, in *TestRouti
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) SendMessage(ctx context.Context, in *SendMessageRequest, opts ...grpc.CallOption) (*SendMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendMessageResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_SendMessage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) ReplyMessage(ctx context.Context, in *ReplyMessageRequest, opts ...grpc.CallOption) (*SendMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendMessageResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_ReplyMessage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) BroadcastMessage(ctx context.Context, in *BroadcastMessageRequest, opts ...grpc.CallOption) (*SendMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendMessageResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_BroadcastMessage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) CloseDialogue(ctx context.Context, in *CloseDialogueRequest, opts ...grpc.CallOption) (*Dialogue, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Dialogue)
+	err := c.cc.Invoke(ctx, DispatcherService_CloseDialogue_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) CloseDialogueMessages(ctx context.Context, in *CloseDialogueMessagesRequest, opts ...grpc.CallOption) (*Dialogue, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Dialogue)
+	err := c.cc.Invoke(ctx, DispatcherService_CloseDialogueMessages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) CloseDialogueAgent(ctx context.Context, in *CloseDialogueAgentRequest, opts ...grpc.CallOption) (*Dialogue, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Dialogue)
+	err := c.cc.Invoke(ctx, DispatcherService_CloseDialogueAgent_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) CloseAllDialogues(ctx context.Context, in *CloseAllDialoguesRequest, opts ...grpc.CallOption) (*CloseAllDialoguesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CloseAllDialoguesResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_CloseAllDialogues_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DispatcherServiceServer is the server API for DispatcherService service.
 // All implementations must embed UnimplementedDispatcherServiceServer
 // for forward compatibility.
@@ -261,6 +369,37 @@ type DispatcherServiceServer interface {
 	// ROUTINE_INVALID when the source does not compile or load),
 	// RESOURCE_EXHAUSTED (ROUTINE_BUSY: every routine worker is taken).
 	TestRoutine(context.Context, *TestRoutineRequest) (*TestRoutineResponse, error)
+	// SendMessage opens a dialogue (category message) from sender to the
+	// distribution list. Permission is checked per recipient; the response
+	// lists every recipient refused and why. Errors: INVALID_ARGUMENT (the
+	// field named), PERMISSION_DENIED (no recipient may be messaged; reason
+	// RECIPIENTS_REFUSED), NOT_FOUND (no recipient exists),
+	// RESOURCE_EXHAUSTED (every mailbox full), FAILED_PRECONDITION (no
+	// recipient accepted for mixed reasons, or a protocol error; the
+	// ErrorInfo metadata names each), UNAVAILABLE (the registry).
+	SendMessage(context.Context, *SendMessageRequest) (*SendMessageResponse, error)
+	// ReplyMessage answers a message the sender received: to its sender, or
+	// with all to every recipient of it too. Errors: INVALID_ARGUMENT,
+	// PERMISSION_DENIED (MESSAGE_NOT_RECEIVED: the sender did not receive
+	// it; BROADCAST_NOT_ANSWERABLE), FAILED_PRECONDITION (DIALOGUE_CLOSED by
+	// its initiator; PROTOCOL_ERROR; RECIPIENT_CLOSED), RESOURCE_EXHAUSTED.
+	ReplyMessage(context.Context, *ReplyMessageRequest) (*SendMessageResponse, error)
+	// BroadcastMessage opens a one-way dialogue (category subscription) to
+	// the distribution list; nobody can answer it. Errors: as SendMessage.
+	BroadcastMessage(context.Context, *BroadcastMessageRequest) (*SendMessageResponse, error)
+	// CloseDialogue closes a dialogue: for everyone when the agent opened
+	// it, else for the agent alone. Errors: INVALID_ARGUMENT, NOT_FOUND (no
+	// such dialogue of this agent).
+	CloseDialogue(context.Context, *CloseDialogueRequest) (*Dialogue, error)
+	// CloseDialogueMessages stops the agent receiving the given message
+	// types in a dialogue. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	CloseDialogueMessages(context.Context, *CloseDialogueMessagesRequest) (*Dialogue, error)
+	// CloseDialogueAgent stops the agent receiving messages from one
+	// counterpart in a dialogue. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	CloseDialogueAgent(context.Context, *CloseDialogueAgentRequest) (*Dialogue, error)
+	// CloseAllDialogues closes every dialogue open for the agent, as
+	// CloseDialogue does each. Errors: INVALID_ARGUMENT.
+	CloseAllDialogues(context.Context, *CloseAllDialoguesRequest) (*CloseAllDialoguesResponse, error)
 	mustEmbedUnimplementedDispatcherServiceServer()
 }
 
@@ -303,6 +442,27 @@ func (UnimplementedDispatcherServiceServer) ExecuteStep(context.Context, *Execut
 }
 func (UnimplementedDispatcherServiceServer) TestRoutine(context.Context, *TestRoutineRequest) (*TestRoutineResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TestRoutine not implemented")
+}
+func (UnimplementedDispatcherServiceServer) SendMessage(context.Context, *SendMessageRequest) (*SendMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SendMessage not implemented")
+}
+func (UnimplementedDispatcherServiceServer) ReplyMessage(context.Context, *ReplyMessageRequest) (*SendMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReplyMessage not implemented")
+}
+func (UnimplementedDispatcherServiceServer) BroadcastMessage(context.Context, *BroadcastMessageRequest) (*SendMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method BroadcastMessage not implemented")
+}
+func (UnimplementedDispatcherServiceServer) CloseDialogue(context.Context, *CloseDialogueRequest) (*Dialogue, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseDialogue not implemented")
+}
+func (UnimplementedDispatcherServiceServer) CloseDialogueMessages(context.Context, *CloseDialogueMessagesRequest) (*Dialogue, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseDialogueMessages not implemented")
+}
+func (UnimplementedDispatcherServiceServer) CloseDialogueAgent(context.Context, *CloseDialogueAgentRequest) (*Dialogue, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseDialogueAgent not implemented")
+}
+func (UnimplementedDispatcherServiceServer) CloseAllDialogues(context.Context, *CloseAllDialoguesRequest) (*CloseAllDialoguesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CloseAllDialogues not implemented")
 }
 func (UnimplementedDispatcherServiceServer) mustEmbedUnimplementedDispatcherServiceServer() {}
 func (UnimplementedDispatcherServiceServer) testEmbeddedByValue()                           {}
@@ -512,6 +672,132 @@ func _DispatcherService_TestRoutine_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_SendMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SendMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).SendMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_SendMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).SendMessage(ctx, req.(*SendMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_ReplyMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplyMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).ReplyMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_ReplyMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).ReplyMessage(ctx, req.(*ReplyMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_BroadcastMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(BroadcastMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).BroadcastMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_BroadcastMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).BroadcastMessage(ctx, req.(*BroadcastMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_CloseDialogue_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseDialogueRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).CloseDialogue(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_CloseDialogue_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).CloseDialogue(ctx, req.(*CloseDialogueRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_CloseDialogueMessages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseDialogueMessagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).CloseDialogueMessages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_CloseDialogueMessages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).CloseDialogueMessages(ctx, req.(*CloseDialogueMessagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_CloseDialogueAgent_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseDialogueAgentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).CloseDialogueAgent(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_CloseDialogueAgent_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).CloseDialogueAgent(ctx, req.(*CloseDialogueAgentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_CloseAllDialogues_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CloseAllDialoguesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).CloseAllDialogues(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_CloseAllDialogues_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).CloseAllDialogues(ctx, req.(*CloseAllDialoguesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DispatcherService_ServiceDesc is the grpc.ServiceDesc for DispatcherService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -558,6 +844,34 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "TestRoutine",
 			Handler:    _DispatcherService_TestRoutine_Handler,
+		},
+		{
+			MethodName: "SendMessage",
+			Handler:    _DispatcherService_SendMessage_Handler,
+		},
+		{
+			MethodName: "ReplyMessage",
+			Handler:    _DispatcherService_ReplyMessage_Handler,
+		},
+		{
+			MethodName: "BroadcastMessage",
+			Handler:    _DispatcherService_BroadcastMessage_Handler,
+		},
+		{
+			MethodName: "CloseDialogue",
+			Handler:    _DispatcherService_CloseDialogue_Handler,
+		},
+		{
+			MethodName: "CloseDialogueMessages",
+			Handler:    _DispatcherService_CloseDialogueMessages_Handler,
+		},
+		{
+			MethodName: "CloseDialogueAgent",
+			Handler:    _DispatcherService_CloseDialogueAgent_Handler,
+		},
+		{
+			MethodName: "CloseAllDialogues",
+			Handler:    _DispatcherService_CloseAllDialogues_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -33,6 +33,8 @@ const (
 	PrincipalKind_PRINCIPAL_KIND_AGENT PrincipalKind = 1
 	// A client key: manages the client's agents.
 	PrincipalKind_PRINCIPAL_KIND_CLIENT PrincipalKind = 2
+	// The operator token: may do anything.
+	PrincipalKind_PRINCIPAL_KIND_OPERATOR PrincipalKind = 3
 )
 
 // Enum value maps for PrincipalKind.
@@ -41,11 +43,13 @@ var (
 		0: "PRINCIPAL_KIND_UNSPECIFIED",
 		1: "PRINCIPAL_KIND_AGENT",
 		2: "PRINCIPAL_KIND_CLIENT",
+		3: "PRINCIPAL_KIND_OPERATOR",
 	}
 	PrincipalKind_value = map[string]int32{
 		"PRINCIPAL_KIND_UNSPECIFIED": 0,
 		"PRINCIPAL_KIND_AGENT":       1,
 		"PRINCIPAL_KIND_CLIENT":      2,
+		"PRINCIPAL_KIND_OPERATOR":    3,
 	}
 )
 
@@ -328,11 +332,12 @@ const file_parley_registry_v1_client_proto_rawDesc = "" +
 	"\acontact\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\acontact\x12\x1e\n" +
 	"\acountry\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\acountry\x127\n" +
 	"\x15daily_limit_micro_usd\x18\x05 \x01(\x03B\x04\xe2A\x01\x01R\x12dailyLimitMicroUsd\x12C\n" +
-	"\x1btransaction_limit_micro_usd\x18\x06 \x01(\x03B\x04\xe2A\x01\x01R\x18transactionLimitMicroUsd*d\n" +
+	"\x1btransaction_limit_micro_usd\x18\x06 \x01(\x03B\x04\xe2A\x01\x01R\x18transactionLimitMicroUsd*\x81\x01\n" +
 	"\rPrincipalKind\x12\x1e\n" +
 	"\x1aPRINCIPAL_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PRINCIPAL_KIND_AGENT\x10\x01\x12\x19\n" +
-	"\x15PRINCIPAL_KIND_CLIENT\x10\x02B\xcd\x01\n" +
+	"\x15PRINCIPAL_KIND_CLIENT\x10\x02\x12\x1b\n" +
+	"\x17PRINCIPAL_KIND_OPERATOR\x10\x03B\xcd\x01\n" +
 	"\x16com.parley.registry.v1B\vClientProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (

@@ -33,6 +33,9 @@ const (
 	DialogueBasis_DIALOGUE_BASIS_FOLLOW DialogueBasis = 1
 	// Both agents are members of their (shared) client's group.
 	DialogueBasis_DIALOGUE_BASIS_CLIENT_GROUP DialogueBasis = 2
+	// The recipient was reached through a group the sender may address: an
+	// open_public group, or a restricted one the sender is a member of.
+	DialogueBasis_DIALOGUE_BASIS_GROUP DialogueBasis = 3
 )
 
 // Enum value maps for DialogueBasis.
@@ -41,11 +44,13 @@ var (
 		0: "DIALOGUE_BASIS_UNSPECIFIED",
 		1: "DIALOGUE_BASIS_FOLLOW",
 		2: "DIALOGUE_BASIS_CLIENT_GROUP",
+		3: "DIALOGUE_BASIS_GROUP",
 	}
 	DialogueBasis_value = map[string]int32{
 		"DIALOGUE_BASIS_UNSPECIFIED":  0,
 		"DIALOGUE_BASIS_FOLLOW":       1,
 		"DIALOGUE_BASIS_CLIENT_GROUP": 2,
+		"DIALOGUE_BASIS_GROUP":        3,
 	}
 )
 
@@ -139,11 +144,12 @@ const file_parley_registry_v1_connection_proto_rawDesc = "" +
 	"#parley/registry/v1/connection.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\"F\n" +
 	"\x06Follow\x12 \n" +
 	"\bfollower\x18\x01 \x01(\tB\x04\xe2A\x01\x03R\bfollower\x12\x1a\n" +
-	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x03R\x05agent*k\n" +
+	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x03R\x05agent*\x85\x01\n" +
 	"\rDialogueBasis\x12\x1e\n" +
 	"\x1aDIALOGUE_BASIS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15DIALOGUE_BASIS_FOLLOW\x10\x01\x12\x1f\n" +
-	"\x1bDIALOGUE_BASIS_CLIENT_GROUP\x10\x02B\xd1\x01\n" +
+	"\x1bDIALOGUE_BASIS_CLIENT_GROUP\x10\x02\x12\x18\n" +
+	"\x14DIALOGUE_BASIS_GROUP\x10\x03B\xd1\x01\n" +
 	"\x16com.parley.registry.v1B\x0fConnectionProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (

@@ -24,6 +24,60 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// StateMachineOutcome is how a pair of a conversation ends, as far as a
+// message type says.
+type StateMachineOutcome int32
+
+const (
+	// The message type says nothing about the outcome.
+	StateMachineOutcome_STATE_MACHINE_OUTCOME_UNSPECIFIED StateMachineOutcome = 0
+	// The pair succeeded (an order completed or confirmed).
+	StateMachineOutcome_STATE_MACHINE_OUTCOME_SUCCESS StateMachineOutcome = 1
+	// The pair failed (a rejection, a withdrawal, a cancelled or failed order).
+	StateMachineOutcome_STATE_MACHINE_OUTCOME_FAILURE StateMachineOutcome = 2
+)
+
+// Enum value maps for StateMachineOutcome.
+var (
+	StateMachineOutcome_name = map[int32]string{
+		0: "STATE_MACHINE_OUTCOME_UNSPECIFIED",
+		1: "STATE_MACHINE_OUTCOME_SUCCESS",
+		2: "STATE_MACHINE_OUTCOME_FAILURE",
+	}
+	StateMachineOutcome_value = map[string]int32{
+		"STATE_MACHINE_OUTCOME_UNSPECIFIED": 0,
+		"STATE_MACHINE_OUTCOME_SUCCESS":     1,
+		"STATE_MACHINE_OUTCOME_FAILURE":     2,
+	}
+)
+
+func (x StateMachineOutcome) Enum() *StateMachineOutcome {
+	p := new(StateMachineOutcome)
+	*p = x
+	return p
+}
+
+func (x StateMachineOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (StateMachineOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_parley_registry_v1_protocol_proto_enumTypes[0].Descriptor()
+}
+
+func (StateMachineOutcome) Type() protoreflect.EnumType {
+	return &file_parley_registry_v1_protocol_proto_enumTypes[0]
+}
+
+func (x StateMachineOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use StateMachineOutcome.Descriptor instead.
+func (StateMachineOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{0}
+}
+
 // Protocol is an Agora protocol document (PD): plain text addressed by the
 // SHA-1 of its exact bytes. Protocols are immutable once stored.
 type Protocol struct {
@@ -223,7 +277,11 @@ type StateMachine struct {
 	Terminal []string `protobuf:"bytes,5,rep,name=terminal,proto3" json:"terminal,omitempty"`
 	// The top-level JSON body field that carries the message type; "type" when
 	// the document does not say.
-	TypeField     string `protobuf:"bytes,6,opt,name=type_field,json=typeField,proto3" json:"type_field,omitempty"`
+	TypeField string `protobuf:"bytes,6,opt,name=type_field,json=typeField,proto3" json:"type_field,omitempty"`
+	// Message types that pass in any state of a pair that has not ended,
+	// answering any type (for example task_withdrawn). The sender's role is
+	// still checked.
+	AlwaysAllowed []string `protobuf:"bytes,7,rep,name=always_allowed,json=alwaysAllowed,proto3" json:"always_allowed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -300,6 +358,92 @@ func (x *StateMachine) GetTypeField() string {
 	return ""
 }
 
+func (x *StateMachine) GetAlwaysAllowed() []string {
+	if x != nil {
+		return x.AlwaysAllowed
+	}
+	return nil
+}
+
+// StateMachineDeadline is a deadline that a message of one type sets on its
+// pair, from a body field holding a number of seconds.
+type StateMachineDeadline struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The deadline's name, for example offer_timeout; unique within the
+	// message type. Setting a deadline again replaces the pending one of that
+	// name.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// The top-level body field holding the seconds; the name when empty. When
+	// the field is absent, no deadline is set.
+	Field string `protobuf:"bytes,2,opt,name=field,proto3" json:"field,omitempty"`
+	// The message types that must arrive before the deadline; never empty.
+	// Accepting one of them meets the deadline, and one arriving after it is
+	// refused.
+	Guards []string `protobuf:"bytes,3,rep,name=guards,proto3" json:"guards,omitempty"`
+	// The longest deadline accepted; unset means 30 days.
+	Max           *durationpb.Duration `protobuf:"bytes,4,opt,name=max,proto3" json:"max,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StateMachineDeadline) Reset() {
+	*x = StateMachineDeadline{}
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StateMachineDeadline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StateMachineDeadline) ProtoMessage() {}
+
+func (x *StateMachineDeadline) ProtoReflect() protoreflect.Message {
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StateMachineDeadline.ProtoReflect.Descriptor instead.
+func (*StateMachineDeadline) Descriptor() ([]byte, []int) {
+	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *StateMachineDeadline) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *StateMachineDeadline) GetField() string {
+	if x != nil {
+		return x.Field
+	}
+	return ""
+}
+
+func (x *StateMachineDeadline) GetGuards() []string {
+	if x != nil {
+		return x.Guards
+	}
+	return nil
+}
+
+func (x *StateMachineDeadline) GetMax() *durationpb.Duration {
+	if x != nil {
+		return x.Max
+	}
+	return nil
+}
+
 // StateMachineMessage is one message type of a StateMachine.
 type StateMachineMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -312,14 +456,28 @@ type StateMachineMessage struct {
 	ReceiverRole string `protobuf:"bytes,3,opt,name=receiver_role,json=receiverRole,proto3" json:"receiver_role,omitempty"`
 	// A JSON Schema for bodies of this type, as compact JSON; empty when
 	// absent.
-	SchemaJson    string `protobuf:"bytes,4,opt,name=schema_json,json=schemaJson,proto3" json:"schema_json,omitempty"`
+	SchemaJson string `protobuf:"bytes,4,opt,name=schema_json,json=schemaJson,proto3" json:"schema_json,omitempty"`
+	// Every role that may send it, sender_role first; each one of
+	// StateMachine.roles.
+	SenderRoles []string `protobuf:"bytes,5,rep,name=sender_roles,json=senderRoles,proto3" json:"sender_roles,omitempty"`
+	// The types of message this type may answer (the message named by
+	// in_reply_to). Empty means every type it may follow in the transitions.
+	Answers []string `protobuf:"bytes,6,rep,name=answers,proto3" json:"answers,omitempty"`
+	// The deadlines a message of this type sets on its pair.
+	Deadlines []*StateMachineDeadline `protobuf:"bytes,7,rep,name=deadlines,proto3" json:"deadlines,omitempty"`
+	// The outcome the pair has once a message of this type is accepted.
+	Outcome StateMachineOutcome `protobuf:"varint,8,opt,name=outcome,proto3,enum=parley.registry.v1.StateMachineOutcome" json:"outcome,omitempty"`
+	// Whether accepting a message of this type forms an order between the
+	// pair (for example accept_offer); the dispatcher then records every
+	// later message of the pair in the order's audit trail.
+	OpensOrder    bool `protobuf:"varint,9,opt,name=opens_order,json=opensOrder,proto3" json:"opens_order,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StateMachineMessage) Reset() {
 	*x = StateMachineMessage{}
-	mi := &file_parley_registry_v1_protocol_proto_msgTypes[2]
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -331,7 +489,7 @@ func (x *StateMachineMessage) String() string {
 func (*StateMachineMessage) ProtoMessage() {}
 
 func (x *StateMachineMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_protocol_proto_msgTypes[2]
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -344,7 +502,7 @@ func (x *StateMachineMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateMachineMessage.ProtoReflect.Descriptor instead.
 func (*StateMachineMessage) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{2}
+	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *StateMachineMessage) GetType() string {
@@ -375,6 +533,41 @@ func (x *StateMachineMessage) GetSchemaJson() string {
 	return ""
 }
 
+func (x *StateMachineMessage) GetSenderRoles() []string {
+	if x != nil {
+		return x.SenderRoles
+	}
+	return nil
+}
+
+func (x *StateMachineMessage) GetAnswers() []string {
+	if x != nil {
+		return x.Answers
+	}
+	return nil
+}
+
+func (x *StateMachineMessage) GetDeadlines() []*StateMachineDeadline {
+	if x != nil {
+		return x.Deadlines
+	}
+	return nil
+}
+
+func (x *StateMachineMessage) GetOutcome() StateMachineOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return StateMachineOutcome_STATE_MACHINE_OUTCOME_UNSPECIFIED
+}
+
+func (x *StateMachineMessage) GetOpensOrder() bool {
+	if x != nil {
+		return x.OpensOrder
+	}
+	return false
+}
+
 // StateMachineTransition says which message types may follow a message type.
 type StateMachineTransition struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -390,7 +583,7 @@ type StateMachineTransition struct {
 
 func (x *StateMachineTransition) Reset() {
 	*x = StateMachineTransition{}
-	mi := &file_parley_registry_v1_protocol_proto_msgTypes[3]
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -402,7 +595,7 @@ func (x *StateMachineTransition) String() string {
 func (*StateMachineTransition) ProtoMessage() {}
 
 func (x *StateMachineTransition) ProtoReflect() protoreflect.Message {
-	mi := &file_parley_registry_v1_protocol_proto_msgTypes[3]
+	mi := &file_parley_registry_v1_protocol_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -415,7 +608,7 @@ func (x *StateMachineTransition) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StateMachineTransition.ProtoReflect.Descriptor instead.
 func (*StateMachineTransition) Descriptor() ([]byte, []int) {
-	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{3}
+	return file_parley_registry_v1_protocol_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *StateMachineTransition) GetMessage() string {
@@ -467,7 +660,7 @@ const file_parley_registry_v1_protocol_proto_rawDesc = "" +
 	"\x13request_schema_json\x18\r \x01(\tB\x04\xe2A\x01\x03R\x11requestSchemaJson\x126\n" +
 	"\x14response_schema_json\x18\x0e \x01(\tB\x04\xe2A\x01\x03R\x12responseSchemaJson\x12K\n" +
 	"\rstate_machine\x18\x0f \x01(\v2 .parley.registry.v1.StateMachineB\x04\xe2A\x01\x03R\fstateMachine:7\xeaA4\n" +
-	"\x1cregistry.parley.dev/Protocol\x12\x14protocols/{protocol}\"\x8c\x02\n" +
+	"\x1cregistry.parley.dev/Protocol\x12\x14protocols/{protocol}\"\xb3\x02\n" +
 	"\fStateMachine\x12\x14\n" +
 	"\x05roles\x18\x01 \x03(\tR\x05roles\x12C\n" +
 	"\bmessages\x18\x02 \x03(\v2'.parley.registry.v1.StateMachineMessageR\bmessages\x12\x18\n" +
@@ -475,18 +668,34 @@ const file_parley_registry_v1_protocol_proto_rawDesc = "" +
 	"\vtransitions\x18\x04 \x03(\v2*.parley.registry.v1.StateMachineTransitionR\vtransitions\x12\x1a\n" +
 	"\bterminal\x18\x05 \x03(\tR\bterminal\x12\x1d\n" +
 	"\n" +
-	"type_field\x18\x06 \x01(\tR\ttypeField\"\x90\x01\n" +
+	"type_field\x18\x06 \x01(\tR\ttypeField\x12%\n" +
+	"\x0ealways_allowed\x18\a \x03(\tR\ralwaysAllowed\"\x85\x01\n" +
+	"\x14StateMachineDeadline\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05field\x18\x02 \x01(\tR\x05field\x12\x16\n" +
+	"\x06guards\x18\x03 \x03(\tR\x06guards\x12+\n" +
+	"\x03max\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x03max\"\xf9\x02\n" +
 	"\x13StateMachineMessage\x12\x12\n" +
 	"\x04type\x18\x01 \x01(\tR\x04type\x12\x1f\n" +
 	"\vsender_role\x18\x02 \x01(\tR\n" +
 	"senderRole\x12#\n" +
 	"\rreceiver_role\x18\x03 \x01(\tR\freceiverRole\x12\x1f\n" +
 	"\vschema_json\x18\x04 \x01(\tR\n" +
-	"schemaJson\"}\n" +
+	"schemaJson\x12!\n" +
+	"\fsender_roles\x18\x05 \x03(\tR\vsenderRoles\x12\x18\n" +
+	"\aanswers\x18\x06 \x03(\tR\aanswers\x12F\n" +
+	"\tdeadlines\x18\a \x03(\v2(.parley.registry.v1.StateMachineDeadlineR\tdeadlines\x12A\n" +
+	"\aoutcome\x18\b \x01(\x0e2'.parley.registry.v1.StateMachineOutcomeR\aoutcome\x12\x1f\n" +
+	"\vopens_order\x18\t \x01(\bR\n" +
+	"opensOrder\"}\n" +
 	"\x16StateMachineTransition\x12\x18\n" +
 	"\amessage\x18\x01 \x01(\tR\amessage\x12\x12\n" +
 	"\x04next\x18\x02 \x03(\tR\x04next\x125\n" +
-	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadlineB\xcf\x01\n" +
+	"\bdeadline\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\bdeadline*\x82\x01\n" +
+	"\x13StateMachineOutcome\x12%\n" +
+	"!STATE_MACHINE_OUTCOME_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dSTATE_MACHINE_OUTCOME_SUCCESS\x10\x01\x12!\n" +
+	"\x1dSTATE_MACHINE_OUTCOME_FAILURE\x10\x02B\xcf\x01\n" +
 	"\x16com.parley.registry.v1B\rProtocolProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (
@@ -501,26 +710,32 @@ func file_parley_registry_v1_protocol_proto_rawDescGZIP() []byte {
 	return file_parley_registry_v1_protocol_proto_rawDescData
 }
 
-var file_parley_registry_v1_protocol_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_parley_registry_v1_protocol_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
+var file_parley_registry_v1_protocol_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_parley_registry_v1_protocol_proto_goTypes = []any{
-	(*Protocol)(nil),               // 0: parley.registry.v1.Protocol
-	(*StateMachine)(nil),           // 1: parley.registry.v1.StateMachine
-	(*StateMachineMessage)(nil),    // 2: parley.registry.v1.StateMachineMessage
-	(*StateMachineTransition)(nil), // 3: parley.registry.v1.StateMachineTransition
-	(*timestamppb.Timestamp)(nil),  // 4: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),    // 5: google.protobuf.Duration
+	(StateMachineOutcome)(0),       // 0: parley.registry.v1.StateMachineOutcome
+	(*Protocol)(nil),               // 1: parley.registry.v1.Protocol
+	(*StateMachine)(nil),           // 2: parley.registry.v1.StateMachine
+	(*StateMachineDeadline)(nil),   // 3: parley.registry.v1.StateMachineDeadline
+	(*StateMachineMessage)(nil),    // 4: parley.registry.v1.StateMachineMessage
+	(*StateMachineTransition)(nil), // 5: parley.registry.v1.StateMachineTransition
+	(*timestamppb.Timestamp)(nil),  // 6: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),    // 7: google.protobuf.Duration
 }
 var file_parley_registry_v1_protocol_proto_depIdxs = []int32{
-	4, // 0: parley.registry.v1.Protocol.create_time:type_name -> google.protobuf.Timestamp
-	1, // 1: parley.registry.v1.Protocol.state_machine:type_name -> parley.registry.v1.StateMachine
-	2, // 2: parley.registry.v1.StateMachine.messages:type_name -> parley.registry.v1.StateMachineMessage
-	3, // 3: parley.registry.v1.StateMachine.transitions:type_name -> parley.registry.v1.StateMachineTransition
-	5, // 4: parley.registry.v1.StateMachineTransition.deadline:type_name -> google.protobuf.Duration
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	6, // 0: parley.registry.v1.Protocol.create_time:type_name -> google.protobuf.Timestamp
+	2, // 1: parley.registry.v1.Protocol.state_machine:type_name -> parley.registry.v1.StateMachine
+	4, // 2: parley.registry.v1.StateMachine.messages:type_name -> parley.registry.v1.StateMachineMessage
+	5, // 3: parley.registry.v1.StateMachine.transitions:type_name -> parley.registry.v1.StateMachineTransition
+	7, // 4: parley.registry.v1.StateMachineDeadline.max:type_name -> google.protobuf.Duration
+	3, // 5: parley.registry.v1.StateMachineMessage.deadlines:type_name -> parley.registry.v1.StateMachineDeadline
+	0, // 6: parley.registry.v1.StateMachineMessage.outcome:type_name -> parley.registry.v1.StateMachineOutcome
+	7, // 7: parley.registry.v1.StateMachineTransition.deadline:type_name -> google.protobuf.Duration
+	8, // [8:8] is the sub-list for method output_type
+	8, // [8:8] is the sub-list for method input_type
+	8, // [8:8] is the sub-list for extension type_name
+	8, // [8:8] is the sub-list for extension extendee
+	0, // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_protocol_proto_init() }
@@ -533,13 +748,14 @@ func file_parley_registry_v1_protocol_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_parley_registry_v1_protocol_proto_rawDesc), len(file_parley_registry_v1_protocol_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   4,
+			NumEnums:      1,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_parley_registry_v1_protocol_proto_goTypes,
 		DependencyIndexes: file_parley_registry_v1_protocol_proto_depIdxs,
+		EnumInfos:         file_parley_registry_v1_protocol_proto_enumTypes,
 		MessageInfos:      file_parley_registry_v1_protocol_proto_msgTypes,
 	}.Build()
 	File_parley_registry_v1_protocol_proto = out.File

@@ -2453,7 +2453,7 @@ var File_parley_registry_v1_registry_service_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\n" +
-	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a\x1fparley/registry/v1/client.proto\x1a#parley/registry/v1/connection.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
+	")parley/registry/v1/registry_service.proto\x12\x12parley.registry.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\x1bgoogle/protobuf/empty.proto\x1a google/protobuf/field_mask.proto\x1a\x1eparley/registry/v1/agent.proto\x1a\x1fparley/registry/v1/caller.proto\x1a\x1fparley/registry/v1/client.proto\x1a#parley/registry/v1/connection.proto\x1a\x1eparley/registry/v1/group.proto\x1a!parley/registry/v1/protocol.proto\"W\n" +
 	"\x15CreateProtocolRequest\x12>\n" +
 	"\bprotocol\x18\x01 \x01(\v2\x1c.parley.registry.v1.ProtocolB\x04\xe2A\x01\x02R\bprotocol\".\n" +
 	"\x12GetProtocolRequest\x12\x18\n" +
@@ -2598,7 +2598,7 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\trecipient\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\trecipient\"t\n" +
 	"\x1fCheckDialoguePermissionResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x127\n" +
-	"\x05basis\x18\x02 \x01(\x0e2!.parley.registry.v1.DialogueBasisR\x05basis2\xa1\"\n" +
+	"\x05basis\x18\x02 \x01(\x0e2!.parley.registry.v1.DialogueBasisR\x05basis2\xd77\n" +
 	"\x0fRegistryService\x12z\n" +
 	"\x0eCreateProtocol\x12).parley.registry.v1.CreateProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1f\x82\xd3\xe4\x93\x02\x19:\bprotocol\"\r/v1/protocols\x12s\n" +
 	"\vGetProtocol\x12&.parley.registry.v1.GetProtocolRequest\x1a\x1c.parley.registry.v1.Protocol\"\x1e\x82\xd3\xe4\x93\x02\x18\x12\x16/v1/{name=protocols/*}\x12{\n" +
@@ -2631,7 +2631,28 @@ const file_parley_registry_v1_registry_service_proto_rawDesc = "" +
 	"\x0fJoinClientGroup\x12*.parley.registry.v1.JoinClientGroupRequest\x1a\x16.google.protobuf.Empty\"8\x82\xd3\xe4\x93\x022:\x01*\"-/v1/{name=clients/*/agents/*}:joinClientGroup\x12\x92\x01\n" +
 	"\x10LeaveClientGroup\x12+.parley.registry.v1.LeaveClientGroupRequest\x1a\x16.google.protobuf.Empty\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/{name=clients/*/agents/*}:leaveClientGroup\x12\xac\x01\n" +
 	"\x16ListClientGroupMembers\x121.parley.registry.v1.ListClientGroupMembersRequest\x1a2.parley.registry.v1.ListClientGroupMembersResponse\"+\x82\xd3\xe4\x93\x02%\x12#/v1/{parent=clients/*}/groupMembers\x12\x82\x01\n" +
-	"\x17CheckDialoguePermission\x122.parley.registry.v1.CheckDialoguePermissionRequest\x1a3.parley.registry.v1.CheckDialoguePermissionResponseB\xd6\x01\n" +
+	"\x17CheckDialoguePermission\x122.parley.registry.v1.CheckDialoguePermissionRequest\x1a3.parley.registry.v1.CheckDialoguePermissionResponse\x12\x86\x01\n" +
+	"\vCreateGroup\x12&.parley.registry.v1.CreateGroupRequest\x1a\x19.parley.registry.v1.Group\"4\x82\xd3\xe4\x93\x02.:\x01*\")/v1/{name=clients/*/agents/*}:createGroup\x12\x86\x01\n" +
+	"\vUpdateGroup\x12&.parley.registry.v1.UpdateGroupRequest\x1a\x19.parley.registry.v1.Group\"4\x82\xd3\xe4\x93\x02.:\x01*\")/v1/{name=clients/*/agents/*}:updateGroup\x12h\n" +
+	"\bGetGroup\x12#.parley.registry.v1.GetGroupRequest\x1a\x19.parley.registry.v1.Group\"\x1c\x82\xd3\xe4\x93\x02\x16\x12\x14/v1/groups/{path=**}\x12|\n" +
+	"\fSearchGroups\x12'.parley.registry.v1.SearchGroupsRequest\x1a(.parley.registry.v1.SearchGroupsResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/groups:search\x12\x8c\x01\n" +
+	"\tJoinGroup\x12$.parley.registry.v1.JoinGroupRequest\x1a%.parley.registry.v1.JoinGroupResponse\"2\x82\xd3\xe4\x93\x02,:\x01*\"'/v1/{name=clients/*/agents/*}:joinGroup\x12\x80\x01\n" +
+	"\n" +
+	"LeaveGroup\x12%.parley.registry.v1.LeaveGroupRequest\x1a\x16.google.protobuf.Empty\"3\x82\xd3\xe4\x93\x02-:\x01*\"(/v1/{name=clients/*/agents/*}:leaveGroup\x12\x98\x01\n" +
+	"\x0fSetGroupRegions\x12*.parley.registry.v1.SetGroupRegionsRequest\x1a\x1f.parley.registry.v1.GroupMember\"8\x82\xd3\xe4\x93\x022:\x01*\"-/v1/{name=clients/*/agents/*}:setGroupRegions\x12\x92\x01\n" +
+	"\rInviteToGroup\x12(.parley.registry.v1.InviteToGroupRequest\x1a\x1f.parley.registry.v1.GroupInvite\"6\x82\xd3\xe4\x93\x020:\x01*\"+/v1/{name=clients/*/agents/*}:inviteToGroup\x12\xa4\x01\n" +
+	"\x16AnswerGroupJoinRequest\x121.parley.registry.v1.AnswerGroupJoinRequestRequest\x1a\x16.google.protobuf.Empty\"?\x82\xd3\xe4\x93\x029:\x01*\"4/v1/{name=clients/*/agents/*}:answerGroupJoinRequest\x12\xac\x01\n" +
+	"\x11AnswerGroupInvite\x12,.parley.registry.v1.AnswerGroupInviteRequest\x1a-.parley.registry.v1.AnswerGroupInviteResponse\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/{name=clients/*/agents/*}:answerGroupInvite\x12\x95\x01\n" +
+	"\x11RemoveGroupMember\x12,.parley.registry.v1.RemoveGroupMemberRequest\x1a\x16.google.protobuf.Empty\":\x82\xd3\xe4\x93\x024:\x01*\"//v1/{name=clients/*/agents/*}:removeGroupMember\x12\xa1\x01\n" +
+	"\x12SetGroupMemberType\x12-.parley.registry.v1.SetGroupMemberTypeRequest\x1a\x1f.parley.registry.v1.GroupMember\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/{name=clients/*/agents/*}:setGroupMemberType\x12\xa1\x01\n" +
+	"\x10ListGroupMembers\x12+.parley.registry.v1.ListGroupMembersRequest\x1a,.parley.registry.v1.ListGroupMembersResponse\"2\x82\xd3\xe4\x93\x02,\x12*/v1/{name=clients/*/agents/*}/groupMembers\x12\x9a\x01\n" +
+	"\x0fListAgentGroups\x12*.parley.registry.v1.ListAgentGroupsRequest\x1a+.parley.registry.v1.ListAgentGroupsResponse\".\x82\xd3\xe4\x93\x02(\x12&/v1/{parent=clients/*/agents/*}/groups\x12\xb7\x01\n" +
+	"\x15ListGroupJoinRequests\x120.parley.registry.v1.ListGroupJoinRequestsRequest\x1a1.parley.registry.v1.ListGroupJoinRequestsResponse\"9\x82\xd3\xe4\x93\x023\x121/v1/{parent=clients/*/agents/*}/groupJoinRequests\x12\xa3\x01\n" +
+	"\x10ListGroupInvites\x12+.parley.registry.v1.ListGroupInvitesRequest\x1a,.parley.registry.v1.ListGroupInvitesResponse\"4\x82\xd3\xe4\x93\x02.\x12,/v1/{parent=clients/*/agents/*}/groupInvites\x12p\n" +
+	"\x11ResolveRecipients\x12,.parley.registry.v1.ResolveRecipientsRequest\x1a-.parley.registry.v1.ResolveRecipientsResponse\x12p\n" +
+	"\x11ListNotifications\x12,.parley.registry.v1.ListNotificationsRequest\x1a-.parley.registry.v1.ListNotificationsResponse\x12a\n" +
+	"\tGetCaller\x12$.parley.registry.v1.GetCallerRequest\x1a\x1a.parley.registry.v1.Caller\"\x12\x82\xd3\xe4\x93\x02\f\x12\n" +
+	"/v1/callerB\xd6\x01\n" +
 	"\x16com.parley.registry.v1B\x14RegistryServiceProtoP\x01Z<github.com/parleyhq/parley/gen/parley/registry/v1;registryv1\xa2\x02\x03PRX\xaa\x02\x12Parley.Registry.V1\xca\x02\x12Parley\\Registry\\V1\xe2\x02\x1eParley\\Registry\\V1\\GPBMetadata\xea\x02\x14Parley::Registry::V1b\x06proto3"
 
 var (
@@ -2698,8 +2719,40 @@ var file_parley_registry_v1_registry_service_proto_goTypes = []any{
 	(*Key)(nil),                              // 47: parley.registry.v1.Key
 	(PrincipalKind)(0),                       // 48: parley.registry.v1.PrincipalKind
 	(DialogueBasis)(0),                       // 49: parley.registry.v1.DialogueBasis
-	(*emptypb.Empty)(nil),                    // 50: google.protobuf.Empty
-	(*Follow)(nil),                           // 51: parley.registry.v1.Follow
+	(*CreateGroupRequest)(nil),               // 50: parley.registry.v1.CreateGroupRequest
+	(*UpdateGroupRequest)(nil),               // 51: parley.registry.v1.UpdateGroupRequest
+	(*GetGroupRequest)(nil),                  // 52: parley.registry.v1.GetGroupRequest
+	(*SearchGroupsRequest)(nil),              // 53: parley.registry.v1.SearchGroupsRequest
+	(*JoinGroupRequest)(nil),                 // 54: parley.registry.v1.JoinGroupRequest
+	(*LeaveGroupRequest)(nil),                // 55: parley.registry.v1.LeaveGroupRequest
+	(*SetGroupRegionsRequest)(nil),           // 56: parley.registry.v1.SetGroupRegionsRequest
+	(*InviteToGroupRequest)(nil),             // 57: parley.registry.v1.InviteToGroupRequest
+	(*AnswerGroupJoinRequestRequest)(nil),    // 58: parley.registry.v1.AnswerGroupJoinRequestRequest
+	(*AnswerGroupInviteRequest)(nil),         // 59: parley.registry.v1.AnswerGroupInviteRequest
+	(*RemoveGroupMemberRequest)(nil),         // 60: parley.registry.v1.RemoveGroupMemberRequest
+	(*SetGroupMemberTypeRequest)(nil),        // 61: parley.registry.v1.SetGroupMemberTypeRequest
+	(*ListGroupMembersRequest)(nil),          // 62: parley.registry.v1.ListGroupMembersRequest
+	(*ListAgentGroupsRequest)(nil),           // 63: parley.registry.v1.ListAgentGroupsRequest
+	(*ListGroupJoinRequestsRequest)(nil),     // 64: parley.registry.v1.ListGroupJoinRequestsRequest
+	(*ListGroupInvitesRequest)(nil),          // 65: parley.registry.v1.ListGroupInvitesRequest
+	(*ResolveRecipientsRequest)(nil),         // 66: parley.registry.v1.ResolveRecipientsRequest
+	(*ListNotificationsRequest)(nil),         // 67: parley.registry.v1.ListNotificationsRequest
+	(*GetCallerRequest)(nil),                 // 68: parley.registry.v1.GetCallerRequest
+	(*emptypb.Empty)(nil),                    // 69: google.protobuf.Empty
+	(*Follow)(nil),                           // 70: parley.registry.v1.Follow
+	(*Group)(nil),                            // 71: parley.registry.v1.Group
+	(*SearchGroupsResponse)(nil),             // 72: parley.registry.v1.SearchGroupsResponse
+	(*JoinGroupResponse)(nil),                // 73: parley.registry.v1.JoinGroupResponse
+	(*GroupMember)(nil),                      // 74: parley.registry.v1.GroupMember
+	(*GroupInvite)(nil),                      // 75: parley.registry.v1.GroupInvite
+	(*AnswerGroupInviteResponse)(nil),        // 76: parley.registry.v1.AnswerGroupInviteResponse
+	(*ListGroupMembersResponse)(nil),         // 77: parley.registry.v1.ListGroupMembersResponse
+	(*ListAgentGroupsResponse)(nil),          // 78: parley.registry.v1.ListAgentGroupsResponse
+	(*ListGroupJoinRequestsResponse)(nil),    // 79: parley.registry.v1.ListGroupJoinRequestsResponse
+	(*ListGroupInvitesResponse)(nil),         // 80: parley.registry.v1.ListGroupInvitesResponse
+	(*ResolveRecipientsResponse)(nil),        // 81: parley.registry.v1.ResolveRecipientsResponse
+	(*ListNotificationsResponse)(nil),        // 82: parley.registry.v1.ListNotificationsResponse
+	(*Caller)(nil),                           // 83: parley.registry.v1.Caller
 }
 var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
 	43, // 0: parley.registry.v1.CreateProtocolRequest.protocol:type_name -> parley.registry.v1.Protocol
@@ -2747,39 +2800,77 @@ var file_parley_registry_v1_registry_service_proto_depIdxs = []int32{
 	38, // 42: parley.registry.v1.RegistryService.LeaveClientGroup:input_type -> parley.registry.v1.LeaveClientGroupRequest
 	39, // 43: parley.registry.v1.RegistryService.ListClientGroupMembers:input_type -> parley.registry.v1.ListClientGroupMembersRequest
 	41, // 44: parley.registry.v1.RegistryService.CheckDialoguePermission:input_type -> parley.registry.v1.CheckDialoguePermissionRequest
-	43, // 45: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
-	43, // 46: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
-	3,  // 47: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
-	6,  // 48: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
-	43, // 49: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
-	8,  // 50: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
-	44, // 51: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
-	44, // 52: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
-	13, // 53: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
-	44, // 54: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
-	50, // 55: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
-	44, // 56: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
-	44, // 57: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
-	44, // 58: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	44, // 59: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
-	20, // 60: parley.registry.v1.RegistryService.CreateClient:output_type -> parley.registry.v1.CreateClientResponse
-	46, // 61: parley.registry.v1.RegistryService.GetClient:output_type -> parley.registry.v1.Client
-	23, // 62: parley.registry.v1.RegistryService.ListClients:output_type -> parley.registry.v1.ListClientsResponse
-	47, // 63: parley.registry.v1.RegistryService.CreateKey:output_type -> parley.registry.v1.Key
-	26, // 64: parley.registry.v1.RegistryService.ListKeys:output_type -> parley.registry.v1.ListKeysResponse
-	50, // 65: parley.registry.v1.RegistryService.DeleteKey:output_type -> google.protobuf.Empty
-	47, // 66: parley.registry.v1.RegistryService.RotateKey:output_type -> parley.registry.v1.Key
-	30, // 67: parley.registry.v1.RegistryService.IntrospectKey:output_type -> parley.registry.v1.IntrospectKeyResponse
-	51, // 68: parley.registry.v1.RegistryService.FollowAgent:output_type -> parley.registry.v1.Follow
-	50, // 69: parley.registry.v1.RegistryService.UnfollowAgent:output_type -> google.protobuf.Empty
-	34, // 70: parley.registry.v1.RegistryService.ListFollowers:output_type -> parley.registry.v1.ListFollowersResponse
-	36, // 71: parley.registry.v1.RegistryService.ListFollowing:output_type -> parley.registry.v1.ListFollowingResponse
-	50, // 72: parley.registry.v1.RegistryService.JoinClientGroup:output_type -> google.protobuf.Empty
-	50, // 73: parley.registry.v1.RegistryService.LeaveClientGroup:output_type -> google.protobuf.Empty
-	40, // 74: parley.registry.v1.RegistryService.ListClientGroupMembers:output_type -> parley.registry.v1.ListClientGroupMembersResponse
-	42, // 75: parley.registry.v1.RegistryService.CheckDialoguePermission:output_type -> parley.registry.v1.CheckDialoguePermissionResponse
-	45, // [45:76] is the sub-list for method output_type
-	14, // [14:45] is the sub-list for method input_type
+	50, // 45: parley.registry.v1.RegistryService.CreateGroup:input_type -> parley.registry.v1.CreateGroupRequest
+	51, // 46: parley.registry.v1.RegistryService.UpdateGroup:input_type -> parley.registry.v1.UpdateGroupRequest
+	52, // 47: parley.registry.v1.RegistryService.GetGroup:input_type -> parley.registry.v1.GetGroupRequest
+	53, // 48: parley.registry.v1.RegistryService.SearchGroups:input_type -> parley.registry.v1.SearchGroupsRequest
+	54, // 49: parley.registry.v1.RegistryService.JoinGroup:input_type -> parley.registry.v1.JoinGroupRequest
+	55, // 50: parley.registry.v1.RegistryService.LeaveGroup:input_type -> parley.registry.v1.LeaveGroupRequest
+	56, // 51: parley.registry.v1.RegistryService.SetGroupRegions:input_type -> parley.registry.v1.SetGroupRegionsRequest
+	57, // 52: parley.registry.v1.RegistryService.InviteToGroup:input_type -> parley.registry.v1.InviteToGroupRequest
+	58, // 53: parley.registry.v1.RegistryService.AnswerGroupJoinRequest:input_type -> parley.registry.v1.AnswerGroupJoinRequestRequest
+	59, // 54: parley.registry.v1.RegistryService.AnswerGroupInvite:input_type -> parley.registry.v1.AnswerGroupInviteRequest
+	60, // 55: parley.registry.v1.RegistryService.RemoveGroupMember:input_type -> parley.registry.v1.RemoveGroupMemberRequest
+	61, // 56: parley.registry.v1.RegistryService.SetGroupMemberType:input_type -> parley.registry.v1.SetGroupMemberTypeRequest
+	62, // 57: parley.registry.v1.RegistryService.ListGroupMembers:input_type -> parley.registry.v1.ListGroupMembersRequest
+	63, // 58: parley.registry.v1.RegistryService.ListAgentGroups:input_type -> parley.registry.v1.ListAgentGroupsRequest
+	64, // 59: parley.registry.v1.RegistryService.ListGroupJoinRequests:input_type -> parley.registry.v1.ListGroupJoinRequestsRequest
+	65, // 60: parley.registry.v1.RegistryService.ListGroupInvites:input_type -> parley.registry.v1.ListGroupInvitesRequest
+	66, // 61: parley.registry.v1.RegistryService.ResolveRecipients:input_type -> parley.registry.v1.ResolveRecipientsRequest
+	67, // 62: parley.registry.v1.RegistryService.ListNotifications:input_type -> parley.registry.v1.ListNotificationsRequest
+	68, // 63: parley.registry.v1.RegistryService.GetCaller:input_type -> parley.registry.v1.GetCallerRequest
+	43, // 64: parley.registry.v1.RegistryService.CreateProtocol:output_type -> parley.registry.v1.Protocol
+	43, // 65: parley.registry.v1.RegistryService.GetProtocol:output_type -> parley.registry.v1.Protocol
+	3,  // 66: parley.registry.v1.RegistryService.ListProtocols:output_type -> parley.registry.v1.ListProtocolsResponse
+	6,  // 67: parley.registry.v1.RegistryService.SearchProtocols:output_type -> parley.registry.v1.SearchProtocolsResponse
+	43, // 68: parley.registry.v1.RegistryService.ResolveProtocol:output_type -> parley.registry.v1.Protocol
+	8,  // 69: parley.registry.v1.RegistryService.SyncProtocols:output_type -> parley.registry.v1.SyncProtocolsResponse
+	44, // 70: parley.registry.v1.RegistryService.CreateAgent:output_type -> parley.registry.v1.Agent
+	44, // 71: parley.registry.v1.RegistryService.GetAgent:output_type -> parley.registry.v1.Agent
+	13, // 72: parley.registry.v1.RegistryService.ListAgents:output_type -> parley.registry.v1.ListAgentsResponse
+	44, // 73: parley.registry.v1.RegistryService.UpdateAgent:output_type -> parley.registry.v1.Agent
+	69, // 74: parley.registry.v1.RegistryService.DeleteAgent:output_type -> google.protobuf.Empty
+	44, // 75: parley.registry.v1.RegistryService.AddSupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 76: parley.registry.v1.RegistryService.RemoveSupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 77: parley.registry.v1.RegistryService.AddUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	44, // 78: parley.registry.v1.RegistryService.RemoveUnsupportedProtocol:output_type -> parley.registry.v1.Agent
+	20, // 79: parley.registry.v1.RegistryService.CreateClient:output_type -> parley.registry.v1.CreateClientResponse
+	46, // 80: parley.registry.v1.RegistryService.GetClient:output_type -> parley.registry.v1.Client
+	23, // 81: parley.registry.v1.RegistryService.ListClients:output_type -> parley.registry.v1.ListClientsResponse
+	47, // 82: parley.registry.v1.RegistryService.CreateKey:output_type -> parley.registry.v1.Key
+	26, // 83: parley.registry.v1.RegistryService.ListKeys:output_type -> parley.registry.v1.ListKeysResponse
+	69, // 84: parley.registry.v1.RegistryService.DeleteKey:output_type -> google.protobuf.Empty
+	47, // 85: parley.registry.v1.RegistryService.RotateKey:output_type -> parley.registry.v1.Key
+	30, // 86: parley.registry.v1.RegistryService.IntrospectKey:output_type -> parley.registry.v1.IntrospectKeyResponse
+	70, // 87: parley.registry.v1.RegistryService.FollowAgent:output_type -> parley.registry.v1.Follow
+	69, // 88: parley.registry.v1.RegistryService.UnfollowAgent:output_type -> google.protobuf.Empty
+	34, // 89: parley.registry.v1.RegistryService.ListFollowers:output_type -> parley.registry.v1.ListFollowersResponse
+	36, // 90: parley.registry.v1.RegistryService.ListFollowing:output_type -> parley.registry.v1.ListFollowingResponse
+	69, // 91: parley.registry.v1.RegistryService.JoinClientGroup:output_type -> google.protobuf.Empty
+	69, // 92: parley.registry.v1.RegistryService.LeaveClientGroup:output_type -> google.protobuf.Empty
+	40, // 93: parley.registry.v1.RegistryService.ListClientGroupMembers:output_type -> parley.registry.v1.ListClientGroupMembersResponse
+	42, // 94: parley.registry.v1.RegistryService.CheckDialoguePermission:output_type -> parley.registry.v1.CheckDialoguePermissionResponse
+	71, // 95: parley.registry.v1.RegistryService.CreateGroup:output_type -> parley.registry.v1.Group
+	71, // 96: parley.registry.v1.RegistryService.UpdateGroup:output_type -> parley.registry.v1.Group
+	71, // 97: parley.registry.v1.RegistryService.GetGroup:output_type -> parley.registry.v1.Group
+	72, // 98: parley.registry.v1.RegistryService.SearchGroups:output_type -> parley.registry.v1.SearchGroupsResponse
+	73, // 99: parley.registry.v1.RegistryService.JoinGroup:output_type -> parley.registry.v1.JoinGroupResponse
+	69, // 100: parley.registry.v1.RegistryService.LeaveGroup:output_type -> google.protobuf.Empty
+	74, // 101: parley.registry.v1.RegistryService.SetGroupRegions:output_type -> parley.registry.v1.GroupMember
+	75, // 102: parley.registry.v1.RegistryService.InviteToGroup:output_type -> parley.registry.v1.GroupInvite
+	69, // 103: parley.registry.v1.RegistryService.AnswerGroupJoinRequest:output_type -> google.protobuf.Empty
+	76, // 104: parley.registry.v1.RegistryService.AnswerGroupInvite:output_type -> parley.registry.v1.AnswerGroupInviteResponse
+	69, // 105: parley.registry.v1.RegistryService.RemoveGroupMember:output_type -> google.protobuf.Empty
+	74, // 106: parley.registry.v1.RegistryService.SetGroupMemberType:output_type -> parley.registry.v1.GroupMember
+	77, // 107: parley.registry.v1.RegistryService.ListGroupMembers:output_type -> parley.registry.v1.ListGroupMembersResponse
+	78, // 108: parley.registry.v1.RegistryService.ListAgentGroups:output_type -> parley.registry.v1.ListAgentGroupsResponse
+	79, // 109: parley.registry.v1.RegistryService.ListGroupJoinRequests:output_type -> parley.registry.v1.ListGroupJoinRequestsResponse
+	80, // 110: parley.registry.v1.RegistryService.ListGroupInvites:output_type -> parley.registry.v1.ListGroupInvitesResponse
+	81, // 111: parley.registry.v1.RegistryService.ResolveRecipients:output_type -> parley.registry.v1.ResolveRecipientsResponse
+	82, // 112: parley.registry.v1.RegistryService.ListNotifications:output_type -> parley.registry.v1.ListNotificationsResponse
+	83, // 113: parley.registry.v1.RegistryService.GetCaller:output_type -> parley.registry.v1.Caller
+	64, // [64:114] is the sub-list for method output_type
+	14, // [14:64] is the sub-list for method input_type
 	14, // [14:14] is the sub-list for extension type_name
 	14, // [14:14] is the sub-list for extension extendee
 	0,  // [0:14] is the sub-list for field type_name
@@ -2791,8 +2882,10 @@ func file_parley_registry_v1_registry_service_proto_init() {
 		return
 	}
 	file_parley_registry_v1_agent_proto_init()
+	file_parley_registry_v1_caller_proto_init()
 	file_parley_registry_v1_client_proto_init()
 	file_parley_registry_v1_connection_proto_init()
+	file_parley_registry_v1_group_proto_init()
 	file_parley_registry_v1_protocol_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

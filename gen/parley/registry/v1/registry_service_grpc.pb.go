@@ -51,6 +51,25 @@ const (
 	RegistryService_LeaveClientGroup_FullMethodName          = "/parley.registry.v1.RegistryService/LeaveClientGroup"
 	RegistryService_ListClientGroupMembers_FullMethodName    = "/parley.registry.v1.RegistryService/ListClientGroupMembers"
 	RegistryService_CheckDialoguePermission_FullMethodName   = "/parley.registry.v1.RegistryService/CheckDialoguePermission"
+	RegistryService_CreateGroup_FullMethodName               = "/parley.registry.v1.RegistryService/CreateGroup"
+	RegistryService_UpdateGroup_FullMethodName               = "/parley.registry.v1.RegistryService/UpdateGroup"
+	RegistryService_GetGroup_FullMethodName                  = "/parley.registry.v1.RegistryService/GetGroup"
+	RegistryService_SearchGroups_FullMethodName              = "/parley.registry.v1.RegistryService/SearchGroups"
+	RegistryService_JoinGroup_FullMethodName                 = "/parley.registry.v1.RegistryService/JoinGroup"
+	RegistryService_LeaveGroup_FullMethodName                = "/parley.registry.v1.RegistryService/LeaveGroup"
+	RegistryService_SetGroupRegions_FullMethodName           = "/parley.registry.v1.RegistryService/SetGroupRegions"
+	RegistryService_InviteToGroup_FullMethodName             = "/parley.registry.v1.RegistryService/InviteToGroup"
+	RegistryService_AnswerGroupJoinRequest_FullMethodName    = "/parley.registry.v1.RegistryService/AnswerGroupJoinRequest"
+	RegistryService_AnswerGroupInvite_FullMethodName         = "/parley.registry.v1.RegistryService/AnswerGroupInvite"
+	RegistryService_RemoveGroupMember_FullMethodName         = "/parley.registry.v1.RegistryService/RemoveGroupMember"
+	RegistryService_SetGroupMemberType_FullMethodName        = "/parley.registry.v1.RegistryService/SetGroupMemberType"
+	RegistryService_ListGroupMembers_FullMethodName          = "/parley.registry.v1.RegistryService/ListGroupMembers"
+	RegistryService_ListAgentGroups_FullMethodName           = "/parley.registry.v1.RegistryService/ListAgentGroups"
+	RegistryService_ListGroupJoinRequests_FullMethodName     = "/parley.registry.v1.RegistryService/ListGroupJoinRequests"
+	RegistryService_ListGroupInvites_FullMethodName          = "/parley.registry.v1.RegistryService/ListGroupInvites"
+	RegistryService_ResolveRecipients_FullMethodName         = "/parley.registry.v1.RegistryService/ResolveRecipients"
+	RegistryService_ListNotifications_FullMethodName         = "/parley.registry.v1.RegistryService/ListNotifications"
+	RegistryService_GetCaller_FullMethodName                 = "/parley.registry.v1.RegistryService/GetCaller"
 )
 
 // RegistryServiceClient is the client API for RegistryService service.
@@ -188,6 +207,88 @@ type RegistryServiceClient interface {
 	// client's group. The dispatcher calls it; it has no HTTP route. Errors:
 	// INVALID_ARGUMENT (malformed names).
 	CheckDialoguePermission(ctx context.Context, in *CheckDialoguePermissionRequest, opts ...grpc.CallOption) (*CheckDialoguePermissionResponse, error)
+	// CreateGroup creates a group; its creator becomes its first member and
+	// admin. A sub-group's parent must exist and the creator must administer
+	// it; its access, category and protocol must equal the parent's.
+	// Errors: INVALID_ARGUMENT (bad path, empty segment or "~>", missing
+	// access or category, mismatch with the parent, reason
+	// GROUP_PARENT_MISMATCH), NOT_FOUND (parent), PERMISSION_DENIED (not the
+	// group's client, or not an admin of the parent), ALREADY_EXISTS.
+	CreateGroup(ctx context.Context, in *CreateGroupRequest, opts ...grpc.CallOption) (*Group, error)
+	// UpdateGroup edits a group's display name and descriptions. Errors:
+	// INVALID_ARGUMENT (immutable or unknown path), NOT_FOUND,
+	// PERMISSION_DENIED (not an admin).
+	UpdateGroup(ctx context.Context, in *UpdateGroupRequest, opts ...grpc.CallOption) (*Group, error)
+	// GetGroup returns a group. A restricted_private group is visible only
+	// to its members, their clients and the operator; to others it is
+	// NOT_FOUND. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetGroup(ctx context.Context, in *GetGroupRequest, opts ...grpc.CallOption) (*Group, error)
+	// SearchGroups lists open_public and restricted_public groups whose
+	// path, display name or descriptions contain the query
+	// (case-insensitive), in path order, at most 350 in all. Errors:
+	// INVALID_ARGUMENT (empty or long query, bad page size or token).
+	SearchGroups(ctx context.Context, in *SearchGroupsRequest, opts ...grpc.CallOption) (*SearchGroupsResponse, error)
+	// JoinGroup joins an open_public group at once, or sends a join request
+	// to every admin of a restricted_public one. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND, PERMISSION_DENIED (restricted_private: invite only, reason
+	// GROUP_INVITE_ONLY), ALREADY_EXISTS (a request is already pending).
+	JoinGroup(ctx context.Context, in *JoinGroupRequest, opts ...grpc.CallOption) (*JoinGroupResponse, error)
+	// LeaveGroup ends the agent's membership. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND (group, or not a member, reason GROUP_MEMBER_NOT_FOUND).
+	LeaveGroup(ctx context.Context, in *LeaveGroupRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// SetGroupRegions replaces the regions of the agent's membership.
+	// Errors: INVALID_ARGUMENT (city without state), NOT_FOUND.
+	SetGroupRegions(ctx context.Context, in *SetGroupRegionsRequest, opts ...grpc.CallOption) (*GroupMember, error)
+	// InviteToGroup invites an agent, replacing its pending invite to the
+	// group; a pending join request of that agent is answered by the invite.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (group or agent),
+	// PERMISSION_DENIED (not an admin, reason GROUP_ADMIN_ONLY),
+	// ALREADY_EXISTS (already a member).
+	InviteToGroup(ctx context.Context, in *InviteToGroupRequest, opts ...grpc.CallOption) (*GroupInvite, error)
+	// AnswerGroupJoinRequest accepts or rejects a pending join request; the
+	// first admin to answer decides. Errors: INVALID_ARGUMENT, NOT_FOUND (no
+	// such request, perhaps already answered), PERMISSION_DENIED.
+	AnswerGroupJoinRequest(ctx context.Context, in *AnswerGroupJoinRequestRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// AnswerGroupInvite accepts (starting membership) or declines an invite.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (no such invite).
+	AnswerGroupInvite(ctx context.Context, in *AnswerGroupInviteRequest, opts ...grpc.CallOption) (*AnswerGroupInviteResponse, error)
+	// RemoveGroupMember removes a member. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND, PERMISSION_DENIED (not an admin).
+	RemoveGroupMember(ctx context.Context, in *RemoveGroupMemberRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
+	// SetGroupMemberType makes a member an admin or an admin a member.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not an admin).
+	SetGroupMemberType(ctx context.Context, in *SetGroupMemberTypeRequest, opts ...grpc.CallOption) (*GroupMember, error)
+	// ListGroupMembers lists a group's members; only its members may.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not a member,
+	// reason GROUP_MEMBERS_ONLY).
+	ListGroupMembers(ctx context.Context, in *ListGroupMembersRequest, opts ...grpc.CallOption) (*ListGroupMembersResponse, error)
+	// ListAgentGroups lists the groups an agent belongs to, or only those it
+	// administers. Errors: INVALID_ARGUMENT.
+	ListAgentGroups(ctx context.Context, in *ListAgentGroupsRequest, opts ...grpc.CallOption) (*ListAgentGroupsResponse, error)
+	// ListGroupJoinRequests lists the pending join requests of a group the
+	// agent administers. Errors: INVALID_ARGUMENT, NOT_FOUND,
+	// PERMISSION_DENIED (not an admin).
+	ListGroupJoinRequests(ctx context.Context, in *ListGroupJoinRequestsRequest, opts ...grpc.CallOption) (*ListGroupJoinRequestsResponse, error)
+	// ListGroupInvites lists the agent's pending invites. Errors:
+	// INVALID_ARGUMENT.
+	ListGroupInvites(ctx context.Context, in *ListGroupInvitesRequest, opts ...grpc.CallOption) (*ListGroupInvitesResponse, error)
+	// ResolveRecipients resolves a distribution list for the dispatcher
+	// (socontra.md section 3): direct agents plus the members of each group
+	// in its scope, filtered by region, de-duplicated, minus the sender,
+	// each checked for permission (section 2). It has no HTTP route.
+	// Errors: INVALID_ARGUMENT (malformed names, unknown scope, neither
+	// direct nor groups, too many entries).
+	ResolveRecipients(ctx context.Context, in *ResolveRecipientsRequest, opts ...grpc.CallOption) (*ResolveRecipientsResponse, error)
+	// ListNotifications reads the registry's notification outbox after a
+	// sequence, waiting up to `wait` for one; the dispatcher relays them to
+	// mailboxes. It has no HTTP route. Errors: INVALID_ARGUMENT.
+	ListNotifications(ctx context.Context, in *ListNotificationsRequest, opts ...grpc.CallOption) (*ListNotificationsResponse, error)
+	// GetCaller says who the call's own credential identifies: its kind, and
+	// its client and agent for keys. Tools use it to act as "me" without
+	// being told the agent's name. Errors: UNAUTHENTICATED (no or a bad
+	// credential), FAILED_PRECONDITION (the server runs without access
+	// control, so callers have no identity).
+	GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*Caller, error)
 }
 
 type registryServiceClient struct {
@@ -508,6 +609,196 @@ func (c *registryServiceClient) CheckDialoguePermission(ctx context.Context, in 
 	return out, nil
 }
 
+func (c *registryServiceClient) CreateGroup(ctx context.Context, in *CreateGroupRequest, opts ...grpc.CallOption) (*Group, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Group)
+	err := c.cc.Invoke(ctx, RegistryService_CreateGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) UpdateGroup(ctx context.Context, in *UpdateGroupRequest, opts ...grpc.CallOption) (*Group, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Group)
+	err := c.cc.Invoke(ctx, RegistryService_UpdateGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) GetGroup(ctx context.Context, in *GetGroupRequest, opts ...grpc.CallOption) (*Group, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Group)
+	err := c.cc.Invoke(ctx, RegistryService_GetGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) SearchGroups(ctx context.Context, in *SearchGroupsRequest, opts ...grpc.CallOption) (*SearchGroupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SearchGroupsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_SearchGroups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) JoinGroup(ctx context.Context, in *JoinGroupRequest, opts ...grpc.CallOption) (*JoinGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(JoinGroupResponse)
+	err := c.cc.Invoke(ctx, RegistryService_JoinGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) LeaveGroup(ctx context.Context, in *LeaveGroupRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(emptypb.Empty)
+	err := c.cc.Invoke(ctx, RegistryService_LeaveGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) SetGroupRegions(ctx context.Context, in *SetGroupRegionsRequest, opts ...grpc.CallOption) (*GroupMember, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GroupMember)
+	err := c.cc.Invoke(ctx, RegistryService_SetGroupRegions_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) InviteToGroup(ctx context.Context, in *InviteToGroupRequest, opts ...grpc.CallOption) (*GroupInvite, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GroupInvite)
+	err := c.cc.Invoke(ctx, RegistryService_InviteToGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) AnswerGroupJoinRequest(ctx context.Context, in *AnswerGroupJoinRequestRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(emptypb.Empty)
+	err := c.cc.Invoke(ctx, RegistryService_AnswerGroupJoinRequest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) AnswerGroupInvite(ctx context.Context, in *AnswerGroupInviteRequest, opts ...grpc.CallOption) (*AnswerGroupInviteResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AnswerGroupInviteResponse)
+	err := c.cc.Invoke(ctx, RegistryService_AnswerGroupInvite_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) RemoveGroupMember(ctx context.Context, in *RemoveGroupMemberRequest, opts ...grpc.CallOption) (*emptypb.Empty, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(emptypb.Empty)
+	err := c.cc.Invoke(ctx, RegistryService_RemoveGroupMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) SetGroupMemberType(ctx context.Context, in *SetGroupMemberTypeRequest, opts ...grpc.CallOption) (*GroupMember, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GroupMember)
+	err := c.cc.Invoke(ctx, RegistryService_SetGroupMemberType_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListGroupMembers(ctx context.Context, in *ListGroupMembersRequest, opts ...grpc.CallOption) (*ListGroupMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListGroupMembersResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListGroupMembers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListAgentGroups(ctx context.Context, in *ListAgentGroupsRequest, opts ...grpc.CallOption) (*ListAgentGroupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListAgentGroupsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListAgentGroups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListGroupJoinRequests(ctx context.Context, in *ListGroupJoinRequestsRequest, opts ...grpc.CallOption) (*ListGroupJoinRequestsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListGroupJoinRequestsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListGroupJoinRequests_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListGroupInvites(ctx context.Context, in *ListGroupInvitesRequest, opts ...grpc.CallOption) (*ListGroupInvitesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListGroupInvitesResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListGroupInvites_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ResolveRecipients(ctx context.Context, in *ResolveRecipientsRequest, opts ...grpc.CallOption) (*ResolveRecipientsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ResolveRecipientsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ResolveRecipients_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) ListNotifications(ctx context.Context, in *ListNotificationsRequest, opts ...grpc.CallOption) (*ListNotificationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListNotificationsResponse)
+	err := c.cc.Invoke(ctx, RegistryService_ListNotifications_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *registryServiceClient) GetCaller(ctx context.Context, in *GetCallerRequest, opts ...grpc.CallOption) (*Caller, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Caller)
+	err := c.cc.Invoke(ctx, RegistryService_GetCaller_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RegistryServiceServer is the server API for RegistryService service.
 // All implementations must embed UnimplementedRegistryServiceServer
 // for forward compatibility.
@@ -643,6 +934,88 @@ type RegistryServiceServer interface {
 	// client's group. The dispatcher calls it; it has no HTTP route. Errors:
 	// INVALID_ARGUMENT (malformed names).
 	CheckDialoguePermission(context.Context, *CheckDialoguePermissionRequest) (*CheckDialoguePermissionResponse, error)
+	// CreateGroup creates a group; its creator becomes its first member and
+	// admin. A sub-group's parent must exist and the creator must administer
+	// it; its access, category and protocol must equal the parent's.
+	// Errors: INVALID_ARGUMENT (bad path, empty segment or "~>", missing
+	// access or category, mismatch with the parent, reason
+	// GROUP_PARENT_MISMATCH), NOT_FOUND (parent), PERMISSION_DENIED (not the
+	// group's client, or not an admin of the parent), ALREADY_EXISTS.
+	CreateGroup(context.Context, *CreateGroupRequest) (*Group, error)
+	// UpdateGroup edits a group's display name and descriptions. Errors:
+	// INVALID_ARGUMENT (immutable or unknown path), NOT_FOUND,
+	// PERMISSION_DENIED (not an admin).
+	UpdateGroup(context.Context, *UpdateGroupRequest) (*Group, error)
+	// GetGroup returns a group. A restricted_private group is visible only
+	// to its members, their clients and the operator; to others it is
+	// NOT_FOUND. Errors: INVALID_ARGUMENT, NOT_FOUND.
+	GetGroup(context.Context, *GetGroupRequest) (*Group, error)
+	// SearchGroups lists open_public and restricted_public groups whose
+	// path, display name or descriptions contain the query
+	// (case-insensitive), in path order, at most 350 in all. Errors:
+	// INVALID_ARGUMENT (empty or long query, bad page size or token).
+	SearchGroups(context.Context, *SearchGroupsRequest) (*SearchGroupsResponse, error)
+	// JoinGroup joins an open_public group at once, or sends a join request
+	// to every admin of a restricted_public one. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND, PERMISSION_DENIED (restricted_private: invite only, reason
+	// GROUP_INVITE_ONLY), ALREADY_EXISTS (a request is already pending).
+	JoinGroup(context.Context, *JoinGroupRequest) (*JoinGroupResponse, error)
+	// LeaveGroup ends the agent's membership. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND (group, or not a member, reason GROUP_MEMBER_NOT_FOUND).
+	LeaveGroup(context.Context, *LeaveGroupRequest) (*emptypb.Empty, error)
+	// SetGroupRegions replaces the regions of the agent's membership.
+	// Errors: INVALID_ARGUMENT (city without state), NOT_FOUND.
+	SetGroupRegions(context.Context, *SetGroupRegionsRequest) (*GroupMember, error)
+	// InviteToGroup invites an agent, replacing its pending invite to the
+	// group; a pending join request of that agent is answered by the invite.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (group or agent),
+	// PERMISSION_DENIED (not an admin, reason GROUP_ADMIN_ONLY),
+	// ALREADY_EXISTS (already a member).
+	InviteToGroup(context.Context, *InviteToGroupRequest) (*GroupInvite, error)
+	// AnswerGroupJoinRequest accepts or rejects a pending join request; the
+	// first admin to answer decides. Errors: INVALID_ARGUMENT, NOT_FOUND (no
+	// such request, perhaps already answered), PERMISSION_DENIED.
+	AnswerGroupJoinRequest(context.Context, *AnswerGroupJoinRequestRequest) (*emptypb.Empty, error)
+	// AnswerGroupInvite accepts (starting membership) or declines an invite.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND (no such invite).
+	AnswerGroupInvite(context.Context, *AnswerGroupInviteRequest) (*AnswerGroupInviteResponse, error)
+	// RemoveGroupMember removes a member. Errors: INVALID_ARGUMENT,
+	// NOT_FOUND, PERMISSION_DENIED (not an admin).
+	RemoveGroupMember(context.Context, *RemoveGroupMemberRequest) (*emptypb.Empty, error)
+	// SetGroupMemberType makes a member an admin or an admin a member.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not an admin).
+	SetGroupMemberType(context.Context, *SetGroupMemberTypeRequest) (*GroupMember, error)
+	// ListGroupMembers lists a group's members; only its members may.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not a member,
+	// reason GROUP_MEMBERS_ONLY).
+	ListGroupMembers(context.Context, *ListGroupMembersRequest) (*ListGroupMembersResponse, error)
+	// ListAgentGroups lists the groups an agent belongs to, or only those it
+	// administers. Errors: INVALID_ARGUMENT.
+	ListAgentGroups(context.Context, *ListAgentGroupsRequest) (*ListAgentGroupsResponse, error)
+	// ListGroupJoinRequests lists the pending join requests of a group the
+	// agent administers. Errors: INVALID_ARGUMENT, NOT_FOUND,
+	// PERMISSION_DENIED (not an admin).
+	ListGroupJoinRequests(context.Context, *ListGroupJoinRequestsRequest) (*ListGroupJoinRequestsResponse, error)
+	// ListGroupInvites lists the agent's pending invites. Errors:
+	// INVALID_ARGUMENT.
+	ListGroupInvites(context.Context, *ListGroupInvitesRequest) (*ListGroupInvitesResponse, error)
+	// ResolveRecipients resolves a distribution list for the dispatcher
+	// (socontra.md section 3): direct agents plus the members of each group
+	// in its scope, filtered by region, de-duplicated, minus the sender,
+	// each checked for permission (section 2). It has no HTTP route.
+	// Errors: INVALID_ARGUMENT (malformed names, unknown scope, neither
+	// direct nor groups, too many entries).
+	ResolveRecipients(context.Context, *ResolveRecipientsRequest) (*ResolveRecipientsResponse, error)
+	// ListNotifications reads the registry's notification outbox after a
+	// sequence, waiting up to `wait` for one; the dispatcher relays them to
+	// mailboxes. It has no HTTP route. Errors: INVALID_ARGUMENT.
+	ListNotifications(context.Context, *ListNotificationsRequest) (*ListNotificationsResponse, error)
+	// GetCaller says who the call's own credential identifies: its kind, and
+	// its client and agent for keys. Tools use it to act as "me" without
+	// being told the agent's name. Errors: UNAUTHENTICATED (no or a bad
+	// credential), FAILED_PRECONDITION (the server runs without access
+	// control, so callers have no identity).
+	GetCaller(context.Context, *GetCallerRequest) (*Caller, error)
 	mustEmbedUnimplementedRegistryServiceServer()
 }
 
@@ -745,6 +1118,63 @@ func (UnimplementedRegistryServiceServer) ListClientGroupMembers(context.Context
 }
 func (UnimplementedRegistryServiceServer) CheckDialoguePermission(context.Context, *CheckDialoguePermissionRequest) (*CheckDialoguePermissionResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckDialoguePermission not implemented")
+}
+func (UnimplementedRegistryServiceServer) CreateGroup(context.Context, *CreateGroupRequest) (*Group, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) UpdateGroup(context.Context, *UpdateGroupRequest) (*Group, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetGroup(context.Context, *GetGroupRequest) (*Group, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) SearchGroups(context.Context, *SearchGroupsRequest) (*SearchGroupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method SearchGroups not implemented")
+}
+func (UnimplementedRegistryServiceServer) JoinGroup(context.Context, *JoinGroupRequest) (*JoinGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method JoinGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) LeaveGroup(context.Context, *LeaveGroupRequest) (*emptypb.Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method LeaveGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) SetGroupRegions(context.Context, *SetGroupRegionsRequest) (*GroupMember, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetGroupRegions not implemented")
+}
+func (UnimplementedRegistryServiceServer) InviteToGroup(context.Context, *InviteToGroupRequest) (*GroupInvite, error) {
+	return nil, status.Error(codes.Unimplemented, "method InviteToGroup not implemented")
+}
+func (UnimplementedRegistryServiceServer) AnswerGroupJoinRequest(context.Context, *AnswerGroupJoinRequestRequest) (*emptypb.Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method AnswerGroupJoinRequest not implemented")
+}
+func (UnimplementedRegistryServiceServer) AnswerGroupInvite(context.Context, *AnswerGroupInviteRequest) (*AnswerGroupInviteResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AnswerGroupInvite not implemented")
+}
+func (UnimplementedRegistryServiceServer) RemoveGroupMember(context.Context, *RemoveGroupMemberRequest) (*emptypb.Empty, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveGroupMember not implemented")
+}
+func (UnimplementedRegistryServiceServer) SetGroupMemberType(context.Context, *SetGroupMemberTypeRequest) (*GroupMember, error) {
+	return nil, status.Error(codes.Unimplemented, "method SetGroupMemberType not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListGroupMembers(context.Context, *ListGroupMembersRequest) (*ListGroupMembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListGroupMembers not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListAgentGroups(context.Context, *ListAgentGroupsRequest) (*ListAgentGroupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListAgentGroups not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListGroupJoinRequests(context.Context, *ListGroupJoinRequestsRequest) (*ListGroupJoinRequestsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListGroupJoinRequests not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListGroupInvites(context.Context, *ListGroupInvitesRequest) (*ListGroupInvitesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListGroupInvites not implemented")
+}
+func (UnimplementedRegistryServiceServer) ResolveRecipients(context.Context, *ResolveRecipientsRequest) (*ResolveRecipientsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ResolveRecipients not implemented")
+}
+func (UnimplementedRegistryServiceServer) ListNotifications(context.Context, *ListNotificationsRequest) (*ListNotificationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListNotifications not implemented")
+}
+func (UnimplementedRegistryServiceServer) GetCaller(context.Context, *GetCallerRequest) (*Caller, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetCaller not implemented")
 }
 func (UnimplementedRegistryServiceServer) mustEmbedUnimplementedRegistryServiceServer() {}
 func (UnimplementedRegistryServiceServer) testEmbeddedByValue()                         {}
@@ -1325,6 +1755,348 @@ func _RegistryService_CheckDialoguePermission_Handler(srv interface{}, ctx conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RegistryService_CreateGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).CreateGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_CreateGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).CreateGroup(ctx, req.(*CreateGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_UpdateGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).UpdateGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_UpdateGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).UpdateGroup(ctx, req.(*UpdateGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_GetGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetGroup(ctx, req.(*GetGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_SearchGroups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SearchGroupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).SearchGroups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_SearchGroups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).SearchGroups(ctx, req.(*SearchGroupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_JoinGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(JoinGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).JoinGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_JoinGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).JoinGroup(ctx, req.(*JoinGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_LeaveGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaveGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).LeaveGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_LeaveGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).LeaveGroup(ctx, req.(*LeaveGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_SetGroupRegions_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetGroupRegionsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).SetGroupRegions(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_SetGroupRegions_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).SetGroupRegions(ctx, req.(*SetGroupRegionsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_InviteToGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(InviteToGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).InviteToGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_InviteToGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).InviteToGroup(ctx, req.(*InviteToGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_AnswerGroupJoinRequest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AnswerGroupJoinRequestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).AnswerGroupJoinRequest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_AnswerGroupJoinRequest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).AnswerGroupJoinRequest(ctx, req.(*AnswerGroupJoinRequestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_AnswerGroupInvite_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AnswerGroupInviteRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).AnswerGroupInvite(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_AnswerGroupInvite_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).AnswerGroupInvite(ctx, req.(*AnswerGroupInviteRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_RemoveGroupMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveGroupMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).RemoveGroupMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_RemoveGroupMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).RemoveGroupMember(ctx, req.(*RemoveGroupMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_SetGroupMemberType_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetGroupMemberTypeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).SetGroupMemberType(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_SetGroupMemberType_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).SetGroupMemberType(ctx, req.(*SetGroupMemberTypeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListGroupMembers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListGroupMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListGroupMembers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListGroupMembers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListGroupMembers(ctx, req.(*ListGroupMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListAgentGroups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListAgentGroupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListAgentGroups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListAgentGroups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListAgentGroups(ctx, req.(*ListAgentGroupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListGroupJoinRequests_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListGroupJoinRequestsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListGroupJoinRequests(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListGroupJoinRequests_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListGroupJoinRequests(ctx, req.(*ListGroupJoinRequestsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListGroupInvites_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListGroupInvitesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListGroupInvites(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListGroupInvites_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListGroupInvites(ctx, req.(*ListGroupInvitesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ResolveRecipients_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ResolveRecipientsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ResolveRecipients(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ResolveRecipients_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ResolveRecipients(ctx, req.(*ResolveRecipientsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_ListNotifications_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListNotificationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).ListNotifications(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_ListNotifications_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).ListNotifications(ctx, req.(*ListNotificationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _RegistryService_GetCaller_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetCallerRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RegistryServiceServer).GetCaller(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RegistryService_GetCaller_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RegistryServiceServer).GetCaller(ctx, req.(*GetCallerRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RegistryService_ServiceDesc is the grpc.ServiceDesc for RegistryService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1455,6 +2227,82 @@ var RegistryService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckDialoguePermission",
 			Handler:    _RegistryService_CheckDialoguePermission_Handler,
+		},
+		{
+			MethodName: "CreateGroup",
+			Handler:    _RegistryService_CreateGroup_Handler,
+		},
+		{
+			MethodName: "UpdateGroup",
+			Handler:    _RegistryService_UpdateGroup_Handler,
+		},
+		{
+			MethodName: "GetGroup",
+			Handler:    _RegistryService_GetGroup_Handler,
+		},
+		{
+			MethodName: "SearchGroups",
+			Handler:    _RegistryService_SearchGroups_Handler,
+		},
+		{
+			MethodName: "JoinGroup",
+			Handler:    _RegistryService_JoinGroup_Handler,
+		},
+		{
+			MethodName: "LeaveGroup",
+			Handler:    _RegistryService_LeaveGroup_Handler,
+		},
+		{
+			MethodName: "SetGroupRegions",
+			Handler:    _RegistryService_SetGroupRegions_Handler,
+		},
+		{
+			MethodName: "InviteToGroup",
+			Handler:    _RegistryService_InviteToGroup_Handler,
+		},
+		{
+			MethodName: "AnswerGroupJoinRequest",
+			Handler:    _RegistryService_AnswerGroupJoinRequest_Handler,
+		},
+		{
+			MethodName: "AnswerGroupInvite",
+			Handler:    _RegistryService_AnswerGroupInvite_Handler,
+		},
+		{
+			MethodName: "RemoveGroupMember",
+			Handler:    _RegistryService_RemoveGroupMember_Handler,
+		},
+		{
+			MethodName: "SetGroupMemberType",
+			Handler:    _RegistryService_SetGroupMemberType_Handler,
+		},
+		{
+			MethodName: "ListGroupMembers",
+			Handler:    _RegistryService_ListGroupMembers_Handler,
+		},
+		{
+			MethodName: "ListAgentGroups",
+			Handler:    _RegistryService_ListAgentGroups_Handler,
+		},
+		{
+			MethodName: "ListGroupJoinRequests",
+			Handler:    _RegistryService_ListGroupJoinRequests_Handler,
+		},
+		{
+			MethodName: "ListGroupInvites",
+			Handler:    _RegistryService_ListGroupInvites_Handler,
+		},
+		{
+			MethodName: "ResolveRecipients",
+			Handler:    _RegistryService_ResolveRecipients_Handler,
+		},
+		{
+			MethodName: "ListNotifications",
+			Handler:    _RegistryService_ListNotifications_Handler,
+		},
+		{
+			MethodName: "GetCaller",
+			Handler:    _RegistryService_GetCaller_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

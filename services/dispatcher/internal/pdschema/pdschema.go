@@ -39,6 +39,12 @@ func Compile(requestJSON, responseJSON string) (Schemas, error) {
 	return s, nil
 }
 
+// CompileSchema compiles one schema the same way, naming it key in errors; an
+// empty string declares none and gives a nil schema.
+func CompileSchema(raw, key string) (*jsonschema.Schema, error) {
+	return compile(raw, key)
+}
+
 func compile(raw, key string) (*jsonschema.Schema, error) {
 	if raw == "" {
 		return nil, nil

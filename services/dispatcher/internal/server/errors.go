@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
@@ -59,6 +61,37 @@ var statusRules = []statusRule{
 	{directory.ErrUnavailable, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
 	{directory.ErrRefused, codes.FailedPrecondition, "REFERENCE_INVALID"},
 	{store.ErrLimit, codes.ResourceExhausted, "LIMIT_REACHED"},
+	// The agent network's dialogues. A *dialogue.RefusedError (no
+	// recipient accepted) wraps one of the recipient kinds; its metadata
+	// names each refusal (toStatus).
+	{dialogue.ErrNotReceived, codes.PermissionDenied, "MESSAGE_NOT_RECEIVED"},
+	{dialogue.ErrBroadcast, codes.PermissionDenied, "BROADCAST_NOT_ANSWERABLE"},
+	{dialogue.ErrClosed, codes.FailedPrecondition, "DIALOGUE_CLOSED"},
+	{dialogue.ErrUnknownProtocol, codes.FailedPrecondition, "REFERENCE_NOT_FOUND"},
+	{dialogue.ErrUnavailable, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
+	{dialogue.ErrPermission, codes.PermissionDenied, "RECIPIENTS_REFUSED"},
+	{dialogue.ErrUnknownAgent, codes.NotFound, "AGENT_NOT_FOUND"},
+	{dialogue.ErrMailboxFull, codes.ResourceExhausted, "MAILBOX_FULL"},
+	{dialogue.ErrProtocol, codes.FailedPrecondition, "PROTOCOL_ERROR"},
+	{dialogue.ErrRecipientClosed, codes.FailedPrecondition, "RECIPIENT_CLOSED"},
+	{dialogue.ErrNoRecipient, codes.FailedPrecondition, "NO_RECIPIENT"},
+}
+
+// maxRefusalMetadata caps the refusals a status's ErrorInfo names.
+const maxRefusalMetadata = 20
+
+// refusalMetadata names a refused message's id and its first refusals,
+// refused_0 = "clients/b/agents/x permission_denied", and so on.
+func refusalMetadata(err error) map[string]string {
+	var re *dialogue.RefusedError
+	if !errors.As(err, &re) {
+		return nil
+	}
+	md := map[string]string{"message_id": re.MessageID, "refused_count": strconv.Itoa(len(re.Refusals))}
+	for i, r := range re.Refusals[:min(len(re.Refusals), maxRefusalMetadata)] {
+		md["refused_"+strconv.Itoa(i)] = r.Agent + " " + string(r.Reason)
+	}
+	return md
 }
 
 // toStatus maps an error of the core to a gRPC status, deriving the code
@@ -80,7 +113,7 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 			if errors.Is(r.kind, hosted.ErrInvalid) {
 				msg = "routine.source does not run: " + strings.TrimPrefix(msg, hosted.ErrInvalid.Error()+": ")
 			}
-			return grpcerr.New(r.code, msg, r.reason, Domain, nil)
+			return grpcerr.New(r.code, msg, r.reason, Domain, refusalMetadata(err))
 		}
 	}
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {

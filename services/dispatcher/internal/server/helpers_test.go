@@ -223,19 +223,7 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 	}
 	e := &testEnv{t: t, reg: reg, llm: &fakeLLM{}, dataDir: dataDir, clockNow: time.Unix(1_800_000_000, 0)}
 
-	regLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	regSrv := grpc.NewServer()
-	registryv1.RegisterRegistryServiceServer(regSrv, reg)
-	go func() { _ = regSrv.Serve(regLis) }()
-	t.Cleanup(regSrv.Stop)
-	regConn, err := grpc.NewClient(regLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { regConn.Close() })
+	regConn := serveGRPC(t, func(s *grpc.Server) { registryv1.RegisterRegistryServiceServer(s, reg) })
 
 	st, err := boltstore.Open(dataDir, time.Second)
 	if err != nil {
@@ -260,19 +248,7 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 	e.srv = New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), opts)
 	t.Cleanup(e.srv.StopShadows) // before the store closes
 
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	dispatcherv1.RegisterDispatcherServiceServer(gs, e.srv)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	e.conn, err = grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { e.conn.Close() })
+	e.conn = serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, e.srv) })
 	e.client = dispatcherv1.NewDispatcherServiceClient(e.conn)
 
 	mux := http.NewServeMux()
@@ -283,6 +259,26 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 	t.Cleanup(hs.Close)
 	e.url = hs.URL
 	return e
+}
+
+// serveGRPC serves what register registers on a loopback listener until
+// the test ends, and returns a client connection to it.
+func serveGRPC(t testing.TB, register func(*grpc.Server)) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	register(gs)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
 
 func agentRes(name string, dialect registryv1.Dialect, policy registryv1.SupportPolicy, supported ...string) *registryv1.Agent {

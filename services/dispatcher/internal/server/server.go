@@ -30,11 +30,13 @@ import (
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/egress"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
 	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
@@ -141,6 +143,18 @@ type Options struct {
 	SendMaxJudge int
 	// Now is the clock; time.Now when nil.
 	Now func() time.Time
+
+	// The agent network (issue 13). Dialogues and Mailboxes both set turn
+	// on the dialogue RPCs; without them they answer UNAVAILABLE.
+	Dialogues store.DialogueStore
+	Mailboxes mailbox.Appender
+	// MessageProtocols checks dialogues' messages against their PD's state
+	// machine; none are checked when nil.
+	MessageProtocols dialogue.Protocols
+	// MessageMaxBodyBytes caps a network message's body_json; 64 KiB.
+	MessageMaxBodyBytes int64
+	// MessageTimeout bounds one dialogue RPC; 10 s.
+	MessageTimeout time.Duration
 }
 
 // Server implements the dispatcher's gRPC API over the core.
@@ -157,6 +171,8 @@ type Server struct {
 	shadows  *shadow.Runner
 	inbound  *inbound.Pipeline
 	outbound *outbound.Sender
+	// dialogues is nil when Options has no Dialogues or Mailboxes.
+	dialogues *dialogue.Service
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
@@ -192,8 +208,21 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	if client == nil {
 		client = newSendClient(opts.SendAllowPrivate, opts.SendLookup)
 	}
+	if opts.MessageMaxBodyBytes <= 0 {
+		opts.MessageMaxBodyBytes = 64 << 10
+	}
+	if opts.MessageTimeout <= 0 {
+		opts.MessageTimeout = 10 * time.Second
+	}
+	var dialogues *dialogue.Service
+	if opts.Dialogues != nil && opts.Mailboxes != nil {
+		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg, dir: dir}, dialogue.Options{
+			Protocols: opts.MessageProtocols, Logger: logger, Now: opts.Now,
+		})
+	}
 	return &Server{
-		store: st, logger: logger, opts: opts, metrics: m, dir: dir, routines: routines, hub: h, shadows: shadows,
+		dialogues: dialogues,
+		store:     st, logger: logger, opts: opts, metrics: m, dir: dir, routines: routines, hub: h, shadows: shadows,
 		inbound: inbound.New(st, dir, routines, h, model, shadows, neg, inbound.Options{
 			ConversationTTL: opts.ConversationTTL, MaxConversationsPerPeer: opts.MaxConversationsPerPeer,
 			PeerDialects: opts.PeerDialects, Now: opts.Now, Logger: logger, Metrics: m,

@@ -119,9 +119,9 @@ func TestParse_machineReadableParts(t *testing.T) {
 			Roles:     []string{"buyer", "seller"},
 			TypeField: "type",
 			Messages: []MessageType{
-				{Type: "task", Sender: "buyer", Receiver: "seller", SchemaJSON: `{"required":["deadline"],"type":"object"}`},
-				{Type: "proposal", Sender: "seller"},
-				{Type: "order", Sender: "buyer"},
+				{Type: "task", Senders: []string{"buyer"}, Receiver: "seller", SchemaJSON: `{"required":["deadline"],"type":"object"}`},
+				{Type: "proposal", Senders: []string{"seller"}},
+				{Type: "order", Senders: []string{"buyer"}},
 			},
 			Initial: []string{"task"},
 			Transitions: []Transition{
@@ -133,6 +133,71 @@ func TestParse_machineReadableParts(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("Parse() mismatch (-want +got):\n%s", diff)
+	}
+}
+
+// servicePD uses every key the service protocols need: several senders,
+// answers, deadlines set from body fields, outcomes and alwaysAllowed.
+const servicePD = `---
+name: Mini service
+stateMachine:
+  roles: [consumer, supplier]
+  messages:
+    - type: new_task_request
+      sender: consumer
+      deadlines:
+        - {name: offer_timeout, guards: [offer, reject_task], max: 1h}
+    - type: offer
+      sender: supplier
+      opensOrder: true
+    - type: reject_task
+      sender: supplier
+      outcome: failure
+    - type: note
+      sender: [consumer, supplier]
+      answers: [offer, note]
+    - type: done
+      sender: supplier
+      outcome: success
+      deadlines:
+        - {name: sign_off, field: sign_off_seconds, guards: [note]}
+    - type: task_withdrawn
+      sender: consumer
+      outcome: failure
+  alwaysAllowed: [task_withdrawn]
+  transitions:
+    - {message: new_task_request, next: [offer, reject_task]}
+    - {message: offer, next: [note, done]}
+    - {message: note, next: [note, done]}
+---
+A small service.`
+
+func TestParse_serviceStateMachine(t *testing.T) {
+	got, err := Parse([]byte(servicePD), Options{})
+	if err != nil {
+		t.Fatalf("Parse() error = %v", err)
+	}
+	want := &StateMachine{
+		Roles:     []string{"consumer", "supplier"},
+		TypeField: "type",
+		Messages: []MessageType{
+			{Type: "new_task_request", Senders: []string{"consumer"}, Deadlines: []Deadline{{Name: "offer_timeout", Field: "offer_timeout", Guards: []string{"offer", "reject_task"}, Max: time.Hour}}},
+			{Type: "offer", Senders: []string{"supplier"}, OpensOrder: true},
+			{Type: "reject_task", Senders: []string{"supplier"}, Outcome: OutcomeFailure},
+			{Type: "note", Senders: []string{"consumer", "supplier"}, Answers: []string{"offer", "note"}},
+			{Type: "done", Senders: []string{"supplier"}, Outcome: OutcomeSuccess, Deadlines: []Deadline{{Name: "sign_off", Field: "sign_off_seconds", Guards: []string{"note"}}}},
+			{Type: "task_withdrawn", Senders: []string{"consumer"}, Outcome: OutcomeFailure},
+		},
+		Initial: []string{"new_task_request"},
+		Transitions: []Transition{
+			{Message: "new_task_request", Next: []string{"offer", "reject_task"}},
+			{Message: "offer", Next: []string{"note", "done"}},
+			{Message: "note", Next: []string{"note", "done"}},
+		},
+		AlwaysAllowed: []string{"task_withdrawn"},
+	}
+	if diff := cmp.Diff(want, got.StateMachine); diff != "" {
+		t.Errorf("Parse().StateMachine mismatch (-want +got):\n%s", diff)
 	}
 }
 
@@ -154,6 +219,14 @@ func TestParse_rejectsInvalidMetadata(t *testing.T) {
 		{"state machine undeclared role", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: b}]}\n---\nx", Options{}, `messages[0].sender: "b" is not one of roles`},
 		{"state machine undeclared next", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], transitions: [{message: m, next: [z]}]}\n---\nx", Options{}, `transitions[0].next[0]: "z"`},
 		{"state machine bad deadline", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}, {type: n, sender: a}], transitions: [{message: m, next: [n], deadline: soon}]}\n---\nx", Options{}, "deadline"},
+		{"state machine sender list undeclared", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: [a, b]}]}\n---\nx", Options{}, `messages[0].sender[1]: "b" is not one of roles`},
+		{"state machine answers undeclared", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, answers: [z]}]}\n---\nx", Options{}, `messages[0].answers[0]: "z" is not a declared message type`},
+		{"state machine bad outcome", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, outcome: maybe}]}\n---\nx", Options{}, `messages[0].outcome: "maybe" is not success or failure`},
+		{"state machine deadline without guards", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, deadlines: [{name: t}]}]}\n---\nx", Options{}, "messages[0].deadlines[0].guards: must list"},
+		{"state machine deadline guard undeclared", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, deadlines: [{name: t, guards: [z]}]}]}\n---\nx", Options{}, `messages[0].deadlines[0].guards[0]: "z"`},
+		{"state machine deadline twice", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, deadlines: [{name: t, guards: [m]}, {name: t, guards: [m]}]}]}\n---\nx", Options{}, `messages[0].deadlines[1].name: "t" is declared twice`},
+		{"state machine deadline bad max", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, deadlines: [{name: t, guards: [m], max: long}]}]}\n---\nx", Options{}, "messages[0].deadlines[0].max"},
+		{"state machine always allowed undeclared", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], alwaysAllowed: [z]}\n---\nx", Options{}, `alwaysAllowed[0]: "z"`},
 		{"state machine empty", "---\nstateMachine: {}\n---\nx", Options{}, "roles: must list"},
 		{"state machine message schema", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, schema: {minimum: x}}]}\n---\nx", Options{}, "messages[0].schema"},
 		{"strict without metadata", "text", Options{Strict: true}, "strict"},

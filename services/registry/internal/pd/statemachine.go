@@ -18,30 +18,65 @@ import (
 //	  typeField: type            # body field holding the message type
 //	  messages:
 //	    - type: task
-//	      sender: buyer
+//	      sender: buyer          # or a list: [buyer, seller]
 //	      receiver: seller       # optional
 //	      schema: {type: object} # optional JSON Schema for this type's bodies
+//	      answers: [proposal]    # optional; types it may answer (in_reply_to)
+//	      outcome: failure       # optional; success or failure
+//	      opensOrder: true       # optional; accepting it forms an order
+//	      deadlines:             # optional; set from a body field in seconds
+//	        - name: offer_timeout
+//	          field: offer_timeout # optional; defaults to name
+//	          guards: [offer]    # types that must arrive before it
+//	          max: 24h           # optional; defaults to 30 days
 //	  initial: [task]            # optional; defaults to the first message type
 //	  transitions:
 //	    - message: task
 //	      next: [proposal]
 //	      deadline: 5m           # optional Go duration
 //	  terminal: [order]
+//	  alwaysAllowed: [withdraw]  # optional; pass in any state not ended
+//
+// docs/state-machines.md describes how the dispatcher enforces it.
 type StateMachine struct {
-	Roles       []string
-	TypeField   string
-	Messages    []MessageType
-	Initial     []string
-	Transitions []Transition
-	Terminal    []string
+	Roles         []string
+	TypeField     string
+	Messages      []MessageType
+	Initial       []string
+	Transitions   []Transition
+	Terminal      []string
+	AlwaysAllowed []string
 }
 
 // MessageType is one message type of a StateMachine.
 type MessageType struct {
 	Type       string
-	Sender     string
+	Senders    []string // never empty
 	Receiver   string
 	SchemaJSON string
+	Answers    []string
+	Deadlines  []Deadline
+	Outcome    Outcome
+	OpensOrder bool
+}
+
+// Outcome is how a message type ends its pair, if it says.
+type Outcome string
+
+// The outcomes a message type may declare.
+const (
+	OutcomeNone    Outcome = ""
+	OutcomeSuccess Outcome = "success"
+	OutcomeFailure Outcome = "failure"
+)
+
+// Deadline is a deadline a message type sets on its pair from a body field
+// holding seconds.
+type Deadline struct {
+	Name   string
+	Field  string // defaults to Name
+	Guards []string
+	Max    time.Duration // 0: the dispatcher's default
 }
 
 // Transition lists the message types allowed after Message.
@@ -59,10 +94,19 @@ type yamlStateMachine struct {
 	Roles     []string `yaml:"roles"`
 	TypeField string   `yaml:"typeField"`
 	Messages  []struct {
-		Type     string `yaml:"type"`
-		Sender   string `yaml:"sender"`
-		Receiver string `yaml:"receiver"`
-		Schema   any    `yaml:"schema"`
+		Type      string    `yaml:"type"`
+		Sender    yaml.Node `yaml:"sender"`
+		Receiver  string    `yaml:"receiver"`
+		Schema    any       `yaml:"schema"`
+		Answers   []string  `yaml:"answers"`
+		Outcome   string    `yaml:"outcome"`
+		Opens     bool      `yaml:"opensOrder"`
+		Deadlines []struct {
+			Name   string   `yaml:"name"`
+			Field  string   `yaml:"field"`
+			Guards []string `yaml:"guards"`
+			Max    string   `yaml:"max"`
+		} `yaml:"deadlines"`
 	} `yaml:"messages"`
 	Initial     []string `yaml:"initial"`
 	Transitions []struct {
@@ -70,7 +114,8 @@ type yamlStateMachine struct {
 		Next     []string `yaml:"next"`
 		Deadline string   `yaml:"deadline"`
 	} `yaml:"transitions"`
-	Terminal []string `yaml:"terminal"`
+	Terminal      []string `yaml:"terminal"`
+	AlwaysAllowed []string `yaml:"alwaysAllowed"`
 }
 
 // parseStateMachine decodes and validates a stateMachine value. Unknown keys
@@ -86,7 +131,7 @@ func parseStateMachine(v *yaml.Node) (*StateMachine, error) {
 	if err := dec.Decode(&y); err != nil {
 		return nil, fmt.Errorf("does not have the expected shape (%s)", oneLine(err.Error()))
 	}
-	sm := &StateMachine{Roles: y.Roles, TypeField: y.TypeField, Initial: y.Initial, Terminal: y.Terminal}
+	sm := &StateMachine{Roles: y.Roles, TypeField: y.TypeField, Initial: y.Initial, Terminal: y.Terminal, AlwaysAllowed: y.AlwaysAllowed}
 	if sm.TypeField == "" {
 		sm.TypeField = DefaultTypeField
 	}
@@ -119,13 +164,78 @@ func parseStateMachine(v *yaml.Node) (*StateMachine, error) {
 			bad("messages[%d].type: %q is declared twice", i, m.Type)
 		}
 		types[m.Type] = true
-		if !roles[m.Sender] {
-			bad("messages[%d].sender: %q is not one of roles", i, m.Sender)
+	}
+	for i, m := range y.Messages {
+		mt := MessageType{Type: m.Type, Receiver: m.Receiver, Answers: m.Answers, OpensOrder: m.Opens}
+		switch m.Sender.Kind {
+		case yaml.SequenceNode:
+			if err := m.Sender.Decode(&mt.Senders); err != nil {
+				bad("messages[%d].sender: must be a role or a list of roles", i)
+			}
+			if len(mt.Senders) == 0 {
+				bad("messages[%d].sender: must name at least one role", i)
+			}
+			for j, r := range mt.Senders {
+				if !roles[r] {
+					bad("messages[%d].sender[%d]: %q is not one of roles", i, j, r)
+				}
+			}
+		default:
+			var r string
+			if m.Sender.Kind != 0 {
+				if err := m.Sender.Decode(&r); err != nil {
+					bad("messages[%d].sender: must be a role or a list of roles", i)
+				}
+			}
+			if !roles[r] {
+				bad("messages[%d].sender: %q is not one of roles", i, r)
+			}
+			mt.Senders = []string{r}
 		}
 		if m.Receiver != "" && !roles[m.Receiver] {
 			bad("messages[%d].receiver: %q is not one of roles", i, m.Receiver)
 		}
-		mt := MessageType{Type: m.Type, Sender: m.Sender, Receiver: m.Receiver}
+		for j, a := range m.Answers {
+			if !types[a] {
+				bad("messages[%d].answers[%d]: %q is not a declared message type", i, j, a)
+			}
+		}
+		switch Outcome(m.Outcome) {
+		case OutcomeNone, OutcomeSuccess, OutcomeFailure:
+			mt.Outcome = Outcome(m.Outcome)
+		default:
+			bad("messages[%d].outcome: %q is not success or failure", i, m.Outcome)
+		}
+		names := map[string]bool{}
+		for j, d := range m.Deadlines {
+			dl := Deadline{Name: d.Name, Field: d.Field, Guards: d.Guards}
+			switch {
+			case d.Name == "":
+				bad("messages[%d].deadlines[%d].name: must not be empty", i, j)
+			case names[d.Name]:
+				bad("messages[%d].deadlines[%d].name: %q is declared twice", i, j, d.Name)
+			}
+			names[d.Name] = true
+			if dl.Field == "" {
+				dl.Field = d.Name
+			}
+			if len(d.Guards) == 0 {
+				bad("messages[%d].deadlines[%d].guards: must list at least one message type", i, j)
+			}
+			for k, g := range d.Guards {
+				if !types[g] {
+					bad("messages[%d].deadlines[%d].guards[%d]: %q is not a declared message type", i, j, k, g)
+				}
+			}
+			if d.Max != "" {
+				mx, err := time.ParseDuration(d.Max)
+				if err != nil || mx <= 0 {
+					bad("messages[%d].deadlines[%d].max: %q is not a positive duration such as 30s or 5m", i, j, d.Max)
+				}
+				dl.Max = mx
+			}
+			mt.Deadlines = append(mt.Deadlines, dl)
+		}
 		if m.Schema != nil {
 			var n yaml.Node
 			if err := n.Encode(m.Schema); err != nil {
@@ -145,6 +255,11 @@ func parseStateMachine(v *yaml.Node) (*StateMachine, error) {
 	for i, t := range y.Initial {
 		if !types[t] {
 			bad("initial[%d]: %q is not a declared message type", i, t)
+		}
+	}
+	for i, t := range y.AlwaysAllowed {
+		if !types[t] {
+			bad("alwaysAllowed[%d]: %q is not a declared message type", i, t)
 		}
 	}
 	terminal := map[string]bool{}

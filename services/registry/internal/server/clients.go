@@ -30,7 +30,9 @@ func checkClientName(v *grpcerr.Violations, field, name string) {
 // --open-registration: the operator always, anyone else only with open
 // registration and within the registration rate limit.
 func (s *Server) CreateClient(ctx context.Context, req *registryv1.CreateClientRequest) (*registryv1.CreateClientResponse, error) {
-	if p, _ := auth.FromContext(ctx); p.Kind != auth.Operator {
+	// Without access control (no principal) anyone may, as with every
+	// other call; ListClientGroupMembers reads "no principal" the same way.
+	if p, ok := auth.FromContext(ctx); ok && p.Kind != auth.Operator {
 		if !s.opts.OpenRegistration {
 			return nil, grpcerr.New(codes.PermissionDenied, "only the operator may create clients on this registry (it runs without --open-registration): call with the operator token", reasonRegistrationClosed, Domain, nil)
 		}

@@ -38,6 +38,7 @@ func (s *Server) FollowAgent(ctx context.Context, req *registryv1.FollowAgentReq
 	if _, err := s.store.Follow(ctx, req.GetName(), req.GetAgent()); err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
+	s.outbox.wake() // a new follow wrote a notification
 	return &registryv1.Follow{Follower: req.GetName(), Agent: req.GetAgent()}, nil
 }
 
@@ -52,6 +53,7 @@ func (s *Server) UnfollowAgent(ctx context.Context, req *registryv1.UnfollowAgen
 	if err := s.store.Unfollow(ctx, req.GetName(), req.GetAgent()); err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
+	s.outbox.wake()
 	return &emptypb.Empty{}, nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/auth"
@@ -63,9 +64,8 @@ func TestCreateClient_returnsKeyOnceThatVerifies(t *testing.T) {
 func TestCreateClient_operatorOnlyUnlessOpen(t *testing.T) {
 	closed := newKeyServer(t, Options{})
 	for name, ctx := range map[string]context.Context{
-		"no principal": t.Context(),
-		"client key":   auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Client, Client: "clients/x"}),
-		"anonymous":    auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Anonymous}),
+		"client key": auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Client, Client: "clients/x"}),
+		"anonymous":  auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Anonymous}),
 	} {
 		_, err := closed.CreateClient(ctx, &registryv1.CreateClientRequest{ClientId: "acme"})
 		if status.Code(err) != codes.PermissionDenied || grpcerr.Reason(err) != reasonRegistrationClosed {
@@ -74,6 +74,15 @@ func TestCreateClient_operatorOnlyUnlessOpen(t *testing.T) {
 	}
 	if _, err := closed.GetClient(asOperator(t.Context()), &registryv1.GetClientRequest{Name: "clients/acme"}); status.Code(err) != codes.NotFound {
 		t.Errorf("GetClient after refused creates error = %v, want NOT_FOUND: a refused call changes nothing", err)
+	}
+
+	// Without access control there is no principal: anyone may, as
+	// ListClientGroupMembers also reads it.
+	if _, err := closed.CreateClient(t.Context(), &registryv1.CreateClientRequest{ClientId: "free"}); err != nil {
+		t.Errorf("CreateClient(no principal: access control off): %v, want it created", err)
+	}
+	if _, err := closed.ListClientGroupMembers(t.Context(), &registryv1.ListClientGroupMembersRequest{Parent: "clients/free"}); err != nil {
+		t.Errorf("ListClientGroupMembers(no principal: access control off): %v, want it listed", err)
 	}
 
 	open := newKeyServer(t, Options{OpenRegistration: true, RegistrationBurst: 2, RegistrationRate: 1e-9})
@@ -240,4 +249,32 @@ func fieldsOf(err error) []string {
 		}
 	}
 	return out
+}
+
+func TestGetCaller_describesEachKindOfCredential(t *testing.T) {
+	s := newKeyServer(t, Options{})
+	for _, tc := range []struct {
+		name string
+		p    auth.Principal
+		want *registryv1.Caller
+	}{
+		{"operator", auth.Principal{Kind: auth.Operator}, &registryv1.Caller{Kind: registryv1.PrincipalKind_PRINCIPAL_KIND_OPERATOR}},
+		{"client key", auth.Principal{Kind: auth.Client, Client: "clients/acme", Key: "clients/acme/keys/0123456789abcdef"},
+			&registryv1.Caller{Kind: registryv1.PrincipalKind_PRINCIPAL_KIND_CLIENT, Client: "clients/acme", Key: "clients/acme/keys/0123456789abcdef"}},
+		{"agent key", auth.Principal{Kind: auth.Agent, Client: "clients/acme", Agent: "clients/acme/agents/bot", Key: "clients/acme/agents/bot/keys/0123456789abcdef"},
+			&registryv1.Caller{Kind: registryv1.PrincipalKind_PRINCIPAL_KIND_AGENT, Client: "clients/acme", Agent: "clients/acme/agents/bot", Key: "clients/acme/agents/bot/keys/0123456789abcdef"}},
+	} {
+		got, err := s.GetCaller(auth.WithPrincipal(t.Context(), tc.p), &registryv1.GetCallerRequest{})
+		if err != nil || !proto.Equal(got, tc.want) {
+			t.Errorf("GetCaller(%s) = %v, %v; want %v", tc.name, got, err, tc.want)
+		}
+	}
+	for name, ctx := range map[string]context.Context{
+		"no principal (access control off)": t.Context(),
+		"anonymous":                         auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Anonymous}),
+	} {
+		if _, err := s.GetCaller(ctx, &registryv1.GetCallerRequest{}); status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != reasonNoAccessControl {
+			t.Errorf("GetCaller(%s) error = %v, want FAILED_PRECONDITION %s", name, err, reasonNoAccessControl)
+		}
+	}
 }

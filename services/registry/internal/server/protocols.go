@@ -113,13 +113,29 @@ func sha256Hex(b []byte) string {
 	return hex.EncodeToString(sum[:])
 }
 
+var outcomeProto = map[pd.Outcome]registryv1.StateMachineOutcome{
+	pd.OutcomeSuccess: registryv1.StateMachineOutcome_STATE_MACHINE_OUTCOME_SUCCESS,
+	pd.OutcomeFailure: registryv1.StateMachineOutcome_STATE_MACHINE_OUTCOME_FAILURE,
+}
+
 func stateMachineProto(sm *pd.StateMachine) *registryv1.StateMachine {
 	if sm == nil {
 		return nil
 	}
-	out := &registryv1.StateMachine{Roles: sm.Roles, Initial: sm.Initial, Terminal: sm.Terminal, TypeField: sm.TypeField}
+	out := &registryv1.StateMachine{Roles: sm.Roles, Initial: sm.Initial, Terminal: sm.Terminal, TypeField: sm.TypeField, AlwaysAllowed: sm.AlwaysAllowed}
 	for _, m := range sm.Messages {
-		out.Messages = append(out.Messages, &registryv1.StateMachineMessage{Type: m.Type, SenderRole: m.Sender, ReceiverRole: m.Receiver, SchemaJson: m.SchemaJSON})
+		pm := &registryv1.StateMachineMessage{
+			Type: m.Type, SenderRole: m.Senders[0], SenderRoles: m.Senders, ReceiverRole: m.Receiver,
+			SchemaJson: m.SchemaJSON, Answers: m.Answers, Outcome: outcomeProto[m.Outcome], OpensOrder: m.OpensOrder,
+		}
+		for _, d := range m.Deadlines {
+			dl := &registryv1.StateMachineDeadline{Name: d.Name, Field: d.Field, Guards: d.Guards}
+			if d.Max > 0 {
+				dl.Max = durationpb.New(d.Max)
+			}
+			pm.Deadlines = append(pm.Deadlines, dl)
+		}
+		out.Messages = append(out.Messages, pm)
 	}
 	for _, t := range sm.Transitions {
 		tr := &registryv1.StateMachineTransition{Message: t.Message, Next: t.Next}

@@ -78,6 +78,7 @@ type Server struct {
 	resolves atomic.Int64 // callers waiting on a resolution (tests)
 
 	registrations *auth.Limiter // open registrations per remote address
+	outbox        *outboxSignal // wakes ListNotifications on new notifications
 }
 
 // errClosed refuses resolutions once Close has begun.
@@ -111,6 +112,7 @@ func New(st store.Store, logger *slog.Logger, opts Options) *Server {
 		cache:         newProtocolCache(opts.CacheBytes),
 		metrics:       newMetrics(),
 		now:           time.Now,
+		outbox:        newOutboxSignal(),
 	}
 }
 

@@ -124,10 +124,12 @@ type Store interface {
 
 	// Follow records that follower follows agent; both must exist, else
 	// ErrNotFound naming the missing one. Following again changes nothing
-	// and returns created false.
+	// and returns created false. A new follow appends a `followed`
+	// notification for agent to the outbox in the same transaction.
 	Follow(ctx context.Context, follower, agent string) (created bool, err error)
-	// Unfollow removes the follow, if any. The follower must exist, else
-	// ErrNotFound.
+	// Unfollow removes the follow, if any, and then appends an
+	// `unfollowed` notification for agent in the same transaction. The
+	// follower must exist, else ErrNotFound.
 	Unfollow(ctx context.Context, follower, agent string) error
 	// ListFollowers returns the names of the agents following agent, in
 	// name order, starting after opts.After.
@@ -149,8 +151,11 @@ type Store interface {
 	// InClientGroup reports whether agent is a member of its client's
 	// group.
 	InClientGroup(ctx context.Context, agent string) (bool, error)
-	// DeleteAgent (above) also removes the agent's follows, both ways, and
-	// its client-group membership.
+	// DeleteAgent (above) also removes the agent's follows, both ways, its
+	// client-group membership, its group memberships, join requests and
+	// invites.
+
+	GroupStore
 
 	// SweepRequests forgets request ids recorded before t and returns how
 	// many it dropped.

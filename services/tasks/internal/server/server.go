@@ -394,9 +394,13 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 	}
 	taskID := ids[0]
 	now := timestamppb.New(s.now())
+	var input *string // unset (not "") when the request has no step
+	if req.GetStep() != nil {
+		input = req.GetStep().Input
+	}
 	in := &tasksv1.Step{
 		Name:                req.GetParent() + "/steps/" + s.ids.next(),
-		Input:               req.GetStep().Input,
+		Input:               input,
 		AdditionalInputJson: bytes.TrimSpace(req.GetStep().GetAdditionalInputJson()),
 		Status:              tasksv1.Step_STATUS_CREATED,
 		CreateTime:          now,

@@ -286,3 +286,16 @@ func TestCreateStep_capReleasesCompletedSteps(t *testing.T) {
 		t.Errorf("pending = %d after the steps completed; want 0", n)
 	}
 }
+
+// A request without a step (gRPC callers may omit it) is an empty step, not
+// a panic: the permission matrix in cmd/parley found the nil dereference.
+func TestCreateStep_withoutStep(t *testing.T) {
+	s, _ := newTestServer(t, t.TempDir(), Options{RetryMax: 5 * time.Millisecond})
+	if _, err := s.CreateStep(t.Context(), &tasksv1.CreateStepRequest{Parent: "tasks/none"}); status.Code(err) != codes.NotFound {
+		t.Errorf("CreateStep(tasks/none, no step) error = %v, want NOT_FOUND", err)
+	}
+	task := createTask(t, s, agentOK)
+	if st, err := s.CreateStep(t.Context(), &tasksv1.CreateStepRequest{Parent: task}); err != nil || st.GetName() == "" {
+		t.Errorf("CreateStep(%s, no step) = %v, %v; want a step", task, st, err)
+	}
+}

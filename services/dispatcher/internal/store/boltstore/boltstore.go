@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -42,7 +43,8 @@ var (
 	bucketSendCounts = []byte("send_counts")
 )
 
-var allBuckets = [][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts}
+var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts},
+	mailboxBuckets...)
 
 const schemaVersion = 1
 
@@ -58,7 +60,7 @@ var _ store.Store = (*Store)(nil)
 // Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
-		Buckets:       allBuckets,
+		Buckets:       append(slices.Clone(allBuckets), dialogueBuckets...),
 		SchemaVersion: schemaVersion,
 		LockTimeout:   lockTimeout,
 	})

@@ -4,13 +4,32 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/storetest"
 )
 
+func open(t *testing.T) *boltstore.Store {
+	t.Helper()
+	s, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store {
+	storetest.Run(t, func(t *testing.T) store.Store { return open(t) })
+}
+
+func TestMailboxConformance(t *testing.T) {
+	storetest.RunMailboxes(t, func(t *testing.T) mailbox.Store { return open(t) })
+}
+
+func TestDialogueConformance(t *testing.T) {
+	storetest.RunDialogues(t, func(t *testing.T) store.DialogueStore {
 		s, err := boltstore.Open(t.TempDir(), time.Second)
 		if err != nil {
 			t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -45,6 +46,13 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 		{"DeleteConversation", func() error { return s.DeleteConversation(ctx, conv.ID) }},
 		{"SweepConversations", func() error { _, err := s.SweepConversations(ctx, now); return err }},
 		{"CountSend", func() error { return s.CountSend(ctx, "clients/c/agents/a", "t", "x", true) }},
+		{"AppendMessage", func() error {
+			m := mailbox.Message{ID: "m", DialogueID: "d", Category: mailbox.CategoryMessage, Type: "t", Time: now.Add(-time.Hour)}
+			_, _, err := s.AppendMessage(ctx, m, []string{"clients/c/agents/b"}, mailbox.Bound{})
+			return err
+		}},
+		{"AcknowledgeMailbox", func() error { _, err := s.AcknowledgeMailbox(ctx, "clients/c/agents/b", 1); return err }},
+		{"CompactMailboxes", func() error { _, err := s.CompactMailboxes(ctx, now, 10); return err }},
 	}
 	for _, w := range writes {
 		before := s.db.Commits()

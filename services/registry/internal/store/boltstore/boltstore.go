@@ -59,15 +59,35 @@ var (
 	// bucketClientGroups maps a member agent's name to nothing; a
 	// client's group is the keys under clients/{client}/agents/.
 	bucketClientGroups = []byte("client_group_members")
+	// bucketGroups maps a group's path (client/name/...) to its Group; a
+	// group's descendants are the keys under its path plus "/".
+	bucketGroups = []byte("groups")
+	// bucketGroupMembers maps path NUL agent to the GroupMember: a
+	// group's members are a Seek on its path.
+	bucketGroupMembers = []byte("group_members")
+	// bucketAgentGroups holds the same memberships as agent NUL path,
+	// written in the same transactions: an agent's groups are a Seek.
+	bucketAgentGroups = []byte("agent_groups")
+	// bucketJoinRequests maps path NUL agent to a pending
+	// GroupJoinRequest.
+	bucketJoinRequests = []byte("group_join_requests")
+	// bucketInvites maps agent NUL path to a pending GroupInvite.
+	bucketInvites = []byte("group_invites")
+	// bucketOutbox maps an 8-byte big-endian sequence (the bucket's
+	// NextSequence) to a Notification, written in the transaction of the
+	// change it reports.
+	bucketOutbox = []byte("notification_outbox")
 )
 
-var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames, bucketFollowing, bucketFollowers, bucketClientGroups}
+var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames, bucketFollowing, bucketFollowers, bucketClientGroups,
+	bucketGroups, bucketGroupMembers, bucketAgentGroups, bucketJoinRequests, bucketInvites, bucketOutbox}
 
 const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *boltdb.DB
+	db        *boltdb.DB
+	maxOutbox int // notifications kept; 0 means store.MaxOutbox
 }
 
 var _ store.Store = (*Store)(nil)
@@ -397,6 +417,9 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 			return err
 		}
 		if err := deleteConnections(tx, name); err != nil {
+			return err
+		}
+		if err := deleteGroupRecords(tx, name); err != nil {
 			return err
 		}
 		return b.Delete([]byte(name))

@@ -7,6 +7,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
@@ -40,7 +41,10 @@ func (s *Store) Follow(ctx context.Context, follower, agent string) (bool, error
 		if err := following.Put(edge(follower, agent), []byte{}); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketFollowers).Put(edge(agent, follower), []byte{})
+		if err := tx.Bucket(bucketFollowers).Put(edge(agent, follower), []byte{}); err != nil {
+			return err
+		}
+		return notify(tx, &registryv1.Notification{Type: "followed", Recipient: agent, Agent: follower}, s.maxOutbox)
 	})
 	if err != nil {
 		return false, err
@@ -57,10 +61,17 @@ func (s *Store) Unfollow(ctx context.Context, follower, agent string) error {
 		if tx.Bucket(bucketAgents).Get([]byte(follower)) == nil {
 			return resource.NotFound("agent", follower)
 		}
-		if err := tx.Bucket(bucketFollowing).Delete(edge(follower, agent)); err != nil {
+		following := tx.Bucket(bucketFollowing)
+		if following.Get(edge(follower, agent)) == nil {
+			return nil
+		}
+		if err := following.Delete(edge(follower, agent)); err != nil {
 			return err
 		}
-		return tx.Bucket(bucketFollowers).Delete(edge(agent, follower))
+		if err := tx.Bucket(bucketFollowers).Delete(edge(agent, follower)); err != nil {
+			return err
+		}
+		return notify(tx, &registryv1.Notification{Type: "unfollowed", Recipient: agent, Agent: follower}, s.maxOutbox)
 	})
 }
 
@@ -93,18 +104,32 @@ func (s *Store) listEdges(ctx context.Context, bucket []byte, from string, opts 
 // prefix+opts.After, at most opts.Limit.
 func scanPrefix(b *bolt.Bucket, prefix []byte, opts store.ListOptions) []string {
 	var out []string
+	_ = walkPrefix(b, prefix, opts, func(k, _ []byte) error {
+		out = append(out, string(k[len(prefix):]))
+		return nil
+	})
+	return out
+}
+
+// walkPrefix calls fn for the keys under prefix that sort after
+// prefix+opts.After, at most opts.Limit of them, stopping at fn's first
+// error.
+func walkPrefix(b *bolt.Bucket, prefix []byte, opts store.ListOptions, fn func(k, v []byte) error) error {
 	c := b.Cursor()
-	k, _ := c.Seek(prefix)
+	k, v := c.Seek(prefix)
 	if opts.After != "" {
 		start := append(bytes.Clone(prefix), opts.After...)
-		if k, _ = c.Seek(start); k != nil && bytes.Equal(k, start) {
-			k, _ = c.Next()
+		if k, v = c.Seek(start); k != nil && bytes.Equal(k, start) {
+			k, v = c.Next()
 		}
 	}
-	for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < opts.Limit; k, _ = c.Next() {
-		out = append(out, string(k[len(prefix):]))
+	for n := 0; k != nil && bytes.HasPrefix(k, prefix) && n < opts.Limit; k, v = c.Next() {
+		if err := fn(k, v); err != nil {
+			return err
+		}
+		n++
 	}
-	return out
+	return nil
 }
 
 // IsFollowing implements store.Store.

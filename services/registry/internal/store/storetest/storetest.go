@@ -45,6 +45,13 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Follows_missingAgentWritesNothing", testFollowMissing},
 		{"ClientGroups_joinLeaveList", testClientGroups},
 		{"Connections_goWithTheirAgent", testConnectionsGoWithTheirAgent},
+		{"Groups_treeAndDescendants", testGroupsTree},
+		{"Groups_membersBothWays", testGroupMembers},
+		{"Groups_requestsAndInvites", testGroupRequestsAndInvites},
+		{"Groups_failedUpdateWritesNothing", testGroupUpdateFailureWritesNothing},
+		{"Groups_searchSkipsPrivate", testSearchGroups},
+		{"Notifications_outbox", testNotificationOutbox},
+		{"Groups_goWithTheirAgent", testGroupRecordsGoWithTheirAgent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,263 @@
+// Package pgdb is the one way Parley opens a PostgreSQL database: a pgx pool
+// whose connections work in one service's schema, versioned SQL migrations
+// applied at start under an advisory lock (so that several replicas starting
+// at once migrate once), and transactions that retry serialization failures.
+//
+// Each service keeps its tables and migrations in its pgstore; this package
+// knows none of them. Together with the pgstores it is the only code that
+// imports github.com/jackc/pgx (e2e/arch_pgx_test.go checks that).
+//
+// Migrations are files named NNNN_what.sql (NNNN a positive decimal version)
+// in an fs.FS, usually embedded. Each runs in its own transaction together
+// with the insert of its version into the schema's schema_migrations table.
+// A database migrated past the newest version the binary knows is refused.
+package pgdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Options says what a store needs from its database.
+type Options struct {
+	// Schema is the PostgreSQL schema the store's tables live in, created
+	// when missing; every connection has it as its search_path. Required.
+	Schema string
+	// Migrations holds the NNNN_what.sql files, at its root.
+	Migrations fs.FS
+	// ConnectTimeout bounds one connection attempt; default 5s.
+	ConnectTimeout time.Duration
+	// MaxConns caps the pool; default pgxpool's (4 or the CPU count).
+	MaxConns int32
+}
+
+// OpenTimeout is how long a service gives Open at start: connecting,
+// waiting for another replica's migration and migrating.
+const OpenTimeout = time.Minute
+
+// DB is an open database: a pool of connections in one schema.
+type DB struct {
+	pool   *pgxpool.Pool
+	schema string
+}
+
+// migration is one parsed migration file.
+type migration struct {
+	version int
+	name    string
+	sql     string
+}
+
+// Open connects to the database at url (a postgres:// URL or a key=value
+// DSN), creates opts.Schema when missing and applies the migrations it has
+// not seen, under an advisory lock so that concurrent Opens migrate once.
+// It fails when the database was migrated by a newer binary.
+func Open(ctx context.Context, url string, opts Options) (*DB, error) {
+	if !validSchema(opts.Schema) {
+		return nil, fmt.Errorf("pgdb: schema %q: want lower-case letters, digits and _", opts.Schema)
+	}
+	migs, err := readMigrations(opts.Migrations)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// The error can quote the URL, password included.
+		return nil, errors.New("pgdb: the database URL does not parse (want postgres://user:password@host:port/database)")
+	}
+	cfg.ConnConfig.ConnectTimeout = opts.ConnectTimeout
+	if cfg.ConnConfig.ConnectTimeout <= 0 {
+		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	if opts.MaxConns > 0 {
+		cfg.MaxConns = opts.MaxConns
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = opts.Schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("pgdb: %w", err)
+	}
+	d := &DB{pool: pool, schema: opts.Schema}
+	if err := d.migrate(ctx, migs); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// validSchema accepts the names Open quotes nowhere: [a-z_][a-z0-9_]*.
+func validSchema(s string) bool {
+	if s == "" || len(s) > 63 || (s[0] >= '0' && s[0] <= '9') {
+		return false
+	}
+	for _, c := range s {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '_' {
+			return false
+		}
+	}
+	return true
+}
+
+// readMigrations parses the NNNN_what.sql files of fsys in version order.
+func readMigrations(fsys fs.FS) ([]migration, error) {
+	if fsys == nil {
+		return nil, errors.New("pgdb: no migrations")
+	}
+	entries, err := fs.ReadDir(fsys, ".")
+	if err != nil {
+		return nil, fmt.Errorf("pgdb: migrations: %w", err)
+	}
+	var out []migration
+	for _, e := range entries {
+		if e.IsDir() || path.Ext(e.Name()) != ".sql" {
+			continue
+		}
+		num, _, ok := strings.Cut(e.Name(), "_")
+		v, err := strconv.Atoi(num)
+		if !ok || err != nil || v < 1 {
+			return nil, fmt.Errorf("pgdb: migration %s: want NNNN_what.sql with NNNN a positive version", e.Name())
+		}
+		b, err := fs.ReadFile(fsys, e.Name())
+		if err != nil {
+			return nil, fmt.Errorf("pgdb: migration %s: %w", e.Name(), err)
+		}
+		out = append(out, migration{version: v, name: e.Name(), sql: string(b)})
+	}
+	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
+	for i, m := range out {
+		if m.version != i+1 {
+			return nil, fmt.Errorf("pgdb: migration %s: versions must run 1, 2, 3... without gaps or repeats", m.name)
+		}
+	}
+	if len(out) == 0 {
+		return nil, errors.New("pgdb: no migrations")
+	}
+	return out, nil
+}
+
+// migrate brings the schema to the newest migration, holding a session
+// advisory lock named after the schema meanwhile.
+func (d *DB) migrate(ctx context.Context, migs []migration) error {
+	conn, err := d.pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("pgdb: connect: %w", err)
+	}
+	defer conn.Release()
+	lock := "parley.migrate." + d.schema
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(hashtext($1))`, lock); err != nil {
+		return fmt.Errorf("pgdb: migration lock: %w", err)
+	}
+	defer func() {
+		// Unlock even when ctx is done: the connection goes back to the pool.
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(uctx, `SELECT pg_advisory_unlock(hashtext($1))`, lock); err != nil {
+			_ = conn.Conn().Close(uctx) // a closed session drops its locks
+		}
+	}()
+	setup := `CREATE SCHEMA IF NOT EXISTS ` + d.schema + `;
+CREATE TABLE IF NOT EXISTS ` + d.schema + `.schema_migrations (
+  version    integer PRIMARY KEY,
+  name       text NOT NULL,
+  applied_at timestamptz NOT NULL DEFAULT now()
+)`
+	if _, err := conn.Exec(ctx, setup); err != nil {
+		return fmt.Errorf("pgdb: create schema %s: %w", d.schema, err)
+	}
+	var have int
+	if err := conn.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&have); err != nil {
+		return fmt.Errorf("pgdb: read schema version: %w", err)
+	}
+	if have > len(migs) {
+		return fmt.Errorf("pgdb: schema %s is at version %d, newer than this binary's %d; was it migrated by a newer release? refusing to start", d.schema, have, len(migs))
+	}
+	for _, m := range migs[have:] {
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, m.sql); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
+			return err
+		})
+		if err != nil {
+			return fmt.Errorf("pgdb: schema %s: migration %s: %w", d.schema, m.name, err)
+		}
+	}
+	return nil
+}
+
+// Version returns the schema's migration version.
+func (d *DB) Version(ctx context.Context) (int, error) {
+	var v int
+	err := d.pool.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&v)
+	return v, err
+}
+
+// Pool is the connection pool, for single statements outside a transaction.
+func (d *DB) Pool() *pgxpool.Pool { return d.pool }
+
+// Ping checks that a connection works.
+func (d *DB) Ping(ctx context.Context) error { return d.pool.Ping(ctx) }
+
+// Close closes every connection. Later calls fail.
+func (d *DB) Close() { d.pool.Close() }
+
+// View runs fn in a read-only REPEATABLE READ transaction: fn sees one
+// snapshot of the database.
+func (d *DB) View(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
+}
+
+// maxAttempts bounds how often Update runs a transaction that keeps failing
+// to serialize; contention that high is a fault, not a retry.
+const maxAttempts = 30
+
+// Update runs fn in a SERIALIZABLE transaction and commits it: the outcome
+// is as if every Update ran alone, one after another, across every replica.
+// When PostgreSQL aborts the transaction to keep that promise (SQLSTATE
+// 40001 or a deadlock, 40P01), Update waits a short random time and runs fn
+// again, up to 30 times. So, as with platform/boltdb, fn may run more than
+// once: it must set its results afresh on each run and have no effect
+// outside the transaction. fn's own error is returned as is and nothing is
+// written.
+func (d *DB) Update(ctx context.Context, fn func(pgx.Tx) error) error {
+	var err error
+	for attempt := range maxAttempts {
+		err = pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		if !retryable(err) {
+			return err
+		}
+		// Jittered backoff, growing to about 50ms: contenders spread out.
+		wait := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(wait):
+		}
+	}
+	return fmt.Errorf("pgdb: transaction still conflicting after %d attempts: %w", maxAttempts, err)
+}
+
+// retryable reports a serialization failure or deadlock.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40001" || pe.Code == "40P01")
+}
+
+// IsUniqueViolation reports a unique or primary-key violation (23505).
+func IsUniqueViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23505"
+}

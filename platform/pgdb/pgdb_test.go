@@ -1,0 +1,189 @@
+package pgdb_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/parleyhq/parley/platform/pgdb"
+	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+)
+
+var counterMigrations = fstest.MapFS{
+	"0001_counter.sql": {Data: []byte(`CREATE TABLE counter (id int PRIMARY KEY, n bigint NOT NULL); INSERT INTO counter VALUES (1, 0);`)},
+	"0002_notes.sql":   {Data: []byte(`CREATE TABLE notes (body text NOT NULL);`)},
+}
+
+func open(t *testing.T, url, schema string, migs fstest.MapFS) *pgdb.DB {
+	t.Helper()
+	db, err := pgdb.Open(t.Context(), url, pgdb.Options{Schema: schema, Migrations: migs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return db
+}
+
+func TestOpen_concurrentOpensMigrateOnce(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	// Eight "replicas" start at once; a migration run twice would fail on
+	// CREATE TABLE or insert a second counter row.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for range 8 {
+		wg.Go(func() {
+			db, err := pgdb.Open(t.Context(), url, pgdb.Options{Schema: schema, Migrations: counterMigrations})
+			if err == nil {
+				db.Close()
+			}
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := open(t, url, schema, counterMigrations)
+	var rows int
+	if err := db.Pool().QueryRow(t.Context(), `SELECT count(*) FROM counter`).Scan(&rows); err != nil || rows != 1 {
+		t.Errorf("counter rows = %d, %v; want 1", rows, err)
+	}
+	if v, err := db.Version(t.Context()); err != nil || v != 2 {
+		t.Errorf("Version = %d, %v; want 2", v, err)
+	}
+}
+
+func TestOpen_appliesOnlyNewMigrations(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	first := fstest.MapFS{"0001_counter.sql": counterMigrations["0001_counter.sql"]}
+	db := open(t, url, schema, first)
+	if _, err := db.Pool().Exec(t.Context(), `UPDATE counter SET n = 7`); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	db = open(t, url, schema, counterMigrations)
+	var n int
+	if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter`).Scan(&n); err != nil || n != 7 {
+		t.Errorf("counter after upgrade = %d, %v; want 7 kept", n, err)
+	}
+	if _, err := db.Pool().Exec(t.Context(), `INSERT INTO notes VALUES ('x')`); err != nil {
+		t.Errorf("migration 2 not applied: %v", err)
+	}
+}
+
+func TestOpen_refusesANewerSchema(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	open(t, url, schema, counterMigrations).Close()
+	_, err := pgdb.Open(t.Context(), url, pgdb.Options{Schema: schema, Migrations: fstest.MapFS{"0001_counter.sql": counterMigrations["0001_counter.sql"]}})
+	if err == nil || !strings.Contains(err.Error(), "newer than this binary") {
+		t.Errorf("Open with an older binary = %v; want a refusal naming the newer schema", err)
+	}
+}
+
+func TestOpen_failedMigrationLeavesNoTrace(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	bad := fstest.MapFS{
+		"0001_counter.sql": counterMigrations["0001_counter.sql"],
+		"0002_bad.sql":     {Data: []byte(`CREATE TABLE half (x int); SELECT no_such_function();`)},
+	}
+	if _, err := pgdb.Open(t.Context(), url, pgdb.Options{Schema: schema, Migrations: bad}); err == nil || !strings.Contains(err.Error(), "0002_bad.sql") {
+		t.Fatalf("Open with a failing migration = %v; want an error naming it", err)
+	}
+	db := open(t, url, schema, fstest.MapFS{"0001_counter.sql": counterMigrations["0001_counter.sql"]})
+	if v, _ := db.Version(t.Context()); v != 1 {
+		t.Errorf("Version after failed migration 2 = %d, want 1", v)
+	}
+	var half bool
+	if err := db.Pool().QueryRow(t.Context(), `SELECT to_regclass('half') IS NOT NULL`).Scan(&half); err != nil || half {
+		t.Errorf("table of the failed migration exists = %v, %v; want rolled back", half, err)
+	}
+}
+
+func TestReadMigrations_refusesBadSets(t *testing.T) {
+	for name, fsys := range map[string]fstest.MapFS{
+		"empty":   {},
+		"no num":  {"counter.sql": {Data: []byte(`SELECT 1`)}},
+		"gap":     {"0001_a.sql": {Data: []byte(`SELECT 1`)}, "0003_c.sql": {Data: []byte(`SELECT 1`)}},
+		"repeat":  {"0001_a.sql": {Data: []byte(`SELECT 1`)}, "1_b.sql": {Data: []byte(`SELECT 1`)}},
+		"version": {"0000_a.sql": {Data: []byte(`SELECT 1`)}},
+	} {
+		// No server needed: the set is refused before connecting.
+		if _, err := pgdb.Open(context.Background(), "postgres://127.0.0.1:1/x", pgdb.Options{Schema: "s", Migrations: fsys}); err == nil || !strings.Contains(err.Error(), "migration") {
+			t.Errorf("%s: Open = %v; want a migration error", name, err)
+		}
+	}
+	for _, s := range []string{"", "Upper", "1abc", "a-b", "a;drop"} {
+		if _, err := pgdb.Open(context.Background(), "postgres://127.0.0.1:1/x", pgdb.Options{Schema: s, Migrations: counterMigrations}); err == nil {
+			t.Errorf("schema %q accepted", s)
+		}
+	}
+}
+
+func TestOpen_badURLDoesNotEchoThePassword(t *testing.T) {
+	_, err := pgdb.Open(context.Background(), "postgres://u:sekrit@host:notaport/db", pgdb.Options{Schema: "s", Migrations: counterMigrations})
+	if err == nil || strings.Contains(err.Error(), "sekrit") {
+		t.Errorf("Open(bad URL) = %v; want an error without the password", err)
+	}
+}
+
+// TestUpdate_serializesReadModifyWrite: concurrent read-then-write
+// increments lose nothing, because conflicting transactions are retried.
+func TestUpdate_serializesReadModifyWrite(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	db := open(t, url, schema, counterMigrations)
+	const n = 24
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			errs <- db.Update(t.Context(), func(tx pgx.Tx) error {
+				var v int64
+				if err := tx.QueryRow(t.Context(), `SELECT n FROM counter WHERE id = 1`).Scan(&v); err != nil {
+					return err
+				}
+				_, err := tx.Exec(t.Context(), `UPDATE counter SET n = $1 WHERE id = 1`, v+1)
+				return err
+			})
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var v int64
+	err := db.View(t.Context(), func(tx pgx.Tx) error {
+		return tx.QueryRow(t.Context(), `SELECT n FROM counter WHERE id = 1`).Scan(&v)
+	})
+	if err != nil || v != n {
+		t.Errorf("counter = %d, %v; want %d", v, err, n)
+	}
+}
+
+func TestUpdate_fnErrorWritesNothing(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	db := open(t, url, schema, counterMigrations)
+	boom := context.Canceled // any sentinel of ours
+	err := db.Update(t.Context(), func(tx pgx.Tx) error {
+		if _, err := tx.Exec(t.Context(), `UPDATE counter SET n = 99`); err != nil {
+			return err
+		}
+		return boom
+	})
+	if err != boom { //nolint:errorlint // returned as is
+		t.Errorf("Update = %v, want fn's error as is", err)
+	}
+	var v int64
+	if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter`).Scan(&v); err != nil || v != 0 {
+		t.Errorf("counter = %d, %v; want 0", v, err)
+	}
+}

@@ -1,0 +1,79 @@
+package dialogue
+
+import (
+	"context"
+	"slices"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// The close operations are filters an agent sets on what it receives in a
+// dialogue (socontra.md section 6). The send path reads them: a recipient
+// that closed is left out with ReasonClosed. Each returns the agent's view
+// of the dialogue as written; store.ErrNotFound (a *resource.Error) when
+// the dialogue is unknown or the agent takes no part in it.
+
+// CloseMessages stops agent receiving messages of the given types in
+// dialogue, from anyone.
+func (s *Service) CloseMessages(ctx context.Context, agent, dialogue string, types []string) (View, error) {
+	return s.update(ctx, agent, dialogue, func(_ *store.Dialogue, p *store.Participant) {
+		p.ClosedTypes = union(p.ClosedTypes, types)
+	})
+}
+
+// CloseAgent stops agent receiving messages from counterpart in dialogue.
+func (s *Service) CloseAgent(ctx context.Context, agent, dialogue, counterpart string) (View, error) {
+	return s.update(ctx, agent, dialogue, func(_ *store.Dialogue, p *store.Participant) {
+		p.ClosedAgents = union(p.ClosedAgents, []string{counterpart})
+	})
+}
+
+// Close closes dialogue: for everyone when agent is its initiator (no one
+// may send in it any more), else for agent alone, which receives nothing
+// more in it.
+func (s *Service) Close(ctx context.Context, agent, dialogue string) (View, error) {
+	return s.update(ctx, agent, dialogue, closeFor(agent))
+}
+
+// CloseAll closes every dialogue of agent that is open for it, as Close
+// does, and returns how many it closed.
+func (s *Service) CloseAll(ctx context.Context, agent string) (int, error) {
+	closeOne := closeFor(agent)
+	return s.store.UpdateAgentDialogues(ctx, agent, func(d *store.Dialogue, p *store.Participant) (bool, error) {
+		closeOne(d, p)
+		return true, nil
+	})
+}
+
+func closeFor(agent string) func(*store.Dialogue, *store.Participant) {
+	return func(d *store.Dialogue, p *store.Participant) {
+		if d.Initiator == agent {
+			d.Closed = true
+		} else {
+			p.Closed = true
+		}
+	}
+}
+
+func (s *Service) update(ctx context.Context, agent, dialogue string, mutate func(*store.Dialogue, *store.Participant)) (View, error) {
+	d, p, err := s.store.UpdateParticipant(ctx, dialogue, agent, func(d *store.Dialogue, p *store.Participant) error {
+		mutate(d, p)
+		return nil
+	})
+	if err != nil {
+		return View{}, err
+	}
+	return View{Dialogue: d, Participant: p}, nil
+}
+
+// union returns a with the elements of b it lacks, sorted.
+func union(a, b []string) []string {
+	out := slices.Clone(a)
+	for _, x := range b {
+		if !slices.Contains(out, x) {
+			out = append(out, x)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,526 @@
+// Package dialogue is the agent network's dialogues: opening one with a new
+// message or a broadcast, replying inside it, and the close filters each
+// agent sets on what it receives (socontra.md sections 2 to 6).
+//
+// The server owns every id, the category, the sender and the time. An
+// opener creates a dialogue; every later message answers one earlier
+// message, and its sender must have received that message. Permission is
+// checked when a dialogue starts (the Resolver, backed by the registry);
+// inside an open dialogue, participants may reply until the initiator
+// closes it. A broadcast opens a one-way dialogue that nobody can answer.
+//
+// A message is first recorded (store.DialogueStore), then appended to the
+// recipients' mailboxes (mailbox.Appender); recipients whose mailbox did
+// not take it are retracted from the record, so a refused recipient can
+// never reply. Every recipient left out is reported in the Result with its
+// reason; nothing is dropped silently. A message that no recipient accepts
+// changes nothing and fails with a *RefusedError.
+//
+// When the dialogue's protocol declares a state machine (Protocols), each
+// message is checked per (dialogue, counterpart) pair against the pair's
+// stored state; a violation is not delivered to that counterpart, and the
+// sender gets a protocol_error in the Result and in its mailbox.
+package dialogue
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// Sentinels of the package; errors wrap one of them (fault.Error) with a
+// message for the caller.
+var (
+	// ErrNotReceived: the sender did not receive the message it answers
+	// (or no such message exists: the two are not told apart).
+	ErrNotReceived = errors.New("message not received")
+	// ErrBroadcast: the answered message is a broadcast, which is one-way.
+	ErrBroadcast = errors.New("broadcasts cannot be answered")
+	// ErrClosed: the initiator closed the dialogue.
+	ErrClosed = errors.New("dialogue closed")
+	// ErrUnavailable: the registry (permissions, protocols) is unreachable.
+	ErrUnavailable = errors.New("unavailable")
+	// ErrUnknownProtocol: the protocol named is not known to the registry.
+	ErrUnknownProtocol = errors.New("unknown protocol")
+	// ErrNoRecipient: no recipient accepted the message, for mixed
+	// reasons; ErrPermission, ErrUnknownAgent, ErrMailboxFull, ErrProtocol
+	// and ErrRecipientClosed when all had the same one. Such errors are
+	// *RefusedError values.
+	ErrNoRecipient     = errors.New("no recipient accepted the message")
+	ErrPermission      = errors.New("permission denied")
+	ErrUnknownAgent    = errors.New("unknown agent")
+	ErrMailboxFull     = errors.New("mailbox full")
+	ErrProtocol        = errors.New("protocol error")
+	ErrRecipientClosed = errors.New("closed by the recipient")
+)
+
+// Reason says why a recipient did not get a message.
+type Reason string
+
+// The reasons a recipient is refused.
+const (
+	// ReasonPermission: the sender may not start a dialogue with it
+	// (socontra.md section 2).
+	ReasonPermission Reason = "permission_denied"
+	// ReasonUnknownAgent: no such agent.
+	ReasonUnknownAgent Reason = "unknown_agent"
+	// ReasonMailboxFull: its mailbox is at its size bound.
+	ReasonMailboxFull Reason = "mailbox_full"
+	// ReasonClosed: it closed the dialogue, the message type or the sender.
+	ReasonClosed Reason = "closed"
+	// ReasonProtocol: the message breaks the protocol's state machine for
+	// this pair.
+	ReasonProtocol Reason = "protocol_error"
+)
+
+var reasonKinds = map[Reason]error{
+	ReasonPermission:   ErrPermission,
+	ReasonUnknownAgent: ErrUnknownAgent,
+	ReasonMailboxFull:  ErrMailboxFull,
+	ReasonClosed:       ErrRecipientClosed,
+	ReasonProtocol:     ErrProtocol,
+}
+
+// Refusal is a recipient left out of a message, and why.
+type Refusal struct {
+	Agent  string
+	Reason Reason
+	// Detail is one sentence for the sender: the rule broken, the
+	// connection missing.
+	Detail string
+}
+
+// RefusedError is the error of a message no recipient accepted. It
+// wraps the kind shared by every refusal, else ErrNoRecipient.
+type RefusedError struct {
+	Refusals []Refusal
+	// MessageID is the id the refused message had, which a protocol_error
+	// in the sender's mailbox answers.
+	MessageID string
+}
+
+func (e *RefusedError) Error() string {
+	parts := make([]string, 0, len(e.Refusals))
+	for _, r := range e.Refusals {
+		parts = append(parts, fmt.Sprintf("%s (%s: %s)", r.Agent, r.Reason, r.Detail))
+	}
+	if len(parts) == 0 {
+		return "the distribution list names no recipient but the sender"
+	}
+	return "no recipient accepted the message: " + strings.Join(parts, "; ")
+}
+
+// Unwrap returns the kind: the one reason all refusals share, else
+// ErrNoRecipient.
+func (e *RefusedError) Unwrap() error {
+	if len(e.Refusals) == 0 {
+		return ErrNoRecipient
+	}
+	first := e.Refusals[0].Reason
+	for _, r := range e.Refusals[1:] {
+		if r.Reason != first {
+			return ErrNoRecipient
+		}
+	}
+	return reasonKinds[first]
+}
+
+// Scope is how far a group address reaches in the group tree.
+type Scope string
+
+// The scopes of socontra.md section 3.
+const (
+	ScopeDirect    Scope = "direct"    // the group only
+	ScopeLocal     Scope = "local"     // the group and its descendants
+	ScopeGlobal    Scope = "global"    // the group, its descendants and its ancestors
+	ScopeExclusive Scope = "exclusive" // the group and its ancestors
+)
+
+// GroupAddress is one group of a distribution list.
+type GroupAddress struct {
+	Path  string // owner's client id and group names: acme/travel/hotel
+	Scope Scope
+}
+
+// Region filters group members by their membership's region.
+type Region struct {
+	Country, State, City string
+}
+
+// List is a distribution list: direct agents, groups, and a region filter
+// on the groups' members.
+type List struct {
+	Direct  []string // clients/{c}/agents/{a}
+	Groups  []GroupAddress
+	Regions []Region
+}
+
+// Candidate is a recipient a Resolver found, allowed or refused.
+type Candidate struct {
+	Agent   string
+	Refused Reason // "" when the sender may start a dialogue with it
+	Detail  string
+}
+
+// Resolver resolves a distribution list into recipients and checks, for
+// each, whether sender may start a dialogue with it.
+type Resolver interface {
+	// Resolve returns the recipients of l for sender. Errors wrapping
+	// ErrUnavailable are the registry's outages.
+	Resolve(ctx context.Context, sender string, l List) ([]Candidate, error)
+}
+
+// Violation is a message that breaks a state machine, naming the rule.
+type Violation struct {
+	Rule   string
+	Detail string
+}
+
+// Step is one message of a pair, as a state machine checks it.
+type Step struct {
+	Initiator string // who opened the dialogue
+	Sender    string
+	Receiver  string
+	Type      string
+	// AnsweredType is the type of the message answered; "" for an opener.
+	AnsweredType string
+	Body         []byte
+}
+
+// Machine is a PD's state machine. Step is pure: it returns the pair's
+// next state (opaque JSON; nil state is the start) or the violation.
+type Machine interface {
+	Step(state json.RawMessage, s Step) (json.RawMessage, *Violation)
+}
+
+// Protocols finds a PD's state machine.
+type Protocols interface {
+	// Machine returns the state machine of the PD hash, or nil when it
+	// declares none. Errors wrap ErrUnknownProtocol or ErrUnavailable.
+	Machine(ctx context.Context, hash string) (Machine, error)
+}
+
+// Message is what a sender chooses of a message.
+type Message struct {
+	Type          string
+	Protocol      string // openers only; replies keep the dialogue's
+	RecipientType string
+	Body          []byte // one JSON value
+}
+
+// Result is what a sent message became.
+type Result struct {
+	DialogueID string
+	MessageID  string
+	Category   mailbox.Category
+	Time       time.Time
+	// Recipients are the agents whose mailboxes hold the message, in the
+	// order resolved.
+	Recipients []string
+	// Refusals are the recipients left out, with their reasons.
+	Refusals []Refusal
+}
+
+// View is one agent's view of a dialogue.
+type View struct {
+	Dialogue    store.Dialogue
+	Participant store.Participant
+}
+
+// Options configures a Service. Zero values take the defaults noted.
+type Options struct {
+	// Protocols checks messages of dialogues with a protocol; none are
+	// checked when nil.
+	Protocols Protocols
+	// Logger reports what cannot reach a caller; discarded when nil.
+	Logger *slog.Logger
+	// Now is the clock; time.Now when nil.
+	Now func() time.Time
+	// NewID returns a fresh unguessable id; 128 random bits, URL-safe
+	// base64, when nil.
+	NewID func() string
+}
+
+// Service sends the network's messages.
+type Service struct {
+	store    store.DialogueStore
+	mail     mailbox.Appender
+	resolver Resolver
+	opts     Options
+}
+
+// New returns a Service recording dialogues in st, delivering through mail
+// and resolving distribution lists with r.
+func New(st store.DialogueStore, mail mailbox.Appender, r Resolver, opts Options) *Service {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if opts.NewID == nil {
+		opts.NewID = NewID
+	}
+	return &Service{store: st, mail: mail, resolver: r, opts: opts}
+}
+
+// NewID returns 128 random bits, URL-safe base64 without padding.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// machine returns the state machine of hash; nil when there is none to
+// check.
+func (s *Service) machine(ctx context.Context, hash string) (Machine, error) {
+	if hash == "" || s.opts.Protocols == nil {
+		return nil, nil
+	}
+	return s.opts.Protocols.Machine(ctx, hash)
+}
+
+// Open starts a dialogue of category cat (message for a new message,
+// subscription for a broadcast, service for a service request) from
+// sender to the recipients of l.
+func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category, l List, m Message) (Result, error) {
+	candidates, err := s.resolver.Resolve(ctx, sender, l)
+	if err != nil {
+		return Result{}, err
+	}
+	machine, err := s.machine(ctx, m.Protocol)
+	if err != nil {
+		return Result{}, err
+	}
+	now := s.opts.Now().UTC()
+	d := store.Dialogue{ID: s.opts.NewID(), Initiator: sender, Category: string(cat), Protocol: m.Protocol, CreateTime: now}
+	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: sender, Type: m.Type, Time: now}
+	var (
+		accepted []string
+		refusals []Refusal
+		pairs    []store.PairState
+		seen     = map[string]bool{sender: true}
+	)
+	for _, c := range candidates {
+		if seen[c.Agent] {
+			continue
+		}
+		seen[c.Agent] = true
+		if c.Refused != "" {
+			refusals = append(refusals, Refusal{Agent: c.Agent, Reason: c.Refused, Detail: c.Detail})
+			continue
+		}
+		if machine != nil {
+			next, v := machine.Step(nil, Step{Initiator: sender, Sender: sender, Receiver: c.Agent, Type: m.Type, Body: m.Body})
+			if v != nil {
+				refusals = append(refusals, protocolRefusal(c.Agent, v))
+				continue
+			}
+			pairs = append(pairs, store.PairState{Pair: store.Pair{A: sender, B: c.Agent}, State: next})
+		}
+		accepted = append(accepted, c.Agent)
+	}
+	msg := mailbox.Message{
+		ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: cat, Type: m.Type, Protocol: m.Protocol,
+		RecipientType: m.RecipientType, Body: m.Body, Time: now,
+	}
+	if len(accepted) == 0 {
+		s.protocolErrors(ctx, msg, refusals)
+		return Result{}, &RefusedError{Refusals: refusals, MessageID: dm.ID}
+	}
+	receipts := accepted
+	if cat == mailbox.CategorySubscription {
+		receipts = nil // nobody may answer a broadcast, so nobody needs a receipt
+	}
+	if err := s.store.CreateDialogue(ctx, d, dm, receipts, pairs); err != nil {
+		return Result{}, err
+	}
+	restores := make([]store.PairRestore, len(pairs))
+	for i, p := range pairs {
+		restores[i] = store.PairRestore{Pair: p.Pair, Written: p.State}
+	}
+	return s.deliver(ctx, msg, accepted, refusals, restores)
+}
+
+// Reply answers message inReplyTo as sender: to its sender, or with all
+// to its sender and every recipient of it but sender.
+func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool, m Message) (Result, error) {
+	notReceived := fault.New(ErrNotReceived, fmt.Sprintf("%s did not receive message %q, so it cannot answer it", sender, inReplyTo))
+	answered, err := s.store.GetDialogueMessage(ctx, inReplyTo)
+	if errors.Is(err, store.ErrNotFound) {
+		return Result{}, notReceived
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	d, err := s.store.GetDialogue(ctx, answered.DialogueID)
+	if errors.Is(err, store.ErrNotFound) {
+		return Result{}, notReceived
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	if d.Category == string(mailbox.CategorySubscription) {
+		return Result{}, fault.New(ErrBroadcast, fmt.Sprintf("message %q is a broadcast, which cannot be answered", inReplyTo))
+	}
+	// Outside the transaction: it may ask the registry.
+	machine, err := s.machine(ctx, d.Protocol)
+	if err != nil {
+		return Result{}, err
+	}
+	now := s.opts.Now().UTC()
+	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: sender, Type: m.Type, InReplyTo: inReplyTo, Time: now}
+	var (
+		accepted []string
+		refusals []Refusal
+		restores []store.PairRestore
+	)
+	err = s.store.AddMessage(ctx, inReplyTo, func(v store.DialogueView) (store.MessageWrite, error) {
+		accepted, refusals, restores = nil, nil, nil // the store may run plan more than once
+		d = v.Dialogue()
+		if !v.Received(sender) {
+			return store.MessageWrite{}, notReceived
+		}
+		if d.Closed {
+			return store.MessageWrite{}, fault.New(ErrClosed, fmt.Sprintf("dialogue %q was closed by its initiator", d.ID))
+		}
+		to := []string{v.Answered().Sender}
+		if all {
+			to = append(to, v.Receivers()...)
+		}
+		var pairs []store.PairState
+		seen := map[string]bool{sender: true}
+		for _, r := range to {
+			if seen[r] {
+				continue
+			}
+			seen[r] = true
+			if p, ok := v.Participant(r); ok && closedTo(p, sender, m.Type) {
+				refusals = append(refusals, Refusal{Agent: r, Reason: ReasonClosed, Detail: r + " closed the dialogue, this message type or this sender"})
+				continue
+			}
+			if machine != nil {
+				pair := store.Pair{A: sender, B: r}
+				prev := v.PairState(pair)
+				next, viol := machine.Step(prev, Step{Initiator: d.Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body})
+				if viol != nil {
+					refusals = append(refusals, protocolRefusal(r, viol))
+					continue
+				}
+				pairs = append(pairs, store.PairState{Pair: pair, State: next})
+				restores = append(restores, store.PairRestore{Pair: pair, Written: next, Previous: prev})
+			}
+			accepted = append(accepted, r)
+		}
+		if len(accepted) == 0 {
+			return store.MessageWrite{}, &RefusedError{Refusals: refusals, MessageID: dm.ID}
+		}
+		return store.MessageWrite{Message: dm, Recipients: accepted, Pairs: pairs}, nil
+	})
+	msg := mailbox.Message{
+		ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: mailbox.Category(d.Category), Type: m.Type, Protocol: d.Protocol,
+		RecipientType: m.RecipientType, InReplyTo: inReplyTo, Body: m.Body, Time: now,
+	}
+	if errors.Is(err, store.ErrNotFound) {
+		return Result{}, notReceived
+	}
+	var refused *RefusedError
+	if errors.As(err, &refused) {
+		s.protocolErrors(ctx, msg, refused.Refusals)
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	return s.deliver(ctx, msg, accepted, refusals, restores)
+}
+
+// closedTo reports whether p's filters keep a message of type typ from
+// sender away from p.
+func closedTo(p store.Participant, sender, typ string) bool {
+	return p.Closed || slices.Contains(p.ClosedTypes, typ) || slices.Contains(p.ClosedAgents, sender)
+}
+
+func protocolRefusal(agent string, v *Violation) Refusal {
+	detail := "the message breaks rule " + v.Rule + " of the protocol's state machine"
+	if v.Detail != "" {
+		detail += ": " + v.Detail
+	}
+	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail}
+}
+
+// deliver appends the recorded msg to the mailboxes of accepted, retracts
+// the record for those whose mailboxes refused it, and reports.
+func (s *Service) deliver(ctx context.Context, msg mailbox.Message, accepted []string, refusals []Refusal, restores []store.PairRestore) (Result, error) {
+	// The record is undone on a context of its own: the caller's may be
+	// what just ended.
+	undoCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	full, err := s.mail.Append(ctx, msg, accepted)
+	if err != nil {
+		if rerr := s.store.RetractMessage(undoCtx, msg.ID, accepted, restores); rerr != nil {
+			s.opts.Logger.ErrorContext(ctx, "a message no mailbox took stays recorded", slog.String("message", msg.ID), slog.Any("err", rerr))
+		}
+		return Result{}, err
+	}
+	if len(full) > 0 {
+		out := map[string]bool{}
+		var agents []string
+		for _, f := range full {
+			out[f.Agent] = true
+			agents = append(agents, f.Agent)
+			r := Refusal{Agent: f.Agent, Reason: ReasonMailboxFull, Detail: f.Agent + "'s mailbox is full"}
+			if !errors.Is(f.Err, mailbox.ErrFull) {
+				r = Refusal{Agent: f.Agent, Reason: ReasonUnknownAgent, Detail: f.Agent + " does not exist"}
+			}
+			refusals = append(refusals, r)
+		}
+		var undo []store.PairRestore
+		for _, p := range restores {
+			if out[p.Pair.A] || out[p.Pair.B] {
+				undo = append(undo, p)
+			}
+		}
+		// A broadcast keeps no receipts: it is retracted only as a whole.
+		if msg.Category != mailbox.CategorySubscription || len(agents) == len(accepted) {
+			if err := s.store.RetractMessage(undoCtx, msg.ID, agents, undo); err != nil {
+				return Result{}, err
+			}
+		}
+		accepted = slices.DeleteFunc(slices.Clone(accepted), func(a string) bool { return out[a] })
+	}
+	s.protocolErrors(ctx, msg, refusals)
+	if len(accepted) == 0 {
+		return Result{}, &RefusedError{Refusals: refusals, MessageID: msg.ID}
+	}
+	return Result{DialogueID: msg.DialogueID, MessageID: msg.ID, Category: msg.Category, Time: msg.Time, Recipients: accepted, Refusals: refusals}, nil
+}
+
+// protocolErrors puts a protocol_error in the sender's mailbox for each
+// recipient msg broke the state machine with. The sender also has them in
+// its Result, so a failure here is logged, not returned.
+func (s *Service) protocolErrors(ctx context.Context, msg mailbox.Message, refusals []Refusal) {
+	for _, r := range refusals {
+		if r.Reason != ReasonProtocol {
+			continue
+		}
+		body, _ := json.Marshal(map[string]string{"recipient": r.Agent, "messageType": msg.Type, "error": r.Detail})
+		e := mailbox.Message{
+			ID: s.opts.NewID(), DialogueID: msg.DialogueID, Category: msg.Category, Type: "protocol_error",
+			Protocol: msg.Protocol, InReplyTo: msg.ID, Body: body, Time: msg.Time,
+		}
+		if _, err := s.mail.Append(ctx, e, []string{msg.Sender}); err != nil {
+			s.opts.Logger.WarnContext(ctx, "protocol_error not put in the sender's mailbox; the send result carries it", slog.String("agent", msg.Sender), slog.Any("err", err))
+		}
+	}
+}

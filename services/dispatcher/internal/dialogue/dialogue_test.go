@@ -1,0 +1,380 @@
+package dialogue_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+)
+
+const (
+	alice = "clients/a/agents/alice"
+	bob   = "clients/b/agents/bob"
+	carol = "clients/c/agents/carol"
+	dave  = "clients/d/agents/dave" // follows nobody's senders: refused
+)
+
+// fakeMailboxes is a mailbox.Appender in memory: the real one is
+// internal/mailbox's. Agents in full refuse; err fails every append.
+type fakeMailboxes struct {
+	mu    sync.Mutex
+	boxes map[string][]mailbox.Message
+	full  map[string]bool
+	err   error
+}
+
+func (f *fakeMailboxes) Append(_ context.Context, m mailbox.Message, recipients []string) ([]mailbox.Refusal, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.err != nil {
+		return nil, f.err
+	}
+	var out []mailbox.Refusal
+	for _, r := range recipients {
+		if f.full[r] {
+			out = append(out, mailbox.Refusal{Agent: r, Err: mailbox.ErrFull})
+			continue
+		}
+		f.boxes[r] = append(f.boxes[r], m)
+	}
+	return out, nil
+}
+
+func (f *fakeMailboxes) of(agent string) []mailbox.Message {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.boxes[agent])
+}
+
+func (f *fakeMailboxes) total() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, b := range f.boxes {
+		n += len(b)
+	}
+	return n
+}
+
+// fakeResolver allows every direct recipient but dave; groups are not
+// resolved here.
+type fakeResolver struct{}
+
+func (fakeResolver) Resolve(_ context.Context, _ string, l dialogue.List) ([]dialogue.Candidate, error) {
+	var out []dialogue.Candidate
+	for _, a := range l.Direct {
+		c := dialogue.Candidate{Agent: a}
+		if a == dave {
+			c.Refused, c.Detail = dialogue.ReasonPermission, dave+" does not follow the sender"
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+type env struct {
+	svc  *dialogue.Service
+	mail *fakeMailboxes
+	st   *boltstore.Store
+}
+
+func newEnv(t *testing.T, opts dialogue.Options) *env {
+	t.Helper()
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	mail := &fakeMailboxes{boxes: map[string][]mailbox.Message{}, full: map[string]bool{}}
+	return &env{svc: dialogue.New(st, mail, fakeResolver{}, opts), mail: mail, st: st}
+}
+
+func text(s string) dialogue.Message {
+	b, _ := json.Marshal(s)
+	return dialogue.Message{Type: "new_message", RecipientType: "recipient", Body: b}
+}
+
+func (e *env) open(t *testing.T, to ...string) dialogue.Result {
+	t.Helper()
+	res, err := e.svc.Open(t.Context(), alice, mailbox.CategoryMessage, dialogue.List{Direct: to}, text("hi"))
+	if err != nil {
+		t.Fatalf("Open(alice → %v): %v", to, err)
+	}
+	return res
+}
+
+func TestOpen_setsServerFieldsAndReportsRefusals(t *testing.T) {
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	e := newEnv(t, dialogue.Options{Now: func() time.Time { return now }})
+	res := e.open(t, bob, alice, dave, bob, carol)
+	if len(res.DialogueID) != 22 || len(res.MessageID) != 22 || res.DialogueID == res.MessageID {
+		t.Errorf("ids = %q, %q; want two distinct 128-bit ids", res.DialogueID, res.MessageID)
+	}
+	if !slices.Equal(res.Recipients, []string{bob, carol}) {
+		t.Errorf("Recipients = %v, want [bob carol]: the sender is removed and bob counted once", res.Recipients)
+	}
+	want := []dialogue.Refusal{{Agent: dave, Reason: dialogue.ReasonPermission, Detail: dave + " does not follow the sender"}}
+	if !slices.Equal(res.Refusals, want) {
+		t.Errorf("Refusals = %v, want %v", res.Refusals, want)
+	}
+	got := e.mail.of(bob)
+	if len(got) != 1 {
+		t.Fatalf("bob's mailbox = %v, want the message once", got)
+	}
+	m := got[0]
+	if m.ID != res.MessageID || m.DialogueID != res.DialogueID || m.Sender != alice || m.Category != mailbox.CategoryMessage || !m.Time.Equal(now) || m.InReplyTo != "" {
+		t.Errorf("delivered %+v, want the server's id, dialogue, sender alice, category message, time %v", m, now)
+	}
+	if len(e.mail.of(alice)) != 0 || len(e.mail.of(dave)) != 0 {
+		t.Error("the sender or a refused recipient got the message")
+	}
+}
+
+func TestOpen_noRecipientChangesNothing(t *testing.T) {
+	e := newEnv(t, dialogue.Options{})
+	_, err := e.svc.Open(t.Context(), alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{dave}}, text("hi"))
+	var refused *dialogue.RefusedError
+	if !errors.Is(err, dialogue.ErrPermission) || !errors.As(err, &refused) || len(refused.Refusals) != 1 {
+		t.Fatalf("Open(alice → dave) = %v, want a RefusedError of ErrPermission naming dave", err)
+	}
+	if n := e.mail.total(); n != 0 {
+		t.Errorf("mailboxes hold %d messages after a refused open, want 0", n)
+	}
+	if _, err := e.st.GetDialogueMessage(t.Context(), refused.MessageID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("the refused opener was stored: %v", err)
+	}
+	_, err = e.svc.Open(t.Context(), alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{alice}}, text("hi"))
+	if !errors.Is(err, dialogue.ErrNoRecipient) {
+		t.Errorf("Open(alice → alice) = %v, want ErrNoRecipient", err)
+	}
+}
+
+func TestReply_toSenderAndAll(t *testing.T) {
+	e := newEnv(t, dialogue.Options{})
+	open := e.open(t, bob, carol)
+	reply := text("yes")
+	reply.Type = "message_response"
+	res, err := e.svc.Reply(t.Context(), bob, open.MessageID, false, reply)
+	if err != nil || !slices.Equal(res.Recipients, []string{alice}) || res.DialogueID != open.DialogueID {
+		t.Fatalf("Reply(bob → opener) = %+v, %v; want to alice in the same dialogue", res, err)
+	}
+	if got := e.mail.of(alice); len(got) != 1 || got[0].InReplyTo != open.MessageID || got[0].Sender != bob {
+		t.Errorf("alice's mailbox = %+v, want bob's reply naming the opener", got)
+	}
+	res, err = e.svc.Reply(t.Context(), carol, open.MessageID, true, reply)
+	if err != nil || !slices.Equal(res.Recipients, []string{alice, bob}) {
+		t.Errorf("Reply(carol, all) = %+v, %v; want to alice and bob", res, err)
+	}
+	// alice received bob's reply, so she may answer it; bob may not.
+	if _, err := e.svc.Reply(t.Context(), alice, res.MessageID, false, reply); err != nil {
+		t.Errorf("Reply(alice → carol's reply) = %v", err)
+	}
+}
+
+func TestReply_refusalsChangeNothing(t *testing.T) {
+	e := newEnv(t, dialogue.Options{})
+	open := e.open(t, bob)
+	bc, err := e.svc.Open(t.Context(), alice, mailbox.CategorySubscription, dialogue.List{Direct: []string{bob}}, text("news"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.mail.total()
+	for _, c := range []struct {
+		name      string
+		sender    string
+		inReplyTo string
+		want      error
+	}{
+		{"not received", carol, open.MessageID, dialogue.ErrNotReceived},
+		{"own message", alice, open.MessageID, dialogue.ErrNotReceived},
+		{"unknown message", bob, "AAAAAAAAAAAAAAAAAAAAAA", dialogue.ErrNotReceived},
+		{"broadcast", bob, bc.MessageID, dialogue.ErrBroadcast},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			if _, err := e.svc.Reply(t.Context(), c.sender, c.inReplyTo, true, text("x")); !errors.Is(err, c.want) {
+				t.Errorf("Reply(%s → %s) = %v, want %v", c.sender, c.inReplyTo, err, c.want)
+			}
+		})
+	}
+	if n := e.mail.total(); n != before {
+		t.Errorf("mailboxes hold %d messages after refused replies, want %d", n, before)
+	}
+}
+
+func TestMailboxFull_refusedRecipientCannotReply(t *testing.T) {
+	e := newEnv(t, dialogue.Options{})
+	e.mail.full[carol] = true
+	res := e.open(t, bob, carol)
+	want := []dialogue.Refusal{{Agent: carol, Reason: dialogue.ReasonMailboxFull, Detail: carol + "'s mailbox is full"}}
+	if !slices.Equal(res.Recipients, []string{bob}) || !slices.Equal(res.Refusals, want) {
+		t.Errorf("Open = %+v, want bob delivered and carol refused as full", res)
+	}
+	delete(e.mail.full, carol)
+	if _, err := e.svc.Reply(t.Context(), carol, res.MessageID, false, text("x")); !errors.Is(err, dialogue.ErrNotReceived) {
+		t.Errorf("Reply(carol, whose mailbox refused the opener) = %v, want ErrNotReceived", err)
+	}
+	// Every mailbox full: the dialogue is not kept.
+	e.mail.full[bob] = true
+	_, err := e.svc.Open(t.Context(), alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, text("hi"))
+	var refused *dialogue.RefusedError
+	if !errors.As(err, &refused) || !errors.Is(err, dialogue.ErrMailboxFull) {
+		t.Fatalf("Open to a full mailbox = %v, want ErrMailboxFull", err)
+	}
+	if _, err := e.st.GetDialogueMessage(t.Context(), refused.MessageID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("an opener no mailbox took is still stored: %v", err)
+	}
+}
+
+func TestAppendFailure_retractsTheRecord(t *testing.T) {
+	e := newEnv(t, dialogue.Options{NewID: sequence()})
+	e.mail.err = errors.New("disk on fire")
+	if _, err := e.svc.Open(t.Context(), alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, text("hi")); !errors.Is(err, e.mail.err) {
+		t.Fatalf("Open with failing mailboxes = %v, want their error", err)
+	}
+	if _, err := e.st.GetDialogue(t.Context(), "id1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogue after a failed append = %v, want ErrNotFound", err)
+	}
+}
+
+func sequence() func() string {
+	var mu sync.Mutex
+	n := 0
+	return func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
+		return "id" + string(rune('0'+n))
+	}
+}
+
+func TestClose(t *testing.T) {
+	e := newEnv(t, dialogue.Options{})
+	ctx := t.Context()
+	open := e.open(t, bob, carol)
+	r1, err := e.svc.Reply(ctx, bob, open.MessageID, true, text("r1")) // to alice and carol
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// carol closes bob: alice's reply-all to bob's message reaches bob only.
+	if _, err := e.svc.CloseAgent(ctx, carol, open.DialogueID, alice); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.svc.Reply(ctx, alice, r1.MessageID, true, text("r2"))
+	if err != nil || !slices.Equal(res.Recipients, []string{bob}) || len(res.Refusals) != 1 || res.Refusals[0].Reason != dialogue.ReasonClosed {
+		t.Errorf("Reply(alice, all) after carol closed alice = %+v, %v; want bob, and carol refused as closed", res, err)
+	}
+
+	// bob closes the type "nag": a nag to him alone is refused whole.
+	if v, err := e.svc.CloseMessages(ctx, bob, open.DialogueID, []string{"nag", "nag"}); err != nil || !slices.Equal(v.Participant.ClosedTypes, []string{"nag"}) {
+		t.Errorf("CloseMessages(bob, nag) = %+v, %v", v, err)
+	}
+	nag := text("nag")
+	nag.Type = "nag"
+	if _, err := e.svc.Reply(ctx, alice, r1.MessageID, false, nag); !errors.Is(err, dialogue.ErrRecipientClosed) {
+		t.Errorf("Reply(alice → bob, type nag) = %v, want ErrRecipientClosed", err)
+	}
+
+	// Not a participant: not found.
+	if _, err := e.svc.Close(ctx, dave, open.DialogueID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("Close(dave) = %v, want ErrNotFound", err)
+	}
+
+	// carol closes for herself; the initiator's close ends the dialogue.
+	if v, err := e.svc.Close(ctx, carol, open.DialogueID); err != nil || v.Dialogue.Closed || !v.Participant.Closed {
+		t.Errorf("Close(carol) = %+v, %v; want closed for carol only", v, err)
+	}
+	if v, err := e.svc.Close(ctx, alice, open.DialogueID); err != nil || !v.Dialogue.Closed {
+		t.Errorf("Close(alice, the initiator) = %+v, %v; want closed for all", v, err)
+	}
+	if _, err := e.svc.Reply(ctx, alice, r1.MessageID, false, text("late")); !errors.Is(err, dialogue.ErrClosed) {
+		t.Errorf("Reply after the initiator closed = %v, want ErrClosed", err)
+	}
+
+	// CloseAll counts the dialogues still open for the agent.
+	e.open(t, bob)
+	e.open(t, bob)
+	if n, err := e.svc.CloseAll(ctx, bob); err != nil || n != 2 {
+		t.Errorf("CloseAll(bob) = %d, %v; want 2 (the first dialogue is closed already)", n, err)
+	}
+}
+
+// fakeMachine is a state machine for tests: the state counts messages of
+// the pair, and a type "bad" breaks rule "no-bad".
+type fakeMachine struct{}
+
+func (fakeMachine) Step(state json.RawMessage, s dialogue.Step) (json.RawMessage, *dialogue.Violation) {
+	if s.Type == "bad" {
+		return nil, &dialogue.Violation{Rule: "no-bad", Detail: "bad after " + s.AnsweredType}
+	}
+	var n int
+	_ = json.Unmarshal(state, &n)
+	out, _ := json.Marshal(n + 1)
+	return out, nil
+}
+
+type fakeProtocols struct{}
+
+func (fakeProtocols) Machine(_ context.Context, hash string) (dialogue.Machine, error) {
+	if hash == "" {
+		return nil, nil
+	}
+	return fakeMachine{}, nil
+}
+
+func TestProtocolControl(t *testing.T) {
+	e := newEnv(t, dialogue.Options{Protocols: fakeProtocols{}})
+	ctx := t.Context()
+	m := text("task")
+	m.Protocol = "0123456789abcdef0123456789abcdef01234567"
+	open, err := e.svc.Open(ctx, alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := text("x")
+	bad.Type = "bad"
+	_, err = e.svc.Reply(ctx, bob, open.MessageID, false, bad)
+	if !errors.Is(err, dialogue.ErrProtocol) {
+		t.Fatalf("Reply(bad) = %v, want ErrProtocol", err)
+	}
+	if got := e.mail.of(alice); len(got) != 0 {
+		t.Errorf("alice received %v after a protocol violation, want nothing", got)
+	}
+	got := e.mail.of(bob)
+	if len(got) != 2 || got[1].Type != "protocol_error" || got[1].Sender != "" {
+		t.Fatalf("bob's mailbox = %+v, want the opener then a protocol_error from the network", got)
+	}
+	var body map[string]string
+	if err := json.Unmarshal(got[1].Body, &body); err != nil || body["recipient"] != alice {
+		t.Errorf("protocol_error body = %s, want the recipient and the rule", got[1].Body)
+	}
+	// The next valid message goes through, and the pair's state moved by
+	// exactly the delivered messages (opener, this reply).
+	ok := text("fine")
+	ok.Type = "message_response"
+	res, err := e.svc.Reply(ctx, bob, open.MessageID, false, ok)
+	if err != nil {
+		t.Fatalf("Reply(valid after a violation) = %v", err)
+	}
+	got = e.mail.of(alice)
+	if len(got) != 1 || got[0].Protocol != m.Protocol {
+		t.Errorf("alice's mailbox = %+v, want the valid reply under the dialogue's protocol", got)
+	}
+	err = e.st.AddMessage(ctx, res.MessageID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if s := string(v.PairState(store.Pair{A: alice, B: bob})); s != "2" {
+			t.Errorf("pair state = %s, want 2", s)
+		}
+		return store.MessageWrite{}, errors.New("read only")
+	})
+	if err == nil {
+		t.Fatal("read-only AddMessage wrote")
+	}
+}

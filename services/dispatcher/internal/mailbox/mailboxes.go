@@ -1,0 +1,284 @@
+package mailbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Errors of the mailboxes, besides ErrFull and ErrCursorAhead.
+var (
+	// ErrInvalid wraps a message or recipient list that cannot be stored.
+	ErrInvalid = errors.New("invalid message")
+	// ErrReplaced ends a Receive whose agent connected again elsewhere:
+	// one stream per agent, the newest wins.
+	ErrReplaced = errors.New("another connection of this agent took over")
+	// ErrStopping ends a Receive because the server is shutting down.
+	ErrStopping = errors.New("the server is shutting down")
+)
+
+// Options tune the mailboxes. Zero fields take the defaults noted.
+type Options struct {
+	// Bound is each agent's size bound; zero fields are unbounded.
+	Bound Bound
+	// Retention is how long an acknowledged message stays readable before
+	// compaction deletes it; 24h.
+	Retention time.Duration
+	// Now is the clock; time.Now.
+	Now func() time.Time
+}
+
+// Mailboxes are the agents' durable mailboxes, and the connections that
+// read them: one per agent at a time.
+type Mailboxes struct {
+	store Store
+	opts  Options
+
+	mu    sync.Mutex       // guards conns
+	conns map[string]*Conn // the connected agent's newest connection
+}
+
+var _ Appender = (*Mailboxes)(nil)
+
+// New returns the mailboxes kept in s.
+func New(s Store, opts Options) *Mailboxes {
+	if opts.Retention <= 0 {
+		opts.Retention = 24 * time.Hour
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	return &Mailboxes{store: s, opts: opts, conns: map[string]*Conn{}}
+}
+
+// Append implements Appender. Recipients are de-duplicated (first place
+// wins). The message must carry its id, dialogue, category and type; a
+// zero Time is set to now.
+func (m *Mailboxes) Append(ctx context.Context, msg Message, recipients []string) ([]Refusal, error) {
+	if err := validate(msg); err != nil {
+		return nil, err
+	}
+	seen := make(map[string]struct{}, len(recipients))
+	distinct := recipients[:0:0]
+	for _, r := range recipients {
+		if r == "" || strings.IndexByte(r, 0) >= 0 {
+			return nil, fmt.Errorf("recipient %q is not an agent name: %w", r, ErrInvalid)
+		}
+		if _, dup := seen[r]; !dup {
+			seen[r] = struct{}{}
+			distinct = append(distinct, r)
+		}
+	}
+	if len(distinct) == 0 {
+		return nil, nil
+	}
+	if msg.Time.IsZero() {
+		msg.Time = m.opts.Now()
+	}
+	delivered, refused, err := m.store.AppendMessage(ctx, msg, distinct, m.opts.Bound)
+	if err != nil {
+		return nil, err
+	}
+	m.wake(delivered)
+	return refused, nil
+}
+
+func validate(msg Message) error {
+	var missing []string
+	for _, f := range []struct{ name, v string }{
+		{"id", msg.ID}, {"dialogue id", msg.DialogueID}, {"category", string(msg.Category)}, {"type", msg.Type},
+	} {
+		if f.v == "" {
+			missing = append(missing, f.name)
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("message has no %s: %w", strings.Join(missing, ", "), ErrInvalid)
+	}
+	return nil
+}
+
+// wake tells the connected recipients that their mailbox grew.
+func (m *Mailboxes) wake(delivered []Delivery) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if len(m.conns) == 0 {
+		return
+	}
+	for _, d := range delivered {
+		if c := m.conns[d.Agent]; c != nil {
+			select {
+			case c.wake <- struct{}{}:
+			default: // a wakeup is already pending
+			}
+		}
+	}
+}
+
+// Read returns up to limit messages of agent after cursor after.
+func (m *Mailboxes) Read(ctx context.Context, agent string, after uint64, limit int) ([]Delivery, error) {
+	return m.store.ReadMailbox(ctx, agent, after, limit)
+}
+
+// Acknowledge moves agent's acknowledged cursor forward to cursor.
+func (m *Mailboxes) Acknowledge(ctx context.Context, agent string, cursor uint64) (State, error) {
+	return m.store.AcknowledgeMailbox(ctx, agent, cursor)
+}
+
+// ClearBacklog acknowledges everything in agent's mailbox.
+func (m *Mailboxes) ClearBacklog(ctx context.Context, agent string) (State, error) {
+	return m.store.ClearMailbox(ctx, agent)
+}
+
+// State returns agent's mailbox state.
+func (m *Mailboxes) State(ctx context.Context, agent string) (State, error) {
+	return m.store.GetMailbox(ctx, agent)
+}
+
+// Compact deletes the acknowledged messages older than the retention, in
+// transactions of at most batch references, and returns how many it
+// deleted.
+func (m *Mailboxes) Compact(ctx context.Context, batch int) (int, error) {
+	if batch <= 0 {
+		batch = 1000
+	}
+	before := m.opts.Now().Add(-m.opts.Retention)
+	total := 0
+	for {
+		n, err := m.store.CompactMailboxes(ctx, before, batch)
+		total += n
+		if err != nil || n < batch {
+			return total, err
+		}
+	}
+}
+
+// Conn is an agent's connection to its mailbox. A newer Connect of the
+// same agent replaces it.
+type Conn struct {
+	m        *Mailboxes
+	agent    string
+	wake     chan struct{} // one pending wakeup at most
+	replaced chan struct{} // closed when a newer connection took over
+}
+
+// Connect registers the agent's connection, replacing (and ending) any
+// older one. The caller must Close it.
+func (m *Mailboxes) Connect(agent string) *Conn {
+	c := &Conn{m: m, agent: agent, wake: make(chan struct{}, 1), replaced: make(chan struct{})}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if old := m.conns[agent]; old != nil {
+		close(old.replaced)
+	}
+	m.conns[agent] = c
+	return c
+}
+
+// Close unregisters c unless a newer connection already replaced it.
+func (c *Conn) Close() {
+	c.m.mu.Lock()
+	defer c.m.mu.Unlock()
+	if c.m.conns[c.agent] == c {
+		delete(c.m.conns, c.agent)
+	}
+}
+
+// Connected reports how many agents have a connection.
+func (m *Mailboxes) Connected() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.conns)
+}
+
+// ReceiveOptions say where a Receive starts and how it paces itself.
+type ReceiveOptions struct {
+	// After is the cursor the agent has already seen; delivery starts
+	// after it or after the acknowledged cursor, whichever is later.
+	After uint64
+	// ClearBacklog acknowledges the whole mailbox first, so that only
+	// messages appended from now on are delivered.
+	ClearBacklog bool
+	// Batch is the most messages one send carries; 100.
+	Batch int
+	// Keepalive is how long the stream may stay silent before an empty
+	// batch is sent, so that proxies and clients see it alive; 30s.
+	Keepalive time.Duration
+	// Stop ends the Receive with ErrStopping when it closes (server
+	// shutdown).
+	Stop <-chan struct{}
+}
+
+// Receive connects agent and sends its mailbox through send, in cursor
+// order, batch by batch, waiting for new messages without polling. An
+// empty batch is a keepalive. It returns ErrReplaced when the agent
+// connects again, ErrStopping when opts.Stop closes, ctx's error when ctx
+// ends, or send's error.
+func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptions, send func([]Delivery) error) error {
+	if opts.Batch <= 0 {
+		opts.Batch = 100
+	}
+	if opts.Keepalive <= 0 {
+		opts.Keepalive = 30 * time.Second
+	}
+	var (
+		st  State
+		err error
+	)
+	if opts.ClearBacklog {
+		st, err = m.ClearBacklog(ctx, agent)
+	} else {
+		st, err = m.State(ctx, agent)
+	}
+	if err != nil {
+		return err
+	}
+	// Connected after the clear, so that what is appended once Connected
+	// counts the connection is never cleared; a message appended between
+	// the two is found by the first read.
+	conn := m.Connect(agent)
+	defer conn.Close()
+	next := max(opts.After, st.Acked)
+	keepalive := time.NewTimer(opts.Keepalive)
+	defer keepalive.Stop()
+	for {
+		// A replaced connection stops before reading, so two never
+		// interleave sends for long.
+		select {
+		case <-conn.replaced:
+			return ErrReplaced
+		default:
+		}
+		batch, err := m.store.ReadMailbox(ctx, agent, next, opts.Batch)
+		if err != nil {
+			return err
+		}
+		if len(batch) > 0 {
+			if err := send(batch); err != nil {
+				return err
+			}
+			next = batch[len(batch)-1].Cursor
+			keepalive.Reset(opts.Keepalive)
+			if len(batch) == opts.Batch {
+				continue // more may be waiting
+			}
+		}
+		select {
+		case <-conn.wake:
+		case <-conn.replaced:
+			return ErrReplaced
+		case <-opts.Stop:
+			return ErrStopping
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-keepalive.C:
+			if err := send(nil); err != nil {
+				return err
+			}
+			keepalive.Reset(opts.Keepalive)
+		}
+	}
+}

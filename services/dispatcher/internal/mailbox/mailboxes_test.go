@@ -1,0 +1,290 @@
+package mailbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+)
+
+const (
+	bob   = "clients/c/agents/bob"
+	carol = "clients/c/agents/carol"
+)
+
+func newMailboxes(t *testing.T, opts mailbox.Options) *mailbox.Mailboxes {
+	t.Helper()
+	s, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return mailbox.New(s, opts)
+}
+
+func message(id string) mailbox.Message {
+	return mailbox.Message{ID: id, DialogueID: "d1", Category: mailbox.CategoryMessage, Type: "new_message", Body: []byte(`"` + id + `"`)}
+}
+
+func appendTo(t *testing.T, m *mailbox.Mailboxes, id string, to ...string) {
+	t.Helper()
+	if refused, err := m.Append(t.Context(), message(id), to); err != nil || len(refused) != 0 {
+		t.Fatalf("Append(%s) = %v, %v", id, refused, err)
+	}
+}
+
+func TestAppend_rejectsInvalidMessagesAndRecipients(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	tests := []struct {
+		name string
+		msg  mailbox.Message
+		to   []string
+	}{
+		{"no id", mailbox.Message{DialogueID: "d", Category: mailbox.CategoryMessage, Type: "t"}, []string{bob}},
+		{"no dialogue", mailbox.Message{ID: "m", Category: mailbox.CategoryMessage, Type: "t"}, []string{bob}},
+		{"no category", mailbox.Message{ID: "m", DialogueID: "d", Type: "t"}, []string{bob}},
+		{"no type", mailbox.Message{ID: "m", DialogueID: "d", Category: mailbox.CategoryMessage}, []string{bob}},
+		{"empty recipient", message("m"), []string{bob, ""}},
+		{"NUL in recipient", message("m"), []string{"clients/c/agents/b\x00x"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := m.Append(t.Context(), tt.msg, tt.to); !errors.Is(err, mailbox.ErrInvalid) {
+				t.Errorf("Append(%+v, %q) = %v, want ErrInvalid", tt.msg, tt.to, err)
+			}
+		})
+	}
+	if st, _ := m.State(t.Context(), bob); st.Head != 0 {
+		t.Errorf("bob's mailbox after refused appends = %+v, want empty", st)
+	}
+}
+
+func TestAppend_deduplicatesRecipientsAndReportsFullOnes(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{Bound: mailbox.Bound{MaxMessages: 1}})
+	appendTo(t, m, "m1", bob, bob)
+	refused, err := m.Append(t.Context(), message("m2"), []string{bob, carol})
+	if err != nil || len(refused) != 1 || refused[0].Agent != bob || !errors.Is(refused[0].Err, mailbox.ErrFull) {
+		t.Fatalf("Append to full bob and empty carol = %v, %v; want bob refused with ErrFull", refused, err)
+	}
+	got, _ := m.Read(t.Context(), bob, 0, 10)
+	if len(got) != 1 || got[0].Message.ID != "m1" {
+		t.Errorf("bob's mailbox = %v, want m1 once", got)
+	}
+}
+
+// receiver runs Receive for agent in the background and hands each
+// non-empty batch to the test.
+type receiver struct {
+	batches chan []mailbox.Delivery
+	done    chan error
+	cancel  context.CancelFunc
+}
+
+func receive(t *testing.T, m *mailbox.Mailboxes, agent string, opts mailbox.ReceiveOptions) *receiver {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	r := &receiver{batches: make(chan []mailbox.Delivery, 100), done: make(chan error, 1), cancel: cancel}
+	go func() {
+		r.done <- m.Receive(ctx, agent, opts, func(b []mailbox.Delivery) error {
+			if len(b) > 0 {
+				r.batches <- b
+			}
+			return nil
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-r.done; err == nil {
+			t.Error("Receive returned nil; it only ends with an error")
+		}
+	})
+	return r
+}
+
+// next waits for deliveries until it has n messages and returns their ids
+// with cursors.
+func (r *receiver) next(t *testing.T, n int) string {
+	t.Helper()
+	got := ""
+	timeout := time.After(10 * time.Second) // generous: a wakeup is immediate
+	for i := 0; i < n; {
+		select {
+		case b := <-r.batches:
+			for _, d := range b {
+				got += fmt.Sprintf("%d:%s ", d.Cursor, d.Message.ID)
+				i++
+			}
+		case err := <-r.done:
+			t.Fatalf("Receive ended with %v after %q", err, got)
+		case <-timeout:
+			t.Fatalf("received %q, waiting for %d messages", got, n)
+		}
+	}
+	return got
+}
+
+func (r *receiver) end(t *testing.T) error {
+	t.Helper()
+	select {
+	case err := <-r.done:
+		r.done <- err // for the cleanup
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("Receive did not end")
+		return nil
+	}
+}
+
+func TestReceive_deliversBacklogThenWakesOnAppend(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	appendTo(t, m, "m1", bob)
+	appendTo(t, m, "m2", bob)
+	r := receive(t, m, bob, mailbox.ReceiveOptions{Batch: 1})
+	if got := r.next(t, 2); got != "1:m1 2:m2 " {
+		t.Errorf("backlog = %q, want 1:m1 2:m2", got)
+	}
+	appendTo(t, m, "m3", bob, carol)
+	if got := r.next(t, 1); got != "3:m3 " {
+		t.Errorf("after Append = %q, want 3:m3", got)
+	}
+}
+
+func TestReceive_resumesAfterTheAcknowledgedCursor(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	for _, id := range []string{"m1", "m2", "m3", "m4"} {
+		appendTo(t, m, id, bob)
+	}
+	if _, err := m.Acknowledge(t.Context(), bob, 2); err != nil {
+		t.Fatal(err)
+	}
+	r := receive(t, m, bob, mailbox.ReceiveOptions{})
+	if got := r.next(t, 2); got != "3:m3 4:m4 " {
+		t.Errorf("after ack 2 = %q, want 3:m3 4:m4", got)
+	}
+	r.cancel()
+	if err := r.end(t); !errors.Is(err, context.Canceled) {
+		t.Errorf("Receive after cancel = %v, want context.Canceled", err)
+	}
+	// A later After than the acknowledged cursor wins.
+	r = receive(t, m, bob, mailbox.ReceiveOptions{After: 3})
+	if got := r.next(t, 1); got != "4:m4 " {
+		t.Errorf("after 3 = %q, want 4:m4", got)
+	}
+}
+
+func TestReceive_clearBacklogSkipsWhatWasWaiting(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	appendTo(t, m, "old", bob)
+	r := receive(t, m, bob, mailbox.ReceiveOptions{ClearBacklog: true})
+	// The clear happens before Receive reads; wait for the connection so
+	// that the new message is appended after it.
+	waitConnected(t, m, 1)
+	appendTo(t, m, "new", bob)
+	if got := r.next(t, 1); got != "2:new " {
+		t.Errorf("with clear backlog = %q, want 2:new", got)
+	}
+	if st, _ := m.State(t.Context(), bob); st.Acked < 1 {
+		t.Errorf("state after clear = %+v, want the old message acknowledged", st)
+	}
+}
+
+func waitConnected(t *testing.T, m *mailbox.Mailboxes, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for m.Connected() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("Connected() = %d, want %d", m.Connected(), n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func TestReceive_aSecondConnectionTakesOver(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	appendTo(t, m, "m1", bob)
+	first := receive(t, m, bob, mailbox.ReceiveOptions{})
+	first.next(t, 1)
+	second := receive(t, m, bob, mailbox.ReceiveOptions{})
+	if err := first.end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Errorf("first Receive after a second connect = %v, want ErrReplaced", err)
+	}
+	if got := second.next(t, 1); got != "1:m1 " {
+		t.Errorf("second connection got %q, want the unacknowledged 1:m1", got)
+	}
+	appendTo(t, m, "m2", bob)
+	if got := second.next(t, 1); got != "2:m2 " {
+		t.Errorf("second connection got %q, want 2:m2", got)
+	}
+	if m.Connected() != 1 {
+		t.Errorf("Connected() = %d, want 1", m.Connected())
+	}
+}
+
+func TestReceive_endsWhenTheServerStops(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	stop := make(chan struct{})
+	r := receive(t, m, bob, mailbox.ReceiveOptions{Stop: stop})
+	close(stop)
+	if err := r.end(t); !errors.Is(err, mailbox.ErrStopping) {
+		t.Errorf("Receive after stop = %v, want ErrStopping", err)
+	}
+	if m.Connected() != 0 {
+		t.Errorf("Connected() after the end = %d, want 0", m.Connected())
+	}
+}
+
+func TestReceive_sendsKeepalivesWhenIdle(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	empty := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() {
+		done <- m.Receive(ctx, bob, mailbox.ReceiveOptions{Keepalive: time.Millisecond}, func(b []mailbox.Delivery) error {
+			if len(b) == 0 {
+				select {
+				case empty <- struct{}{}:
+				default:
+				}
+			}
+			return nil
+		})
+	}()
+	select {
+	case <-empty:
+	case <-time.After(10 * time.Second):
+		t.Error("no keepalive (empty batch) within 10s at a 1ms interval")
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("Receive after cancel = %v, want context.Canceled", err)
+	}
+}
+
+func TestReceive_endsWithSendsError(t *testing.T) {
+	m := newMailboxes(t, mailbox.Options{})
+	appendTo(t, m, "m1", bob)
+	boom := errors.New("client gone")
+	if err := m.Receive(t.Context(), bob, mailbox.ReceiveOptions{}, func([]mailbox.Delivery) error { return boom }); !errors.Is(err, boom) {
+		t.Errorf("Receive with failing send = %v, want its error", err)
+	}
+}
+
+func TestCompact_keepsMessagesWithinTheRetention(t *testing.T) {
+	now := time.Unix(1_800_000_000, 0)
+	m := newMailboxes(t, mailbox.Options{Retention: time.Hour, Now: func() time.Time { return now }})
+	appendTo(t, m, "m1", bob)
+	if _, err := m.ClearBacklog(t.Context(), bob); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := m.Compact(t.Context(), 10); err != nil || n != 0 {
+		t.Errorf("Compact within the retention = %d, %v; want 0", n, err)
+	}
+	now = now.Add(61 * time.Minute)
+	if n, err := m.Compact(t.Context(), 10); err != nil || n != 1 {
+		t.Errorf("Compact past the retention = %d, %v; want 1", n, err)
+	}
+}

@@ -1,0 +1,319 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+)
+
+// The mailboxes' buckets (see internal/mailbox).
+var (
+	// bucketMessages: message id → JSON mailbox.Message, stored once
+	// however many mailboxes hold it.
+	bucketMessages = []byte("messages")
+	// bucketMessageRefs: message id → 8-byte big-endian count of the
+	// mailbox references to it; the body goes when it reaches zero.
+	bucketMessageRefs = []byte("message_refs")
+	// bucketMailboxes: agent → mailboxState (32 bytes: head, acked,
+	// pending, pending bytes; big-endian uint64 each).
+	bucketMailboxes = []byte("mailboxes")
+	// bucketMailboxRefs: agent + 0x00 + 8-byte big-endian cursor → ref
+	// (8-byte send time in Unix ns, 8-byte body size, message id), so a
+	// mailbox reads in cursor order with one Seek.
+	bucketMailboxRefs = []byte("mailbox_refs")
+)
+
+var mailboxBuckets = [][]byte{bucketMessages, bucketMessageRefs, bucketMailboxes, bucketMailboxRefs}
+
+var _ mailbox.Store = (*Store)(nil)
+
+func getState(b *bolt.Bucket, agent string) mailbox.State {
+	v := b.Get([]byte(agent))
+	if len(v) != 32 {
+		return mailbox.State{}
+	}
+	return mailbox.State{
+		Head:         binary.BigEndian.Uint64(v[0:]),
+		Acked:        binary.BigEndian.Uint64(v[8:]),
+		Pending:      int64(binary.BigEndian.Uint64(v[16:])),
+		PendingBytes: int64(binary.BigEndian.Uint64(v[24:])),
+	}
+}
+
+func putState(b *bolt.Bucket, agent string, s mailbox.State) error {
+	v := make([]byte, 32)
+	binary.BigEndian.PutUint64(v[0:], s.Head)
+	binary.BigEndian.PutUint64(v[8:], s.Acked)
+	binary.BigEndian.PutUint64(v[16:], uint64(s.Pending))
+	binary.BigEndian.PutUint64(v[24:], uint64(s.PendingBytes))
+	return b.Put([]byte(agent), v)
+}
+
+func refKey(agent string, cursor uint64) []byte {
+	k := make([]byte, 0, len(agent)+9)
+	k = append(k, agent...)
+	k = append(k, 0)
+	return binary.BigEndian.AppendUint64(k, cursor)
+}
+
+type ref struct {
+	sent int64 // Unix ns
+	size int64
+	id   string
+}
+
+func encodeRef(r ref) []byte {
+	v := make([]byte, 16, 16+len(r.id))
+	binary.BigEndian.PutUint64(v[0:], uint64(r.sent))
+	binary.BigEndian.PutUint64(v[8:], uint64(r.size))
+	return append(v, r.id...)
+}
+
+func decodeRef(v []byte) (ref, error) {
+	if len(v) < 16 {
+		return ref{}, fmt.Errorf("mailbox reference of %d bytes is corrupt", len(v))
+	}
+	return ref{sent: int64(binary.BigEndian.Uint64(v[0:])), size: int64(binary.BigEndian.Uint64(v[8:])), id: string(v[16:])}, nil
+}
+
+// AppendMessage implements mailbox.Store.
+func (s *Store) AppendMessage(ctx context.Context, m mailbox.Message, recipients []string, bound mailbox.Bound) ([]mailbox.Delivery, []mailbox.Refusal, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	body, err := json.Marshal(m)
+	if err != nil {
+		return nil, nil, err
+	}
+	size := int64(len(m.Body))
+	rv := encodeRef(ref{sent: m.Time.UnixNano(), size: size, id: m.ID})
+	var (
+		delivered []mailbox.Delivery
+		refused   []mailbox.Refusal
+	)
+	err = s.db.Update(func(tx *bolt.Tx) error {
+		// The committer may run this again: results start afresh.
+		delivered, refused = delivered[:0], refused[:0]
+		msgs := tx.Bucket(bucketMessages)
+		if msgs.Get([]byte(m.ID)) != nil {
+			return resource.AlreadyExists("message", m.ID)
+		}
+		states, refs := tx.Bucket(bucketMailboxes), tx.Bucket(bucketMailboxRefs)
+		for _, agent := range recipients {
+			st := getState(states, agent)
+			if (bound.MaxMessages > 0 && st.Pending+1 > bound.MaxMessages) ||
+				(bound.MaxBytes > 0 && st.PendingBytes+size > bound.MaxBytes) {
+				refused = append(refused, mailbox.Refusal{Agent: agent, Err: mailbox.ErrFull})
+				continue
+			}
+			st.Head++
+			st.Pending++
+			st.PendingBytes += size
+			if err := putState(states, agent, st); err != nil {
+				return err
+			}
+			if err := refs.Put(refKey(agent, st.Head), rv); err != nil {
+				return err
+			}
+			delivered = append(delivered, mailbox.Delivery{Agent: agent, Cursor: st.Head, Message: m})
+		}
+		if len(delivered) == 0 {
+			return nil
+		}
+		if err := tx.Bucket(bucketMessageRefs).Put([]byte(m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(delivered)))); err != nil {
+			return err
+		}
+		return msgs.Put([]byte(m.ID), body)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return delivered, refused, nil
+}
+
+// ReadMailbox implements mailbox.Store.
+func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, limit int) ([]mailbox.Delivery, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if after == ^uint64(0) || limit <= 0 {
+		return nil, nil
+	}
+	prefix := append([]byte(agent), 0)
+	var out []mailbox.Delivery
+	err := s.db.View(func(tx *bolt.Tx) error {
+		msgs := tx.Bucket(bucketMessages)
+		c := tx.Bucket(bucketMailboxRefs).Cursor()
+		for k, v := c.Seek(refKey(agent, after+1)); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
+			if len(k) != len(prefix)+8 {
+				continue // another agent whose name extends this one's
+			}
+			r, err := decodeRef(v)
+			if err != nil {
+				return err
+			}
+			body := msgs.Get([]byte(r.id))
+			if body == nil {
+				return fmt.Errorf("mailbox %q cursor %d: message %q is missing", agent, binary.BigEndian.Uint64(k[len(prefix):]), r.id)
+			}
+			d := mailbox.Delivery{Agent: agent, Cursor: binary.BigEndian.Uint64(k[len(prefix):])}
+			if err := json.Unmarshal(body, &d.Message); err != nil {
+				return err
+			}
+			out = append(out, d)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// AcknowledgeMailbox implements mailbox.Store.
+func (s *Store) AcknowledgeMailbox(ctx context.Context, agent string, cursor uint64) (mailbox.State, error) {
+	return s.ack(ctx, agent, func(st mailbox.State) (uint64, error) {
+		if cursor > st.Head {
+			return 0, fmt.Errorf("cursor %d of %q (head %d): %w", cursor, agent, st.Head, mailbox.ErrCursorAhead)
+		}
+		return cursor, nil
+	})
+}
+
+// ClearMailbox implements mailbox.Store.
+func (s *Store) ClearMailbox(ctx context.Context, agent string) (mailbox.State, error) {
+	return s.ack(ctx, agent, func(st mailbox.State) (uint64, error) { return st.Head, nil })
+}
+
+// errUnchanged ends a read-modify-write that has nothing to write.
+var errUnchanged = errors.New("unchanged")
+
+// ack moves agent's acknowledged cursor to the one target picks, releasing
+// the acknowledged messages from the size bound.
+func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State) (uint64, error)) (mailbox.State, error) {
+	if err := ctx.Err(); err != nil {
+		return mailbox.State{}, err
+	}
+	var out mailbox.State
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		states := tx.Bucket(bucketMailboxes)
+		st := getState(states, agent)
+		out = st
+		to, err := target(st)
+		if err != nil {
+			return err
+		}
+		if to <= st.Acked {
+			return errUnchanged
+		}
+		c := tx.Bucket(bucketMailboxRefs).Cursor()
+		prefix := append([]byte(agent), 0)
+		end := refKey(agent, to)
+		for k, v := c.Seek(refKey(agent, st.Acked+1)); k != nil && bytes.HasPrefix(k, prefix) && bytes.Compare(k, end) <= 0; k, v = c.Next() {
+			if len(k) != len(prefix)+8 {
+				continue
+			}
+			r, err := decodeRef(v)
+			if err != nil {
+				return err
+			}
+			st.Pending--
+			st.PendingBytes -= r.size
+		}
+		st.Acked = to
+		out = st
+		return putState(states, agent, st)
+	})
+	if errors.Is(err, errUnchanged) {
+		err = nil
+	}
+	return out, err
+}
+
+// GetMailbox implements mailbox.Store.
+func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, error) {
+	if err := ctx.Err(); err != nil {
+		return mailbox.State{}, err
+	}
+	var out mailbox.State
+	err := s.db.View(func(tx *bolt.Tx) error {
+		out = getState(tx.Bucket(bucketMailboxes), agent)
+		return nil
+	})
+	return out, err
+}
+
+// CompactMailboxes implements mailbox.Store. It walks the mailboxes in
+// name order and, in each, its oldest references up to the acknowledged
+// cursor, stopping at the first one sent at or after before.
+func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		refs, counts, msgs := tx.Bucket(bucketMailboxRefs), tx.Bucket(bucketMessageRefs), tx.Bucket(bucketMessages)
+		type dead struct {
+			key []byte
+			id  string
+		}
+		var doomed []dead
+		sc := tx.Bucket(bucketMailboxes).Cursor()
+		for agent, sv := sc.First(); agent != nil && len(doomed) < limit; agent, sv = sc.Next() {
+			if len(sv) != 32 {
+				continue
+			}
+			acked := binary.BigEndian.Uint64(sv[8:])
+			prefix := append(append([]byte{}, agent...), 0)
+			rc := refs.Cursor()
+			for k, v := rc.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(doomed) < limit; k, v = rc.Next() {
+				if len(k) != len(prefix)+8 {
+					continue
+				}
+				if binary.BigEndian.Uint64(k[len(prefix):]) > acked {
+					break
+				}
+				r, err := decodeRef(v)
+				if err != nil {
+					return err
+				}
+				if r.sent >= before.UnixNano() {
+					break
+				}
+				doomed = append(doomed, dead{key: append([]byte{}, k...), id: r.id})
+			}
+		}
+		// Deleted after the walk: never delete while walking a cursor.
+		for _, d := range doomed {
+			if err := refs.Delete(d.key); err != nil {
+				return err
+			}
+			left := uint64(0)
+			if v := counts.Get([]byte(d.id)); len(v) == 8 {
+				left = binary.BigEndian.Uint64(v)
+			}
+			if left <= 1 {
+				if err := counts.Delete([]byte(d.id)); err != nil {
+					return err
+				}
+				if err := msgs.Delete([]byte(d.id)); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := counts.Put([]byte(d.id), binary.BigEndian.AppendUint64(nil, left-1)); err != nil {
+				return err
+			}
+		}
+		n = len(doomed)
+		return nil
+	})
+	return n, err
+}

@@ -1,0 +1,142 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Dialogue is a dialogue of the agent network: opened by one message,
+// extended by replies, each answering an earlier message of it.
+type Dialogue struct {
+	ID        string `json:"id"`
+	Initiator string `json:"initiator"` // clients/{c}/agents/{a}, who sent the opener
+	// Category is message, subscription or service (mailbox.Category).
+	Category string `json:"category"`
+	// Protocol is the PD's SHA-1 (40 hex), or "" for none.
+	Protocol   string    `json:"protocol,omitempty"`
+	CreateTime time.Time `json:"createTime"`
+	// Closed is set when the initiator closed the dialogue for everyone.
+	Closed bool `json:"closed,omitempty"`
+}
+
+// DialogueMessage is what the dispatcher keeps of one message of a
+// dialogue to check replies to it. The body is the mailboxes'.
+type DialogueMessage struct {
+	ID         string    `json:"id"`
+	DialogueID string    `json:"dialogueId"`
+	Sender     string    `json:"sender"`
+	Type       string    `json:"type"`
+	InReplyTo  string    `json:"inReplyTo,omitempty"` // "" for the opener
+	Time       time.Time `json:"time"`
+}
+
+// Participant is one agent's standing in a dialogue: the filters it set
+// with the close operations. Every sender and receiver of a two-way
+// dialogue is a participant; receivers of a broadcast are not.
+type Participant struct {
+	Agent string `json:"agent"`
+	// Closed: the agent closed the dialogue for itself and receives nothing
+	// more in it.
+	Closed bool `json:"closed,omitempty"`
+	// ClosedTypes are message types the agent no longer receives here.
+	ClosedTypes []string `json:"closedTypes,omitempty"`
+	// ClosedAgents are counterparts the agent no longer receives from here.
+	ClosedAgents []string `json:"closedAgents,omitempty"`
+}
+
+// Pair names the two agents of a (dialogue, counterpart) pair, in either
+// order: a pair's state is the same whichever of the two sends.
+type Pair struct {
+	A, B string
+}
+
+// Key returns the pair with its agents in sorted order, the form stores
+// key it by.
+func (p Pair) Key() Pair {
+	if p.B < p.A {
+		return Pair{A: p.B, B: p.A}
+	}
+	return p
+}
+
+// PairState is the protocol-control state of one pair, opaque JSON owned
+// by the protocol engine.
+type PairState struct {
+	Pair  Pair
+	State json.RawMessage
+}
+
+// PairRestore undoes one pair's state change: when the pair holds Written,
+// it is set back to Previous (nil removes it). A pair changed again since
+// is left alone.
+type PairRestore struct {
+	Pair     Pair
+	Written  json.RawMessage
+	Previous json.RawMessage
+}
+
+// MessageWrite is what a reply stores: the message, the agents it went to
+// (each gets a receipt and becomes a participant) and the pair states it
+// moved.
+type MessageWrite struct {
+	Message    DialogueMessage
+	Recipients []string
+	Pairs      []PairState
+}
+
+// DialogueView is a dialogue as one transaction of AddMessage sees it,
+// around the message being answered.
+type DialogueView interface {
+	// Dialogue is the dialogue of the answered message.
+	Dialogue() Dialogue
+	// Answered is the message being answered.
+	Answered() DialogueMessage
+	// Received reports whether agent received the answered message.
+	Received(agent string) bool
+	// Receivers lists the agents that received the answered message, in
+	// name order.
+	Receivers() []string
+	// Participant returns agent's record in the dialogue, and whether it
+	// is one.
+	Participant(agent string) (Participant, bool)
+	// PairState returns the pair's protocol state; nil when it has none.
+	PairState(p Pair) json.RawMessage
+}
+
+// DialogueStore keeps the network's dialogues: who took part, who received
+// which message, the close filters, and per-pair protocol state. Every
+// method checks ctx first.
+type DialogueStore interface {
+	// CreateDialogue stores a new dialogue d with its opener m. When
+	// recipients is not nil, each gets a receipt of m and, with the sender,
+	// becomes a participant (broadcasts, which cannot be answered, pass
+	// nil). pairs are the pairs' first protocol states. ErrAlreadyExists
+	// when d.ID or m.ID is taken.
+	CreateDialogue(ctx context.Context, d Dialogue, m DialogueMessage, recipients []string, pairs []PairState) error
+	// AddMessage answers the message answered in one transaction: plan
+	// sees the dialogue around it and returns what to write; the new
+	// message's sender and recipients become participants and the
+	// recipients get receipts. If plan fails, nothing is written and its
+	// error is returned as is. ErrNotFound when answered is unknown.
+	AddMessage(ctx context.Context, answered string, plan func(DialogueView) (MessageWrite, error)) error
+	// RetractMessage undoes a stored message for agents whose mailboxes
+	// did not take it: their receipts go, and the pairs are restored. A
+	// message left with no receipt is removed, and with it its dialogue
+	// when it was the opener (participants and pair states too).
+	// Retracting an unknown message is no error.
+	RetractMessage(ctx context.Context, id string, agents []string, pairs []PairRestore) error
+	// GetDialogueMessage returns a stored message; ErrNotFound when absent.
+	GetDialogueMessage(ctx context.Context, id string) (DialogueMessage, error)
+	// GetDialogue returns a dialogue; ErrNotFound when absent.
+	GetDialogue(ctx context.Context, id string) (Dialogue, error)
+	// UpdateParticipant applies mutate to the dialogue and agent's record
+	// in it in one transaction, and returns both as written. ErrNotFound
+	// when the dialogue is unknown or agent takes no part in it (the error
+	// does not say which). If mutate fails, nothing is written.
+	UpdateParticipant(ctx context.Context, dialogue, agent string, mutate func(*Dialogue, *Participant) error) (Dialogue, Participant, error)
+	// UpdateAgentDialogues applies mutate to each dialogue agent takes part
+	// in that is open for it (neither closed for all nor by it), in one
+	// transaction, and returns how many it changed (mutate reports that).
+	UpdateAgentDialogues(ctx context.Context, agent string, mutate func(*Dialogue, *Participant) (bool, error)) (int, error)
+}

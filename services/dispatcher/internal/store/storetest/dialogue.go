@@ -1,0 +1,212 @@
+package storetest
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// RunDialogues runs the dialogue suite; open returns a new empty store.
+func RunDialogues(t *testing.T, open func(t *testing.T) store.DialogueStore) {
+	t.Run("create and answer", func(t *testing.T) { testDialogueAnswer(t, open(t)) })
+	t.Run("retract", func(t *testing.T) { testDialogueRetract(t, open(t)) })
+	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
+}
+
+// alice, bob and carol are the mailbox suite's agents.
+
+var errPlan = errors.New("plan refused")
+
+func opener(t *testing.T, s store.DialogueStore, id string, recipients []string) (store.Dialogue, store.DialogueMessage) {
+	t.Helper()
+	now := time.Unix(1_800_000_000, 0).UTC()
+	d := store.Dialogue{ID: id, Initiator: alice, Category: "message", CreateTime: now}
+	m := store.DialogueMessage{ID: id + "-m1", DialogueID: id, Sender: alice, Type: "new_message", Time: now}
+	pairs := []store.PairState{{Pair: store.Pair{A: bob, B: alice}, State: json.RawMessage(`{"s":1}`)}}
+	if err := s.CreateDialogue(t.Context(), d, m, recipients, pairs); err != nil {
+		t.Fatalf("CreateDialogue(%s): %v", id, err)
+	}
+	return d, m
+}
+
+func testDialogueAnswer(t *testing.T, s store.DialogueStore) {
+	ctx := t.Context()
+	d, m := opener(t, s, "d1", []string{bob, carol})
+	if got, err := s.GetDialogue(ctx, "d1"); err != nil || got != d {
+		t.Errorf("GetDialogue(d1) = %+v, %v; want %+v", got, err, d)
+	}
+	if got, err := s.GetDialogueMessage(ctx, m.ID); err != nil || got != m {
+		t.Errorf("GetDialogueMessage(%s) = %+v, %v; want %+v", m.ID, got, err, m)
+	}
+	if err := s.CreateDialogue(ctx, d, m, nil, nil); !errors.Is(err, store.ErrAlreadyExists) {
+		t.Errorf("CreateDialogue(d1 again) = %v, want ErrAlreadyExists", err)
+	}
+	if _, err := s.GetDialogue(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogue(nope) = %v, want ErrNotFound", err)
+	}
+	if err := s.AddMessage(ctx, "nope", nil); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("AddMessage(answering nope) = %v, want ErrNotFound", err)
+	}
+
+	// The view around the opener.
+	reply := store.DialogueMessage{ID: "d1-m2", Sender: bob, Type: "message_response", InReplyTo: m.ID, Time: m.Time}
+	err := s.AddMessage(ctx, m.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if v.Dialogue() != d || v.Answered() != m {
+			t.Errorf("view = %+v, %+v; want %+v, %+v", v.Dialogue(), v.Answered(), d, m)
+		}
+		if !v.Received(bob) || v.Received(alice) || v.Received("clients/x/agents/x") {
+			t.Errorf("Received(bob, alice, x) = %v, %v, %v; want true, false, false", v.Received(bob), v.Received(alice), v.Received("clients/x/agents/x"))
+		}
+		if got := v.Receivers(); !slices.Equal(got, []string{bob, carol}) {
+			t.Errorf("Receivers() = %v, want [bob carol]", got)
+		}
+		if p, ok := v.Participant(alice); !ok || p.Agent != alice {
+			t.Errorf("Participant(alice) = %+v, %v; want the sender as participant", p, ok)
+		}
+		if _, ok := v.Participant("clients/x/agents/x"); ok {
+			t.Error("Participant(x) found an agent that took no part")
+		}
+		if got := string(v.PairState(store.Pair{A: alice, B: bob})); got != `{"s":1}` {
+			t.Errorf("PairState(alice, bob) = %s, want the state stored under (bob, alice)", got)
+		}
+		if got := v.PairState(store.Pair{A: alice, B: carol}); got != nil {
+			t.Errorf("PairState(alice, carol) = %s, want nil", got)
+		}
+		return store.MessageWrite{Message: reply, Recipients: []string{alice}, Pairs: []store.PairState{{Pair: store.Pair{A: alice, B: bob}, State: json.RawMessage(`{"s":2}`)}}}, nil
+	})
+	if err != nil {
+		t.Fatalf("AddMessage(reply): %v", err)
+	}
+	got, err := s.GetDialogueMessage(ctx, reply.ID)
+	if reply.DialogueID = "d1"; err != nil || got != reply {
+		t.Errorf("GetDialogueMessage(reply) = %+v, %v; want %+v with the dialogue set", got, err, reply)
+	}
+
+	// A failing plan writes nothing.
+	err = s.AddMessage(ctx, reply.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if !v.Received(alice) || v.Received(bob) {
+			t.Errorf("receipts of the reply: alice %v, bob %v; want true, false", v.Received(alice), v.Received(bob))
+		}
+		return store.MessageWrite{}, errPlan
+	})
+	if !errors.Is(err, errPlan) {
+		t.Errorf("AddMessage(failing plan) = %v, want the plan's error", err)
+	}
+	err = s.AddMessage(ctx, reply.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if got := string(v.PairState(store.Pair{A: bob, B: alice})); got != `{"s":2}` {
+			t.Errorf("PairState after the reply = %s, want {\"s\":2}", got)
+		}
+		return store.MessageWrite{Message: store.DialogueMessage{ID: m.ID}}, nil
+	})
+	if !errors.Is(err, store.ErrAlreadyExists) {
+		t.Errorf("AddMessage(taken message id) = %v, want ErrAlreadyExists", err)
+	}
+
+	// A broadcast keeps no receipts and makes no participants.
+	b := store.Dialogue{ID: "b1", Initiator: alice, Category: "subscription"}
+	bm := store.DialogueMessage{ID: "b1-m1", DialogueID: "b1", Sender: alice, Type: "broadcast"}
+	if err := s.CreateDialogue(ctx, b, bm, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.AddMessage(ctx, bm.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if v.Received(bob) || len(v.Receivers()) != 0 {
+			t.Errorf("broadcast receipts = %v, want none", v.Receivers())
+		}
+		if _, ok := v.Participant(alice); ok {
+			t.Error("a broadcast's sender became a participant")
+		}
+		return store.MessageWrite{}, errPlan
+	})
+}
+
+func testDialogueRetract(t *testing.T, s store.DialogueStore) {
+	ctx := t.Context()
+	_, m := opener(t, s, "d1", []string{bob, carol})
+	written := json.RawMessage(`{"s":1}`)
+	restore := []store.PairRestore{{Pair: store.Pair{A: alice, B: bob}, Written: written, Previous: json.RawMessage(`{"s":0}`)}}
+	if err := s.RetractMessage(ctx, m.ID, []string{carol}, restore); err != nil {
+		t.Fatalf("RetractMessage(carol): %v", err)
+	}
+	_ = s.AddMessage(ctx, m.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if got := v.Receivers(); !slices.Equal(got, []string{bob}) {
+			t.Errorf("Receivers() after retracting carol = %v, want [bob]", got)
+		}
+		if got := string(v.PairState(store.Pair{A: alice, B: bob})); got != `{"s":0}` {
+			t.Errorf("PairState after restore = %s, want the previous state", got)
+		}
+		return store.MessageWrite{}, errPlan
+	})
+	// A pair changed since is not restored.
+	if err := s.RetractMessage(ctx, m.ID, nil, []store.PairRestore{{Pair: store.Pair{A: alice, B: bob}, Written: written}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = s.AddMessage(ctx, m.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if got := string(v.PairState(store.Pair{A: alice, B: bob})); got != `{"s":0}` {
+			t.Errorf("PairState after a stale restore = %s, want it untouched", got)
+		}
+		return store.MessageWrite{}, errPlan
+	})
+	// The last receipt gone, the opener and its dialogue go.
+	if err := s.RetractMessage(ctx, m.ID, []string{bob}, []store.PairRestore{{Pair: store.Pair{A: alice, B: bob}, Written: json.RawMessage(`{"s":0}`)}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.GetDialogue(ctx, "d1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogue after retracting every receipt = %v, want ErrNotFound", err)
+	}
+	if _, err := s.GetDialogueMessage(ctx, m.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage after retracting every receipt = %v, want ErrNotFound", err)
+	}
+	if n, err := s.UpdateAgentDialogues(ctx, bob, func(*store.Dialogue, *store.Participant) (bool, error) { return true, nil }); err != nil || n != 0 {
+		t.Errorf("UpdateAgentDialogues(bob) after the dialogue went = %d, %v; want 0", n, err)
+	}
+	if err := s.RetractMessage(ctx, "unknown", []string{bob}, nil); err != nil {
+		t.Errorf("RetractMessage(unknown) = %v, want nil", err)
+	}
+}
+
+func testDialogueClose(t *testing.T, s store.DialogueStore) {
+	ctx := t.Context()
+	opener(t, s, "d1", []string{bob})
+	opener(t, s, "d2", []string{bob, carol})
+	if _, _, err := s.UpdateParticipant(ctx, "d1", carol, func(*store.Dialogue, *store.Participant) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("UpdateParticipant(d1, carol) = %v, want ErrNotFound: carol takes no part", err)
+	}
+	if _, _, err := s.UpdateParticipant(ctx, "nope", bob, func(*store.Dialogue, *store.Participant) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("UpdateParticipant(nope, bob) = %v, want ErrNotFound", err)
+	}
+	_, _, err := s.UpdateParticipant(ctx, "d1", bob, func(d *store.Dialogue, p *store.Participant) error {
+		d.Closed, p.ClosedTypes = true, []string{"x"}
+		return errPlan
+	})
+	if !errors.Is(err, errPlan) {
+		t.Errorf("UpdateParticipant(failing) = %v, want its error", err)
+	}
+	d, p, err := s.UpdateParticipant(ctx, "d1", bob, func(d *store.Dialogue, p *store.Participant) error {
+		if d.Closed || len(p.ClosedTypes) > 0 {
+			t.Errorf("a failed UpdateParticipant wrote %+v, %+v", d, p)
+		}
+		p.ClosedTypes = []string{"offer"}
+		p.ClosedAgents = []string{alice}
+		return nil
+	})
+	if err != nil || d.ID != "d1" || !slices.Equal(p.ClosedTypes, []string{"offer"}) || !slices.Equal(p.ClosedAgents, []string{alice}) {
+		t.Errorf("UpdateParticipant(d1, bob) = %+v, %+v, %v", d, p, err)
+	}
+	// Close all of bob's: d1 and d2; then again, none are open.
+	for _, want := range []int{2, 0} {
+		n, err := s.UpdateAgentDialogues(ctx, bob, func(d *store.Dialogue, p *store.Participant) (bool, error) {
+			p.Closed = true
+			return true, nil
+		})
+		if err != nil || n != want {
+			t.Errorf("UpdateAgentDialogues(bob) = %d, %v; want %d", n, err, want)
+		}
+	}
+	if _, p, _ := s.UpdateParticipant(ctx, "d2", carol, func(*store.Dialogue, *store.Participant) error { return nil }); p.Closed {
+		t.Errorf("closing bob's dialogues closed carol's record too: %+v", p)
+	}
+}
