@@ -512,7 +512,7 @@ func (p *Pool) run(ctx context.Context, name string, l Limits, do func(w *worker
 func (p *Pool) deathError(w *worker, budget time.Duration, ioErr error) error {
 	if big, ok := errors.AsType[*frameTooLargeError](ioErr); ok {
 		_ = w.cmd.Process.Kill()
-		return &failure{kind: KindOutput, err: fmt.Errorf("%w: the routine's worker sent %v allowed by its limits, and was killed", ErrBudget, big)}
+		return &failure{kind: KindOutput, err: fmt.Errorf("%w: the routine's worker sent %s allowed by its limits, and was killed", ErrBudget, big.Error())}
 	}
 	if w.killed.Load() {
 		return &failure{kind: KindTime, err: fmt.Errorf("%w: wall time budget exceeded: the run was killed %v past its budget of %v", ErrBudget, p.opts.KillMargin, budget)}
