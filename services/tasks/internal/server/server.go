@@ -230,10 +230,7 @@ func invalid(field, desc string) error {
 	return v.Err("INVALID_ARGUMENT", Domain)
 }
 
-func validAgent(agent string) bool {
-	parts := strings.Split(agent, "/")
-	return len(parts) == 4 && parts[0] == "clients" && parts[2] == "agents" && parts[1] != "" && parts[3] != ""
-}
+func validAgent(agent string) bool { return resource.ValidAgentName(agent) }
 
 // checkObject reports whether raw is empty or a JSON object.
 func checkObject(raw []byte) bool {
