@@ -18,6 +18,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/server"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -163,6 +164,12 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
+	// The registry's network notifications reach mailboxes through this
+	// relay; the registry never calls the dispatcher.
+	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
+		Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
+	})
+	go func() { _ = relay.Run(ctx) }() // returns nil when ctx ends
 	return nil
 }
 
