@@ -249,6 +249,9 @@ var matrixRPCs = map[string]rpcRow{
 	disp + "CloseDialogueMessages": {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseDialogueAgent":    {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseAllDialogues":     {targets: agentT, ok: codes.OK},
+	// Orders (issue 14): only the agent named; a missing order is NOT_FOUND.
+	disp + "GetOrder":   {targets: []string{"{agent}/orders/none"}, ok: codes.NotFound},
+	disp + "ListOrders": {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},

@@ -45,7 +45,9 @@ type App struct {
 	mailboxes *mailbox.Mailboxes
 	// dialogues is the store's dialogue side (the same bbolt file).
 	dialogues store.DialogueStore
-	pool      *routine.Pool // the routine workers, set by Register
+	// orders is the store's order side (the same bbolt file).
+	orders store.OrderStore
+	pool   *routine.Pool // the routine workers, set by Register
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -75,7 +77,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
 	})
-	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st}, nil
+	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st}, nil
 }
 
 func (a *App) options(s *serve.Server) (server.Options, error) {
@@ -123,6 +125,7 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		// The agent network's dialogues.
 		Dialogues:           a.dialogues,
 		Mailboxes:           a.mailboxes,
+		Orders:              a.orders,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
 		// Their receive streams.
