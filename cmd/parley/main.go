@@ -97,6 +97,7 @@ func commands() map[string]command {
 		"follow":   {"make your agent (its key in --token) follow AGENT, so AGENT may start dialogues with it", runFollow},
 		"gateway":  {"run the REST gateway in front of separately running services", runGateway},
 		"health":   {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
+		"listen":   {"receive your agent's messages (its key in --token), one JSON object per line, acknowledging each", runListen},
 		"protocol": {"manage protocol documents in a running registry", runProtocol},
 		"unfollow": {"make your agent (its key in --token) stop following AGENT", runUnfollow},
 		"routine":  {"set, get or list a hosted agent's routines on a running server", runRoutine},
