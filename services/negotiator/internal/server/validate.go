@@ -3,16 +3,14 @@ package server
 import (
 	"encoding/json"
 	"fmt"
-	"regexp"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/jsondepth"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 )
-
-var agentName = regexp.MustCompile(`^clients/[a-z0-9][a-z0-9-]{0,62}/agents/[a-z0-9][a-z0-9-]{0,62}$`)
 
 // Maximum sizes of free inputs; bodies and PDs are also capped by the
 // server's message size.
@@ -26,8 +24,8 @@ func checkAgent(v *grpcerr.Violations, name string, required bool) {
 	switch {
 	case name == "" && required:
 		v.Add(field, "is required")
-	case name != "" && !agentName.MatchString(name):
-		v.Add(field, "must look like clients/{client}/agents/{agent}")
+	case name != "" && !resource.ValidAgentName(name):
+		v.Add(field, "must look like clients/{client}/agents/{agent}, each id "+resource.IDRule)
 	}
 }
 

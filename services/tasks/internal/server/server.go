@@ -231,10 +231,7 @@ func invalid(field, desc string) error {
 	return v.Err("INVALID_ARGUMENT", Domain)
 }
 
-func validAgent(agent string) bool {
-	parts := strings.Split(agent, "/")
-	return len(parts) == 4 && parts[0] == "clients" && parts[2] == "agents" && parts[1] != "" && parts[3] != ""
-}
+func validAgent(agent string) bool { return resource.ValidAgentName(agent) }
 
 // checkObject says what is wrong with raw, or "" when it is empty or a
 // JSON object nested at most jsondepth.Max levels deep.
