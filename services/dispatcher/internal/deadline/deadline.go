@@ -59,6 +59,17 @@ type Options struct {
 	// Retry is how long Run waits after a timer failed to fire; a second
 	// when 0.
 	Retry time.Duration
+	// Expired, when set, is told of each pair a timer expired, after the
+	// state moved (orders record it); its error is logged, as the expiry
+	// stands.
+	Expired func(ctx context.Context, e Expiry) error
+}
+
+// Expiry is a pair that a deadline expired.
+type Expiry struct {
+	Timer      store.Timer
+	Prev, Next json.RawMessage // the pair's state before and after
+	MessageID  string          // the expiry message's id
 }
 
 // Scheduler arms and fires deadlines.
@@ -197,14 +208,24 @@ func (s *Scheduler) fire(ctx context.Context, t store.Timer, now time.Time) (boo
 				slog.String("agent", r.Agent), slog.String("dialogue", t.Dialogue), slog.Any("err", r.Err))
 		}
 	}
+	var prev, next json.RawMessage
 	moved, err := s.store.FireTimer(ctx, t, func(st json.RawMessage) (json.RawMessage, error) {
 		res, fired, err := m.Expire(st, t.Name, now)
 		if err != nil || !fired {
 			return nil, err
 		}
+		prev, next = st, res.State
 		return res.State, nil
 	})
-	return fired && moved, err
+	if err != nil || !moved || next == nil {
+		return false, err
+	}
+	if s.opts.Expired != nil {
+		if err := s.opts.Expired(ctx, Expiry{Timer: t, Prev: prev, Next: next, MessageID: ID(t)}); err != nil {
+			s.opts.Logger.WarnContext(ctx, "an expiry was not recorded on its order", slog.String("dialogue", t.Dialogue), slog.Any("err", err))
+		}
+	}
+	return true, nil
 }
 
 // Message is the message both agents of a pair get when its deadline

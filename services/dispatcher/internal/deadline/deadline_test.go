@@ -299,3 +299,28 @@ func TestRun_firesDueTimersAndWaitsForTheNext(t *testing.T) {
 	cancel()
 	<-done
 }
+
+func TestDeadline_expiredHookSeesTheMove(t *testing.T) {
+	e := newEnv(t)
+	e.request(t, "d1")
+	var got []Expiry
+	s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Expired: func(_ context.Context, x Expiry) error {
+		got = append(got, x)
+		return errors.New("order store down") // logged; the expiry stands
+	}})
+	e.clk.Set(t0.Add(time.Minute))
+	if n, err := s.FireDue(t.Context()); n != 1 || err != nil {
+		t.Fatalf("FireDue() = %d, %v; want 1", n, err)
+	}
+	if n, _ := s.FireDue(t.Context()); n != 0 {
+		t.Fatalf("FireDue(again) = %d, want 0", n)
+	}
+	if len(got) != 1 {
+		t.Fatalf("Expired called %d times, want once", len(got))
+	}
+	prev, _ := protocolcontrol.Inspect(got[0].Prev)
+	next, _ := protocolcontrol.Inspect(got[0].Next)
+	if prev.Ended || !next.Ended || next.Expired != "invite_offer_timeout" || got[0].MessageID != ID(got[0].Timer) {
+		t.Errorf("Expired(%+v): prev %+v, next %+v; want the move to expired, with the message id", got[0], prev, next)
+	}
+}
