@@ -2,9 +2,11 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
@@ -41,13 +43,22 @@ func checkJSON(v *grpcerr.Violations, field string, raw []byte) {
 	switch {
 	case len(raw) == 0:
 		v.Add(field, "is required")
-	case len(raw) > 0 && !json.Valid(raw):
+	case jsondepth.Check(raw, jsondepth.Max) != nil:
+		v.Add(field, tooDeep)
+	case !json.Valid(raw):
 		v.Add(field, "must be JSON")
 	}
 }
 
+// tooDeep is the violation of JSON nested past jsondepth.Max.
+var tooDeep = fmt.Sprintf("must be nested at most %d levels deep", jsondepth.Max)
+
 func checkObjectJSON(v *grpcerr.Violations, field string, raw []byte) {
 	if len(raw) == 0 {
+		return
+	}
+	if jsondepth.Check(raw, jsondepth.Max) != nil {
+		v.Add(field, tooDeep)
 		return
 	}
 	var m map[string]any
