@@ -63,6 +63,7 @@ var (
 	ErrMailboxFull     = errors.New("mailbox full")
 	ErrProtocol        = errors.New("protocol error")
 	ErrRecipientClosed = errors.New("closed by the recipient")
+	ErrGroupNotFound   = errors.New("group not found")
 )
 
 // Reason says why a recipient did not get a message.
@@ -82,19 +83,25 @@ const (
 	// ReasonProtocol: the message breaks the protocol's state machine for
 	// this pair.
 	ReasonProtocol Reason = "protocol_error"
+	// ReasonGroupNotFound: a group addressed does not exist or is private
+	// to its members (Refusal.Group names it).
+	ReasonGroupNotFound Reason = "group_not_found"
 )
 
 var reasonKinds = map[Reason]error{
-	ReasonPermission:   ErrPermission,
-	ReasonUnknownAgent: ErrUnknownAgent,
-	ReasonMailboxFull:  ErrMailboxFull,
-	ReasonClosed:       ErrRecipientClosed,
-	ReasonProtocol:     ErrProtocol,
+	ReasonPermission:    ErrPermission,
+	ReasonUnknownAgent:  ErrUnknownAgent,
+	ReasonMailboxFull:   ErrMailboxFull,
+	ReasonClosed:        ErrRecipientClosed,
+	ReasonProtocol:      ErrProtocol,
+	ReasonGroupNotFound: ErrGroupNotFound,
 }
 
-// Refusal is a recipient left out of a message, and why.
+// Refusal is a recipient left out of a message, and why: an agent, or a
+// whole group addressed.
 type Refusal struct {
 	Agent  string
+	Group  string // the group's path, for a group refused whole
 	Reason Reason
 	// Detail is one sentence for the sender: the rule broken, the
 	// connection missing.
@@ -113,7 +120,11 @@ type RefusedError struct {
 func (e *RefusedError) Error() string {
 	parts := make([]string, 0, len(e.Refusals))
 	for _, r := range e.Refusals {
-		parts = append(parts, fmt.Sprintf("%s (%s: %s)", r.Agent, r.Reason, r.Detail))
+		who := r.Agent
+		if who == "" {
+			who = "group " + r.Group
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s: %s)", who, r.Reason, r.Detail))
 	}
 	if len(parts) == 0 {
 		return "the distribution list names no recipient but the sender"
@@ -166,9 +177,11 @@ type List struct {
 	Regions []Region
 }
 
-// Candidate is a recipient a Resolver found, allowed or refused.
+// Candidate is a recipient a Resolver found, allowed or refused; or a
+// group it refused whole (Agent empty, Group set).
 type Candidate struct {
 	Agent   string
+	Group   string
 	Refused Reason // "" when the sender may start a dialogue with it
 	Detail  string
 }
@@ -313,12 +326,12 @@ func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category,
 		seen     = map[string]bool{sender: true}
 	)
 	for _, c := range candidates {
-		if seen[c.Agent] {
+		if c.Agent != "" && seen[c.Agent] {
 			continue
 		}
 		seen[c.Agent] = true
 		if c.Refused != "" {
-			refusals = append(refusals, Refusal{Agent: c.Agent, Reason: c.Refused, Detail: c.Detail})
+			refusals = append(refusals, Refusal{Agent: c.Agent, Group: c.Group, Reason: c.Refused, Detail: c.Detail})
 			continue
 		}
 		if machine != nil {

@@ -216,7 +216,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	}
 	var dialogues *dialogue.Service
 	if opts.Dialogues != nil && opts.Mailboxes != nil {
-		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg, dir: dir}, dialogue.Options{
+		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
 			Protocols: opts.MessageProtocols, Logger: logger, Now: opts.Now,
 		})
 	}
