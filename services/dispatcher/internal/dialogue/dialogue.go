@@ -103,6 +103,7 @@ type Refusal struct {
 	Agent  string
 	Group  string // the group's path, for a group refused whole
 	Reason Reason
+	Rule   string // ReasonProtocol: the state machine's rule broken
 	// Detail is one sentence for the sender: the rule broken, the
 	// connection missing.
 	Detail string
@@ -196,9 +197,11 @@ type Resolver interface {
 
 // Violation is a message that breaks a state machine, naming the rule.
 type Violation struct {
-	Rule   string
-	Detail string
+	Rule   string // stable, UPPER_SNAKE
+	Detail string // one sentence for the sender
 }
+
+func (v *Violation) Error() string { return v.Detail }
 
 // Step is one message of a pair, as a state machine checks it.
 type Step struct {
@@ -209,12 +212,21 @@ type Step struct {
 	// AnsweredType is the type of the message answered; "" for an opener.
 	AnsweredType string
 	Body         []byte
+	Time         time.Time // when the server accepted the message
 }
 
-// Machine is a PD's state machine. Step is pure: it returns the pair's
-// next state (opaque JSON; nil state is the start) or the violation.
+// Accepted is what a state machine made of an accepted message.
+type Accepted struct {
+	State json.RawMessage // the pair's next state, to store
+	Body  []byte          // the body to deliver; nil delivers it as sent
+}
+
+// Machine is a PD's state machine.
 type Machine interface {
-	Step(state json.RawMessage, s Step) (json.RawMessage, *Violation)
+	// Step checks s against the pair's state (nil before its first
+	// message). It is pure. A message that breaks a rule gets a *Violation;
+	// any other error means the stored state is corrupt.
+	Step(state json.RawMessage, s Step) (Accepted, error)
 }
 
 // Protocols finds a PD's state machine.
@@ -323,6 +335,7 @@ func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category,
 		accepted []string
 		refusals []Refusal
 		pairs    []store.PairState
+		body     []byte // the body as the state machine rewrote it
 		seen     = map[string]bool{sender: true}
 	)
 	for _, c := range candidates {
@@ -335,14 +348,24 @@ func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category,
 			continue
 		}
 		if machine != nil {
-			next, v := machine.Step(nil, Step{Initiator: sender, Sender: sender, Receiver: c.Agent, Type: m.Type, Body: m.Body})
-			if v != nil {
+			a, err := machine.Step(nil, Step{Initiator: sender, Sender: sender, Receiver: c.Agent, Type: m.Type, Body: m.Body, Time: now})
+			var v *Violation
+			if errors.As(err, &v) {
 				refusals = append(refusals, protocolRefusal(c.Agent, v))
 				continue
 			}
-			pairs = append(pairs, store.PairState{Pair: store.Pair{A: sender, B: c.Agent}, State: next})
+			if err != nil {
+				return Result{}, err
+			}
+			pairs = append(pairs, store.PairState{Pair: store.Pair{A: sender, B: c.Agent}, State: a.State})
+			if a.Body != nil && body == nil {
+				body = a.Body
+			}
 		}
 		accepted = append(accepted, c.Agent)
+	}
+	if body != nil {
+		m.Body = body
 	}
 	msg := mailbox.Message{
 		ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: cat, Type: m.Type, Protocol: m.Protocol,
@@ -398,9 +421,10 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 		accepted []string
 		refusals []Refusal
 		restores []store.PairRestore
+		body     []byte // the body as the state machine rewrote it
 	)
 	err = s.store.AddMessage(ctx, inReplyTo, func(v store.DialogueView) (store.MessageWrite, error) {
-		accepted, refusals, restores = nil, nil, nil // the store may run plan more than once
+		accepted, refusals, restores, body = nil, nil, nil, nil // the store may run plan more than once
 		d = v.Dialogue()
 		if !v.Received(sender) {
 			return store.MessageWrite{}, notReceived
@@ -426,13 +450,20 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 			if machine != nil {
 				pair := store.Pair{A: sender, B: r}
 				prev := v.PairState(pair)
-				next, viol := machine.Step(prev, Step{Initiator: d.Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body})
-				if viol != nil {
+				a, err := machine.Step(prev, Step{Initiator: d.Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body, Time: now})
+				var viol *Violation
+				if errors.As(err, &viol) {
 					refusals = append(refusals, protocolRefusal(r, viol))
 					continue
 				}
-				pairs = append(pairs, store.PairState{Pair: pair, State: next})
-				restores = append(restores, store.PairRestore{Pair: pair, Written: next, Previous: prev})
+				if err != nil {
+					return store.MessageWrite{}, err
+				}
+				pairs = append(pairs, store.PairState{Pair: pair, State: a.State})
+				restores = append(restores, store.PairRestore{Pair: pair, Written: a.State, Previous: prev})
+				if a.Body != nil && body == nil {
+					body = a.Body
+				}
 			}
 			accepted = append(accepted, r)
 		}
@@ -441,6 +472,9 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 		}
 		return store.MessageWrite{Message: dm, Recipients: accepted, Pairs: pairs}, nil
 	})
+	if body != nil {
+		m.Body = body
+	}
 	msg := mailbox.Message{
 		ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: mailbox.Category(d.Category), Type: m.Type, Protocol: d.Protocol,
 		RecipientType: m.RecipientType, InReplyTo: inReplyTo, Body: m.Body, Time: now,
@@ -469,7 +503,7 @@ func protocolRefusal(agent string, v *Violation) Refusal {
 	if v.Detail != "" {
 		detail += ": " + v.Detail
 	}
-	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail}
+	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail, Rule: v.Rule}
 }
 
 // deliver appends the recorded msg to the mailboxes of accepted, retracts
@@ -527,7 +561,7 @@ func (s *Service) protocolErrors(ctx context.Context, msg mailbox.Message, refus
 		if r.Reason != ReasonProtocol {
 			continue
 		}
-		body, _ := json.Marshal(map[string]string{"recipient": r.Agent, "messageType": msg.Type, "error": r.Detail})
+		body, _ := json.Marshal(map[string]string{"recipient": r.Agent, "messageType": msg.Type, "rule": r.Rule, "error": r.Detail})
 		e := mailbox.Message{
 			ID: s.opts.NewID(), DialogueID: msg.DialogueID, Category: msg.Category, Type: "protocol_error",
 			Protocol: msg.Protocol, InReplyTo: msg.ID, Body: body, Time: msg.Time,

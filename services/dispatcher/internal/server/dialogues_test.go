@@ -310,3 +310,79 @@ func TestCloseDialogue_overREST(t *testing.T) {
 		t.Errorf("POST :closeAll = %d %s, want closedCount 1", code, body)
 	}
 }
+
+// shopPD is a protocol whose state machine the dispatcher enforces: the
+// consumer requests, the supplier offers (a price), the consumer accepts.
+const shopPD = "---\nname: shop\n---\nrequest, offer, accept."
+
+var shopMachine = &registryv1.StateMachine{
+	Roles: []string{"consumer", "supplier"},
+	Messages: []*registryv1.StateMachineMessage{
+		{Type: "request", SenderRoles: []string{"consumer"}},
+		{Type: "offer", SenderRoles: []string{"supplier"}, SchemaJson: `{"type":"object","required":["price"],"properties":{"price":{"type":"number"}}}`},
+		{Type: "accept", SenderRoles: []string{"consumer"}, Answers: []string{"offer"}},
+	},
+	Transitions: []*registryv1.StateMachineTransition{
+		{Message: "request", Next: []string{"offer"}},
+		{Message: "offer", Next: []string{"accept"}},
+	},
+}
+
+func (f *followRegistry) ResolveProtocol(ctx context.Context, req *registryv1.ResolveProtocolRequest) (*registryv1.Protocol, error) {
+	p, err := f.fakeRegistry.ResolveProtocol(ctx, req)
+	if err == nil && p.GetSha1Hex() == sha1Hex([]byte(shopPD)) {
+		p.StateMachine = shopMachine
+	}
+	return p, err
+}
+
+func TestSendMessage_protocolControl(t *testing.T) {
+	e := startNetwork(t)
+	ctx := t.Context()
+	hash := e.reg.addProtocol(shopPD)
+	send := func(protocol string) (*dispatcherv1.SendMessageResponse, error) {
+		return e.client.SendMessage(ctx, &dispatcherv1.SendMessageRequest{
+			Sender: netAlice, To: &dispatcherv1.DistributionList{Direct: []string{netBob}}, MessageType: "request", Protocol: protocol, BodyJson: `{}`,
+		})
+	}
+	if _, err := send(strings.Repeat("0", 40)); status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != "REFERENCE_NOT_FOUND" {
+		t.Errorf("SendMessage(unknown protocol) = %v, want FAILED_PRECONDITION REFERENCE_NOT_FOUND", err)
+	}
+	if n := len(e.inbox(netBob)); n != 0 {
+		t.Fatalf("bob holds %d messages after a refused send", n)
+	}
+	opener, err := send(hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply := func(typ, body string) error {
+		_, err := e.client.ReplyMessage(ctx, &dispatcherv1.ReplyMessageRequest{Sender: netBob, InReplyTo: opener.GetMessageId(), MessageType: typ, BodyJson: body})
+		return err
+	}
+	for _, c := range []struct{ typ, body, rule string }{
+		{"accept", `{}`, "WRONG_ROLE"},
+		{"offer", `{"price":"cheap"}`, "SCHEMA"},
+		{"haggle", `{}`, "UNKNOWN_MESSAGE_TYPE"},
+	} {
+		err := reply(c.typ, c.body)
+		if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != "PROTOCOL_ERROR" {
+			t.Errorf("ReplyMessage(%s %s) = %v, want FAILED_PRECONDITION PROTOCOL_ERROR", c.typ, c.body, err)
+		}
+		got := e.inbox(netBob)
+		last := got[len(got)-1]
+		var body map[string]string
+		_ = json.Unmarshal(last.Body, &body)
+		if last.Type != "protocol_error" || last.Sender != "" || body["rule"] != c.rule || last.DialogueID != opener.GetDialogueId() {
+			t.Errorf("bob's last message after %s = %+v (%s), want a protocol_error of rule %s in the dialogue", c.typ, last, last.Body, c.rule)
+		}
+	}
+	if n := len(e.inbox(netAlice)); n != 0 {
+		t.Errorf("alice holds %d messages after only violations, want 0", n)
+	}
+	if err := reply("offer", `{"price":3}`); err != nil {
+		t.Fatalf("ReplyMessage(valid offer after violations) = %v", err)
+	}
+	if got := e.inbox(netAlice); len(got) != 1 || got[0].Type != "offer" || got[0].Protocol != hash {
+		t.Errorf("alice's mailbox = %+v, want the offer under the protocol", got)
+	}
+}

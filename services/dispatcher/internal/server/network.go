@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -12,6 +14,9 @@ import (
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
+	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
 )
 
 // registryResolver is dialogue.Resolver over the registry's
@@ -87,4 +92,46 @@ func listViolations(err error) error {
 		v.Add("to", status.Convert(err).Message())
 	}
 	return v.Err("INVALID_ARGUMENT", Domain)
+}
+
+// protocolMachines is dialogue.Protocols over the directory: a PD's state
+// machine, compiled once per hash (internal/protocolcontrol).
+type protocolMachines struct {
+	dir *directory.Directory
+}
+
+func (p protocolMachines) Machine(ctx context.Context, hash string) (dialogue.Machine, error) {
+	pr, err := p.dir.Protocol(ctx, hash, nil)
+	switch {
+	case errors.Is(err, directory.ErrNotFound), errors.Is(err, directory.ErrRefused):
+		return nil, fault.New(dialogue.ErrUnknownProtocol, fmt.Sprintf("protocol %s is not known to the registry; register its PD first", hash))
+	case err != nil:
+		return nil, fmt.Errorf("%w: %w", dialogue.ErrUnavailable, err)
+	case pr.MachineErr != nil:
+		return nil, fault.New(dialogue.ErrUnknownProtocol, fmt.Sprintf("protocol %s declares a state machine that does not compile: %v", hash, pr.MachineErr))
+	case pr.Machine == nil:
+		return nil, nil
+	}
+	return machine{pr.Machine}, nil
+}
+
+// machine is dialogue.Machine over protocolcontrol: the pair is the
+// dialogue's initiator and one counterpart, so a message between two
+// counterparts finds no opened pair and is refused (NOT_AN_OPENER).
+type machine struct{ m *protocolcontrol.Machine }
+
+func (m machine) Step(state json.RawMessage, s dialogue.Step) (dialogue.Accepted, error) {
+	party := protocolcontrol.Counterpart
+	if s.Sender == s.Initiator {
+		party = protocolcontrol.Initiator
+	}
+	res, err := m.m.Check(state, protocolcontrol.Input{Sender: party, Type: s.Type, AnswersType: s.AnsweredType, Body: s.Body, Now: s.Time})
+	var v *protocolcontrol.Violation
+	if errors.As(err, &v) {
+		return dialogue.Accepted{}, &dialogue.Violation{Rule: string(v.Rule), Detail: v.Error()}
+	}
+	if err != nil {
+		return dialogue.Accepted{}, err
+	}
+	return dialogue.Accepted{State: res.State, Body: res.Body}, nil
 }

@@ -148,9 +148,6 @@ type Options struct {
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
 	Mailboxes mailbox.Appender
-	// MessageProtocols checks dialogues' messages against their PD's state
-	// machine; none are checked when nil.
-	MessageProtocols dialogue.Protocols
 	// MessageMaxBodyBytes caps a network message's body_json; 64 KiB.
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC; 10 s.
@@ -217,7 +214,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	var dialogues *dialogue.Service
 	if opts.Dialogues != nil && opts.Mailboxes != nil {
 		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
-			Protocols: opts.MessageProtocols, Logger: logger, Now: opts.Now,
+			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now,
 		})
 	}
 	return &Server{
