@@ -43,6 +43,10 @@ type Options struct {
 	MaxConns int32
 }
 
+// OpenTimeout is how long a service gives Open at start: connecting,
+// waiting for another replica's migration and migrating.
+const OpenTimeout = time.Minute
+
 // DB is an open database: a pool of connections in one schema.
 type DB struct {
 	pool   *pgxpool.Pool

@@ -28,6 +28,10 @@ type Flags struct {
 	Auth           bool
 	MetricsPublic  bool
 	MaxConnections int
+	// DatabaseURL selects the PostgreSQL backend (several replicas on one
+	// database); empty keeps the bbolt files in DataDir. It may hold a
+	// password: never log it.
+	DatabaseURL string
 }
 
 // Register adds the shared flags to fs, with the same names in every
@@ -41,6 +45,7 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcDefault, httpDefault, dataDefault
 	envflag.Alias(fs, "grpc", "grpc-addr")
 	envflag.Alias(fs, "http", "http-addr")
 	fs.StringVar(&f.DataDir, "data", dataDefault, "data directory; each service keeps one bbolt file there")
+	fs.StringVar(&f.DatabaseURL, "database-url", "", "PostgreSQL URL (postgres://user:password@host:5432/db): the stores live there instead of in --data's bbolt files, so several replicas can share them. secret: prefer PARLEY_DATABASE_URL")
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "PEM certificate file; with --tls-key, serve HTTPS and TLS gRPC")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file for --tls-cert")
 	fs.StringVar(&f.PublicURL, "public-url", "", "public base URL of the HTTP side (https://parley.example.com), used in absolute links such as protocolSources")

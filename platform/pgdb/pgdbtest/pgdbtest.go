@@ -11,12 +11,56 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	neturl "net/url"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 )
+
+// name returns a fresh lower-case identifier.
+func name() string {
+	var b [6]byte
+	rand.Read(b[:]) // crypto/rand.Read never fails
+	return "test_" + hex.EncodeToString(b[:])
+}
+
+// admin runs sql on the test server, reporting failures on t.
+func admin(t testing.TB, url, sql string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Errorf("pgdbtest: %s: %v", sql, err)
+		return
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, sql); err != nil {
+		t.Errorf("pgdbtest: %s: %v", sql, err)
+	}
+}
+
+// Database creates a new, empty database on the test server and returns
+// its URL, for a whole service (or several replicas of one) that uses
+// the services' own schema names. It is dropped when t ends, after the
+// cleanups registered later, connections or not.
+func Database(t testing.TB) string {
+	t.Helper()
+	url := URL(t)
+	db := name()
+	u, err := neturl.Parse(url)
+	if err != nil || (u.Scheme != "postgres" && u.Scheme != "postgresql") {
+		t.Fatalf("pgdbtest: %s: want a postgres:// URL", EnvURL)
+	}
+	admin(t, url, `CREATE DATABASE `+db)
+	if t.Failed() {
+		t.FailNow()
+	}
+	t.Cleanup(func() { admin(t, url, `DROP DATABASE IF EXISTS `+db+` WITH (FORCE)`) })
+	u.Path = "/" + db
+	return u.String()
+}
 
 // EnvURL names the variable that points tests at a PostgreSQL server.
 const EnvURL = "PARLEY_TEST_DATABASE_URL"
@@ -44,21 +88,7 @@ func URL(t testing.TB) string {
 func Schema(t testing.TB) (url, schema string) {
 	t.Helper()
 	url = URL(t)
-	var b [6]byte
-	rand.Read(b[:]) // crypto/rand.Read never fails
-	schema = "test_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Errorf("pgdbtest: drop schema %s: %v", schema, err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`); err != nil {
-			t.Errorf("pgdbtest: drop schema %s: %v", schema, err)
-		}
-	})
+	schema = name()
+	t.Cleanup(func() { admin(t, url, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
 	return url, schema
 }

@@ -63,6 +63,9 @@ func ServeRoutineWorker() int { return routine.ServeWorker() }
 
 // New opens the store. It does not listen; Register builds the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
+	if cfg.DatabaseURL != "" {
+		return nil, errors.New("--database-url: the dispatcher has no PostgreSQL store yet (issue 15)")
+	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
@@ -22,6 +23,7 @@ import (
 	"github.com/parleyhq/parley/services/negotiator/internal/server"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/negotiator/internal/store/pgstore"
 )
 
 // ServiceName is the negotiator's gRPC service name, also its health name.
@@ -45,7 +47,8 @@ type App struct {
 	peers   Peers
 }
 
-// New opens the store (negotiator.db in the data directory) and builds the
+// New opens the store (negotiator.db in the data directory, or PostgreSQL
+// with cfg.DatabaseURL) and builds the
 // server. It does not listen.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	prices, err := ledger.ParsePrices(cfg.LLM.Prices, ledger.DefaultPrices())
@@ -56,7 +59,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
+	st, err := openStore(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -82,6 +85,17 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Thresholds:  thresholds,
 	})
 	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv, peers: peers}, nil
+}
+
+// openStore opens PostgreSQL when cfg.DatabaseURL is set, else
+// negotiator.db in the data directory.
+func openStore(cfg config.Config) (store.Store, error) {
+	if cfg.DatabaseURL == "" {
+		return boltstore.Open(cfg.DataDir, 2*time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
+	defer cancel()
+	return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
 }
 
 // NewLLMClient builds the LLM client the configuration describes; an

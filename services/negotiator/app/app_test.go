@@ -21,6 +21,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
@@ -677,5 +678,25 @@ func TestRoutines_untestedWithoutADispatcher(t *testing.T) {
 				t.Errorf("DeriveProtocol = %v (reason %q), want %v %s", err, grpcerr.Reason(err), tt.wantCode, tt.wantReason)
 			}
 		})
+	}
+}
+
+// TestPostgreSQL_replicasShareNegotiations runs the deterministic
+// negotiation between two negotiators on PostgreSQL (--database-url), then
+// reads a negotiation started on alice's through a second replica of hers
+// on the same database.
+func TestPostgreSQL_replicasShareNegotiations(t *testing.T) {
+	aliceDB, bobDB := pgdbtest.Database(t), pgdbtest.Database(t)
+	on := func(url string) func(*config.Config) { return func(c *config.Config) { c.DatabaseURL = url } }
+	a := startNegotiator(t, on(aliceDB))
+	testDeterministicNegotiation(t, a, startNegotiator(t, on(bobDB)))
+	replica := startNegotiator(t, on(aliceDB))
+	started, err := a.client.StartNegotiation(t.Context(), &negotiatorv1.StartNegotiationRequest{Agent: alice, Peer: bob, Task: weatherTask})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := replica.client.GetNegotiation(t.Context(), &negotiatorv1.GetNegotiationRequest{Name: started.GetName()})
+	if err != nil || got.GetAgent() != alice || len(got.GetTranscript()) != len(started.GetTranscript()) {
+		t.Errorf("GetNegotiation through the replica = %v, %v; want the negotiation started on the first", got, err)
 	}
 }

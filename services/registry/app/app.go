@@ -92,6 +92,9 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		NegativeTTL: cfg.FetchNegativeTTL,
 		PeerTimeout: cfg.FetchConnectTimeout,
 	}, logger)
+	if cfg.DatabaseURL != "" {
+		return nil, errors.New("--database-url: the registry has no PostgreSQL store yet (issue 15)")
+	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
 		return nil, err

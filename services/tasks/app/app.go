@@ -5,6 +5,7 @@ package app
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -40,6 +41,9 @@ type App struct {
 
 // New opens the store and builds the server. It does not listen.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
+	if cfg.DatabaseURL != "" {
+		return nil, errors.New("--database-url: the tasks service has no PostgreSQL store yet (issue 15)")
+	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
 		return nil, err

@@ -38,3 +38,7 @@ func TestDialogueConformance(t *testing.T) {
 		return s
 	})
 }
+
+func TestTimerConformance(t *testing.T) {
+	storetest.RunTimers(t, func(t *testing.T) storetest.TimerBackend { return open(t) })
+}

@@ -1,0 +1,301 @@
+package deadline
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+)
+
+const (
+	consumer = "clients/acme/agents/consumer"
+	supplier = "clients/beta/agents/supplier"
+	hash     = "0123456789abcdef0123456789abcdef01234567"
+)
+
+var t0 = time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+
+// allocate is the built-in allocate PD's machine, as the registry parses it.
+type allocate struct{ m *protocolcontrol.Machine }
+
+func (a allocate) Machine(_ context.Context, h string) (*protocolcontrol.Machine, error) {
+	if h != hash {
+		return nil, errors.New("unknown protocol")
+	}
+	return a.m, nil
+}
+
+func machines(t *testing.T) allocate {
+	t.Helper()
+	raw, err := os.ReadFile("../serviceprotocol/testdata/allocate.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sm := &registryv1.StateMachine{}
+	if err := protojson.Unmarshal(raw, sm); err != nil {
+		t.Fatal(err)
+	}
+	m, err := protocolcontrol.Compile(sm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return allocate{m}
+}
+
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
+func (c *clock) Set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.now = t }
+
+type env struct {
+	dir   string
+	st    *boltstore.Store
+	mail  *mailbox.Mailboxes
+	sched *Scheduler
+	clk   *clock
+	m     allocate
+}
+
+// open (re)opens the store in dir: a restart of the dispatcher's storage.
+func (e *env) open(t *testing.T) {
+	t.Helper()
+	st, err := boltstore.Open(e.dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.st = st
+	e.mail = mailbox.New(st, mailbox.Options{Now: e.clk.Now})
+	e.sched = New(st, e.m, e.mail, Options{Now: e.clk.Now})
+}
+
+func (e *env) restart(t *testing.T) {
+	t.Helper()
+	if err := e.st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	e.open(t)
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	e := &env{dir: t.TempDir(), clk: &clock{now: t0}, m: machines(t)}
+	e.open(t)
+	t.Cleanup(func() { e.st.Close() })
+	return e
+}
+
+// request opens dialogue d with a new_task_request to the supplier with a
+// 30-second offer window, and arms its deadline.
+func (e *env) request(t *testing.T, d string) json.RawMessage {
+	t.Helper()
+	res, err := e.m.m.Check(nil, protocolcontrol.Input{
+		Sender: protocolcontrol.Initiator, Type: "new_task_request",
+		Body: []byte(`{"task":{"what":"deliver"},"invite_offer_timeout":30}`), Now: e.clk.Now(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dlg := store.Dialogue{ID: d, Initiator: consumer, Category: "service", Protocol: hash, CreateTime: t0}
+	msg := store.DialogueMessage{ID: d + "-m1", DialogueID: d, Sender: consumer, Type: "new_task_request", Time: t0}
+	pair := store.PairState{Pair: store.Pair{A: consumer, B: supplier}, State: res.State}
+	if err := e.st.CreateDialogue(t.Context(), dlg, msg, []string{supplier}, []store.PairState{pair}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.sched.Arm(t.Context(), Pair{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: hash}, res.State); err != nil {
+		t.Fatalf("Arm() error = %v", err)
+	}
+	return res.State
+}
+
+// expiries returns the expiry messages in agent's mailbox.
+func (e *env) expiries(t *testing.T, agent string) []mailbox.Message {
+	t.Helper()
+	ds, err := e.mail.Read(t.Context(), agent, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []mailbox.Message
+	for _, d := range ds {
+		out = append(out, d.Message)
+	}
+	return out
+}
+
+func (e *env) pair(t *testing.T, d string) protocolcontrol.Pair {
+	t.Helper()
+	st, err := e.st.PairState(t.Context(), d, store.Pair{A: consumer, B: supplier})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := protocolcontrol.Inspect(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestDeadline_firesOnceAcrossRestarts(t *testing.T) {
+	e := newEnv(t)
+	before := e.request(t, "d1")
+
+	e.clk.Set(t0.Add(29 * time.Second))
+	if n, err := e.sched.FireDue(t.Context()); n != 0 || err != nil {
+		t.Fatalf("FireDue(before the deadline) = %d, %v; want 0", n, err)
+	}
+	e.restart(t)
+
+	// The server was down when the deadline passed.
+	e.clk.Set(t0.Add(31 * time.Second))
+	// A late offer is refused naming the deadline, even before the timer fires.
+	_, err := e.m.m.Check(before, protocolcontrol.Input{Sender: protocolcontrol.Counterpart, Type: "offer", AnswersType: "new_task_request", Body: []byte(`{"offer":{}}`), Now: e.clk.Now()})
+	var v *protocolcontrol.Violation
+	if !errors.As(err, &v) || v.Rule != protocolcontrol.RuleDeadlinePassed || v.Deadline != "invite_offer_timeout" {
+		t.Errorf("late offer: error = %v, want DEADLINE_PASSED naming invite_offer_timeout", err)
+	}
+
+	if n, err := e.sched.FireDue(t.Context()); n != 1 || err != nil {
+		t.Fatalf("FireDue(after restart) = %d, %v; want 1", n, err)
+	}
+	for _, agent := range []string{consumer, supplier} {
+		got := e.expiries(t, agent)
+		if len(got) != 1 || got[0].Type != "invite_offer_timeout_expired" || got[0].Category != mailbox.CategoryService || got[0].DialogueID != "d1" || got[0].Sender != "" {
+			t.Fatalf("%s's mailbox = %+v, want one invite_offer_timeout_expired of d1 from the network", agent, got)
+		}
+		var body struct{ Deadline, DeadlineTime, Outcome string }
+		if err := json.Unmarshal(got[0].Body, &body); err != nil || body.Deadline != "invite_offer_timeout" || body.DeadlineTime != "2026-12-02T10:00:30Z" || body.Outcome != "failure" {
+			t.Errorf("expiry body = %s, want the deadline, its time and the failure", got[0].Body)
+		}
+	}
+	if p := e.pair(t, "d1"); !p.Ended || p.Outcome != protocolcontrol.OutcomeFailure || p.Expired != "invite_offer_timeout" {
+		t.Errorf("pair after expiry = %+v, want ended in failure by invite_offer_timeout", p)
+	}
+
+	// Never again: not on the next pass, not after another restart.
+	e.clk.Set(t0.Add(time.Hour))
+	if n, err := e.sched.FireDue(t.Context()); n != 0 || err != nil {
+		t.Errorf("FireDue(again) = %d, %v; want 0", n, err)
+	}
+	e.restart(t)
+	if n, err := e.sched.FireDue(t.Context()); n != 0 || err != nil {
+		t.Errorf("FireDue(after a second restart) = %d, %v; want 0", n, err)
+	}
+	if got := e.expiries(t, supplier); len(got) != 1 {
+		t.Errorf("supplier's mailbox holds %d messages, want 1", len(got))
+	}
+}
+
+func TestDeadline_metDeadlineDoesNotFire(t *testing.T) {
+	e := newEnv(t)
+	state := e.request(t, "d1")
+	// The supplier offers in time; the dialogue layer stores the new state.
+	e.clk.Set(t0.Add(10 * time.Second))
+	res, err := e.m.m.Check(state, protocolcontrol.Input{Sender: protocolcontrol.Counterpart, Type: "offer", AnswersType: "new_task_request", Body: []byte(`{"offer":{}}`), Now: e.clk.Now()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = e.st.AddMessage(t.Context(), "d1-m1", func(store.DialogueView) (store.MessageWrite, error) {
+		return store.MessageWrite{
+			Message:    store.DialogueMessage{ID: "d1-m2", DialogueID: "d1", Sender: supplier, Type: "offer", InReplyTo: "d1-m1", Time: e.clk.Now()},
+			Recipients: []string{consumer},
+			Pairs:      []store.PairState{{Pair: store.Pair{A: supplier, B: consumer}, State: res.State}},
+		}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Set(t0.Add(time.Minute))
+	if n, err := e.sched.FireDue(t.Context()); n != 0 || err != nil {
+		t.Errorf("FireDue(met deadline) = %d, %v; want 0", n, err)
+	}
+	if got := e.expiries(t, consumer); len(got) != 0 {
+		t.Errorf("consumer's mailbox = %+v, want no expiry", got)
+	}
+	if _, ok, _ := e.st.NextTimer(t.Context()); ok {
+		t.Error("the met timer is still stored")
+	}
+}
+
+// failOnce fails the first FireTimer after the expiry message was appended:
+// a crash between the two steps.
+type failOnce struct {
+	store.TimerStore
+	failed bool
+}
+
+func (f *failOnce) FireTimer(ctx context.Context, t store.Timer, mutate func(json.RawMessage) (json.RawMessage, error)) (bool, error) {
+	if !f.failed {
+		f.failed = true
+		return false, errors.New("disk full")
+	}
+	return f.TimerStore.FireTimer(ctx, t, mutate)
+}
+
+func TestDeadline_crashBetweenMessageAndStateSendsOneMessage(t *testing.T) {
+	e := newEnv(t)
+	e.request(t, "d1")
+	e.clk.Set(t0.Add(time.Minute))
+	s := New(&failOnce{TimerStore: e.st}, e.m, e.mail, Options{Now: e.clk.Now})
+	if n, err := s.FireDue(t.Context()); n != 0 || err == nil {
+		t.Fatalf("FireDue(failing store) = %d, %v; want 0 and an error", n, err)
+	}
+	if p := e.pair(t, "d1"); p.Ended {
+		t.Fatalf("pair = %+v, want it not moved yet", p)
+	}
+	if n, err := s.FireDue(t.Context()); n != 1 || err != nil {
+		t.Fatalf("FireDue(retry) = %d, %v; want 1", n, err)
+	}
+	for _, agent := range []string{consumer, supplier} {
+		if got := e.expiries(t, agent); len(got) != 1 {
+			t.Errorf("%s's mailbox holds %d expiry messages, want exactly 1", agent, len(got))
+		}
+	}
+	if p := e.pair(t, "d1"); !p.Ended || p.Expired != "invite_offer_timeout" {
+		t.Errorf("pair = %+v, want expired", p)
+	}
+}
+
+// Run fires what fell due while it was not running, then sleeps until the
+// next timer; After is the fake clock's wait.
+func TestRun_firesDueTimersAndWaitsForTheNext(t *testing.T) {
+	e := newEnv(t)
+	e.request(t, "d1")
+	waits := make(chan time.Duration, 10)
+	tick := make(chan time.Time)
+	s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, After: func(d time.Duration) <-chan time.Time {
+		waits <- d
+		return tick
+	}})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+
+	// Nothing due: Run waits exactly until the deadline.
+	if d := <-waits; d != 30*time.Second {
+		t.Errorf("Run waits %v, want 30s (until the deadline)", d)
+	}
+	e.clk.Set(t0.Add(30 * time.Second))
+	tick <- e.clk.Now()
+	// It fired, and with no timer left it waits the idle time.
+	if d := <-waits; d != time.Minute {
+		t.Errorf("Run then waits %v, want the idle minute", d)
+	}
+	if got := e.expiries(t, supplier); len(got) != 1 {
+		t.Errorf("supplier's mailbox holds %d messages, want 1", len(got))
+	}
+	cancel()
+	<-done
+}

@@ -1,0 +1,149 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// The timer buckets (store.TimerStore).
+var (
+	// bucketTimers: 8-byte big-endian At (Unix ns) + dialogue + 0x00 +
+	// counterpart + 0x00 + name → JSON store.Timer. Keys sort by time, so
+	// the due timers are a prefix walk from the start.
+	bucketTimers = []byte("timers")
+	// bucketTimerIDs: dialogue + 0x00 + counterpart + 0x00 + name → the
+	// timer's key in bucketTimers, to replace a timer set again.
+	bucketTimerIDs = []byte("timer_ids")
+)
+
+var timerBuckets = [][]byte{bucketTimers, bucketTimerIDs}
+
+var _ store.TimerStore = (*Store)(nil)
+
+func timerID(t store.Timer) []byte { return join(t.Dialogue, t.Counterpart, t.Name) }
+
+func timerKey(t store.Timer) []byte {
+	k := binary.BigEndian.AppendUint64(nil, uint64(t.At.UnixNano())) //nolint:gosec // times after 1970 only
+	return append(k, timerID(t)...)
+}
+
+// PutTimers implements store.TimerStore.
+func (s *Store) PutTimers(ctx context.Context, timers []store.Timer) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
+		for _, t := range timers {
+			if old := ids.Get(timerID(t)); old != nil {
+				if err := tb.Delete(bytes.Clone(old)); err != nil {
+					return err
+				}
+			}
+			k := timerKey(t)
+			if err := putJSON(tb, k, t); err != nil {
+				return err
+			}
+			if err := ids.Put(timerID(t), k); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// DueTimers implements store.TimerStore.
+func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]store.Timer, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []store.Timer
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketTimers).Cursor()
+		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
+			if int64(binary.BigEndian.Uint64(k)) > now.UnixNano() { //nolint:gosec // written from an int64
+				break
+			}
+			var t store.Timer
+			if err := json.Unmarshal(v, &t); err != nil {
+				return err
+			}
+			out = append(out, t)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// NextTimer implements store.TimerStore.
+func (s *Store) NextTimer(ctx context.Context) (store.Timer, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Timer{}, false, err
+	}
+	var (
+		t  store.Timer
+		ok bool
+	)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		_, v := tx.Bucket(bucketTimers).Cursor().First()
+		if v == nil {
+			return nil
+		}
+		ok = true
+		return json.Unmarshal(v, &t)
+	})
+	return t, ok, err
+}
+
+// PairState implements store.TimerStore.
+func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (json.RawMessage, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out json.RawMessage
+	err := s.db.View(func(tx *bolt.Tx) error {
+		out = bytes.Clone(tx.Bucket(bucketDialoguePairs).Get(pairKey(dialogue, p)))
+		return nil
+	})
+	return out, err
+}
+
+// FireTimer implements store.TimerStore.
+func (s *Store) FireTimer(ctx context.Context, t store.Timer, mutate func(json.RawMessage) (json.RawMessage, error)) (bool, error) {
+	if err := ctx.Err(); err != nil {
+		return false, err
+	}
+	var fired bool
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		fired = false
+		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
+		k := timerKey(t)
+		if tb.Get(k) == nil {
+			return nil
+		}
+		pk := pairKey(t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
+		pairs := tx.Bucket(bucketDialoguePairs)
+		next, err := mutate(bytes.Clone(pairs.Get(pk)))
+		if err != nil {
+			return err
+		}
+		if next != nil {
+			if err := pairs.Put(pk, next); err != nil {
+				return err
+			}
+		}
+		if err := tb.Delete(k); err != nil {
+			return err
+		}
+		fired = true
+		return ids.Delete(timerID(t))
+	})
+	return fired, err
+}
