@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -16,11 +17,22 @@ const modulePrefix = "github.com/parleyhq/parley/"
 // imports.
 func goListDeps(t *testing.T, patterns ...string) map[string][]string {
 	t.Helper()
+	return goList(t, append([]string{"-test"}, patterns...)...)
+}
+
+// goListProdDeps is goListDeps without the test packages.
+func goListProdDeps(t *testing.T, patterns ...string) map[string][]string {
+	t.Helper()
+	return goList(t, patterns...)
+}
+
+func goList(t *testing.T, patterns ...string) map[string][]string {
+	t.Helper()
 	root, err := filepath.Abs("..")
 	if err != nil {
 		t.Fatal(err)
 	}
-	args := append([]string{"list", "-deps", "-test", "-f", "{{.ImportPath}} {{join .Imports \" \"}}"}, patterns...)
+	args := append([]string{"list", "-deps", "-f", "{{.ImportPath}} {{join .Imports \" \"}}"}, patterns...)
 	cmd := exec.CommandContext(t.Context(), "go", args...)
 	cmd.Dir = root
 	var stderr bytes.Buffer
@@ -88,5 +100,68 @@ func TestArch_servicesNeverImportEachOther(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestArch_noRuntimeCallCycle: the services' production code calls other
+// services only through their generated clients, so the gen/parley/<svc>
+// packages it depends on are the services it can call. That call graph has
+// no cycle (issue 9: the negotiator once verified routines on the
+// dispatcher, which calls the negotiator for all LLM work).
+func TestArch_noRuntimeCallCycle(t *testing.T) {
+	services := []string{"registry", "negotiator", "dispatcher", "tasks"}
+	calls := map[string][]string{}
+	for _, svc := range services {
+		graph := goListProdDeps(t, modulePrefix+"services/"+svc+"/...")
+		for _, peer := range services {
+			if _, ok := graph[modulePrefix+"gen/parley/"+peer+"/v1"]; ok && peer != svc {
+				calls[svc] = append(calls[svc], peer)
+			}
+		}
+	}
+	// Depth-first search from every service; a service met again on the
+	// current path closes a cycle.
+	var path []string
+	onPath := map[string]bool{}
+	var visit func(svc string)
+	visit = func(svc string) {
+		if onPath[svc] {
+			t.Errorf("runtime call cycle: %s -> %s", strings.Join(path, " -> "), svc)
+			return
+		}
+		onPath[svc] = true
+		path = append(path, svc)
+		for _, peer := range calls[svc] {
+			visit(peer)
+		}
+		path = path[:len(path)-1]
+		onPath[svc] = false
+	}
+	for _, svc := range services {
+		visit(svc)
+	}
+	if !slices.Contains(calls["dispatcher"], "negotiator") {
+		t.Errorf("the dispatcher no longer calls the negotiator (calls: %v): the test reads the wrong graph", calls)
+	}
+}
+
+// TestArch_binariesCarryNoTestSupport: the product's binaries link none of
+// the negotiator's test support (the in-process negotiator, the scripted
+// LLM fixture, the routine runtime stand-in) nor the benchmark harness.
+func TestArch_binariesCarryNoTestSupport(t *testing.T) {
+	binaries := []string{modulePrefix + "cmd/parley"}
+	for _, svc := range []string{"registry", "negotiator", "dispatcher", "tasks"} {
+		binaries = append(binaries, modulePrefix+"services/"+svc+"/cmd/"+svc)
+	}
+	graph := goListProdDeps(t, binaries...)
+	for _, b := range binaries {
+		if _, ok := graph[b]; !ok {
+			t.Errorf("binary %s is missing", b)
+		}
+	}
+	for pkg := range graph {
+		if strings.HasPrefix(pkg, modulePrefix+"services/negotiator/negotiatortest") || strings.HasPrefix(pkg, modulePrefix+"bench/") {
+			t.Errorf("a binary links %s, which is test support", pkg)
+		}
 	}
 }

@@ -195,7 +195,7 @@ type fakeLLM struct {
 
 func startFake(t *testing.T) fakeLLM {
 	t.Helper()
-	bin := parleytest.Build(t, "github.com/parleyhq/parley/services/negotiator/llmtest/fakellm")
+	bin := parleytest.Build(t, "github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest/fakellm")
 	f := parleytest.StartProcess(t, bin)
 	return fakeLLM{root: "http://" + f.HTTPAddr, base: "http://" + f.HTTPAddr + "/v1"}
 }

@@ -3,7 +3,7 @@
 // (5 servers with tools, 15 users), 300 queries, per-user budgets drawn
 // from a Pareto distribution with a fixed seed, three LLMs at the paper's
 // prices, and the scripted LLM fixture counting tokens from the request
-// and reply text. See services/negotiator/benchnet for the strategies.
+// and reply text. See bench/negotiator/benchnet for the strategies.
 //
 // Usage:
 //
@@ -21,7 +21,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/parleyhq/parley/services/negotiator/benchnet"
+	"github.com/parleyhq/parley/bench/negotiator/benchnet"
 )
 
 func main() {

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/parleyhq/parley/cmd/parley/internal/demo"
-	"github.com/parleyhq/parley/services/negotiator/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest"
 )
 
 func runDemoJSON(t *testing.T, args ...string) demo.Summary {

@@ -123,7 +123,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, disp.Close)
-	neg, err := negotiatorapp.New(cfg.negotiator, logger.With("component", "negotiator"), negotiatorapp.Peers{Dispatcher: conn})
+	neg, err := negotiatorapp.New(cfg.negotiator, logger.With("component", "negotiator"))
 	if err != nil {
 		return nil, err
 	}

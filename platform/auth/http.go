@@ -3,6 +3,7 @@ package auth
 import (
 	"net"
 	"net/http"
+	"strings"
 
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc/codes"
@@ -33,7 +34,7 @@ func (a *Authenticator) Route(pattern string, h http.Handler) http.Handler {
 			method:   pattern,
 			header:   r.Header.Get("Authorization"),
 			remote:   RemoteAddr(r.Context()),
-			resource: r.PathValue,
+			resource: routeResource(r),
 		})
 		if err != nil {
 			WriteError(w, err)
@@ -41,6 +42,29 @@ func (a *Authenticator) Route(pattern string, h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r.WithContext(WithPrincipal(r.Context(), p)))
 	})
+}
+
+// routeResource reads a hand-written route's resource from its path
+// values: a bare name is one value ("id"); a template joins several
+// ("clients/{client}/agents/{agent}"). A template value holding "/" (an
+// escaped %2F) reads as "", which no caller owns, so a segment cannot
+// reach into another resource's name.
+func routeResource(r *http.Request) func(string) string {
+	return func(field string) string {
+		if !strings.Contains(field, "{") {
+			return r.PathValue(field)
+		}
+		bad := false
+		name := bareVariable.ReplaceAllStringFunc(field, func(v string) string {
+			val := r.PathValue(v[1 : len(v)-1])
+			bad = bad || val == "" || strings.Contains(val, "/")
+			return val
+		})
+		if bad {
+			return ""
+		}
+		return name
+	}
 }
 
 // Gateway is grpc-gateway middleware checking each call against the rule

@@ -116,6 +116,12 @@ func ParleyPolicy() Policy {
 		disp + "CloseDialogueMessages": {Allow: Agent | Operator, Resource: "name"},
 		disp + "CloseDialogueAgent":    {Allow: Agent | Operator, Resource: "name"},
 		disp + "CloseAllDialogues":     {Allow: Agent | Operator, Resource: "agent"},
+		// Dispatcher: mailboxes. An agent key receives and acknowledges
+		// its own agent's mailbox only; client keys do not (one stream per
+		// agent, opened by the agent).
+		disp + "ReceiveMessages":                                  {Allow: Agent | Operator, Resource: "agent"},
+		disp + "AcknowledgeMessages":                              {Allow: Agent | Operator, Resource: "agent"},
+		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {Allow: Agent | Operator, Resource: "clients/{client}/agents/{agent}"},
 
 		// Negotiator: each call spends the named agent's LLM budget.
 		neg + "GetCostSummary":            {Allow: own, Resource: "agent"},

@@ -11,9 +11,9 @@ import (
 // PeerCheck returns a readiness check that asks a peer's grpc.health.v1
 // whether the server holding service is up. It checks the server-wide ""
 // entry, not the service's own entry: that one follows the peer's own
-// readiness (see watchReadiness), and peers that depend on each other
-// would otherwise keep each other NOT_SERVING. service names the peer in
-// errors.
+// readiness (see watchReadiness), so one store outage would otherwise
+// take every caller down the chain out of service with it. service names
+// the peer in errors.
 func PeerCheck(conn grpc.ClientConnInterface, service string) func(context.Context) error {
 	client := healthpb.NewHealthClient(conn)
 	return func(ctx context.Context) error {

@@ -311,9 +311,9 @@ func (s *Server) runChecks(ctx context.Context) map[string]string {
 
 // watchReadiness runs the readiness checks every ReadinessInterval and sets
 // the gRPC health of the declared services (not the server-wide "" entry)
-// to match, so gRPC health probes see a store or dependency outage. Peers
-// check each other's "" entry (PeerCheck), which stays SERVING while the
-// server runs, so mutually dependent services cannot hold each other down.
+// to match, so gRPC health probes see a store or dependency outage. Callers
+// check a peer's "" entry (PeerCheck), which stays SERVING while the server
+// runs, so an outage does not cascade down the chain of callers.
 func (s *Server) watchReadiness(ctx context.Context) {
 	t := time.NewTicker(s.opts.ReadinessInterval)
 	defer t.Stop()

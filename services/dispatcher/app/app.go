@@ -124,6 +124,11 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		Mailboxes:           a.mailboxes,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
+		// Their receive streams.
+		Delivery: a.mailboxes,
+		MailboxOptions: server.MailboxOptions{
+			Batch: a.cfg.MailboxStreamBatch, Keepalive: a.cfg.MailboxStreamKeepalive, MaxDuration: a.cfg.MailboxStreamMaxDuration,
+		},
 	}, nil
 }
 
@@ -149,6 +154,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	for pattern, h := range server.AgoraRoutes(srv, a.httpOptions()) {
 		s.Handle(pattern, h)
 	}
+	for pattern, h := range srv.MailboxRoutes() {
+		s.Handle(pattern, serve.Stream(h))
+	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
@@ -157,6 +165,10 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
 	return nil
 }
+
+// Mailboxes returns the agents' mailboxes, which the network's senders
+// append to; tests append through it too.
+func (a *App) Mailboxes() mailbox.Appender { return a.mailboxes }
 
 func (a *App) httpOptions() server.HTTPOptions {
 	return server.HTTPOptions{MaxBodyBytes: a.cfg.AgoraMaxBodyBytes, PeerHeader: a.cfg.AgoraPeerHeader}

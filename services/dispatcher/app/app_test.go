@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	"google.golang.org/grpc"
@@ -58,6 +59,23 @@ func listen(t *testing.T) net.Listener {
 // Extra args are dispatcher flags.
 func startDispatcher(t *testing.T, args ...string) (dispatcherv1.DispatcherServiceClient, string) {
 	t.Helper()
+	e := startDispatcherApp(t, args...)
+	return e.client, e.base
+}
+
+// dispatcherEnv is a running dispatcher: the app, a gRPC client, the HTTP
+// base URL, and stop, which shuts the server down (once; the cleanup
+// calls it too).
+type dispatcherEnv struct {
+	app    *app.App
+	client dispatcherv1.DispatcherServiceClient
+	base   string
+	stop   func()
+}
+
+// startDispatcherApp is startDispatcher with the app and a stop.
+func startDispatcherApp(t *testing.T, args ...string) dispatcherEnv {
+	t.Helper()
 	regLis := listen(t)
 	regSrv := grpc.NewServer()
 	registryv1.RegisterRegistryServiceServer(regSrv, fakeRegistry{})
@@ -90,18 +108,22 @@ func startDispatcher(t *testing.T, args ...string) (dispatcherv1.DispatcherServi
 	grpcLis, httpLis := listen(t), listen(t)
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
 	conn, err := grpc.NewClient(grpcLis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return dispatcherv1.NewDispatcherServiceClient(conn), "http://" + httpLis.Addr().String()
+	return dispatcherEnv{app: a, client: dispatcherv1.NewDispatcherServiceClient(conn), base: "http://" + httpLis.Addr().String(), stop: stop}
 }
 
 func httpDo(t *testing.T, method, url, body string) (int, string) {

@@ -57,6 +57,10 @@ type Config struct {
 	MailboxMaxMessages int64         // unacknowledged messages per agent
 	MailboxMaxBytes    int64         // their body bytes per agent
 	MailboxRetention   time.Duration // acknowledged messages kept this long
+	// Receive streams (gRPC and SSE).
+	MailboxStreamBatch       int
+	MailboxStreamKeepalive   time.Duration
+	MailboxStreamMaxDuration time.Duration
 }
 
 // RegisterFlags adds the dispatcher's own flags (not the shared serving flags)
@@ -88,6 +92,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MailboxMaxMessages, "mailbox-max-messages", 10_000, "unacknowledged messages an agent's mailbox holds; a send past it is refused for that agent")
 	fs.Int64Var(&c.MailboxMaxBytes, "mailbox-max-bytes", 64<<20, "body bytes of the unacknowledged messages an agent's mailbox holds")
 	fs.DurationVar(&c.MailboxRetention, "mailbox-retention", 24*time.Hour, "how long an acknowledged message stays in its mailbox before compaction")
+	fs.IntVar(&c.MailboxStreamBatch, "mailbox-stream-batch", 100, "most messages one receive-stream response carries")
+	fs.DurationVar(&c.MailboxStreamKeepalive, "mailbox-stream-keepalive", 30*time.Second, "silence after which a receive stream sends a keepalive")
+	fs.DurationVar(&c.MailboxStreamMaxDuration, "mailbox-stream-max-duration", time.Hour, "a receive stream open this long ends (DEADLINE_EXCEEDED) and the client reconnects")
 }
 
 // PeerDialects parses AgoraPeerDialects into peer → dialect name.
@@ -144,6 +151,9 @@ func (c *Config) Validate() error {
 		{"--mailbox-max-messages", c.MailboxMaxMessages > 0},
 		{"--mailbox-max-bytes", c.MailboxMaxBytes > 0},
 		{"--mailbox-retention", c.MailboxRetention > 0},
+		{"--mailbox-stream-batch", c.MailboxStreamBatch > 0 && c.MailboxStreamBatch <= 1000},
+		{"--mailbox-stream-keepalive", c.MailboxStreamKeepalive > 0},
+		{"--mailbox-stream-max-duration", c.MailboxStreamMaxDuration > 0},
 	}
 	for _, p := range positive {
 		if !p.ok {

@@ -11,7 +11,6 @@ import (
 
 	"google.golang.org/grpc"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
@@ -19,7 +18,6 @@ import (
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
-	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 	"github.com/parleyhq/parley/services/negotiator/internal/server"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
@@ -29,14 +27,6 @@ import (
 // ServiceName is the negotiator's gRPC service name, also its health name.
 const ServiceName = "parley.negotiator.v1.NegotiatorService"
 
-// Peers are the services the negotiator calls, as gRPC connections: only
-// the dispatcher, whose TestRoutine runs routines under test. The
-// negotiator never calls the registry (the dispatcher relays negotiation
-// messages and registers agreed PDs).
-type Peers struct {
-	Dispatcher grpc.ClientConnInterface
-}
-
 // App is an assembled negotiator.
 type App struct {
 	cfg     config.Config
@@ -44,13 +34,14 @@ type App struct {
 	store   store.Store
 	metrics *ledger.Metrics
 	server  *server.Server
-	peers   Peers
 }
 
 // New opens the store (negotiator.db in the data directory, or PostgreSQL
-// with cfg.DatabaseURL) and builds the
-// server. It does not listen.
-func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
+// with cfg.DatabaseURL) and builds the server. It does not listen. The
+// negotiator calls no other service: the dispatcher calls it, relays
+// negotiation messages, registers agreed PDs and runs the checks of the
+// routines it writes (issue 9: no call cycle).
+func New(cfg config.Config, logger *slog.Logger) (*App, error) {
 	prices, err := ledger.ParsePrices(cfg.LLM.Prices, ledger.DefaultPrices())
 	if err != nil {
 		return nil, err
@@ -74,17 +65,12 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		PerAgent: int64(cfg.LLM.BudgetAgentUSD * 1e6),
 		PerPeer:  int64(cfg.LLM.BudgetPeerUSD * 1e6),
 	}, metrics, logger)
-	var tester routine.Tester
-	if peers.Dispatcher != nil {
-		tester = dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher)
-	}
 	srv := server.New(st, led, logger, server.Options{
-		Tester:      tester,
 		MaxRounds:   cfg.NegotiationMaxRounds,
 		ShadowCalls: cfg.RoutineShadowCalls,
 		Thresholds:  thresholds,
 	})
-	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv, peers: peers}, nil
+	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv}, nil
 }
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set, else
@@ -146,9 +132,6 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("negotiator-store", a.store.Ping)
-	if a.peers.Dispatcher != nil {
-		s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
-	}
 	return nil
 }
 

@@ -18,15 +18,13 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
-	"github.com/parleyhq/parley/services/negotiator/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest"
 )
 
 // negotiator is one running negotiator: its gRPC client and gateway URL.
@@ -36,15 +34,9 @@ type negotiator struct {
 }
 
 // startNegotiator runs a negotiator on loopback with its own data directory.
-// tweak edits the configuration (nil: no LLM).
+// tweak edits the configuration (nil: no LLM). It runs alone: the
+// negotiator calls no other service.
 func startNegotiator(t *testing.T, tweak func(*config.Config)) negotiator {
-	t.Helper()
-	return startNegotiatorWith(t, tweak, &routinetest.Dispatcher{})
-}
-
-// startNegotiatorWith serves disp as the negotiator's dispatcher peer on
-// the same gRPC server; nil runs it without a dispatcher peer.
-func startNegotiatorWith(t *testing.T, tweak func(*config.Config), disp dispatcherv1.DispatcherServiceServer) negotiator {
 	t.Helper()
 	cfg, err := config.Load(nil, func(string) string { return "" })
 	if err != nil {
@@ -71,14 +63,7 @@ func startNegotiatorWith(t *testing.T, tweak func(*config.Config), disp dispatch
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	// The dispatcher peer is (normally) routinetest's stand-in for
-	// TestRoutine, served on the same gRPC server (services never import
-	// each other).
-	peers := app.Peers{}
-	if disp != nil {
-		peers.Dispatcher = conn
-	}
-	a, err := app.New(cfg, logger, peers)
+	a, err := app.New(cfg, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,9 +75,6 @@ func startNegotiatorWith(t *testing.T, tweak func(*config.Config), disp dispatch
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := a.Register(ctx, srv); err != nil {
 		t.Fatal(err)
-	}
-	if disp != nil {
-		dispatcherv1.RegisterDispatcherServiceServer(srv.GRPC, disp)
 	}
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
@@ -207,8 +189,8 @@ func testDeterministicNegotiation(t *testing.T, a, b negotiator) {
 		if n.GetState() != negotiatorv1.NegotiationState_NEGOTIATION_STATE_ACCEPTED || n.GetMode() != negotiatorv1.NegotiationMode_NEGOTIATION_MODE_DETERMINISTIC {
 			t.Fatalf("%s: state %v mode %v (%s), want ACCEPTED DETERMINISTIC", name, n.GetState(), n.GetMode(), n.GetFailureReason())
 		}
-		if n.GetRoutine() == "" {
-			t.Errorf("%s holds no derived routine", name)
+		if n.GetRoutine() == "" || len(n.GetRoutineCheck().GetFunctions()) == 0 {
+			t.Errorf("%s holds no derived routine with its check: %q, %v", name, n.GetRoutine(), n.GetRoutineCheck())
 		}
 	}
 	if sender.GetProtocolSha1Hex() == "" || sender.GetProtocolSha1Hex() != receiver.GetProtocolSha1Hex() {
@@ -493,10 +475,12 @@ func TestReferenceNegotiationExchange(t *testing.T) {
 
 func TestRoutineCandidates_shadowThenPromote(t *testing.T) {
 	f := startFake(t, nil)
-	// Two broken routines: one crashes, one misses a required field.
+	// Two broken routines, which the negotiator sees without running them:
+	// one does not parse, one defines no reply. (Routines that fail when
+	// run fail their check on the dispatcher.)
 	f.Enqueue(
-		llmtest.Reply{Text: `{"source":"def reply(query, memory):\n    return 1 // 0\n"}`},
-		llmtest.Reply{Text: `{"source":"def reply(query, memory):\n    return json.encode({\"temperature\": 1})\n"}`},
+		llmtest.Reply{Text: `{"source":"def reply(query, memory)\n    return 1\n"}`},
+		llmtest.Reply{Text: `{"source":"def answer(query, memory):\n    return json.encode({\"temperature\": 1})\n"}`},
 	)
 	n := startNegotiator(t, withLLM(f, config.ProviderOpenAI, func(c *config.Config) { c.RoutineShadowCalls = 2 }))
 	ctx := t.Context()
@@ -510,6 +494,8 @@ func TestRoutineCandidates_shadowThenPromote(t *testing.T) {
 	}
 	if got := len(f.Calls()); got != 2 {
 		t.Errorf("LLM calls = %d, want 2 (one retry with the error)", got)
+	} else if retry := fmt.Sprint(f.Calls()[1]); !strings.Contains(retry, "got newline, want ':'") {
+		t.Errorf("the retry does not tell the LLM what failed: %s", retry)
 	}
 	good := `def reply(query, memory):
     q = json.decode(query)
@@ -519,8 +505,17 @@ func TestRoutineCandidates_shadowThenPromote(t *testing.T) {
 	goodAnswer, _ := json.Marshal(map[string]string{"source": good})
 	f.Enqueue(llmtest.Reply{Text: string(goodAnswer)})
 	c, err := n.client.SynthesizeRoutine(ctx, &negotiatorv1.SynthesizeRoutineRequest{Agent: bob, Peer: alice, Protocol: pd, Side: negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER, Tools: []*negotiatorv1.ToolSpec{tool}})
-	if err != nil || c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW || c.GetOrigin() != negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_LLM || c.GetExamplesPassed() == 0 {
+	if err != nil || c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW || c.GetOrigin() != negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_LLM {
 		t.Fatalf("SynthesizeRoutine = %v, %v; want an LLM routine in shadow", c, err)
+	}
+	// The candidate carries its check for the dispatcher: reply on examples
+	// of the request schema, replies matching the response schema, the
+	// tool answering an example of its output.
+	check := c.GetCheck()
+	if len(check.GetCalls()) != 1 || check.GetCalls()[0].GetFunction() != "reply" || len(check.GetCalls()[0].GetArgsJson()) == 0 ||
+		!strings.Contains(string(check.GetCalls()[0].GetOutputSchemaJson()), "precipitationMm") ||
+		len(check.GetTools()) != 1 || !strings.Contains(string(check.GetTools()[0].GetResultJson()), "weather_condition") {
+		t.Errorf("check = %v, want reply's examples against the response schema and the tool's stand-in", check)
 	}
 	// The name is the documented function of (agent, PD, side): the
 	// dispatcher looks candidates up by it.
@@ -537,6 +532,15 @@ func TestRoutineCandidates_shadowThenPromote(t *testing.T) {
 	_, err = n.client.ReportShadowResult(ctx, &negotiatorv1.ReportShadowResultRequest{Name: c.GetName(), Agreed: false})
 	if code, reason := statusOf(t, err); code != codes.FailedPrecondition || reason != "ROUTINE_NOT_IN_SHADOW" {
 		t.Errorf("ReportShadowResult(promoted) = %v, want ROUTINE_NOT_IN_SHADOW", err)
+	}
+	_, err = n.client.ReportShadowResult(ctx, &negotiatorv1.ReportShadowResultRequest{Name: c.GetName(), CheckFailed: true, Detail: strings.Repeat("x", 8<<10+1)})
+	if code, _ := statusOf(t, err); code != codes.InvalidArgument {
+		t.Errorf("ReportShadowResult(detail over 8 KiB) = %v, want INVALID_ARGUMENT", err)
+	}
+	// A failed check on the dispatcher rejects it whatever its state.
+	got, err := n.client.ReportShadowResult(ctx, &negotiatorv1.ReportShadowResultRequest{Name: c.GetName(), CheckFailed: true, Detail: "reply failed on example {}"})
+	if err != nil || got.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_REJECTED || !strings.Contains(got.GetRejectionReason(), "reply failed on example {}") {
+		t.Errorf("ReportShadowResult(check failed) = %v, %v; want REJECTED with the reason", got, err)
 	}
 }
 
@@ -657,27 +661,28 @@ func TestValidation(t *testing.T) {
 	}
 }
 
-// TestRoutines_untestedWithoutADispatcher: with no dispatcher, or one whose
-// TestRoutine fails, routines are never taken as tested: derivation reports
-// why instead of returning an unverified routine.
-func TestRoutines_untestedWithoutADispatcher(t *testing.T) {
-	tests := []struct {
-		name       string
-		disp       dispatcherv1.DispatcherServiceServer
-		wantCode   codes.Code
-		wantReason string
-	}{
-		{"no dispatcher peer", nil, codes.FailedPrecondition, "NO_DISPATCHER"},
-		{"TestRoutine fails", dispatcherv1.UnimplementedDispatcherServiceServer{}, codes.Unavailable, "DISPATCHER_UNAVAILABLE"},
+// TestDeriveProtocol_returnsRoutinesWithTheirChecks: the negotiator runs
+// no routine (it calls no dispatcher): derived routines come with the
+// checks the dispatcher runs before using them.
+func TestDeriveProtocol_returnsRoutinesWithTheirChecks(t *testing.T) {
+	n := startNegotiator(t, nil)
+	d, err := n.client.DeriveProtocol(t.Context(), &negotiatorv1.DeriveProtocolRequest{Task: weatherTask, Tool: bobTool})
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			n := startNegotiatorWith(t, nil, tt.disp)
-			_, err := n.client.DeriveProtocol(t.Context(), &negotiatorv1.DeriveProtocolRequest{Task: weatherTask})
-			if status.Code(err) != tt.wantCode || grpcerr.Reason(err) != tt.wantReason {
-				t.Errorf("DeriveProtocol = %v (reason %q), want %v %s", err, grpcerr.Reason(err), tt.wantCode, tt.wantReason)
-			}
-		})
+	sc, rc := d.GetSenderRoutineCheck(), d.GetReceiverRoutineCheck()
+	if fmt.Sprint(sc.GetFunctions()) != "[send]" || len(sc.GetCalls()) != 2 || sc.GetCalls()[0].GetFunction() != "send" ||
+		sc.GetCalls()[1].GetFunction() != "parse" || !sc.GetCalls()[1].GetOptional() {
+		t.Errorf("sender check = %v, want send on examples and an optional parse", sc)
+	}
+	if fmt.Sprint(rc.GetFunctions()) != "[reply]" || len(rc.GetCalls()) != 1 || len(rc.GetTools()) != 1 || rc.GetTools()[0].GetName() != bobTool.GetName() {
+		t.Errorf("receiver check = %v, want reply on examples with the tool's stand-in", rc)
+	}
+	for _, args := range rc.GetCalls()[0].GetArgsJson() {
+		var call []json.RawMessage
+		if err := json.Unmarshal(args, &call); err != nil || len(call) != 2 {
+			t.Errorf("reply args %s: want [query, memory]", args)
+		}
 	}
 }
 

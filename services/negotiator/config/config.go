@@ -56,10 +56,6 @@ func (l LLM) String() string {
 type Config struct {
 	serve.Flags
 
-	// DispatcherAddr is the dispatcher gRPC address (one-service binary only;
-	// `parley serve` connects in-process).
-	DispatcherAddr string
-
 	LLM LLM
 	// NegotiationMaxRounds caps the messages of one negotiation.
 	NegotiationMaxRounds int
@@ -166,10 +162,10 @@ func unpriced(l LLM, prices ledger.Prices) []error {
 // doc is the one-service binary's --help.
 var doc = envflag.Doc{
 	Usage:   "negotiator [flags]",
-	Summary: "Run the Parley negotiator alone: LLM providers, negotiation, suitability verdicts, routine synthesis and the cost ledger. It calls the dispatcher.",
+	Summary: "Run the Parley negotiator alone: LLM providers, negotiation, suitability verdicts, routine synthesis and the cost ledger. It calls no other service.",
 	Examples: []string{
-		"negotiator --dispatcher-addr dns:///dispatcher:9090",
-		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_BASE_URL=http://127.0.0.1:11434/v1 PARLEY_LLM_MODEL=llama3.2 negotiator --dispatcher-addr 127.0.0.1:9091",
+		"negotiator --data /var/lib/parley",
+		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_BASE_URL=http://127.0.0.1:11434/v1 PARLEY_LLM_MODEL=llama3.2 negotiator",
 	},
 	Prefix: "PARLEY_",
 }
@@ -182,7 +178,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
 	fs.String("registry-addr", "", "deprecated and ignored: the negotiator does not call the registry")
-	fs.StringVar(&c.DispatcherAddr, "dispatcher-addr", "dns:///dispatcher:9090", "dispatcher gRPC address")
+	fs.String("dispatcher-addr", "", "deprecated and ignored: the negotiator does not call the dispatcher")
 	pos, err := doc.ParseArgs(fs, args, getenv)
 	if err != nil {
 		return c, err

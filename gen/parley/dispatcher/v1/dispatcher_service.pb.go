@@ -1448,7 +1448,7 @@ var File_parley_dispatcher_v1_dispatcher_service_proto protoreflect.FileDescript
 
 const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\n" +
-	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/connect.proto\x1a#parley/dispatcher/v1/dialogue.proto\x1a\"parley/dispatcher/v1/routine.proto\x1a\x1fparley/dispatcher/v1/step.proto\x1a\x1fparley/dispatcher/v1/tool.proto\"\xd7\x01\n" +
+	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/connect.proto\x1a#parley/dispatcher/v1/dialogue.proto\x1a\"parley/dispatcher/v1/mailbox.proto\x1a\"parley/dispatcher/v1/routine.proto\x1a\x1fparley/dispatcher/v1/step.proto\x1a\x1fparley/dispatcher/v1/tool.proto\"\xd7\x01\n" +
 	"\x12ExecuteStepRequest\x12\x1a\n" +
 	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x1d\n" +
 	"\atask_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06taskId\x12\x1d\n" +
@@ -1552,7 +1552,7 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"outputJson\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12'\n" +
 	"\x0fbudget_exceeded\x18\x03 \x01(\bR\x0ebudgetExceeded\x12K\n" +
-	"\ffailure_kind\x18\x04 \x01(\x0e2(.parley.dispatcher.v1.RoutineFailureKindR\vfailureKind2\xd3\x14\n" +
+	"\ffailure_kind\x18\x04 \x01(\x0e2(.parley.dispatcher.v1.RoutineFailureKindR\vfailureKind2\xee\x16\n" +
 	"\x11DispatcherService\x12\x86\x01\n" +
 	"\n" +
 	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12\x97\x01\n" +
@@ -1565,7 +1565,9 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\x0eListSendCounts\x12+.parley.dispatcher.v1.ListSendCountsRequest\x1a,.parley.dispatcher.v1.ListSendCountsResponse\"2\x82\xd3\xe4\x93\x02,\x12*/v1/{parent=clients/*/agents/*}/sendCounts\x12n\n" +
 	"\x0fDeliverEnvelope\x12,.parley.dispatcher.v1.DeliverEnvelopeRequest\x1a-.parley.dispatcher.v1.DeliverEnvelopeResponse\x12Z\n" +
 	"\aConnect\x12$.parley.dispatcher.v1.ConnectRequest\x1a%.parley.dispatcher.v1.ConnectResponse(\x010\x01\x12b\n" +
-	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponse\x12\x80\x01\n" +
+	"\vExecuteStep\x12(.parley.dispatcher.v1.ExecuteStepRequest\x1a).parley.dispatcher.v1.ExecuteStepResponse\x12p\n" +
+	"\x0fReceiveMessages\x12,.parley.dispatcher.v1.ReceiveMessagesRequest\x1a-.parley.dispatcher.v1.ReceiveMessagesResponse0\x01\x12\xa6\x01\n" +
+	"\x13AcknowledgeMessages\x120.parley.dispatcher.v1.AcknowledgeMessagesRequest\x1a\x1d.parley.dispatcher.v1.Mailbox\">\x82\xd3\xe4\x93\x028:\x01*\"3/v1/{agent=clients/*/agents/*}/messages:acknowledge\x12\x80\x01\n" +
 	"\vTestRoutine\x12(.parley.dispatcher.v1.TestRoutineRequest\x1a).parley.dispatcher.v1.TestRoutineResponse\"\x1c\x82\xd3\xe4\x93\x02\x16:\x01*\"\x11/v1/routines:test\x12\x9c\x01\n" +
 	"\vSendMessage\x12(.parley.dispatcher.v1.SendMessageRequest\x1a).parley.dispatcher.v1.SendMessageResponse\"8\x82\xd3\xe4\x93\x022:\x01*\"-/v1/{sender=clients/*/agents/*}/messages:send\x12\x9f\x01\n" +
 	"\fReplyMessage\x12).parley.dispatcher.v1.ReplyMessageRequest\x1a).parley.dispatcher.v1.SendMessageResponse\"9\x82\xd3\xe4\x93\x023:\x01*\"./v1/{sender=clients/*/agents/*}/messages:reply\x12\xab\x01\n" +
@@ -1616,17 +1618,21 @@ var file_parley_dispatcher_v1_dispatcher_service_proto_goTypes = []any{
 	(*Tool)(nil),                         // 23: parley.dispatcher.v1.Tool
 	(RoutineFailureKind)(0),              // 24: parley.dispatcher.v1.RoutineFailureKind
 	(*ConnectRequest)(nil),               // 25: parley.dispatcher.v1.ConnectRequest
-	(*SendMessageRequest)(nil),           // 26: parley.dispatcher.v1.SendMessageRequest
-	(*ReplyMessageRequest)(nil),          // 27: parley.dispatcher.v1.ReplyMessageRequest
-	(*BroadcastMessageRequest)(nil),      // 28: parley.dispatcher.v1.BroadcastMessageRequest
-	(*CloseDialogueRequest)(nil),         // 29: parley.dispatcher.v1.CloseDialogueRequest
-	(*CloseDialogueMessagesRequest)(nil), // 30: parley.dispatcher.v1.CloseDialogueMessagesRequest
-	(*CloseDialogueAgentRequest)(nil),    // 31: parley.dispatcher.v1.CloseDialogueAgentRequest
-	(*CloseAllDialoguesRequest)(nil),     // 32: parley.dispatcher.v1.CloseAllDialoguesRequest
-	(*ConnectResponse)(nil),              // 33: parley.dispatcher.v1.ConnectResponse
-	(*SendMessageResponse)(nil),          // 34: parley.dispatcher.v1.SendMessageResponse
-	(*Dialogue)(nil),                     // 35: parley.dispatcher.v1.Dialogue
-	(*CloseAllDialoguesResponse)(nil),    // 36: parley.dispatcher.v1.CloseAllDialoguesResponse
+	(*ReceiveMessagesRequest)(nil),       // 26: parley.dispatcher.v1.ReceiveMessagesRequest
+	(*AcknowledgeMessagesRequest)(nil),   // 27: parley.dispatcher.v1.AcknowledgeMessagesRequest
+	(*SendMessageRequest)(nil),           // 28: parley.dispatcher.v1.SendMessageRequest
+	(*ReplyMessageRequest)(nil),          // 29: parley.dispatcher.v1.ReplyMessageRequest
+	(*BroadcastMessageRequest)(nil),      // 30: parley.dispatcher.v1.BroadcastMessageRequest
+	(*CloseDialogueRequest)(nil),         // 31: parley.dispatcher.v1.CloseDialogueRequest
+	(*CloseDialogueMessagesRequest)(nil), // 32: parley.dispatcher.v1.CloseDialogueMessagesRequest
+	(*CloseDialogueAgentRequest)(nil),    // 33: parley.dispatcher.v1.CloseDialogueAgentRequest
+	(*CloseAllDialoguesRequest)(nil),     // 34: parley.dispatcher.v1.CloseAllDialoguesRequest
+	(*ConnectResponse)(nil),              // 35: parley.dispatcher.v1.ConnectResponse
+	(*ReceiveMessagesResponse)(nil),      // 36: parley.dispatcher.v1.ReceiveMessagesResponse
+	(*Mailbox)(nil),                      // 37: parley.dispatcher.v1.Mailbox
+	(*SendMessageResponse)(nil),          // 38: parley.dispatcher.v1.SendMessageResponse
+	(*Dialogue)(nil),                     // 39: parley.dispatcher.v1.Dialogue
+	(*CloseAllDialoguesResponse)(nil),    // 40: parley.dispatcher.v1.CloseAllDialoguesResponse
 }
 var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
 	21, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
@@ -1649,34 +1655,38 @@ var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
 	14, // 17: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:input_type -> parley.dispatcher.v1.DeliverEnvelopeRequest
 	25, // 18: parley.dispatcher.v1.DispatcherService.Connect:input_type -> parley.dispatcher.v1.ConnectRequest
 	0,  // 19: parley.dispatcher.v1.DispatcherService.ExecuteStep:input_type -> parley.dispatcher.v1.ExecuteStepRequest
-	16, // 20: parley.dispatcher.v1.DispatcherService.TestRoutine:input_type -> parley.dispatcher.v1.TestRoutineRequest
-	26, // 21: parley.dispatcher.v1.DispatcherService.SendMessage:input_type -> parley.dispatcher.v1.SendMessageRequest
-	27, // 22: parley.dispatcher.v1.DispatcherService.ReplyMessage:input_type -> parley.dispatcher.v1.ReplyMessageRequest
-	28, // 23: parley.dispatcher.v1.DispatcherService.BroadcastMessage:input_type -> parley.dispatcher.v1.BroadcastMessageRequest
-	29, // 24: parley.dispatcher.v1.DispatcherService.CloseDialogue:input_type -> parley.dispatcher.v1.CloseDialogueRequest
-	30, // 25: parley.dispatcher.v1.DispatcherService.CloseDialogueMessages:input_type -> parley.dispatcher.v1.CloseDialogueMessagesRequest
-	31, // 26: parley.dispatcher.v1.DispatcherService.CloseDialogueAgent:input_type -> parley.dispatcher.v1.CloseDialogueAgentRequest
-	32, // 27: parley.dispatcher.v1.DispatcherService.CloseAllDialogues:input_type -> parley.dispatcher.v1.CloseAllDialoguesRequest
-	22, // 28: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
-	4,  // 29: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
-	22, // 30: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
-	23, // 31: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
-	8,  // 32: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
-	10, // 33: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
-	12, // 34: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
-	15, // 35: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
-	33, // 36: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
-	1,  // 37: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
-	19, // 38: parley.dispatcher.v1.DispatcherService.TestRoutine:output_type -> parley.dispatcher.v1.TestRoutineResponse
-	34, // 39: parley.dispatcher.v1.DispatcherService.SendMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
-	34, // 40: parley.dispatcher.v1.DispatcherService.ReplyMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
-	34, // 41: parley.dispatcher.v1.DispatcherService.BroadcastMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
-	35, // 42: parley.dispatcher.v1.DispatcherService.CloseDialogue:output_type -> parley.dispatcher.v1.Dialogue
-	35, // 43: parley.dispatcher.v1.DispatcherService.CloseDialogueMessages:output_type -> parley.dispatcher.v1.Dialogue
-	35, // 44: parley.dispatcher.v1.DispatcherService.CloseDialogueAgent:output_type -> parley.dispatcher.v1.Dialogue
-	36, // 45: parley.dispatcher.v1.DispatcherService.CloseAllDialogues:output_type -> parley.dispatcher.v1.CloseAllDialoguesResponse
-	28, // [28:46] is the sub-list for method output_type
-	10, // [10:28] is the sub-list for method input_type
+	26, // 20: parley.dispatcher.v1.DispatcherService.ReceiveMessages:input_type -> parley.dispatcher.v1.ReceiveMessagesRequest
+	27, // 21: parley.dispatcher.v1.DispatcherService.AcknowledgeMessages:input_type -> parley.dispatcher.v1.AcknowledgeMessagesRequest
+	16, // 22: parley.dispatcher.v1.DispatcherService.TestRoutine:input_type -> parley.dispatcher.v1.TestRoutineRequest
+	28, // 23: parley.dispatcher.v1.DispatcherService.SendMessage:input_type -> parley.dispatcher.v1.SendMessageRequest
+	29, // 24: parley.dispatcher.v1.DispatcherService.ReplyMessage:input_type -> parley.dispatcher.v1.ReplyMessageRequest
+	30, // 25: parley.dispatcher.v1.DispatcherService.BroadcastMessage:input_type -> parley.dispatcher.v1.BroadcastMessageRequest
+	31, // 26: parley.dispatcher.v1.DispatcherService.CloseDialogue:input_type -> parley.dispatcher.v1.CloseDialogueRequest
+	32, // 27: parley.dispatcher.v1.DispatcherService.CloseDialogueMessages:input_type -> parley.dispatcher.v1.CloseDialogueMessagesRequest
+	33, // 28: parley.dispatcher.v1.DispatcherService.CloseDialogueAgent:input_type -> parley.dispatcher.v1.CloseDialogueAgentRequest
+	34, // 29: parley.dispatcher.v1.DispatcherService.CloseAllDialogues:input_type -> parley.dispatcher.v1.CloseAllDialoguesRequest
+	22, // 30: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
+	4,  // 31: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
+	22, // 32: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
+	23, // 33: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
+	8,  // 34: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
+	10, // 35: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
+	12, // 36: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
+	15, // 37: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
+	35, // 38: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
+	1,  // 39: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
+	36, // 40: parley.dispatcher.v1.DispatcherService.ReceiveMessages:output_type -> parley.dispatcher.v1.ReceiveMessagesResponse
+	37, // 41: parley.dispatcher.v1.DispatcherService.AcknowledgeMessages:output_type -> parley.dispatcher.v1.Mailbox
+	19, // 42: parley.dispatcher.v1.DispatcherService.TestRoutine:output_type -> parley.dispatcher.v1.TestRoutineResponse
+	38, // 43: parley.dispatcher.v1.DispatcherService.SendMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
+	38, // 44: parley.dispatcher.v1.DispatcherService.ReplyMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
+	38, // 45: parley.dispatcher.v1.DispatcherService.BroadcastMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
+	39, // 46: parley.dispatcher.v1.DispatcherService.CloseDialogue:output_type -> parley.dispatcher.v1.Dialogue
+	39, // 47: parley.dispatcher.v1.DispatcherService.CloseDialogueMessages:output_type -> parley.dispatcher.v1.Dialogue
+	39, // 48: parley.dispatcher.v1.DispatcherService.CloseDialogueAgent:output_type -> parley.dispatcher.v1.Dialogue
+	40, // 49: parley.dispatcher.v1.DispatcherService.CloseAllDialogues:output_type -> parley.dispatcher.v1.CloseAllDialoguesResponse
+	30, // [30:50] is the sub-list for method output_type
+	10, // [10:30] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -1689,6 +1699,7 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_init() {
 	}
 	file_parley_dispatcher_v1_connect_proto_init()
 	file_parley_dispatcher_v1_dialogue_proto_init()
+	file_parley_dispatcher_v1_mailbox_proto_init()
 	file_parley_dispatcher_v1_routine_proto_init()
 	file_parley_dispatcher_v1_step_proto_init()
 	file_parley_dispatcher_v1_tool_proto_init()

@@ -29,6 +29,8 @@ const (
 	DispatcherService_DeliverEnvelope_FullMethodName       = "/parley.dispatcher.v1.DispatcherService/DeliverEnvelope"
 	DispatcherService_Connect_FullMethodName               = "/parley.dispatcher.v1.DispatcherService/Connect"
 	DispatcherService_ExecuteStep_FullMethodName           = "/parley.dispatcher.v1.DispatcherService/ExecuteStep"
+	DispatcherService_ReceiveMessages_FullMethodName       = "/parley.dispatcher.v1.DispatcherService/ReceiveMessages"
+	DispatcherService_AcknowledgeMessages_FullMethodName   = "/parley.dispatcher.v1.DispatcherService/AcknowledgeMessages"
 	DispatcherService_TestRoutine_FullMethodName           = "/parley.dispatcher.v1.DispatcherService/TestRoutine"
 	DispatcherService_SendMessage_FullMethodName           = "/parley.dispatcher.v1.DispatcherService/SendMessage"
 	DispatcherService_ReplyMessage_FullMethodName          = "/parley.dispatcher.v1.DispatcherService/ReplyMessage"
@@ -84,6 +86,21 @@ type DispatcherServiceClient interface {
 	// agent), FAILED_PRECONDITION with reason NO_EXECUTOR (nothing can run
 	// steps for this agent yet; retry when one connects), DEADLINE_EXCEEDED.
 	ExecuteStep(ctx context.Context, in *ExecuteStepRequest, opts ...grpc.CallOption) (*ExecuteStepResponse, error)
+	// ReceiveMessages streams the caller's mailbox, in cursor order, and
+	// keeps the stream open for new messages; an empty batch is a keepalive.
+	// Delivery is at least once: acknowledge with AcknowledgeMessages and
+	// drop repeated message ids. One stream per agent: a newer one takes
+	// over. Non-Go clients use server-sent events instead: GET
+	// /v1/clients/{client}/agents/{agent}/messages:stream. Errors:
+	// INVALID_ARGUMENT, PERMISSION_DENIED (another agent's mailbox), ABORTED
+	// (STREAM_REPLACED: another connection of the agent took over),
+	// UNAVAILABLE (SHUTTING_DOWN: reconnect).
+	ReceiveMessages(ctx context.Context, in *ReceiveMessagesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReceiveMessagesResponse], error)
+	// AcknowledgeMessages moves the caller's acknowledged cursor forward, so
+	// that delivery resumes after it and the messages no longer count
+	// against the mailbox bound. Errors: INVALID_ARGUMENT, PERMISSION_DENIED,
+	// FAILED_PRECONDITION (CURSOR_AHEAD: past the newest message).
+	AcknowledgeMessages(ctx context.Context, in *AcknowledgeMessagesRequest, opts ...grpc.CallOption) (*Mailbox, error)
 	// TestRoutine compiles a routine source and runs its functions on the
 	// given cases in the production runtime, with the same budgets, answering
 	// tool calls from the declared results. It stores nothing and reads no
@@ -236,6 +253,35 @@ func (c *dispatcherServiceClient) ExecuteStep(ctx context.Context, in *ExecuteSt
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) ReceiveMessages(ctx context.Context, in *ReceiveMessagesRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ReceiveMessagesResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &DispatcherService_ServiceDesc.Streams[1], DispatcherService_ReceiveMessages_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReceiveMessagesRequest, ReceiveMessagesResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DispatcherService_ReceiveMessagesClient = grpc.ServerStreamingClient[ReceiveMessagesResponse]
+
+func (c *dispatcherServiceClient) AcknowledgeMessages(ctx context.Context, in *AcknowledgeMessagesRequest, opts ...grpc.CallOption) (*Mailbox, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Mailbox)
+	err := c.cc.Invoke(ctx, DispatcherService_AcknowledgeMessages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *dispatcherServiceClient) TestRoutine(ctx context.Context, in *TestRoutineRequest, opts ...grpc.CallOption) (*TestRoutineResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(TestRoutineResponse)
@@ -361,6 +407,21 @@ type DispatcherServiceServer interface {
 	// agent), FAILED_PRECONDITION with reason NO_EXECUTOR (nothing can run
 	// steps for this agent yet; retry when one connects), DEADLINE_EXCEEDED.
 	ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error)
+	// ReceiveMessages streams the caller's mailbox, in cursor order, and
+	// keeps the stream open for new messages; an empty batch is a keepalive.
+	// Delivery is at least once: acknowledge with AcknowledgeMessages and
+	// drop repeated message ids. One stream per agent: a newer one takes
+	// over. Non-Go clients use server-sent events instead: GET
+	// /v1/clients/{client}/agents/{agent}/messages:stream. Errors:
+	// INVALID_ARGUMENT, PERMISSION_DENIED (another agent's mailbox), ABORTED
+	// (STREAM_REPLACED: another connection of the agent took over),
+	// UNAVAILABLE (SHUTTING_DOWN: reconnect).
+	ReceiveMessages(*ReceiveMessagesRequest, grpc.ServerStreamingServer[ReceiveMessagesResponse]) error
+	// AcknowledgeMessages moves the caller's acknowledged cursor forward, so
+	// that delivery resumes after it and the messages no longer count
+	// against the mailbox bound. Errors: INVALID_ARGUMENT, PERMISSION_DENIED,
+	// FAILED_PRECONDITION (CURSOR_AHEAD: past the newest message).
+	AcknowledgeMessages(context.Context, *AcknowledgeMessagesRequest) (*Mailbox, error)
 	// TestRoutine compiles a routine source and runs its functions on the
 	// given cases in the production runtime, with the same budgets, answering
 	// tool calls from the declared results. It stores nothing and reads no
@@ -439,6 +500,12 @@ func (UnimplementedDispatcherServiceServer) Connect(grpc.BidiStreamingServer[Con
 }
 func (UnimplementedDispatcherServiceServer) ExecuteStep(context.Context, *ExecuteStepRequest) (*ExecuteStepResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ExecuteStep not implemented")
+}
+func (UnimplementedDispatcherServiceServer) ReceiveMessages(*ReceiveMessagesRequest, grpc.ServerStreamingServer[ReceiveMessagesResponse]) error {
+	return status.Error(codes.Unimplemented, "method ReceiveMessages not implemented")
+}
+func (UnimplementedDispatcherServiceServer) AcknowledgeMessages(context.Context, *AcknowledgeMessagesRequest) (*Mailbox, error) {
+	return nil, status.Error(codes.Unimplemented, "method AcknowledgeMessages not implemented")
 }
 func (UnimplementedDispatcherServiceServer) TestRoutine(context.Context, *TestRoutineRequest) (*TestRoutineResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method TestRoutine not implemented")
@@ -654,6 +721,35 @@ func _DispatcherService_ExecuteStep_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_ReceiveMessages_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ReceiveMessagesRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(DispatcherServiceServer).ReceiveMessages(m, &grpc.GenericServerStream[ReceiveMessagesRequest, ReceiveMessagesResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type DispatcherService_ReceiveMessagesServer = grpc.ServerStreamingServer[ReceiveMessagesResponse]
+
+func _DispatcherService_AcknowledgeMessages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AcknowledgeMessagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).AcknowledgeMessages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_AcknowledgeMessages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).AcknowledgeMessages(ctx, req.(*AcknowledgeMessagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _DispatcherService_TestRoutine_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(TestRoutineRequest)
 	if err := dec(in); err != nil {
@@ -842,6 +938,10 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _DispatcherService_ExecuteStep_Handler,
 		},
 		{
+			MethodName: "AcknowledgeMessages",
+			Handler:    _DispatcherService_AcknowledgeMessages_Handler,
+		},
+		{
 			MethodName: "TestRoutine",
 			Handler:    _DispatcherService_TestRoutine_Handler,
 		},
@@ -880,6 +980,11 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _DispatcherService_Connect_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "ReceiveMessages",
+			Handler:       _DispatcherService_ReceiveMessages_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "parley/dispatcher/v1/dispatcher_service.proto",

@@ -231,7 +231,8 @@ type Negotiation struct {
 	ProtocolSha256Hex string `protobuf:"bytes,13,opt,name=protocol_sha256_hex,json=protocolSha256Hex,proto3" json:"protocol_sha256_hex,omitempty"`
 	// This side's routine for the accepted PD when it was derived from
 	// schemas: `def send(task)` (sender) or `def reply(query, memory)`
-	// (receiver), Starlark, already run against generated examples.
+	// (receiver), Starlark. The dispatcher installs it only when it passes
+	// routine_check.
 	Routine string `protobuf:"bytes,14,opt,name=routine,proto3" json:"routine,omitempty"`
 	// Why the negotiation was rejected or failed.
 	FailureReason string `protobuf:"bytes,15,opt,name=failure_reason,json=failureReason,proto3" json:"failure_reason,omitempty"`
@@ -242,7 +243,10 @@ type Negotiation struct {
 	// When the negotiation started.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When it last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,19,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// How to check routine (examples from the PD's schemas) before it is
+	// installed; set with routine.
+	RoutineCheck  *RoutineCheck `protobuf:"bytes,20,opt,name=routine_check,json=routineCheck,proto3" json:"routine_check,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -410,6 +414,13 @@ func (x *Negotiation) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Negotiation) GetRoutineCheck() *RoutineCheck {
+	if x != nil {
+		return x.RoutineCheck
+	}
+	return nil
+}
+
 // NegotiationMessage is one message of a negotiation.
 type NegotiationMessage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -479,7 +490,7 @@ var File_parley_negotiator_v1_negotiation_proto protoreflect.FileDescriptor
 
 const file_parley_negotiator_v1_negotiation_proto_rawDesc = "" +
 	"\n" +
-	"&parley/negotiator/v1/negotiation.proto\x12\x14parley.negotiator.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fparley/negotiator/v1/spec.proto\"\x87\b\n" +
+	"&parley/negotiator/v1/negotiation.proto\x12\x14parley.negotiator.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a(parley/negotiator/v1/routine_check.proto\x1a\x1fparley/negotiator/v1/spec.proto\"\xd6\b\n" +
 	"\vNegotiation\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1a\n" +
 	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x05R\x05agent\x12\x18\n" +
@@ -505,7 +516,8 @@ const file_parley_negotiator_v1_negotiation_proto_rawDesc = "" +
 	"\vcreate_time\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12A\n" +
 	"\vupdate_time\x18\x13 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"updateTime:B\xeaA?\n" +
+	"updateTime\x12M\n" +
+	"\rroutine_check\x18\x14 \x01(\v2\".parley.negotiator.v1.RoutineCheckB\x04\xe2A\x01\x03R\froutineCheck:B\xeaA?\n" +
 	"!negotiator.parley.dev/Negotiation\x12\x1anegotiations/{negotiation}\"\x82\x01\n" +
 	"\x12NegotiationMessage\x12\x12\n" +
 	"\x04sent\x18\x01 \x01(\bR\x04sent\x12\x1b\n" +
@@ -552,22 +564,24 @@ var file_parley_negotiator_v1_negotiation_proto_goTypes = []any{
 	(*TaskSpec)(nil),              // 5: parley.negotiator.v1.TaskSpec
 	(*ToolSpec)(nil),              // 6: parley.negotiator.v1.ToolSpec
 	(*timestamppb.Timestamp)(nil), // 7: google.protobuf.Timestamp
+	(*RoutineCheck)(nil),          // 8: parley.negotiator.v1.RoutineCheck
 }
 var file_parley_negotiator_v1_negotiation_proto_depIdxs = []int32{
-	0, // 0: parley.negotiator.v1.Negotiation.role:type_name -> parley.negotiator.v1.NegotiationRole
-	1, // 1: parley.negotiator.v1.Negotiation.state:type_name -> parley.negotiator.v1.NegotiationState
-	2, // 2: parley.negotiator.v1.Negotiation.mode:type_name -> parley.negotiator.v1.NegotiationMode
-	4, // 3: parley.negotiator.v1.Negotiation.transcript:type_name -> parley.negotiator.v1.NegotiationMessage
-	5, // 4: parley.negotiator.v1.Negotiation.task:type_name -> parley.negotiator.v1.TaskSpec
-	6, // 5: parley.negotiator.v1.Negotiation.tools:type_name -> parley.negotiator.v1.ToolSpec
-	7, // 6: parley.negotiator.v1.Negotiation.create_time:type_name -> google.protobuf.Timestamp
-	7, // 7: parley.negotiator.v1.Negotiation.update_time:type_name -> google.protobuf.Timestamp
-	7, // 8: parley.negotiator.v1.NegotiationMessage.create_time:type_name -> google.protobuf.Timestamp
-	9, // [9:9] is the sub-list for method output_type
-	9, // [9:9] is the sub-list for method input_type
-	9, // [9:9] is the sub-list for extension type_name
-	9, // [9:9] is the sub-list for extension extendee
-	0, // [0:9] is the sub-list for field type_name
+	0,  // 0: parley.negotiator.v1.Negotiation.role:type_name -> parley.negotiator.v1.NegotiationRole
+	1,  // 1: parley.negotiator.v1.Negotiation.state:type_name -> parley.negotiator.v1.NegotiationState
+	2,  // 2: parley.negotiator.v1.Negotiation.mode:type_name -> parley.negotiator.v1.NegotiationMode
+	4,  // 3: parley.negotiator.v1.Negotiation.transcript:type_name -> parley.negotiator.v1.NegotiationMessage
+	5,  // 4: parley.negotiator.v1.Negotiation.task:type_name -> parley.negotiator.v1.TaskSpec
+	6,  // 5: parley.negotiator.v1.Negotiation.tools:type_name -> parley.negotiator.v1.ToolSpec
+	7,  // 6: parley.negotiator.v1.Negotiation.create_time:type_name -> google.protobuf.Timestamp
+	7,  // 7: parley.negotiator.v1.Negotiation.update_time:type_name -> google.protobuf.Timestamp
+	8,  // 8: parley.negotiator.v1.Negotiation.routine_check:type_name -> parley.negotiator.v1.RoutineCheck
+	7,  // 9: parley.negotiator.v1.NegotiationMessage.create_time:type_name -> google.protobuf.Timestamp
+	10, // [10:10] is the sub-list for method output_type
+	10, // [10:10] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_parley_negotiator_v1_negotiation_proto_init() }
@@ -575,6 +589,7 @@ func file_parley_negotiator_v1_negotiation_proto_init() {
 	if File_parley_negotiator_v1_negotiation_proto != nil {
 		return
 	}
+	file_parley_negotiator_v1_routine_check_proto_init()
 	file_parley_negotiator_v1_spec_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

@@ -854,8 +854,13 @@ type DeriveProtocolResponse struct {
 	SenderRoutine string `protobuf:"bytes,4,opt,name=sender_routine,json=senderRoutine,proto3" json:"sender_routine,omitempty"`
 	// The receiver's routine `def reply(query, memory)`; empty without a tool.
 	ReceiverRoutine string `protobuf:"bytes,5,opt,name=receiver_routine,json=receiverRoutine,proto3" json:"receiver_routine,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// How to check sender_routine before running it (examples from the
+	// schemas); the dispatcher's TestRoutine runs such cases.
+	SenderRoutineCheck *RoutineCheck `protobuf:"bytes,6,opt,name=sender_routine_check,json=senderRoutineCheck,proto3" json:"sender_routine_check,omitempty"`
+	// How to check receiver_routine; unset without a tool.
+	ReceiverRoutineCheck *RoutineCheck `protobuf:"bytes,7,opt,name=receiver_routine_check,json=receiverRoutineCheck,proto3" json:"receiver_routine_check,omitempty"`
+	unknownFields        protoimpl.UnknownFields
+	sizeCache            protoimpl.SizeCache
 }
 
 func (x *DeriveProtocolResponse) Reset() {
@@ -921,6 +926,20 @@ func (x *DeriveProtocolResponse) GetReceiverRoutine() string {
 		return x.ReceiverRoutine
 	}
 	return ""
+}
+
+func (x *DeriveProtocolResponse) GetSenderRoutineCheck() *RoutineCheck {
+	if x != nil {
+		return x.SenderRoutineCheck
+	}
+	return nil
+}
+
+func (x *DeriveProtocolResponse) GetReceiverRoutineCheck() *RoutineCheck {
+	if x != nil {
+		return x.ReceiverRoutineCheck
+	}
+	return nil
 }
 
 // GetNegotiationProtocolRequest is the request of GetNegotiationProtocol.
@@ -1418,7 +1437,11 @@ type ReportShadowResultRequest struct {
 	// Whether the routine's output matched the LLM's for one call.
 	Agreed bool `protobuf:"varint,2,opt,name=agreed,proto3" json:"agreed,omitempty"`
 	// What differed, when they disagreed; kept as the rejection reason.
-	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The candidate failed its check (RoutineCandidate.check) on the
+	// dispatcher: it is rejected with detail as the reason, whatever its
+	// state (a derived candidate is PROMOTED from the start).
+	CheckFailed   bool `protobuf:"varint,4,opt,name=check_failed,json=checkFailed,proto3" json:"check_failed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1474,11 +1497,18 @@ func (x *ReportShadowResultRequest) GetDetail() string {
 	return ""
 }
 
+func (x *ReportShadowResultRequest) GetCheckFailed() bool {
+	if x != nil {
+		return x.CheckFailed
+	}
+	return false
+}
+
 var File_parley_negotiator_v1_negotiator_service_proto protoreflect.FileDescriptor
 
 const file_parley_negotiator_v1_negotiator_service_proto_rawDesc = "" +
 	"\n" +
-	"-parley/negotiator/v1/negotiator_service.proto\x12\x14parley.negotiator.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a!parley/negotiator/v1/ledger.proto\x1a&parley/negotiator/v1/negotiation.proto\x1a,parley/negotiator/v1/routine_candidate.proto\x1a\x1fparley/negotiator/v1/spec.proto\x1a&parley/negotiator/v1/suitability.proto\"3\n" +
+	"-parley/negotiator/v1/negotiator_service.proto\x12\x14parley.negotiator.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a!parley/negotiator/v1/ledger.proto\x1a&parley/negotiator/v1/negotiation.proto\x1a,parley/negotiator/v1/routine_candidate.proto\x1a(parley/negotiator/v1/routine_check.proto\x1a\x1fparley/negotiator/v1/spec.proto\x1a&parley/negotiator/v1/suitability.proto\"3\n" +
 	"\x15GetCostSummaryRequest\x12\x1a\n" +
 	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\x05agent\"\x8c\x01\n" +
 	"\x18ListLedgerEntriesRequest\x12\x1a\n" +
@@ -1533,13 +1563,15 @@ const file_parley_negotiator_v1_negotiator_service_proto_rawDesc = "" +
 	"\x05tools\x18\x05 \x03(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x05tools\"\x8b\x01\n" +
 	"\x15DeriveProtocolRequest\x128\n" +
 	"\x04task\x18\x01 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x02R\x04task\x128\n" +
-	"\x04tool\x18\x02 \x01(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x04tool\"\xe2\x01\n" +
+	"\x04tool\x18\x02 \x01(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x04tool\"\x92\x03\n" +
 	"\x16DeriveProtocolResponse\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\fR\bprotocol\x12*\n" +
 	"\x11protocol_sha1_hex\x18\x02 \x01(\tR\x0fprotocolSha1Hex\x12.\n" +
 	"\x13protocol_sha256_hex\x18\x03 \x01(\tR\x11protocolSha256Hex\x12%\n" +
 	"\x0esender_routine\x18\x04 \x01(\tR\rsenderRoutine\x12)\n" +
-	"\x10receiver_routine\x18\x05 \x01(\tR\x0freceiverRoutine\"\x1f\n" +
+	"\x10receiver_routine\x18\x05 \x01(\tR\x0freceiverRoutine\x12T\n" +
+	"\x14sender_routine_check\x18\x06 \x01(\v2\".parley.negotiator.v1.RoutineCheckR\x12senderRoutineCheck\x12X\n" +
+	"\x16receiver_routine_check\x18\a \x01(\v2\".parley.negotiator.v1.RoutineCheckR\x14receiverRoutineCheck\"\x1f\n" +
 	"\x1dGetNegotiationProtocolRequest\"\x98\x01\n" +
 	"\x1eGetNegotiationProtocolResponse\x12\x1a\n" +
 	"\bprotocol\x18\x01 \x01(\fR\bprotocol\x12*\n" +
@@ -1568,11 +1600,12 @@ const file_parley_negotiator_v1_negotiator_service_proto_rawDesc = "" +
 	"\x05tools\x18\x05 \x03(\v2\x1e.parley.negotiator.v1.ToolSpecB\x04\xe2A\x01\x01R\x05tools\x128\n" +
 	"\x04task\x18\x06 \x01(\v2\x1e.parley.negotiator.v1.TaskSpecB\x04\xe2A\x01\x01R\x04task\"6\n" +
 	"\x1aGetRoutineCandidateRequest\x12\x18\n" +
-	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"q\n" +
+	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"\x9a\x01\n" +
 	"\x19ReportShadowResultRequest\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\x12\x1c\n" +
 	"\x06agreed\x18\x02 \x01(\bB\x04\xe2A\x01\x02R\x06agreed\x12\x1c\n" +
-	"\x06detail\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x06detail2\x99\x13\n" +
+	"\x06detail\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\x06detail\x12'\n" +
+	"\fcheck_failed\x18\x04 \x01(\bB\x04\xe2A\x01\x01R\vcheckFailed2\x99\x13\n" +
 	"\x11NegotiatorService\x12y\n" +
 	"\x0eGetCostSummary\x12+.parley.negotiator.v1.GetCostSummaryRequest\x1a!.parley.negotiator.v1.CostSummary\"\x17\x82\xd3\xe4\x93\x02\x11\x12\x0f/v1/costSummary\x12\x8f\x01\n" +
 	"\x11ListLedgerEntries\x12..parley.negotiator.v1.ListLedgerEntriesRequest\x1a/.parley.negotiator.v1.ListLedgerEntriesResponse\"\x19\x82\xd3\xe4\x93\x02\x13\x12\x11/v1/ledgerEntries\x12\x9d\x01\n" +
@@ -1634,12 +1667,13 @@ var file_parley_negotiator_v1_negotiator_service_proto_goTypes = []any{
 	(*ToolSpec)(nil),                         // 24: parley.negotiator.v1.ToolSpec
 	(*ToolResult)(nil),                       // 25: parley.negotiator.v1.ToolResult
 	(*ToolCall)(nil),                         // 26: parley.negotiator.v1.ToolCall
-	(RoutineSide)(0),                         // 27: parley.negotiator.v1.RoutineSide
-	(*CostSummary)(nil),                      // 28: parley.negotiator.v1.CostSummary
-	(*SuitabilityVerdict)(nil),               // 29: parley.negotiator.v1.SuitabilityVerdict
-	(*Negotiation)(nil),                      // 30: parley.negotiator.v1.Negotiation
-	(*Thresholds)(nil),                       // 31: parley.negotiator.v1.Thresholds
-	(*RoutineCandidate)(nil),                 // 32: parley.negotiator.v1.RoutineCandidate
+	(*RoutineCheck)(nil),                     // 27: parley.negotiator.v1.RoutineCheck
+	(RoutineSide)(0),                         // 28: parley.negotiator.v1.RoutineSide
+	(*CostSummary)(nil),                      // 29: parley.negotiator.v1.CostSummary
+	(*SuitabilityVerdict)(nil),               // 30: parley.negotiator.v1.SuitabilityVerdict
+	(*Negotiation)(nil),                      // 31: parley.negotiator.v1.Negotiation
+	(*Thresholds)(nil),                       // 32: parley.negotiator.v1.Thresholds
+	(*RoutineCandidate)(nil),                 // 33: parley.negotiator.v1.RoutineCandidate
 }
 var file_parley_negotiator_v1_negotiator_service_proto_depIdxs = []int32{
 	22, // 0: parley.negotiator.v1.ListLedgerEntriesResponse.ledger_entries:type_name -> parley.negotiator.v1.LedgerEntry
@@ -1654,48 +1688,50 @@ var file_parley_negotiator_v1_negotiator_service_proto_depIdxs = []int32{
 	24, // 9: parley.negotiator.v1.CheckSuitabilityRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
 	23, // 10: parley.negotiator.v1.DeriveProtocolRequest.task:type_name -> parley.negotiator.v1.TaskSpec
 	24, // 11: parley.negotiator.v1.DeriveProtocolRequest.tool:type_name -> parley.negotiator.v1.ToolSpec
-	23, // 12: parley.negotiator.v1.StartNegotiationRequest.task:type_name -> parley.negotiator.v1.TaskSpec
-	24, // 13: parley.negotiator.v1.ReceiveNegotiationMessageRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
-	27, // 14: parley.negotiator.v1.SynthesizeRoutineRequest.side:type_name -> parley.negotiator.v1.RoutineSide
-	24, // 15: parley.negotiator.v1.SynthesizeRoutineRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
-	23, // 16: parley.negotiator.v1.SynthesizeRoutineRequest.task:type_name -> parley.negotiator.v1.TaskSpec
-	0,  // 17: parley.negotiator.v1.NegotiatorService.GetCostSummary:input_type -> parley.negotiator.v1.GetCostSummaryRequest
-	1,  // 18: parley.negotiator.v1.NegotiatorService.ListLedgerEntries:input_type -> parley.negotiator.v1.ListLedgerEntriesRequest
-	3,  // 19: parley.negotiator.v1.NegotiatorService.ComposeQuery:input_type -> parley.negotiator.v1.ComposeQueryRequest
-	5,  // 20: parley.negotiator.v1.NegotiatorService.ReplyNaturalLanguage:input_type -> parley.negotiator.v1.ReplyNaturalLanguageRequest
-	6,  // 21: parley.negotiator.v1.NegotiatorService.ReplyWithProtocol:input_type -> parley.negotiator.v1.ReplyWithProtocolRequest
-	8,  // 22: parley.negotiator.v1.NegotiatorService.ParseReply:input_type -> parley.negotiator.v1.ParseReplyRequest
-	10, // 23: parley.negotiator.v1.NegotiatorService.CheckSuitability:input_type -> parley.negotiator.v1.CheckSuitabilityRequest
-	11, // 24: parley.negotiator.v1.NegotiatorService.DeriveProtocol:input_type -> parley.negotiator.v1.DeriveProtocolRequest
-	13, // 25: parley.negotiator.v1.NegotiatorService.GetNegotiationProtocol:input_type -> parley.negotiator.v1.GetNegotiationProtocolRequest
-	15, // 26: parley.negotiator.v1.NegotiatorService.StartNegotiation:input_type -> parley.negotiator.v1.StartNegotiationRequest
-	16, // 27: parley.negotiator.v1.NegotiatorService.ReceiveNegotiationMessage:input_type -> parley.negotiator.v1.ReceiveNegotiationMessageRequest
-	17, // 28: parley.negotiator.v1.NegotiatorService.GetNegotiation:input_type -> parley.negotiator.v1.GetNegotiationRequest
-	18, // 29: parley.negotiator.v1.NegotiatorService.GetThresholds:input_type -> parley.negotiator.v1.GetThresholdsRequest
-	19, // 30: parley.negotiator.v1.NegotiatorService.SynthesizeRoutine:input_type -> parley.negotiator.v1.SynthesizeRoutineRequest
-	20, // 31: parley.negotiator.v1.NegotiatorService.GetRoutineCandidate:input_type -> parley.negotiator.v1.GetRoutineCandidateRequest
-	21, // 32: parley.negotiator.v1.NegotiatorService.ReportShadowResult:input_type -> parley.negotiator.v1.ReportShadowResultRequest
-	28, // 33: parley.negotiator.v1.NegotiatorService.GetCostSummary:output_type -> parley.negotiator.v1.CostSummary
-	2,  // 34: parley.negotiator.v1.NegotiatorService.ListLedgerEntries:output_type -> parley.negotiator.v1.ListLedgerEntriesResponse
-	4,  // 35: parley.negotiator.v1.NegotiatorService.ComposeQuery:output_type -> parley.negotiator.v1.ComposeQueryResponse
-	7,  // 36: parley.negotiator.v1.NegotiatorService.ReplyNaturalLanguage:output_type -> parley.negotiator.v1.ReplyResponse
-	7,  // 37: parley.negotiator.v1.NegotiatorService.ReplyWithProtocol:output_type -> parley.negotiator.v1.ReplyResponse
-	9,  // 38: parley.negotiator.v1.NegotiatorService.ParseReply:output_type -> parley.negotiator.v1.ParseReplyResponse
-	29, // 39: parley.negotiator.v1.NegotiatorService.CheckSuitability:output_type -> parley.negotiator.v1.SuitabilityVerdict
-	12, // 40: parley.negotiator.v1.NegotiatorService.DeriveProtocol:output_type -> parley.negotiator.v1.DeriveProtocolResponse
-	14, // 41: parley.negotiator.v1.NegotiatorService.GetNegotiationProtocol:output_type -> parley.negotiator.v1.GetNegotiationProtocolResponse
-	30, // 42: parley.negotiator.v1.NegotiatorService.StartNegotiation:output_type -> parley.negotiator.v1.Negotiation
-	30, // 43: parley.negotiator.v1.NegotiatorService.ReceiveNegotiationMessage:output_type -> parley.negotiator.v1.Negotiation
-	30, // 44: parley.negotiator.v1.NegotiatorService.GetNegotiation:output_type -> parley.negotiator.v1.Negotiation
-	31, // 45: parley.negotiator.v1.NegotiatorService.GetThresholds:output_type -> parley.negotiator.v1.Thresholds
-	32, // 46: parley.negotiator.v1.NegotiatorService.SynthesizeRoutine:output_type -> parley.negotiator.v1.RoutineCandidate
-	32, // 47: parley.negotiator.v1.NegotiatorService.GetRoutineCandidate:output_type -> parley.negotiator.v1.RoutineCandidate
-	32, // 48: parley.negotiator.v1.NegotiatorService.ReportShadowResult:output_type -> parley.negotiator.v1.RoutineCandidate
-	33, // [33:49] is the sub-list for method output_type
-	17, // [17:33] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	27, // 12: parley.negotiator.v1.DeriveProtocolResponse.sender_routine_check:type_name -> parley.negotiator.v1.RoutineCheck
+	27, // 13: parley.negotiator.v1.DeriveProtocolResponse.receiver_routine_check:type_name -> parley.negotiator.v1.RoutineCheck
+	23, // 14: parley.negotiator.v1.StartNegotiationRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	24, // 15: parley.negotiator.v1.ReceiveNegotiationMessageRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
+	28, // 16: parley.negotiator.v1.SynthesizeRoutineRequest.side:type_name -> parley.negotiator.v1.RoutineSide
+	24, // 17: parley.negotiator.v1.SynthesizeRoutineRequest.tools:type_name -> parley.negotiator.v1.ToolSpec
+	23, // 18: parley.negotiator.v1.SynthesizeRoutineRequest.task:type_name -> parley.negotiator.v1.TaskSpec
+	0,  // 19: parley.negotiator.v1.NegotiatorService.GetCostSummary:input_type -> parley.negotiator.v1.GetCostSummaryRequest
+	1,  // 20: parley.negotiator.v1.NegotiatorService.ListLedgerEntries:input_type -> parley.negotiator.v1.ListLedgerEntriesRequest
+	3,  // 21: parley.negotiator.v1.NegotiatorService.ComposeQuery:input_type -> parley.negotiator.v1.ComposeQueryRequest
+	5,  // 22: parley.negotiator.v1.NegotiatorService.ReplyNaturalLanguage:input_type -> parley.negotiator.v1.ReplyNaturalLanguageRequest
+	6,  // 23: parley.negotiator.v1.NegotiatorService.ReplyWithProtocol:input_type -> parley.negotiator.v1.ReplyWithProtocolRequest
+	8,  // 24: parley.negotiator.v1.NegotiatorService.ParseReply:input_type -> parley.negotiator.v1.ParseReplyRequest
+	10, // 25: parley.negotiator.v1.NegotiatorService.CheckSuitability:input_type -> parley.negotiator.v1.CheckSuitabilityRequest
+	11, // 26: parley.negotiator.v1.NegotiatorService.DeriveProtocol:input_type -> parley.negotiator.v1.DeriveProtocolRequest
+	13, // 27: parley.negotiator.v1.NegotiatorService.GetNegotiationProtocol:input_type -> parley.negotiator.v1.GetNegotiationProtocolRequest
+	15, // 28: parley.negotiator.v1.NegotiatorService.StartNegotiation:input_type -> parley.negotiator.v1.StartNegotiationRequest
+	16, // 29: parley.negotiator.v1.NegotiatorService.ReceiveNegotiationMessage:input_type -> parley.negotiator.v1.ReceiveNegotiationMessageRequest
+	17, // 30: parley.negotiator.v1.NegotiatorService.GetNegotiation:input_type -> parley.negotiator.v1.GetNegotiationRequest
+	18, // 31: parley.negotiator.v1.NegotiatorService.GetThresholds:input_type -> parley.negotiator.v1.GetThresholdsRequest
+	19, // 32: parley.negotiator.v1.NegotiatorService.SynthesizeRoutine:input_type -> parley.negotiator.v1.SynthesizeRoutineRequest
+	20, // 33: parley.negotiator.v1.NegotiatorService.GetRoutineCandidate:input_type -> parley.negotiator.v1.GetRoutineCandidateRequest
+	21, // 34: parley.negotiator.v1.NegotiatorService.ReportShadowResult:input_type -> parley.negotiator.v1.ReportShadowResultRequest
+	29, // 35: parley.negotiator.v1.NegotiatorService.GetCostSummary:output_type -> parley.negotiator.v1.CostSummary
+	2,  // 36: parley.negotiator.v1.NegotiatorService.ListLedgerEntries:output_type -> parley.negotiator.v1.ListLedgerEntriesResponse
+	4,  // 37: parley.negotiator.v1.NegotiatorService.ComposeQuery:output_type -> parley.negotiator.v1.ComposeQueryResponse
+	7,  // 38: parley.negotiator.v1.NegotiatorService.ReplyNaturalLanguage:output_type -> parley.negotiator.v1.ReplyResponse
+	7,  // 39: parley.negotiator.v1.NegotiatorService.ReplyWithProtocol:output_type -> parley.negotiator.v1.ReplyResponse
+	9,  // 40: parley.negotiator.v1.NegotiatorService.ParseReply:output_type -> parley.negotiator.v1.ParseReplyResponse
+	30, // 41: parley.negotiator.v1.NegotiatorService.CheckSuitability:output_type -> parley.negotiator.v1.SuitabilityVerdict
+	12, // 42: parley.negotiator.v1.NegotiatorService.DeriveProtocol:output_type -> parley.negotiator.v1.DeriveProtocolResponse
+	14, // 43: parley.negotiator.v1.NegotiatorService.GetNegotiationProtocol:output_type -> parley.negotiator.v1.GetNegotiationProtocolResponse
+	31, // 44: parley.negotiator.v1.NegotiatorService.StartNegotiation:output_type -> parley.negotiator.v1.Negotiation
+	31, // 45: parley.negotiator.v1.NegotiatorService.ReceiveNegotiationMessage:output_type -> parley.negotiator.v1.Negotiation
+	31, // 46: parley.negotiator.v1.NegotiatorService.GetNegotiation:output_type -> parley.negotiator.v1.Negotiation
+	32, // 47: parley.negotiator.v1.NegotiatorService.GetThresholds:output_type -> parley.negotiator.v1.Thresholds
+	33, // 48: parley.negotiator.v1.NegotiatorService.SynthesizeRoutine:output_type -> parley.negotiator.v1.RoutineCandidate
+	33, // 49: parley.negotiator.v1.NegotiatorService.GetRoutineCandidate:output_type -> parley.negotiator.v1.RoutineCandidate
+	33, // 50: parley.negotiator.v1.NegotiatorService.ReportShadowResult:output_type -> parley.negotiator.v1.RoutineCandidate
+	35, // [35:51] is the sub-list for method output_type
+	19, // [19:35] is the sub-list for method input_type
+	19, // [19:19] is the sub-list for extension type_name
+	19, // [19:19] is the sub-list for extension extendee
+	0,  // [0:19] is the sub-list for field type_name
 }
 
 func init() { file_parley_negotiator_v1_negotiator_service_proto_init() }
@@ -1706,6 +1742,7 @@ func file_parley_negotiator_v1_negotiator_service_proto_init() {
 	file_parley_negotiator_v1_ledger_proto_init()
 	file_parley_negotiator_v1_negotiation_proto_init()
 	file_parley_negotiator_v1_routine_candidate_proto_init()
+	file_parley_negotiator_v1_routine_check_proto_init()
 	file_parley_negotiator_v1_spec_proto_init()
 	file_parley_negotiator_v1_suitability_proto_init()
 	type x struct{}

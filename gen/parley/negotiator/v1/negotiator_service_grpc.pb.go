@@ -115,17 +115,21 @@ type NegotiatorServiceClient interface {
 	GetThresholds(ctx context.Context, in *GetThresholdsRequest, opts ...grpc.CallOption) (*Thresholds, error)
 	// SynthesizeRoutine writes a routine for one side of a PD: derived from
 	// the PD's schemas and the tools' when it can be, else by the LLM from the
-	// PD and tool signatures. It runs against examples generated from the
-	// schemas in a sandbox before it is saved. Derived routines are promoted
-	// at once; LLM-written ones start in shadow. Errors: INVALID_ARGUMENT,
-	// FAILED_PRECONDITION reason ROUTINE_FAILED_EXAMPLES, and the LLM errors.
+	// PD and tool signatures (twice at most, until the source parses and
+	// defines the side's functions). The candidate carries its check,
+	// examples generated from the schemas, which the dispatcher runs in its
+	// runtime before it shadows or installs the routine; one that fails there
+	// is rejected. Derived routines are promoted at once; LLM-written ones
+	// start in shadow. Errors: INVALID_ARGUMENT, FAILED_PRECONDITION reason
+	// ROUTINE_FAILED_EXAMPLES, and the LLM errors.
 	SynthesizeRoutine(ctx context.Context, in *SynthesizeRoutineRequest, opts ...grpc.CallOption) (*RoutineCandidate, error)
 	// GetRoutineCandidate returns a routine candidate. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND.
 	GetRoutineCandidate(ctx context.Context, in *GetRoutineCandidateRequest, opts ...grpc.CallOption) (*RoutineCandidate, error)
 	// ReportShadowResult records one shadow comparison of a candidate against
 	// the LLM: after shadow_calls_required agreements it is promoted, on a
-	// disagreement it is rejected. Errors: INVALID_ARGUMENT, NOT_FOUND,
+	// disagreement (or a failed check, whatever the state) it is rejected.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND,
 	// FAILED_PRECONDITION reason ROUTINE_NOT_IN_SHADOW.
 	ReportShadowResult(ctx context.Context, in *ReportShadowResultRequest, opts ...grpc.CallOption) (*RoutineCandidate, error)
 }
@@ -376,17 +380,21 @@ type NegotiatorServiceServer interface {
 	GetThresholds(context.Context, *GetThresholdsRequest) (*Thresholds, error)
 	// SynthesizeRoutine writes a routine for one side of a PD: derived from
 	// the PD's schemas and the tools' when it can be, else by the LLM from the
-	// PD and tool signatures. It runs against examples generated from the
-	// schemas in a sandbox before it is saved. Derived routines are promoted
-	// at once; LLM-written ones start in shadow. Errors: INVALID_ARGUMENT,
-	// FAILED_PRECONDITION reason ROUTINE_FAILED_EXAMPLES, and the LLM errors.
+	// PD and tool signatures (twice at most, until the source parses and
+	// defines the side's functions). The candidate carries its check,
+	// examples generated from the schemas, which the dispatcher runs in its
+	// runtime before it shadows or installs the routine; one that fails there
+	// is rejected. Derived routines are promoted at once; LLM-written ones
+	// start in shadow. Errors: INVALID_ARGUMENT, FAILED_PRECONDITION reason
+	// ROUTINE_FAILED_EXAMPLES, and the LLM errors.
 	SynthesizeRoutine(context.Context, *SynthesizeRoutineRequest) (*RoutineCandidate, error)
 	// GetRoutineCandidate returns a routine candidate. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND.
 	GetRoutineCandidate(context.Context, *GetRoutineCandidateRequest) (*RoutineCandidate, error)
 	// ReportShadowResult records one shadow comparison of a candidate against
 	// the LLM: after shadow_calls_required agreements it is promoted, on a
-	// disagreement it is rejected. Errors: INVALID_ARGUMENT, NOT_FOUND,
+	// disagreement (or a failed check, whatever the state) it is rejected.
+	// Errors: INVALID_ARGUMENT, NOT_FOUND,
 	// FAILED_PRECONDITION reason ROUTINE_NOT_IN_SHADOW.
 	ReportShadowResult(context.Context, *ReportShadowResultRequest) (*RoutineCandidate, error)
 	mustEmbedUnimplementedNegotiatorServiceServer()

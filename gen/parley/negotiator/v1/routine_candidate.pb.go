@@ -139,7 +139,8 @@ const (
 	RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW RoutineCandidateState = 1
 	// Agreed often enough (or was derived): use it instead of the LLM.
 	RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED RoutineCandidateState = 2
-	// Disagreed with the LLM; do not use.
+	// Disagreed with the LLM, or failed its check on the dispatcher; do not
+	// use.
 	RoutineCandidateState_ROUTINE_CANDIDATE_STATE_REJECTED RoutineCandidateState = 3
 )
 
@@ -187,9 +188,10 @@ func (RoutineCandidateState) EnumDescriptor() ([]byte, []int) {
 }
 
 // RoutineCandidate is a routine the negotiator wrote for one agent and one
-// PD. It has passed generated examples in a sandbox; an LLM-written one then
-// shadows the LLM for a number of calls and is promoted only if it agrees
-// every time. The dispatcher installs promoted candidates as routines.
+// PD, with the check (examples generated from the schemas) the dispatcher
+// dry-runs it on before it uses it. An LLM-written one then shadows the LLM
+// for a number of calls and is promoted only if it agrees every time. The
+// dispatcher installs promoted candidates as routines.
 type RoutineCandidate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The resource name. Format: routineCandidates/{routine_candidate}, 32 hex
@@ -217,12 +219,18 @@ type RoutineCandidate struct {
 	Agreements int32 `protobuf:"varint,9,opt,name=agreements,proto3" json:"agreements,omitempty"`
 	// Why it was rejected, when it was.
 	RejectionReason string `protobuf:"bytes,10,opt,name=rejection_reason,json=rejectionReason,proto3" json:"rejection_reason,omitempty"`
-	// Sandbox examples it passed before it was saved.
+	// Deprecated: always 0. Examples are no longer run by the negotiator;
+	// they are in check, which the dispatcher runs.
+	//
+	// Deprecated: Marked as deprecated in parley/negotiator/v1/routine_candidate.proto.
 	ExamplesPassed int32 `protobuf:"varint,11,opt,name=examples_passed,json=examplesPassed,proto3" json:"examples_passed,omitempty"`
 	// When it was written.
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
 	// When it last changed.
-	UpdateTime    *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	UpdateTime *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=update_time,json=updateTime,proto3" json:"update_time,omitempty"`
+	// How the dispatcher checks the source in its runtime before shadowing
+	// or installing it.
+	Check         *RoutineCheck `protobuf:"bytes,14,opt,name=check,proto3" json:"check,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -327,6 +335,7 @@ func (x *RoutineCandidate) GetRejectionReason() string {
 	return ""
 }
 
+// Deprecated: Marked as deprecated in parley/negotiator/v1/routine_candidate.proto.
 func (x *RoutineCandidate) GetExamplesPassed() int32 {
 	if x != nil {
 		return x.ExamplesPassed
@@ -348,11 +357,18 @@ func (x *RoutineCandidate) GetUpdateTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *RoutineCandidate) GetCheck() *RoutineCheck {
+	if x != nil {
+		return x.Check
+	}
+	return nil
+}
+
 var File_parley_negotiator_v1_routine_candidate_proto protoreflect.FileDescriptor
 
 const file_parley_negotiator_v1_routine_candidate_proto_rawDesc = "" +
 	"\n" +
-	",parley/negotiator/v1/routine_candidate.proto\x12\x14parley.negotiator.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xfb\x05\n" +
+	",parley/negotiator/v1/routine_candidate.proto\x12\x14parley.negotiator.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a(parley/negotiator/v1/routine_check.proto\"\xbd\x06\n" +
 	"\x10RoutineCandidate\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\x1a\n" +
 	"\x05agent\x18\x02 \x01(\tB\x04\xe2A\x01\x03R\x05agent\x120\n" +
@@ -366,12 +382,13 @@ const file_parley_negotiator_v1_routine_candidate_proto_rawDesc = "" +
 	"agreements\x18\t \x01(\x05B\x04\xe2A\x01\x03R\n" +
 	"agreements\x12/\n" +
 	"\x10rejection_reason\x18\n" +
-	" \x01(\tB\x04\xe2A\x01\x03R\x0frejectionReason\x12-\n" +
-	"\x0fexamples_passed\x18\v \x01(\x05B\x04\xe2A\x01\x03R\x0eexamplesPassed\x12A\n" +
+	" \x01(\tB\x04\xe2A\x01\x03R\x0frejectionReason\x12/\n" +
+	"\x0fexamples_passed\x18\v \x01(\x05B\x06\xe2A\x01\x03\x18\x01R\x0eexamplesPassed\x12A\n" +
 	"\vcreate_time\x18\f \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12A\n" +
 	"\vupdate_time\x18\r \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"updateTime:R\xeaAO\n" +
+	"updateTime\x12>\n" +
+	"\x05check\x18\x0e \x01(\v2\".parley.negotiator.v1.RoutineCheckB\x04\xe2A\x01\x03R\x05check:R\xeaAO\n" +
 	"&negotiator.parley.dev/RoutineCandidate\x12%routineCandidates/{routine_candidate}*_\n" +
 	"\vRoutineSide\x12\x1c\n" +
 	"\x18ROUTINE_SIDE_UNSPECIFIED\x10\x00\x12\x17\n" +
@@ -408,6 +425,7 @@ var file_parley_negotiator_v1_routine_candidate_proto_goTypes = []any{
 	(RoutineCandidateState)(0),    // 2: parley.negotiator.v1.RoutineCandidateState
 	(*RoutineCandidate)(nil),      // 3: parley.negotiator.v1.RoutineCandidate
 	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*RoutineCheck)(nil),          // 5: parley.negotiator.v1.RoutineCheck
 }
 var file_parley_negotiator_v1_routine_candidate_proto_depIdxs = []int32{
 	0, // 0: parley.negotiator.v1.RoutineCandidate.side:type_name -> parley.negotiator.v1.RoutineSide
@@ -415,11 +433,12 @@ var file_parley_negotiator_v1_routine_candidate_proto_depIdxs = []int32{
 	2, // 2: parley.negotiator.v1.RoutineCandidate.state:type_name -> parley.negotiator.v1.RoutineCandidateState
 	4, // 3: parley.negotiator.v1.RoutineCandidate.create_time:type_name -> google.protobuf.Timestamp
 	4, // 4: parley.negotiator.v1.RoutineCandidate.update_time:type_name -> google.protobuf.Timestamp
-	5, // [5:5] is the sub-list for method output_type
-	5, // [5:5] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	5, // 5: parley.negotiator.v1.RoutineCandidate.check:type_name -> parley.negotiator.v1.RoutineCheck
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_parley_negotiator_v1_routine_candidate_proto_init() }
@@ -427,6 +446,7 @@ func file_parley_negotiator_v1_routine_candidate_proto_init() {
 	if File_parley_negotiator_v1_routine_candidate_proto != nil {
 		return
 	}
+	file_parley_negotiator_v1_routine_check_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -214,7 +214,7 @@ type ReceiveOptions struct {
 
 // Receive connects agent and sends its mailbox through send, in cursor
 // order, batch by batch, waiting for new messages without polling. An
-// empty batch is a keepalive. It returns ErrReplaced when the agent
+// empty batch, sent first and after Keepalive of silence, is a keepalive. It returns ErrReplaced when the agent
 // connects again, ErrStopping when opts.Stop closes, ctx's error when ctx
 // ends, or send's error.
 func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptions, send func([]Delivery) error) error {
@@ -242,6 +242,11 @@ func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptio
 	conn := m.Connect(agent)
 	defer conn.Close()
 	next := max(opts.After, st.Acked)
+	// An empty batch first tells the client the stream is established,
+	// whether or not messages wait.
+	if err := send(nil); err != nil {
+		return err
+	}
 	keepalive := time.NewTimer(opts.Keepalive)
 	defer keepalive.Stop()
 	for {

@@ -47,10 +47,12 @@ type Negotiation struct {
 	// Outbound is the message to send to the other side next, if any.
 	Outbound json.RawMessage
 	// Protocol, ProtocolHash and Routine are set once accepted: the agreed
-	// PD and this side's routine for it (when one was derived).
+	// PD and this side's routine for it (when one was derived), with the
+	// check it must pass before it is installed.
 	Protocol      []byte
 	ProtocolHash  string
 	Routine       string
+	Check         hosted.Check
 	FailureReason string
 }
 
@@ -101,8 +103,22 @@ func Install(ctx context.Context, reg Registry, routines *hosted.Set, logger *sl
 	if err := reg.Register(ctx, n.Protocol); err != nil {
 		return err
 	}
-	if n.Routine != "" {
-		if _, err := routines.Install(ctx, hosted.Name(agent, n.ProtocolHash), n.Routine); err != nil {
+	routine := n.Routine
+	if routine != "" {
+		// The negotiator wrote the routine but runs nothing: it is checked
+		// here, in the runtime that will serve it. One that fails is left
+		// out and the LLM answers instead, as with no routine at all.
+		err := routines.Check(ctx, routine, n.Check)
+		if errors.Is(err, hosted.ErrCheckFailed) {
+			logger.WarnContext(ctx, "negotiated routine not installed: it failed its check", slog.String("agent", agent),
+				slog.String("protocol", n.ProtocolHash), slog.String("negotiation", n.Name), slog.Any("err", err))
+			routine = ""
+		} else if err != nil {
+			return fmt.Errorf("check the routine: %w", err)
+		}
+	}
+	if routine != "" {
+		if _, err := routines.Install(ctx, hosted.Name(agent, n.ProtocolHash), routine); err != nil {
 			return fmt.Errorf("install the routine: %w", err)
 		}
 	}
@@ -112,6 +128,6 @@ func Install(ctx context.Context, reg Registry, routines *hosted.Set, logger *sl
 		}
 	}
 	logger.InfoContext(ctx, "negotiated protocol installed", slog.String("agent", agent), slog.String("protocol", n.ProtocolHash),
-		slog.String("negotiation", n.Name), slog.Bool("routine", n.Routine != ""))
+		slog.String("negotiation", n.Name), slog.Bool("routine", routine != ""))
 	return nil
 }

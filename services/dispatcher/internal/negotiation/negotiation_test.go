@@ -2,6 +2,7 @@ package negotiation_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"testing"
@@ -37,13 +38,18 @@ type agents struct{}
 
 func (agents) Exists(context.Context, string) error { return nil }
 
-func TestInstall(t *testing.T) {
+func newRoutines(t *testing.T) *hosted.Set {
+	t.Helper()
 	st, err := boltstore.Open(t.TempDir(), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	routines := hosted.New(st, agents{}, hosted.Options{})
+	return hosted.New(st, agents{}, hosted.Options{})
+}
+
+func TestInstall(t *testing.T) {
+	routines := newRoutines(t)
 	reg := &fakeRegistry{}
 	n := negotiation.Negotiation{Name: "negotiations/1", State: negotiation.StateAccepted, Protocol: []byte("pd"), ProtocolHash: hash,
 		Routine: "def reply(q, m):\n    return q\n"}
@@ -59,9 +65,38 @@ func TestInstall(t *testing.T) {
 	// The sending side installs its routine but does not change what the
 	// agent supports.
 	n.Routine = "def reply(q, m:"
-	err = negotiation.Install(t.Context(), reg, routines, slog.New(slog.DiscardHandler), agent, n, false)
+	err := negotiation.Install(t.Context(), reg, routines, slog.New(slog.DiscardHandler), agent, n, false)
 	if !errors.Is(err, hosted.ErrInvalid) || len(reg.supported) != 1 {
 		t.Errorf("Install(bad routine, sender) = %v with %v supported; want ErrInvalid and nothing added", err, reg.supported)
+	}
+}
+
+// TestInstall_routineThatFailsItsCheckIsLeftOut: the negotiator runs no
+// routine; the dispatcher checks it and installs the PD without it (the
+// LLM answers) when it fails.
+func TestInstall_routineThatFailsItsCheckIsLeftOut(t *testing.T) {
+	routines := newRoutines(t)
+	reg := &fakeRegistry{}
+	check := hosted.Check{Functions: []string{"reply"}, Calls: []hosted.CheckCall{{
+		Fn: "reply", Examples: [][]json.RawMessage{{json.RawMessage(`"{\"n\":1}"`), json.RawMessage(`{}`)}}, OutputSchema: `{"required":["n"]}`,
+	}}}
+	n := negotiation.Negotiation{Name: "negotiations/1", State: negotiation.StateAccepted, Protocol: []byte("pd"), ProtocolHash: hash,
+		Routine: "def reply(q, m):\n    return json.encode({'m': 1})\n", Check: check}
+	if err := negotiation.Install(t.Context(), reg, routines, slog.New(slog.DiscardHandler), agent, n, true); err != nil {
+		t.Fatalf("Install = %v", err)
+	}
+	if len(reg.registered) != 1 || len(reg.supported) != 1 {
+		t.Errorf("registry saw %q registered and %v supported; want the PD", reg.registered, reg.supported)
+	}
+	if r, err := routines.Get(t.Context(), agent, hash); err != nil || r.Exists() {
+		t.Errorf("routine after Install = %v, %v; want none: it failed its check", r, err)
+	}
+	n.Routine = "def reply(q, m):\n    return q\n"
+	if err := negotiation.Install(t.Context(), reg, routines, slog.New(slog.DiscardHandler), agent, n, true); err != nil {
+		t.Fatalf("Install = %v", err)
+	}
+	if r, err := routines.Get(t.Context(), agent, hash); err != nil || !r.Has("reply") {
+		t.Errorf("routine after Install = %v, %v; want the routine that passes its check", r, err)
 	}
 }
 

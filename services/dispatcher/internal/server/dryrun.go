@@ -85,24 +85,10 @@ func validateTestRoutine(req *dispatcherv1.TestRoutineRequest) (map[string]routi
 		if err != nil {
 			v.Add(field+".input_schema_json", err.Error())
 		}
-		tools[t.GetId()] = declaredTool(t.GetId(), schemas, t.GetResultJson())
+		tools[t.GetId()] = hosted.DeclaredTool(t.GetId(), schemas, t.GetResultJson())
 	}
 	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
 		return nil, err
 	}
 	return tools, nil
-}
-
-// declaredTool checks its argument against the input schema and answers
-// the declared result.
-func declaredTool(id string, in pdschema.Schemas, result string) routine.Tool {
-	return routine.FuncTool(func(_ context.Context, arg json.RawMessage) (json.RawMessage, error) {
-		if err := pdschema.Validate(in.Request, arg); err != nil {
-			return nil, fmt.Errorf("argument of %s: %w", id, err)
-		}
-		if result == "" {
-			return nil, nil
-		}
-		return json.RawMessage(result), nil
-	})
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/hub"
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -76,6 +77,12 @@ var statusRules = []statusRule{
 	{dialogue.ErrRecipientClosed, codes.FailedPrecondition, "RECIPIENT_CLOSED"},
 	{dialogue.ErrGroupNotFound, codes.NotFound, "GROUP_NOT_FOUND"},
 	{dialogue.ErrNoRecipient, codes.FailedPrecondition, "NO_RECIPIENT"},
+	// Mailboxes.
+	{mailbox.ErrReplaced, codes.Aborted, "STREAM_REPLACED"},
+	{mailbox.ErrStopping, codes.Unavailable, "SHUTTING_DOWN"},
+	{mailbox.ErrCursorAhead, codes.FailedPrecondition, "CURSOR_AHEAD"},
+	{mailbox.ErrFull, codes.ResourceExhausted, "MAILBOX_FULL"},
+	{mailbox.ErrInvalid, codes.InvalidArgument, "INVALID_ARGUMENT"},
 }
 
 // maxRefusalMetadata caps the refusals a status's ErrorInfo names.

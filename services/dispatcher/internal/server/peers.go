@@ -16,6 +16,7 @@ import (
 	"github.com/parleyhq/parley/platform/egress"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
 	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
@@ -101,6 +102,26 @@ func (a agentChecker) Exists(ctx context.Context, name string) error {
 	return err
 }
 
+// checkOf is the check the negotiator wrote for a routine; an invalid
+// example (not a JSON list) becomes an empty argument list, which fails
+// the check.
+func checkOf(c *negotiatorv1.RoutineCheck) hosted.Check {
+	out := hosted.Check{Functions: c.GetFunctions()}
+	for _, t := range c.GetTools() {
+		out.Tools = append(out.Tools, hosted.CheckTool{Name: t.GetName(), InputSchema: string(t.GetInputSchemaJson()), Result: string(t.GetResultJson())})
+	}
+	for _, call := range c.GetCalls() {
+		cc := hosted.CheckCall{Fn: call.GetFunction(), OutputSchema: string(call.GetOutputSchemaJson()), Optional: call.GetOptional()}
+		for _, raw := range call.GetArgsJson() {
+			var args []json.RawMessage
+			_ = json.Unmarshal(raw, &args)
+			cc.Examples = append(cc.Examples, args)
+		}
+		out.Calls = append(out.Calls, cc)
+	}
+	return out
+}
+
 // negotiatorPeer adapts the negotiator's gRPC client to
 // negotiation.Negotiator.
 type negotiatorPeer struct {
@@ -110,7 +131,7 @@ type negotiatorPeer struct {
 func fromNegotiation(n *negotiatorv1.Negotiation) negotiation.Negotiation {
 	out := negotiation.Negotiation{
 		Name: n.GetName(), Outbound: json.RawMessage(n.GetOutboundMessageJson()), Protocol: n.GetProtocol(),
-		ProtocolHash: n.GetProtocolSha1Hex(), Routine: n.GetRoutine(), FailureReason: n.GetFailureReason(),
+		ProtocolHash: n.GetProtocolSha1Hex(), Routine: n.GetRoutine(), Check: checkOf(n.GetRoutineCheck()), FailureReason: n.GetFailureReason(),
 	}
 	switch n.GetState() {
 	case negotiatorv1.NegotiationState_NEGOTIATION_STATE_OPEN:
@@ -166,7 +187,7 @@ type candidatePeer struct {
 }
 
 func fromCandidate(c *negotiatorv1.RoutineCandidate) shadow.Candidate {
-	out := shadow.Candidate{Name: c.GetName(), Source: c.GetSource(), Agreements: int(c.GetAgreements())}
+	out := shadow.Candidate{Name: c.GetName(), Source: c.GetSource(), Check: checkOf(c.GetCheck()), Agreements: int(c.GetAgreements())}
 	switch c.GetState() {
 	case negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW:
 		out.State = shadow.StateShadow
@@ -187,8 +208,8 @@ func (p candidatePeer) Candidate(ctx context.Context, name string) (shadow.Candi
 	return fromCandidate(c), nil
 }
 
-func (p candidatePeer) Report(ctx context.Context, name string, agreed bool, detail string) (shadow.Candidate, error) {
-	c, err := p.c.ReportShadowResult(ctx, &negotiatorv1.ReportShadowResultRequest{Name: name, Agreed: agreed, Detail: detail})
+func (p candidatePeer) Report(ctx context.Context, name string, r shadow.Result) (shadow.Candidate, error) {
+	c, err := p.c.ReportShadowResult(ctx, &negotiatorv1.ReportShadowResultRequest{Name: name, Agreed: r.Agreed, Detail: r.Detail, CheckFailed: r.CheckFailed})
 	if err != nil {
 		return shadow.Candidate{}, err
 	}

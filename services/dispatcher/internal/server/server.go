@@ -152,6 +152,12 @@ type Options struct {
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC; 10 s.
 	MessageTimeout time.Duration
+
+	// Delivery is the mailboxes that ReceiveMessages, AcknowledgeMessages
+	// and the SSE route read; those answer UNIMPLEMENTED when nil.
+	Delivery *mailbox.Mailboxes
+	// MailboxOptions tune the receive streams.
+	MailboxOptions MailboxOptions
 }
 
 // Server implements the dispatcher's gRPC API over the core.

@@ -52,6 +52,10 @@ func (f *fakeShadowNegotiator) ReportShadowResult(_ context.Context, req *negoti
 	if !ok {
 		return nil, status.Error(codes.NotFound, "no candidate")
 	}
+	if req.GetCheckFailed() {
+		c.State, c.RejectionReason = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_REJECTED, req.GetDetail()
+		return cloneCandidate(c), nil
+	}
 	if c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW {
 		return nil, status.Error(codes.FailedPrecondition, "not in shadow")
 	}
@@ -68,7 +72,7 @@ func (f *fakeShadowNegotiator) ReportShadowResult(_ context.Context, req *negoti
 }
 
 func cloneCandidate(c *negotiatorv1.RoutineCandidate) *negotiatorv1.RoutineCandidate {
-	return &negotiatorv1.RoutineCandidate{Name: c.GetName(), Source: c.GetSource(), State: c.GetState(), ShadowCallsRequired: c.GetShadowCallsRequired(), Agreements: c.GetAgreements(), RejectionReason: c.GetRejectionReason()}
+	return &negotiatorv1.RoutineCandidate{Name: c.GetName(), Source: c.GetSource(), State: c.GetState(), ShadowCallsRequired: c.GetShadowCallsRequired(), Agreements: c.GetAgreements(), RejectionReason: c.GetRejectionReason(), Check: c.GetCheck()}
 }
 
 func (f *fakeShadowNegotiator) counts() (lookups int, reports []*negotiatorv1.ReportShadowResultRequest) {
@@ -185,6 +189,53 @@ func TestShadow_agreeingCandidateIsInstalledAndReplacesTheLLM(t *testing.T) {
 	lookups, reports := neg.counts()
 	if lookups != 1 || len(reports) != required {
 		t.Errorf("negotiator saw %d candidate lookups and %d reports, want 1 (cached) and %d", lookups, len(reports), required)
+	}
+}
+
+// TestShadow_candidateThatFailsItsCheckIsRejected: the dispatcher runs the
+// check the negotiator wrote before shadowing or installing a candidate
+// (the negotiator runs no routine); one that fails is reported, rejected
+// and never run beside the LLM, whatever its state.
+func TestShadow_candidateThatFailsItsCheckIsRejected(t *testing.T) {
+	for _, state := range []negotiatorv1.RoutineCandidateState{
+		negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW,
+		negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED,
+	} {
+		t.Run(state.String(), func(t *testing.T) {
+			e, neg := startShadowWeather(t, weatherRoutine, 1)
+			c := neg.candidates[shadow.CandidateName(weatherAgent, weatherHex, shadow.Receiver)]
+			c.State = state
+			// The check's stand-in for the weather tool answers a forecast
+			// without weatherCondition, which the output schema requires.
+			c.Check = &negotiatorv1.RoutineCheck{
+				Functions: []string{"reply"},
+				Tools:     []*negotiatorv1.RoutineCheckTool{{Name: "weather", ResultJson: []byte(`{"temperature":1}`)}},
+				Calls: []*negotiatorv1.RoutineCheckCall{{Function: "reply", ArgsJson: [][]byte{[]byte(`[{"date":"2026-12-01","location":"Oslo"},{}]`)},
+					OutputSchemaJson: []byte(`{"type":"object","required":["weatherCondition"]}`)}},
+			}
+			e.llm.reply = weatherLLM(0)
+			for i := range 3 {
+				if _, m, raw := e.do("POST", "/agora/acme/weather", parisEnvelope); m["status"] != "success" {
+					t.Fatalf("envelope %d = %s, want the LLM's forecast", i, raw)
+				}
+				if i == 0 {
+					r := waitReports(t, neg, 1)[0]
+					if !r.GetCheckFailed() || !strings.Contains(r.GetDetail(), "weatherCondition") {
+						t.Fatalf("report = %v, want a failed check naming the missing field", r)
+					}
+				}
+			}
+			if _, reports := neg.counts(); len(reports) != 1 {
+				t.Errorf("reports = %v, want only the failed check", reports)
+			}
+			if got := e.llm.calls.Load(); got != 3 {
+				t.Errorf("LLM calls = %d, want 3 (the candidate is never used)", got)
+			}
+			_, err := e.client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: hosted.Name(weatherAgent, weatherHex)})
+			if status.Code(err) != codes.NotFound {
+				t.Errorf("GetRoutine = %v, want NotFound: nothing installed", err)
+			}
+		})
 	}
 }
 

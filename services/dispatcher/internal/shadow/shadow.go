@@ -56,6 +56,19 @@ type Candidate struct {
 	Source     string
 	State      State
 	Agreements int
+	// Check is run on Source (hosted.Set.Check) before the candidate is
+	// shadowed or installed; checked records that it passed.
+	Check   hosted.Check
+	checked bool
+}
+
+// Result is one outcome reported to the negotiator: a comparison with the
+// LLM (Agreed, and Detail when not), or a failed check (CheckFailed, with
+// Detail saying why), which rejects the candidate whatever its state.
+type Result struct {
+	Agreed      bool
+	Detail      string
+	CheckFailed bool
 }
 
 // ErrNoCandidate is the error of a candidate the negotiator does not hold.
@@ -65,9 +78,9 @@ var ErrNoCandidate = errors.New("no routine candidate")
 type Candidates interface {
 	// Candidate returns a candidate; ErrNoCandidate when there is none.
 	Candidate(ctx context.Context, name string) (Candidate, error)
-	// Report tells the negotiator one comparison's outcome and returns
-	// the candidate as it now stands.
-	Report(ctx context.Context, name string, agreed bool, detail string) (Candidate, error)
+	// Report tells the negotiator one outcome and returns the candidate as
+	// it now stands.
+	Report(ctx context.Context, name string, r Result) (Candidate, error)
 }
 
 // Options configures a Runner.
@@ -94,6 +107,8 @@ const (
 	shadowSkipped   = "skipped"
 	shadowError     = "error"
 	shadowConflict  = "conflict"
+	// The candidate failed its check and was rejected.
+	shadowCheckFailed = "check_failed"
 )
 
 // shadowInstallTimeout bounds installing a promoted candidate. The install
@@ -214,6 +229,11 @@ func (s *Runner) runShadow(ctx context.Context, agent, hexHash string, side Side
 	if c == nil {
 		return
 	}
+	if c.State == StateShadow || c.State == StatePromoted {
+		if c = s.check(ctx, agent, c); c == nil {
+			return
+		}
+	}
 	switch c.State {
 	case StateShadow:
 	case StatePromoted:
@@ -230,7 +250,7 @@ func (s *Runner) runShadow(ctx context.Context, agent, hexHash string, side Side
 		s.opts.Logger.InfoContext(ctx, "shadow run not compared", slog.String("candidate", name), slog.Any("err", err))
 		return
 	}
-	got, err := s.neg.Report(ctx, name, agreed, detail)
+	got, err := s.neg.Report(ctx, name, Result{Agreed: agreed, Detail: detail})
 	if err != nil {
 		// Most often another call's report settled it first: look again.
 		s.candidates.Forget(name)
@@ -253,10 +273,53 @@ func (s *Runner) runShadow(ctx context.Context, agent, hexHash string, side Side
 	}
 }
 
+// maxCheckDetail bounds the reason of a failed check sent to the
+// negotiator (it keeps it as the rejection reason).
+const maxCheckDetail = 4 << 10
+
+// check runs c's check once per cached candidate: c, marked checked, when
+// it passes; nil when it fails (the candidate is reported rejected) or
+// cannot run now (busy workers: a later call tries again).
+func (s *Runner) check(ctx context.Context, agent string, c *Candidate) *Candidate {
+	if c.checked {
+		return c
+	}
+	err := s.routines.Check(routine.WithAgent(ctx, agent), c.Source, c.Check)
+	if err == nil {
+		ok := *c
+		ok.checked = true
+		s.candidates.Put(c.Name, &ok)
+		return &ok
+	}
+	if !errors.Is(err, hosted.ErrCheckFailed) {
+		s.opts.Metrics.ShadowRuns.WithLabelValues(shadowError).Inc()
+		s.opts.Logger.InfoContext(ctx, "routine candidate not checked", slog.String("candidate", c.Name), slog.Any("err", err))
+		return nil
+	}
+	s.opts.Metrics.ShadowRuns.WithLabelValues(shadowCheckFailed).Inc()
+	// The reason quotes example bodies: it goes to the candidate's
+	// rejection reason, which only its owner reads, never to the log.
+	s.opts.Logger.InfoContext(ctx, "routine candidate failed its check; rejected", slog.String("candidate", c.Name), slog.String("agent", agent))
+	detail := err.Error()
+	if len(detail) > maxCheckDetail {
+		detail = strings.ToValidUTF8(detail[:maxCheckDetail], "")
+	}
+	got, err := s.neg.Report(ctx, c.Name, Result{CheckFailed: true, Detail: detail})
+	if err != nil {
+		s.candidates.Forget(c.Name)
+		s.opts.Logger.InfoContext(ctx, "failed check not reported", slog.String("candidate", c.Name), slog.Any("err", err))
+		return nil
+	}
+	s.candidates.Put(c.Name, &got)
+	return nil
+}
+
 // InstallPromoted installs the promoted candidate c now, as a lookup that
 // finds it PROMOTED does.
 func (s *Runner) InstallPromoted(ctx context.Context, agent, hexHash string, c Candidate) {
-	s.installPromoted(ctx, agent, hexHash, c.Name, &c)
+	if checked := s.check(ctx, agent, &c); checked != nil {
+		s.installPromoted(ctx, agent, hexHash, c.Name, checked)
+	}
 }
 
 // installPromoted installs the promoted candidate c as (part of) the

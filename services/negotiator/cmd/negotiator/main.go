@@ -14,7 +14,6 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/parleyhq/parley/platform/grpcclient"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/platform/telemetry"
 	"github.com/parleyhq/parley/services/negotiator/app"
@@ -36,16 +35,7 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "negotiator", cfg.LogLevel)
-	token, err := serve.PeerToken(cfg.Flags)
-	if err != nil {
-		return err
-	}
-	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{Token: token})
-	if err != nil {
-		return fmt.Errorf("--dispatcher-addr: %w", err)
-	}
-	defer dispatcherConn.Close()
-	a, err := app.New(cfg, logger, app.Peers{Dispatcher: dispatcherConn})
+	a, err := app.New(cfg, logger)
 	if err != nil {
 		return err
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 	"github.com/parleyhq/parley/services/negotiator/internal/store/boltstore"
-	"github.com/parleyhq/parley/services/negotiator/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest"
 )
 
 func openStore(t *testing.T) *boltstore.Store {

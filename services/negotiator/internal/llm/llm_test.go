@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
-	"github.com/parleyhq/parley/services/negotiator/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest"
 )
 
 func startFake(t *testing.T, respond func(llmtest.Call) llmtest.Reply) *llmtest.FakeServer {

@@ -4,7 +4,7 @@ import (
 	"testing"
 
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
-	"github.com/parleyhq/parley/services/negotiator/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest"
 )
 
 func TestParse(t *testing.T) {

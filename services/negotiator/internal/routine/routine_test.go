@@ -6,25 +6,55 @@ import (
 	"strings"
 	"testing"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
-	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/routinetest"
 )
 
-func tester() routine.Tester { return (&routinetest.Dispatcher{}).Client() }
+// receiverCheck checks src as the dispatcher would before installing it
+// as a receiver routine for doc and tools.
+func receiverCheck(t *testing.T, src string, doc protocol.Document, tools []routine.Tool) error {
+	t.Helper()
+	c, err := routine.ReceiverCheck(doc, tools)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return routinetest.Check(src, c)
+}
 
-// TestVerify_noTester: without a dispatcher nothing is verified.
-func TestVerify_noTester(t *testing.T) {
-	if _, err := routine.VerifySender(t.Context(), nil, "def send(task):\n    return task\n", derivedDoc(t), nil, nil); !errors.Is(err, routine.ErrNoTester) {
-		t.Errorf("VerifySender without a tester = %v, want ErrNoTester", err)
+func senderCheck(t *testing.T, src string, doc protocol.Document, in, out json.RawMessage) error {
+	t.Helper()
+	c, err := routine.SenderCheck(doc, in, out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return routinetest.Check(src, c)
+}
+
+// TestParses: what the negotiator checks without a runtime.
+func TestParses(t *testing.T) {
+	for _, tt := range []struct {
+		src  string
+		fns  []string
+		pass bool
+	}{
+		{"def reply(query, memory):\n    return query\n", []string{"reply"}, true},
+		{"def send(task):\n    return task\ndef parse(reply):\n    return reply\n", []string{"send"}, true},
+		{"def reply(query, memory)\n    return query\n", []string{"reply"}, false},
+		{"def answer(query, memory):\n    return query\n", []string{"reply"}, false},
+		{"x = 1\nwhile x < 3:\n    x += 1\ndef reply(q, m):\n    return q\n", []string{"reply"}, true},
+	} {
+		err := routine.Parses(tt.src, tt.fns...)
+		if (err == nil) != tt.pass || (err != nil && !errors.Is(err, routine.ErrRoutine)) {
+			t.Errorf("Parses(%q) = %v, want pass %v", tt.src, err, tt.pass)
+		}
 	}
 }
 
-// TestVerify_callToolSignature: call_tool takes the name and the arguments,
+// TestCheck_callToolSignature: call_tool takes the name and the arguments,
 // both required, as in the dispatcher.
-func TestVerify_callToolSignature(t *testing.T) {
+func TestCheck_callToolSignature(t *testing.T) {
 	doc := derivedDoc(t)
 	tool := routine.Tool{Name: "stock_lookup", Output: json.RawMessage(`{"type":"object","properties":{"inStock":{"type":"boolean"},"count":{"type":"integer"}}}`)}
 	for _, tt := range []struct {
@@ -35,9 +65,9 @@ func TestVerify_callToolSignature(t *testing.T) {
 		{"def reply(query, memory):\n    return json.encode(stock_lookup({}))\n", true},
 		{"def reply(query, memory):\n    return json.encode(call_tool('stock_lookup'))\n", false},
 	} {
-		_, err := routine.VerifyReceiver(t.Context(), tester(), tt.src, doc, []routine.Tool{tool})
+		err := receiverCheck(t, tt.src, doc, []routine.Tool{tool})
 		if (err == nil) != tt.pass {
-			t.Errorf("VerifyReceiver(%q) = %v, want pass %v", tt.src, err, tt.pass)
+			t.Errorf("check(%q) = %v, want pass %v", tt.src, err, tt.pass)
 		}
 	}
 }
@@ -105,15 +135,14 @@ func TestDeriveReceiver(t *testing.T) {
 				}
 				return
 			}
-			n, err := routine.VerifyReceiver(t.Context(), tester(), src, doc, []routine.Tool{tt.tool})
-			if err != nil || n == 0 {
-				t.Errorf("VerifyReceiver(derived) = %d, %v\n%s", n, err, src)
+			if err := receiverCheck(t, src, doc, []routine.Tool{tt.tool}); err != nil {
+				t.Errorf("check(derived) = %v\n%s", err, src)
 			}
 		})
 	}
 }
 
-func TestVerify_catchesBrokenRoutines(t *testing.T) {
+func TestCheck_catchesBrokenRoutines(t *testing.T) {
 	doc := derivedDoc(t)
 	tool := routine.Tool{Name: "stock_lookup",
 		Input:  json.RawMessage(`{"type":"object","properties":{"item_id":{"type":"string"}}}`),
@@ -133,12 +162,12 @@ func TestVerify_catchesBrokenRoutines(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var err error
 			if tt.sender {
-				_, err = routine.VerifySender(t.Context(), tester(), tt.src, doc, nil, json.RawMessage(`{"type":"object","required":["count"],"properties":{"count":{"type":"integer"}}}`))
+				err = senderCheck(t, tt.src, doc, nil, json.RawMessage(`{"type":"object","required":["count"],"properties":{"count":{"type":"integer"}}}`))
 			} else {
-				_, err = routine.VerifyReceiver(t.Context(), tester(), tt.src, doc, []routine.Tool{tool})
+				err = receiverCheck(t, tt.src, doc, []routine.Tool{tool})
 			}
-			if !errors.Is(err, routine.ErrRoutine) {
-				t.Errorf("verification = %v, want ErrRoutine for a broken routine:\n%s", err, tt.src)
+			if !errors.Is(err, routinetest.ErrCheck) {
+				t.Errorf("check = %v, want ErrCheck for a broken routine:\n%s", err, tt.src)
 			}
 		})
 	}
@@ -150,21 +179,13 @@ func TestDeriveSender(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := routine.VerifySender(t.Context(), tester(), src, doc, nil, nil)
-	if err != nil || n < 2 {
-		t.Errorf("VerifySender(derived) = %d, %v", n, err)
+	if err := senderCheck(t, src, doc, nil, nil); err != nil {
+		t.Errorf("check(derived) = %v", err)
 	}
-	resp, err := tester().TestRoutine(t.Context(), &dispatcherv1.TestRoutineRequest{Source: src, Cases: []*dispatcherv1.TestRoutineCase{
-		{Function: "send", ArgsJson: []string{`{"itemId":"a1","ignored":true}`}},
-		{Function: "parse", ArgsJson: []string{`"{\"error\":\"unknown item\"}"`}},
-	}})
-	if err != nil {
-		t.Fatal(err)
+	if out, err := routinetest.Run(src, "send", []json.RawMessage{json.RawMessage(`{"itemId":"a1","ignored":true}`)}, nil); err != nil || string(out) != `"{\"itemId\":\"a1\"}"` {
+		t.Errorf("send() = %s, %v", out, err)
 	}
-	if r := resp.GetResults()[0]; r.GetOutputJson() != `"{\"itemId\":\"a1\"}"` {
-		t.Errorf("send() = %v", r)
-	}
-	if r := resp.GetResults()[1]; r.GetError() == "" {
-		t.Errorf("parse(error reply) = %v, want a routine failure (so the LLM takes over)", r)
+	if out, err := routinetest.Run(src, "parse", []json.RawMessage{json.RawMessage(`"{\"error\":\"unknown item\"}"`)}, nil); err == nil {
+		t.Errorf("parse(error reply) = %s, want a routine failure (so the LLM takes over)", out)
 	}
 }

@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"errors"
-	"fmt"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
@@ -36,44 +34,47 @@ func (s *Server) DeriveProtocol(ctx context.Context, req *negotiatorv1.DerivePro
 		return nil, s.toStatus(ctx, err)
 	}
 	resp := &negotiatorv1.DeriveProtocolResponse{Protocol: pd, ProtocolSha1Hex: protocol.SHA1Hex(pd), ProtocolSha256Hex: protocol.SHA256Hex(pd)}
-	if resp.SenderRoutine, err = s.deriveSender(ctx, doc, task); err != nil {
+	if resp.SenderRoutine, resp.SenderRoutineCheck, err = s.deriveSender(doc, task); err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
 	if req.GetTool() != nil {
 		tool := toolsOf([]*negotiatorv1.ToolSpec{req.GetTool()})[0]
-		if resp.ReceiverRoutine, err = s.deriveReceiver(ctx, doc, tool); err != nil {
+		if resp.ReceiverRoutine, resp.ReceiverRoutineCheck, err = s.deriveReceiver(doc, tool); err != nil {
 			return nil, s.toStatus(ctx, err)
 		}
 	}
 	return resp, nil
 }
 
-// deriveSender derives and tests the sender's routine.
-func (s *Server) deriveSender(ctx context.Context, doc protocol.Document, task *negotiation.Task) (string, error) {
+// deriveSender derives the sender's routine and its check.
+func (s *Server) deriveSender(doc protocol.Document, task *negotiation.Task) (string, *negotiatorv1.RoutineCheck, error) {
 	var in, out []byte
 	if task != nil {
 		in, out = task.Input, task.Output
 	}
 	src, err := routine.DeriveSender(doc, in, out)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	if _, err := routine.VerifySender(ctx, s.opts.Tester, src, doc, in, out); err != nil {
-		return "", verifyErr(err)
+	check, err := routine.SenderCheck(doc, in, out)
+	if err != nil {
+		return "", nil, err
 	}
-	return src, nil
+	return src, check, nil
 }
 
-// deriveReceiver derives and tests the receiver's routine for one tool.
-func (s *Server) deriveReceiver(ctx context.Context, doc protocol.Document, tool routine.Tool) (string, error) {
+// deriveReceiver derives the receiver's routine for one tool and its
+// check.
+func (s *Server) deriveReceiver(doc protocol.Document, tool routine.Tool) (string, *negotiatorv1.RoutineCheck, error) {
 	src, err := routine.DeriveReceiver(doc, tool)
 	if err != nil {
-		return "", err
+		return "", nil, err
 	}
-	if _, err := routine.VerifyReceiver(ctx, s.opts.Tester, src, doc, []routine.Tool{tool}); err != nil {
-		return "", verifyErr(err)
+	check, err := routine.ReceiverCheck(doc, []routine.Tool{tool})
+	if err != nil {
+		return "", nil, err
 	}
-	return src, nil
+	return src, check, nil
 }
 
 // GetNegotiationProtocol implements NegotiatorService.
@@ -83,19 +84,4 @@ func (s *Server) GetNegotiationProtocol(context.Context, *negotiatorv1.GetNegoti
 		ProtocolSha1Hex:   negotiation.PDSHA1,
 		ProtocolSha256Hex: negotiation.PDSHA256,
 	}, nil
-}
-
-// verifyErr marks a routine that failed its test; an untested one (no
-// dispatcher, or TestRoutine failed) keeps its own error.
-func verifyErr(err error) error {
-	if errors.Is(err, routine.ErrRoutine) {
-		return fmt.Errorf("%w: %w", errRoutineFailed, err)
-	}
-	return err
-}
-
-// untested reports whether err means a routine could not be tested at all,
-// which no retry or LLM rewrite fixes.
-func untested(err error) bool {
-	return errors.Is(err, routine.ErrNoTester) || errors.Is(err, routine.ErrTester)
 }

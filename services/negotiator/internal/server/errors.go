@@ -21,7 +21,7 @@ import (
 var (
 	errLLMUnavailable = errors.New("the LLM provider is unavailable")
 	errOutputInvalid  = errors.New("the LLM's answer is not valid")
-	errRoutineFailed  = errors.New("the routine failed its generated examples")
+	errRoutineFailed  = errors.New("the routine failed its check")
 	errNotInShadow    = errors.New("the routine candidate is not in shadow")
 	errConflict       = errors.New("the negotiation changed concurrently")
 )
@@ -48,11 +48,6 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return withReason(codes.Unavailable, "the LLM provider is unavailable; retry later", "LLM_UNAVAILABLE")
 	case errors.Is(err, errOutputInvalid):
 		return withReason(codes.FailedPrecondition, err.Error(), "LLM_OUTPUT_INVALID")
-	case errors.Is(err, routine.ErrNoTester):
-		return withReason(codes.FailedPrecondition, err.Error(), "NO_DISPATCHER")
-	case errors.Is(err, routine.ErrTester):
-		s.logger.WarnContext(ctx, "routine not tested: TestRoutine failed", slog.Any("err", err))
-		return withReason(codes.Unavailable, err.Error()+"; retry later", "DISPATCHER_UNAVAILABLE")
 	case errors.Is(err, errRoutineFailed):
 		return withReason(codes.FailedPrecondition, err.Error(), "ROUTINE_FAILED_EXAMPLES")
 	case errors.Is(err, errNotInShadow):

@@ -300,9 +300,9 @@ func (s *Server) receiverAnswer(ctx context.Context, n *negotiatorv1.Negotiation
 		doc, err := protocol.Parse([]byte(candidate))
 		if err == nil && len(doc.RequestSchema) > 0 && len(doc.ResponseSchema) > 0 {
 			for _, tool := range toolsOf(n.GetTools()) {
-				src, err := s.deriveReceiver(ctx, doc, tool)
+				src, check, err := s.deriveReceiver(doc, tool)
 				if err == nil {
-					n.Routine = src
+					n.Routine, n.RoutineCheck = src, check
 					return negotiation.Message{Type: negotiation.TypeAccept, Protocol: candidate}, nil
 				}
 				reasons = append(reasons, err.Error())
@@ -389,20 +389,20 @@ func (s *Server) accepted(ctx context.Context, n *negotiatorv1.Negotiation) erro
 	in := suitability.Input{Protocol: pd}
 	if doc, err := protocol.Parse(pd); err == nil && len(doc.RequestSchema) > 0 {
 		if ourSide(n) == negotiation.Sender {
-			if src, err := s.deriveSender(ctx, doc, taskOf(n.GetTask())); err == nil {
-				n.Routine = src
+			if src, check, err := s.deriveSender(doc, taskOf(n.GetTask())); err == nil {
+				n.Routine, n.RoutineCheck = src, check
 			}
 		} else if n.Routine == "" {
 			for _, tool := range toolsOf(n.GetTools()) {
-				if src, err := s.deriveReceiver(ctx, doc, tool); err == nil {
-					n.Routine = src
+				if src, check, err := s.deriveReceiver(doc, tool); err == nil {
+					n.Routine, n.RoutineCheck = src, check
 					break
 				}
 			}
 		}
 	}
 	if n.Routine == "" && n.GetMode() == negotiatorv1.NegotiationMode_NEGOTIATION_MODE_LLM {
-		n.Routine = s.synthesizeAgreed(ctx, n)
+		n.Routine, n.RoutineCheck = s.synthesizeAgreed(ctx, n)
 	}
 	if ourSide(n) == negotiation.Sender {
 		in.Task = taskOf(n.GetTask())
@@ -455,29 +455,29 @@ func (s *Server) referenceTurn(ctx context.Context, n *negotiatorv1.Negotiation,
 }
 
 // synthesizeAgreed has the programming LLM write this side's routine for a
-// PD agreed through the LLMs (no schemas to derive one from), tested on the
-// dispatcher's TestRoutine like any routine. It returns the source only when
-// the candidate is promoted at once (--routine-shadow-calls 0); otherwise
-// the candidate waits for its shadow calls and "" is returned. A failure
-// leaves the agreement standing, with no routine: messages then go through
-// the LLM.
-func (s *Server) synthesizeAgreed(ctx context.Context, n *negotiatorv1.Negotiation) string {
+// PD agreed through the LLMs (no schemas to derive one from), with its
+// check, which the dispatcher runs before it uses the routine. It returns
+// the source only when the candidate is promoted at once
+// (--routine-shadow-calls 0); otherwise the candidate waits for its shadow
+// calls and "" is returned. A failure leaves the agreement standing, with
+// no routine: messages then go through the LLM.
+func (s *Server) synthesizeAgreed(ctx context.Context, n *negotiatorv1.Negotiation) (string, *negotiatorv1.RoutineCheck) {
 	req := &negotiatorv1.SynthesizeRoutineRequest{Agent: n.GetAgent(), Peer: n.GetPeer(), Protocol: n.GetProtocol(), Task: n.GetTask()}
 	if ourSide(n) == negotiation.Sender {
 		req.Side = negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER
 	} else {
 		req.Side, req.Tools = negotiatorv1.RoutineSide_ROUTINE_SIDE_RECEIVER, n.GetTools()
 		if len(req.Tools) == 0 {
-			return ""
+			return "", nil
 		}
 	}
 	c, err := s.SynthesizeRoutine(ctx, req)
 	if err != nil {
 		s.logger.InfoContext(ctx, "no routine for the agreed protocol", slog.String("negotiation", n.GetName()), slog.Any("err", err))
-		return ""
+		return "", nil
 	}
 	if c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED {
-		return ""
+		return "", nil
 	}
-	return c.GetSource()
+	return c.GetSource(), c.GetCheck()
 }

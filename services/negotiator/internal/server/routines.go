@@ -19,6 +19,10 @@ import (
 
 const candidatePrefix = "routineCandidates/"
 
+// maxShadowDetail bounds ReportShadowResult's detail, kept as the
+// candidate's rejection reason.
+const maxShadowDetail = 8 << 10
+
 func candidateName(agent, sha1 string, side negotiatorv1.RoutineSide) string {
 	h := sha256.Sum256([]byte(agent + "\x00" + sha1 + "\x00" + side.String()))
 	return candidatePrefix + hex.EncodeToString(h[:16])
@@ -60,14 +64,19 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 	}
 	tools := toolsOf(req.GetTools())
 	task := taskOf(req.GetTask())
-	// Derivation first: it needs no LLM and is correct by construction,
-	// so a derived routine is promoted at once.
-	src, n, ok, err := s.tryDerive(ctx, doc, req.GetSide(), tools, task)
-	if err != nil {
-		return nil, s.toStatus(ctx, err)
+	var in, out []byte
+	if task != nil {
+		in, out = task.Input, task.Output
 	}
-	if ok {
-		c.Source, c.ExamplesPassed = src, int32(n)
+	if c.Check, err = routine.Check(doc, req.GetSide(), tools, in, out); err != nil {
+		// A schema that does not compile: no example can be made.
+		return nil, s.toStatus(ctx, fmt.Errorf("%w: %w", errRoutineFailed, err))
+	}
+	// Derivation first: it needs no LLM and is correct by construction,
+	// so a derived routine is promoted at once (the dispatcher still runs
+	// its check before installing it).
+	if src, ok := s.tryDerive(doc, req.GetSide(), tools, task); ok {
+		c.Source = src
 		c.Origin = negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_DERIVED
 		c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
 		return c, s.toStatus(ctx, s.store.PutRoutineCandidate(ctx, c))
@@ -85,15 +94,14 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 			lastErr = "the answer was not a JSON object with a source"
 			continue
 		}
-		n, err := s.verify(ctx, out.Source, doc, req.GetSide(), tools, task)
-		if untested(err) {
-			return nil, s.toStatus(ctx, err)
-		}
-		if err != nil {
+		// The negotiator runs no routine: it checks what it can without a
+		// runtime, so the LLM hears at once what to fix; the dispatcher
+		// runs the check's examples before it shadows the routine.
+		if err := routine.Parses(out.Source, c.GetCheck().GetFunctions()...); err != nil {
 			lastErr = err.Error()
 			continue
 		}
-		c.Source, c.ExamplesPassed = out.Source, int32(n)
+		c.Source = out.Source
 		c.Origin = negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_LLM
 		c.ShadowCallsRequired = int32(s.opts.ShadowCalls)
 		c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW
@@ -105,45 +113,22 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 	return nil, s.toStatus(ctx, fmt.Errorf("%w: %s", errRoutineFailed, lastErr))
 }
 
-// tryDerive derives and tests a routine; err is set only when routines
-// cannot be tested at all.
-func (s *Server) tryDerive(ctx context.Context, doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (src string, n int, ok bool, err error) {
+// tryDerive derives a routine of side from the schemas, when they allow
+// one.
+func (s *Server) tryDerive(doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (string, bool) {
 	if len(doc.RequestSchema) == 0 || len(doc.ResponseSchema) == 0 {
-		return "", 0, false, nil
+		return "", false
 	}
 	if side == negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER {
-		src, err := s.deriveSender(ctx, doc, task)
-		if err != nil {
-			if untested(err) {
-				return "", 0, false, err
-			}
-			return "", 0, false, nil
-		}
-		n, _ := s.verify(ctx, src, doc, side, tools, task)
-		return src, n, true, nil
+		src, _, err := s.deriveSender(doc, task)
+		return src, err == nil
 	}
 	for _, t := range tools {
-		src, err := s.deriveReceiver(ctx, doc, t)
-		if untested(err) {
-			return "", 0, false, err
-		}
-		if err == nil {
-			n, _ := s.verify(ctx, src, doc, side, tools, task)
-			return src, n, true, nil
+		if src, _, err := s.deriveReceiver(doc, t); err == nil {
+			return src, true
 		}
 	}
-	return "", 0, false, nil
-}
-
-func (s *Server) verify(ctx context.Context, src string, doc protocol.Document, side negotiatorv1.RoutineSide, tools []routine.Tool, task *negotiation.Task) (int, error) {
-	if side == negotiatorv1.RoutineSide_ROUTINE_SIDE_SENDER {
-		var in, out []byte
-		if task != nil {
-			in, out = task.Input, task.Output
-		}
-		return routine.VerifySender(ctx, s.opts.Tester, src, doc, in, out)
-	}
-	return routine.VerifyReceiver(ctx, s.opts.Tester, src, doc, tools)
+	return "", false
 }
 
 func checkCandidateName(name string) error {
@@ -172,7 +157,18 @@ func (s *Server) ReportShadowResult(ctx context.Context, req *negotiatorv1.Repor
 	if err := checkCandidateName(req.GetName()); err != nil {
 		return nil, err
 	}
+	if len(req.GetDetail()) > maxShadowDetail {
+		var v grpcerr.Violations
+		v.Add("detail", fmt.Sprintf("must be at most %d bytes", maxShadowDetail))
+		return nil, invalid(v)
+	}
 	c, err := s.store.UpdateRoutineCandidate(ctx, req.GetName(), func(c *negotiatorv1.RoutineCandidate) error {
+		if req.GetCheckFailed() {
+			c.UpdateTime = timestamppb.New(s.opts.Now())
+			c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_REJECTED
+			c.RejectionReason = "failed its check on the dispatcher: " + req.GetDetail()
+			return nil
+		}
 		if c.GetState() != negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW {
 			return fmt.Errorf("%w: it is %s", errNotInShadow, c.GetState())
 		}

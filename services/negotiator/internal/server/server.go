@@ -14,7 +14,6 @@ import (
 	"github.com/parleyhq/parley/services/negotiator/internal/ledger"
 	"github.com/parleyhq/parley/services/negotiator/internal/llm"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
-	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 	"github.com/parleyhq/parley/services/negotiator/internal/store"
 )
 
@@ -31,10 +30,6 @@ type Options struct {
 	ShadowCalls int
 	// Thresholds are the per-(task, target) thresholds.
 	Thresholds negotiation.ThresholdTable
-	// Tester runs routines under test in the dispatcher's runtime (its
-	// TestRoutine RPC); without one, routines cannot be verified and
-	// derivation and synthesis fail.
-	Tester routine.Tester
 	// Now and NewID are test seams.
 	Now   func() time.Time
 	NewID func() string

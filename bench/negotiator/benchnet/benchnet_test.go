@@ -3,7 +3,7 @@ package benchnet_test
 import (
 	"testing"
 
-	"github.com/parleyhq/parley/services/negotiator/benchnet"
+	"github.com/parleyhq/parley/bench/negotiator/benchnet"
 )
 
 // TestRun runs a small network: it checks the harness works, not figures.

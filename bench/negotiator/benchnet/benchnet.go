@@ -32,14 +32,11 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/internal/inproc"
-	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
-	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
-	"github.com/parleyhq/parley/services/negotiator/internal/schema"
-	"github.com/parleyhq/parley/services/negotiator/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/routinetest"
 )
 
 // Strategies, in the order they run.
@@ -274,12 +271,14 @@ type runner struct {
 	o        Options
 	strategy string
 	fake     *llmtest.FakeServer
-	negs     map[string]*inproc.Negotiator // per model
+	negs     map[string]*negotiatortest.Negotiator // per model
 	pairs    map[query]*pairState
 	// agreed maps server → PD SHA-1 → the server's receiver routine.
 	agreed       map[int]map[string]string
 	pdFor        map[int][]byte // server → the PD it agreed (for look-ups)
 	negotiations int
+	// thresholds are the negotiators' defaults (the paper's).
+	thresholds *negotiatorv1.Thresholds
 }
 
 // Run runs every strategy on the same world and reports.
@@ -320,14 +319,17 @@ func runStrategy(ctx context.Context, w world, o Options, strategy string) (Resu
 		return Result{}, err
 	}
 	defer fake.Close()
-	r := &runner{w: w, o: o, strategy: strategy, fake: fake, negs: map[string]*inproc.Negotiator{}, pairs: map[query]*pairState{}, agreed: map[int]map[string]string{}, pdFor: map[int][]byte{}}
+	r := &runner{w: w, o: o, strategy: strategy, fake: fake, negs: map[string]*negotiatortest.Negotiator{}, pairs: map[query]*pairState{}, agreed: map[int]map[string]string{}, pdFor: map[int][]byte{}}
 	for _, m := range Models {
-		n, err := inproc.Start(ctx, config.LLM{Provider: config.ProviderOpenAI, BaseURL: fake.URL + "/v1", Model: m.Name})
+		n, err := negotiatortest.Start(ctx, config.LLM{Provider: config.ProviderOpenAI, BaseURL: fake.URL + "/v1", Model: m.Name})
 		if err != nil {
 			return Result{}, err
 		}
 		defer n.Close()
 		r.negs[m.Name] = n
+	}
+	if r.thresholds, err = r.negs[Models[0].Name].Client.GetThresholds(ctx, &negotiatorv1.GetThresholdsRequest{Task: "bench", Target: "bench"}); err != nil {
+		return Result{}, err
 	}
 	res := Result{Strategy: strategy, CostByRoleUSD: map[string]float64{}}
 	windowLLM := 0
@@ -387,17 +389,17 @@ func (r *runner) query(ctx context.Context, q query) error {
 		return r.nl(ctx, q, svc)
 	}
 	if st.senderRoutine == "" {
-		th := negotiation.DefaultThresholds
+		th := r.thresholds
 		switch {
 		case r.strategy == FirstContact:
 			if err := r.negotiate(ctx, q, svc, st); err != nil {
 				return err
 			}
-		case st.conversations > th.NegotiateAfter:
+		case st.conversations > int(th.GetNegotiateAfter()):
 			if err := r.negotiate(ctx, q, svc, st); err != nil {
 				return err
 			}
-		case st.conversations > th.LookUpAfter && r.pdFor[q.server] != nil:
+		case st.conversations > int(th.GetLookUpAfter()) && r.pdFor[q.server] != nil:
 			if err := r.lookUp(ctx, q, svc, st); err != nil {
 				return err
 			}
@@ -409,41 +411,23 @@ func (r *runner) query(ctx context.Context, q query) error {
 	return r.structured(ctx, svc, st)
 }
 
-func example(raw []byte) []byte {
-	s, err := schema.Compile(raw)
-	if err != nil {
-		return []byte(`{}`)
-	}
-	return s.Examples()[0]
-}
+func example(raw []byte) []byte { return routinetest.Example(raw) }
 
 // tools declares the service's tool, answering an example of its output
 // schema.
-func tools(svc service) []*dispatcherv1.TestRoutineTool {
-	result := `{"text":"The old town is best explored on foot in the morning."}`
+func tools(svc service) []routinetest.Tool {
+	result := json.RawMessage(`{"text":"The old town is best explored on foot in the morning."}`)
 	if len(svc.tool.GetOutputSchemaJson()) > 0 {
-		result = string(example(svc.tool.GetOutputSchemaJson()))
+		result = example(svc.tool.GetOutputSchemaJson())
 	}
-	return []*dispatcherv1.TestRoutineTool{{Id: svc.tool.GetName(), ResultJson: result}}
+	return []routinetest.Tool{{Name: svc.tool.GetName(), Result: result}}
 }
 
 // runRoutine runs fn of src once. The network has no dispatcher, so it
-// goes through the in-process stand-in of the dispatcher's TestRoutine
-// (routinetest), which follows the dispatcher's routine contract.
-func runRoutine(ctx context.Context, src, fn string, args []json.RawMessage, tools []*dispatcherv1.TestRoutineTool) (json.RawMessage, error) {
-	c := &dispatcherv1.TestRoutineCase{Function: fn}
-	for _, a := range args {
-		c.ArgsJson = append(c.ArgsJson, string(a))
-	}
-	var d routinetest.Dispatcher
-	resp, err := d.TestRoutine(ctx, &dispatcherv1.TestRoutineRequest{Source: src, Tools: tools, Cases: []*dispatcherv1.TestRoutineCase{c}})
-	if err != nil {
-		return nil, err
-	}
-	if e := resp.GetResults()[0].GetError(); e != "" {
-		return nil, errors.New(e)
-	}
-	return json.RawMessage(resp.GetResults()[0].GetOutputJson()), nil
+// goes through routinetest, a stand-in for the dispatcher's runtime that
+// follows its routine contract.
+func runRoutine(_ context.Context, src, fn string, args []json.RawMessage, tools []routinetest.Tool) (json.RawMessage, error) {
+	return routinetest.Run(src, fn, args, tools)
 }
 
 func (r *runner) nl(ctx context.Context, q query, svc service) error {
@@ -464,7 +448,7 @@ func (r *runner) nl(ctx context.Context, q query, svc service) error {
 			return fmt.Errorf("reply: %w", err)
 		}
 		if call := rep.GetToolCall(); call != nil {
-			res := tools(svc)[0].GetResultJson()
+			res := tools(svc)[0].Result
 			results = append(results, &negotiatorv1.ToolResult{Name: call.GetName(), ArgumentsJson: call.GetArgumentsJson(), ResultJson: []byte(res)})
 			continue
 		}

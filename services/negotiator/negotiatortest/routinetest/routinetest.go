@@ -1,45 +1,31 @@
-// Package routinetest is a stand-in for the dispatcher's TestRoutine RPC
-// where no dispatcher runs: the negotiator's own tests, and the in-process
-// negotiator of the network benchmark (services never import each other,
-// so the real runtime is out of reach there). Production negotiators test
-// routines on their dispatcher peer; e2e tests cover that path.
+// Package routinetest is test support, not product code: a stand-in for
+// the dispatcher's routine runtime where no dispatcher runs (the
+// negotiator's own tests and the network benchmark; services never import
+// each other, so the real runtime is out of reach there). Run calls one
+// function; Check runs a RoutineCheck the way the dispatcher does before it
+// uses a routine the negotiator wrote. The negotiator itself runs no
+// routine.
 //
 // It follows the dispatcher's routine contract (services/dispatcher/README.md,
 // Routines): the same file options (while loops, top-level control, global
-// reassignment), json, tools by id and call_tool(name, args) with both
-// arguments required, results as JSON, functions listed, and a source that
-// does not compile or load reported as INVALID_ARGUMENT with reason
-// ROUTINE_INVALID. Budgets are steps, wall time and tool calls only; the
-// dispatcher's allocation budget and worker pool are not modelled.
+// reassignment), json, tools by name and call_tool(name, args) with both
+// arguments required, results as JSON. Budgets are steps, wall time and
+// tool calls only; the dispatcher's allocation budget and worker pool are
+// not modelled.
 package routinetest
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	starjson "go.starlark.net/lib/json"
 	"go.starlark.net/starlark"
 	"go.starlark.net/syntax"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/services/negotiator/internal/schema"
 )
-
-// Dispatcher serves TestRoutine in process. Its zero value is ready; it is
-// also a gRPC DispatcherService whose other methods are unimplemented.
-type Dispatcher struct {
-	dispatcherv1.UnimplementedDispatcherServiceServer
-}
-
-var _ dispatcherv1.DispatcherServiceServer = (*Dispatcher)(nil)
 
 // Budgets per run, as the dispatcher's flag defaults.
 const (
@@ -55,72 +41,66 @@ var (
 	jsonEncode = starjson.Module.Members["encode"]
 )
 
-// Client adapts d to the generated client interface the negotiator's
-// routine.Tester asks for.
-func (d *Dispatcher) Client() ClientFunc { return d.TestRoutine }
-
-// ClientFunc is TestRoutine in the generated client's shape.
-type ClientFunc func(context.Context, *dispatcherv1.TestRoutineRequest) (*dispatcherv1.TestRoutineResponse, error)
-
-// TestRoutine calls f.
-func (f ClientFunc) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineRequest, _ ...grpc.CallOption) (*dispatcherv1.TestRoutineResponse, error) {
-	return f(ctx, req)
+// Tool is a tool's stand-in: it checks its argument against Input (when
+// set) and answers Result (null when empty).
+type Tool struct {
+	Name   string
+	Input  json.RawMessage
+	Result json.RawMessage
 }
 
-// TestRoutine implements DispatcherServiceServer.
-func (d *Dispatcher) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineRequest) (*dispatcherv1.TestRoutineResponse, error) {
-	if req.GetSource() == "" || len(req.GetCases()) == 0 || len(req.GetCases()) > 100 {
-		return nil, status.Error(codes.InvalidArgument, "source and 1 to 100 cases are required")
+// Run loads src with tools and calls fn once with args (raw JSON each),
+// returning its result as JSON. A source that does not load, a missing
+// function and a failing call are errors.
+func Run(src, fn string, args []json.RawMessage, tools []Tool) (json.RawMessage, error) {
+	declared, err := declare(tools)
+	if err != nil {
+		return nil, err
 	}
-	tools := map[string]declared{}
-	for _, t := range req.GetTools() {
-		d := declared{result: json.RawMessage(t.GetResultJson())}
-		if in := t.GetInputSchemaJson(); in != "" {
+	globals, err := load(src, declared)
+	if err != nil {
+		return nil, err
+	}
+	return callFn(globals, fn, args)
+}
+
+// Example returns the first example a JSON Schema generates ({} when it
+// does not compile).
+func Example(raw json.RawMessage) json.RawMessage {
+	s, err := schema.Compile(raw)
+	if err != nil {
+		return json.RawMessage(`{}`)
+	}
+	return s.Examples()[0]
+}
+
+func declare(tools []Tool) (map[string]declared, error) {
+	out := map[string]declared{}
+	for _, t := range tools {
+		d := declared{result: t.Result}
+		if len(t.Input) > 0 {
 			var err error
-			if d.input, err = schema.Compile(json.RawMessage(in)); err != nil {
-				return nil, status.Errorf(codes.InvalidArgument, "tools: input schema of %s: %v", t.GetId(), err)
+			if d.input, err = schema.Compile(t.Input); err != nil {
+				return nil, fmt.Errorf("input schema of %s: %w", t.Name, err)
 			}
 		}
-		tools[t.GetId()] = d
+		out[t.Name] = d
 	}
-	globals, err := load(req.GetSource(), tools)
-	if err != nil {
-		st, _ := status.New(codes.InvalidArgument, fmt.Sprintf("routine.source does not run: %v", err)).
-			WithDetails(&errdetails.ErrorInfo{Reason: "ROUTINE_INVALID", Domain: "dispatcher.parley.dev"})
-		return nil, st.Err()
-	}
-	resp := &dispatcherv1.TestRoutineResponse{}
-	for name, v := range globals {
-		if _, ok := v.(*starlark.Function); ok {
-			resp.Functions = append(resp.Functions, name)
-		}
-	}
-	slices.Sort(resp.Functions)
-	for _, c := range req.GetCases() {
-		r := &dispatcherv1.TestRoutineResult{}
-		out, err := call(globals, c)
-		if err != nil {
-			r.Error, r.BudgetExceeded = err.Error(), errors.Is(err, errBudget)
-		} else {
-			r.OutputJson = string(out)
-		}
-		resp.Results = append(resp.Results, r)
-	}
-	return resp, nil
+	return out, nil
 }
 
 var errBudget = errors.New("routine budget exceeded")
 
-func call(globals starlark.StringDict, c *dispatcherv1.TestRoutineCase) (json.RawMessage, error) {
-	f, ok := globals[c.GetFunction()].(starlark.Callable)
+func callFn(globals starlark.StringDict, fn string, raw []json.RawMessage) (json.RawMessage, error) {
+	f, ok := globals[fn].(starlark.Callable)
 	if !ok {
-		return nil, fmt.Errorf("the routine defines no function %s", c.GetFunction())
+		return nil, fmt.Errorf("the routine defines no function %s", fn)
 	}
 	th, stop := newThread()
 	defer stop()
-	args := make(starlark.Tuple, len(c.GetArgsJson()))
-	for i, a := range c.GetArgsJson() {
-		v, err := fromJSON(th, json.RawMessage(a))
+	args := make(starlark.Tuple, len(raw))
+	for i, a := range raw {
+		v, err := fromJSON(th, a)
 		if err != nil {
 			return nil, fmt.Errorf("argument %d: %w", i, err)
 		}

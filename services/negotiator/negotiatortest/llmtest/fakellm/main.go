@@ -17,7 +17,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/parleyhq/parley/services/negotiator/llmtest"
+	"github.com/parleyhq/parley/services/negotiator/negotiatortest/llmtest"
 )
 
 func main() {

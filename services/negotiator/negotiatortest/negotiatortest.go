@@ -1,9 +1,10 @@
-// Package inproc runs a negotiator inside the current process, on loopback
-// gRPC with a temporary data directory, for the weather demo and the
-// network benchmark. No dispatcher runs there, so the same gRPC server
-// hosts routinetest's stand-in for the dispatcher's TestRoutine, and the
-// negotiator reaches it as its dispatcher peer, over the same RPC.
-package inproc
+// Package negotiatortest is test support, not product code (no production
+// package imports it: e2e/arch_test.go). Start runs a negotiator inside the
+// current process, on loopback gRPC with a temporary data directory, for
+// tests and the network benchmark (bench/negotiator). Its subpackages are
+// the scripted LLM fixture (llmtest) and a stand-in for the dispatcher's
+// routine runtime (routinetest).
+package negotiatortest
 
 import (
 	"context"
@@ -14,12 +15,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/app"
 	"github.com/parleyhq/parley/services/negotiator/config"
-	"github.com/parleyhq/parley/services/negotiator/internal/routine/routinetest"
 )
 
 // Negotiator is a running in-process negotiator.
@@ -79,7 +78,7 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 		return nil, err
 	}
 	n.closers = append(n.closers, func() { _ = conn.Close() })
-	a, err := app.New(cfg, logger, app.Peers{Dispatcher: conn})
+	a, err := app.New(cfg, logger)
 	if err != nil {
 		grpcLis.Close()
 		httpLis.Close()
@@ -99,7 +98,6 @@ func Start(ctx context.Context, llmCfg config.LLM, tweak ...func(*config.Config)
 		httpLis.Close()
 		return nil, err
 	}
-	dispatcherv1.RegisterDispatcherServiceServer(srv.GRPC, &routinetest.Dispatcher{})
 	done := make(chan error, 1)
 	go func() { done <- srv.Run(rctx, grpcLis, httpLis) }()
 	n.closers = append(n.closers, func() {
