@@ -60,7 +60,7 @@ func goList(t *testing.T, patterns ...string) map[string][]string {
 // are types, not transport, and are outside this rule.)
 func TestArch_dispatcherCoreHasNoGRPC(t *testing.T) {
 	const base = modulePrefix + "services/dispatcher/internal/"
-	concepts := []string{"inbound", "outbound", "hub", "shadow", "hosted", "negotiation", "directory", "llm", "cache", "metrics"}
+	concepts := []string{"inbound", "outbound", "hub", "shadow", "hosted", "negotiation", "directory", "llm", "cache", "metrics", "notify"}
 	var patterns []string
 	for _, c := range concepts {
 		patterns = append(patterns, base+c)

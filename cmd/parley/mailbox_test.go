@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/grpcclient"
 )
 
@@ -114,5 +116,99 @@ func TestMailbox_anAgentKeyReachesOnlyItsOwnMailbox(t *testing.T) {
 		if got := sse(tt.token, tt.agent); got != tt.want {
 			t.Errorf("%s: GET stream = %d, want %d", tt.name, got, tt.want)
 		}
+	}
+}
+
+// TestListen: alice sends bob messages; `parley listen` with bob's key
+// prints them as JSON lines and acknowledges them, so the next listen
+// resumes after them; --count with a --timeout that passes first fails.
+func TestListen(t *testing.T) {
+	dir := t.TempDir()
+	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, addr, _ := startSuite(t, cfg)
+	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	call := func(token string, args ...string) (string, error) {
+		var stdout bytes.Buffer
+		getenv := func(k string) string { return map[string]string{"PARLEY_SERVER": addr, "PARLEY_TOKEN": token}[k] }
+		err := run(args, getenv, &stdout, io.Discard)
+		return strings.TrimSpace(stdout.String()), err
+	}
+	must := func(token string, args ...string) string {
+		t.Helper()
+		out, err := call(token, args...)
+		if err != nil {
+			t.Fatalf("parley %q: %v", args, err)
+		}
+		return out
+	}
+	acmeKey := must(strings.TrimSpace(string(op)), "client", "create", "acme")
+	aliceKey := must(acmeKey, "agent", "create", "acme:alice")
+	bobKey := must(acmeKey, "agent", "create", "acme:bob")
+	const alice, bob = "clients/acme/agents/alice", "clients/acme/agents/bob"
+	for name, key := range map[string]string{alice: aliceKey, bob: bobKey} {
+		conn, err := grpcclient.Dial(addr, grpcclient.Options{Token: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if _, err := registryv1.NewRegistryServiceClient(conn).JoinClientGroup(t.Context(), &registryv1.JoinClientGroupRequest{Name: name}); err != nil {
+			t.Fatalf("JoinClientGroup(%s): %v", name, err)
+		}
+	}
+	conn, err := grpcclient.Dial(addr, grpcclient.Options{Token: aliceKey})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	disp := dispatcherv1.NewDispatcherServiceClient(conn)
+	send := func(text string) string {
+		t.Helper()
+		resp, err := disp.SendMessage(t.Context(), &dispatcherv1.SendMessageRequest{
+			Sender: alice, To: &dispatcherv1.DistributionList{Direct: []string{bob}}, MessageType: "new_message", BodyJson: `{"text":"` + text + `"}`,
+		})
+		if err != nil {
+			t.Fatalf("SendMessage(%s): %v", text, err)
+		}
+		return resp.GetMessageId()
+	}
+	first, second := send("one"), send("two")
+
+	out := must(bobKey, "listen", "--count", "2", "--timeout", "30s")
+	lines := strings.Split(out, "\n")
+	if len(lines) != 2 {
+		t.Fatalf("parley listen --count 2 printed %d lines, want 2:\n%s", len(lines), out)
+	}
+	var m struct {
+		Cursor              uint64
+		MessageID, Sender   string
+		Category, Recipient string
+		Body                json.RawMessage
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &m); err != nil {
+		t.Fatalf("line %q: %v", lines[0], err)
+	}
+	if m.Cursor != 1 || m.MessageID != first || m.Sender != alice || m.Recipient != bob || m.Category != "message" || string(m.Body) != `{"text":"one"}` {
+		t.Errorf("first line = %s, want message %s from alice with its JSON body", lines[0], first)
+	}
+	if !strings.Contains(lines[1], second) {
+		t.Errorf("second line = %s, want message %s", lines[1], second)
+	}
+
+	third := send("three")
+	if out := must(bobKey, "listen", "--count", "1", "--timeout", "30s"); !strings.Contains(out, third) {
+		t.Errorf("the next listen printed %s, want only message %s (the first two were acknowledged)", out, third)
+	}
+	// Nothing is waiting now: a count the timeout cuts short is an error.
+	if _, err := call(bobKey, "listen", "--count", "1", "--timeout", "100ms"); err == nil || !strings.Contains(err.Error(), "0 of 1") {
+		t.Errorf("parley listen on an empty mailbox with --count 1 --timeout 100ms: %v, want a timeout after 0 of 1", err)
+	}
+	if _, err := call(acmeKey, "listen", "--count", "1"); err == nil || !strings.Contains(err.Error(), "agent key") {
+		t.Errorf("parley listen with a client key: %v, want a usage error asking for an agent key", err)
 	}
 }

@@ -98,6 +98,7 @@ func commands() map[string]command {
 		"follow":    {"make your agent (its key in --token) follow AGENT, so AGENT may start dialogues with it", runFollow},
 		"gateway":   {"run the REST gateway in front of separately running services", runGateway},
 		"health":    {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
+		"listen":    {"receive your agent's messages (its key in --token), one JSON object per line, acknowledging each", runListen},
 		"protocol":  {"manage protocol documents in a running registry", runProtocol},
 		"reply":     {"answer a message your agent received (--all: every recipient of it too)", runReply},
 		"send":      {"send a message from your agent, opening a dialogue; prints its ids and refusals as JSON", runSend},

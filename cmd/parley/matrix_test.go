@@ -249,6 +249,14 @@ var matrixRPCs = map[string]rpcRow{
 	disp + "CloseDialogueMessages": {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseDialogueAgent":    {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseAllDialogues":     {targets: agentT, ok: codes.OK},
+	// Orders (issue 14): only the agent named; a missing order is NOT_FOUND.
+	disp + "GetOrder":   {targets: []string{"{agent}/orders/none"}, ok: codes.NotFound},
+	disp + "ListOrders": {targets: agentT, ok: codes.OK},
+
+	// Mailboxes: the stream's first (empty) batch, or an acknowledgement
+	// of nothing.
+	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
+	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},
@@ -293,6 +301,8 @@ type routeRow struct {
 	path string // with the pattern's variables filled
 	body string
 	ok   int
+	// target is the resource the path names, for a rule that has one.
+	target string
 }
 
 // matrixRoutes has a row per hand-written route. The Agent Protocol
@@ -309,6 +319,8 @@ var matrixRoutes = func() map[string]routeRow {
 		"POST /agora/{client}/{agent}/{$}":                  {path: "/agora/acme/ghost/", body: "{}", ok: http.StatusNotFound},
 		"POST /agora/{client}/{agent}/conversations/{id}":   {path: "/agora/acme/ghost/conversations/none", body: "{}", ok: http.StatusNotFound},
 		"DELETE /agora/{client}/{agent}/conversations/{id}": {path: "/agora/acme/ghost/conversations/none", ok: http.StatusNotFound},
+		// The mailbox's event stream: cut once its headers arrive.
+		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {path: "/v1/" + ownAgentName + "/messages:stream", ok: http.StatusOK, target: ownAgentName},
 	}
 	for _, prefix := range []string{"", "/agents/{client}/{agent}"} {
 		path := strings.NewReplacer("{client}", "acme", "{agent}", "ghost").Replace(prefix)
@@ -499,7 +511,7 @@ func TestPermissionMatrix(t *testing.T) {
 		rule, hasRule := policy[route]
 		verb, _, _ := strings.Cut(route, " ")
 		for c := range numCallers {
-			want := expectedOutcome(rule, c, "", true, codes.OK)
+			want := expectedOutcome(rule, c, row.target, true, codes.OK)
 			if !hasRule {
 				want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 			}

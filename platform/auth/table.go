@@ -116,6 +116,11 @@ func ParleyPolicy() Policy {
 		disp + "CloseDialogueMessages": {Allow: Agent | Operator, Resource: "name"},
 		disp + "CloseDialogueAgent":    {Allow: Agent | Operator, Resource: "name"},
 		disp + "CloseAllDialogues":     {Allow: Agent | Operator, Resource: "agent"},
+		// Dispatcher: orders (issue 14), read by their two parties only:
+		// the agent named must be the caller, and the handler answers
+		// NOT_FOUND to an agent that is not a party.
+		disp + "GetOrder":   {Allow: Agent | Operator, Resource: "name"},
+		disp + "ListOrders": {Allow: Agent | Operator, Resource: "parent"},
 		// Dispatcher: mailboxes. An agent key receives and acknowledges
 		// its own agent's mailbox only; client keys do not (one stream per
 		// agent, opened by the agent).

@@ -35,7 +35,8 @@ type Options struct {
 	// Schema is the PostgreSQL schema the store's tables live in, created
 	// when missing; every connection has it as its search_path. Required.
 	Schema string
-	// Migrations holds the NNNN_what.sql files, at its root.
+	// Migrations holds the NNNN_what.sql files, in its directory
+	// "migrations" when it has one (a pgstore's embed.FS), else at its root.
 	Migrations fs.FS
 	// ConnectTimeout bounds one connection attempt; default 5s.
 	ConnectTimeout time.Duration
@@ -114,6 +115,13 @@ func validSchema(s string) bool {
 func readMigrations(fsys fs.FS) ([]migration, error) {
 	if fsys == nil {
 		return nil, errors.New("pgdb: no migrations")
+	}
+	if st, err := fs.Stat(fsys, "migrations"); err == nil && st.IsDir() {
+		sub, err := fs.Sub(fsys, "migrations")
+		if err != nil {
+			return nil, fmt.Errorf("pgdb: migrations: %w", err)
+		}
+		fsys = sub
 	}
 	entries, err := fs.ReadDir(fsys, ".")
 	if err != nil {
@@ -208,11 +216,19 @@ func (d *DB) Version(ctx context.Context) (int, error) {
 // Pool is the connection pool, for single statements outside a transaction.
 func (d *DB) Pool() *pgxpool.Pool { return d.pool }
 
-// Ping checks that a connection works.
-func (d *DB) Ping(ctx context.Context) error { return d.pool.Ping(ctx) }
+// Ping checks that a connection works: a store's readiness.
+func (d *DB) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return d.pool.Ping(ctx)
+}
 
 // Close closes every connection. Later calls fail.
-func (d *DB) Close() { d.pool.Close() }
+func (d *DB) Close() error {
+	d.pool.Close()
+	return nil
+}
 
 // View runs fn in a read-only REPEATABLE READ transaction: fn sees one
 // snapshot of the database.

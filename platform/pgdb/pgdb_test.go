@@ -24,7 +24,7 @@ func open(t *testing.T, url, schema string, migs fstest.MapFS) *pgdb.DB {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(db.Close)
+	t.Cleanup(func() { db.Close() })
 	return db
 }
 

@@ -18,6 +18,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/server"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -44,7 +45,9 @@ type App struct {
 	mailboxes *mailbox.Mailboxes
 	// dialogues is the store's dialogue side (the same bbolt file).
 	dialogues store.DialogueStore
-	pool      *routine.Pool // the routine workers, set by Register
+	// orders is the store's order side (the same bbolt file).
+	orders store.OrderStore
+	pool   *routine.Pool // the routine workers, set by Register
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -74,7 +77,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
 	})
-	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st}, nil
+	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st}, nil
 }
 
 func (a *App) options(s *serve.Server) (server.Options, error) {
@@ -122,6 +125,7 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		// The agent network's dialogues.
 		Dialogues:           a.dialogues,
 		Mailboxes:           a.mailboxes,
+		Orders:              a.orders,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
 		// Their receive streams.
@@ -163,6 +167,12 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
+	// The registry's network notifications reach mailboxes through this
+	// relay; the registry never calls the dispatcher.
+	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
+		Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
+	})
+	go func() { _ = relay.Run(ctx) }() // returns nil when ctx ends
 	return nil
 }
 

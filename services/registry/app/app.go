@@ -15,6 +15,7 @@ import (
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/grpcclient"
+	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/registry/config"
 	"github.com/parleyhq/parley/services/registry/internal/fetch"
@@ -24,6 +25,7 @@ import (
 	"github.com/parleyhq/parley/services/registry/internal/server"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 	"github.com/parleyhq/parley/services/registry/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/registry/internal/store/pgstore"
 )
 
 // ServiceName is the registry's gRPC service name, also its health name.
@@ -92,10 +94,7 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		NegativeTTL: cfg.FetchNegativeTTL,
 		PeerTimeout: cfg.FetchConnectTimeout,
 	}, logger)
-	if cfg.DatabaseURL != "" {
-		return nil, errors.New("--database-url: the registry has no PostgreSQL store yet (issue 15)")
-	}
-	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
+	st, err := openStore(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -115,6 +114,17 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		OpenRegistration: cfg.OpenRegistration,
 	})
 	return a, nil
+}
+
+// openStore opens PostgreSQL when cfg.DatabaseURL is set, else registry.db
+// in the data directory.
+func openStore(cfg config.Config) (store.Store, error) {
+	if cfg.DatabaseURL == "" {
+		return boltstore.Open(cfg.DataDir, 2*time.Second)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
+	defer cancel()
+	return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
 }
 
 // Register mounts the registry on s: gRPC service, gateway handlers, the

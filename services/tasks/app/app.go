@@ -5,7 +5,6 @@ package app
 
 import (
 	"context"
-	"errors"
 	"log/slog"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/tasks/config"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
@@ -20,6 +20,7 @@ import (
 	"github.com/parleyhq/parley/services/tasks/internal/server"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 	"github.com/parleyhq/parley/services/tasks/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/tasks/internal/store/pgstore"
 )
 
 // ServiceName is the tasks's gRPC service name, also its health name.
@@ -39,18 +40,35 @@ type App struct {
 	peers  Peers
 }
 
-// New opens the store and builds the server. It does not listen.
-func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
+// openStore opens the metadata store and the artifact bytes: PostgreSQL
+// for both when cfg.DatabaseURL is set, else tasks.db and artifact files
+// in the data directory.
+func openStore(cfg config.Config) (store.Store, store.Blobs, error) {
 	if cfg.DatabaseURL != "" {
-		return nil, errors.New("--database-url: the tasks service has no PostgreSQL store yet (issue 15)")
+		ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
+		defer cancel()
+		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
+		if err != nil {
+			return nil, nil, err
+		}
+		return st, st.Blobs(), nil
 	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	files, err := artifactfs.New(cfg.DataDir)
 	if err != nil {
 		st.Close()
+		return nil, nil, err
+	}
+	return st, files, nil
+}
+
+// New opens the store and builds the server. It does not listen.
+func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
+	st, files, err := openStore(cfg)
+	if err != nil {
 		return nil, err
 	}
 	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, server.Options{

@@ -39,6 +39,8 @@ const (
 	DispatcherService_CloseDialogueMessages_FullMethodName = "/parley.dispatcher.v1.DispatcherService/CloseDialogueMessages"
 	DispatcherService_CloseDialogueAgent_FullMethodName    = "/parley.dispatcher.v1.DispatcherService/CloseDialogueAgent"
 	DispatcherService_CloseAllDialogues_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/CloseAllDialogues"
+	DispatcherService_GetOrder_FullMethodName              = "/parley.dispatcher.v1.DispatcherService/GetOrder"
+	DispatcherService_ListOrders_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/ListOrders"
 )
 
 // DispatcherServiceClient is the client API for DispatcherService service.
@@ -140,6 +142,12 @@ type DispatcherServiceClient interface {
 	// CloseAllDialogues closes every dialogue open for the agent, as
 	// CloseDialogue does each. Errors: INVALID_ARGUMENT.
 	CloseAllDialogues(ctx context.Context, in *CloseAllDialoguesRequest, opts ...grpc.CallOption) (*CloseAllDialoguesResponse, error)
+	// GetOrder returns an order to one of its two parties. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND (no such order of this agent).
+	GetOrder(ctx context.Context, in *GetOrderRequest, opts ...grpc.CallOption) (*Order, error)
+	// ListOrders lists the orders an agent is a party to, optionally in one
+	// state. Errors: INVALID_ARGUMENT.
+	ListOrders(ctx context.Context, in *ListOrdersRequest, opts ...grpc.CallOption) (*ListOrdersResponse, error)
 }
 
 type dispatcherServiceClient struct {
@@ -362,6 +370,26 @@ func (c *dispatcherServiceClient) CloseAllDialogues(ctx context.Context, in *Clo
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) GetOrder(ctx context.Context, in *GetOrderRequest, opts ...grpc.CallOption) (*Order, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Order)
+	err := c.cc.Invoke(ctx, DispatcherService_GetOrder_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) ListOrders(ctx context.Context, in *ListOrdersRequest, opts ...grpc.CallOption) (*ListOrdersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListOrdersResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_ListOrders_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DispatcherServiceServer is the server API for DispatcherService service.
 // All implementations must embed UnimplementedDispatcherServiceServer
 // for forward compatibility.
@@ -461,6 +489,12 @@ type DispatcherServiceServer interface {
 	// CloseAllDialogues closes every dialogue open for the agent, as
 	// CloseDialogue does each. Errors: INVALID_ARGUMENT.
 	CloseAllDialogues(context.Context, *CloseAllDialoguesRequest) (*CloseAllDialoguesResponse, error)
+	// GetOrder returns an order to one of its two parties. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND (no such order of this agent).
+	GetOrder(context.Context, *GetOrderRequest) (*Order, error)
+	// ListOrders lists the orders an agent is a party to, optionally in one
+	// state. Errors: INVALID_ARGUMENT.
+	ListOrders(context.Context, *ListOrdersRequest) (*ListOrdersResponse, error)
 	mustEmbedUnimplementedDispatcherServiceServer()
 }
 
@@ -530,6 +564,12 @@ func (UnimplementedDispatcherServiceServer) CloseDialogueAgent(context.Context, 
 }
 func (UnimplementedDispatcherServiceServer) CloseAllDialogues(context.Context, *CloseAllDialoguesRequest) (*CloseAllDialoguesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CloseAllDialogues not implemented")
+}
+func (UnimplementedDispatcherServiceServer) GetOrder(context.Context, *GetOrderRequest) (*Order, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetOrder not implemented")
+}
+func (UnimplementedDispatcherServiceServer) ListOrders(context.Context, *ListOrdersRequest) (*ListOrdersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListOrders not implemented")
 }
 func (UnimplementedDispatcherServiceServer) mustEmbedUnimplementedDispatcherServiceServer() {}
 func (UnimplementedDispatcherServiceServer) testEmbeddedByValue()                           {}
@@ -894,6 +934,42 @@ func _DispatcherService_CloseAllDialogues_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_GetOrder_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetOrderRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).GetOrder(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_GetOrder_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).GetOrder(ctx, req.(*GetOrderRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_ListOrders_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListOrdersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).ListOrders(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_ListOrders_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).ListOrders(ctx, req.(*ListOrdersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DispatcherService_ServiceDesc is the grpc.ServiceDesc for DispatcherService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -972,6 +1048,14 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CloseAllDialogues",
 			Handler:    _DispatcherService_CloseAllDialogues_Handler,
+		},
+		{
+			MethodName: "GetOrder",
+			Handler:    _DispatcherService_GetOrder_Handler,
+		},
+		{
+			MethodName: "ListOrders",
+			Handler:    _DispatcherService_ListOrders_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

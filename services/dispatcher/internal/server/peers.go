@@ -10,6 +10,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -19,8 +20,28 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
 )
+
+// NotificationSource adapts the registry's gRPC client to notify.Source.
+func NotificationSource(c registryv1.RegistryServiceClient) notify.Source {
+	return notificationSource{c}
+}
+
+type notificationSource struct {
+	c registryv1.RegistryServiceClient
+}
+
+func (n notificationSource) Notifications(ctx context.Context, after, trimThrough uint64, limit int, wait time.Duration) ([]*registryv1.Notification, uint64, error) {
+	resp, err := n.c.ListNotifications(ctx, &registryv1.ListNotificationsRequest{
+		After: after, TrimThrough: trimThrough, PageSize: int32(min(limit, 1000)), Wait: durationpb.New(wait), //nolint:gosec // clamped to 1000
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	return resp.GetNotifications(), resp.GetFirstSequence(), nil
+}
 
 // registryPeer adapts the registry's gRPC client to directory.Registry,
 // translating its codes into the directory's sentinels at this edge.

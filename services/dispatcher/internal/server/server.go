@@ -152,6 +152,9 @@ type Options struct {
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC; 10 s.
 	MessageTimeout time.Duration
+	// Orders keeps service transactions' orders; GetOrder and ListOrders
+	// answer UNAVAILABLE without it.
+	Orders store.OrderStore
 
 	// Delivery is the mailboxes that ReceiveMessages, AcknowledgeMessages
 	// and the SSE route read; those answer UNIMPLEMENTED when nil.

@@ -23,6 +23,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
 // Errors returned by Write and Open; callers match them with errors.Is.
@@ -30,10 +32,11 @@ var (
 	// ErrBadName reports a file name or relative path that is not allowed.
 	ErrBadName = errors.New("bad artifact name")
 	// ErrTooLarge reports content over the size limit.
-	ErrTooLarge = errors.New("artifact too large")
+	ErrTooLarge = store.ErrTooLarge
 )
 
-// FS is the artifact folder of a data directory.
+// FS is the artifact folder of a data directory: the bbolt deployment's
+// store.Blobs.
 type FS struct {
 	root string
 	// sync makes a file's or a directory's data durable; tests replace it
@@ -49,6 +52,8 @@ func New(dataDir string) (*FS, error) {
 	}
 	return &FS{root: root, sync: (*os.File).Sync}, nil
 }
+
+var _ store.Blobs = (*FS)(nil)
 
 const maxNameBytes = 255
 
@@ -196,12 +201,16 @@ func (f *FS) syncDir(dir string) error {
 }
 
 // Open opens the bytes of the task's artifact artifactID for reading.
-func (f *FS) Open(taskID, artifactID string) (*os.File, error) {
+func (f *FS) Open(taskID, artifactID string) (io.ReadSeekCloser, error) {
 	_, full, err := f.path(taskID, artifactID)
 	if err != nil {
 		return nil, err
 	}
-	return os.Open(full)
+	file, err := os.Open(full)
+	if err != nil {
+		return nil, err // not a nil *os.File in an interface
+	}
+	return file, nil
 }
 
 func randomHex() string {

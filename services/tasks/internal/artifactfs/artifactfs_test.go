@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
+	"github.com/parleyhq/parley/services/tasks/internal/store"
+	"github.com/parleyhq/parley/services/tasks/internal/store/storetest"
 )
 
 func TestCleanNames_refuseNamesLeavingTheTaskFolder(t *testing.T) {
@@ -187,4 +189,14 @@ func TestWrite_syncsFileAndDirectoriesBeforeReturning(t *testing.T) {
 			t.Errorf("Write with fsync %d failing = nil error, want the failure", i+1)
 		}
 	}
+}
+
+func TestConformance(t *testing.T) {
+	storetest.RunBlobs(t, func(t *testing.T) store.Blobs {
+		fs, err := artifactfs.New(t.TempDir())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fs
+	})
 }

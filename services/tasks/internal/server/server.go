@@ -71,7 +71,7 @@ type Server struct {
 	tasksv1.UnimplementedTasksServiceServer
 
 	store  store.Store
-	files  *artifactfs.FS
+	files  store.Blobs
 	logger *slog.Logger
 	opts   Options
 	hub    *hub
@@ -86,7 +86,7 @@ var _ tasksv1.TasksServiceServer = (*Server)(nil)
 
 // New returns a Server over st and files that executes steps through
 // dispatcher. Call Start to resume pending steps and Close to stop.
-func New(st store.Store, files *artifactfs.FS, dispatcher dispatcherv1.DispatcherServiceClient, logger *slog.Logger, opts Options) *Server {
+func New(st store.Store, files store.Blobs, dispatcher dispatcherv1.DispatcherServiceClient, logger *slog.Logger, opts Options) *Server {
 	if opts.StepTimeout <= 0 {
 		opts.StepTimeout = 10 * time.Minute
 	}

@@ -42,3 +42,7 @@ func TestDialogueConformance(t *testing.T) {
 func TestTimerConformance(t *testing.T) {
 	storetest.RunTimers(t, func(t *testing.T) storetest.TimerBackend { return open(t) })
 }
+
+func TestOrderConformance(t *testing.T) {
+	storetest.RunOrders(t, func(t *testing.T) store.OrderStore { return open(t) })
+}

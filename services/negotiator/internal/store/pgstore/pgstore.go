@@ -9,7 +9,6 @@ import (
 	"embed"
 	"errors"
 	"fmt"
-	"io/fs"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -35,11 +34,7 @@ var _ store.Store = (*Store)(nil)
 // Open connects to the database at url and migrates schema (Schema, or a
 // test's own).
 func Open(ctx context.Context, url, schema string) (*Store, error) {
-	migs, err := fs.Sub(migrationFiles, "migrations")
-	if err != nil {
-		return nil, err
-	}
-	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migs})
+	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migrationFiles})
 	if err != nil {
 		return nil, err
 	}
@@ -47,18 +42,10 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 }
 
 // Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.Ping(ctx)
-}
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
 // Close closes the connections.
-func (s *Store) Close() error {
-	s.db.Close()
-	return nil
-}
+func (s *Store) Close() error { return s.db.Close() }
 
 // AppendLedgerEntry implements store.Store. The totals are added by SQL,
 // so concurrent appends queue on a total's row lock and never retry.

@@ -308,3 +308,21 @@ func testGroupRecordsGoWithTheirAgent(t *testing.T, s store.Store) {
 		return nil
 	})
 }
+
+// OutboxLimit checks that an outbox limited to 3 (set by setLimit, a
+// backend's test seam) keeps only the newest notifications, in order.
+func OutboxLimit(t *testing.T, s store.Store, setLimit func(int)) {
+	t.Helper()
+	setLimit(3)
+	for range 7 {
+		if err := s.UpdateGroups(t.Context(), func(w store.GroupWriter) error {
+			return w.Notify(&registryv1.Notification{Type: "followed"})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	notes, first, err := s.ListNotifications(t.Context(), 0, 10)
+	if err != nil || len(notes) != 3 || first != 5 || notes[0].GetSequence() != 5 || notes[2].GetSequence() != 7 {
+		t.Errorf("ListNotifications after 7 appends with limit 3 = %v, first %d, %v; want sequences 5 to 7", notes, first, err)
+	}
+}

@@ -1,0 +1,266 @@
+package sdk
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+)
+
+// ErrReplaced is returned by Run, wrapped, when another connection of the
+// same agent took its mailbox over: one receiver per agent at a time.
+var ErrReplaced = errors.New("another connection of this agent took over its mailbox")
+
+// NetworkOptions tune a NetworkAgent. Zero values take the defaults noted.
+type NetworkOptions struct {
+	// Key is the agent's key (parley_ak_…), sent with every call.
+	Key string
+	// Router routes received messages; a new, empty one when nil. Several
+	// agents may share one.
+	Router *Router
+	// ClearBacklog drops what waits in the mailbox on the first connect,
+	// so that only messages sent from then on arrive.
+	ClearBacklog bool
+	// MinBackoff and MaxBackoff bound the wait before a reconnect, which
+	// doubles after each failed attempt (with jitter); 100 ms and 10 s.
+	MinBackoff, MaxBackoff time.Duration
+	// DedupWindow is how many recent message ids are remembered to drop
+	// redeliveries; 10,000.
+	DedupWindow int
+	// OnError hears handler errors, messages no route takes (ErrNoRoute)
+	// and failed connections before a reconnect; nil ignores them.
+	OnError func(error)
+}
+
+// NetworkAgent receives an agent's network messages from its durable
+// mailbox and routes them to handlers: in mailbox order, one at a time,
+// each acknowledged once its handler returns. It reconnects with backoff,
+// resumes after the last cursor it handled, and drops redelivered ids.
+type NetworkAgent struct {
+	name    string
+	client  dispatcherv1.DispatcherServiceClient
+	opts    NetworkOptions
+	router  *Router
+	results *results
+
+	mu     sync.Mutex // guards cursor, seen, order, cleared
+	cursor uint64     // the last cursor handled
+	seen   map[string]struct{}
+	order  []string // seen's ids, oldest first
+	clear  bool     // ClearBacklog still to do
+}
+
+// NewNetworkAgent returns the agent name (clients/{client}/agents/{agent})
+// receiving over conn. It does not connect until Run.
+func NewNetworkAgent(conn grpc.ClientConnInterface, name string, opts NetworkOptions) (*NetworkAgent, error) {
+	if conn == nil {
+		return nil, errors.New("network agent: conn is nil")
+	}
+	if name == "" {
+		return nil, errors.New("network agent: name is empty")
+	}
+	if opts.Router == nil {
+		opts.Router = NewRouter()
+	}
+	if opts.MinBackoff <= 0 {
+		opts.MinBackoff = 100 * time.Millisecond
+	}
+	if opts.MaxBackoff < opts.MinBackoff {
+		opts.MaxBackoff = max(10*time.Second, opts.MinBackoff)
+	}
+	if opts.DedupWindow <= 0 {
+		opts.DedupWindow = 10_000
+	}
+	return &NetworkAgent{
+		name: name, client: dispatcherv1.NewDispatcherServiceClient(conn), opts: opts, router: opts.Router,
+		results: newResults(), seen: map[string]struct{}{}, clear: opts.ClearBacklog,
+	}, nil
+}
+
+// Name returns the agent's name.
+func (a *NetworkAgent) Name() string { return a.name }
+
+// Handle registers a route on the agent's Router; see Router.Handle.
+func (a *NetworkAgent) Handle(key RouteKey, name string, h HandlerFunc) error {
+	return a.router.Handle(key, name, h)
+}
+
+// Cursor returns the mailbox cursor of the last message handled.
+func (a *NetworkAgent) Cursor() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.cursor
+}
+
+// Expect returns the next value a handler of the route named name passed
+// back to this agent. A zero timeout returns at once, a negative one waits
+// until ctx ends; ErrNothingExpected when none came.
+func (a *NetworkAgent) Expect(ctx context.Context, name string, timeout time.Duration) (any, error) {
+	_, v, err := a.results.expect(ctx, []string{name}, timeout)
+	return v, err
+}
+
+// ExpectMultiple returns the first value passed back by a handler of any
+// of the routes named, with the route's name.
+func (a *NetworkAgent) ExpectMultiple(ctx context.Context, names []string, timeout time.Duration) (string, any, error) {
+	return a.results.expect(ctx, names, timeout)
+}
+
+func (a *NetworkAgent) callContext(ctx context.Context) context.Context {
+	if a.opts.Key == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+a.opts.Key)
+}
+
+func (a *NetworkAgent) report(err error) {
+	if a.opts.OnError != nil {
+		a.opts.OnError(err)
+	}
+}
+
+// Run receives and handles messages until ctx ends (returning nil) or the
+// server refuses the agent for good: its key or name (wrapping
+// ErrNotAuthorized, or INVALID_ARGUMENT), or a takeover by another
+// connection (ErrReplaced). Anything else reconnects after a backoff.
+func (a *NetworkAgent) Run(ctx context.Context) error {
+	backoff := a.opts.MinBackoff
+	for {
+		established, err := a.receive(ctx)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch status.Code(err) {
+		case codes.Unauthenticated, codes.PermissionDenied:
+			return fmt.Errorf("receive: %w: %s", ErrNotAuthorized, status.Convert(err).Message())
+		case codes.InvalidArgument, codes.Unimplemented:
+			return fmt.Errorf("receive: %w", err)
+		case codes.Aborted:
+			return fmt.Errorf("receive: %w: %s", ErrReplaced, status.Convert(err).Message())
+		}
+		if established {
+			backoff = a.opts.MinBackoff
+		}
+		a.report(fmt.Errorf("receive: %w; reconnecting", err))
+		// Full jitter up to the backoff, so that many agents cut off at
+		// once do not reconnect at once.
+		wait := time.Duration(rand.Int64N(int64(backoff))) + time.Millisecond
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		backoff = min(2*backoff, a.opts.MaxBackoff)
+	}
+}
+
+// receive runs one stream; established reports whether the server
+// accepted it (its first batch arrived).
+func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a.mu.Lock()
+	req := &dispatcherv1.ReceiveMessagesRequest{Agent: a.name, AfterCursor: a.cursor, ClearBacklog: a.clear}
+	a.mu.Unlock()
+	stream, err := a.client.ReceiveMessages(a.callContext(ctx), req)
+	if err != nil {
+		return false, err
+	}
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			return established, err
+		}
+		if !established {
+			established = true
+			a.mu.Lock()
+			a.clear = false
+			a.mu.Unlock()
+		}
+		if len(resp.GetMessages()) == 0 {
+			continue // a keepalive
+		}
+		for _, pm := range resp.GetMessages() {
+			m := fromProto(pm)
+			m.Recipient = a.name // routes are keyed by the agent receiving
+			a.handle(ctx, m)
+		}
+		last := resp.GetMessages()[len(resp.GetMessages())-1].GetCursor()
+		if _, err := a.client.AcknowledgeMessages(a.callContext(ctx), &dispatcherv1.AcknowledgeMessagesRequest{Agent: a.name, Cursor: last}); err != nil {
+			// Unacknowledged messages come again; their ids are dropped.
+			return established, err
+		}
+	}
+}
+
+// handle routes m unless its id was seen, and records its cursor.
+func (a *NetworkAgent) handle(ctx context.Context, m Message) {
+	a.mu.Lock()
+	_, dup := a.seen[m.ID]
+	if !dup {
+		a.seen[m.ID] = struct{}{}
+		a.order = append(a.order, m.ID)
+		if len(a.order) > a.opts.DedupWindow {
+			delete(a.seen, a.order[0])
+			a.order = a.order[1:]
+		}
+	}
+	a.cursor = max(a.cursor, m.Cursor)
+	a.mu.Unlock()
+	if dup {
+		return
+	}
+	rt, ok := a.router.lookup(m)
+	if !ok {
+		a.report(fmt.Errorf("message %s (type %q, category %q): %w", m.ID, m.Type, m.Category, ErrNoRoute))
+		return
+	}
+	v, err := safeCall(ctx, rt.h, m)
+	if err != nil {
+		a.report(fmt.Errorf("route %q, message %s: %w", rt.name, m.ID, err))
+	}
+	if v != nil {
+		a.results.push(rt.name, v)
+	}
+}
+
+// safeCall runs h, turning a panic into an error so that one bad handler
+// cannot end the agent.
+func safeCall(ctx context.Context, h HandlerFunc, m Message) (v any, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			v, err = nil, fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return h(ctx, m)
+}
+
+var categoryNames = map[dispatcherv1.MessageCategory]Category{
+	dispatcherv1.MessageCategory_MESSAGE_CATEGORY_MESSAGE:       CategoryMessage,
+	dispatcherv1.MessageCategory_MESSAGE_CATEGORY_SUBSCRIPTION:  CategorySubscription,
+	dispatcherv1.MessageCategory_MESSAGE_CATEGORY_SERVICE:       CategoryService,
+	dispatcherv1.MessageCategory_MESSAGE_CATEGORY_NOTIFICATIONS: CategoryNotifications,
+}
+
+func fromProto(m *dispatcherv1.NetworkMessage) Message {
+	out := Message{
+		ID: m.GetMessageId(), DialogueID: m.GetDialogueId(), Sender: m.GetSender(), Recipient: m.GetRecipient(),
+		Category: categoryNames[m.GetCategory()], Type: m.GetMessageType(), Protocol: m.GetProtocol(),
+		RecipientType: m.GetRecipientType(), Body: m.GetBodyJson(), InReplyTo: m.GetInReplyTo(), Cursor: m.GetCursor(),
+	}
+	if t := m.GetCreateTime(); t.IsValid() {
+		out.Time = t.AsTime()
+	}
+	return out
+}

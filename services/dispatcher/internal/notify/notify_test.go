@@ -1,0 +1,236 @@
+package notify_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+)
+
+const (
+	alice = "clients/acme/agents/alice"
+	bob   = "clients/beta/agents/bob"
+)
+
+// fakeOutbox is the registry's outbox as ListNotifications serves it:
+// notifications after a sequence, trimmed through trim_through, a poll on
+// an empty tail waiting until one is added or the call ends. intercept,
+// when set, may answer a call first.
+type fakeOutbox struct {
+	mu        sync.Mutex
+	notes     []*registryv1.Notification
+	next      uint64
+	added     chan struct{} // closed and replaced by add
+	intercept func(after uint64) error
+}
+
+func newFakeOutbox() *fakeOutbox { return &fakeOutbox{added: make(chan struct{})} }
+
+func (f *fakeOutbox) add(typ, recipient string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.next++
+	f.notes = append(f.notes, &registryv1.Notification{
+		Sequence: f.next, Id: "ntf-" + string(rune('a'+f.next)), Type: typ, Recipient: recipient, Agent: alice,
+		Group: "acme/travel", CreateTime: timestamppb.New(time.Unix(1700000000, 0)),
+	})
+	close(f.added)
+	f.added = make(chan struct{})
+}
+
+func (f *fakeOutbox) kept() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.notes)
+}
+
+func (f *fakeOutbox) Notifications(ctx context.Context, after, trimThrough uint64, limit int, _ time.Duration) ([]*registryv1.Notification, uint64, error) {
+	f.mu.Lock()
+	intercept := f.intercept
+	f.mu.Unlock()
+	if intercept != nil {
+		if err := intercept(after); err != nil {
+			return nil, 0, err
+		}
+	}
+	for {
+		f.mu.Lock()
+		f.notes = slices.DeleteFunc(f.notes, func(n *registryv1.Notification) bool {
+			return n.GetSequence() <= min(trimThrough, after)
+		})
+		var (
+			out   []*registryv1.Notification
+			first uint64
+		)
+		if len(f.notes) > 0 {
+			first = f.notes[0].GetSequence()
+		}
+		for _, n := range f.notes {
+			if n.GetSequence() > after && len(out) < limit {
+				out = append(out, n)
+			}
+		}
+		added := f.added
+		f.mu.Unlock()
+		if len(out) > 0 {
+			return out, first, nil
+		}
+		select {
+		case <-added:
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+	}
+}
+
+func newMailboxes(t *testing.T, bound mailbox.Bound) *mailbox.Mailboxes {
+	t.Helper()
+	s, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return mailbox.New(s, mailbox.Options{Bound: bound})
+}
+
+// start runs a relay until the test ends or stop is called.
+func start(t *testing.T, src notify.Source, mb mailbox.Appender) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	r := notify.New(src, mb, notify.Options{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	go func() { done <- r.Run(ctx) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Run() = %v, want nil", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitFor polls cond until it holds or 10 s pass (a generous bound for
+// a loaded machine; it normally holds within milliseconds).
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func read(t *testing.T, mb *mailbox.Mailboxes, agent string) []mailbox.Delivery {
+	t.Helper()
+	d, err := mb.Read(t.Context(), agent, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func types(ds []mailbox.Delivery) []string {
+	var out []string
+	for _, d := range ds {
+		out = append(out, d.Message.Type)
+	}
+	return out
+}
+
+// TestRelay_restartBeforeTrimDeliversEachOnce relays three notifications,
+// stops the relay before it could tell the registry to trim them (as a
+// crash would), and starts a new relay from nothing: it reads the same
+// three again, and the mailbox still holds each once, in order.
+func TestRelay_restartBeforeTrimDeliversEachOnce(t *testing.T) {
+	out := newFakeOutbox()
+	mb := newMailboxes(t, mailbox.Bound{})
+	out.add("followed", bob)
+	out.add("invite_to_group", bob)
+	out.add("removed_from_group", bob)
+	crashed := make(chan struct{})
+	var once sync.Once
+	out.intercept = func(after uint64) error {
+		if after == 3 { // all three appended: "crash" before trimming
+			once.Do(func() { close(crashed) })
+			return errors.New("the relay crashed")
+		}
+		return nil
+	}
+	stop := start(t, out, mb)
+	<-crashed
+	stop()
+	if got := out.kept(); got != 3 {
+		t.Fatalf("outbox after the crash keeps %d, want all 3 (never trimmed)", got)
+	}
+	want := []string{"followed", "invite_to_group", "removed_from_group"}
+	if got := types(read(t, mb, bob)); !slices.Equal(got, want) {
+		t.Fatalf("bob's mailbox after the first relay = %v, want %v", got, want)
+	}
+
+	out.mu.Lock()
+	out.intercept = nil
+	out.mu.Unlock()
+	start(t, out, mb)
+	waitFor(t, "the second relay to trim the outbox", func() bool { return out.kept() == 0 })
+	got := read(t, mb, bob)
+	if !slices.Equal(types(got), want) {
+		t.Errorf("bob's mailbox after a restart = %v, want %v, each once", types(got), want)
+	}
+	m := got[1].Message
+	var body map[string]any
+	if err := json.Unmarshal(m.Body, &body); err != nil || body["group"] != "acme/travel" || body["agent"] != alice {
+		t.Errorf("invite body = %s (%v), want the notification as JSON", m.Body, err)
+	}
+	if m.Category != mailbox.CategoryNotifications || m.Sender != "" || m.ID != "ntf-c" || m.DialogueID == "" {
+		t.Errorf("invite message = %+v, want category notifications, no sender, the notification's id", m)
+	}
+}
+
+// TestRelay_fullMailboxDoesNotHoldUpOthers: a refused notification is
+// skipped, and the next, for another agent, is relayed.
+func TestRelay_fullMailboxDoesNotHoldUpOthers(t *testing.T) {
+	out := newFakeOutbox()
+	mb := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
+	out.add("followed", bob)
+	out.add("unfollowed", bob) // refused: bob's mailbox holds one unacknowledged
+	out.add("followed", alice)
+	start(t, out, mb)
+	waitFor(t, "alice's notification", func() bool { return len(read(t, mb, alice)) == 1 })
+	if got := types(read(t, mb, bob)); !slices.Equal(got, []string{"followed"}) {
+		t.Errorf("bob's mailbox = %v, want only the first notification", got)
+	}
+}
+
+// TestRelay_retriesAfterAFailure: the registry is unavailable once; the
+// relay retries and relays.
+func TestRelay_retriesAfterAFailure(t *testing.T) {
+	out := newFakeOutbox()
+	mb := newMailboxes(t, mailbox.Bound{})
+	failed := false
+	out.intercept = func(uint64) error {
+		if !failed {
+			failed = true
+			return errors.New("registry down")
+		}
+		return nil
+	}
+	start(t, out, mb)
+	out.add("followed", bob)
+	waitFor(t, "bob's notification", func() bool { return len(read(t, mb, bob)) == 1 })
+}

@@ -1,0 +1,81 @@
+// Package order keeps the orders of service transactions: the binding
+// agreement a (dialogue, counterpart) pair forms when its protocol accepts a
+// message marked opensOrder, with an audit trail of every later message of
+// the pair (who, when, which message id) and the state the outcomes put it
+// in. Orders are never deleted, and only their two parties read them.
+//
+// The dialogue layer calls Record for every message it accepts on a pair
+// of a protocol with a state machine, and the deadline scheduler for every
+// expiry; Record looks at the pair's state before and after (protocolcontrol)
+// and does nothing for pairs that hold no order.
+package order
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// Event is one accepted message, or one expiry, of a pair.
+type Event struct {
+	Dialogue string
+	Protocol string
+	Consumer string // the dialogue's initiator
+	Supplier string // the pair's counterpart
+	// Prev and Next are the pair's protocol state before and after.
+	Prev, Next json.RawMessage
+	MessageID  string
+	Type       string
+	Sender     string // "" for the network
+	Time       time.Time
+}
+
+// Recorder records events on orders.
+type Recorder struct {
+	store store.OrderStore
+	newID func() string
+}
+
+// New returns a Recorder storing orders in st, naming new ones with newID
+// (which must return unguessable ids).
+func New(st store.OrderStore, newID func() string) *Recorder {
+	return &Recorder{store: st, newID: newID}
+}
+
+// Record records e on its pair's order, forming the order when e is the
+// message that opened it. It reports whether the pair holds an order (and
+// so whether anything was recorded).
+func (r *Recorder) Record(ctx context.Context, e Event) (store.Order, bool, error) {
+	prev, err := protocolcontrol.Inspect(e.Prev)
+	if err != nil {
+		return store.Order{}, false, err
+	}
+	next, err := protocolcontrol.Inspect(e.Next)
+	if err != nil {
+		return store.Order{}, false, err
+	}
+	if !next.Order {
+		return store.Order{}, false, nil
+	}
+	o := store.Order{Dialogue: e.Dialogue, Protocol: e.Protocol, Consumer: e.Consumer, Supplier: e.Supplier}
+	tr := store.OrderTransition{Type: e.Type, MessageID: e.MessageID, Sender: e.Sender, Time: e.Time.UTC(), State: State(next)}
+	if !prev.Order {
+		o.ID = r.newID()
+	}
+	out, err := r.store.RecordOrder(ctx, o, tr, !prev.Order)
+	return out, err == nil, err
+}
+
+// State is the order state a pair's state stands for: its outcome so far.
+func State(p protocolcontrol.Pair) store.OrderState {
+	switch p.Outcome {
+	case protocolcontrol.OutcomeSuccess:
+		return store.OrderSucceeded
+	case protocolcontrol.OutcomeFailure:
+		return store.OrderFailed
+	}
+	return store.OrderActive
+}

@@ -1,0 +1,115 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"slices"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// The order buckets (store.OrderStore). Nothing ever deletes from them.
+var (
+	// bucketOrders: order id → JSON store.Order, its trail included.
+	bucketOrders = []byte("orders")
+	// bucketPairOrders: dialogue id + 0x00 + agent A + 0x00 + agent B
+	// (A < B, as bucketDialoguePairs) → order id.
+	bucketPairOrders = []byte("pair_orders")
+	// bucketAgentOrders: agent + 0x00 + order id → empty, for both parties.
+	bucketAgentOrders = []byte("agent_orders")
+)
+
+var orderBuckets = [][]byte{bucketOrders, bucketPairOrders, bucketAgentOrders}
+
+var _ store.OrderStore = (*Store)(nil)
+
+// RecordOrder implements store.OrderStore.
+func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTransition, open bool) (store.Order, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Order{}, err
+	}
+	var out store.Order
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		orders, pairs := tx.Bucket(bucketOrders), tx.Bucket(bucketPairOrders)
+		pk := pairKey(o.Dialogue, store.Pair{A: o.Consumer, B: o.Supplier})
+		id := pairs.Get(pk)
+		var cur store.Order
+		switch {
+		case id != nil:
+			if ok, err := getJSON(orders, id, &cur); err != nil || !ok {
+				return resource.NotFound("order", string(id)) // an index without its record: never written so
+			}
+		case !open:
+			return resource.NotFound("order of dialogue", o.Dialogue+" "+o.Supplier)
+		default:
+			if orders.Get([]byte(o.ID)) != nil {
+				return resource.AlreadyExists("order", o.ID)
+			}
+			cur = store.Order{ID: o.ID, Dialogue: o.Dialogue, Protocol: o.Protocol, Consumer: o.Consumer, Supplier: o.Supplier, CreateTime: tr.Time}
+			if err := pairs.Put(pk, []byte(o.ID)); err != nil {
+				return err
+			}
+			for _, a := range []string{o.Consumer, o.Supplier} {
+				if err := tx.Bucket(bucketAgentOrders).Put(join(a, o.ID), nil); err != nil {
+					return err
+				}
+			}
+		}
+		if slices.ContainsFunc(cur.Transitions, func(t store.OrderTransition) bool { return t.MessageID == tr.MessageID }) {
+			out = cur
+			return nil
+		}
+		cur.Transitions = append(cur.Transitions, tr)
+		cur.State, cur.UpdateTime = tr.State, tr.Time
+		out = cur
+		return putJSON(orders, []byte(cur.ID), cur)
+	})
+	return out, err
+}
+
+// GetOrder implements store.OrderStore.
+func (s *Store) GetOrder(ctx context.Context, id string) (store.Order, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Order{}, err
+	}
+	var o store.Order
+	err := s.db.View(func(tx *bolt.Tx) error {
+		ok, err := getJSON(tx.Bucket(bucketOrders), []byte(id), &o)
+		if err == nil && !ok {
+			return resource.NotFound("order", id)
+		}
+		return err
+	})
+	return o, err
+}
+
+// ListOrders implements store.OrderStore.
+func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderState, after string, limit int) ([]store.Order, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out []store.Order
+	err := s.db.View(func(tx *bolt.Tx) error {
+		prefix := join(agent, "")
+		c := tx.Bucket(bucketAgentOrders).Cursor()
+		k, _ := c.Seek(join(agent, after))
+		if after != "" && k != nil && bytes.Equal(k, join(agent, after)) {
+			k, _ = c.Next()
+		}
+		orders := tx.Bucket(bucketOrders)
+		for ; k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, _ = c.Next() {
+			var o store.Order
+			if ok, err := getJSON(orders, k[len(prefix):], &o); err != nil || !ok {
+				return err
+			}
+			if state == "" || o.State == state {
+				out = append(out, o)
+			}
+		}
+		return nil
+	})
+	return out, err
+}

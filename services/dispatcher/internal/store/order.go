@@ -1,0 +1,55 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// OrderState is where an order stands.
+type OrderState string
+
+// The states of an order.
+const (
+	OrderActive    OrderState = "active"
+	OrderSucceeded OrderState = "succeeded"
+	OrderFailed    OrderState = "failed"
+)
+
+// Order is a binding agreement of one (dialogue, consumer, supplier) pair,
+// with its audit trail. Orders are never deleted.
+type Order struct {
+	ID          string            `json:"id"`
+	Dialogue    string            `json:"dialogue"`
+	Protocol    string            `json:"protocol"`
+	Consumer    string            `json:"consumer"` // the dialogue's initiator
+	Supplier    string            `json:"supplier"` // the pair's counterpart
+	State       OrderState        `json:"state"`
+	CreateTime  time.Time         `json:"createTime"`
+	UpdateTime  time.Time         `json:"updateTime"`
+	Transitions []OrderTransition `json:"transitions"`
+}
+
+// OrderTransition is one recorded message of an order's pair.
+type OrderTransition struct {
+	Type      string     `json:"type"`
+	MessageID string     `json:"messageId"`
+	Sender    string     `json:"sender,omitempty"` // "" for the network
+	Time      time.Time  `json:"time"`
+	State     OrderState `json:"state"` // the order's state after it
+}
+
+// OrderStore keeps orders. Every method checks ctx first.
+type OrderStore interface {
+	// RecordOrder appends tr to the order of o's pair (o.Dialogue,
+	// o.Consumer, o.Supplier) and sets its state to tr.State. When the pair
+	// has no order, open creates one from o (o.ID, o.Protocol, with
+	// CreateTime tr.Time); without open that is ErrNotFound. A transition
+	// whose MessageID is already recorded changes nothing, so a retry is
+	// harmless. It returns the order as stored.
+	RecordOrder(ctx context.Context, o Order, tr OrderTransition, open bool) (Order, error)
+	// GetOrder returns an order; ErrNotFound when absent.
+	GetOrder(ctx context.Context, id string) (Order, error)
+	// ListOrders returns up to limit orders agent is a party to whose ids
+	// sort after after, in id order, only those in state unless it is "".
+	ListOrders(ctx context.Context, agent string, state OrderState, after string, limit int) ([]Order, error)
+}

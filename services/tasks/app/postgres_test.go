@@ -1,0 +1,77 @@
+package app_test
+
+import (
+	"encoding/json"
+	"io/fs"
+	"mime/multipart"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+	"github.com/parleyhq/parley/services/tasks/config"
+)
+
+// TestPostgreSQL_twoReplicasShareTasksAndArtifacts runs two tasks services
+// on one PostgreSQL database (--database-url), each with its own empty data
+// directory: what one writes, the other serves, artifact bytes included,
+// with the same size cap and name rules, and neither writes a file.
+func TestPostgreSQL_twoReplicasShareTasksAndArtifacts(t *testing.T) {
+	url := pgdbtest.Database(t)
+	_, conn := startFakeDispatcher(t, echoStep)
+	onPG := func(c *config.Config) {
+		c.DatabaseURL = url
+		c.MaxUploadBytes = 1 << 20
+	}
+	dirA, dirB := t.TempDir(), t.TempDir()
+	a := startTasks(t, dirA, conn, onPG)
+	b := startTasks(t, dirB, conn, onPG)
+
+	const agentAP = "/agents/acme/writer" + ap
+	task := mustOK(t, postJSON(t, a.url+agentAP, `{"input":"task input"}`))["task_id"].(string)
+	step := mustOK(t, postJSON(t, a.url+agentAP+"/"+task+"/steps", `{"input":"file"}`))
+	if step["status"] != "completed" {
+		t.Fatalf("step on A = %v; want completed", step)
+	}
+	agentArt := step["artifacts"].([]any)[0].(map[string]any)["artifact_id"].(string)
+	big := strings.Repeat("0123456789", 70_000) // 700 kB: several chunks
+	up := mustOK(t, upload(t, a.url+agentAP+"/"+task+"/artifacts", func(mw *multipart.Writer) {
+		filePart("big.txt", big)(mw)
+		fieldPart("relative_path", "out/")(mw)
+	}))
+
+	base := b.url + agentAP + "/" + task
+	if st := mustOK(t, get(t, base+"/steps"))["pagination"].(map[string]any)["total_items"]; st != json.Number("1") {
+		t.Errorf("steps seen on B = %v, want 1", st)
+	}
+	if d := get(t, base+"/artifacts/"+agentArt); string(d.body) != "Washington" {
+		t.Errorf("agent artifact read on B = %d %q, want Washington", d.code, d.body)
+	}
+	d := get(t, base+"/artifacts/"+up["artifact_id"].(string))
+	if d.code != http.StatusOK || string(d.body) != big {
+		t.Errorf("uploaded artifact read on B = %d, %d bytes; want 200, %d bytes", d.code, len(d.body), len(big))
+	}
+	// The cap and the name rules hold on B, and a refusal stores nothing.
+	if r := upload(t, base+"/artifacts", filePart("huge.bin", strings.Repeat("x", 1<<20+1))); r.code != http.StatusRequestEntityTooLarge {
+		t.Errorf("oversized upload on B = %d %s, want 413", r.code, r.body)
+	}
+	if r := upload(t, base+"/artifacts", filePart("../../evil", "x")); r.code != http.StatusBadRequest {
+		t.Errorf("traversing upload on B = %d %s, want 400", r.code, r.body)
+	}
+	if n := mustOK(t, get(t, a.url+agentAP+"/"+task+"/artifacts"))["pagination"].(map[string]any)["total_items"]; n != json.Number("2") {
+		t.Errorf("artifacts seen on A = %v, want the agent's and the upload", n)
+	}
+	for _, dir := range []string{dirA, dirB} {
+		_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+			if err == nil && !d.IsDir() {
+				t.Errorf("the PostgreSQL deployment wrote %s", p)
+			}
+			return nil
+		})
+	}
+	if _, err := os.Stat(filepath.Join(dirA, "artifacts")); err == nil {
+		t.Errorf("an artifact folder was made in the data directory")
+	}
+}

@@ -1,0 +1,402 @@
+// Package pgstore is the tasks service's PostgreSQL backend, for running
+// several replicas on one database (docs/adr/0015-postgresql-backend.md):
+// task, step and artifact metadata (Store) and artifact bytes (Blobs, in
+// blobs.go), so that no shared volume is needed. Its tables live in their
+// own schema, created and migrated by Open from the embedded
+// migrations/*.sql.
+package pgstore
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/proto"
+
+	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/pgdb"
+	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/tasks/internal/store"
+)
+
+// Schema is the PostgreSQL schema of the tasks service's tables.
+const Schema = "tasks"
+
+//go:embed migrations/*.sql
+var migrationFiles embed.FS
+
+// Store is the PostgreSQL-backed store.
+type Store struct {
+	db *pgdb.DB
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open connects to the database at url and migrates schema (Schema, or a
+// test's own).
+func Open(ctx context.Context, url, schema string) (*Store, error) {
+	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migrationFiles})
+	if err != nil {
+		return nil, err
+	}
+	return &Store{db: db}, nil
+}
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Close closes the connections.
+func (s *Store) Close() error { return s.db.Close() }
+
+func stepName(ref store.StepRef) string { return "tasks/" + ref.TaskID + "/steps/" + ref.StepID }
+
+// decode unmarshals data into a new T.
+func decode[T any, P interface {
+	*T
+	proto.Message
+}](data []byte) (P, error) {
+	m := P(new(T))
+	if err := proto.Unmarshal(data, m); err != nil {
+		return nil, fmt.Errorf("decode %T: %w", m, err)
+	}
+	return m, nil
+}
+
+// getTask reads a task, or a NotFound error.
+func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task, error) {
+	var data []byte
+	err := q.QueryRow(ctx, `SELECT data FROM tasks WHERE id = $1`, taskID).Scan(&data)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, resource.NotFound("task", "tasks/"+taskID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return decode[tasksv1.Task](data)
+}
+
+// putTask writes t back.
+func putTask(ctx context.Context, q pgdb.Querier, taskID string, t *tasksv1.Task) error {
+	data, err := proto.Marshal(t)
+	if err != nil {
+		return err
+	}
+	_, err = q.Exec(ctx, `UPDATE tasks SET data = $2 WHERE id = $1`, taskID, data)
+	return err
+}
+
+// list decodes the data column of rows.
+func list[T any, P interface {
+	*T
+	proto.Message
+}](rows pgx.Rows) ([]P, error) {
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (P, error) {
+		var data []byte
+		if err := r.Scan(&data); err != nil {
+			return nil, err
+		}
+		return decode[T, P](data)
+	})
+}
+
+// CreateTask implements store.Store.
+func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	c := proto.CloneOf(t)
+	c.ArtifactCount = 0
+	data, err := proto.Marshal(c)
+	if err != nil {
+		return err
+	}
+	tag, err := s.db.Pool().Exec(ctx, `INSERT INTO tasks (id, agent, seq, data) VALUES ($1, $2, nextval('task_seq'), $3)
+ON CONFLICT (id) DO NOTHING`, resource.ID(t.GetName()), t.GetAgent(), data)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return resource.AlreadyExists("task", t.GetName())
+	}
+	return nil
+}
+
+// GetTask implements store.Store.
+func (s *Store) GetTask(ctx context.Context, taskID string) (*tasksv1.Task, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return getTask(ctx, s.db.Pool(), taskID)
+}
+
+// ListTasks implements store.Store.
+func (s *Store) ListTasks(ctx context.Context, agent string, offset, limit int) ([]*tasksv1.Task, int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	var out []*tasksv1.Task
+	var total int
+	err := s.db.View(ctx, func(tx pgx.Tx) error {
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE agent = $1`, agent).Scan(&total); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, `SELECT data FROM tasks WHERE agent = $1 ORDER BY seq OFFSET $2 LIMIT $3`, agent, offset, limit)
+		if err != nil {
+			return err
+		}
+		out, err = list[tasksv1.Task](rows)
+		return err
+	})
+	return out, total, err
+}
+
+// UpdateTask implements store.Store.
+func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*tasksv1.Task) error) (*tasksv1.Task, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *tasksv1.Task
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		t, err := getTask(ctx, tx, taskID)
+		if err != nil {
+			return err
+		}
+		if err := mutate(t); err != nil {
+			return err
+		}
+		out = t
+		return putTask(ctx, tx, taskID, t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// putStep inserts or replaces a step, pending while its status is CREATED.
+// With insert, an existing step is ErrAlreadyExists.
+func putStep(ctx context.Context, tx pgx.Tx, ref store.StepRef, st *tasksv1.Step, insert bool) error {
+	data, err := proto.Marshal(st)
+	if err != nil {
+		return err
+	}
+	pending := st.GetStatus() == tasksv1.Step_STATUS_CREATED
+	if !insert {
+		_, err = tx.Exec(ctx, `UPDATE steps SET pending = $3, data = $4 WHERE task_id = $1 AND step_id = $2`, ref.TaskID, ref.StepID, pending, data)
+		return err
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO steps (task_id, step_id, pending, data) VALUES ($1, $2, $3, $4)
+ON CONFLICT DO NOTHING`, ref.TaskID, ref.StepID, pending, data)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return resource.AlreadyExists("step", st.GetName())
+	}
+	return nil
+}
+
+// CreateStep implements store.Store.
+func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step, decide func(*tasksv1.Task, *tasksv1.Step) error) (*tasksv1.Step, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *tasksv1.Step
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		t, err := getTask(ctx, tx, taskID)
+		if err != nil {
+			return err
+		}
+		before := proto.CloneOf(t)
+		st := proto.CloneOf(in) // Update may run this function again
+		if err := decide(t, st); err != nil {
+			return err
+		}
+		if err := putStep(ctx, tx, store.StepRef{TaskID: taskID, StepID: resource.ID(st.GetName())}, st, true); err != nil {
+			return err
+		}
+		out = st
+		if proto.Equal(before, t) {
+			return nil
+		}
+		return putTask(ctx, tx, taskID, t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// getStep reads a step, or a NotFound error.
+func getStep(ctx context.Context, q pgdb.Querier, ref store.StepRef) (*tasksv1.Step, error) {
+	var data []byte
+	err := q.QueryRow(ctx, `SELECT data FROM steps WHERE task_id = $1 AND step_id = $2`, ref.TaskID, ref.StepID).Scan(&data)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, resource.NotFound("step", stepName(ref))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return decode[tasksv1.Step](data)
+}
+
+// GetStep implements store.Store.
+func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return getStep(ctx, s.db.Pool(), ref)
+}
+
+// ListSteps implements store.Store.
+func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Step, int, error) {
+	return listChildren[tasksv1.Step](ctx, s.db, taskID, offset, limit,
+		`SELECT count(*) FROM steps WHERE task_id = $1`,
+		`SELECT data FROM steps WHERE task_id = $1 ORDER BY step_id OFFSET $2 LIMIT $3`)
+}
+
+// listChildren pages through a task's steps or artifacts in one snapshot:
+// NotFound when the task is unknown, else the page and the total.
+func listChildren[T any, P interface {
+	*T
+	proto.Message
+}](ctx context.Context, db *pgdb.DB, taskID string, offset, limit int, countSQL, pageSQL string) ([]P, int, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, 0, err
+	}
+	var out []P
+	var total int
+	err := db.View(ctx, func(tx pgx.Tx) error {
+		if _, err := getTask(ctx, tx, taskID); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, countSQL, taskID).Scan(&total); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, pageSQL, taskID, offset, limit)
+		if err != nil {
+			return err
+		}
+		out, err = list[T, P](rows)
+		return err
+	})
+	return out, total, err
+}
+
+// UpdateStep implements store.Store.
+func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*tasksv1.Task, *tasksv1.Step) ([]*tasksv1.Artifact, error)) (*tasksv1.Step, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out *tasksv1.Step
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		t, err := getTask(ctx, tx, ref.TaskID)
+		if err != nil {
+			return err
+		}
+		st, err := getStep(ctx, tx, ref)
+		if err != nil {
+			return err
+		}
+		before := proto.CloneOf(t)
+		arts, err := mutate(t, st)
+		if err != nil {
+			return err
+		}
+		for _, a := range arts {
+			if err := addArtifact(ctx, tx, t, a); err != nil {
+				return err
+			}
+		}
+		if err := putStep(ctx, tx, ref, st, false); err != nil {
+			return err
+		}
+		out = st
+		if proto.Equal(before, t) {
+			return nil
+		}
+		return putTask(ctx, tx, ref.TaskID, t)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// ListPending implements store.Store: oldest task first, then step id.
+func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	rows, err := s.db.Pool().Query(ctx, `SELECT s.task_id, s.step_id FROM steps s JOIN tasks t ON t.id = s.task_id
+WHERE s.pending ORDER BY t.seq, s.step_id`)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(r pgx.CollectableRow) (store.StepRef, error) {
+		var ref store.StepRef
+		err := r.Scan(&ref.TaskID, &ref.StepID)
+		return ref, err
+	})
+}
+
+// addArtifact stores a as t's next artifact; the caller stores t.
+func addArtifact(ctx context.Context, tx pgx.Tx, t *tasksv1.Task, a *tasksv1.Artifact) error {
+	data, err := proto.Marshal(a)
+	if err != nil {
+		return err
+	}
+	tag, err := tx.Exec(ctx, `INSERT INTO artifacts (task_id, seq, artifact_id, data) VALUES ($1, $2, $3, $4)
+ON CONFLICT DO NOTHING`, resource.ID(t.GetName()), t.GetArtifactCount(), resource.ID(a.GetName()), data)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return resource.AlreadyExists("artifact", a.GetName())
+	}
+	t.ArtifactCount++
+	return nil
+}
+
+// CreateArtifact implements store.Store.
+func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Artifact) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
+		t, err := getTask(ctx, tx, taskID)
+		if err != nil {
+			return err
+		}
+		if err := addArtifact(ctx, tx, t, a); err != nil {
+			return err
+		}
+		t.UpdateTime = a.GetCreateTime()
+		return putTask(ctx, tx, taskID, t)
+	})
+}
+
+// GetArtifact implements store.Store.
+func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*tasksv1.Artifact, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var data []byte
+	err := s.db.Pool().QueryRow(ctx, `SELECT data FROM artifacts WHERE task_id = $1 AND artifact_id = $2`, taskID, artifactID).Scan(&data)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, resource.NotFound("artifact", "tasks/"+taskID+"/artifacts/"+artifactID)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return decode[tasksv1.Artifact](data)
+}
+
+// ListArtifacts implements store.Store.
+func (s *Store) ListArtifacts(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Artifact, int, error) {
+	return listChildren[tasksv1.Artifact](ctx, s.db, taskID, offset, limit,
+		`SELECT count(*) FROM artifacts WHERE task_id = $1`,
+		`SELECT data FROM artifacts WHERE task_id = $1 ORDER BY seq OFFSET $2 LIMIT $3`)
+}
