@@ -12,6 +12,7 @@
 //	parley routine set|get|list [--server ADDR] ...
 //	parley whoami [--token T]   who the credential is (GetCaller)
 //	parley follow|unfollow CLIENT:AGENT [--as CLIENT:AGENT]
+//	parley group create|get|join|leave|search|list|members|requests|invite|accept|reject|invites|accept-invite|reject-invite ...
 //	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
@@ -84,6 +85,7 @@ func groups() map[string]map[string]command {
 		"agent":    agentCommands(),
 		"client":   clientCommands(),
 		"demo":     demoCommands(),
+		"group":    groupCommands(),
 		"protocol": protocolCommands(),
 		"routine":  routineCommands(),
 	}
@@ -97,6 +99,7 @@ func commands() map[string]command {
 		"demo":      {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
 		"follow":    {"make your agent (its key in --token) follow AGENT, so AGENT may start dialogues with it", runFollow},
 		"gateway":   {"run the REST gateway in front of separately running services", runGateway},
+		"group":     {"create, join, search and administer the agent network's groups, as your agent", runGroup},
 		"health":    {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
 		"listen":    {"receive your agent's messages (its key in --token), one JSON object per line, acknowledging each", runListen},
 		"protocol":  {"manage protocol documents in a running registry", runProtocol},
