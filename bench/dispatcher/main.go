@@ -42,6 +42,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -101,7 +102,13 @@ func run(stdout io.Writer) error {
 		return err
 	}
 	defer stop()
-	if err := setup(ctx, grpcAddr); err != nil {
+	// The setup calls need the operator token, which serve writes on first
+	// start; envelopes from peers need no credential.
+	token, err := os.ReadFile(filepath.Join(tmp, "data", "operator.token"))
+	if err != nil {
+		return fmt.Errorf("operator token: %w", err)
+	}
+	if err := setup(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+strings.TrimSpace(string(token))), grpcAddr); err != nil {
 		return err
 	}
 	agoraURL := "http://" + httpAddr + "/agora/acme/weather"

@@ -141,6 +141,9 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 // swept until ctx ends.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	if a.pool == nil {
+		if err := routine.Supported(); err != nil {
+			return err
+		}
 		a.pool = routine.NewPool(a.cfg.RoutineWorkers)
 	}
 	opts, err := a.options(s)

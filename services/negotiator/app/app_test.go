@@ -661,6 +661,46 @@ func TestValidation(t *testing.T) {
 	}
 }
 
+// TestNesting_refusedPastTheLimit: JSON from outside (request fields,
+// schemas, a model's answer) nested past 64 levels is refused before any
+// parser recurses into it, naming the limit.
+func TestNesting_refusedPastTheLimit(t *testing.T) {
+	f := startFake(t, nil)
+	deep := func(inner string) []byte {
+		return []byte(strings.Repeat(`{"a":`, 65) + inner + strings.Repeat(`}`, 65))
+	}
+	f.Enqueue(llmtest.Reply{Text: `{"action":"reply","body":` + string(deep(`"x"`)) + `}`})
+	n := startNegotiator(t, withLLM(f, config.ProviderOpenAI, nil))
+	ctx := t.Context()
+	for _, tc := range []struct {
+		name string
+		call func() error
+	}{
+		{"a negotiation message", func() error {
+			_, err := n.client.ReceiveNegotiationMessage(ctx, &negotiatorv1.ReceiveNegotiationMessageRequest{Agent: bob, Peer: alice, BodyJson: deep(`1`)})
+			return err
+		}},
+		{"a task's input schema", func() error {
+			_, err := n.client.DeriveProtocol(ctx, &negotiatorv1.DeriveProtocolRequest{Task: &negotiatorv1.TaskSpec{Name: "t", InputSchemaJson: deep(`{}`), OutputSchemaJson: []byte(`{"type":"object"}`)}})
+			return err
+		}},
+		{"a query", func() error {
+			_, err := n.client.ReplyNaturalLanguage(ctx, &negotiatorv1.ReplyNaturalLanguageRequest{Agent: bob, Peer: alice, Query: deep(`1`)})
+			return err
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.call(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "64 levels") {
+				t.Errorf("got %v, want INVALID_ARGUMENT naming the 64 levels", err)
+			}
+		})
+	}
+	_, err := n.client.ReplyNaturalLanguage(ctx, &negotiatorv1.ReplyNaturalLanguageRequest{Agent: bob, Peer: alice, Query: []byte(`"weather?"`)})
+	if code, reason := statusOf(t, err); code != codes.FailedPrecondition || reason != "LLM_OUTPUT_INVALID" {
+		t.Errorf("ReplyNaturalLanguage(answer nested 65 levels) = %v, want LLM_OUTPUT_INVALID", err)
+	}
+}
+
 // TestDeriveProtocol_returnsRoutinesWithTheirChecks: the negotiator runs
 // no routine (it calls no dispatcher): derived routines come with the
 // checks the dispatcher runs before using them.

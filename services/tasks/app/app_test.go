@@ -120,6 +120,9 @@ func TestAgentProtocol_badBodiesAre422AndWriteNothing(t *testing.T) {
 		{"additional_input number", `{"additional_input":3}`},
 		{"trailing data", `{"input":"x"} {}`},
 		{"extra brace", `{"input":"x"}}`},
+		// Nesting is refused before any parser recurses into it.
+		{"additional_input nested 65 levels", `{"additional_input":` + strings.Repeat(`{"a":`, 64) + `1` + strings.Repeat(`}`, 64) + `}`},
+		{"an unknown field nested 65 levels", `{"input":"x","x":` + strings.Repeat(`[`, 64) + strings.Repeat(`]`, 64) + `}`},
 	}
 	for _, path := range []string{ap, ap + "/" + task + "/steps"} {
 		big := `{"input":"` + strings.Repeat("x", 2<<20) + `"}`
@@ -662,6 +665,28 @@ func TestGRPC_createThenReadOverREST(t *testing.T) {
 	}
 	if _, err := e.client.GetTask(ctx, &tasksv1.GetTaskRequest{Name: "tasks/../x"}); err == nil {
 		t.Errorf("GetTask(bad name) = nil error, want INVALID_ARGUMENT")
+	}
+}
+
+// additional_input over gRPC gets the nesting limit too; 64 levels pass.
+func TestGRPC_additionalInputNestedTooDeepIsRefused(t *testing.T) {
+	_, conn := startFakeDispatcher(t, echoStep)
+	e := startTasks(t, t.TempDir(), conn)
+	nest := func(n int) []byte {
+		return []byte(strings.Repeat(`{"a":`, n-1) + `{}` + strings.Repeat(`}`, n-1))
+	}
+	deep, ok := nest(65), nest(64)
+	_, err := e.client.CreateTask(t.Context(), &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: "clients/default/agents/agent", AdditionalInputJson: deep}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "64 levels") {
+		t.Errorf("CreateTask(additional_input 65 deep) = %v, want INVALID_ARGUMENT naming the limit", err)
+	}
+	tk, err := e.client.CreateTask(t.Context(), &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: "clients/default/agents/agent", AdditionalInputJson: ok}})
+	if err != nil {
+		t.Fatalf("CreateTask(additional_input 64 deep) = %v", err)
+	}
+	_, err = e.client.CreateStep(t.Context(), &tasksv1.CreateStepRequest{Parent: tk.GetName(), Step: &tasksv1.Step{Input: proto.String("hi"), AdditionalInputJson: deep}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "64 levels") {
+		t.Errorf("CreateStep(additional_input 65 deep) = %v, want INVALID_ARGUMENT naming the limit", err)
 	}
 }
 

@@ -6,11 +6,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"regexp"
 	"strings"
 	"time"
 
 	"github.com/parleyhq/parley/platform/envflag"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/platform/serve"
 )
 
@@ -81,10 +81,8 @@ func (c *Config) ValidateGateway() error {
 	return errors.Join(errs...)
 }
 
-var idPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
-// validID reports whether s is a DNS-safe lowercase client or agent id.
-func validID(s string) bool { return idPattern.MatchString(s) }
+// validID reports whether s is a client or agent id (the one rule).
+func validID(s string) bool { return resource.ValidID(s) }
 
 // AgentName returns the resource name of the --ap-agent value.
 func (c *Config) AgentName() string {

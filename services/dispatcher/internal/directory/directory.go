@@ -190,24 +190,6 @@ func (d *Directory) AddSupported(ctx context.Context, agent, hexHash string) err
 	return nil
 }
 
-// ValidAgentName reports whether name is clients/{client}/agents/{agent},
-// each id DNS-safe: lowercase letters, digits and hyphens, 1 to 63
-// characters, starting with a letter.
-func ValidAgentName(name string) bool {
-	client, rest, ok := strings.Cut(strings.TrimPrefix(name, "clients/"), "/agents/")
-	return ok && strings.HasPrefix(name, "clients/") && ValidID(client) && ValidID(rest)
-}
-
-// ValidID reports whether s is a DNS-safe resource id.
-func ValidID(s string) bool {
-	if len(s) == 0 || len(s) > 63 || s[0] < 'a' || s[0] > 'z' {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
-}
+// ValidAgentName reports whether name is clients/{client}/agents/{agent}:
+// the one rule, resource.ValidAgentName.
+func ValidAgentName(name string) bool { return resource.ValidAgentName(name) }

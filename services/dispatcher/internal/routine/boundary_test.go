@@ -278,3 +278,135 @@ func peakSelf(t *testing.T) int64 {
 	t.Fatal("no VmHWM")
 	return 0
 }
+
+// TestFrameCap: a worker that announces a frame larger than its run's
+// limits allow (a result and memory, or a tool's argument, each at most
+// the output cap; the program's names) is killed, and the run fails with
+// kind output, without the server reading or allocating the frame.
+func TestFrameCap(t *testing.T) {
+	for _, mode := range []string{"compile", "call"} {
+		t.Run(mode, func(t *testing.T) {
+			pool := newTestPool(t, PoolOptions{Workers: 1, Executable: rogueWorker(t, mode)})
+			before := peakSelf(t)
+			done := make(chan error, 1)
+			go func() {
+				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return q\n", nil, Limits{Pool: pool, Timeout: 5 * time.Second})
+				if err == nil {
+					_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+				}
+				done <- err
+			}()
+			var err error
+			select {
+			case err = <-done:
+			case <-time.After(5*time.Second + killMargin + slack):
+				t.Fatal("the run did not end")
+			}
+			if KindOf(err) != KindOutput || !strings.Contains(err.Error(), "over the cap") {
+				t.Fatalf("run = %v (kind %v), want kind output naming the frame cap", err, KindOf(err))
+			}
+			if got := pool.Stats().Kills[KindOutput]; got != 1 {
+				t.Errorf("output kills = %d, want 1", got)
+			}
+			waitIdle(t, pool)
+			// 200 MiB was announced; the server reads only its header.
+			if grew := peakSelf(t) - before; grew > 64<<20 {
+				t.Errorf("the test process's peak RSS grew %d MiB, want under 64", grew>>20)
+			}
+		})
+	}
+}
+
+// TestToolArgumentCap: a tool's argument gets the output cap, whether the
+// tool is answered in the worker (a table) or by the server.
+func TestToolArgumentCap(t *testing.T) {
+	table, err := TableTool(`{"k": 1}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	called := false
+	server := FuncTool(func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		called = true
+		return json.RawMessage(`1`), nil
+	})
+	pool := newTestPool(t, PoolOptions{Workers: 1})
+	limits := Limits{Pool: pool, MaxOutputBytes: 1 << 10}
+	for _, src := range []string{
+		"def reply(q):\n    return table('x' * 2000)\n",
+		"def reply(q):\n    return table(['x'] * 500)\n",
+		"def reply(q):\n    return server({'k': 'x' * 2000})\n",
+	} {
+		p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", src, map[string]Tool{"table": table, "server": server}, limits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, nil)
+		if KindOf(err) != KindOutput || !strings.Contains(err.Error(), "argument of tool") {
+			t.Errorf("%q: Call = %v (kind %v), want kind output naming the argument", src, err, KindOf(err))
+		}
+	}
+	if called {
+		t.Error("the server's tool was called with an argument over the cap")
+	}
+	// At the cap it still works.
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q):\n    return server('x' * 1000)\n", map[string]Tool{"server": server}, limits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, nil); err != nil || string(out) != "1" {
+		t.Errorf("Call with an argument under the cap = %s, %v, want 1", out, err)
+	}
+}
+
+// TestCPULimit: with the wall-time kill out of the way (a kill margin of
+// ten minutes), a run stuck in one builtin is still stopped, by the
+// kernel's CPU limit: its budget (1 s) plus one to two seconds of CPU.
+func TestCPULimit(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 1, KillMargin: 10 * time.Minute})
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, Limits{Pool: pool, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(3 * time.Minute): // 3 s of CPU, on a machine loaded far past anything seen
+		t.Fatal("the run was not stopped by its CPU limit")
+	}
+	if KindOf(err) != KindTime || !strings.Contains(err.Error(), "CPU time budget") {
+		t.Fatalf("Call = %v (kind %v), want kind time naming the CPU budget", err, KindOf(err))
+	}
+	waitIdle(t, pool)
+}
+
+// TestWorkerRecycling: a worker whose life's CPU left is less than a
+// run's budget (plus the soft limit's slack) is replaced before the run,
+// so the kernel's hard limit never kills it in one; every run succeeds.
+func TestWorkerRecycling(t *testing.T) {
+	// A run's budget is 2 s: with 6 s of life, a worker is replaced once it
+	// has used 1 s.
+	pool := newTestPool(t, PoolOptions{Workers: 1, WorkerCPU: 6 * time.Second})
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    s = 0\n    for i in range(q):\n        s += i\n    return s\n", nil,
+		Limits{Pool: pool, Timeout: 2 * time.Second, MaxSteps: 1 << 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for calls := 0; pool.Stats().Recycled == 0; calls++ {
+		if calls == 500 {
+			t.Fatalf("no worker recycled after %d calls (stats %+v)", calls, pool.Stats())
+		}
+		if _, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`100000`)}, json.RawMessage(`{}`)); err != nil {
+			t.Fatalf("call %d: %v", calls, err)
+		}
+	}
+	if out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`3`)}, json.RawMessage(`{}`)); err != nil || string(out) != "3" {
+		t.Fatalf("Call after the recycling = %s, %v, want 3", out, err)
+	}
+	if s := pool.Stats(); s.Started < 2 || len(s.Kills) != 0 {
+		t.Errorf("stats %+v, want a second worker started and no kills", s)
+	}
+}

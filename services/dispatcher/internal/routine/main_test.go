@@ -1,14 +1,23 @@
 package routine
 
 import (
+	"bufio"
+	"encoding/binary"
 	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
 // TestMain lets this test binary serve as the pool's worker, so the tests
-// run routines behind the real boundary.
+// run routines behind the real boundary. Started under a name beginning
+// "rogue-" (a symlink, see rogueWorker) it is a worker that breaks the
+// protocol instead.
 func TestMain(m *testing.M) {
 	if IsWorker() {
+		if mode, ok := strings.CutPrefix(filepath.Base(os.Args[0]), "rogue-"); ok {
+			os.Exit(serveRogue(mode))
+		}
 		os.Exit(ServeWorker())
 	}
 	os.Exit(m.Run())
@@ -20,4 +29,50 @@ func newTestPool(t testing.TB, o PoolOptions) *Pool {
 	p := NewPoolWith(o)
 	t.Cleanup(func() { _ = p.Close() })
 	return p
+}
+
+// rogueWorker returns the path of this test binary under the name that
+// makes it a rogue worker of mode (see serveRogue).
+func rogueWorker(t *testing.T, mode string) string {
+	t.Helper()
+	self, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "rogue-"+mode)
+	if err := os.Symlink(self, path); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// serveRogue is a worker that says hello and then, in mode "compile",
+// answers the first program with a frame announcing 200 MiB, or in mode
+// "call" compiles programs (answering that they define reply) and answers
+// the first call that way; it then streams zeros until it is killed.
+func serveRogue(mode string) int {
+	r, w := bufio.NewReader(os.Stdin), bufio.NewWriter(os.Stdout)
+	if writeFrame(w, frameHello) != nil {
+		return 1
+	}
+	for {
+		typ, _, err := readFrame(r, maxFrame)
+		if err != nil {
+			return 1
+		}
+		if typ == frameProgram && mode != "compile" {
+			if writeFrame(w, frameCompiled, []byte("reply"), []byte("reply")) != nil {
+				return 1
+			}
+			continue
+		}
+		hdr := binary.LittleEndian.AppendUint32(nil, 200<<20)
+		_, _ = w.Write(append(hdr, frameDone))
+		zeros := make([]byte, 64<<10)
+		for {
+			if _, err := w.Write(zeros); err != nil {
+				return 1
+			}
+		}
+	}
 }

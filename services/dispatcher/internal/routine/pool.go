@@ -59,6 +59,13 @@ type PoolOptions struct {
 	InProcess bool
 	// Executable is the worker binary; this process's own when empty.
 	Executable string
+	// WorkerCPU is the CPU time one worker may use in its life (its hard
+	// RLIMIT_CPU); the pool replaces a worker that has used half of it,
+	// or before a run whose budget it may not have left.
+	// Each run may also use at most its wall budget plus one to two
+	// seconds of CPU (a soft RLIMIT_CPU set before the run). 10 minutes
+	// when 0; at least 4 s.
+	WorkerCPU time.Duration
 }
 
 // Pool runs routines: in worker processes behind the hard boundary, or in
@@ -72,9 +79,10 @@ type Pool struct {
 	live   map[*worker]struct{}
 	closed bool
 
-	started atomic.Int64
-	kills   [KindSteps + 1]atomic.Int64
-	peakRSS atomic.Int64
+	started  atomic.Int64
+	recycled atomic.Int64
+	kills    [KindSteps + 1]atomic.Int64
+	peakRSS  atomic.Int64
 }
 
 type agentShare struct {
@@ -101,6 +109,10 @@ func NewPoolWith(o PoolOptions) *Pool {
 	if o.KillMargin <= 0 {
 		o.KillMargin = 250 * time.Millisecond
 	}
+	if o.WorkerCPU <= 0 {
+		o.WorkerCPU = 10 * time.Minute
+	}
+	o.WorkerCPU = max(o.WorkerCPU.Round(time.Second), 4*time.Second)
 	if o.Executable == "" {
 		o.Executable = "/proc/self/exe"
 	}
@@ -122,6 +134,9 @@ type PoolStats struct {
 	// Kills counts workers killed or dead during a run, by the run's kind
 	// (KindTime: killed at the deadline; KindMemory: died at the cap).
 	Kills map[Kind]int64
+	// Recycled counts workers replaced after using half their CPU time
+	// (PoolOptions.WorkerCPU).
+	Recycled int64
 	// PeakRSS is the most memory any reaped worker held, in bytes.
 	PeakRSS int64
 	// Workers are the process ids of the live workers.
@@ -130,7 +145,7 @@ type PoolStats struct {
 
 // Stats returns the pool's counters.
 func (p *Pool) Stats() PoolStats {
-	s := PoolStats{Started: p.started.Load(), Kills: map[Kind]int64{}, PeakRSS: p.peakRSS.Load()}
+	s := PoolStats{Started: p.started.Load(), Recycled: p.recycled.Load(), Kills: map[Kind]int64{}, PeakRSS: p.peakRSS.Load()}
 	for k := range p.kills {
 		if n := p.kills[k].Load(); n > 0 {
 			s.Kills[Kind(k)] = n
@@ -259,6 +274,8 @@ type worker struct {
 	r      *bufio.Reader
 	stderr *headBuffer
 	known  map[string]bool // programs the worker holds
+	limit  int             // the largest frame the current exchange may read
+	cpu    time.Duration   // the CPU time it said it has used
 	killed atomic.Bool     // killed at a run's deadline
 	dead   bool            // its pipe broke: reap it
 
@@ -295,8 +312,15 @@ func (h *headBuffer) String() string {
 	return string(h.b)
 }
 
+// Supported returns nil where the pool can run worker processes (Linux),
+// else an error saying so: a server should refuse to start with it.
+func Supported() error { return supported() }
+
 // start starts a worker and waits for its hello.
 func (p *Pool) start() (*worker, error) {
+	if err := supported(); err != nil {
+		return nil, err
+	}
 	p.mu.Lock()
 	closed := p.closed
 	p.mu.Unlock()
@@ -317,7 +341,11 @@ func (p *Pool) start() (*worker, error) {
 	// -test.run keeps a test binary without the worker hook from running
 	// its tests (it fails the hello instead).
 	w.cmd = exec.Command(p.opts.Executable, "-test.run=^$")
-	w.cmd.Env = []string{fmt.Sprintf("%s=%d", workerEnv, p.opts.MemoryBytes), "GOMAXPROCS=1", "GOTRACEBACK=single"}
+	w.cmd.Env = []string{
+		fmt.Sprintf("%s=%d", workerEnv, p.opts.MemoryBytes),
+		fmt.Sprintf("%s=%d", workerCPUEnv, int64(p.opts.WorkerCPU/time.Second)),
+		"GOMAXPROCS=1", "GOTRACEBACK=single",
+	}
 	w.cmd.Dir = "/"
 	w.cmd.Stdin, w.cmd.Stdout, w.cmd.Stderr = inR, outW, w.stderr
 	w.cmd.SysProcAttr = procAttr()
@@ -342,7 +370,7 @@ func (p *Pool) start() (*worker, error) {
 	p.live[w] = struct{}{}
 	p.mu.Unlock()
 	hello := time.AfterFunc(30*time.Second, func() { _ = w.cmd.Process.Kill() })
-	typ, _, err := readFrame(w.r)
+	typ, _, err := readFrame(w.r, frameSlack)
 	hello.Stop()
 	if err != nil || typ != frameHello {
 		_ = w.cmd.Process.Kill()
@@ -435,6 +463,15 @@ func (p *Pool) run(ctx context.Context, name string, l Limits, do func(w *worker
 	if err != nil {
 		return err
 	}
+	if w != nil && w.cpu+l.Timeout+3*time.Second > p.opts.WorkerCPU {
+		// Too little of its life's CPU is left for this run (its budget
+		// plus the soft limit's two seconds, and one to spare): the
+		// kernel would kill it mid-run.
+		p.recycled.Add(1)
+		_ = w.cmd.Process.Kill()
+		p.reap(w)
+		w = nil
+	}
 	if w == nil {
 		if w, err = p.start(); err != nil {
 			release(nil)
@@ -454,7 +491,12 @@ func (p *Pool) run(ctx context.Context, name string, l Limits, do func(w *worker
 	err = do(w, deadline)
 	stopped := kill.Stop()
 	if !w.dead && stopped {
-		release(w)
+		if w.cpu < p.opts.WorkerCPU/2 {
+			release(w)
+		} else { // worn: replace it long before its hard CPU limit
+			p.recycled.Add(1)
+			p.retire(w, release)
+		}
 		return err
 	}
 	// The worker was killed or broke: the run's error says why.
@@ -468,6 +510,10 @@ func (p *Pool) run(ctx context.Context, name string, l Limits, do func(w *worker
 
 // deathError explains a run whose worker died or was killed.
 func (p *Pool) deathError(w *worker, budget time.Duration, ioErr error) error {
+	if big, ok := errors.AsType[*frameTooLargeError](ioErr); ok {
+		_ = w.cmd.Process.Kill()
+		return &failure{kind: KindOutput, err: fmt.Errorf("%w: the routine's worker sent %s allowed by its limits, and was killed", ErrBudget, big.Error())}
+	}
 	if w.killed.Load() {
 		return &failure{kind: KindTime, err: fmt.Errorf("%w: wall time budget exceeded: the run was killed %v past its budget of %v", ErrBudget, p.opts.KillMargin, budget)}
 	}
@@ -476,6 +522,9 @@ func (p *Pool) deathError(w *worker, budget time.Duration, ioErr error) error {
 	why := strings.TrimSpace(w.stderr.String())
 	if first, _, ok := strings.Cut(why, "\n"); ok {
 		why = first
+	}
+	if strings.Contains(why, cpuDeath) {
+		return &failure{kind: KindTime, err: fmt.Errorf("%w: CPU time budget exceeded: the run used more than %v plus up to 2 s of CPU and was killed", ErrBudget, budget)}
 	}
 	if isMemoryDeath(why) {
 		return &failure{kind: KindMemory, err: fmt.Errorf("%w: the run passed its worker's memory cap of %d MiB and was killed", ErrBudget, p.opts.MemoryBytes>>20)}
@@ -503,6 +552,8 @@ func (p *Pool) load(w *worker, prog *remoteProgram, force bool) error {
 	if w.known[prog.key] && !force {
 		return nil
 	}
+	// Its answer lists the program's global names, each in its source.
+	w.limit = 4*len(prog.def[2]) + frameSlack
 	if err := w.send(frameProgram, prog.def...); err != nil {
 		return err
 	}
@@ -522,7 +573,7 @@ func (p *Pool) load(w *worker, prog *remoteProgram, force bool) error {
 		w.known[prog.key] = true
 		return nil
 	case typ == frameError:
-		return remoteError(f)
+		return w.remoteError(f)
 	}
 	w.dead = true
 	return errBadFrame
@@ -544,17 +595,20 @@ func (w *worker) send(typ byte, fields ...[]byte) error {
 }
 
 func (w *worker) recv() (byte, [][]byte, error) {
-	typ, f, err := readFrame(w.r)
+	typ, f, err := readFrame(w.r, w.limit)
 	if err != nil {
 		w.dead = true
 	}
 	return typ, f, err
 }
 
-func remoteError(f [][]byte) error {
-	if len(f) != 2 || len(f[0]) != 1 {
+// remoteError reads a worker's E frame: kind, message, CPU used.
+func (w *worker) remoteError(f [][]byte) error {
+	if len(f) != 3 || len(f[0]) != 1 {
+		w.dead = true
 		return errBadFrame
 	}
+	w.cpu = time.Duration(getInt(f[2]))
 	return &failure{kind: Kind(f[0][0]), err: errors.New(string(f[1]))}
 }
 
@@ -582,6 +636,9 @@ func (p *Pool) call(ctx context.Context, prog *Program, fn string, args []json.R
 			if err := p.load(w, rp, false); err != nil {
 				return err
 			}
+			// A result and memory, or a tool's name and argument, each
+			// at most the output cap.
+			w.limit = 2*prog.limits.MaxOutputBytes + frameSlack
 			if err := w.send(frameCall, fields...); err != nil {
 				return err
 			}
@@ -607,16 +664,17 @@ func (p *Pool) answer(ctx context.Context, w *worker, rp *remoteProgram) (out, n
 			return nil, nil, false, err
 		}
 		switch typ {
-		case frameDone:
-			if len(f) != 3 || len(f[1]) != 1 {
+		case frameDone: // out hasMem mem cpu
+			if len(f) != 4 || len(f[1]) != 1 {
 				break
 			}
 			if f[1][0] == 1 {
 				newMemory = json.RawMessage(f[2])
 			}
+			w.cpu = time.Duration(getInt(f[3]))
 			return json.RawMessage(f[0]), newMemory, false, nil
 		case frameError:
-			return nil, nil, false, remoteError(f)
+			return nil, nil, false, w.remoteError(f)
 		case frameUnknown:
 			return nil, nil, true, errBadFrame
 		case frameTool:

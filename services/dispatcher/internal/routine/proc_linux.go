@@ -3,11 +3,18 @@ package routine
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"os"
+	"os/signal"
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
+	"unsafe"
 )
+
+// supported: the worker processes' limits are Linux's.
+func supported() error { return nil }
 
 // limitSelf caps this worker's address space at what it has mapped now
 // plus limit: the Go runtime reserves most of its address space at start,
@@ -27,6 +34,37 @@ func limitSelf(limit int64) error {
 		return fmt.Errorf("setrlimit RLIMIT_AS: %w", err)
 	}
 	return syscall.Setrlimit(syscall.RLIMIT_CORE, &syscall.Rlimit{})
+}
+
+// limitCPU sets this worker's CPU time limit, in seconds: past soft the
+// kernel sends SIGXCPU (every second), at hard SIGKILL. A process may move
+// its soft limit up to its hard one, never its hard one up.
+func limitCPU(soft, hard uint64) error {
+	if err := syscall.Setrlimit(syscall.RLIMIT_CPU, &syscall.Rlimit{Cur: soft, Max: hard}); err != nil {
+		return fmt.Errorf("setrlimit RLIMIT_CPU: %w", err)
+	}
+	return nil
+}
+
+// cpuUsed is the CPU time this process has used, user and system.
+func cpuUsed() time.Duration {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// exitOnCPULimit makes SIGXCPU (the soft CPU limit, armCPU) end the
+// worker, saying why on stderr. The Go runtime ignores SIGXCPU otherwise.
+func exitOnCPULimit() {
+	c := make(chan os.Signal, 1)
+	signal.Notify(c, syscall.SIGXCPU)
+	go func() {
+		<-c
+		fmt.Fprintln(os.Stderr, "routine worker: "+cpuDeath)
+		os.Exit(3)
+	}()
 }
 
 // vmSize is this process's mapped address space, in bytes.
@@ -60,4 +98,58 @@ func peakRSS(ps *os.ProcessState) int64 {
 		return ru.Maxrss << 10
 	}
 	return 0
+}
+
+// workerPipes returns the worker's stdin and stdout as blocking pipes read
+// and written with raw system calls, which the Go scheduler does not see.
+// A worker runs one call at a time on its one P (GOMAXPROCS=1): through
+// os.File, every read that waits for the next call lets sysmon retake the
+// P and hand it to a fresh thread, and every read or write after an idle
+// spell wakes sysmon, costing more CPU per call than the routine itself.
+// With raw calls the worker's thread sleeps in read(2) holding its P, and
+// the kernel wakes it straight into the next call. Nothing else in the
+// worker needs the P while it waits: its only goroutine is waiting.
+func workerPipes() (in, out io.ReadWriter, err error) {
+	for _, fd := range []int{0, 1} {
+		if err := syscall.SetNonblock(fd, false); err != nil {
+			return nil, nil, fmt.Errorf("blocking fd %d: %w", fd, err)
+		}
+	}
+	return rawFD(0), rawFD(1), nil
+}
+
+// rawFD is a blocking file descriptor used through raw system calls.
+type rawFD int
+
+func (fd rawFD) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	for {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+		switch {
+		case errno == syscall.EINTR:
+			continue
+		case errno != 0:
+			return 0, errno
+		case n == 0:
+			return 0, io.EOF
+		}
+		return int(n), nil
+	}
+}
+
+func (fd rawFD) Write(b []byte) (int, error) {
+	done := 0
+	for done < len(b) {
+		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(&b[done])), uintptr(len(b)-done))
+		switch {
+		case errno == syscall.EINTR:
+			continue
+		case errno != 0:
+			return done, errno
+		}
+		done += int(n)
+	}
+	return done, nil
 }

@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -108,6 +107,7 @@ type callState struct {
 	ctx             context.Context
 	toolCalls, max  int64
 	alloc, maxAlloc int64 // bytes charged by guard.go, and the budget
+	maxArg          int   // a tool argument's largest encoding: the output cap
 	expired         atomic.Bool
 }
 
@@ -282,7 +282,7 @@ func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, *c
 		},
 	}
 	thread.SetMaxExecutionSteps(l.MaxSteps)
-	st := &callState{ctx: ctx, max: int64(l.MaxToolCalls), maxAlloc: l.MaxAllocBytes}
+	st := &callState{ctx: ctx, max: int64(l.MaxToolCalls), maxAlloc: l.MaxAllocBytes, maxArg: l.MaxOutputBytes}
 	thread.SetLocal(localCall, st)
 	timeout, why := l.Timeout, "wall time budget exceeded"
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
@@ -332,10 +332,17 @@ func toolBuiltin(name string, t Tool) *starlark.Builtin {
 		var out json.RawMessage
 		var err error
 		if str, ok := arg.(starlark.String); ok && t.callString != nil {
+			if len(str) > st.maxArg {
+				return nil, argTooLarge(name, st.maxArg)
+			}
 			out, err = t.callString(st.ctx, string(str))
 		} else {
 			var enc []byte
-			if enc, err = encodeJSON(thread, arg, int(min(st.maxAlloc, math.MaxInt32))); err != nil {
+			enc, err = encodeJSON(thread, arg, st.maxArg)
+			if errors.Is(err, errTooLarge) || len(enc) > st.maxArg {
+				return nil, argTooLarge(name, st.maxArg)
+			}
+			if err != nil {
 				return nil, err
 			}
 			out, err = t.call(st.ctx, enc)
@@ -348,6 +355,12 @@ func toolBuiltin(name string, t Tool) *starlark.Builtin {
 		}
 		return fromJSON(thread, out)
 	})
+}
+
+// argTooLarge is a tool argument past its cap. An argument is something
+// the routine sends out, like its result: it gets the output cap.
+func argTooLarge(tool string, limit int) error {
+	return &failure{kind: KindOutput, err: fmt.Errorf("%w: the argument of tool %s exceeds %d bytes", ErrBudget, tool, limit)}
 }
 
 func fromJSON(thread *starlark.Thread, raw json.RawMessage) (starlark.Value, error) {

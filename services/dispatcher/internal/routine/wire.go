@@ -16,8 +16,8 @@ import (
 //	P key name src limits tools…         H (hello, once at start)
 //	C key fn deadline hasMem mem args…   K callables functions (compiled)
 //	R ok payload (a tool's answer)       T tool arg (a tool call)
-//	                                     D out hasMem mem (the result)
-//	                                     E kind message (a failure)
+//	                                     D out hasMem mem cpu (the result)
+//	                                     E kind message cpu (a failure)
 //	                                     U (C of a program it does not hold)
 const (
 	frameHello    = 'H'
@@ -31,8 +31,28 @@ const (
 	frameUnknown  = 'U'
 )
 
-// maxFrame bounds a frame: the largest is a program with its tables.
+// maxFrame bounds a frame from the pool to a worker: the largest is a
+// program with its tables (each at most 1 MiB, checked by the server).
+// Frames the other way are capped per exchange by what the run's limits
+// allow (Pool.load, Pool.call): a worker is never trusted with the size of
+// the server's buffers.
 const maxFrame = 256 << 20
+
+// frameSlack is what a worker's frame may carry on top of the payload its
+// limits allow: field headers, tool and function names, and an error's
+// text (the worker cuts it to maxErrorText).
+const frameSlack = 64 << 10
+
+// maxErrorText bounds the text of a worker's failure (frameError).
+const maxErrorText = 16 << 10
+
+// frameTooLargeError is a frame whose header announced more than the
+// reader's cap; its body was not read.
+type frameTooLargeError struct{ size, limit int }
+
+func (e *frameTooLargeError) Error() string {
+	return fmt.Sprintf("a frame of %d bytes, over the cap of %d", e.size, e.limit)
+}
 
 func writeFrame(w *bufio.Writer, typ byte, fields ...[]byte) error {
 	n := 1
@@ -57,14 +77,19 @@ func writeFrame(w *bufio.Writer, typ byte, fields ...[]byte) error {
 
 var errBadFrame = errors.New("malformed routine worker frame")
 
-func readFrame(r *bufio.Reader) (byte, [][]byte, error) {
+// readFrame reads one frame of at most limit bytes; a larger one fails
+// with *frameTooLargeError before anything is allocated for it.
+func readFrame(r *bufio.Reader, limit int) (byte, [][]byte, error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return 0, nil, err
 	}
 	n := int(binary.LittleEndian.Uint32(hdr[:4]))
-	if n < 1 || n > maxFrame {
+	if n < 1 {
 		return 0, nil, errBadFrame
+	}
+	if n > limit {
+		return 0, nil, &frameTooLargeError{size: n, limit: limit}
 	}
 	body := make([]byte, n-1)
 	if _, err := io.ReadFull(r, body); err != nil {

@@ -18,6 +18,14 @@ import (
 // memory cap in bytes, makes the binary a routine worker.
 const workerEnv = "PARLEY_ROUTINE_WORKER"
 
+// workerCPUEnv is the CPU time a worker may use in its life, in seconds
+// (PoolOptions.WorkerCPU).
+const workerCPUEnv = "PARLEY_ROUTINE_WORKER_CPU"
+
+// cpuDeath is what a worker says on stderr when a run passes its CPU
+// limit; the pool reads it to name the kind.
+const cpuDeath = "CPU time limit exceeded"
+
 // IsWorker reports whether this process was started by a Pool as a routine
 // worker. Every binary that runs a Pool (parley, the dispatcher, and the
 // test binaries of the packages that start one, in TestMain) begins its
@@ -46,10 +54,26 @@ func ServeWorker() int {
 		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
 		return 2
 	}
+	life, err := strconv.ParseInt(os.Getenv(workerCPUEnv), 10, 64)
+	if err != nil || life <= 0 {
+		fmt.Fprintf(os.Stderr, "routine worker: %s must be the CPU seconds a worker may use\n", workerCPUEnv)
+		return 2
+	}
+	if err := limitCPU(uint64(life), uint64(life)); err != nil {
+		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
+		return 2
+	}
+	exitOnCPULimit()
+	in, out, err := workerPipes()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
+		return 2
+	}
 	w := &workerConn{
-		r:        bufio.NewReaderSize(os.Stdin, 64<<10),
-		w:        bufio.NewWriterSize(os.Stdout, 64<<10),
+		r:        bufio.NewReaderSize(in, 64<<10),
+		w:        bufio.NewWriterSize(out, 64<<10),
 		programs: map[string]*Program{},
+		cpuLife:  uint64(life),
 	}
 	if err := w.serve(); !errors.Is(err, io.EOF) {
 		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
@@ -66,6 +90,20 @@ type workerConn struct {
 	r        *bufio.Reader
 	w        *bufio.Writer
 	programs map[string]*Program
+	cpuLife  uint64 // the hard RLIMIT_CPU, seconds
+}
+
+// armCPU sets the soft CPU limit so that the run about to start can use
+// at most budget plus one to two seconds of CPU (RLIMIT_CPU counts whole
+// seconds): past it the kernel sends SIGXCPU and the worker exits
+// (exitOnCPULimit). The wall-time kill normally comes first; this bound
+// is the kernel's, and holds even if the server cannot kill in time. The
+// soft limit never passes the hard one, the worker's whole life (the pool
+// replaces a worker at half of it).
+func (c *workerConn) armCPU(budget time.Duration) {
+	used := cpuUsed()
+	soft := min(uint64((used+budget+time.Second-1)/time.Second)+1, c.cpuLife)
+	_ = limitCPU(soft, c.cpuLife)
 }
 
 func (c *workerConn) serve() error {
@@ -73,7 +111,7 @@ func (c *workerConn) serve() error {
 		return err
 	}
 	for {
-		typ, f, err := readFrame(c.r)
+		typ, f, err := readFrame(c.r, maxFrame)
 		if err != nil {
 			return err
 		}
@@ -107,6 +145,7 @@ func (c *workerConn) compile(f [][]byte) error {
 		MaxToolCalls:   int(getInt(lim[24:32])),
 		MaxAllocBytes:  getInt(lim[32:40]),
 	}
+	c.armCPU(limits.Timeout)
 	tools := map[string]Tool{}
 	for i := 4; i < len(f); i += 3 {
 		tname, kind, entries := string(f[i]), f[i+1], string(f[i+2])
@@ -138,7 +177,7 @@ func (c *workerConn) toolStub(name string) func(context.Context, json.RawMessage
 		if err := writeFrame(c.w, frameTool, []byte(name), arg); err != nil {
 			return nil, err
 		}
-		typ, f, err := readFrame(c.r)
+		typ, f, err := readFrame(c.r, maxFrame)
 		if err != nil {
 			return nil, err
 		}
@@ -165,11 +204,14 @@ func (c *workerConn) call(f [][]byte) error {
 		return writeFrame(c.w, frameUnknown)
 	}
 	ctx := context.Background()
+	budget := p.limits.Timeout
 	if dl := time.Duration(getInt(f[2])); dl > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, dl)
 		defer cancel()
+		budget = min(budget, dl)
 	}
+	c.armCPU(budget)
 	var memory json.RawMessage
 	if f[3][0] == 1 {
 		memory = json.RawMessage(f[4])
@@ -182,10 +224,14 @@ func (c *workerConn) call(f [][]byte) error {
 	if err != nil {
 		return c.fail(err)
 	}
-	return writeFrame(c.w, frameDone, out, putBool(mem != nil), mem)
+	return writeFrame(c.w, frameDone, out, putBool(mem != nil), mem, putInt(int64(cpuUsed())))
 }
 
 func (c *workerConn) fail(err error) error {
 	err = classify(err)
-	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(err.Error()))
+	msg := err.Error()
+	if len(msg) > maxErrorText {
+		msg = strings.ToValidUTF8(msg[:maxErrorText], "") + "…"
+	}
+	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(msg), putInt(int64(cpuUsed())))
 }

@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // maxResponseBytes caps a provider's answer; completions are far smaller.
@@ -51,6 +53,9 @@ func postJSON(ctx context.Context, hc *http.Client, url string, header http.Head
 			msg = msg[:512]
 		}
 		return &HTTPError{StatusCode: resp.StatusCode, RetryAfter: parseRetryAfter(resp.Header.Get("Retry-After"), time.Now()), Message: msg}
+	}
+	if err := jsondepth.Check(data, jsondepth.Max); err != nil {
+		return fmt.Errorf("decode llm response: %w", err)
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("decode llm response: %w", err)

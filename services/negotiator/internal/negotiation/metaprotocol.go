@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // PD is the Parley negotiation protocol document, the meta-protocol every
@@ -79,6 +81,9 @@ func DecodeMessage(body []byte) (Message, error) {
 		}
 		body = []byte(s)
 	}
+	if err := jsondepth.Check(body, jsondepth.Max); err != nil {
+		return Message{}, fmt.Errorf("%w: %w", ErrMalformed, err)
+	}
 	d := json.NewDecoder(bytes.NewReader(body))
 	d.DisallowUnknownFields()
 	var m Message
@@ -120,7 +125,7 @@ func IsMetaMessage(body []byte) bool {
 	var probe struct {
 		Type *string `json:"type"`
 	}
-	return len(body) > 0 && body[0] == '{' && json.Unmarshal(body, &probe) == nil && probe.Type != nil
+	return len(body) > 0 && body[0] == '{' && jsondepth.Check(body, jsondepth.Max) == nil && json.Unmarshal(body, &probe) == nil && probe.Type != nil
 }
 
 // PDSHA1 and PDSHA256 are the hashes of PD, pinned by a test.

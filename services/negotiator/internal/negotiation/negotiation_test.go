@@ -3,6 +3,7 @@ package negotiation_test
 import (
 	"encoding/json"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
@@ -182,6 +183,7 @@ func TestDecodeMessage(t *testing.T) {
 		{name: "propose without task", body: `{"type":"propose"}`, wantErr: true, meta: true},
 		{name: "unknown type", body: `{"type":"yes"}`, wantErr: true, meta: true},
 		{name: "reference free text", body: `"Let us agree on a protocol."`, wantErr: true},
+		{name: "nested past the limit", body: `{"type":"propose","task":{"name":"t","inputSchema":` + strings.Repeat(`{"a":`, 64) + `{}` + strings.Repeat(`}`, 64) + `}}`, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

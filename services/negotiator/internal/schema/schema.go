@@ -17,6 +17,8 @@ import (
 	"sort"
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // ErrInvalid is wrapped by every error about a malformed schema.
@@ -33,6 +35,9 @@ func Canonical(raw []byte) ([]byte, error) {
 }
 
 func decode(raw []byte) (any, error) {
+	if err := jsondepth.Check(raw, jsondepth.Max); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
 	var v any
@@ -91,6 +96,9 @@ func Compile(raw []byte) (*Schema, error) {
 
 // Validate checks a JSON instance against the schema.
 func (s *Schema) Validate(instance []byte) error {
+	if err := jsondepth.Check(instance, jsondepth.Max); err != nil {
+		return fmt.Errorf("instance: %w", err)
+	}
 	v, err := jsonschema.UnmarshalJSON(bytes.NewReader(instance))
 	if err != nil {
 		return fmt.Errorf("instance is not JSON: %w", err)

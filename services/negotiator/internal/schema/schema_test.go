@@ -2,8 +2,10 @@ package schema_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/services/negotiator/internal/schema"
 )
 
@@ -50,5 +52,27 @@ func TestExamples_validAgainstTheirSchema(t *testing.T) {
 	}
 	if _, err := schema.Compile([]byte(`[1]`)); !errors.Is(err, schema.ErrInvalid) {
 		t.Errorf("Compile(array) = %v, want ErrInvalid", err)
+	}
+}
+
+// Schemas and instances nested past jsondepth.Max are refused before the
+// recursive decoder and compiler see them.
+func TestNesting_refusedPastTheLimit(t *testing.T) {
+	deep := []byte(strings.Repeat(`{"not":`, 65) + `{}` + strings.Repeat(`}`, 65))
+	if _, err := schema.Compile(deep); !errors.Is(err, schema.ErrInvalid) || !errors.Is(err, jsondepth.ErrTooDeep) {
+		t.Errorf("Compile(65 levels) = %v, want ErrInvalid and ErrTooDeep", err)
+	}
+	if _, err := schema.Canonical(deep); !errors.Is(err, jsondepth.ErrTooDeep) {
+		t.Errorf("Canonical(65 levels) = %v, want ErrTooDeep", err)
+	}
+	s, err := schema.Compile([]byte(`{}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Validate([]byte(strings.Repeat(`[`, 65) + strings.Repeat(`]`, 65))); !errors.Is(err, jsondepth.ErrTooDeep) {
+		t.Errorf("Validate(65 levels) = %v, want ErrTooDeep", err)
+	}
+	if err := s.Validate([]byte(strings.Repeat(`[`, 64) + strings.Repeat(`]`, 64))); err != nil {
+		t.Errorf("Validate(64 levels) = %v, want nil", err)
 	}
 }

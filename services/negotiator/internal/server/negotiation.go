@@ -354,7 +354,7 @@ func (s *Server) llmTurn(ctx context.Context, n *negotiatorv1.Negotiation, side 
 		Protocol string `json:"protocol"`
 		Reason   string `json:"reason"`
 	}
-	if err := json.Unmarshal([]byte(stripFence(resp.Text)), &turn); err != nil {
+	if err := decodeAnswer(resp.Text, &turn); err != nil {
 		return negotiation.Message{}, fmt.Errorf("%w: the negotiation turn is not a JSON object", errOutputInvalid)
 	}
 	msg := negotiation.Message{Type: turn.Action, Protocol: turn.Protocol, Reason: turn.Reason}

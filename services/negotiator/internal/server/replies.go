@@ -9,6 +9,7 @@ import (
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 	"github.com/parleyhq/parley/services/negotiator/internal/schema"
@@ -29,6 +30,16 @@ func unwrapBody(raw []byte) []byte {
 		return []byte(s)
 	}
 	return raw
+}
+
+// decodeAnswer decodes a model's JSON answer (in a code fence or not) into
+// v, refusing one nested past jsondepth.Max.
+func decodeAnswer(text string, v any) error {
+	text = stripFence(text)
+	if err := jsondepth.CheckString(text, jsondepth.Max); err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(text), v)
 }
 
 // stripFence removes one Markdown code fence around a JSON answer.
@@ -146,8 +157,8 @@ func parseReplyAction(text string, tools []routine.Tool, allowTools bool, bodySc
 		Tool      string          `json:"tool"`
 		Arguments json.RawMessage `json:"arguments"`
 	}
-	if err := json.Unmarshal([]byte(stripFence(text)), &a); err != nil {
-		return nil, fmt.Errorf("%w: the reply is not a JSON object", errOutputInvalid)
+	if err := decodeAnswer(text, &a); err != nil {
+		return nil, fmt.Errorf("%w: the reply is not a JSON object: %w", errOutputInvalid, err)
 	}
 	switch a.Action {
 	case "call_tool":

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -90,7 +89,7 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 		var out struct {
 			Source string `json:"source"`
 		}
-		if err := json.Unmarshal([]byte(stripFence(resp.Text)), &out); err != nil || strings.TrimSpace(out.Source) == "" {
+		if err := decodeAnswer(resp.Text, &out); err != nil || strings.TrimSpace(out.Source) == "" {
 			lastErr = "the answer was not a JSON object with a source"
 			continue
 		}

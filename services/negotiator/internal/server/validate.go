@@ -2,15 +2,15 @@ package server
 
 import (
 	"encoding/json"
-	"regexp"
+	"fmt"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/jsondepth"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
 )
-
-var agentName = regexp.MustCompile(`^clients/[a-z0-9][a-z0-9-]{0,62}/agents/[a-z0-9][a-z0-9-]{0,62}$`)
 
 // Maximum sizes of free inputs; bodies and PDs are also capped by the
 // server's message size.
@@ -24,8 +24,8 @@ func checkAgent(v *grpcerr.Violations, name string, required bool) {
 	switch {
 	case name == "" && required:
 		v.Add(field, "is required")
-	case name != "" && !agentName.MatchString(name):
-		v.Add(field, "must look like clients/{client}/agents/{agent}")
+	case name != "" && !resource.ValidAgentName(name):
+		v.Add(field, "must look like clients/{client}/agents/{agent}, each id "+resource.IDRule)
 	}
 }
 
@@ -43,13 +43,22 @@ func checkJSON(v *grpcerr.Violations, field string, raw []byte) {
 	switch {
 	case len(raw) == 0:
 		v.Add(field, "is required")
-	case len(raw) > 0 && !json.Valid(raw):
+	case jsondepth.Check(raw, jsondepth.Max) != nil:
+		v.Add(field, tooDeep)
+	case !json.Valid(raw):
 		v.Add(field, "must be JSON")
 	}
 }
 
+// tooDeep is the violation of JSON nested past jsondepth.Max.
+var tooDeep = fmt.Sprintf("must be nested at most %d levels deep", jsondepth.Max)
+
 func checkObjectJSON(v *grpcerr.Violations, field string, raw []byte) {
 	if len(raw) == 0 {
+		return
+	}
+	if jsondepth.Check(raw, jsondepth.Max) != nil {
+		v.Add(field, tooDeep)
 		return
 	}
 	var m map[string]any

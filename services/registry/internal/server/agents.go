@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"regexp"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -19,6 +18,7 @@ import (
 	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/fetch"
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 	"github.com/parleyhq/parley/services/registry/internal/resolve"
@@ -36,17 +36,10 @@ const (
 	maxProtocolsInAList = 1000
 )
 
-// idPattern is AIP-122's resource id: lowercase letters, digits and
-// hyphens, 1 to 63 characters, starting with a letter, not ending with a
-// hyphen. Neither ':' nor '/' can appear, so `<client>:<agent>` is
-// unambiguous.
-var idPattern = regexp.MustCompile(`^[a-z]([a-z0-9-]{0,61}[a-z0-9])?$`)
-
 // checkAgentName adds a violation on field unless name has the form
 // clients/{client}/agents/{agent}.
 func checkAgentName(v *grpcerr.Violations, field, name string) {
-	parts := strings.Split(name, "/")
-	if len(parts) != 4 || parts[0] != "clients" || parts[2] != "agents" || !idPattern.MatchString(parts[1]) || !idPattern.MatchString(parts[3]) {
+	if !resource.ValidAgentName(name) {
 		v.Add(field, fmt.Sprintf("%q must have the form clients/{client}/agents/{agent}, each id 1 to 63 lowercase letters, digits or hyphens starting with a letter", name))
 	}
 }
@@ -55,10 +48,10 @@ func checkAgentName(v *grpcerr.Violations, field, name string) {
 func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentRequest) (*registryv1.Agent, error) {
 	var v grpcerr.Violations
 	client, ok := strings.CutPrefix(req.GetParent(), "clients/")
-	if !ok || !idPattern.MatchString(client) {
+	if !ok || !resource.ValidID(client) {
 		v.Add("parent", fmt.Sprintf("%q must have the form clients/{client}, the id 1 to 63 lowercase letters, digits or hyphens starting with a letter", req.GetParent()))
 	}
-	if !idPattern.MatchString(req.GetAgentId()) {
+	if !resource.ValidID(req.GetAgentId()) {
 		v.Add("agent_id", fmt.Sprintf("%q must be 1 to 63 lowercase letters, digits or hyphens, starting with a letter", req.GetAgentId()))
 	}
 	in := req.GetAgent()
@@ -250,7 +243,7 @@ func (s *Server) GetAgent(ctx context.Context, req *registryv1.GetAgentRequest) 
 func (s *Server) ListAgents(ctx context.Context, req *registryv1.ListAgentsRequest) (*registryv1.ListAgentsResponse, error) {
 	var v grpcerr.Violations
 	client, ok := strings.CutPrefix(req.GetParent(), "clients/")
-	if !ok || (client != "-" && !idPattern.MatchString(client)) {
+	if !ok || (client != "-" && !resource.ValidID(client)) {
 		v.Add("parent", fmt.Sprintf("%q must have the form clients/{client} or clients/-", req.GetParent()))
 	}
 	if client == "-" {

@@ -14,13 +14,14 @@ import (
 	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pagetoken"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
 // checkClientName adds a violation on field unless name is clients/{client}.
 func checkClientName(v *grpcerr.Violations, field, name string) {
 	id, ok := strings.CutPrefix(name, "clients/")
-	if !ok || !idPattern.MatchString(id) {
+	if !ok || !resource.ValidID(id) {
 		v.Add(field, fmt.Sprintf("%q must have the form clients/{client}, the id 1 to 63 lowercase letters, digits or hyphens starting with a letter", name))
 	}
 }
@@ -41,7 +42,7 @@ func (s *Server) CreateClient(ctx context.Context, req *registryv1.CreateClientR
 		}
 	}
 	var v grpcerr.Violations
-	if !idPattern.MatchString(req.GetClientId()) {
+	if !resource.ValidID(req.GetClientId()) {
 		v.Add("client_id", fmt.Sprintf("%q must be 1 to 63 lowercase letters, digits or hyphens, starting with a letter", req.GetClientId()))
 	}
 	if n := utf8.RuneCountInString(req.GetClient().GetDisplayName()); n > maxDisplayName {

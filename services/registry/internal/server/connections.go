@@ -20,7 +20,7 @@ const (
 	reasonNotClientsMember = "CLIENT_GROUP_FOREIGN"
 )
 
-// Names are checked against idPattern (63 characters per id), which is
+// Names are checked against resource.ValidID (63 characters per id), which is
 // also their size limit.
 
 // FollowAgent implements RegistryService.

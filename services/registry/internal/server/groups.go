@@ -74,7 +74,7 @@ func (s *Server) update(ctx context.Context, fn func(store.GroupWriter) error) e
 }
 
 func checkGroupPath(v *grpcerr.Violations, field, path string) {
-	if why := groups.CheckPath(path, idPattern.MatchString); why != "" {
+	if why := groups.CheckPath(path, resource.ValidID); why != "" {
 		v.Add(field, why)
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -13,33 +12,51 @@ import (
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
-// keyOwnerPattern matches a key's owner: a client or an agent; keyPattern a
-// key's name. Ids follow idPattern; key ids are 16 lowercase hex digits.
-var (
-	keyOwnerPattern = regexp.MustCompile(`^clients/[a-z]([a-z0-9-]{0,61}[a-z0-9])?(/agents/[a-z]([a-z0-9-]{0,61}[a-z0-9])?)?$`)
-	keyPattern      = regexp.MustCompile(`^(clients/[a-z]([a-z0-9-]{0,61}[a-z0-9])?(/agents/[a-z]([a-z0-9-]{0,61}[a-z0-9])?)?)/keys/[0-9a-f]{16}$`)
-)
+// validKeyOwner reports whether name is a key's owner, a client
+// (clients/{client}) or an agent (resource.ValidAgentName), and whether it
+// is an agent.
+func validKeyOwner(name string) (ok, agent bool) {
+	if resource.ValidAgentName(name) {
+		return true, true
+	}
+	client, found := strings.CutPrefix(name, "clients/")
+	return found && resource.ValidID(client), false
+}
+
+// validKeyID reports whether id is 16 lowercase hex digits.
+func validKeyID(id string) bool {
+	if len(id) != 16 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
 
 func checkKeyOwner(v *grpcerr.Violations, field, name string) {
-	if !keyOwnerPattern.MatchString(name) {
+	if ok, _ := validKeyOwner(name); !ok {
 		v.Add(field, fmt.Sprintf("%q must have the form clients/{client} or clients/{client}/agents/{agent}", name))
 	}
 }
 
 func checkKeyName(v *grpcerr.Violations, field, name string) {
-	if !keyPattern.MatchString(name) {
+	owner, id, found := strings.Cut(name, "/keys/")
+	if ok, _ := validKeyOwner(owner); !found || !ok || !validKeyID(id) {
 		v.Add(field, fmt.Sprintf("%q must have the form clients/{client}/keys/{key} or clients/{client}/agents/{agent}/keys/{key}, the key id 16 lowercase hex digits", name))
 	}
 }
 
 // ownerKind is the kind of key owner holds: Agent under an agent, else
-// Client. Submatch 2 is the whole "/agents/{agent}" part; submatch 3 is
-// empty for a one-letter agent id.
+// Client.
 func ownerKind(owner string) auth.Kind {
-	if keyOwnerPattern.FindStringSubmatch(owner)[2] != "" {
+	if _, agent := validKeyOwner(owner); agent {
 		return auth.Agent
 	}
 	return auth.Client

@@ -17,11 +17,11 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 var (
-	agentIDPattern = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
-	idPattern      = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+	idPattern = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 )
 
 // agent returns the agent a request addresses, or "" after writing 404.
@@ -30,7 +30,7 @@ func (h *Handlers) agent(w http.ResponseWriter, r *http.Request) string {
 	if client == "" && agent == "" {
 		return h.opts.DefaultAgent
 	}
-	if !agentIDPattern.MatchString(client) || !agentIDPattern.MatchString(agent) {
+	if !resource.ValidID(client) || !resource.ValidID(agent) {
 		writeError(w, http.StatusNotFound, "Unable to find an agent with the provided client and agent ids")
 		return ""
 	}

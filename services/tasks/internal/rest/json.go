@@ -16,6 +16,7 @@ import (
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/platform/resource"
 )
 
@@ -225,6 +226,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request) (requestBody, error) {
 	}
 	if raw[0] != '{' {
 		return out, errBody{"the request body must be a JSON object"}
+	}
+	if jsondepth.Check(raw, jsondepth.Max) != nil {
+		return out, errBody{fmt.Sprintf("the request body is nested more than %d levels deep", jsondepth.Max)}
 	}
 	var fields map[string]json.RawMessage
 	dec := json.NewDecoder(bytes.NewReader(raw))

@@ -51,6 +51,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
@@ -716,7 +717,7 @@ func (s *Scheduler) complete(ctx context.Context, ref store.StepRef, t *tasksv1.
 	}
 	out := bytes.TrimSpace(res.AdditionalOutput)
 	if !jsonObject(out) {
-		s.logger.WarnContext(ctx, "dropped additional_output that is not a JSON object", slog.String("task", ref.TaskID), slog.String("step", ref.StepID))
+		s.logger.WarnContext(ctx, "dropped additional_output that is not a JSON object nested at most 64 levels deep", slog.String("task", ref.TaskID), slog.String("step", ref.StepID))
 		out = nil
 	}
 	st, err := s.store.UpdateStep(ctx, ref, func(t *tasksv1.Task, st *tasksv1.Step) ([]*tasksv1.Artifact, error) {
@@ -748,10 +749,14 @@ func (s *Scheduler) complete(ctx context.Context, ref store.StepRef, t *tasksv1.
 	return st, nil
 }
 
-// jsonObject reports whether raw is empty or a JSON object.
+// jsonObject reports whether raw is empty or a JSON object nested at most
+// jsondepth.Max levels deep.
 func jsonObject(raw []byte) bool {
 	if len(raw) == 0 {
 		return true
+	}
+	if jsondepth.Check(raw, jsondepth.Max) != nil {
+		return false
 	}
 	var m map[string]json.RawMessage
 	return raw[0] == '{' && json.Unmarshal(raw, &m) == nil

@@ -495,3 +495,26 @@ func TestWaiting_messageNamesWhatIsDown(t *testing.T) {
 		t.Fatal("sentinels must match through wrapping")
 	}
 }
+
+// An agent's additional_output nested past the limit is dropped (the
+// step completes without it); one at the limit is kept.
+func TestAdditionalOutput_nestedTooDeepIsDropped(t *testing.T) {
+	f := newFixture(t, scheduler.Options{})
+	nest := func(n int) string { return strings.Repeat(`{"a":`, n-1) + `{}` + strings.Repeat(`}`, n-1) }
+	f.run.set(func(_ context.Context, req scheduler.Request) (*scheduler.Result, error) {
+		n := 64
+		if req.Input == "deep" {
+			n = 65
+		}
+		return &scheduler.Result{Output: "ok", AdditionalOutput: []byte(nest(n))}, nil
+	})
+	task := f.task(t, agentOK, tasksv1.Task_STATE_ACTIVE)
+	_, deep := f.post(t, task, "deep")
+	if st := receive(t, deep); st.GetStatus() != tasksv1.Step_STATUS_COMPLETED || len(st.GetAdditionalOutputJson()) != 0 {
+		t.Errorf("step with additional_output 65 deep = %v; want completed without it", st)
+	}
+	_, fine := f.post(t, task, "fine")
+	if st := receive(t, fine); string(st.GetAdditionalOutputJson()) != nest(64) {
+		t.Errorf("step with additional_output 64 deep has %.80s…; want it kept", st.GetAdditionalOutputJson())
+	}
+}

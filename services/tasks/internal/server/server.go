@@ -27,6 +27,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/jsondepth"
 	"github.com/parleyhq/parley/platform/pagetoken"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
@@ -230,19 +231,23 @@ func invalid(field, desc string) error {
 	return v.Err("INVALID_ARGUMENT", Domain)
 }
 
-func validAgent(agent string) bool {
-	parts := strings.Split(agent, "/")
-	return len(parts) == 4 && parts[0] == "clients" && parts[2] == "agents" && parts[1] != "" && parts[3] != ""
-}
+func validAgent(agent string) bool { return resource.ValidAgentName(agent) }
 
-// checkObject reports whether raw is empty or a JSON object.
-func checkObject(raw []byte) bool {
+// checkObject says what is wrong with raw, or "" when it is empty or a
+// JSON object nested at most jsondepth.Max levels deep.
+func checkObject(raw []byte) string {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 {
-		return true
+		return ""
+	}
+	if jsondepth.Check(raw, jsondepth.Max) != nil {
+		return fmt.Sprintf("must be nested at most %d levels deep", jsondepth.Max)
 	}
 	var m map[string]json.RawMessage
-	return raw[0] == '{' && json.Unmarshal(raw, &m) == nil
+	if raw[0] != '{' || json.Unmarshal(raw, &m) != nil {
+		return "must be a JSON object"
+	}
+	return ""
 }
 
 // CreateTask implements tasksv1.TasksServiceServer.
@@ -255,8 +260,8 @@ func (s *Server) CreateTask(ctx context.Context, req *tasksv1.CreateTaskRequest)
 	if !validAgent(in.GetAgent()) {
 		v.Add("task.agent", "must have the form clients/{client}/agents/{agent}")
 	}
-	if !checkObject(in.GetAdditionalInputJson()) {
-		v.Add("task.additional_input_json", "must be a JSON object")
+	if bad := checkObject(in.GetAdditionalInputJson()); bad != "" {
+		v.Add("task.additional_input_json", bad)
 	}
 	if err := v.Err("INVALID_ARGUMENT", Domain); err != nil {
 		return nil, err
@@ -382,8 +387,8 @@ func (s *Server) CreateStep(ctx context.Context, req *tasksv1.CreateStepRequest)
 	if err != nil {
 		return nil, err
 	}
-	if !checkObject(req.GetStep().GetAdditionalInputJson()) {
-		return nil, invalid("step.additional_input_json", "must be a JSON object")
+	if bad := checkObject(req.GetStep().GetAdditionalInputJson()); bad != "" {
+		return nil, invalid("step.additional_input_json", bad)
 	}
 	wait := s.opts.StepWait
 	if req.Wait != nil {
