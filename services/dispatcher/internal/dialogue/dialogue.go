@@ -250,6 +250,9 @@ type Options struct {
 	// NewID returns a fresh unguessable id; 128 random bits, URL-safe
 	// base64, when nil.
 	NewID func() string
+	// Observer is told of the pair states each delivered message moved
+	// (deadlines to arm, orders to record); nil tells no one.
+	Observer Observer
 }
 
 // Service sends the network's messages.
@@ -350,7 +353,7 @@ func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category,
 	for i, p := range pairs {
 		restores[i] = store.PairRestore{Pair: p.Pair, Written: p.State}
 	}
-	return s.deliver(ctx, msg, accepted, refusals, restores)
+	return s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, refusals, restores))
 }
 
 // Reply answers message inReplyTo as sender: to its sender, or with all
@@ -442,7 +445,7 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 	if err != nil {
 		return Result{}, err
 	}
-	return s.deliver(ctx, msg, accepted, refusals, restores)
+	return s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, refusals, restores))
 }
 
 // closedTo reports whether p's filters keep a message of type typ from
