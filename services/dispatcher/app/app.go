@@ -68,7 +68,10 @@ func ServeRoutineWorker() int { return routine.ServeWorker() }
 // It does not listen; Register mounts the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if cfg.DatabaseURL != "" {
-		return nil, errors.New("--database-url: the dispatcher has no PostgreSQL store yet (issue 15)")
+		// So that `parley serve --database-url` runs: the other services
+		// share the database, the dispatcher keeps its own files.
+		logger.Warn("the dispatcher has no PostgreSQL store yet (issue 15): it keeps dispatcher.db in --data, which replicas do not share",
+			slog.String("data", cfg.DataDir))
 	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
