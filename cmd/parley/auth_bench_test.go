@@ -112,7 +112,7 @@ func BenchmarkAuthSDKRoundTrip(b *testing.B) {
 			go func() {
 				done <- sdk.Connect(ctx, conn, a.GetName(), append(handlers, sdk.OnReady(func() { close(ready) }))...)
 			}()
-			defer func() { cancel(); <-done }()
+			defer func() { cancel(); _ = <-done }()
 			select {
 			case <-ready:
 			case err := <-done:
