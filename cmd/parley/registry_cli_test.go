@@ -25,7 +25,7 @@ func startRegistry(t *testing.T) string {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := registryapp.New(cfg, logger)
+	a, err := registryapp.New(cfg, logger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

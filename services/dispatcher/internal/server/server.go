@@ -148,9 +148,6 @@ type Options struct {
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
 	Mailboxes mailbox.Appender
-	// MessageProtocols checks dialogues' messages against their PD's state
-	// machine; none are checked when nil.
-	MessageProtocols dialogue.Protocols
 	// MessageMaxBodyBytes caps a network message's body_json; 64 KiB.
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC; 10 s.
@@ -225,8 +222,8 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	}
 	var dialogues *dialogue.Service
 	if opts.Dialogues != nil && opts.Mailboxes != nil {
-		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg, dir: dir}, dialogue.Options{
-			Protocols: opts.MessageProtocols, Logger: logger, Now: opts.Now,
+		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
+			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now,
 		})
 	}
 	return &Server{
