@@ -11,7 +11,8 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
 )
 
-// ErrRequestInProgress: a send with the same request_id is still running.
+// ErrRequestInProgress is returned while a send with the same request_id
+// is still running.
 var ErrRequestInProgress = errors.New("request in progress")
 
 // requestStale is how long a pending request may run before a repeat takes
