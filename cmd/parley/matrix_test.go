@@ -249,14 +249,12 @@ var matrixRPCs = map[string]rpcRow{
 	disp + "CloseDialogueMessages": {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseDialogueAgent":    {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseAllDialogues":     {targets: agentT, ok: codes.OK},
+	// Mailboxes (issue 13).
+	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
+	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
 	// Orders (issue 14): only the agent named; a missing order is NOT_FOUND.
 	disp + "GetOrder":   {targets: []string{"{agent}/orders/none"}, ok: codes.NotFound},
 	disp + "ListOrders": {targets: agentT, ok: codes.OK},
-
-	// Mailboxes: the stream's first (empty) batch, or an acknowledgement
-	// of nothing.
-	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
-	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},
@@ -298,28 +296,26 @@ var matrixRPCs = map[string]rpcRow{
 // routeRow is a hand-written route's row: a concrete request and the HTTP
 // status its handler answers callers the policy lets through.
 type routeRow struct {
-	path string // with the pattern's variables filled
-	body string
-	ok   int
-	// target is the resource the path names, for a rule that has one.
-	target string
+	path   string // with the pattern's variables filled
+	body   string
+	ok     int
+	target string // the resource the path names, when the rule has one
 }
 
 // matrixRoutes has a row per hand-written route. The Agent Protocol
 // routes name an agent that does not exist, or a task that does not.
 var matrixRoutes = func() map[string]routeRow {
 	m := map[string]routeRow{
-		"GET /healthz":                                      {path: "/healthz", ok: http.StatusOK},
-		"GET /readyz":                                       {path: "/readyz", ok: http.StatusOK},
-		"GET /metrics":                                      {path: "/metrics", ok: http.StatusOK},
-		"GET /protocols/{hash}":                             {path: "/protocols/none", ok: http.StatusBadRequest},
-		"GET /agora/{client}/{agent}/.wellknown":            {path: "/agora/acme/ghost/.wellknown", ok: http.StatusNotFound},
-		"GET /agora/{client}/{agent}/wellknown":             {path: "/agora/acme/ghost/wellknown", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}":                      {path: "/agora/acme/ghost", body: "{}", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}/{$}":                  {path: "/agora/acme/ghost/", body: "{}", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}/conversations/{id}":   {path: "/agora/acme/ghost/conversations/none", body: "{}", ok: http.StatusNotFound},
-		"DELETE /agora/{client}/{agent}/conversations/{id}": {path: "/agora/acme/ghost/conversations/none", ok: http.StatusNotFound},
-		// The mailbox's event stream: cut once its headers arrive.
+		"GET /healthz":                                            {path: "/healthz", ok: http.StatusOK},
+		"GET /readyz":                                             {path: "/readyz", ok: http.StatusOK},
+		"GET /metrics":                                            {path: "/metrics", ok: http.StatusOK},
+		"GET /protocols/{hash}":                                   {path: "/protocols/none", ok: http.StatusBadRequest},
+		"GET /agora/{client}/{agent}/.wellknown":                  {path: "/agora/acme/ghost/.wellknown", ok: http.StatusNotFound},
+		"GET /agora/{client}/{agent}/wellknown":                   {path: "/agora/acme/ghost/wellknown", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}":                            {path: "/agora/acme/ghost", body: "{}", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}/{$}":                        {path: "/agora/acme/ghost/", body: "{}", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}/conversations/{id}":         {path: "/agora/acme/ghost/conversations/none", body: "{}", ok: http.StatusNotFound},
+		"DELETE /agora/{client}/{agent}/conversations/{id}":       {path: "/agora/acme/ghost/conversations/none", ok: http.StatusNotFound},
 		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {path: "/v1/" + ownAgentName + "/messages:stream", ok: http.StatusOK, target: ownAgentName},
 	}
 	for _, prefix := range []string{"", "/agents/{client}/{agent}"} {
@@ -389,6 +385,10 @@ func startMatrixSuite(t *testing.T) (*suite, matrixFixture) {
 			t.Fatal(err)
 		}
 		fx.creds[c] = a.GetInitialKey().GetSecret()
+	}
+	// The own agent serves its Agent Protocol routes to its keys only.
+	if _, err := reg.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: ownAgentName, AgentProtocolAccess: registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_TOKEN}}); err != nil {
+		t.Fatal(err)
 	}
 	k, err := reg.CreateKey(ctx, &registryv1.CreateKeyRequest{Parent: ownAgentName})
 	if err != nil {
@@ -534,6 +534,42 @@ func TestPermissionMatrix(t *testing.T) {
 			cases++
 			if got.status != wantStatus || got.reason != want.reason {
 				t.Errorf("route %s (%s %s) as %s = %d %s, want %d %s", route, verb, row.path, c, got.status, got.reason, wantStatus, want.reason)
+			}
+		}
+	}
+	// The Agent Protocol routes of an agent with token access (the own
+	// agent): the table lets anyone through, then the routes admit only the
+	// agent's key, its client's key and the operator. Their refusals are
+	// the spec's {"message"} shape, without a reason.
+	token := auth.Rule{Allow: auth.AnyKey, Resource: "agent"}
+	for _, route := range routes {
+		row, ok := matrixRoutes[route]
+		if !ok || !strings.HasPrefix(route, "POST /agents/") && !strings.HasPrefix(route, "GET /agents/") {
+			continue
+		}
+		verb, _, _ := strings.Cut(route, " ")
+		path := strings.Replace(row.path, "/agents/acme/ghost/", "/agents/acme/bot/", 1)
+		for c := range numCallers {
+			want := expectedOutcome(token, c, ownAgentName, true, codes.OK)
+			wantStatus := runtime.HTTPStatusFromCode(want.code)
+			if want.reason == "" {
+				wantStatus = row.ok
+			}
+			if c != wrongKey && c != revokedKey {
+				want.reason = "" // refused by the route, not the table
+			}
+			var body io.Reader
+			if row.body != "" {
+				body = strings.NewReader(row.body)
+			}
+			hreq, err := http.NewRequest(verb, fx.httpURL+path, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := callREST(t.Context(), hreq, fx.creds[c])
+			cases++
+			if got.status != wantStatus || got.reason != want.reason {
+				t.Errorf("route %s (%s %s, token access) as %s = %d %s, want %d %s", route, verb, path, c, got.status, got.reason, wantStatus, want.reason)
 			}
 		}
 	}

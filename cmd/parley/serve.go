@@ -133,7 +133,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, neg.Close)
-	tasks, err := tasksapp.New(cfg.tasks, logger.With("component", "tasks"), tasksapp.Peers{Dispatcher: conn})
+	tasks, err := tasksapp.New(cfg.tasks, logger.With("component", "tasks"), tasksapp.Peers{Dispatcher: conn, Registry: conn})
 	if err != nil {
 		return nil, err
 	}
