@@ -248,6 +248,18 @@ func (s *Server) Sweep(ctx context.Context) (int, error) {
 	return s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
 }
 
+// Collectors returns the server's metrics, for the app to register on the
+// server it mounts this one on (Options.Metrics nil).
+func (s *Server) Collectors() []prometheus.Collector { return s.metrics.Collectors() }
+
+// Start hands the server the channel that closes when a graceful stop
+// begins (serve.Server.Stopping): every SDK agent's stream and mailbox
+// stream then ends. It replaces Options.Stopping. Call it before serving.
+func (s *Server) Start(stopping <-chan struct{}) {
+	s.opts.Stopping = stopping
+	s.hub.Start(stopping)
+}
+
 // StopShadows cancels the shadow runs in flight and waits for them to end;
 // later calls start none. The app calls it before closing the store.
 func (s *Server) StopShadows() { s.shadows.Stop() }
