@@ -108,11 +108,11 @@ func (o outcome) String() string {
 }
 
 // expectedOutcome is what caller c gets from a call under rule, naming
-// target (the value of rule.Resource in the request). readable is false
-// when the transport cannot see that field before the handler runs (a
-// REST body field), so only the operator passes the ownership check.
-// handler is the handler's answer to a caller the policy lets through.
-func expectedOutcome(rule auth.Rule, c caller, target string, readable bool, handler codes.Code) outcome {
+// target (the value of rule.Resource in the request), on either transport:
+// the REST middleware reads the resource from the path, the query or the
+// decoded body. handler is the handler's answer to a caller the policy
+// lets through.
+func expectedOutcome(rule auth.Rule, c caller, target string, handler codes.Code) outcome {
 	switch c {
 	case wrongKey, revokedKey:
 		return outcome{codes.Unauthenticated, auth.ReasonInvalid}
@@ -126,7 +126,7 @@ func expectedOutcome(rule auth.Rule, c caller, target string, readable bool, han
 	if rule.Allow&p.Kind == 0 {
 		return outcome{codes.PermissionDenied, auth.ReasonKind}
 	}
-	if rule.Resource != "" && p.Kind != auth.Operator && (!readable || !p.Owns(target)) {
+	if rule.Resource != "" && p.Kind != auth.Operator && !p.Owns(target) {
 		return outcome{codes.PermissionDenied, auth.ReasonNotOwner}
 	}
 	return outcome{code: handler}
@@ -473,7 +473,7 @@ func TestPermissionMatrix(t *testing.T) {
 				if o, ok := row.okFor[c]; ok {
 					handler = o
 				}
-				want := expectedOutcome(rule, c, target, true, handler)
+				want := expectedOutcome(rule, c, target, handler)
 				if !hasRule {
 					want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 				}
@@ -490,7 +490,7 @@ func TestPermissionMatrix(t *testing.T) {
 					if !ok {
 						continue // this binding's pattern does not match target
 					}
-					want := expectedOutcome(rule, c, target, b.reads(rule.Resource), handler)
+					want := expectedOutcome(rule, c, target, handler)
 					if !hasRule {
 						want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 					}
@@ -511,7 +511,7 @@ func TestPermissionMatrix(t *testing.T) {
 		rule, hasRule := policy[route]
 		verb, _, _ := strings.Cut(route, " ")
 		for c := range numCallers {
-			want := expectedOutcome(rule, c, row.target, true, codes.OK)
+			want := expectedOutcome(rule, c, row.target, codes.OK)
 			if !hasRule {
 				want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 			}
@@ -550,7 +550,7 @@ func TestPermissionMatrix(t *testing.T) {
 		verb, _, _ := strings.Cut(route, " ")
 		path := strings.Replace(row.path, "/agents/acme/ghost/", "/agents/acme/bot/", 1)
 		for c := range numCallers {
-			want := expectedOutcome(token, c, ownAgentName, true, codes.OK)
+			want := expectedOutcome(token, c, ownAgentName, codes.OK)
 			wantStatus := runtime.HTTPStatusFromCode(want.code)
 			if want.reason == "" {
 				wantStatus = row.ok
@@ -794,24 +794,6 @@ func httpRule(r *annotations.HttpRule) (verb, pattern string) {
 		return http.MethodDelete, p.Delete
 	}
 	return "", ""
-}
-
-// reads reports whether the gateway middleware sees field before the
-// handler runs: a path variable, or a query parameter the gateway fills
-// the request from (not a field the body carries).
-func (b restBinding) reads(field string) bool {
-	for _, v := range b.vars {
-		if v.field == field {
-			return true
-		}
-	}
-	switch b.body {
-	case "":
-		return true
-	case "*":
-		return false
-	}
-	return field != b.body && !strings.HasPrefix(field, b.body+".")
 }
 
 // segmentRE turns a path variable's pattern into a regexp.
