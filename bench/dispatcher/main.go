@@ -103,12 +103,15 @@ func run(stdout io.Writer) error {
 	}
 	defer stop()
 	// The setup calls need the operator token, which serve writes on first
-	// start; envelopes from peers need no credential.
-	token, err := os.ReadFile(filepath.Join(tmp, "data", "operator.token"))
-	if err != nil {
+	// start (binaries from before authentication write none); envelopes
+	// from peers need no credential.
+	setupCtx := ctx
+	if token, err := os.ReadFile(filepath.Join(tmp, "data", "operator.token")); err == nil {
+		setupCtx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+strings.TrimSpace(string(token)))
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("operator token: %w", err)
 	}
-	if err := setup(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+strings.TrimSpace(string(token))), grpcAddr); err != nil {
+	if err := setup(setupCtx, grpcAddr); err != nil {
 		return err
 	}
 	agoraURL := "http://" + httpAddr + "/agora/acme/weather"
