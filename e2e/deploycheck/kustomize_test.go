@@ -12,6 +12,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/runtime"
 	kjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
@@ -27,6 +28,7 @@ type manifests struct {
 	deployments map[string]*appsv1.Deployment
 	services    map[string]*corev1.Service
 	claims      map[string]*corev1.PersistentVolumeClaim
+	budgets     map[string]*policyv1.PodDisruptionBudget
 }
 
 // strictDecoder decodes YAML into the typed Kubernetes objects and fails on
@@ -35,7 +37,7 @@ type manifests struct {
 // take the former).
 var strictDecoder = func() runtime.Decoder {
 	scheme := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme} {
+	for _, add := range []func(*runtime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, policyv1.AddToScheme} {
 		if err := add(scheme); err != nil {
 			panic(err)
 		}
@@ -45,8 +47,8 @@ var strictDecoder = func() runtime.Decoder {
 }()
 
 // renderKustomization builds the kustomization in dir, as `kubectl kustomize`
-// does, and decodes every resource strictly. Only Deployments, Services and
-// PersistentVolumeClaims are expected.
+// does, and decodes every resource strictly. Only Deployments, Services,
+// PersistentVolumeClaims and PodDisruptionBudgets are expected.
 func renderKustomization(dir string) (*manifests, error) {
 	k := krusty.MakeKustomizer(krusty.MakeDefaultOptions())
 	resources, err := k.Run(filesys.MakeFsOnDisk(), dir)
@@ -57,6 +59,7 @@ func renderKustomization(dir string) (*manifests, error) {
 		deployments: map[string]*appsv1.Deployment{},
 		services:    map[string]*corev1.Service{},
 		claims:      map[string]*corev1.PersistentVolumeClaim{},
+		budgets:     map[string]*policyv1.PodDisruptionBudget{},
 	}
 	var errs []error
 	for _, r := range resources.Resources() {
@@ -78,6 +81,8 @@ func renderKustomization(dir string) (*manifests, error) {
 			m.services[o.Name] = o
 		case *corev1.PersistentVolumeClaim:
 			m.claims[o.Name] = o
+		case *policyv1.PodDisruptionBudget:
+			m.budgets[o.Name] = o
 		default:
 			errs = append(errs, fmt.Errorf("%s: unexpected kind %T", id, obj))
 		}

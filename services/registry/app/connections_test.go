@@ -42,7 +42,7 @@ func startAuthRegistry(t *testing.T) *authRegistry {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger)
+	a, err := app.New(cfg, logger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,10 +110,7 @@ func (m *Mailboxes) wake(delivered []Delivery) {
 	}
 	for _, d := range delivered {
 		if c := m.conns[d.Agent]; c != nil {
-			select {
-			case c.wake <- struct{}{}:
-			default: // a wakeup is already pending
-			}
+			c.offer(d)
 		}
 	}
 }
@@ -156,6 +153,10 @@ func (m *Mailboxes) Compact(ctx context.Context, batch int) (int, error) {
 	}
 }
 
+// maxHanded bounds the deliveries Append hands a connection directly;
+// past it the connection reads its mailbox from the store instead.
+const maxHanded = 64
+
 // Conn is an agent's connection to its mailbox. A newer Connect of the
 // same agent replaces it.
 type Conn struct {
@@ -163,6 +164,49 @@ type Conn struct {
 	agent    string
 	wake     chan struct{} // one pending wakeup at most
 	replaced chan struct{} // closed when a newer connection took over
+
+	// Append hands new deliveries over with the wakeup, so that a fan-out
+	// to many connected agents costs no store read each; the store stays
+	// the truth whenever these do not continue the stream exactly.
+	mu       sync.Mutex // guards handed and overflow
+	handed   []Delivery
+	overflow bool // deliveries were not handed: read the store
+}
+
+// offer hands d to the connection and wakes it.
+func (c *Conn) offer(d Delivery) {
+	c.mu.Lock()
+	if len(c.handed) < maxHanded {
+		c.handed = append(c.handed, d)
+	} else {
+		c.overflow = true
+	}
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default: // a wakeup is already pending
+	}
+}
+
+// takeHanded returns the deliveries handed over after cursor next, if they
+// continue it without a gap; ok is false when the store must be read.
+func (c *Conn) takeHanded(next uint64) (ds []Delivery, ok bool) {
+	c.mu.Lock()
+	ds, overflow := c.handed, c.overflow
+	c.handed, c.overflow = nil, false
+	c.mu.Unlock()
+	for len(ds) > 0 && ds[0].Cursor <= next {
+		ds = ds[1:] // already sent from the store
+	}
+	if overflow || len(ds) == 0 {
+		return nil, false
+	}
+	for i, d := range ds {
+		if d.Cursor != next+1+uint64(i) {
+			return nil, false // concurrent appends woke out of order
+		}
+	}
+	return ds, true
 }
 
 // Connect registers the agent's connection, replacing (and ending) any
@@ -249,6 +293,7 @@ func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptio
 	}
 	keepalive := time.NewTimer(opts.Keepalive)
 	defer keepalive.Stop()
+	read := true // whether to read the store before waiting
 	for {
 		// A replaced connection stops before reading, so two never
 		// interleave sends for long.
@@ -257,22 +302,33 @@ func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptio
 			return ErrReplaced
 		default:
 		}
-		batch, err := m.store.ReadMailbox(ctx, agent, next, opts.Batch)
-		if err != nil {
-			return err
-		}
-		if len(batch) > 0 {
-			if err := send(batch); err != nil {
+		if read {
+			batch, err := m.store.ReadMailbox(ctx, agent, next, opts.Batch)
+			if err != nil {
 				return err
 			}
-			next = batch[len(batch)-1].Cursor
-			keepalive.Reset(opts.Keepalive)
-			if len(batch) == opts.Batch {
-				continue // more may be waiting
+			if len(batch) > 0 {
+				if err := send(batch); err != nil {
+					return err
+				}
+				next = batch[len(batch)-1].Cursor
+				keepalive.Reset(opts.Keepalive)
+				if len(batch) == opts.Batch {
+					continue // more may be waiting
+				}
 			}
 		}
+		read = true
 		select {
 		case <-conn.wake:
+			if ds, ok := conn.takeHanded(next); ok && len(ds) <= opts.Batch {
+				if err := send(ds); err != nil {
+					return err
+				}
+				next = ds[len(ds)-1].Cursor
+				keepalive.Reset(opts.Keepalive)
+				read = false
+			}
 		case <-conn.replaced:
 			return ErrReplaced
 		case <-opts.Stop:

@@ -16,7 +16,7 @@ const (
 	carol = "clients/c/agents/carol"
 )
 
-func newMailboxes(t *testing.T, opts mailbox.Options) *mailbox.Mailboxes {
+func newMailboxes(t testing.TB, opts mailbox.Options) *mailbox.Mailboxes {
 	t.Helper()
 	s, err := boltstore.Open(t.TempDir(), time.Second)
 	if err != nil {

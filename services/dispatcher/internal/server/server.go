@@ -148,9 +148,6 @@ type Options struct {
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
 	Mailboxes mailbox.Appender
-	// MessageProtocols checks dialogues' messages against their PD's state
-	// machine; none are checked when nil.
-	MessageProtocols dialogue.Protocols
 	// MessageMaxBodyBytes caps a network message's body_json; 64 KiB.
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC; 10 s.
@@ -225,8 +222,8 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	}
 	var dialogues *dialogue.Service
 	if opts.Dialogues != nil && opts.Mailboxes != nil {
-		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg, dir: dir}, dialogue.Options{
-			Protocols: opts.MessageProtocols, Logger: logger, Now: opts.Now,
+		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
+			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now,
 		})
 	}
 	return &Server{
@@ -249,6 +246,18 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // expired" rather than 404. app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
 	return s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
+}
+
+// Collectors returns the server's metrics, for the app to register on the
+// server it mounts this one on (Options.Metrics nil).
+func (s *Server) Collectors() []prometheus.Collector { return s.metrics.Collectors() }
+
+// Start hands the server the channel that closes when a graceful stop
+// begins (serve.Server.Stopping): every SDK agent's stream and mailbox
+// stream then ends. It replaces Options.Stopping. Call it before serving.
+func (s *Server) Start(stopping <-chan struct{}) {
+	s.opts.Stopping = stopping
+	s.hub.Start(stopping)
 }
 
 // StopShadows cancels the shadow runs in flight and waits for them to end;
