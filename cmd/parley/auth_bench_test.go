@@ -112,7 +112,12 @@ func BenchmarkAuthSDKRoundTrip(b *testing.B) {
 			go func() {
 				done <- sdk.Connect(ctx, conn, a.GetName(), append(handlers, sdk.OnReady(func() { close(ready) }))...)
 			}()
-			defer func() { cancel(); _ = <-done }()
+			defer func() {
+				cancel()
+				if err := <-done; err != nil {
+					b.Logf("Connect after cancel: %v", err)
+				}
+			}()
 			select {
 			case <-ready:
 			case err := <-done:
