@@ -47,6 +47,8 @@ type App struct {
 	dialogues store.DialogueStore
 	// orders is the store's order side (the same bbolt file).
 	orders store.OrderStore
+	// timers is the store's protocol deadlines (the same bbolt file).
+	timers store.TimerStore
 	pool   *routine.Pool // the routine workers
 }
 
@@ -81,7 +83,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
 	})
-	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st}
+	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st}
 	if err := routine.Supported(); err != nil {
 		st.Close()
 		return nil, err
@@ -141,6 +143,7 @@ func (a *App) options() (server.Options, error) {
 		Dialogues:           a.dialogues,
 		Mailboxes:           a.mailboxes,
 		Orders:              a.orders,
+		Timers:              a.timers,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
 		// Their receive streams.
@@ -179,6 +182,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
+	go srv.RunDeadlines(ctx)
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
