@@ -104,7 +104,7 @@ unit:
 	  echo "################################################################################" >&2; \
 	  echo "# unit: PARLEY_TEST_DATABASE_URL is not set: the PostgreSQL suites are SKIPPED" >&2; \
 	  echo "# (they FAIL when CI is set). .ci/run starts a server and sets it; see" >&2; \
-	  echo "# docs/adr/0015-postgresql-backend.md to run them here." >&2; \
+	  echo "# docs/adr/0007-postgresql-backend.md to run them here." >&2; \
 	  echo "################################################################################" >&2; fi
 	go test -race -count=1 work
 
