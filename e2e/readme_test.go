@@ -41,6 +41,32 @@ func TestReadme_walkthrough(t *testing.T) {
 	}
 }
 
+// TestReadme_network runs the README's agent-network walkthrough: two
+// agents of different clients, a follow, a message over the CLI and a
+// reply over REST.
+func TestReadme_network(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds parley and runs a shell walkthrough")
+	}
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := runReadmeBlock(t, root, "## The agent network: two agents talk")
+	if err != nil {
+		t.Fatalf("the agent-network walkthrough failed: %v\n%s", err, out)
+	}
+	for _, want := range []string{
+		`"category":"message","recipients":["beta:bob"],"refused":[{"agent":"beta:carol","reason":"permission_denied"`,
+		`"recipients":["clients/acme/agents/alice"]`,
+		"\n403\n",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("agent-network walkthrough output lacks %q; output:\n%s", want, out)
+		}
+	}
+}
+
 // runReadmeBlock runs the first ```sh block after heading in README.md
 // with bash, from the repo root, with extra environment variables, and
 // returns its combined output.

@@ -28,7 +28,7 @@ func agentCommands() map[string]command {
 	return map[string]command{
 		"create":    {"create a hosted agent CLIENT:AGENT", agentCreate},
 		"get":       {"print a hosted agent as JSON", agentGet},
-		"update":    {"change AGENT's --display-name, --description, --dialect or --policy", agentUpdate},
+		"update":    {"change AGENT's --display-name, --description, --dialect, --policy or --ap-access", agentUpdate},
 		"list":      {"list hosted agents (--client to filter)", agentList},
 		"delete":    {"delete a hosted agent", agentDelete},
 		"support":   {"declare AGENT supports protocol HASH [--source URL ...]", agentSupport},
@@ -75,6 +75,11 @@ var dialects = map[string]registryv1.Dialect{
 	"spec2024": registryv1.Dialect_DIALECT_SPEC2024,
 	"std":      registryv1.Dialect_DIALECT_STD,
 	"pylib":    registryv1.Dialect_DIALECT_PYLIB,
+}
+
+var apAccess = map[string]registryv1.AgentProtocolAccess{
+	"public": registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_PUBLIC,
+	"token":  registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_TOKEN,
 }
 
 var policies = map[string]registryv1.SupportPolicy{
@@ -127,11 +132,13 @@ func agentUpdate(e env, args []string) error {
 	fs.StringVar(&agent.Description, "description", "", "what the agent does")
 	dialect := fs.String("dialect", "", "Agora reply dialect: spec2024, std or pylib")
 	policy := fs.String("policy", "", "support policy: explicit or implemented")
+	access := fs.String("ap-access", "", "who may call the agent's Agent Protocol routes: public (anyone) or token (its key, its client's key, the operator)")
 	fs.StringVar(&agent.Etag, "etag", "", "apply only if the agent's etag is still this one")
 	return agentCall(e, fs, args, clientDoc("parley agent update CLIENT:AGENT [flags]",
 		"Change the fields of a hosted agent whose flags are given; prints the agent as JSON.",
 		[]envflag.Arg{argAgent},
-		"parley agent update acme:weather --description 'forecasts by city' --policy implemented"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
+		"parley agent update acme:weather --description 'forecasts by city' --policy implemented",
+		"parley agent update acme:weather --ap-access token"), func(c registryv1.RegistryServiceClient, name string, _ []string) error {
 		var ok bool
 		if agent.Dialect, ok = dialects[*dialect]; !ok {
 			return fmt.Errorf("--dialect %q must be spec2024, std or pylib", *dialect)
@@ -139,7 +146,12 @@ func agentUpdate(e env, args []string) error {
 		if agent.SupportPolicy, ok = policies[*policy]; !ok {
 			return fmt.Errorf("--policy %q must be explicit or implemented", *policy)
 		}
-		paths := map[string]string{"display-name": "display_name", "description": "description", "dialect": "dialect", "policy": "support_policy"}
+		if *access != "" {
+			if agent.AgentProtocolAccess, ok = apAccess[*access]; !ok {
+				return fmt.Errorf("--ap-access %q must be public or token", *access)
+			}
+		}
+		paths := map[string]string{"display-name": "display_name", "description": "description", "dialect": "dialect", "policy": "support_policy", "ap-access": "agent_protocol_access"}
 		mask := &fieldmaskpb.FieldMask{}
 		fs.Visit(func(f *flag.Flag) {
 			if p, ok := paths[f.Name]; ok {
@@ -147,7 +159,7 @@ func agentUpdate(e env, args []string) error {
 			}
 		})
 		if len(mask.Paths) == 0 {
-			return errors.New("give at least one of --display-name, --description, --dialect, --policy")
+			return errors.New("give at least one of --display-name, --description, --dialect, --policy, --ap-access")
 		}
 		agent.Name = name
 		ctx, cancel := callContext()

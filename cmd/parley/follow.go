@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 
@@ -22,7 +21,7 @@ func followCall(e env, args []string, follow bool) error {
 	verb := map[bool]string{true: "follow", false: "unfollow"}[follow]
 	fs := flag.NewFlagSet("parley "+verb, flag.ContinueOnError)
 	dial := dialServer(e, fs)
-	asAgent := fs.String("as", "", "the acting agent, `CLIENT:AGENT` [the agent whose key is in --token]; needed only with the operator token")
+	asAgent := asFlag(fs)
 	summary := "Make the agent whose key is in --token follow AGENT, so that AGENT may start\ndialogues with it. Following again changes nothing."
 	if !follow {
 		summary = "Make the agent whose key is in --token stop following AGENT. Not following it\nis no error."
@@ -33,12 +32,6 @@ func followCall(e env, args []string, follow bool) error {
 		"PARLEY_TOKEN=$(cat data/operator.token) parley "+verb+" acme:alice --as beta:bob"))
 	if err != nil {
 		return err
-	}
-	var follower string
-	if *asAgent != "" {
-		if follower, err = agentName(*asAgent); err != nil {
-			return usageErrorf("--as: %v", err)
-		}
 	}
 	target, err := agentName(pos[0])
 	if err != nil {
@@ -51,14 +44,9 @@ func followCall(e env, args []string, follow bool) error {
 	defer conn.Close()
 	ctx, cancel := callContext()
 	defer cancel()
-	if follower == "" {
-		follower, err = callerAgent(ctx, conn)
-		if errors.Is(err, errNotAnAgent) {
-			return usageErrorf("parley %s acts as the agent whose key is in --token; %v: use an agent key, or name the agent with --as CLIENT:AGENT", verb, err)
-		}
-		if err != nil {
-			return err
-		}
+	follower, err := actingAgent(ctx, conn, *asAgent, verb)
+	if err != nil {
+		return err
 	}
 	c := registryv1.NewRegistryServiceClient(conn)
 	if follow {

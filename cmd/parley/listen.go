@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 )
 
@@ -111,6 +114,11 @@ func runListen(e env, args []string) error {
 	for *count == 0 || printed < *count {
 		resp, err := stream.Recv()
 		if err != nil {
+			// The server may end the stream at the deadline it was sent a
+			// moment before the local context expires.
+			if ctx.Err() == nil && status.Code(err) == codes.DeadlineExceeded && *timeout > 0 {
+				<-ctx.Done()
+			}
 			if ctx.Err() != nil && *count == 0 {
 				return nil // --timeout with no --count: listening ends there
 			}

@@ -93,20 +93,23 @@ func groups() map[string]map[string]command {
 
 func commands() map[string]command {
 	return map[string]command{
-		"agent":    {"manage hosted agents and the protocols they support", runAgent},
-		"client":   {"create clients, the accounts that own agents", runClient},
-		"demo":     {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
-		"follow":   {"make your agent (its key in --token) follow AGENT, so AGENT may start dialogues with it", runFollow},
-		"gateway":  {"run the REST gateway in front of separately running services", runGateway},
-		"group":    {"create, join, search and administer the agent network's groups, as your agent", runGroup},
-		"health":   {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
-		"listen":   {"receive your agent's messages (its key in --token), one JSON object per line, acknowledging each", runListen},
-		"protocol": {"manage protocol documents in a running registry", runProtocol},
-		"unfollow": {"make your agent (its key in --token) stop following AGENT", runUnfollow},
-		"routine":  {"set, get or list a hosted agent's routines on a running server", runRoutine},
-		"serve":    {"run every service and the gateway in one process", runServe},
-		"version":  {"print the version", runVersion},
-		"whoami":   {"print who --token (or PARLEY_TOKEN) identifies: agent, client or operator", runWhoami},
+		"agent":     {"manage hosted agents and the protocols they support", runAgent},
+		"broadcast": {"broadcast a one-way message from your agent to groups", runBroadcast},
+		"client":    {"create clients, the accounts that own agents", runClient},
+		"demo":      {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
+		"follow":    {"make your agent (its key in --token) follow AGENT, so AGENT may start dialogues with it", runFollow},
+		"gateway":   {"run the REST gateway in front of separately running services", runGateway},
+		"group":     {"create, join, search and administer the agent network's groups, as your agent", runGroup},
+		"health":    {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
+		"listen":    {"receive your agent's messages (its key in --token), one JSON object per line, acknowledging each", runListen},
+		"protocol":  {"manage protocol documents in a running registry", runProtocol},
+		"reply":     {"answer a message your agent received (--all: every recipient of it too)", runReply},
+		"send":      {"send a message from your agent, opening a dialogue; prints its ids and refusals as JSON", runSend},
+		"unfollow":  {"make your agent (its key in --token) stop following AGENT", runUnfollow},
+		"routine":   {"set, get or list a hosted agent's routines on a running server", runRoutine},
+		"serve":     {"run every service and the gateway in one process", runServe},
+		"version":   {"print the version", runVersion},
+		"whoami":    {"print who --token (or PARLEY_TOKEN) identifies: agent, client or operator", runWhoami},
 	}
 }
 

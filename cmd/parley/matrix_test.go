@@ -108,11 +108,11 @@ func (o outcome) String() string {
 }
 
 // expectedOutcome is what caller c gets from a call under rule, naming
-// target (the value of rule.Resource in the request). readable is false
-// when the transport cannot see that field before the handler runs (a
-// REST body field), so only the operator passes the ownership check.
-// handler is the handler's answer to a caller the policy lets through.
-func expectedOutcome(rule auth.Rule, c caller, target string, readable bool, handler codes.Code) outcome {
+// target (the value of rule.Resource in the request), on either transport:
+// the REST middleware reads the resource from the path, the query or the
+// decoded body. handler is the handler's answer to a caller the policy
+// lets through.
+func expectedOutcome(rule auth.Rule, c caller, target string, handler codes.Code) outcome {
 	switch c {
 	case wrongKey, revokedKey:
 		return outcome{codes.Unauthenticated, auth.ReasonInvalid}
@@ -126,7 +126,7 @@ func expectedOutcome(rule auth.Rule, c caller, target string, readable bool, han
 	if rule.Allow&p.Kind == 0 {
 		return outcome{codes.PermissionDenied, auth.ReasonKind}
 	}
-	if rule.Resource != "" && p.Kind != auth.Operator && (!readable || !p.Owns(target)) {
+	if rule.Resource != "" && p.Kind != auth.Operator && !p.Owns(target) {
 		return outcome{codes.PermissionDenied, auth.ReasonNotOwner}
 	}
 	return outcome{code: handler}
@@ -249,14 +249,12 @@ var matrixRPCs = map[string]rpcRow{
 	disp + "CloseDialogueMessages": {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseDialogueAgent":    {targets: []string{"{agent}/dialogues/none"}, ok: codes.InvalidArgument},
 	disp + "CloseAllDialogues":     {targets: agentT, ok: codes.OK},
+	// Mailboxes (issue 13).
+	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
+	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
 	// Orders (issue 14): only the agent named; a missing order is NOT_FOUND.
 	disp + "GetOrder":   {targets: []string{"{agent}/orders/none"}, ok: codes.NotFound},
 	disp + "ListOrders": {targets: agentT, ok: codes.OK},
-
-	// Mailboxes: the stream's first (empty) batch, or an acknowledgement
-	// of nothing.
-	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
-	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},
@@ -298,28 +296,26 @@ var matrixRPCs = map[string]rpcRow{
 // routeRow is a hand-written route's row: a concrete request and the HTTP
 // status its handler answers callers the policy lets through.
 type routeRow struct {
-	path string // with the pattern's variables filled
-	body string
-	ok   int
-	// target is the resource the path names, for a rule that has one.
-	target string
+	path   string // with the pattern's variables filled
+	body   string
+	ok     int
+	target string // the resource the path names, when the rule has one
 }
 
 // matrixRoutes has a row per hand-written route. The Agent Protocol
 // routes name an agent that does not exist, or a task that does not.
 var matrixRoutes = func() map[string]routeRow {
 	m := map[string]routeRow{
-		"GET /healthz":                                      {path: "/healthz", ok: http.StatusOK},
-		"GET /readyz":                                       {path: "/readyz", ok: http.StatusOK},
-		"GET /metrics":                                      {path: "/metrics", ok: http.StatusOK},
-		"GET /protocols/{hash}":                             {path: "/protocols/none", ok: http.StatusBadRequest},
-		"GET /agora/{client}/{agent}/.wellknown":            {path: "/agora/acme/ghost/.wellknown", ok: http.StatusNotFound},
-		"GET /agora/{client}/{agent}/wellknown":             {path: "/agora/acme/ghost/wellknown", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}":                      {path: "/agora/acme/ghost", body: "{}", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}/{$}":                  {path: "/agora/acme/ghost/", body: "{}", ok: http.StatusNotFound},
-		"POST /agora/{client}/{agent}/conversations/{id}":   {path: "/agora/acme/ghost/conversations/none", body: "{}", ok: http.StatusNotFound},
-		"DELETE /agora/{client}/{agent}/conversations/{id}": {path: "/agora/acme/ghost/conversations/none", ok: http.StatusNotFound},
-		// The mailbox's event stream: cut once its headers arrive.
+		"GET /healthz":                                            {path: "/healthz", ok: http.StatusOK},
+		"GET /readyz":                                             {path: "/readyz", ok: http.StatusOK},
+		"GET /metrics":                                            {path: "/metrics", ok: http.StatusOK},
+		"GET /protocols/{hash}":                                   {path: "/protocols/none", ok: http.StatusBadRequest},
+		"GET /agora/{client}/{agent}/.wellknown":                  {path: "/agora/acme/ghost/.wellknown", ok: http.StatusNotFound},
+		"GET /agora/{client}/{agent}/wellknown":                   {path: "/agora/acme/ghost/wellknown", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}":                            {path: "/agora/acme/ghost", body: "{}", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}/{$}":                        {path: "/agora/acme/ghost/", body: "{}", ok: http.StatusNotFound},
+		"POST /agora/{client}/{agent}/conversations/{id}":         {path: "/agora/acme/ghost/conversations/none", body: "{}", ok: http.StatusNotFound},
+		"DELETE /agora/{client}/{agent}/conversations/{id}":       {path: "/agora/acme/ghost/conversations/none", ok: http.StatusNotFound},
 		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {path: "/v1/" + ownAgentName + "/messages:stream", ok: http.StatusOK, target: ownAgentName},
 	}
 	for _, prefix := range []string{"", "/agents/{client}/{agent}"} {
@@ -389,6 +385,10 @@ func startMatrixSuite(t *testing.T) (*suite, matrixFixture) {
 			t.Fatal(err)
 		}
 		fx.creds[c] = a.GetInitialKey().GetSecret()
+	}
+	// The own agent serves its Agent Protocol routes to its keys only.
+	if _, err := reg.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: ownAgentName, AgentProtocolAccess: registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_TOKEN}}); err != nil {
+		t.Fatal(err)
 	}
 	k, err := reg.CreateKey(ctx, &registryv1.CreateKeyRequest{Parent: ownAgentName})
 	if err != nil {
@@ -473,7 +473,7 @@ func TestPermissionMatrix(t *testing.T) {
 				if o, ok := row.okFor[c]; ok {
 					handler = o
 				}
-				want := expectedOutcome(rule, c, target, true, handler)
+				want := expectedOutcome(rule, c, target, handler)
 				if !hasRule {
 					want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 				}
@@ -490,7 +490,7 @@ func TestPermissionMatrix(t *testing.T) {
 					if !ok {
 						continue // this binding's pattern does not match target
 					}
-					want := expectedOutcome(rule, c, target, b.reads(rule.Resource), handler)
+					want := expectedOutcome(rule, c, target, handler)
 					if !hasRule {
 						want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 					}
@@ -511,7 +511,7 @@ func TestPermissionMatrix(t *testing.T) {
 		rule, hasRule := policy[route]
 		verb, _, _ := strings.Cut(route, " ")
 		for c := range numCallers {
-			want := expectedOutcome(rule, c, row.target, true, codes.OK)
+			want := expectedOutcome(rule, c, row.target, codes.OK)
 			if !hasRule {
 				want = outcome{codes.PermissionDenied, auth.ReasonNoPolicy}
 			}
@@ -534,6 +534,42 @@ func TestPermissionMatrix(t *testing.T) {
 			cases++
 			if got.status != wantStatus || got.reason != want.reason {
 				t.Errorf("route %s (%s %s) as %s = %d %s, want %d %s", route, verb, row.path, c, got.status, got.reason, wantStatus, want.reason)
+			}
+		}
+	}
+	// The Agent Protocol routes of an agent with token access (the own
+	// agent): the table lets anyone through, then the routes admit only the
+	// agent's key, its client's key and the operator. Their refusals are
+	// the spec's {"message"} shape, without a reason.
+	token := auth.Rule{Allow: auth.AnyKey, Resource: "agent"}
+	for _, route := range routes {
+		row, ok := matrixRoutes[route]
+		if !ok || !strings.HasPrefix(route, "POST /agents/") && !strings.HasPrefix(route, "GET /agents/") {
+			continue
+		}
+		verb, _, _ := strings.Cut(route, " ")
+		path := strings.Replace(row.path, "/agents/acme/ghost/", "/agents/acme/bot/", 1)
+		for c := range numCallers {
+			want := expectedOutcome(token, c, ownAgentName, codes.OK)
+			wantStatus := runtime.HTTPStatusFromCode(want.code)
+			if want.reason == "" {
+				wantStatus = row.ok
+			}
+			if c != wrongKey && c != revokedKey {
+				want.reason = "" // refused by the route, not the table
+			}
+			var body io.Reader
+			if row.body != "" {
+				body = strings.NewReader(row.body)
+			}
+			hreq, err := http.NewRequest(verb, fx.httpURL+path, body)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := callREST(t.Context(), hreq, fx.creds[c])
+			cases++
+			if got.status != wantStatus || got.reason != want.reason {
+				t.Errorf("route %s (%s %s, token access) as %s = %d %s, want %d %s", route, verb, path, c, got.status, got.reason, wantStatus, want.reason)
 			}
 		}
 	}
@@ -758,24 +794,6 @@ func httpRule(r *annotations.HttpRule) (verb, pattern string) {
 		return http.MethodDelete, p.Delete
 	}
 	return "", ""
-}
-
-// reads reports whether the gateway middleware sees field before the
-// handler runs: a path variable, or a query parameter the gateway fills
-// the request from (not a field the body carries).
-func (b restBinding) reads(field string) bool {
-	for _, v := range b.vars {
-		if v.field == field {
-			return true
-		}
-	}
-	switch b.body {
-	case "":
-		return true
-	case "*":
-		return false
-	}
-	return field != b.body && !strings.HasPrefix(field, b.body+".")
 }
 
 // segmentRE turns a path variable's pattern into a regexp.

@@ -25,7 +25,7 @@ func startRegistry(t *testing.T) string {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := registryapp.New(cfg, logger)
+	a, err := registryapp.New(cfg, logger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +111,12 @@ func TestProtocolAndAgentCommands(t *testing.T) {
 	}
 	if err != nil || updated["displayName"] != "Weather" || updated["description"] != "Forecasts." || updated["supportPolicy"] != "SUPPORT_POLICY_IMPLEMENTED" || updated["dialect"] != "DIALECT_STD" {
 		t.Errorf("agent update = %q, %v; want description and policy changed, the rest kept", got, err)
+	}
+	if got, err := cli(t, addr, "agent", "update", "acme:weather", "--ap-access", "token"); err != nil || !strings.Contains(got, `"agentProtocolAccess": "AGENT_PROTOCOL_ACCESS_TOKEN"`) || !strings.Contains(got, `"description": "Forecasts."`) {
+		t.Errorf("agent update --ap-access token = %q, %v; want the access set, the rest kept", got, err)
+	}
+	if _, err := cli(t, addr, "agent", "update", "acme:weather", "--ap-access", "secret"); err == nil || !strings.Contains(err.Error(), "public or token") {
+		t.Errorf("agent update --ap-access secret error = %v; want one naming public and token", err)
 	}
 	if _, err := cli(t, addr, "agent", "update", "acme:weather", "--display-name", "X", "--etag", "stale"); err == nil || !strings.Contains(err.Error(), "changed since it was read") {
 		t.Errorf("agent update --etag stale error = %v; want the etag mismatch", err)

@@ -113,7 +113,12 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 	s.closers = append(s.closers, conn.Close)
 	s.conn = conn
 
-	reg, err := registryapp.New(cfg.registry, logger.With("component", "registry"))
+	regPeers, err := registryapp.DialPeers(cfg.registry)
+	if err != nil {
+		return nil, err
+	}
+	s.closers = append(s.closers, regPeers.Close)
+	reg, err := registryapp.New(cfg.registry, logger.With("component", "registry"), regPeers)
 	if err != nil {
 		return nil, err
 	}
@@ -128,7 +133,7 @@ func newSuite(ctx context.Context, cfg suiteConfig) (_ *suite, err error) {
 		return nil, err
 	}
 	s.closers = append(s.closers, neg.Close)
-	tasks, err := tasksapp.New(cfg.tasks, logger.With("component", "tasks"), tasksapp.Peers{Dispatcher: conn})
+	tasks, err := tasksapp.New(cfg.tasks, logger.With("component", "tasks"), tasksapp.Peers{Dispatcher: conn, Registry: conn})
 	if err != nil {
 		return nil, err
 	}

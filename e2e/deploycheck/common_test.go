@@ -98,7 +98,6 @@ var parleyServices = []parleyService{
 		name:        "negotiator",
 		stateful:    true,
 		grpcService: "parley.negotiator.v1.NegotiatorService",
-		peers:       []string{"dispatcher"},
 		startsAfter: []string{"registry"},
 	},
 	{

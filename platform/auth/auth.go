@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -72,7 +73,16 @@ type Authenticator struct {
 	verifier atomic.Pointer[Verifier]
 	failures *Limiter
 	routes   map[string]gatewayRoute // by "VERB /gateway/pattern"
+
+	outageMu         sync.Mutex // guards outageLogged and outageSuppressed
+	outageLogged     time.Time  // when the last outage warning was written
+	outageSuppressed int        // outage warnings left out since then
 }
+
+// outageLogInterval is the least time between two "key verification
+// failed" warnings: an outage refuses every keyed call, and one line per
+// call would flood the log.
+const outageLogInterval = 10 * time.Second
 
 // New returns an Authenticator.
 func New(opts Options) *Authenticator {
@@ -179,10 +189,29 @@ func (a *Authenticator) authenticate(ctx context.Context, c call) (Principal, er
 	case errors.Is(err, ErrInvalidCredential):
 		return Principal{}, a.fail(ctx, c, ReasonInvalid, "the key is unknown or revoked")
 	case err != nil:
-		a.opts.Logger.WarnContext(ctx, "key verification failed; refusing the call as unavailable", slog.String("method", c.method), slog.String("err", errText(err, token)))
+		a.logOutage(ctx, c, errText(err, token))
 		return Principal{}, grpcerr.New(codes.Unavailable, "keys cannot be checked right now; retry shortly", "AUTH_UNAVAILABLE", Domain, nil)
 	}
 	return p, nil
+}
+
+// logOutage warns that keys cannot be checked, at most once per
+// outageLogInterval, counting the warnings left out in between.
+func (a *Authenticator) logOutage(ctx context.Context, c call, errText string) {
+	now := time.Now()
+	if a.opts.Now != nil {
+		now = a.opts.Now()
+	}
+	a.outageMu.Lock()
+	if !a.outageLogged.IsZero() && now.Sub(a.outageLogged) < outageLogInterval {
+		a.outageSuppressed++
+		a.outageMu.Unlock()
+		return
+	}
+	suppressed := a.outageSuppressed
+	a.outageLogged, a.outageSuppressed = now, 0
+	a.outageMu.Unlock()
+	a.opts.Logger.WarnContext(ctx, "key verification failed; refusing keyed calls as unavailable", slog.String("method", c.method), slog.String("err", errText), slog.Int("suppressed", suppressed), slog.String("interval", outageLogInterval.String()))
 }
 
 // fail refuses an invalid credential and counts it against the address.

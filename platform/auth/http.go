@@ -1,6 +1,8 @@
 package auth
 
 import (
+	"bytes"
+	"io"
 	"net"
 	"net/http"
 	"strings"
@@ -71,9 +73,11 @@ func routeResource(r *http.Request) func(string) string {
 // of the RPC the route maps to, so that the in-process gateway, which
 // calls handlers directly and skips gRPC interceptors, is held to the same
 // policy. The rule's resource is read from the path parameters, then from
-// the query string when the gateway fills that field from the query; a
-// resource the body carries reads as "" and is refused, so a query naming
-// the caller's agent cannot stand in for a body naming another.
+// the query string when the gateway fills that field from the query, and
+// otherwise from the body, decoded as the gateway will decode it (the body
+// is buffered, within the gateway's size cap, and handed on unchanged), so
+// a query naming the caller's agent cannot stand in for a body naming
+// another.
 func (a *Authenticator) Gateway(next runtime.HandlerFunc) runtime.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
 		// Only the compiled pattern is known before the handler runs; its
@@ -94,10 +98,10 @@ func (a *Authenticator) Gateway(next runtime.HandlerFunc) runtime.HandlerFunc {
 				if v, ok := params[field]; ok {
 					return v
 				}
-				if !route.queryFills(field) {
-					return ""
+				if route.queryFills(field) {
+					return r.URL.Query().Get(field)
 				}
-				return r.URL.Query().Get(field)
+				return route.bodyResource(bufferBody(r), field)
 			},
 		})
 		if err != nil {
@@ -117,3 +121,25 @@ func WriteError(w http.ResponseWriter, err error) {
 	}
 	grpcerr.WriteHTTP(w, grpcerr.HTTPStatus(err), st)
 }
+
+// bufferBody reads r's body and puts back an identical one for the
+// handler, including a read error (an oversized body stays oversized). On
+// error it returns nil.
+func bufferBody(r *http.Request) []byte {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	b, err := io.ReadAll(r.Body)
+	_ = r.Body.Close()
+	if err != nil {
+		r.Body = io.NopCloser(io.MultiReader(bytes.NewReader(b), errReader{err}))
+		return nil
+	}
+	r.Body = io.NopCloser(bytes.NewReader(b))
+	return b
+}
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }

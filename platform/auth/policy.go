@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"google.golang.org/genproto/googleapis/api/annotations"
+	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
@@ -16,8 +17,9 @@ import (
 // Principal.Owns). For RPCs the field is a dotted path in the request
 // message; for gateway routes the same path is read from the path
 // parameters, then from the query when the gateway fills the request
-// from the query (never from a query the body supersedes); for
-// hand-written routes it is a path value.
+// from the query (never from a query the body supersedes), else from the
+// body as the gateway decodes it; for hand-written routes it is a path
+// value or a template of them ("clients/{client}/agents/{agent}").
 type Rule struct {
 	Allow    Kind
 	Resource string
@@ -33,6 +35,9 @@ type Policy map[string]Rule
 type gatewayRoute struct {
 	method string
 	body   string
+	// input is the request message type, to read a resource the body
+	// carries; nil when not linked in (such resources read as "").
+	input protoreflect.MessageType
 }
 
 // queryFills reports whether the gateway fills field of the request from
@@ -66,9 +71,10 @@ func gatewayRoutes() map[string]gatewayRoute {
 					continue
 				}
 				full := "/" + string(svc.FullName()) + "/" + string(m.Name())
+				input, _ := protoregistry.GlobalTypes.FindMessageByName(m.Input().FullName())
 				for _, r := range append([]*annotations.HttpRule{rule}, rule.GetAdditionalBindings()...) {
 					if verb, pattern := httpRule(r); pattern != "" {
-						out[verb+" "+normalise(pattern)] = gatewayRoute{method: full, body: r.GetBody()}
+						out[verb+" "+normalise(pattern)] = gatewayRoute{method: full, body: r.GetBody(), input: input}
 					}
 				}
 			}
@@ -76,6 +82,30 @@ func gatewayRoutes() map[string]gatewayRoute {
 		return true
 	})
 	return out
+}
+
+// bodyResource reads field from body as the gateway decodes it into the
+// request: protojson into the body field ("*": the whole request),
+// unknown fields discarded. A body that does not decode reads as "", which
+// no caller but the operator owns, so a resource can never be read
+// differently here than the handler will see it.
+func (r gatewayRoute) bodyResource(body []byte, field string) string {
+	if r.input == nil || r.body == "" || len(body) == 0 {
+		return ""
+	}
+	msg := r.input.New()
+	target := msg
+	if r.body != "*" {
+		fd := msg.Descriptor().Fields().ByName(protoreflect.Name(r.body))
+		if fd == nil || fd.Message() == nil || fd.IsList() || fd.IsMap() {
+			return ""
+		}
+		target = msg.Mutable(fd).Message()
+	}
+	if err := (protojson.UnmarshalOptions{DiscardUnknown: true}).Unmarshal(body, target.Interface()); err != nil {
+		return ""
+	}
+	return fieldValue(msg.Interface(), field)
 }
 
 func httpRule(r *annotations.HttpRule) (verb, pattern string) {

@@ -40,14 +40,16 @@ type App struct {
 	logger *slog.Logger
 	store  store.Store
 	peers  Peers
-	srv    *server.Server // set by Register
+	srv    *server.Server
 	// mailboxes are the agents' durable mailboxes (network delivery).
 	mailboxes *mailbox.Mailboxes
 	// dialogues is the store's dialogue side (the same bbolt file).
 	dialogues store.DialogueStore
 	// orders is the store's order side (the same bbolt file).
 	orders store.OrderStore
-	pool   *routine.Pool // the routine workers, set by Register
+	// timers is the store's protocol deadlines (the same bbolt file).
+	timers store.TimerStore
+	pool   *routine.Pool // the routine workers
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -64,10 +66,14 @@ func IsRoutineWorker() bool { return routine.IsWorker() }
 // dispatcher closes them, and returns the exit code.
 func ServeRoutineWorker() int { return routine.ServeWorker() }
 
-// New opens the store. It does not listen; Register builds the server.
+// New opens the store, starts the routine workers and builds the server.
+// It does not listen; Register mounts the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if cfg.DatabaseURL != "" {
-		return nil, errors.New("--database-url: the dispatcher has no PostgreSQL store yet (issue 15)")
+		// So that `parley serve --database-url` runs: the other services
+		// share the database, the dispatcher keeps its own files.
+		logger.Warn("the dispatcher has no PostgreSQL store yet (issue 15): it keeps dispatcher.db in --data, which replicas do not share",
+			slog.String("data", cfg.DataDir))
 	}
 	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
 	if err != nil {
@@ -77,10 +83,22 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
 	})
-	return &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st}, nil
+	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st}
+	if err := routine.Supported(); err != nil {
+		st.Close()
+		return nil, err
+	}
+	a.pool = routine.NewPool(cfg.RoutineWorkers)
+	opts, err := a.options()
+	if err != nil {
+		a.Close()
+		return nil, err
+	}
+	a.srv = server.New(st, logger, registryv1.NewRegistryServiceClient(peers.Registry), opts)
+	return a, nil
 }
 
-func (a *App) options(s *serve.Server) (server.Options, error) {
+func (a *App) options() (server.Options, error) {
 	names, err := a.cfg.PeerDialects()
 	if err != nil {
 		return server.Options{}, err
@@ -100,7 +118,6 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 	return server.Options{
 		LLM:                     llm,
 		Negotiator:              neg,
-		Metrics:                 s.Registry(),
 		ConversationTTL:         a.cfg.ConversationTTL,
 		MaxConversationsPerPeer: a.cfg.MaxConversationsPerPeer,
 		RoutineLimits: routine.Limits{
@@ -126,6 +143,7 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 		Dialogues:           a.dialogues,
 		Mailboxes:           a.mailboxes,
 		Orders:              a.orders,
+		Timers:              a.timers,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
 		// Their receive streams.
@@ -140,19 +158,13 @@ func (a *App) options(s *serve.Server) (server.Options, error) {
 // Agora routes, health name and readiness checks. Expired conversations are
 // swept until ctx ends.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
-	if a.pool == nil {
-		if err := routine.Supported(); err != nil {
+	srv := a.srv
+	srv.Start(s.Stopping())
+	for _, c := range srv.Collectors() {
+		if err := s.Registry().Register(c); err != nil {
 			return err
 		}
-		a.pool = routine.NewPool(a.cfg.RoutineWorkers)
 	}
-	opts, err := a.options(s)
-	if err != nil {
-		return err
-	}
-	opts.Stopping = s.Stopping()
-	srv := server.New(a.store, a.logger, registryv1.NewRegistryServiceClient(a.peers.Registry), opts)
-	a.srv = srv
 	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
 	s.FallbackKeyVerifier(introspector(registryv1.NewRegistryServiceClient(a.peers.Registry)))
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, srv); err != nil {
@@ -170,6 +182,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
+	go srv.RunDeadlines(ctx)
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{

@@ -38,13 +38,49 @@ const (
 	requestSweepEvery = time.Hour
 )
 
+// Peer is a peer registry (--registry-peers) as a gRPC connection the
+// caller dialed and closes, as every service's app takes its peers.
+type Peer struct {
+	Addr string
+	Conn grpc.ClientConnInterface
+}
+
+// Peers are the peer registries, in the configured order.
+type Peers []Peer
+
+// DialPeers dials (lazily) the peer registries cfg lists, over TLS when
+// --registry-peer-ca is set; the caller closes them with Close.
+func DialPeers(cfg config.Config) (Peers, error) {
+	var peers Peers
+	for _, addr := range cfg.PeerList() {
+		conn, err := grpcclient.Dial(addr, grpcclient.Options{CAFile: cfg.PeerCA})
+		if err != nil {
+			_ = peers.Close()
+			return nil, fmt.Errorf("--registry-peers %s: %w", addr, err)
+		}
+		peers = append(peers, Peer{Addr: addr, Conn: conn})
+	}
+	return peers, nil
+}
+
+// Close closes the connections DialPeers opened.
+func (p Peers) Close() error {
+	var errs []error
+	for _, peer := range p {
+		if c, ok := peer.Conn.(interface{ Close() error }); ok {
+			errs = append(errs, c.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // App is an assembled registry.
 type App struct {
 	cfg    config.Config
 	logger *slog.Logger
 	store  store.Store
 	server *server.Server
-	peers  []*grpc.ClientConn
+	peers  Peers
 
 	// Background loops (request-id sweep, peer sync) run from Register
 	// until Close cancels stop and waits for them.
@@ -53,9 +89,9 @@ type App struct {
 	loops   sync.WaitGroup
 }
 
-// New opens the store, dials peer registries (lazily) and builds the
-// server. It does not listen.
-func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
+// New opens the store and builds the server over the peer registries the
+// caller dialed (DialPeers). It does not listen.
+func New(cfg config.Config, logger *slog.Logger, peers Peers) (_ *App, err error) {
 	f, err := fetch.New(fetch.Options{
 		MaxBytes:       cfg.PDMaxBytes,
 		AllowHTTP:      cfg.FetchAllowHTTP,
@@ -70,7 +106,7 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("--pd-fetch-allow: %w", err)
 	}
-	a := &App{cfg: cfg, logger: logger}
+	a := &App{cfg: cfg, logger: logger, peers: peers}
 	a.stopped, a.stop = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -78,18 +114,13 @@ func New(cfg config.Config, logger *slog.Logger) (_ *App, err error) {
 		}
 	}()
 	clients := map[string]registryv1.RegistryServiceClient{}
-	var peers []resolve.Peer
-	for _, addr := range cfg.PeerList() {
-		conn, err := grpcclient.Dial(addr, grpcclient.Options{CAFile: cfg.PeerCA})
-		if err != nil {
-			return nil, fmt.Errorf("--registry-peers %s: %w", addr, err)
-		}
-		a.peers = append(a.peers, conn)
-		c := registryv1.NewRegistryServiceClient(conn)
-		clients[addr] = c
-		peers = append(peers, peer{name: addr, client: c})
+	var resolvers []resolve.Peer
+	for _, p := range peers {
+		c := registryv1.NewRegistryServiceClient(p.Conn)
+		clients[p.Addr] = c
+		resolvers = append(resolvers, peer{name: p.Addr, client: c})
 	}
-	finder := resolve.New(f, peers, resolve.Options{
+	finder := resolve.New(f, resolvers, resolve.Options{
 		MaxSources:  cfg.FetchMaxSources,
 		NegativeTTL: cfg.FetchNegativeTTL,
 		PeerTimeout: cfg.FetchConnectTimeout,
@@ -181,7 +212,8 @@ func (a *App) sweepRequests(ctx context.Context) {
 // syncPeers copies missing protocols from each peer in turn, so that one
 // peer being down does not hold up the others.
 func (a *App) syncPeers(ctx context.Context) {
-	for _, peer := range a.cfg.PeerList() {
+	for _, p := range a.peers {
+		peer := p.Addr
 		resp, err := a.server.SyncProtocols(ctx, &registryv1.SyncProtocolsRequest{Peer: peer})
 		switch {
 		case ctx.Err() != nil:
@@ -202,21 +234,17 @@ func mountRoutes(s *serve.Server, b httpapi.Backend, publicURL string) {
 }
 
 // Close stops the background loops and shared resolutions, then closes
-// peer connections and the store.
+// the store (the caller closes the peer connections).
 func (a *App) Close() error {
 	a.stop()
 	a.loops.Wait()
 	if a.server != nil {
 		a.server.Close()
 	}
-	var errs []error
-	for _, c := range a.peers {
-		errs = append(errs, c.Close())
-	}
 	if a.store != nil {
-		errs = append(errs, a.store.Close())
+		return a.store.Close()
 	}
-	return errors.Join(errs...)
+	return nil
 }
 
 // RegisterGateway mounts the registry's REST routes on s for a gateway

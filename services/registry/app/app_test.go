@@ -60,7 +60,12 @@ func startRegistry(t testing.TB, args ...string) *registry {
 		t.Fatalf("config.Load(%q) error = %v", args, err)
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger)
+	peers, err := app.DialPeers(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peers.Close() })
+	a, err := app.New(cfg, logger, peers)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -988,7 +993,7 @@ func TestCloseDuringResolution(t *testing.T) {
 	}
 	logs := &recordingHandler{}
 	logger := slog.New(logs)
-	a, err := app.New(cfg, logger)
+	a, err := app.New(cfg, logger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

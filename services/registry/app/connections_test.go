@@ -42,7 +42,7 @@ func startAuthRegistry(t *testing.T) *authRegistry {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger)
+	a, err := app.New(cfg, logger, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,5 +268,8 @@ func TestConnections_refusalsChangeNothing(t *testing.T) {
 		if err != nil || len(members.GetAgents()) != 0 {
 			t.Errorf("ListClientGroupMembers(%s) after refusals = %v, %v; want none", client, members, err)
 		}
+	}
+	if notes, _ := r.notesAfter(t, 0); len(notes) != 0 {
+		t.Errorf("notification outbox after refusals = %v, want empty", notes)
 	}
 }

@@ -9,9 +9,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/tasks/config"
@@ -29,6 +33,9 @@ const ServiceName = "parley.tasks.v1.TasksService"
 // Peers are the services the tasks calls, as gRPC connections.
 type Peers struct {
 	Dispatcher grpc.ClientConnInterface
+	// Registry, optional, is asked for each agent's Agent Protocol access
+	// setting (public or token); without it every agent is public.
+	Registry grpc.ClientConnInterface
 }
 
 // App is an assembled tasks.
@@ -94,6 +101,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	opts := restOptions(a.cfg)
 	opts.Stopping = s.Stopping()
+	if a.peers.Registry != nil {
+		opts.TokenRequired = tokenRequired(registryv1.NewRegistryServiceClient(a.peers.Registry))
+	}
 	rest.New(a.server, opts).Register(s.Handle)
 	registerErrorShapes(s)
 	for _, c := range a.server.Collectors() {
@@ -105,6 +115,24 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("tasks-store", a.store.Ping)
 	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
 	return a.server.Start(ctx, s.Stopping())
+}
+
+// tokenRequired reads an agent's Agent Protocol access from the registry
+// on every call, so that a change applies at once. An agent the registry
+// does not know is public: the routes then answer as they would anyway.
+func tokenRequired(reg registryv1.RegistryServiceClient) func(context.Context, string) (bool, error) {
+	return func(ctx context.Context, agent string) (bool, error) {
+		a, err := reg.GetAgent(ctx, &registryv1.GetAgentRequest{Name: agent})
+		switch status.Code(err) {
+		case codes.OK:
+			return a.GetAgentProtocolAccess() == registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_TOKEN, nil
+		case codes.NotFound:
+			return false, nil
+		case codes.Canceled, codes.DeadlineExceeded:
+			return false, err
+		}
+		return false, grpcerr.New(codes.Unavailable, "the agent's access setting cannot be read from the registry right now; retry shortly", "REGISTRY_UNAVAILABLE", server.Domain, nil)
+	}
 }
 
 func restOptions(cfg config.Config) rest.Options {

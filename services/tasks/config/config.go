@@ -21,6 +21,10 @@ type Config struct {
 	// DispatcherAddr is the dispatcher gRPC address (one-service binary only;
 	// `parley serve` connects in-process).
 	DispatcherAddr string
+	// RegistryAddr is the registry gRPC address, asked for each agent's
+	// Agent Protocol access (one-service binary only); empty: every agent's
+	// Agent Protocol routes are public.
+	RegistryAddr string
 
 	// Agent is the agent served at /ap/v1/agent, as client:agent.
 	Agent string
@@ -136,6 +140,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
 	fs.StringVar(&c.DispatcherAddr, "dispatcher-addr", "dns:///dispatcher:9090", "dispatcher gRPC address")
+	fs.StringVar(&c.RegistryAddr, "registry-addr", "dns:///registry:9090", "registry gRPC address, asked for each agent's Agent Protocol access (public or token); empty: every agent is public")
 	pos, err := doc.ParseArgs(fs, args, getenv)
 	if err != nil {
 		return c, err

@@ -68,6 +68,7 @@ func TestLoad_defaults(t *testing.T) {
 		{"MaxInFlight", cfg.MaxInFlight, 512},
 		{"MaxWaitingSteps", cfg.MaxWaitingSteps, 1000},
 		{"DispatcherAddr", cfg.DispatcherAddr, "dns:///dispatcher:9090"},
+		{"RegistryAddr", cfg.RegistryAddr, "dns:///registry:9090"},
 		{"DataDir", cfg.DataDir, "/var/lib/parley"},
 	}
 	for _, c := range checks {

@@ -105,6 +105,8 @@ const (
 	// The message breaks the protocol's state machine for this pair; the
 	// sender also gets a protocol_error message.
 	RefusalReason_REFUSAL_REASON_PROTOCOL_ERROR RefusalReason = 5
+	// A group addressed does not exist, or is private to its members.
+	RefusalReason_REFUSAL_REASON_GROUP_NOT_FOUND RefusalReason = 6
 )
 
 // Enum value maps for RefusalReason.
@@ -116,6 +118,7 @@ var (
 		3: "REFUSAL_REASON_MAILBOX_FULL",
 		4: "REFUSAL_REASON_CLOSED",
 		5: "REFUSAL_REASON_PROTOCOL_ERROR",
+		6: "REFUSAL_REASON_GROUP_NOT_FOUND",
 	}
 	RefusalReason_value = map[string]int32{
 		"REFUSAL_REASON_UNSPECIFIED":       0,
@@ -124,6 +127,7 @@ var (
 		"REFUSAL_REASON_MAILBOX_FULL":      3,
 		"REFUSAL_REASON_CLOSED":            4,
 		"REFUSAL_REASON_PROTOCOL_ERROR":    5,
+		"REFUSAL_REASON_GROUP_NOT_FOUND":   6,
 	}
 )
 
@@ -154,7 +158,9 @@ func (RefusalReason) EnumDescriptor() ([]byte, []int) {
 	return file_parley_dispatcher_v1_dialogue_proto_rawDescGZIP(), []int{1}
 }
 
-// GroupAddress is one group of a distribution list.
+// GroupAddress is one group of a distribution list. A restricted group
+// reaches its members only when the sender is one; an open_public group
+// reaches every member.
 type GroupAddress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The group's path from its owner's client id, e.g. acme/travel/hotel.
@@ -340,15 +346,19 @@ func (x *DistributionList) GetRegions() []*Region {
 	return nil
 }
 
-// RecipientRefusal is a recipient left out of a message, and why.
+// RecipientRefusal is a recipient left out of a message, and why: an
+// agent, or a whole group addressed.
 type RecipientRefusal struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The agent. Format: clients/{client}/agents/{agent}.
+	// The agent. Format: clients/{client}/agents/{agent}. Empty when a whole
+	// group is refused.
 	Agent string `protobuf:"bytes,1,opt,name=agent,proto3" json:"agent,omitempty"`
 	// Why.
 	Reason RefusalReason `protobuf:"varint,2,opt,name=reason,proto3,enum=parley.dispatcher.v1.RefusalReason" json:"reason,omitempty"`
 	// One sentence for the sender: the rule broken, the connection missing.
-	Detail        string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	Detail string `protobuf:"bytes,3,opt,name=detail,proto3" json:"detail,omitempty"`
+	// The group refused whole, as addressed; empty for an agent.
+	Group         string `protobuf:"bytes,4,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -400,6 +410,13 @@ func (x *RecipientRefusal) GetReason() RefusalReason {
 func (x *RecipientRefusal) GetDetail() string {
 	if x != nil {
 		return x.Detail
+	}
+	return ""
+}
+
+func (x *RecipientRefusal) GetGroup() string {
+	if x != nil {
+		return x.Group
 	}
 	return ""
 }
@@ -1146,11 +1163,12 @@ const file_parley_dispatcher_v1_dialogue_proto_rawDesc = "" +
 	"\x10DistributionList\x12\x16\n" +
 	"\x06direct\x18\x01 \x03(\tR\x06direct\x12:\n" +
 	"\x06groups\x18\x02 \x03(\v2\".parley.dispatcher.v1.GroupAddressR\x06groups\x126\n" +
-	"\aregions\x18\x03 \x03(\v2\x1c.parley.dispatcher.v1.RegionR\aregions\"}\n" +
+	"\aregions\x18\x03 \x03(\v2\x1c.parley.dispatcher.v1.RegionR\aregions\"\x93\x01\n" +
 	"\x10RecipientRefusal\x12\x14\n" +
 	"\x05agent\x18\x01 \x01(\tR\x05agent\x12;\n" +
 	"\x06reason\x18\x02 \x01(\x0e2#.parley.dispatcher.v1.RefusalReasonR\x06reason\x12\x16\n" +
-	"\x06detail\x18\x03 \x01(\tR\x06detail\"\x8b\x02\n" +
+	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x14\n" +
+	"\x05group\x18\x04 \x01(\tR\x05group\"\x8b\x02\n" +
 	"\x12SendMessageRequest\x12\x1c\n" +
 	"\x06sender\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06sender\x12<\n" +
 	"\x02to\x18\x02 \x01(\v2&.parley.dispatcher.v1.DistributionListB\x04\xe2A\x01\x02R\x02to\x12'\n" +
@@ -1212,14 +1230,15 @@ const file_parley_dispatcher_v1_dialogue_proto_rawDesc = "" +
 	"\x12GROUP_SCOPE_DIRECT\x10\x01\x12\x15\n" +
 	"\x11GROUP_SCOPE_LOCAL\x10\x02\x12\x16\n" +
 	"\x12GROUP_SCOPE_GLOBAL\x10\x03\x12\x19\n" +
-	"\x15GROUP_SCOPE_EXCLUSIVE\x10\x04*\xd6\x01\n" +
+	"\x15GROUP_SCOPE_EXCLUSIVE\x10\x04*\xfa\x01\n" +
 	"\rRefusalReason\x12\x1e\n" +
 	"\x1aREFUSAL_REASON_UNSPECIFIED\x10\x00\x12$\n" +
 	" REFUSAL_REASON_PERMISSION_DENIED\x10\x01\x12 \n" +
 	"\x1cREFUSAL_REASON_UNKNOWN_AGENT\x10\x02\x12\x1f\n" +
 	"\x1bREFUSAL_REASON_MAILBOX_FULL\x10\x03\x12\x19\n" +
 	"\x15REFUSAL_REASON_CLOSED\x10\x04\x12!\n" +
-	"\x1dREFUSAL_REASON_PROTOCOL_ERROR\x10\x05B\xdd\x01\n" +
+	"\x1dREFUSAL_REASON_PROTOCOL_ERROR\x10\x05\x12\"\n" +
+	"\x1eREFUSAL_REASON_GROUP_NOT_FOUND\x10\x06B\xdd\x01\n" +
 	"\x18com.parley.dispatcher.v1B\rDialogueProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
 var (

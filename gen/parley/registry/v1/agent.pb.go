@@ -162,9 +162,12 @@ type Agent struct {
 	Owner *Owner `protobuf:"bytes,11,opt,name=owner,proto3" json:"owner,omitempty"`
 	// The agent's first key, with its secret, set only in CreateAgent's
 	// response. A repeat with the same request_id does not return it again.
-	InitialKey    *Key `protobuf:"bytes,12,opt,name=initial_key,json=initialKey,proto3" json:"initial_key,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	InitialKey *Key `protobuf:"bytes,12,opt,name=initial_key,json=initialKey,proto3" json:"initial_key,omitempty"`
+	// Who may call the agent's Agent Protocol routes; public by default.
+	// Its client or the operator changes it (UpdateAgent).
+	AgentProtocolAccess AgentProtocolAccess `protobuf:"varint,13,opt,name=agent_protocol_access,json=agentProtocolAccess,proto3,enum=parley.registry.v1.AgentProtocolAccess" json:"agent_protocol_access,omitempty"`
+	unknownFields       protoimpl.UnknownFields
+	sizeCache           protoimpl.SizeCache
 }
 
 func (x *Agent) Reset() {
@@ -281,6 +284,13 @@ func (x *Agent) GetInitialKey() *Key {
 	return nil
 }
 
+func (x *Agent) GetAgentProtocolAccess() AgentProtocolAccess {
+	if x != nil {
+		return x.AgentProtocolAccess
+	}
+	return AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_UNSPECIFIED
+}
+
 // SupportedProtocol is one protocol an agent supports.
 type SupportedProtocol struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -395,7 +405,7 @@ var File_parley_registry_v1_agent_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_agent_proto_rawDesc = "" +
 	"\n" +
-	"\x1eparley/registry/v1/agent.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1fparley/registry/v1/client.proto\"\x93\x06\n" +
+	"\x1eparley/registry/v1/agent.proto\x12\x12parley.registry.v1\x1a\x1fgoogle/api/field_behavior.proto\x1a\x19google/api/resource.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a%parley/registry/v1/agent_access.proto\x1a\x1fparley/registry/v1/client.proto\"\xf6\x06\n" +
 	"\x05Agent\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12'\n" +
 	"\fdisplay_name\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\vdisplayName\x12&\n" +
@@ -412,7 +422,8 @@ const file_parley_registry_v1_agent_proto_rawDesc = "" +
 	" \x01(\x0e2\x1b.parley.registry.v1.DialectB\x04\xe2A\x01\x01R\adialect\x125\n" +
 	"\x05owner\x18\v \x01(\v2\x19.parley.registry.v1.OwnerB\x04\xe2A\x01\x01R\x05owner\x12>\n" +
 	"\vinitial_key\x18\f \x01(\v2\x17.parley.registry.v1.KeyB\x04\xe2A\x01\x03R\n" +
-	"initialKey:?\xeaA<\n" +
+	"initialKey\x12a\n" +
+	"\x15agent_protocol_access\x18\r \x01(\x0e2'.parley.registry.v1.AgentProtocolAccessB\x04\xe2A\x01\x01R\x13agentProtocolAccess:?\xeaA<\n" +
 	"\x19registry.parley.dev/Agent\x12\x1fclients/{client}/agents/{agent}\"U\n" +
 	"\x11SupportedProtocol\x12 \n" +
 	"\bprotocol\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\bprotocol\x12\x1e\n" +
@@ -455,6 +466,7 @@ var file_parley_registry_v1_agent_proto_goTypes = []any{
 	(*timestamppb.Timestamp)(nil), // 5: google.protobuf.Timestamp
 	(*Owner)(nil),                 // 6: parley.registry.v1.Owner
 	(*Key)(nil),                   // 7: parley.registry.v1.Key
+	(AgentProtocolAccess)(0),      // 8: parley.registry.v1.AgentProtocolAccess
 }
 var file_parley_registry_v1_agent_proto_depIdxs = []int32{
 	5, // 0: parley.registry.v1.Agent.create_time:type_name -> google.protobuf.Timestamp
@@ -465,11 +477,12 @@ var file_parley_registry_v1_agent_proto_depIdxs = []int32{
 	1, // 5: parley.registry.v1.Agent.dialect:type_name -> parley.registry.v1.Dialect
 	6, // 6: parley.registry.v1.Agent.owner:type_name -> parley.registry.v1.Owner
 	7, // 7: parley.registry.v1.Agent.initial_key:type_name -> parley.registry.v1.Key
-	8, // [8:8] is the sub-list for method output_type
-	8, // [8:8] is the sub-list for method input_type
-	8, // [8:8] is the sub-list for extension type_name
-	8, // [8:8] is the sub-list for extension extendee
-	0, // [0:8] is the sub-list for field type_name
+	8, // 8: parley.registry.v1.Agent.agent_protocol_access:type_name -> parley.registry.v1.AgentProtocolAccess
+	9, // [9:9] is the sub-list for method output_type
+	9, // [9:9] is the sub-list for method input_type
+	9, // [9:9] is the sub-list for extension type_name
+	9, // [9:9] is the sub-list for extension extendee
+	0, // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_parley_registry_v1_agent_proto_init() }
@@ -477,6 +490,7 @@ func file_parley_registry_v1_agent_proto_init() {
 	if File_parley_registry_v1_agent_proto != nil {
 		return
 	}
+	file_parley_registry_v1_agent_access_proto_init()
 	file_parley_registry_v1_client_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{

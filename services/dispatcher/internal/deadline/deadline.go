@@ -30,6 +30,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
@@ -53,12 +55,26 @@ type Options struct {
 	Logger *slog.Logger
 	// Batch is how many due timers one store read returns; 256 when 0.
 	Batch int
+	// Workers is how many timers of a batch fire at once, so their
+	// commits share fsyncs; 32 when 0.
+	Workers int
 	// Idle is how long Run sleeps with no timer stored (Arm wakes it
 	// sooner); a minute when 0.
 	Idle time.Duration
 	// Retry is how long Run waits after a timer failed to fire; a second
 	// when 0.
 	Retry time.Duration
+	// Expired, when set, is told of each pair a timer expired, after the
+	// state moved (orders record it); its error is logged, as the expiry
+	// stands.
+	Expired func(ctx context.Context, e Expiry) error
+}
+
+// Expiry is a pair that a deadline expired.
+type Expiry struct {
+	Timer      store.Timer
+	Prev, Next json.RawMessage // the pair's state before and after
+	MessageID  string          // the expiry message's id
 }
 
 // Scheduler arms and fires deadlines.
@@ -84,6 +100,9 @@ func New(st store.TimerStore, m Machines, mail mailbox.Appender, opts Options) *
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 256
+	}
+	if opts.Workers <= 0 {
+		opts.Workers = 32
 	}
 	if opts.Idle <= 0 {
 		opts.Idle = time.Minute
@@ -131,11 +150,14 @@ func (s *Scheduler) Arm(ctx context.Context, p Pair, state json.RawMessage) erro
 }
 
 // FireDue fires every timer due now and returns how many expired a pair.
-// A timer that fails stays stored, and FireDue goes on with the others and
-// returns the first error.
+// The timers of a batch fire concurrently (Workers), so their commits share
+// fsyncs; timers of one pair are safe together, as each firing re-checks the
+// pair's state in its own transaction. A timer that fails stays stored, and
+// FireDue goes on with the others and returns the first error.
 func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 	now := s.opts.Now()
 	var (
+		mu       sync.Mutex // guards expired and firstErr
 		expired  int
 		firstErr error
 	)
@@ -144,20 +166,30 @@ func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 		if err != nil {
 			return expired, err
 		}
-		failed := 0
+		var (
+			wg     sync.WaitGroup
+			failed atomic.Int64
+			sem    = make(chan struct{}, s.opts.Workers)
+		)
 		for _, t := range due {
-			ok, err := s.fire(ctx, t, now)
-			if err != nil {
-				failed++
-				firstErr = cmpErr(firstErr, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
-				continue
-			}
-			if ok {
-				expired++
-			}
+			sem <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-sem }()
+				ok, err := s.fire(ctx, t, now)
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err != nil:
+					failed.Add(1)
+					firstErr = cmpErr(firstErr, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+				case ok:
+					expired++
+				}
+			})
 		}
+		wg.Wait()
 		// A batch that was all failures would come back unchanged.
-		if len(due) < s.opts.Batch || failed == len(due) {
+		if len(due) < s.opts.Batch || failed.Load() == int64(len(due)) {
 			return expired, firstErr
 		}
 	}
@@ -197,14 +229,24 @@ func (s *Scheduler) fire(ctx context.Context, t store.Timer, now time.Time) (boo
 				slog.String("agent", r.Agent), slog.String("dialogue", t.Dialogue), slog.Any("err", r.Err))
 		}
 	}
+	var prev, next json.RawMessage
 	moved, err := s.store.FireTimer(ctx, t, func(st json.RawMessage) (json.RawMessage, error) {
 		res, fired, err := m.Expire(st, t.Name, now)
 		if err != nil || !fired {
 			return nil, err
 		}
+		prev, next = st, res.State
 		return res.State, nil
 	})
-	return fired && moved, err
+	if err != nil || !moved || next == nil {
+		return false, err
+	}
+	if s.opts.Expired != nil {
+		if err := s.opts.Expired(ctx, Expiry{Timer: t, Prev: prev, Next: next, MessageID: ID(t)}); err != nil {
+			s.opts.Logger.WarnContext(ctx, "an expiry was not recorded on its order", slog.String("dialogue", t.Dialogue), slog.Any("err", err))
+		}
+	}
+	return true, nil
 }
 
 // Message is the message both agents of a pair get when its deadline

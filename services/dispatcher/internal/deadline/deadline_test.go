@@ -36,7 +36,7 @@ func (a allocate) Machine(_ context.Context, h string) (*protocolcontrol.Machine
 	return a.m, nil
 }
 
-func machines(t *testing.T) allocate {
+func machines(t testing.TB) allocate {
 	t.Helper()
 	raw, err := os.ReadFile("../serviceprotocol/testdata/allocate.json")
 	if err != nil {
@@ -71,7 +71,7 @@ type env struct {
 }
 
 // open (re)opens the store in dir: a restart of the dispatcher's storage.
-func (e *env) open(t *testing.T) {
+func (e *env) open(t testing.TB) {
 	t.Helper()
 	st, err := boltstore.Open(e.dir, time.Second)
 	if err != nil {
@@ -82,7 +82,7 @@ func (e *env) open(t *testing.T) {
 	e.sched = New(st, e.m, e.mail, Options{Now: e.clk.Now})
 }
 
-func (e *env) restart(t *testing.T) {
+func (e *env) restart(t testing.TB) {
 	t.Helper()
 	if err := e.st.Close(); err != nil {
 		t.Fatal(err)
@@ -90,7 +90,7 @@ func (e *env) restart(t *testing.T) {
 	e.open(t)
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	e := &env{dir: t.TempDir(), clk: &clock{now: t0}, m: machines(t)}
 	e.open(t)
@@ -100,7 +100,7 @@ func newEnv(t *testing.T) *env {
 
 // request opens dialogue d with a new_task_request to the supplier with a
 // 30-second offer window, and arms its deadline.
-func (e *env) request(t *testing.T, d string) json.RawMessage {
+func (e *env) request(t testing.TB, d string) json.RawMessage {
 	t.Helper()
 	res, err := e.m.m.Check(nil, protocolcontrol.Input{
 		Sender: protocolcontrol.Initiator, Type: "new_task_request",
@@ -122,7 +122,7 @@ func (e *env) request(t *testing.T, d string) json.RawMessage {
 }
 
 // expiries returns the expiry messages in agent's mailbox.
-func (e *env) expiries(t *testing.T, agent string) []mailbox.Message {
+func (e *env) expiries(t testing.TB, agent string) []mailbox.Message {
 	t.Helper()
 	ds, err := e.mail.Read(t.Context(), agent, 0, 100)
 	if err != nil {
@@ -135,7 +135,7 @@ func (e *env) expiries(t *testing.T, agent string) []mailbox.Message {
 	return out
 }
 
-func (e *env) pair(t *testing.T, d string) protocolcontrol.Pair {
+func (e *env) pair(t testing.TB, d string) protocolcontrol.Pair {
 	t.Helper()
 	st, err := e.st.PairState(t.Context(), d, store.Pair{A: consumer, B: supplier})
 	if err != nil {
@@ -298,4 +298,29 @@ func TestRun_firesDueTimersAndWaitsForTheNext(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+func TestDeadline_expiredHookSeesTheMove(t *testing.T) {
+	e := newEnv(t)
+	e.request(t, "d1")
+	var got []Expiry
+	s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Expired: func(_ context.Context, x Expiry) error {
+		got = append(got, x)
+		return errors.New("order store down") // logged; the expiry stands
+	}})
+	e.clk.Set(t0.Add(time.Minute))
+	if n, err := s.FireDue(t.Context()); n != 1 || err != nil {
+		t.Fatalf("FireDue() = %d, %v; want 1", n, err)
+	}
+	if n, _ := s.FireDue(t.Context()); n != 0 {
+		t.Fatalf("FireDue(again) = %d, want 0", n)
+	}
+	if len(got) != 1 {
+		t.Fatalf("Expired called %d times, want once", len(got))
+	}
+	prev, _ := protocolcontrol.Inspect(got[0].Prev)
+	next, _ := protocolcontrol.Inspect(got[0].Next)
+	if prev.Ended || !next.Ended || next.Expired != "invite_offer_timeout" || got[0].MessageID != ID(got[0].Timer) {
+		t.Errorf("Expired(%+v): prev %+v, next %+v; want the move to expired, with the message id", got[0], prev, next)
+	}
 }

@@ -63,6 +63,7 @@ var (
 	ErrMailboxFull     = errors.New("mailbox full")
 	ErrProtocol        = errors.New("protocol error")
 	ErrRecipientClosed = errors.New("closed by the recipient")
+	ErrGroupNotFound   = errors.New("group not found")
 )
 
 // Reason says why a recipient did not get a message.
@@ -82,20 +83,27 @@ const (
 	// ReasonProtocol: the message breaks the protocol's state machine for
 	// this pair.
 	ReasonProtocol Reason = "protocol_error"
+	// ReasonGroupNotFound: a group addressed does not exist or is private
+	// to its members (Refusal.Group names it).
+	ReasonGroupNotFound Reason = "group_not_found"
 )
 
 var reasonKinds = map[Reason]error{
-	ReasonPermission:   ErrPermission,
-	ReasonUnknownAgent: ErrUnknownAgent,
-	ReasonMailboxFull:  ErrMailboxFull,
-	ReasonClosed:       ErrRecipientClosed,
-	ReasonProtocol:     ErrProtocol,
+	ReasonPermission:    ErrPermission,
+	ReasonUnknownAgent:  ErrUnknownAgent,
+	ReasonMailboxFull:   ErrMailboxFull,
+	ReasonClosed:        ErrRecipientClosed,
+	ReasonProtocol:      ErrProtocol,
+	ReasonGroupNotFound: ErrGroupNotFound,
 }
 
-// Refusal is a recipient left out of a message, and why.
+// Refusal is a recipient left out of a message, and why: an agent, or a
+// whole group addressed.
 type Refusal struct {
 	Agent  string
+	Group  string // the group's path, for a group refused whole
 	Reason Reason
+	Rule   string // ReasonProtocol: the state machine's rule broken
 	// Detail is one sentence for the sender: the rule broken, the
 	// connection missing.
 	Detail string
@@ -113,7 +121,11 @@ type RefusedError struct {
 func (e *RefusedError) Error() string {
 	parts := make([]string, 0, len(e.Refusals))
 	for _, r := range e.Refusals {
-		parts = append(parts, fmt.Sprintf("%s (%s: %s)", r.Agent, r.Reason, r.Detail))
+		who := r.Agent
+		if who == "" {
+			who = "group " + r.Group
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s: %s)", who, r.Reason, r.Detail))
 	}
 	if len(parts) == 0 {
 		return "the distribution list names no recipient but the sender"
@@ -166,9 +178,11 @@ type List struct {
 	Regions []Region
 }
 
-// Candidate is a recipient a Resolver found, allowed or refused.
+// Candidate is a recipient a Resolver found, allowed or refused; or a
+// group it refused whole (Agent empty, Group set).
 type Candidate struct {
 	Agent   string
+	Group   string
 	Refused Reason // "" when the sender may start a dialogue with it
 	Detail  string
 }
@@ -183,9 +197,11 @@ type Resolver interface {
 
 // Violation is a message that breaks a state machine, naming the rule.
 type Violation struct {
-	Rule   string
-	Detail string
+	Rule   string // stable, UPPER_SNAKE
+	Detail string // one sentence for the sender
 }
+
+func (v *Violation) Error() string { return v.Detail }
 
 // Step is one message of a pair, as a state machine checks it.
 type Step struct {
@@ -196,12 +212,21 @@ type Step struct {
 	// AnsweredType is the type of the message answered; "" for an opener.
 	AnsweredType string
 	Body         []byte
+	Time         time.Time // when the server accepted the message
 }
 
-// Machine is a PD's state machine. Step is pure: it returns the pair's
-// next state (opaque JSON; nil state is the start) or the violation.
+// Accepted is what a state machine made of an accepted message.
+type Accepted struct {
+	State json.RawMessage // the pair's next state, to store
+	Body  []byte          // the body to deliver; nil delivers it as sent
+}
+
+// Machine is a PD's state machine.
 type Machine interface {
-	Step(state json.RawMessage, s Step) (json.RawMessage, *Violation)
+	// Step checks s against the pair's state (nil before its first
+	// message). It is pure. A message that breaks a rule gets a *Violation;
+	// any other error means the stored state is corrupt.
+	Step(state json.RawMessage, s Step) (Accepted, error)
 }
 
 // Protocols finds a PD's state machine.
@@ -250,6 +275,9 @@ type Options struct {
 	// NewID returns a fresh unguessable id; 128 random bits, URL-safe
 	// base64, when nil.
 	NewID func() string
+	// Observer is told of the pair states each delivered message moved
+	// (deadlines to arm, orders to record); nil tells no one.
+	Observer Observer
 }
 
 // Service sends the network's messages.
@@ -310,26 +338,37 @@ func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category,
 		accepted []string
 		refusals []Refusal
 		pairs    []store.PairState
+		body     []byte // the body as the state machine rewrote it
 		seen     = map[string]bool{sender: true}
 	)
 	for _, c := range candidates {
-		if seen[c.Agent] {
+		if c.Agent != "" && seen[c.Agent] {
 			continue
 		}
 		seen[c.Agent] = true
 		if c.Refused != "" {
-			refusals = append(refusals, Refusal{Agent: c.Agent, Reason: c.Refused, Detail: c.Detail})
+			refusals = append(refusals, Refusal{Agent: c.Agent, Group: c.Group, Reason: c.Refused, Detail: c.Detail})
 			continue
 		}
 		if machine != nil {
-			next, v := machine.Step(nil, Step{Initiator: sender, Sender: sender, Receiver: c.Agent, Type: m.Type, Body: m.Body})
-			if v != nil {
+			a, err := machine.Step(nil, Step{Initiator: sender, Sender: sender, Receiver: c.Agent, Type: m.Type, Body: m.Body, Time: now})
+			var v *Violation
+			if errors.As(err, &v) {
 				refusals = append(refusals, protocolRefusal(c.Agent, v))
 				continue
 			}
-			pairs = append(pairs, store.PairState{Pair: store.Pair{A: sender, B: c.Agent}, State: next})
+			if err != nil {
+				return Result{}, err
+			}
+			pairs = append(pairs, store.PairState{Pair: store.Pair{A: sender, B: c.Agent}, State: a.State})
+			if a.Body != nil && body == nil {
+				body = a.Body
+			}
 		}
 		accepted = append(accepted, c.Agent)
+	}
+	if body != nil {
+		m.Body = body
 	}
 	msg := mailbox.Message{
 		ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: cat, Type: m.Type, Protocol: m.Protocol,
@@ -350,7 +389,7 @@ func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category,
 	for i, p := range pairs {
 		restores[i] = store.PairRestore{Pair: p.Pair, Written: p.State}
 	}
-	return s.deliver(ctx, msg, accepted, refusals, restores)
+	return s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, refusals, restores))
 }
 
 // Reply answers message inReplyTo as sender: to its sender, or with all
@@ -385,9 +424,10 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 		accepted []string
 		refusals []Refusal
 		restores []store.PairRestore
+		body     []byte // the body as the state machine rewrote it
 	)
 	err = s.store.AddMessage(ctx, inReplyTo, func(v store.DialogueView) (store.MessageWrite, error) {
-		accepted, refusals, restores = nil, nil, nil // the store may run plan more than once
+		accepted, refusals, restores, body = nil, nil, nil, nil // the store may run plan more than once
 		d = v.Dialogue()
 		if !v.Received(sender) {
 			return store.MessageWrite{}, notReceived
@@ -413,13 +453,20 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 			if machine != nil {
 				pair := store.Pair{A: sender, B: r}
 				prev := v.PairState(pair)
-				next, viol := machine.Step(prev, Step{Initiator: d.Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body})
-				if viol != nil {
+				a, err := machine.Step(prev, Step{Initiator: d.Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body, Time: now})
+				var viol *Violation
+				if errors.As(err, &viol) {
 					refusals = append(refusals, protocolRefusal(r, viol))
 					continue
 				}
-				pairs = append(pairs, store.PairState{Pair: pair, State: next})
-				restores = append(restores, store.PairRestore{Pair: pair, Written: next, Previous: prev})
+				if err != nil {
+					return store.MessageWrite{}, err
+				}
+				pairs = append(pairs, store.PairState{Pair: pair, State: a.State})
+				restores = append(restores, store.PairRestore{Pair: pair, Written: a.State, Previous: prev})
+				if a.Body != nil && body == nil {
+					body = a.Body
+				}
 			}
 			accepted = append(accepted, r)
 		}
@@ -428,6 +475,9 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 		}
 		return store.MessageWrite{Message: dm, Recipients: accepted, Pairs: pairs}, nil
 	})
+	if body != nil {
+		m.Body = body
+	}
 	msg := mailbox.Message{
 		ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: mailbox.Category(d.Category), Type: m.Type, Protocol: d.Protocol,
 		RecipientType: m.RecipientType, InReplyTo: inReplyTo, Body: m.Body, Time: now,
@@ -442,7 +492,7 @@ func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool,
 	if err != nil {
 		return Result{}, err
 	}
-	return s.deliver(ctx, msg, accepted, refusals, restores)
+	return s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, refusals, restores))
 }
 
 // closedTo reports whether p's filters keep a message of type typ from
@@ -456,7 +506,7 @@ func protocolRefusal(agent string, v *Violation) Refusal {
 	if v.Detail != "" {
 		detail += ": " + v.Detail
 	}
-	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail}
+	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail, Rule: v.Rule}
 }
 
 // deliver appends the recorded msg to the mailboxes of accepted, retracts
@@ -514,7 +564,7 @@ func (s *Service) protocolErrors(ctx context.Context, msg mailbox.Message, refus
 		if r.Reason != ReasonProtocol {
 			continue
 		}
-		body, _ := json.Marshal(map[string]string{"recipient": r.Agent, "messageType": msg.Type, "error": r.Detail})
+		body, _ := json.Marshal(map[string]string{"recipient": r.Agent, "messageType": msg.Type, "rule": r.Rule, "error": r.Detail})
 		e := mailbox.Message{
 			ID: s.opts.NewID(), DialogueID: msg.DialogueID, Category: msg.Category, Type: "protocol_error",
 			Protocol: msg.Protocol, InReplyTo: msg.ID, Body: body, Time: msg.Time,

@@ -311,14 +311,14 @@ func TestClose(t *testing.T) {
 // the pair, and a type "bad" breaks rule "no-bad".
 type fakeMachine struct{}
 
-func (fakeMachine) Step(state json.RawMessage, s dialogue.Step) (json.RawMessage, *dialogue.Violation) {
+func (fakeMachine) Step(state json.RawMessage, s dialogue.Step) (dialogue.Accepted, error) {
 	if s.Type == "bad" {
-		return nil, &dialogue.Violation{Rule: "no-bad", Detail: "bad after " + s.AnsweredType}
+		return dialogue.Accepted{}, &dialogue.Violation{Rule: "NO_BAD", Detail: "bad after " + s.AnsweredType}
 	}
 	var n int
 	_ = json.Unmarshal(state, &n)
 	out, _ := json.Marshal(n + 1)
-	return out, nil
+	return dialogue.Accepted{State: out}, nil
 }
 
 type fakeProtocols struct{}
@@ -353,7 +353,7 @@ func TestProtocolControl(t *testing.T) {
 		t.Fatalf("bob's mailbox = %+v, want the opener then a protocol_error from the network", got)
 	}
 	var body map[string]string
-	if err := json.Unmarshal(got[1].Body, &body); err != nil || body["recipient"] != alice {
+	if err := json.Unmarshal(got[1].Body, &body); err != nil || body["recipient"] != alice || body["rule"] != "NO_BAD" {
 		t.Errorf("protocol_error body = %s, want the recipient and the rule", got[1].Body)
 	}
 	// The next valid message goes through, and the pair's state moved by

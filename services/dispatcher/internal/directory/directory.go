@@ -13,10 +13,12 @@ import (
 	"strings"
 	"time"
 
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/cache"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
+	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
 )
 
 // Errors a Registry reports, and so the Directory.
@@ -50,6 +52,9 @@ type Document struct {
 	Title, Description            string
 	Tags                          []string
 	RequestSchema, ResponseSchema string // JSON Schemas from its metadata; "" when none
+	// StateMachine is the PD's stateMachine as the registry parsed and
+	// checked it; nil when it declares none.
+	StateMachine *registryv1.StateMachine
 }
 
 // Protocol is a resolved protocol document with its compiled schemas.
@@ -60,6 +65,10 @@ type Protocol struct {
 	// compile; such a protocol cannot validate anything and is treated as
 	// unsupported.
 	SchemaErr error
+	// Machine is the compiled StateMachine, nil when there is none;
+	// MachineErr is set when it does not compile.
+	Machine    *protocolcontrol.Machine
+	MachineErr error
 }
 
 // Check unwraps a reply (agora.Query) and validates it against the
@@ -163,6 +172,9 @@ func (d *Directory) Protocol(ctx context.Context, hexHash string, sources []stri
 		p := &Protocol{Document: doc}
 		// The registry parsed and checked the schemas; we only compile them.
 		p.Schemas, p.SchemaErr = d.schemas.Compile(doc.Hash, doc.RequestSchema, doc.ResponseSchema)
+		if doc.StateMachine != nil {
+			p.Machine, p.MachineErr = protocolcontrol.Compile(doc.StateMachine)
+		}
 		return p, nil
 	})
 }

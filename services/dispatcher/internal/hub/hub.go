@@ -87,6 +87,11 @@ func New(opts Options) *Hub {
 	return &Hub{opts: opts, conns: map[string][]*Conn{}}
 }
 
+// Start sets the channel whose closing ends every stream (see
+// Options.Stopping), for a Hub built before its server existed. Call it
+// before serving any stream.
+func (h *Hub) Start(stopping <-chan struct{}) { h.opts.Stopping = stopping }
+
 // Timeout is how long a connected agent has to answer.
 func (h *Hub) Timeout() time.Duration { return h.opts.Timeout }
 

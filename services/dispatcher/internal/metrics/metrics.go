@@ -89,7 +89,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}, []string{"outcome"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Envelopes, m.EnvelopeSeconds, m.RoutineFailures, m.RoutineKills, m.Quarantines, m.LLMCalls, m.LLMTokens, m.Sends, m.Steps, m.Connected, m.Negotiations, m.ShadowRuns)
+		reg.MustRegister(m.Collectors()...)
 	}
 	for _, k := range []string{"time", "memory", "output", "steps"} {
 		m.RoutineKills.WithLabelValues(k)
@@ -98,4 +98,10 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.Envelopes.WithLabelValues(p)
 	}
 	return m
+}
+
+// Collectors returns every collector, for a caller that registers them
+// itself (the app, on the server it is mounted on).
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Envelopes, m.EnvelopeSeconds, m.RoutineFailures, m.RoutineKills, m.Quarantines, m.LLMCalls, m.LLMTokens, m.Sends, m.Steps, m.Connected, m.Negotiations, m.ShadowRuns}
 }

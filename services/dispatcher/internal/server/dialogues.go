@@ -21,9 +21,8 @@ import (
 // work, whatever the deployment.
 const (
 	maxDirect       = 1000 // direct recipients of one message
-	maxGroups       = 100  // group addresses of one message
+	maxGroups       = 50   // group addresses of one message
 	maxRegions      = 50   // regions of one distribution list
-	maxGroupPath    = 512  // bytes of a group path
 	maxCloseTypes   = 50   // message types of one CloseDialogueMessages
 	maxTokenLen     = 64   // a message type, recipient type or region part
 	maxMessageIDLen = 64   // an in_reply_to
@@ -200,31 +199,20 @@ func checkList(v *grpcerr.Violations, to *dispatcherv1.DistributionList) dialogu
 	if len(to.GetGroups()) > maxGroups {
 		v.Add("to.groups", fmt.Sprintf("must list at most %d groups", maxGroups))
 	}
+	// The registry owns the rules of paths and regions (ResolveRecipients
+	// checks them, and its verdict comes back naming our fields); only the
+	// scope needs translating here.
 	for i, g := range to.GetGroups() {
-		field := fmt.Sprintf("to.groups[%d]", i)
-		if d := groupPathProblem(g.GetPath()); d != "" {
-			v.Add(field+".path", d)
-		}
 		scope, ok := scopes[g.GetScope()]
 		if !ok {
-			v.Add(field+".scope", "must be GROUP_SCOPE_DIRECT, _LOCAL, _GLOBAL or _EXCLUSIVE")
+			v.Add(fmt.Sprintf("to.groups[%d].scope", i), "must be GROUP_SCOPE_DIRECT, _LOCAL, _GLOBAL or _EXCLUSIVE")
 		}
 		l.Groups = append(l.Groups, dialogue.GroupAddress{Path: g.GetPath(), Scope: scope})
 	}
 	if len(to.GetRegions()) > maxRegions {
 		v.Add("to.regions", fmt.Sprintf("must list at most %d regions", maxRegions))
 	}
-	for i, r := range to.GetRegions() {
-		field := fmt.Sprintf("to.regions[%d]", i)
-		if r.GetCountry() == "" || len(r.GetCountry()) > maxTokenLen {
-			v.Add(field+".country", "is required (at most 64 bytes)")
-		}
-		if r.GetCity() != "" && r.GetState() == "" {
-			v.Add(field+".city", "needs a state")
-		}
-		if len(r.GetState()) > maxTokenLen || len(r.GetCity()) > maxTokenLen {
-			v.Add(field, "state and city must be at most 64 bytes")
-		}
+	for _, r := range to.GetRegions() {
 		l.Regions = append(l.Regions, dialogue.Region{Country: r.GetCountry(), State: r.GetState(), City: r.GetCity()})
 	}
 	return l
@@ -235,26 +223,6 @@ var scopes = map[dispatcherv1.GroupScope]dialogue.Scope{
 	dispatcherv1.GroupScope_GROUP_SCOPE_LOCAL:     dialogue.ScopeLocal,
 	dispatcherv1.GroupScope_GROUP_SCOPE_GLOBAL:    dialogue.ScopeGlobal,
 	dispatcherv1.GroupScope_GROUP_SCOPE_EXCLUSIVE: dialogue.ScopeExclusive,
-}
-
-// groupPathProblem says what is wrong with a group path, or "".
-func groupPathProblem(path string) string {
-	switch {
-	case path == "":
-		return "is required: the owner's client id, then group names, joined by /"
-	case len(path) > maxGroupPath:
-		return fmt.Sprintf("must be at most %d bytes", maxGroupPath)
-	}
-	segs := strings.Split(path, "/")
-	if len(segs) < 2 {
-		return "must be the owner's client id, then at least one group name (client/group)"
-	}
-	for _, seg := range segs {
-		if strings.TrimSpace(seg) == "" {
-			return "must not have an empty segment"
-		}
-	}
-	return ""
 }
 
 // checkMessage validates what the sender chooses of a message.
@@ -324,11 +292,12 @@ var categories = map[string]dispatcherv1.MessageCategory{
 }
 
 var refusalReasons = map[dialogue.Reason]dispatcherv1.RefusalReason{
-	dialogue.ReasonPermission:   dispatcherv1.RefusalReason_REFUSAL_REASON_PERMISSION_DENIED,
-	dialogue.ReasonUnknownAgent: dispatcherv1.RefusalReason_REFUSAL_REASON_UNKNOWN_AGENT,
-	dialogue.ReasonMailboxFull:  dispatcherv1.RefusalReason_REFUSAL_REASON_MAILBOX_FULL,
-	dialogue.ReasonClosed:       dispatcherv1.RefusalReason_REFUSAL_REASON_CLOSED,
-	dialogue.ReasonProtocol:     dispatcherv1.RefusalReason_REFUSAL_REASON_PROTOCOL_ERROR,
+	dialogue.ReasonPermission:    dispatcherv1.RefusalReason_REFUSAL_REASON_PERMISSION_DENIED,
+	dialogue.ReasonUnknownAgent:  dispatcherv1.RefusalReason_REFUSAL_REASON_UNKNOWN_AGENT,
+	dialogue.ReasonMailboxFull:   dispatcherv1.RefusalReason_REFUSAL_REASON_MAILBOX_FULL,
+	dialogue.ReasonClosed:        dispatcherv1.RefusalReason_REFUSAL_REASON_CLOSED,
+	dialogue.ReasonProtocol:      dispatcherv1.RefusalReason_REFUSAL_REASON_PROTOCOL_ERROR,
+	dialogue.ReasonGroupNotFound: dispatcherv1.RefusalReason_REFUSAL_REASON_GROUP_NOT_FOUND,
 }
 
 func sendResponse(res dialogue.Result) *dispatcherv1.SendMessageResponse {
@@ -337,7 +306,7 @@ func sendResponse(res dialogue.Result) *dispatcherv1.SendMessageResponse {
 		Category: categories[string(res.Category)], Recipients: res.Recipients,
 	}
 	for _, r := range res.Refusals {
-		out.Refusals = append(out.Refusals, &dispatcherv1.RecipientRefusal{Agent: r.Agent, Reason: refusalReasons[r.Reason], Detail: r.Detail})
+		out.Refusals = append(out.Refusals, &dispatcherv1.RecipientRefusal{Agent: r.Agent, Group: r.Group, Reason: refusalReasons[r.Reason], Detail: r.Detail})
 	}
 	return out
 }

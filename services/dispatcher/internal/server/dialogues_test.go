@@ -31,8 +31,9 @@ const (
 	netCarol = "clients/gamma/agents/carol"
 )
 
-// followRegistry is the fake registry plus CheckDialoguePermission over a
-// set of follows (follower → followed).
+// followRegistry is the fake registry plus a ResolveRecipients over direct
+// agents and a set of follows (follower → followed); it knows no group.
+// The real rules are the registry's (cmd/parley tests them together).
 type followRegistry struct {
 	*fakeRegistry
 	mu      sync.Mutex
@@ -45,13 +46,25 @@ func (f *followRegistry) follow(follower, followed string) {
 	f.follows[[2]string{follower, followed}] = true
 }
 
-func (f *followRegistry) CheckDialoguePermission(_ context.Context, req *registryv1.CheckDialoguePermissionRequest) (*registryv1.CheckDialoguePermissionResponse, error) {
+func (f *followRegistry) ResolveRecipients(_ context.Context, req *registryv1.ResolveRecipientsRequest) (*registryv1.ResolveRecipientsResponse, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.follows[[2]string{req.GetRecipient(), req.GetSender()}] {
-		return &registryv1.CheckDialoguePermissionResponse{Allowed: true, Basis: registryv1.DialogueBasis_DIALOGUE_BASIS_FOLLOW}, nil
+	out := &registryv1.ResolveRecipientsResponse{}
+	for _, a := range req.GetDirect() {
+		switch {
+		case a == req.GetSender():
+		case f.agents[a] == nil:
+			out.Refusals = append(out.Refusals, &registryv1.RecipientRefusal{Agent: a, Reason: "AGENT_NOT_FOUND", Message: a + " does not exist"})
+		case f.follows[[2]string{a, req.GetSender()}]:
+			out.Recipients = append(out.Recipients, &registryv1.Recipient{Agent: a, Basis: registryv1.DialogueBasis_DIALOGUE_BASIS_FOLLOW})
+		default:
+			out.Refusals = append(out.Refusals, &registryv1.RecipientRefusal{Agent: a, Reason: "NOT_CONNECTED", Message: a + " does not follow the sender"})
+		}
 	}
-	return &registryv1.CheckDialoguePermissionResponse{}, nil
+	for _, g := range req.GetGroups() {
+		out.Refusals = append(out.Refusals, &registryv1.RecipientRefusal{Group: g.GetGroup(), Reason: "GROUP_NOT_FOUND", Message: "no group " + g.GetGroup()})
+	}
+	return out, nil
 }
 
 type netEnv struct {
@@ -222,16 +235,13 @@ func TestDialogues_refusalsChangeNothing(t *testing.T) {
 		{"reserved type", sendReq(func(r *dispatcherv1.SendMessageRequest) { r.MessageType = "protocol_error" }), codes.InvalidArgument, "INVALID_ARGUMENT", "message_type"},
 		{"unknown scope", sendReq(func(r *dispatcherv1.SendMessageRequest) { r.To = group("acme/travel", 99) }), codes.InvalidArgument, "INVALID_ARGUMENT", "to.groups[0].scope"},
 		{"no scope", sendReq(func(r *dispatcherv1.SendMessageRequest) { r.To = group("acme/travel", 0) }), codes.InvalidArgument, "INVALID_ARGUMENT", "to.groups[0].scope"},
-		{"empty path segment", sendReq(func(r *dispatcherv1.SendMessageRequest) {
-			r.To = group("acme//hotel", dispatcherv1.GroupScope_GROUP_SCOPE_LOCAL)
-		}), codes.InvalidArgument, "INVALID_ARGUMENT", "to.groups[0].path"},
+		{"unknown group", sendReq(func(r *dispatcherv1.SendMessageRequest) {
+			r.To = group("acme/nothing", dispatcherv1.GroupScope_GROUP_SCOPE_LOCAL)
+		}), codes.NotFound, "GROUP_NOT_FOUND", ""},
 		{"neither direct nor groups", sendReq(func(r *dispatcherv1.SendMessageRequest) { r.To = &dispatcherv1.DistributionList{} }), codes.InvalidArgument, "INVALID_ARGUMENT", "to"},
 		{"bad direct name", sendReq(func(r *dispatcherv1.SendMessageRequest) { r.To = direct("bob") }), codes.InvalidArgument, "INVALID_ARGUMENT", "to.direct[0]"},
 		{"bad protocol", sendReq(func(r *dispatcherv1.SendMessageRequest) { r.Protocol = "xyz" }), codes.InvalidArgument, "INVALID_ARGUMENT", "protocol"},
 		{"bad sender", sendReq(func(r *dispatcherv1.SendMessageRequest) { r.Sender = "alice" }), codes.InvalidArgument, "INVALID_ARGUMENT", "sender"},
-		{"city without state", sendReq(func(r *dispatcherv1.SendMessageRequest) {
-			r.To.Regions = []*dispatcherv1.Region{{Country: "AU", City: "Sydney"}}
-		}), codes.InvalidArgument, "INVALID_ARGUMENT", "to.regions[0].city"},
 		{"bad in_reply_to", reply(netBob, "no spaces allowed"), codes.InvalidArgument, "INVALID_ARGUMENT", "in_reply_to"},
 	}
 	before := map[string]int{}
@@ -298,5 +308,81 @@ func TestCloseDialogue_overREST(t *testing.T) {
 	e.send(netAlice, netBob)
 	if code, body := e.post("/v1/"+netBob+"/dialogues:closeAll", `{}`); code != http.StatusOK || !strings.Contains(body, `"closedCount":1`) {
 		t.Errorf("POST :closeAll = %d %s, want closedCount 1", code, body)
+	}
+}
+
+// shopPD is a protocol whose state machine the dispatcher enforces: the
+// consumer requests, the supplier offers (a price), the consumer accepts.
+const shopPD = "---\nname: shop\n---\nrequest, offer, accept."
+
+var shopMachine = &registryv1.StateMachine{
+	Roles: []string{"consumer", "supplier"},
+	Messages: []*registryv1.StateMachineMessage{
+		{Type: "request", SenderRoles: []string{"consumer"}},
+		{Type: "offer", SenderRoles: []string{"supplier"}, SchemaJson: `{"type":"object","required":["price"],"properties":{"price":{"type":"number"}}}`},
+		{Type: "accept", SenderRoles: []string{"consumer"}, Answers: []string{"offer"}},
+	},
+	Transitions: []*registryv1.StateMachineTransition{
+		{Message: "request", Next: []string{"offer"}},
+		{Message: "offer", Next: []string{"accept"}},
+	},
+}
+
+func (f *followRegistry) ResolveProtocol(ctx context.Context, req *registryv1.ResolveProtocolRequest) (*registryv1.Protocol, error) {
+	p, err := f.fakeRegistry.ResolveProtocol(ctx, req)
+	if err == nil && p.GetSha1Hex() == sha1Hex([]byte(shopPD)) {
+		p.StateMachine = shopMachine
+	}
+	return p, err
+}
+
+func TestSendMessage_protocolControl(t *testing.T) {
+	e := startNetwork(t)
+	ctx := t.Context()
+	hash := e.reg.addProtocol(shopPD)
+	send := func(protocol string) (*dispatcherv1.SendMessageResponse, error) {
+		return e.client.SendMessage(ctx, &dispatcherv1.SendMessageRequest{
+			Sender: netAlice, To: &dispatcherv1.DistributionList{Direct: []string{netBob}}, MessageType: "request", Protocol: protocol, BodyJson: `{}`,
+		})
+	}
+	if _, err := send(strings.Repeat("0", 40)); status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != "REFERENCE_NOT_FOUND" {
+		t.Errorf("SendMessage(unknown protocol) = %v, want FAILED_PRECONDITION REFERENCE_NOT_FOUND", err)
+	}
+	if n := len(e.inbox(netBob)); n != 0 {
+		t.Fatalf("bob holds %d messages after a refused send", n)
+	}
+	opener, err := send(hash)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reply := func(typ, body string) error {
+		_, err := e.client.ReplyMessage(ctx, &dispatcherv1.ReplyMessageRequest{Sender: netBob, InReplyTo: opener.GetMessageId(), MessageType: typ, BodyJson: body})
+		return err
+	}
+	for _, c := range []struct{ typ, body, rule string }{
+		{"accept", `{}`, "WRONG_ROLE"},
+		{"offer", `{"price":"cheap"}`, "SCHEMA"},
+		{"haggle", `{}`, "UNKNOWN_MESSAGE_TYPE"},
+	} {
+		err := reply(c.typ, c.body)
+		if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != "PROTOCOL_ERROR" {
+			t.Errorf("ReplyMessage(%s %s) = %v, want FAILED_PRECONDITION PROTOCOL_ERROR", c.typ, c.body, err)
+		}
+		got := e.inbox(netBob)
+		last := got[len(got)-1]
+		var body map[string]string
+		_ = json.Unmarshal(last.Body, &body)
+		if last.Type != "protocol_error" || last.Sender != "" || body["rule"] != c.rule || last.DialogueID != opener.GetDialogueId() {
+			t.Errorf("bob's last message after %s = %+v (%s), want a protocol_error of rule %s in the dialogue", c.typ, last, last.Body, c.rule)
+		}
+	}
+	if n := len(e.inbox(netAlice)); n != 0 {
+		t.Errorf("alice holds %d messages after only violations, want 0", n)
+	}
+	if err := reply("offer", `{"price":3}`); err != nil {
+		t.Fatalf("ReplyMessage(valid offer after violations) = %v", err)
+	}
+	if got := e.inbox(netAlice); len(got) != 1 || got[0].Type != "offer" || got[0].Protocol != hash {
+		t.Errorf("alice's mailbox = %+v, want the offer under the protocol", got)
 	}
 }

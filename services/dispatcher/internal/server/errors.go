@@ -75,6 +75,7 @@ var statusRules = []statusRule{
 	{dialogue.ErrMailboxFull, codes.ResourceExhausted, "MAILBOX_FULL"},
 	{dialogue.ErrProtocol, codes.FailedPrecondition, "PROTOCOL_ERROR"},
 	{dialogue.ErrRecipientClosed, codes.FailedPrecondition, "RECIPIENT_CLOSED"},
+	{dialogue.ErrGroupNotFound, codes.NotFound, "GROUP_NOT_FOUND"},
 	{dialogue.ErrNoRecipient, codes.FailedPrecondition, "NO_RECIPIENT"},
 	// Mailboxes.
 	{mailbox.ErrReplaced, codes.Aborted, "STREAM_REPLACED"},
@@ -96,7 +97,11 @@ func refusalMetadata(err error) map[string]string {
 	}
 	md := map[string]string{"message_id": re.MessageID, "refused_count": strconv.Itoa(len(re.Refusals))}
 	for i, r := range re.Refusals[:min(len(re.Refusals), maxRefusalMetadata)] {
-		md["refused_"+strconv.Itoa(i)] = r.Agent + " " + string(r.Reason)
+		who := r.Agent
+		if who == "" {
+			who = r.Group
+		}
+		md["refused_"+strconv.Itoa(i)] = who + " " + string(r.Reason)
 	}
 	return md
 }

@@ -94,6 +94,7 @@ func (r registryPeer) ResolveProtocol(ctx context.Context, hash string, sources 
 	return directory.Document{
 		Hash: pd.GetSha1Hex(), Content: pd.GetContent(), Title: pd.GetTitle(), Description: pd.GetDescription(), Tags: pd.GetTags(),
 		RequestSchema: pd.GetRequestSchemaJson(), ResponseSchema: pd.GetResponseSchemaJson(),
+		StateMachine: pd.GetStateMachine(),
 	}, nil
 }
 

@@ -30,6 +30,7 @@ import (
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/egress"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
+	"github.com/parleyhq/parley/services/dispatcher/internal/deadline"
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
@@ -39,6 +40,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
 	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
+	"github.com/parleyhq/parley/services/dispatcher/internal/order"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
@@ -148,16 +150,16 @@ type Options struct {
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
 	Mailboxes mailbox.Appender
-	// MessageProtocols checks dialogues' messages against their PD's state
-	// machine; none are checked when nil.
-	MessageProtocols dialogue.Protocols
 	// MessageMaxBodyBytes caps a network message's body_json; 64 KiB.
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC; 10 s.
 	MessageTimeout time.Duration
 	// Orders keeps service transactions' orders; GetOrder and ListOrders
-	// answer UNAVAILABLE without it.
+	// answer UNAVAILABLE without it, and no order is recorded.
 	Orders store.OrderStore
+	// Timers keeps protocol deadlines (RunDeadlines fires them); without
+	// it late messages are still refused, but no expiry is sent.
+	Timers store.TimerStore
 
 	// Delivery is the mailboxes that ReceiveMessages, AcknowledgeMessages
 	// and the SSE route read; those answer UNIMPLEMENTED when nil.
@@ -182,6 +184,8 @@ type Server struct {
 	outbound *outbound.Sender
 	// dialogues is nil when Options has no Dialogues or Mailboxes.
 	dialogues *dialogue.Service
+	// deadlines fires protocol deadlines; nil without Options.Timers.
+	deadlines *deadline.Scheduler
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
@@ -223,14 +227,28 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	if opts.MessageTimeout <= 0 {
 		opts.MessageTimeout = 10 * time.Second
 	}
-	var dialogues *dialogue.Service
+	var (
+		dialogues *dialogue.Service
+		deadlines *deadline.Scheduler
+	)
 	if opts.Dialogues != nil && opts.Mailboxes != nil {
-		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg, dir: dir}, dialogue.Options{
-			Protocols: opts.MessageProtocols, Logger: logger, Now: opts.Now,
+		obs := pairObserver{logger: logger}
+		if opts.Orders != nil {
+			obs.orders = order.New(opts.Orders, dialogue.NewID)
+		}
+		if opts.Timers != nil {
+			deadlines = deadline.New(opts.Timers, serviceMachines{dir}, opts.Mailboxes, deadline.Options{
+				Now: opts.Now, Logger: logger, Expired: obs.expired,
+			})
+			obs.deadlines = deadlines
+		}
+		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
+			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs,
 		})
 	}
 	return &Server{
 		dialogues: dialogues,
+		deadlines: deadlines,
 		store:     st, logger: logger, opts: opts, metrics: m, dir: dir, routines: routines, hub: h, shadows: shadows,
 		inbound: inbound.New(st, dir, routines, h, model, shadows, neg, inbound.Options{
 			ConversationTTL: opts.ConversationTTL, MaxConversationsPerPeer: opts.MaxConversationsPerPeer,
@@ -249,6 +267,18 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // expired" rather than 404. app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
 	return s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
+}
+
+// Collectors returns the server's metrics, for the app to register on the
+// server it mounts this one on (Options.Metrics nil).
+func (s *Server) Collectors() []prometheus.Collector { return s.metrics.Collectors() }
+
+// Start hands the server the channel that closes when a graceful stop
+// begins (serve.Server.Stopping): every SDK agent's stream and mailbox
+// stream then ends. It replaces Options.Stopping. Call it before serving.
+func (s *Server) Start(stopping <-chan struct{}) {
+	s.opts.Stopping = stopping
+	s.hub.Start(stopping)
 }
 
 // StopShadows cancels the shadow runs in flight and waits for them to end;

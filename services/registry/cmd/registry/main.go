@@ -36,7 +36,12 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "registry", cfg.LogLevel)
-	a, err := app.New(cfg, logger)
+	peers, err := app.DialPeers(cfg)
+	if err != nil {
+		return err
+	}
+	defer peers.Close()
+	a, err := app.New(cfg, logger, peers)
 	if err != nil {
 		return err
 	}

@@ -74,6 +74,8 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 		SupportPolicy: in.GetSupportPolicy(),
 		Dialect:       in.GetDialect(),
 		Owner:         in.GetOwner(),
+
+		AgentProtocolAccess: in.GetAgentProtocolAccess(),
 	}
 	secret, first, err := s.newKey(a.GetName(), auth.Agent)
 	if err != nil {
@@ -94,7 +96,7 @@ func (s *Server) CreateAgent(ctx context.Context, req *registryv1.CreateAgentReq
 
 // mutableAgentPaths are the Agent fields UpdateAgent may change, as
 // update_mask paths.
-var mutableAgentPaths = []string{"display_name", "description", "support_policy", "dialect", "owner"}
+var mutableAgentPaths = []string{"display_name", "description", "support_policy", "dialect", "owner", "agent_protocol_access"}
 
 // ignoredAgentPaths are Agent fields an update_mask may name but that
 // UpdateAgent never changes: the identifier, the etag (a precondition) and
@@ -127,6 +129,10 @@ func checkAgentFields(v *grpcerr.Violations, in *registryv1.Agent, paths []strin
 			}
 		case "owner":
 			checkOwner(v, in.GetOwner())
+		case "agent_protocol_access":
+			if _, ok := registryv1.AgentProtocolAccess_name[int32(in.GetAgentProtocolAccess())]; !ok {
+				v.Add("agent.agent_protocol_access", fmt.Sprintf("%d is not an AgentProtocolAccess", in.GetAgentProtocolAccess()))
+			}
 		}
 	}
 }
@@ -164,6 +170,9 @@ func updatePaths(v *grpcerr.Violations, in *registryv1.Agent, mask []string) []s
 		}
 		if in.GetOwner() != nil {
 			paths = append(paths, "owner")
+		}
+		if in.GetAgentProtocolAccess() != registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_UNSPECIFIED {
+			paths = append(paths, "agent_protocol_access")
 		}
 		return paths
 	}
@@ -219,6 +228,8 @@ func (s *Server) UpdateAgent(ctx context.Context, req *registryv1.UpdateAgentReq
 				a.Dialect = in.GetDialect()
 			case "owner":
 				a.Owner = in.GetOwner()
+			case "agent_protocol_access":
+				a.AgentProtocolAccess = in.GetAgentProtocolAccess()
 			}
 		}
 		return nil

@@ -238,6 +238,36 @@ func TestUpdateAgent_owner(t *testing.T) {
 	}
 }
 
+func TestUpdateAgent_agentProtocolAccess(t *testing.T) {
+	s := newKeyServer(t, Options{})
+	ctx := asOperator(t.Context())
+	a, err := s.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "bot", Agent: &registryv1.Agent{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := a.GetAgentProtocolAccess(); got != registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_UNSPECIFIED {
+		t.Errorf("CreateAgent(no access set).agent_protocol_access = %v, want unspecified (public)", got)
+	}
+	token := registryv1.AgentProtocolAccess_AGENT_PROTOCOL_ACCESS_TOKEN
+	up, err := s.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: a.GetName(), AgentProtocolAccess: token}})
+	if err != nil || up.GetAgentProtocolAccess() != token {
+		t.Errorf("UpdateAgent(agent_protocol_access TOKEN) = %v, %v", up, err)
+	}
+	// Changing something else leaves it as it is.
+	up, err = s.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: a.GetName(), DisplayName: "Bot"}})
+	if err != nil || up.GetAgentProtocolAccess() != token {
+		t.Errorf("UpdateAgent(display_name) = %v, %v; want agent_protocol_access still TOKEN", up, err)
+	}
+	_, err = s.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: a.GetName(), AgentProtocolAccess: 7}})
+	if got := fieldsOf(err); status.Code(err) != codes.InvalidArgument || len(got) != 1 || got[0] != "agent.agent_protocol_access" {
+		t.Errorf("UpdateAgent(agent_protocol_access 7) = %v (fields %v), want INVALID_ARGUMENT on agent.agent_protocol_access", err, got)
+	}
+	c, err := s.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "closed", Agent: &registryv1.Agent{AgentProtocolAccess: token}})
+	if err != nil || c.GetAgentProtocolAccess() != token {
+		t.Errorf("CreateAgent(agent_protocol_access TOKEN) = %v, %v", c, err)
+	}
+}
+
 // fieldsOf lists the BadRequest fields of a status error.
 func fieldsOf(err error) []string {
 	var out []string

@@ -45,7 +45,16 @@ func run(args []string, getenv func(string) string) error {
 		return fmt.Errorf("--dispatcher-addr: %w", err)
 	}
 	defer dispatcherConn.Close()
-	a, err := app.New(cfg, logger, app.Peers{Dispatcher: dispatcherConn})
+	peers := app.Peers{Dispatcher: dispatcherConn}
+	if cfg.RegistryAddr != "" {
+		registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{Token: token})
+		if err != nil {
+			return fmt.Errorf("--registry-addr: %w", err)
+		}
+		defer registryConn.Close()
+		peers.Registry = registryConn
+	}
+	a, err := app.New(cfg, logger, peers)
 	if err != nil {
 		return err
 	}

@@ -26,12 +26,20 @@ var (
 
 // agent returns the agent a request addresses, or "" after writing 404.
 func (h *Handlers) agent(w http.ResponseWriter, r *http.Request) string {
+	name := h.agentName(r)
+	if name == "" {
+		writeError(w, http.StatusNotFound, "Unable to find an agent with the provided client and agent ids")
+	}
+	return name
+}
+
+// agentName is the agent a request addresses, "" when malformed.
+func (h *Handlers) agentName(r *http.Request) string {
 	client, agent := r.PathValue("client"), r.PathValue("agent")
 	if client == "" && agent == "" {
 		return h.opts.DefaultAgent
 	}
 	if !resource.ValidID(client) || !resource.ValidID(agent) {
-		writeError(w, http.StatusNotFound, "Unable to find an agent with the provided client and agent ids")
 		return ""
 	}
 	return "clients/" + client + "/agents/" + agent

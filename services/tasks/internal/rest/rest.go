@@ -69,6 +69,11 @@ type Options struct {
 	// Stopping ends open event streams when it closes (graceful shutdown:
 	// clients reconnect elsewhere); never closes when nil.
 	Stopping <-chan struct{}
+	// TokenRequired says whether an agent (a resource name) serves its
+	// routes only to its own key, its client's key or the operator (the
+	// agent's `token` access) rather than to anyone; errors are gRPC
+	// statuses. Nil: every agent is public.
+	TokenRequired func(ctx context.Context, agent string) (bool, error)
 }
 
 // Handlers are the Agent Protocol routes.
@@ -92,18 +97,19 @@ func New(b Backend, opts Options) *Handlers {
 func (h *Handlers) Register(handle func(pattern string, handler http.Handler)) {
 	for _, prefix := range []string{"", "/agents/{client}/{agent}"} {
 		base := prefix + "/ap/v1/agent/tasks"
-		handle("POST "+base, http.HandlerFunc(h.createTask))
-		handle("GET "+base, http.HandlerFunc(h.listTasks))
-		handle("GET "+base+"/{task_id}", http.HandlerFunc(h.getTask))
-		handle("POST "+base+"/{task_id}", http.HandlerFunc(h.taskAction))
+		g := h.guard
+		handle("POST "+base, g(h.createTask))
+		handle("GET "+base, g(h.listTasks))
+		handle("GET "+base+"/{task_id}", g(h.getTask))
+		handle("POST "+base+"/{task_id}", g(h.taskAction))
 		// The event stream lives as long as the client; an upload may take
 		// longer to read than the server's default.
-		handle("GET "+base+"/{task_id}/events", serve.Stream(http.HandlerFunc(h.events)))
-		handle("POST "+base+"/{task_id}/steps", http.HandlerFunc(h.createStep))
-		handle("GET "+base+"/{task_id}/steps", http.HandlerFunc(h.listSteps))
-		handle("GET "+base+"/{task_id}/steps/{step_id}", http.HandlerFunc(h.getStep))
-		handle("POST "+base+"/{task_id}/artifacts", serve.Timeouts(http.HandlerFunc(h.uploadArtifact), uploadTimeout, uploadTimeout))
-		handle("GET "+base+"/{task_id}/artifacts", http.HandlerFunc(h.listArtifacts))
-		handle("GET "+base+"/{task_id}/artifacts/{artifact_id}", http.HandlerFunc(h.downloadArtifact))
+		handle("GET "+base+"/{task_id}/events", serve.Stream(g(h.events)))
+		handle("POST "+base+"/{task_id}/steps", g(h.createStep))
+		handle("GET "+base+"/{task_id}/steps", g(h.listSteps))
+		handle("GET "+base+"/{task_id}/steps/{step_id}", g(h.getStep))
+		handle("POST "+base+"/{task_id}/artifacts", serve.Timeouts(g(h.uploadArtifact), uploadTimeout, uploadTimeout))
+		handle("GET "+base+"/{task_id}/artifacts", g(h.listArtifacts))
+		handle("GET "+base+"/{task_id}/artifacts/{artifact_id}", g(h.downloadArtifact))
 	}
 }

@@ -1,0 +1,83 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/deadline"
+	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/order"
+	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
+)
+
+// serviceMachines is deadline.Machines over the directory: the compiled
+// state machine of a PD, as the dialogues use it.
+type serviceMachines struct{ dir *directory.Directory }
+
+func (m serviceMachines) Machine(ctx context.Context, hash string) (*protocolcontrol.Machine, error) {
+	pr, err := m.dir.Protocol(ctx, hash, nil)
+	switch {
+	case err != nil:
+		return nil, err
+	case pr.MachineErr != nil:
+		return nil, pr.MachineErr
+	case pr.Machine == nil:
+		return nil, fmt.Errorf("protocol %s declares no state machine", hash)
+	}
+	return pr.Machine, nil
+}
+
+// pairObserver is the dialogues' Observer for service transactions: each
+// pair a delivered message moved gets its deadlines armed and its order
+// trail extended. The message is already delivered, so failures are
+// logged: a deadline not armed is still enforced when a late message
+// arrives (the state holds it), only its expiry message would be missing.
+type pairObserver struct {
+	deadlines *deadline.Scheduler
+	orders    *order.Recorder // nil without an order store
+	logger    *slog.Logger
+}
+
+func (o pairObserver) PairsMoved(ctx context.Context, moves []dialogue.PairMove) {
+	for _, m := range moves {
+		if o.deadlines != nil {
+			p := deadline.Pair{Dialogue: m.Dialogue, Initiator: m.Initiator, Counterpart: m.Counterpart, Protocol: m.Protocol}
+			if err := o.deadlines.Arm(ctx, p, m.Next); err != nil {
+				o.logger.ErrorContext(ctx, "a deadline was not armed; late messages are still refused but its expiry will not be sent",
+					slog.String("dialogue", m.Dialogue), slog.Any("err", err))
+			}
+		}
+		if o.orders != nil {
+			_, _, err := o.orders.Record(ctx, order.Event{
+				Dialogue: m.Dialogue, Protocol: m.Protocol, Consumer: m.Initiator, Supplier: m.Counterpart,
+				Prev: m.Prev, Next: m.Next, MessageID: m.MessageID, Type: m.Type, Sender: m.Sender, Time: m.Time,
+			})
+			if err != nil {
+				o.logger.ErrorContext(ctx, "a message is missing from its order's trail", slog.String("dialogue", m.Dialogue),
+					slog.String("message", m.MessageID), slog.Any("err", err))
+			}
+		}
+	}
+}
+
+// expired records a deadline's expiry on the pair's order.
+func (o pairObserver) expired(ctx context.Context, x deadline.Expiry) error {
+	if o.orders == nil {
+		return nil
+	}
+	_, _, err := o.orders.Record(ctx, order.Event{
+		Dialogue: x.Timer.Dialogue, Protocol: x.Timer.Protocol, Consumer: x.Timer.Initiator, Supplier: x.Timer.Counterpart,
+		Prev: x.Prev, Next: x.Next, MessageID: x.MessageID, Type: x.Timer.Name + "_expired", Time: x.Timer.At,
+	})
+	return err
+}
+
+// RunDeadlines fires protocol deadlines until ctx ends; it returns at once
+// when the server has no timer store.
+func (s *Server) RunDeadlines(ctx context.Context) {
+	if s.deadlines != nil {
+		s.deadlines.Run(ctx)
+	}
+}

@@ -1,0 +1,273 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/serviceprotocol"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+)
+
+// serviceRegistry is followRegistry holding the built-in service PDs with
+// the state machines the registry parses from them (the fixtures that
+// e2e keeps equal to the registry's answer).
+type serviceRegistry struct {
+	*followRegistry
+	machines map[string]*registryv1.StateMachine
+}
+
+func (f *serviceRegistry) ResolveProtocol(ctx context.Context, req *registryv1.ResolveProtocolRequest) (*registryv1.Protocol, error) {
+	p, err := f.fakeRegistry.ResolveProtocol(ctx, req)
+	if err == nil {
+		p.StateMachine = f.machines[p.GetSha1Hex()]
+	}
+	return p, err
+}
+
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+type serviceEnv struct {
+	*netEnv
+	srv    *Server
+	clock  *fakeClock
+	hashes map[string]string // protocol name → hash
+}
+
+// startService runs a dispatcher with the agent network, orders and
+// deadlines over bbolt on loopback, on a fake clock; bob and carol follow
+// alice, the consumer.
+func startService(t *testing.T) *serviceEnv {
+	t.Helper()
+	reg := &serviceRegistry{
+		followRegistry: &followRegistry{fakeRegistry: newFakeRegistry(), follows: map[[2]string]bool{}},
+		machines:       map[string]*registryv1.StateMachine{},
+	}
+	hashes := map[string]string{}
+	for _, p := range serviceprotocol.Builtins() {
+		raw, err := os.ReadFile("../serviceprotocol/testdata/" + p.Name + ".json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sm := &registryv1.StateMachine{}
+		if err := protojson.Unmarshal(raw, sm); err != nil {
+			t.Fatal(err)
+		}
+		hashes[p.Name] = reg.addProtocol(string(p.Content))
+		reg.machines[hashes[p.Name]] = sm
+	}
+	for _, a := range []string{netAlice, netBob, netCarol} {
+		reg.addAgent(&registryv1.Agent{Name: a})
+	}
+	reg.follow(netBob, netAlice)
+	reg.follow(netCarol, netAlice)
+	regConn := serveGRPC(t, func(s *grpc.Server) { registryv1.RegisterRegistryServiceServer(s, reg) })
+
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	clock := &fakeClock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
+	mb := mailbox.New(st, mailbox.Options{Now: clock.Now})
+	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), Options{
+		Dialogues: st, Mailboxes: mb, Orders: st, Timers: st, Now: clock.Now,
+	})
+	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
+	return &serviceEnv{
+		netEnv: &netEnv{t: t, reg: reg.followRegistry, client: dispatcherv1.NewDispatcherServiceClient(conn), mail: mb},
+		srv:    srv, clock: clock, hashes: hashes,
+	}
+}
+
+func (e *serviceEnv) request(protocol, body string, to ...string) *dispatcherv1.SendMessageResponse {
+	e.t.Helper()
+	res, err := e.client.SendMessage(e.t.Context(), &dispatcherv1.SendMessageRequest{
+		Sender: netAlice, To: &dispatcherv1.DistributionList{Direct: to}, MessageType: "new_task_request",
+		RecipientType: "supplier", Protocol: e.hashes[protocol], BodyJson: body,
+	})
+	if err != nil {
+		e.t.Fatalf("SendMessage(new_task_request %s) error = %v", protocol, err)
+	}
+	return res
+}
+
+func (e *serviceEnv) reply(sender, inReplyTo, typ, body string) (*dispatcherv1.SendMessageResponse, error) {
+	return e.client.ReplyMessage(e.t.Context(), &dispatcherv1.ReplyMessageRequest{
+		Sender: sender, InReplyTo: inReplyTo, MessageType: typ, BodyJson: body,
+	})
+}
+
+func (e *serviceEnv) mustReply(sender, inReplyTo, typ, body string) string {
+	e.t.Helper()
+	res, err := e.reply(sender, inReplyTo, typ, body)
+	if err != nil {
+		e.t.Fatalf("ReplyMessage(%s from %s) error = %v", typ, sender, err)
+	}
+	return res.GetMessageId()
+}
+
+func last(ms []mailbox.Message) mailbox.Message {
+	if len(ms) == 0 {
+		return mailbox.Message{}
+	}
+	return ms[len(ms)-1]
+}
+
+// An allocate round through the dispatcher: the deadline reaches the
+// supplier as an absolute time, the order forms at accept_offer, every
+// later message is on its trail, and confirm_fail leaves it failed.
+func TestAllocate_orderTrailThroughTheSendPath(t *testing.T) {
+	e := startService(t)
+	req := e.request("allocate", `{"task":{"what":"ship"},"invite_offer_timeout":30}`, netBob)
+	got := last(e.inbox(netBob))
+	var body struct {
+		InviteOfferTimeout int64 `json:"invite_offer_timeout"`
+	}
+	if err := json.Unmarshal(got.Body, &body); err != nil || body.InviteOfferTimeout != e.clock.Now().Add(30*time.Second).Unix() {
+		t.Errorf("bob's new_task_request body = %s, want invite_offer_timeout as the absolute time %d", got.Body, e.clock.Now().Add(30*time.Second).Unix())
+	}
+	offer := e.mustReply(netBob, req.GetMessageId(), "offer", `{"offer":{"price":5},"offer_timeout":60}`)
+	accept := e.mustReply(netAlice, offer, "accept_offer", `{}`)
+	complete := e.mustReply(netBob, accept, "order_complete", `{}`)
+	e.mustReply(netAlice, complete, "confirm_fail", `{"reason":"late"}`)
+
+	for _, agent := range []string{netAlice, netBob} {
+		list, err := e.client.ListOrders(t.Context(), &dispatcherv1.ListOrdersRequest{Parent: agent})
+		if err != nil || len(list.GetOrders()) != 1 {
+			t.Fatalf("ListOrders(%s) = %v, %v; want one order", agent, list, err)
+		}
+		o := list.GetOrders()[0]
+		var types []string
+		for _, tr := range o.GetTransitions() {
+			types = append(types, tr.GetMessageType())
+		}
+		if o.GetState() != dispatcherv1.OrderState_ORDER_STATE_FAILED || o.GetConsumer() != netAlice || o.GetSupplier() != netBob ||
+			o.GetDialogueId() != req.GetDialogueId() || len(types) != 3 || types[0] != "accept_offer" || types[2] != "confirm_fail" ||
+			o.GetTransitions()[0].GetMessageId() != accept || o.GetTransitions()[1].GetSender() != netBob {
+			t.Errorf("%s's order = %v, want failed with accept_offer, order_complete, confirm_fail", agent, o)
+		}
+	}
+	// Nothing is armed any more: the offer deadline was met.
+	e.clock.Advance(time.Hour)
+	if n, err := e.srv.deadlines.FireDue(t.Context()); n != 0 || err != nil {
+		t.Errorf("FireDue() = %d, %v; want nothing to expire", n, err)
+	}
+}
+
+// A supplier that never answers: the window expires on the server, both
+// agents are told, and the late offer is refused naming the deadline.
+func TestAllocate_deadlineExpiresAndRefusesTheLateOffer(t *testing.T) {
+	e := startService(t)
+	req := e.request("allocate", `{"task":{},"invite_offer_timeout":30}`, netBob, netCarol)
+	// carol answers in time; bob does not.
+	e.clock.Advance(10 * time.Second)
+	e.mustReply(netCarol, req.GetMessageId(), "reject_task", `{}`)
+	e.clock.Advance(25 * time.Second)
+	if n, err := e.srv.deadlines.FireDue(t.Context()); n != 1 || err != nil {
+		t.Fatalf("FireDue() = %d, %v; want bob's window to expire", n, err)
+	}
+	for _, agent := range []string{netAlice, netBob} {
+		m := last(e.inbox(agent))
+		if m.Type != "invite_offer_timeout_expired" || m.DialogueID != req.GetDialogueId() || m.Category != mailbox.CategoryService {
+			t.Errorf("%s's last message = %+v, want invite_offer_timeout_expired of the dialogue", agent, m)
+		}
+	}
+	if m := last(e.inbox(netCarol)); m.Type == "invite_offer_timeout_expired" {
+		t.Error("carol, who answered in time, was told of an expiry")
+	}
+	_, err := e.reply(netBob, req.GetMessageId(), "offer", `{"offer":{}}`)
+	if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != "PROTOCOL_ERROR" {
+		t.Fatalf("late offer: error = %v, want FAILED_PRECONDITION PROTOCOL_ERROR", err)
+	}
+	var pe struct{ Rule, Error string }
+	m := last(e.inbox(netBob))
+	_ = json.Unmarshal(m.Body, &pe)
+	if m.Type != "protocol_error" || pe.Rule != "PAIR_ENDED" || !strings.Contains(pe.Error, "invite_offer_timeout") {
+		t.Errorf("bob's protocol_error = %s, want PAIR_ENDED naming invite_offer_timeout", m.Body)
+	}
+}
+
+// The consumer accepts while the supplier revokes, concurrently: each
+// dialogue has one total order, so exactly one wins, the loser gets a
+// protocol_error, and both sides see the same outcome.
+func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
+	e := startService(t)
+	runs := 100
+	if testing.Short() {
+		runs = 20
+	}
+	wins := map[string]int{}
+	for i := range runs {
+		req := e.request("transact", `{"task":{}}`, netBob)
+		proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
+		invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
+		offer := e.mustReply(netBob, invite, "offer", `{"offer":{"price":5}}`)
+
+		var (
+			wg                sync.WaitGroup
+			acceptErr, revErr error
+		)
+		wg.Go(func() { _, acceptErr = e.reply(netAlice, offer, "accept_offer", `{}`) })
+		wg.Go(func() { _, revErr = e.reply(netBob, invite, "revoke_offer", `{}`) })
+		wg.Wait()
+		if (acceptErr == nil) == (revErr == nil) {
+			t.Fatalf("run %d: accept error %v, revoke error %v; want exactly one to win", i, acceptErr, revErr)
+		}
+		loserErr := revErr
+		winner := "accept_offer"
+		if acceptErr != nil {
+			loserErr, winner = acceptErr, "revoke_offer"
+		}
+		if grpcerr.Reason(loserErr) != "PROTOCOL_ERROR" {
+			t.Fatalf("run %d: the loser's error = %v, want PROTOCOL_ERROR", i, loserErr)
+		}
+		wins[winner]++
+		// Both sides agree: the order exists exactly when accept won.
+		for _, agent := range []string{netAlice, netBob} {
+			list, err := e.client.ListOrders(t.Context(), &dispatcherv1.ListOrdersRequest{Parent: agent, PageSize: 1000})
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, o := range list.GetOrders() {
+				if o.GetDialogueId() == req.GetDialogueId() {
+					n++
+				}
+			}
+			if want := map[string]int{"accept_offer": 1, "revoke_offer": 0}[winner]; n != want {
+				t.Fatalf("run %d: %s sees %d orders of the dialogue after %s won, want %d", i, agent, n, winner, want)
+			}
+		}
+	}
+	t.Logf("%d runs: %v", runs, wins)
+}
