@@ -108,10 +108,12 @@ unit:
 	  echo "################################################################################" >&2; fi
 	go test -race -count=1 work
 
-## postman: the official Agent Protocol suite against a live `parley serve`; with AP_SUITE
-## unset it fails under CI and is skipped loudly elsewhere (scripts/postman.sh)
+## postman: the official Agent Protocol suite against a live `parley serve` (a public agent,
+## then a token one: 401 without a key, every assertion with one); with AP_SUITE unset it
+## fails under CI and is skipped loudly elsewhere (scripts/postman.sh)
 postman: $(NEWMAN)
 	scripts/postman.sh "$(AP_SUITE)"
+	@if [ -n "$(AP_SUITE)" ]; then AP_ACCESS=token scripts/postman.sh "$(AP_SUITE)"; fi
 
 ## test: everything CI checks
 test: lint check-generated check-tidy unit postman
