@@ -16,6 +16,7 @@ import (
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/platform/telemetry"
 	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
+	dispatcherconfig "github.com/parleyhq/parley/services/dispatcher/config"
 	negotiatorapp "github.com/parleyhq/parley/services/negotiator/app"
 	registryapp "github.com/parleyhq/parley/services/registry/app"
 	tasksapp "github.com/parleyhq/parley/services/tasks/app"
@@ -37,6 +38,7 @@ var gatewayDoc = envflag.Doc{
 func runGateway(e env, args []string) error {
 	var f serve.Flags
 	var tasks tasksconfig.Config
+	var dispatcher dispatcherconfig.Config
 	var caFile string
 	addrs := map[string]*string{}
 	fs := flag.NewFlagSet("parley gateway", flag.ContinueOnError)
@@ -46,6 +48,7 @@ func runGateway(e env, args []string) error {
 		addrs[svc] = fs.String(svc+"-addr", "dns:///"+svc+":9090", "gRPC `address` of the "+svc+" service")
 	}
 	tasks.RegisterGatewayFlags(fs)
+	dispatcher.RegisterGatewayFlags(fs)
 	fs.StringVar(&caFile, "peer-ca", "", "PEM CA bundle `file`; when set, dial services over TLS")
 	if _, err := parseArgs(e, fs, args, gatewayDoc); err != nil {
 		return err
@@ -63,7 +66,9 @@ func runGateway(e env, args []string) error {
 		register    func(context.Context, *serve.Server, *grpc.ClientConn) error
 	}{
 		{"registry", registryapp.ServiceName, registryapp.RegisterGateway},
-		{"dispatcher", dispatcherapp.ServiceName, dispatcherapp.RegisterGateway},
+		{"dispatcher", dispatcherapp.ServiceName, func(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
+			return dispatcherapp.RegisterGateway(ctx, s, conn, dispatcher)
+		}},
 		{"negotiator", negotiatorapp.ServiceName, negotiatorapp.RegisterGateway},
 		{"tasks", tasksapp.ServiceName, func(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
 			return tasksapp.RegisterGateway(ctx, s, conn, tasks)

@@ -130,6 +130,7 @@ func (a *App) options() (server.Options, error) {
 		},
 		QuarantineAfter:  a.cfg.QuarantineAfter,
 		HandlerTimeout:   a.cfg.HandlerTimeout,
+		HandlerQueue:     a.cfg.HandlerQueue,
 		CacheTTL:         a.cfg.CacheTTL,
 		NegativeCacheTTL: a.cfg.NegativeCacheTTL,
 		PeerDialects:     dialects,
@@ -150,6 +151,7 @@ func (a *App) options() (server.Options, error) {
 		Delivery: a.mailboxes,
 		MailboxOptions: server.MailboxOptions{
 			Batch: a.cfg.MailboxStreamBatch, Keepalive: a.cfg.MailboxStreamKeepalive, MaxDuration: a.cfg.MailboxStreamMaxDuration,
+			WriteTimeout: a.cfg.MailboxStreamWriteTimeout,
 		},
 	}, nil
 }
@@ -196,8 +198,10 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 // append to; tests append through it too.
 func (a *App) Mailboxes() mailbox.Appender { return a.mailboxes }
 
-func (a *App) httpOptions() server.HTTPOptions {
-	return server.HTTPOptions{MaxBodyBytes: a.cfg.AgoraMaxBodyBytes, PeerHeader: a.cfg.AgoraPeerHeader}
+func (a *App) httpOptions() server.HTTPOptions { return httpOptions(a.cfg) }
+
+func httpOptions(cfg config.Config) server.HTTPOptions {
+	return server.HTTPOptions{MaxBodyBytes: cfg.AgoraMaxBodyBytes, PeerHeader: cfg.AgoraPeerHeader}
 }
 
 func (a *App) sweep(ctx context.Context, srv *server.Server) {
@@ -233,12 +237,15 @@ func (a *App) Close() error {
 
 // RegisterGateway mounts the dispatcher's REST routes and the Agora routes on
 // s for a gateway process that reaches the dispatcher over conn instead of
-// in-process. The Agora routes use the default limits there.
-func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
+// in-process. cfg needs only the flags of config.RegisterGatewayFlags.
+func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, cfg config.Config) error {
+	if err := cfg.ValidateGateway(); err != nil {
+		return err
+	}
 	if err := dispatcherv1.RegisterDispatcherServiceHandler(ctx, s.Gateway, conn); err != nil {
 		return err
 	}
-	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(conn)}, server.HTTPOptions{}) {
+	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(conn)}, httpOptions(cfg)) {
 		s.Handle(pattern, h)
 	}
 	return nil

@@ -35,10 +35,13 @@ type Config struct {
 	RoutineWorkers          int
 	QuarantineAfter         int
 	HandlerTimeout          time.Duration
-	CacheTTL                time.Duration
-	NegativeCacheTTL        time.Duration
-	AgoraMaxBodyBytes       int64
-	AgoraPeerHeader         string
+	// HandlerQueue bounds each connected SDK agent's queue of requests not
+	// yet written to its stream.
+	HandlerQueue      int
+	CacheTTL          time.Duration
+	NegativeCacheTTL  time.Duration
+	AgoraMaxBodyBytes int64
+	AgoraPeerHeader   string
 	// AgoraPeerDialects is "peer=dialect,..." as given on the command line.
 	AgoraPeerDialects string
 	SendTimeout       time.Duration
@@ -58,9 +61,10 @@ type Config struct {
 	MailboxMaxBytes    int64         // their body bytes per agent
 	MailboxRetention   time.Duration // acknowledged messages kept this long
 	// Receive streams (gRPC and SSE).
-	MailboxStreamBatch       int
-	MailboxStreamKeepalive   time.Duration
-	MailboxStreamMaxDuration time.Duration
+	MailboxStreamBatch        int
+	MailboxStreamKeepalive    time.Duration
+	MailboxStreamMaxDuration  time.Duration
+	MailboxStreamWriteTimeout time.Duration
 }
 
 // RegisterFlags adds the dispatcher's own flags (not the shared serving flags)
@@ -77,10 +81,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RoutineWorkers, "routine-workers", 2*runtime.GOMAXPROCS(0), "routine runs executing at once; more wait up to --routine-timeout")
 	fs.IntVar(&c.QuarantineAfter, "routine-quarantine-after", 3, "consecutive failures that quarantine a routine")
 	fs.DurationVar(&c.HandlerTimeout, "handler-timeout", 10*time.Second, "how long a connected SDK agent has to answer an envelope or step")
+	fs.IntVar(&c.HandlerQueue, "handler-queue", 64, "requests queued per connected SDK agent before more fail at once")
 	fs.DurationVar(&c.CacheTTL, "dispatcher-cache-ttl", 5*time.Second, "how long the dispatcher caches agents and routines (protocols: at least 1m)")
 	fs.DurationVar(&c.NegativeCacheTTL, "dispatcher-negative-cache-ttl", 2*time.Second, "how long an agent the registry does not know stays unknown without asking again (0: ask every time)")
-	fs.Int64Var(&c.AgoraMaxBodyBytes, "agora-max-body-bytes", 1<<20, "largest Agora request body")
-	fs.StringVar(&c.AgoraPeerHeader, "agora-peer-header", "", "header set by a trusted proxy that identifies the Agora caller (e.g. X-Forwarded-For); default: the remote IP")
+	c.RegisterGatewayFlags(fs)
 	fs.StringVar(&c.AgoraPeerDialects, "agora-peer-dialects", "", "reply dialect per peer: comma-separated peer=spec2024|std|pylib")
 	fs.DurationVar(&c.SendTimeout, "send-timeout", 10*time.Second, "time-out of one outbound Agora request")
 	fs.IntVar(&c.SendRetries, "send-retries", 2, "retries of an outbound request that cannot have reached the target")
@@ -95,6 +99,24 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MailboxStreamBatch, "mailbox-stream-batch", 100, "most messages one receive-stream response carries")
 	fs.DurationVar(&c.MailboxStreamKeepalive, "mailbox-stream-keepalive", 30*time.Second, "silence after which a receive stream sends a keepalive")
 	fs.DurationVar(&c.MailboxStreamMaxDuration, "mailbox-stream-max-duration", time.Hour, "a receive stream open this long ends (DEADLINE_EXCEEDED) and the client reconnects")
+	fs.DurationVar(&c.MailboxStreamWriteTimeout, "mailbox-stream-write-timeout", 30*time.Second, "an SSE receive stream whose client does not take one write within this is cut off")
+}
+
+// RegisterGatewayFlags adds the flags of the Agora routes, which a gateway
+// process (`parley gateway`) serves too: --agora-max-body-bytes and
+// --agora-peer-header. RegisterFlags includes them.
+func (c *Config) RegisterGatewayFlags(fs *flag.FlagSet) {
+	fs.Int64Var(&c.AgoraMaxBodyBytes, "agora-max-body-bytes", 1<<20, "largest Agora request body")
+	fs.StringVar(&c.AgoraPeerHeader, "agora-peer-header", "", "header set by a trusted proxy that identifies the Agora caller (e.g. X-Forwarded-For); default: the remote IP")
+}
+
+// ValidateGateway reports the bad values among the flags of
+// RegisterGatewayFlags.
+func (c *Config) ValidateGateway() error {
+	if c.AgoraMaxBodyBytes <= 0 {
+		return errors.New("--agora-max-body-bytes must be positive")
+	}
+	return nil
 }
 
 // PeerDialects parses AgoraPeerDialects into peer → dialect name.
@@ -121,7 +143,7 @@ func (c *Config) PeerDialects() (map[string]string, error) {
 
 // Validate reports every bad value at once.
 func (c *Config) Validate() error {
-	var errs []error
+	errs := []error{c.ValidateGateway()}
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data must not be empty"))
 	}
@@ -139,8 +161,8 @@ func (c *Config) Validate() error {
 		{"--routine-workers", c.RoutineWorkers > 0},
 		{"--routine-quarantine-after", c.QuarantineAfter > 0},
 		{"--handler-timeout", c.HandlerTimeout > 0},
+		{"--handler-queue", c.HandlerQueue > 0},
 		{"--dispatcher-cache-ttl", c.CacheTTL > 0},
-		{"--agora-max-body-bytes", c.AgoraMaxBodyBytes > 0},
 		{"--send-timeout", c.SendTimeout > 0},
 		{"--send-retries", c.SendRetries >= 0},
 		{"--send-max-listed-protocols", c.SendMaxListed > 0},
@@ -154,6 +176,7 @@ func (c *Config) Validate() error {
 		{"--mailbox-stream-batch", c.MailboxStreamBatch > 0 && c.MailboxStreamBatch <= 1000},
 		{"--mailbox-stream-keepalive", c.MailboxStreamKeepalive > 0},
 		{"--mailbox-stream-max-duration", c.MailboxStreamMaxDuration > 0},
+		{"--mailbox-stream-write-timeout", c.MailboxStreamWriteTimeout > 0},
 	}
 	for _, p := range positive {
 		if !p.ok {

@@ -52,10 +52,11 @@ type Agents interface {
 	Exists(ctx context.Context, name string) error
 }
 
-// Options configures a Set. Zero values take the defaults noted.
+// Options configures a Set. QuarantineAfter must be positive:
+// the dispatcher's config owns its default and New substitutes none.
 type Options struct {
 	Limits routine.Limits
-	// QuarantineAfter consecutive faults quarantine a routine; 3.
+	// QuarantineAfter consecutive faults quarantine a routine.
 	QuarantineAfter int
 	// CacheTTL is how long a compiled routine is used before the store is
 	// read again (recompiling only a new version).
@@ -80,9 +81,6 @@ type Set struct {
 // New returns a Set over st; agents checks that an agent exists before
 // anything is installed for it.
 func New(st store.Store, agents Agents, opts Options) *Set {
-	if opts.QuarantineAfter <= 0 {
-		opts.QuarantineAfter = 3
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

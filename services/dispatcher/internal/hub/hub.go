@@ -48,13 +48,14 @@ type Stream interface {
 	Recv() (*dispatcherv1.ConnectRequest, error)
 }
 
-// Options configures a Hub. Zero values take the defaults noted.
+// Options configures a Hub. Queue and Timeout must be positive: the
+// dispatcher's config owns their defaults and New substitutes none.
 type Options struct {
 	// Queue bounds each agent's queue of requests not yet written to its
-	// stream; 64. A full queue fails requests at once, and one full for
+	// stream. A full queue fails requests at once, and one full for
 	// Timeout drops the connection.
 	Queue int
-	// Timeout is how long a connected agent has to answer; 10 s.
+	// Timeout is how long a connected agent has to answer.
 	Timeout time.Duration
 	// Stopping, when it closes, ends every stream with ErrStopping.
 	Stopping <-chan struct{}
@@ -72,12 +73,6 @@ type Hub struct {
 
 // New returns an empty Hub.
 func New(opts Options) *Hub {
-	if opts.Queue <= 0 {
-		opts.Queue = 64
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

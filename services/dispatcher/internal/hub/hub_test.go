@@ -53,8 +53,12 @@ func recv(t *testing.T, s *fakeStream) *dispatcherv1.ConnectResponse {
 	}
 }
 
+// testOptions are a Hub's options with explicit limits: New substitutes
+// no defaults (the dispatcher's config owns them).
+func testOptions() hub.Options { return hub.Options{Queue: 64, Timeout: 10 * time.Second} }
+
 func TestHub_callRoundTrip(t *testing.T) {
-	h := hub.New(hub.Options{Timeout: 10 * time.Second})
+	h := hub.New(testOptions())
 	s := newFakeStream()
 	s.in <- hello(true)
 	done := make(chan error, 1)
@@ -97,7 +101,7 @@ func TestHub_callRoundTrip(t *testing.T) {
 }
 
 func TestHub_refusals(t *testing.T) {
-	h := hub.New(hub.Options{})
+	h := hub.New(testOptions())
 	s := newFakeStream()
 	s.in <- &dispatcherv1.ConnectRequest{Kind: &dispatcherv1.ConnectRequest_EnvelopeReply{EnvelopeReply: &dispatcherv1.EnvelopeReply{}}}
 	if err := h.Serve(s); !errors.Is(err, hub.ErrNoHello) {
@@ -110,7 +114,9 @@ func TestHub_refusals(t *testing.T) {
 	}
 
 	stopping := make(chan struct{})
-	h = hub.New(hub.Options{Stopping: stopping})
+	o := testOptions()
+	o.Stopping = stopping
+	h = hub.New(o)
 	s = newFakeStream()
 	s.in <- hello(false)
 	done := make(chan error, 1)

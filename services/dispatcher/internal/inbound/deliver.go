@@ -34,11 +34,13 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
-// Options configures a Pipeline. Zero values take the defaults noted.
+// Options configures a Pipeline. ConversationTTL and
+// MaxConversationsPerPeer must be positive: the dispatcher's config owns
+// their defaults and New substitutes none.
 type Options struct {
-	// ConversationTTL is the sliding lifetime of a conversation; 5 min.
+	// ConversationTTL is the sliding lifetime of a conversation.
 	ConversationTTL time.Duration
-	// MaxConversationsPerPeer caps a peer's open conversations; 100.
+	// MaxConversationsPerPeer caps a peer's open conversations.
 	MaxConversationsPerPeer int
 	// PeerDialects fixes the reply dialect of some peers.
 	PeerDialects map[string]agora.Dialect
@@ -61,12 +63,6 @@ type Pipeline struct {
 
 // New returns a Pipeline. neg may be nil (no negotiations).
 func New(st store.Store, dir *directory.Directory, routines *hosted.Set, h *hub.Hub, model llm.Counted, shadows *shadow.Runner, neg negotiation.Negotiator, opts Options) *Pipeline {
-	if opts.ConversationTTL <= 0 {
-		opts.ConversationTTL = 5 * time.Minute
-	}
-	if opts.MaxConversationsPerPeer <= 0 {
-		opts.MaxConversationsPerPeer = 100
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

@@ -67,11 +67,13 @@ type Client interface {
 	Do(*http.Request) (*http.Response, error)
 }
 
-// Options configures a Sender. Zero values take the defaults noted.
+// Options configures a Sender. Timeout and MaxListed must be
+// positive: the dispatcher's config owns their defaults and New
+// substitutes none.
 type Options struct {
 	// PublicURL is our HTTP side's public base URL, for protocolSources.
 	PublicURL string
-	// Timeout bounds one outbound HTTP attempt; 10 s.
+	// Timeout bounds one outbound HTTP attempt; it must be positive.
 	Timeout time.Duration
 	// Retries is how many times a safe-to-retry send is retried.
 	Retries int
@@ -111,12 +113,6 @@ type Sender struct {
 
 // New returns a Sender. neg may be nil (no negotiations).
 func New(client Client, dir *directory.Directory, routines *hosted.Set, shadows *shadow.Runner, model llm.Counted, st store.Store, neg negotiation.Negotiator, opts Options) *Sender {
-	if opts.Timeout <= 0 {
-		opts.Timeout = 10 * time.Second
-	}
-	if opts.MaxListed <= 0 {
-		opts.MaxListed = 5
-	}
 	opts.MaxJudge = max(opts.MaxJudge, 0)
 	if opts.Retries < 0 {
 		opts.Retries = 0

@@ -51,7 +51,7 @@ func BenchmarkEnvelopeHandler(b *testing.B) {
 	body := []byte(`{"protocolHash":"` + weatherHex + `","protocolSources":null,"body":"{\"date\": \"2026-12-01\", \"location\": \"Paris\"}"}`)
 	e := benchEnv(b)
 	mux := http.NewServeMux()
-	for p, h := range AgoraRoutes(e.srv, HTTPOptions{}) {
+	for p, h := range AgoraRoutes(e.srv, testHTTPOptions) {
 		mux.Handle(p, h)
 	}
 	b.ReportAllocs()

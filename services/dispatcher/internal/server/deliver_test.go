@@ -392,7 +392,7 @@ func TestAgoraHTTP_deliverErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.code.String(), func(t *testing.T) {
 			mux := http.NewServeMux()
-			for p, h := range AgoraRoutes(fakeDeliverer{status.Error(tt.code, "secret detail")}, HTTPOptions{}) {
+			for p, h := range AgoraRoutes(fakeDeliverer{status.Error(tt.code, "secret detail")}, testHTTPOptions) {
 				mux.Handle(p, h)
 			}
 			rec := httptest.NewRecorder()

@@ -93,9 +93,9 @@ func startNetwork(t *testing.T) *netEnv {
 	}
 	t.Cleanup(func() { st.Close() })
 	mb := mailbox.New(st, mailbox.Options{Bound: mailbox.Bound{MaxMessages: 100, MaxBytes: 1 << 20}})
-	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), Options{
+	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(Options{
 		Dialogues: st, Mailboxes: mb, MessageMaxBodyBytes: 100,
-	})
+	}))
 
 	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	gw := runtime.NewServeMux()

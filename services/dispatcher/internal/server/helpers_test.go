@@ -211,6 +211,41 @@ func (e *testEnv) advance(d time.Duration) {
 	e.clockNow = e.clockNow.Add(d)
 }
 
+// testOptions returns o with every limit it leaves zero set to a test
+// value: New substitutes no defaults (the dispatcher's config owns them).
+// testHTTPOptions are the Agora routes' counterpart.
+func testOptions(o Options) Options {
+	set := func(p *time.Duration, v time.Duration) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	setInt := func(p *int, v int) {
+		if *p == 0 {
+			*p = v
+		}
+	}
+	set(&o.ConversationTTL, 5*time.Minute)
+	setInt(&o.MaxConversationsPerPeer, 100)
+	setInt(&o.QuarantineAfter, 3)
+	set(&o.HandlerTimeout, 10*time.Second)
+	setInt(&o.HandlerQueue, 64)
+	set(&o.CacheTTL, 5*time.Second)
+	set(&o.SendTimeout, 10*time.Second)
+	setInt(&o.SendMaxListed, 5)
+	if o.MessageMaxBodyBytes == 0 {
+		o.MessageMaxBodyBytes = 64 << 10
+	}
+	set(&o.MessageTimeout, 10*time.Second)
+	setInt(&o.MailboxOptions.Batch, 100)
+	set(&o.MailboxOptions.Keepalive, 30*time.Second)
+	set(&o.MailboxOptions.MaxDuration, time.Hour)
+	set(&o.MailboxOptions.WriteTimeout, 30*time.Second)
+	return o
+}
+
+var testHTTPOptions = HTTPOptions{MaxBodyBytes: 1 << 20}
+
 // startEnv runs a fake registry and a dispatcher (gRPC and Agora HTTP on
 // loopback) over bbolt in dataDir ("" for a new temp dir).
 func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *testEnv {
@@ -245,14 +280,14 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 		opts.RoutineLimits.Pool = routine.NewPool(4)
 	}
 	t.Cleanup(func() { _ = opts.RoutineLimits.Pool.Close() })
-	e.srv = New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), opts)
+	e.srv = New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(opts))
 	t.Cleanup(e.srv.StopShadows) // before the store closes
 
 	e.conn = serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, e.srv) })
 	e.client = dispatcherv1.NewDispatcherServiceClient(e.conn)
 
 	mux := http.NewServeMux()
-	for p, h := range AgoraRoutes(e.srv, HTTPOptions{}) {
+	for p, h := range AgoraRoutes(e.srv, testHTTPOptions) {
 		mux.Handle(p, h)
 	}
 	hs := httptest.NewServer(mux)

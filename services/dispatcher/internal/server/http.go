@@ -40,7 +40,8 @@ func (r RemoteDeliverer) Deliver(ctx context.Context, e inbound.Envelope) (inbou
 
 // HTTPOptions configures the Agora routes.
 type HTTPOptions struct {
-	// MaxBodyBytes caps a request body; 1 MiB when zero.
+	// MaxBodyBytes caps a request body; it must be positive
+	// (--agora-max-body-bytes owns the default).
 	MaxBodyBytes int64
 	// PeerHeader, when set, names a header set by a trusted proxy whose
 	// first comma-separated value identifies the caller; otherwise the
@@ -51,9 +52,6 @@ type HTTPOptions struct {
 // AgoraRoutes returns the hand-written Agora routes (Go ServeMux patterns)
 // and their handlers. The registry owns GET .../.wellknown and /wellknown.
 func AgoraRoutes(d Deliverer, opts HTTPOptions) map[string]http.Handler {
-	if opts.MaxBodyBytes <= 0 {
-		opts.MaxBodyBytes = 1 << 20
-	}
 	h := &agoraHTTP{d: d, opts: opts}
 	return map[string]http.Handler{
 		"POST /agora/{client}/{agent}":                      http.HandlerFunc(h.post),

@@ -19,38 +19,21 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
-// MailboxOptions tune the receive streams. Zero values take the defaults
-// noted.
+// MailboxOptions tune the receive streams. Every field must be positive;
+// the dispatcher's config owns the defaults (--mailbox-stream-*).
 type MailboxOptions struct {
 	// Batch is the most messages one stream response (or SSE flush)
-	// carries; 100.
+	// carries.
 	Batch int
 	// Keepalive is how long a stream may stay silent before an empty batch
-	// (an SSE comment) is sent; 30 s.
+	// (an SSE comment) is sent.
 	Keepalive time.Duration
 	// MaxDuration ends a stream that has been open this long with
-	// DEADLINE_EXCEEDED, so that clients reconnect (and re-authenticate);
-	// 1 h.
+	// DEADLINE_EXCEEDED, so that clients reconnect (and re-authenticate).
 	MaxDuration time.Duration
 	// WriteTimeout bounds one SSE write: a client that stops reading is
-	// cut off; 30 s.
+	// cut off.
 	WriteTimeout time.Duration
-}
-
-func (o MailboxOptions) withDefaults() MailboxOptions {
-	if o.Batch <= 0 {
-		o.Batch = 100
-	}
-	if o.Keepalive <= 0 {
-		o.Keepalive = 30 * time.Second
-	}
-	if o.MaxDuration <= 0 {
-		o.MaxDuration = time.Hour
-	}
-	if o.WriteTimeout <= 0 {
-		o.WriteTimeout = 30 * time.Second
-	}
-	return o
 }
 
 // NetworkMessage is d as its recipient receives it.
@@ -84,7 +67,7 @@ func (s *Server) mailboxAgent(agent string) error {
 
 // receive runs one receive stream of agent, whichever the transport.
 func (s *Server) receive(ctx context.Context, agent string, opts mailbox.ReceiveOptions, send func([]mailbox.Delivery) error) error {
-	mo := s.opts.MailboxOptions.withDefaults()
+	mo := s.opts.MailboxOptions
 	ctx, cancel := context.WithTimeout(ctx, mo.MaxDuration)
 	defer cancel()
 	opts.Batch, opts.Keepalive, opts.Stop = mo.Batch, mo.Keepalive, s.opts.Stopping
@@ -213,7 +196,7 @@ func (s *Server) streamSSE(w http.ResponseWriter, r *http.Request) {
 		}
 		opts.After = max(opts.After, n)
 	}
-	mo := s.opts.MailboxOptions.withDefaults()
+	mo := s.opts.MailboxOptions
 	rc := http.NewResponseController(w)
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")

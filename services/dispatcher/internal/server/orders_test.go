@@ -56,7 +56,7 @@ func startOrders(t *testing.T, withOrders bool) (dispatcherv1.DispatcherServiceC
 	if withOrders {
 		opts.Orders = st
 	}
-	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), opts)
+	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(opts))
 	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	gw := runtime.NewServeMux()
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(t.Context(), gw, srv); err != nil {

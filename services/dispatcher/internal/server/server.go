@@ -88,7 +88,10 @@ const (
 	PurposeStep      = llm.PurposeStep
 )
 
-// Options configures a Server. Zero values take the defaults noted.
+// Options configures a Server. The dispatcher's config owns every default
+// and copies its values here verbatim; New substitutes none. The limits and
+// durations below must be positive unless their comment says what zero means
+// (config.Validate refuses the rest).
 type Options struct {
 	// LLM answers what no routine or handler can; NoLLM when nil.
 	LLM LLM
@@ -98,24 +101,24 @@ type Options struct {
 	Negotiator negotiatorv1.NegotiatorServiceClient
 	// Metrics receives the dispatcher's collectors; none when nil.
 	Metrics prometheus.Registerer
-	// ConversationTTL is the sliding lifetime of a conversation; 5 min.
+	// ConversationTTL is the sliding lifetime of a conversation.
 	ConversationTTL time.Duration
-	// MaxConversationsPerPeer caps a peer's open conversations; 100.
+	// MaxConversationsPerPeer caps a peer's open conversations.
 	MaxConversationsPerPeer int
 	// RoutineLimits are each routine run's budgets.
 	RoutineLimits routine.Limits
-	// QuarantineAfter consecutive failures quarantine a routine; 3.
+	// QuarantineAfter consecutive failures quarantine a routine.
 	QuarantineAfter int
-	// HandlerTimeout is how long a connected SDK agent has to answer; 10 s.
+	// HandlerTimeout is how long a connected SDK agent has to answer.
 	HandlerTimeout time.Duration
 	// Stopping, when it closes, ends every connected agent's stream with
 	// UNAVAILABLE so that a graceful shutdown need not wait for agents to
 	// hang up (the SDK reconnects); never closes when nil.
 	Stopping <-chan struct{}
 	// HandlerQueue bounds each connected SDK agent's queue of requests not
-	// yet written to its stream; 64.
+	// yet written to its stream.
 	HandlerQueue int
-	// CacheTTL is how long agents and routines are cached; 5 s. Protocols,
+	// CacheTTL is how long agents and routines are cached. Protocols,
 	// being immutable, are cached for at least a minute.
 	CacheTTL time.Duration
 	// NegativeCacheTTL is how long an agent the registry reports NOT_FOUND
@@ -126,9 +129,10 @@ type Options struct {
 	PeerDialects map[string]agora.Dialect
 	// PublicURL is our HTTP side's public base URL, for protocolSources.
 	PublicURL string
-	// SendTimeout bounds one outbound HTTP attempt; 10 s.
+	// SendTimeout bounds one outbound HTTP attempt.
 	SendTimeout time.Duration
-	// SendRetries is how many times a safe-to-retry send is retried; 2.
+	// SendRetries is how many times a safe-to-retry send is retried; zero
+	// sends once.
 	SendRetries int
 	// HTTPClient sends outbound envelopes; when nil, a client that refuses
 	// loopback and private addresses unless SendAllowPrivate.
@@ -139,7 +143,7 @@ type Options struct {
 	// resolver; a test seam (the address guard applies either way).
 	SendLookup egress.Lookup
 	// SendMaxListed is how many of the protocols a target's well-known
-	// document lists Send resolves at most (in hash order); 5.
+	// document lists Send resolves at most (in hash order).
 	SendMaxListed int
 	// SendMaxJudge caps the LLM calls one Send spends judging whether a
 	// listed protocol fits its task; zero judges none.
@@ -151,9 +155,9 @@ type Options struct {
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
 	Mailboxes mailbox.Appender
-	// MessageMaxBodyBytes caps a network message's body_json; 64 KiB.
+	// MessageMaxBodyBytes caps a network message's body_json.
 	MessageMaxBodyBytes int64
-	// MessageTimeout bounds one dialogue RPC; 10 s.
+	// MessageTimeout bounds one dialogue RPC.
 	MessageTimeout time.Duration
 	// Orders keeps service transactions' orders; GetOrder and ListOrders
 	// answer UNAVAILABLE without it, and no order is recorded.
@@ -196,9 +200,6 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	if opts.LLM == nil {
 		opts.LLM = NoLLM{}
 	}
-	if opts.CacheTTL <= 0 {
-		opts.CacheTTL = 5 * time.Second
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -221,12 +222,6 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	client := opts.HTTPClient
 	if client == nil {
 		client = newSendClient(opts.SendAllowPrivate, opts.SendLookup)
-	}
-	if opts.MessageMaxBodyBytes <= 0 {
-		opts.MessageMaxBodyBytes = 64 << 10
-	}
-	if opts.MessageTimeout <= 0 {
-		opts.MessageTimeout = 10 * time.Second
 	}
 	var (
 		dialogues *dialogue.Service

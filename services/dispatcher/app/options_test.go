@@ -1,0 +1,76 @@
+package app
+
+import (
+	"reflect"
+	"testing"
+
+	"github.com/parleyhq/parley/services/dispatcher/config"
+)
+
+// The config owns every default and the app copies it verbatim: with the
+// default flags, every limit of server.Options is the flag's value, and
+// none is left zero for New to fill in (New fills in none).
+func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
+	cfg, err := config.Load([]string{"--data", t.TempDir()}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts, err := (&App{cfg: cfg}).options()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]any{
+		"ConversationTTL":           opts.ConversationTTL,
+		"MaxConversationsPerPeer":   opts.MaxConversationsPerPeer,
+		"RoutineMaxSteps":           opts.RoutineLimits.MaxSteps,
+		"RoutineTimeout":            opts.RoutineLimits.Timeout,
+		"RoutineMaxOutputBytes":     opts.RoutineLimits.MaxOutputBytes,
+		"RoutineMaxToolCalls":       opts.RoutineLimits.MaxToolCalls,
+		"RoutineMaxAllocBytes":      opts.RoutineLimits.MaxAllocBytes,
+		"QuarantineAfter":           opts.QuarantineAfter,
+		"HandlerTimeout":            opts.HandlerTimeout,
+		"HandlerQueue":              opts.HandlerQueue,
+		"CacheTTL":                  opts.CacheTTL,
+		"NegativeCacheTTL":          opts.NegativeCacheTTL,
+		"SendTimeout":               opts.SendTimeout,
+		"SendRetries":               opts.SendRetries,
+		"SendMaxListed":             opts.SendMaxListed,
+		"SendMaxJudgeCalls":         opts.SendMaxJudge,
+		"MessageMaxBodyBytes":       opts.MessageMaxBodyBytes,
+		"MessageTimeout":            opts.MessageTimeout,
+		"MailboxStreamBatch":        opts.MailboxOptions.Batch,
+		"MailboxStreamKeepalive":    opts.MailboxOptions.Keepalive,
+		"MailboxStreamMaxDuration":  opts.MailboxOptions.MaxDuration,
+		"MailboxStreamWriteTimeout": opts.MailboxOptions.WriteTimeout,
+		"AgoraMaxBodyBytes":         httpOptions(cfg).MaxBodyBytes,
+	}
+	c := reflect.ValueOf(cfg)
+	for field, v := range got {
+		want := c.FieldByName(field)
+		if !want.IsValid() {
+			t.Fatalf("config has no field %s", field)
+		}
+		if !reflect.DeepEqual(v, want.Interface()) {
+			t.Errorf("%s: Options has %v, config %v", field, v, want.Interface())
+		}
+	}
+	// A limit added to Options without a flag would stay zero here.
+	checkNonZero(t, "Options", reflect.ValueOf(opts))
+}
+
+// checkNonZero fails for every numeric or duration field of v (a struct,
+// walked into nested structs) that is zero.
+func checkNonZero(t *testing.T, path string, v reflect.Value) {
+	t.Helper()
+	for i := range v.NumField() {
+		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
+		switch f.Kind() {
+		case reflect.Struct:
+			checkNonZero(t, name, f)
+		case reflect.Int, reflect.Int64, reflect.Uint64:
+			if f.IsZero() {
+				t.Errorf("%s is zero under the default config", name)
+			}
+		}
+	}
+}

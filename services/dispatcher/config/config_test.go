@@ -1,0 +1,42 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+// A limit that makes no sense at zero or below is refused by name, not
+// replaced by a default further down.
+func TestLoad_refusesNonPositiveLimitsByFlag(t *testing.T) {
+	for _, flag := range []string{
+		"--conversation-ttl", "--conversation-max-per-peer", "--routine-quarantine-after",
+		"--handler-timeout", "--handler-queue", "--dispatcher-cache-ttl",
+		"--agora-max-body-bytes", "--send-timeout", "--send-max-listed-protocols",
+		"--message-max-body-bytes", "--message-timeout", "--mailbox-stream-batch",
+		"--mailbox-stream-keepalive", "--mailbox-stream-max-duration", "--mailbox-stream-write-timeout",
+	} {
+		for _, v := range []string{"0", "-1"} {
+			if strings.HasSuffix(flag, "ttl") || strings.HasSuffix(flag, "timeout") ||
+				strings.HasSuffix(flag, "keepalive") || strings.HasSuffix(flag, "duration") {
+				v += "s"
+			}
+			_, err := Load([]string{"--data", t.TempDir(), flag, v}, func(string) string { return "" })
+			if err == nil || !strings.Contains(err.Error(), flag+" must be positive") {
+				t.Errorf("%s %s: got %v, want %q", flag, v, err, flag+" must be positive")
+			}
+		}
+	}
+}
+
+func TestLoad_defaultsAreValid(t *testing.T) {
+	if _, err := Load([]string{"--data", t.TempDir()}, func(string) string { return "" }); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestValidateGateway_refusesZeroBody(t *testing.T) {
+	c := Config{AgoraMaxBodyBytes: 0}
+	if err := c.ValidateGateway(); err == nil || !strings.Contains(err.Error(), "--agora-max-body-bytes") {
+		t.Fatalf("got %v", err)
+	}
+}
