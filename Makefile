@@ -104,14 +104,16 @@ unit:
 	  echo "################################################################################" >&2; \
 	  echo "# unit: PARLEY_TEST_DATABASE_URL is not set: the PostgreSQL suites are SKIPPED" >&2; \
 	  echo "# (they FAIL when CI is set). .ci/run starts a server and sets it; see" >&2; \
-	  echo "# docs/adr/0015-postgresql-backend.md to run them here." >&2; \
+	  echo "# docs/adr/0007-postgresql-backend.md to run them here." >&2; \
 	  echo "################################################################################" >&2; fi
 	go test -race -count=1 work
 
-## postman: the official Agent Protocol suite against a live `parley serve`; with AP_SUITE
-## unset it fails under CI and is skipped loudly elsewhere (scripts/postman.sh)
+## postman: the official Agent Protocol suite against a live `parley serve` (a public agent,
+## then a token one: 401 without a key, every assertion with one); with AP_SUITE unset it
+## fails under CI and is skipped loudly elsewhere (scripts/postman.sh)
 postman: $(NEWMAN)
 	scripts/postman.sh "$(AP_SUITE)"
+	@if [ -n "$(AP_SUITE)" ]; then AP_ACCESS=token scripts/postman.sh "$(AP_SUITE)"; fi
 
 ## test: everything CI checks
 test: lint check-generated check-tidy unit postman

@@ -60,7 +60,8 @@ func goList(t *testing.T, patterns ...string) map[string][]string {
 // are types, not transport, and are outside this rule.)
 func TestArch_dispatcherCoreHasNoGRPC(t *testing.T) {
 	const base = modulePrefix + "services/dispatcher/internal/"
-	concepts := []string{"inbound", "outbound", "hub", "shadow", "hosted", "negotiation", "directory", "llm", "cache", "metrics", "notify"}
+	concepts := []string{"inbound", "outbound", "hub", "shadow", "hosted", "negotiation", "directory", "llm", "cache", "metrics", "notify",
+		"mailbox", "dialogue", "protocolcontrol", "deadline", "order", "routine", "agora", "fault", "pdschema", "serviceprotocol"}
 	var patterns []string
 	for _, c := range concepts {
 		patterns = append(patterns, base+c)

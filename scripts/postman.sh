@@ -14,6 +14,12 @@
 # the run fails unless newman exited 0, the report counts more than zero
 # assertions, and none of them (nor any request or script) failed.
 #
+# With AP_ACCESS=token the default agent is switched to `token` access
+# first (`parley agent update default:agent --ap-access token`, as the
+# operator), and the suite runs twice: without a credential every Agent
+# Protocol request must get 401, then with a fresh key of the agent (the
+# collection given bearer auth) every assertion must pass.
+#
 # With no SUITE (AP_SUITE unset in `make postman`): under CI (CI set to
 # anything but "" or "false") that is a failure; elsewhere the skip is
 # announced loudly on stderr and the script exits 0. A SUITE that names no
@@ -64,11 +70,11 @@ pid=$!
 
 addr=
 for _ in $(seq 1 100); do
-	addr=$(node -e '
+	read -r addr grpc_addr < <(node -e '
 		const lines = require("fs").readFileSync(process.argv[1], "utf8").split("\n");
 		for (const l of lines) {
-			try { const j = JSON.parse(l); if (j.msg === "listening" && j.http) { console.log(j.http); break; } } catch (e) {}
-		}' "$work/server.log")
+			try { const j = JSON.parse(l); if (j.msg === "listening" && j.http) { console.log(j.http + " " + j.grpc); break; } } catch (e) {}
+		}' "$work/server.log") || true
 	[[ -n $addr ]] && break
 	kill -0 "$pid" 2>/dev/null || { echo "postman.sh: parley serve exited:" >&2; cat "$work/server.log" >&2; exit 1; }
 	sleep 0.1
@@ -88,8 +94,40 @@ node -e '
 ' "$suite" "$work/collection.json"
 printf 'Washington\n' >"$work/newman/test_output.txt"
 
+auth_args=()
+if [[ ${AP_ACCESS:-public} == token ]]; then
+	cli() { PARLEY_SERVER=$grpc_addr PARLEY_TOKEN=$(cat "$work/data/operator.token") "$work/parley" "$@"; }
+	# The server creates the default agent once it serves; wait for it.
+	for _ in $(seq 1 100); do
+		cli agent update default:agent --ap-access token >/dev/null 2>&1 && break
+		sleep 0.1
+	done
+	cli agent get default:agent | grep -q AGENT_PROTOCOL_ACCESS_TOKEN ||
+		{ echo "postman.sh: FAIL: could not switch default:agent to token access" >&2; exit 1; }
+	key=$(cli agent key create default:agent)
+	"$newman" run "$work/collection.json" --env-var "url=http://$addr" --working-dir "$work/newman" \
+		--reporters json --reporter-json-export "$work/anonymous.json" >/dev/null 2>&1 || true
+	node -e '
+		const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+		const ap = r.run.executions.filter(e => /\/ap\/v1\//.test(e.request.url.path ? "/" + e.request.url.path.join("/") : ""));
+		const open = ap.filter(e => !e.response || e.response.code !== 401);
+		if (ap.length === 0 || open.length > 0) {
+			console.error("postman.sh: FAIL: without a key, " + open.length + " of " + ap.length + " Agent Protocol requests were not refused with 401");
+			process.exit(1);
+		}
+		console.log("postman.sh: token access: all " + ap.length + " Agent Protocol requests without a key got 401");
+	' "$work/anonymous.json"
+	node -e '
+		const fs = require("fs");
+		const c = JSON.parse(fs.readFileSync(process.argv[1], "utf8"));
+		c.auth = { type: "bearer", bearer: [{ key: "token", value: "{{token}}", type: "string" }] };
+		fs.writeFileSync(process.argv[1], JSON.stringify(c));
+	' "$work/collection.json"
+	auth_args=(--env-var "token=$key")
+fi
+
 rc=0
-"$newman" run "$work/collection.json" \
+"$newman" run "$work/collection.json" "${auth_args[@]}" \
 	--env-var "url=http://$addr" \
 	--working-dir "$work/newman" \
 	--reporters cli,json \

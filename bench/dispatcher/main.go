@@ -97,18 +97,21 @@ func run(stdout io.Writer) error {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	grpcAddr, httpAddr, stop, err := startParley(ctx, *parley, filepath.Join(tmp, "data"))
+	grpcAddr, httpAddr, parleyPid, stop, err := startParley(ctx, *parley, filepath.Join(tmp, "data"))
 	if err != nil {
 		return err
 	}
 	defer stop()
 	// The setup calls need the operator token, which serve writes on first
-	// start; envelopes from peers need no credential.
-	token, err := os.ReadFile(filepath.Join(tmp, "data", "operator.token"))
-	if err != nil {
+	// start (binaries from before authentication write none); envelopes
+	// from peers need no credential.
+	setupCtx := ctx
+	if token, err := os.ReadFile(filepath.Join(tmp, "data", "operator.token")); err == nil {
+		setupCtx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+strings.TrimSpace(string(token)))
+	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("operator token: %w", err)
 	}
-	if err := setup(metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+strings.TrimSpace(string(token))), grpcAddr); err != nil {
+	if err := setup(setupCtx, grpcAddr); err != nil {
 		return err
 	}
 	agoraURL := "http://" + httpAddr + "/agora/acme/weather"
@@ -119,7 +122,7 @@ func run(stdout io.Writer) error {
 
 	// The echo runs in its own process, like parley serve, so neither shares
 	// a Go runtime with the load generator.
-	echoAddr, stopEcho, err := startEcho(ctx)
+	echoAddr, echoPid, stopEcho, err := startEcho(ctx)
 	if err != nil {
 		return err
 	}
@@ -134,13 +137,15 @@ func run(stdout io.Writer) error {
 			return fmt.Errorf("-concurrency: %q is not a positive number", cs)
 		}
 		var echoes, routines []result
-		var ratios []float64
+		var ratios, echoCPU, routineCPU []float64
 		for range max(*rounds, 1) {
-			e := load(echoURL, body, c, *duration)
-			r := load(agoraURL, body, c, *duration)
+			e := loadCPU(echoURL, body, c, *duration, echoPid)
+			r := loadCPU(agoraURL, body, c, *duration, parleyPid)
 			echoes, routines = append(echoes, e), append(routines, r)
 			ratios = append(ratios, r.rps/e.rps)
-			fmt.Fprintf(stdout, "  round: echo %.0f req/s, routine %.0f req/s, ratio %.2f\n", e.rps, r.rps, r.rps/e.rps)
+			echoCPU, routineCPU = append(echoCPU, e.cpuPerReq), append(routineCPU, r.cpuPerReq)
+			fmt.Fprintf(stdout, "  round: echo %.0f req/s, routine %.0f req/s, ratio %.2f; server CPU per request: echo %.0f µs, routine %.0f µs\n",
+				e.rps, r.rps, r.rps/e.rps, e.cpuPerReq, r.cpuPerReq)
 		}
 		for _, x := range []struct {
 			name string
@@ -149,6 +154,10 @@ func run(stdout io.Writer) error {
 			fmt.Fprintf(stdout, "%-8s %-6d %10.0f %10s %10s  errors=%d\n", x.name, c, x.res.rps, x.res.p50, x.res.p99, x.res.errors)
 		}
 		fmt.Fprintf(stdout, "ratio routine/echo at %d: median %.2f of %.2f\n", c, median(ratios), ratios)
+		// CPU per request swings less than req/s on a shared machine: it
+		// does not depend on how much of the CPU the other load leaves.
+		fmt.Fprintf(stdout, "server CPU per request at %d: echo %.0f µs, routine %.0f µs (medians); echo/routine %.2f\n",
+			c, median(echoCPU), median(routineCPU), median(echoCPU)/median(routineCPU))
 	}
 	return nil
 }
@@ -166,26 +175,26 @@ func serveEcho(stdout io.Writer) error {
 }
 
 // startEcho runs this program with -echo and returns the address it prints.
-func startEcho(ctx context.Context) (string, func(), error) {
+func startEcho(ctx context.Context) (addr string, pid int, stop func(), err error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	cmd := exec.CommandContext(ctx, self, "-echo")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", nil, err
+		return "", 0, nil, err
 	}
-	stop := func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
+	stop = func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }
 	line, err := bufio.NewReader(out).ReadString('\n')
 	if err != nil {
 		stop()
-		return "", nil, fmt.Errorf("echo process: %w", err)
+		return "", 0, nil, fmt.Errorf("echo process: %w", err)
 	}
-	return strings.TrimSpace(line), stop, nil
+	return strings.TrimSpace(line), cmd.Process.Pid, stop, nil
 }
 
 func echoHandler(w http.ResponseWriter, r *http.Request) {
@@ -200,14 +209,14 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 
 // startParley runs `parley serve` on free loopback ports and returns the
 // addresses it logged.
-func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr string, stop func(), err error) {
+func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr string, pid int, stop func(), err error) {
 	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "info")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return "", "", nil, err
+		return "", "", 0, nil, err
 	}
 	if err := cmd.Start(); err != nil {
-		return "", "", nil, err
+		return "", "", 0, nil, err
 	}
 	stop = func() {
 		_ = cmd.Process.Signal(os.Interrupt)
@@ -229,10 +238,10 @@ func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr stri
 	}()
 	select {
 	case a := <-found:
-		return a[0], a[1], stop, nil
+		return a[0], a[1], cmd.Process.Pid, stop, nil
 	case <-time.After(30 * time.Second):
 		stop()
-		return "", "", nil, errors.New("parley serve did not log its addresses within 30s")
+		return "", "", 0, nil, errors.New("parley serve did not log its addresses within 30s")
 	}
 }
 
@@ -275,10 +284,13 @@ func setup(ctx context.Context, addr string) error {
 }
 
 type result struct {
-	rps      float64
-	p50, p99 time.Duration
-	errors   int
-	lat      []time.Duration // sorted
+	rps float64
+	// cpuPerReq is the CPU the server (its process and its children, the
+	// routine workers) used per request, in µs.
+	cpuPerReq float64
+	p50, p99  time.Duration
+	errors    int
+	lat       []time.Duration // sorted
 }
 
 // summarize gives the median req/s of rs and the percentiles of all their
@@ -310,6 +322,50 @@ func median(xs []float64) float64 {
 		return s[len(s)/2]
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// loadCPU is load, with the CPU that the server pid and its children used
+// per request.
+func loadCPU(url string, body []byte, c int, d time.Duration, pid int) result {
+	before := treeCPU(pid)
+	r := load(url, body, c, d)
+	if n := len(r.lat) + r.errors; n > 0 {
+		r.cpuPerReq = float64((treeCPU(pid) - before).Microseconds()) / float64(n)
+	}
+	return r
+}
+
+// treeCPU is the user and system CPU time used so far by pid and its live
+// children, from /proc (0 where there is none).
+func treeCPU(pid int) time.Duration {
+	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
+	var total time.Duration
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// Fields after the command name, which ends at the last ')':
+		// state ppid … utime (14th field) stime (15th).
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) < 13 {
+			continue
+		}
+		self, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+		ppid, _ := strconv.Atoi(fields[1])
+		if self != pid && ppid != pid {
+			continue
+		}
+		utime, _ := strconv.ParseInt(fields[11], 10, 64)
+		stime, _ := strconv.ParseInt(fields[12], 10, 64)
+		total += time.Duration(utime+stime) * tick
+	}
+	return total
 }
 
 // load posts body to url from c workers for d and measures it.

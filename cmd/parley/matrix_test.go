@@ -31,6 +31,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcclient"
 	"github.com/parleyhq/parley/platform/serve"
@@ -961,4 +962,52 @@ func startSuite(t testing.TB, cfg suiteConfig) (*suite, string, string) {
 		s.Close()
 	})
 	return s, gl.Addr().String(), "http://" + hl.Addr().String()
+}
+
+// TestTaskOwnership: the calls on an existing task answer its agent, its
+// client and the operator, over gRPC and REST; anyone else gets NOT_FOUND,
+// as for a task that does not exist, and changes nothing.
+func TestTaskOwnership(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a suite")
+	}
+	_, fx := startMatrixSuite(t)
+	tasks := tasksv1.NewTasksServiceClient(fx.conn)
+	as := func(c caller) context.Context {
+		return metadata.AppendToOutgoingContext(t.Context(), "authorization", fx.creds[c])
+	}
+	task, err := tasks.CreateTask(as(ownAgent), &tasksv1.CreateTaskRequest{Task: &tasksv1.Task{Agent: ownAgentName}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[caller]codes.Code{
+		otherClient: codes.NotFound, otherAgent: codes.NotFound,
+		ownAgent: codes.OK, ownClient: codes.OK, operator: codes.OK,
+	}
+	for c, code := range want {
+		if _, err := tasks.GetTask(as(c), &tasksv1.GetTaskRequest{Name: task.GetName()}); status.Code(err) != code {
+			t.Errorf("GetTask(%s) as %s = %v, want %s", task.GetName(), c, err, code)
+		}
+		if _, err := tasks.ListSteps(as(c), &tasksv1.ListStepsRequest{Parent: task.GetName()}); status.Code(err) != code {
+			t.Errorf("ListSteps(%s) as %s = %v, want %s", task.GetName(), c, err, code)
+		}
+		hreq, err := http.NewRequest(http.MethodGet, fx.httpURL+"/v1/"+task.GetName(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := callREST(t.Context(), hreq, fx.creds[c]); got.status != runtime.HTTPStatusFromCode(code) {
+			t.Errorf("GET /v1/%s as %s = %d, want %d", task.GetName(), c, got.status, runtime.HTTPStatusFromCode(code))
+		}
+	}
+	// A refused change changes nothing.
+	if _, err := tasks.CancelTask(as(otherAgent), &tasksv1.CancelTaskRequest{Name: task.GetName()}); status.Code(err) != codes.NotFound {
+		t.Errorf("CancelTask as %s = %v, want NOT_FOUND", otherAgent, err)
+	}
+	got, err := tasks.GetTask(as(operator), &tasksv1.GetTaskRequest{Name: task.GetName()})
+	if err != nil || got.GetState() != task.GetState() {
+		t.Errorf("task after a refused CancelTask = %v, %v; want state %v unchanged", got, err, task.GetState())
+	}
+	if _, err := tasks.CancelTask(as(ownClient), &tasksv1.CancelTaskRequest{Name: task.GetName()}); err != nil {
+		t.Errorf("CancelTask as %s: %v", ownClient, err)
+	}
 }

@@ -21,6 +21,11 @@ import (
 //	 "recipients":["beta:bob"],
 //	 "refused":[{"agent":"gamma:carol","reason":"permission_denied","detail":"…"}]}
 
+// requestIDFlag registers --request-id on fs.
+func requestIDFlag(fs *flag.FlagSet) *string {
+	return fs.String("request-id", "", "an `ID` that makes a retry safe: a repeat within a day prints the first result and sends nothing")
+}
+
 // asFlag registers --as on fs, as `parley follow` does.
 func asFlag(fs *flag.FlagSet) *string {
 	return fs.String("as", "", "the acting agent, `CLIENT:AGENT` [the agent whose key is in --token]; needed only with the operator token")
@@ -189,6 +194,7 @@ func runSend(e env, args []string) error {
 	protocol := fs.String("protocol", "", "the dialogue's protocol, a PD's SHA-1 (`HASH`, 40 hex); its state machine, if any, is enforced")
 	recipientType := fs.String("recipient-type", "", "the role addressed, e.g. supplier [recipient]")
 	raw := fs.Bool("json", false, "TEXT is one JSON value, sent as is")
+	requestID := requestIDFlag(fs)
 	doc := clientDoc("parley send [flags] TEXT",
 		"Open a dialogue: send TEXT from the agent whose key is in --token to the agents\n(--to) and groups (--group) named. Prints the dialogue id, the message id, the\nrecipients and every recipient refused (and why) as JSON.",
 		[]envflag.Arg{argText},
@@ -205,6 +211,7 @@ func runSend(e env, args []string) error {
 		}
 		return c.SendMessage(ctx, &dispatcherv1.SendMessageRequest{
 			Sender: sender, To: to, MessageType: *typ, Protocol: strings.ToLower(*protocol), RecipientType: *recipientType, BodyJson: body,
+			RequestId: *requestID,
 		})
 	})
 }
@@ -217,6 +224,7 @@ func runBroadcast(e env, args []string) error {
 	as := asFlag(fs)
 	typ := fs.String("type", "broadcast", "the message `type`")
 	raw := fs.Bool("json", false, "TEXT is one JSON value, sent as is")
+	requestID := requestIDFlag(fs)
 	doc := clientDoc("parley broadcast [flags] TEXT",
 		"Broadcast TEXT from the agent whose key is in --token to the groups (and agents)\nnamed (--group, --to): a one-way message nobody can answer. Prints the result\nas JSON.",
 		[]envflag.Arg{argText},
@@ -230,7 +238,7 @@ func runBroadcast(e env, args []string) error {
 		if err != nil {
 			return nil, err
 		}
-		return c.BroadcastMessage(ctx, &dispatcherv1.BroadcastMessageRequest{Sender: sender, To: to, MessageType: *typ, BodyJson: body})
+		return c.BroadcastMessage(ctx, &dispatcherv1.BroadcastMessageRequest{Sender: sender, To: to, MessageType: *typ, BodyJson: body, RequestId: *requestID})
 	})
 }
 
@@ -242,6 +250,7 @@ func runReply(e env, args []string) error {
 	typ := fs.String("type", "message_response", "the message `type`")
 	recipientType := fs.String("recipient-type", "", "the role addressed [recipient]")
 	raw := fs.Bool("json", false, "TEXT is one JSON value, sent as is")
+	requestID := requestIDFlag(fs)
 	doc := clientDoc("parley reply MESSAGE_ID [--all] [flags] TEXT",
 		"Answer a message the agent whose key is in --token received: to its sender, or\nwith --all to every recipient of it too. Prints the result as JSON.",
 		[]envflag.Arg{{Name: "MESSAGE_ID", Help: "the message answered (its id, as parley listen prints it)"}, argText},
@@ -253,6 +262,7 @@ func runReply(e env, args []string) error {
 		}
 		return c.ReplyMessage(ctx, &dispatcherv1.ReplyMessageRequest{
 			Sender: sender, InReplyTo: pos[0], All: *all, MessageType: *typ, RecipientType: *recipientType, BodyJson: body,
+			RequestId: *requestID,
 		})
 	})
 }

@@ -15,8 +15,9 @@ package auth
 // PD serving and health are public by design. Registering a PD needs any
 // valid key. RPCs only services call are the operator's.
 //
-// Rules naming no resource on tasks/* and negotiations/* (whose names do
-// not carry their agent) are the operator's until ownership is looked up.
+// Rules naming no resource on negotiations/* (whose names do not carry
+// their agent) are the operator's until ownership is looked up; tasks/*
+// are checked by the tasks service itself.
 func ParleyPolicy() Policy {
 	own := Agent | Client | Operator // the agent itself, its client, the operator
 	manage := Client | Operator      // the client that owns it, the operator
@@ -147,18 +148,21 @@ func ParleyPolicy() Policy {
 		neg + "ReportShadowResult":        {Allow: Operator},
 
 		// Tasks (the v1 API; the Agent Protocol routes are below).
-		task + "CreateTask":     {Allow: own, Resource: "task.agent"},
-		task + "ListTasks":      {Allow: own, Resource: "agent"},
-		task + "GetTask":        {Allow: Operator},
-		task + "CancelTask":     {Allow: Operator},
-		task + "CreateStep":     {Allow: Operator},
-		task + "GetStep":        {Allow: Operator},
-		task + "ListSteps":      {Allow: Operator},
-		task + "WatchTask":      {Allow: Operator},
-		task + "CreateArtifact": {Allow: Operator},
-		task + "GetArtifact":    {Allow: Operator},
-		task + "ListArtifacts":  {Allow: Operator},
-		task + "ReadArtifact":   {Allow: Operator},
+		task + "CreateTask": {Allow: own, Resource: "task.agent"},
+		task + "ListTasks":  {Allow: own, Resource: "agent"},
+		// The calls on an existing task: its agent, its client and the
+		// operator (the tasks service checks, as a task's name does not
+		// carry its agent; others get NOT_FOUND).
+		task + "GetTask":        {Allow: own},
+		task + "CancelTask":     {Allow: own},
+		task + "CreateStep":     {Allow: own},
+		task + "GetStep":        {Allow: own},
+		task + "ListSteps":      {Allow: own},
+		task + "WatchTask":      {Allow: own},
+		task + "CreateArtifact": {Allow: own},
+		task + "GetArtifact":    {Allow: own},
+		task + "ListArtifacts":  {Allow: own},
+		task + "ReadArtifact":   {Allow: own},
 
 		// gRPC health is public; reflection needs a key.
 		"/grpc.health.v1.Health/Check":                                   {Allow: Anyone},

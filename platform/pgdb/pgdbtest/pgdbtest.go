@@ -74,7 +74,7 @@ func URL(t testing.TB) string {
 	}
 	switch os.Getenv("CI") {
 	case "", "false", "0":
-		t.Skip("######## SKIPPED: PostgreSQL test. " + EnvURL + " is not set; .ci/run sets it (see docs/adr/0015-postgresql-backend.md to start a server) ########")
+		t.Skip("######## SKIPPED: PostgreSQL test. " + EnvURL + " is not set; .ci/run sets it (see docs/adr/0007-postgresql-backend.md to start a server) ########")
 	default:
 		t.Fatal(EnvURL + " is not set and CI is: the PostgreSQL suites must run in CI (.ci/run starts a server)")
 	}

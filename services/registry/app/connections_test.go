@@ -269,4 +269,7 @@ func TestConnections_refusalsChangeNothing(t *testing.T) {
 			t.Errorf("ListClientGroupMembers(%s) after refusals = %v, %v; want none", client, members, err)
 		}
 	}
+	if notes, _ := r.notesAfter(t, 0); len(notes) != 0 {
+		t.Errorf("notification outbox after refusals = %v, want empty", notes)
+	}
 }

@@ -95,8 +95,10 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 // Protocol routes, health name and readiness check. It also resumes steps
 // left pending by the last run.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
-	tasksv1.RegisterTasksServiceServer(s.GRPC, a.server)
-	if err := tasksv1.RegisterTasksServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
+	// gRPC and v1 REST callers see only their own tasks; the Agent
+	// Protocol routes below use the server itself (rest.Options.TokenRequired).
+	tasksv1.RegisterTasksServiceServer(s.GRPC, a.server.Owned())
+	if err := tasksv1.RegisterTasksServiceHandlerServer(ctx, s.Gateway, a.server.Owned()); err != nil {
 		return err
 	}
 	opts := restOptions(a.cfg)

@@ -438,7 +438,12 @@ type SendMessageRequest struct {
 	// custom one.
 	RecipientType string `protobuf:"bytes,5,opt,name=recipient_type,json=recipientType,proto3" json:"recipient_type,omitempty"`
 	// The payload: one JSON value, as JSON text (e.g. "\"hello\"").
-	BodyJson      string `protobuf:"bytes,6,opt,name=body_json,json=bodyJson,proto3" json:"body_json,omitempty"`
+	BodyJson string `protobuf:"bytes,6,opt,name=body_json,json=bodyJson,proto3" json:"body_json,omitempty"`
+	// An id the caller picks (letters, digits, - and _, at most 64) so that a
+	// retry is safe: a repeat by the same sender within a day returns the
+	// first result and sends nothing (AIP-155). A failed send is not
+	// remembered.
+	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -511,6 +516,13 @@ func (x *SendMessageRequest) GetRecipientType() string {
 func (x *SendMessageRequest) GetBodyJson() string {
 	if x != nil {
 		return x.BodyJson
+	}
+	return ""
+}
+
+func (x *SendMessageRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -622,7 +634,12 @@ type ReplyMessageRequest struct {
 	// The role addressed; recipient when empty.
 	RecipientType string `protobuf:"bytes,5,opt,name=recipient_type,json=recipientType,proto3" json:"recipient_type,omitempty"`
 	// The payload: one JSON value, as JSON text.
-	BodyJson      string `protobuf:"bytes,6,opt,name=body_json,json=bodyJson,proto3" json:"body_json,omitempty"`
+	BodyJson string `protobuf:"bytes,6,opt,name=body_json,json=bodyJson,proto3" json:"body_json,omitempty"`
+	// An id the caller picks (letters, digits, - and _, at most 64) so that a
+	// retry is safe: a repeat by the same sender within a day returns the
+	// first result and sends nothing (AIP-155). A failed send is not
+	// remembered.
+	RequestId     string `protobuf:"bytes,7,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -699,6 +716,13 @@ func (x *ReplyMessageRequest) GetBodyJson() string {
 	return ""
 }
 
+func (x *ReplyMessageRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
+}
+
 // BroadcastMessageRequest is the request of BroadcastMessage.
 type BroadcastMessageRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -711,7 +735,12 @@ type BroadcastMessageRequest struct {
 	// The role addressed; recipient when empty.
 	RecipientType string `protobuf:"bytes,4,opt,name=recipient_type,json=recipientType,proto3" json:"recipient_type,omitempty"`
 	// The payload: one JSON value, as JSON text.
-	BodyJson      string `protobuf:"bytes,5,opt,name=body_json,json=bodyJson,proto3" json:"body_json,omitempty"`
+	BodyJson string `protobuf:"bytes,5,opt,name=body_json,json=bodyJson,proto3" json:"body_json,omitempty"`
+	// An id the caller picks (letters, digits, - and _, at most 64) so that a
+	// retry is safe: a repeat by the same sender within a day returns the
+	// first result and sends nothing (AIP-155). A failed send is not
+	// remembered.
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -777,6 +806,13 @@ func (x *BroadcastMessageRequest) GetRecipientType() string {
 func (x *BroadcastMessageRequest) GetBodyJson() string {
 	if x != nil {
 		return x.BodyJson
+	}
+	return ""
+}
+
+func (x *BroadcastMessageRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -1168,14 +1204,16 @@ const file_parley_dispatcher_v1_dialogue_proto_rawDesc = "" +
 	"\x05agent\x18\x01 \x01(\tR\x05agent\x12;\n" +
 	"\x06reason\x18\x02 \x01(\x0e2#.parley.dispatcher.v1.RefusalReasonR\x06reason\x12\x16\n" +
 	"\x06detail\x18\x03 \x01(\tR\x06detail\x12\x14\n" +
-	"\x05group\x18\x04 \x01(\tR\x05group\"\x8b\x02\n" +
+	"\x05group\x18\x04 \x01(\tR\x05group\"\xb0\x02\n" +
 	"\x12SendMessageRequest\x12\x1c\n" +
 	"\x06sender\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06sender\x12<\n" +
 	"\x02to\x18\x02 \x01(\v2&.parley.dispatcher.v1.DistributionListB\x04\xe2A\x01\x02R\x02to\x12'\n" +
 	"\fmessage_type\x18\x03 \x01(\tB\x04\xe2A\x01\x02R\vmessageType\x12 \n" +
 	"\bprotocol\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\bprotocol\x12+\n" +
 	"\x0erecipient_type\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\rrecipientType\x12!\n" +
-	"\tbody_json\x18\x06 \x01(\tB\x04\xe2A\x01\x02R\bbodyJson\"\xb9\x02\n" +
+	"\tbody_json\x18\x06 \x01(\tB\x04\xe2A\x01\x02R\bbodyJson\x12#\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tB\x04\xe2A\x01\x01R\trequestId\"\xb9\x02\n" +
 	"\x13SendMessageResponse\x12\x1f\n" +
 	"\vdialogue_id\x18\x01 \x01(\tR\n" +
 	"dialogueId\x12\x1d\n" +
@@ -1187,20 +1225,24 @@ const file_parley_dispatcher_v1_dialogue_proto_rawDesc = "" +
 	"\n" +
 	"recipients\x18\x05 \x03(\tR\n" +
 	"recipients\x12B\n" +
-	"\brefusals\x18\x06 \x03(\v2&.parley.dispatcher.v1.RecipientRefusalR\brefusals\"\xea\x01\n" +
+	"\brefusals\x18\x06 \x03(\v2&.parley.dispatcher.v1.RecipientRefusalR\brefusals\"\x8f\x02\n" +
 	"\x13ReplyMessageRequest\x12\x1c\n" +
 	"\x06sender\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06sender\x12$\n" +
 	"\vin_reply_to\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\tinReplyTo\x12\x16\n" +
 	"\x03all\x18\x03 \x01(\bB\x04\xe2A\x01\x01R\x03all\x12'\n" +
 	"\fmessage_type\x18\x04 \x01(\tB\x04\xe2A\x01\x02R\vmessageType\x12+\n" +
 	"\x0erecipient_type\x18\x05 \x01(\tB\x04\xe2A\x01\x01R\rrecipientType\x12!\n" +
-	"\tbody_json\x18\x06 \x01(\tB\x04\xe2A\x01\x02R\bbodyJson\"\xee\x01\n" +
+	"\tbody_json\x18\x06 \x01(\tB\x04\xe2A\x01\x02R\bbodyJson\x12#\n" +
+	"\n" +
+	"request_id\x18\a \x01(\tB\x04\xe2A\x01\x01R\trequestId\"\x93\x02\n" +
 	"\x17BroadcastMessageRequest\x12\x1c\n" +
 	"\x06sender\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06sender\x12<\n" +
 	"\x02to\x18\x02 \x01(\v2&.parley.dispatcher.v1.DistributionListB\x04\xe2A\x01\x02R\x02to\x12'\n" +
 	"\fmessage_type\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\vmessageType\x12+\n" +
 	"\x0erecipient_type\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\rrecipientType\x12!\n" +
-	"\tbody_json\x18\x05 \x01(\tB\x04\xe2A\x01\x02R\bbodyJson\"\xa7\x03\n" +
+	"\tbody_json\x18\x05 \x01(\tB\x04\xe2A\x01\x02R\bbodyJson\x12#\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tB\x04\xe2A\x01\x01R\trequestId\"\xa7\x03\n" +
 	"\bDialogue\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\bR\x04name\x12\"\n" +
 	"\tinitiator\x18\x02 \x01(\tB\x04\xe2A\x01\x03R\tinitiator\x12G\n" +

@@ -242,6 +242,9 @@ type Message struct {
 	Protocol      string // openers only; replies keep the dialogue's
 	RecipientType string
 	Body          []byte // one JSON value
+	// RequestID, when set, makes a repeat of the same send return the
+	// first result instead of sending again (per sender, for a day).
+	RequestID string
 }
 
 // Result is what a sent message became.
@@ -323,6 +326,10 @@ func (s *Service) machine(ctx context.Context, hash string) (Machine, error) {
 // subscription for a broadcast, service for a service request) from
 // sender to the recipients of l.
 func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category, l List, m Message) (Result, error) {
+	return s.once(ctx, sender, m.RequestID, func() (Result, error) { return s.open(ctx, sender, cat, l, m) })
+}
+
+func (s *Service) open(ctx context.Context, sender string, cat mailbox.Category, l List, m Message) (Result, error) {
 	candidates, err := s.resolver.Resolve(ctx, sender, l)
 	if err != nil {
 		return Result{}, err
@@ -395,6 +402,10 @@ func (s *Service) Open(ctx context.Context, sender string, cat mailbox.Category,
 // Reply answers message inReplyTo as sender: to its sender, or with all
 // to its sender and every recipient of it but sender.
 func (s *Service) Reply(ctx context.Context, sender, inReplyTo string, all bool, m Message) (Result, error) {
+	return s.once(ctx, sender, m.RequestID, func() (Result, error) { return s.reply(ctx, sender, inReplyTo, all, m) })
+}
+
+func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool, m Message) (Result, error) {
 	notReceived := fault.New(ErrNotReceived, fmt.Sprintf("%s did not receive message %q, so it cannot answer it", sender, inReplyTo))
 	answered, err := s.store.GetDialogueMessage(ctx, inReplyTo)
 	if errors.Is(err, store.ErrNotFound) {

@@ -378,3 +378,46 @@ func TestProtocolControl(t *testing.T) {
 		t.Fatal("read-only AddMessage wrote")
 	}
 }
+
+func TestRequestID_repeatReturnsTheFirstResult(t *testing.T) {
+	e := newEnv(t, dialogue.Options{})
+	ctx := t.Context()
+	m := text("once")
+	m.RequestID = "req-1"
+	first, err := e.svc.Open(ctx, alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.svc.Open(ctx, alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, m)
+	if err != nil || again.MessageID != first.MessageID || again.DialogueID != first.DialogueID || !slices.Equal(again.Recipients, first.Recipients) {
+		t.Errorf("repeated Open = %+v, %v; want the first result %+v", again, err, first)
+	}
+	if n := len(e.mail.of(bob)); n != 1 {
+		t.Errorf("bob holds %d messages after a repeated request, want 1", n)
+	}
+	// The same id from another sender is another request.
+	if other, err := e.svc.Open(ctx, carol, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, m); err != nil || other.MessageID == first.MessageID {
+		t.Errorf("Open(carol, same request_id) = %+v, %v; want a send of its own", other, err)
+	}
+	// A failed send is forgotten: its repeat runs again.
+	m.RequestID = "req-2"
+	if _, err := e.svc.Open(ctx, alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{dave}}, m); !errors.Is(err, dialogue.ErrPermission) {
+		t.Fatalf("Open(dave) = %v, want ErrPermission", err)
+	}
+	if _, err := e.svc.Open(ctx, alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, m); err != nil {
+		t.Errorf("repeat of a failed request = %v, want it to run", err)
+	}
+	// Replies too.
+	r := text("yes")
+	r.RequestID = "req-3"
+	r1, err := e.svc.Reply(ctx, bob, first.MessageID, false, r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2, err := e.svc.Reply(ctx, bob, first.MessageID, false, r); err != nil || r2.MessageID != r1.MessageID {
+		t.Errorf("repeated Reply = %+v, %v; want %s", r2, err, r1.MessageID)
+	}
+	if n := len(e.mail.of(alice)); n != 1 {
+		t.Errorf("alice holds %d replies after a repeated request, want 1", n)
+	}
+}

@@ -43,8 +43,14 @@ def reply(query, memory):
 	// cpu-ns/op is the CPU the call costs the server and its workers
 	// together: at high concurrency on a busy machine throughput follows
 	// it, not the latency of one call.
-	cpu0 := cpuTime(pool)
-	defer func() { b.ReportMetric(float64(cpuTime(pool)-cpu0)/float64(b.N), "cpu-ns/op") }()
+	// switches/op counts the threads' voluntary context switches (each a
+	// sleep and a wake-up): a count, so a loaded machine does not move it.
+	cpu0, sw0 := cpuTime(pool)
+	defer func() {
+		cpu, sw := cpuTime(pool)
+		b.ReportMetric(float64(cpu-cpu0)/float64(b.N), "cpu-ns/op")
+		b.ReportMetric(float64(sw-sw0)/float64(b.N), "switches/op")
+	}()
 	if par == 1 {
 		for b.Loop() {
 			if _, _, err := p.Call(b.Context(), "reply", args, json.RawMessage(`{}`)); err != nil {
@@ -65,22 +71,29 @@ def reply(query, memory):
 }
 
 // cpuTime is the CPU time, in ns, this process and the pool's live workers
-// have used: the sum of their threads' /proc schedstat (0 where there is
-// no /proc).
-func cpuTime(pool *Pool) int64 {
+// have used, and their threads' voluntary context switches: sums over their
+// threads' /proc schedstat and status (0 where there is no /proc).
+func cpuTime(pool *Pool) (ns, switches int64) {
 	pids := append([]int{os.Getpid()}, pool.Stats().Workers...)
-	var total int64
 	for _, pid := range pids {
-		stats, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "schedstat"))
-		for _, f := range stats {
-			b, err := os.ReadFile(f)
+		tasks, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*"))
+		for _, task := range tasks {
+			if b, err := os.ReadFile(filepath.Join(task, "schedstat")); err == nil {
+				if v, err := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64); err == nil {
+					ns += v
+				}
+			}
+			b, err := os.ReadFile(filepath.Join(task, "status"))
 			if err != nil {
 				continue
 			}
-			if ns, err := strconv.ParseInt(strings.Fields(string(b))[0], 10, 64); err == nil {
-				total += ns
+			for line := range strings.Lines(string(b)) {
+				if v, ok := strings.CutPrefix(line, "voluntary_ctxt_switches:"); ok {
+					n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					switches += n
+				}
 			}
 		}
 	}
-	return total
+	return ns, switches
 }

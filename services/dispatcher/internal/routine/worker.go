@@ -74,6 +74,7 @@ func ServeWorker() int {
 		w:        bufio.NewWriterSize(out, 64<<10),
 		programs: map[string]*Program{},
 		cpuLife:  uint64(life),
+		cpuSoft:  uint64(life),
 	}
 	if err := w.serve(); !errors.Is(err, io.EOF) {
 		fmt.Fprintf(os.Stderr, "routine worker: %v\n", err)
@@ -90,7 +91,9 @@ type workerConn struct {
 	r        *bufio.Reader
 	w        *bufio.Writer
 	programs map[string]*Program
-	cpuLife  uint64 // the hard RLIMIT_CPU, seconds
+	cpuLife  uint64        // the hard RLIMIT_CPU, seconds
+	cpuSoft  uint64        // the soft RLIMIT_CPU set last, seconds
+	cpu      time.Duration // the CPU used at the end of the last run
 }
 
 // armCPU sets the soft CPU limit so that the run about to start can use
@@ -100,10 +103,21 @@ type workerConn struct {
 // is the kernel's, and holds even if the server cannot kill in time. The
 // soft limit never passes the hard one, the worker's whole life (the pool
 // replaces a worker at half of it).
+//
+// It costs no system call in most runs: the CPU used is the figure read at
+// the end of the last run (the worker uses none while it waits), and the
+// limit, in whole seconds, changes about once per second of CPU.
 func (c *workerConn) armCPU(budget time.Duration) {
-	used := cpuUsed()
-	soft := min(uint64((used+budget+time.Second-1)/time.Second)+1, c.cpuLife)
-	_ = limitCPU(soft, c.cpuLife)
+	soft := min(uint64((c.cpu+budget+time.Second-1)/time.Second)+1, c.cpuLife)
+	if soft != c.cpuSoft && limitCPU(soft, c.cpuLife) == nil {
+		c.cpuSoft = soft
+	}
+}
+
+// usedCPU reads the CPU used so far, for the pool and the next armCPU.
+func (c *workerConn) usedCPU() []byte {
+	c.cpu = cpuUsed()
+	return putInt(int64(c.cpu))
 }
 
 func (c *workerConn) serve() error {
@@ -167,6 +181,7 @@ func (c *workerConn) compile(f [][]byte) error {
 		clear(c.programs)
 	}
 	c.programs[key] = p
+	c.usedCPU() // top-level code ran: the next armCPU counts it
 	return writeFrame(c.w, frameCompiled, []byte(strings.Join(sortedCallables(p), "\n")), []byte(strings.Join(p.functions(), "\n")))
 }
 
@@ -224,7 +239,7 @@ func (c *workerConn) call(f [][]byte) error {
 	if err != nil {
 		return c.fail(err)
 	}
-	return writeFrame(c.w, frameDone, out, putBool(mem != nil), mem, putInt(int64(cpuUsed())))
+	return writeFrame(c.w, frameDone, out, putBool(mem != nil), mem, c.usedCPU())
 }
 
 func (c *workerConn) fail(err error) error {
@@ -233,5 +248,5 @@ func (c *workerConn) fail(err error) error {
 	if len(msg) > maxErrorText {
 		msg = strings.ToValidUTF8(msg[:maxErrorText], "") + "…"
 	}
-	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(msg), putInt(int64(cpuUsed())))
+	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(msg), c.usedCPU())
 }

@@ -50,7 +50,7 @@ func (s *Server) SendMessage(ctx context.Context, req *dispatcherv1.SendMessageR
 	var v grpcerr.Violations
 	checkSender(&v, req.GetSender())
 	list := checkList(&v, req.GetTo())
-	m := s.checkMessage(&v, req.GetMessageType(), req.GetRecipientType(), req.GetBodyJson(), true)
+	m := s.checkMessage(&v, req.GetMessageType(), req.GetRecipientType(), req.GetBodyJson(), req.GetRequestId())
 	if p := req.GetProtocol(); p != "" && !isHex40(p) {
 		v.Add("protocol", "must be 40 lowercase hex characters (a PD's SHA-1)")
 	}
@@ -67,7 +67,7 @@ func (s *Server) BroadcastMessage(ctx context.Context, req *dispatcherv1.Broadca
 	if typ == "" {
 		typ = "broadcast"
 	}
-	m := s.checkMessage(&v, typ, req.GetRecipientType(), req.GetBodyJson(), true)
+	m := s.checkMessage(&v, typ, req.GetRecipientType(), req.GetBodyJson(), req.GetRequestId())
 	return s.open(ctx, v, req.GetSender(), mailbox.CategorySubscription, list, m)
 }
 
@@ -91,7 +91,7 @@ func (s *Server) ReplyMessage(ctx context.Context, req *dispatcherv1.ReplyMessag
 	if !validMessageID(req.GetInReplyTo()) {
 		v.Add("in_reply_to", "must be a message id (letters, digits, - and _, at most 64)")
 	}
-	m := s.checkMessage(&v, req.GetMessageType(), req.GetRecipientType(), req.GetBodyJson(), true)
+	m := s.checkMessage(&v, req.GetMessageType(), req.GetRecipientType(), req.GetBodyJson(), req.GetRequestId())
 	ctx, cancel, err := s.begin(ctx, v)
 	if err != nil {
 		return nil, err
@@ -226,7 +226,7 @@ var scopes = map[dispatcherv1.GroupScope]dialogue.Scope{
 }
 
 // checkMessage validates what the sender chooses of a message.
-func (s *Server) checkMessage(v *grpcerr.Violations, typ, recipientType, body string, bodyRequired bool) dialogue.Message {
+func (s *Server) checkMessage(v *grpcerr.Violations, typ, recipientType, body, requestID string) dialogue.Message {
 	switch {
 	case !validToken(typ):
 		v.Add("message_type", "is required: letters, digits, _ - or ., at most 64")
@@ -239,14 +239,17 @@ func (s *Server) checkMessage(v *grpcerr.Violations, typ, recipientType, body st
 		v.Add("recipient_type", "must be letters, digits, _ - or ., at most 64")
 	}
 	switch {
-	case body == "" && bodyRequired:
+	case body == "":
 		v.Add("body_json", "is required: one JSON value, such as \"\\\"hello\\\"\"")
 	case int64(len(body)) > s.opts.MessageMaxBodyBytes:
 		v.Add("body_json", fmt.Sprintf("is %d bytes, over the limit of %d", len(body), s.opts.MessageMaxBodyBytes))
 	case !json.Valid([]byte(body)):
 		v.Add("body_json", "must be one JSON value")
 	}
-	return dialogue.Message{Type: typ, RecipientType: recipientType, Body: []byte(body)}
+	if requestID != "" && !validMessageID(requestID) {
+		v.Add("request_id", "must be letters, digits, - and _, at most 64")
+	}
+	return dialogue.Message{Type: typ, RecipientType: recipientType, Body: []byte(body), RequestID: requestID}
 }
 
 func validToken(s string) bool {

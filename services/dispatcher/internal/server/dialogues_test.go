@@ -386,3 +386,19 @@ func TestSendMessage_protocolControl(t *testing.T) {
 		t.Errorf("alice's mailbox = %+v, want the offer under the protocol", got)
 	}
 }
+
+func TestSendMessage_requestIDRepeatSendsOnce(t *testing.T) {
+	e := startNetwork(t)
+	body := `{"to":{"direct":["` + netBob + `"]},"messageType":"new_message","bodyJson":"1","requestId":"retry-7"}`
+	code1, first := e.post("/v1/"+netAlice+"/messages:send", body)
+	code2, again := e.post("/v1/"+netAlice+"/messages:send", body)
+	if code1 != http.StatusOK || code2 != http.StatusOK || first != again {
+		t.Errorf("POST messages:send twice with one requestId = %d %s, then %d %s; want the same result", code1, first, code2, again)
+	}
+	if n := len(e.inbox(netBob)); n != 1 {
+		t.Errorf("bob holds %d messages, want 1", n)
+	}
+	if code, out := e.post("/v1/"+netAlice+"/messages:send", strings.Replace(body, "retry-7", "not ok", 1)); code != http.StatusBadRequest || !strings.Contains(out, "request_id") {
+		t.Errorf("POST with a bad requestId = %d %s, want 400 naming request_id", code, out)
+	}
+}

@@ -66,6 +66,7 @@ var statusRules = []statusRule{
 	// recipient accepted) wraps one of the recipient kinds; its metadata
 	// names each refusal (toStatus).
 	{dialogue.ErrNotReceived, codes.PermissionDenied, "MESSAGE_NOT_RECEIVED"},
+	{dialogue.ErrRequestInProgress, codes.Aborted, "REQUEST_IN_PROGRESS"},
 	{dialogue.ErrBroadcast, codes.PermissionDenied, "BROADCAST_NOT_ANSWERABLE"},
 	{dialogue.ErrClosed, codes.FailedPrecondition, "DIALOGUE_CLOSED"},
 	{dialogue.ErrUnknownProtocol, codes.FailedPrecondition, "REFERENCE_NOT_FOUND"},

@@ -19,6 +19,7 @@ package server
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/http"
 	"time"
@@ -264,9 +265,15 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 
 // Sweep removes conversations that expired more than a day ago, keeping
 // recent ones as tombstones so that late follow-ups get "Conversation
-// expired" rather than 404. app runs it periodically.
+// expired" rather than 404. It also forgets the day-old request_ids of
+// network sends. app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
-	return s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
+	n, err := s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
+	if s.dialogues != nil {
+		_, rerr := s.dialogues.SweepRequests(ctx)
+		err = errors.Join(err, rerr)
+	}
+	return n, err
 }
 
 // Collectors returns the server's metrics, for the app to register on the

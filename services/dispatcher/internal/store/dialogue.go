@@ -104,6 +104,17 @@ type DialogueView interface {
 	PairState(p Pair) json.RawMessage
 }
 
+// Request is a send made with a request_id (AIP-155): pending while it
+// runs, then done with its result, which a repeat gets instead of sending
+// again.
+type Request struct {
+	Sender string          `json:"sender"`
+	ID     string          `json:"id"`
+	Time   time.Time       `json:"time"` // when it started
+	Done   bool            `json:"done,omitempty"`
+	Result json.RawMessage `json:"result,omitempty"` // the core's, opaque here
+}
+
 // DialogueStore keeps the network's dialogues: who took part, who received
 // which message, the close filters, and per-pair protocol state. Every
 // method checks ctx first.
@@ -139,4 +150,16 @@ type DialogueStore interface {
 	// in that is open for it (neither closed for all nor by it), in one
 	// transaction, and returns how many it changed (mutate reports that).
 	UpdateAgentDialogues(ctx context.Context, agent string, mutate func(*Dialogue, *Participant) (bool, error)) (int, error)
+
+	// BeginRequest records request (sender, id) as pending, started at
+	// now, unless it is recorded: then it returns the record and true. A
+	// pending record started before stale is taken over (its send died
+	// with its process) as if absent.
+	BeginRequest(ctx context.Context, sender, id string, now, stale time.Time) (Request, bool, error)
+	// FinishRequest marks the request done with result; a nil result
+	// forgets the request, so that a repeat runs again.
+	FinishRequest(ctx context.Context, sender, id string, result json.RawMessage) error
+	// SweepRequests removes requests started before before and returns
+	// how many.
+	SweepRequests(ctx context.Context, before time.Time) (int, error)
 }

@@ -1,6 +1,7 @@
 package groups
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
@@ -84,7 +85,10 @@ func RegionsMatch(want, have []*registryv1.Region) bool {
 // restricted_private group, as for a missing one; GROUP_MEMBERS_ONLY for
 // a restricted_public one). Recipients come sorted by name, refusals in
 // the order found.
-func Resolve(r store.GroupReader, l List) (*registryv1.ResolveRecipientsResponse, error) {
+//
+// Resolve stops with ctx's error when ctx ends, checked per group and
+// every 1024 members.
+func Resolve(ctx context.Context, r store.GroupReader, l List) (*registryv1.ResolveRecipientsResponse, error) {
 	resp := &registryv1.ResolveRecipientsResponse{}
 	viaGroup := map[string]bool{} // agent → reached through an addressable group
 	refuseGroup := func(path, reason, msg string) {
@@ -105,6 +109,9 @@ func Resolve(r store.GroupReader, l List) (*registryv1.ResolveRecipientsResponse
 			return nil, err
 		}
 		for _, sg := range reached {
+			if err := ctx.Err(); err != nil {
+				return nil, err
+			}
 			ok, err := mayAddress(r, sg, l.Sender)
 			if err != nil {
 				return nil, err
@@ -121,7 +128,11 @@ func Resolve(r store.GroupReader, l List) (*registryv1.ResolveRecipientsResponse
 				}
 				continue
 			}
+			seen := 0
 			err = r.EachMember(sg.GetPath(), func(m *registryv1.GroupMember) error {
+				if seen++; seen%1024 == 0 && ctx.Err() != nil {
+					return ctx.Err()
+				}
 				if RegionsMatch(l.Regions, m.GetRegions()) {
 					viaGroup[m.GetAgent()] = true
 				}

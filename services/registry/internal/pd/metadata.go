@@ -11,6 +11,8 @@ import (
 
 	"github.com/santhosh-tekuri/jsonschema/v6"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/parleyhq/parley/platform/jsondepth"
 )
 
 // ErrInvalidMetadata reports a metadata block that cannot be used: bad YAML
@@ -74,6 +76,9 @@ func Parse(content []byte, opts Options) (*Metadata, error) {
 	var root yaml.Node
 	if layout != LayoutNone {
 		err := yaml.Unmarshal(block, &root)
+		if err == nil && yamlTooDeep(&root, jsondepth.Max) {
+			err = fmt.Errorf("mappings and sequences nested more than %d levels deep", jsondepth.Max)
+		}
 		switch {
 		case err != nil && layout == LayoutFrontMatter:
 			return nil, fmt.Errorf("metadata block is not valid YAML (%s): %w", oneLine(err.Error()), ErrInvalidMetadata)
@@ -226,6 +231,24 @@ func isRule(line []byte) bool {
 	return string(bytes.TrimSuffix(line, []byte("\r"))) == "---"
 }
 
+// yamlTooDeep reports whether n holds mappings and sequences nested more
+// than limit deep. Aliases are not followed: what they name is walked where
+// it is defined (and schemaJSON checks a schema after expansion).
+func yamlTooDeep(n *yaml.Node, limit int) bool {
+	if n.Kind == yaml.MappingNode || n.Kind == yaml.SequenceNode {
+		if limit == 0 {
+			return true
+		}
+		limit--
+	}
+	for _, c := range n.Content {
+		if yamlTooDeep(c, limit) {
+			return true
+		}
+	}
+	return false
+}
+
 // scalarText returns a scalar's text; numbers and booleans keep their
 // spelling. Null is an error, as are mappings and sequences.
 func scalarText(v *yaml.Node) (string, error) {
@@ -240,6 +263,9 @@ func scalarText(v *yaml.Node) (string, error) {
 func schemaJSON(v *yaml.Node, where string) (string, error) {
 	var doc any
 	if v.Kind == yaml.ScalarNode && v.Tag == "!!str" {
+		if err := jsondepth.CheckString(v.Value, jsondepth.Max); err != nil {
+			return "", fmt.Errorf("is nested more than %d levels deep", jsondepth.Max)
+		}
 		if err := json.Unmarshal([]byte(v.Value), &doc); err != nil {
 			return "", fmt.Errorf("is a string but not JSON: %s", oneLine(err.Error()))
 		}
@@ -253,6 +279,10 @@ func schemaJSON(v *yaml.Node, where string) (string, error) {
 	raw, err := json.Marshal(doc)
 	if err != nil {
 		return "", err
+	}
+	// YAML aliases can nest a schema deeper than its text shows.
+	if err := jsondepth.Check(raw, jsondepth.Max); err != nil {
+		return "", fmt.Errorf("is nested more than %d levels deep", jsondepth.Max)
 	}
 	if err := compileSchema(raw, where); err != nil {
 		return "", err

@@ -229,6 +229,9 @@ func TestParse_rejectsInvalidMetadata(t *testing.T) {
 		{"state machine always allowed undeclared", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a}], alwaysAllowed: [z]}\n---\nx", Options{}, `alwaysAllowed[0]: "z"`},
 		{"state machine empty", "---\nstateMachine: {}\n---\nx", Options{}, "roles: must list"},
 		{"state machine message schema", "---\nstateMachine: {roles: [a], messages: [{type: m, sender: a, schema: {minimum: x}}]}\n---\nx", Options{}, "messages[0].schema"},
+		{"front matter nested 65 levels", "---\nx: " + strings.Repeat("[", 65) + strings.Repeat("]", 65) + "\n---\nx", Options{}, "64 levels"},
+		{"schema string nested 65 levels", "---\nresponseSchema: '" + strings.Repeat(`{"not":`, 65) + "{}" + strings.Repeat("}", 65) + "'\n---\nx", Options{}, "64 levels"},
+		{"schema nested 65 levels through aliases", "---\nx: &a " + strings.Repeat("{not: ", 40) + "{}" + strings.Repeat("}", 40) + "\nrequestSchema: " + strings.Repeat("{not: ", 30) + "*a" + strings.Repeat("}", 30) + "\n---\nx", Options{}, "64 levels"},
 		{"strict without metadata", "text", Options{Strict: true}, "strict"},
 		{"strict missing key", "---\nname: a\ndescription: b\n---\nx", Options{Strict: true}, "multiround"},
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"time"
 	"unicode/utf8"
 
 	"google.golang.org/grpc/codes"
@@ -40,6 +41,7 @@ const (
 	maxPayment               = 512
 	maxNotificationsWait     = 30 // seconds
 	defaultNotificationsPage = 100
+	resolveTimeout           = 10 * time.Second // one ResolveRecipients
 )
 
 // groupErr maps the group rules' refusals; others go to toStatus.
@@ -600,10 +602,14 @@ func (s *Server) ResolveRecipients(ctx context.Context, req *registryv1.ResolveR
 	if err := v.Err(reasonDistributionList, Domain); err != nil {
 		return nil, err
 	}
+	// One list reads at most a few hundred thousand memberships; the bound
+	// stops a runaway one from holding a read transaction open.
+	ctx, cancel := context.WithTimeout(ctx, resolveTimeout)
+	defer cancel()
 	var out *registryv1.ResolveRecipientsResponse
 	err := s.store.ViewGroups(ctx, func(r store.GroupReader) error {
 		var err error
-		out, err = groups.Resolve(r, groups.List{Sender: req.GetSender(), Direct: req.GetDirect(), Groups: req.GetGroups(), Regions: req.GetRegions()})
+		out, err = groups.Resolve(ctx, r, groups.List{Sender: req.GetSender(), Direct: req.GetDirect(), Groups: req.GetGroups(), Regions: req.GetRegions()})
 		return err
 	})
 	if err != nil {

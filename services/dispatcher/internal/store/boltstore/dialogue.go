@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -30,11 +31,14 @@ var (
 	// bucketDialoguePairs: dialogue id + 0x00 + agent A + 0x00 + agent B
 	// (A < B) → the pair's protocol state, opaque JSON.
 	bucketDialoguePairs = []byte("dialogue_pairs")
+	// bucketDialogueRequests: sender + 0x00 + request id → JSON
+	// store.Request.
+	bucketDialogueRequests = []byte("dialogue_requests")
 )
 
 var dialogueBuckets = [][]byte{
 	bucketDialogues, bucketDialogueMessages, bucketDialogueReceipts,
-	bucketDialogueParticipants, bucketAgentDialogues, bucketDialoguePairs,
+	bucketDialogueParticipants, bucketAgentDialogues, bucketDialoguePairs, bucketDialogueRequests,
 }
 
 var _ store.DialogueStore = (*Store)(nil)
@@ -376,6 +380,90 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 				return err
 			}
 		}
+		return nil
+	})
+	return n, err
+}
+
+// BeginRequest implements store.DialogueStore.
+func (s *Store) BeginRequest(ctx context.Context, sender, id string, now, stale time.Time) (store.Request, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Request{}, false, err
+	}
+	var (
+		rec   store.Request
+		found bool
+	)
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		rec, found = store.Request{}, false
+		b := tx.Bucket(bucketDialogueRequests)
+		k := join(sender, id)
+		ok, err := getJSON(b, k, &rec)
+		if err != nil {
+			return err
+		}
+		if ok && (rec.Done || !rec.Time.Before(stale)) {
+			found = true
+			return nil
+		}
+		rec = store.Request{Sender: sender, ID: id, Time: now}
+		return putJSON(b, k, rec)
+	})
+	if err != nil || !found {
+		return store.Request{}, false, err
+	}
+	return rec, true, nil
+}
+
+// FinishRequest implements store.DialogueStore.
+func (s *Store) FinishRequest(ctx context.Context, sender, id string, result json.RawMessage) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketDialogueRequests)
+		k := join(sender, id)
+		if result == nil {
+			return b.Delete(k)
+		}
+		var rec store.Request
+		if ok, err := getJSON(b, k, &rec); err != nil || !ok {
+			return err
+		}
+		rec.Done, rec.Result = true, result
+		return putJSON(b, k, rec)
+	})
+}
+
+// SweepRequests implements store.DialogueStore.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	var n int
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		b := tx.Bucket(bucketDialogueRequests)
+		var old [][]byte // collected first: never delete while walking a cursor
+		err := b.ForEach(func(k, v []byte) error {
+			var rec store.Request
+			if err := json.Unmarshal(v, &rec); err != nil {
+				return err
+			}
+			if rec.Time.Before(before) {
+				old = append(old, bytes.Clone(k))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range old {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		n = len(old)
 		return nil
 	})
 	return n, err

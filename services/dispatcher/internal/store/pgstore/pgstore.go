@@ -1,6 +1,6 @@
 // Package pgstore is the dispatcher's PostgreSQL backend of store.Store
 // (routines, tools, conversations, send counts), for several replicas on
-// one database (docs/adr/0015-postgresql-backend.md). It passes storetest.
+// one database (docs/adr/0007-postgresql-backend.md). It passes storetest.
 // The network stores (DialogueStore, TimerStore, the mailboxes' and the
 // orders') are bbolt only so far, so the dispatcher app does not use this
 // package yet; each follows the same pattern when it gets its tables: a

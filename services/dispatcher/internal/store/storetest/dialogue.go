@@ -15,6 +15,46 @@ func RunDialogues(t *testing.T, open func(t *testing.T) store.DialogueStore) {
 	t.Run("create and answer", func(t *testing.T) { testDialogueAnswer(t, open(t)) })
 	t.Run("retract", func(t *testing.T) { testDialogueRetract(t, open(t)) })
 	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
+	t.Run("requests", func(t *testing.T) { testDialogueRequests(t, open(t)) })
+}
+
+func testDialogueRequests(t *testing.T, s store.DialogueStore) {
+	ctx := t.Context()
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	if _, found, err := s.BeginRequest(ctx, alice, "r1", t0, t0.Add(-time.Minute)); err != nil || found {
+		t.Fatalf("BeginRequest(new) = found %v, %v; want a new pending record", found, err)
+	}
+	rec, found, err := s.BeginRequest(ctx, alice, "r1", t0.Add(time.Second), t0.Add(-time.Minute))
+	if err != nil || !found || rec.Done || !rec.Time.Equal(t0) {
+		t.Errorf("BeginRequest(pending) = %+v, %v, %v; want the pending record of t0", rec, found, err)
+	}
+	if _, found, _ := s.BeginRequest(ctx, bob, "r1", t0, t0.Add(-time.Minute)); found {
+		t.Error("BeginRequest(bob, r1) found alice's request: ids are per sender")
+	}
+	// A pending record older than stale is taken over.
+	if _, found, _ := s.BeginRequest(ctx, alice, "r1", t0.Add(2*time.Minute), t0.Add(time.Minute)); found {
+		t.Error("BeginRequest over a stale pending record found it, want it taken over")
+	}
+	if err := s.FinishRequest(ctx, alice, "r1", json.RawMessage(`{"m":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	rec, found, err = s.BeginRequest(ctx, alice, "r1", t0.Add(time.Hour), t0.Add(time.Hour))
+	if err != nil || !found || !rec.Done || string(rec.Result) != `{"m":1}` {
+		t.Errorf("BeginRequest(done) = %+v, %v, %v; want the result, even past stale", rec, found, err)
+	}
+	// Forgetting lets a repeat run again.
+	if err := s.FinishRequest(ctx, bob, "r1", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, _ := s.BeginRequest(ctx, bob, "r1", t0, t0); found {
+		t.Error("BeginRequest after FinishRequest(nil) found the request")
+	}
+	if n, err := s.SweepRequests(ctx, t0.Add(time.Minute)); err != nil || n != 1 {
+		t.Errorf("SweepRequests = %d, %v; want 1 (bob's, started at t0)", n, err)
+	}
+	if n, err := s.SweepRequests(ctx, t0.Add(3*time.Minute)); err != nil || n != 1 {
+		t.Errorf("SweepRequests later = %d, %v; want 1 (alice's)", n, err)
+	}
 }
 
 // alice, bob and carol are the mailbox suite's agents.

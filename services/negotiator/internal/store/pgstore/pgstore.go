@@ -1,5 +1,5 @@
 // Package pgstore is the negotiator's PostgreSQL backend, for running
-// several replicas on one database (docs/adr/0015-postgresql-backend.md).
+// several replicas on one database (docs/adr/0007-postgresql-backend.md).
 // Its tables live in their own schema, created and migrated by Open from
 // the embedded migrations/*.sql.
 package pgstore

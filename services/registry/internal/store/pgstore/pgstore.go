@@ -1,5 +1,5 @@
 // Package pgstore is the registry's PostgreSQL backend, for running several
-// replicas on one database (docs/adr/0015-postgresql-backend.md). Its
+// replicas on one database (docs/adr/0007-postgresql-backend.md). Its
 // tables live in their own schema, created and migrated by Open from the
 // embedded migrations/*.sql. Values are proto.Marshal'ed registryv1
 // messages, as in boltstore.

@@ -1,5 +1,5 @@
 // Package pgstore is the tasks service's PostgreSQL backend, for running
-// several replicas on one database (docs/adr/0015-postgresql-backend.md):
+// several replicas on one database (docs/adr/0007-postgresql-backend.md):
 // task, step and artifact metadata (Store) and artifact bytes (Blobs, in
 // blobs.go), so that no shared volume is needed. Its tables live in their
 // own schema, created and migrated by Open from the embedded

@@ -1,6 +1,8 @@
 package groups_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -48,7 +50,7 @@ func BenchmarkResolve(b *testing.B) {
 				var resp *registryv1.ResolveRecipientsResponse
 				err := s.ViewGroups(b.Context(), func(r store.GroupReader) error {
 					var err error
-					resp, err = groups.Resolve(r, list)
+					resp, err = groups.Resolve(b.Context(), r, list)
 					return err
 				})
 				if err != nil || len(resp.GetRecipients()) != n {
@@ -61,7 +63,7 @@ func BenchmarkResolve(b *testing.B) {
 
 // fill stores acme/travel and acme/travel/hotels with n members split
 // between them (the admin is in both), in one transaction.
-func fill(b *testing.B, n int) *boltstore.Store {
+func fill(b testing.TB, n int) *boltstore.Store {
 	b.Helper()
 	s, err := boltstore.Open(b.TempDir(), time.Second)
 	if err != nil {
@@ -92,4 +94,18 @@ func fill(b *testing.B, n int) *boltstore.Store {
 		b.Fatal(err)
 	}
 	return s
+}
+
+// TestResolve_stopsWhenTheContextEnds: a canceled call resolves nothing.
+func TestResolve_stopsWhenTheContextEnds(t *testing.T) {
+	s := fill(t, 3000)
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	err := s.ViewGroups(t.Context(), func(r store.GroupReader) error {
+		_, err := groups.Resolve(ctx, r, groups.List{Sender: "clients/acme/agents/admin", Groups: []*registryv1.GroupTarget{{Group: "acme/travel", Scope: registryv1.GroupScope_GROUP_SCOPE_LOCAL}}})
+		return err
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Errorf("Resolve(canceled) error = %v, want context.Canceled", err)
+	}
 }

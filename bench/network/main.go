@@ -1,0 +1,479 @@
+// Command network measures durable direct messages between network agents
+// through a real `parley serve`, against NATS JetStream embedded in this
+// process, in the same run, at several sender counts, and prints msg/s, the
+// send-to-receipt p50 and p99, and the ratio. It also measures the memory
+// of idle connected receive streams (-idle).
+//
+// Usage (from the repository root):
+//
+//	go run ./bench/network [-parley PATH] [-duration 5s] [-senders 1,16,64] [-idle 2000]
+//
+// Parley: senders s0…sN-1 and receivers r0…rN-1 of client bench, in its
+// client group; sender i sends new messages (SendMessage, one at a time,
+// each acknowledged only once r_i's mailbox holds it durably) to r_i, which
+// receives them with sdk.NetworkAgent (ReceiveMessages, acknowledged per
+// batch). JetStream: one stream on file storage with sync_interval always
+// (every acknowledged message fsynced, as Parley's are), publisher i
+// publishing synchronously (waiting for the PubAck) to bench.i, and an
+// explicit-ack durable push consumer per subject. Latency is from the send
+// call to the receiver's handler, both in this process.
+//
+// -idle N opens N receive streams for N fresh agents on one gRPC connection
+// and reports parley serve's resident memory growth per stream
+// (/proc/PID/status VmRSS, after a GC settles).
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/sdk"
+)
+
+func main() {
+	if err := run(os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "bench/network:", err)
+		os.Exit(1)
+	}
+}
+
+type result struct {
+	msgs     int
+	elapsed  time.Duration
+	p50, p99 time.Duration
+	errors   int64
+}
+
+func (r result) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
+
+func run(stdout io.Writer) error {
+	parley := flag.String("parley", "", "path to a parley binary; built from ./cmd/parley when empty")
+	duration := flag.Duration("duration", 5*time.Second, "how long each measurement sends")
+	sendersList := flag.String("senders", "1,16,64", "comma-separated sender counts")
+	idle := flag.Int("idle", 0, "also open this many idle receive streams and report memory per stream")
+	flag.Parse()
+
+	tmp, err := os.MkdirTemp("", "bench-network-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if *parley == "" {
+		*parley = filepath.Join(tmp, "parley")
+		build := exec.Command("go", "build", "-o", *parley, "./cmd/parley")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build parley (run from the repository root): %w", err)
+		}
+	}
+	var counts []int
+	for _, s := range strings.Split(*sendersList, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 {
+			return fmt.Errorf("-senders: %q is not a positive number", s)
+		}
+		counts = append(counts, n)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	p, err := startParley(ctx, *parley, filepath.Join(tmp, "data"))
+	if err != nil {
+		return err
+	}
+	defer p.stop()
+	js, stopNATS, err := startJetStream(filepath.Join(tmp, "nats"))
+	if err != nil {
+		return err
+	}
+	defer stopNATS()
+
+	maxN := slices.Max(counts)
+	if err := p.setup(ctx, maxN); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "duration %s per run\n", *duration)
+	fmt.Fprintf(stdout, "%-10s %-8s %10s %10s %10s\n", "target", "senders", "msg/s", "p50", "p99")
+	for _, n := range counts {
+		fmt.Fprintf(os.Stderr, "jetstream, %d senders\n", n)
+		jr, err := loadJetStream(js, n, *duration)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "parley, %d senders\n", n)
+		pr, err := p.load(ctx, n, *duration)
+		if err != nil {
+			return err
+		}
+		for _, x := range []struct {
+			name string
+			r    result
+		}{{"jetstream", jr}, {"parley", pr}} {
+			fmt.Fprintf(stdout, "%-10s %-8d %10.0f %10s %10s  errors=%d\n", x.name, n, x.r.rate(), x.r.p50.Round(time.Microsecond), x.r.p99.Round(time.Microsecond), x.r.errors)
+		}
+		fmt.Fprintf(stdout, "ratio parley/jetstream at %d senders: %.2f\n", n, pr.rate()/jr.rate())
+	}
+	if *idle > 0 {
+		perStream, err := p.idleStreams(ctx, *idle)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "idle receive streams: %d, parley serve RSS growth %.1f KB per stream\n", *idle, perStream/1024)
+	}
+	return nil
+}
+
+// latencies collects send-to-receipt times.
+type latencies struct {
+	mu sync.Mutex
+	ds []time.Duration
+}
+
+func (l *latencies) add(d time.Duration) {
+	l.mu.Lock()
+	l.ds = append(l.ds, d)
+	l.mu.Unlock()
+}
+
+func (l *latencies) summary(elapsed time.Duration, errs int64) result {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	slices.Sort(l.ds)
+	r := result{msgs: len(l.ds), elapsed: elapsed, errors: errs}
+	if len(l.ds) > 0 {
+		r.p50 = l.ds[len(l.ds)/2]
+		r.p99 = l.ds[len(l.ds)*99/100]
+	}
+	return r
+}
+
+// payload carries its send time, in Unix nanoseconds.
+type payload struct {
+	Sent int64 `json:"sent"`
+}
+
+// ---- JetStream ----
+
+func startJetStream(dir string) (nats.JetStreamContext, func(), error) {
+	ns, err := server.NewServer(&server.Options{
+		Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir,
+		// Every acknowledged message fsynced, like Parley's mailboxes;
+		// JetStream's default syncs every 2 minutes.
+		SyncAlways: true, NoLog: true, NoSigs: true,
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return nil, nil, errors.New("nats server not ready")
+	}
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		ns.Shutdown()
+		return nil, nil, err
+	}
+	js, err := nc.JetStream()
+	if err != nil {
+		return nil, nil, err
+	}
+	if _, err := js.AddStream(&nats.StreamConfig{Name: "BENCH", Subjects: []string{"bench.>"}, Storage: nats.FileStorage}); err != nil {
+		return nil, nil, err
+	}
+	return js, func() { nc.Close(); ns.Shutdown(); ns.WaitForShutdown() }, nil
+}
+
+var jsRun atomic.Int64
+
+func loadJetStream(js nats.JetStreamContext, n int, d time.Duration) (result, error) {
+	round := jsRun.Add(1)
+	var lat latencies
+	var subs []*nats.Subscription
+	for i := range n {
+		subj := fmt.Sprintf("bench.%d.%d", round, i)
+		sub, err := js.Subscribe(subj, func(m *nats.Msg) {
+			var p payload
+			if json.Unmarshal(m.Data, &p) == nil {
+				lat.add(time.Duration(time.Now().UnixNano() - p.Sent))
+			}
+			_ = m.Ack()
+		}, nats.Durable(fmt.Sprintf("r%d_%d", round, i)), nats.ManualAck(), nats.DeliverNew())
+		if err != nil {
+			return result{}, err
+		}
+		subs = append(subs, sub)
+	}
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	var errs atomic.Int64
+	elapsed := drive(n, d, func(i int) {
+		b, _ := json.Marshal(payload{Sent: time.Now().UnixNano()})
+		if _, err := js.Publish(fmt.Sprintf("bench.%d.%d", round, i), b); err != nil {
+			errs.Add(1)
+		}
+	})
+	settle(func() int { lat.mu.Lock(); defer lat.mu.Unlock(); return len(lat.ds) })
+	return lat.summary(elapsed, errs.Load()), nil
+}
+
+// drive runs send(i) in a loop on n goroutines for d and returns the time
+// taken until every in-flight send returned.
+func drive(n int, d time.Duration, send func(i int)) time.Duration {
+	start := time.Now()
+	deadline := start.Add(d)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			for time.Now().Before(deadline) {
+				send(i)
+			}
+		})
+	}
+	wg.Wait()
+	return time.Since(start)
+}
+
+// settle waits until count stops growing for 500 ms: the receivers have
+// what was sent.
+func settle(count func() int) {
+	last, stable := -1, time.Now()
+	for time.Since(stable) < 500*time.Millisecond {
+		if c := count(); c != last {
+			last, stable = c, time.Now()
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// ---- Parley ----
+
+type parleyProc struct {
+	cmd      *exec.Cmd
+	grpcAddr string
+	token    string
+	conn     *grpc.ClientConn
+	stop     func()
+}
+
+func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
+	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &parleyProc{cmd: cmd}
+	p.stop = func() {
+		if p.conn != nil {
+			p.conn.Close()
+		}
+		_ = cmd.Process.Signal(os.Interrupt)
+		_ = cmd.Wait()
+	}
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line struct {
+				Msg  string `json:"msg"`
+				GRPC string `json:"grpc"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
+				found <- line.GRPC
+			}
+		}
+	}()
+	select {
+	case p.grpcAddr = <-found:
+	case <-time.After(30 * time.Second):
+		p.stop()
+		return nil, errors.New("parley serve did not log its addresses within 30s")
+	}
+	tok, err := os.ReadFile(filepath.Join(data, "operator.token"))
+	if err != nil {
+		p.stop()
+		return nil, fmt.Errorf("operator token: %w", err)
+	}
+	p.token = strings.TrimSpace(string(tok))
+	p.conn, err = grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		p.stop()
+		return nil, err
+	}
+	return p, nil
+}
+
+func (p *parleyProc) ctx(ctx context.Context) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+p.token)
+}
+
+func agent(kind string, i int) string { return fmt.Sprintf("clients/bench/agents/%s%d", kind, i) }
+
+// setup creates n sender and n receiver agents in client bench's group.
+func (p *parleyProc) setup(ctx context.Context, n int) error {
+	reg := registryv1.NewRegistryServiceClient(p.conn)
+	ctx = p.ctx(ctx)
+	if _, err := reg.CreateClient(ctx, &registryv1.CreateClientRequest{ClientId: "bench"}); err != nil {
+		return fmt.Errorf("create client: %w", err)
+	}
+	for i := range n {
+		for _, kind := range []string{"s", "r"} {
+			if err := p.createAgent(ctx, reg, fmt.Sprintf("%s%d", kind, i)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (p *parleyProc) createAgent(ctx context.Context, reg registryv1.RegistryServiceClient, id string) error {
+	if _, err := reg.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/bench", AgentId: id, Agent: &registryv1.Agent{DisplayName: id}}); err != nil {
+		return fmt.Errorf("create agent %s: %w", id, err)
+	}
+	if _, err := reg.JoinClientGroup(ctx, &registryv1.JoinClientGroupRequest{Name: "clients/bench/agents/" + id}); err != nil {
+		return fmt.Errorf("join client group %s: %w", id, err)
+	}
+	return nil
+}
+
+var parleyRun atomic.Int64
+
+func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, error) {
+	parleyRun.Add(1)
+	var lat latencies
+	rctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	ready := make(chan struct{}, n)
+	for i := range n {
+		a, err := sdk.NewNetworkAgent(p.conn, agent("r", i), sdk.NetworkOptions{Key: p.token, ClearBacklog: true})
+		if err != nil {
+			return result{}, err
+		}
+		once := sync.Once{}
+		err = a.Handle(sdk.RouteKey{Type: "new_message", Category: sdk.CategoryMessage, RecipientType: "recipient"}, "bench", func(_ context.Context, m sdk.Message) (any, error) {
+			var pl payload
+			if json.Unmarshal(m.Body, &pl) == nil && pl.Sent > 0 {
+				lat.add(time.Duration(time.Now().UnixNano() - pl.Sent))
+			}
+			return nil, nil
+		})
+		if err != nil {
+			return result{}, err
+		}
+		// A warm-up message marks the stream connected.
+		if err := a.Handle(sdk.RouteKey{Type: "warmup", Category: sdk.CategoryMessage, RecipientType: "recipient"}, "warmup", func(context.Context, sdk.Message) (any, error) {
+			once.Do(func() { ready <- struct{}{} })
+			return nil, nil
+		}); err != nil {
+			return result{}, err
+		}
+		wg.Go(func() { _ = a.Run(rctx) })
+	}
+	disp := dispatcherv1.NewDispatcherServiceClient(p.conn)
+	send := func(i int, typ string, body string) error {
+		_, err := disp.SendMessage(p.ctx(ctx), &dispatcherv1.SendMessageRequest{
+			Sender: agent("s", i), To: &dispatcherv1.DistributionList{Direct: []string{agent("r", i)}}, MessageType: typ, BodyJson: body,
+		})
+		return err
+	}
+	for i := range n {
+		// Until the receiver's stream has cleared its backlog and runs,
+		// a warm-up may be cleared: send until one arrives.
+		for {
+			if err := send(i, "warmup", "{}"); err != nil {
+				return result{}, fmt.Errorf("warm-up send: %w", err)
+			}
+			select {
+			case <-ready:
+			case <-time.After(200 * time.Millisecond):
+				continue
+			}
+			break
+		}
+	}
+	var errs atomic.Int64
+	elapsed := drive(n, d, func(i int) {
+		b, _ := json.Marshal(payload{Sent: time.Now().UnixNano()})
+		if err := send(i, "new_message", string(b)); err != nil {
+			errs.Add(1)
+		}
+	})
+	settle(func() int { lat.mu.Lock(); defer lat.mu.Unlock(); return len(lat.ds) })
+	return lat.summary(elapsed, errs.Load()), nil
+}
+
+// idleStreams opens n receive streams of fresh agents on one connection
+// and returns parley serve's RSS growth per stream, in bytes.
+func (p *parleyProc) idleStreams(ctx context.Context, n int) (float64, error) {
+	reg := registryv1.NewRegistryServiceClient(p.conn)
+	for i := range n {
+		if err := p.createAgent(p.ctx(ctx), reg, fmt.Sprintf("idle%d", i)); err != nil {
+			return 0, err
+		}
+	}
+	before, err := rss(p.cmd.Process.Pid)
+	if err != nil {
+		return 0, err
+	}
+	disp := dispatcherv1.NewDispatcherServiceClient(p.conn)
+	sctx, cancel := context.WithCancel(p.ctx(ctx))
+	defer cancel()
+	for i := range n {
+		st, err := disp.ReceiveMessages(sctx, &dispatcherv1.ReceiveMessagesRequest{Agent: agent("idle", i)})
+		if err != nil {
+			return 0, err
+		}
+		if _, err := st.Recv(); err != nil { // the first, empty batch: connected
+			return 0, err
+		}
+	}
+	time.Sleep(2 * time.Second) // let the server's heap settle before reading RSS
+	after, err := rss(p.cmd.Process.Pid)
+	if err != nil {
+		return 0, err
+	}
+	return float64(after-before) / float64(n), nil
+}
+
+// rss reads a process's resident set size, in bytes.
+func rss(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			return kb * 1024, err
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
