@@ -1,11 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"encoding/json"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -18,33 +14,8 @@ import (
 // accepted by its admin, an invite accepted, search and lists, a
 // restricted_private join refused, and leaving.
 func TestGroupCommands(t *testing.T) {
-	dir := t.TempDir()
-	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := runSuite(t, cfg)
-	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	call := func(token string, args ...string) (string, error) {
-		var stdout bytes.Buffer
-		getenv := func(k string) string {
-			return map[string]string{"PARLEY_SERVER": addr, "PARLEY_TOKEN": token}[k]
-		}
-		err := run(args, getenv, &stdout, io.Discard)
-		return strings.TrimSpace(stdout.String()), err
-	}
-	must := func(token string, args ...string) string {
-		t.Helper()
-		out, err := call(token, args...)
-		if err != nil {
-			t.Fatalf("parley %q: %v", args, err)
-		}
-		return out
-	}
-	operator := strings.TrimSpace(string(op))
+	s := startCLISuite(t)
+	call, must, operator := s.call, s.must(t), s.operator
 	acmeKey := must(operator, "client", "create", "acme")
 	betaKey := must(operator, "client", "create", "beta")
 	aliceKey := must(acmeKey, "agent", "create", "acme:alice")

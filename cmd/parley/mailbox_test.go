@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -23,26 +19,9 @@ import (
 // AcknowledgeMessages and the SSE route refuse another agent's mailbox,
 // a client key and no key, in `parley serve` with real keys.
 func TestMailbox_anAgentKeyReachesOnlyItsOwnMailbox(t *testing.T) {
-	dir := t.TempDir()
-	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, addr, base := startSuite(t, cfg)
-	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	must := func(token string, args ...string) string {
-		t.Helper()
-		var stdout bytes.Buffer
-		getenv := func(k string) string { return map[string]string{"PARLEY_SERVER": addr, "PARLEY_TOKEN": token}[k] }
-		if err := run(args, getenv, &stdout, io.Discard); err != nil {
-			t.Fatalf("parley %q: %v", args, err)
-		}
-		return strings.TrimSpace(stdout.String())
-	}
-	acmeKey := must(strings.TrimSpace(string(op)), "client", "create", "acme")
+	s := startCLISuite(t)
+	addr, base, must := s.addr, s.base, s.must(t)
+	acmeKey := must(s.operator, "client", "create", "acme")
 	aliceKey := must(acmeKey, "agent", "create", "acme:alice")
 	must(acmeKey, "agent", "create", "acme:bob")
 	const alice, bob = "clients/acme/agents/alice", "clients/acme/agents/bob"
@@ -123,31 +102,9 @@ func TestMailbox_anAgentKeyReachesOnlyItsOwnMailbox(t *testing.T) {
 // prints them as JSON lines and acknowledges them, so the next listen
 // resumes after them; --count with a --timeout that passes first fails.
 func TestListen(t *testing.T) {
-	dir := t.TempDir()
-	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, addr, _ := startSuite(t, cfg)
-	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	call := func(token string, args ...string) (string, error) {
-		var stdout bytes.Buffer
-		getenv := func(k string) string { return map[string]string{"PARLEY_SERVER": addr, "PARLEY_TOKEN": token}[k] }
-		err := run(args, getenv, &stdout, io.Discard)
-		return strings.TrimSpace(stdout.String()), err
-	}
-	must := func(token string, args ...string) string {
-		t.Helper()
-		out, err := call(token, args...)
-		if err != nil {
-			t.Fatalf("parley %q: %v", args, err)
-		}
-		return out
-	}
-	acmeKey := must(strings.TrimSpace(string(op)), "client", "create", "acme")
+	s := startCLISuite(t)
+	addr, call, must := s.addr, s.call, s.must(t)
+	acmeKey := must(s.operator, "client", "create", "acme")
 	aliceKey := must(acmeKey, "agent", "create", "acme:alice")
 	bobKey := must(acmeKey, "agent", "create", "acme:bob")
 	const alice, bob = "clients/acme/agents/alice", "clients/acme/agents/bob"

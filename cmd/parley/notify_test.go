@@ -1,12 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"io"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -20,26 +16,8 @@ import (
 // agents' ReceiveMessages streams, category notifications, sent by the
 // network: the registry's outbox, relayed by the dispatcher.
 func TestNotifications_reachMailboxesThroughTheRelay(t *testing.T) {
-	dir := t.TempDir()
-	cfg, err := loadSuiteConfig(env{getenv: noEnv, stdout: io.Discard}, []string{"--data", dir})
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := runSuite(t, cfg)
-	op, err := os.ReadFile(filepath.Join(dir, "operator.token"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	must := func(token string, args ...string) string {
-		t.Helper()
-		var stdout bytes.Buffer
-		getenv := func(k string) string { return map[string]string{"PARLEY_SERVER": addr, "PARLEY_TOKEN": token}[k] }
-		if err := run(args, getenv, &stdout, io.Discard); err != nil {
-			t.Fatalf("parley %q: %v", args, err)
-		}
-		return strings.TrimSpace(stdout.String())
-	}
-	operator := strings.TrimSpace(string(op))
+	s := startCLISuite(t)
+	addr, must, operator := s.addr, s.must(t), s.operator
 	aliceKey := must(must(operator, "client", "create", "acme"), "agent", "create", "acme:alice")
 	bobKey := must(must(operator, "client", "create", "beta"), "agent", "create", "beta:bob")
 

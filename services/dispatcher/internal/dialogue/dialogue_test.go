@@ -421,3 +421,41 @@ func TestRequestID_repeatReturnsTheFirstResult(t *testing.T) {
 		t.Errorf("alice holds %d replies after a repeated request, want 1", n)
 	}
 }
+
+// TestProtocolControl_concurrentRepliesSerialisePerPair: replies racing on
+// one pair each move its state from the one the previous left, so the
+// count the fake machine keeps equals the messages delivered.
+func TestProtocolControl_concurrentRepliesSerialisePerPair(t *testing.T) {
+	e := newEnv(t, dialogue.Options{Protocols: fakeProtocols{}})
+	ctx := t.Context()
+	m := text("task")
+	m.Protocol = "0123456789abcdef0123456789abcdef01234567"
+	open, err := e.svc.Open(ctx, alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 16
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for range n {
+		wg.Go(func() {
+			if _, err := e.svc.Reply(ctx, bob, open.MessageID, false, text("r")); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("concurrent Reply: %v", err)
+	}
+	if got := len(e.mail.of(alice)); got != n {
+		t.Fatalf("alice holds %d replies, want %d", got, n)
+	}
+	_ = e.st.AddMessage(ctx, open.MessageID, func(v store.DialogueView) (store.MessageWrite, error) {
+		if s := string(v.PairState(store.Pair{A: alice, B: bob})); s != "17" {
+			t.Errorf("pair state after the opener and %d racing replies = %s, want 17", n, s)
+		}
+		return store.MessageWrite{}, errors.New("read only")
+	})
+}
