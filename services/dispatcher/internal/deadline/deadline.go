@@ -25,7 +25,7 @@ package deadline
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -275,7 +275,7 @@ func ID(t store.Timer) string {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
-	return base64.RawURLEncoding.EncodeToString(h.Sum(nil)[:16])
+	return hex.EncodeToString(h.Sum(nil)[:16]) // hex, like dialogue.NewID: never a leading "-"
 }
 
 // Run fires timers as they fall due until ctx ends: at once for those due

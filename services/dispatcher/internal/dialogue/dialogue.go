@@ -25,7 +25,7 @@ package dialogue
 import (
 	"context"
 	"crypto/rand"
-	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -306,11 +306,13 @@ func New(st store.DialogueStore, mail mailbox.Appender, r Resolver, opts Options
 	return &Service{store: st, mail: mail, resolver: r, opts: opts}
 }
 
-// NewID returns 128 random bits, URL-safe base64 without padding.
+// NewID returns 128 random bits as 32 lowercase hex digits. Hex, not
+// base64: an id that starts with "-" would read as a flag on a command line
+// (parley reply MESSAGE_ID).
 func NewID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
-	return base64.RawURLEncoding.EncodeToString(b[:])
+	return hex.EncodeToString(b[:])
 }
 
 // machine returns the state machine of hash; nil when there is none to

@@ -115,7 +115,7 @@ func TestOpen_setsServerFieldsAndReportsRefusals(t *testing.T) {
 	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
 	e := newEnv(t, dialogue.Options{Now: func() time.Time { return now }})
 	res := e.open(t, bob, alice, dave, bob, carol)
-	if len(res.DialogueID) != 22 || len(res.MessageID) != 22 || res.DialogueID == res.MessageID {
+	if len(res.DialogueID) != 32 || len(res.MessageID) != 32 || res.DialogueID == res.MessageID {
 		t.Errorf("ids = %q, %q; want two distinct 128-bit ids", res.DialogueID, res.MessageID)
 	}
 	if !slices.Equal(res.Recipients, []string{bob, carol}) {
