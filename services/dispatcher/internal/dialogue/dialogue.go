@@ -60,7 +60,7 @@ var (
 	ErrNoRecipient     = errors.New("no recipient accepted the message")
 	ErrPermission      = errors.New("permission denied")
 	ErrUnknownAgent    = errors.New("unknown agent")
-	ErrMailboxFull     = errors.New("mailbox full")
+	ErrMailboxFull     = mailbox.ErrFull // one sentinel with the mailboxes' own
 	ErrProtocol        = errors.New("protocol error")
 	ErrRecipientClosed = errors.New("closed by the recipient")
 	ErrGroupNotFound   = errors.New("group not found")

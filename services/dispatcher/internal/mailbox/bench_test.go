@@ -52,7 +52,7 @@ func BenchmarkFanOut(b *testing.B) {
 				go func() {
 					defer done.Done()
 					first := true
-					_ = m.Receive(ctx, a, mailbox.ReceiveOptions{Keepalive: time.Hour}, func(ds []mailbox.Delivery) error {
+					_ = m.Receive(ctx, a, mailbox.ReceiveOptions{Batch: 100, Keepalive: time.Hour}, func(ds []mailbox.Delivery) error {
 						if first {
 							first = false
 							ready.Done()

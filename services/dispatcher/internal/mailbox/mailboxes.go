@@ -20,12 +20,13 @@ var (
 	ErrStopping = errors.New("the server is shutting down")
 )
 
-// Options tune the mailboxes. Zero fields take the defaults noted.
+// Options tune the mailboxes. The dispatcher's config owns the defaults
+// (--mailbox-retention and the rest); New fills in only the clock.
 type Options struct {
 	// Bound is each agent's size bound; zero fields are unbounded.
 	Bound Bound
 	// Retention is how long an acknowledged message stays readable before
-	// compaction deletes it; 24h.
+	// compaction deletes it; zero compacts it at the next sweep.
 	Retention time.Duration
 	// Now is the clock; time.Now.
 	Now func() time.Time
@@ -45,9 +46,6 @@ var _ Appender = (*Mailboxes)(nil)
 
 // New returns the mailboxes kept in s.
 func New(s Store, opts Options) *Mailboxes {
-	if opts.Retention <= 0 {
-		opts.Retention = 24 * time.Hour
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -246,10 +244,12 @@ type ReceiveOptions struct {
 	// ClearBacklog acknowledges the whole mailbox first, so that only
 	// messages appended from now on are delivered.
 	ClearBacklog bool
-	// Batch is the most messages one send carries; 100.
+	// Batch is the most messages one send carries; must be positive
+	// (--mailbox-stream-batch).
 	Batch int
 	// Keepalive is how long the stream may stay silent before an empty
-	// batch is sent, so that proxies and clients see it alive; 30s.
+	// batch is sent, so that proxies and clients see it alive; must be
+	// positive (--mailbox-stream-keepalive).
 	Keepalive time.Duration
 	// Stop ends the Receive with ErrStopping when it closes (server
 	// shutdown).
@@ -262,12 +262,6 @@ type ReceiveOptions struct {
 // connects again, ErrStopping when opts.Stop closes, ctx's error when ctx
 // ends, or send's error.
 func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptions, send func([]Delivery) error) error {
-	if opts.Batch <= 0 {
-		opts.Batch = 100
-	}
-	if opts.Keepalive <= 0 {
-		opts.Keepalive = 30 * time.Second
-	}
 	var (
 		st  State
 		err error

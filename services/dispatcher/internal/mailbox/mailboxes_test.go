@@ -23,6 +23,9 @@ func newMailboxes(t testing.TB, opts mailbox.Options) *mailbox.Mailboxes {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
+	if opts.Retention == 0 {
+		opts.Retention = 24 * time.Hour // the config's default; New fills in nothing
+	}
 	return mailbox.New(s, opts)
 }
 
@@ -88,6 +91,7 @@ func receive(t *testing.T, m *mailbox.Mailboxes, agent string, opts mailbox.Rece
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	r := &receiver{batches: make(chan []mailbox.Delivery, 100), done: make(chan error, 1), cancel: cancel}
+	opts = withStreamDefaults(opts)
 	go func() {
 		r.done <- m.Receive(ctx, agent, opts, func(b []mailbox.Delivery) error {
 			if len(b) > 0 {
@@ -243,7 +247,7 @@ func TestReceive_sendsKeepalivesWhenIdle(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() {
-		done <- m.Receive(ctx, bob, mailbox.ReceiveOptions{Keepalive: time.Millisecond}, func(b []mailbox.Delivery) error {
+		done <- m.Receive(ctx, bob, withStreamDefaults(mailbox.ReceiveOptions{Keepalive: time.Millisecond}), func(b []mailbox.Delivery) error {
 			if len(b) == 0 {
 				select {
 				case empty <- struct{}{}:
@@ -268,7 +272,7 @@ func TestReceive_endsWithSendsError(t *testing.T) {
 	m := newMailboxes(t, mailbox.Options{})
 	appendTo(t, m, "m1", bob)
 	boom := errors.New("client gone")
-	if err := m.Receive(t.Context(), bob, mailbox.ReceiveOptions{}, func([]mailbox.Delivery) error { return boom }); !errors.Is(err, boom) {
+	if err := m.Receive(t.Context(), bob, withStreamDefaults(mailbox.ReceiveOptions{}), func([]mailbox.Delivery) error { return boom }); !errors.Is(err, boom) {
 		t.Errorf("Receive with failing send = %v, want its error", err)
 	}
 }
@@ -287,4 +291,16 @@ func TestCompact_keepsMessagesWithinTheRetention(t *testing.T) {
 	if n, err := m.Compact(t.Context(), 10); err != nil || n != 1 {
 		t.Errorf("Compact past the retention = %d, %v; want 1", n, err)
 	}
+}
+
+// withStreamDefaults fills the stream options a test leaves zero with the
+// config's defaults (batch 100, keepalive 30 s); Receive fills in nothing.
+func withStreamDefaults(o mailbox.ReceiveOptions) mailbox.ReceiveOptions {
+	if o.Batch == 0 {
+		o.Batch = 100
+	}
+	if o.Keepalive == 0 {
+		o.Keepalive = 30 * time.Second
+	}
+	return o
 }
