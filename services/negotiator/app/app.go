@@ -65,12 +65,18 @@ func New(cfg config.Config, logger *slog.Logger) (*App, error) {
 		PerAgent: int64(cfg.LLM.BudgetAgentUSD * 1e6),
 		PerPeer:  int64(cfg.LLM.BudgetPeerUSD * 1e6),
 	}, metrics, logger)
-	srv := server.New(st, led, logger, server.Options{
+	srv := server.New(st, led, logger, serverOptions(cfg, thresholds))
+	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv}, nil
+}
+
+// serverOptions copies cfg into the server's options verbatim: the config
+// owns every default and server.New fills in none.
+func serverOptions(cfg config.Config, thresholds negotiation.ThresholdTable) server.Options {
+	return server.Options{
 		MaxRounds:   cfg.NegotiationMaxRounds,
 		ShadowCalls: cfg.RoutineShadowCalls,
 		Thresholds:  thresholds,
-	})
-	return &App{cfg: cfg, logger: logger, store: st, metrics: metrics, server: srv}, nil
+	}
 }
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set, else
@@ -104,7 +110,13 @@ func NewLLMClient(c config.LLM) *llm.Client {
 		}
 		p = &llm.Anthropic{BaseURL: base, APIKey: c.APIKey, HTTP: hc}
 	}
-	return llm.NewClient(p, llm.Options{
+	return llm.NewClient(p, llmOptions(c))
+}
+
+// llmOptions copies c into the LLM client's options verbatim: the config
+// owns every default and llm.NewClient fills in none.
+func llmOptions(c config.LLM) llm.Options {
+	return llm.Options{
 		DefaultModel: c.Model,
 		Models: map[llm.Role]string{
 			llm.RoleNegotiation:  c.ModelNegotiation,
@@ -115,7 +127,9 @@ func NewLLMClient(c config.LLM) *llm.Client {
 		Timeout:       c.Timeout,
 		MaxRetries:    c.MaxRetries,
 		MaxConcurrent: c.MaxConcurrent,
-	})
+		BaseBackoff:   c.BaseBackoff,
+		MaxBackoff:    c.MaxBackoff,
+	}
 }
 
 // Register mounts the negotiator on s: gRPC service, gateway handlers,

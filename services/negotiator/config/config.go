@@ -37,6 +37,9 @@ type LLM struct {
 	Timeout       time.Duration
 	MaxRetries    int
 	MaxConcurrent int
+	// BaseBackoff is the first retry's backoff ceiling; it doubles each
+	// retry up to MaxBackoff.
+	BaseBackoff, MaxBackoff time.Duration
 	// Prices are extra "model=in/out" prices in USD per 1M tokens.
 	Prices string
 	// Daily budgets in USD; zero means none.
@@ -82,6 +85,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LLM.Timeout, "llm-timeout", 60*time.Second, "time-out of one LLM request attempt")
 	fs.IntVar(&c.LLM.MaxRetries, "llm-max-retries", 3, "retries on HTTP 429, 5xx and transport errors, with exponential backoff and jitter")
 	fs.IntVar(&c.LLM.MaxConcurrent, "llm-max-concurrent", 8, "LLM requests in flight at most")
+	fs.DurationVar(&c.LLM.BaseBackoff, "llm-base-backoff", 500*time.Millisecond, "backoff ceiling of the first LLM retry; it doubles each retry")
+	fs.DurationVar(&c.LLM.MaxBackoff, "llm-max-backoff", 20*time.Second, "largest wait between LLM retries, Retry-After included")
 	fs.StringVar(&c.LLM.Prices, "llm-prices", "", "extra model prices, model=in/out USD per 1M tokens, comma-separated (defaults: gpt-4o=5/15, llama-3-405b=5/10, gemini-1.5-pro=3.5/10.5)")
 	fs.Float64Var(&c.LLM.BudgetAgentUSD, "llm-budget-agent-usd", 0, "daily LLM budget per agent in USD; 0: none")
 	fs.Float64Var(&c.LLM.BudgetPeerUSD, "llm-budget-peer-usd", 0, "daily LLM budget per peer in USD; 0: none")
@@ -120,6 +125,12 @@ func (c *Config) Validate() error {
 	}
 	if c.LLM.MaxConcurrent <= 0 {
 		errs = append(errs, errors.New("--llm-max-concurrent must be positive"))
+	}
+	if c.LLM.BaseBackoff <= 0 {
+		errs = append(errs, errors.New("--llm-base-backoff must be positive"))
+	}
+	if c.LLM.MaxBackoff <= 0 {
+		errs = append(errs, errors.New("--llm-max-backoff must be positive"))
 	}
 	if c.LLM.BudgetAgentUSD < 0 || c.LLM.BudgetPeerUSD < 0 {
 		errs = append(errs, errors.New("--llm-budget-agent-usd and --llm-budget-peer-usd must not be negative"))

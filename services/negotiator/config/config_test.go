@@ -21,6 +21,12 @@ func TestLoad(t *testing.T) {
 			args:    []string{"--llm-provider=gemini", "--llm-base-url=ftp://x", "--llm-structured=xml", "--llm-prices=a=1", "--negotiation-thresholds=x", "--negotiation-max-rounds=1"},
 			wantErr: []string{"--llm-provider", "--llm-base-url", "--llm-structured", "--llm-prices", "--negotiation-thresholds", "--negotiation-max-rounds"},
 		},
+		{
+			name:    "non-positive LLM limits",
+			args:    []string{"--llm-timeout=0", "--llm-max-concurrent=0", "--llm-base-backoff=0", "--llm-max-backoff=-1s"},
+			wantErr: []string{"--llm-timeout", "--llm-max-concurrent", "--llm-base-backoff", "--llm-max-backoff"},
+		},
+		{name: "env fallback for the backoffs", env: map[string]string{"PARLEY_LLM_BASE_BACKOFF": "0s"}, wantErr: []string{"--llm-base-backoff"}},
 		{name: "model required", args: []string{"--llm-provider=anthropic"}, wantErr: []string{"--llm-model"}},
 		{name: "budget with an unpriced default model", args: []string{"--llm-provider=openai", "--llm-model=mystery-1", "--llm-budget-agent-usd=1"}, wantErr: []string{`--llm-model "mystery-1" has no price`, "--llm-prices"}},
 		{name: "budget with an unpriced role model", args: []string{"--llm-provider=openai", "--llm-model=gpt-4o", "--llm-model-checking=mini-2", "--llm-budget-peer-usd=1"}, wantErr: []string{`--llm-model-checking "mini-2"`}},

@@ -119,16 +119,16 @@ type Options struct {
 	// Models maps a role to its model; DefaultModel is used for the others.
 	Models       map[Role]string
 	DefaultModel string
-	// Timeout bounds each attempt (60s).
+	// Timeout bounds each attempt.
 	Timeout time.Duration
 	// MaxRetries is the number of retries after the first attempt; zero
 	// means none (config owns the default).
 	MaxRetries int
-	// BaseBackoff is the first retry's backoff ceiling (500ms); it doubles
-	// each retry up to MaxBackoff (20s). A Retry-After header replaces it,
+	// BaseBackoff is the first retry's backoff ceiling; it doubles
+	// each retry up to MaxBackoff. A Retry-After header replaces it,
 	// capped at MaxBackoff.
 	BaseBackoff, MaxBackoff time.Duration
-	// MaxConcurrent limits calls in flight (8).
+	// MaxConcurrent limits calls in flight.
 	MaxConcurrent int
 	// Sleep waits between retries; a test seam.
 	Sleep func(ctx context.Context, d time.Duration) error
@@ -146,20 +146,10 @@ type Client struct {
 }
 
 // NewClient wraps provider. provider may be nil: no LLM is configured.
+// It fills in no limit: Timeout, BaseBackoff, MaxBackoff and MaxConcurrent
+// must be positive (config owns their defaults).
 func NewClient(provider Provider, opts Options) *Client {
-	if opts.Timeout <= 0 {
-		opts.Timeout = 60 * time.Second
-	}
 	opts.MaxRetries = max(opts.MaxRetries, 0)
-	if opts.BaseBackoff <= 0 {
-		opts.BaseBackoff = 500 * time.Millisecond
-	}
-	if opts.MaxBackoff <= 0 {
-		opts.MaxBackoff = 20 * time.Second
-	}
-	if opts.MaxConcurrent <= 0 {
-		opts.MaxConcurrent = 8
-	}
 	if opts.Sleep == nil {
 		opts.Sleep = sleep
 	}

@@ -22,8 +22,8 @@ const Domain = "negotiator.parley.dev"
 
 // Options are the server's optional settings.
 type Options struct {
-	// MaxRounds caps the messages of one negotiation
-	// (negotiation.DefaultMaxRounds when zero).
+	// MaxRounds caps the messages of one negotiation; it must be at least
+	// 2 (config owns the default).
 	MaxRounds int
 	// ShadowCalls is how many agreeing shadow calls promote an LLM-written
 	// routine; zero promotes at once (config owns the default).
@@ -49,9 +49,6 @@ var _ negotiatorv1.NegotiatorServiceServer = (*Server)(nil)
 
 // New returns a Server over st, calling LLMs through led.
 func New(st store.Store, led *ledger.Ledger, logger *slog.Logger, opts Options) *Server {
-	if opts.MaxRounds <= 0 {
-		opts.MaxRounds = negotiation.DefaultMaxRounds
-	}
 	opts.ShadowCalls = max(opts.ShadowCalls, 0)
 	if opts.Now == nil {
 		opts.Now = time.Now
