@@ -92,17 +92,7 @@ type App struct {
 // New opens the store and builds the server over the peer registries the
 // caller dialed (DialPeers). It does not listen.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (_ *App, err error) {
-	f, err := fetch.New(fetch.Options{
-		MaxBytes:       cfg.PDMaxBytes,
-		AllowHTTP:      cfg.FetchAllowHTTP,
-		Allow:          cfg.AllowList(),
-		ConnectTimeout: cfg.FetchConnectTimeout,
-		Timeout:        cfg.FetchTimeout,
-		MaxRedirects:   cfg.FetchMaxRedirects,
-		MaxConcurrent:  cfg.FetchMaxConcurrent,
-		MaxPerHost:     cfg.FetchMaxPerHost,
-		Logger:         logger,
-	})
+	f, err := fetch.New(fetchOptions(cfg, logger))
 	if err != nil {
 		return nil, fmt.Errorf("--pd-fetch-allow: %w", err)
 	}
@@ -120,31 +110,58 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (_ *App, err error
 		clients[p.Addr] = c
 		resolvers = append(resolvers, peer{name: p.Addr, client: c})
 	}
-	finder := resolve.New(f, resolvers, resolve.Options{
-		MaxSources:  cfg.FetchMaxSources,
-		NegativeTTL: cfg.FetchNegativeTTL,
-		PeerTimeout: cfg.FetchConnectTimeout,
-	}, logger)
+	finder := resolve.New(f, resolvers, resolveOptions(cfg), logger)
 	st, err := openStore(cfg)
 	if err != nil {
 		return nil, err
 	}
 	a.store = st
-	a.server = server.New(st, logger, server.Options{
+	opts := serverOptions(cfg)
+	opts.Finder, opts.Context, opts.Peers = finder, a.stopped, clients
+	a.server = server.New(st, logger, opts)
+	return a, nil
+}
+
+// fetchOptions, resolveOptions and serverOptions copy cfg verbatim: the
+// config owns every default and the New functions fill in none.
+func fetchOptions(cfg config.Config, logger *slog.Logger) fetch.Options {
+	return fetch.Options{
+		MaxBytes:       cfg.PDMaxBytes,
+		AllowHTTP:      cfg.FetchAllowHTTP,
+		Allow:          cfg.AllowList(),
+		ConnectTimeout: cfg.FetchConnectTimeout,
+		Timeout:        cfg.FetchTimeout,
+		MaxRedirects:   cfg.FetchMaxRedirects,
+		MaxConcurrent:  cfg.FetchMaxConcurrent,
+		MaxPerHost:     cfg.FetchMaxPerHost,
+		Logger:         logger,
+	}
+}
+
+func resolveOptions(cfg config.Config) resolve.Options {
+	return resolve.Options{
+		MaxSources:      cfg.FetchMaxSources,
+		NegativeTTL:     cfg.FetchNegativeTTL,
+		NegativeEntries: cfg.FetchNegativeEntries,
+		PeerTimeout:     cfg.FetchConnectTimeout,
+	}
+}
+
+// serverOptions leaves Finder, Context and Peers to the caller.
+func serverOptions(cfg config.Config) server.Options {
+	return server.Options{
 		MaxBytes:   cfg.PDMaxBytes,
 		Strict:     cfg.PDStrictMetadata,
 		PublicURL:  cfg.PublicURL,
 		CacheBytes: cfg.PDCacheBytes,
-		Finder:     finder,
 		// One budget for peers and every source: the dispatcher waits for
 		// the answer, with a time limit of its own.
 		ResolveTimeout: cfg.FetchTimeout,
-		Context:        a.stopped,
-		Peers:          clients,
 
-		OpenRegistration: cfg.OpenRegistration,
-	})
-	return a, nil
+		OpenRegistration:     cfg.OpenRegistration,
+		RegistrationBurst:    cfg.RegistrationBurst,
+		RegistrationInterval: cfg.RegistrationInterval,
+	}
 }
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set, else registry.db

@@ -40,6 +40,8 @@ type Config struct {
 	FetchMaxSources   int
 	// FetchNegativeTTL is how long a failed (hash, source) is not retried.
 	FetchNegativeTTL time.Duration
+	// FetchNegativeEntries caps that negative cache.
+	FetchNegativeEntries int
 	// FetchMaxConcurrent caps URL fetches in flight; FetchMaxPerHost those
 	// to one host.
 	FetchMaxConcurrent int
@@ -58,6 +60,9 @@ type Config struct {
 	// OpenRegistration lets anyone create a client (rate-limited per
 	// address), not only the operator.
 	OpenRegistration bool
+	// RegistrationBurst and RegistrationInterval rate-limit it.
+	RegistrationBurst    int
+	RegistrationInterval time.Duration
 }
 
 // RegisterFlags adds the registry's own flags (not the shared serving flags)
@@ -74,12 +79,15 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.FetchMaxRedirects, "pd-fetch-max-redirects", 3, "redirects followed per protocolSources URL")
 	fs.IntVar(&c.FetchMaxSources, "pd-fetch-max-sources", 3, "protocolSources tried per request")
 	fs.DurationVar(&c.FetchNegativeTTL, "pd-fetch-negative-ttl", 30*time.Second, "how long a failed (hash, source) is not fetched again (0 disables)")
+	fs.IntVar(&c.FetchNegativeEntries, "pd-fetch-negative-entries", 10000, "most failed (hash, source) pairs remembered for --pd-fetch-negative-ttl")
 	fs.IntVar(&c.FetchMaxConcurrent, "pd-fetch-max-concurrent", 64, "protocolSources URL fetches in flight at once; more wait up to --pd-fetch-connect-timeout, then fail with RESOURCE_EXHAUSTED")
 	fs.IntVar(&c.FetchMaxPerHost, "pd-fetch-max-per-host", 4, "protocolSources URL fetches in flight to one host at once; more wait as for --pd-fetch-max-concurrent")
 	fs.StringVar(&c.Peers, "registry-peers", "", "comma-separated gRPC addresses of peer registries asked for unknown protocols and copied by SyncProtocols")
 	fs.DurationVar(&c.PeerSyncInterval, "registry-peer-sync-interval", 0, "how often to copy missing protocols from every peer registry in the background (0 disables)")
 	fs.StringVar(&c.PeerCA, "registry-peer-ca", "", "PEM CA bundle; when set, dial peer registries over TLS")
-	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let anyone create a client, at most 3 per address and then 1 a minute (default: only the operator)")
+	fs.BoolVar(&c.OpenRegistration, "open-registration", false, "let anyone create a client, at most --open-registration-burst per address and then 1 per --open-registration-interval (default: only the operator)")
+	fs.IntVar(&c.RegistrationBurst, "open-registration-burst", 3, "clients one remote address may create at once under --open-registration")
+	fs.DurationVar(&c.RegistrationInterval, "open-registration-interval", time.Minute, "after the burst, one more client per remote address per this interval")
 }
 
 // PeerList returns the configured peer addresses.
@@ -131,6 +139,15 @@ func (c *Config) Validate() error {
 	}
 	if c.FetchMaxPerHost < 1 || c.FetchMaxPerHost > c.FetchMaxConcurrent {
 		errs = append(errs, fmt.Errorf("--pd-fetch-max-per-host must be between 1 and --pd-fetch-max-concurrent, got %d", c.FetchMaxPerHost))
+	}
+	if c.FetchNegativeEntries < 1 {
+		errs = append(errs, fmt.Errorf("--pd-fetch-negative-entries must be positive, got %d", c.FetchNegativeEntries))
+	}
+	if c.RegistrationBurst < 1 {
+		errs = append(errs, fmt.Errorf("--open-registration-burst must be positive, got %d", c.RegistrationBurst))
+	}
+	if c.RegistrationInterval <= 0 {
+		errs = append(errs, fmt.Errorf("--open-registration-interval must be positive, got %v", c.RegistrationInterval))
 	}
 	if c.FetchNegativeTTL < 0 {
 		errs = append(errs, fmt.Errorf("--pd-fetch-negative-ttl must not be negative, got %v", c.FetchNegativeTTL))

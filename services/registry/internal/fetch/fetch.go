@@ -66,9 +66,11 @@ const (
 	DataPercentPrefix = "data:text/plain;charset=utf-8,"
 )
 
-// Options configure a Fetcher. Zero values take the defaults in brackets.
+// Options configure a Fetcher. New fills in no limit: MaxBytes,
+// ConnectTimeout, Timeout, MaxConcurrent and MaxPerHost must be positive
+// (config owns their defaults).
 type Options struct {
-	// MaxBytes caps a document [256 KiB].
+	// MaxBytes caps a document.
 	MaxBytes int64
 	// AllowHTTP permits plain http sources [false].
 	AllowHTTP bool
@@ -76,15 +78,15 @@ type Options struct {
 	// ("127.0.0.0/8"), addresses ("10.1.2.3"), host names
 	// ("pd.internal.example") or host:port ("127.0.0.1:8443").
 	Allow []string
-	// ConnectTimeout bounds each TCP connect and TLS handshake [2s].
+	// ConnectTimeout bounds each TCP connect and TLS handshake.
 	ConnectTimeout time.Duration
-	// Timeout bounds one fetch, redirects and body included [5s].
+	// Timeout bounds one fetch, redirects and body included.
 	Timeout time.Duration
 	// MaxRedirects caps redirects followed; zero follows none (config owns
 	// the default).
 	MaxRedirects int
-	// MaxConcurrent caps URL fetches in flight [64]; MaxPerHost those to one
-	// host, by the source URL's host name [4]. A fetch waits for a slot at
+	// MaxConcurrent caps URL fetches in flight; MaxPerHost those to one
+	// host, by the source URL's host name. A fetch waits for a slot at
 	// most ConnectTimeout (within Timeout), then fails with ErrBusy. data:
 	// URIs take no slot.
 	MaxConcurrent int
@@ -108,24 +110,9 @@ type Fetcher struct {
 
 // New returns a Fetcher, or an error naming each bad allowlist entry.
 func New(opts Options) (*Fetcher, error) {
-	if opts.MaxBytes <= 0 {
-		opts.MaxBytes = 256 << 10
-	}
-	if opts.ConnectTimeout <= 0 {
-		opts.ConnectTimeout = 2 * time.Second
-	}
-	if opts.Timeout <= 0 {
-		opts.Timeout = 5 * time.Second
-	}
 	switch {
 	case opts.MaxRedirects < 0:
 		opts.MaxRedirects = 0
-	}
-	if opts.MaxConcurrent <= 0 {
-		opts.MaxConcurrent = 64
-	}
-	if opts.MaxPerHost <= 0 {
-		opts.MaxPerHost = 4
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

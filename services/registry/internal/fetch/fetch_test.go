@@ -18,11 +18,32 @@ import (
 
 func newFetcher(t *testing.T, opts Options) *Fetcher {
 	t.Helper()
-	f, err := New(opts)
+	f, err := New(testOptions(opts))
 	if err != nil {
 		t.Fatalf("New(%+v) error = %v", opts, err)
 	}
 	return f
+}
+
+// testOptions returns o with every limit it leaves zero set to a test
+// value: New substitutes no defaults (the registry's config owns them).
+func testOptions(o Options) Options {
+	if o.MaxBytes == 0 {
+		o.MaxBytes = 256 << 10
+	}
+	if o.ConnectTimeout == 0 {
+		o.ConnectTimeout = 2 * time.Second
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 5 * time.Second
+	}
+	if o.MaxConcurrent == 0 {
+		o.MaxConcurrent = 64
+	}
+	if o.MaxPerHost == 0 {
+		o.MaxPerHost = 4
+	}
+	return o
 }
 
 // listen binds a loopback listener that must never see a connection.

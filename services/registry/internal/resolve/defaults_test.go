@@ -9,22 +9,25 @@ import (
 	"github.com/parleyhq/parley/services/registry/internal/pd"
 )
 
-func TestNew_fillsDocumentedDefaults(t *testing.T) {
-	r := New(&fakeFetcher{}, nil, Options{}, slog.New(slog.DiscardHandler))
-	want := Options{MaxSources: 3, NegativeEntries: 10000, PeerTimeout: 2 * time.Second}
-	if r.opts != want {
-		t.Errorf("New(Options{}).opts = %+v, want %+v", r.opts, want)
+// testOptions returns o with every limit it leaves zero set to a test
+// value: New substitutes no defaults (the registry's config owns them).
+func testOptions(o Options) Options {
+	if o.MaxSources == 0 {
+		o.MaxSources = 3
 	}
-	set := Options{MaxSources: 1, NegativeTTL: time.Minute, NegativeEntries: 5, PeerTimeout: time.Second}
-	if r := New(&fakeFetcher{}, nil, set, slog.New(slog.DiscardHandler)); r.opts != set {
-		t.Errorf("New(%+v).opts = %+v, want it unchanged", set, r.opts)
+	if o.NegativeEntries == 0 {
+		o.NegativeEntries = 10000
 	}
+	if o.PeerTimeout == 0 {
+		o.PeerTimeout = 2 * time.Second
+	}
+	return o
 }
 
 func TestFind_peerHitHasNoSourceIndex(t *testing.T) {
 	const doc = "the document"
 	h := pd.Sum([]byte(doc))
-	r := New(&fakeFetcher{calls: map[string]int{}}, []Peer{fakePeer{"p1", map[pd.Hash]string{h: doc}}}, Options{}, slog.New(slog.DiscardHandler))
+	r := New(&fakeFetcher{calls: map[string]int{}}, []Peer{fakePeer{"p1", map[pd.Hash]string{h: doc}}}, testOptions(Options{}), slog.New(slog.DiscardHandler))
 	got, err := r.Find(t.Context(), h, []string{"https://good/"})
 	if err != nil || got.Source != -1 {
 		t.Fatalf("Find() = %+v, %v; want a peer hit with Source -1", got, err)
@@ -35,7 +38,7 @@ func TestFind_peerHitHasNoSourceIndex(t *testing.T) {
 // used: every Find asks the source again.
 func TestFind_zeroNegativeTTLNeverCaches(t *testing.T) {
 	ff := &fakeFetcher{docs: map[string]string{}, calls: map[string]int{}}
-	r := New(ff, nil, Options{}, slog.New(slog.DiscardHandler))
+	r := New(ff, nil, testOptions(Options{}), slog.New(slog.DiscardHandler))
 	now := time.Unix(1000, 0)
 	r.now = func() time.Time { return now }
 	h := pd.Sum([]byte("x"))
@@ -59,7 +62,7 @@ func TestFind_zeroNegativeTTLNeverCaches(t *testing.T) {
 
 func TestFind_negativeCacheStaysWithinNegativeEntries(t *testing.T) {
 	ff := &fakeFetcher{docs: map[string]string{}, calls: map[string]int{}}
-	r := New(ff, nil, Options{NegativeTTL: time.Minute, NegativeEntries: 2}, slog.New(slog.DiscardHandler))
+	r := New(ff, nil, testOptions(Options{NegativeTTL: time.Minute, NegativeEntries: 2}), slog.New(slog.DiscardHandler))
 	now := time.Unix(1000, 0)
 	r.now = func() time.Time { return now }
 	for i, doc := range []string{"a", "b", "c", "d"} {

@@ -41,16 +41,18 @@ type Peer interface {
 	Get(ctx context.Context, h pd.Hash) ([]byte, error)
 }
 
-// Options configure a Resolver.
+// Options configure a Resolver. New fills in no limit: MaxSources,
+// NegativeEntries and PeerTimeout must be positive (config owns the
+// defaults).
 type Options struct {
-	// MaxSources is how many sources of one request are tried [3].
+	// MaxSources is how many sources of one request are tried.
 	MaxSources int
 	// NegativeTTL is how long a failed (hash, source) is not retried; zero
 	// disables the cache (config owns the default).
 	NegativeTTL time.Duration
-	// NegativeEntries caps the negative cache [10000].
+	// NegativeEntries caps the negative cache.
 	NegativeEntries int
-	// PeerTimeout bounds each peer lookup [2s].
+	// PeerTimeout bounds each peer lookup.
 	PeerTimeout time.Duration
 }
 
@@ -78,15 +80,6 @@ type negEntry struct {
 
 // New returns a Resolver.
 func New(f Fetcher, peers []Peer, opts Options, logger *slog.Logger) *Resolver {
-	if opts.MaxSources <= 0 {
-		opts.MaxSources = 3
-	}
-	if opts.NegativeEntries <= 0 {
-		opts.NegativeEntries = 10000
-	}
-	if opts.PeerTimeout <= 0 {
-		opts.PeerTimeout = 2 * time.Second
-	}
 	return &Resolver{fetcher: f, peers: peers, opts: opts, logger: logger, now: time.Now, neg: map[negKey]negEntry{}}
 }
 

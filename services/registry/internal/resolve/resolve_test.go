@@ -66,7 +66,7 @@ func TestFind(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			ff := &fakeFetcher{docs: map[string]string{"https://good/": doc, "https://wrong/": "not it"}, calls: map[string]int{}}
 			ff.docs[fetch.DataBase64Prefix+"dGhlIGRvY3VtZW50"] = doc
-			r := New(ff, tt.peers, Options{}, slog.New(slog.DiscardHandler))
+			r := New(ff, tt.peers, testOptions(Options{}), slog.New(slog.DiscardHandler))
 			got, err := r.Find(t.Context(), h, tt.sources)
 			if tt.wantErr {
 				var nf *NotFoundError
@@ -87,7 +87,7 @@ func TestFind(t *testing.T) {
 
 func TestFind_mismatchNamesSource(t *testing.T) {
 	ff := &fakeFetcher{docs: map[string]string{"https://wrong/": "not it"}, calls: map[string]int{}}
-	r := New(ff, nil, Options{}, slog.New(slog.DiscardHandler))
+	r := New(ff, nil, testOptions(Options{}), slog.New(slog.DiscardHandler))
 	_, err := r.Find(t.Context(), pd.Sum([]byte("x")), []string{"https://wrong/"})
 	var se *SourceError
 	if !errors.Is(err, ErrMismatch) || !errors.As(err, &se) || se.Index != 0 {
@@ -97,7 +97,7 @@ func TestFind_mismatchNamesSource(t *testing.T) {
 
 func TestFind_negativeCache(t *testing.T) {
 	ff := &fakeFetcher{docs: map[string]string{}, calls: map[string]int{}}
-	r := New(ff, nil, Options{NegativeTTL: time.Minute}, slog.New(slog.DiscardHandler))
+	r := New(ff, nil, testOptions(Options{NegativeTTL: time.Minute}), slog.New(slog.DiscardHandler))
 	now := time.Unix(1000, 0)
 	r.now = func() time.Time { return now }
 	h := pd.Sum([]byte("x"))
@@ -136,7 +136,7 @@ func (f *waitFetcher) Fetch(ctx context.Context, _ string) ([]byte, error) {
 // cancelled ctx is returned as such.
 func TestFind_oneBudgetForAllSources(t *testing.T) {
 	f := &waitFetcher{}
-	r := New(f, nil, Options{}, slog.New(slog.DiscardHandler))
+	r := New(f, nil, testOptions(Options{}), slog.New(slog.DiscardHandler))
 	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
 	defer cancel()
 	_, err := r.Find(ctx, pd.Sum([]byte("x")), []string{"https://a/", "https://b/", "https://c/"})

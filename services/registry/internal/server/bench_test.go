@@ -29,7 +29,7 @@ func BenchmarkResolveStored(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.Cleanup(func() { st.Close() })
-			s := New(st, slog.New(slog.DiscardHandler), Options{CacheBytes: bc.cacheBytes})
+			s := New(st, slog.New(slog.DiscardHandler), testOptions(Options{CacheBytes: bc.cacheBytes}))
 			p, err := s.CreateProtocol(b.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(benchPD)}})
 			if err != nil {
 				b.Fatal(err)

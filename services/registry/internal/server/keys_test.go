@@ -26,7 +26,7 @@ func newKeyServer(t *testing.T, opts Options) *Server {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return New(st, slog.New(slog.DiscardHandler), opts)
+	return New(st, slog.New(slog.DiscardHandler), testOptions(opts))
 }
 
 func asOperator(ctx context.Context) context.Context {
@@ -85,7 +85,7 @@ func TestCreateClient_operatorOnlyUnlessOpen(t *testing.T) {
 		t.Errorf("ListClientGroupMembers(no principal: access control off): %v, want it listed", err)
 	}
 
-	open := newKeyServer(t, Options{OpenRegistration: true, RegistrationBurst: 2, RegistrationRate: 1e-9})
+	open := newKeyServer(t, Options{OpenRegistration: true, RegistrationBurst: 2, RegistrationInterval: 1000 * time.Hour})
 	anon := auth.WithRemoteAddr(auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Anonymous}), "192.0.2.1")
 	for _, id := range []string{"a", "b"} {
 		if _, err := open.CreateClient(anon, &registryv1.CreateClientRequest{ClientId: id}); err != nil {
@@ -307,4 +307,22 @@ func TestGetCaller_describesEachKindOfCredential(t *testing.T) {
 			t.Errorf("GetCaller(%s) error = %v, want FAILED_PRECONDITION %s", name, err, reasonNoAccessControl)
 		}
 	}
+}
+
+// testOptions returns o with every limit it leaves zero set to a test
+// value: New substitutes no defaults (the registry's config owns them).
+func testOptions(o Options) Options {
+	if o.MaxBytes == 0 {
+		o.MaxBytes = 256 << 10
+	}
+	if o.ResolveTimeout == 0 {
+		o.ResolveTimeout = 5 * time.Second
+	}
+	if o.RegistrationInterval == 0 {
+		o.RegistrationInterval = time.Minute
+	}
+	if o.RegistrationBurst == 0 {
+		o.RegistrationBurst = 3
+	}
+	return o
 }

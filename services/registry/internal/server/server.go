@@ -42,7 +42,7 @@ type Options struct {
 	// Finder resolves unknown hashes; nil means only stored ones resolve.
 	Finder Finder
 	// ResolveTimeout bounds one shared resolution, peers and every source
-	// together [5s].
+	// together.
 	ResolveTimeout time.Duration
 	// Context is the server's lifetime: shared resolutions stop when it
 	// ends [never]. Close then waits for them.
@@ -51,11 +51,13 @@ type Options struct {
 	// they were configured with.
 	Peers map[string]registryv1.RegistryServiceClient
 	// OpenRegistration lets callers other than the operator create clients,
-	// at most RegistrationBurst at once and RegistrationRate per second
-	// per remote address after that [3, 1/60].
-	OpenRegistration  bool
-	RegistrationRate  float64
-	RegistrationBurst int
+	// at most RegistrationBurst at once and then one per
+	// RegistrationInterval per remote address. New fills in no limit:
+	// MaxBytes, ResolveTimeout, RegistrationInterval and RegistrationBurst
+	// must be positive (config owns their defaults).
+	OpenRegistration     bool
+	RegistrationInterval time.Duration
+	RegistrationBurst    int
 }
 
 // Server implements the registry's gRPC API.
@@ -88,24 +90,12 @@ var _ registryv1.RegistryServiceServer = (*Server)(nil)
 
 // New returns a Server over st.
 func New(st store.Store, logger *slog.Logger, opts Options) *Server {
-	if opts.MaxBytes <= 0 {
-		opts.MaxBytes = 256 << 10
-	}
-	if opts.ResolveTimeout <= 0 {
-		opts.ResolveTimeout = 5 * time.Second
-	}
 	if opts.Context == nil {
 		opts.Context = context.Background()
 	}
 	opts.PublicURL = strings.TrimRight(opts.PublicURL, "/")
-	if opts.RegistrationRate <= 0 {
-		opts.RegistrationRate = 1.0 / 60
-	}
-	if opts.RegistrationBurst <= 0 {
-		opts.RegistrationBurst = 3
-	}
 	return &Server{
-		registrations: auth.NewLimiter(opts.RegistrationRate, opts.RegistrationBurst, nil),
+		registrations: auth.NewLimiter(1/opts.RegistrationInterval.Seconds(), opts.RegistrationBurst, nil),
 		store:         st,
 		logger:        logger,
 		opts:          opts,

@@ -45,7 +45,7 @@ func (f fakeStore) CreateProtocol(_ context.Context, p *registryv1.Protocol) (*r
 func TestCreateProtocol_collisionIsAlreadyExists(t *testing.T) {
 	s := New(fakeStore{createProtocol: func(p *registryv1.Protocol) (*registryv1.Protocol, bool, error) {
 		return nil, false, fmt.Errorf("protocol %s: %w", p.GetSha1Hex(), store.ErrConflict)
-	}}, slog.New(slog.DiscardHandler), Options{CacheBytes: 1 << 20})
+	}}, slog.New(slog.DiscardHandler), testOptions(Options{CacheBytes: 1 << 20}))
 	_, err := s.CreateProtocol(t.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte("x")}})
 	if status.Code(err) != codes.AlreadyExists || grpcerr.Reason(err) != reasonCollision {
 		t.Errorf("CreateProtocol(colliding) error = %v; want ALREADY_EXISTS %s", err, reasonCollision)
@@ -55,7 +55,7 @@ func TestCreateProtocol_collisionIsAlreadyExists(t *testing.T) {
 func TestCreateProtocol_storeFailureIsInternal(t *testing.T) {
 	s := New(fakeStore{createProtocol: func(*registryv1.Protocol) (*registryv1.Protocol, bool, error) {
 		return nil, false, errors.New("disk on fire")
-	}}, slog.New(slog.DiscardHandler), Options{})
+	}}, slog.New(slog.DiscardHandler), testOptions(Options{}))
 	_, err := s.CreateProtocol(t.Context(), &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte("x")}})
 	if st := status.Convert(err); st.Code() != codes.Internal || st.Message() != "internal error" {
 		t.Errorf("CreateProtocol(store failure) error = %v; want a masked INTERNAL", err)
@@ -102,7 +102,7 @@ func TestResolveProtocol_statusPerFailure(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { st.Close() })
-			s := New(st, slog.New(slog.DiscardHandler), Options{Finder: fakeFinder{func(pd.Hash, []string) (*resolve.Found, error) { return nil, tt.err }}})
+			s := New(st, slog.New(slog.DiscardHandler), testOptions(Options{Finder: fakeFinder{func(pd.Hash, []string) (*resolve.Found, error) { return nil, tt.err }}}))
 			_, err = s.ResolveProtocol(t.Context(), &registryv1.ResolveProtocolRequest{Hash: h.Hex(), Sources: []string{"https://s0/"}})
 			if status.Code(err) != tt.wantCode || grpcerr.Reason(err) != tt.wantReason {
 				t.Errorf("ResolveProtocol() error = %v; want %v %s", err, tt.wantCode, tt.wantReason)
@@ -147,7 +147,7 @@ func TestResolveProtocol_sharesOneFetchPerHash(t *testing.T) {
 		_, _ = io.WriteString(w, doc)
 	}))
 	t.Cleanup(src.Close)
-	f, err := fetch.New(fetch.Options{AllowHTTP: true, Allow: []string{src.Listener.Addr().String()}, Timeout: 20 * time.Second, MaxPerHost: callers})
+	f, err := fetch.New(fetch.Options{AllowHTTP: true, Allow: []string{src.Listener.Addr().String()}, MaxBytes: 256 << 10, ConnectTimeout: 2 * time.Second, Timeout: 20 * time.Second, MaxConcurrent: 64, MaxPerHost: callers})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -157,7 +157,7 @@ func TestResolveProtocol_sharesOneFetchPerHash(t *testing.T) {
 	}
 	t.Cleanup(func() { st.Close() })
 	logger := slog.New(slog.DiscardHandler)
-	s = New(st, logger, Options{Finder: resolve.New(f, nil, resolve.Options{}, logger), ResolveTimeout: 20 * time.Second})
+	s = New(st, logger, testOptions(Options{Finder: resolve.New(f, nil, resolve.Options{MaxSources: 3, NegativeEntries: 100, PeerTimeout: 2 * time.Second}, logger), ResolveTimeout: 20 * time.Second}))
 	h := pd.Sum([]byte(doc))
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
@@ -190,7 +190,7 @@ func TestNotFound_reasonNamesTheResource(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	s := New(st, slog.New(slog.DiscardHandler), Options{CacheBytes: 1 << 20})
+	s := New(st, slog.New(slog.DiscardHandler), testOptions(Options{CacheBytes: 1 << 20}))
 	h := pd.Sum([]byte("absent"))
 	tests := []struct {
 		name       string
