@@ -88,7 +88,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		st.Close()
 		return nil, err
 	}
-	a.pool = routine.NewPool(cfg.RoutineWorkers)
+	a.pool = routine.NewPoolWith(poolOptions(cfg))
 	opts, err := a.options()
 	if err != nil {
 		a.Close()
@@ -249,4 +249,14 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 		s.Handle(pattern, h)
 	}
 	return nil
+}
+
+// poolOptions are the routine pool's options, copied from cfg.
+func poolOptions(cfg config.Config) routine.PoolOptions {
+	return routine.PoolOptions{
+		Workers:     cfg.RoutineWorkers,
+		MemoryBytes: cfg.RoutineMemoryBytes,
+		KillMargin:  cfg.RoutineKillMargin,
+		WorkerCPU:   cfg.RoutineWorkerCPU,
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/parleyhq/parley/services/dispatcher/config"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
 // The config owns every default and the app copies it verbatim: with the
@@ -19,6 +20,7 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	pool := routine.NewPoolWith(poolOptions(cfg)).Options()
 	got := map[string]any{
 		"ConversationTTL":           opts.ConversationTTL,
 		"MaxConversationsPerPeer":   opts.MaxConversationsPerPeer,
@@ -43,6 +45,10 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 		"MailboxStreamMaxDuration":  opts.MailboxOptions.MaxDuration,
 		"MailboxStreamWriteTimeout": opts.MailboxOptions.WriteTimeout,
 		"AgoraMaxBodyBytes":         httpOptions(cfg).MaxBodyBytes,
+		"RoutineWorkers":            pool.Workers,
+		"RoutineMemoryBytes":        pool.MemoryBytes,
+		"RoutineKillMargin":         pool.KillMargin,
+		"RoutineWorkerCPU":          pool.WorkerCPU,
 	}
 	c := reflect.ValueOf(cfg)
 	for field, v := range got {
@@ -56,6 +62,7 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 	}
 	// A limit added to Options without a flag would stay zero here.
 	checkNonZero(t, "Options", reflect.ValueOf(opts))
+	checkNonZero(t, "PoolOptions", reflect.ValueOf(pool))
 }
 
 // checkNonZero fails for every numeric or duration field of v (a struct,

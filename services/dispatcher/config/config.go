@@ -33,8 +33,15 @@ type Config struct {
 	RoutineMaxToolCalls     int
 	RoutineMaxAllocBytes    int64
 	RoutineWorkers          int
-	QuarantineAfter         int
-	HandlerTimeout          time.Duration
+	// Each routine worker process: its memory cap above its start size,
+	// how long past its budget a run may go before the worker is killed,
+	// and the CPU time it may use in its life.
+	RoutineMemoryBytes int64
+	RoutineKillMargin  time.Duration
+	RoutineWorkerCPU   time.Duration
+
+	QuarantineAfter int
+	HandlerTimeout  time.Duration
 	// HandlerQueue bounds each connected SDK agent's queue of requests not
 	// yet written to its stream.
 	HandlerQueue      int
@@ -79,6 +86,9 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.RoutineMaxToolCalls, "routine-max-tool-calls", 100, "tool calls per routine run")
 	fs.Int64Var(&c.RoutineMaxAllocBytes, "routine-max-alloc-bytes", 64<<20, "allocation budget per routine run, bytes (see the README for what it covers)")
 	fs.IntVar(&c.RoutineWorkers, "routine-workers", 2*runtime.GOMAXPROCS(0), "routine runs executing at once; more wait up to --routine-timeout")
+	fs.Int64Var(&c.RoutineMemoryBytes, "routine-memory-bytes", 256<<20, "memory cap of each routine worker process above its start size, bytes")
+	fs.DurationVar(&c.RoutineKillMargin, "routine-kill-margin", 250*time.Millisecond, "how long past its budget a routine run may go before its worker is killed")
+	fs.DurationVar(&c.RoutineWorkerCPU, "routine-worker-cpu", 10*time.Minute, "CPU time one routine worker may use in its life (at least 4s); it is replaced at half")
 	fs.IntVar(&c.QuarantineAfter, "routine-quarantine-after", 3, "consecutive failures that quarantine a routine")
 	fs.DurationVar(&c.HandlerTimeout, "handler-timeout", 10*time.Second, "how long a connected SDK agent has to answer an envelope or step")
 	fs.IntVar(&c.HandlerQueue, "handler-queue", 64, "requests queued per connected SDK agent before more fail at once")
@@ -159,6 +169,9 @@ func (c *Config) Validate() error {
 		{"--routine-max-tool-calls", c.RoutineMaxToolCalls > 0},
 		{"--routine-max-alloc-bytes", c.RoutineMaxAllocBytes > 0},
 		{"--routine-workers", c.RoutineWorkers > 0},
+		{"--routine-memory-bytes", c.RoutineMemoryBytes > 0},
+		{"--routine-kill-margin", c.RoutineKillMargin > 0},
+		{"--routine-worker-cpu", c.RoutineWorkerCPU > 0},
 		{"--routine-quarantine-after", c.QuarantineAfter > 0},
 		{"--handler-timeout", c.HandlerTimeout > 0},
 		{"--handler-queue", c.HandlerQueue > 0},

@@ -14,10 +14,12 @@ func TestLoad_refusesNonPositiveLimitsByFlag(t *testing.T) {
 		"--agora-max-body-bytes", "--send-timeout", "--send-max-listed-protocols",
 		"--message-max-body-bytes", "--message-timeout", "--mailbox-stream-batch",
 		"--mailbox-stream-keepalive", "--mailbox-stream-max-duration", "--mailbox-stream-write-timeout",
+		"--routine-memory-bytes", "--routine-kill-margin", "--routine-worker-cpu",
 	} {
 		for _, v := range []string{"0", "-1"} {
 			if strings.HasSuffix(flag, "ttl") || strings.HasSuffix(flag, "timeout") ||
-				strings.HasSuffix(flag, "keepalive") || strings.HasSuffix(flag, "duration") {
+				strings.HasSuffix(flag, "keepalive") || strings.HasSuffix(flag, "duration") ||
+				strings.HasSuffix(flag, "margin") || strings.HasSuffix(flag, "cpu") {
 				v += "s"
 			}
 			_, err := Load([]string{"--data", t.TempDir(), flag, v}, func(string) string { return "" })

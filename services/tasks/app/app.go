@@ -78,16 +78,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, server.Options{
-		StepWait:        cfg.StepWait,
-		StepTimeout:     cfg.StepTimeout,
-		RetryMax:        cfg.RetryMax,
-		MaxPageSize:     cfg.MaxPageSize,
-		MaxUploadBytes:  cfg.MaxUploadBytes,
-		MaxWatchers:     cfg.MaxWatchers,
-		MaxInFlight:     cfg.MaxInFlight,
-		MaxWaitingSteps: cfg.MaxWaitingSteps,
-	})
+	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, serverOptions(cfg))
 	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers}, nil
 }
 
@@ -167,4 +158,19 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 func registerErrorShapes(s *serve.Server) {
 	s.HandleErrors("/ap/", rest.WriteRouteError)
 	s.HandleErrors("/agents/", rest.WriteRouteError)
+}
+
+// serverOptions are the server's options, copied from cfg.
+func serverOptions(cfg config.Config) server.Options {
+	return server.Options{
+		StepWait:        cfg.StepWait,
+		StepTimeout:     cfg.StepTimeout,
+		RetryMax:        cfg.RetryMax,
+		MaxPageSize:     cfg.MaxPageSize,
+		MaxUploadBytes:  cfg.MaxUploadBytes,
+		MaxWatchers:     cfg.MaxWatchers,
+		MaxInFlight:     cfg.MaxInFlight,
+		MaxWaitingSteps: cfg.MaxWaitingSteps,
+		MaxStepAttempts: cfg.MaxStepAttempts,
+	}
 }

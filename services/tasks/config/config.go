@@ -45,6 +45,9 @@ type Config struct {
 	// MaxWaitingSteps caps the steps of one agent queued, running or waiting
 	// for an executor.
 	MaxWaitingSteps int
+	// MaxStepAttempts caps the attempts at a step failing for its own
+	// reasons, after which it completes with the failure as its output.
+	MaxStepAttempts int
 }
 
 // RegisterFlags adds the tasks service's own flags (not the shared serving flags)
@@ -58,6 +61,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MaxWatchers, "ap-max-watchers", 1024, "most concurrent task event streams")
 	fs.IntVar(&c.MaxInFlight, "ap-max-in-flight", 512, "most steps executing at once")
 	fs.IntVar(&c.MaxWaitingSteps, "ap-max-waiting-steps", 1000, "most steps of one agent queued, running or waiting for an executor (more get 429)")
+	fs.IntVar(&c.MaxStepAttempts, "ap-max-step-attempts", 5, "attempts at a step failing for its own reasons before it completes with the failure")
 }
 
 // RegisterGatewayFlags adds the flags of the Agent Protocol routes, which
@@ -117,6 +121,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxWaitingSteps < 1 {
 		errs = append(errs, errors.New("--ap-max-waiting-steps must be positive"))
+	}
+	if c.MaxStepAttempts < 1 {
+		errs = append(errs, errors.New("--ap-max-step-attempts must be positive"))
 	}
 	return errors.Join(errs...)
 }

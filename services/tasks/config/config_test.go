@@ -21,7 +21,7 @@ func TestLoad(t *testing.T) {
 		{"agent with capitals", []string{"--ap-agent", "Acme:w"}, nil, []string{"--ap-agent"}},
 		{"page size zero", []string{"--ap-max-page-size", "0"}, nil, []string{"--ap-max-page-size"}},
 		{"negative wait", []string{"--ap-step-wait", "-1s"}, nil, []string{"--ap-step-wait"}},
-		{"every bad value at once", []string{"--ap-max-upload-bytes", "0", "--ap-max-watchers", "0", "--ap-max-waiting-steps", "0"}, nil, []string{"--ap-max-upload-bytes", "--ap-max-watchers", "--ap-max-waiting-steps"}},
+		{"every bad value at once", []string{"--ap-max-upload-bytes", "0", "--ap-max-watchers", "0", "--ap-max-waiting-steps", "0", "--ap-max-step-attempts", "0"}, nil, []string{"--ap-max-upload-bytes", "--ap-max-watchers", "--ap-max-waiting-steps", "--ap-max-step-attempts"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,6 +67,7 @@ func TestLoad_defaults(t *testing.T) {
 		{"MaxWatchers", cfg.MaxWatchers, 1024},
 		{"MaxInFlight", cfg.MaxInFlight, 512},
 		{"MaxWaitingSteps", cfg.MaxWaitingSteps, 1000},
+		{"MaxStepAttempts", cfg.MaxStepAttempts, 5},
 		{"DispatcherAddr", cfg.DispatcherAddr, "dns:///dispatcher:9090"},
 		{"RegistryAddr", cfg.RegistryAddr, "dns:///registry:9090"},
 		{"DataDir", cfg.DataDir, "/var/lib/parley"},

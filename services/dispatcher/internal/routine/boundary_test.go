@@ -21,8 +21,8 @@ import (
 // that is never stopped fails the bound by far more: it runs forever.
 const slack = 5 * time.Second
 
-// killMargin is the boundary's stated margin (PoolOptions.KillMargin's
-// default): a run ends within its budget plus this.
+// killMargin is the boundary's stated margin (the PoolOptions.KillMargin
+// newTestPool gives, the dispatcher's default): a run ends within its budget plus this.
 const killMargin = 250 * time.Millisecond
 
 // TestBoundary runs the bad inputs through real worker processes

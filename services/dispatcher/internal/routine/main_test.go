@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestMain lets this test binary serve as the pool's worker, so the tests
@@ -23,10 +24,12 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// newTestPool is a pool of worker processes closed with the test.
+// newTestPool is a pool of worker processes closed with the test. The
+// limits o leaves zero get the values the tests assume (the dispatcher's
+// defaults; NewPoolWith fills in none).
 func newTestPool(t testing.TB, o PoolOptions) *Pool {
 	t.Helper()
-	p := NewPoolWith(o)
+	p := NewPoolWith(testPoolOptions(o))
 	t.Cleanup(func() { _ = p.Close() })
 	return p
 }
@@ -75,4 +78,19 @@ func serveRogue(mode string) int {
 			}
 		}
 	}
+}
+
+// testPoolOptions is o with its zero limits set to the values the tests
+// assume.
+func testPoolOptions(o PoolOptions) PoolOptions {
+	if o.MemoryBytes == 0 {
+		o.MemoryBytes = 256 << 20
+	}
+	if o.KillMargin == 0 {
+		o.KillMargin = killMargin
+	}
+	if o.WorkerCPU == 0 {
+		o.WorkerCPU = 10 * time.Minute
+	}
+	return o
 }

@@ -38,7 +38,10 @@ import (
 // ErrBusy is returned when no worker frees up within the wall-time budget.
 var ErrBusy = errors.New("every routine worker is busy")
 
-// PoolOptions configure a Pool. Zero values take the defaults.
+// PoolOptions configure a Pool. MemoryBytes, KillMargin and WorkerCPU must
+// be positive: the dispatcher's config owns their defaults
+// (--routine-memory-bytes, --routine-kill-margin, --routine-worker-cpu) and
+// NewPoolWith substitutes none.
 type PoolOptions struct {
 	// Workers is how many routine runs execute at once (worker processes);
 	// at least 1.
@@ -48,11 +51,10 @@ type PoolOptions struct {
 	// least one worker when there are two or more) stays free for the
 	// other agents whatever one agent does.
 	AgentShare int
-	// MemoryBytes caps each worker's memory above its start size; 256 MiB
-	// when 0.
+	// MemoryBytes caps each worker's memory above its start size.
 	MemoryBytes int64
 	// KillMargin is how long past its budget a run may go before its
-	// worker is killed; 250 ms when 0.
+	// worker is killed.
 	KillMargin time.Duration
 	// InProcess runs routines in this process, with the in-process guards
 	// only and no hard boundary (for the guards' own tests).
@@ -63,8 +65,7 @@ type PoolOptions struct {
 	// RLIMIT_CPU); the pool replaces a worker that has used half of it,
 	// or before a run whose budget it may not have left.
 	// Each run may also use at most its wall budget plus one to two
-	// seconds of CPU (a soft RLIMIT_CPU set before the run). 10 minutes
-	// when 0; at least 4 s.
+	// seconds of CPU (a soft RLIMIT_CPU set before the run). At least 4 s.
 	WorkerCPU time.Duration
 }
 
@@ -90,10 +91,6 @@ type agentShare struct {
 	users int
 }
 
-// NewPool returns a pool of n worker processes (at least one) with the
-// default options.
-func NewPool(n int) *Pool { return NewPoolWith(PoolOptions{Workers: n}) }
-
 // NewPoolWith returns a pool configured by o. Workers start on first use.
 func NewPoolWith(o PoolOptions) *Pool {
 	o.Workers = max(o.Workers, 1)
@@ -102,15 +99,6 @@ func NewPoolWith(o PoolOptions) *Pool {
 		if o.Workers >= 2 {
 			o.AgentShare = min(o.AgentShare, o.Workers-1)
 		}
-	}
-	if o.MemoryBytes <= 0 {
-		o.MemoryBytes = 256 << 20
-	}
-	if o.KillMargin <= 0 {
-		o.KillMargin = 250 * time.Millisecond
-	}
-	if o.WorkerCPU <= 0 {
-		o.WorkerCPU = 10 * time.Minute
 	}
 	o.WorkerCPU = max(o.WorkerCPU.Round(time.Second), 4*time.Second)
 	if o.Executable == "" {
@@ -123,7 +111,8 @@ func NewPoolWith(o PoolOptions) *Pool {
 	return p
 }
 
-// Options returns the pool's options, defaults applied.
+// Options returns the pool's options (Workers, AgentShare and WorkerCPU
+// as NewPoolWith bounded them).
 func (p *Pool) Options() PoolOptions { return p.opts }
 
 func (p *Pool) remote() bool { return p != nil && !p.opts.InProcess }

@@ -27,7 +27,7 @@ func reasonOf(err error) string {
 // runtime: declared tool results, tool argument schemas, budgets, and
 // call_tool's one signature.
 func TestTestRoutine(t *testing.T) {
-	e := startEnv(t, nil, "", Options{RoutineLimits: routine.Limits{Pool: routine.NewPool(2)}})
+	e := startEnv(t, nil, "", Options{RoutineLimits: routine.Limits{Pool: testPool(2)}})
 	tools := []*dispatcherv1.TestRoutineTool{{
 		Id:              "forecast",
 		InputSchemaJson: `{"type":"object","required":["city"]}`,

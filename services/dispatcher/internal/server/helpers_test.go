@@ -277,7 +277,7 @@ func startEnv(t testing.TB, reg *fakeRegistry, dataDir string, opts Options) *te
 		opts.SendAllowPrivate = true
 	}
 	if opts.RoutineLimits.Pool == nil {
-		opts.RoutineLimits.Pool = routine.NewPool(4)
+		opts.RoutineLimits.Pool = testPool(4)
 	}
 	t.Cleanup(func() { _ = opts.RoutineLimits.Pool.Close() })
 	e.srv = New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(opts))
@@ -387,4 +387,10 @@ func fileSize(dir string) int64 {
 		return 0
 	}
 	return fi.Size()
+}
+
+// testPool is a pool of n routine workers with the dispatcher's default
+// limits (NewPoolWith fills in none).
+func testPool(n int) *routine.Pool {
+	return routine.NewPoolWith(routine.PoolOptions{Workers: n, MemoryBytes: 256 << 20, KillMargin: 250 * time.Millisecond, WorkerCPU: 10 * time.Minute})
 }

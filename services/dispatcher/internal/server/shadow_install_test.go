@@ -206,7 +206,7 @@ func TestShadow_failedInstallOfAPromotionIsRetried(t *testing.T) {
 	name := shadow.CandidateName(weatherAgent, weatherHex, shadow.Receiver)
 	fake := &fakeShadowNegotiator{candidates: map[string]*negotiatorv1.RoutineCandidate{name: {Name: name, Source: weatherRoutine,
 		State: negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW, ShadowCallsRequired: 1}}}
-	pool := routine.NewPool(1)
+	pool := testPool(1)
 	neg := &busyNegotiator{fakeShadowNegotiator: fake, pool: pool, done: make(chan struct{})}
 	reg := newFakeRegistry()
 	reg.addProtocol(weatherPD)

@@ -31,7 +31,7 @@ func TestGuard(t *testing.T) {
 		{"public, anonymous", fixedToken(false, nil), asKind(auth.Principal{Kind: auth.Anonymous}), http.StatusTeapot},
 		{"registry down", fixedToken(false, status.Error(codes.Unavailable, "down")), asKind(auth.Principal{Kind: auth.Anonymous}), http.StatusServiceUnavailable},
 	} {
-		h := New(nil, Options{DefaultAgent: agent, TokenRequired: tc.token})
+		h := New(nil, Options{DefaultAgent: agent, MaxPageSize: 100, MaxUploadBytes: 1 << 20, TokenRequired: tc.token})
 		r := httptest.NewRequestWithContext(tc.ctx(t.Context()), http.MethodGet, "/ap/v1/agent/tasks", nil)
 		w := httptest.NewRecorder()
 		h.guard(reached).ServeHTTP(w, r)

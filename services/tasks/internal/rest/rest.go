@@ -82,14 +82,9 @@ type Handlers struct {
 	opts Options
 }
 
-// New returns the handlers over b.
+// New returns the handlers over b. MaxPageSize and MaxUploadBytes must be
+// positive: the tasks config owns their defaults and New substitutes none.
 func New(b Backend, opts Options) *Handlers {
-	if opts.MaxPageSize <= 0 {
-		opts.MaxPageSize = 100
-	}
-	if opts.MaxUploadBytes <= 0 {
-		opts.MaxUploadBytes = 32 << 20
-	}
 	return &Handlers{b: b, opts: opts}
 }
 

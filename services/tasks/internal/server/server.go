@@ -38,14 +38,15 @@ import (
 // Domain is the ErrorInfo domain of the tasks's errors.
 const Domain = "tasks.parley.dev"
 
-// Options tune a Server; zero values take the defaults in New.
+// Options tune a Server. Every limit must be positive (StepWait may be 0):
+// the tasks config owns their defaults and New substitutes none.
 type Options struct {
 	// StepWait is how long CreateStep waits for completion by default, and
 	// the most a caller may ask for.
 	StepWait time.Duration
 	// StepTimeout bounds one ExecuteStep call.
 	StepTimeout time.Duration
-	// RetryMax caps the backoff between attempts at a parked step; 5 s.
+	// RetryMax caps the backoff between attempts at a parked step.
 	RetryMax time.Duration
 	// MaxPageSize caps page_size.
 	MaxPageSize int
@@ -61,7 +62,7 @@ type Options struct {
 	MaxWaitingSteps int
 	// MaxStepAttempts caps the attempts at a step failing for its own
 	// reasons (not for want of an executor), after which it completes with
-	// the failure as its output; 5.
+	// the failure as its output.
 	MaxStepAttempts int
 	// Clock is the step scheduler's time; nil is real time. Tests set it.
 	Clock scheduler.Clock
@@ -88,30 +89,6 @@ var _ tasksv1.TasksServiceServer = (*Server)(nil)
 // New returns a Server over st and files that executes steps through
 // dispatcher. Call Start to resume pending steps and Close to stop.
 func New(st store.Store, files store.Blobs, dispatcher dispatcherv1.DispatcherServiceClient, logger *slog.Logger, opts Options) *Server {
-	if opts.StepTimeout <= 0 {
-		opts.StepTimeout = 10 * time.Minute
-	}
-	if opts.RetryMax <= 0 {
-		opts.RetryMax = 5 * time.Second
-	}
-	if opts.MaxPageSize <= 0 {
-		opts.MaxPageSize = 100
-	}
-	if opts.MaxUploadBytes <= 0 {
-		opts.MaxUploadBytes = 32 << 20
-	}
-	if opts.MaxWatchers <= 0 {
-		opts.MaxWatchers = 1024
-	}
-	if opts.MaxInFlight <= 0 {
-		opts.MaxInFlight = 512
-	}
-	if opts.MaxWaitingSteps <= 0 {
-		opts.MaxWaitingSteps = 1000
-	}
-	if opts.MaxStepAttempts <= 0 {
-		opts.MaxStepAttempts = 5
-	}
 	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, now: time.Now}
 	s.sched = scheduler.New(st, files, dispatcherRunner{client: dispatcher}, hubEvents{s.hub}, logger, scheduler.Options{
 		StepTimeout:     opts.StepTimeout,

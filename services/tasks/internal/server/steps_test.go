@@ -103,8 +103,22 @@ func newTestServer(t *testing.T, dir string, opts Options) (*Server, *fakeDispat
 		t.Fatal(err)
 	}
 	fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
+	// The limits a test leaves zero get test values: New fills in none.
 	if opts.StepWait == 0 {
 		opts.StepWait = 5 * time.Second
+	}
+	for _, d := range []*time.Duration{&opts.StepTimeout, &opts.RetryMax} {
+		if *d == 0 {
+			*d = 5 * time.Second
+		}
+	}
+	for _, n := range []*int{&opts.MaxPageSize, &opts.MaxWatchers, &opts.MaxInFlight, &opts.MaxWaitingSteps, &opts.MaxStepAttempts} {
+		if *n == 0 {
+			*n = 100
+		}
+	}
+	if opts.MaxUploadBytes == 0 {
+		opts.MaxUploadBytes = 1 << 20
 	}
 	s := New(bs, files, fd, slog.New(slog.DiscardHandler), opts)
 	t.Cleanup(func() {
