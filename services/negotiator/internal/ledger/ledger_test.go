@@ -71,7 +71,7 @@ func TestLedger_recordsAndEnforcesBudget(t *testing.T) {
 	}
 	t.Cleanup(func() { f.Close() })
 	st := openStore(t)
-	client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, testOptions(llm.Options{DefaultModel: "gpt-4o"}))
+	client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, llmtest.Options(llm.Options{DefaultModel: "gpt-4o"}))
 	m := ledger.NewMetrics()
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(m.Collectors()...)
@@ -140,7 +140,7 @@ func TestLedger_peerBudget(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
-	client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, testOptions(llm.Options{DefaultModel: "gpt-4o"}))
+	client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, llmtest.Options(llm.Options{DefaultModel: "gpt-4o"}))
 	l := ledger.New(client, openStore(t), ledger.DefaultPrices(), ledger.Budgets{PerPeer: 1}, nil, nil)
 	req := llm.Request{Messages: []llm.Message{{Role: "user", Content: "hi"}}}
 	if _, err := l.Complete(t.Context(), ledger.Call{Agent: "clients/c/agents/a", Peer: "mallory"}, req); err != nil {
@@ -161,7 +161,7 @@ func TestLedger_peerBudget(t *testing.T) {
 }
 
 func TestLedger_notConfigured(t *testing.T) {
-	l := ledger.New(llm.NewClient(nil, testOptions(llm.Options{})), openStore(t), ledger.DefaultPrices(), ledger.Budgets{}, nil, nil)
+	l := ledger.New(llm.NewClient(nil, llmtest.Options(llm.Options{})), openStore(t), ledger.DefaultPrices(), ledger.Budgets{}, nil, nil)
 	if _, err := l.Complete(t.Context(), ledger.Call{}, llm.Request{}); !errors.Is(err, llm.ErrNotConfigured) {
 		t.Errorf("Complete() = %v, want ErrNotConfigured", err)
 	}
@@ -185,7 +185,7 @@ func TestLedger_unpricedModel(t *testing.T) {
 	} {
 		t.Run(tt.model, func(t *testing.T) {
 			var logs bytes.Buffer
-			client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, testOptions(llm.Options{DefaultModel: tt.model}))
+			client := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, llmtest.Options(llm.Options{DefaultModel: tt.model}))
 			m := ledger.NewMetrics()
 			l := ledger.New(client, openStore(t), ledger.DefaultPrices(), ledger.Budgets{}, m, slog.New(slog.NewTextHandler(&logs, nil)))
 			req := llm.Request{Role: llm.RoleConversation, Messages: []llm.Message{{Role: "user", Content: "hi"}}}
@@ -203,23 +203,4 @@ func TestLedger_unpricedModel(t *testing.T) {
 			}
 		})
 	}
-}
-
-// testOptions returns o with every limit it leaves zero set to a test
-// value: NewClient substitutes no defaults (the negotiator's config owns
-// them).
-func testOptions(o llm.Options) llm.Options {
-	if o.Timeout == 0 {
-		o.Timeout = 60 * time.Second
-	}
-	if o.BaseBackoff == 0 {
-		o.BaseBackoff = 500 * time.Millisecond
-	}
-	if o.MaxBackoff == 0 {
-		o.MaxBackoff = 20 * time.Second
-	}
-	if o.MaxConcurrent == 0 {
-		o.MaxConcurrent = 8
-	}
-	return o
 }

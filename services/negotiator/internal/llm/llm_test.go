@@ -42,7 +42,7 @@ func TestClient_weatherNegotiationTurns(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			f := startFake(t, nil)
 			f.Enqueue(llmtest.WeatherNegotiation()...)
-			c := llm.NewClient(providers(f)[name], testOptions(llm.Options{DefaultModel: "gpt-4o", Models: map[llm.Role]string{llm.RoleNegotiation: "llama-3-405b"}}))
+			c := llm.NewClient(providers(f)[name], llmtest.Options(llm.Options{DefaultModel: "gpt-4o", Models: map[llm.Role]string{llm.RoleNegotiation: "llama-3-405b"}}))
 			schema := json.RawMessage(`{"type":"object","properties":{"action":{"type":"string"}},"required":["action"]}`)
 			var want []string
 			for _, r := range llmtest.WeatherNegotiation() {
@@ -146,7 +146,7 @@ func TestClient_retries(t *testing.T) {
 				f := startFake(t, nil)
 				f.Enqueue(tt.script...)
 				sl := &sleepLog{}
-				c := llm.NewClient(providers(f)[pname], testOptions(llm.Options{
+				c := llm.NewClient(providers(f)[pname], llmtest.Options(llm.Options{
 					DefaultModel: "m", MaxRetries: 3, BaseBackoff: 100 * time.Millisecond, MaxBackoff: 5 * time.Second,
 					Sleep: sl.sleep, Jitter: func(n int64) int64 { return n - 1 },
 				}))
@@ -175,7 +175,7 @@ func TestClient_retries(t *testing.T) {
 }
 
 func TestClient_notConfigured(t *testing.T) {
-	for name, c := range map[string]*llm.Client{"nil": nil, "no provider": llm.NewClient(nil, testOptions(llm.Options{}))} {
+	for name, c := range map[string]*llm.Client{"nil": nil, "no provider": llm.NewClient(nil, llmtest.Options(llm.Options{}))} {
 		if _, err := c.Complete(t.Context(), llm.Request{}); !errors.Is(err, llm.ErrNotConfigured) {
 			t.Errorf("%s: Complete() = %v, want ErrNotConfigured", name, err)
 		}
@@ -193,7 +193,7 @@ func TestClient_concurrencyLimit(t *testing.T) {
 		<-release
 		return llmtest.Reply{Text: "ok"}
 	})
-	c := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, testOptions(llm.Options{DefaultModel: "m", MaxConcurrent: 1}))
+	c := llm.NewClient(&llm.OpenAI{BaseURL: f.URL + "/v1"}, llmtest.Options(llm.Options{DefaultModel: "m", MaxConcurrent: 1}))
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Complete(context.Background(), llm.Request{})
@@ -219,7 +219,7 @@ func TestClient_concurrencyLimit(t *testing.T) {
 func TestAnthropic_plainTextWithoutSchema(t *testing.T) {
 	f := startFake(t, nil)
 	f.Enqueue(llmtest.Reply{Text: "It will be sunny."})
-	c := llm.NewClient(&llm.Anthropic{BaseURL: f.URL}, testOptions(llm.Options{DefaultModel: "claude"}))
+	c := llm.NewClient(&llm.Anthropic{BaseURL: f.URL}, llmtest.Options(llm.Options{DefaultModel: "claude"}))
 	resp, err := c.Complete(t.Context(), llm.Request{Messages: []llm.Message{{Role: "user", Content: "weather?"}}})
 	if err != nil || resp.Text != "It will be sunny." {
 		t.Fatalf("Complete() = %+v, %v", resp, err)
@@ -227,23 +227,4 @@ func TestAnthropic_plainTextWithoutSchema(t *testing.T) {
 	if f.Calls()[0].Structured {
 		t.Error("request without schema was sent with a forced tool")
 	}
-}
-
-// testOptions returns o with every limit it leaves zero set to a test
-// value: NewClient substitutes no defaults (the negotiator's config owns
-// them).
-func testOptions(o llm.Options) llm.Options {
-	if o.Timeout == 0 {
-		o.Timeout = 60 * time.Second
-	}
-	if o.BaseBackoff == 0 {
-		o.BaseBackoff = 500 * time.Millisecond
-	}
-	if o.MaxBackoff == 0 {
-		o.MaxBackoff = 20 * time.Second
-	}
-	if o.MaxConcurrent == 0 {
-		o.MaxConcurrent = 8
-	}
-	return o
 }
