@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"context"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -125,19 +128,21 @@ func TestReadme_servicesSeparately(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The services dial each other (the negotiator and the dispatcher both
-	// ways), so each needs its peers' addresses before they listen: the
-	// README takes them as variables. Free ports are picked here and
-	// released for the script to bind; another process could take one in
-	// between, which would fail the test loudly, not silently.
-	var env []string
+	// The services dial their peers (the dispatcher the registry and the
+	// negotiator, tasks the dispatcher, the gateway all four), so each needs
+	// its peers' addresses before they listen: the README takes them as
+	// variables. Ports are picked here and released for the script to bind.
+	// They come from below the kernel's ephemeral range: a port from :0 can
+	// be handed to another test's listener or outgoing connection in
+	// between, which once left the dispatcher unable to bind.
+	var env, addrs []string
 	for _, name := range []string{"REG", "NEG", "DISP", "TASKS", "HTTP"} {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+		a := nonEphemeralAddr(t)
+		for slices.Contains(addrs, a) {
+			a = nonEphemeralAddr(t)
 		}
-		env = append(env, name+"="+l.Addr().String())
-		l.Close()
+		addrs = append(addrs, a)
+		env = append(env, name+"="+a)
 	}
 	out, err := runReadmeBlock(t, root, "## Running the services separately", env...)
 	if err != nil {
@@ -152,4 +157,32 @@ func TestReadme_servicesSeparately(t *testing.T) {
 			t.Errorf("separate-processes output lacks %q; output:\n%s", want, out)
 		}
 	}
+}
+
+// nonEphemeralAddr returns a free 127.0.0.1 address whose port lies below
+// the kernel's ephemeral range (ip_local_port_range), so that no listener on
+// :0 and no outgoing connection is given it after it is released.
+func nonEphemeralAddr(t *testing.T) string {
+	t.Helper()
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil {
+				low = n
+			}
+		}
+	}
+	const first = 10000
+	for range 200 {
+		port := first + rand.IntN(max(low-first, 1))
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // taken; try another
+		}
+		addr := l.Addr().String()
+		l.Close()
+		return addr
+	}
+	t.Fatalf("no free port in [%d, %d) after 200 tries", first, low)
+	return ""
 }
