@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/parleyhq/parley/platform/envflag/envflagtest"
 	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
@@ -61,23 +62,6 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 		}
 	}
 	// A limit added to Options without a flag would stay zero here.
-	checkNonZero(t, "Options", reflect.ValueOf(opts))
-	checkNonZero(t, "PoolOptions", reflect.ValueOf(pool))
-}
-
-// checkNonZero fails for every numeric or duration field of v (a struct,
-// walked into nested structs) that is zero.
-func checkNonZero(t *testing.T, path string, v reflect.Value) {
-	t.Helper()
-	for i := range v.NumField() {
-		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
-		switch f.Kind() {
-		case reflect.Struct:
-			checkNonZero(t, name, f)
-		case reflect.Int, reflect.Int64, reflect.Uint64:
-			if f.IsZero() {
-				t.Errorf("%s is zero under the default config", name)
-			}
-		}
-	}
+	envflagtest.NonZeroLimitsNested(t, "Options", opts)
+	envflagtest.NonZeroLimitsNested(t, "PoolOptions", pool)
 }

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/parleyhq/parley/platform/envflag/envflagtest"
 	"github.com/parleyhq/parley/services/negotiator/config"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 )
@@ -33,21 +34,6 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 		}
 	}
 	// A limit added to Options without a flag would stay zero here.
-	checkNonZero(t, "server.Options", reflect.ValueOf(srv))
-	checkNonZero(t, "llm.Options", reflect.ValueOf(lo))
-}
-
-// checkNonZero fails for every numeric or duration field of v (a struct)
-// that is zero.
-func checkNonZero(t *testing.T, path string, v reflect.Value) {
-	t.Helper()
-	for i := range v.NumField() {
-		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
-		switch f.Kind() {
-		case reflect.Int, reflect.Int64:
-			if f.IsZero() {
-				t.Errorf("%s is zero under the default config", name)
-			}
-		}
-	}
+	envflagtest.NonZeroLimits(t, "server.Options", srv)
+	envflagtest.NonZeroLimits(t, "llm.Options", lo)
 }

@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/parleyhq/parley/platform/envflag/envflagtest"
 	"github.com/parleyhq/parley/services/registry/config"
 )
 
@@ -41,22 +42,7 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 		}
 	}
 	// A limit added to Options without a flag would stay zero here.
-	checkNonZero(t, "fetch.Options", reflect.ValueOf(fo))
-	checkNonZero(t, "resolve.Options", reflect.ValueOf(ro))
-	checkNonZero(t, "server.Options", reflect.ValueOf(so))
-}
-
-// checkNonZero fails for every numeric or duration field of v (a struct)
-// that is zero.
-func checkNonZero(t *testing.T, path string, v reflect.Value) {
-	t.Helper()
-	for i := range v.NumField() {
-		f, name := v.Field(i), path+"."+v.Type().Field(i).Name
-		switch f.Kind() {
-		case reflect.Int, reflect.Int64:
-			if f.IsZero() {
-				t.Errorf("%s is zero under the default config", name)
-			}
-		}
-	}
+	envflagtest.NonZeroLimits(t, "fetch.Options", fo)
+	envflagtest.NonZeroLimits(t, "resolve.Options", ro)
+	envflagtest.NonZeroLimits(t, "server.Options", so)
 }

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"testing"
 
+	"github.com/parleyhq/parley/platform/envflag/envflagtest"
 	"github.com/parleyhq/parley/services/tasks/config"
 )
 
@@ -37,13 +38,5 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 		t.Errorf("rest.Options %+v, config MaxPageSize %d MaxUploadBytes %d", rest, cfg.MaxPageSize, cfg.MaxUploadBytes)
 	}
 	// A limit added to server.Options without a flag would stay zero here.
-	v := reflect.ValueOf(opts)
-	for i := range v.NumField() {
-		switch f := v.Field(i); f.Kind() {
-		case reflect.Int, reflect.Int64:
-			if f.IsZero() {
-				t.Errorf("server.Options.%s is zero under the default config", v.Type().Field(i).Name)
-			}
-		}
-	}
+	envflagtest.NonZeroLimits(t, "server.Options", opts)
 }
