@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
-	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -42,13 +41,11 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 				return err
 			}
 		}
-		if slices.ContainsFunc(cur.Transitions, func(t store.OrderTransition) bool { return t.MessageID == tr.MessageID }) {
-			out = cur
-			return nil
-		}
-		cur.Transitions = append(cur.Transitions, tr)
-		cur.State, cur.UpdateTime = tr.State, tr.Time
+		changed := cur.Apply(tr)
 		out = cur
+		if !changed {
+			return nil // a retry
+		}
 		_, err = tx.Exec(ctx, `INSERT INTO orders (id, dialogue, a, b, state, data) VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (id) DO UPDATE SET state = excluded.state, data = excluded.data`, cur.ID, cur.Dialogue, k.A, k.B, string(cur.State), marshal(cur))
 		return err

@@ -15,15 +15,7 @@ import (
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store {
-		url, schema := pgdbtest.Schema(t)
-		s, err := pgstore.Open(t.Context(), url, schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	})
+	storetest.Run(t, func(t *testing.T) store.Store { return open(t) })
 }
 
 // TestCreateConversation_perPeerCapHoldsAcrossReplicas opens two stores on
