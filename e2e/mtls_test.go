@@ -21,6 +21,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/auth"
+	"github.com/parleyhq/parley/platform/tlstest"
 	"github.com/parleyhq/parley/sdk"
 )
 
@@ -37,10 +38,10 @@ func TestSeparateProcesses_mTLS(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts three binaries")
 	}
-	ca := parleytest.NewCA(t, "parley-test-ca")
+	ca := tlstest.NewCA(t, "parley-test-ca")
 	svc := ca.Issue(t, "services")
 	client := ca.Issue(t, "client")
-	rogue := parleytest.NewCA(t, "rogue-ca").Issue(t, "rogue")
+	rogue := tlstest.NewCA(t, "rogue-ca").Issue(t, "rogue")
 	tlsFlags := []string{"--tls-cert", svc.CertFile, "--tls-key", svc.KeyFile, "--tls-client-ca", ca.File}
 	tokenFile := parleytest.OperatorTokenFile(t)
 

@@ -2,19 +2,10 @@ package serve
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"log/slog"
-	"math/big"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -23,49 +14,22 @@ import (
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/parleyhq/parley/platform/tlstest"
 )
 
-// writeSelfSigned writes a certificate for 127.0.0.1 and its key, and
-// returns their paths and a pool trusting the certificate.
-func writeSelfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+// writeCert issues a certificate for 127.0.0.1 (server and client
+// use) from a new CA, and returns its paths, the CA's file and a pool
+// trusting the CA.
+func writeCert(t *testing.T) (certFile, keyFile, caFile string, pool *x509.CertPool) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1),
-		Subject:      pkix.Name{CommonName: "parley-test"},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cert, _ := x509.ParseCertificate(der)
-	pool = x509.NewCertPool()
-	pool.AddCert(cert)
-	return certFile, keyFile, pool
+	ca := tlstest.NewCA(t, "parley-test-ca")
+	leaf := ca.Issue(t, "parley-test")
+	return leaf.CertFile, leaf.KeyFile, ca.File, ca.Pool
 }
 
 func TestRun_tls(t *testing.T) {
-	certFile, keyFile, pool := writeSelfSigned(t)
+	certFile, keyFile, _, pool := writeCert(t)
 	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), TLSCertFile: certFile, TLSKeyFile: keyFile})
 	if err != nil {
 		t.Fatal(err)
@@ -108,11 +72,11 @@ func TestRun_tls(t *testing.T) {
 // `parley serve` calling each other) needs none, and HTTP takes one only
 // when given.
 func TestRun_mTLS(t *testing.T) {
-	certFile, keyFile, pool := writeSelfSigned(t)
-	if _, err := New(Options{Logger: slog.New(slog.DiscardHandler), TLSClientCAFile: certFile}); err == nil {
+	certFile, keyFile, caFile, pool := writeCert(t)
+	if _, err := New(Options{Logger: slog.New(slog.DiscardHandler), TLSClientCAFile: caFile}); err == nil {
 		t.Error("New with --tls-client-ca but no --tls-cert succeeded, want an error")
 	}
-	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), TLSCertFile: certFile, TLSKeyFile: keyFile, TLSClientCAFile: certFile})
+	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), TLSCertFile: certFile, TLSKeyFile: keyFile, TLSClientCAFile: caFile})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,7 @@
-package parleytest
+// Package tlstest makes certificates for tests: a CA and the certificates
+// it issues, ECDSA P-256, valid for an hour, written under t.TempDir().
+// Only tests import it.
+package tlstest
 
 import (
 	"crypto/ecdsa"
@@ -36,16 +39,10 @@ type Leaf struct {
 // NewCA makes a CA named name.
 func NewCA(t testing.TB, name string) *CA {
 	t.Helper()
+	tmpl := template(t, name)
+	tmpl.IsCA, tmpl.BasicConstraintsValid = true, true
+	tmpl.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
 	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial(t),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
@@ -65,16 +62,11 @@ func NewCA(t testing.TB, name string) *CA {
 func (ca *CA) Issue(t testing.TB, name string) Leaf {
 	t.Helper()
 	key := newKey(t)
-	tmpl := &x509.Certificate{
-		SerialNumber: serial(t),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-		DNSNames:     []string{"localhost"},
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
+	tmpl := template(t, name)
+	tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+	tmpl.DNSNames = []string{"localhost"}
+	tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+	tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {
 		t.Fatal(err)
@@ -102,13 +94,15 @@ func newKey(t testing.TB) *ecdsa.PrivateKey {
 	return key
 }
 
-func serial(t testing.TB) *big.Int {
+// template is a certificate named name, valid from an hour ago for two
+// hours, with a random serial number.
+func template(t testing.TB, name string) *x509.Certificate {
 	t.Helper()
 	n, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return &x509.Certificate{SerialNumber: n, Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
 }
 
 func writePEM(t testing.TB, file, typ string, der []byte) {
