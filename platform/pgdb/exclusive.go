@@ -128,3 +128,11 @@ func Of(st any) *DB {
 	}
 	return nil
 }
+
+// ExclusiveHeld returns an SQL boolean expression: whether some session
+// holds the Exclusive lock whose name the SQL text expression name gives.
+// A pgstore uses it to tell the work of a live replica from a dead one's.
+func ExclusiveHeld(name string) string {
+	return `EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+AND classid = hashtext('` + exclusiveSpace + `')::oid AND objid = hashtext(` + name + `)::oid)`
+}
