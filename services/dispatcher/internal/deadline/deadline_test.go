@@ -102,9 +102,26 @@ func newEnv(t testing.TB) *env {
 // 30-second offer window, and arms its deadline.
 func (e *env) request(t testing.TB, d string) json.RawMessage {
 	t.Helper()
+	return e.requestAt(t, d, e.clk.Now())
+}
+
+// requestAt is request at time now.
+func (e *env) requestAt(t testing.TB, d string, now time.Time) json.RawMessage {
+	t.Helper()
+	state := e.dialogueAt(t, d, now)
+	if err := e.sched.Arm(t.Context(), Pair{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: hash}, state); err != nil {
+		t.Fatalf("Arm() error = %v", err)
+	}
+	return state
+}
+
+// dialogueAt stores dialogue d as request does at time now, without arming
+// its deadline, and returns the pair's state.
+func (e *env) dialogueAt(t testing.TB, d string, now time.Time) json.RawMessage {
+	t.Helper()
 	res, err := e.m.m.Check(nil, protocolcontrol.Input{
 		Sender: protocolcontrol.Initiator, Type: "new_task_request",
-		Body: []byte(`{"task":{"what":"deliver"},"invite_offer_timeout":30}`), Now: e.clk.Now(),
+		Body: []byte(`{"task":{"what":"deliver"},"invite_offer_timeout":30}`), Now: now,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -114,9 +131,6 @@ func (e *env) request(t testing.TB, d string) json.RawMessage {
 	pair := store.PairState{Pair: store.Pair{A: consumer, B: supplier}, State: res.State}
 	if err := e.st.CreateDialogue(t.Context(), dlg, msg, []string{supplier}, []store.PairState{pair}); err != nil {
 		t.Fatal(err)
-	}
-	if err := e.sched.Arm(t.Context(), Pair{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: hash}, res.State); err != nil {
-		t.Fatalf("Arm() error = %v", err)
 	}
 	return res.State
 }
