@@ -88,46 +88,68 @@ func TestGate_accept(t *testing.T) {
 		{"priced, no limits, no payment needed", payment.Terms{Price: usd(5_000_000)}, nil, nil, ""},
 		{"payment required and missing", payment.Terms{Price: usd(5), PaymentRequired: true}, nil, nil, "PAYMENT_MISSING"},
 		{"unknown provider", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
-			func(*fixture) map[string]any { return map[string]any{"payment": map[string]any{"provider": "stripe", "reference": "x"}} }, "PAYMENT_PROVIDER"},
+			func(*fixture) map[string]any {
+				return map[string]any{"payment": map[string]any{"provider": "stripe", "reference": "x"}}
+			}, "PAYMENT_PROVIDER"},
 		{"unknown reference", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
 			func(*fixture) map[string]any { return map[string]any{"payment": ref("nope")} }, "PAYMENT_REFERENCE"},
 		{"reference of another amount", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
 			func(f *fixture) map[string]any { return map[string]any{"payment": ref(f.pay(t, consumer, 6))} }, "PAYMENT_REFERENCE"},
 		{"reference of another payer", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
-			func(f *fixture) map[string]any { return map[string]any{"payment": ref(f.pay(t, "clients/x/agents/y", 5))} }, "PAYMENT_REFERENCE"},
+			func(f *fixture) map[string]any {
+				return map[string]any{"payment": ref(f.pay(t, "clients/x/agents/y", 5))}
+			}, "PAYMENT_REFERENCE"},
 		{"paid", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
 			func(f *fixture) map[string]any { return map[string]any{"payment": ref(f.pay(t, consumer, 5))} }, ""},
 		{"card number in payment", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
-			func(*fixture) map[string]any { return map[string]any{"payment": map[string]any{"card": "4111111111111111"}} }, "CARD_DATA"},
+			func(*fixture) map[string]any {
+				return map[string]any{"payment": map[string]any{"card": "4111111111111111"}}
+			}, "CARD_DATA"},
 		{"over the transaction limit, approved or not", payment.Terms{Price: usd(11)},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, TransactionLimit: 10} },
-			func(f *fixture) map[string]any { return map[string]any{"human_authorization": f.approve("o1", 11, now.Add(time.Hour))} }, "SPENDING_LIMIT"},
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 11, now.Add(time.Hour))}
+			}, "SPENDING_LIMIT"},
 		{"limits in USD, price in EUR", payment.Terms{Price: &payment.Price{AmountMicros: 1, Currency: "EUR"}},
 			func(*fixture) payment.Owner { return payment.Owner{DailyLimit: 10} }, nil, "SPENDING_LIMIT"},
 		{"human authorization required, none sent", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} }, nil, "APPROVAL_MISSING"},
 		{"human authorization required, no key registered", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true}, nil,
-			func(f *fixture) map[string]any { return map[string]any{"human_authorization": f.approve("o1", 5, now.Add(time.Hour))} }, "APPROVAL_KEY_MISSING"},
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 5, now.Add(time.Hour))}
+			}, "APPROVAL_KEY_MISSING"},
 		{"human authorization required and given", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} },
-			func(f *fixture) map[string]any { return map[string]any{"human_authorization": f.approve("o1", 5, now.Add(time.Hour))} }, ""},
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 5, now.Add(time.Hour))}
+			}, ""},
 		{"approval of another order", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} },
-			func(f *fixture) map[string]any { return map[string]any{"human_authorization": f.approve("o2", 5, now.Add(time.Hour))} }, "APPROVAL_TERMS"},
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o2", 5, now.Add(time.Hour))}
+			}, "APPROVAL_TERMS"},
 		{"approval expired", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} },
 			func(f *fixture) map[string]any { return map[string]any{"human_authorization": f.approve("o1", 5, now)} }, "APPROVAL_EXPIRED"},
 		{"over the automated transaction limit, no approval", payment.Terms{Price: usd(11)},
-			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(10)} }, nil, "APPROVAL_MISSING"},
+			func(f *fixture) payment.Owner {
+				return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(10)}
+			}, nil, "APPROVAL_MISSING"},
 		{"within the automated transaction limit", payment.Terms{Price: usd(10)},
-			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(10)} }, nil, ""},
+			func(f *fixture) payment.Owner {
+				return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(10)}
+			}, nil, ""},
 		{"automated limit 0 always asks", payment.Terms{Price: usd(1)},
-			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(0)} }, nil, "APPROVAL_MISSING"},
+			func(f *fixture) payment.Owner {
+				return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(0)}
+			}, nil, "APPROVAL_MISSING"},
 		{"over the automated daily limit, no approval", payment.Terms{Price: usd(11)},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, AutomatedPerDay: limit(10)} }, nil, "APPROVAL_MISSING"},
 		{"over the automated daily limit, approved", payment.Terms{Price: usd(11)},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, AutomatedPerDay: limit(10)} },
-			func(f *fixture) map[string]any { return map[string]any{"human_authorization": f.approve("o1", 11, now.Add(time.Minute))} }, ""},
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 11, now.Add(time.Minute))}
+			}, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t)
@@ -146,7 +168,9 @@ func TestGate_accept(t *testing.T) {
 	}
 }
 
-func ref(id string) payment.Reference { return payment.Reference{Provider: payment.LedgerName, Reference: id} }
+func ref(id string) payment.Reference {
+	return payment.Reference{Provider: payment.LedgerName, Reference: id}
+}
 
 func (f *fixture) pay(t *testing.T, payer string, amount int64) string {
 	t.Helper()
