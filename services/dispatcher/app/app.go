@@ -103,6 +103,7 @@ type backend interface {
 	store.DialogueStore
 	store.OrderStore
 	store.TimerStore
+	store.PaymentStore
 	mailbox.Store
 }
 
