@@ -161,6 +161,26 @@ type acceptBody struct {
 	HumanAuthorization *approval.Approval `json:"human_authorization"`
 }
 
+// parseAccept reads the fields of an acceptance's body one by one: a
+// field of another shape (a boolean human_authorization, say) counts as
+// absent.
+func parseAccept(b []byte) acceptBody {
+	var (
+		fields map[string]json.RawMessage
+		out    acceptBody
+	)
+	if json.Unmarshal(b, &fields) != nil {
+		return out
+	}
+	if json.Unmarshal(fields["payment"], &out.Payment) != nil {
+		out.Payment = nil
+	}
+	if json.Unmarshal(fields["human_authorization"], &out.HumanAuthorization) != nil {
+		out.HumanAuthorization = nil
+	}
+	return out
+}
+
 // Gate checks acceptances.
 type Gate struct {
 	spends    store.PaymentStore
@@ -183,10 +203,7 @@ func (g *Gate) Accept(ctx context.Context, a Acceptance) error {
 	if err := CheckCardData(a.Body); err != nil {
 		return err
 	}
-	var body acceptBody
-	if err := json.Unmarshal(a.Body, &body); err != nil {
-		body = acceptBody{} // a body of another shape carries neither
-	}
+	body := parseAccept(a.Body)
 	if a.Terms.Price == nil {
 		if a.Terms.HumanAuthorizationRequired {
 			return approval.Verify(a.Owner.ApprovalKey, body.HumanAuthorization, approval.Terms{Order: a.Order, Payee: a.Supplier}, a.Time)
@@ -259,8 +276,7 @@ func (g *Gate) Undo(ctx context.Context, a Acceptance) error {
 	if a.Owner.hasLimits() {
 		errs = append(errs, g.spends.RemoveSpend(ctx, a.Consumer, a.Order))
 	}
-	var body acceptBody
-	if json.Unmarshal(a.Body, &body) == nil && body.Payment != nil {
+	if body := parseAccept(a.Body); body.Payment != nil {
 		if p := g.providers[body.Payment.Provider]; p != nil {
 			errs = append(errs, p.Release(ctx, body.Payment.Reference, a.Order))
 		}

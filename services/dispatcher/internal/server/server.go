@@ -198,6 +198,7 @@ type Server struct {
 	// ledger and payments are nil without Options.Payments.
 	ledger   *payment.Ledger
 	payments *payment.Gate
+	owners   ownerSource
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
@@ -260,7 +261,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	return &Server{
 		dialogues: dialogues,
 		deadlines: deadlines,
-		ledger:    ledger, payments: gate,
+		ledger:    ledger, payments: gate, owners: ownerSource{reg},
 		store: st, logger: logger, opts: opts, metrics: m, dir: dir, routines: routines, hub: h, shadows: shadows,
 		inbound: inbound.New(st, dir, routines, h, model, shadows, neg, inbound.Options{
 			ConversationTTL: opts.ConversationTTL, MaxConversationsPerPeer: opts.MaxConversationsPerPeer,
