@@ -26,7 +26,7 @@ func ownerKey(b byte) ed25519.PrivateKey {
 // offer with body offerBody, and returns the dialogue id and the offer's id.
 func (e *serviceEnv) transactToOffer(offerBody string) (string, string) {
 	e.t.Helper()
-	req := e.request("transact", `{"task":{"what":"ship"}}`, netBob)
+	req := e.request("transact", nil, netBob)
 	proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
 	invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
 	return req.GetDialogueId(), e.mustReply(netBob, invite, "offer", offerBody)
@@ -106,7 +106,7 @@ func TestAllocate_spendingLimitsAtAcceptance(t *testing.T) {
 	}})
 	later := e.clock.Now().Add(time.Minute)
 	round := func(amount int64, approved bool) error {
-		req := e.request("allocate", `{"task":{},"invite_offer_timeout":30}`, netBob)
+		req := e.request("allocate", map[string]time.Duration{"invite_offer_timeout": 30 * time.Second}, netBob)
 		offer := e.mustReply(netBob, req.GetMessageId(), "offer", fmt.Sprintf(`{"offer":{},"offer_timeout":60,"price":{"amount_micros":%d,"currency":"USD"}}`, amount))
 		body := map[string]any{}
 		if approved {
@@ -142,7 +142,7 @@ func TestAllocate_spendingLimitsAtAcceptance(t *testing.T) {
 func TestTransact_refusedAcceptanceReleasesItsPayment(t *testing.T) {
 	e := startService(t)
 	e.reg.addAgent(&registryv1.Agent{Name: netAlice, Owner: &registryv1.Owner{DailyLimitMicroUsd: 3_000_000}})
-	req := e.request("transact", `{"task":{}}`, netBob)
+	req := e.request("transact", nil, netBob)
 	proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
 	invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
 	offer := e.mustReply(netBob, invite, "offer", `{"offer":{},"price":{"amount_micros":2000000,"currency":"USD"},"payment_required":true}`)

@@ -15,6 +15,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/serviceprotocol"
 )
 
 // Limits of the dialogue RPCs that are not flags: they bound one request's
@@ -53,6 +54,8 @@ func (s *Server) SendMessage(ctx context.Context, req *dispatcherv1.SendMessageR
 	m := s.checkMessage(&v, req.GetMessageType(), req.GetRecipientType(), req.GetBodyJson(), req.GetRequestId())
 	if p := req.GetProtocol(); p != "" && !isHex40(p) {
 		v.Add("protocol", "must be 40 lowercase hex characters (a PD's SHA-1)")
+	} else if sp, ok := serviceprotocol.ByHash(p); ok {
+		v.Add("protocol", "is the service protocol "+sp.Name+": open it with NewRequest")
 	}
 	m.Protocol = req.GetProtocol()
 	return s.open(ctx, v, req.GetSender(), mailbox.CategoryMessage, list, m)
