@@ -44,6 +44,30 @@ func (s *Server) beginPayments(ctx context.Context, v grpcerr.Violations) (conte
 	return ctx, cancel, nil
 }
 
+// partyPayment reads the payment a name clients/{c}/agents/{a}/payments/{id}
+// names, as its agent sees it: an agent that is neither payer nor payee
+// gets NOT_FOUND, as for a payment that does not exist. The caller
+// cancels the returned context.
+func (s *Server) partyPayment(ctx context.Context, name string) (context.Context, context.CancelFunc, string, store.Payment, error) {
+	var v grpcerr.Violations
+	agent, id, ok := cutPayment(name)
+	if !ok {
+		v.Add("name", "must be clients/{client}/agents/{agent}/payments/{payment}")
+	}
+	ctx, cancel, err := s.beginPayments(ctx, v)
+	if err != nil {
+		return nil, func() {}, "", store.Payment{}, err
+	}
+	p, err := s.opts.Payments.GetPayment(ctx, id)
+	if err == nil && p.Payer != agent && p.Payee != agent {
+		err = resource.NotFound("payment", name)
+	}
+	if err != nil {
+		return ctx, cancel, "", store.Payment{}, s.toStatus(ctx, err)
+	}
+	return ctx, cancel, agent, p, nil
+}
+
 // CreatePayment implements DispatcherService. The policy admits only the
 // payer named in parent (or the operator).
 func (s *Server) CreatePayment(ctx context.Context, req *dispatcherv1.CreatePaymentRequest) (*dispatcherv1.Payment, error) {
@@ -78,49 +102,24 @@ func (s *Server) CreatePayment(ctx context.Context, req *dispatcherv1.CreatePaym
 	return paymentProto(payer, out), nil
 }
 
-// GetPayment implements DispatcherService. An agent that is neither payer
-// nor payee gets NOT_FOUND, as for a payment that does not exist.
+// GetPayment implements DispatcherService.
 func (s *Server) GetPayment(ctx context.Context, req *dispatcherv1.GetPaymentRequest) (*dispatcherv1.Payment, error) {
-	var v grpcerr.Violations
-	agent, id, ok := cutPayment(req.GetName())
-	if !ok {
-		v.Add("name", "must be clients/{client}/agents/{agent}/payments/{payment}")
-	}
-	ctx, cancel, err := s.beginPayments(ctx, v)
+	_, cancel, agent, p, err := s.partyPayment(ctx, req.GetName())
+	defer cancel()
 	if err != nil {
 		return nil, err
-	}
-	defer cancel()
-	p, err := s.opts.Payments.GetPayment(ctx, id)
-	if err == nil && p.Payer != agent && p.Payee != agent {
-		err = resource.NotFound("payment", req.GetName())
-	}
-	if err != nil {
-		return nil, s.toStatus(ctx, err)
 	}
 	return paymentProto(agent, p), nil
 }
 
 // CapturePayment implements DispatcherService.
 func (s *Server) CapturePayment(ctx context.Context, req *dispatcherv1.CapturePaymentRequest) (*dispatcherv1.Payment, error) {
-	var v grpcerr.Violations
-	agent, id, ok := cutPayment(req.GetName())
-	if !ok {
-		v.Add("name", "must be clients/{client}/agents/{agent}/payments/{payment}")
-	}
-	ctx, cancel, err := s.beginPayments(ctx, v)
+	ctx, cancel, agent, p, err := s.partyPayment(ctx, req.GetName())
+	defer cancel()
 	if err != nil {
 		return nil, err
 	}
-	defer cancel()
-	// A stranger learns nothing: NOT_FOUND, as GetPayment.
-	if p, err := s.opts.Payments.GetPayment(ctx, id); err != nil || (p.Payer != agent && p.Payee != agent) {
-		if err == nil {
-			err = resource.NotFound("payment", req.GetName())
-		}
-		return nil, s.toStatus(ctx, err)
-	}
-	p, err := s.ledger.Capture(ctx, id, agent)
+	p, err = s.ledger.Capture(ctx, p.ID, agent)
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
