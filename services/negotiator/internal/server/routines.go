@@ -104,7 +104,7 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 		c.Origin = negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_LLM
 		c.ShadowCallsRequired = int32(s.opts.ShadowCalls)
 		c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW
-		if c.ShadowCallsRequired == 0 {
+		if c.ShadowCallsRequired <= 0 {
 			c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
 		}
 		return c, s.toStatus(ctx, s.store.PutRoutineCandidate(ctx, c))
