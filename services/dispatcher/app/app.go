@@ -202,6 +202,11 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
 	go srv.RunDeadlines(ctx)
+	if pg, ok := a.store.(*pgstore.Store); ok {
+		// Other replicas' appends wake the streams connected here, and
+		// their timers the deadlines.
+		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines})
+	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{

@@ -29,6 +29,13 @@ func candidateName(agent, sha1 string, side negotiatorv1.RoutineSide) string {
 
 // SynthesizeRoutine implements NegotiatorService.
 func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.SynthesizeRoutineRequest) (*negotiatorv1.RoutineCandidate, error) {
+	return s.synthesize(ctx, req)
+}
+
+// synthesize validates req and makes its routine candidate: the work of
+// SynthesizeRoutine, which an agreed negotiation does too. Errors are gRPC
+// statuses.
+func (s *Server) synthesize(ctx context.Context, req *negotiatorv1.SynthesizeRoutineRequest) (*negotiatorv1.RoutineCandidate, error) {
 	var v grpcerr.Violations
 	checkAgent(&v, req.GetAgent(), true)
 	checkPeer(&v, req.GetPeer(), false)

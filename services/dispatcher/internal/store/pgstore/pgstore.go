@@ -34,6 +34,7 @@ var migrationFiles embed.FS
 type Store struct {
 	db     *pgdb.DB
 	schema string
+	origin string // this Store's id in its notifications (listen.go)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -45,7 +46,7 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db, schema: schema}, nil
+	return &Store{db: db, schema: schema, origin: newOrigin()}, nil
 }
 
 // Ping checks that the database answers.
