@@ -252,17 +252,6 @@ func TestMailboxFull_refusedRecipientCannotReply(t *testing.T) {
 	}
 }
 
-func sequence() func() string {
-	var mu sync.Mutex
-	n := 0
-	return func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		n++
-		return "id" + string(rune('0'+n))
-	}
-}
-
 func TestClose(t *testing.T) {
 	e := newEnv(t, dialogue.Options{})
 	ctx := t.Context()

@@ -233,33 +233,6 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 	return out, nil
 }
 
-// deleteDialogue removes a dialogue: the dialogue, its participants and
-// their index, its pairs.
-func deleteDialogue(tx *bolt.Tx, id string) error {
-	if err := tx.Bucket(bucketDialogues).Delete([]byte(id)); err != nil {
-		return err
-	}
-	prefix := join(id, "")
-	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs} {
-		var keys [][]byte // collected first: never delete while walking a cursor
-		c := tx.Bucket(b).Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			keys = append(keys, bytes.Clone(k))
-		}
-		for _, k := range keys {
-			if err := tx.Bucket(b).Delete(k); err != nil {
-				return err
-			}
-			if bytes.Equal(b, bucketDialogueParticipants) {
-				if err := tx.Bucket(bucketAgentDialogues).Delete(join(string(k[len(prefix):]), id)); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
-}
-
 // GetDialogueMessage implements store.DialogueStore.
 func (s *Store) GetDialogueMessage(ctx context.Context, id string) (store.DialogueMessage, error) {
 	var m store.DialogueMessage
