@@ -1,6 +1,7 @@
 // Package payment enforces the money side of service transactions at
-// acceptance: payments by reference only (never card data), the payment
-// providers those references belong to, the owner's spending limits, and
+// acceptance: payments by reference only (the server refuses card data in
+// any body, internal/carddata), the payment providers those references
+// belong to, the owner's spending limits, and
 // the owner's signed approval (internal/approval) when an acceptance needs
 // one.
 //
@@ -34,9 +35,8 @@ import (
 // approval rules are approval.Rule values.
 type Rule string
 
-// The rules Gate.Accept and CheckCardData enforce.
+// The rules Gate.Accept enforces.
 const (
-	RuleCardData        Rule = "CARD_DATA"         // a payment field holds card data
 	RuleTerms           Rule = "OFFER_TERMS"       // the offer's terms are malformed
 	RulePaymentMissing  Rule = "PAYMENT_MISSING"   // the offer needs payment and none came
 	RulePaymentProvider Rule = "PAYMENT_PROVIDER"  // no such provider here
@@ -44,7 +44,7 @@ const (
 	RuleSpendingLimit   Rule = "SPENDING_LIMIT"    // over the owner's hard limit
 )
 
-// Refusal is an acceptance, or a payment field, refused.
+// Refusal is an acceptance refused.
 type Refusal struct {
 	Rule   Rule
 	Detail string // one sentence for the sender
@@ -193,16 +193,12 @@ func NewGate(st store.PaymentStore, providers map[string]Provider) *Gate {
 	return &Gate{spends: st, providers: providers}
 }
 
-// Accept checks a, in this order: card data in its payment field; the
-// payment the terms require (present, at a known provider, paying exactly
+// Accept checks a, in this order: the payment the terms require (present, at a known provider, paying exactly
 // these terms); the owner's hard limits; the owner's approval when the
 // offer asks for one or a passes an automated limit. It then counts a
 // against the owner's day and reserves its payment. A refusal is a
 // *Refusal or an *approval.Refusal, and changes nothing.
 func (g *Gate) Accept(ctx context.Context, a Acceptance) error {
-	if err := CheckCardData(a.Body); err != nil {
-		return err
-	}
 	body := parseAccept(a.Body)
 	if a.Terms.Price == nil {
 		if a.Terms.HumanAuthorizationRequired {

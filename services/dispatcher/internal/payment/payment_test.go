@@ -101,10 +101,6 @@ func TestGate_accept(t *testing.T) {
 			}, "PAYMENT_REFERENCE"},
 		{"paid", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
 			func(f *fixture) map[string]any { return map[string]any{"payment": ref(f.pay(t, consumer, 5))} }, ""},
-		{"card number in payment", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
-			func(*fixture) map[string]any {
-				return map[string]any{"payment": map[string]any{"card": "4111111111111111"}}
-			}, "CARD_DATA"},
 		{"over the transaction limit, approved or not", payment.Terms{Price: usd(11)},
 			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, TransactionLimit: 10} },
 			func(f *fixture) map[string]any {

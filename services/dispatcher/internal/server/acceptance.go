@@ -21,8 +21,8 @@ import (
 )
 
 // The money side of a reply in a dialogue whose PD has a state machine
-// (internal/payment). Before the dialogue layer sees the reply:
-//   - a payment field holding card data is refused (CARD_DATA);
+// (internal/payment). Before the dialogue layer sees the reply (card
+// data was refused in any body already, internal/carddata):
 //   - a message of a type that a message marked opensOrder answers (offer,
 //     payment_error) has its terms checked, and recorded once it is
 //     delivered, keyed by (dialogue, its sender);
@@ -110,9 +110,6 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 	if err != nil {
 		return nil, err
 	}
-	if err := payment.CheckCardData(body); err != nil {
-		return nil, err
-	}
 	pr, err := s.dir.Protocol(ctx, d.Protocol, nil)
 	if err != nil || pr.StateMachine == nil {
 		return nil, nil //nolint:nilerr // the dialogue layer reports an unknown protocol
@@ -164,15 +161,12 @@ func orderTypes(pr *directory.Protocol) (opens, terms []string) {
 	return opens, terms
 }
 
-// moneyStatus is the gRPC status of a money refusal, its rule the reason:
-// CARD_DATA is bad input in any state, the rest are refused in this one.
-// Other errors are not refusals (ok false).
+// moneyStatus is the gRPC status of a money refusal, FAILED_PRECONDITION
+// with its rule as the reason. Other errors are not refusals (ok false).
 func moneyStatus(err error) (error, bool) {
 	var pr *payment.Refusal
 	var ar *approval.Refusal
 	switch {
-	case errors.As(err, &pr) && pr.Rule == payment.RuleCardData:
-		return grpcerr.New(codes.InvalidArgument, pr.Detail, string(pr.Rule), Domain, nil), true
 	case errors.As(err, &pr):
 		return grpcerr.New(codes.FailedPrecondition, pr.Detail, string(pr.Rule), Domain, nil), true
 	case errors.As(err, &ar):

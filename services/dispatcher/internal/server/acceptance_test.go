@@ -57,7 +57,7 @@ func TestTransact_paidAcceptanceNeedsPaymentAndSignedApproval(t *testing.T) {
 		rule string
 	}{
 		{"no payment", map[string]any{}, codes.FailedPrecondition, "PAYMENT_MISSING"},
-		{"card data", map[string]any{"payment": map[string]any{"provider": "ledger", "reference": payID, "card": "4111 1111 1111 1111"}}, codes.InvalidArgument, "CARD_DATA"},
+		{"card data", map[string]any{"payment": map[string]any{"provider": "ledger", "reference": payID, "card": "4111 1111 1111 1111"}}, codes.InvalidArgument, "INVALID_ARGUMENT"},
 		{"no approval", map[string]any{"payment": ref}, codes.FailedPrecondition, "APPROVAL_MISSING"},
 		{"a boolean claim", map[string]any{"payment": ref, "human_authorization": true}, codes.FailedPrecondition, "APPROVAL_MISSING"},
 		{"signed by the wrong key", map[string]any{"payment": ref, "human_authorization": approval.Sign(other, terms, later)}, codes.FailedPrecondition, "APPROVAL_SIGNATURE"},

@@ -155,7 +155,7 @@ type Options struct {
 	// The agent network (issue 13). Dialogues and Mailboxes both set turn
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
-	Mailboxes mailbox.Appender
+	Mailboxes dialogue.Mailboxes // the mailboxes Dialogues appends to, in its own transactions
 	// MessageMaxBodyBytes caps a network message's body_json.
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC.
@@ -169,6 +169,10 @@ type Options struct {
 	// Payments keeps the ledger provider's payments and the owners' daily
 	// spending; without it the payment RPCs are UNAVAILABLE.
 	Payments store.PaymentStore
+	// Acceptances checks every message that would form an order (an
+	// accept_offer) before it is recorded: payments, signed approvals,
+	// spending limits. nil lets each through to the state machine.
+	Acceptances dialogue.AcceptanceGate
 
 	// Delivery is the mailboxes that ReceiveMessages, AcknowledgeMessages
 	// and the SSE route read; those answer UNIMPLEMENTED when nil.
@@ -247,7 +251,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 			obs.deadlines = deadlines
 		}
 		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
-			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs,
+			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs, Acceptances: opts.Acceptances,
 		})
 	}
 	var (

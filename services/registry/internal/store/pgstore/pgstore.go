@@ -51,6 +51,10 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
+// DB is the database, for work that runs on one replica at a time
+// (pgdb.DB.Exclusive).
+func (s *Store) DB() *pgdb.DB { return s.db }
+
 // Close closes the connections.
 func (s *Store) Close() error { return s.db.Close() }
 
