@@ -3,13 +3,13 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"log/slog"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
