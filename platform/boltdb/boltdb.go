@@ -13,6 +13,7 @@
 package boltdb
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -132,6 +133,15 @@ func (d *DB) View(fn func(*Tx) error) error { return d.db.View(fn) }
 // is retried without it. So fn must set its results afresh on each run and
 // have no effect outside the transaction.
 func (d *DB) Update(fn func(*Tx) error) error { return d.commit.update(fn) }
+
+// Ping reports whether the database is open (a read transaction starts),
+// or ctx's error: a store's readiness check.
+func (d *DB) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return d.db.View(func(*Tx) error { return nil })
+}
 
 // Close finishes the writes already queued and closes the file. Later
 // writes fail.

@@ -1,6 +1,7 @@
 package boltdb
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -379,5 +380,28 @@ func TestUpdate_panickingWriteFailsAloneAndTheDatabaseGoesOn(t *testing.T) {
 	}
 	if got := get(t, d, bucketThings, "k"); got != "v" {
 		t.Errorf("k = %q, want v", got)
+	}
+}
+
+// Ping answers while the file is open, and fails once it is closed or the
+// caller has given up: the readiness check every boltstore serves.
+func TestPing(t *testing.T) {
+	d, err := Open(filepath.Join(t.TempDir(), "x.db"), Options{SchemaVersion: 1, Buckets: [][]byte{bucketThings}, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ping(t.Context()); err != nil {
+		t.Errorf("Ping on an open database = %v", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := d.Ping(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Ping with a cancelled context = %v, want context.Canceled", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ping(t.Context()); err == nil {
+		t.Error("Ping on a closed database = nil, want an error")
 	}
 }

@@ -32,7 +32,7 @@ var migrationFiles embed.FS
 
 // Store is the PostgreSQL-backed store.
 type Store struct {
-	db        *pgdb.DB
+	*pgdb.DB      // its Ping and Close are the store's
 	maxOutbox int // notifications kept; 0 means store.MaxOutbox
 }
 
@@ -45,25 +45,11 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	return &Store{DB: db}, nil
 }
-
-// Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
-
-// Close closes the connections.
-func (s *Store) Close() error { return s.db.Close() }
 
 // SetOutboxLimit sets how many notifications the outbox keeps (tests).
 func (s *Store) SetOutboxLimit(n int) { s.maxOutbox = n }
-
-// decode unmarshals v into m.
-func decode[T proto.Message](v []byte, m T) (T, error) {
-	if err := proto.Unmarshal(v, m); err != nil {
-		return m, fmt.Errorf("decode %T: %w", m, err)
-	}
-	return m, nil
-}
 
 // one reads the single bytea column of a query into m; no row is notFound.
 func one[T proto.Message](ctx context.Context, q pgdb.Querier, m T, notFound error, sql string, args ...any) (T, error) {
@@ -75,7 +61,7 @@ func one[T proto.Message](ctx context.Context, q pgdb.Querier, m T, notFound err
 	if err != nil {
 		return m, err
 	}
-	return decode(data, m)
+	return resource.Decode(data, m)
 }
 
 // many decodes the single bytea column of every row of a query.
@@ -90,7 +76,7 @@ func many[T proto.Message](ctx context.Context, q pgdb.Querier, newT func() T, s
 			var zero T
 			return zero, err
 		}
-		return decode(data, newT())
+		return resource.Decode(data, newT())
 	})
 }
 
@@ -133,7 +119,7 @@ func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*re
 		stored  *registryv1.Protocol
 		created bool
 	)
-	err = s.db.Update(ctx, func(tx pgx.Tx) error {
+	err = s.DB.Update(ctx, func(tx pgx.Tx) error {
 		stored, created = nil, false
 		existing, err := getProtocol(ctx, tx, key)
 		if err == nil {
@@ -172,7 +158,7 @@ func getProtocol(ctx context.Context, q pgdb.Querier, sha1 []byte) (*registryv1.
 	if err != nil {
 		return nil, err
 	}
-	p, err := decode(meta, &registryv1.Protocol{})
+	p, err := resource.Decode(meta, &registryv1.Protocol{})
 	if err != nil {
 		return nil, err
 	}
@@ -188,7 +174,7 @@ func (s *Store) GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Prot
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getProtocol(ctx, s.db.Pool(), sha1[:])
+	return getProtocol(ctx, s.DB.Pool(), sha1[:])
 }
 
 // ListProtocols implements store.Store. The query filter runs here
@@ -204,7 +190,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 			return nil, fmt.Errorf("list start %q is not a SHA-1 hex", opts.After)
 		}
 	}
-	rows, err := s.db.Pool().Query(ctx, `SELECT meta FROM protocols WHERE sha1 > $1 ORDER BY sha1`, after)
+	rows, err := s.DB.Pool().Query(ctx, `SELECT meta FROM protocols WHERE sha1 > $1 ORDER BY sha1`, after)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +201,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 		if err := rows.Scan(&meta); err != nil {
 			return nil, err
 		}
-		p, err := decode(meta, &registryv1.Protocol{})
+		p, err := resource.Decode(meta, &registryv1.Protocol{})
 		if err != nil {
 			return nil, err
 		}
@@ -233,7 +219,7 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store
 		return nil, err
 	}
 	var out *registryv1.Agent
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
 		if done, err := recorded(ctx, tx, requestID); done != nil || err != nil {
 			out = done
 			return err
@@ -293,7 +279,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM agent_requests WHERE recorded_at < $1`, before)
+	tag, err := s.DB.Pool().Exec(ctx, `DELETE FROM agent_requests WHERE recorded_at < $1`, before)
 	if err != nil {
 		return 0, err
 	}
@@ -325,7 +311,7 @@ func (s *Store) GetAgent(ctx context.Context, name string) (*registryv1.Agent, e
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getAgent(ctx, s.db.Pool(), name)
+	return getAgent(ctx, s.DB.Pool(), name)
 }
 
 // ListAgents implements store.Store.
@@ -337,7 +323,7 @@ func (s *Store) ListAgents(ctx context.Context, opts store.ListOptions) ([]*regi
 	if opts.Client != "" {
 		prefix = store.AgentPrefix(opts.Client)
 	}
-	return many(ctx, s.db.Pool(), func() *registryv1.Agent { return &registryv1.Agent{} },
+	return many(ctx, s.DB.Pool(), func() *registryv1.Agent { return &registryv1.Agent{} },
 		`SELECT data FROM agents WHERE starts_with(name, $1) AND name > $2 ORDER BY name LIMIT $3`, prefix, opts.After, opts.Limit)
 }
 
@@ -348,7 +334,7 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(ctx, func(tx pgx.Tx) error {
+	return s.DB.Update(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM agents WHERE name = $1`, name)
 		if err != nil {
 			return err
@@ -378,7 +364,7 @@ func (s *Store) UpdateAgent(ctx context.Context, name, requestID string, mutate 
 		return nil, err
 	}
 	var a *registryv1.Agent
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
 		var err error
 		if a, err = recorded(ctx, tx, requestID); a != nil || err != nil {
 			return err

@@ -64,7 +64,7 @@ const schemaVersion = 2
 
 // Store is the bbolt-backed store.
 type Store struct {
-	db *boltdb.DB
+	*boltdb.DB // its Ping and Close are the store's
 }
 
 var _ store.Store = (*Store)(nil)
@@ -84,19 +84,8 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	return &Store{DB: db}, nil
 }
-
-// Ping reports whether the database is open.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.View(func(*bolt.Tx) error { return nil })
-}
-
-// Close finishes queued writes and closes the database.
-func (s *Store) Close() error { return s.db.Close() }
 
 func key(parts ...[]byte) []byte { return bytes.Join(parts, []byte{0}) }
 
@@ -128,7 +117,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 		return err
 	}
 	id := resource.ID(t.GetName())
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.DB.Update(func(tx *bolt.Tx) error {
 		tasks := tx.Bucket(bucketTasks)
 		if tasks.Get([]byte(id)) != nil {
 			return resource.AlreadyExists("task", t.GetName())
@@ -156,7 +145,7 @@ func (s *Store) GetTask(ctx context.Context, taskID string) (*tasksv1.Task, erro
 		return nil, err
 	}
 	var t *tasksv1.Task
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.DB.View(func(tx *bolt.Tx) error {
 		var err error
 		t, err = getTask(tx, taskID)
 		return err
@@ -171,7 +160,7 @@ func (s *Store) ListTasks(ctx context.Context, agent string, offset, limit int) 
 	}
 	var out []*tasksv1.Task
 	var total int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.DB.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketAgentCounts).Get([]byte(agent)); v != nil {
 			total = int(binary.BigEndian.Uint64(v))
 		}
@@ -198,7 +187,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 		return nil, err
 	}
 	var out *tasksv1.Task
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.DB.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -221,7 +210,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.DB.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -280,7 +269,7 @@ func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, 
 		return nil, err
 	}
 	var st *tasksv1.Step
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.DB.View(func(tx *bolt.Tx) error {
 		var err error
 		_, st, err = getStep(tx, ref)
 		return err
@@ -311,7 +300,7 @@ func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int)
 	}
 	var out []*tasksv1.Step
 	var total int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.DB.View(func(tx *bolt.Tx) error {
 		if _, err := getTask(tx, taskID); err != nil {
 			return err
 		}
@@ -338,7 +327,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.DB.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, ref.TaskID)
 		if err != nil {
 			return err
@@ -381,7 +370,7 @@ func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
 		return nil, err
 	}
 	var out []store.StepRef
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.DB.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketPending).ForEach(func(k, _ []byte) error {
 			task, step, ok := bytes.Cut(k, []byte{0})
 			if !ok {
@@ -415,7 +404,7 @@ func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Ar
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.DB.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -434,7 +423,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 		return nil, err
 	}
 	a := &tasksv1.Artifact{}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.DB.View(func(tx *bolt.Tx) error {
 		seq := tx.Bucket(bucketArtifactIndex).Get(key([]byte(taskID), []byte(artifactID)))
 		if seq == nil {
 			return resource.NotFound("artifact", "tasks/"+taskID+"/artifacts/"+artifactID)
@@ -454,7 +443,7 @@ func (s *Store) ListArtifacts(ctx context.Context, taskID string, offset, limit 
 	}
 	var out []*tasksv1.Artifact
 	var total int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.DB.View(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err

@@ -10,7 +10,6 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -29,7 +28,7 @@ var migrationFiles embed.FS
 
 // Store is the PostgreSQL-backed store.
 type Store struct {
-	db *pgdb.DB
+	*pgdb.DB // its Ping and Close are the store's
 }
 
 var _ store.Store = (*Store)(nil)
@@ -41,28 +40,10 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	return &Store{DB: db}, nil
 }
-
-// Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
-
-// Close closes the connections.
-func (s *Store) Close() error { return s.db.Close() }
 
 func stepName(ref store.StepRef) string { return "tasks/" + ref.TaskID + "/steps/" + ref.StepID }
-
-// decode unmarshals data into a new T.
-func decode[T any, P interface {
-	*T
-	proto.Message
-}](data []byte) (P, error) {
-	m := P(new(T))
-	if err := proto.Unmarshal(data, m); err != nil {
-		return nil, fmt.Errorf("decode %T: %w", m, err)
-	}
-	return m, nil
-}
 
 // getTask reads a task, or a NotFound error.
 func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task, error) {
@@ -74,7 +55,7 @@ func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task,
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Task](data)
+	return resource.Decode(data, &tasksv1.Task{})
 }
 
 // putTask writes t back.
@@ -97,7 +78,7 @@ func list[T any, P interface {
 		if err := r.Scan(&data); err != nil {
 			return nil, err
 		}
-		return decode[T, P](data)
+		return resource.Decode(data, P(new(T)))
 	})
 }
 
@@ -112,7 +93,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 	if err != nil {
 		return err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `INSERT INTO tasks (id, agent, seq, data) VALUES ($1, $2, nextval('task_seq'), $3)
+	tag, err := s.DB.Pool().Exec(ctx, `INSERT INTO tasks (id, agent, seq, data) VALUES ($1, $2, nextval('task_seq'), $3)
 ON CONFLICT (id) DO NOTHING`, resource.ID(t.GetName()), t.GetAgent(), data)
 	if err != nil {
 		return err
@@ -128,7 +109,7 @@ func (s *Store) GetTask(ctx context.Context, taskID string) (*tasksv1.Task, erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getTask(ctx, s.db.Pool(), taskID)
+	return getTask(ctx, s.DB.Pool(), taskID)
 }
 
 // ListTasks implements store.Store.
@@ -138,7 +119,7 @@ func (s *Store) ListTasks(ctx context.Context, agent string, offset, limit int) 
 	}
 	var out []*tasksv1.Task
 	var total int
-	err := s.db.View(ctx, func(tx pgx.Tx) error {
+	err := s.DB.View(ctx, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE agent = $1`, agent).Scan(&total); err != nil {
 			return err
 		}
@@ -158,7 +139,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 		return nil, err
 	}
 	var out *tasksv1.Task
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, taskID)
 		if err != nil {
 			return err
@@ -204,7 +185,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, taskID)
 		if err != nil {
 			return err
@@ -239,7 +220,7 @@ func getStep(ctx context.Context, q pgdb.Querier, ref store.StepRef) (*tasksv1.S
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Step](data)
+	return resource.Decode(data, &tasksv1.Step{})
 }
 
 // GetStep implements store.Store.
@@ -247,12 +228,12 @@ func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getStep(ctx, s.db.Pool(), ref)
+	return getStep(ctx, s.DB.Pool(), ref)
 }
 
 // ListSteps implements store.Store.
 func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Step, int, error) {
-	return listChildren[tasksv1.Step](ctx, s.db, taskID, offset, limit,
+	return listChildren[tasksv1.Step](ctx, s.DB, taskID, offset, limit,
 		`SELECT count(*) FROM steps WHERE task_id = $1`,
 		`SELECT data FROM steps WHERE task_id = $1 ORDER BY step_id OFFSET $2 LIMIT $3`)
 }
@@ -291,7 +272,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, ref.TaskID)
 		if err != nil {
 			return err
@@ -330,7 +311,7 @@ func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rows, err := s.db.Pool().Query(ctx, `SELECT s.task_id, s.step_id FROM steps s JOIN tasks t ON t.id = s.task_id
+	rows, err := s.DB.Pool().Query(ctx, `SELECT s.task_id, s.step_id FROM steps s JOIN tasks t ON t.id = s.task_id
 WHERE s.pending ORDER BY t.seq, s.step_id`)
 	if err != nil {
 		return nil, err
@@ -365,7 +346,7 @@ func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Ar
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(ctx, func(tx pgx.Tx) error {
+	return s.DB.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, taskID)
 		if err != nil {
 			return err
@@ -384,19 +365,19 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 		return nil, err
 	}
 	var data []byte
-	err := s.db.Pool().QueryRow(ctx, `SELECT data FROM artifacts WHERE task_id = $1 AND artifact_id = $2`, taskID, artifactID).Scan(&data)
+	err := s.DB.Pool().QueryRow(ctx, `SELECT data FROM artifacts WHERE task_id = $1 AND artifact_id = $2`, taskID, artifactID).Scan(&data)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, resource.NotFound("artifact", "tasks/"+taskID+"/artifacts/"+artifactID)
 	}
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Artifact](data)
+	return resource.Decode(data, &tasksv1.Artifact{})
 }
 
 // ListArtifacts implements store.Store.
 func (s *Store) ListArtifacts(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Artifact, int, error) {
-	return listChildren[tasksv1.Artifact](ctx, s.db, taskID, offset, limit,
+	return listChildren[tasksv1.Artifact](ctx, s.DB, taskID, offset, limit,
 		`SELECT count(*) FROM artifacts WHERE task_id = $1`,
 		`SELECT data FROM artifacts WHERE task_id = $1 ORDER BY seq OFFSET $2 LIMIT $3`)
 }
