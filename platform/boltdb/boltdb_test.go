@@ -405,3 +405,47 @@ func TestPing(t *testing.T) {
 		t.Error("Ping on a closed database = nil, want an error")
 	}
 }
+
+// DeleteWhere deletes every matching key, none skipped (deleting while
+// walking a cursor would skip some), and stops at match's error.
+func TestDeleteWhere(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	if err := d.Update(func(tx *Tx) error {
+		for i := range 100 {
+			if err := tx.Bucket(bucketThings).Put([]byte{byte(i)}, []byte{byte(i % 2)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := d.Update(func(tx *Tx) (err error) {
+		n, err = DeleteWhere(tx.Bucket(bucketThings), func(_, v []byte) (bool, error) { return v[0] == 1, nil })
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	_ = d.View(func(tx *Tx) error {
+		return tx.Bucket(bucketThings).ForEach(func(_, v []byte) error {
+			if v[0] == 1 {
+				t.Errorf("a matching key is left")
+			}
+			left++
+			return nil
+		})
+	})
+	if n != 50 || left != 50 {
+		t.Errorf("deleted %d, left %d; want 50 and 50", n, left)
+	}
+	boom := errors.New("boom")
+	err := d.Update(func(tx *Tx) error {
+		_, err := DeleteWhere(tx.Bucket(bucketThings), func(_, _ []byte) (bool, error) { return false, boom })
+		return err
+	})
+	if !errors.Is(err, boom) {
+		t.Errorf("DeleteWhere with a failing match = %v, want its error", err)
+	}
+}

@@ -297,26 +297,11 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	}
 	cutoff := before.UnixNano()
 	var dropped int
-	err := s.DB.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketRequests)
-		// Collect first: deleting while walking a cursor skips keys.
-		var old [][]byte
-		err := b.ForEach(func(k, v []byte) error {
-			if len(v) < 8 || int64(binary.BigEndian.Uint64(v)) < cutoff {
-				old = append(old, bytes.Clone(k))
-			}
-			return nil
+	err := s.DB.Update(func(tx *bolt.Tx) (err error) {
+		dropped, err = boltdb.DeleteWhere(tx.Bucket(bucketRequests), func(_, v []byte) (bool, error) {
+			return len(v) < 8 || int64(binary.BigEndian.Uint64(v)) < cutoff, nil
 		})
-		if err != nil {
-			return err
-		}
-		for _, k := range old {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		dropped = len(old)
-		return nil
+		return err
 	})
 	return dropped, err
 }
