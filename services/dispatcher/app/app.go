@@ -199,15 +199,27 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
-	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
-	go srv.RunDeadlines(ctx)
+	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
+	// their effects are transactional, so a brief overlap at a takeover is
+	// harmless.
+	db := pgdb.Of(a.store)
+	once := func(name string, fn func(context.Context)) {
+		go db.Exclusive(ctx, "dispatcher."+name, pgdb.ExclusiveOptions{Logger: a.logger}, fn)
+	}
+	once("sweep", func(ctx context.Context) { a.sweep(ctx, srv) })
+	once("deadlines", srv.RunDeadlines)
+	if pg, ok := a.store.(*pgstore.Store); ok {
+		// Other replicas' appends wake the streams connected here, and
+		// their timers the deadlines.
+		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines})
+	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
 		Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
-	go func() { _ = relay.Run(ctx) }() // returns nil when ctx ends
+	once("notifications", func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
 	return nil
 }
 

@@ -227,6 +227,10 @@ type Machine interface {
 	// message). It is pure. A message that breaks a rule gets a *Violation;
 	// any other error means the stored state is corrupt.
 	Step(state json.RawMessage, s Step) (Accepted, error)
+	// OpensOrder reports whether accepting a message of type typ forms
+	// an order (or, once formed, renews its acceptance): the
+	// AcceptanceGate checks those.
+	OpensOrder(typ string) bool
 }
 
 // Protocols finds a PD's state machine.
@@ -281,6 +285,9 @@ type Options struct {
 	// Observer is told of the pair states each delivered message moved
 	// (deadlines to arm, orders to record); nil tells no one.
 	Observer Observer
+	// Acceptances checks each message that would form an order before it
+	// is recorded; nil lets every one through to the state machine.
+	Acceptances AcceptanceGate
 }
 
 // Service sends the network's messages.
@@ -434,6 +441,9 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 	}
 	now := s.opts.Now().UTC()
 	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: sender, Type: m.Type, InReplyTo: inReplyTo, Time: now}
+	if err := s.checkAcceptance(ctx, machine, d, answered, sender, dm.ID, m, now); err != nil {
+		return Result{}, err
+	}
 	var (
 		accepted []string
 		refusals []Refusal

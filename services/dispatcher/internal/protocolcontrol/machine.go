@@ -252,3 +252,10 @@ func (m *Machine) DeadlineFields(t string) []string {
 	}
 	return out
 }
+
+// OpensOrder reports whether t is declared opensOrder: accepting it forms
+// the pair's order.
+func (m *Machine) OpensOrder(t string) bool {
+	mt := m.types[t]
+	return mt != nil && mt.opens
+}

@@ -12,6 +12,7 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/carddata"
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
@@ -248,6 +249,10 @@ func (s *Server) checkMessage(v *grpcerr.Violations, typ, recipientType, body, r
 		v.Add("body_json", fmt.Sprintf("is %d bytes, over the limit of %d", len(body), s.opts.MessageMaxBodyBytes))
 	case !json.Valid([]byte(body)):
 		v.Add("body_json", "must be one JSON value")
+	default:
+		if at, ok := carddata.Find([]byte(body)); ok {
+			v.Add("body_json", fmt.Sprintf("holds card data at %q (a card number or verification code): only payment references may pass through the network", at))
+		}
 	}
 	if requestID != "" && !validMessageID(requestID) {
 		v.Add("request_id", "must be letters, digits, - and _, at most 64")

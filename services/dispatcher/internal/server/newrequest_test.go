@@ -2,6 +2,7 @@ package server
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -262,6 +263,41 @@ func TestNewRequest_refusesBadInput(t *testing.T) {
 	if n := len(e.inbox(netBob)); n != before {
 		t.Errorf("refused requests put %d messages in bob's mailbox", n-before)
 	}
+	// Card data never passes through the network, in any message.
+	open := e.request("transact", nil, netBob)
+	for name, send := range map[string]func() error{
+		"NewRequest task": func() error {
+			r := ok()
+			r.TaskJson = `{"pay_with":"4111 1111 1111 1111"}`
+			_, err := e.client.NewRequest(t.Context(), r)
+			return err
+		},
+		"ReplyMessage card number": func() error {
+			_, err := e.reply(netBob, open.GetMessageId(), "proposal", `{"proposal":{"card":"5500000000000004"}}`)
+			return err
+		},
+		"ReplyMessage CVV": func() error {
+			_, err := e.reply(netBob, open.GetMessageId(), "proposal", `{"proposal":{},"payment":{"ref":"ledger:1","cvv":"123"}}`)
+			return err
+		},
+		"SendMessage": func() error {
+			_, err := e.client.SendMessage(t.Context(), &dispatcherv1.SendMessageRequest{
+				Sender: netAlice, To: to, MessageType: "new_message", BodyJson: `{"n":4111111111111111}`,
+			})
+			return err
+		},
+	} {
+		before := len(e.inbox(netBob)) + len(e.inbox(netAlice))
+		if err := send(); status.Code(err) != codes.InvalidArgument || badField(err) != "body_json" || !strings.Contains(err.Error(), "card data") {
+			t.Errorf("%s with card data: error = %v, want INVALID_ARGUMENT naming body_json and card data", name, err)
+		}
+		if n := len(e.inbox(netBob)) + len(e.inbox(netAlice)); n != before {
+			t.Errorf("%s with card data delivered %d messages", name, n-before)
+		}
+	}
+	// The pair did not move: the proposal still goes through.
+	e.mustReply(netBob, open.GetMessageId(), "proposal", `{"proposal":{"payment":{"reference":"ledger:1"}}}`)
+
 	// A service protocol does not open with SendMessage: the category is
 	// the operation's.
 	_, err := e.client.SendMessage(t.Context(), &dispatcherv1.SendMessageRequest{

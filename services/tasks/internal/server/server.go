@@ -114,13 +114,19 @@ func (s *Server) Start(ctx context.Context, stopping <-chan struct{}) error {
 	if err != nil {
 		return fmt.Errorf("list pending steps: %w", err)
 	}
+	s.Resume(ctx, refs)
+	return nil
+}
+
+// Resume runs pending steps that no one runs: those left by the last run
+// (Start), or claimed from a replica that died (pgstore.ClaimOrphans).
+func (s *Server) Resume(ctx context.Context, refs []store.StepRef) {
 	for _, ref := range refs {
 		s.sched.Submit(ref, "", nil, nil)
 	}
 	if len(refs) > 0 {
 		s.logger.InfoContext(ctx, "resuming pending steps", slog.Int("steps", len(refs)))
 	}
-	return nil
 }
 
 // Close stops executing steps and waits for running attempts to end. Steps

@@ -18,7 +18,7 @@ func (s *Store) PutTimers(ctx context.Context, timers []store.Timer) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Write(ctx, func(tx pgx.Tx) error {
+	return s.db.Write(ctx, func(tx pgx.Tx) error {
 		for _, t := range timers {
 			if _, err := tx.Exec(ctx, `INSERT INTO timers (dialogue, counterpart, name, at_ns, data) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (dialogue, counterpart, name) DO UPDATE SET at_ns = excluded.at_ns, data = excluded.data`,
@@ -32,7 +32,7 @@ ON CONFLICT (dialogue, counterpart, name) DO UPDATE SET at_ns = excluded.at_ns, 
 
 // timers reads the timers a query returns, in its order.
 func (s *Store) timers(ctx context.Context, sql string, args ...any) ([]store.Timer, error) {
-	rows, err := s.DB.Pool().Query(ctx, sql, args...)
+	rows, err := s.db.Pool().Query(ctx, sql, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +73,7 @@ func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (j
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return pairState(ctx, s.DB.Pool(), dialogue, p)
+	return pairState(ctx, s.db.Pool(), dialogue, p)
 }
 
 // FireTimer implements store.TimerStore. The timer row is locked first, so
@@ -84,7 +84,7 @@ func (s *Store) FireTimer(ctx context.Context, t store.Timer, mutate func(json.R
 		return false, err
 	}
 	var fired bool
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		fired = false
 		var at int64
 		err := tx.QueryRow(ctx, `SELECT at_ns FROM timers WHERE dialogue = $1 AND counterpart = $2 AND name = $3 FOR UPDATE`,

@@ -84,7 +84,7 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, m store.Di
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO dialogues (id, data) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, d.ID, marshal(d))
 		if err != nil {
 			return err
@@ -168,7 +168,7 @@ func (s *Store) AddMessage(ctx context.Context, answered string, plan func(store
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		v := &view{ctx: ctx, tx: tx}
 		if ok, err := getJSON(ctx, tx, &v.answered, `SELECT data FROM dialogue_messages WHERE id = $1`, answered); err != nil {
 			return err
@@ -206,7 +206,7 @@ func (s *Store) RetractMessage(ctx context.Context, id string, agents []string, 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		var m store.DialogueMessage
 		if ok, err := getJSON(ctx, tx, &m, `SELECT data FROM dialogue_messages WHERE id = $1`, id); err != nil || !ok {
 			return err
@@ -273,7 +273,7 @@ func (s *Store) getJSON(ctx context.Context, v any, kind, sql, id string) error 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	ok, err := getJSON(ctx, s.DB.Pool(), v, sql, id)
+	ok, err := getJSON(ctx, s.db.Pool(), v, sql, id)
 	if err == nil && !ok {
 		err = resource.NotFound(kind, id)
 	}
@@ -298,7 +298,7 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 		d store.Dialogue
 		p store.Participant
 	)
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		d, p = store.Dialogue{}, store.Participant{}
 		var dd, pd []byte
 		err := tx.QueryRow(ctx, `SELECT d.data, p.data FROM dialogues d JOIN dialogue_participants p ON p.dialogue = d.id WHERE d.id = $1 AND p.agent = $2`,
@@ -330,7 +330,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 		return 0, err
 	}
 	var n int
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		n = 0
 		rows, err := tx.Query(ctx, `SELECT d.data, p.data FROM dialogue_participants p JOIN dialogues d ON d.id = p.dialogue WHERE p.agent = $1 ORDER BY p.dialogue`, agent)
 		if err != nil {
@@ -385,7 +385,7 @@ func (s *Store) BeginRequest(ctx context.Context, sender, id string, now, stale 
 		rec   store.Request
 		found bool
 	)
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		rec, found = store.Request{}, false
 		ok, err := getJSON(ctx, tx, &rec, `SELECT data FROM dialogue_requests WHERE sender = $1 AND id = $2`, sender, id)
 		if err != nil {
@@ -411,7 +411,7 @@ func (s *Store) FinishRequest(ctx context.Context, sender, id string, result jso
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		if result == nil {
 			_, err := tx.Exec(ctx, `DELETE FROM dialogue_requests WHERE sender = $1 AND id = $2`, sender, id)
 			return err
@@ -431,7 +431,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.DB.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE start_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE start_ns < $1`, before.UnixNano())
 	if err != nil {
 		return 0, err
 	}

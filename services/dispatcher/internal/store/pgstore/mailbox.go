@@ -61,7 +61,7 @@ func (s *Store) AppendMessage(ctx context.Context, m mailbox.Message, recipients
 		delivered []mailbox.Delivery
 		refused   []mailbox.Refusal
 	)
-	err = s.DB.Write(ctx, func(tx pgx.Tx) error {
+	err = s.db.Write(ctx, func(tx pgx.Tx) error {
 		// The id first: a concurrent append of the same id waits on it and
 		// then finds it taken.
 		tag, err := tx.Exec(ctx, `INSERT INTO mail_messages (id, refs, data) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING`, m.ID, body)
@@ -129,7 +129,7 @@ func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, lim
 	if after >= 1<<63-1 || limit <= 0 {
 		return nil, nil
 	}
-	rows, err := s.DB.Pool().Query(ctx, `SELECT r.cursor, r.message, m.data FROM mailbox_refs r LEFT JOIN mail_messages m ON m.id = r.message
+	rows, err := s.db.Pool().Query(ctx, `SELECT r.cursor, r.message, m.data FROM mailbox_refs r LEFT JOIN mail_messages m ON m.id = r.message
 WHERE r.agent = $1 AND r.cursor > $2 ORDER BY r.cursor LIMIT $3`, agent, int64(after), limit) //nolint:gosec // checked above
 	if err != nil {
 		return nil, err
@@ -172,7 +172,7 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 		return mailbox.State{}, err
 	}
 	var out mailbox.State
-	err := s.DB.Write(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		out = mailbox.State{}
 		err := tx.QueryRow(ctx, `SELECT head, acked, pending, pending_bytes FROM mailboxes WHERE agent = $1 FOR UPDATE`, agent).
 			Scan(&out.Head, &out.Acked, &out.Pending, &out.PendingBytes)
@@ -202,7 +202,7 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 		return mailbox.State{}, err
 	}
 	var out mailbox.State
-	err := s.DB.Pool().QueryRow(ctx, `SELECT head, acked, pending, pending_bytes FROM mailboxes WHERE agent = $1`, agent).
+	err := s.db.Pool().QueryRow(ctx, `SELECT head, acked, pending, pending_bytes FROM mailboxes WHERE agent = $1`, agent).
 		Scan(&out.Head, &out.Acked, &out.Pending, &out.PendingBytes)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return mailbox.State{}, nil
@@ -218,7 +218,7 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 		return 0, err
 	}
 	n := 0
-	err := s.DB.Write(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `DELETE FROM mailbox_refs d USING (
   SELECT r.agent, r.cursor FROM mailbox_refs r JOIN mailboxes b ON b.agent = r.agent
   WHERE r.cursor <= b.acked AND r.sent_ns < $1 ORDER BY r.agent, r.cursor LIMIT $2 FOR UPDATE OF r SKIP LOCKED

@@ -19,7 +19,7 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 	}
 	k := store.Pair{A: o.Consumer, B: o.Supplier}.Key()
 	var out store.Order
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		var cur store.Order
 		ok, err := getJSON(ctx, tx, &cur, `SELECT data FROM orders WHERE dialogue = $1 AND a = $2 AND b = $3`, o.Dialogue, k.A, k.B)
 		switch {
@@ -67,7 +67,7 @@ func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderS
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rows, err := s.DB.Pool().Query(ctx, `SELECT o.data FROM agent_orders ao JOIN orders o ON o.id = ao.order_id
+	rows, err := s.db.Pool().Query(ctx, `SELECT o.data FROM agent_orders ao JOIN orders o ON o.id = ao.order_id
 WHERE ao.agent = $1 AND ao.order_id > $2 AND ($3 = '' OR o.state = $3) ORDER BY ao.order_id LIMIT $4`, agent, after, string(state), limit)
 	if err != nil {
 		return nil, err

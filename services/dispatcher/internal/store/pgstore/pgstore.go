@@ -32,8 +32,9 @@ var migrationFiles embed.FS
 
 // Store is the PostgreSQL-backed store.
 type Store struct {
-	*pgdb.DB // its Ping and Close are the store's
-	schema   string
+	db     *pgdb.DB
+	schema string
+	origin string // this Store's id in its notifications (listen.go)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -45,8 +46,18 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db, schema: schema}, nil
+	return &Store{db: db, schema: schema, origin: newOrigin()}, nil
 }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// DB is the database, for work that runs on one replica at a time
+// (pgdb.DB.Exclusive).
+func (s *Store) DB() *pgdb.DB { return s.db }
+
+// Close closes the connections.
+func (s *Store) Close() error { return s.db.Close() }
 
 // SetRoutine implements store.Store.
 func (s *Store) SetRoutine(ctx context.Context, name, source string, now time.Time) (*dispatcherv1.Routine, error) {
@@ -54,7 +65,7 @@ func (s *Store) SetRoutine(ctx context.Context, name, source string, now time.Ti
 		return nil, err
 	}
 	var out *dispatcherv1.Routine
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		cur := &dispatcherv1.Routine{}
 		version := int64(1)
 		if err := pgdb.Get(ctx, tx, "routines", "routine", name, cur); err == nil {
@@ -88,7 +99,7 @@ func (s *Store) GetRoutine(ctx context.Context, name string) (*dispatcherv1.Rout
 		return nil, err
 	}
 	r := &dispatcherv1.Routine{}
-	if err := pgdb.Get(ctx, s.DB.Pool(), "routines", "routine", name, r); err != nil {
+	if err := pgdb.Get(ctx, s.db.Pool(), "routines", "routine", name, r); err != nil {
 		return nil, err
 	}
 	return r, nil
@@ -115,7 +126,7 @@ func (s *Store) ListRoutines(ctx context.Context, parent, after string, limit in
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return list(ctx, s.DB, func() *dispatcherv1.Routine { return &dispatcherv1.Routine{} },
+	return list(ctx, s.db, func() *dispatcherv1.Routine { return &dispatcherv1.Routine{} },
 		`SELECT data FROM routines WHERE starts_with(name, $1) AND name > $2 ORDER BY name LIMIT $3`, parent+"/routines/", after, limit)
 }
 
@@ -126,7 +137,7 @@ func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64
 		return nil, err
 	}
 	out := &dispatcherv1.Routine{}
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		proto.Reset(out)
 		if err := pgdb.Get(ctx, tx, "routines", "routine", name, out); err != nil {
 			return err
@@ -162,7 +173,7 @@ func (s *Store) SetTool(ctx context.Context, t *dispatcherv1.Tool, now time.Time
 	}
 	out := proto.CloneOf(t)
 	out.UpdateTime = timestamppb.New(now)
-	if err := pgdb.Put(ctx, s.DB.Pool(), "tools", out.GetName(), out); err != nil {
+	if err := pgdb.Put(ctx, s.db.Pool(), "tools", out.GetName(), out); err != nil {
 		return nil, err
 	}
 	return out, nil
@@ -173,7 +184,7 @@ func (s *Store) ListTools(ctx context.Context, parent string) ([]*dispatcherv1.T
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return list(ctx, s.DB, func() *dispatcherv1.Tool { return &dispatcherv1.Tool{} },
+	return list(ctx, s.db, func() *dispatcherv1.Tool { return &dispatcherv1.Tool{} },
 		`SELECT data FROM tools WHERE starts_with(name, $1) ORDER BY name`, parent+"/tools/")
 }
 
@@ -187,7 +198,7 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, ma
 	if err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		if maxPerPeer > 0 {
 			var open int
 			if err := tx.QueryRow(ctx, `SELECT count(*) FROM conversations WHERE peer = $1 AND expire_ns > $2`, c.Peer, now.UnixNano()).Scan(&open); err != nil {
@@ -228,7 +239,7 @@ func (s *Store) GetConversation(ctx context.Context, id string) (store.Conversat
 	if err := ctx.Err(); err != nil {
 		return store.Conversation{}, err
 	}
-	return getConversation(ctx, s.DB.Pool(), id)
+	return getConversation(ctx, s.db.Pool(), id)
 }
 
 // UpdateConversation implements store.Store.
@@ -236,7 +247,7 @@ func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		c, err := getConversation(ctx, tx, id)
 		if err != nil {
 			return err
@@ -258,7 +269,7 @@ func (s *Store) DeleteConversation(ctx context.Context, id string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	tag, err := s.DB.Pool().Exec(ctx, `DELETE FROM conversations WHERE id = $1`, id)
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM conversations WHERE id = $1`, id)
 	if err != nil {
 		return err
 	}
@@ -274,7 +285,7 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time) (int, 
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.DB.Pool().Exec(ctx, `DELETE FROM conversations WHERE expire_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM conversations WHERE expire_ns < $1`, before.UnixNano())
 	if err != nil {
 		return 0, err
 	}
@@ -291,7 +302,7 @@ func (s *Store) CountSend(ctx context.Context, agent, task, target string, withP
 	if withProtocol {
 		with = 1
 	}
-	_, err := s.DB.Pool().Exec(ctx, `INSERT INTO send_counts AS c (agent, task, target, conversations, with_protocol) VALUES ($1, $2, $3, 1, $4)
+	_, err := s.db.Pool().Exec(ctx, `INSERT INTO send_counts AS c (agent, task, target, conversations, with_protocol) VALUES ($1, $2, $3, 1, $4)
 ON CONFLICT (agent, task, target) DO UPDATE SET conversations = c.conversations + 1, with_protocol = c.with_protocol + $4`, agent, task, target, with)
 	return err
 }
@@ -301,7 +312,7 @@ func (s *Store) ListSendCounts(ctx context.Context, agent string) ([]store.SendC
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rows, err := s.DB.Pool().Query(ctx, `SELECT task, target, conversations, with_protocol FROM send_counts WHERE agent = $1 ORDER BY task, target`, agent)
+	rows, err := s.db.Pool().Query(ctx, `SELECT task, target, conversations, with_protocol FROM send_counts WHERE agent = $1 ORDER BY task, target`, agent)
 	if err != nil {
 		return nil, err
 	}

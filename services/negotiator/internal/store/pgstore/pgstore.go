@@ -26,7 +26,7 @@ var migrationFiles embed.FS
 
 // Store is the PostgreSQL-backed store.
 type Store struct {
-	*pgdb.DB // its Ping and Close are the store's
+	db *pgdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
@@ -38,8 +38,14 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db}, nil
+	return &Store{db: db}, nil
 }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Close closes the connections.
+func (s *Store) Close() error { return s.db.Close() }
 
 // AppendLedgerEntry implements store.Store. The totals are added by SQL,
 // so concurrent appends queue on a total's row lock and never retry.
@@ -51,7 +57,7 @@ func (s *Store) AppendLedgerEntry(ctx context.Context, e *negotiatorv1.LedgerEnt
 	if e != nil {
 		entry = proto.CloneOf(e)
 	}
-	err := s.DB.Write(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		var seq int64
 		if err := tx.QueryRow(ctx, `SELECT nextval('ledger_seq')`).Scan(&seq); err != nil {
 			return err
@@ -91,7 +97,7 @@ func (s *Store) ListLedgerEntries(ctx context.Context, f store.LedgerFilter, aft
 		return nil, "", nil
 	}
 	// One more row than asked says whether there is a next page.
-	rows, err := s.DB.Pool().Query(ctx, `SELECT data FROM ledger_entries
+	rows, err := s.db.Pool().Query(ctx, `SELECT data FROM ledger_entries
 WHERE name > $1 AND ($2 = '' OR agent = $2) AND ($3 = '' OR role = $3)
 ORDER BY name LIMIT $4`, after, f.Agent, f.Role, limit+1)
 	if err != nil {
@@ -120,7 +126,7 @@ func (s *Store) Totals(ctx context.Context, key string) (*negotiatorv1.CostSumma
 		return nil, err
 	}
 	t := &negotiatorv1.CostSummary{}
-	err := s.DB.Pool().QueryRow(ctx, `SELECT calls, prompt_tokens, completion_tokens, cost_micro_usd FROM totals WHERE key = $1`, key).
+	err := s.db.Pool().QueryRow(ctx, `SELECT calls, prompt_tokens, completion_tokens, cost_micro_usd FROM totals WHERE key = $1`, key).
 		Scan(&t.Calls, &t.PromptTokens, &t.CompletionTokens, &t.CostMicroUsd)
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return nil, err
@@ -130,7 +136,7 @@ func (s *Store) Totals(ctx context.Context, key string) (*negotiatorv1.CostSumma
 
 // GetVerdict implements store.Store.
 func (s *Store) GetVerdict(ctx context.Context, key string) (*negotiatorv1.SuitabilityVerdict, error) {
-	return get(ctx, s.DB, "verdicts", "verdict", key, &negotiatorv1.SuitabilityVerdict{})
+	return get(ctx, s.db, "verdicts", "verdict", key, &negotiatorv1.SuitabilityVerdict{})
 }
 
 // PutVerdict implements store.Store.
@@ -138,7 +144,7 @@ func (s *Store) PutVerdict(ctx context.Context, key string, v *negotiatorv1.Suit
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return pgdb.Put(ctx, s.DB.Pool(), "verdicts", key, v)
+	return pgdb.Put(ctx, s.db.Pool(), "verdicts", key, v)
 }
 
 // CreateNegotiation implements store.Store.
@@ -146,18 +152,18 @@ func (s *Store) CreateNegotiation(ctx context.Context, n *negotiatorv1.Negotiati
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return pgdb.Insert(ctx, s.DB.Pool(), "negotiations", "negotiation", n.GetName(), n)
+	return pgdb.Insert(ctx, s.db.Pool(), "negotiations", "negotiation", n.GetName(), n)
 }
 
 // GetNegotiation implements store.Store.
 func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.Negotiation, error) {
-	return get(ctx, s.DB, "negotiations", "negotiation", name, &negotiatorv1.Negotiation{})
+	return get(ctx, s.db, "negotiations", "negotiation", name, &negotiatorv1.Negotiation{})
 }
 
 // UpdateNegotiation implements store.Store.
 func (s *Store) UpdateNegotiation(ctx context.Context, name string, mutate func(*negotiatorv1.Negotiation) error) (*negotiatorv1.Negotiation, error) {
 	n := &negotiatorv1.Negotiation{}
-	if err := s.DB.Modify(ctx, "negotiations", "negotiation", name, n, func() error { return mutate(n) }); err != nil {
+	if err := s.db.Modify(ctx, "negotiations", "negotiation", name, n, func() error { return mutate(n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -168,18 +174,18 @@ func (s *Store) PutRoutineCandidate(ctx context.Context, c *negotiatorv1.Routine
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return pgdb.Put(ctx, s.DB.Pool(), "routine_candidates", c.GetName(), c)
+	return pgdb.Put(ctx, s.db.Pool(), "routine_candidates", c.GetName(), c)
 }
 
 // GetRoutineCandidate implements store.Store.
 func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiatorv1.RoutineCandidate, error) {
-	return get(ctx, s.DB, "routine_candidates", "routine candidate", name, &negotiatorv1.RoutineCandidate{})
+	return get(ctx, s.db, "routine_candidates", "routine candidate", name, &negotiatorv1.RoutineCandidate{})
 }
 
 // UpdateRoutineCandidate implements store.Store.
 func (s *Store) UpdateRoutineCandidate(ctx context.Context, name string, mutate func(*negotiatorv1.RoutineCandidate) error) (*negotiatorv1.RoutineCandidate, error) {
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := s.DB.Modify(ctx, "routine_candidates", "routine candidate", name, c, func() error { return mutate(c) }); err != nil {
+	if err := s.db.Modify(ctx, "routine_candidates", "routine candidate", name, c, func() error { return mutate(c) }); err != nil {
 		return nil, err
 	}
 	return c, nil

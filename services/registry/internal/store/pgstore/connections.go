@@ -31,7 +31,7 @@ func (s *Store) Follow(ctx context.Context, follower, agent string) (bool, error
 		return false, err
 	}
 	var created bool
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		created = false
 		if err := agentsExist(ctx, tx, follower, agent); err != nil {
 			return err
@@ -54,7 +54,7 @@ func (s *Store) Unfollow(ctx context.Context, follower, agent string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		if err := agentsExist(ctx, tx, follower); err != nil {
 			return err
 		}
@@ -71,7 +71,7 @@ func (s *Store) ListFollowers(ctx context.Context, agent string, opts store.List
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return names(ctx, s.DB.Pool(), `SELECT follower FROM follows WHERE agent = $1 AND follower > $2 ORDER BY follower LIMIT $3`, agent, opts.After, opts.Limit)
+	return names(ctx, s.db.Pool(), `SELECT follower FROM follows WHERE agent = $1 AND follower > $2 ORDER BY follower LIMIT $3`, agent, opts.After, opts.Limit)
 }
 
 // ListFollowing implements store.Store.
@@ -79,7 +79,7 @@ func (s *Store) ListFollowing(ctx context.Context, follower string, opts store.L
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return names(ctx, s.DB.Pool(), `SELECT agent FROM follows WHERE follower = $1 AND agent > $2 ORDER BY agent LIMIT $3`, follower, opts.After, opts.Limit)
+	return names(ctx, s.db.Pool(), `SELECT agent FROM follows WHERE follower = $1 AND agent > $2 ORDER BY agent LIMIT $3`, follower, opts.After, opts.Limit)
 }
 
 // IsFollowing implements store.Store.
@@ -87,7 +87,7 @@ func (s *Store) IsFollowing(ctx context.Context, follower, agent string) (bool, 
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	return exists(ctx, s.DB.Pool(), `SELECT 1 FROM follows WHERE follower = $1 AND agent = $2`, follower, agent)
+	return exists(ctx, s.db.Pool(), `SELECT 1 FROM follows WHERE follower = $1 AND agent = $2`, follower, agent)
 }
 
 // JoinClientGroup implements store.Store.
@@ -105,7 +105,7 @@ func (s *Store) clientGroup(ctx context.Context, agent, sql string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		if err := agentsExist(ctx, tx, agent); err != nil {
 			return err
 		}
@@ -121,7 +121,7 @@ func (s *Store) ListClientGroupMembers(ctx context.Context, client string, opts 
 	}
 	prefix := client + "/agents/"
 	after := prefix + strings.TrimPrefix(opts.After, prefix)
-	return names(ctx, s.DB.Pool(), `SELECT agent FROM client_group_members WHERE starts_with(agent, $1) AND agent >= $2 AND ($3 = '' OR agent > $2)
+	return names(ctx, s.db.Pool(), `SELECT agent FROM client_group_members WHERE starts_with(agent, $1) AND agent >= $2 AND ($3 = '' OR agent > $2)
 ORDER BY agent LIMIT $4`, prefix, after, opts.After, opts.Limit)
 }
 
@@ -130,5 +130,5 @@ func (s *Store) InClientGroup(ctx context.Context, agent string) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	return exists(ctx, s.DB.Pool(), `SELECT 1 FROM client_group_members WHERE agent = $1`, agent)
+	return exists(ctx, s.db.Pool(), `SELECT 1 FROM client_group_members WHERE agent = $1`, agent)
 }

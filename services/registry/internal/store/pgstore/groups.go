@@ -28,7 +28,7 @@ func (s *Store) ViewGroups(ctx context.Context, fn func(store.GroupReader) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.View(ctx, func(tx pgx.Tx) error { return fn(&groupTx{ctx: ctx, tx: tx, s: s}) })
+	return s.db.View(ctx, func(tx pgx.Tx) error { return fn(&groupTx{ctx: ctx, tx: tx, s: s}) })
 }
 
 // UpdateGroups implements store.GroupStore.
@@ -36,7 +36,7 @@ func (s *Store) UpdateGroups(ctx context.Context, fn func(store.GroupWriter) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error { return fn(&groupTx{ctx: ctx, tx: tx, s: s}) })
+	return s.db.Update(ctx, func(tx pgx.Tx) error { return fn(&groupTx{ctx: ctx, tx: tx, s: s}) })
 }
 
 func (g *groupTx) AgentExists(agent string) (bool, error) {
@@ -195,7 +195,7 @@ func (s *Store) SearchGroups(ctx context.Context, opts store.ListOptions) ([]*re
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rows, err := s.DB.Pool().Query(ctx, `SELECT data FROM groups WHERE path > $1 ORDER BY path`, opts.After)
+	rows, err := s.db.Pool().Query(ctx, `SELECT data FROM groups WHERE path > $1 ORDER BY path`, opts.After)
 	if err != nil {
 		return nil, err
 	}
@@ -227,7 +227,7 @@ func (s *Store) ListNotifications(ctx context.Context, after uint64, limit int) 
 		out   []*registryv1.Notification
 		first int64
 	)
-	err := s.DB.View(ctx, func(tx pgx.Tx) error {
+	err := s.db.View(ctx, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT coalesce(min(seq), 0) FROM notification_outbox`).Scan(&first); err != nil {
 			return err
 		}
@@ -244,6 +244,6 @@ func (s *Store) TrimNotifications(ctx context.Context, through uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := s.DB.Pool().Exec(ctx, `DELETE FROM notification_outbox WHERE seq <= $1`, int64(through)) //nolint:gosec // sequences fit in int64
+	_, err := s.db.Pool().Exec(ctx, `DELETE FROM notification_outbox WHERE seq <= $1`, int64(through)) //nolint:gosec // sequences fit in int64
 	return err
 }

@@ -25,7 +25,7 @@ func (s *Store) CreateClient(ctx context.Context, c *registryv1.Client, key stor
 	if err != nil {
 		return nil, err
 	}
-	err = s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err = s.db.Update(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO clients (name, data) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING`, c.GetName(), val)
 		if err != nil {
 			return err
@@ -46,7 +46,7 @@ func (s *Store) GetClient(ctx context.Context, name string) (*registryv1.Client,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return one(ctx, s.DB.Pool(), &registryv1.Client{}, fmt.Errorf("client %s: %w", name, store.ErrNotFound), `SELECT data FROM clients WHERE name = $1`, name)
+	return one(ctx, s.db.Pool(), &registryv1.Client{}, fmt.Errorf("client %s: %w", name, store.ErrNotFound), `SELECT data FROM clients WHERE name = $1`, name)
 }
 
 // ListClients implements store.Store.
@@ -54,7 +54,7 @@ func (s *Store) ListClients(ctx context.Context, opts store.ListOptions) ([]*reg
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return many(ctx, s.DB.Pool(), func() *registryv1.Client { return &registryv1.Client{} },
+	return many(ctx, s.db.Pool(), func() *registryv1.Client { return &registryv1.Client{} },
 		`SELECT data FROM clients WHERE name > $1 ORDER BY name LIMIT $2`, opts.After, opts.Limit)
 }
 
@@ -64,7 +64,7 @@ func (s *Store) CreateKey(ctx context.Context, k store.StoredKey) error {
 		return err
 	}
 	parent := store.KeyParent(k.Key.GetName())
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		ok, err := exists(ctx, tx, `SELECT 1 FROM agents WHERE name = $1 UNION ALL SELECT 1 FROM clients WHERE name = $1`, parent)
 		if err != nil {
 			return err
@@ -88,7 +88,7 @@ func (s *Store) ListKeys(ctx context.Context, parent string) ([]*registryv1.Key,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out, err := many(ctx, s.DB.Pool(), func() *registryv1.Key { return &registryv1.Key{} },
+	out, err := many(ctx, s.db.Pool(), func() *registryv1.Key { return &registryv1.Key{} },
 		`SELECT data FROM keys WHERE owner = $1 ORDER BY name`, parent)
 	slices.SortStableFunc(out, func(a, b *registryv1.Key) int {
 		return a.GetCreateTime().AsTime().Compare(b.GetCreateTime().AsTime())
@@ -101,7 +101,7 @@ func (s *Store) DeleteKey(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return deleteKey(ctx, s.DB.Pool(), name)
+	return deleteKey(ctx, s.db.Pool(), name)
 }
 
 // RotateKey implements store.Store.
@@ -112,7 +112,7 @@ func (s *Store) RotateKey(ctx context.Context, old string, k store.StoredKey) er
 	if store.KeyParent(old) != store.KeyParent(k.Key.GetName()) {
 		return fmt.Errorf("rotate %s: the new key %s has another owner", old, k.Key.GetName())
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		if err := deleteKey(ctx, tx, old); err != nil {
 			return err
 		}
@@ -126,7 +126,7 @@ func (s *Store) GetKeyByID(ctx context.Context, id string) (store.StoredKey, err
 		return store.StoredKey{}, err
 	}
 	var hash, data []byte
-	err := s.DB.Pool().QueryRow(ctx, `SELECT hash, data FROM keys WHERE id = $1`, id).Scan(&hash, &data)
+	err := s.db.Pool().QueryRow(ctx, `SELECT hash, data FROM keys WHERE id = $1`, id).Scan(&hash, &data)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.StoredKey{}, fmt.Errorf("key id %s: %w", id, store.ErrNotFound)
 	}

@@ -32,7 +32,7 @@ var migrationFiles embed.FS
 
 // Store is the PostgreSQL-backed store.
 type Store struct {
-	*pgdb.DB      // its Ping and Close are the store's
+	db        *pgdb.DB
 	maxOutbox int // notifications kept; 0 means store.MaxOutbox
 }
 
@@ -45,8 +45,18 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db}, nil
+	return &Store{db: db}, nil
 }
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// DB is the database, for work that runs on one replica at a time
+// (pgdb.DB.Exclusive).
+func (s *Store) DB() *pgdb.DB { return s.db }
+
+// Close closes the connections.
+func (s *Store) Close() error { return s.db.Close() }
 
 // SetOutboxLimit sets how many notifications the outbox keeps (tests).
 func (s *Store) SetOutboxLimit(n int) { s.maxOutbox = n }
@@ -119,7 +129,7 @@ func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*re
 		stored  *registryv1.Protocol
 		created bool
 	)
-	err = s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err = s.db.Update(ctx, func(tx pgx.Tx) error {
 		stored, created = nil, false
 		existing, err := getProtocol(ctx, tx, key)
 		if err == nil {
@@ -174,7 +184,7 @@ func (s *Store) GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Prot
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getProtocol(ctx, s.DB.Pool(), sha1[:])
+	return getProtocol(ctx, s.db.Pool(), sha1[:])
 }
 
 // ListProtocols implements store.Store. The query filter runs here
@@ -190,7 +200,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 			return nil, fmt.Errorf("list start %q is not a SHA-1 hex", opts.After)
 		}
 	}
-	rows, err := s.DB.Pool().Query(ctx, `SELECT meta FROM protocols WHERE sha1 > $1 ORDER BY sha1`, after)
+	rows, err := s.db.Pool().Query(ctx, `SELECT meta FROM protocols WHERE sha1 > $1 ORDER BY sha1`, after)
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +229,7 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store
 		return nil, err
 	}
 	var out *registryv1.Agent
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		if done, err := recorded(ctx, tx, requestID); done != nil || err != nil {
 			out = done
 			return err
@@ -279,7 +289,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.DB.Pool().Exec(ctx, `DELETE FROM agent_requests WHERE recorded_at < $1`, before)
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM agent_requests WHERE recorded_at < $1`, before)
 	if err != nil {
 		return 0, err
 	}
@@ -311,7 +321,7 @@ func (s *Store) GetAgent(ctx context.Context, name string) (*registryv1.Agent, e
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getAgent(ctx, s.DB.Pool(), name)
+	return getAgent(ctx, s.db.Pool(), name)
 }
 
 // ListAgents implements store.Store.
@@ -323,7 +333,7 @@ func (s *Store) ListAgents(ctx context.Context, opts store.ListOptions) ([]*regi
 	if opts.Client != "" {
 		prefix = store.AgentPrefix(opts.Client)
 	}
-	return many(ctx, s.DB.Pool(), func() *registryv1.Agent { return &registryv1.Agent{} },
+	return many(ctx, s.db.Pool(), func() *registryv1.Agent { return &registryv1.Agent{} },
 		`SELECT data FROM agents WHERE starts_with(name, $1) AND name > $2 ORDER BY name LIMIT $3`, prefix, opts.After, opts.Limit)
 }
 
@@ -334,7 +344,7 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `DELETE FROM agents WHERE name = $1`, name)
 		if err != nil {
 			return err
@@ -364,7 +374,7 @@ func (s *Store) UpdateAgent(ctx context.Context, name, requestID string, mutate 
 		return nil, err
 	}
 	var a *registryv1.Agent
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		var err error
 		if a, err = recorded(ctx, tx, requestID); a != nil || err != nil {
 			return err

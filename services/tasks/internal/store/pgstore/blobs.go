@@ -32,7 +32,7 @@ type Blobs struct {
 var _ store.Blobs = (*Blobs)(nil)
 
 // Blobs returns the artifact bytes kept in the store's database.
-func (s *Store) Blobs() *Blobs { return &Blobs{db: s.DB} }
+func (s *Store) Blobs() *Blobs { return &Blobs{db: s.db} }
 
 // Write implements store.Blobs: every chunk in one transaction, so a
 // refused or failed upload leaves nothing, and the bytes are committed

@@ -8,8 +8,11 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
 	"embed"
+	"encoding/hex"
 	"errors"
+	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -28,7 +31,13 @@ var migrationFiles embed.FS
 
 // Store is the PostgreSQL-backed store.
 type Store struct {
-	*pgdb.DB // its Ping and Close are the store's
+	db *pgdb.DB
+	// owner is this Store's random id, written on the pending steps it
+	// creates or claims; it holds the Exclusive lock "tasks.owner.<owner>"
+	// until Close, so that other replicas leave those steps alone.
+	owner   string
+	release context.CancelFunc // ends the owner lock
+	held    chan struct{}      // closed when the owner lock ends
 }
 
 var _ store.Store = (*Store)(nil)
@@ -40,7 +49,44 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db}, nil
+	var b [8]byte
+	rand.Read(b[:]) // crypto/rand.Read never fails
+	s := &Store{db: db, owner: hex.EncodeToString(b[:]), held: make(chan struct{})}
+	lockCtx, release := context.WithCancel(context.WithoutCancel(ctx))
+	s.release = release
+	locked := make(chan struct{})
+	go func() {
+		defer close(s.held)
+		db.Exclusive(lockCtx, ownerLock+s.owner, pgdb.ExclusiveOptions{}, func(ctx context.Context) {
+			select {
+			case <-locked:
+			default:
+				close(locked)
+			}
+			<-ctx.Done()
+		})
+	}()
+	select {
+	case <-locked:
+		return s, nil
+	case <-ctx.Done():
+		s.Close()
+		return nil, fmt.Errorf("pgstore: taking the owner lock: %w", ctx.Err())
+	}
+}
+
+// ownerLock prefixes the Exclusive lock a Store holds while it lives.
+const ownerLock = "tasks.owner."
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Close releases the owner lock (other replicas may then claim this
+// Store's pending steps) and closes the connections.
+func (s *Store) Close() error {
+	s.release()
+	<-s.held
+	return s.db.Close()
 }
 
 func stepName(ref store.StepRef) string { return "tasks/" + ref.TaskID + "/steps/" + ref.StepID }
@@ -93,7 +139,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 	if err != nil {
 		return err
 	}
-	tag, err := s.DB.Pool().Exec(ctx, `INSERT INTO tasks (id, agent, seq, data) VALUES ($1, $2, nextval('task_seq'), $3)
+	tag, err := s.db.Pool().Exec(ctx, `INSERT INTO tasks (id, agent, seq, data) VALUES ($1, $2, nextval('task_seq'), $3)
 ON CONFLICT (id) DO NOTHING`, resource.ID(t.GetName()), t.GetAgent(), data)
 	if err != nil {
 		return err
@@ -109,7 +155,7 @@ func (s *Store) GetTask(ctx context.Context, taskID string) (*tasksv1.Task, erro
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getTask(ctx, s.DB.Pool(), taskID)
+	return getTask(ctx, s.db.Pool(), taskID)
 }
 
 // ListTasks implements store.Store.
@@ -119,7 +165,7 @@ func (s *Store) ListTasks(ctx context.Context, agent string, offset, limit int) 
 	}
 	var out []*tasksv1.Task
 	var total int
-	err := s.DB.View(ctx, func(tx pgx.Tx) error {
+	err := s.db.View(ctx, func(tx pgx.Tx) error {
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tasks WHERE agent = $1`, agent).Scan(&total); err != nil {
 			return err
 		}
@@ -139,7 +185,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 		return nil, err
 	}
 	var out *tasksv1.Task
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, taskID)
 		if err != nil {
 			return err
@@ -158,7 +204,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 
 // putStep inserts or replaces a step, pending while its status is CREATED.
 // With insert, an existing step is ErrAlreadyExists.
-func putStep(ctx context.Context, tx pgx.Tx, ref store.StepRef, st *tasksv1.Step, insert bool) error {
+func (s *Store) putStep(ctx context.Context, tx pgx.Tx, ref store.StepRef, st *tasksv1.Step, insert bool) error {
 	data, err := proto.Marshal(st)
 	if err != nil {
 		return err
@@ -168,8 +214,8 @@ func putStep(ctx context.Context, tx pgx.Tx, ref store.StepRef, st *tasksv1.Step
 		_, err = tx.Exec(ctx, `UPDATE steps SET pending = $3, data = $4 WHERE task_id = $1 AND step_id = $2`, ref.TaskID, ref.StepID, pending, data)
 		return err
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO steps (task_id, step_id, pending, data) VALUES ($1, $2, $3, $4)
-ON CONFLICT DO NOTHING`, ref.TaskID, ref.StepID, pending, data)
+	tag, err := tx.Exec(ctx, `INSERT INTO steps (task_id, step_id, pending, data, owner) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT DO NOTHING`, ref.TaskID, ref.StepID, pending, data, s.owner)
 	if err != nil {
 		return err
 	}
@@ -185,7 +231,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, taskID)
 		if err != nil {
 			return err
@@ -195,7 +241,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		if err := decide(t, st); err != nil {
 			return err
 		}
-		if err := putStep(ctx, tx, store.StepRef{TaskID: taskID, StepID: resource.ID(st.GetName())}, st, true); err != nil {
+		if err := s.putStep(ctx, tx, store.StepRef{TaskID: taskID, StepID: resource.ID(st.GetName())}, st, true); err != nil {
 			return err
 		}
 		out = st
@@ -228,12 +274,12 @@ func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, 
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	return getStep(ctx, s.DB.Pool(), ref)
+	return getStep(ctx, s.db.Pool(), ref)
 }
 
 // ListSteps implements store.Store.
 func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Step, int, error) {
-	return listChildren[tasksv1.Step](ctx, s.DB, taskID, offset, limit,
+	return listChildren[tasksv1.Step](ctx, s.db, taskID, offset, limit,
 		`SELECT count(*) FROM steps WHERE task_id = $1`,
 		`SELECT data FROM steps WHERE task_id = $1 ORDER BY step_id OFFSET $2 LIMIT $3`)
 }
@@ -272,7 +318,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.DB.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, ref.TaskID)
 		if err != nil {
 			return err
@@ -291,7 +337,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 				return err
 			}
 		}
-		if err := putStep(ctx, tx, ref, st, false); err != nil {
+		if err := s.putStep(ctx, tx, ref, st, false); err != nil {
 			return err
 		}
 		out = st
@@ -307,12 +353,30 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 }
 
 // ListPending implements store.Store: oldest task first, then step id.
+// With several replicas it returns the pending steps this Store should
+// run, and claims them: its own, and those of replicas no longer alive.
 func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
+	return s.claim(ctx, true)
+}
+
+// ClaimOrphans claims the pending steps of replicas no longer alive (their
+// owner lock is free) and returns them, oldest task first; a replica runs
+// it periodically to take over the steps of one that died. Steps it owns
+// already are not returned.
+func (s *Store) ClaimOrphans(ctx context.Context) ([]store.StepRef, error) {
+	return s.claim(ctx, false)
+}
+
+func (s *Store) claim(ctx context.Context, own bool) ([]store.StepRef, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rows, err := s.DB.Pool().Query(ctx, `SELECT s.task_id, s.step_id FROM steps s JOIN tasks t ON t.id = s.task_id
-WHERE s.pending ORDER BY t.seq, s.step_id`)
+	// One UPDATE at READ COMMITTED: replicas claiming at once queue on
+	// each row, and the second finds it owned by a live replica.
+	rows, err := s.db.Pool().Query(ctx, `WITH claimed AS (
+  UPDATE steps s SET owner = $1 WHERE s.pending AND ((s.owner = $1 AND $2) OR (s.owner <> $1 AND NOT `+pgdb.ExclusiveHeld(`$3 || s.owner`)+`))
+  RETURNING s.task_id, s.step_id)
+SELECT c.task_id, c.step_id FROM claimed c JOIN tasks t ON t.id = c.task_id ORDER BY t.seq, c.step_id`, s.owner, own, ownerLock)
 	if err != nil {
 		return nil, err
 	}
@@ -346,7 +410,7 @@ func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Ar
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(ctx, func(tx pgx.Tx) error {
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
 		t, err := getTask(ctx, tx, taskID)
 		if err != nil {
 			return err
@@ -365,7 +429,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 		return nil, err
 	}
 	var data []byte
-	err := s.DB.Pool().QueryRow(ctx, `SELECT data FROM artifacts WHERE task_id = $1 AND artifact_id = $2`, taskID, artifactID).Scan(&data)
+	err := s.db.Pool().QueryRow(ctx, `SELECT data FROM artifacts WHERE task_id = $1 AND artifact_id = $2`, taskID, artifactID).Scan(&data)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, resource.NotFound("artifact", "tasks/"+taskID+"/artifacts/"+artifactID)
 	}
@@ -377,7 +441,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 
 // ListArtifacts implements store.Store.
 func (s *Store) ListArtifacts(ctx context.Context, taskID string, offset, limit int) ([]*tasksv1.Artifact, int, error) {
-	return listChildren[tasksv1.Artifact](ctx, s.DB, taskID, offset, limit,
+	return listChildren[tasksv1.Artifact](ctx, s.db, taskID, offset, limit,
 		`SELECT count(*) FROM artifacts WHERE task_id = $1`,
 		`SELECT data FROM artifacts WHERE task_id = $1 ORDER BY seq OFFSET $2 LIMIT $3`)
 }
