@@ -50,7 +50,7 @@ const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	*boltdb.DB // its Ping and Close are the store's
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
@@ -67,8 +67,14 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db}, nil
+	return &Store{db: db}, nil
 }
+
+// Ping reports whether the database is open.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Close finishes queued writes and closes the database.
+func (s *Store) Close() error { return s.db.Close() }
 
 // SetRoutine implements store.Store.
 func (s *Store) SetRoutine(ctx context.Context, name, source string, now time.Time) (*dispatcherv1.Routine, error) {
@@ -76,7 +82,7 @@ func (s *Store) SetRoutine(ctx context.Context, name, source string, now time.Ti
 		return nil, err
 	}
 	var out *dispatcherv1.Routine
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRoutines)
 		version := int64(1)
 		if v := b.Get([]byte(name)); v != nil {
@@ -111,7 +117,7 @@ func (s *Store) GetRoutine(ctx context.Context, name string) (*dispatcherv1.Rout
 		return nil, err
 	}
 	var out dispatcherv1.Routine
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketRoutines).Get([]byte(name))
 		if v == nil {
 			return resource.NotFound("routine", name)
@@ -131,7 +137,7 @@ func (s *Store) ListRoutines(ctx context.Context, parent, after string, limit in
 	}
 	prefix := []byte(parent + "/routines/")
 	var out []*dispatcherv1.Routine
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketRoutines).Cursor()
 		k, v := c.Seek(prefix)
 		if after != "" {
@@ -158,7 +164,7 @@ func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64
 		return nil, err
 	}
 	var out dispatcherv1.Routine
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketRoutines)
 		v := b.Get([]byte(name))
 		if v == nil {
@@ -207,7 +213,7 @@ func (s *Store) SetTool(ctx context.Context, t *dispatcherv1.Tool, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	err = s.DB.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketTools).Put([]byte(out.GetName()), data)
 	})
 	return out, err
@@ -220,7 +226,7 @@ func (s *Store) ListTools(ctx context.Context, parent string) ([]*dispatcherv1.T
 	}
 	prefix := []byte(parent + "/tools/")
 	var out []*dispatcherv1.Tool
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketTools).Cursor()
 		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			var t dispatcherv1.Tool
@@ -251,7 +257,7 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, ma
 	if err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		if convs.Get([]byte(c.ID)) != nil {
 			return resource.AlreadyExists("conversation", c.ID)
@@ -283,7 +289,7 @@ func (s *Store) GetConversation(ctx context.Context, id string) (store.Conversat
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		v := tx.Bucket(bucketConversations).Get([]byte(id))
 		if v == nil {
 			return resource.NotFound("conversation", id)
@@ -298,7 +304,7 @@ func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		v := convs.Get([]byte(id))
 		if v == nil {
@@ -327,7 +333,7 @@ func (s *Store) DeleteConversation(ctx context.Context, id string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		v := convs.Get([]byte(id))
 		if v == nil {
@@ -350,7 +356,7 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time) (int, 
 		return 0, err
 	}
 	n := 0
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		var dead []store.Conversation
 		err := convs.ForEach(func(_, v []byte) error {
@@ -392,7 +398,7 @@ func (s *Store) CountSend(ctx context.Context, agent, task, target string, withP
 		return err
 	}
 	key := []byte(agent + "\x00" + task + "\x00" + target)
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketSendCounts)
 		var c sendCount
 		if v := b.Get(key); v != nil {
@@ -419,7 +425,7 @@ func (s *Store) ListSendCounts(ctx context.Context, agent string) ([]store.SendC
 	}
 	prefix := []byte(agent + "\x00")
 	var out []store.SendCount
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketSendCounts).Cursor()
 		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			parts := strings.SplitN(string(k[len(prefix):]), "\x00", 2)

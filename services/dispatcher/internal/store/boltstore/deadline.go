@@ -39,7 +39,7 @@ func (s *Store) PutTimers(ctx context.Context, timers []store.Timer) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
 		for _, t := range timers {
 			if old := ids.Get(timerID(t)); old != nil {
@@ -65,7 +65,7 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]stor
 		return nil, err
 	}
 	var out []store.Timer
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketTimers).Cursor()
 		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
 			if int64(binary.BigEndian.Uint64(k)) > now.UnixNano() { //nolint:gosec // written from an int64
@@ -91,7 +91,7 @@ func (s *Store) NextTimer(ctx context.Context) (store.Timer, bool, error) {
 		t  store.Timer
 		ok bool
 	)
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		_, v := tx.Bucket(bucketTimers).Cursor().First()
 		if v == nil {
 			return nil
@@ -108,7 +108,7 @@ func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (j
 		return nil, err
 	}
 	var out json.RawMessage
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		out = bytes.Clone(tx.Bucket(bucketDialoguePairs).Get(pairKey(dialogue, p)))
 		return nil
 	})
@@ -121,7 +121,7 @@ func (s *Store) FireTimer(ctx context.Context, t store.Timer, mutate func(json.R
 		return false, err
 	}
 	var fired bool
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		fired = false
 		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
 		k := timerKey(t)

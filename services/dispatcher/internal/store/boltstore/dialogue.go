@@ -121,7 +121,7 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, m store.Di
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketDialogues).Get([]byte(d.ID)) != nil {
 			return resource.AlreadyExists("dialogue", d.ID)
 		}
@@ -173,7 +173,7 @@ func (s *Store) AddMessage(ctx context.Context, answered string, plan func(store
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		v := &view{tx: tx}
 		if ok, err := getJSON(tx.Bucket(bucketDialogueMessages), []byte(answered), &v.answered); err != nil {
 			return err
@@ -205,7 +205,7 @@ func (s *Store) RetractMessage(ctx context.Context, id string, agents []string, 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		var m store.DialogueMessage
 		if ok, err := getJSON(tx.Bucket(bucketDialogueMessages), []byte(id), &m); err != nil || !ok {
 			return err
@@ -289,7 +289,7 @@ func (s *Store) get(ctx context.Context, bucket []byte, kind, id string, v any) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.View(func(tx *bolt.Tx) error {
+	return s.db.View(func(tx *bolt.Tx) error {
 		ok, err := getJSON(tx.Bucket(bucket), []byte(id), v)
 		if err == nil && !ok {
 			err = resource.NotFound(kind, id)
@@ -307,7 +307,7 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 		d store.Dialogue
 		p store.Participant
 	)
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		d, p = store.Dialogue{}, store.Participant{}
 		ok, err := getJSON(tx.Bucket(bucketDialogues), []byte(dialogue), &d)
 		if err != nil {
@@ -342,7 +342,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 		return 0, err
 	}
 	var n int
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
 		prefix := join(agent, "")
 		var ids []string
@@ -395,7 +395,7 @@ func (s *Store) BeginRequest(ctx context.Context, sender, id string, now, stale 
 		rec   store.Request
 		found bool
 	)
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		rec, found = store.Request{}, false
 		b := tx.Bucket(bucketDialogueRequests)
 		k := join(sender, id)
@@ -421,7 +421,7 @@ func (s *Store) FinishRequest(ctx context.Context, sender, id string, result jso
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketDialogueRequests)
 		k := join(sender, id)
 		if result == nil {
@@ -442,7 +442,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 		return 0, err
 	}
 	var n int
-	err := s.DB.Update(func(tx *bolt.Tx) (err error) {
+	err := s.db.Update(func(tx *bolt.Tx) (err error) {
 		n, err = boltdb.DeleteWhere(tx.Bucket(bucketDialogueRequests), func(_, v []byte) (bool, error) {
 			var rec store.Request
 			if err := json.Unmarshal(v, &rec); err != nil {

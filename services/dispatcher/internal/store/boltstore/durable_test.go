@@ -48,5 +48,5 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 		{Name: "AcknowledgeMailbox", Do: func() error { _, err := s.AcknowledgeMailbox(ctx, "clients/c/agents/b", 1); return err }},
 		{Name: "CompactMailboxes", Do: func() error { _, err := s.CompactMailboxes(ctx, now, 10); return err }},
 	}
-	boltdbtest.SyncedWrites(t, s.DB, writes)
+	boltdbtest.SyncedWrites(t, s.db, writes)
 }

@@ -106,7 +106,7 @@ func (s *Store) AppendMessage(ctx context.Context, m mailbox.Message, recipients
 		delivered []mailbox.Delivery
 		refused   []mailbox.Refusal
 	)
-	err = s.DB.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		// The committer may run this again: results start afresh.
 		delivered, refused = delivered[:0], refused[:0]
 		msgs := tx.Bucket(bucketMessages)
@@ -156,7 +156,7 @@ func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, lim
 	}
 	prefix := append([]byte(agent), 0)
 	var out []mailbox.Delivery
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		msgs := tx.Bucket(bucketMessages)
 		c := tx.Bucket(bucketMailboxRefs).Cursor()
 		for k, v := c.Seek(refKey(agent, after+1)); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
@@ -207,7 +207,7 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 		return mailbox.State{}, err
 	}
 	var out mailbox.State
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		states := tx.Bucket(bucketMailboxes)
 		st := getState(states, agent)
 		out = st
@@ -248,7 +248,7 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 		return mailbox.State{}, err
 	}
 	var out mailbox.State
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		out = getState(tx.Bucket(bucketMailboxes), agent)
 		return nil
 	})
@@ -263,7 +263,7 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 		return 0, err
 	}
 	n := 0
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
 		refs, counts, msgs := tx.Bucket(bucketMailboxRefs), tx.Bucket(bucketMessageRefs), tx.Bucket(bucketMessages)
 		type dead struct {

@@ -13,7 +13,7 @@ import (
 func bucketLen(t *testing.T, s *Store, bucket []byte) int {
 	t.Helper()
 	n := 0
-	if err := s.DB.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucket).Stats().KeyN; return nil }); err != nil {
+	if err := s.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucket).Stats().KeyN; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -34,11 +34,11 @@ func TestAppendMessage_storesTheBodyOnce(t *testing.T) {
 	}
 	now := time.Unix(1_800_000_000, 0)
 	m := mailbox.Message{ID: "m1", DialogueID: "d", Category: mailbox.CategorySubscription, Type: "broadcast", Body: []byte(`"news"`), Time: now}
-	before := s.DB.Commits()
+	before := s.db.Commits()
 	if _, _, err := s.AppendMessage(ctx, m, agents, mailbox.Bound{}); err != nil {
 		t.Fatal(err)
 	}
-	if after := s.DB.Commits(); after.Synced != before.Synced+1 || after.Unsynced != 0 {
+	if after := s.db.Commits(); after.Synced != before.Synced+1 || after.Unsynced != 0 {
 		t.Errorf("AppendMessage to 50 took commits %+v -> %+v; want exactly one synced commit", before, after)
 	}
 	if got := bucketLen(t, s, bucketMessages); got != 1 {

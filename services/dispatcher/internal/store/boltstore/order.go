@@ -31,7 +31,7 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 		return store.Order{}, err
 	}
 	var out store.Order
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		orders, pairs := tx.Bucket(bucketOrders), tx.Bucket(bucketPairOrders)
 		pk := pairKey(o.Dialogue, store.Pair{A: o.Consumer, B: o.Supplier})
 		id := pairs.Get(pk)
@@ -73,7 +73,7 @@ func (s *Store) GetOrder(ctx context.Context, id string) (store.Order, error) {
 		return store.Order{}, err
 	}
 	var o store.Order
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		ok, err := getJSON(tx.Bucket(bucketOrders), []byte(id), &o)
 		if err == nil && !ok {
 			return resource.NotFound("order", id)
@@ -89,7 +89,7 @@ func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderS
 		return nil, err
 	}
 	var out []store.Order
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		prefix := join(agent, "")
 		c := tx.Bucket(bucketAgentOrders).Cursor()
 		k, _ := c.Seek(join(agent, after))

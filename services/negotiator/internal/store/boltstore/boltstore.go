@@ -44,7 +44,7 @@ const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	*boltdb.DB // its Ping and Close are the store's
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
@@ -61,8 +61,14 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db}, nil
+	return &Store{db: db}, nil
 }
+
+// Ping reports whether the database is open.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Close finishes queued writes and closes the database.
+func (s *Store) Close() error { return s.db.Close() }
 
 // get decodes key of b into m; a missing key is a *resource.Error
 // of kind.
@@ -94,7 +100,7 @@ func (s *Store) AppendLedgerEntry(ctx context.Context, e *negotiatorv1.LedgerEnt
 	var out *negotiatorv1.LedgerEntry
 	// Batch may run the function again after a failed batch, so it starts
 	// from e each time and only assigns out at the end.
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketLedger)
 		seq, err := b.NextSequence()
 		if err != nil {
@@ -138,7 +144,7 @@ func (s *Store) ListLedgerEntries(ctx context.Context, f store.LedgerFilter, aft
 	}
 	var out []*negotiatorv1.LedgerEntry
 	next := ""
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketLedger).Cursor()
 		k, v := c.First()
 		if after != "" {
@@ -172,7 +178,7 @@ func (s *Store) Totals(ctx context.Context, key string) (*negotiatorv1.CostSumma
 		return nil, err
 	}
 	t := &negotiatorv1.CostSummary{}
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		if err := get(tx.Bucket(bucketTotals), "cost total", key, t); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
@@ -187,7 +193,7 @@ func (s *Store) GetVerdict(ctx context.Context, key string) (*negotiatorv1.Suita
 		return nil, err
 	}
 	v := &negotiatorv1.SuitabilityVerdict{}
-	err := s.DB.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketVerdicts), "verdict", key, v) })
+	err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketVerdicts), "verdict", key, v) })
 	if err != nil {
 		return nil, err
 	}
@@ -199,7 +205,7 @@ func (s *Store) PutVerdict(ctx context.Context, key string, v *negotiatorv1.Suit
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
+	return s.db.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
 }
 
 // CreateNegotiation implements store.Store.
@@ -207,7 +213,7 @@ func (s *Store) CreateNegotiation(ctx context.Context, n *negotiatorv1.Negotiati
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketNegotiations)
 		if b.Get([]byte(n.GetName())) != nil {
 			return resource.AlreadyExists("negotiation", n.GetName())
@@ -222,7 +228,7 @@ func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.
 		return nil, err
 	}
 	n := &negotiatorv1.Negotiation{}
-	if err := s.DB.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketNegotiations), "negotiation", name, n) }); err != nil {
+	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketNegotiations), "negotiation", name, n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -231,7 +237,7 @@ func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.
 // UpdateNegotiation implements store.Store.
 func (s *Store) UpdateNegotiation(ctx context.Context, name string, mutate func(*negotiatorv1.Negotiation) error) (*negotiatorv1.Negotiation, error) {
 	n := &negotiatorv1.Negotiation{}
-	if err := update(ctx, s.DB, bucketNegotiations, "negotiation", name, n, func() error { return mutate(n) }); err != nil {
+	if err := update(ctx, s.db, bucketNegotiations, "negotiation", name, n, func() error { return mutate(n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -242,7 +248,7 @@ func (s *Store) PutRoutineCandidate(ctx context.Context, c *negotiatorv1.Routine
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketCandidates), c.GetName(), c) })
+	return s.db.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketCandidates), c.GetName(), c) })
 }
 
 // GetRoutineCandidate implements store.Store.
@@ -251,7 +257,7 @@ func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiat
 		return nil, err
 	}
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := s.DB.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketCandidates), "routine candidate", name, c) }); err != nil {
+	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketCandidates), "routine candidate", name, c) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -260,7 +266,7 @@ func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiat
 // UpdateRoutineCandidate implements store.Store.
 func (s *Store) UpdateRoutineCandidate(ctx context.Context, name string, mutate func(*negotiatorv1.RoutineCandidate) error) (*negotiatorv1.RoutineCandidate, error) {
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := update(ctx, s.DB, bucketCandidates, "routine candidate", name, c, func() error { return mutate(c) }); err != nil {
+	if err := update(ctx, s.db, bucketCandidates, "routine candidate", name, c, func() error { return mutate(c) }); err != nil {
 		return nil, err
 	}
 	return c, nil

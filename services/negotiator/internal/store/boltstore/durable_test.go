@@ -37,5 +37,5 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 			return err
 		}},
 	}
-	boltdbtest.SyncedWrites(t, s.DB, writes)
+	boltdbtest.SyncedWrites(t, s.db, writes)
 }

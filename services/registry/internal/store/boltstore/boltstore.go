@@ -86,8 +86,8 @@ const schemaVersion = 1
 
 // Store is the bbolt-backed store.
 type Store struct {
-	*boltdb.DB     // its Ping and Close are the store's
-	maxOutbox  int // notifications kept; 0 means store.MaxOutbox
+	db        *boltdb.DB
+	maxOutbox int // notifications kept; 0 means store.MaxOutbox
 }
 
 var _ store.Store = (*Store)(nil)
@@ -104,8 +104,14 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db}, nil
+	return &Store{db: db}, nil
 }
+
+// Ping reports whether the database is open.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Close finishes queued writes and closes the database.
+func (s *Store) Close() error { return s.db.Close() }
 
 // CreateProtocol implements store.Store.
 func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*registryv1.Protocol, bool, error) {
@@ -132,7 +138,7 @@ func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*re
 	)
 	// Batch may run the function more than once; it sets both results on
 	// every run.
-	err = s.DB.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		stored, created = nil, false
 		b := tx.Bucket(bucketProtocols)
 		if old := b.Get(key); old != nil {
@@ -181,7 +187,7 @@ func (s *Store) GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Prot
 		return nil, err
 	}
 	var p *registryv1.Protocol
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		val := tx.Bucket(bucketProtocols).Get(sha1[:])
 		if val == nil {
 			return resource.NotFound("protocol", sha1.Hex())
@@ -210,7 +216,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 		}
 	}
 	var out []*registryv1.Protocol
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketProtocols).Cursor()
 		k, v := c.Seek(after)
 		if k != nil && after != nil && bytes.Equal(k, after) {
@@ -240,7 +246,7 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store
 		return nil, err
 	}
 	a = proto.Clone(a).(*registryv1.Agent)
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		if done, err := recorded(tx, requestID); done != nil || err != nil {
 			a = done
 			return err
@@ -297,7 +303,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	}
 	cutoff := before.UnixNano()
 	var dropped int
-	err := s.DB.Update(func(tx *bolt.Tx) (err error) {
+	err := s.db.Update(func(tx *bolt.Tx) (err error) {
 		dropped, err = boltdb.DeleteWhere(tx.Bucket(bucketRequests), func(_, v []byte) (bool, error) {
 			return len(v) < 8 || int64(binary.BigEndian.Uint64(v)) < cutoff, nil
 		})
@@ -333,7 +339,7 @@ func (s *Store) GetAgent(ctx context.Context, name string) (*registryv1.Agent, e
 		return nil, err
 	}
 	var a *registryv1.Agent
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		val := tx.Bucket(bucketAgents).Get([]byte(name))
 		if val == nil {
 			return resource.NotFound("agent", name)
@@ -359,7 +365,7 @@ func (s *Store) ListAgents(ctx context.Context, opts store.ListOptions) ([]*regi
 		start = []byte(opts.After)
 	}
 	var out []*registryv1.Agent
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketAgents).Cursor()
 		k, v := c.Seek(start)
 		if k != nil && opts.After != "" && string(k) == opts.After {
@@ -382,7 +388,7 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(name)) == nil {
 			return resource.NotFound("agent", name)
@@ -406,7 +412,7 @@ func (s *Store) UpdateAgent(ctx context.Context, name, requestID string, mutate 
 		return nil, err
 	}
 	var a *registryv1.Agent
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		var err error
 		if a, err = recorded(tx, requestID); a != nil || err != nil {
 			return err

@@ -25,7 +25,7 @@ func (s *Store) Follow(ctx context.Context, follower, agent string) (bool, error
 		return false, err
 	}
 	var created bool
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		created = false
 		agents := tx.Bucket(bucketAgents)
 		for _, name := range []string{follower, agent} {
@@ -57,7 +57,7 @@ func (s *Store) Unfollow(ctx context.Context, follower, agent string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketAgents).Get([]byte(follower)) == nil {
 			return resource.NotFound("agent", follower)
 		}
@@ -93,7 +93,7 @@ func (s *Store) listEdges(ctx context.Context, bucket []byte, from string, opts 
 	}
 	prefix := []byte(from + edgeSep)
 	var out []string
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		out = scanPrefix(tx.Bucket(bucket), prefix, opts)
 		return nil
 	})
@@ -138,7 +138,7 @@ func (s *Store) IsFollowing(ctx context.Context, follower, agent string) (bool, 
 		return false, err
 	}
 	var ok bool
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		ok = tx.Bucket(bucketFollowing).Get(edge(follower, agent)) != nil
 		return nil
 	})
@@ -150,7 +150,7 @@ func (s *Store) JoinClientGroup(ctx context.Context, agent string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketAgents).Get([]byte(agent)) == nil {
 			return resource.NotFound("agent", agent)
 		}
@@ -163,7 +163,7 @@ func (s *Store) LeaveClientGroup(ctx context.Context, agent string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketAgents).Get([]byte(agent)) == nil {
 			return resource.NotFound("agent", agent)
 		}
@@ -179,7 +179,7 @@ func (s *Store) ListClientGroupMembers(ctx context.Context, client string, opts 
 	}
 	prefix := []byte(client + "/agents/")
 	var out []string
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		after := opts
 		after.After = strings.TrimPrefix(opts.After, string(prefix))
 		for _, id := range scanPrefix(tx.Bucket(bucketClientGroups), prefix, after) {
@@ -196,7 +196,7 @@ func (s *Store) InClientGroup(ctx context.Context, agent string) (bool, error) {
 		return false, err
 	}
 	var ok bool
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		ok = tx.Bucket(bucketClientGroups).Get([]byte(agent)) != nil
 		return nil
 	})

@@ -38,7 +38,7 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 		{Name: "SweepRequests", Do: func() error { _, err := s.SweepRequests(ctx, time.Now().Add(time.Hour)); return err }},
 		{Name: "DeleteAgent", Do: func() error { return s.DeleteAgent(ctx, agent) }},
 	}
-	boltdbtest.SyncedWrites(t, s.DB, writes)
+	boltdbtest.SyncedWrites(t, s.db, writes)
 }
 
 func key(parent, id string) store.StoredKey {

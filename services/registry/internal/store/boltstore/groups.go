@@ -28,7 +28,7 @@ func (s *Store) ViewGroups(ctx context.Context, fn func(store.GroupReader) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.View(func(tx *bolt.Tx) error { return fn(&groupTx{tx: tx}) })
+	return s.db.View(func(tx *bolt.Tx) error { return fn(&groupTx{tx: tx}) })
 }
 
 // UpdateGroups implements store.Store.
@@ -36,7 +36,7 @@ func (s *Store) UpdateGroups(ctx context.Context, fn func(store.GroupWriter) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error { return fn(&groupTx{tx: tx, maxNotes: s.maxOutbox}) })
+	return s.db.Update(func(tx *bolt.Tx) error { return fn(&groupTx{tx: tx, maxNotes: s.maxOutbox}) })
 }
 
 // SetOutboxLimit changes how many notifications the outbox keeps
@@ -213,7 +213,7 @@ func (s *Store) SearchGroups(ctx context.Context, opts store.ListOptions) ([]*re
 		return nil, err
 	}
 	var out []*registryv1.Group
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketGroups).Cursor()
 		k, v := c.First()
 		if opts.After != "" {
@@ -244,7 +244,7 @@ func (s *Store) ListNotifications(ctx context.Context, after uint64, limit int) 
 		out   []*registryv1.Notification
 		first uint64
 	)
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketOutbox).Cursor()
 		if k, _ := c.First(); k != nil {
 			first = binary.BigEndian.Uint64(k)
@@ -266,7 +266,7 @@ func (s *Store) TrimNotifications(ctx context.Context, through uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketOutbox)
 		var old [][]byte
 		c := b.Cursor()

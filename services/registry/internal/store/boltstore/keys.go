@@ -23,7 +23,7 @@ func (s *Store) CreateClient(ctx context.Context, c *registryv1.Client, key stor
 	if err != nil {
 		return nil, err
 	}
-	err = s.DB.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketClients)
 		if b.Get([]byte(c.GetName())) != nil {
 			return fmt.Errorf("client %s: %w", c.GetName(), store.ErrAlreadyExists)
@@ -45,7 +45,7 @@ func (s *Store) GetClient(ctx context.Context, name string) (*registryv1.Client,
 		return nil, err
 	}
 	c := &registryv1.Client{}
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		val := tx.Bucket(bucketClients).Get([]byte(name))
 		if val == nil {
 			return fmt.Errorf("client %s: %w", name, store.ErrNotFound)
@@ -64,7 +64,7 @@ func (s *Store) ListClients(ctx context.Context, opts store.ListOptions) ([]*reg
 		return nil, err
 	}
 	var out []*registryv1.Client
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketClients).Cursor()
 		k, v := c.First()
 		if opts.After != "" {
@@ -89,7 +89,7 @@ func (s *Store) CreateKey(ctx context.Context, k store.StoredKey) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		parent := store.KeyParent(k.Key.GetName())
 		if !ownerExists(tx, parent) {
 			return fmt.Errorf("%s: %w", parent, store.ErrNotFound)
@@ -107,7 +107,7 @@ func (s *Store) ListKeys(ctx context.Context, parent string) ([]*registryv1.Key,
 		return nil, err
 	}
 	var out []*registryv1.Key
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		ids := tx.Bucket(bucketKeyNames)
 		for _, name := range keyNames(tx, parent) {
 			k, err := getKey(tx, string(ids.Get(name)))
@@ -129,7 +129,7 @@ func (s *Store) DeleteKey(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error { return deleteKey(tx, name) })
+	return s.db.Update(func(tx *bolt.Tx) error { return deleteKey(tx, name) })
 }
 
 // RotateKey implements store.Store.
@@ -140,7 +140,7 @@ func (s *Store) RotateKey(ctx context.Context, old string, k store.StoredKey) er
 	if store.KeyParent(old) != store.KeyParent(k.Key.GetName()) {
 		return fmt.Errorf("rotate %s: the new key %s has another owner", old, k.Key.GetName())
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		if err := deleteKey(tx, old); err != nil {
 			return err
 		}
@@ -154,7 +154,7 @@ func (s *Store) GetKeyByID(ctx context.Context, id string) (store.StoredKey, err
 		return store.StoredKey{}, err
 	}
 	var k store.StoredKey
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		var err error
 		k, err = getKey(tx, id)
 		return err

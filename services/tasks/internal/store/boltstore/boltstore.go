@@ -64,7 +64,7 @@ const schemaVersion = 2
 
 // Store is the bbolt-backed store.
 type Store struct {
-	*boltdb.DB // its Ping and Close are the store's
+	db *boltdb.DB
 }
 
 var _ store.Store = (*Store)(nil)
@@ -84,8 +84,14 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{DB: db}, nil
+	return &Store{db: db}, nil
 }
+
+// Ping reports whether the database is open.
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Close finishes queued writes and closes the database.
+func (s *Store) Close() error { return s.db.Close() }
 
 func key(parts ...[]byte) []byte { return bytes.Join(parts, []byte{0}) }
 
@@ -117,7 +123,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 		return err
 	}
 	id := resource.ID(t.GetName())
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		tasks := tx.Bucket(bucketTasks)
 		if tasks.Get([]byte(id)) != nil {
 			return resource.AlreadyExists("task", t.GetName())
@@ -145,7 +151,7 @@ func (s *Store) GetTask(ctx context.Context, taskID string) (*tasksv1.Task, erro
 		return nil, err
 	}
 	var t *tasksv1.Task
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		var err error
 		t, err = getTask(tx, taskID)
 		return err
@@ -160,7 +166,7 @@ func (s *Store) ListTasks(ctx context.Context, agent string, offset, limit int) 
 	}
 	var out []*tasksv1.Task
 	var total int
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		if v := tx.Bucket(bucketAgentCounts).Get([]byte(agent)); v != nil {
 			total = int(binary.BigEndian.Uint64(v))
 		}
@@ -187,7 +193,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 		return nil, err
 	}
 	var out *tasksv1.Task
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -210,7 +216,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -269,7 +275,7 @@ func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, 
 		return nil, err
 	}
 	var st *tasksv1.Step
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		var err error
 		_, st, err = getStep(tx, ref)
 		return err
@@ -300,7 +306,7 @@ func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int)
 	}
 	var out []*tasksv1.Step
 	var total int
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		if _, err := getTask(tx, taskID); err != nil {
 			return err
 		}
@@ -327,7 +333,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.DB.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, ref.TaskID)
 		if err != nil {
 			return err
@@ -370,7 +376,7 @@ func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
 		return nil, err
 	}
 	var out []store.StepRef
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketPending).ForEach(func(k, _ []byte) error {
 			task, step, ok := bytes.Cut(k, []byte{0})
 			if !ok {
@@ -404,7 +410,7 @@ func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Ar
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.DB.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -423,7 +429,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 		return nil, err
 	}
 	a := &tasksv1.Artifact{}
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		seq := tx.Bucket(bucketArtifactIndex).Get(key([]byte(taskID), []byte(artifactID)))
 		if seq == nil {
 			return resource.NotFound("artifact", "tasks/"+taskID+"/artifacts/"+artifactID)
@@ -443,7 +449,7 @@ func (s *Store) ListArtifacts(ctx context.Context, taskID string, offset, limit 
 	}
 	var out []*tasksv1.Artifact
 	var total int
-	err := s.DB.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err

@@ -41,5 +41,5 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 			return s.CreateArtifact(ctx, "t", &tasksv1.Artifact{Name: "tasks/t/artifacts/a2", FileName: "f"})
 		}},
 	}
-	boltdbtest.SyncedWrites(t, s.DB, writes)
+	boltdbtest.SyncedWrites(t, s.db, writes)
 }
