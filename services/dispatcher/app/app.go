@@ -210,9 +210,11 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	once("sweep", func(ctx context.Context) { a.sweep(ctx, srv) })
 	once("deadlines", srv.RunDeadlines)
 	if pg, ok := a.store.(*pgstore.Store); ok {
-		// Other replicas' appends wake the streams connected here, and
-		// their timers the deadlines.
-		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines})
+		// Other replicas' appends wake the streams connected here, their
+		// timers the deadlines, and their routine changes drop ours.
+		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{
+			Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+		})
 	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.

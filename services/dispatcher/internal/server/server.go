@@ -154,7 +154,7 @@ type Options struct {
 	// The agent network (issue 13). Dialogues and Mailboxes both set turn
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
-	Mailboxes mailbox.Appender
+	Mailboxes dialogue.Mailboxes // the mailboxes Dialogues appends to, in its own transactions
 	// MessageMaxBodyBytes caps a network message's body_json.
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC.

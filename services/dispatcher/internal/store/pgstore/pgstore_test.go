@@ -75,7 +75,7 @@ func TestMailboxConformance(t *testing.T) {
 }
 
 func TestDialogueConformance(t *testing.T) {
-	storetest.RunDialogues(t, func(t *testing.T) store.DialogueStore { return open(t) })
+	storetest.RunDialogues(t, func(t *testing.T) storetest.DialogueBackend { return open(t) })
 }
 
 func TestTimerConformance(t *testing.T) {
