@@ -107,18 +107,6 @@ func (s *Store) Close() error {
 
 func stepName(ref store.StepRef) string { return "tasks/" + ref.TaskID + "/steps/" + ref.StepID }
 
-// decode unmarshals data into a new T.
-func decode[T any, P interface {
-	*T
-	proto.Message
-}](data []byte) (P, error) {
-	m := P(new(T))
-	if err := proto.Unmarshal(data, m); err != nil {
-		return nil, fmt.Errorf("decode %T: %w", m, err)
-	}
-	return m, nil
-}
-
 // getTask reads a task, or a NotFound error.
 func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task, error) {
 	var data []byte
@@ -129,7 +117,7 @@ func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task,
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Task](data)
+	return resource.Decode(data, &tasksv1.Task{})
 }
 
 // putTask writes t back.
@@ -152,7 +140,7 @@ func list[T any, P interface {
 		if err := r.Scan(&data); err != nil {
 			return nil, err
 		}
-		return decode[T, P](data)
+		return resource.Decode(data, P(new(T)))
 	})
 }
 
@@ -294,7 +282,7 @@ func getStep(ctx context.Context, q pgdb.Querier, ref store.StepRef) (*tasksv1.S
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Step](data)
+	return resource.Decode(data, &tasksv1.Step{})
 }
 
 // GetStep implements store.Store.
@@ -464,7 +452,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Artifact](data)
+	return resource.Decode(data, &tasksv1.Artifact{})
 }
 
 // ListArtifacts implements store.Store.
