@@ -51,7 +51,9 @@ type App struct {
 	orders store.OrderStore
 	// timers is the store's protocol deadlines (the same database).
 	timers store.TimerStore
-	pool   *routine.Pool // the routine workers
+	// payments is the store's ledger and daily spending (the same bbolt file).
+	payments store.PaymentStore
+	pool     *routine.Pool // the routine workers
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -79,7 +81,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
 	})
-	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st}
+	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st, payments: st}
 	if err := routine.Supported(); err != nil {
 		st.Close()
 		return nil, err
@@ -101,6 +103,7 @@ type backend interface {
 	store.DialogueStore
 	store.OrderStore
 	store.TimerStore
+	store.PaymentStore
 	mailbox.Store
 }
 
@@ -162,6 +165,7 @@ func (a *App) options() (server.Options, error) {
 		Mailboxes:           a.mailboxes,
 		Orders:              a.orders,
 		Timers:              a.timers,
+		Payments:            a.payments,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
 		// Their receive streams.
@@ -210,9 +214,11 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	once("sweep", func(ctx context.Context) { a.sweep(ctx, srv) })
 	once("deadlines", srv.RunDeadlines)
 	if pg, ok := a.store.(*pgstore.Store); ok {
-		// Other replicas' appends wake the streams connected here, and
-		// their timers the deadlines.
-		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines})
+		// Other replicas' appends wake the streams connected here, their
+		// timers the deadlines, and their routine changes drop ours.
+		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{
+			Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+		})
 	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.

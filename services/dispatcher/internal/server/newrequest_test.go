@@ -59,7 +59,7 @@ func TestNewRequest_everyMessageTypeThroughTheNetwork(t *testing.T) {
 		{"transact", map[string]time.Duration{"proposal_timeout": 30 * sec}, []step{
 			supp("proposal", `{"proposal":{"price":5}}`),
 			cons("invite_offer", `{"invite_offer_timeout":30}`),
-			supp("offer", `{"offer":{"price":5},"offer_timeout":60,"payment_required":true}`),
+			supp("offer", `{"offer":{"price":5},"offer_timeout":60}`), // paid acceptances: acceptance_test.go
 			cons("accept_offer", `{"payment":{"reference":"ledger:1"}}`),
 			supp("payment_error", `{"error":"declined","offer_timeout":60}`),
 			cons("accept_offer", `{"payment":{"reference":"ledger:2"}}`),

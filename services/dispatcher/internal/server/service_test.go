@@ -106,7 +106,7 @@ func startService(t *testing.T) *serviceEnv {
 	clock := &fakeClock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	mb := mailbox.New(st, mailbox.Options{Now: clock.Now})
 	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(Options{
-		Dialogues: st, Mailboxes: mb, Orders: st, Timers: st, Now: clock.Now,
+		Dialogues: st, Mailboxes: mb, Orders: st, Timers: st, Payments: st, Now: clock.Now,
 	}))
 	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	return &serviceEnv{

@@ -60,7 +60,7 @@ var _ store.Store = (*Store)(nil)
 // Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
-		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets),
+		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets),
 		SchemaVersion: schemaVersion,
 		LockTimeout:   lockTimeout,
 	})

@@ -39,3 +39,7 @@ func TestTimerConformance(t *testing.T) {
 func TestOrderConformance(t *testing.T) {
 	storetest.RunOrders(t, func(t *testing.T) store.OrderStore { return open(t) })
 }
+
+func TestPaymentConformance(t *testing.T) {
+	storetest.RunPayments(t, func(t *testing.T) store.PaymentStore { return open(t) })
+}
