@@ -3,10 +3,13 @@ package e2e
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -20,8 +23,8 @@ import (
 // made through A work on B; a task and an artifact created through A are
 // served by B; and a key revoked through A is refused by B on the very next
 // call (keys are checked against the database on every call: the bound is
-// zero). The dispatcher keeps its own bbolt files (it has no PostgreSQL
-// store yet), so routines and conversations are not shared.
+// zero). No service writes a bbolt file: the dispatcher's stores are in
+// PostgreSQL too.
 func TestPostgreSQL_twoServeProcessesShareOneDatabase(t *testing.T) {
 	db := pgdbtest.Database(t)
 	a := parleytest.Start(t, "", "--auth", "--database-url", db)
@@ -53,8 +56,10 @@ func TestPostgreSQL_twoServeProcessesShareOneDatabase(t *testing.T) {
 	if code, body := call(t, b, agentKey, http.MethodGet, tasks+"/"+task.TaskID, ""); code != http.StatusUnauthorized {
 		t.Errorf("get task on B with the key revoked on A = %d %s, want 401", code, body)
 	}
-	if !strings.Contains(a.Log.String(), "dispatcher has no PostgreSQL store yet") {
-		t.Errorf("A did not warn that the dispatcher keeps bbolt:\n%s", a.Log)
+	for _, srv := range []*parleytest.Server{a, b} {
+		if _, err := os.Stat(filepath.Join(srv.DataDir, "dispatcher.db")); !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("dispatcher.db in %s: %v; want none, the dispatcher keeps its state in PostgreSQL", srv.DataDir, err)
+		}
 	}
 }
 

@@ -47,6 +47,8 @@ func dialServer(e env, fs *flag.FlagSet) func() (*serverConn, error) {
 	}
 	addr := fs.String("server", def, "gRPC `address` of a running Parley server")
 	ca := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "PEM CA bundle `file`; when set, dial the server over TLS")
+	cert := fs.String("client-cert", e.getenv("PARLEY_CLIENT_CERT"), "PEM client certificate `file`, with --server-ca and --client-key, for a server run with --tls-client-ca (mTLS)")
+	key := fs.String("client-key", e.getenv("PARLEY_CLIENT_KEY"), "PEM private key `file` of --client-cert")
 	// No default from $PARLEY_TOKEN: help prints defaults, and this one is
 	// a secret. The variable is read when dialing instead.
 	token := fs.String("token", "", "credential sent with every call: a client or agent key, or the operator token (`<data>/operator.token`)")
@@ -54,7 +56,7 @@ func dialServer(e env, fs *flag.FlagSet) func() (*serverConn, error) {
 		if *token == "" {
 			*token = e.getenv("PARLEY_TOKEN")
 		}
-		conn, err := grpcclient.Dial(*addr, grpcclient.Options{CAFile: *ca, Token: strings.TrimSpace(*token)})
+		conn, err := grpcclient.Dial(*addr, grpcclient.Options{CAFile: *ca, CertFile: *cert, KeyFile: *key, Token: strings.TrimSpace(*token)})
 		if err != nil {
 			return nil, fmt.Errorf("--server %s: %w", *addr, err)
 		}
@@ -130,7 +132,7 @@ func callContext() (context.Context, context.CancelFunc) {
 // clientEnv names the variables client subcommands read: only the
 // connection flags, so that an unrelated PARLEY_* setting never changes
 // what a command does.
-var clientEnv = map[string]string{"server": "PARLEY_SERVER", "server-ca": "PARLEY_SERVER_CA", "token": "PARLEY_TOKEN"}
+var clientEnv = map[string]string{"server": "PARLEY_SERVER", "server-ca": "PARLEY_SERVER_CA", "client-cert": "PARLEY_CLIENT_CERT", "client-key": "PARLEY_CLIENT_KEY", "token": "PARLEY_TOKEN"}
 
 // clientDoc is the help of a client subcommand.
 func clientDoc(usage, summary string, args []envflag.Arg, examples ...string) envflag.Doc {

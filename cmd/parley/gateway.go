@@ -39,7 +39,6 @@ func runGateway(e env, args []string) error {
 	var f serve.Flags
 	var tasks tasksconfig.Config
 	var dispatcher dispatcherconfig.Config
-	var caFile string
 	addrs := map[string]*string{}
 	fs := flag.NewFlagSet("parley gateway", flag.ContinueOnError)
 	fs.SetOutput(e.stdout)
@@ -49,7 +48,6 @@ func runGateway(e env, args []string) error {
 	}
 	tasks.RegisterGatewayFlags(fs)
 	dispatcher.RegisterGatewayFlags(fs)
-	fs.StringVar(&caFile, "peer-ca", "", "PEM CA bundle `file`; when set, dial services over TLS")
 	if _, err := parseArgs(e, fs, args, gatewayDoc); err != nil {
 		return err
 	}
@@ -61,6 +59,14 @@ func runGateway(e env, args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
+	// The gateway forwards each caller's own credential and sends no
+	// token of its own, so only the TLS side of PeerOptions applies.
+	tlsOnly := f
+	tlsOnly.Auth = false
+	peer, err := serve.PeerOptions(tlsOnly)
+	if err != nil {
+		return err
+	}
 	mounts := []struct {
 		svc, health string
 		register    func(context.Context, *serve.Server, *grpc.ClientConn) error
@@ -81,7 +87,7 @@ func runGateway(e env, args []string) error {
 		}
 	}()
 	for _, m := range mounts {
-		conn, err := grpcclient.Dial(*addrs[m.svc], grpcclient.Options{CAFile: caFile})
+		conn, err := grpcclient.Dial(*addrs[m.svc], peer)
 		if err != nil {
 			return fmt.Errorf("--%s-addr: %w", m.svc, err)
 		}

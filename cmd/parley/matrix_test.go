@@ -253,6 +253,8 @@ var matrixRPCs = map[string]rpcRow{
 	// Mailboxes (issue 13).
 	disp + "ReceiveMessages":     {targets: agentT, ok: codes.OK},
 	disp + "AcknowledgeMessages": {targets: agentT, ok: codes.OK},
+	// Service requests (issue 14): the acting agent is the consumer.
+	disp + "NewRequest": {targets: agentT, ok: codes.InvalidArgument},
 	// Orders (issue 14): only the agent named; a missing order is NOT_FOUND.
 	disp + "GetOrder":   {targets: []string{"{agent}/orders/none"}, ok: codes.NotFound},
 	disp + "ListOrders": {targets: agentT, ok: codes.OK},

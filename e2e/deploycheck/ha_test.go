@@ -15,11 +15,10 @@ import (
 )
 
 // The ha overlay (deploy/k8s/overlays/ha) runs every service with a
-// PostgreSQL store, and the stateless gateway, as haReplicas replicas; the
-// dispatcher, bbolt only, stays as base has it.
+// PostgreSQL store, and the stateless gateway, as haReplicas replicas.
 const haReplicas = 3
 
-var haReplicated = map[string]bool{"registry": true, "negotiator": true, "tasks": true, "gateway": true}
+var haReplicated = map[string]bool{"registry": true, "negotiator": true, "dispatcher": true, "tasks": true, "gateway": true}
 
 // checkHA holds a rendering of the ha overlay to its rules: the replicated
 // services get replicas, RollingUpdate with at most one pod down, a
@@ -32,8 +31,8 @@ func checkHA(m *manifests) error {
 	if got, want := slices.Sorted(maps.Keys(m.deployments)), serviceNames(); !slices.Equal(got, want) {
 		fail("Deployments = %v, want %v", got, want)
 	}
-	if got, want := slices.Sorted(maps.Keys(m.claims)), []string{"dispatcher-data"}; !slices.Equal(got, want) {
-		fail("PersistentVolumeClaims = %v, want %v: only the dispatcher keeps bbolt", got, want)
+	if got := slices.Sorted(maps.Keys(m.claims)); len(got) != 0 {
+		fail("PersistentVolumeClaims = %v, want none: every store is in PostgreSQL", got)
 	}
 	for _, want := range parleyServices {
 		d, ok := m.deployments[want.name]
@@ -199,7 +198,7 @@ func TestKustomize_haRejectsBrokenOverlay(t *testing.T) {
 		{
 			name:    "claim kept",
 			edit:    edit{file: kust, old: "  - patch: |-\n      $patch: delete\n      apiVersion: v1\n      kind: PersistentVolumeClaim\n      metadata:\n        name: tasks-data\n", new: ""},
-			wantErr: "PersistentVolumeClaims = [dispatcher-data tasks-data]",
+			wantErr: "PersistentVolumeClaims = [tasks-data]",
 		},
 		{
 			name:    "budget missing",

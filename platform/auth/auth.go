@@ -124,6 +124,11 @@ type call struct {
 	header   string // the authorization header value, never logged
 	remote   string
 	resource func(field string) string
+	// forwarded is the ForwardedCallerHeader value (gRPC only), and
+	// verifiedPeer whether the connection carries a verified client
+	// certificate.
+	forwarded    string
+	verifiedPeer bool
 }
 
 // check authenticates and authorises c. It returns the principal or a
@@ -161,6 +166,9 @@ func (a *Authenticator) checkRule(ctx context.Context, c call, rule Rule) (Princ
 
 // authenticate turns the header into a principal: Anonymous without one.
 func (a *Authenticator) authenticate(ctx context.Context, c call) (Principal, error) {
+	if c.forwarded != "" {
+		return a.forwarded(ctx, c)
+	}
 	if c.header == "" {
 		return Principal{Kind: Anonymous}, nil
 	}

@@ -118,10 +118,13 @@ func (s *authStream) RecvMsg(m any) error {
 }
 
 func (a *Authenticator) grpcCall(ctx context.Context, method string, req any) call {
-	c := call{method: method, remote: RemoteAddr(ctx)}
+	c := call{method: method, remote: RemoteAddr(ctx), verifiedPeer: verifiedPeer(ctx)}
 	if md, ok := metadata.FromIncomingContext(ctx); ok {
 		if v := md.Get("authorization"); len(v) > 0 {
 			c.header = v[0]
+		}
+		if v := md.Get(ForwardedCallerHeader); len(v) > 0 {
+			c.forwarded = v[0]
 		}
 	}
 	msg, _ := req.(proto.Message)

@@ -117,6 +117,9 @@ func ParleyPolicy() Policy {
 		disp + "CloseDialogueMessages": {Allow: Agent | Operator, Resource: "name"},
 		disp + "CloseDialogueAgent":    {Allow: Agent | Operator, Resource: "name"},
 		disp + "CloseAllDialogues":     {Allow: Agent | Operator, Resource: "agent"},
+		// Dispatcher: service requests (issue 14): the consumer opens one
+		// as itself only.
+		disp + "NewRequest": {Allow: Agent | Operator, Resource: "sender"},
 		// Dispatcher: orders (issue 14), read by their two parties only:
 		// the agent named must be the caller, and the handler answers
 		// NOT_FOUND to an agent that is not a party.

@@ -12,11 +12,18 @@ import (
 // Flags are the serving flags every Parley binary shares. Service-specific
 // flags are registered by each service's config package.
 type Flags struct {
-	GRPCAddr        string
-	HTTPAddr        string
-	DataDir         string
-	TLSCert         string
-	TLSKey          string
+	GRPCAddr string
+	HTTPAddr string
+	DataDir  string
+	TLSCert  string
+	TLSKey   string
+	// TLSClientCA, with TLSCert, makes the gRPC listener require a client
+	// certificate issued by this CA (mTLS between services); peer clients
+	// then present TLSCert.
+	TLSClientCA string
+	// PeerCA is the CA bundle a one-service binary or `parley gateway`
+	// trusts when dialling its peers over TLS [TLSClientCA].
+	PeerCA          string
 	PublicURL       string
 	LogLevel        string
 	ShutdownTimeout time.Duration
@@ -48,6 +55,8 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcDefault, httpDefault, dataDefault
 	fs.StringVar(&f.DatabaseURL, "database-url", "", "PostgreSQL URL (postgres://user:password@host:5432/db): the stores live there instead of in --data's bbolt files, so several replicas can share them. secret: prefer PARLEY_DATABASE_URL")
 	fs.StringVar(&f.TLSCert, "tls-cert", "", "PEM certificate file; with --tls-key, serve HTTPS and TLS gRPC")
 	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file for --tls-cert")
+	fs.StringVar(&f.TLSClientCA, "tls-client-ca", "", "PEM CA bundle `file`; with --tls-cert, gRPC clients must present a certificate it issued (mTLS), HTTP clients may, and calls to peer services present --tls-cert")
+	fs.StringVar(&f.PeerCA, "peer-ca", "", "PEM CA bundle `file` trusted for peer services' certificates; when set (or --tls-client-ca is), peers are dialled over TLS (default: --tls-client-ca)")
 	fs.StringVar(&f.PublicURL, "public-url", "", "public base URL of the HTTP side (https://parley.example.com), used in absolute links such as protocolSources")
 	f.LogLevel = "info"
 	fs.Var(logLevel{&f.LogLevel}, "log-level", "log level: debug, info, warn or error")

@@ -8,6 +8,7 @@ import (
 	"net"
 
 	"github.com/parleyhq/parley/platform/auth"
+	"github.com/parleyhq/parley/platform/grpcclient"
 )
 
 // Listen opens the gRPC and HTTP listeners named by f. A port in use comes
@@ -62,6 +63,7 @@ func (f Flags) Options(logger *slog.Logger) Options {
 		Logger:          logger,
 		TLSCertFile:     f.TLSCert,
 		TLSKeyFile:      f.TLSKey,
+		TLSClientCAFile: f.TLSClientCA,
 		ShutdownTimeout: f.ShutdownTimeout,
 		Limits:          Limits{MaxConnections: f.MaxConnections},
 
@@ -71,16 +73,26 @@ func (f Flags) Options(logger *slog.Logger) Options {
 	}
 }
 
-// PeerToken is the credential a one-service binary sends to its peers: the
-// operator token when --auth is on, else none. Separate processes must
+// PeerOptions is how a one-service binary or `parley gateway` dials its
+// peers: over TLS when --peer-ca or --tls-client-ca is set, presenting
+// --tls-cert when --tls-client-ca is (the peers then require it), and
+// with the operator token when --auth is on. Separate processes must
 // share one token, so --auth there needs --operator-token-file.
-func PeerToken(f Flags) (string, error) {
+func PeerOptions(f Flags) (grpcclient.Options, error) {
+	o := grpcclient.Options{CAFile: f.PeerCA}
+	if o.CAFile == "" {
+		o.CAFile = f.TLSClientCA
+	}
+	if f.TLSClientCA != "" {
+		o.CertFile, o.KeyFile = f.TLSCert, f.TLSKey
+	}
 	if !f.Auth {
-		return "", nil
+		return o, nil
 	}
 	if f.OperatorTokenFile == "" {
-		return "", errors.New("--auth in a one-service binary needs --operator-token-file, the operator token every service of the deployment shares")
+		return o, errors.New("--auth in a one-service binary needs --operator-token-file, the operator token every service of the deployment shares")
 	}
 	tok, _, _, err := auth.LoadOperatorToken(f.OperatorTokenFile, f.DataDir)
-	return tok, err
+	o.Token = tok
+	return o, err
 }

@@ -54,6 +54,11 @@ type Options struct {
 	Registry *prometheus.Registry
 	// TLSCertFile and TLSKeyFile, when both set, serve HTTPS and TLS gRPC.
 	TLSCertFile, TLSKeyFile string
+	// TLSClientCAFile, with TLSCertFile, requires every gRPC client to
+	// present a certificate this CA issued (the in-process pipe excepted);
+	// the HTTP side verifies one when given, so that health probes and
+	// public routes (Agora, discovery) stay reachable.
+	TLSClientCAFile string
 	// ShutdownTimeout bounds the whole drain; 10s when zero.
 	ShutdownTimeout time.Duration
 	// ReadinessInterval is how often the readiness checks run to drive the
@@ -181,7 +186,15 @@ func New(opts Options) (*Server, error) {
 			return nil, fmt.Errorf("load TLS key pair: %w", err)
 		}
 		s.tlsConf = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(s.tlsConf)))
+		grpcTLS := s.tlsConf
+		if opts.TLSClientCAFile != "" {
+			if grpcTLS, err = s.requireClientCerts(opts.TLSClientCAFile); err != nil {
+				return nil, err
+			}
+		}
+		grpcOpts = append(grpcOpts, grpc.Creds(credentials.NewTLS(grpcTLS)))
+	} else if opts.TLSClientCAFile != "" {
+		return nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key: mTLS is TLS first")
 	}
 	s.GRPC = grpc.NewServer(grpcOpts...)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
@@ -189,6 +202,12 @@ func New(opts Options) (*Server, error) {
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 
 	s.Gateway = runtime.NewServeMux(
+		// Only permanent HTTP headers (Authorization among them) become
+		// metadata: a forwarded caller (auth.ForwardedCallerHeader) is a
+		// service's word and must never come from an HTTP request, as
+		// "Grpc-Metadata-Parley-Caller" would with LegacyHeaderMatcher
+		// (e2e TestSeparateProcesses_mTLS).
+		runtime.WithIncomingHeaderMatcher(runtime.DefaultHeaderMatcher),
 		runtime.WithErrorHandler(errorHandler),
 		runtime.WithRoutingErrorHandler(routingErrorHandler),
 		// Keep %2F and other reserved escapes intact while routing, so an

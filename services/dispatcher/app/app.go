@@ -14,6 +14,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
@@ -23,6 +24,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/server"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
 )
 
 // ServiceName is the dispatcher's gRPC service name, also its health name.
@@ -38,16 +40,16 @@ type Peers struct {
 type App struct {
 	cfg    config.Config
 	logger *slog.Logger
-	store  store.Store
+	store  backend
 	peers  Peers
 	srv    *server.Server
 	// mailboxes are the agents' durable mailboxes (network delivery).
 	mailboxes *mailbox.Mailboxes
-	// dialogues is the store's dialogue side (the same bbolt file).
+	// dialogues is the store's dialogue side (the same database).
 	dialogues store.DialogueStore
-	// orders is the store's order side (the same bbolt file).
+	// orders is the store's order side (the same database).
 	orders store.OrderStore
-	// timers is the store's protocol deadlines (the same bbolt file).
+	// timers is the store's protocol deadlines (the same database).
 	timers store.TimerStore
 	pool   *routine.Pool // the routine workers
 }
@@ -69,13 +71,7 @@ func ServeRoutineWorker() int { return routine.ServeWorker() }
 // New opens the store, starts the routine workers and builds the server.
 // It does not listen; Register mounts the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
-	if cfg.DatabaseURL != "" {
-		// So that `parley serve --database-url` runs: the other services
-		// share the database, the dispatcher keeps its own files.
-		logger.Warn("the dispatcher has no PostgreSQL store yet (issue 15): it keeps dispatcher.db in --data, which replicas do not share",
-			slog.String("data", cfg.DataDir))
-	}
-	st, err := boltstore.Open(cfg.DataDir, 2*time.Second)
+	st, err := openStore(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -96,6 +92,27 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	}
 	a.srv = server.New(st, logger, registryv1.NewRegistryServiceClient(peers.Registry), opts)
 	return a, nil
+}
+
+// backend is everything the dispatcher keeps: boltstore and pgstore each
+// implement all of it over one database.
+type backend interface {
+	store.Store
+	store.DialogueStore
+	store.OrderStore
+	store.TimerStore
+	mailbox.Store
+}
+
+// openStore opens PostgreSQL when cfg.DatabaseURL is set (several replicas
+// share it), else dispatcher.db in the data directory.
+func openStore(cfg config.Config) (backend, error) {
+	if cfg.DatabaseURL != "" {
+		ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
+		defer cancel()
+		return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
+	}
+	return boltstore.Open(cfg.DataDir, 2*time.Second)
 }
 
 func (a *App) options() (server.Options, error) {
@@ -185,6 +202,11 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
 	go srv.RunDeadlines(ctx)
+	if pg, ok := a.store.(*pgstore.Store); ok {
+		// Other replicas' appends wake the streams connected here, and
+		// their timers the deadlines.
+		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines})
+	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{

@@ -61,6 +61,10 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 			t.Errorf("%s: Options has %v, config %v", field, v, want.Interface())
 		}
 	}
+	// routine.Compile fills in no budget: the config's must all be set.
+	if err := opts.RoutineLimits.Validate(); err != nil {
+		t.Error(err)
+	}
 	// A limit added to Options without a flag would stay zero here.
 	envflagtest.NonZeroLimitsNested(t, "Options", opts)
 	envflagtest.NonZeroLimitsNested(t, "PoolOptions", pool)

@@ -196,6 +196,11 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s must be positive", p.name))
 		}
 	}
+	if c.RoutineWorkerCPU > 0 && c.RoutineWorkerCPU < 4*time.Second {
+		// A worker's life must hold a run's soft limit (its budget plus
+		// one to two seconds) with room to spare.
+		errs = append(errs, fmt.Errorf("--routine-worker-cpu must be at least 4s, got %s", c.RoutineWorkerCPU))
+	}
 	if _, err := c.PeerDialects(); err != nil {
 		errs = append(errs, err)
 	}

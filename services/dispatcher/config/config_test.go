@@ -42,3 +42,15 @@ func TestValidateGateway_refusesZeroBody(t *testing.T) {
 		t.Fatalf("got %v", err)
 	}
 }
+
+// A worker needs a few seconds of CPU to be useful: a smaller life is
+// refused here rather than raised further down.
+func TestLoad_refusesWorkerCPUUnderFourSeconds(t *testing.T) {
+	_, err := Load([]string{"--data", t.TempDir(), "--routine-worker-cpu", "3s"}, func(string) string { return "" })
+	if err == nil || !strings.Contains(err.Error(), "--routine-worker-cpu") {
+		t.Errorf("--routine-worker-cpu 3s: got %v, want it refused", err)
+	}
+	if _, err := Load([]string{"--data", t.TempDir(), "--routine-worker-cpu", "4s"}, func(string) string { return "" }); err != nil {
+		t.Errorf("--routine-worker-cpu 4s: %v", err)
+	}
+}

@@ -231,7 +231,7 @@ func (a *App) sweepRequests(ctx context.Context) {
 func (a *App) syncPeers(ctx context.Context) {
 	for _, p := range a.peers {
 		peer := p.Addr
-		resp, err := a.server.SyncProtocols(ctx, &registryv1.SyncProtocolsRequest{Peer: peer})
+		resp, err := a.server.SyncPeer(ctx, peer)
 		switch {
 		case ctx.Err() != nil:
 			return

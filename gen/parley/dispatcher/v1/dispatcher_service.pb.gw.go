@@ -755,6 +755,51 @@ func local_request_DispatcherService_CloseAllDialogues_0(ctx context.Context, ma
 	return msg, metadata, err
 }
 
+func request_DispatcherService_NewRequest_0(ctx context.Context, marshaler runtime.Marshaler, client DispatcherServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq NewRequestRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["sender"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "sender")
+	}
+	protoReq.Sender, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "sender", err)
+	}
+	if req.Body != nil {
+		_, _ = io.Copy(io.Discard, req.Body)
+	}
+	msg, err := client.NewRequest(ctx, &protoReq, grpc.Header(&metadata.HeaderMD), grpc.Trailer(&metadata.TrailerMD))
+	return msg, metadata, err
+}
+
+func local_request_DispatcherService_NewRequest_0(ctx context.Context, marshaler runtime.Marshaler, server DispatcherServiceServer, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
+	var (
+		protoReq NewRequestRequest
+		metadata runtime.ServerMetadata
+		err      error
+	)
+	if err := marshaler.NewDecoder(req.Body).Decode(&protoReq); err != nil && !errors.Is(err, io.EOF) {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	val, ok := pathParams["sender"]
+	if !ok {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "missing parameter %s", "sender")
+	}
+	protoReq.Sender, err = runtime.String(val)
+	if err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "sender", err)
+	}
+	msg, err := server.NewRequest(ctx, &protoReq)
+	return msg, metadata, err
+}
+
 func request_DispatcherService_GetOrder_0(ctx context.Context, marshaler runtime.Marshaler, client DispatcherServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq GetOrderRequest
@@ -1173,6 +1218,26 @@ func RegisterDispatcherServiceHandlerServer(ctx context.Context, mux *runtime.Se
 		}
 		forward_DispatcherService_CloseAllDialogues_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_DispatcherService_NewRequest_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		var stream runtime.ServerTransportStream
+		ctx = grpc.NewContextWithServerTransportStream(ctx, &stream)
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateIncomingContext(ctx, mux, req, "/parley.dispatcher.v1.DispatcherService/NewRequest", runtime.WithHTTPPathPattern("/v1/{sender=clients/*/agents/*}/requests"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := local_request_DispatcherService_NewRequest_0(annotatedContext, inboundMarshaler, server, req, pathParams)
+		md.HeaderMD, md.TrailerMD = metadata.Join(md.HeaderMD, stream.Header()), metadata.Join(md.TrailerMD, stream.Trailer())
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_DispatcherService_NewRequest_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodGet, pattern_DispatcherService_GetOrder_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -1525,6 +1590,23 @@ func RegisterDispatcherServiceHandlerClient(ctx context.Context, mux *runtime.Se
 		}
 		forward_DispatcherService_CloseAllDialogues_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
 	})
+	mux.Handle(http.MethodPost, pattern_DispatcherService_NewRequest_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
+		ctx, cancel := context.WithCancel(req.Context())
+		defer cancel()
+		inboundMarshaler, outboundMarshaler := runtime.MarshalerForRequest(mux, req)
+		annotatedContext, err := runtime.AnnotateContext(ctx, mux, req, "/parley.dispatcher.v1.DispatcherService/NewRequest", runtime.WithHTTPPathPattern("/v1/{sender=clients/*/agents/*}/requests"))
+		if err != nil {
+			runtime.HTTPError(ctx, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		resp, md, err := request_DispatcherService_NewRequest_0(annotatedContext, inboundMarshaler, client, req, pathParams)
+		annotatedContext = runtime.NewServerMetadataContext(annotatedContext, md)
+		if err != nil {
+			runtime.HTTPError(annotatedContext, mux, outboundMarshaler, w, req, err)
+			return
+		}
+		forward_DispatcherService_NewRequest_0(annotatedContext, mux, outboundMarshaler, w, req, resp, mux.GetForwardResponseOptions()...)
+	})
 	mux.Handle(http.MethodGet, pattern_DispatcherService_GetOrder_0, func(w http.ResponseWriter, req *http.Request, pathParams map[string]string) {
 		ctx, cancel := context.WithCancel(req.Context())
 		defer cancel()
@@ -1579,6 +1661,7 @@ var (
 	pattern_DispatcherService_CloseDialogueMessages_0 = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 2, 3, 1, 0, 4, 6, 5, 4}, []string{"v1", "clients", "agents", "dialogues", "name"}, "closeMessages"))
 	pattern_DispatcherService_CloseDialogueAgent_0    = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 2, 3, 1, 0, 4, 6, 5, 4}, []string{"v1", "clients", "agents", "dialogues", "name"}, "closeAgent"))
 	pattern_DispatcherService_CloseAllDialogues_0     = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3, 2, 4}, []string{"v1", "clients", "agents", "agent", "dialogues"}, "closeAll"))
+	pattern_DispatcherService_NewRequest_0            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3, 2, 4}, []string{"v1", "clients", "agents", "sender", "requests"}, ""))
 	pattern_DispatcherService_GetOrder_0              = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 2, 3, 1, 0, 4, 6, 5, 4}, []string{"v1", "clients", "agents", "orders", "name"}, ""))
 	pattern_DispatcherService_ListOrders_0            = runtime.MustPattern(runtime.NewPattern(1, []int{2, 0, 2, 1, 1, 0, 2, 2, 1, 0, 4, 4, 5, 3, 2, 4}, []string{"v1", "clients", "agents", "parent", "orders"}, ""))
 )
@@ -1600,6 +1683,7 @@ var (
 	forward_DispatcherService_CloseDialogueMessages_0 = runtime.ForwardResponseMessage
 	forward_DispatcherService_CloseDialogueAgent_0    = runtime.ForwardResponseMessage
 	forward_DispatcherService_CloseAllDialogues_0     = runtime.ForwardResponseMessage
+	forward_DispatcherService_NewRequest_0            = runtime.ForwardResponseMessage
 	forward_DispatcherService_GetOrder_0              = runtime.ForwardResponseMessage
 	forward_DispatcherService_ListOrders_0            = runtime.ForwardResponseMessage
 )

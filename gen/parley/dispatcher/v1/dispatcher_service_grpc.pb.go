@@ -39,6 +39,7 @@ const (
 	DispatcherService_CloseDialogueMessages_FullMethodName = "/parley.dispatcher.v1.DispatcherService/CloseDialogueMessages"
 	DispatcherService_CloseDialogueAgent_FullMethodName    = "/parley.dispatcher.v1.DispatcherService/CloseDialogueAgent"
 	DispatcherService_CloseAllDialogues_FullMethodName     = "/parley.dispatcher.v1.DispatcherService/CloseAllDialogues"
+	DispatcherService_NewRequest_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/NewRequest"
 	DispatcherService_GetOrder_FullMethodName              = "/parley.dispatcher.v1.DispatcherService/GetOrder"
 	DispatcherService_ListOrders_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/ListOrders"
 )
@@ -142,6 +143,15 @@ type DispatcherServiceClient interface {
 	// CloseAllDialogues closes every dialogue open for the agent, as
 	// CloseDialogue does each. Errors: INVALID_ARGUMENT.
 	CloseAllDialogues(ctx context.Context, in *CloseAllDialoguesRequest, opts ...grpc.CallOption) (*CloseAllDialoguesResponse, error)
+	// NewRequest opens a service dialogue (category service) from a consumer
+	// to the suppliers of the distribution list, with the protocol's opener
+	// (new_task_request): a task and the protocol's timeouts. Every later
+	// message of it is a ReplyMessage, checked per (dialogue, supplier)
+	// against the protocol's state machine; the consumer closing it
+	// (CloseDialogue) sends task_withdrawn to every supplier whose pair has
+	// not ended. Errors: as SendMessage; INVALID_ARGUMENT names a protocol
+	// that is not a service protocol or a timeout it does not declare.
+	NewRequest(ctx context.Context, in *NewRequestRequest, opts ...grpc.CallOption) (*SendMessageResponse, error)
 	// GetOrder returns an order to one of its two parties. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND (no such order of this agent).
 	GetOrder(ctx context.Context, in *GetOrderRequest, opts ...grpc.CallOption) (*Order, error)
@@ -370,6 +380,16 @@ func (c *dispatcherServiceClient) CloseAllDialogues(ctx context.Context, in *Clo
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) NewRequest(ctx context.Context, in *NewRequestRequest, opts ...grpc.CallOption) (*SendMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SendMessageResponse)
+	err := c.cc.Invoke(ctx, DispatcherService_NewRequest_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *dispatcherServiceClient) GetOrder(ctx context.Context, in *GetOrderRequest, opts ...grpc.CallOption) (*Order, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Order)
@@ -489,6 +509,15 @@ type DispatcherServiceServer interface {
 	// CloseAllDialogues closes every dialogue open for the agent, as
 	// CloseDialogue does each. Errors: INVALID_ARGUMENT.
 	CloseAllDialogues(context.Context, *CloseAllDialoguesRequest) (*CloseAllDialoguesResponse, error)
+	// NewRequest opens a service dialogue (category service) from a consumer
+	// to the suppliers of the distribution list, with the protocol's opener
+	// (new_task_request): a task and the protocol's timeouts. Every later
+	// message of it is a ReplyMessage, checked per (dialogue, supplier)
+	// against the protocol's state machine; the consumer closing it
+	// (CloseDialogue) sends task_withdrawn to every supplier whose pair has
+	// not ended. Errors: as SendMessage; INVALID_ARGUMENT names a protocol
+	// that is not a service protocol or a timeout it does not declare.
+	NewRequest(context.Context, *NewRequestRequest) (*SendMessageResponse, error)
 	// GetOrder returns an order to one of its two parties. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND (no such order of this agent).
 	GetOrder(context.Context, *GetOrderRequest) (*Order, error)
@@ -564,6 +593,9 @@ func (UnimplementedDispatcherServiceServer) CloseDialogueAgent(context.Context, 
 }
 func (UnimplementedDispatcherServiceServer) CloseAllDialogues(context.Context, *CloseAllDialoguesRequest) (*CloseAllDialoguesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CloseAllDialogues not implemented")
+}
+func (UnimplementedDispatcherServiceServer) NewRequest(context.Context, *NewRequestRequest) (*SendMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method NewRequest not implemented")
 }
 func (UnimplementedDispatcherServiceServer) GetOrder(context.Context, *GetOrderRequest) (*Order, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetOrder not implemented")
@@ -934,6 +966,24 @@ func _DispatcherService_CloseAllDialogues_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_NewRequest_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(NewRequestRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).NewRequest(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_NewRequest_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).NewRequest(ctx, req.(*NewRequestRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _DispatcherService_GetOrder_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetOrderRequest)
 	if err := dec(in); err != nil {
@@ -1048,6 +1098,10 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CloseAllDialogues",
 			Handler:    _DispatcherService_CloseAllDialogues_Handler,
+		},
+		{
+			MethodName: "NewRequest",
+			Handler:    _DispatcherService_NewRequest_Handler,
 		},
 		{
 			MethodName: "GetOrder",

@@ -39,16 +39,16 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "dispatcher", cfg.LogLevel)
-	token, err := serve.PeerToken(cfg.Flags)
+	peer, err := serve.PeerOptions(cfg.Flags)
 	if err != nil {
 		return err
 	}
-	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{Token: token})
+	registryConn, err := grpcclient.Dial(cfg.RegistryAddr, peer)
 	if err != nil {
 		return fmt.Errorf("--registry-addr: %w", err)
 	}
 	defer registryConn.Close()
-	negotiatorConn, err := grpcclient.Dial(cfg.NegotiatorAddr, grpcclient.Options{Token: token})
+	negotiatorConn, err := grpcclient.Dial(cfg.NegotiatorAddr, peer)
 	if err != nil {
 		return fmt.Errorf("--negotiator-addr: %w", err)
 	}

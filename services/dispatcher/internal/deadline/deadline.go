@@ -142,11 +142,17 @@ func (s *Scheduler) Arm(ctx context.Context, p Pair, state json.RawMessage) erro
 	if err := s.store.PutTimers(ctx, timers); err != nil {
 		return err
 	}
+	s.Wake()
+	return nil
+}
+
+// Wake makes Run look for the next timer again: one was set (by Arm, or by
+// another replica on the same database).
+func (s *Scheduler) Wake() {
 	select {
 	case s.wake <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // FireDue fires every timer due now and returns how many expired a pair.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -30,14 +31,34 @@ func (s *Service) CloseAgent(ctx context.Context, agent, dialogue, counterpart s
 
 // Close closes dialogue: for everyone when agent is its initiator (no one
 // may send in it any more), else for agent alone, which receives nothing
-// more in it.
+// more in it. When the initiator closes a service dialogue, every supplier
+// whose pair is still open first gets task_withdrawn.
 func (s *Service) Close(ctx context.Context, agent, dialogue string) (View, error) {
+	if err := s.withdraw(ctx, agent, dialogue); err != nil {
+		return View{}, err
+	}
 	return s.update(ctx, agent, dialogue, closeFor(agent))
 }
 
 // CloseAll closes every dialogue of agent that is open for it, as Close
 // does, and returns how many it closed.
 func (s *Service) CloseAll(ctx context.Context, agent string) (int, error) {
+	// The service dialogues it opened withdraw their tasks first; the
+	// first pass only reads.
+	var opened []string
+	if _, err := s.store.UpdateAgentDialogues(ctx, agent, func(d *store.Dialogue, _ *store.Participant) (bool, error) {
+		if d.Initiator == agent && d.Category == string(mailbox.CategoryService) {
+			opened = append(opened, d.ID)
+		}
+		return false, nil
+	}); err != nil {
+		return 0, err
+	}
+	for _, id := range opened {
+		if err := s.withdraw(ctx, agent, id); err != nil {
+			return 0, err
+		}
+	}
 	closeOne := closeFor(agent)
 	return s.store.UpdateAgentDialogues(ctx, agent, func(d *store.Dialogue, p *store.Participant) (bool, error) {
 		closeOne(d, p)

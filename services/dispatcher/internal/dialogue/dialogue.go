@@ -227,6 +227,10 @@ type Machine interface {
 	// message). It is pure. A message that breaks a rule gets a *Violation;
 	// any other error means the stored state is corrupt.
 	Step(state json.RawMessage, s Step) (Accepted, error)
+	// OpensOrder reports whether accepting a message of type typ forms
+	// an order (or, once formed, renews its acceptance): the
+	// AcceptanceGate checks those.
+	OpensOrder(typ string) bool
 }
 
 // Protocols finds a PD's state machine.
@@ -281,6 +285,9 @@ type Options struct {
 	// Observer is told of the pair states each delivered message moved
 	// (deadlines to arm, orders to record); nil tells no one.
 	Observer Observer
+	// Acceptances checks each message that would form an order before it
+	// is recorded; nil lets every one through to the state machine.
+	Acceptances AcceptanceGate
 }
 
 // Service sends the network's messages.
@@ -343,6 +350,7 @@ func (s *Service) open(ctx context.Context, sender string, cat mailbox.Category,
 	now := s.opts.Now().UTC()
 	d := store.Dialogue{ID: s.opts.NewID(), Initiator: sender, Category: string(cat), Protocol: m.Protocol, CreateTime: now}
 	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: sender, Type: m.Type, Time: now}
+	d.Opener = dm.ID
 	var (
 		accepted []string
 		refusals []Refusal
@@ -433,6 +441,9 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 	}
 	now := s.opts.Now().UTC()
 	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: sender, Type: m.Type, InReplyTo: inReplyTo, Time: now}
+	if err := s.checkAcceptance(ctx, machine, d, answered, sender, dm.ID, m, now); err != nil {
+		return Result{}, err
+	}
 	var (
 		accepted []string
 		refusals []Refusal
@@ -464,9 +475,7 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 				continue
 			}
 			if machine != nil {
-				pair := store.Pair{A: sender, B: r}
-				prev := v.PairState(pair)
-				a, err := machine.Step(prev, Step{Initiator: d.Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body, Time: now})
+				restore, a, err := stepPair(machine, v, sender, r, m, now)
 				var viol *Violation
 				if errors.As(err, &viol) {
 					refusals = append(refusals, protocolRefusal(r, viol))
@@ -475,8 +484,8 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 				if err != nil {
 					return store.MessageWrite{}, err
 				}
-				pairs = append(pairs, store.PairState{Pair: pair, State: a.State})
-				restores = append(restores, store.PairRestore{Pair: pair, Written: a.State, Previous: prev})
+				pairs = append(pairs, store.PairState{Pair: restore.Pair, State: a.State})
+				restores = append(restores, restore)
 				if a.Body != nil && body == nil {
 					body = a.Body
 				}
@@ -506,6 +515,17 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 		return Result{}, err
 	}
 	return s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, refusals, restores))
+}
+
+// stepPair checks m from sender to r against the state of their pair in
+// v's dialogue: what the machine accepted, and how to undo it.
+func stepPair(machine Machine, v store.DialogueView, sender, r string, m Message, now time.Time) (store.PairRestore, Accepted, error) {
+	pair := store.Pair{A: sender, B: r}
+	prev := v.PairState(pair)
+	a, err := machine.Step(prev, Step{
+		Initiator: v.Dialogue().Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body, Time: now,
+	})
+	return store.PairRestore{Pair: pair, Written: a.State, Previous: prev}, a, err
 }
 
 // closedTo reports whether p's filters keep a message of type typ from

@@ -311,6 +311,9 @@ func TestClose(t *testing.T) {
 // the pair, and a type "bad" breaks rule "no-bad".
 type fakeMachine struct{}
 
+// OpensOrder: type "accept" forms an order.
+func (fakeMachine) OpensOrder(typ string) bool { return typ == "accept" }
+
 func (fakeMachine) Step(state json.RawMessage, s dialogue.Step) (dialogue.Accepted, error) {
 	if s.Type == "bad" {
 		return dialogue.Accepted{}, &dialogue.Violation{Rule: "NO_BAD", Detail: "bad after " + s.AnsweredType}

@@ -11,6 +11,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
@@ -35,7 +36,7 @@ func newSet(t *testing.T, quarantineAfter int) *hosted.Set {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return hosted.New(st, fakeAgents{agent: true}, hosted.Options{QuarantineAfter: quarantineAfter, Limits: routine.Limits{MaxSteps: 100_000}})
+	return hosted.New(st, fakeAgents{agent: true}, hosted.Options{QuarantineAfter: quarantineAfter, Limits: routinetest.Limits(routine.Limits{MaxSteps: 100_000})})
 }
 
 func TestInstall(t *testing.T) {

@@ -14,6 +14,8 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/inbound"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
@@ -61,7 +63,7 @@ func newPipeline(t *testing.T) (*inbound.Pipeline, *hosted.Set) {
 	t.Cleanup(func() { st.Close() })
 	m := metrics.New(nil)
 	dir := directory.New(fakeRegistry{}, directory.Options{CacheTTL: time.Minute, Now: time.Now})
-	routines := hosted.New(st, agents{dir}, hosted.Options{QuarantineAfter: 2, Metrics: m})
+	routines := hosted.New(st, agents{dir}, hosted.Options{QuarantineAfter: 2, Metrics: m, Limits: routinetest.Limits(routine.Limits{})})
 	p := inbound.New(st, dir, routines, hub.New(hub.Options{Queue: 64, Timeout: 10 * time.Second, Metrics: m}), llm.Counted{LLM: llm.NoLLM{}, Metrics: m}, nil, nil, inbound.Options{ConversationTTL: 5 * time.Minute, MaxConversationsPerPeer: 100, Metrics: m})
 	return p, routines
 }

@@ -113,6 +113,25 @@ func (m *Mailboxes) wake(delivered []Delivery) {
 	}
 }
 
+// Nudge wakes the connections of agents (every connection when agents is
+// nil) to read their mailbox from the store: another replica appended to
+// it. Agents not connected here are ignored.
+func (m *Mailboxes) Nudge(agents []string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if agents == nil {
+		for _, c := range m.conns {
+			c.poke()
+		}
+		return
+	}
+	for _, a := range agents {
+		if c := m.conns[a]; c != nil {
+			c.poke()
+		}
+	}
+}
+
 // Read returns up to limit messages of agent after cursor after.
 func (m *Mailboxes) Read(ctx context.Context, agent string, after uint64, limit int) ([]Delivery, error) {
 	return m.store.ReadMailbox(ctx, agent, after, limit)
@@ -183,6 +202,18 @@ func (c *Conn) offer(d Delivery) {
 	select {
 	case c.wake <- struct{}{}:
 	default: // a wakeup is already pending
+	}
+}
+
+// poke wakes the connection to read the store: what was handed to it may
+// not continue the stream (another replica appended in between).
+func (c *Conn) poke() {
+	c.mu.Lock()
+	c.overflow = true
+	c.mu.Unlock()
+	select {
+	case c.wake <- struct{}{}:
+	default:
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
@@ -45,7 +47,7 @@ func newRoutines(t *testing.T) *hosted.Set {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return hosted.New(st, agents{}, hosted.Options{})
+	return hosted.New(st, agents{}, hosted.Options{Limits: routinetest.Limits(routine.Limits{})})
 }
 
 func TestInstall(t *testing.T) {

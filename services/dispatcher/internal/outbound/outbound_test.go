@@ -16,6 +16,8 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/metrics"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
@@ -54,7 +56,7 @@ func newSender(t *testing.T, c outbound.Client) *outbound.Sender {
 	t.Cleanup(func() { st.Close() })
 	m := metrics.New(nil)
 	dir := directory.New(fakeRegistry{}, directory.Options{CacheTTL: time.Minute, Now: time.Now})
-	routines := hosted.New(st, agents{}, hosted.Options{QuarantineAfter: 3, Metrics: m})
+	routines := hosted.New(st, agents{}, hosted.Options{QuarantineAfter: 3, Metrics: m, Limits: routinetest.Limits(routine.Limits{})})
 	return outbound.New(c, dir, routines, nil, llm.Counted{LLM: llm.NoLLM{}, Metrics: m}, st, nil, outbound.Options{Timeout: 10 * time.Second, MaxListed: 5, Metrics: m})
 }
 

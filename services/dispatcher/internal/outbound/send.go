@@ -75,10 +75,11 @@ type Options struct {
 	PublicURL string
 	// Timeout bounds one outbound HTTP attempt; it must be positive.
 	Timeout time.Duration
-	// Retries is how many times a safe-to-retry send is retried.
+	// Retries is how many times a safe-to-retry send is retried; zero
+	// sends once.
 	Retries int
 	// MaxListed is how many of the protocols a target's well-known
-	// document lists Send resolves at most (in hash order); 5.
+	// document lists Send resolves at most (in hash order).
 	MaxListed int
 	// MaxJudge caps the LLM calls one Send spends judging whether a
 	// listed protocol fits its task; zero judges none (config owns the
@@ -113,10 +114,6 @@ type Sender struct {
 
 // New returns a Sender. neg may be nil (no negotiations).
 func New(client Client, dir *directory.Directory, routines *hosted.Set, shadows *shadow.Runner, model llm.Counted, st store.Store, neg negotiation.Negotiator, opts Options) *Sender {
-	opts.MaxJudge = max(opts.MaxJudge, 0)
-	if opts.Retries < 0 {
-		opts.Retries = 0
-	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -564,7 +561,7 @@ func (s *Sender) postTo(ctx context.Context, base string, d agora.Dialect, hexHa
 		return peerReply{}, err
 	}
 	var lastErr error
-	for attempt := 0; attempt <= s.opts.Retries; attempt++ {
+	for attempt := 0; ; attempt++ {
 		if attempt > 0 {
 			t := time.NewTimer(time.Duration(100<<attempt) * time.Millisecond)
 			select {
@@ -580,7 +577,7 @@ func (s *Sender) postTo(ctx context.Context, base string, d agora.Dialect, hexHa
 		}
 		lastErr = err
 		var op *net.OpError
-		if errors.Is(err, egress.ErrRefused) || !errors.As(err, &op) || op.Op != "dial" {
+		if attempt >= s.opts.Retries || errors.Is(err, egress.ErrRefused) || !errors.As(err, &op) || op.Op != "dial" {
 			break
 		}
 	}

@@ -224,3 +224,38 @@ func (m *Machine) Initial(t string) bool { return m.initial[t] }
 
 // Next lists the types that may follow t (alwaysAllowed types excepted).
 func (m *Machine) Next(t string) []string { return slices.Clone(m.next[t]) }
+
+// InitialTypes lists the types that may open a dialogue, in the PD's order.
+func (m *Machine) InitialTypes() []string {
+	var out []string
+	for _, t := range m.order {
+		if m.initial[t] {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// DeadlineFields lists the body fields from which a message of type t sets
+// deadlines (seconds when sent, absolute Unix times when delivered), in the
+// PD's order; fixed deadlines have none.
+func (m *Machine) DeadlineFields(t string) []string {
+	mt := m.types[t]
+	if mt == nil {
+		return nil
+	}
+	var out []string
+	for _, d := range mt.deadlines {
+		if d.fixed == 0 {
+			out = append(out, d.field)
+		}
+	}
+	return out
+}
+
+// OpensOrder reports whether t is declared opensOrder: accepting it forms
+// the pair's order.
+func (m *Machine) OpensOrder(t string) bool {
+	mt := m.types[t]
+	return mt != nil && mt.opens
+}

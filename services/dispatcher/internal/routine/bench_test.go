@@ -34,7 +34,7 @@ def reply(query, memory):
     out["w"] = weather(query["city"])
     out["s"] = "%s/%d" % (query["city"], len(out))
     return json.encode(out)
-`, map[string]Tool{"weather": table}, Limits{Pool: pool})
+`, map[string]Tool{"weather": table}, testLimits(Limits{Pool: pool}))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -31,7 +31,7 @@ const killMargin = 250 * time.Millisecond
 func TestBoundary(t *testing.T) {
 	const budget = 500 * time.Millisecond
 	pool := newTestPool(t, PoolOptions{Workers: 2, MemoryBytes: 256 << 20})
-	limits := Limits{Pool: pool, Timeout: budget}
+	limits := testLimits(Limits{Pool: pool, Timeout: budget})
 	parentBefore := peakSelf(t)
 	body := func(expr string) string { return "def reply(q, m):\n    return " + expr + "\n" }
 	loop := func(stmts string) string { return "def reply(q, m):\n" + stmts + "\n    return 1\n" }
@@ -75,7 +75,7 @@ func TestBoundary(t *testing.T) {
 		{"a deeply nested result", "def reply(q, m):\n    x = []\n    for i in range(1000):\n        x = [x]\n    return x\n", "1", nil, []Kind{KindOutput}},
 		{"print in a loop", loop("    while True:\n        print('x')"), "1", nil, []Kind{KindSteps, KindTime}},
 		{"past the worker's memory cap (the guard set too high to see it)", body(`len("x" * (1 << 29))`), "1",
-			&Limits{Pool: pool, Timeout: budget, MaxAllocBytes: 8 << 30}, []Kind{KindMemory}},
+			new(testLimits(Limits{Pool: pool, Timeout: budget, MaxAllocBytes: 8 << 30})), []Kind{KindMemory}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -138,14 +138,14 @@ func TestBoundary(t *testing.T) {
 // succeed, and the attacker's excess gets ErrBusy.
 func TestFairShare(t *testing.T) {
 	pool := newTestPool(t, PoolOptions{Workers: 4})
-	runaway, err := Compile(t.Context(), "clients/c/agents/attacker/routines/r", "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, Limits{Pool: pool, Timeout: 2 * time.Second})
+	runaway, err := Compile(t.Context(), "clients/c/agents/attacker/routines/r", "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, testLimits(Limits{Pool: pool, Timeout: 2 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The victim's budget (the default, 1 s) is shorter than the
 	// attacker's: without fair shares it would wait behind runaways that
 	// hold every worker for 2 s and fail busy.
-	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, Limits{Pool: pool, Timeout: time.Second})
+	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, testLimits(Limits{Pool: pool, Timeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +204,7 @@ func TestToolCallbacks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    m['n'] = 1\n    return [echo(q), t('Paris'), call_tool('echo', [1])]\ndef fail(q):\n    return echo('fail')\n", map[string]Tool{"echo": echo, "t": table}, Limits{Pool: pool})
+	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    m['n'] = 1\n    return [echo(q), t('Paris'), call_tool('echo', [1])]\ndef fail(q):\n    return echo('fail')\n", map[string]Tool{"echo": echo, "t": table}, testLimits(Limits{Pool: pool}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -292,7 +292,7 @@ func TestFrameCap(t *testing.T) {
 			before := peakSelf(t)
 			done := make(chan error, 1)
 			go func() {
-				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return q\n", nil, Limits{Pool: pool, Timeout: 5 * time.Second})
+				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return q\n", nil, testLimits(Limits{Pool: pool, Timeout: 5 * time.Second}))
 				if err == nil {
 					_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
 				}
@@ -332,7 +332,7 @@ func TestToolArgumentCap(t *testing.T) {
 		return json.RawMessage(`1`), nil
 	})
 	pool := newTestPool(t, PoolOptions{Workers: 1})
-	limits := Limits{Pool: pool, MaxOutputBytes: 1 << 10}
+	limits := testLimits(Limits{Pool: pool, MaxOutputBytes: 1 << 10})
 	for _, src := range []string{
 		"def reply(q):\n    return table('x' * 2000)\n",
 		"def reply(q):\n    return table(['x'] * 500)\n",
@@ -365,7 +365,7 @@ func TestToolArgumentCap(t *testing.T) {
 // kernel's CPU limit: its budget (1 s) plus one to two seconds of CPU.
 func TestCPULimit(t *testing.T) {
 	pool := newTestPool(t, PoolOptions{Workers: 1, KillMargin: 10 * time.Minute})
-	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, Limits{Pool: pool, Timeout: time.Second})
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, testLimits(Limits{Pool: pool, Timeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +394,7 @@ func TestWorkerRecycling(t *testing.T) {
 	// machine stretching its wall time stays far inside the 2 s budget.
 	pool := newTestPool(t, PoolOptions{Workers: 1, WorkerCPU: 6 * time.Second})
 	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    s = 0\n    for i in range(q):\n        s += i\n    return s\n", nil,
-		Limits{Pool: pool, Timeout: 2 * time.Second, MaxSteps: 1 << 30})
+		testLimits(Limits{Pool: pool, Timeout: 2 * time.Second, MaxSteps: 1 << 30}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ func TestAllocationBudget(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := Compile(t.Context(), "r", "def reply(q, m):\n    "+tt.body+"\n", nil, Limits{Timeout: time.Minute})
+			p, err := Compile(t.Context(), "r", "def reply(q, m):\n    "+tt.body+"\n", nil, testLimits(Limits{Timeout: time.Minute}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -67,7 +67,7 @@ def reply(q, m):
     l.extend(range(3))
     return {"a": a, "k": d["k"], "s": s, "t": t, "j": f(["u", "v"]), "r": "a-b".replace("-", "+"), "l": l, "n": 2 * 3 + 1, "c": [0] * 2 + [1]}
 `
-	p, err := Compile(t.Context(), "r", src, nil, Limits{})
+	p, err := Compile(t.Context(), "r", src, nil, testLimits(Limits{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -100,7 +100,7 @@ def reply(q, m):
         m[k.upper()] += 1
     return {"counts": counts, "l": l, "n": n, "m": m}
 `
-	p, err := Compile(t.Context(), "r", src, nil, Limits{})
+	p, err := Compile(t.Context(), "r", src, nil, testLimits(Limits{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ def reply(q, m):
 }
 
 func TestGuardedCompile(t *testing.T) {
-	if _, err := Compile(t.Context(), "r", "x = '$add'\n", nil, Limits{}); err != nil {
+	if _, err := Compile(t.Context(), "r", "x = '$add'\n", nil, testLimits(Limits{})); err != nil {
 		t.Errorf("Compile = %v", err)
 	}
 }
@@ -143,7 +143,7 @@ func TestAllocationBudgetOneStep(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := Compile(t.Context(), "r", "def reply(q, m):\n    "+tt.body+"\n", nil, Limits{Timeout: time.Minute, MaxSteps: 10_000_000, MaxAllocBytes: 1 << 20})
+			p, err := Compile(t.Context(), "r", "def reply(q, m):\n    "+tt.body+"\n", nil, testLimits(Limits{Timeout: time.Minute, MaxSteps: 10_000_000, MaxAllocBytes: 1 << 20}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -185,7 +185,7 @@ def reply(q, m):
         "b": len(bytes("hi")), "big": (1 << 70) * 3 % 1000,
     }
 `
-	p, err := Compile(t.Context(), "r", src, nil, Limits{MaxAllocBytes: 1 << 20})
+	p, err := Compile(t.Context(), "r", src, nil, testLimits(Limits{MaxAllocBytes: 1 << 20}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestLateResult(t *testing.T) {
 		time.Sleep(60 * time.Millisecond)
 		return json.RawMessage(`1`), nil
 	})
-	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    return t(1)\n", map[string]Tool{"t": slow}, Limits{Timeout: 20 * time.Millisecond})
+	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    return t(1)\n", map[string]Tool{"t": slow}, testLimits(Limits{Timeout: 20 * time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +232,7 @@ func TestLateResult(t *testing.T) {
 // TestOutputCapBeforeEncoding: a result far over the cap is refused by the
 // size walk, before an encoding of it exists.
 func TestOutputCapBeforeEncoding(t *testing.T) {
-	p, err := Compile(t.Context(), "r", "s = 'x' * 60000\nbig = [s] * 1000\ndef reply(q, m):\n    return big\n", nil, Limits{MaxOutputBytes: 64 << 10, MaxAllocBytes: 1 << 20})
+	p, err := Compile(t.Context(), "r", "s = 'x' * 60000\nbig = [s] * 1000\ndef reply(q, m):\n    return big\n", nil, testLimits(Limits{MaxOutputBytes: 64 << 10, MaxAllocBytes: 1 << 20}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestOutputCapBeforeEncoding(t *testing.T) {
 // fails; it runs once a worker is free.
 func TestPool(t *testing.T) {
 	pool := newTestPool(t, PoolOptions{Workers: 1})
-	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, Limits{Pool: pool, Timeout: 10 * time.Second})
+	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, testLimits(Limits{Pool: pool, Timeout: 10 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -261,7 +261,7 @@ func TestPool(t *testing.T) {
 	if _, _, err := p.Call(ctx, "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`)); err == nil || errors.Is(err, ErrBusy) == errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Call with no free worker = %v, want the caller's deadline", err)
 	}
-	short, err := Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, Limits{Pool: pool, Timeout: 20 * time.Millisecond})
+	short, err := Compile(t.Context(), "r", "def reply(q, m):\n    return 1\n", nil, testLimits(Limits{Pool: pool, Timeout: 20 * time.Millisecond}))
 	if err == nil {
 		_, _, err = short.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
 	}
@@ -283,8 +283,8 @@ func TestTimeBudgetIsMarked(t *testing.T) {
 		limits   Limits
 		wantTime bool
 	}{
-		{"wall time", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}, true},
-		{"steps", Limits{MaxSteps: 1000, Timeout: 10 * time.Second}, false},
+		{"wall time", testLimits(Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}), true},
+		{"steps", testLimits(Limits{MaxSteps: 1000, Timeout: 10 * time.Second}), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := Compile(t.Context(), "r", loop, nil, tc.limits)

@@ -94,3 +94,24 @@ func testPoolOptions(o PoolOptions) PoolOptions {
 	}
 	return o
 }
+
+// testLimits returns l with every budget it leaves zero set to the value
+// the tests assume (the dispatcher's defaults): Compile fills in none.
+func testLimits(l Limits) Limits {
+	if l.MaxSteps == 0 {
+		l.MaxSteps = 1_000_000
+	}
+	if l.Timeout == 0 {
+		l.Timeout = time.Second
+	}
+	if l.MaxOutputBytes == 0 {
+		l.MaxOutputBytes = 64 << 10
+	}
+	if l.MaxToolCalls == 0 {
+		l.MaxToolCalls = 100
+	}
+	if l.MaxAllocBytes == 0 {
+		l.MaxAllocBytes = 64 << 20
+	}
+	return l
+}

@@ -56,7 +56,7 @@ var ErrBusy = errors.New("every routine worker is busy")
 // NewPoolWith substitutes none.
 type PoolOptions struct {
 	// Workers is how many routine runs execute at once (worker processes);
-	// at least 1.
+	// it must be at least 1.
 	Workers int
 	// AgentShare is the most workers one agent holds at once; when 0,
 	// three quarters of the workers (at least 1), so that a quarter (at
@@ -77,7 +77,8 @@ type PoolOptions struct {
 	// RLIMIT_CPU); the pool replaces a worker that has used half of it,
 	// or before a run whose budget it may not have left.
 	// Each run may also use at most its wall budget plus one to two
-	// seconds of CPU (a soft RLIMIT_CPU set before the run). At least 4 s.
+	// seconds of CPU (a soft RLIMIT_CPU set before the run). It must be at
+	// least 4 s (the config refuses less).
 	WorkerCPU time.Duration
 }
 
@@ -123,14 +124,13 @@ const pipelineDepth = 4
 
 // NewPoolWith returns a pool configured by o. Workers start on first use.
 func NewPoolWith(o PoolOptions) *Pool {
-	o.Workers = max(o.Workers, 1)
 	if o.AgentShare <= 0 {
 		o.AgentShare = max(o.Workers-o.Workers/4, 1)
 		if o.Workers >= 2 {
 			o.AgentShare = min(o.AgentShare, o.Workers-1)
 		}
 	}
-	o.WorkerCPU = max(o.WorkerCPU.Round(time.Second), 4*time.Second)
+	o.WorkerCPU = o.WorkerCPU.Round(time.Second) // RLIMIT_CPU counts seconds
 	if o.Executable == "" {
 		o.Executable = "/proc/self/exe"
 	}
@@ -141,8 +141,8 @@ func NewPoolWith(o PoolOptions) *Pool {
 	return p
 }
 
-// Options returns the pool's options (Workers, AgentShare and WorkerCPU
-// as NewPoolWith bounded them).
+// Options returns the pool's options (AgentShare as NewPoolWith derived
+// it, WorkerCPU rounded to seconds).
 func (p *Pool) Options() PoolOptions { return p.opts }
 
 func (p *Pool) remote() bool { return p != nil && !p.opts.InProcess }

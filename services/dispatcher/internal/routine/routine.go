@@ -41,35 +41,45 @@ type timeBudgetError struct{ err error }
 func (e timeBudgetError) Error() string   { return e.err.Error() }
 func (e timeBudgetError) Unwrap() []error { return []error{e.err, ErrTimeBudget} }
 
-// Limits are a call's budgets. Zero values take the defaults.
+// ErrLimits marks Limits with a budget that is not positive. Every budget
+// must be set: the dispatcher's config owns their values, and Compile fills
+// in none.
+var ErrLimits = errors.New("routine limits not set")
+
+// Limits are a call's budgets, each of which must be positive.
 type Limits struct {
-	MaxSteps       uint64        // Starlark execution steps; 1,000,000 when 0
-	Timeout        time.Duration // wall time; 1 s when 0
-	MaxOutputBytes int           // encoded result and memory; 64 KiB when 0
-	MaxToolCalls   int           // tool calls per run; 100 when 0
-	MaxAllocBytes  int64         // allocation budget per run (guard.go); 64 MiB when 0
+	MaxSteps       uint64        // Starlark execution steps
+	Timeout        time.Duration // wall time
+	MaxOutputBytes int           // encoded result and memory, bytes
+	MaxToolCalls   int           // tool calls per run
+	MaxAllocBytes  int64         // allocation budget per run (guard.go), bytes
 	// Pool bounds concurrent runs (and compiles) across programs; nil runs
 	// without a bound.
 	Pool *Pool
 }
 
-func (l Limits) withDefaults() Limits {
-	if l.MaxSteps == 0 {
-		l.MaxSteps = 1_000_000
+// Validate returns an ErrLimits error naming every budget of l that is not
+// positive.
+func (l Limits) Validate() error {
+	var unset []string
+	for _, b := range []struct {
+		name string
+		ok   bool
+	}{
+		{"MaxSteps", l.MaxSteps > 0},
+		{"Timeout", l.Timeout > 0},
+		{"MaxOutputBytes", l.MaxOutputBytes > 0},
+		{"MaxToolCalls", l.MaxToolCalls > 0},
+		{"MaxAllocBytes", l.MaxAllocBytes > 0},
+	} {
+		if !b.ok {
+			unset = append(unset, b.name)
+		}
 	}
-	if l.Timeout <= 0 {
-		l.Timeout = time.Second
+	if unset != nil {
+		return fmt.Errorf("%w: %s must be positive", ErrLimits, strings.Join(unset, ", "))
 	}
-	if l.MaxOutputBytes <= 0 {
-		l.MaxOutputBytes = 64 << 10
-	}
-	if l.MaxToolCalls <= 0 {
-		l.MaxToolCalls = 100
-	}
-	if l.MaxAllocBytes <= 0 {
-		l.MaxAllocBytes = 64 << 20
-	}
-	return l
+	return nil
 }
 
 // Tool is a host function a routine can call with one argument. Build one
@@ -116,7 +126,9 @@ type callState struct {
 // it) both happen in a worker process, behind the pool's hard boundary
 // (pool.go); without, in this process under the in-process guards only.
 func Compile(ctx context.Context, name, src string, tools map[string]Tool, limits Limits) (*Program, error) {
-	limits = limits.withDefaults()
+	if err := limits.Validate(); err != nil {
+		return nil, err
+	}
 	if limits.Pool.remote() {
 		return limits.Pool.compile(ctx, name, src, tools, limits)
 	}

@@ -18,7 +18,7 @@ func TestCall(t *testing.T) {
 def reply(query, memory):
     memory["n"] = memory.get("n", 0) + 1
     return {"w": weather(query["city"]), "l": weather([1, 2]), "none": weather("Oslo"), "n": memory["n"], "enc": json.encode([1])}
-`, map[string]Tool{"weather": table}, Limits{})
+`, map[string]Tool{"weather": table}, testLimits(Limits{}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,16 +40,16 @@ func TestBudgets(t *testing.T) {
 		ctx    func(context.Context) context.Context
 		kind   Kind
 	}{
-		{"steps", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 10_000, Timeout: time.Minute}, nil, KindSteps},
-		{"wall time", "def reply(q, m):\n    while True:\n        pass\n", Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}, nil, KindTime},
-		{"output size", "def reply(q, m):\n    return 'x' * 1000\n", Limits{MaxOutputBytes: 100}, nil, KindOutput},
-		{"tool calls", "def reply(q, m):\n    for i in range(10):\n        t('a')\n", Limits{MaxToolCalls: 3}, nil, KindSteps},
-		{"request deadline before the wall time", loop, Limits{MaxSteps: 1 << 62, Timeout: time.Minute}, func(ctx context.Context) context.Context {
+		{"steps", "def reply(q, m):\n    while True:\n        pass\n", testLimits(Limits{MaxSteps: 10_000, Timeout: time.Minute}), nil, KindSteps},
+		{"wall time", "def reply(q, m):\n    while True:\n        pass\n", testLimits(Limits{MaxSteps: 1 << 62, Timeout: 20 * time.Millisecond}), nil, KindTime},
+		{"output size", "def reply(q, m):\n    return 'x' * 1000\n", testLimits(Limits{MaxOutputBytes: 100}), nil, KindOutput},
+		{"tool calls", "def reply(q, m):\n    for i in range(10):\n        t('a')\n", testLimits(Limits{MaxToolCalls: 3}), nil, KindSteps},
+		{"request deadline before the wall time", loop, testLimits(Limits{MaxSteps: 1 << 62, Timeout: time.Minute}), func(ctx context.Context) context.Context {
 			ctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
 			t.Cleanup(cancel)
 			return ctx
 		}, KindTime},
-		{"request cancelled before the call", loop, Limits{MaxSteps: 1 << 62, Timeout: time.Minute}, func(ctx context.Context) context.Context {
+		{"request cancelled before the call", loop, testLimits(Limits{MaxSteps: 1 << 62, Timeout: time.Minute}), func(ctx context.Context) context.Context {
 			ctx, cancel := context.WithCancel(ctx)
 			cancel()
 			return ctx
@@ -84,7 +84,7 @@ func TestSandbox(t *testing.T) {
 		{"def reply(q, m):\n    return open('/etc/passwd')\n", "undefined: open"},
 		{"def reply(q, m):\n    return getattr(json, 'os')\n", "no .os field"},
 	} {
-		for _, limits := range []Limits{{}, {Pool: pool}} {
+		for _, limits := range []Limits{testLimits(Limits{}), testLimits(Limits{Pool: pool})} {
 			p, err := Compile(t.Context(), "r", tc.src, nil, limits)
 			if err == nil {
 				_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
@@ -117,7 +117,7 @@ func TestCallTool(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p, err := Compile(t.Context(), "r", tt.src, map[string]Tool{"forecast": table}, Limits{})
+			p, err := Compile(t.Context(), "r", tt.src, map[string]Tool{"forecast": table}, testLimits(Limits{}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -132,5 +132,33 @@ func TestCallTool(t *testing.T) {
 				t.Fatalf("Call = %s, %v; want %s", out, err, tt.want)
 			}
 		})
+	}
+}
+
+// Compile takes its budgets as given: the dispatcher's config owns their
+// values, so a budget left at zero (or negative) is refused with an error
+// naming it, not filled in behind the caller's back.
+func TestCompile_refusesUnsetBudgets(t *testing.T) {
+	full := testLimits(Limits{})
+	for _, tc := range []struct {
+		field string
+		clear func(*Limits)
+	}{
+		{"MaxSteps", func(l *Limits) { l.MaxSteps = 0 }},
+		{"Timeout", func(l *Limits) { l.Timeout = 0 }},
+		{"Timeout", func(l *Limits) { l.Timeout = -time.Second }},
+		{"MaxOutputBytes", func(l *Limits) { l.MaxOutputBytes = 0 }},
+		{"MaxToolCalls", func(l *Limits) { l.MaxToolCalls = 0 }},
+		{"MaxAllocBytes", func(l *Limits) { l.MaxAllocBytes = 0 }},
+	} {
+		l := full
+		tc.clear(&l)
+		_, err := Compile(t.Context(), "r", "x = 1\n", nil, l)
+		if !errors.Is(err, ErrLimits) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Compile with %s unset = %v, want ErrLimits naming it", tc.field, err)
+		}
+	}
+	if _, err := Compile(t.Context(), "r", "x = 1\n", nil, full); err != nil {
+		t.Errorf("Compile with every budget set = %v", err)
 	}
 }

@@ -12,9 +12,11 @@ import (
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/carddata"
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/serviceprotocol"
 )
 
 // Limits of the dialogue RPCs that are not flags: they bound one request's
@@ -53,6 +55,8 @@ func (s *Server) SendMessage(ctx context.Context, req *dispatcherv1.SendMessageR
 	m := s.checkMessage(&v, req.GetMessageType(), req.GetRecipientType(), req.GetBodyJson(), req.GetRequestId())
 	if p := req.GetProtocol(); p != "" && !isHex40(p) {
 		v.Add("protocol", "must be 40 lowercase hex characters (a PD's SHA-1)")
+	} else if sp, ok := serviceprotocol.ByHash(p); ok {
+		v.Add("protocol", "is the service protocol "+sp.Name+": open it with NewRequest")
 	}
 	m.Protocol = req.GetProtocol()
 	return s.open(ctx, v, req.GetSender(), mailbox.CategoryMessage, list, m)
@@ -245,6 +249,10 @@ func (s *Server) checkMessage(v *grpcerr.Violations, typ, recipientType, body, r
 		v.Add("body_json", fmt.Sprintf("is %d bytes, over the limit of %d", len(body), s.opts.MessageMaxBodyBytes))
 	case !json.Valid([]byte(body)):
 		v.Add("body_json", "must be one JSON value")
+	default:
+		if at, ok := carddata.Find([]byte(body)); ok {
+			v.Add("body_json", fmt.Sprintf("holds card data at %q (a card number or verification code): only payment references may pass through the network", at))
+		}
 	}
 	if requestID != "" && !validMessageID(requestID) {
 		v.Add("request_id", "must be letters, digits, - and _, at most 64")

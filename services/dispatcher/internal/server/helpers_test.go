@@ -29,6 +29,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
@@ -241,6 +242,7 @@ func testOptions(o Options) Options {
 	set(&o.MailboxOptions.Keepalive, 30*time.Second)
 	set(&o.MailboxOptions.MaxDuration, time.Hour)
 	set(&o.MailboxOptions.WriteTimeout, 30*time.Second)
+	o.RoutineLimits = routinetest.Limits(o.RoutineLimits)
 	return o
 }
 

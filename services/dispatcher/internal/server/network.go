@@ -120,6 +120,8 @@ func (p protocolMachines) Machine(ctx context.Context, hash string) (dialogue.Ma
 // counterparts finds no opened pair and is refused (NOT_AN_OPENER).
 type machine struct{ m *protocolcontrol.Machine }
 
+func (m machine) OpensOrder(typ string) bool { return m.m.OpensOrder(typ) }
+
 func (m machine) Step(state json.RawMessage, s dialogue.Step) (dialogue.Accepted, error) {
 	party := protocolcontrol.Counterpart
 	if s.Sender == s.Initiator {

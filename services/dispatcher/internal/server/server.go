@@ -165,6 +165,10 @@ type Options struct {
 	// Timers keeps protocol deadlines (RunDeadlines fires them); without
 	// it late messages are still refused, but no expiry is sent.
 	Timers store.TimerStore
+	// Acceptances checks every message that would form an order (an
+	// accept_offer) before it is recorded: payments, signed approvals,
+	// spending limits. nil lets each through to the state machine.
+	Acceptances dialogue.AcceptanceGate
 
 	// Delivery is the mailboxes that ReceiveMessages, AcknowledgeMessages
 	// and the SSE route read; those answer UNIMPLEMENTED when nil.
@@ -239,7 +243,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 			obs.deadlines = deadlines
 		}
 		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
-			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs,
+			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs, Acceptances: opts.Acceptances,
 		})
 	}
 	return &Server{

@@ -74,6 +74,14 @@ func (o pairObserver) expired(ctx context.Context, x deadline.Expiry) error {
 	return err
 }
 
+// WakeDeadlines makes RunDeadlines look for the next timer again: another
+// replica set one.
+func (s *Server) WakeDeadlines() {
+	if s.deadlines != nil {
+		s.deadlines.Wake()
+	}
+}
+
 // RunDeadlines fires protocol deadlines until ctx ends; it returns at once
 // when the server has no timer store.
 func (s *Server) RunDeadlines(ctx context.Context) {

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -34,7 +35,9 @@ type serviceRegistry struct {
 func (f *serviceRegistry) ResolveProtocol(ctx context.Context, req *registryv1.ResolveProtocolRequest) (*registryv1.Protocol, error) {
 	p, err := f.fakeRegistry.ResolveProtocol(ctx, req)
 	if err == nil {
+		f.mu.Lock()
 		p.StateMachine = f.machines[p.GetSha1Hex()]
+		f.mu.Unlock()
 	}
 	return p, err
 }
@@ -58,6 +61,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 
 type serviceEnv struct {
 	*netEnv
+	sreg   *serviceRegistry
 	srv    *Server
 	clock  *fakeClock
 	hashes map[string]string // protocol name → hash
@@ -104,19 +108,60 @@ func startService(t *testing.T) *serviceEnv {
 	}))
 	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	return &serviceEnv{
+		sreg:   reg,
 		netEnv: &netEnv{t: t, reg: reg.followRegistry, client: dispatcherv1.NewDispatcherServiceClient(conn), mail: mb},
 		srv:    srv, clock: clock, hashes: hashes,
 	}
 }
 
-func (e *serviceEnv) request(protocol, body string, to ...string) *dispatcherv1.SendMessageResponse {
+// addHaggle stores the custom haggle PD (buyer, seller) with its parsed
+// state machine and returns its hash.
+func (e *serviceEnv) addHaggle() string {
 	e.t.Helper()
-	res, err := e.client.SendMessage(e.t.Context(), &dispatcherv1.SendMessageRequest{
-		Sender: netAlice, To: &dispatcherv1.DistributionList{Direct: to}, MessageType: "new_task_request",
-		RecipientType: "supplier", Protocol: e.hashes[protocol], BodyJson: body,
-	})
+	content, err := os.ReadFile("../serviceprotocol/testdata/haggle.md")
 	if err != nil {
-		e.t.Fatalf("SendMessage(new_task_request %s) error = %v", protocol, err)
+		e.t.Fatal(err)
+	}
+	raw, err := os.ReadFile("../serviceprotocol/testdata/haggle.json")
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	sm := &registryv1.StateMachine{}
+	if err := protojson.Unmarshal(raw, sm); err != nil {
+		e.t.Fatal(err)
+	}
+	h := e.sreg.addProtocol(string(content))
+	e.sreg.mu.Lock()
+	e.sreg.machines[h] = sm
+	e.sreg.mu.Unlock()
+	return h
+}
+
+// request opens a service dialogue from alice with NewRequest: task
+// {"what":"ship"} and the timeouts given (name → duration).
+func (e *serviceEnv) request(protocol string, timeouts map[string]time.Duration, to ...string) *dispatcherv1.SendMessageResponse {
+	e.t.Helper()
+	req := &dispatcherv1.NewRequestRequest{
+		Sender: netAlice, To: &dispatcherv1.DistributionList{Direct: to}, Protocol: protocol, TaskJson: `{"what":"ship"}`,
+	}
+	for name, d := range timeouts {
+		switch name {
+		case "proposal_timeout":
+			req.ProposalTimeout = durationpb.New(d)
+		case "invite_offer_timeout":
+			req.InviteOfferTimeout = durationpb.New(d)
+		case "offer_timeout":
+			req.OfferTimeout = durationpb.New(d)
+		default:
+			e.t.Fatalf("no timeout %s", name)
+		}
+	}
+	res, err := e.client.NewRequest(e.t.Context(), req)
+	if err != nil {
+		e.t.Fatalf("NewRequest(%s) error = %v", protocol, err)
+	}
+	if res.GetCategory() != dispatcherv1.MessageCategory_MESSAGE_CATEGORY_SERVICE {
+		e.t.Fatalf("NewRequest(%s) category = %v, want SERVICE", protocol, res.GetCategory())
 	}
 	return res
 }
@@ -148,7 +193,7 @@ func last(ms []mailbox.Message) mailbox.Message {
 // later message is on its trail, and confirm_fail leaves it failed.
 func TestAllocate_orderTrailThroughTheSendPath(t *testing.T) {
 	e := startService(t)
-	req := e.request("allocate", `{"task":{"what":"ship"},"invite_offer_timeout":30}`, netBob)
+	req := e.request("allocate", map[string]time.Duration{"invite_offer_timeout": 30 * time.Second}, netBob)
 	got := last(e.inbox(netBob))
 	var body struct {
 		InviteOfferTimeout int64 `json:"invite_offer_timeout"`
@@ -188,7 +233,7 @@ func TestAllocate_orderTrailThroughTheSendPath(t *testing.T) {
 // agents are told, and the late offer is refused naming the deadline.
 func TestAllocate_deadlineExpiresAndRefusesTheLateOffer(t *testing.T) {
 	e := startService(t)
-	req := e.request("allocate", `{"task":{},"invite_offer_timeout":30}`, netBob, netCarol)
+	req := e.request("allocate", map[string]time.Duration{"invite_offer_timeout": 30 * time.Second}, netBob, netCarol)
 	// carol answers in time; bob does not.
 	e.clock.Advance(10 * time.Second)
 	e.mustReply(netCarol, req.GetMessageId(), "reject_task", `{}`)
@@ -228,7 +273,7 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 	}
 	wins := map[string]int{}
 	for i := range runs {
-		req := e.request("transact", `{"task":{}}`, netBob)
+		req := e.request("transact", nil, netBob)
 		proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
 		invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
 		offer := e.mustReply(netBob, invite, "offer", `{"offer":{"price":5}}`)

@@ -16,6 +16,7 @@ import (
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine/routinetest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
 )
 
@@ -188,10 +189,10 @@ func (b *busyNegotiator) ReportShadowResult(ctx context.Context, req *negotiator
 	go func() {
 		defer close(b.done)
 		_, _ = routine.Compile(context.Background(), "busy", "n = 0\nfor i in range(1000000000):\n    n += 1\n", nil,
-			routine.Limits{Pool: b.pool, Timeout: time.Second, MaxSteps: 1 << 50})
+			routinetest.Limits(routine.Limits{Pool: b.pool, Timeout: time.Second, MaxSteps: 1 << 50}))
 	}()
 	for {
-		_, err := routine.Compile(ctx, "probe", "x = 1\n", nil, routine.Limits{Pool: b.pool, Timeout: time.Millisecond})
+		_, err := routine.Compile(ctx, "probe", "x = 1\n", nil, routinetest.Limits(routine.Limits{Pool: b.pool, Timeout: time.Millisecond}))
 		if errors.Is(err, routine.ErrBusy) {
 			break
 		}

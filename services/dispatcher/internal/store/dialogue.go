@@ -16,6 +16,9 @@ type Dialogue struct {
 	// Protocol is the PD's SHA-1 (40 hex), or "" for none.
 	Protocol   string    `json:"protocol,omitempty"`
 	CreateTime time.Time `json:"createTime"`
+	// Opener is the id of the message that opened it; "" in dialogues
+	// stored before it was kept.
+	Opener string `json:"opener,omitempty"`
 	// Closed is set when the initiator closed the dialogue for everyone.
 	Closed bool `json:"closed,omitempty"`
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"slices"
 	"time"
 )
 
@@ -52,4 +53,16 @@ type OrderStore interface {
 	// ListOrders returns up to limit orders agent is a party to whose ids
 	// sort after after, in id order, only those in state unless it is "".
 	ListOrders(ctx context.Context, agent string, state OrderState, after string, limit int) ([]Order, error)
+}
+
+// Apply appends tr to o's trail and sets o's state from it, unless a
+// transition of tr's message is recorded already (a retry: o is left as
+// it is). It reports whether o changed.
+func (o *Order) Apply(tr OrderTransition) bool {
+	if slices.ContainsFunc(o.Transitions, func(t OrderTransition) bool { return t.MessageID == tr.MessageID }) {
+		return false
+	}
+	o.Transitions = append(o.Transitions, tr)
+	o.State, o.UpdateTime = tr.State, tr.Time
+	return true
 }

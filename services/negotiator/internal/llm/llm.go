@@ -149,7 +149,6 @@ type Client struct {
 // It fills in no limit: Timeout, BaseBackoff, MaxBackoff and MaxConcurrent
 // must be positive (config owns their defaults).
 func NewClient(provider Provider, opts Options) *Client {
-	opts.MaxRetries = max(opts.MaxRetries, 0)
 	if opts.Sleep == nil {
 		opts.Sleep = sleep
 	}

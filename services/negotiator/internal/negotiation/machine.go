@@ -42,10 +42,6 @@ const (
 	Failed
 )
 
-// DefaultMaxRounds caps the messages of one negotiation, both directions:
-// the meta-protocol allows 5 per side.
-const DefaultMaxRounds = 10
-
 // Machine is the state of one negotiation, replayed from its messages. The
 // zero value is not usable; use NewMachine.
 type Machine struct {
@@ -62,12 +58,11 @@ type Machine struct {
 	Reason string
 }
 
-// NewMachine starts a negotiation allowing maxRounds messages
-// (DefaultMaxRounds when <= 0).
+// NewMachine starts a negotiation allowing maxRounds messages, both
+// directions. The caller passes the config's cap for a new negotiation and
+// the stored one when replaying; there is no default, and with zero the
+// first message fails with ErrMaxRounds.
 func NewMachine(maxRounds int) *Machine {
-	if maxRounds <= 0 {
-		maxRounds = DefaultMaxRounds
-	}
 	return &Machine{State: Open, MaxRounds: maxRounds, Next: Sender}
 }
 

@@ -157,6 +157,9 @@ func TestMachine(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if tt.max == 0 {
+				tt.max = 10 // the --negotiation-max-rounds default
+			}
 			m := negotiation.NewMachine(tt.max)
 			for i, s := range tt.steps {
 				if err := m.Apply(s.from, s.msg); !errors.Is(err, s.want) || (s.want == nil && err != nil) {
@@ -167,6 +170,16 @@ func TestMachine(t *testing.T) {
 				t.Errorf("state %v proposal %q, want %v %q", m.State, m.Proposal, tt.wantState, tt.wantPD)
 			}
 		})
+	}
+}
+
+// The cap comes from the caller (the config, or the stored negotiation
+// being replayed), never from a default: zero allows no message at all.
+func TestMachine_zeroMaxRoundsAllowsNoMessage(t *testing.T) {
+	m := negotiation.NewMachine(0)
+	err := m.Apply(negotiation.Sender, negotiation.Message{Type: negotiation.TypePropose, Task: &negotiation.Task{Name: "t"}, Protocol: "pd1"})
+	if !errors.Is(err, negotiation.ErrMaxRounds) || m.State != negotiation.Failed {
+		t.Errorf("first Apply = %v, state %v; want ErrMaxRounds and Failed", err, m.State)
 	}
 }
 

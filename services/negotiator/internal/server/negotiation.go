@@ -471,7 +471,7 @@ func (s *Server) synthesizeAgreed(ctx context.Context, n *negotiatorv1.Negotiati
 			return "", nil
 		}
 	}
-	c, err := s.SynthesizeRoutine(ctx, req)
+	c, err := s.synthesize(ctx, req)
 	if err != nil {
 		s.logger.InfoContext(ctx, "no routine for the agreed protocol", slog.String("negotiation", n.GetName()), slog.Any("err", err))
 		return "", nil

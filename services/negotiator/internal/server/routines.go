@@ -29,6 +29,13 @@ func candidateName(agent, sha1 string, side negotiatorv1.RoutineSide) string {
 
 // SynthesizeRoutine implements NegotiatorService.
 func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.SynthesizeRoutineRequest) (*negotiatorv1.RoutineCandidate, error) {
+	return s.synthesize(ctx, req)
+}
+
+// synthesize validates req and makes its routine candidate: the work of
+// SynthesizeRoutine, which an agreed negotiation does too. Errors are gRPC
+// statuses.
+func (s *Server) synthesize(ctx context.Context, req *negotiatorv1.SynthesizeRoutineRequest) (*negotiatorv1.RoutineCandidate, error) {
 	var v grpcerr.Violations
 	checkAgent(&v, req.GetAgent(), true)
 	checkPeer(&v, req.GetPeer(), false)
@@ -104,7 +111,7 @@ func (s *Server) SynthesizeRoutine(ctx context.Context, req *negotiatorv1.Synthe
 		c.Origin = negotiatorv1.RoutineOrigin_ROUTINE_ORIGIN_LLM
 		c.ShadowCallsRequired = int32(s.opts.ShadowCalls)
 		c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_SHADOW
-		if c.ShadowCallsRequired == 0 {
+		if c.ShadowCallsRequired <= 0 {
 			c.State = negotiatorv1.RoutineCandidateState_ROUTINE_CANDIDATE_STATE_PROMOTED
 		}
 		return c, s.toStatus(ctx, s.store.PutRoutineCandidate(ctx, c))

@@ -49,7 +49,6 @@ var _ negotiatorv1.NegotiatorServiceServer = (*Server)(nil)
 
 // New returns a Server over st, calling LLMs through led.
 func New(st store.Store, led *ledger.Ledger, logger *slog.Logger, opts Options) *Server {
-	opts.ShadowCalls = max(opts.ShadowCalls, 0)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}

@@ -110,10 +110,6 @@ type Fetcher struct {
 
 // New returns a Fetcher, or an error naming each bad allowlist entry.
 func New(opts Options) (*Fetcher, error) {
-	switch {
-	case opts.MaxRedirects < 0:
-		opts.MaxRedirects = 0
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}

@@ -353,6 +353,21 @@ func (s *Server) SyncProtocols(ctx context.Context, req *registryv1.SyncProtocol
 	return resp, nil
 }
 
+// SyncPeer copies the protocols missing here from the configured peer
+// called name: SyncProtocols for one peer, which the app's periodic sync
+// runs too.
+func (s *Server) SyncPeer(ctx context.Context, name string) (*registryv1.SyncProtocolsResponse, error) {
+	peer, ok := s.opts.Peers[name]
+	if !ok {
+		return nil, fmt.Errorf("%q is not one of the configured --registry-peers", name)
+	}
+	resp := &registryv1.SyncProtocolsResponse{}
+	if err := s.syncFrom(ctx, name, peer, resp); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
 const maxSyncFailures = 100
 
 func (s *Server) syncFrom(ctx context.Context, name string, peer registryv1.RegistryServiceClient, resp *registryv1.SyncProtocolsResponse) error {

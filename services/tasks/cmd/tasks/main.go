@@ -36,18 +36,18 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	logger := telemetry.NewLogger(os.Stderr, "tasks", cfg.LogLevel)
-	token, err := serve.PeerToken(cfg.Flags)
+	peer, err := serve.PeerOptions(cfg.Flags)
 	if err != nil {
 		return err
 	}
-	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, grpcclient.Options{Token: token})
+	dispatcherConn, err := grpcclient.Dial(cfg.DispatcherAddr, peer)
 	if err != nil {
 		return fmt.Errorf("--dispatcher-addr: %w", err)
 	}
 	defer dispatcherConn.Close()
 	peers := app.Peers{Dispatcher: dispatcherConn}
 	if cfg.RegistryAddr != "" {
-		registryConn, err := grpcclient.Dial(cfg.RegistryAddr, grpcclient.Options{Token: token})
+		registryConn, err := grpcclient.Dial(cfg.RegistryAddr, peer)
 		if err != nil {
 			return fmt.Errorf("--registry-addr: %w", err)
 		}

@@ -581,15 +581,22 @@ func (s *Server) CreateArtifact(ctx context.Context, req *tasksv1.CreateArtifact
 
 // GetArtifact implements tasksv1.TasksServiceServer.
 func (s *Server) GetArtifact(ctx context.Context, req *tasksv1.GetArtifactRequest) (*tasksv1.Artifact, error) {
-	ids, err := parseName("name", req.GetName(), "tasks", "artifacts")
+	a, _, err := s.artifact(ctx, req.GetName())
+	return a, err
+}
+
+// artifact returns the artifact called name and the ids in its name (task,
+// artifact). Errors are gRPC statuses.
+func (s *Server) artifact(ctx context.Context, name string) (*tasksv1.Artifact, []string, error) {
+	ids, err := parseName("name", name, "tasks", "artifacts")
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	a, err := s.store.GetArtifact(ctx, ids[0], ids[1])
 	if err != nil {
-		return nil, s.toStatus(ctx, err)
+		return nil, nil, s.toStatus(ctx, err)
 	}
-	return a, nil
+	return a, ids, nil
 }
 
 // ListArtifacts implements tasksv1.TasksServiceServer.
@@ -612,12 +619,11 @@ func (s *Server) ListArtifacts(ctx context.Context, req *tasksv1.ListArtifactsRe
 // OpenArtifact returns an artifact's metadata and its open file; the
 // caller closes it. Errors are gRPC statuses: INVALID_ARGUMENT, NOT_FOUND.
 func (s *Server) OpenArtifact(ctx context.Context, name string) (*tasksv1.Artifact, io.ReadSeekCloser, error) {
-	a, err := s.GetArtifact(ctx, &tasksv1.GetArtifactRequest{Name: name})
+	a, ids, err := s.artifact(ctx, name)
 	if err != nil {
 		return nil, nil, err
 	}
-	ids := strings.Split(name, "/")
-	f, err := s.files.Open(ids[1], ids[3])
+	f, err := s.files.Open(ids[0], ids[1])
 	if err != nil {
 		if os.IsNotExist(err) {
 			err = resource.NotFound("artifact", name)

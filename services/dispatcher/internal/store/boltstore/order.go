@@ -3,7 +3,6 @@ package boltstore
 import (
 	"bytes"
 	"context"
-	"slices"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -58,13 +57,11 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 				}
 			}
 		}
-		if slices.ContainsFunc(cur.Transitions, func(t store.OrderTransition) bool { return t.MessageID == tr.MessageID }) {
-			out = cur
-			return nil
-		}
-		cur.Transitions = append(cur.Transitions, tr)
-		cur.State, cur.UpdateTime = tr.State, tr.Time
+		changed := cur.Apply(tr)
 		out = cur
+		if !changed {
+			return nil // a retry
+		}
 		return putJSON(orders, []byte(cur.ID), cur)
 	})
 	return out, err

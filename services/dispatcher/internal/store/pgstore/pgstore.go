@@ -1,11 +1,9 @@
-// Package pgstore is the dispatcher's PostgreSQL backend of store.Store
-// (routines, tools, conversations, send counts), for several replicas on
-// one database (docs/adr/0007-postgresql-backend.md). It passes storetest.
-// The network stores (DialogueStore, TimerStore, the mailboxes' and the
-// orders') are bbolt only so far, so the dispatcher app does not use this
-// package yet; each follows the same pattern when it gets its tables: a
-// migrations/NNNN_*.sql file, methods on Store over db.Update/db.View, and
-// its storetest suite run in pgstore_test.go.
+// Package pgstore is the dispatcher's PostgreSQL backend, for several
+// replicas on one database (docs/adr/0007-postgresql-backend.md): the core
+// store.Store (routines, tools, conversations, send counts) and the network
+// stores (store.DialogueStore, store.TimerStore, store.OrderStore and
+// mailbox.Store), each passing its storetest suite. Appends and timers
+// notify the other replicas (listen.go).
 package pgstore
 
 import (
@@ -34,7 +32,9 @@ var migrationFiles embed.FS
 
 // Store is the PostgreSQL-backed store.
 type Store struct {
-	db *pgdb.DB
+	db     *pgdb.DB
+	schema string
+	origin string // this Store's id in its notifications (listen.go)
 }
 
 var _ store.Store = (*Store)(nil)
@@ -46,7 +46,7 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	return &Store{db: db, schema: schema, origin: newOrigin()}, nil
 }
 
 // Ping checks that the database answers.

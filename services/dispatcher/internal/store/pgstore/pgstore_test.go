@@ -8,21 +8,14 @@ import (
 	"time"
 
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/storetest"
 )
 
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store {
-		url, schema := pgdbtest.Schema(t)
-		s, err := pgstore.Open(t.Context(), url, schema)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	})
+	storetest.Run(t, func(t *testing.T) store.Store { return open(t) })
 }
 
 // TestCreateConversation_perPeerCapHoldsAcrossReplicas opens two stores on
@@ -63,4 +56,32 @@ func TestCreateConversation_perPeerCapHoldsAcrossReplicas(t *testing.T) {
 	if created != maxPerPeer {
 		t.Errorf("%d conversations created through two replicas, want the cap, %d", created, maxPerPeer)
 	}
+}
+
+// open opens a store in a fresh schema of the test server.
+func open(t *testing.T) *pgstore.Store {
+	t.Helper()
+	url, schema := pgdbtest.Schema(t)
+	s, err := pgstore.Open(t.Context(), url, schema)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func TestMailboxConformance(t *testing.T) {
+	storetest.RunMailboxes(t, func(t *testing.T) mailbox.Store { return open(t) })
+}
+
+func TestDialogueConformance(t *testing.T) {
+	storetest.RunDialogues(t, func(t *testing.T) store.DialogueStore { return open(t) })
+}
+
+func TestTimerConformance(t *testing.T) {
+	storetest.RunTimers(t, func(t *testing.T) storetest.TimerBackend { return open(t) })
+}
+
+func TestOrderConformance(t *testing.T) {
+	storetest.RunOrders(t, func(t *testing.T) store.OrderStore { return open(t) })
 }

@@ -1,0 +1,94 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"log/slog"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Replicas wake each other through PostgreSQL notifications (LISTEN and
+// NOTIFY), sent inside the transaction that made the change, so that a
+// listener never looks before the change is visible:
+//
+//   - an append names the agents whose mailbox grew, on MailboxChannel: the
+//     replica holding an agent's stream wakes it to read the store;
+//   - PutTimers says a timer was set, on TimerChannel: the replica running
+//     the deadlines looks for the next one again.
+//
+// A notification is "<origin>\n<payload>": origin is the Store that sent it,
+// which ignores its own (it woke its streams itself).
+
+// maxPayload keeps a NOTIFY payload under PostgreSQL's 8000-byte limit.
+const maxPayload = 7000
+
+// newOrigin returns a random id for one Store.
+func newOrigin() string {
+	var b [8]byte
+	rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
+// MailboxChannel is the NOTIFY channel of mailbox appends.
+func (s *Store) MailboxChannel() string { return "parley_mailbox_" + s.schema }
+
+// TimerChannel is the NOTIFY channel of timers set.
+func (s *Store) TimerChannel() string { return "parley_timers_" + s.schema }
+
+// notifyMailboxes queues the notifications naming agents, one per line, in
+// as many payloads as they need.
+func (s *Store) notifyMailboxes(ctx context.Context, tx pgx.Tx, agents []string) error {
+	for len(agents) > 0 {
+		n, size := 0, len(s.origin)
+		for n < len(agents) && (n == 0 || size+len(agents[n])+1 <= maxPayload) {
+			size += len(agents[n]) + 1
+			n++
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.MailboxChannel(), s.origin+"\n"+strings.Join(agents[:n], "\n")); err != nil {
+			return err
+		}
+		agents = agents[n:]
+	}
+	return nil
+}
+
+// notifyTimers queues the timers' notification.
+func (s *Store) notifyTimers(ctx context.Context, tx pgx.Tx) error {
+	_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.TimerChannel(), s.origin+"\n")
+	return err
+}
+
+// Wakeups are what Listen calls when another replica changed something.
+type Wakeups struct {
+	// Mailboxes is given the agents whose mailbox grew; nil means any may
+	// have (notifications were missed). May be nil.
+	Mailboxes func(agents []string)
+	// Timers is called when a timer was set. May be nil.
+	Timers func()
+}
+
+// Listen calls w on the other replicas' changes until ctx ends, and on
+// every (re)connection of its listening connection, when notifications may
+// have been missed.
+func (s *Store) Listen(ctx context.Context, logger *slog.Logger, w Wakeups) {
+	mailboxes, timers := s.MailboxChannel(), s.TimerChannel()
+	s.db.Listen(ctx, []string{mailboxes, timers}, logger, func(channel, payload string) {
+		origin, rest, _ := strings.Cut(payload, "\n")
+		if payload != "" && origin == s.origin {
+			return
+		}
+		switch {
+		case channel == mailboxes && w.Mailboxes != nil:
+			if payload == "" {
+				w.Mailboxes(nil)
+			} else {
+				w.Mailboxes(strings.Split(rest, "\n"))
+			}
+		case channel == timers && w.Timers != nil:
+			w.Timers()
+		}
+	})
+}
