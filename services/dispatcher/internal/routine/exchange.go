@@ -50,6 +50,7 @@ func (p *Pool) arm(w *worker, ex *exchange, lag time.Duration) {
 	if !ex.deadline.IsZero() {
 		ex.ran = min(ex.ran, max(time.Until(ex.deadline), time.Millisecond))
 	}
+	w.headStart.Store(time.Now().UnixNano() - int64(lag))
 	ex.kill = time.AfterFunc(max(ex.ran+p.opts.KillMargin-lag, 0), func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -118,6 +119,8 @@ func (p *Pool) await(w *worker, ex *exchange) answer {
 		}
 		p.arm(w, next, lag)
 		next.out <- answer{lead: true}
+	} else {
+		w.headStart.Store(0)
 	}
 	w.mu.Unlock()
 	return answer{typ: typ, f: f}

@@ -59,12 +59,13 @@ func TestPipelining(t *testing.T) {
 // succeeds on a fresh worker; the runaway is killed at its budget.
 func TestPipelineRequeue(t *testing.T) {
 	pool := newTestPool(t, PoolOptions{Workers: 2, AgentShare: 1})
+	pool.fresh = time.Hour // however long the runaway has run when the call comes
 	const name = "clients/c/agents/a/routines/r"
-	runaway, err := Compile(t.Context(), name, "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, Limits{Pool: pool, Timeout: time.Second})
+	runaway, err := Compile(t.Context(), name, "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, testLimits(Limits{Pool: pool, Timeout: time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	normal, err := Compile(t.Context(), name, "def reply(q, m):\n    return q\n", nil, Limits{Pool: pool, Timeout: 30 * time.Second})
+	normal, err := Compile(t.Context(), name, "def reply(q, m):\n    return q\n", nil, testLimits(Limits{Pool: pool, Timeout: 30 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,18 +98,19 @@ func TestPipelineRequeue(t *testing.T) {
 // worker instead of starting late; the slow call succeeds.
 func TestPipelineBusy(t *testing.T) {
 	pool := newTestPool(t, PoolOptions{Workers: 2, AgentShare: 1})
+	pool.fresh = time.Hour // however long the slow call has run when the next comes
 	const name = "clients/c/agents/a/routines/r"
 	unblock := make(chan struct{})
 	slowTool := FuncTool(func(context.Context, json.RawMessage) (json.RawMessage, error) {
 		<-unblock
 		return json.RawMessage(`1`), nil
 	})
-	slow, err := Compile(t.Context(), name, "def reply(q, m):\n    return wait(q)\n", map[string]Tool{"wait": slowTool}, Limits{Pool: pool, Timeout: 30 * time.Second})
+	slow, err := Compile(t.Context(), name, "def reply(q, m):\n    return wait(q)\n", map[string]Tool{"wait": slowTool}, testLimits(Limits{Pool: pool, Timeout: 30 * time.Second}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	const wait = 50 * time.Millisecond
-	quick, err := Compile(t.Context(), name, "def reply(q, m):\n    return q\n", nil, Limits{Pool: pool, Timeout: wait})
+	quick, err := Compile(t.Context(), name, "def reply(q, m):\n    return q\n", nil, testLimits(Limits{Pool: pool, Timeout: wait}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +143,49 @@ func TestPipelineBusy(t *testing.T) {
 		t.Errorf("stats %+v, want no kills", s)
 	}
 	waitIdle(t, pool)
+}
+
+// TestPipelineNotBehindSlow: no call is written behind one that has run
+// longer than pipelineFresh, nor behind a dry run (the anonymous share,
+// shared by every agent): those calls wait for a worker as without
+// pipelining.
+func TestPipelineNotBehindSlow(t *testing.T) {
+	for _, agent := range []string{"clients/c/agents/a", ""} {
+		t.Run("agent "+agent, func(t *testing.T) {
+			pool := newTestPool(t, PoolOptions{Workers: 2, AgentShare: 1})
+			if agent == "" {
+				pool.fresh = time.Hour
+			}
+			unblock := make(chan struct{})
+			slowTool := FuncTool(func(context.Context, json.RawMessage) (json.RawMessage, error) {
+				<-unblock
+				return json.RawMessage(`1`), nil
+			})
+			slow, err := Compile(t.Context(), agent+"/routines/r", "def reply(q, m):\n    return wait(q)\n", map[string]Tool{"wait": slowTool}, testLimits(Limits{Pool: pool, Timeout: 30 * time.Second}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			done := make(chan error, 1)
+			go func() {
+				_, _, err := slow.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+				done <- err
+			}()
+			w := waitLoad(t, pool, agent, 1)
+			for w.headStart.Load() == 0 || time.Since(time.Unix(0, w.headStart.Load())) <= pipelineFresh {
+				time.Sleep(time.Millisecond)
+			}
+			ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+			defer cancel()
+			if _, err := pool.acquire(ctx, agent, time.Now().Add(time.Minute), time.Minute); !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("acquire behind a slow call = %v, want to wait (the caller's deadline)", err)
+			}
+			close(unblock)
+			if err := <-done; err != nil {
+				t.Fatalf("the slow call = %v", err)
+			}
+			waitIdle(t, pool)
+		})
+	}
 }
 
 // waitLoad waits until agent holds one worker with load calls on it, and

@@ -97,6 +97,9 @@ type Pool struct {
 	live   map[*worker]struct{}
 	closed bool
 
+	// fresh is pipelineFresh (tests set it longer).
+	fresh time.Duration
+
 	started  atomic.Int64
 	recycled atomic.Int64
 	kills    [KindSteps + 1]atomic.Int64
@@ -122,6 +125,13 @@ type waiter struct {
 // the one running and those written behind it.
 const pipelineDepth = 4
 
+// pipelineFresh bounds how long a worker's running call may have run for
+// another call to be written behind it: calls are queued behind quick
+// ones only. A slower routine keeps a worker to itself, and the calls
+// after it wait for a worker as without pipelining (a queued call cannot
+// be taken back, and would wait for the running one to end).
+const pipelineFresh = 10 * time.Millisecond
+
 // NewPoolWith returns a pool configured by o. Workers start on first use.
 func NewPoolWith(o PoolOptions) *Pool {
 	if o.AgentShare <= 0 {
@@ -134,7 +144,7 @@ func NewPoolWith(o PoolOptions) *Pool {
 	if o.Executable == "" {
 		o.Executable = "/proc/self/exe"
 	}
-	p := &Pool{opts: o, idle: make(chan *worker, o.Workers), agents: map[string]*agentShare{}, live: map[*worker]struct{}{}}
+	p := &Pool{opts: o, idle: make(chan *worker, o.Workers), agents: map[string]*agentShare{}, live: map[*worker]struct{}{}, fresh: pipelineFresh}
 	for range o.Workers {
 		p.idle <- nil
 	}
@@ -325,14 +335,22 @@ func (p *Pool) acquire(ctx context.Context, agent string, until time.Time, budge
 }
 
 // pick returns the worker of sh with nothing queued or, unless empty,
-// the least loaded one with room in its pipeline; nil if none. A worker
-// that may not have the CPU time left for the calls it would then hold is
-// drained (PoolOptions.WorkerCPU). Called with p.mu held.
+// the least loaded one with room in its pipeline whose running call
+// started less than pipelineFresh ago; nil if none. The anonymous share
+// (dry runs of every agent) is not pipelined. A worker that may not have
+// the CPU time left for the calls it would then hold is drained
+// (PoolOptions.WorkerCPU). Called with p.mu held.
 func (p *Pool) pick(sh *agentShare, budget time.Duration, empty bool) *worker {
 	var best *worker
+	now := time.Now().UnixNano()
 	for _, w := range sh.held {
-		if w.draining || w.dead.Load() || w.load >= pipelineDepth || empty && w.load > 0 {
+		if w.draining || w.dead.Load() || w.load >= pipelineDepth {
 			continue
+		}
+		if w.load > 0 {
+			if start := w.headStart.Load(); empty || sh.name == "" || start > 0 && now-start > int64(p.fresh) {
+				continue
+			}
 		}
 		if p.worn(w, w.load+1, budget) {
 			p.drain(w)
@@ -511,9 +529,10 @@ type worker struct {
 	known   map[string]bool
 	pending []*exchange // written and not answered, oldest first: the first is running
 
-	cpu    atomic.Int64 // the CPU time it said it has used, ns
-	killed atomic.Bool  // killed at a run's deadline
-	dead   atomic.Bool  // its pipe broke or it was killed: replace it
+	cpu       atomic.Int64 // the CPU time it said it has used, ns
+	headStart atomic.Int64 // when its running exchange started, Unix ns; 0 when none
+	killed    atomic.Bool  // killed at a run's deadline
+	dead      atomic.Bool  // its pipe broke or it was killed: replace it
 
 	// Guarded by Pool.mu.
 	load     int         // calls holding room on it
