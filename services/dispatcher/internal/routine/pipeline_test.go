@@ -69,11 +69,7 @@ func TestPipelineRequeue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := runaway.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
-		done <- err
-	}()
+	done := callAsync(t, runaway)
 	// Once the runaway holds the agent's one worker, the normal call is
 	// written behind it.
 	first := waitLoad(t, pool, "clients/c/agents/a", 1)
@@ -100,32 +96,16 @@ func TestPipelineBusy(t *testing.T) {
 	pool := newTestPool(t, PoolOptions{Workers: 2, AgentShare: 1})
 	pool.fresh = time.Hour // however long the slow call has run when the next comes
 	const name = "clients/c/agents/a/routines/r"
-	unblock := make(chan struct{})
-	slowTool := FuncTool(func(context.Context, json.RawMessage) (json.RawMessage, error) {
-		<-unblock
-		return json.RawMessage(`1`), nil
-	})
-	slow, err := Compile(t.Context(), name, "def reply(q, m):\n    return wait(q)\n", map[string]Tool{"wait": slowTool}, testLimits(Limits{Pool: pool, Timeout: 30 * time.Second}))
-	if err != nil {
-		t.Fatal(err)
-	}
 	const wait = 50 * time.Millisecond
 	quick, err := Compile(t.Context(), name, "def reply(q, m):\n    return q\n", nil, testLimits(Limits{Pool: pool, Timeout: wait}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() {
-		_, _, err := slow.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
-		done <- err
-	}()
+	unblock := make(chan struct{})
+	done := startSlow(t, pool, name, unblock)
 	waitLoad(t, pool, "clients/c/agents/a", 1)
-	quickDone := make(chan error, 1)
 	start := time.Now()
-	go func() {
-		_, _, err := quick.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
-		quickDone <- err
-	}()
+	quickDone := callAsync(t, quick)
 	waitLoad(t, pool, "clients/c/agents/a", 2)
 	// The quick call is queued on the worker; let its wait budget pass
 	// before the slow call ends.
@@ -157,19 +137,7 @@ func TestPipelineNotBehindSlow(t *testing.T) {
 				pool.fresh = time.Hour
 			}
 			unblock := make(chan struct{})
-			slowTool := FuncTool(func(context.Context, json.RawMessage) (json.RawMessage, error) {
-				<-unblock
-				return json.RawMessage(`1`), nil
-			})
-			slow, err := Compile(t.Context(), agent+"/routines/r", "def reply(q, m):\n    return wait(q)\n", map[string]Tool{"wait": slowTool}, testLimits(Limits{Pool: pool, Timeout: 30 * time.Second}))
-			if err != nil {
-				t.Fatal(err)
-			}
-			done := make(chan error, 1)
-			go func() {
-				_, _, err := slow.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
-				done <- err
-			}()
+			done := startSlow(t, pool, agent+"/routines/r", unblock)
 			w := waitLoad(t, pool, agent, 1)
 			for w.headStart.Load() == 0 || time.Since(time.Unix(0, w.headStart.Load())) <= pipelineFresh {
 				time.Sleep(time.Millisecond)
@@ -186,6 +154,32 @@ func TestPipelineNotBehindSlow(t *testing.T) {
 			waitIdle(t, pool)
 		})
 	}
+}
+
+// startSlow starts a call of a routine named name that waits in a tool
+// until unblock is closed, and returns its outcome's channel.
+func startSlow(t *testing.T, pool *Pool, name string, unblock chan struct{}) chan error {
+	t.Helper()
+	wait := FuncTool(func(context.Context, json.RawMessage) (json.RawMessage, error) {
+		<-unblock
+		return json.RawMessage(`1`), nil
+	})
+	slow, err := Compile(t.Context(), name, "def reply(q, m):\n    return wait(q)\n", map[string]Tool{"wait": wait}, testLimits(Limits{Pool: pool, Timeout: 30 * time.Second}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return callAsync(t, slow)
+}
+
+// callAsync calls p's reply with 1 in the background and returns its
+// outcome's channel.
+func callAsync(t *testing.T, p *Program) chan error {
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+		done <- err
+	}()
+	return done
 }
 
 // waitLoad waits until agent holds one worker with load calls on it, and

@@ -310,28 +310,27 @@ func (p *Pool) acquire(ctx context.Context, agent string, until time.Time, budge
 			woken = true
 			continue
 		case <-timer.C:
-			p.mu.Lock()
-			if canLease {
-				sh.leasing--
-			}
-			p.dropWaiter(sh, wt)
-			p.leave(sh)
-			p.mu.Unlock()
+			p.giveUp(sh, wt, canLease)
 			if canLease {
 				return nil, fmt.Errorf("%w: %w: all %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.Workers, budget)
 			}
 			return nil, fmt.Errorf("%w: %w: this agent's %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.AgentShare, budget)
 		case <-ctx.Done():
-			p.mu.Lock()
-			if canLease {
-				sh.leasing--
-			}
-			p.dropWaiter(sh, wt)
-			p.leave(sh)
-			p.mu.Unlock()
+			p.giveUp(sh, wt, canLease)
 			return nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
 		}
 	}
+}
+
+// giveUp ends a wait of acquire that got nothing.
+func (p *Pool) giveUp(sh *agentShare, wt *waiter, leasing bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if leasing {
+		sh.leasing--
+	}
+	p.dropWaiter(sh, wt)
+	p.leave(sh)
 }
 
 // pick returns the worker of sh with nothing queued or, unless empty,
