@@ -8,6 +8,7 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -402,30 +403,15 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 		return 0, err
 	}
 	var n int
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		n = 0
-		b := tx.Bucket(bucketDialogueRequests)
-		var old [][]byte // collected first: never delete while walking a cursor
-		err := b.ForEach(func(k, v []byte) error {
+	err := s.db.Update(func(tx *bolt.Tx) (err error) {
+		n, err = boltdb.DeleteWhere(tx.Bucket(bucketDialogueRequests), func(_, v []byte) (bool, error) {
 			var rec store.Request
 			if err := json.Unmarshal(v, &rec); err != nil {
-				return err
+				return false, err
 			}
-			if rec.Time.Before(before) {
-				old = append(old, bytes.Clone(k))
-			}
-			return nil
+			return rec.Time.Before(before), nil
 		})
-		if err != nil {
-			return err
-		}
-		for _, k := range old {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		n = len(old)
-		return nil
+		return err
 	})
 	return n, err
 }
