@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -316,15 +317,18 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 		wg.Go(func() { _, acceptErr = reply(netAlice, offer, "accept_offer", `{}`) })
 		wg.Go(func() { _, revErr = reply(netBob, invite, "revoke_offer", `{}`) })
 		wg.Wait()
-		if (acceptErr == nil) == (revErr == nil) {
-			return req.GetDialogueId(), "", fmt.Errorf("accept error %v, revoke error %v; want exactly one to win", acceptErr, revErr)
+		switch {
+		case acceptErr == nil && revErr == nil:
+			return req.GetDialogueId(), "", errors.New("both the accept and the revoke were taken; want exactly one to win")
+		case acceptErr != nil && revErr != nil:
+			return req.GetDialogueId(), "", fmt.Errorf("both the accept and the revoke were refused (%w); want exactly one to win", errors.Join(acceptErr, revErr))
 		}
 		loserErr, winner := revErr, "accept_offer"
 		if acceptErr != nil {
 			loserErr, winner = acceptErr, "revoke_offer"
 		}
 		if grpcerr.Reason(loserErr) != "PROTOCOL_ERROR" {
-			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %v, want PROTOCOL_ERROR", loserErr)
+			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %w, want PROTOCOL_ERROR", loserErr)
 		}
 		return req.GetDialogueId(), winner, nil
 	}
