@@ -69,10 +69,11 @@ func (s *Service) CloseAll(ctx context.Context, agent string) (int, error) {
 func (s *Service) closeFor(agent string) func(*store.Dialogue, *store.Participant) {
 	now := s.opts.Now().UTC()
 	return func(d *store.Dialogue, p *store.Participant) {
-		if d.Initiator == agent {
-			d.Closed, d.CloseTime = true, now
-		} else {
+		switch {
+		case d.Initiator != agent:
 			p.Closed = true
+		case !d.Closed: // a second close keeps the first close time, which the retention counts from
+			d.Closed, d.CloseTime = true, now
 		}
 	}
 }
