@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -38,6 +39,7 @@ type Store struct {
 	owner   string
 	release context.CancelFunc // ends the owner lock
 	held    chan struct{}      // closed when the owner lock ends
+	locked  atomic.Bool        // the owner lock is held
 }
 
 var _ store.Store = (*Store)(nil)
@@ -58,14 +60,19 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	go func() {
 		defer close(s.held)
 		db.Exclusive(lockCtx, ownerLock+s.owner, pgdb.ExclusiveOptions{}, func(ctx context.Context) {
+			s.locked.Store(true)
 			select {
 			case <-locked:
 			default:
 				close(locked)
 			}
 			<-ctx.Done()
+			s.locked.Store(false)
 		})
 	}()
+	if !db.Ready() {
+		return s, nil // the database does not answer yet: Ping says when it does
+	}
 	select {
 	case <-locked:
 		return s, nil
@@ -78,8 +85,17 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 // ownerLock prefixes the Exclusive lock a Store holds while it lives.
 const ownerLock = "tasks.owner."
 
-// Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+// Ping checks that the database answers and that the Store holds its
+// owner lock (until it does, another replica could claim its steps).
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.db.Ping(ctx); err != nil {
+		return err
+	}
+	if !s.locked.Load() {
+		return errors.New("pgstore: not yet holding the owner lock of its pending steps")
+	}
+	return nil
+}
 
 // Close releases the owner lock (other replicas may then claim this
 // Store's pending steps) and closes the connections.
