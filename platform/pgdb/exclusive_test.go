@@ -82,3 +82,18 @@ func TestExclusive_nilDBRunsTheWork(t *testing.T) {
 		t.Error("Exclusive on a nil DB did not run the work")
 	}
 }
+
+// Every runs its work again each interval until its context ends, and then
+// returns; without a database it runs in this process.
+func TestEvery_repeatsUntilTheContextEnds(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	runs := 0
+	pgdb.Of(struct{}{}).Every(ctx, "w", time.Millisecond, pgdb.ExclusiveOptions{}, func(context.Context) {
+		if runs++; runs == 3 {
+			cancel()
+		}
+	})
+	if runs != 3 {
+		t.Errorf("Every ran the work %d times before its context ended, want 3", runs)
+	}
+}
