@@ -308,14 +308,14 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 		wg.Go(func() { _, revErr = reply(netBob, invite, "revoke_offer", `{}`) })
 		wg.Wait()
 		if (acceptErr == nil) == (revErr == nil) {
-			return req.GetDialogueId(), "", fmt.Errorf("accept error %v, revoke error %v; want exactly one to win", acceptErr, revErr)
+			return req.GetDialogueId(), "", fmt.Errorf("accept error %w, revoke error %w; want exactly one to win", acceptErr, revErr)
 		}
 		loserErr, winner := revErr, "accept_offer"
 		if acceptErr != nil {
 			loserErr, winner = acceptErr, "revoke_offer"
 		}
 		if grpcerr.Reason(loserErr) != "PROTOCOL_ERROR" {
-			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %v, want PROTOCOL_ERROR", loserErr)
+			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %w, want PROTOCOL_ERROR", loserErr)
 		}
 		return req.GetDialogueId(), winner, nil
 	}
