@@ -168,6 +168,7 @@ func (a *App) options() (server.Options, error) {
 		Payments:            a.payments,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
+		DialogueRetention:   a.cfg.DialogueRetention,
 		// Their receive streams.
 		Delivery: a.mailboxes,
 		MailboxOptions: server.MailboxOptions{
@@ -270,9 +271,9 @@ func (a *App) Close() error {
 	return errors.Join(a.pool.Close(), a.store.Close())
 }
 
-// RegisterGateway mounts the dispatcher's REST routes and the Agora routes on
-// s for a gateway process that reaches the dispatcher over conn instead of
-// in-process. cfg needs only the flags of config.RegisterGatewayFlags.
+// RegisterGateway mounts the dispatcher's REST routes, the Agora routes and
+// the mailboxes' SSE route on s for a gateway process that reaches the
+// dispatcher over conn instead of in-process. cfg needs only the flags of config.RegisterGatewayFlags.
 func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, cfg config.Config) error {
 	if err := cfg.ValidateGateway(); err != nil {
 		return err
@@ -280,8 +281,12 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	if err := dispatcherv1.RegisterDispatcherServiceHandler(ctx, s.Gateway, conn); err != nil {
 		return err
 	}
-	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(conn)}, httpOptions(cfg)) {
+	client := dispatcherv1.NewDispatcherServiceClient(conn)
+	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: client}, httpOptions(cfg)) {
 		s.Handle(pattern, h)
+	}
+	for pattern, h := range server.RemoteMailboxRoutes(client, s.Stopping(), cfg.MailboxStreamWriteTimeout) {
+		s.Handle(pattern, serve.Stream(h))
 	}
 	return nil
 }

@@ -62,6 +62,8 @@ type Config struct {
 	// agent network (SendMessage, ReplyMessage, BroadcastMessage).
 	MessageMaxBodyBytes int64
 	MessageTimeout      time.Duration
+	// DialogueRetention is how long a closed dialogue is kept.
+	DialogueRetention time.Duration
 
 	// Mailboxes (durable delivery of network messages).
 	MailboxMaxMessages int64         // unacknowledged messages per agent
@@ -103,30 +105,36 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.SendMaxJudgeCalls, "send-max-judge-calls", 2, "LLM calls one Send may spend judging whether a listed protocol fits")
 	fs.Int64Var(&c.MessageMaxBodyBytes, "message-max-body-bytes", 64<<10, "largest body_json of an agent-network message (send, reply, broadcast)")
 	fs.DurationVar(&c.MessageTimeout, "message-timeout", 10*time.Second, "time limit of one agent-network send, reply, broadcast or close")
+	fs.DurationVar(&c.DialogueRetention, "dialogue-retention", 30*24*time.Hour, "how long a dialogue is kept once its initiator closed it (a broadcast: once sent); the periodic sweep then removes it")
 	fs.Int64Var(&c.MailboxMaxMessages, "mailbox-max-messages", 10_000, "unacknowledged messages an agent's mailbox holds; a send past it is refused for that agent")
 	fs.Int64Var(&c.MailboxMaxBytes, "mailbox-max-bytes", 64<<20, "body bytes of the unacknowledged messages an agent's mailbox holds")
 	fs.DurationVar(&c.MailboxRetention, "mailbox-retention", 24*time.Hour, "how long an acknowledged message stays in its mailbox before compaction")
 	fs.IntVar(&c.MailboxStreamBatch, "mailbox-stream-batch", 100, "most messages one receive-stream response carries")
 	fs.DurationVar(&c.MailboxStreamKeepalive, "mailbox-stream-keepalive", 30*time.Second, "silence after which a receive stream sends a keepalive")
 	fs.DurationVar(&c.MailboxStreamMaxDuration, "mailbox-stream-max-duration", time.Hour, "a receive stream open this long ends (DEADLINE_EXCEEDED) and the client reconnects")
-	fs.DurationVar(&c.MailboxStreamWriteTimeout, "mailbox-stream-write-timeout", 30*time.Second, "an SSE receive stream whose client does not take one write within this is cut off")
 }
 
-// RegisterGatewayFlags adds the flags of the Agora routes, which a gateway
-// process (`parley gateway`) serves too: --agora-max-body-bytes and
-// --agora-peer-header. RegisterFlags includes them.
+// RegisterGatewayFlags adds the flags of the hand-written routes, which a
+// gateway process (`parley gateway`) serves too: --agora-max-body-bytes,
+// --agora-peer-header (the Agora routes) and --mailbox-stream-write-timeout
+// (the mailboxes' SSE route). RegisterFlags includes them.
 func (c *Config) RegisterGatewayFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.AgoraMaxBodyBytes, "agora-max-body-bytes", 1<<20, "largest Agora request body")
 	fs.StringVar(&c.AgoraPeerHeader, "agora-peer-header", "", "header set by a trusted proxy that identifies the Agora caller (e.g. X-Forwarded-For); default: the remote IP")
+	fs.DurationVar(&c.MailboxStreamWriteTimeout, "mailbox-stream-write-timeout", 30*time.Second, "an SSE receive stream whose client does not take one write within this is cut off")
 }
 
 // ValidateGateway reports the bad values among the flags of
 // RegisterGatewayFlags.
 func (c *Config) ValidateGateway() error {
+	var errs []error
 	if c.AgoraMaxBodyBytes <= 0 {
-		return errors.New("--agora-max-body-bytes must be positive")
+		errs = append(errs, errors.New("--agora-max-body-bytes must be positive"))
 	}
-	return nil
+	if c.MailboxStreamWriteTimeout <= 0 {
+		errs = append(errs, errors.New("--mailbox-stream-write-timeout must be positive"))
+	}
+	return errors.Join(errs...)
 }
 
 // PeerDialects parses AgoraPeerDialects into peer → dialect name.
@@ -183,13 +191,13 @@ func (c *Config) Validate() error {
 		{"--dispatcher-negative-cache-ttl", c.NegativeCacheTTL >= 0},
 		{"--message-max-body-bytes", c.MessageMaxBodyBytes > 0},
 		{"--message-timeout", c.MessageTimeout > 0},
+		{"--dialogue-retention", c.DialogueRetention > 0},
 		{"--mailbox-max-messages", c.MailboxMaxMessages > 0},
 		{"--mailbox-max-bytes", c.MailboxMaxBytes > 0},
 		{"--mailbox-retention", c.MailboxRetention > 0},
 		{"--mailbox-stream-batch", c.MailboxStreamBatch > 0 && c.MailboxStreamBatch <= 1000},
 		{"--mailbox-stream-keepalive", c.MailboxStreamKeepalive > 0},
 		{"--mailbox-stream-max-duration", c.MailboxStreamMaxDuration > 0},
-		{"--mailbox-stream-write-timeout", c.MailboxStreamWriteTimeout > 0},
 	}
 	for _, p := range positive {
 		if !p.ok {

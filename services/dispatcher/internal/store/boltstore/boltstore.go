@@ -46,7 +46,16 @@ var (
 var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts},
 	mailboxBuckets...)
 
-const schemaVersion = 1
+// schemaVersion 2 added the dialogue indexes (dialogue_message_index,
+// dialogues_closed), which migrate builds from version 1's records.
+const schemaVersion = 2
+
+func migrate(tx *bolt.Tx, from int) error {
+	if from < 2 {
+		return migrateDialogueIndexes(tx)
+	}
+	return nil
+}
 
 // Store is the bbolt-backed store.
 type Store struct {
@@ -62,6 +71,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
 		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets),
 		SchemaVersion: schemaVersion,
+		Migrate:       migrate,
 		LockTimeout:   lockTimeout,
 	})
 	if err != nil {
@@ -71,14 +81,9 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 }
 
 // Ping reports whether the database is open.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.View(func(*bolt.Tx) error { return nil })
-}
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
-// Close closes the database.
+// Close finishes queued writes and closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
 // SetRoutine implements store.Store.

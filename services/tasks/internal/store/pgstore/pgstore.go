@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -38,6 +39,7 @@ type Store struct {
 	owner   string
 	release context.CancelFunc // ends the owner lock
 	held    chan struct{}      // closed when the owner lock ends
+	locked  atomic.Bool        // the owner lock is held
 }
 
 var _ store.Store = (*Store)(nil)
@@ -58,14 +60,19 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	go func() {
 		defer close(s.held)
 		db.Exclusive(lockCtx, ownerLock+s.owner, pgdb.ExclusiveOptions{}, func(ctx context.Context) {
+			s.locked.Store(true)
 			select {
 			case <-locked:
 			default:
 				close(locked)
 			}
 			<-ctx.Done()
+			s.locked.Store(false)
 		})
 	}()
+	if !db.Ready() {
+		return s, nil // the database does not answer yet: Ping says when it does
+	}
 	select {
 	case <-locked:
 		return s, nil
@@ -78,8 +85,17 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 // ownerLock prefixes the Exclusive lock a Store holds while it lives.
 const ownerLock = "tasks.owner."
 
-// Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+// Ping checks that the database answers and that the Store holds its
+// owner lock (until it does, another replica could claim its steps).
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.db.Ping(ctx); err != nil {
+		return err
+	}
+	if !s.locked.Load() {
+		return errors.New("pgstore: not yet holding the owner lock of its pending steps")
+	}
+	return nil
+}
 
 // Close releases the owner lock (other replicas may then claim this
 // Store's pending steps) and closes the connections.
@@ -91,18 +107,6 @@ func (s *Store) Close() error {
 
 func stepName(ref store.StepRef) string { return "tasks/" + ref.TaskID + "/steps/" + ref.StepID }
 
-// decode unmarshals data into a new T.
-func decode[T any, P interface {
-	*T
-	proto.Message
-}](data []byte) (P, error) {
-	m := P(new(T))
-	if err := proto.Unmarshal(data, m); err != nil {
-		return nil, fmt.Errorf("decode %T: %w", m, err)
-	}
-	return m, nil
-}
-
 // getTask reads a task, or a NotFound error.
 func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task, error) {
 	var data []byte
@@ -113,7 +117,7 @@ func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task,
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Task](data)
+	return resource.Decode(data, &tasksv1.Task{})
 }
 
 // putTask writes t back.
@@ -136,7 +140,7 @@ func list[T any, P interface {
 		if err := r.Scan(&data); err != nil {
 			return nil, err
 		}
-		return decode[T, P](data)
+		return resource.Decode(data, P(new(T)))
 	})
 }
 
@@ -278,7 +282,7 @@ func getStep(ctx context.Context, q pgdb.Querier, ref store.StepRef) (*tasksv1.S
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Step](data)
+	return resource.Decode(data, &tasksv1.Step{})
 }
 
 // GetStep implements store.Store.
@@ -448,7 +452,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Artifact](data)
+	return resource.Decode(data, &tasksv1.Artifact{})
 }
 
 // ListArtifacts implements store.Store.
