@@ -67,8 +67,8 @@ type moneyCheck struct {
 	// which checkMoney recorded ahead of delivery: put back if it is not
 	// delivered.
 	prevTerms json.RawMessage
-	dialogue   string
-	sender     string
+	dialogue  string
+	sender    string
 }
 
 func (m *moneyCheck) done(ctx context.Context, delivered bool) {
