@@ -40,28 +40,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
-	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/bench/internal/weather"
 )
-
-const weatherPD = "---\nname: Weather Forecast Query Protocol\ndescription: Query the weather forecast for a given date and location.\nmultiround: false\n---\n\nThe sender sends a JSON object {\"date\": \"YYYY-MM-DD\", \"location\": string}.\nThe receiver replies with a JSON object {\"temperature\": number (degrees C), \"precipitation\": number (mm), \"weatherCondition\": one of \"sunny\", \"cloudy\", \"rainy\", \"snowy\"}.\nIf the location is unknown the receiver replies {\"error\": \"Unsupported location\"}."
-
-const weatherHex = "3a732bde0e63d2e838d1a722feebf3d67b52b211"
-
-const weatherRoutine = `
-def reply(query, memory):
-    w = weather(query["location"] + "/" + query["date"])
-    if w == None:
-        return {"error": "Unsupported location"}
-    return w
-`
-
-const weatherTable = `{"Paris/2026-12-01": {"temperature": 7, "precipitation": 1.5, "weatherCondition": "rainy"}}`
 
 func main() {
 	if err := run(os.Stdout); err != nil {
@@ -114,8 +97,8 @@ func run(stdout io.Writer) error {
 	if err := setup(setupCtx, grpcAddr); err != nil {
 		return err
 	}
-	agoraURL := "http://" + httpAddr + "/agora/acme/weather"
-	body := []byte(`{"protocolHash":"` + weatherHex + `","protocolSources":null,"body":"{\"date\": \"2026-12-01\", \"location\": \"Paris\"}"}`)
+	agoraURL := "http://" + httpAddr + weather.Path
+	body := []byte(weather.Envelope)
 	if err := post(http.DefaultClient, agoraURL, body); err != nil {
 		return fmt.Errorf("warm-up envelope: %w", err)
 	}
@@ -245,42 +228,14 @@ func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr stri
 	}
 }
 
-// setup registers the PD and agent, the weather tool and the routine.
+// setup installs the weather agent on the server at addr.
 func setup(ctx context.Context, addr string) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	reg := registryv1.NewRegistryServiceClient(conn)
-	unimpl := func(call string, err error) error {
-		if status.Code(err) == codes.Unimplemented {
-			return fmt.Errorf("the registry does not implement %s yet (merge the registry first): %w", call, err)
-		}
-		return fmt.Errorf("%s: %w", call, err)
-	}
-	if _, err := reg.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
-		return unimpl("CreateProtocol", err)
-	}
-	_, err = reg.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "weather", Agent: &registryv1.Agent{
-		SupportPolicy: registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED,
-	}})
-	if err != nil && status.Code(err) != codes.AlreadyExists {
-		return unimpl("CreateAgent", err)
-	}
-	disp := dispatcherv1.NewDispatcherServiceClient(conn)
-	const agent = "clients/acme/agents/weather"
-	if _, err := disp.SetTool(ctx, &dispatcherv1.SetToolRequest{Tool: &dispatcherv1.Tool{
-		Name: agent + "/tools/weather", Kind: &dispatcherv1.Tool_Table{Table: &dispatcherv1.TableTool{EntriesJson: weatherTable}},
-	}}); err != nil {
-		return fmt.Errorf("SetTool: %w", err)
-	}
-	if _, err := disp.SetRoutine(ctx, &dispatcherv1.SetRoutineRequest{Routine: &dispatcherv1.Routine{Name: agent + "/routines/" + weatherHex, Source: weatherRoutine}}); err != nil {
-		return fmt.Errorf("SetRoutine: %w", err)
-	}
-	return nil
+	return weather.Setup(ctx, conn)
 }
 
 type result struct {
