@@ -43,6 +43,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/parleyhq/parley/bench/internal/cputime"
 	"github.com/parleyhq/parley/bench/internal/weather"
 )
 
@@ -282,45 +283,12 @@ func median(xs []float64) float64 {
 // loadCPU is load, with the CPU that the server pid and its children used
 // per request.
 func loadCPU(url string, body []byte, c int, d time.Duration, pid int) result {
-	before := treeCPU(pid)
+	before := cputime.Tree(pid)
 	r := load(url, body, c, d)
 	if n := len(r.lat) + r.errors; n > 0 {
-		r.cpuPerReq = float64((treeCPU(pid) - before).Microseconds()) / float64(n)
+		r.cpuPerReq = float64((cputime.Tree(pid) - before).Microseconds()) / float64(n)
 	}
 	return r
-}
-
-// treeCPU is the user and system CPU time used so far by pid and its live
-// children, from /proc (0 where there is none).
-func treeCPU(pid int) time.Duration {
-	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
-	var total time.Duration
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		// Fields after the command name, which ends at the last ')':
-		// state ppid … utime (14th field) stime (15th).
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) < 13 {
-			continue
-		}
-		self, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		ppid, _ := strconv.Atoi(fields[1])
-		if self != pid && ppid != pid {
-			continue
-		}
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		total += time.Duration(utime+stime) * tick
-	}
-	return total
 }
 
 // load posts body to url from c workers for d and measures it.

@@ -54,6 +54,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/parleyhq/parley/bench/internal/cputime"
 	"github.com/parleyhq/parley/bench/internal/weather"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -80,6 +81,16 @@ type result struct {
 	errors  int64
 	elapsed time.Duration
 	lat     []time.Duration // of every call that succeeded
+	// cpuParley and cpuPG are the CPU time the parley processes (with their
+	// routine workers) and the PostgreSQL server used during the phase.
+	cpuParley, cpuPG time.Duration
+}
+
+// cpuPerCall is the CPU per call of the parley processes and of
+// PostgreSQL, in ms.
+func (r result) cpuPerCall() (parley, pg float64) {
+	n := float64(int64(len(r.lat)) + r.errors)
+	return ms(r.cpuParley) / n, ms(r.cpuPG) / n
 }
 
 func (r result) rate() float64 { return float64(len(r.lat)) / r.elapsed.Seconds() }
@@ -104,6 +115,13 @@ func run(stdout io.Writer) error {
 	var fsync string
 	if out, err := exec.Command("psql", *databaseURL, "-qAtc", "SHOW fsync").Output(); err == nil {
 		fsync = strings.TrimSpace(string(out))
+	}
+	// The server's CPU is read from /proc when it runs on this machine: the
+	// parent of its checkpointer is the postmaster.
+	if out, err := exec.Command("psql", *databaseURL, "-qAtc", "SELECT pid FROM pg_stat_activity WHERE backend_type = 'checkpointer'").Output(); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(out))); err == nil && cputime.Parent(pid) > 1 {
+			postmaster = cputime.Parent(pid)
+		}
 	}
 	phases := []string{"envelope", "AP task create", "AP step", "direct message", fmt.Sprintf("fan-out to %d", *fanout)}
 	// results[config][phase] has one result a round.
@@ -130,7 +148,34 @@ func run(stdout io.Writer) error {
 		fmt.Fprintf(stdout, "| %s | %s | %s | %s | %.2f× | %.2f× | %.2f× |\n", ph, cell(b), cell(p1), cell(p2),
 			ratio(p1, b), ratio(p2, b), ratio(p2, p1))
 	}
+	fmt.Fprintln(stdout, "\nCPU per call, ms (median over rounds): parley processes + PostgreSQL server")
+	fmt.Fprintln(stdout, "\n| phase | bbolt | pg×1 | pg×2 |")
+	fmt.Fprintln(stdout, "|---|---|---|---|")
+	for _, ph := range phases {
+		fmt.Fprintf(stdout, "| %s | %s | %s | %s |\n", ph, cpuCell(results["bbolt"][ph], false), cpuCell(results["pg×1"][ph], true), cpuCell(results["pg×2"][ph], true))
+	}
 	return nil
+}
+
+// postmaster is the PostgreSQL server's process id when it runs on this
+// machine, else 0.
+var postmaster int
+
+// cpuCell gives the median CPU per call of rs: parley's, plus PostgreSQL's
+// when pg.
+func cpuCell(rs []result, pg bool) string {
+	var ps, gs []float64
+	for _, r := range rs {
+		p, g := r.cpuPerCall()
+		ps, gs = append(ps, p), append(gs, g)
+	}
+	if !pg {
+		return fmt.Sprintf("%.2f", median(ps))
+	}
+	if postmaster == 0 {
+		return fmt.Sprintf("%.2f + n/a", median(ps))
+	}
+	return fmt.Sprintf("%.2f + %.2f", median(ps), median(gs))
 }
 
 // configs are the set-ups compared; bbolt is the reference.
@@ -418,6 +463,20 @@ func phase(ctx context.Context, name string, procs []*proc, n int, d time.Durati
 	default:
 		return result{}, fmt.Errorf("unknown phase %q", name)
 	}
+	parleyCPU := func() time.Duration {
+		var t time.Duration
+		for _, p := range procs {
+			t += cputime.Tree(p.cmd.Process.Pid)
+		}
+		return t
+	}
+	pgCPU := func() time.Duration {
+		if postmaster == 0 {
+			return 0
+		}
+		return cputime.Tree(postmaster)
+	}
+	cpu0, pg0 := parleyCPU(), pgCPU()
 	var (
 		mu     sync.Mutex
 		lat    []time.Duration
@@ -445,7 +504,7 @@ func phase(ctx context.Context, name string, procs []*proc, n int, d time.Durati
 		})
 	}
 	wg.Wait()
-	r := result{errors: errs.Load(), elapsed: time.Since(start), lat: lat}
+	r := result{errors: errs.Load(), elapsed: time.Since(start), lat: lat, cpuParley: parleyCPU() - cpu0, cpuPG: pgCPU() - pg0}
 	if len(lat) == 0 {
 		return r, fmt.Errorf("no call succeeded: %v", first.Load())
 	}
