@@ -101,11 +101,15 @@ func TestBoundary(t *testing.T) {
 			// Compile, then Call: each is one run with its own budget.
 			bound := 2 * (l.Timeout + killMargin + slack)
 			done := make(chan error, 1)
+			var ran time.Duration // the failing run's wall time, for the log
 			go func() {
+				start := time.Now()
 				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", tc.src, nil, l)
 				if err == nil {
+					start = time.Now()
 					_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(tc.arg)}, json.RawMessage(`{}`))
 				}
+				ran = time.Since(start)
 				done <- err
 			}()
 			// Another agent's calls, made while the run goes on, all
@@ -135,7 +139,9 @@ func TestBoundary(t *testing.T) {
 			if k := KindOf(err); !slices.Contains(tc.kinds, k) {
 				t.Errorf("kind %v (%v), want one of %v", k, err, tc.kinds)
 			}
+			stopped := time.Now()
 			waitIdle(t, pool)
+			t.Logf("kind %v after %v (budget %v); workers idle %v later", KindOf(err), ran.Round(time.Millisecond), l.Timeout, time.Since(stopped).Round(time.Millisecond))
 		})
 	}
 	stats := pool.Stats()
