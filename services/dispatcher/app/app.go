@@ -258,16 +258,22 @@ func (a *App) Close() error {
 }
 
 // RegisterGateway mounts the dispatcher's REST routes and the Agora routes on
-// s for a gateway process that reaches the dispatcher over conn instead of
-// in-process. cfg needs only the flags of config.RegisterGatewayFlags.
-func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, cfg config.Config) error {
+// s for a gateway process that reaches the dispatcher over gRPC instead of
+// in-process: the REST routes over conn, with each caller's credential, and
+// the public Agora routes over service, as the gateway itself (the operator
+// token with access control on; conn when nil). cfg needs only the flags of
+// config.RegisterGatewayFlags.
+func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, service grpc.ClientConnInterface, cfg config.Config) error {
+	if service == nil {
+		service = conn
+	}
 	if err := cfg.ValidateGateway(); err != nil {
 		return err
 	}
 	if err := dispatcherv1.RegisterDispatcherServiceHandler(ctx, s.Gateway, conn); err != nil {
 		return err
 	}
-	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(conn)}, httpOptions(cfg)) {
+	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(service)}, httpOptions(cfg)) {
 		s.Handle(pattern, h)
 	}
 	return nil
