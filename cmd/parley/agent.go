@@ -35,6 +35,7 @@ func agentCommands() map[string]command {
 		"unsupport": {"declare AGENT refuses protocol HASH [--comment TEXT]", agentUnsupport},
 		"forget":    {"remove protocol HASH from both of AGENT's lists", agentForget},
 		"key":       {"create, list or revoke AGENT's keys", agentKey},
+		"owner":     {"set AGENT's owner approval key and spending limits", agentOwner},
 	}
 }
 

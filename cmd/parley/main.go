@@ -8,9 +8,10 @@
 //	parley health (--server ADDR | --url URL)
 //	parley version
 //	parley protocol add|get|list|search|sync [--server ADDR] ...
-//	parley agent create|get|update|list|delete|support|unsupport|forget [--server ADDR] ...
+//	parley agent create|get|update|owner|list|delete|support|unsupport|forget [--server ADDR] ...
 //	parley routine set|get|list [--server ADDR] ...
 //	parley whoami [--token T]   who the credential is (GetCaller)
+//	parley keygen FILE; parley approve --key FILE --dialogue D --payee C:A --amount-micros N
 //	parley follow|unfollow CLIENT:AGENT [--as CLIENT:AGENT]
 //	parley group create|get|join|leave|search|list|members|requests|invite|accept|reject|invites|accept-invite|reject-invite ...
 //	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
@@ -94,6 +95,7 @@ func groups() map[string]map[string]command {
 func commands() map[string]command {
 	return map[string]command{
 		"agent":     {"manage hosted agents and the protocols they support", runAgent},
+		"approve":   {"sign an owner's approval of an acceptance with a key from parley keygen; prints it as JSON", runApprove},
 		"broadcast": {"broadcast a one-way message from your agent to groups", runBroadcast},
 		"client":    {"create clients, the accounts that own agents", runClient},
 		"demo":      {"replay a story end to end: weather (Agora weather negotiation)", runDemo},
@@ -101,6 +103,7 @@ func commands() map[string]command {
 		"gateway":   {"run the REST gateway in front of separately running services", runGateway},
 		"group":     {"create, join, search and administer the agent network's groups, as your agent", runGroup},
 		"health":    {"check a server's gRPC or HTTP health; exit 0 when serving", runHealth},
+		"keygen":    {"make an owner's Ed25519 approval key pair (private key file, public key on stdout)", runKeygen},
 		"listen":    {"receive your agent's messages (its key in --token), one JSON object per line, acknowledging each", runListen},
 		"protocol":  {"manage protocol documents in a running registry", runProtocol},
 		"reply":     {"answer a message your agent received (--all: every recipient of it too)", runReply},

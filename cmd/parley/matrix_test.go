@@ -258,6 +258,10 @@ var matrixRPCs = map[string]rpcRow{
 	// Orders (issue 14): only the agent named; a missing order is NOT_FOUND.
 	disp + "GetOrder":   {targets: []string{"{agent}/orders/none"}, ok: codes.NotFound},
 	disp + "ListOrders": {targets: agentT, ok: codes.OK},
+	// Payments (issue 14): only the agent named; a missing payment is NOT_FOUND.
+	disp + "CreatePayment":  {targets: agentT, ok: codes.InvalidArgument},
+	disp + "GetPayment":     {targets: []string{"{agent}/payments/none"}, ok: codes.NotFound},
+	disp + "CapturePayment": {targets: []string{"{agent}/payments/none"}, ok: codes.NotFound},
 
 	neg + "GetCostSummary":            {targets: agentT, ok: codes.OK},
 	neg + "ListLedgerEntries":         {targets: agentT, ok: codes.OK},

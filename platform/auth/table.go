@@ -125,6 +125,13 @@ func ParleyPolicy() Policy {
 		// NOT_FOUND to an agent that is not a party.
 		disp + "GetOrder":   {Allow: Agent | Operator, Resource: "name"},
 		disp + "ListOrders": {Allow: Agent | Operator, Resource: "parent"},
+		// Dispatcher: the ledger provider's payments (issue 14). The payer
+		// creates one as itself; payer and payee read it, each under its
+		// own name (NOT_FOUND to others); the handler lets only the payee
+		// capture.
+		disp + "CreatePayment":  {Allow: Agent | Operator, Resource: "parent"},
+		disp + "GetPayment":     {Allow: Agent | Operator, Resource: "name"},
+		disp + "CapturePayment": {Allow: Agent | Operator, Resource: "name"},
 		// Dispatcher: mailboxes. An agent key receives and acknowledges
 		// its own agent's mailbox only; client keys do not (one stream per
 		// agent, opened by the agent).

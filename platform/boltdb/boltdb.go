@@ -13,6 +13,8 @@
 package boltdb
 
 import (
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -133,6 +135,15 @@ func (d *DB) View(fn func(*Tx) error) error { return d.db.View(fn) }
 // have no effect outside the transaction.
 func (d *DB) Update(fn func(*Tx) error) error { return d.commit.update(fn) }
 
+// Ping reports whether the database is open (a read transaction starts),
+// or ctx's error: a store's readiness check.
+func (d *DB) Ping(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return d.db.View(func(*Tx) error { return nil })
+}
+
 // Close finishes the writes already queued and closes the file. Later
 // writes fail.
 func (d *DB) Close() error {
@@ -174,4 +185,28 @@ func (d *DB) countCommit() {
 	} else {
 		d.unsynced.Add(1)
 	}
+}
+
+// DeleteWhere deletes the keys of b for which match reports true, and
+// returns how many. It collects them first, then deletes: deleting while
+// walking a cursor skips keys. match's error stops it, with nothing
+// deleted.
+func DeleteWhere(b *Bucket, match func(k, v []byte) (bool, error)) (int, error) {
+	var keys [][]byte
+	err := b.ForEach(func(k, v []byte) error {
+		ok, err := match(k, v)
+		if ok {
+			keys = append(keys, bytes.Clone(k))
+		}
+		return err
+	})
+	if err != nil {
+		return 0, err
+	}
+	for _, k := range keys {
+		if err := b.Delete(k); err != nil {
+			return 0, err
+		}
+	}
+	return len(keys), nil
 }

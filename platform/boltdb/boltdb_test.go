@@ -1,6 +1,7 @@
 package boltdb
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -379,5 +380,72 @@ func TestUpdate_panickingWriteFailsAloneAndTheDatabaseGoesOn(t *testing.T) {
 	}
 	if got := get(t, d, bucketThings, "k"); got != "v" {
 		t.Errorf("k = %q, want v", got)
+	}
+}
+
+// Ping answers while the file is open, and fails once it is closed or the
+// caller has given up: the readiness check every boltstore serves.
+func TestPing(t *testing.T) {
+	d, err := Open(filepath.Join(t.TempDir(), "x.db"), Options{SchemaVersion: 1, Buckets: [][]byte{bucketThings}, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ping(t.Context()); err != nil {
+		t.Errorf("Ping on an open database = %v", err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	if err := d.Ping(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Ping with a cancelled context = %v, want context.Canceled", err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Ping(t.Context()); err == nil {
+		t.Error("Ping on a closed database = nil, want an error")
+	}
+}
+
+// DeleteWhere deletes every matching key, none skipped (deleting while
+// walking a cursor would skip some), and stops at match's error.
+func TestDeleteWhere(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	if err := d.Update(func(tx *Tx) error {
+		for i := range 100 {
+			if err := tx.Bucket(bucketThings).Put([]byte{byte(i)}, []byte{byte(i % 2)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := d.Update(func(tx *Tx) (err error) {
+		n, err = DeleteWhere(tx.Bucket(bucketThings), func(_, v []byte) (bool, error) { return v[0] == 1, nil })
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var left int
+	_ = d.View(func(tx *Tx) error {
+		return tx.Bucket(bucketThings).ForEach(func(_, v []byte) error {
+			if v[0] == 1 {
+				t.Errorf("a matching key is left")
+			}
+			left++
+			return nil
+		})
+	})
+	if n != 50 || left != 50 {
+		t.Errorf("deleted %d, left %d; want 50 and 50", n, left)
+	}
+	boom := errors.New("boom")
+	err := d.Update(func(tx *Tx) error {
+		_, err := DeleteWhere(tx.Bucket(bucketThings), func(_, _ []byte) (bool, error) { return false, boom })
+		return err
+	})
+	if !errors.Is(err, boom) {
+		t.Errorf("DeleteWhere with a failing match = %v, want its error", err)
 	}
 }

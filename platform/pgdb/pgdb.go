@@ -18,11 +18,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"math/rand/v2"
 	"path"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -42,6 +45,9 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// MaxConns caps the pool; default pgxpool's (4 or the CPU count).
 	MaxConns int32
+	// Logger reports a database that cannot be reached at Open;
+	// slog.Default() when nil.
+	Logger *slog.Logger
 }
 
 // OpenTimeout is how long a service gives Open at start: connecting,
@@ -52,6 +58,12 @@ const OpenTimeout = time.Minute
 type DB struct {
 	pool   *pgxpool.Pool
 	schema string
+
+	ready   atomic.Bool // the schema is migrated
+	mu      sync.Mutex  // guards lastErr
+	lastErr error       // why the schema is not migrated yet
+	stop    context.CancelFunc
+	stopped chan struct{} // closed when the background migration ended
 }
 
 // migration is one parsed migration file.
@@ -90,13 +102,83 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdb: %w", err)
 	}
-	d := &DB{pool: pool, schema: opts.Schema}
-	if err := d.migrate(ctx, migs); err != nil {
+	d := &DB{pool: pool, schema: opts.Schema, stop: func() {}, stopped: make(chan struct{})}
+	err = d.migrate(ctx, migs)
+	if err == nil {
+		d.ready.Store(true)
+		close(d.stopped)
+		return d, nil
+	}
+	if !unreachable(err) {
 		pool.Close()
 		return nil, err
 	}
+	// The server does not answer: start anyway, not ready (Ping fails),
+	// and migrate once it does, so that a service whose database is down
+	// waits for it instead of exiting.
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	d.setErr(err)
+	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
+	d.stop = stop
+	go d.migrateLater(bg, migs, logger, err)
 	return d, nil
 }
+
+// unreachable reports an error of connecting to the server, which
+// migrateLater retries; any other error of Open is final.
+func unreachable(err error) bool {
+	var ce *pgconn.ConnectError
+	return errors.As(err, &ce)
+}
+
+func (d *DB) setErr(err error) {
+	d.mu.Lock()
+	d.lastErr = err
+	d.mu.Unlock()
+}
+
+// migrateWait is the first wait between attempts of migrateLater; it
+// doubles up to migrateWaitMax.
+const (
+	migrateWait    = time.Second
+	migrateWaitMax = 10 * time.Second
+)
+
+// migrateLater tries to migrate until it succeeds, a migration fails for
+// another reason than reaching the server (logged; the DB stays not
+// ready), or ctx ends.
+func (d *DB) migrateLater(ctx context.Context, migs []migration, logger *slog.Logger, first error) {
+	defer close(d.stopped)
+	logger.WarnContext(ctx, "the database does not answer; starting not ready and retrying", slog.String("schema", d.schema), slog.Any("err", first))
+	for wait := migrateWait; ; wait = min(2*wait, migrateWaitMax) {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		err := d.migrate(ctx, migs)
+		switch {
+		case err == nil:
+			d.ready.Store(true)
+			logger.InfoContext(ctx, "the database answers; schema migrated", slog.String("schema", d.schema))
+			return
+		case ctx.Err() != nil:
+			return
+		case !unreachable(err):
+			d.setErr(err)
+			logger.ErrorContext(ctx, "the database answers but cannot be used; staying not ready", slog.String("schema", d.schema), slog.Any("err", err))
+			return
+		}
+		d.setErr(err)
+	}
+}
+
+// Ready reports whether the schema is migrated: at once after Open, unless
+// the server did not answer then.
+func (d *DB) Ready() bool { return d.ready.Load() }
 
 // validSchema accepts the names Open quotes nowhere: [a-z_][a-z0-9_]*.
 func validSchema(s string) bool {
@@ -217,15 +299,25 @@ func (d *DB) Version(ctx context.Context) (int, error) {
 func (d *DB) Pool() *pgxpool.Pool { return d.pool }
 
 // Ping checks that a connection works: a store's readiness.
+// It fails while the schema is not migrated (the server did not answer
+// at Open, see Ready).
 func (d *DB) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
+	if !d.ready.Load() {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		return fmt.Errorf("pgdb: schema %s is not migrated yet (the database did not answer; retrying): %w", d.schema, d.lastErr)
+	}
 	return d.pool.Ping(ctx)
 }
 
-// Close closes every connection. Later calls fail.
+// Close stops a background migration and closes every connection. Later
+// calls fail.
 func (d *DB) Close() error {
+	d.stop()
+	<-d.stopped
 	d.pool.Close()
 	return nil
 }

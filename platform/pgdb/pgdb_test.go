@@ -2,6 +2,8 @@ package pgdb_test
 
 import (
 	"context"
+	"log/slog"
+	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -185,5 +187,30 @@ func TestUpdate_fnErrorWritesNothing(t *testing.T) {
 	var v int64
 	if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter`).Scan(&v); err != nil || v != 0 {
 		t.Errorf("counter = %d, %v; want 0", v, err)
+	}
+}
+
+// A server that does not answer at Open is no error: the DB starts not
+// ready (Ping fails) and keeps trying until Close. (e2e's
+// TestPostgreSQL_databaseDownAtStart sees it become ready.)
+func TestOpen_unreachableServerStartsNotReady(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	db, err := pgdb.Open(t.Context(), "postgres://u@"+addr+"/d?connect_timeout=2", pgdb.Options{Schema: "s", Migrations: counterMigrations, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatalf("Open(unreachable) = %v, want a DB that is not ready", err)
+	}
+	if db.Ready() {
+		t.Error("Ready() = true for a server that never answered")
+	}
+	if err := db.Ping(t.Context()); err == nil || !strings.Contains(err.Error(), "not migrated yet") {
+		t.Errorf("Ping = %v, want not migrated yet", err)
+	}
+	if err := db.Close(); err != nil {
+		t.Errorf("Close = %v", err)
 	}
 }

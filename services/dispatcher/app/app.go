@@ -51,7 +51,9 @@ type App struct {
 	orders store.OrderStore
 	// timers is the store's protocol deadlines (the same database).
 	timers store.TimerStore
-	pool   *routine.Pool // the routine workers
+	// payments is the store's ledger and daily spending (the same bbolt file).
+	payments store.PaymentStore
+	pool     *routine.Pool // the routine workers
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -79,7 +81,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
 	})
-	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st}
+	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st, payments: st}
 	if err := routine.Supported(); err != nil {
 		st.Close()
 		return nil, err
@@ -101,6 +103,7 @@ type backend interface {
 	store.DialogueStore
 	store.OrderStore
 	store.TimerStore
+	store.PaymentStore
 	mailbox.Store
 }
 
@@ -162,6 +165,7 @@ func (a *App) options() (server.Options, error) {
 		Mailboxes:           a.mailboxes,
 		Orders:              a.orders,
 		Timers:              a.timers,
+		Payments:            a.payments,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
 		// Their receive streams.
@@ -199,20 +203,29 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
-	go a.sweep(ctx, srv)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
-	go srv.RunDeadlines(ctx)
+	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
+	// their effects are transactional, so a brief overlap at a takeover is
+	// harmless.
+	db := pgdb.Of(a.store)
+	once := func(name string, fn func(context.Context)) {
+		go db.Exclusive(ctx, "dispatcher."+name, pgdb.ExclusiveOptions{Logger: a.logger}, fn)
+	}
+	once("sweep", func(ctx context.Context) { a.sweep(ctx, srv) })
+	once("deadlines", srv.RunDeadlines)
 	if pg, ok := a.store.(*pgstore.Store); ok {
-		// Other replicas' appends wake the streams connected here, and
-		// their timers the deadlines.
-		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines})
+		// Other replicas' appends wake the streams connected here, their
+		// timers the deadlines, and their routine changes drop ours.
+		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{
+			Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+		})
 	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
 		Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
-	go func() { _ = relay.Run(ctx) }() // returns nil when ctx ends
+	once("notifications", func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
 	return nil
 }
 

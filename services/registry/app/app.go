@@ -194,26 +194,29 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("registry-store", a.store.Ping)
-	a.every(requestSweepEvery, a.sweepRequests)
+	a.every("request-sweep", requestSweepEvery, a.sweepRequests)
 	if a.cfg.PeerSyncInterval > 0 && len(a.peers) > 0 {
-		a.every(a.cfg.PeerSyncInterval, a.syncPeers)
+		a.every("peer-sync", a.cfg.PeerSyncInterval, a.syncPeers)
 	}
 	return nil
 }
 
-// every runs fn each interval until Close.
-func (a *App) every(interval time.Duration, fn func(context.Context)) {
+// every runs fn each interval until Close, on one replica at a time when
+// the store is PostgreSQL (pgdb.DB.Exclusive, named name).
+func (a *App) every(name string, interval time.Duration, fn func(context.Context)) {
 	a.loops.Go(func() {
-		t := time.NewTicker(interval)
-		defer t.Stop()
-		for {
-			select {
-			case <-a.stopped.Done():
-				return
-			case <-t.C:
-				fn(a.stopped)
+		pgdb.Of(a.store).Exclusive(a.stopped, "registry."+name, pgdb.ExclusiveOptions{Logger: a.logger}, func(ctx context.Context) {
+			t := time.NewTicker(interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					fn(ctx)
+				}
 			}
-		}
+		})
 	})
 }
 

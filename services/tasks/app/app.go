@@ -115,7 +115,40 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("tasks-store", a.store.Ping)
 	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
-	return a.server.Start(ctx, s.Stopping())
+	if err := a.server.Start(ctx, s.Stopping()); err != nil {
+		return err
+	}
+	if pg, ok := a.store.(*pgstore.Store); ok {
+		go a.takeOver(ctx, pg)
+	}
+	return nil
+}
+
+// orphanScan is how often a replica on PostgreSQL claims the pending steps
+// of replicas that died: the bound on their takeover, after PostgreSQL
+// ends the dead replica's session.
+const orphanScan = 10 * time.Second
+
+// takeOver resumes, every orphanScan until ctx ends, the pending steps of
+// replicas that died.
+func (a *App) takeOver(ctx context.Context, pg *pgstore.Store) {
+	t := time.NewTicker(orphanScan)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		refs, err := pg.ClaimOrphans(ctx)
+		if err != nil {
+			if ctx.Err() == nil {
+				a.logger.WarnContext(ctx, "claiming the steps of stopped replicas failed; retrying", slog.Any("err", err))
+			}
+			continue
+		}
+		a.server.Resume(ctx, refs)
+	}
 }
 
 // tokenRequired reads an agent's Agent Protocol access from the registry

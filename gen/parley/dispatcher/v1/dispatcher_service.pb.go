@@ -1448,7 +1448,7 @@ var File_parley_dispatcher_v1_dispatcher_service_proto protoreflect.FileDescript
 
 const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"\n" +
-	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/connect.proto\x1a#parley/dispatcher/v1/dialogue.proto\x1a\"parley/dispatcher/v1/mailbox.proto\x1a parley/dispatcher/v1/order.proto\x1a\"parley/dispatcher/v1/routine.proto\x1a\"parley/dispatcher/v1/service.proto\x1a\x1fparley/dispatcher/v1/step.proto\x1a\x1fparley/dispatcher/v1/tool.proto\"\xd7\x01\n" +
+	"-parley/dispatcher/v1/dispatcher_service.proto\x12\x14parley.dispatcher.v1\x1a\x1cgoogle/api/annotations.proto\x1a\x1fgoogle/api/field_behavior.proto\x1a\"parley/dispatcher/v1/connect.proto\x1a#parley/dispatcher/v1/dialogue.proto\x1a\"parley/dispatcher/v1/mailbox.proto\x1a parley/dispatcher/v1/order.proto\x1a\"parley/dispatcher/v1/payment.proto\x1a\"parley/dispatcher/v1/routine.proto\x1a\"parley/dispatcher/v1/service.proto\x1a\x1fparley/dispatcher/v1/step.proto\x1a\x1fparley/dispatcher/v1/tool.proto\"\xd7\x01\n" +
 	"\x12ExecuteStepRequest\x12\x1a\n" +
 	"\x05agent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x05agent\x12\x1d\n" +
 	"\atask_id\x18\x02 \x01(\tB\x04\xe2A\x01\x02R\x06taskId\x12\x1d\n" +
@@ -1552,7 +1552,7 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"outputJson\x12\x14\n" +
 	"\x05error\x18\x02 \x01(\tR\x05error\x12'\n" +
 	"\x0fbudget_exceeded\x18\x03 \x01(\bR\x0ebudgetExceeded\x12K\n" +
-	"\ffailure_kind\x18\x04 \x01(\x0e2(.parley.dispatcher.v1.RoutineFailureKindR\vfailureKind2\x98\x1a\n" +
+	"\ffailure_kind\x18\x04 \x01(\x0e2(.parley.dispatcher.v1.RoutineFailureKindR\vfailureKind2\xd5\x1d\n" +
 	"\x11DispatcherService\x12\x86\x01\n" +
 	"\n" +
 	"GetRoutine\x12'.parley.dispatcher.v1.GetRoutineRequest\x1a\x1d.parley.dispatcher.v1.Routine\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/routines/*}\x12\x97\x01\n" +
@@ -1580,7 +1580,11 @@ const file_parley_dispatcher_v1_dispatcher_service_proto_rawDesc = "" +
 	"NewRequest\x12'.parley.dispatcher.v1.NewRequestRequest\x1a).parley.dispatcher.v1.SendMessageResponse\"3\x82\xd3\xe4\x93\x02-:\x01*\"(/v1/{sender=clients/*/agents/*}/requests\x12~\n" +
 	"\bGetOrder\x12%.parley.dispatcher.v1.GetOrderRequest\x1a\x1b.parley.dispatcher.v1.Order\".\x82\xd3\xe4\x93\x02(\x12&/v1/{name=clients/*/agents/*/orders/*}\x12\x8f\x01\n" +
 	"\n" +
-	"ListOrders\x12'.parley.dispatcher.v1.ListOrdersRequest\x1a(.parley.dispatcher.v1.ListOrdersResponse\".\x82\xd3\xe4\x93\x02(\x12&/v1/{parent=clients/*/agents/*}/ordersB\xe6\x01\n" +
+	"ListOrders\x12'.parley.dispatcher.v1.ListOrdersRequest\x1a(.parley.dispatcher.v1.ListOrdersResponse\".\x82\xd3\xe4\x93\x02(\x12&/v1/{parent=clients/*/agents/*}/orders\x12\x95\x01\n" +
+	"\rCreatePayment\x12*.parley.dispatcher.v1.CreatePaymentRequest\x1a\x1d.parley.dispatcher.v1.Payment\"9\x82\xd3\xe4\x93\x023:\apayment\"(/v1/{parent=clients/*/agents/*}/payments\x12\x86\x01\n" +
+	"\n" +
+	"GetPayment\x12'.parley.dispatcher.v1.GetPaymentRequest\x1a\x1d.parley.dispatcher.v1.Payment\"0\x82\xd3\xe4\x93\x02*\x12(/v1/{name=clients/*/agents/*/payments/*}\x12\x99\x01\n" +
+	"\x0eCapturePayment\x12+.parley.dispatcher.v1.CapturePaymentRequest\x1a\x1d.parley.dispatcher.v1.Payment\";\x82\xd3\xe4\x93\x025:\x01*\"0/v1/{name=clients/*/agents/*/payments/*}:captureB\xe6\x01\n" +
 	"\x18com.parley.dispatcher.v1B\x16DispatcherServiceProtoP\x01Z@github.com/parleyhq/parley/gen/parley/dispatcher/v1;dispatcherv1\xa2\x02\x03PDX\xaa\x02\x14Parley.Dispatcher.V1\xca\x02\x14Parley\\Dispatcher\\V1\xe2\x02 Parley\\Dispatcher\\V1\\GPBMetadata\xea\x02\x16Parley::Dispatcher::V1b\x06proto3"
 
 var (
@@ -1635,14 +1639,18 @@ var file_parley_dispatcher_v1_dispatcher_service_proto_goTypes = []any{
 	(*NewRequestRequest)(nil),            // 35: parley.dispatcher.v1.NewRequestRequest
 	(*GetOrderRequest)(nil),              // 36: parley.dispatcher.v1.GetOrderRequest
 	(*ListOrdersRequest)(nil),            // 37: parley.dispatcher.v1.ListOrdersRequest
-	(*ConnectResponse)(nil),              // 38: parley.dispatcher.v1.ConnectResponse
-	(*ReceiveMessagesResponse)(nil),      // 39: parley.dispatcher.v1.ReceiveMessagesResponse
-	(*Mailbox)(nil),                      // 40: parley.dispatcher.v1.Mailbox
-	(*SendMessageResponse)(nil),          // 41: parley.dispatcher.v1.SendMessageResponse
-	(*Dialogue)(nil),                     // 42: parley.dispatcher.v1.Dialogue
-	(*CloseAllDialoguesResponse)(nil),    // 43: parley.dispatcher.v1.CloseAllDialoguesResponse
-	(*Order)(nil),                        // 44: parley.dispatcher.v1.Order
-	(*ListOrdersResponse)(nil),           // 45: parley.dispatcher.v1.ListOrdersResponse
+	(*CreatePaymentRequest)(nil),         // 38: parley.dispatcher.v1.CreatePaymentRequest
+	(*GetPaymentRequest)(nil),            // 39: parley.dispatcher.v1.GetPaymentRequest
+	(*CapturePaymentRequest)(nil),        // 40: parley.dispatcher.v1.CapturePaymentRequest
+	(*ConnectResponse)(nil),              // 41: parley.dispatcher.v1.ConnectResponse
+	(*ReceiveMessagesResponse)(nil),      // 42: parley.dispatcher.v1.ReceiveMessagesResponse
+	(*Mailbox)(nil),                      // 43: parley.dispatcher.v1.Mailbox
+	(*SendMessageResponse)(nil),          // 44: parley.dispatcher.v1.SendMessageResponse
+	(*Dialogue)(nil),                     // 45: parley.dispatcher.v1.Dialogue
+	(*CloseAllDialoguesResponse)(nil),    // 46: parley.dispatcher.v1.CloseAllDialoguesResponse
+	(*Order)(nil),                        // 47: parley.dispatcher.v1.Order
+	(*ListOrdersResponse)(nil),           // 48: parley.dispatcher.v1.ListOrdersResponse
+	(*Payment)(nil),                      // 49: parley.dispatcher.v1.Payment
 }
 var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
 	21, // 0: parley.dispatcher.v1.ExecuteStepResponse.artifacts:type_name -> parley.dispatcher.v1.StepArtifact
@@ -1678,31 +1686,37 @@ var file_parley_dispatcher_v1_dispatcher_service_proto_depIdxs = []int32{
 	35, // 30: parley.dispatcher.v1.DispatcherService.NewRequest:input_type -> parley.dispatcher.v1.NewRequestRequest
 	36, // 31: parley.dispatcher.v1.DispatcherService.GetOrder:input_type -> parley.dispatcher.v1.GetOrderRequest
 	37, // 32: parley.dispatcher.v1.DispatcherService.ListOrders:input_type -> parley.dispatcher.v1.ListOrdersRequest
-	22, // 33: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
-	4,  // 34: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
-	22, // 35: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
-	23, // 36: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
-	8,  // 37: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
-	10, // 38: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
-	12, // 39: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
-	15, // 40: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
-	38, // 41: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
-	1,  // 42: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
-	39, // 43: parley.dispatcher.v1.DispatcherService.ReceiveMessages:output_type -> parley.dispatcher.v1.ReceiveMessagesResponse
-	40, // 44: parley.dispatcher.v1.DispatcherService.AcknowledgeMessages:output_type -> parley.dispatcher.v1.Mailbox
-	19, // 45: parley.dispatcher.v1.DispatcherService.TestRoutine:output_type -> parley.dispatcher.v1.TestRoutineResponse
-	41, // 46: parley.dispatcher.v1.DispatcherService.SendMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
-	41, // 47: parley.dispatcher.v1.DispatcherService.ReplyMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
-	41, // 48: parley.dispatcher.v1.DispatcherService.BroadcastMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
-	42, // 49: parley.dispatcher.v1.DispatcherService.CloseDialogue:output_type -> parley.dispatcher.v1.Dialogue
-	42, // 50: parley.dispatcher.v1.DispatcherService.CloseDialogueMessages:output_type -> parley.dispatcher.v1.Dialogue
-	42, // 51: parley.dispatcher.v1.DispatcherService.CloseDialogueAgent:output_type -> parley.dispatcher.v1.Dialogue
-	43, // 52: parley.dispatcher.v1.DispatcherService.CloseAllDialogues:output_type -> parley.dispatcher.v1.CloseAllDialoguesResponse
-	41, // 53: parley.dispatcher.v1.DispatcherService.NewRequest:output_type -> parley.dispatcher.v1.SendMessageResponse
-	44, // 54: parley.dispatcher.v1.DispatcherService.GetOrder:output_type -> parley.dispatcher.v1.Order
-	45, // 55: parley.dispatcher.v1.DispatcherService.ListOrders:output_type -> parley.dispatcher.v1.ListOrdersResponse
-	33, // [33:56] is the sub-list for method output_type
-	10, // [10:33] is the sub-list for method input_type
+	38, // 33: parley.dispatcher.v1.DispatcherService.CreatePayment:input_type -> parley.dispatcher.v1.CreatePaymentRequest
+	39, // 34: parley.dispatcher.v1.DispatcherService.GetPayment:input_type -> parley.dispatcher.v1.GetPaymentRequest
+	40, // 35: parley.dispatcher.v1.DispatcherService.CapturePayment:input_type -> parley.dispatcher.v1.CapturePaymentRequest
+	22, // 36: parley.dispatcher.v1.DispatcherService.GetRoutine:output_type -> parley.dispatcher.v1.Routine
+	4,  // 37: parley.dispatcher.v1.DispatcherService.ListRoutines:output_type -> parley.dispatcher.v1.ListRoutinesResponse
+	22, // 38: parley.dispatcher.v1.DispatcherService.SetRoutine:output_type -> parley.dispatcher.v1.Routine
+	23, // 39: parley.dispatcher.v1.DispatcherService.SetTool:output_type -> parley.dispatcher.v1.Tool
+	8,  // 40: parley.dispatcher.v1.DispatcherService.ListTools:output_type -> parley.dispatcher.v1.ListToolsResponse
+	10, // 41: parley.dispatcher.v1.DispatcherService.Send:output_type -> parley.dispatcher.v1.SendResponse
+	12, // 42: parley.dispatcher.v1.DispatcherService.ListSendCounts:output_type -> parley.dispatcher.v1.ListSendCountsResponse
+	15, // 43: parley.dispatcher.v1.DispatcherService.DeliverEnvelope:output_type -> parley.dispatcher.v1.DeliverEnvelopeResponse
+	41, // 44: parley.dispatcher.v1.DispatcherService.Connect:output_type -> parley.dispatcher.v1.ConnectResponse
+	1,  // 45: parley.dispatcher.v1.DispatcherService.ExecuteStep:output_type -> parley.dispatcher.v1.ExecuteStepResponse
+	42, // 46: parley.dispatcher.v1.DispatcherService.ReceiveMessages:output_type -> parley.dispatcher.v1.ReceiveMessagesResponse
+	43, // 47: parley.dispatcher.v1.DispatcherService.AcknowledgeMessages:output_type -> parley.dispatcher.v1.Mailbox
+	19, // 48: parley.dispatcher.v1.DispatcherService.TestRoutine:output_type -> parley.dispatcher.v1.TestRoutineResponse
+	44, // 49: parley.dispatcher.v1.DispatcherService.SendMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
+	44, // 50: parley.dispatcher.v1.DispatcherService.ReplyMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
+	44, // 51: parley.dispatcher.v1.DispatcherService.BroadcastMessage:output_type -> parley.dispatcher.v1.SendMessageResponse
+	45, // 52: parley.dispatcher.v1.DispatcherService.CloseDialogue:output_type -> parley.dispatcher.v1.Dialogue
+	45, // 53: parley.dispatcher.v1.DispatcherService.CloseDialogueMessages:output_type -> parley.dispatcher.v1.Dialogue
+	45, // 54: parley.dispatcher.v1.DispatcherService.CloseDialogueAgent:output_type -> parley.dispatcher.v1.Dialogue
+	46, // 55: parley.dispatcher.v1.DispatcherService.CloseAllDialogues:output_type -> parley.dispatcher.v1.CloseAllDialoguesResponse
+	44, // 56: parley.dispatcher.v1.DispatcherService.NewRequest:output_type -> parley.dispatcher.v1.SendMessageResponse
+	47, // 57: parley.dispatcher.v1.DispatcherService.GetOrder:output_type -> parley.dispatcher.v1.Order
+	48, // 58: parley.dispatcher.v1.DispatcherService.ListOrders:output_type -> parley.dispatcher.v1.ListOrdersResponse
+	49, // 59: parley.dispatcher.v1.DispatcherService.CreatePayment:output_type -> parley.dispatcher.v1.Payment
+	49, // 60: parley.dispatcher.v1.DispatcherService.GetPayment:output_type -> parley.dispatcher.v1.Payment
+	49, // 61: parley.dispatcher.v1.DispatcherService.CapturePayment:output_type -> parley.dispatcher.v1.Payment
+	36, // [36:62] is the sub-list for method output_type
+	10, // [10:36] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -1717,6 +1731,7 @@ func file_parley_dispatcher_v1_dispatcher_service_proto_init() {
 	file_parley_dispatcher_v1_dialogue_proto_init()
 	file_parley_dispatcher_v1_mailbox_proto_init()
 	file_parley_dispatcher_v1_order_proto_init()
+	file_parley_dispatcher_v1_payment_proto_init()
 	file_parley_dispatcher_v1_routine_proto_init()
 	file_parley_dispatcher_v1_service_proto_init()
 	file_parley_dispatcher_v1_step_proto_init()

@@ -42,6 +42,9 @@ const (
 	DispatcherService_NewRequest_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/NewRequest"
 	DispatcherService_GetOrder_FullMethodName              = "/parley.dispatcher.v1.DispatcherService/GetOrder"
 	DispatcherService_ListOrders_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/ListOrders"
+	DispatcherService_CreatePayment_FullMethodName         = "/parley.dispatcher.v1.DispatcherService/CreatePayment"
+	DispatcherService_GetPayment_FullMethodName            = "/parley.dispatcher.v1.DispatcherService/GetPayment"
+	DispatcherService_CapturePayment_FullMethodName        = "/parley.dispatcher.v1.DispatcherService/CapturePayment"
 )
 
 // DispatcherServiceClient is the client API for DispatcherService service.
@@ -158,6 +161,19 @@ type DispatcherServiceClient interface {
 	// ListOrders lists the orders an agent is a party to, optionally in one
 	// state. Errors: INVALID_ARGUMENT.
 	ListOrders(ctx context.Context, in *ListOrdersRequest, opts ...grpc.CallOption) (*ListOrdersResponse, error)
+	// CreatePayment creates a payment of the built-in ledger provider from
+	// the caller to a payee; its id is the reference an accept_offer carries.
+	// Errors: INVALID_ARGUMENT.
+	CreatePayment(ctx context.Context, in *CreatePaymentRequest, opts ...grpc.CallOption) (*Payment, error)
+	// GetPayment returns a payment to its payer or payee. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND (no such payment of this agent).
+	GetPayment(ctx context.Context, in *GetPaymentRequest, opts ...grpc.CallOption) (*Payment, error)
+	// CapturePayment moves a payment an acceptance reserved to its payee;
+	// the payee calls it before sending payment_confirmed. Capturing twice
+	// returns the captured payment. Errors: INVALID_ARGUMENT, NOT_FOUND (no
+	// such payment of this agent), PERMISSION_DENIED (the caller is the
+	// payer), FAILED_PRECONDITION (no acceptance reserved it).
+	CapturePayment(ctx context.Context, in *CapturePaymentRequest, opts ...grpc.CallOption) (*Payment, error)
 }
 
 type dispatcherServiceClient struct {
@@ -410,6 +426,36 @@ func (c *dispatcherServiceClient) ListOrders(ctx context.Context, in *ListOrders
 	return out, nil
 }
 
+func (c *dispatcherServiceClient) CreatePayment(ctx context.Context, in *CreatePaymentRequest, opts ...grpc.CallOption) (*Payment, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Payment)
+	err := c.cc.Invoke(ctx, DispatcherService_CreatePayment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) GetPayment(ctx context.Context, in *GetPaymentRequest, opts ...grpc.CallOption) (*Payment, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Payment)
+	err := c.cc.Invoke(ctx, DispatcherService_GetPayment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *dispatcherServiceClient) CapturePayment(ctx context.Context, in *CapturePaymentRequest, opts ...grpc.CallOption) (*Payment, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Payment)
+	err := c.cc.Invoke(ctx, DispatcherService_CapturePayment_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // DispatcherServiceServer is the server API for DispatcherService service.
 // All implementations must embed UnimplementedDispatcherServiceServer
 // for forward compatibility.
@@ -524,6 +570,19 @@ type DispatcherServiceServer interface {
 	// ListOrders lists the orders an agent is a party to, optionally in one
 	// state. Errors: INVALID_ARGUMENT.
 	ListOrders(context.Context, *ListOrdersRequest) (*ListOrdersResponse, error)
+	// CreatePayment creates a payment of the built-in ledger provider from
+	// the caller to a payee; its id is the reference an accept_offer carries.
+	// Errors: INVALID_ARGUMENT.
+	CreatePayment(context.Context, *CreatePaymentRequest) (*Payment, error)
+	// GetPayment returns a payment to its payer or payee. Errors:
+	// INVALID_ARGUMENT, NOT_FOUND (no such payment of this agent).
+	GetPayment(context.Context, *GetPaymentRequest) (*Payment, error)
+	// CapturePayment moves a payment an acceptance reserved to its payee;
+	// the payee calls it before sending payment_confirmed. Capturing twice
+	// returns the captured payment. Errors: INVALID_ARGUMENT, NOT_FOUND (no
+	// such payment of this agent), PERMISSION_DENIED (the caller is the
+	// payer), FAILED_PRECONDITION (no acceptance reserved it).
+	CapturePayment(context.Context, *CapturePaymentRequest) (*Payment, error)
 	mustEmbedUnimplementedDispatcherServiceServer()
 }
 
@@ -602,6 +661,15 @@ func (UnimplementedDispatcherServiceServer) GetOrder(context.Context, *GetOrderR
 }
 func (UnimplementedDispatcherServiceServer) ListOrders(context.Context, *ListOrdersRequest) (*ListOrdersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListOrders not implemented")
+}
+func (UnimplementedDispatcherServiceServer) CreatePayment(context.Context, *CreatePaymentRequest) (*Payment, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreatePayment not implemented")
+}
+func (UnimplementedDispatcherServiceServer) GetPayment(context.Context, *GetPaymentRequest) (*Payment, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetPayment not implemented")
+}
+func (UnimplementedDispatcherServiceServer) CapturePayment(context.Context, *CapturePaymentRequest) (*Payment, error) {
+	return nil, status.Error(codes.Unimplemented, "method CapturePayment not implemented")
 }
 func (UnimplementedDispatcherServiceServer) mustEmbedUnimplementedDispatcherServiceServer() {}
 func (UnimplementedDispatcherServiceServer) testEmbeddedByValue()                           {}
@@ -1020,6 +1088,60 @@ func _DispatcherService_ListOrders_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _DispatcherService_CreatePayment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreatePaymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).CreatePayment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_CreatePayment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).CreatePayment(ctx, req.(*CreatePaymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_GetPayment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetPaymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).GetPayment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_GetPayment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).GetPayment(ctx, req.(*GetPaymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _DispatcherService_CapturePayment_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CapturePaymentRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(DispatcherServiceServer).CapturePayment(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: DispatcherService_CapturePayment_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(DispatcherServiceServer).CapturePayment(ctx, req.(*CapturePaymentRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // DispatcherService_ServiceDesc is the grpc.ServiceDesc for DispatcherService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1110,6 +1232,18 @@ var DispatcherService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListOrders",
 			Handler:    _DispatcherService_ListOrders_Handler,
+		},
+		{
+			MethodName: "CreatePayment",
+			Handler:    _DispatcherService_CreatePayment_Handler,
+		},
+		{
+			MethodName: "GetPayment",
+			Handler:    _DispatcherService_GetPayment_Handler,
+		},
+		{
+			MethodName: "CapturePayment",
+			Handler:    _DispatcherService_CapturePayment_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -233,8 +233,21 @@ type Owner struct {
 	// The most the agent may spend on one transaction, in micro-USD; 0 means
 	// no limit.
 	TransactionLimitMicroUsd int64 `protobuf:"varint,6,opt,name=transaction_limit_micro_usd,json=transactionLimitMicroUsd,proto3" json:"transaction_limit_micro_usd,omitempty"`
-	unknownFields            protoimpl.UnknownFields
-	sizeCache                protoimpl.SizeCache
+	// The owner's Ed25519 public key, 32 bytes. An acceptance that needs a
+	// person's approval (the offer asks for one, or it passes an automated
+	// limit) must carry one signed with the matching private key (parley
+	// approve); with no key such an acceptance is refused.
+	ApprovalPublicKey []byte `protobuf:"bytes,7,opt,name=approval_public_key,json=approvalPublicKey,proto3" json:"approval_public_key,omitempty"`
+	// Above this amount per transaction, in micro-USD, an acceptance needs
+	// the owner's signed approval. Unset: no such limit; 0: every priced
+	// acceptance needs one.
+	AutomatedLimitPerTransactionMicroUsd *int64 `protobuf:"varint,8,opt,name=automated_limit_per_transaction_micro_usd,json=automatedLimitPerTransactionMicroUsd,proto3,oneof" json:"automated_limit_per_transaction_micro_usd,omitempty"`
+	// Once the agent's acceptances of the UTC day would pass this amount, in
+	// micro-USD, each further one needs the owner's signed approval. Unset:
+	// no such limit; 0: every priced acceptance needs one.
+	AutomatedLimitPerDayMicroUsd *int64 `protobuf:"varint,9,opt,name=automated_limit_per_day_micro_usd,json=automatedLimitPerDayMicroUsd,proto3,oneof" json:"automated_limit_per_day_micro_usd,omitempty"`
+	unknownFields                protoimpl.UnknownFields
+	sizeCache                    protoimpl.SizeCache
 }
 
 func (x *Owner) Reset() {
@@ -309,6 +322,27 @@ func (x *Owner) GetTransactionLimitMicroUsd() int64 {
 	return 0
 }
 
+func (x *Owner) GetApprovalPublicKey() []byte {
+	if x != nil {
+		return x.ApprovalPublicKey
+	}
+	return nil
+}
+
+func (x *Owner) GetAutomatedLimitPerTransactionMicroUsd() int64 {
+	if x != nil && x.AutomatedLimitPerTransactionMicroUsd != nil {
+		return *x.AutomatedLimitPerTransactionMicroUsd
+	}
+	return 0
+}
+
+func (x *Owner) GetAutomatedLimitPerDayMicroUsd() int64 {
+	if x != nil && x.AutomatedLimitPerDayMicroUsd != nil {
+		return *x.AutomatedLimitPerDayMicroUsd
+	}
+	return 0
+}
+
 var File_parley_registry_v1_client_proto protoreflect.FileDescriptor
 
 const file_parley_registry_v1_client_proto_rawDesc = "" +
@@ -325,14 +359,19 @@ const file_parley_registry_v1_client_proto_rawDesc = "" +
 	"\vcreate_time\x18\x02 \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12\x1c\n" +
 	"\x06secret\x18\x03 \x01(\tB\x04\xe2A\x01\x03R\x06secret:e\xeaAb\n" +
-	"\x17registry.parley.dev/Key\x12\x1bclients/{client}/keys/{key}\x12*clients/{client}/agents/{agent}/keys/{key}\"\xff\x01\n" +
+	"\x17registry.parley.dev/Key\x12\x1bclients/{client}/keys/{key}\x12*clients/{client}/agents/{agent}/keys/{key}\"\xc1\x04\n" +
 	"\x05Owner\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x01R\x04name\x12\x1e\n" +
 	"\acompany\x18\x02 \x01(\tB\x04\xe2A\x01\x01R\acompany\x12\x1e\n" +
 	"\acontact\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\acontact\x12\x1e\n" +
 	"\acountry\x18\x04 \x01(\tB\x04\xe2A\x01\x01R\acountry\x127\n" +
 	"\x15daily_limit_micro_usd\x18\x05 \x01(\x03B\x04\xe2A\x01\x01R\x12dailyLimitMicroUsd\x12C\n" +
-	"\x1btransaction_limit_micro_usd\x18\x06 \x01(\x03B\x04\xe2A\x01\x01R\x18transactionLimitMicroUsd*\x81\x01\n" +
+	"\x1btransaction_limit_micro_usd\x18\x06 \x01(\x03B\x04\xe2A\x01\x01R\x18transactionLimitMicroUsd\x124\n" +
+	"\x13approval_public_key\x18\a \x01(\fB\x04\xe2A\x01\x01R\x11approvalPublicKey\x12b\n" +
+	")automated_limit_per_transaction_micro_usd\x18\b \x01(\x03B\x04\xe2A\x01\x01H\x00R$automatedLimitPerTransactionMicroUsd\x88\x01\x01\x12R\n" +
+	"!automated_limit_per_day_micro_usd\x18\t \x01(\x03B\x04\xe2A\x01\x01H\x01R\x1cautomatedLimitPerDayMicroUsd\x88\x01\x01B,\n" +
+	"*_automated_limit_per_transaction_micro_usdB$\n" +
+	"\"_automated_limit_per_day_micro_usd*\x81\x01\n" +
 	"\rPrincipalKind\x12\x1e\n" +
 	"\x1aPRINCIPAL_KIND_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14PRINCIPAL_KIND_AGENT\x10\x01\x12\x19\n" +
@@ -376,6 +415,7 @@ func file_parley_registry_v1_client_proto_init() {
 	if File_parley_registry_v1_client_proto != nil {
 		return
 	}
+	file_parley_registry_v1_client_proto_msgTypes[2].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{

@@ -112,7 +112,11 @@ func (e *env) request(t testing.TB, d string) json.RawMessage {
 	dlg := store.Dialogue{ID: d, Initiator: consumer, Category: "service", Protocol: hash, CreateTime: t0}
 	msg := store.DialogueMessage{ID: d + "-m1", DialogueID: d, Sender: consumer, Type: "new_task_request", Time: t0}
 	pair := store.PairState{Pair: store.Pair{A: consumer, B: supplier}, State: res.State}
-	if err := e.st.CreateDialogue(t.Context(), dlg, msg, []string{supplier}, []store.PairState{pair}); err != nil {
+	w := store.MessageWrite{
+		Message: msg, Recipients: []string{supplier}, Pairs: []store.PairState{pair},
+		Mail: mailbox.Message{Sender: consumer, Category: mailbox.CategoryService, Type: msg.Type, Body: []byte(`{}`), Time: t0},
+	}
+	if _, err := e.st.CreateDialogue(t.Context(), dlg, w, mailbox.Bound{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := e.sched.Arm(t.Context(), Pair{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: hash}, res.State); err != nil {
@@ -121,7 +125,8 @@ func (e *env) request(t testing.TB, d string) json.RawMessage {
 	return res.State
 }
 
-// expiries returns the expiry messages in agent's mailbox.
+// expiries returns the expiry messages in agent's mailbox: those the
+// network sent, not the dialogue's own messages.
 func (e *env) expiries(t testing.TB, agent string) []mailbox.Message {
 	t.Helper()
 	ds, err := e.mail.Read(t.Context(), agent, 0, 100)
@@ -130,7 +135,9 @@ func (e *env) expiries(t testing.TB, agent string) []mailbox.Message {
 	}
 	var out []mailbox.Message
 	for _, d := range ds {
-		out = append(out, d.Message)
+		if d.Message.Sender == "" {
+			out = append(out, d.Message)
+		}
 	}
 	return out
 }
@@ -207,11 +214,12 @@ func TestDeadline_metDeadlineDoesNotFire(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = e.st.AddMessage(t.Context(), "d1-m1", func(store.DialogueView) (store.MessageWrite, error) {
+	_, err = e.st.AddMessage(t.Context(), "d1-m1", mailbox.Bound{}, func(store.DialogueView) (store.MessageWrite, error) {
 		return store.MessageWrite{
 			Message:    store.DialogueMessage{ID: "d1-m2", DialogueID: "d1", Sender: supplier, Type: "offer", InReplyTo: "d1-m1", Time: e.clk.Now()},
 			Recipients: []string{consumer},
 			Pairs:      []store.PairState{{Pair: store.Pair{A: supplier, B: consumer}, State: res.State}},
+			Mail:       mailbox.Message{Sender: supplier, Category: mailbox.CategoryService, Type: "offer", InReplyTo: "d1-m1", Body: []byte(`{}`), Time: e.clk.Now()},
 		}, nil
 	})
 	if err != nil {

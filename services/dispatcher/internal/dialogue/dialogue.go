@@ -290,17 +290,27 @@ type Options struct {
 	Acceptances AcceptanceGate
 }
 
+// Mailboxes is what a Service needs of the mailboxes. The dialogue store
+// appends a message to them in the same transaction as its record, within
+// Bound; Delivered then wakes the connected recipients. Append puts the
+// network's own messages (protocol_error) in a sender's mailbox.
+type Mailboxes interface {
+	mailbox.Appender
+	Bound() mailbox.Bound
+	Delivered(ds []mailbox.Delivery)
+}
+
 // Service sends the network's messages.
 type Service struct {
 	store    store.DialogueStore
-	mail     mailbox.Appender
+	mail     Mailboxes
 	resolver Resolver
 	opts     Options
 }
 
-// New returns a Service recording dialogues in st, delivering through mail
-// and resolving distribution lists with r.
-func New(st store.DialogueStore, mail mailbox.Appender, r Resolver, opts Options) *Service {
+// New returns a Service recording dialogues in st, delivering to mail's
+// mailboxes (which st must hold) and resolving distribution lists with r.
+func New(st store.DialogueStore, mail Mailboxes, r Resolver, opts Options) *Service {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -395,18 +405,20 @@ func (s *Service) open(ctx context.Context, sender string, cat mailbox.Category,
 		s.protocolErrors(ctx, msg, refusals)
 		return Result{}, &RefusedError{Refusals: refusals, MessageID: dm.ID}
 	}
-	receipts := accepted
-	if cat == mailbox.CategorySubscription {
-		receipts = nil // nobody may answer a broadcast, so nobody needs a receipt
+	w := store.MessageWrite{
+		Message: dm, Recipients: accepted, Pairs: pairs, Mail: msg,
+		// Nobody may answer a broadcast, so nobody needs a receipt.
+		NoReceipts: cat == mailbox.CategorySubscription,
 	}
-	if err := s.store.CreateDialogue(ctx, d, dm, receipts, pairs); err != nil {
+	got, err := s.store.CreateDialogue(ctx, d, w, s.mail.Bound())
+	if err != nil {
 		return Result{}, err
 	}
-	restores := make([]store.PairRestore, len(pairs))
+	changes := make([]pairChange, len(pairs))
 	for i, p := range pairs {
-		restores[i] = store.PairRestore{Pair: p.Pair, Written: p.State}
+		changes[i] = pairChange{pair: p.Pair, next: p.State}
 	}
-	return s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, refusals, restores))
+	return s.observe(ctx, d, msg, changes)(s.report(ctx, msg, accepted, refusals, got))
 }
 
 // Reply answers message inReplyTo as sender: to its sender, or with all
@@ -447,12 +459,16 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 	var (
 		accepted []string
 		refusals []Refusal
-		restores []store.PairRestore
-		body     []byte // the body as the state machine rewrote it
+		changes  []pairChange
+		msg      mailbox.Message
 	)
-	err = s.store.AddMessage(ctx, inReplyTo, func(v store.DialogueView) (store.MessageWrite, error) {
-		accepted, refusals, restores, body = nil, nil, nil, nil // the store may run plan more than once
+	got, err := s.store.AddMessage(ctx, inReplyTo, s.mail.Bound(), func(v store.DialogueView) (store.MessageWrite, error) {
+		accepted, refusals, changes = nil, nil, nil // the store may run plan more than once
 		d = v.Dialogue()
+		msg = mailbox.Message{
+			ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: mailbox.Category(d.Category), Type: m.Type, Protocol: d.Protocol,
+			RecipientType: m.RecipientType, InReplyTo: inReplyTo, Body: m.Body, Time: now,
+		}
 		if !v.Received(sender) {
 			return store.MessageWrite{}, notReceived
 		}
@@ -464,6 +480,7 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 			to = append(to, v.Receivers()...)
 		}
 		var pairs []store.PairState
+		rewritten := false
 		seen := map[string]bool{sender: true}
 		for _, r := range to {
 			if seen[r] {
@@ -475,7 +492,7 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 				continue
 			}
 			if machine != nil {
-				restore, a, err := stepPair(machine, v, sender, r, m, now)
+				change, a, err := stepPair(machine, v, sender, r, m, now)
 				var viol *Violation
 				if errors.As(err, &viol) {
 					refusals = append(refusals, protocolRefusal(r, viol))
@@ -484,10 +501,10 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 				if err != nil {
 					return store.MessageWrite{}, err
 				}
-				pairs = append(pairs, store.PairState{Pair: restore.Pair, State: a.State})
-				restores = append(restores, restore)
-				if a.Body != nil && body == nil {
-					body = a.Body
+				pairs = append(pairs, store.PairState{Pair: change.pair, State: a.State})
+				changes = append(changes, change)
+				if a.Body != nil && !rewritten {
+					msg.Body, rewritten = a.Body, true // the body as the first step rewrote it
 				}
 			}
 			accepted = append(accepted, r)
@@ -495,15 +512,8 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 		if len(accepted) == 0 {
 			return store.MessageWrite{}, &RefusedError{Refusals: refusals, MessageID: dm.ID}
 		}
-		return store.MessageWrite{Message: dm, Recipients: accepted, Pairs: pairs}, nil
+		return store.MessageWrite{Message: dm, Recipients: accepted, Pairs: pairs, Mail: msg}, nil
 	})
-	if body != nil {
-		m.Body = body
-	}
-	msg := mailbox.Message{
-		ID: dm.ID, DialogueID: d.ID, Sender: sender, Category: mailbox.Category(d.Category), Type: m.Type, Protocol: d.Protocol,
-		RecipientType: m.RecipientType, InReplyTo: inReplyTo, Body: m.Body, Time: now,
-	}
 	if errors.Is(err, store.ErrNotFound) {
 		return Result{}, notReceived
 	}
@@ -514,18 +524,18 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 	if err != nil {
 		return Result{}, err
 	}
-	return s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, refusals, restores))
+	return s.observe(ctx, d, msg, changes)(s.report(ctx, msg, accepted, refusals, got))
 }
 
 // stepPair checks m from sender to r against the state of their pair in
-// v's dialogue: what the machine accepted, and how to undo it.
-func stepPair(machine Machine, v store.DialogueView, sender, r string, m Message, now time.Time) (store.PairRestore, Accepted, error) {
+// v's dialogue: what the machine accepted, and the pair's change.
+func stepPair(machine Machine, v store.DialogueView, sender, r string, m Message, now time.Time) (pairChange, Accepted, error) {
 	pair := store.Pair{A: sender, B: r}
 	prev := v.PairState(pair)
 	a, err := machine.Step(prev, Step{
 		Initiator: v.Dialogue().Initiator, Sender: sender, Receiver: r, Type: m.Type, AnsweredType: v.Answered().Type, Body: m.Body, Time: now,
 	})
-	return store.PairRestore{Pair: pair, Written: a.State, Previous: prev}, a, err
+	return pairChange{pair: pair, next: a.State, prev: prev}, a, err
 }
 
 // closedTo reports whether p's filters keep a message of type typ from
@@ -542,43 +552,19 @@ func protocolRefusal(agent string, v *Violation) Refusal {
 	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail, Rule: v.Rule}
 }
 
-// deliver appends the recorded msg to the mailboxes of accepted, retracts
-// the record for those whose mailboxes refused it, and reports.
-func (s *Service) deliver(ctx context.Context, msg mailbox.Message, accepted []string, refusals []Refusal, restores []store.PairRestore) (Result, error) {
-	// The record is undone on a context of its own: the caller's may be
-	// what just ended.
-	undoCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	full, err := s.mail.Append(ctx, msg, accepted)
-	if err != nil {
-		if rerr := s.store.RetractMessage(undoCtx, msg.ID, accepted, restores); rerr != nil {
-			s.opts.Logger.ErrorContext(ctx, "a message no mailbox took stays recorded", slog.String("message", msg.ID), slog.Any("err", rerr))
-		}
-		return Result{}, err
-	}
-	if len(full) > 0 {
+// report wakes the recipients that got msg and reports them, with the
+// refusals and the recipients whose mailboxes were full.
+func (s *Service) report(ctx context.Context, msg mailbox.Message, accepted []string, refusals []Refusal, got store.Delivered) (Result, error) {
+	s.mail.Delivered(got.Deliveries)
+	if len(got.Refused) > 0 {
 		out := map[string]bool{}
-		var agents []string
-		for _, f := range full {
+		for _, f := range got.Refused {
 			out[f.Agent] = true
-			agents = append(agents, f.Agent)
 			r := Refusal{Agent: f.Agent, Reason: ReasonMailboxFull, Detail: f.Agent + "'s mailbox is full"}
 			if !errors.Is(f.Err, mailbox.ErrFull) {
 				r = Refusal{Agent: f.Agent, Reason: ReasonUnknownAgent, Detail: f.Agent + " does not exist"}
 			}
 			refusals = append(refusals, r)
-		}
-		var undo []store.PairRestore
-		for _, p := range restores {
-			if out[p.Pair.A] || out[p.Pair.B] {
-				undo = append(undo, p)
-			}
-		}
-		// A broadcast keeps no receipts: it is retracted only as a whole.
-		if msg.Category != mailbox.CategorySubscription || len(agents) == len(accepted) {
-			if err := s.store.RetractMessage(undoCtx, msg.ID, agents, undo); err != nil {
-				return Result{}, err
-			}
 		}
 		accepted = slices.DeleteFunc(slices.Clone(accepted), func(a string) bool { return out[a] })
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -22,44 +24,61 @@ const (
 	dave  = "clients/d/agents/dave" // follows nobody's senders: refused
 )
 
-// fakeMailboxes is a mailbox.Appender in memory: the real one is
-// internal/mailbox's. Agents in full refuse; err fails every append.
-type fakeMailboxes struct {
-	mu    sync.Mutex
-	boxes map[string][]mailbox.Message
-	full  map[string]bool
-	err   error
+// boxes are the real mailboxes of the test's store, bounded by bytes so
+// that fill can make one agent's mailbox full with a single message.
+type boxes struct {
+	*mailbox.Mailboxes
+	t       testing.TB
+	fillers int
 }
 
-func (f *fakeMailboxes) Append(_ context.Context, m mailbox.Message, recipients []string) ([]mailbox.Refusal, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.err != nil {
-		return nil, f.err
+// maxBytes is the test mailboxes' bound.
+const maxBytes = 1 << 16
+
+// fill makes agent's mailbox full: its next message is refused.
+func (b *boxes) fill(agent string) {
+	b.t.Helper()
+	b.fillers++
+	st, err := b.State(b.t.Context(), agent)
+	if err != nil {
+		b.t.Fatal(err)
 	}
-	var out []mailbox.Refusal
-	for _, r := range recipients {
-		if f.full[r] {
-			out = append(out, mailbox.Refusal{Agent: r, Err: mailbox.ErrFull})
-			continue
+	body, _ := json.Marshal(strings.Repeat("x", maxBytes-int(st.PendingBytes)-2))
+	m := mailbox.Message{ID: fmt.Sprint("filler", b.fillers), DialogueID: "filler", Category: mailbox.CategoryMessage, Type: "filler", Body: body}
+	if refused, err := b.Append(b.t.Context(), m, []string{agent}); err != nil || len(refused) != 0 {
+		b.t.Fatalf("fill(%s) = %v, %v", agent, refused, err)
+	}
+}
+
+// drain acknowledges agent's whole mailbox, so it takes messages again.
+func (b *boxes) drain(agent string) {
+	b.t.Helper()
+	if _, err := b.ClearBacklog(b.t.Context(), agent); err != nil {
+		b.t.Fatal(err)
+	}
+}
+
+// of returns agent's messages, acknowledged or not, but the fillers.
+func (b *boxes) of(agent string) []mailbox.Message {
+	b.t.Helper()
+	ds, err := b.Read(b.t.Context(), agent, 0, 1000)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	var out []mailbox.Message
+	for _, d := range ds {
+		if d.Message.Type != "filler" {
+			out = append(out, d.Message)
 		}
-		f.boxes[r] = append(f.boxes[r], m)
 	}
-	return out, nil
+	return out
 }
 
-func (f *fakeMailboxes) of(agent string) []mailbox.Message {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return slices.Clone(f.boxes[agent])
-}
-
-func (f *fakeMailboxes) total() int {
-	f.mu.Lock()
-	defer f.mu.Unlock()
+// total counts the messages of the test's agents.
+func (b *boxes) total() int {
 	n := 0
-	for _, b := range f.boxes {
-		n += len(b)
+	for _, a := range []string{alice, bob, carol, dave} {
+		n += len(b.of(a))
 	}
 	return n
 }
@@ -82,7 +101,7 @@ func (fakeResolver) Resolve(_ context.Context, _ string, l dialogue.List) ([]dia
 
 type env struct {
 	svc  *dialogue.Service
-	mail *fakeMailboxes
+	mail *boxes
 	st   *boltstore.Store
 }
 
@@ -93,7 +112,7 @@ func newEnv(t *testing.T, opts dialogue.Options) *env {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	mail := &fakeMailboxes{boxes: map[string][]mailbox.Message{}, full: map[string]bool{}}
+	mail := &boxes{Mailboxes: mailbox.New(st, mailbox.Options{Bound: mailbox.Bound{MaxBytes: maxBytes}}), t: t}
 	return &env{svc: dialogue.New(st, mail, fakeResolver{}, opts), mail: mail, st: st}
 }
 
@@ -211,18 +230,18 @@ func TestReply_refusalsChangeNothing(t *testing.T) {
 
 func TestMailboxFull_refusedRecipientCannotReply(t *testing.T) {
 	e := newEnv(t, dialogue.Options{})
-	e.mail.full[carol] = true
+	e.mail.fill(carol)
 	res := e.open(t, bob, carol)
 	want := []dialogue.Refusal{{Agent: carol, Reason: dialogue.ReasonMailboxFull, Detail: carol + "'s mailbox is full"}}
 	if !slices.Equal(res.Recipients, []string{bob}) || !slices.Equal(res.Refusals, want) {
 		t.Errorf("Open = %+v, want bob delivered and carol refused as full", res)
 	}
-	delete(e.mail.full, carol)
+	e.mail.drain(carol)
 	if _, err := e.svc.Reply(t.Context(), carol, res.MessageID, false, text("x")); !errors.Is(err, dialogue.ErrNotReceived) {
 		t.Errorf("Reply(carol, whose mailbox refused the opener) = %v, want ErrNotReceived", err)
 	}
 	// Every mailbox full: the dialogue is not kept.
-	e.mail.full[bob] = true
+	e.mail.fill(bob)
 	_, err := e.svc.Open(t.Context(), alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, text("hi"))
 	var refused *dialogue.RefusedError
 	if !errors.As(err, &refused) || !errors.Is(err, dialogue.ErrMailboxFull) {
@@ -230,28 +249,6 @@ func TestMailboxFull_refusedRecipientCannotReply(t *testing.T) {
 	}
 	if _, err := e.st.GetDialogueMessage(t.Context(), refused.MessageID); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("an opener no mailbox took is still stored: %v", err)
-	}
-}
-
-func TestAppendFailure_retractsTheRecord(t *testing.T) {
-	e := newEnv(t, dialogue.Options{NewID: sequence()})
-	e.mail.err = errors.New("disk on fire")
-	if _, err := e.svc.Open(t.Context(), alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, text("hi")); !errors.Is(err, e.mail.err) {
-		t.Fatalf("Open with failing mailboxes = %v, want their error", err)
-	}
-	if _, err := e.st.GetDialogue(t.Context(), "id1"); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("GetDialogue after a failed append = %v, want ErrNotFound", err)
-	}
-}
-
-func sequence() func() string {
-	var mu sync.Mutex
-	n := 0
-	return func() string {
-		mu.Lock()
-		defer mu.Unlock()
-		n++
-		return "id" + string(rune('0'+n))
 	}
 }
 
@@ -308,7 +305,8 @@ func TestClose(t *testing.T) {
 }
 
 // fakeMachine is a state machine for tests: the state counts messages of
-// the pair, and a type "bad" breaks rule "no-bad".
+// the pair, a type "bad" breaks rule "no-bad", and a "numbered" message's
+// body becomes its number in the pair.
 type fakeMachine struct{}
 
 // OpensOrder: type "accept" forms an order.
@@ -321,6 +319,9 @@ func (fakeMachine) Step(state json.RawMessage, s dialogue.Step) (dialogue.Accept
 	var n int
 	_ = json.Unmarshal(state, &n)
 	out, _ := json.Marshal(n + 1)
+	if s.Type == "numbered" {
+		return dialogue.Accepted{State: out, Body: out}, nil
+	}
 	return dialogue.Accepted{State: out}, nil
 }
 
@@ -371,7 +372,7 @@ func TestProtocolControl(t *testing.T) {
 	if len(got) != 1 || got[0].Protocol != m.Protocol {
 		t.Errorf("alice's mailbox = %+v, want the valid reply under the dialogue's protocol", got)
 	}
-	err = e.st.AddMessage(ctx, res.MessageID, func(v store.DialogueView) (store.MessageWrite, error) {
+	_, err = e.st.AddMessage(ctx, res.MessageID, mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
 		if s := string(v.PairState(store.Pair{A: alice, B: bob})); s != "2" {
 			t.Errorf("pair state = %s, want 2", s)
 		}
@@ -455,10 +456,50 @@ func TestProtocolControl_concurrentRepliesSerialisePerPair(t *testing.T) {
 	if got := len(e.mail.of(alice)); got != n {
 		t.Fatalf("alice holds %d replies, want %d", got, n)
 	}
-	_ = e.st.AddMessage(ctx, open.MessageID, func(v store.DialogueView) (store.MessageWrite, error) {
+	_, _ = e.st.AddMessage(ctx, open.MessageID, mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
 		if s := string(v.PairState(store.Pair{A: alice, B: bob})); s != "17" {
 			t.Errorf("pair state after the opener and %d racing replies = %s, want 17", n, s)
 		}
 		return store.MessageWrite{}, errors.New("read only")
 	})
+}
+
+// TestReply_racingSendsReachTheMailboxInRecordOrder: replies racing in one
+// dialogue reach the recipient's mailbox in the order they were recorded
+// (the order the state machine numbered them), because the record and the
+// mailbox append are one transaction.
+func TestReply_racingSendsReachTheMailboxInRecordOrder(t *testing.T) {
+	e := newEnv(t, dialogue.Options{Protocols: fakeProtocols{}})
+	ctx := t.Context()
+	m := text("task")
+	m.Protocol = "0123456789abcdef0123456789abcdef01234567"
+	open, err := e.svc.Open(ctx, alice, mailbox.CategoryMessage, dialogue.List{Direct: []string{bob}}, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const senders, each = 8, 8
+	var wg sync.WaitGroup
+	for range senders {
+		wg.Go(func() {
+			for range each {
+				r := text("r")
+				r.Type = "numbered"
+				if _, err := e.svc.Reply(ctx, bob, open.MessageID, false, r); err != nil {
+					t.Errorf("Reply: %v", err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	var got []string
+	for _, msg := range e.mail.of(alice) {
+		got = append(got, string(msg.Body))
+	}
+	want := make([]string, senders*each)
+	for i := range want {
+		want[i] = fmt.Sprint(i + 2) // the opener was 1
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("alice's mailbox in cursor order = %v, want %v", got, want)
+	}
 }

@@ -31,29 +31,36 @@ type Observer interface {
 	PairsMoved(ctx context.Context, moves []PairMove)
 }
 
-// observe returns a pass-through for deliver's result that first tells the
+// pairChange is one pair's state change a message made: prev (nil at the
+// pair's first message) became next.
+type pairChange struct {
+	pair       store.Pair
+	prev, next json.RawMessage
+}
+
+// observe returns a pass-through for report's result that first tells the
 // Observer of the pairs whose recipients got msg.
-func (s *Service) observe(ctx context.Context, d store.Dialogue, msg mailbox.Message, restores []store.PairRestore) func(Result, error) (Result, error) {
+func (s *Service) observe(ctx context.Context, d store.Dialogue, msg mailbox.Message, changes []pairChange) func(Result, error) (Result, error) {
 	return func(res Result, err error) (Result, error) {
-		if err != nil || s.opts.Observer == nil || len(restores) == 0 {
+		if err != nil || s.opts.Observer == nil || len(changes) == 0 {
 			return res, err
 		}
 		var moves []PairMove
-		for _, r := range restores {
-			counterpart := r.Pair.B
+		for _, c := range changes {
+			counterpart := c.pair.B
 			if counterpart == d.Initiator {
-				counterpart = r.Pair.A
+				counterpart = c.pair.A
 			}
-			other := r.Pair.A
+			other := c.pair.A
 			if other == msg.Sender {
-				other = r.Pair.B
+				other = c.pair.B
 			}
 			if !slices.Contains(res.Recipients, other) {
-				continue // its mailbox refused the message; the pair was restored
+				continue // its mailbox refused the message; the pair was not written
 			}
 			moves = append(moves, PairMove{
 				Dialogue: d.ID, Protocol: d.Protocol, Initiator: d.Initiator, Counterpart: counterpart,
-				Prev: r.Previous, Next: r.Written, MessageID: msg.ID, Type: msg.Type, Sender: msg.Sender, Time: msg.Time,
+				Prev: c.prev, Next: c.next, MessageID: msg.ID, Type: msg.Type, Sender: msg.Sender, Time: msg.Time,
 			})
 		}
 		if len(moves) > 0 {

@@ -39,7 +39,7 @@ func (o *recordingObserver) take() []string {
 func TestObserver_toldOfDeliveredPairsOnly(t *testing.T) {
 	obs := &recordingObserver{}
 	e := newEnv(t, dialogue.Options{Protocols: fakeProtocols{}, Observer: obs})
-	e.mail.full[carol] = true
+	e.mail.fill(carol)
 	ctx := t.Context()
 	m := text("task")
 	m.Protocol = "0123456789abcdef0123456789abcdef01234567"

@@ -41,12 +41,16 @@ func (s *Service) withdraw(ctx context.Context, agent, id string) error {
 	now := s.opts.Now().UTC()
 	m := Message{Type: WithdrawnType, Body: []byte(`{"reason":"dialogue_closed"}`)}
 	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: agent, Type: m.Type, InReplyTo: d.Opener, Time: now}
+	msg := mailbox.Message{
+		ID: dm.ID, DialogueID: d.ID, Sender: agent, Category: mailbox.CategoryService, Type: m.Type, Protocol: d.Protocol,
+		RecipientType: "supplier", InReplyTo: d.Opener, Body: m.Body, Time: now,
+	}
 	var (
 		accepted []string
-		restores []store.PairRestore
+		changes  []pairChange
 	)
-	err = s.store.AddMessage(ctx, d.Opener, func(v store.DialogueView) (store.MessageWrite, error) {
-		accepted, restores = nil, nil // the store may run plan more than once
+	got, err := s.store.AddMessage(ctx, d.Opener, s.mail.Bound(), func(v store.DialogueView) (store.MessageWrite, error) {
+		accepted, changes = nil, nil // the store may run plan more than once
 		if v.Dialogue().Closed {
 			return store.MessageWrite{}, errNothingOpen
 		}
@@ -55,7 +59,7 @@ func (s *Service) withdraw(ctx context.Context, agent, id string) error {
 			if p, ok := v.Participant(r); ok && closedTo(p, agent, m.Type) {
 				continue
 			}
-			restore, a, err := stepPair(machine, v, agent, r, m, now)
+			change, a, err := stepPair(machine, v, agent, r, m, now)
 			var viol *Violation
 			if errors.As(err, &viol) {
 				continue
@@ -63,14 +67,14 @@ func (s *Service) withdraw(ctx context.Context, agent, id string) error {
 			if err != nil {
 				return store.MessageWrite{}, err
 			}
-			pairs = append(pairs, store.PairState{Pair: restore.Pair, State: a.State})
-			restores = append(restores, restore)
+			pairs = append(pairs, store.PairState{Pair: change.pair, State: a.State})
+			changes = append(changes, change)
 			accepted = append(accepted, r)
 		}
 		if len(accepted) == 0 {
 			return store.MessageWrite{}, errNothingOpen
 		}
-		return store.MessageWrite{Message: dm, Recipients: accepted, Pairs: pairs}, nil
+		return store.MessageWrite{Message: dm, Recipients: accepted, Pairs: pairs, Mail: msg}, nil
 	})
 	if errors.Is(err, errNothingOpen) || errors.Is(err, store.ErrNotFound) {
 		return nil
@@ -78,14 +82,10 @@ func (s *Service) withdraw(ctx context.Context, agent, id string) error {
 	if err != nil {
 		return err
 	}
-	msg := mailbox.Message{
-		ID: dm.ID, DialogueID: d.ID, Sender: agent, Category: mailbox.CategoryService, Type: m.Type, Protocol: d.Protocol,
-		RecipientType: "supplier", InReplyTo: d.Opener, Body: m.Body, Time: now,
-	}
-	_, err = s.observe(ctx, d, msg, restores)(s.deliver(ctx, msg, accepted, nil, restores))
+	_, err = s.observe(ctx, d, msg, changes)(s.report(ctx, msg, accepted, nil, got))
 	var refused *RefusedError
 	if errors.As(err, &refused) {
-		return nil // every open supplier's mailbox refused it; each pair was restored
+		return nil // every open supplier's mailbox refused it; no pair moved
 	}
 	return err
 }

@@ -219,12 +219,29 @@ func (s *Set) Source(ctx context.Context, name string) (string, error) {
 	return r.GetSource(), nil
 }
 
+// Changed drops what the Set caches of name, a routine or a tool that
+// another replica changed: the routine is read again on its next use, and
+// a tool change recompiles its agent's routines. "" (changes may have been
+// missed) drops every compiled routine; an absence cached stays for at
+// most CacheTTL.
+func (s *Set) Changed(name string) {
+	if name == "" {
+		s.forgetAgent("")
+		return
+	}
+	if agent, _, ok := strings.Cut(name, "/tools/"); ok {
+		s.forgetAgent(agent)
+		return
+	}
+	s.cache.Forget(name)
+}
+
 // forgetAgent drops cached routines of agent, after its tools changed.
 func (s *Set) forgetAgent(agent string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for name := range s.byKey {
-		if strings.HasPrefix(name, agent+"/") {
+		if agent == "" || strings.HasPrefix(name, agent+"/") {
 			delete(s.byKey, name)
 			s.cache.Forget(name)
 		}

@@ -139,3 +139,39 @@ func TestDryRun(t *testing.T) {
 		t.Errorf("DryRun(syntax error) = %v, want ErrInvalid", err)
 	}
 }
+
+// Another replica's install reaches a Set that cached the routine once it
+// is told (Changed), without waiting for the cache to expire.
+func TestChanged_dropsTheCachedRoutine(t *testing.T) {
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	opts := hosted.Options{CacheTTL: time.Hour, Limits: routinetest.Limits(routine.Limits{MaxSteps: 100_000})}
+	a := hosted.New(st, fakeAgents{agent: true}, opts) // two replicas on one store
+	b := hosted.New(st, fakeAgents{agent: true}, opts)
+	ctx := t.Context()
+	name := hosted.Name(agent, "steps")
+	if _, err := a.Install(ctx, name, "def step(a, b, c):\n    return 'x'\n"); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := b.Get(ctx, agent, "steps"); err != nil || !r.Has("step") {
+		t.Fatalf("B.Get = %v, %v; want v1", r, err)
+	}
+	if _, err := a.Install(ctx, name, "def other(a, b, c):\n    return 'y'\n"); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ := b.Get(ctx, agent, "steps"); !r.Has("step") {
+		t.Fatal("B read the store again unprompted; this test needs its cache")
+	}
+	b.Changed(name)
+	if r, err := b.Get(ctx, agent, "steps"); err != nil || !r.Has("other") {
+		t.Errorf("B.Get after Changed = %v, %v; want version 2, defining other", r, err)
+	}
+	// A tool change recompiles the agent's routines.
+	b.Changed(agent + "/tools/lookup")
+	if r, err := b.Get(ctx, agent, "steps"); err != nil || !r.Has("other") {
+		t.Errorf("B.Get after a tool change = %v, %v; want version 2 again", r, err)
+	}
+}

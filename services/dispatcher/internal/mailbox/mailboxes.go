@@ -99,6 +99,14 @@ func validate(msg Message) error {
 	return nil
 }
 
+// Bound returns each agent's size bound, for writers that append through
+// the store in a transaction of their own (dialogue records).
+func (m *Mailboxes) Bound() Bound { return m.opts.Bound }
+
+// Delivered tells the connected recipients of deliveries that another
+// writer appended through the store (a dialogue record's transaction).
+func (m *Mailboxes) Delivered(ds []Delivery) { m.wake(ds) }
+
 // wake tells the connected recipients that their mailbox grew.
 func (m *Mailboxes) wake(delivered []Delivery) {
 	m.mu.Lock()

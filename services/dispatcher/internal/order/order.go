@@ -12,6 +12,8 @@ package order
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"time"
 
@@ -36,13 +38,21 @@ type Event struct {
 // Recorder records events on orders.
 type Recorder struct {
 	store store.OrderStore
-	newID func() string
 }
 
-// New returns a Recorder storing orders in st, naming new ones with newID
-// (which must return unguessable ids).
-func New(st store.OrderStore, newID func() string) *Recorder {
-	return &Recorder{store: st, newID: newID}
+// New returns a Recorder storing orders in st.
+func New(st store.OrderStore) *Recorder {
+	return &Recorder{store: st}
+}
+
+// ID returns the id of the order of the pair (dialogue, supplier): 32 hex
+// digits of SHA-256 over "parley-order", the dialogue id and the
+// supplier's name, each followed by a zero byte but the last. It is fixed
+// by the pair, so both parties know it before the order forms (an owner
+// signs approvals of it), and as unguessable as the dialogue id.
+func ID(dialogue, supplier string) string {
+	sum := sha256.Sum256([]byte("parley-order\x00" + dialogue + "\x00" + supplier))
+	return hex.EncodeToString(sum[:16])
 }
 
 // Record records e on its pair's order, forming the order when e is the
@@ -63,7 +73,7 @@ func (r *Recorder) Record(ctx context.Context, e Event) (store.Order, bool, erro
 	o := store.Order{Dialogue: e.Dialogue, Protocol: e.Protocol, Consumer: e.Consumer, Supplier: e.Supplier}
 	tr := store.OrderTransition{Type: e.Type, MessageID: e.MessageID, Sender: e.Sender, Time: e.Time.UTC(), State: State(next)}
 	if !prev.Order {
-		o.ID = r.newID()
+		o.ID = ID(e.Dialogue, e.Supplier)
 	}
 	out, err := r.store.RecordOrder(ctx, o, tr, !prev.Order)
 	return out, err == nil, err

@@ -46,8 +46,7 @@ func TestRecord_allocateRoundToConfirmFail(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	n := 0
-	r := New(st, func() string { n++; return fmt.Sprintf("order%d", n) })
+	r := New(st)
 	m := allocate(t)
 	steps := []struct {
 		from          protocolcontrol.Party
@@ -82,7 +81,7 @@ func TestRecord_allocateRoundToConfirmFail(t *testing.T) {
 		}
 		state = res.State
 	}
-	o, err := st.GetOrder(t.Context(), "order1")
+	o, err := st.GetOrder(t.Context(), ID("d1", supplier))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +89,17 @@ func TestRecord_allocateRoundToConfirmFail(t *testing.T) {
 	if o.State != store.OrderFailed || o.Transitions[3].Sender != consumer || o.Transitions[0].MessageID != "m2" || !o.CreateTime.Equal(t0.Add(2*time.Second)) {
 		t.Errorf("order = %+v, want failed, formed by m2 at t0+2s, confirm_fail by the consumer", o)
 	}
-	if n != 1 {
-		t.Errorf("ids drawn = %d, want 1 (only the opening message makes an order)", n)
+}
+
+// The order id is known before the order forms, so that an owner can sign
+// an approval of it: it is fixed by the pair, and differs between pairs.
+func TestID(t *testing.T) {
+	a, b, c := ID("d1", supplier), ID("d1", consumer), ID("d2", supplier)
+	if a != ID("d1", supplier) || a == b || a == c || len(a) != 32 {
+		t.Errorf("ID = %q, %q, %q; want 32 hex digits, stable per pair and different across pairs", a, b, c)
+	}
+	// Pinned: clients compute it too (sdk.OrderID, parley approve).
+	if want := "20fd56ddbc4510d72cd75219c035bdd3"; a != want {
+		t.Errorf("ID(d1, supplier) = %q, want %q", a, want)
 	}
 }

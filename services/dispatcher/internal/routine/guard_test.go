@@ -199,15 +199,15 @@ def reply(q, m):
 // TestPoolCallerGone: a caller whose context ends while it waits for a
 // worker gets its context's error, not the pool's.
 func TestPoolCallerGone(t *testing.T) {
-	pool := NewPoolWith(PoolOptions{Workers: 1, InProcess: true})
-	_, release, err := pool.acquire(t.Context(), "a", time.Second)
+	pool := newTestPool(t, PoolOptions{Workers: 1})
+	w, err := pool.acquire(t.Context(), "a", time.Now().Add(time.Second), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer release(nil)
+	defer pool.release(w)
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Millisecond)
 	defer cancel()
-	_, _, err = pool.acquire(ctx, "b", time.Minute)
+	_, err = pool.acquire(ctx, "b", time.Now().Add(time.Minute), time.Minute)
 	if !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrBusy) || errors.Is(err, ErrBudget) {
 		t.Fatalf("acquire = %v, want context.DeadlineExceeded only", err)
 	}
@@ -252,7 +252,7 @@ func TestPool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, release, err := pool.acquire(t.Context(), "someone else", time.Second)
+	w, err := pool.acquire(t.Context(), "someone else", time.Now().Add(time.Second), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -268,7 +268,7 @@ func TestPool(t *testing.T) {
 	if !errors.Is(err, ErrBusy) {
 		t.Fatalf("Compile or Call with no free worker = %v, want ErrBusy", err)
 	}
-	release(w)
+	pool.release(w)
 	if out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`)); err != nil || string(out) != "1" {
 		t.Fatalf("Call = %s, %v", out, err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -31,9 +30,22 @@ import (
 // precise errors (steps, allocation estimate, output size); the kill and
 // the cap are what hold when they cannot. See docs/adr/0005.
 //
-// Fair shares: an agent holds at most PoolOptions.AgentShare workers at
-// once; its further calls wait for its own share (never for another
-// agent's) up to their wall-time budget, then fail with ErrBusy.
+// Fair shares: an agent leases at most PoolOptions.AgentShare workers at
+// once; its further calls wait for room on its own workers (never on
+// another agent's) up to their wall-time budget, then fail with ErrBusy.
+//
+// Pipelining: a worker leased to an agent takes up to pipelineDepth of
+// that agent's calls at once. They are written to its pipe as they come
+// and it runs them one after the other, so under load a worker reads its
+// next call without sleeping and the server writes to a worker that is
+// awake: the two process wake-ups per call that dominated the boundary's
+// cost happen once per burst instead. Each call keeps its own kill, armed
+// when it starts (the worker stamps each answer with the time it wrote
+// it, so the next call's start is known to the server); a call that has
+// not started when its worker dies is sent again, to any worker, and a
+// call that would start after its wait budget is answered busy by the
+// worker. Only the agent's own calls queue behind its runaway: its share
+// is unchanged, and other agents never share its workers.
 
 // ErrBusy is returned when no worker frees up within the wall-time budget.
 var ErrBusy = errors.New("every routine worker is busy")
@@ -74,12 +86,19 @@ type PoolOptions struct {
 // process (PoolOptions.InProcess). Close it to stop the workers.
 type Pool struct {
 	opts PoolOptions
-	idle chan *worker // one entry per worker slot; nil is a slot not started
+	// idle holds the worker slots leased to no agent, one entry each; nil
+	// is a slot whose worker is not started.
+	idle chan *worker
 
-	mu     sync.Mutex // guards agents, live and closed
+	// mu guards agents, live and closed, and every worker's load, share
+	// and draining. It is never taken while a worker's mu is held.
+	mu     sync.Mutex
 	agents map[string]*agentShare
 	live   map[*worker]struct{}
 	closed bool
+
+	// fresh is pipelineFresh (tests set it longer).
+	fresh time.Duration
 
 	started  atomic.Int64
 	recycled atomic.Int64
@@ -87,10 +106,31 @@ type Pool struct {
 	peakRSS  atomic.Int64
 }
 
+// agentShare is one agent's part of the pool. Guarded by Pool.mu.
 type agentShare struct {
-	sem   chan struct{}
-	users int
+	name    string
+	held    []*worker // the workers leased to the agent
+	leasing int       // leases being taken: a free slot awaited or its worker started
+	waiters []*waiter // calls waiting for room, first come first served
+	users   int       // calls between acquire and release
 }
+
+// waiter is a call waiting for room on its agent's workers.
+type waiter struct {
+	room   chan *worker // a worker with room taken for it, or nil: look again
+	budget time.Duration
+}
+
+// pipelineDepth is how many of its agent's calls a worker holds at once:
+// the one running and those written behind it.
+const pipelineDepth = 4
+
+// pipelineFresh bounds how long a worker's running call may have run for
+// another call to be written behind it: calls are queued behind quick
+// ones only. A slower routine keeps a worker to itself, and the calls
+// after it wait for a worker as without pipelining (a queued call cannot
+// be taken back, and would wait for the running one to end).
+const pipelineFresh = 10 * time.Millisecond
 
 // NewPoolWith returns a pool configured by o. Workers start on first use.
 func NewPoolWith(o PoolOptions) *Pool {
@@ -104,7 +144,7 @@ func NewPoolWith(o PoolOptions) *Pool {
 	if o.Executable == "" {
 		o.Executable = "/proc/self/exe"
 	}
-	p := &Pool{opts: o, idle: make(chan *worker, o.Workers), agents: map[string]*agentShare{}, live: map[*worker]struct{}{}}
+	p := &Pool{opts: o, idle: make(chan *worker, o.Workers), agents: map[string]*agentShare{}, live: map[*worker]struct{}{}, fresh: pipelineFresh}
 	for range o.Workers {
 		p.idle <- nil
 	}
@@ -189,84 +229,314 @@ func agentOf(ctx context.Context, name string) string {
 	return ""
 }
 
-// acquire takes a slot of agent's share, then a worker slot, waiting at
-// most wait in all or until ctx ends; w is nil when the slot's worker is
-// not started. A ctx that ends first is the caller's error, not the pool's.
-func (p *Pool) acquire(ctx context.Context, agent string, wait time.Duration) (w *worker, release func(*worker), err error) {
-	p.mu.Lock()
-	sh := p.agents[agent]
-	if sh == nil {
-		sh = &agentShare{sem: make(chan struct{}, p.opts.AgentShare)}
-		p.agents[agent] = sh
-	}
-	sh.users++
-	p.mu.Unlock()
-	leave := func() {
-		p.mu.Lock()
-		if sh.users--; sh.users == 0 {
-			delete(p.agents, agent)
-		}
-		p.mu.Unlock()
-	}
+// acquire reserves room for one call on a worker leased to agent: a
+// worker the agent holds with nothing queued, else a free worker leased
+// while the agent holds fewer than its share, else the least loaded of its
+// workers with room in its pipeline. Otherwise it waits for room until
+// until, or until ctx ends (the caller's error, not the pool's). The call
+// releases the room with release.
+func (p *Pool) acquire(ctx context.Context, agent string, until time.Time, budget time.Duration) (*worker, error) {
 	var timer *time.Timer
-	timeout := func() <-chan time.Time {
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		}
-		return timer.C
-	}
 	defer func() {
 		if timer != nil {
 			timer.Stop()
 		}
 	}()
-	select {
-	case sh.sem <- struct{}{}:
-	default:
+	p.mu.Lock()
+	sh := p.agents[agent]
+	if sh == nil {
+		sh = &agentShare{name: agent}
+		p.agents[agent] = sh
+	}
+	sh.users++
+	woken := false
+	for {
+		if p.closed {
+			p.leave(sh)
+			p.mu.Unlock()
+			return nil, errors.New("the routine pool is closed")
+		}
+		if w := p.pick(sh, budget, true); w != nil {
+			w.load++
+			p.mu.Unlock()
+			return w, nil
+		}
+		canLease := len(sh.held)+sh.leasing < p.opts.AgentShare
+		if canLease {
+			select {
+			case w := <-p.idle:
+				return p.lease(sh, w, budget)
+			default:
+			}
+		}
+		if w := p.pick(sh, budget, false); w != nil {
+			w.load++
+			p.mu.Unlock()
+			return w, nil
+		}
+		// Wait for room on the agent's workers or, while it holds less
+		// than its share, for a free worker. A waiter woken to look again
+		// keeps its place.
+		wt := &waiter{room: make(chan *worker, 1), budget: budget}
+		if woken {
+			sh.waiters = slices.Insert(sh.waiters, 0, wt)
+		} else {
+			sh.waiters = append(sh.waiters, wt)
+		}
+		var idle chan *worker
+		if canLease {
+			idle = p.idle
+			sh.leasing++
+		}
+		p.mu.Unlock()
+		if timer == nil {
+			timer = time.NewTimer(time.Until(until))
+		}
 		select {
-		case sh.sem <- struct{}{}:
-		case <-timeout():
-			leave()
-			return nil, nil, fmt.Errorf("%w: %w: this agent's %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.AgentShare, wait)
+		case w := <-idle:
+			p.mu.Lock()
+			sh.leasing--
+			p.dropWaiter(sh, wt)
+			return p.lease(sh, w, budget)
+		case w := <-wt.room:
+			p.mu.Lock()
+			if canLease {
+				sh.leasing--
+			}
+			if w != nil {
+				p.mu.Unlock()
+				return w, nil
+			}
+			woken = true
+			continue
+		case <-timer.C:
+			p.giveUp(sh, wt, canLease)
+			if canLease {
+				return nil, fmt.Errorf("%w: %w: all %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.Workers, budget)
+			}
+			return nil, fmt.Errorf("%w: %w: this agent's %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.AgentShare, budget)
 		case <-ctx.Done():
-			leave()
-			return nil, nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
+			p.giveUp(sh, wt, canLease)
+			return nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
 		}
 	}
-	select {
-	case w = <-p.idle:
-	default:
-		select {
-		case w = <-p.idle:
-		case <-timeout():
-			<-sh.sem
-			leave()
-			return nil, nil, fmt.Errorf("%w: %w: all %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.Workers, wait)
-		case <-ctx.Done():
-			<-sh.sem
-			leave()
-			return nil, nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
-		}
-	}
-	return w, func(w *worker) {
-		p.idle <- w
-		<-sh.sem
-		leave()
-	}, nil
 }
 
-// worker is one worker process. Only the run holding it uses it.
+// giveUp ends a wait of acquire that got nothing.
+func (p *Pool) giveUp(sh *agentShare, wt *waiter, leasing bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if leasing {
+		sh.leasing--
+	}
+	p.dropWaiter(sh, wt)
+	p.leave(sh)
+}
+
+// pick returns the worker of sh with nothing queued or, unless empty,
+// the least loaded one with room in its pipeline whose running call
+// started less than pipelineFresh ago; nil if none. The anonymous share
+// (dry runs of every agent) is not pipelined. A worker that may not have
+// the CPU time left for the calls it would then hold is drained
+// (PoolOptions.WorkerCPU). Called with p.mu held.
+func (p *Pool) pick(sh *agentShare, budget time.Duration, empty bool) *worker {
+	var best *worker
+	now := time.Now().UnixNano()
+	for _, w := range sh.held {
+		if w.draining || w.dead.Load() || w.load >= pipelineDepth {
+			continue
+		}
+		if w.load > 0 {
+			if start := w.headStart.Load(); empty || sh.name == "" || start > 0 && now-start > int64(p.fresh) {
+				continue
+			}
+		}
+		if p.worn(w, w.load+1, budget) {
+			p.drain(w)
+			continue
+		}
+		if best == nil || w.load < best.load {
+			best = w
+		}
+	}
+	return best
+}
+
+// worn reports whether w may run out of its life's CPU time in the next
+// calls runs of the given budget: each may use its budget plus the soft
+// limit's two seconds, and one to spare, before the kernel kills it.
+func (p *Pool) worn(w *worker, calls int, budget time.Duration) bool {
+	return time.Duration(w.cpu.Load())+time.Duration(calls)*(budget+3*time.Second) > p.opts.WorkerCPU
+}
+
+// drain takes w out of service: it takes no more calls and is replaced
+// once those it holds are done. Called with p.mu held.
+func (p *Pool) drain(w *worker) {
+	if !w.draining {
+		w.draining = true
+		p.recycled.Add(1)
+	}
+	if w.load == 0 && w.share != nil {
+		p.unlease(w)
+	}
+}
+
+// lease leases the free slot w (nil: not started) to sh and reserves
+// room on it, starting a worker if the slot has none, or a dead or worn
+// one. It is called with p.mu held and returns with it released.
+func (p *Pool) lease(sh *agentShare, w *worker, budget time.Duration) (*worker, error) {
+	sh.leasing++
+	p.mu.Unlock()
+	if w != nil && (w.dead.Load() || p.worn(w, 1, budget)) {
+		if !w.dead.Load() {
+			p.recycled.Add(1)
+		}
+		_ = w.cmd.Process.Kill()
+		p.reap(w)
+		w = nil
+	}
+	var err error
+	if w == nil {
+		w, err = p.start()
+	}
+	p.mu.Lock()
+	sh.leasing--
+	if err != nil {
+		p.idle <- nil
+		p.signal(sh)
+		p.leave(sh)
+		p.mu.Unlock()
+		return nil, err
+	}
+	w.share = sh
+	w.load = 1
+	sh.held = append(sh.held, w)
+	p.mu.Unlock()
+	return w, nil
+}
+
+// release gives back the room a call took on w.
+func (p *Pool) release(w *worker) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	sh := w.share
+	p.free(w)
+	p.leave(sh)
+}
+
+// free frees one call's room on w. The room goes straight to the agent's
+// first waiting call, so a call arriving later cannot take it first. A
+// worker with nothing queued goes back to the free slots, unless the
+// agent has calls waiting; a dead or worn one is replaced. Called with
+// p.mu held.
+func (p *Pool) free(w *worker) {
+	sh := w.share
+	w.load--
+	if !w.draining && time.Duration(w.cpu.Load()) >= p.opts.WorkerCPU/2 {
+		w.draining = true // long before its hard CPU limit
+		p.recycled.Add(1)
+	}
+	if !w.draining && !w.dead.Load() && len(sh.waiters) > 0 {
+		wt := sh.waiters[0]
+		if !p.worn(w, w.load+1, wt.budget) {
+			sh.waiters = sh.waiters[1:]
+			w.load++
+			wt.room <- w
+			return
+		}
+		w.draining = true
+		p.recycled.Add(1)
+	}
+	if w.load == 0 {
+		p.unlease(w)
+	}
+	p.signal(sh) // a lease may have freed: look again
+}
+
+// unlease returns w's slot to the free ones: w itself, or a fresh worker
+// (started in the background) when w is dead or drained. Called with p.mu
+// held, when w holds no call.
+func (p *Pool) unlease(w *worker) {
+	sh := w.share
+	sh.held = slices.DeleteFunc(sh.held, func(x *worker) bool { return x == w })
+	w.share = nil
+	if !w.draining && !w.dead.Load() {
+		p.idle <- w
+		return
+	}
+	go func() {
+		_ = w.cmd.Process.Kill()
+		p.reap(w)
+		nw, err := p.start()
+		if err != nil {
+			nw = nil // the next run starts one and reports the error
+		}
+		p.idle <- nw
+	}()
+}
+
+// signal wakes the first call of sh waiting for room, to look again.
+// Called with p.mu held.
+func (p *Pool) signal(sh *agentShare) {
+	if len(sh.waiters) > 0 {
+		sh.waiters[0].room <- nil
+		sh.waiters = sh.waiters[1:]
+	}
+}
+
+// dropWaiter removes wt from sh's waiters; if it was woken meanwhile, the
+// room it was given is freed again and the wake-up passes on. Called with
+// p.mu held.
+func (p *Pool) dropWaiter(sh *agentShare, wt *waiter) {
+	if i := slices.Index(sh.waiters, wt); i >= 0 {
+		sh.waiters = slices.Delete(sh.waiters, i, i+1)
+		return
+	}
+	select {
+	case w := <-wt.room:
+		if w != nil {
+			p.free(w)
+		} else {
+			p.signal(sh)
+		}
+	default:
+	}
+}
+
+// leave ends a call's use of sh, and forgets an agent with no calls and
+// no workers. Called with p.mu held.
+func (p *Pool) leave(sh *agentShare) {
+	sh.users--
+	if sh.users == 0 && len(sh.held) == 0 && sh.leasing == 0 {
+		delete(p.agents, sh.name)
+	}
+}
+
+// worker is one worker process. Calls of the agent it is leased to write
+// their frames to it in turn; the oldest pending exchange reads its
+// answers (await).
 type worker struct {
 	cmd    *exec.Cmd
 	in     *os.File
-	w      *bufio.Writer
-	r      *bufio.Reader
+	r      *bufio.Reader // the oldest pending exchange's
 	stderr *headBuffer
-	known  map[string]bool // programs the worker holds
-	limit  int             // the largest frame the current exchange may read
-	cpu    time.Duration   // the CPU time it said it has used
-	killed atomic.Bool     // killed at a run's deadline
-	dead   bool            // its pipe broke: reap it
+
+	wmu sync.Mutex // guards w: frames are written whole, in the order of pending
+	w   *bufio.Writer
+
+	mu      sync.Mutex // guards known and pending
+	known   map[string]bool
+	pending []*exchange // written and not answered, oldest first: the first is running
+
+	cpu       atomic.Int64 // the CPU time it said it has used, ns
+	headStart atomic.Int64 // when its running exchange started, Unix ns; 0 when none
+	killed    atomic.Bool  // killed at a run's deadline
+	dead      atomic.Bool  // its pipe broke or it was killed: replace it
+
+	// Guarded by Pool.mu.
+	load     int         // calls holding room on it
+	share    *agentShare // the agent it is leased to; nil when free
+	draining bool        // worn: it takes no more calls
 
 	waitOnce sync.Once // Wait is called once, by whoever reaps it first
 }
@@ -389,22 +659,6 @@ func (p *Pool) reap(w *worker) {
 	p.mu.Unlock()
 }
 
-// retire reaps w and puts a fresh worker (or an empty slot) back in the
-// pool, in the background, then releases the caller's share.
-func (p *Pool) retire(w *worker, release func(*worker)) {
-	if !w.killed.Load() {
-		_ = w.cmd.Process.Kill()
-	}
-	p.reap(w)
-	go func() {
-		nw, err := p.start()
-		if err != nil {
-			nw = nil // the next run starts one and reports the error
-		}
-		release(nw)
-	}()
-}
-
 // remoteProgram is a program compiled in the pool's workers.
 type remoteProgram struct {
 	key, name            string
@@ -442,59 +696,6 @@ func mapKeys[V any](m map[string]V) func(func(string) bool) {
 			}
 		}
 	}
-}
-
-// run is one exchange with a worker, under the boundary: it takes a worker
-// (starting one if needed), arms the kill at budget plus the margin, and
-// hands it to do. A worker that dies or is killed is replaced.
-func (p *Pool) run(ctx context.Context, name string, l Limits, do func(w *worker, deadline time.Duration) error) error {
-	w, release, err := p.acquire(ctx, agentOf(ctx, name), l.Timeout)
-	if err != nil {
-		return err
-	}
-	if w != nil && w.cpu+l.Timeout+3*time.Second > p.opts.WorkerCPU {
-		// Too little of its life's CPU is left for this run (its budget
-		// plus the soft limit's two seconds, and one to spare): the
-		// kernel would kill it mid-run.
-		p.recycled.Add(1)
-		_ = w.cmd.Process.Kill()
-		p.reap(w)
-		w = nil
-	}
-	if w == nil {
-		if w, err = p.start(); err != nil {
-			release(nil)
-			return err
-		}
-	}
-	budget, deadline := l.Timeout, time.Duration(0)
-	if dl, ok := ctx.Deadline(); ok {
-		if left := time.Until(dl); left < budget {
-			budget, deadline = max(left, time.Millisecond), max(left, time.Millisecond)
-		}
-	}
-	kill := time.AfterFunc(budget+p.opts.KillMargin, func() {
-		w.killed.Store(true)
-		_ = w.cmd.Process.Kill()
-	})
-	err = do(w, deadline)
-	stopped := kill.Stop()
-	if !w.dead && stopped {
-		if w.cpu < p.opts.WorkerCPU/2 {
-			release(w)
-		} else { // worn: replace it long before its hard CPU limit
-			p.recycled.Add(1)
-			p.retire(w, release)
-		}
-		return err
-	}
-	// The worker was killed or broke: the run's error says why.
-	if w.dead || err != nil {
-		err = p.deathError(w, budget, err)
-		p.kills[KindOf(err)].Add(1)
-	}
-	p.retire(w, release)
-	return err
 }
 
 // deathError explains a run whose worker died or was killed.
@@ -535,160 +736,9 @@ func isMemoryDeath(why string) bool {
 	return false
 }
 
-// load sends prog to w unless w holds it, and reads the verdict.
-// With force it sends it anyway (Compile, which reads the function names).
-func (p *Pool) load(w *worker, prog *remoteProgram, force bool) error {
-	if w.known[prog.key] && !force {
-		return nil
-	}
-	// Its answer lists the program's global names, each in its source.
-	w.limit = 4*len(prog.def[2]) + frameSlack
-	if err := w.send(frameProgram, prog.def...); err != nil {
-		return err
-	}
-	typ, f, err := w.recv()
-	if err != nil {
-		return err
-	}
-	switch {
-	case typ == frameCompiled && len(f) == 2:
-		if force { // Compile: the program is not shared yet
-			prog.callables = splitNames(f[0])
-			prog.functions = splitNames(f[1])
-		}
-		if len(w.known) >= workerCacheSize {
-			clear(w.known)
-		}
-		w.known[prog.key] = true
-		return nil
-	case typ == frameError:
-		return w.remoteError(f)
-	}
-	w.dead = true
-	return errBadFrame
-}
-
 func splitNames(b []byte) []string {
 	if len(b) == 0 {
 		return []string{}
 	}
 	return strings.Split(string(b), "\n")
-}
-
-func (w *worker) send(typ byte, fields ...[]byte) error {
-	if err := writeFrame(w.w, typ, fields...); err != nil {
-		w.dead = true
-		return err
-	}
-	return nil
-}
-
-func (w *worker) recv() (byte, [][]byte, error) {
-	typ, f, err := readFrame(w.r, w.limit)
-	if err != nil {
-		w.dead = true
-	}
-	return typ, f, err
-}
-
-// remoteError reads a worker's E frame: kind, message, CPU used.
-func (w *worker) remoteError(f [][]byte) error {
-	if len(f) != 3 || len(f[0]) != 1 {
-		w.dead = true
-		return errBadFrame
-	}
-	w.cpu = time.Duration(getInt(f[2]))
-	return &failure{kind: Kind(f[0][0]), err: errors.New(string(f[1]))}
-}
-
-// compile compiles and initialises a program in a worker.
-func (p *Pool) compile(ctx context.Context, name, src string, tools map[string]Tool, l Limits) (*Program, error) {
-	prog := newRemoteProgram(name, src, tools, l)
-	err := p.run(ctx, name, l, func(w *worker, _ time.Duration) error { return p.load(w, prog, true) })
-	if err != nil {
-		return nil, err
-	}
-	return &Program{limits: l, remote: prog}, nil
-}
-
-// call runs fn of prog in a worker, answering its tool calls.
-func (p *Pool) call(ctx context.Context, prog *Program, fn string, args []json.RawMessage, memory json.RawMessage) (out, newMemory json.RawMessage, err error) {
-	rp := prog.remote
-	fields := make([][]byte, 0, 5+len(args))
-	fields = append(fields, []byte(rp.key), []byte(fn), nil, putBool(memory != nil), memory)
-	for _, a := range args {
-		fields = append(fields, a)
-	}
-	err = p.run(ctx, rp.name, prog.limits, func(w *worker, deadline time.Duration) error {
-		fields[2] = putInt(int64(deadline))
-		for attempt := 0; ; attempt++ {
-			if err := p.load(w, rp, false); err != nil {
-				return err
-			}
-			// A result and memory, or a tool's name and argument, each
-			// at most the output cap.
-			w.limit = 2*prog.limits.MaxOutputBytes + frameSlack
-			if err := w.send(frameCall, fields...); err != nil {
-				return err
-			}
-			var unknown bool
-			out, newMemory, unknown, err = p.answer(ctx, w, rp)
-			if !unknown || attempt > 0 {
-				return err
-			}
-			delete(w.known, rp.key) // evicted: send it again
-		}
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return out, newMemory, nil
-}
-
-// answer reads a call's frames until its result, running its tool calls.
-func (p *Pool) answer(ctx context.Context, w *worker, rp *remoteProgram) (out, newMemory json.RawMessage, unknown bool, err error) {
-	for {
-		typ, f, err := w.recv()
-		if err != nil {
-			return nil, nil, false, err
-		}
-		switch typ {
-		case frameDone: // out hasMem mem cpu
-			if len(f) != 4 || len(f[1]) != 1 {
-				break
-			}
-			if f[1][0] == 1 {
-				newMemory = json.RawMessage(f[2])
-			}
-			w.cpu = time.Duration(getInt(f[3]))
-			return json.RawMessage(f[0]), newMemory, false, nil
-		case frameError:
-			return nil, nil, false, w.remoteError(f)
-		case frameUnknown:
-			return nil, nil, true, errBadFrame
-		case frameTool:
-			if len(f) != 2 {
-				break
-			}
-			t, ok := rp.tools[string(f[0])]
-			var res json.RawMessage
-			var terr error
-			if !ok || t.call == nil {
-				terr = fmt.Errorf("no tool %q", f[0])
-			} else {
-				res, terr = t.call(ctx, json.RawMessage(f[1]))
-			}
-			if terr != nil {
-				err = w.send(frameToolDone, putBool(false), []byte(terr.Error()))
-			} else {
-				err = w.send(frameToolDone, putBool(true), res)
-			}
-			if err != nil {
-				return nil, nil, false, err
-			}
-			continue
-		}
-		w.dead = true
-		return nil, nil, false, errBadFrame
-	}
 }

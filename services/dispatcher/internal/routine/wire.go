@@ -12,13 +12,21 @@ import (
 // frames: a little-endian uint32 length, a type byte, then fields, each a
 // uint32 length and its bytes.
 //
-//	parent → worker                      worker → parent
-//	P key name src limits tools…         H (hello, once at start)
-//	C key fn deadline hasMem mem args…   K callables functions (compiled)
-//	R ok payload (a tool's answer)       T tool arg (a tool call)
-//	                                     D out hasMem mem cpu (the result)
-//	                                     E kind message cpu (a failure)
-//	                                     U (C of a program it does not hold)
+//	parent → worker                            worker → parent
+//	P key name src limits tools…               H (hello, once at start)
+//	C key fn deadline startBy hasMem mem args… K callables functions at (compiled)
+//	R ok payload (a tool's answer)             T tool arg (a tool call)
+//	                                           D out hasMem mem cpu at (the result)
+//	                                           E kind message cpu at (a failure)
+//	                                           U at (C of a program it does not hold)
+//	                                           B at (C not started by startBy)
+//
+// The parent may write several P and C frames before the first is
+// answered (pipelining, pool.go); the worker takes them in order, one at a
+// time, and answers each in turn. deadline (the caller's, 0 for none) and
+// startBy (the end of the call's wait budget) are Unix times in ns; at,
+// the Unix time in ns at which the worker wrote the answer, is when it
+// started the next frame if that was already waiting.
 const (
 	frameHello    = 'H'
 	frameProgram  = 'P'
@@ -29,6 +37,7 @@ const (
 	frameDone     = 'D'
 	frameError    = 'E'
 	frameUnknown  = 'U'
+	frameBusy     = 'B'
 )
 
 // maxFrame bounds a frame from the pool to a worker: the largest is a
@@ -54,7 +63,16 @@ func (e *frameTooLargeError) Error() string {
 	return fmt.Sprintf("a frame of %d bytes, over the cap of %d", e.size, e.limit)
 }
 
+// writeFrame writes a frame and flushes it.
 func writeFrame(w *bufio.Writer, typ byte, fields ...[]byte) error {
+	if err := putFrame(w, typ, fields...); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+// putFrame writes a frame to w's buffer, without flushing it.
+func putFrame(w *bufio.Writer, typ byte, fields ...[]byte) error {
 	n := 1
 	for _, f := range fields {
 		n += 4 + len(f)
@@ -72,7 +90,7 @@ func writeFrame(w *bufio.Writer, typ byte, fields ...[]byte) error {
 		_, _ = w.Write(l[:])
 		_, _ = w.Write(f)
 	}
-	return w.Flush()
+	return nil
 }
 
 var errBadFrame = errors.New("malformed routine worker frame")
@@ -80,6 +98,11 @@ var errBadFrame = errors.New("malformed routine worker frame")
 // readFrame reads one frame of at most limit bytes; a larger one fails
 // with *frameTooLargeError before anything is allocated for it.
 func readFrame(r *bufio.Reader, limit int) (byte, [][]byte, error) {
+	return readFrameLimit(r, func() int { return limit })
+}
+
+// readFrameLimit is readFrame with the cap asked once the header is read.
+func readFrameLimit(r *bufio.Reader, capOf func() int) (byte, [][]byte, error) {
 	var hdr [5]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return 0, nil, err
@@ -88,7 +111,7 @@ func readFrame(r *bufio.Reader, limit int) (byte, [][]byte, error) {
 	if n < 1 {
 		return 0, nil, errBadFrame
 	}
-	if n > limit {
+	if limit := capOf(); n > limit {
 		return 0, nil, &frameTooLargeError{size: n, limit: limit}
 	}
 	body := make([]byte, n-1)

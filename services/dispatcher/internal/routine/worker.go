@@ -90,6 +90,7 @@ const workerCacheSize = 256
 type workerConn struct {
 	r        *bufio.Reader
 	w        *bufio.Writer
+	queued   []frame // P and C frames read while a call waited for a tool's answer
 	programs map[string]*Program
 	cpuLife  uint64        // the hard RLIMIT_CPU, seconds
 	cpuSoft  uint64        // the soft RLIMIT_CPU set last, seconds
@@ -120,15 +121,29 @@ func (c *workerConn) usedCPU() []byte {
 	return putInt(int64(c.cpu))
 }
 
+// frame is a frame read ahead.
+type frame struct {
+	typ byte
+	f   [][]byte
+}
+
 func (c *workerConn) serve() error {
 	if err := writeFrame(c.w, frameHello); err != nil {
 		return err
 	}
 	for {
-		typ, f, err := readFrame(c.r, maxFrame)
-		if err != nil {
-			return err
+		var typ byte
+		var f [][]byte
+		if len(c.queued) > 0 {
+			typ, f = c.queued[0].typ, c.queued[0].f
+			c.queued = c.queued[1:]
+		} else {
+			var err error
+			if typ, f, err = readFrame(c.r, maxFrame); err != nil {
+				return err
+			}
 		}
+		var err error
 		switch typ {
 		case frameProgram:
 			err = c.compile(f)
@@ -182,7 +197,13 @@ func (c *workerConn) compile(f [][]byte) error {
 	}
 	c.programs[key] = p
 	c.usedCPU() // top-level code ran: the next armCPU counts it
-	return writeFrame(c.w, frameCompiled, []byte(strings.Join(sortedCallables(p), "\n")), []byte(strings.Join(p.functions(), "\n")))
+	return c.answer(frameCompiled, []byte(strings.Join(sortedCallables(p), "\n")), []byte(strings.Join(p.functions(), "\n")))
+}
+
+// answer writes an answer to the pool, stamped with the time: the start
+// of the next frame, if the pool has written it already (see wire.go).
+func (c *workerConn) answer(typ byte, fields ...[]byte) error {
+	return writeFrame(c.w, typ, append(fields, putInt(time.Now().UnixNano()))...)
 }
 
 // toolStub is a tool answered by the pool: the call goes to the parent as
@@ -193,6 +214,11 @@ func (c *workerConn) toolStub(name string) func(context.Context, json.RawMessage
 			return nil, err
 		}
 		typ, f, err := readFrame(c.r, maxFrame)
+		for err == nil && (typ == frameCall || typ == frameProgram) {
+			// The pool's next frames, written while this call runs.
+			c.queued = append(c.queued, frame{typ, f})
+			typ, f, err = readFrame(c.r, maxFrame)
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -209,37 +235,41 @@ func (c *workerConn) toolStub(name string) func(context.Context, json.RawMessage
 	}
 }
 
-// call handles C: key fn deadline hasMem mem args….
+// call handles C: key fn deadline startBy hasMem mem args….
 func (c *workerConn) call(f [][]byte) error {
-	if len(f) < 5 || len(f[3]) != 1 {
+	if len(f) < 6 || len(f[4]) != 1 {
 		return errBadFrame
 	}
 	p := c.programs[string(f[0])]
 	if p == nil {
-		return writeFrame(c.w, frameUnknown)
+		return c.answer(frameUnknown)
+	}
+	now := time.Now()
+	if startBy := getInt(f[3]); startBy > 0 && now.UnixNano() > startBy {
+		return c.answer(frameBusy) // it waited its budget behind other calls
 	}
 	ctx := context.Background()
 	budget := p.limits.Timeout
-	if dl := time.Duration(getInt(f[2])); dl > 0 {
+	if dl := getInt(f[2]); dl > 0 {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, dl)
+		ctx, cancel = context.WithDeadline(ctx, time.Unix(0, dl))
 		defer cancel()
-		budget = min(budget, dl)
+		budget = min(budget, time.Unix(0, dl).Sub(now))
 	}
 	c.armCPU(budget)
 	var memory json.RawMessage
-	if f[3][0] == 1 {
-		memory = json.RawMessage(f[4])
+	if f[4][0] == 1 {
+		memory = json.RawMessage(f[5])
 	}
-	args := make([]json.RawMessage, 0, len(f)-5)
-	for _, a := range f[5:] {
+	args := make([]json.RawMessage, 0, len(f)-6)
+	for _, a := range f[6:] {
 		args = append(args, json.RawMessage(a))
 	}
 	out, mem, err := p.callLocal(ctx, string(f[1]), args, memory)
 	if err != nil {
 		return c.fail(err)
 	}
-	return writeFrame(c.w, frameDone, out, putBool(mem != nil), mem, c.usedCPU())
+	return c.answer(frameDone, out, putBool(mem != nil), mem, c.usedCPU())
 }
 
 func (c *workerConn) fail(err error) error {
@@ -248,5 +278,5 @@ func (c *workerConn) fail(err error) error {
 	if len(msg) > maxErrorText {
 		msg = strings.ToValidUTF8(msg[:maxErrorText], "") + "…"
 	}
-	return writeFrame(c.w, frameError, []byte{byte(KindOf(err))}, []byte(msg), c.usedCPU())
+	return c.answer(frameError, []byte{byte(KindOf(err))}, []byte(msg), c.usedCPU())
 }

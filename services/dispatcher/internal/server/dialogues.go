@@ -101,7 +101,15 @@ func (s *Server) ReplyMessage(ctx context.Context, req *dispatcherv1.ReplyMessag
 		return nil, err
 	}
 	defer cancel()
+	money, err := s.checkMoney(ctx, req.GetSender(), req.GetInReplyTo(), m.Type, m.Body)
+	if st, refused := moneyStatus(err); refused {
+		return nil, st
+	}
+	if err != nil {
+		return nil, s.toStatus(ctx, err)
+	}
 	res, err := s.dialogues.Reply(ctx, req.GetSender(), req.GetInReplyTo(), req.GetAll(), m)
+	money.done(ctx, err == nil)
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}

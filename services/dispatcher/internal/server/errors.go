@@ -20,6 +20,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
+	"github.com/parleyhq/parley/services/dispatcher/internal/payment"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -78,6 +79,9 @@ var statusRules = []statusRule{
 	{dialogue.ErrRecipientClosed, codes.FailedPrecondition, "RECIPIENT_CLOSED"},
 	{dialogue.ErrGroupNotFound, codes.NotFound, "GROUP_NOT_FOUND"},
 	{dialogue.ErrNoRecipient, codes.FailedPrecondition, "NO_RECIPIENT"},
+	// Payments (the ledger provider).
+	{payment.ErrNotPayee, codes.PermissionDenied, "NOT_PAYEE"},
+	{payment.ErrNotReserved, codes.FailedPrecondition, "PAYMENT_NOT_RESERVED"},
 	// Mailboxes.
 	{mailbox.ErrReplaced, codes.Aborted, "STREAM_REPLACED"},
 	{mailbox.ErrStopping, codes.Unavailable, "SHUTTING_DOWN"},

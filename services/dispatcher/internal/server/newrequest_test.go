@@ -59,7 +59,7 @@ func TestNewRequest_everyMessageTypeThroughTheNetwork(t *testing.T) {
 		{"transact", map[string]time.Duration{"proposal_timeout": 30 * sec}, []step{
 			supp("proposal", `{"proposal":{"price":5}}`),
 			cons("invite_offer", `{"invite_offer_timeout":30}`),
-			supp("offer", `{"offer":{"price":5},"offer_timeout":60,"payment_required":true}`),
+			supp("offer", `{"offer":{"price":5},"offer_timeout":60}`), // paid acceptances: acceptance_test.go
 			cons("accept_offer", `{"payment":{"reference":"ledger:1"}}`),
 			supp("payment_error", `{"error":"declined","offer_timeout":60}`),
 			cons("accept_offer", `{"payment":{"reference":"ledger:2"}}`),
@@ -305,5 +305,24 @@ func TestNewRequest_refusesBadInput(t *testing.T) {
 	})
 	if status.Code(err) != codes.InvalidArgument || badField(err) != "protocol" {
 		t.Errorf("SendMessage(allocate) error = %v, want INVALID_ARGUMENT naming protocol", err)
+	}
+}
+
+// A message after its deadline is refused naming the deadline even before
+// the timer fires: the pair's state holds the deadline, and the server's
+// clock is the judge.
+func TestNewRequest_lateMessageRefusedBeforeTheTimerFires(t *testing.T) {
+	e := startService(t)
+	open := e.request("transact", map[string]time.Duration{"proposal_timeout": 30 * time.Second}, netBob)
+	e.clock.Advance(31 * time.Second)
+	_, err := e.reply(netBob, open.GetMessageId(), "proposal", `{"proposal":{}}`)
+	if status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("late proposal: error = %v, want FAILED_PRECONDITION", err)
+	}
+	m := last(e.inbox(netBob))
+	var pe struct{ Rule, Error string }
+	_ = json.Unmarshal(m.Body, &pe)
+	if m.Type != "protocol_error" || pe.Rule != "DEADLINE_PASSED" || !strings.Contains(pe.Error, "proposal_timeout") {
+		t.Errorf("bob's last message = %s %s, want protocol_error DEADLINE_PASSED naming proposal_timeout", m.Type, m.Body)
 	}
 }

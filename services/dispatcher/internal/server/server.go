@@ -43,6 +43,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/negotiation"
 	"github.com/parleyhq/parley/services/dispatcher/internal/order"
 	"github.com/parleyhq/parley/services/dispatcher/internal/outbound"
+	"github.com/parleyhq/parley/services/dispatcher/internal/payment"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 	"github.com/parleyhq/parley/services/dispatcher/internal/shadow"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -154,7 +155,7 @@ type Options struct {
 	// The agent network (issue 13). Dialogues and Mailboxes both set turn
 	// on the dialogue RPCs; without them they answer UNAVAILABLE.
 	Dialogues store.DialogueStore
-	Mailboxes mailbox.Appender
+	Mailboxes dialogue.Mailboxes // the mailboxes Dialogues appends to, in its own transactions
 	// MessageMaxBodyBytes caps a network message's body_json.
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC.
@@ -165,6 +166,9 @@ type Options struct {
 	// Timers keeps protocol deadlines (RunDeadlines fires them); without
 	// it late messages are still refused, but no expiry is sent.
 	Timers store.TimerStore
+	// Payments keeps the ledger provider's payments and the owners' daily
+	// spending; without it the payment RPCs are UNAVAILABLE.
+	Payments store.PaymentStore
 	// Acceptances checks every message that would form an order (an
 	// accept_offer) before it is recorded: payments, signed approvals,
 	// spending limits. nil lets each through to the state machine.
@@ -195,6 +199,10 @@ type Server struct {
 	dialogues *dialogue.Service
 	// deadlines fires protocol deadlines; nil without Options.Timers.
 	deadlines *deadline.Scheduler
+	// ledger and payments are nil without Options.Payments.
+	ledger   *payment.Ledger
+	payments *payment.Gate
+	owners   ownerSource
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
@@ -234,7 +242,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 	if opts.Dialogues != nil && opts.Mailboxes != nil {
 		obs := pairObserver{logger: logger}
 		if opts.Orders != nil {
-			obs.orders = order.New(opts.Orders, dialogue.NewID)
+			obs.orders = order.New(opts.Orders)
 		}
 		if opts.Timers != nil {
 			deadlines = deadline.New(opts.Timers, serviceMachines{dir}, opts.Mailboxes, deadline.Options{
@@ -246,10 +254,19 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs, Acceptances: opts.Acceptances,
 		})
 	}
+	var (
+		ledger *payment.Ledger
+		gate   *payment.Gate
+	)
+	if opts.Payments != nil {
+		ledger = payment.NewLedger(opts.Payments, dialogue.NewID, opts.Now)
+		gate = payment.NewGate(opts.Payments, map[string]payment.Provider{payment.LedgerName: ledger})
+	}
 	return &Server{
 		dialogues: dialogues,
 		deadlines: deadlines,
-		store:     st, logger: logger, opts: opts, metrics: m, dir: dir, routines: routines, hub: h, shadows: shadows,
+		ledger:    ledger, payments: gate, owners: ownerSource{reg},
+		store: st, logger: logger, opts: opts, metrics: m, dir: dir, routines: routines, hub: h, shadows: shadows,
 		inbound: inbound.New(st, dir, routines, h, model, shadows, neg, inbound.Options{
 			ConversationTTL: opts.ConversationTTL, MaxConversationsPerPeer: opts.MaxConversationsPerPeer,
 			PeerDialects: opts.PeerDialects, Now: opts.Now, Logger: logger, Metrics: m,

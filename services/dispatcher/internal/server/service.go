@@ -74,6 +74,10 @@ func (o pairObserver) expired(ctx context.Context, x deadline.Expiry) error {
 	return err
 }
 
+// RoutineChanged drops what the server caches of a routine or tool that
+// another replica changed ("" for any).
+func (s *Server) RoutineChanged(name string) { s.routines.Changed(name) }
+
 // WakeDeadlines makes RunDeadlines look for the next timer again: another
 // replica set one.
 func (s *Server) WakeDeadlines() {

@@ -3,10 +3,12 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,7 +106,7 @@ func startService(t *testing.T) *serviceEnv {
 	clock := &fakeClock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	mb := mailbox.New(st, mailbox.Options{Now: clock.Now})
 	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(Options{
-		Dialogues: st, Mailboxes: mb, Orders: st, Timers: st, Now: clock.Now,
+		Dialogues: st, Mailboxes: mb, Orders: st, Timers: st, Payments: st, Now: clock.Now,
 	}))
 	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	return &serviceEnv{
@@ -262,57 +264,147 @@ func TestAllocate_deadlineExpiresAndRefusesTheLateOffer(t *testing.T) {
 	}
 }
 
-// The consumer accepts while the supplier revokes, concurrently: each
-// dialogue has one total order, so exactly one wins, the loser gets a
-// protocol_error, and both sides see the same outcome.
+// The consumer accepts while the supplier revokes, concurrently, 1,000
+// times (16 dialogues at a time): each dialogue has one total order, so
+// exactly one wins each time, the loser gets a protocol_error, and both
+// sides see the same outcome: in their orders and in their mailboxes.
 func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 	e := startService(t)
-	runs := 100
+	runs := 1000
 	if testing.Short() {
-		runs = 20
+		runs = 100
 	}
-	wins := map[string]int{}
-	for i := range runs {
-		req := e.request("transact", nil, netBob)
-		proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
-		invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
-		offer := e.mustReply(netBob, invite, "offer", `{"offer":{"price":5}}`)
-
+	ctx := t.Context()
+	reply := func(sender, inReplyTo, typ, body string) (string, error) {
+		res, err := e.client.ReplyMessage(ctx, &dispatcherv1.ReplyMessageRequest{Sender: sender, InReplyTo: inReplyTo, MessageType: typ, BodyJson: body})
+		return res.GetMessageId(), err
+	}
+	// race prepares one dialogue up to bob's offer, then races alice's
+	// accept against bob's revoke and returns the winner's type.
+	race := func() (dialogue, winner string, err error) {
+		req, err := e.client.NewRequest(ctx, &dispatcherv1.NewRequestRequest{
+			Sender: netAlice, To: &dispatcherv1.DistributionList{Direct: []string{netBob}}, Protocol: "transact", TaskJson: `{}`,
+		})
+		if err != nil {
+			return "", "", err
+		}
+		proposal, err := reply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
+		if err != nil {
+			return "", "", err
+		}
+		invite, err := reply(netAlice, proposal, "invite_offer", `{}`)
+		if err != nil {
+			return "", "", err
+		}
+		offer, err := reply(netBob, invite, "offer", `{"offer":{"price":5}}`)
+		if err != nil {
+			return "", "", err
+		}
 		var (
 			wg                sync.WaitGroup
 			acceptErr, revErr error
 		)
-		wg.Go(func() { _, acceptErr = e.reply(netAlice, offer, "accept_offer", `{}`) })
-		wg.Go(func() { _, revErr = e.reply(netBob, invite, "revoke_offer", `{}`) })
+		wg.Go(func() { _, acceptErr = reply(netAlice, offer, "accept_offer", `{}`) })
+		wg.Go(func() { _, revErr = reply(netBob, invite, "revoke_offer", `{}`) })
 		wg.Wait()
 		if (acceptErr == nil) == (revErr == nil) {
-			t.Fatalf("run %d: accept error %v, revoke error %v; want exactly one to win", i, acceptErr, revErr)
+			return req.GetDialogueId(), "", fmt.Errorf("accept error %v, revoke error %v; want exactly one to win", acceptErr, revErr)
 		}
-		loserErr := revErr
-		winner := "accept_offer"
+		loserErr, winner := revErr, "accept_offer"
 		if acceptErr != nil {
 			loserErr, winner = acceptErr, "revoke_offer"
 		}
 		if grpcerr.Reason(loserErr) != "PROTOCOL_ERROR" {
-			t.Fatalf("run %d: the loser's error = %v, want PROTOCOL_ERROR", i, loserErr)
+			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %v, want PROTOCOL_ERROR", loserErr)
 		}
-		wins[winner]++
-		// Both sides agree: the order exists exactly when accept won.
-		for _, agent := range []string{netAlice, netBob} {
-			list, err := e.client.ListOrders(t.Context(), &dispatcherv1.ListOrdersRequest{Parent: agent, PageSize: 1000})
+		return req.GetDialogueId(), winner, nil
+	}
+	winners := make(map[string]string, runs) // dialogue → winning type
+	var (
+		mu   sync.Mutex
+		next atomic.Int64
+		wg   sync.WaitGroup
+	)
+	for range 16 {
+		wg.Go(func() {
+			for next.Add(1) <= int64(runs) {
+				d, w, err := race()
+				mu.Lock()
+				winners[d] = w
+				mu.Unlock()
+				if err != nil {
+					t.Errorf("dialogue %s: %v", d, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+
+	// Both sides agree, in their orders: one exactly when accept won.
+	for _, agent := range []string{netAlice, netBob} {
+		orders := map[string]int{}
+		for token := ""; ; {
+			list, err := e.client.ListOrders(ctx, &dispatcherv1.ListOrdersRequest{Parent: agent, PageSize: 1000, PageToken: token})
 			if err != nil {
 				t.Fatal(err)
 			}
-			n := 0
 			for _, o := range list.GetOrders() {
-				if o.GetDialogueId() == req.GetDialogueId() {
-					n++
-				}
+				orders[o.GetDialogueId()]++
 			}
-			if want := map[string]int{"accept_offer": 1, "revoke_offer": 0}[winner]; n != want {
-				t.Fatalf("run %d: %s sees %d orders of the dialogue after %s won, want %d", i, agent, n, winner, want)
+			if token = list.GetNextPageToken(); token == "" {
+				break
+			}
+		}
+		for d, w := range winners {
+			if want := map[string]int{"accept_offer": 1, "revoke_offer": 0}[w]; orders[d] != want {
+				t.Errorf("dialogue %s: %s sees %d orders after %s won, want %d", d, agent, orders[d], w, want)
 			}
 		}
 	}
-	t.Logf("%d runs: %v", runs, wins)
+	// And in their mailboxes: the winner's message reached the other side,
+	// the loser's did not, and the loser got a protocol_error.
+	got := map[string]map[string]bool{} // "agent dialogue" → types received
+	for _, agent := range []string{netAlice, netBob} {
+		for after := uint64(0); ; {
+			ds, err := e.mail.Read(ctx, agent, after, 1000)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(ds) == 0 {
+				break
+			}
+			for _, d := range ds {
+				k := agent + " " + d.Message.DialogueID
+				if got[k] == nil {
+					got[k] = map[string]bool{}
+				}
+				got[k][d.Message.Type] = true
+				after = d.Cursor
+			}
+		}
+	}
+	counts := map[string]int{}
+	for d, w := range winners {
+		counts[w]++
+		wantAlice := map[string]bool{"revoke_offer": w == "revoke_offer", "protocol_error": w == "revoke_offer"}
+		wantBob := map[string]bool{"accept_offer": w == "accept_offer", "protocol_error": w == "accept_offer"}
+		for typ, want := range wantAlice {
+			if got[netAlice+" "+d][typ] != want {
+				t.Errorf("dialogue %s (%s won): alice received %s: %v, want %v", d, w, typ, !want, want)
+			}
+		}
+		for typ, want := range wantBob {
+			if got[netBob+" "+d][typ] != want {
+				t.Errorf("dialogue %s (%s won): bob received %s: %v, want %v", d, w, typ, !want, want)
+			}
+		}
+	}
+	if len(winners) != runs {
+		t.Errorf("%d dialogues raced, want %d", len(winners), runs)
+	}
+	t.Logf("%d runs: %v", runs, counts)
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
 // Dialogue is a dialogue of the agent network: opened by one message,
@@ -70,22 +72,31 @@ type PairState struct {
 	State json.RawMessage
 }
 
-// PairRestore undoes one pair's state change: when the pair holds Written,
-// it is set back to Previous (nil removes it). A pair changed again since
-// is left alone.
-type PairRestore struct {
-	Pair     Pair
-	Written  json.RawMessage
-	Previous json.RawMessage
-}
-
-// MessageWrite is what a reply stores: the message, the agents it went to
-// (each gets a receipt and becomes a participant) and the pair states it
-// moved.
+// MessageWrite is what a dialogue write stores: the message, the agents it
+// goes to and the pair states it moves, and the message as their mailboxes
+// get it. The record and the mailbox append are one transaction, so they
+// never disagree and one commit makes both durable.
 type MessageWrite struct {
 	Message    DialogueMessage
-	Recipients []string
+	Recipients []string // distinct
 	Pairs      []PairState
+	// Mail is the message as delivered (its ID and DialogueID are
+	// Message's). Each recipient's mailbox gets it, within the bound; the
+	// body is stored once.
+	Mail mailbox.Message
+	// NoReceipts is set for a broadcast: its recipients get the message in
+	// their mailboxes but no receipt, and become no participants, since
+	// nobody may answer it.
+	NoReceipts bool
+}
+
+// Delivered is what the mailbox half of a write did. A recipient whose
+// mailbox was full got nothing: no mailbox entry, no receipt, and no pair
+// state with it was written. When every recipient was refused, nothing at
+// all was written.
+type Delivered struct {
+	Deliveries []mailbox.Delivery // one per recipient whose mailbox took it
+	Refused    []mailbox.Refusal
 }
 
 // DialogueView is a dialogue as one transaction of AddMessage sees it,
@@ -122,24 +133,20 @@ type Request struct {
 // which message, the close filters, and per-pair protocol state. Every
 // method checks ctx first.
 type DialogueStore interface {
-	// CreateDialogue stores a new dialogue d with its opener m. When
-	// recipients is not nil, each gets a receipt of m and, with the sender,
-	// becomes a participant (broadcasts, which cannot be answered, pass
-	// nil). pairs are the pairs' first protocol states. ErrAlreadyExists
-	// when d.ID or m.ID is taken.
-	CreateDialogue(ctx context.Context, d Dialogue, m DialogueMessage, recipients []string, pairs []PairState) error
+	// CreateDialogue stores a new dialogue d with its opener w.Message and
+	// appends w.Mail to the recipients' mailboxes (bounded by bound), in one
+	// transaction. Unless w.NoReceipts, each recipient that got the message
+	// gets a receipt of it and, with the sender, becomes a participant.
+	// w.Pairs are the pairs' first protocol states. ErrAlreadyExists when
+	// d.ID or the message id is taken.
+	CreateDialogue(ctx context.Context, d Dialogue, w MessageWrite, bound mailbox.Bound) (Delivered, error)
 	// AddMessage answers the message answered in one transaction: plan
-	// sees the dialogue around it and returns what to write; the new
-	// message's sender and recipients become participants and the
-	// recipients get receipts. If plan fails, nothing is written and its
-	// error is returned as is. ErrNotFound when answered is unknown.
-	AddMessage(ctx context.Context, answered string, plan func(DialogueView) (MessageWrite, error)) error
-	// RetractMessage undoes a stored message for agents whose mailboxes
-	// did not take it: their receipts go, and the pairs are restored. A
-	// message left with no receipt is removed, and with it its dialogue
-	// when it was the opener (participants and pair states too).
-	// Retracting an unknown message is no error.
-	RetractMessage(ctx context.Context, id string, agents []string, pairs []PairRestore) error
+	// sees the dialogue around it and returns what to write, which is
+	// written as CreateDialogue writes an opener (the message joins the
+	// answered one's dialogue). The new message's sender and recipients
+	// become participants. If plan fails, nothing is written and its error
+	// is returned as is. ErrNotFound when answered is unknown.
+	AddMessage(ctx context.Context, answered string, bound mailbox.Bound, plan func(DialogueView) (MessageWrite, error)) (Delivered, error)
 	// GetDialogueMessage returns a stored message; ErrNotFound when absent.
 	GetDialogueMessage(ctx context.Context, id string) (DialogueMessage, error)
 	// GetDialogue returns a dialogue; ErrNotFound when absent.

@@ -1,9 +1,12 @@
 package server
 
 import (
+	"bytes"
 	"context"
+	"crypto/ed25519"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -235,6 +238,33 @@ func TestUpdateAgent_owner(t *testing.T) {
 	_, err = s.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: a.GetName(), Owner: &registryv1.Owner{Country: "gb", DailyLimitMicroUsd: -1}}})
 	if got := fieldsOf(err); status.Code(err) != codes.InvalidArgument || len(got) != 2 {
 		t.Errorf("UpdateAgent(bad owner) = %v (fields %v), want INVALID_ARGUMENT on country and daily limit", err, got)
+	}
+}
+
+func TestUpdateAgent_ownerApprovalKeyAndAutomatedLimits(t *testing.T) {
+	s := newKeyServer(t, Options{})
+	ctx := asOperator(t.Context())
+	a, err := s.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "bot", Agent: &registryv1.Agent{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := make([]byte, ed25519.PublicKeySize)
+	key[0] = 7
+	good := &registryv1.Owner{ApprovalPublicKey: key, AutomatedLimitPerTransactionMicroUsd: proto.Int64(0), AutomatedLimitPerDayMicroUsd: proto.Int64(5_000_000)}
+	up, err := s.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: a.GetName(), Owner: good}})
+	if err != nil || !bytes.Equal(up.GetOwner().GetApprovalPublicKey(), key) || up.GetOwner().AutomatedLimitPerTransactionMicroUsd == nil ||
+		up.GetOwner().GetAutomatedLimitPerDayMicroUsd() != 5_000_000 {
+		t.Fatalf("UpdateAgent(owner with key and limits) = %v, %v", up, err)
+	}
+	if got, err := s.GetAgent(ctx, &registryv1.GetAgentRequest{Name: a.GetName()}); err != nil || !bytes.Equal(got.GetOwner().GetApprovalPublicKey(), key) ||
+		got.GetOwner().GetAutomatedLimitPerTransactionMicroUsd() != 0 || got.GetOwner().AutomatedLimitPerTransactionMicroUsd == nil {
+		t.Errorf("GetAgent = %v, %v; want the key and a per-transaction limit of 0 that is set", got, err)
+	}
+	bad := &registryv1.Owner{ApprovalPublicKey: key[:31], AutomatedLimitPerTransactionMicroUsd: proto.Int64(-1), AutomatedLimitPerDayMicroUsd: proto.Int64(-2)}
+	_, err = s.UpdateAgent(ctx, &registryv1.UpdateAgentRequest{Agent: &registryv1.Agent{Name: a.GetName(), Owner: bad}})
+	want := []string{"agent.owner.approval_public_key", "agent.owner.automated_limit_per_transaction_micro_usd", "agent.owner.automated_limit_per_day_micro_usd"}
+	if got := fieldsOf(err); status.Code(err) != codes.InvalidArgument || !slices.Equal(got, want) {
+		t.Errorf("UpdateAgent(bad key and limits) = %v (fields %v), want INVALID_ARGUMENT on %v", err, got, want)
 	}
 }
 

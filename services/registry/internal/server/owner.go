@@ -1,6 +1,7 @@
 package server
 
 import (
+	"crypto/ed25519"
 	"fmt"
 	"regexp"
 	"unicode/utf8"
@@ -31,5 +32,14 @@ func checkOwner(v *grpcerr.Violations, o *registryv1.Owner) {
 	}
 	if o.GetTransactionLimitMicroUsd() < 0 {
 		v.Add("agent.owner.transaction_limit_micro_usd", "must not be negative")
+	}
+	if k := o.GetApprovalPublicKey(); len(k) != 0 && len(k) != ed25519.PublicKeySize {
+		v.Add("agent.owner.approval_public_key", fmt.Sprintf("has %d bytes; an Ed25519 public key has %d", len(k), ed25519.PublicKeySize))
+	}
+	if o.GetAutomatedLimitPerTransactionMicroUsd() < 0 {
+		v.Add("agent.owner.automated_limit_per_transaction_micro_usd", "must not be negative")
+	}
+	if o.GetAutomatedLimitPerDayMicroUsd() < 0 {
+		v.Add("agent.owner.automated_limit_per_day_micro_usd", "must not be negative")
 	}
 }

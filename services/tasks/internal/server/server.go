@@ -112,15 +112,46 @@ func (s *Server) Start(ctx context.Context, stopping <-chan struct{}) error {
 	s.stopping = stopping
 	refs, err := s.store.ListPending(ctx)
 	if err != nil {
-		return fmt.Errorf("list pending steps: %w", err)
+		// A database that does not answer yet: serve (not ready) and
+		// resume the steps once it does.
+		s.logger.WarnContext(ctx, "pending steps cannot be listed yet; retrying", slog.Any("err", err))
+		go s.resumeLater(ctx)
+		return nil
 	}
+	s.Resume(ctx, refs)
+	return nil
+}
+
+// resumeLater lists the pending steps every second once the store is
+// ready, then resumes them; it gives up when ctx ends.
+func (s *Server) resumeLater(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.store.Ping(ctx) != nil {
+			continue // not ready: listing now could claim steps too early
+		}
+		if refs, err := s.store.ListPending(ctx); err == nil {
+			s.Resume(ctx, refs)
+			return
+		}
+	}
+}
+
+// Resume runs pending steps that no one runs: those left by the last run
+// (Start), or claimed from a replica that died (pgstore.ClaimOrphans).
+func (s *Server) Resume(ctx context.Context, refs []store.StepRef) {
 	for _, ref := range refs {
 		s.sched.Submit(ref, "", nil, nil)
 	}
 	if len(refs) > 0 {
 		s.logger.InfoContext(ctx, "resuming pending steps", slog.Int("steps", len(refs)))
 	}
-	return nil
 }
 
 // Close stops executing steps and waits for running attempts to end. Steps

@@ -60,7 +60,7 @@ var _ store.Store = (*Store)(nil)
 // Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
-		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets),
+		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets),
 		SchemaVersion: schemaVersion,
 		LockTimeout:   lockTimeout,
 	})
@@ -71,14 +71,9 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 }
 
 // Ping reports whether the database is open.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.View(func(*bolt.Tx) error { return nil })
-}
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
-// Close closes the database.
+// Close finishes queued writes and closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
 // SetRoutine implements store.Store.

@@ -29,14 +29,7 @@ func TestMailboxConformance(t *testing.T) {
 }
 
 func TestDialogueConformance(t *testing.T) {
-	storetest.RunDialogues(t, func(t *testing.T) store.DialogueStore {
-		s, err := boltstore.Open(t.TempDir(), time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { s.Close() })
-		return s
-	})
+	storetest.RunDialogues(t, func(t *testing.T) storetest.DialogueBackend { return open(t) })
 }
 
 func TestTimerConformance(t *testing.T) {
@@ -45,4 +38,8 @@ func TestTimerConformance(t *testing.T) {
 
 func TestOrderConformance(t *testing.T) {
 	storetest.RunOrders(t, func(t *testing.T) store.OrderStore { return open(t) })
+}
+
+func TestPaymentConformance(t *testing.T) {
+	storetest.RunPayments(t, func(t *testing.T) store.PaymentStore { return open(t) })
 }

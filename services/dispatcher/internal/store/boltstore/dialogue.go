@@ -8,7 +8,9 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -88,50 +90,82 @@ func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
 	return tx.Bucket(bucketAgentDialogues).Put(join(agent, dialogue), nil)
 }
 
-// writeMessage stores m with receipts for recipients (nil: none, a
-// broadcast), the participants and the pair states.
-func writeMessage(tx *bolt.Tx, m store.DialogueMessage, recipients []string, pairs []store.PairState) error {
+// writeMessage appends w.Mail to the recipients' mailboxes, then stores
+// w.Message with receipts for those that took it (none for a broadcast),
+// the participants and the pair states of the pairs not refused. Nothing
+// is written when every mailbox refused.
+func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store.Delivered, error) {
+	m := w.Message
+	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
+	if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
+		return store.Delivered{}, resource.AlreadyExists("message", m.ID)
+	}
+	a, err := newAppend(w.Mail, w.Recipients)
+	if err != nil {
+		return store.Delivered{}, err
+	}
+	if err := a.run(tx, bound); err != nil {
+		return store.Delivered{}, err
+	}
+	out := store.Delivered{Deliveries: a.delivered, Refused: a.refused}
+	if len(a.delivered) == 0 {
+		return out, nil
+	}
+	refused := make(map[string]bool, len(a.refused))
+	for _, r := range a.refused {
+		refused[r.Agent] = true
+	}
 	if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), m); err != nil {
-		return err
+		return store.Delivered{}, err
 	}
-	if recipients != nil {
+	if !w.NoReceipts {
 		if err := addParticipant(tx, m.DialogueID, m.Sender); err != nil {
-			return err
+			return store.Delivered{}, err
+		}
+		for _, r := range w.Recipients {
+			if refused[r] {
+				continue
+			}
+			if err := tx.Bucket(bucketDialogueReceipts).Put(join(m.ID, r), nil); err != nil {
+				return store.Delivered{}, err
+			}
+			if err := addParticipant(tx, m.DialogueID, r); err != nil {
+				return store.Delivered{}, err
+			}
 		}
 	}
-	for _, r := range recipients {
-		if err := tx.Bucket(bucketDialogueReceipts).Put(join(m.ID, r), nil); err != nil {
-			return err
+	for _, p := range w.Pairs {
+		if refused[p.Pair.A] || refused[p.Pair.B] {
+			continue
 		}
-		if err := addParticipant(tx, m.DialogueID, r); err != nil {
-			return err
-		}
-	}
-	for _, p := range pairs {
 		if err := tx.Bucket(bucketDialoguePairs).Put(pairKey(m.DialogueID, p.Pair), p.State); err != nil {
-			return err
+			return store.Delivered{}, err
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // CreateDialogue implements store.DialogueStore.
-func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, m store.DialogueMessage, recipients []string, pairs []store.PairState) error {
+func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.MessageWrite, bound mailbox.Bound) (store.Delivered, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return store.Delivered{}, err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	w.Message.DialogueID = d.ID
+	var out store.Delivered
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		if tx.Bucket(bucketDialogues).Get([]byte(d.ID)) != nil {
 			return resource.AlreadyExists("dialogue", d.ID)
 		}
-		if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
-			return resource.AlreadyExists("message", m.ID)
-		}
-		if err := putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d); err != nil {
+		var err error
+		if out, err = writeMessage(tx, w, bound); err != nil || len(out.Deliveries) == 0 {
 			return err
 		}
-		return writeMessage(tx, m, recipients, pairs)
+		return putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d)
 	})
+	if err != nil {
+		return store.Delivered{}, err
+	}
+	return out, nil
 }
 
 // view is store.DialogueView over one bbolt transaction.
@@ -168,11 +202,12 @@ func (v *view) Participant(agent string) (store.Participant, bool) {
 }
 
 // AddMessage implements store.DialogueStore.
-func (s *Store) AddMessage(ctx context.Context, answered string, plan func(store.DialogueView) (store.MessageWrite, error)) error {
+func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.Bound, plan func(store.DialogueView) (store.MessageWrite, error)) (store.Delivered, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return store.Delivered{}, err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	var out store.Delivered
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		v := &view{tx: tx}
 		if ok, err := getJSON(tx.Bucket(bucketDialogueMessages), []byte(answered), &v.answered); err != nil {
 			return err
@@ -188,88 +223,15 @@ func (s *Store) AddMessage(ctx context.Context, answered string, plan func(store
 		if err != nil {
 			return err
 		}
-		if tx.Bucket(bucketDialogueMessages).Get([]byte(w.Message.ID)) != nil {
-			return resource.AlreadyExists("message", w.Message.ID)
-		}
 		w.Message.DialogueID = v.dialogue.ID
-		if w.Recipients == nil {
-			w.Recipients = []string{}
-		}
-		return writeMessage(tx, w.Message, w.Recipients, w.Pairs)
-	})
-}
-
-// RetractMessage implements store.DialogueStore.
-func (s *Store) RetractMessage(ctx context.Context, id string, agents []string, pairs []store.PairRestore) error {
-	if err := ctx.Err(); err != nil {
+		w.NoReceipts = false
+		out, err = writeMessage(tx, w, bound)
 		return err
-	}
-	return s.db.Update(func(tx *bolt.Tx) error {
-		var m store.DialogueMessage
-		if ok, err := getJSON(tx.Bucket(bucketDialogueMessages), []byte(id), &m); err != nil || !ok {
-			return err
-		}
-		receipts := tx.Bucket(bucketDialogueReceipts)
-		for _, a := range agents {
-			if err := receipts.Delete(join(id, a)); err != nil {
-				return err
-			}
-		}
-		pb := tx.Bucket(bucketDialoguePairs)
-		for _, p := range pairs {
-			k := pairKey(m.DialogueID, p.Pair)
-			if !bytes.Equal(pb.Get(k), p.Written) {
-				continue
-			}
-			var err error
-			if p.Previous == nil {
-				err = pb.Delete(k)
-			} else {
-				err = pb.Put(k, p.Previous)
-			}
-			if err != nil {
-				return err
-			}
-		}
-		prefix := join(id, "")
-		if k, _ := receipts.Cursor().Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) {
-			return nil // some recipient still holds it
-		}
-		if err := tx.Bucket(bucketDialogueMessages).Delete([]byte(id)); err != nil {
-			return err
-		}
-		if m.InReplyTo != "" {
-			return nil
-		}
-		return deleteDialogue(tx, m.DialogueID)
 	})
-}
-
-// deleteDialogue removes a dialogue whose only message, the opener, went
-// to no one: the dialogue, its participants and their index, its pairs.
-func deleteDialogue(tx *bolt.Tx, id string) error {
-	if err := tx.Bucket(bucketDialogues).Delete([]byte(id)); err != nil {
-		return err
+	if err != nil {
+		return store.Delivered{}, err
 	}
-	prefix := join(id, "")
-	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs} {
-		var keys [][]byte // collected first: never delete while walking a cursor
-		c := tx.Bucket(b).Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			keys = append(keys, bytes.Clone(k))
-		}
-		for _, k := range keys {
-			if err := tx.Bucket(b).Delete(k); err != nil {
-				return err
-			}
-			if bytes.Equal(b, bucketDialogueParticipants) {
-				if err := tx.Bucket(bucketAgentDialogues).Delete(join(string(k[len(prefix):]), id)); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	return nil
+	return out, nil
 }
 
 // GetDialogueMessage implements store.DialogueStore.
@@ -441,30 +403,15 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 		return 0, err
 	}
 	var n int
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		n = 0
-		b := tx.Bucket(bucketDialogueRequests)
-		var old [][]byte // collected first: never delete while walking a cursor
-		err := b.ForEach(func(k, v []byte) error {
+	err := s.db.Update(func(tx *bolt.Tx) (err error) {
+		n, err = boltdb.DeleteWhere(tx.Bucket(bucketDialogueRequests), func(_, v []byte) (bool, error) {
 			var rec store.Request
 			if err := json.Unmarshal(v, &rec); err != nil {
-				return err
+				return false, err
 			}
-			if rec.Time.Before(before) {
-				old = append(old, bytes.Clone(k))
-			}
-			return nil
+			return rec.Time.Before(before), nil
 		})
-		if err != nil {
-			return err
-		}
-		for _, k := range old {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		n = len(old)
-		return nil
+		return err
 	})
 	return n, err
 }

@@ -91,59 +91,89 @@ func (s *Store) AppendMessage(ctx context.Context, m mailbox.Message, recipients
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	body, err := json.Marshal(m)
+	a, err := newAppend(m, recipients)
 	if err != nil {
 		return nil, nil, err
+	}
+	err = s.db.Update(func(tx *bolt.Tx) error { return a.run(tx, bound) })
+	if err != nil {
+		return nil, nil, err
+	}
+	return a.delivered, a.refused, nil
+}
+
+// appendOp is one message appended to several mailboxes inside a write
+// transaction: by AppendMessage alone, or with a dialogue record.
+type appendOp struct {
+	m          mailbox.Message
+	body       []byte // m as stored
+	recipients []string
+	delivered  []mailbox.Delivery
+	refused    []mailbox.Refusal
+}
+
+func newAppend(m mailbox.Message, recipients []string) (*appendOp, error) {
+	body, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
 	}
 	// In key order: bbolt splits nodes only at commit, so keys put out of
 	// order into a node shift its entries each time, quadratic in a large
 	// fan-out; in order they append.
 	recipients = slices.Clone(recipients)
 	slices.Sort(recipients)
-	size := int64(len(m.Body))
-	rv := encodeRef(ref{sent: m.Time.UnixNano(), size: size, id: m.ID})
-	var (
-		delivered []mailbox.Delivery
-		refused   []mailbox.Refusal
-	)
-	err = s.db.Update(func(tx *bolt.Tx) error {
-		// The committer may run this again: results start afresh.
-		delivered, refused = delivered[:0], refused[:0]
-		msgs := tx.Bucket(bucketMessages)
-		if msgs.Get([]byte(m.ID)) != nil {
-			return resource.AlreadyExists("message", m.ID)
+	return &appendOp{m: m, body: body, recipients: recipients}, nil
+}
+
+// run appends the message in tx: recipients whose mailbox would exceed
+// bound are refused and get nothing; when none accepts, nothing is
+// written. The committer may run it more than once: results start afresh.
+func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
+	a.delivered, a.refused = a.delivered[:0], a.refused[:0]
+	msgs := tx.Bucket(bucketMessages)
+	if msgs.Get([]byte(a.m.ID)) != nil {
+		return resource.AlreadyExists("message", a.m.ID)
+	}
+	size := int64(len(a.m.Body))
+	rv := encodeRef(ref{sent: a.m.Time.UnixNano(), size: size, id: a.m.ID})
+	states, refs := tx.Bucket(bucketMailboxes), tx.Bucket(bucketMailboxRefs)
+	type grown struct {
+		agent string
+		st    mailbox.State
+	}
+	var accepted []grown
+	for _, agent := range a.recipients {
+		st := getState(states, agent)
+		if (bound.MaxMessages > 0 && st.Pending+1 > bound.MaxMessages) ||
+			(bound.MaxBytes > 0 && st.PendingBytes+size > bound.MaxBytes) {
+			a.refused = append(a.refused, mailbox.Refusal{Agent: agent, Err: mailbox.ErrFull})
+			continue
 		}
-		states, refs := tx.Bucket(bucketMailboxes), tx.Bucket(bucketMailboxRefs)
-		for _, agent := range recipients {
-			st := getState(states, agent)
-			if (bound.MaxMessages > 0 && st.Pending+1 > bound.MaxMessages) ||
-				(bound.MaxBytes > 0 && st.PendingBytes+size > bound.MaxBytes) {
-				refused = append(refused, mailbox.Refusal{Agent: agent, Err: mailbox.ErrFull})
-				continue
-			}
-			st.Head++
-			st.Pending++
-			st.PendingBytes += size
-			if err := putState(states, agent, st); err != nil {
-				return err
-			}
-			if err := refs.Put(refKey(agent, st.Head), rv); err != nil {
-				return err
-			}
-			delivered = append(delivered, mailbox.Delivery{Agent: agent, Cursor: st.Head, Message: m})
-		}
-		if len(delivered) == 0 {
-			return nil
-		}
-		if err := tx.Bucket(bucketMessageRefs).Put([]byte(m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(delivered)))); err != nil {
+		st.Head++
+		st.Pending++
+		st.PendingBytes += size
+		accepted = append(accepted, grown{agent, st})
+	}
+	if len(accepted) == 0 {
+		return nil
+	}
+	// The states, then the references: each bucket is written in key
+	// order.
+	for _, g := range accepted {
+		if err := putState(states, g.agent, g.st); err != nil {
 			return err
 		}
-		return msgs.Put([]byte(m.ID), body)
-	})
-	if err != nil {
-		return nil, nil, err
 	}
-	return delivered, refused, nil
+	for _, g := range accepted {
+		if err := refs.Put(refKey(g.agent, g.st.Head), rv); err != nil {
+			return err
+		}
+		a.delivered = append(a.delivered, mailbox.Delivery{Agent: g.agent, Cursor: g.st.Head, Message: a.m})
+	}
+	if err := tx.Bucket(bucketMessageRefs).Put([]byte(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered)))); err != nil {
+		return err
+	}
+	return msgs.Put([]byte(a.m.ID), a.body)
 }
 
 // ReadMailbox implements mailbox.Store.

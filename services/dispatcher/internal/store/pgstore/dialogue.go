@@ -1,7 +1,6 @@
 package pgstore
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,6 +10,7 @@ import (
 
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -42,13 +42,43 @@ func marshal(v any) []byte {
 	return data
 }
 
-// writeMessage stores m with receipts for recipients (nil: none, a
-// broadcast), the participants and the pair states.
-func writeMessage(ctx context.Context, tx pgx.Tx, m store.DialogueMessage, recipients []string, pairs []store.PairState) error {
+// writeMessage appends w.Mail to the recipients' mailboxes, then stores
+// w.Message with receipts for those that took it (none for a broadcast),
+// the participants and the pair states of the pairs not refused. When
+// every mailbox refused it returns errNothing, which must roll tx back.
+func (s *Store) writeMessage(ctx context.Context, tx pgx.Tx, w store.MessageWrite, bound mailbox.Bound, out *store.Delivered) error {
+	m := w.Message
+	*out = store.Delivered{}
+	if taken, err := messageTaken(ctx, tx, m.ID); err != nil || taken {
+		if err == nil {
+			err = resource.AlreadyExists("message", m.ID)
+		}
+		return err
+	}
+	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
+	a, err := newAppend(w.Mail, w.Recipients)
+	if err != nil {
+		return err
+	}
+	err = s.appendTx(ctx, tx, a, bound)
+	*out = store.Delivered{Deliveries: a.delivered, Refused: a.refused}
+	if err != nil {
+		return err
+	}
+	refused := make(map[string]bool, len(a.refused))
+	for _, r := range a.refused {
+		refused[r.Agent] = true
+	}
 	if _, err := tx.Exec(ctx, `INSERT INTO dialogue_messages (id, data) VALUES ($1, $2)`, m.ID, marshal(m)); err != nil {
 		return err
 	}
-	if recipients != nil {
+	if !w.NoReceipts {
+		var recipients []string
+		for _, r := range w.Recipients {
+			if !refused[r] {
+				recipients = append(recipients, r)
+			}
+		}
 		agents := append([]string{m.Sender}, recipients...)
 		datas := make([][]byte, len(agents))
 		for i, a := range agents {
@@ -62,7 +92,10 @@ SELECT $1, u.agent, u.data FROM unnest($2::text[], $3::bytea[]) AS u(agent, data
 			return err
 		}
 	}
-	for _, p := range pairs {
+	for _, p := range w.Pairs {
+		if refused[p.Pair.A] || refused[p.Pair.B] {
+			continue
+		}
 		k := p.Pair.Key()
 		if _, err := tx.Exec(ctx, `INSERT INTO dialogue_pairs (dialogue, a, b, state) VALUES ($1, $2, $3, $4)
 ON CONFLICT (dialogue, a, b) DO UPDATE SET state = excluded.state`, m.DialogueID, k.A, k.B, []byte(p.State)); err != nil {
@@ -80,11 +113,13 @@ func messageTaken(ctx context.Context, tx pgx.Tx, id string) (bool, error) {
 }
 
 // CreateDialogue implements store.DialogueStore.
-func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, m store.DialogueMessage, recipients []string, pairs []store.PairState) error {
+func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.MessageWrite, bound mailbox.Bound) (store.Delivered, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return store.Delivered{}, err
 	}
-	return s.db.Update(ctx, func(tx pgx.Tx) error {
+	w.Message.DialogueID = d.ID
+	var out store.Delivered
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO dialogues (id, data) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, d.ID, marshal(d))
 		if err != nil {
 			return err
@@ -92,14 +127,21 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, m store.Di
 		if tag.RowsAffected() == 0 {
 			return resource.AlreadyExists("dialogue", d.ID)
 		}
-		if taken, err := messageTaken(ctx, tx, m.ID); err != nil || taken {
-			if err == nil {
-				err = resource.AlreadyExists("message", m.ID)
-			}
-			return err
-		}
-		return writeMessage(ctx, tx, m, recipients, pairs)
+		return s.writeMessage(ctx, tx, w, bound, &out)
 	})
+	return delivered(out, err)
+}
+
+// delivered is the result of a dialogue write: errNothing (every mailbox
+// refused, all rolled back) is no error.
+func delivered(out store.Delivered, err error) (store.Delivered, error) {
+	if errors.Is(err, errNothing) {
+		return store.Delivered{Refused: out.Refused}, nil
+	}
+	if err != nil {
+		return store.Delivered{}, err
+	}
+	return out, nil
 }
 
 // view is store.DialogueView over one transaction. Its methods cannot
@@ -164,11 +206,13 @@ func pairState(ctx context.Context, q pgdb.Querier, dialogue string, p store.Pai
 }
 
 // AddMessage implements store.DialogueStore.
-func (s *Store) AddMessage(ctx context.Context, answered string, plan func(store.DialogueView) (store.MessageWrite, error)) error {
+func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.Bound, plan func(store.DialogueView) (store.MessageWrite, error)) (store.Delivered, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return store.Delivered{}, err
 	}
-	return s.db.Update(ctx, func(tx pgx.Tx) error {
+	var out store.Delivered
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		out = store.Delivered{}
 		v := &view{ctx: ctx, tx: tx}
 		if ok, err := getJSON(ctx, tx, &v.answered, `SELECT data FROM dialogue_messages WHERE id = $1`, answered); err != nil {
 			return err
@@ -187,73 +231,11 @@ func (s *Store) AddMessage(ctx context.Context, answered string, plan func(store
 		if err != nil {
 			return err
 		}
-		if taken, err := messageTaken(ctx, tx, w.Message.ID); err != nil || taken {
-			if err == nil {
-				err = resource.AlreadyExists("message", w.Message.ID)
-			}
-			return err
-		}
 		w.Message.DialogueID = v.dialogue.ID
-		if w.Recipients == nil {
-			w.Recipients = []string{}
-		}
-		return writeMessage(ctx, tx, w.Message, w.Recipients, w.Pairs)
+		w.NoReceipts = false
+		return s.writeMessage(ctx, tx, w, bound, &out)
 	})
-}
-
-// RetractMessage implements store.DialogueStore.
-func (s *Store) RetractMessage(ctx context.Context, id string, agents []string, pairs []store.PairRestore) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.Update(ctx, func(tx pgx.Tx) error {
-		var m store.DialogueMessage
-		if ok, err := getJSON(ctx, tx, &m, `SELECT data FROM dialogue_messages WHERE id = $1`, id); err != nil || !ok {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM dialogue_receipts WHERE message = $1 AND agent = ANY($2)`, id, agents); err != nil {
-			return err
-		}
-		for _, p := range pairs {
-			cur, err := pairState(ctx, tx, m.DialogueID, p.Pair)
-			if err != nil {
-				return err
-			}
-			if !bytes.Equal(cur, p.Written) {
-				continue
-			}
-			k := p.Pair.Key()
-			if p.Previous == nil {
-				_, err = tx.Exec(ctx, `DELETE FROM dialogue_pairs WHERE dialogue = $1 AND a = $2 AND b = $3`, m.DialogueID, k.A, k.B)
-			} else {
-				_, err = tx.Exec(ctx, `UPDATE dialogue_pairs SET state = $4 WHERE dialogue = $1 AND a = $2 AND b = $3`, m.DialogueID, k.A, k.B, []byte(p.Previous))
-			}
-			if err != nil {
-				return err
-			}
-		}
-		var held bool
-		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM dialogue_receipts WHERE message = $1)`, id).Scan(&held); err != nil || held {
-			return err // some recipient still holds it
-		}
-		if _, err := tx.Exec(ctx, `DELETE FROM dialogue_messages WHERE id = $1`, id); err != nil {
-			return err
-		}
-		if m.InReplyTo != "" {
-			return nil
-		}
-		// The opener went to no one: the dialogue goes with it.
-		for _, q := range []string{
-			`DELETE FROM dialogues WHERE id = $1`,
-			`DELETE FROM dialogue_participants WHERE dialogue = $1`,
-			`DELETE FROM dialogue_pairs WHERE dialogue = $1`,
-		} {
-			if _, err := tx.Exec(ctx, q, m.DialogueID); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	return delivered(out, err)
 }
 
 // GetDialogueMessage implements store.DialogueStore.

@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/parleyhq/parley/platform/pgdb"
 )
 
 // Replicas wake each other through PostgreSQL notifications (LISTEN and
@@ -17,7 +19,9 @@ import (
 //   - an append names the agents whose mailbox grew, on MailboxChannel: the
 //     replica holding an agent's stream wakes it to read the store;
 //   - PutTimers says a timer was set, on TimerChannel: the replica running
-//     the deadlines looks for the next one again.
+//     the deadlines looks for the next one again;
+//   - a routine or tool written (set, or a run recorded) is named on
+//     RoutineChannel: the other replicas drop their cached copy.
 //
 // A notification is "<origin>\n<payload>": origin is the Store that sent it,
 // which ignores its own (it woke its streams itself).
@@ -55,6 +59,15 @@ func (s *Store) notifyMailboxes(ctx context.Context, tx pgx.Tx, agents []string)
 	return nil
 }
 
+// RoutineChannel is the NOTIFY channel of routines and tools changed.
+func (s *Store) RoutineChannel() string { return "parley_routines_" + s.schema }
+
+// notifyRoutine queues the notification naming a routine or tool changed.
+func (s *Store) notifyRoutine(ctx context.Context, q pgdb.Querier, name string) error {
+	_, err := q.Exec(ctx, `SELECT pg_notify($1, $2)`, s.RoutineChannel(), s.origin+"\n"+name)
+	return err
+}
+
 // notifyTimers queues the timers' notification.
 func (s *Store) notifyTimers(ctx context.Context, tx pgx.Tx) error {
 	_, err := tx.Exec(ctx, `SELECT pg_notify($1, $2)`, s.TimerChannel(), s.origin+"\n")
@@ -68,14 +81,17 @@ type Wakeups struct {
 	Mailboxes func(agents []string)
 	// Timers is called when a timer was set. May be nil.
 	Timers func()
+	// Routines is given the name of a routine or tool that changed; ""
+	// means any may have (notifications were missed). May be nil.
+	Routines func(name string)
 }
 
 // Listen calls w on the other replicas' changes until ctx ends, and on
 // every (re)connection of its listening connection, when notifications may
 // have been missed.
 func (s *Store) Listen(ctx context.Context, logger *slog.Logger, w Wakeups) {
-	mailboxes, timers := s.MailboxChannel(), s.TimerChannel()
-	s.db.Listen(ctx, []string{mailboxes, timers}, logger, func(channel, payload string) {
+	mailboxes, timers, routines := s.MailboxChannel(), s.TimerChannel(), s.RoutineChannel()
+	s.db.Listen(ctx, []string{mailboxes, timers, routines}, logger, func(channel, payload string) {
 		origin, rest, _ := strings.Cut(payload, "\n")
 		if payload != "" && origin == s.origin {
 			return
@@ -89,6 +105,8 @@ func (s *Store) Listen(ctx context.Context, logger *slog.Logger, w Wakeups) {
 			}
 		case channel == timers && w.Timers != nil:
 			w.Timers()
+		case channel == routines && w.Routines != nil:
+			w.Routines(rest)
 		}
 	})
 }

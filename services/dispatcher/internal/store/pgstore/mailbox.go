@@ -50,72 +50,93 @@ func (s *Store) AppendMessage(ctx context.Context, m mailbox.Message, recipients
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	body, err := json.Marshal(m)
+	a, err := newAppend(m, recipients)
 	if err != nil {
 		return nil, nil, err
 	}
-	recipients = slices.Clone(recipients)
-	slices.Sort(recipients)
-	size := int64(len(m.Body))
-	var (
-		delivered []mailbox.Delivery
-		refused   []mailbox.Refusal
-	)
-	err = s.db.Write(ctx, func(tx pgx.Tx) error {
-		// The id first: a concurrent append of the same id waits on it and
-		// then finds it taken.
-		tag, err := tx.Exec(ctx, `INSERT INTO mail_messages (id, refs, data) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING`, m.ID, body)
-		if err != nil {
-			return err
-		}
-		if tag.RowsAffected() == 0 {
-			return resource.AlreadyExists("message", m.ID)
-		}
-		states, err := lockMailboxes(ctx, tx, recipients)
-		if err != nil {
-			return err
-		}
-		var (
-			agents            []string
-			heads, pend, pbyt []int64
-		)
-		for _, agent := range recipients {
-			st := states[agent]
-			if (bound.MaxMessages > 0 && st.Pending+1 > bound.MaxMessages) ||
-				(bound.MaxBytes > 0 && st.PendingBytes+size > bound.MaxBytes) {
-				refused = append(refused, mailbox.Refusal{Agent: agent, Err: mailbox.ErrFull})
-				continue
-			}
-			st.Head++
-			st.Pending++
-			st.PendingBytes += size
-			agents = append(agents, agent)
-			heads, pend, pbyt = append(heads, int64(st.Head)), append(pend, st.Pending), append(pbyt, st.PendingBytes) //nolint:gosec // cursors stay far below 2^63
-			delivered = append(delivered, mailbox.Delivery{Agent: agent, Cursor: st.Head, Message: m})
-		}
-		if len(delivered) == 0 {
-			return errNothing // rolls back the body and the empty mailboxes
-		}
-		if _, err := tx.Exec(ctx, `UPDATE mailboxes AS b SET head = u.head, pending = u.pending, pending_bytes = u.pbytes
-FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(agent, head, pending, pbytes) WHERE b.agent = u.agent`, agents, heads, pend, pbyt); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO mailbox_refs (agent, cursor, message, sent_ns, size)
-SELECT u.agent, u.cursor, $3, $4, $5 FROM unnest($1::text[], $2::bigint[]) AS u(agent, cursor)`, agents, heads, m.ID, m.Time.UnixNano(), size); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, `UPDATE mail_messages SET refs = $2 WHERE id = $1`, m.ID, len(delivered)); err != nil {
-			return err
-		}
-		return s.notifyMailboxes(ctx, tx, agents)
-	})
+	err = s.db.Write(ctx, func(tx pgx.Tx) error { return s.appendTx(ctx, tx, a, bound) })
 	if errors.Is(err, errNothing) {
 		err = nil
 	}
 	if err != nil {
 		return nil, nil, err
 	}
-	return delivered, refused, nil
+	return a.delivered, a.refused, nil
+}
+
+// appendOp is one message appended to several mailboxes inside a write
+// transaction: by AppendMessage alone, or with a dialogue record.
+type appendOp struct {
+	m          mailbox.Message
+	body       []byte // m as stored
+	recipients []string
+	delivered  []mailbox.Delivery
+	refused    []mailbox.Refusal
+}
+
+func newAppend(m mailbox.Message, recipients []string) (*appendOp, error) {
+	body, err := json.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	recipients = slices.Clone(recipients)
+	slices.Sort(recipients) // lockMailboxes locks in name order
+	return &appendOp{m: m, body: body, recipients: recipients}, nil
+}
+
+// appendTx appends a's message in tx: recipients whose mailbox would
+// exceed bound are refused and get nothing. When none accepts it returns
+// errNothing, which must roll tx back. It may run more than once (the
+// transaction retried): results start afresh.
+func (s *Store) appendTx(ctx context.Context, tx pgx.Tx, a *appendOp, bound mailbox.Bound) error {
+	a.delivered, a.refused = a.delivered[:0], a.refused[:0]
+	m, size := a.m, int64(len(a.m.Body))
+	// The id first: a concurrent append of the same id waits on it and
+	// then finds it taken.
+	tag, err := tx.Exec(ctx, `INSERT INTO mail_messages (id, refs, data) VALUES ($1, 0, $2) ON CONFLICT (id) DO NOTHING`, m.ID, a.body)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return resource.AlreadyExists("message", m.ID)
+	}
+	states, err := lockMailboxes(ctx, tx, a.recipients)
+	if err != nil {
+		return err
+	}
+	var (
+		agents            []string
+		heads, pend, pbyt []int64
+	)
+	for _, agent := range a.recipients {
+		st := states[agent]
+		if (bound.MaxMessages > 0 && st.Pending+1 > bound.MaxMessages) ||
+			(bound.MaxBytes > 0 && st.PendingBytes+size > bound.MaxBytes) {
+			a.refused = append(a.refused, mailbox.Refusal{Agent: agent, Err: mailbox.ErrFull})
+			continue
+		}
+		st.Head++
+		st.Pending++
+		st.PendingBytes += size
+		agents = append(agents, agent)
+		heads, pend, pbyt = append(heads, int64(st.Head)), append(pend, st.Pending), append(pbyt, st.PendingBytes) //nolint:gosec // cursors stay far below 2^63
+		a.delivered = append(a.delivered, mailbox.Delivery{Agent: agent, Cursor: st.Head, Message: m})
+	}
+	if len(a.delivered) == 0 {
+		return errNothing // rolls back the body and the empty mailboxes
+	}
+	if _, err := tx.Exec(ctx, `UPDATE mailboxes AS b SET head = u.head, pending = u.pending, pending_bytes = u.pbytes
+FROM unnest($1::text[], $2::bigint[], $3::bigint[], $4::bigint[]) AS u(agent, head, pending, pbytes) WHERE b.agent = u.agent`, agents, heads, pend, pbyt); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO mailbox_refs (agent, cursor, message, sent_ns, size)
+SELECT u.agent, u.cursor, $3, $4, $5 FROM unnest($1::text[], $2::bigint[]) AS u(agent, cursor)`, agents, heads, m.ID, m.Time.UnixNano(), size); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE mail_messages SET refs = $2 WHERE id = $1`, m.ID, len(a.delivered)); err != nil {
+		return err
+	}
+	return s.notifyMailboxes(ctx, tx, agents)
 }
 
 // errNothing rolls back a transaction that found nothing to write.

@@ -52,6 +52,10 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
+// DB is the database, for work that runs on one replica at a time
+// (pgdb.DB.Exclusive).
+func (s *Store) DB() *pgdb.DB { return s.db }
+
 // Close closes the connections.
 func (s *Store) Close() error { return s.db.Close() }
 
@@ -79,9 +83,11 @@ func (s *Store) SetRoutine(ctx context.Context, name, source string, now time.Ti
 		if err := pgdb.Put(ctx, tx, "routines", name, out); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `INSERT INTO routine_versions (name, version, source) VALUES ($1, $2, $3)
-ON CONFLICT (name, version) DO UPDATE SET source = excluded.source`, name, version, source)
-		return err
+		if _, err := tx.Exec(ctx, `INSERT INTO routine_versions (name, version, source) VALUES ($1, $2, $3)
+ON CONFLICT (name, version) DO UPDATE SET source = excluded.source`, name, version, source); err != nil {
+			return err
+		}
+		return s.notifyRoutine(ctx, tx, name)
 	})
 	if err != nil {
 		return nil, err
@@ -154,7 +160,10 @@ func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64
 				out.State = dispatcherv1.Routine_STATE_QUARANTINED
 			}
 		}
-		return pgdb.Put(ctx, tx, "routines", name, out)
+		if err := pgdb.Put(ctx, tx, "routines", name, out); err != nil {
+			return err
+		}
+		return s.notifyRoutine(ctx, tx, name)
 	})
 	if err != nil {
 		return nil, err
@@ -169,7 +178,13 @@ func (s *Store) SetTool(ctx context.Context, t *dispatcherv1.Tool, now time.Time
 	}
 	out := proto.CloneOf(t)
 	out.UpdateTime = timestamppb.New(now)
-	if err := pgdb.Put(ctx, s.db.Pool(), "tools", out.GetName(), out); err != nil {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
+		if err := pgdb.Put(ctx, tx, "tools", out.GetName(), out); err != nil {
+			return err
+		}
+		return s.notifyRoutine(ctx, tx, out.GetName())
+	})
+	if err != nil {
 		return nil, err
 	}
 	return out, nil

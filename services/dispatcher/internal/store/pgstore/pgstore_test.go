@@ -75,7 +75,7 @@ func TestMailboxConformance(t *testing.T) {
 }
 
 func TestDialogueConformance(t *testing.T) {
-	storetest.RunDialogues(t, func(t *testing.T) store.DialogueStore { return open(t) })
+	storetest.RunDialogues(t, func(t *testing.T) storetest.DialogueBackend { return open(t) })
 }
 
 func TestTimerConformance(t *testing.T) {
@@ -84,4 +84,8 @@ func TestTimerConformance(t *testing.T) {
 
 func TestOrderConformance(t *testing.T) {
 	storetest.RunOrders(t, func(t *testing.T) store.OrderStore { return open(t) })
+}
+
+func TestPaymentConformance(t *testing.T) {
+	storetest.RunPayments(t, func(t *testing.T) store.PaymentStore { return open(t) })
 }

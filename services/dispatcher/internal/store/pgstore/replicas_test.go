@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
@@ -120,4 +121,43 @@ func TestReceive_onOneReplicaGetsWhatAnotherAppends(t *testing.T) {
 	appendOn(b, "m3") // B's own append, handed over directly, after A's
 	appendOn(a, "m4")
 	expect("m2", "m3", "m4")
+}
+
+// A routine or tool changed through one replica is named to the others,
+// which drop their cached copy (hosted.Set.Changed).
+func TestListen_namesRoutinesAndToolsChangedElsewhere(t *testing.T) {
+	rs := replicas(t, 2)
+	names := make(chan string, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		rs[1].Listen(ctx, slog.New(slog.DiscardHandler), pgstore.Wakeups{Routines: func(name string) { names <- name }})
+	})
+	expect := func(want string) {
+		t.Helper()
+		select {
+		case got := <-names:
+			if got != want {
+				t.Fatalf("B was told of %q, want %q", got, want)
+			}
+		case <-time.After(30 * time.Second): // generous: a failure, not a measure
+			t.Fatalf("B was not told of %q", want)
+		}
+	}
+	expect("") // B listens: "anything may have changed" on connecting
+	const routine = "clients/c/agents/a/routines/steps"
+	now := time.Unix(1_800_000_000, 0)
+	if _, err := rs[0].SetRoutine(t.Context(), routine, "x = 1", now); err != nil {
+		t.Fatal(err)
+	}
+	expect(routine)
+	if _, err := rs[0].RecordRoutineRun(t.Context(), routine, 1, "boom", dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME, 1); err != nil {
+		t.Fatal(err)
+	}
+	expect(routine) // quarantined on A: B must stop running it
+	if _, err := rs[0].SetTool(t.Context(), &dispatcherv1.Tool{Name: "clients/c/agents/a/tools/lookup"}, now); err != nil {
+		t.Fatal(err)
+	}
+	expect("clients/c/agents/a/tools/lookup")
 }

@@ -11,9 +11,9 @@ import (
 )
 
 // TimerBackend is a backend holding both dialogues (whose pair states timers
-// move) and timers.
+// move, with the mailboxes their writes append to) and timers.
 type TimerBackend interface {
-	store.DialogueStore
+	DialogueBackend
 	store.TimerStore
 }
 

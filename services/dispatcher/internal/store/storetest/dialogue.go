@@ -7,18 +7,26 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
+// DialogueBackend is a backend holding both dialogues and the mailboxes
+// their writes append to in the same transaction.
+type DialogueBackend interface {
+	store.DialogueStore
+	mailbox.Store
+}
+
 // RunDialogues runs the dialogue suite; open returns a new empty store.
-func RunDialogues(t *testing.T, open func(t *testing.T) store.DialogueStore) {
+func RunDialogues(t *testing.T, open func(t *testing.T) DialogueBackend) {
 	t.Run("create and answer", func(t *testing.T) { testDialogueAnswer(t, open(t)) })
-	t.Run("retract", func(t *testing.T) { testDialogueRetract(t, open(t)) })
+	t.Run("full mailboxes", func(t *testing.T) { testDialogueFull(t, open(t)) })
 	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
 	t.Run("requests", func(t *testing.T) { testDialogueRequests(t, open(t)) })
 }
 
-func testDialogueRequests(t *testing.T, s store.DialogueStore) {
+func testDialogueRequests(t *testing.T, s DialogueBackend) {
 	ctx := t.Context()
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	if _, found, err := s.BeginRequest(ctx, alice, "r1", t0, t0.Add(-time.Minute)); err != nil || found {
@@ -61,40 +69,55 @@ func testDialogueRequests(t *testing.T, s store.DialogueStore) {
 
 var errPlan = errors.New("plan refused")
 
-func opener(t *testing.T, s store.DialogueStore, id string, recipients []string) (store.Dialogue, store.DialogueMessage) {
+// write is the MessageWrite of m to recipients, with its mail.
+func write(m store.DialogueMessage, recipients []string, pairs ...store.PairState) store.MessageWrite {
+	return store.MessageWrite{
+		Message: m, Recipients: recipients, Pairs: pairs,
+		Mail: mailbox.Message{Sender: m.Sender, Category: mailbox.CategoryMessage, Type: m.Type, InReplyTo: m.InReplyTo, Body: []byte(`"hi"`), Time: m.Time},
+	}
+}
+
+func opener(t *testing.T, s DialogueBackend, id string, recipients []string) (store.Dialogue, store.DialogueMessage) {
 	t.Helper()
 	now := time.Unix(1_800_000_000, 0).UTC()
 	d := store.Dialogue{ID: id, Initiator: alice, Category: "message", CreateTime: now}
 	m := store.DialogueMessage{ID: id + "-m1", DialogueID: id, Sender: alice, Type: "new_message", Time: now}
 	pairs := []store.PairState{{Pair: store.Pair{A: bob, B: alice}, State: json.RawMessage(`{"s":1}`)}}
-	if err := s.CreateDialogue(t.Context(), d, m, recipients, pairs); err != nil {
-		t.Fatalf("CreateDialogue(%s): %v", id, err)
+	got, err := s.CreateDialogue(t.Context(), d, write(m, recipients, pairs...), mailbox.Bound{})
+	if err != nil || len(got.Deliveries) != len(recipients) || len(got.Refused) != 0 {
+		t.Fatalf("CreateDialogue(%s) = %+v, %v; want it delivered to %v", id, got, err, recipients)
 	}
 	return d, m
 }
 
-func testDialogueAnswer(t *testing.T, s store.DialogueStore) {
+func testDialogueAnswer(t *testing.T, s DialogueBackend) {
 	ctx := t.Context()
 	d, m := opener(t, s, "d1", []string{bob, carol})
+	for _, a := range []string{bob, carol} {
+		got, err := s.ReadMailbox(ctx, a, 0, 10)
+		if err != nil || len(got) != 1 || got[0].Message.ID != m.ID || got[0].Message.DialogueID != "d1" || string(got[0].Message.Body) != `"hi"` {
+			t.Errorf("ReadMailbox(%s) = %+v, %v; want the opener, in the same write as its record", a, got, err)
+		}
+	}
 	if got, err := s.GetDialogue(ctx, "d1"); err != nil || got != d {
 		t.Errorf("GetDialogue(d1) = %+v, %v; want %+v", got, err, d)
 	}
 	if got, err := s.GetDialogueMessage(ctx, m.ID); err != nil || got != m {
 		t.Errorf("GetDialogueMessage(%s) = %+v, %v; want %+v", m.ID, got, err, m)
 	}
-	if err := s.CreateDialogue(ctx, d, m, nil, nil); !errors.Is(err, store.ErrAlreadyExists) {
+	if _, err := s.CreateDialogue(ctx, d, write(m, []string{bob}), mailbox.Bound{}); !errors.Is(err, store.ErrAlreadyExists) {
 		t.Errorf("CreateDialogue(d1 again) = %v, want ErrAlreadyExists", err)
 	}
 	if _, err := s.GetDialogue(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("GetDialogue(nope) = %v, want ErrNotFound", err)
 	}
-	if err := s.AddMessage(ctx, "nope", nil); !errors.Is(err, store.ErrNotFound) {
+	if _, err := s.AddMessage(ctx, "nope", mailbox.Bound{}, nil); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("AddMessage(answering nope) = %v, want ErrNotFound", err)
 	}
 
 	// The view around the opener.
 	reply := store.DialogueMessage{ID: "d1-m2", Sender: bob, Type: "message_response", InReplyTo: m.ID, Time: m.Time}
-	err := s.AddMessage(ctx, m.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+	_, err := s.AddMessage(ctx, m.ID, mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
 		if v.Dialogue() != d || v.Answered() != m {
 			t.Errorf("view = %+v, %+v; want %+v, %+v", v.Dialogue(), v.Answered(), d, m)
 		}
@@ -116,7 +139,7 @@ func testDialogueAnswer(t *testing.T, s store.DialogueStore) {
 		if got := v.PairState(store.Pair{A: alice, B: carol}); got != nil {
 			t.Errorf("PairState(alice, carol) = %s, want nil", got)
 		}
-		return store.MessageWrite{Message: reply, Recipients: []string{alice}, Pairs: []store.PairState{{Pair: store.Pair{A: alice, B: bob}, State: json.RawMessage(`{"s":2}`)}}}, nil
+		return write(reply, []string{alice}, store.PairState{Pair: store.Pair{A: alice, B: bob}, State: json.RawMessage(`{"s":2}`)}), nil
 	})
 	if err != nil {
 		t.Fatalf("AddMessage(reply): %v", err)
@@ -127,7 +150,7 @@ func testDialogueAnswer(t *testing.T, s store.DialogueStore) {
 	}
 
 	// A failing plan writes nothing.
-	err = s.AddMessage(ctx, reply.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+	_, err = s.AddMessage(ctx, reply.ID, mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
 		if !v.Received(alice) || v.Received(bob) {
 			t.Errorf("receipts of the reply: alice %v, bob %v; want true, false", v.Received(alice), v.Received(bob))
 		}
@@ -136,11 +159,11 @@ func testDialogueAnswer(t *testing.T, s store.DialogueStore) {
 	if !errors.Is(err, errPlan) {
 		t.Errorf("AddMessage(failing plan) = %v, want the plan's error", err)
 	}
-	err = s.AddMessage(ctx, reply.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+	_, err = s.AddMessage(ctx, reply.ID, mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
 		if got := string(v.PairState(store.Pair{A: bob, B: alice})); got != `{"s":2}` {
 			t.Errorf("PairState after the reply = %s, want {\"s\":2}", got)
 		}
-		return store.MessageWrite{Message: store.DialogueMessage{ID: m.ID}}, nil
+		return write(store.DialogueMessage{ID: m.ID}, []string{alice}), nil
 	})
 	if !errors.Is(err, store.ErrAlreadyExists) {
 		t.Errorf("AddMessage(taken message id) = %v, want ErrAlreadyExists", err)
@@ -149,10 +172,12 @@ func testDialogueAnswer(t *testing.T, s store.DialogueStore) {
 	// A broadcast keeps no receipts and makes no participants.
 	b := store.Dialogue{ID: "b1", Initiator: alice, Category: "subscription"}
 	bm := store.DialogueMessage{ID: "b1-m1", DialogueID: "b1", Sender: alice, Type: "broadcast"}
-	if err := s.CreateDialogue(ctx, b, bm, nil, nil); err != nil {
-		t.Fatal(err)
+	bw := write(bm, []string{bob})
+	bw.NoReceipts = true
+	if got, err := s.CreateDialogue(ctx, b, bw, mailbox.Bound{}); err != nil || len(got.Deliveries) != 1 {
+		t.Fatalf("CreateDialogue(broadcast) = %+v, %v; want it delivered to bob", got, err)
 	}
-	_ = s.AddMessage(ctx, bm.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+	_, _ = s.AddMessage(ctx, bm.ID, mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
 		if v.Received(bob) || len(v.Receivers()) != 0 {
 			t.Errorf("broadcast receipts = %v, want none", v.Receivers())
 		}
@@ -163,52 +188,81 @@ func testDialogueAnswer(t *testing.T, s store.DialogueStore) {
 	})
 }
 
-func testDialogueRetract(t *testing.T, s store.DialogueStore) {
+func testDialogueFull(t *testing.T, s DialogueBackend) {
 	ctx := t.Context()
-	_, m := opener(t, s, "d1", []string{bob, carol})
-	written := json.RawMessage(`{"s":1}`)
-	restore := []store.PairRestore{{Pair: store.Pair{A: alice, B: bob}, Written: written, Previous: json.RawMessage(`{"s":0}`)}}
-	if err := s.RetractMessage(ctx, m.ID, []string{carol}, restore); err != nil {
-		t.Fatalf("RetractMessage(carol): %v", err)
+	bound := mailbox.Bound{MaxMessages: 1}
+	if _, _, err := s.AppendMessage(ctx, msg("filler", `"x"`, t0), []string{carol}, bound); err != nil {
+		t.Fatal(err)
 	}
-	_ = s.AddMessage(ctx, m.ID, func(v store.DialogueView) (store.MessageWrite, error) {
+	d := store.Dialogue{ID: "d1", Initiator: alice, Category: "message", CreateTime: t0}
+	m := store.DialogueMessage{ID: "d1-m1", DialogueID: "d1", Sender: alice, Type: "new_message", Time: t0}
+	pairs := []store.PairState{
+		{Pair: store.Pair{A: alice, B: bob}, State: json.RawMessage(`{"s":1}`)},
+		{Pair: store.Pair{A: alice, B: carol}, State: json.RawMessage(`{"s":1}`)},
+	}
+	got, err := s.CreateDialogue(ctx, d, write(m, []string{carol, bob}, pairs...), bound)
+	if err != nil || len(got.Deliveries) != 1 || got.Deliveries[0].Agent != bob || len(got.Refused) != 1 ||
+		got.Refused[0].Agent != carol || !errors.Is(got.Refused[0].Err, mailbox.ErrFull) {
+		t.Fatalf("CreateDialogue(bob, carol full) = %+v, %v; want bob delivered, carol refused as full", got, err)
+	}
+	_, _ = s.AddMessage(ctx, m.ID, bound, func(v store.DialogueView) (store.MessageWrite, error) {
 		if got := v.Receivers(); !slices.Equal(got, []string{bob}) {
-			t.Errorf("Receivers() after retracting carol = %v, want [bob]", got)
+			t.Errorf("Receivers() = %v, want [bob]: carol's mailbox refused it", got)
 		}
-		if got := string(v.PairState(store.Pair{A: alice, B: bob})); got != `{"s":0}` {
-			t.Errorf("PairState after restore = %s, want the previous state", got)
+		if _, ok := v.Participant(carol); ok {
+			t.Error("carol, whose mailbox refused the opener, became a participant")
 		}
-		return store.MessageWrite{}, errPlan
-	})
-	// A pair changed since is not restored.
-	if err := s.RetractMessage(ctx, m.ID, nil, []store.PairRestore{{Pair: store.Pair{A: alice, B: bob}, Written: written}}); err != nil {
-		t.Fatal(err)
-	}
-	_ = s.AddMessage(ctx, m.ID, func(v store.DialogueView) (store.MessageWrite, error) {
-		if got := string(v.PairState(store.Pair{A: alice, B: bob})); got != `{"s":0}` {
-			t.Errorf("PairState after a stale restore = %s, want it untouched", got)
+		if got := v.PairState(store.Pair{A: alice, B: carol}); got != nil {
+			t.Errorf("PairState(alice, carol) = %s, want none: carol was refused", got)
+		}
+		if got := string(v.PairState(store.Pair{A: alice, B: bob})); got != `{"s":1}` {
+			t.Errorf("PairState(alice, bob) = %s, want {\"s\":1}", got)
 		}
 		return store.MessageWrite{}, errPlan
 	})
-	// The last receipt gone, the opener and its dialogue go.
-	if err := s.RetractMessage(ctx, m.ID, []string{bob}, []store.PairRestore{{Pair: store.Pair{A: alice, B: bob}, Written: json.RawMessage(`{"s":0}`)}}); err != nil {
+	if st, _ := s.GetMailbox(ctx, carol); st.Head != 1 {
+		t.Errorf("carol's mailbox head = %d, want 1 (the filler only)", st.Head)
+	}
+
+	// Every mailbox full: nothing is written.
+	d2 := store.Dialogue{ID: "d2", Initiator: alice, Category: "message", CreateTime: t0}
+	m2 := store.DialogueMessage{ID: "d2-m1", DialogueID: "d2", Sender: alice, Type: "new_message", Time: t0}
+	got, err = s.CreateDialogue(ctx, d2, write(m2, []string{carol}), bound)
+	if err != nil || len(got.Deliveries) != 0 || len(got.Refused) != 1 {
+		t.Fatalf("CreateDialogue(carol full) = %+v, %v; want carol refused", got, err)
+	}
+	if _, err := s.GetDialogue(ctx, "d2"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogue(d2) = %v, want ErrNotFound: no mailbox took its opener", err)
+	}
+	if _, err := s.GetDialogueMessage(ctx, m2.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage(d2-m1) = %v, want ErrNotFound", err)
+	}
+	if n, _ := s.UpdateAgentDialogues(ctx, carol, func(*store.Dialogue, *store.Participant) (bool, error) { return true, nil }); n != 0 {
+		t.Errorf("carol takes part in %d dialogues, want 0", n)
+	}
+	// A reply whose every recipient is full writes nothing either.
+	r := store.DialogueMessage{ID: "d1-m2", Sender: bob, Type: "message_response", InReplyTo: m.ID, Time: t0}
+	if _, _, err := s.AppendMessage(ctx, msg("filler2", `"x"`, t0), []string{alice}, bound); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.GetDialogue(ctx, "d1"); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("GetDialogue after retracting every receipt = %v, want ErrNotFound", err)
+	got, err = s.AddMessage(ctx, m.ID, bound, func(store.DialogueView) (store.MessageWrite, error) {
+		return write(r, []string{alice}, store.PairState{Pair: store.Pair{A: alice, B: bob}, State: json.RawMessage(`{"s":2}`)}), nil
+	})
+	if err != nil || len(got.Deliveries) != 0 || len(got.Refused) != 1 {
+		t.Fatalf("AddMessage(alice full) = %+v, %v; want alice refused", got, err)
 	}
-	if _, err := s.GetDialogueMessage(ctx, m.ID); !errors.Is(err, store.ErrNotFound) {
-		t.Errorf("GetDialogueMessage after retracting every receipt = %v, want ErrNotFound", err)
+	if _, err := s.GetDialogueMessage(ctx, r.ID); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage(d1-m2) = %v, want ErrNotFound: no mailbox took it", err)
 	}
-	if n, err := s.UpdateAgentDialogues(ctx, bob, func(*store.Dialogue, *store.Participant) (bool, error) { return true, nil }); err != nil || n != 0 {
-		t.Errorf("UpdateAgentDialogues(bob) after the dialogue went = %d, %v; want 0", n, err)
-	}
-	if err := s.RetractMessage(ctx, "unknown", []string{bob}, nil); err != nil {
-		t.Errorf("RetractMessage(unknown) = %v, want nil", err)
-	}
+	_, _ = s.AddMessage(ctx, m.ID, bound, func(v store.DialogueView) (store.MessageWrite, error) {
+		if got := string(v.PairState(store.Pair{A: alice, B: bob})); got != `{"s":1}` {
+			t.Errorf("PairState(alice, bob) = %s, want {\"s\":1}: the refused reply moved nothing", got)
+		}
+		return store.MessageWrite{}, errPlan
+	})
 }
 
-func testDialogueClose(t *testing.T, s store.DialogueStore) {
+func testDialogueClose(t *testing.T, s DialogueBackend) {
 	ctx := t.Context()
 	opener(t, s, "d1", []string{bob})
 	opener(t, s, "d2", []string{bob, carol})

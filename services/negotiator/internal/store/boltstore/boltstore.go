@@ -65,14 +65,9 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 }
 
 // Ping reports whether the database is open.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.View(func(*bolt.Tx) error { return nil })
-}
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
-// Close closes the database.
+// Close finishes queued writes and closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
 // get decodes key of b into m; a missing key is a *resource.Error

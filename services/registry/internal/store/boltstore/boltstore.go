@@ -108,14 +108,9 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 }
 
 // Ping reports whether the database is open.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.View(func(*bolt.Tx) error { return nil })
-}
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
-// Close closes the database.
+// Close finishes queued writes and closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
 // CreateProtocol implements store.Store.
@@ -308,26 +303,11 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	}
 	cutoff := before.UnixNano()
 	var dropped int
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketRequests)
-		// Collect first: deleting while walking a cursor skips keys.
-		var old [][]byte
-		err := b.ForEach(func(k, v []byte) error {
-			if len(v) < 8 || int64(binary.BigEndian.Uint64(v)) < cutoff {
-				old = append(old, bytes.Clone(k))
-			}
-			return nil
+	err := s.db.Update(func(tx *bolt.Tx) (err error) {
+		dropped, err = boltdb.DeleteWhere(tx.Bucket(bucketRequests), func(_, v []byte) (bool, error) {
+			return len(v) < 8 || int64(binary.BigEndian.Uint64(v)) < cutoff, nil
 		})
-		if err != nil {
-			return err
-		}
-		for _, k := range old {
-			if err := b.Delete(k); err != nil {
-				return err
-			}
-		}
-		dropped = len(old)
-		return nil
+		return err
 	})
 	return dropped, err
 }

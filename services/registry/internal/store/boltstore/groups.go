@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
-	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -53,7 +52,7 @@ func (g *groupTx) Group(path string) (*registryv1.Group, error) {
 	if v == nil {
 		return nil, resource.NotFound("group", path)
 	}
-	return decode(v, &registryv1.Group{})
+	return resource.Decode(v, &registryv1.Group{})
 }
 
 func (g *groupTx) Descendants(path string) ([]*registryv1.Group, error) {
@@ -61,7 +60,7 @@ func (g *groupTx) Descendants(path string) ([]*registryv1.Group, error) {
 	prefix := []byte(path + "/")
 	c := g.tx.Bucket(bucketGroups).Cursor()
 	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-		d, err := decode(v, &registryv1.Group{})
+		d, err := resource.Decode(v, &registryv1.Group{})
 		if err != nil {
 			return nil, err
 		}
@@ -75,7 +74,7 @@ func (g *groupTx) Member(path, agent string) (*registryv1.GroupMember, error) {
 	if v == nil {
 		return nil, resource.NotFound("group member", agent)
 	}
-	return decode(v, &registryv1.GroupMember{})
+	return resource.Decode(v, &registryv1.GroupMember{})
 }
 
 func (g *groupTx) Members(path string, opts store.ListOptions) ([]*registryv1.GroupMember, error) {
@@ -85,7 +84,7 @@ func (g *groupTx) Members(path string, opts store.ListOptions) ([]*registryv1.Gr
 func (g *groupTx) EachMember(path string, fn func(*registryv1.GroupMember) error) error {
 	all := store.ListOptions{Limit: int(^uint(0) >> 1)}
 	return walkPrefix(g.tx.Bucket(bucketGroupMembers), []byte(path+edgeSep), all, func(_, v []byte) error {
-		m, err := decode(v, &registryv1.GroupMember{})
+		m, err := resource.Decode(v, &registryv1.GroupMember{})
 		if err != nil {
 			return err
 		}
@@ -102,7 +101,7 @@ func (g *groupTx) JoinRequest(path, agent string) (*registryv1.GroupJoinRequest,
 	if v == nil {
 		return nil, resource.NotFound("group join request", agent)
 	}
-	return decode(v, &registryv1.GroupJoinRequest{})
+	return resource.Decode(v, &registryv1.GroupJoinRequest{})
 }
 
 func (g *groupTx) JoinRequests(path string, limit int) ([]*registryv1.GroupJoinRequest, error) {
@@ -114,7 +113,7 @@ func (g *groupTx) Invite(path, agent string) (*registryv1.GroupInvite, error) {
 	if v == nil {
 		return nil, resource.NotFound("group invite", agent)
 	}
-	return decode(v, &registryv1.GroupInvite{})
+	return resource.Decode(v, &registryv1.GroupInvite{})
 }
 
 func (g *groupTx) Invites(agent string, limit int) ([]*registryv1.GroupInvite, error) {
@@ -223,7 +222,7 @@ func (s *Store) SearchGroups(ctx context.Context, opts store.ListOptions) ([]*re
 			}
 		}
 		for ; k != nil && len(out) < opts.Limit; k, v = c.Next() {
-			g, err := decode(v, &registryv1.Group{})
+			g, err := resource.Decode(v, &registryv1.Group{})
 			if err != nil {
 				return err
 			}
@@ -251,7 +250,7 @@ func (s *Store) ListNotifications(ctx context.Context, after uint64, limit int) 
 			first = binary.BigEndian.Uint64(k)
 		}
 		for k, v := c.Seek(seqKey(after + 1)); k != nil && len(out) < limit; k, v = c.Next() {
-			n, err := decode(v, &registryv1.Notification{})
+			n, err := resource.Decode(v, &registryv1.Notification{})
 			if err != nil {
 				return err
 			}
@@ -288,7 +287,7 @@ func (s *Store) TrimNotifications(ctx context.Context, through uint64) error {
 func scanValues[T proto.Message](b *bolt.Bucket, from string, opts store.ListOptions, newT func() T) ([]T, error) {
 	var out []T
 	err := walkPrefix(b, []byte(from+edgeSep), opts, func(_, v []byte) error {
-		m, err := decode(v, newT())
+		m, err := resource.Decode(v, newT())
 		out = append(out, m)
 		return err
 	})
@@ -301,13 +300,6 @@ func put(b *bolt.Bucket, key []byte, m proto.Message) error {
 		return err
 	}
 	return b.Put(key, v)
-}
-
-func decode[T proto.Message](v []byte, m T) (T, error) {
-	if err := proto.Unmarshal(v, m); err != nil {
-		return m, fmt.Errorf("decode %T: %w", m, err)
-	}
-	return m, nil
 }
 
 // deleteGroupRecords removes agent's memberships, invites and join

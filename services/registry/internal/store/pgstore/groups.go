@@ -206,7 +206,7 @@ func (s *Store) SearchGroups(ctx context.Context, opts store.ListOptions) ([]*re
 		if err := rows.Scan(&data); err != nil {
 			return nil, err
 		}
-		g, err := decode(data, &registryv1.Group{})
+		g, err := resource.Decode(data, &registryv1.Group{})
 		if err != nil {
 			return nil, err
 		}

@@ -11,6 +11,7 @@ import (
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/pgdb"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
@@ -137,7 +138,7 @@ func (s *Store) GetKeyByID(ctx context.Context, id string) (store.StoredKey, err
 	}
 	k := store.StoredKey{ID: id}
 	copy(k.Hash[:], hash)
-	if k.Key, err = decode(data, &registryv1.Key{}); err != nil {
+	if k.Key, err = resource.Decode(data, &registryv1.Key{}); err != nil {
 		return store.StoredKey{}, err
 	}
 	return k, nil

@@ -51,19 +51,15 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
+// DB is the database, for work that runs on one replica at a time
+// (pgdb.DB.Exclusive).
+func (s *Store) DB() *pgdb.DB { return s.db }
+
 // Close closes the connections.
 func (s *Store) Close() error { return s.db.Close() }
 
 // SetOutboxLimit sets how many notifications the outbox keeps (tests).
 func (s *Store) SetOutboxLimit(n int) { s.maxOutbox = n }
-
-// decode unmarshals v into m.
-func decode[T proto.Message](v []byte, m T) (T, error) {
-	if err := proto.Unmarshal(v, m); err != nil {
-		return m, fmt.Errorf("decode %T: %w", m, err)
-	}
-	return m, nil
-}
 
 // one reads the single bytea column of a query into m; no row is notFound.
 func one[T proto.Message](ctx context.Context, q pgdb.Querier, m T, notFound error, sql string, args ...any) (T, error) {
@@ -75,7 +71,7 @@ func one[T proto.Message](ctx context.Context, q pgdb.Querier, m T, notFound err
 	if err != nil {
 		return m, err
 	}
-	return decode(data, m)
+	return resource.Decode(data, m)
 }
 
 // many decodes the single bytea column of every row of a query.
@@ -90,7 +86,7 @@ func many[T proto.Message](ctx context.Context, q pgdb.Querier, newT func() T, s
 			var zero T
 			return zero, err
 		}
-		return decode(data, newT())
+		return resource.Decode(data, newT())
 	})
 }
 
@@ -172,7 +168,7 @@ func getProtocol(ctx context.Context, q pgdb.Querier, sha1 []byte) (*registryv1.
 	if err != nil {
 		return nil, err
 	}
-	p, err := decode(meta, &registryv1.Protocol{})
+	p, err := resource.Decode(meta, &registryv1.Protocol{})
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +211,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 		if err := rows.Scan(&meta); err != nil {
 			return nil, err
 		}
-		p, err := decode(meta, &registryv1.Protocol{})
+		p, err := resource.Decode(meta, &registryv1.Protocol{})
 		if err != nil {
 			return nil, err
 		}

@@ -88,12 +88,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 }
 
 // Ping reports whether the database is open.
-func (s *Store) Ping(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	return s.db.View(func(*bolt.Tx) error { return nil })
-}
+func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
 // Close finishes queued writes and closes the database.
 func (s *Store) Close() error { return s.db.Close() }

@@ -8,9 +8,12 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
 	"embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -30,6 +33,13 @@ var migrationFiles embed.FS
 // Store is the PostgreSQL-backed store.
 type Store struct {
 	db *pgdb.DB
+	// owner is this Store's random id, written on the pending steps it
+	// creates or claims; it holds the Exclusive lock "tasks.owner.<owner>"
+	// until Close, so that other replicas leave those steps alone.
+	owner   string
+	release context.CancelFunc // ends the owner lock
+	held    chan struct{}      // closed when the owner lock ends
+	locked  atomic.Bool        // the owner lock is held
 }
 
 var _ store.Store = (*Store)(nil)
@@ -41,28 +51,61 @@ func Open(ctx context.Context, url, schema string) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Store{db: db}, nil
+	var b [8]byte
+	rand.Read(b[:]) // crypto/rand.Read never fails
+	s := &Store{db: db, owner: hex.EncodeToString(b[:]), held: make(chan struct{})}
+	lockCtx, release := context.WithCancel(context.WithoutCancel(ctx))
+	s.release = release
+	locked := make(chan struct{})
+	go func() {
+		defer close(s.held)
+		db.Exclusive(lockCtx, ownerLock+s.owner, pgdb.ExclusiveOptions{}, func(ctx context.Context) {
+			s.locked.Store(true)
+			select {
+			case <-locked:
+			default:
+				close(locked)
+			}
+			<-ctx.Done()
+			s.locked.Store(false)
+		})
+	}()
+	if !db.Ready() {
+		return s, nil // the database does not answer yet: Ping says when it does
+	}
+	select {
+	case <-locked:
+		return s, nil
+	case <-ctx.Done():
+		s.Close()
+		return nil, fmt.Errorf("pgstore: taking the owner lock: %w", ctx.Err())
+	}
 }
 
-// Ping checks that the database answers.
-func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+// ownerLock prefixes the Exclusive lock a Store holds while it lives.
+const ownerLock = "tasks.owner."
 
-// Close closes the connections.
-func (s *Store) Close() error { return s.db.Close() }
+// Ping checks that the database answers and that the Store holds its
+// owner lock (until it does, another replica could claim its steps).
+func (s *Store) Ping(ctx context.Context) error {
+	if err := s.db.Ping(ctx); err != nil {
+		return err
+	}
+	if !s.locked.Load() {
+		return errors.New("pgstore: not yet holding the owner lock of its pending steps")
+	}
+	return nil
+}
+
+// Close releases the owner lock (other replicas may then claim this
+// Store's pending steps) and closes the connections.
+func (s *Store) Close() error {
+	s.release()
+	<-s.held
+	return s.db.Close()
+}
 
 func stepName(ref store.StepRef) string { return "tasks/" + ref.TaskID + "/steps/" + ref.StepID }
-
-// decode unmarshals data into a new T.
-func decode[T any, P interface {
-	*T
-	proto.Message
-}](data []byte) (P, error) {
-	m := P(new(T))
-	if err := proto.Unmarshal(data, m); err != nil {
-		return nil, fmt.Errorf("decode %T: %w", m, err)
-	}
-	return m, nil
-}
 
 // getTask reads a task, or a NotFound error.
 func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task, error) {
@@ -74,7 +117,7 @@ func getTask(ctx context.Context, q pgdb.Querier, taskID string) (*tasksv1.Task,
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Task](data)
+	return resource.Decode(data, &tasksv1.Task{})
 }
 
 // putTask writes t back.
@@ -97,7 +140,7 @@ func list[T any, P interface {
 		if err := r.Scan(&data); err != nil {
 			return nil, err
 		}
-		return decode[T, P](data)
+		return resource.Decode(data, P(new(T)))
 	})
 }
 
@@ -177,7 +220,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 
 // putStep inserts or replaces a step, pending while its status is CREATED.
 // With insert, an existing step is ErrAlreadyExists.
-func putStep(ctx context.Context, tx pgx.Tx, ref store.StepRef, st *tasksv1.Step, insert bool) error {
+func (s *Store) putStep(ctx context.Context, tx pgx.Tx, ref store.StepRef, st *tasksv1.Step, insert bool) error {
 	data, err := proto.Marshal(st)
 	if err != nil {
 		return err
@@ -187,8 +230,8 @@ func putStep(ctx context.Context, tx pgx.Tx, ref store.StepRef, st *tasksv1.Step
 		_, err = tx.Exec(ctx, `UPDATE steps SET pending = $3, data = $4 WHERE task_id = $1 AND step_id = $2`, ref.TaskID, ref.StepID, pending, data)
 		return err
 	}
-	tag, err := tx.Exec(ctx, `INSERT INTO steps (task_id, step_id, pending, data) VALUES ($1, $2, $3, $4)
-ON CONFLICT DO NOTHING`, ref.TaskID, ref.StepID, pending, data)
+	tag, err := tx.Exec(ctx, `INSERT INTO steps (task_id, step_id, pending, data, owner) VALUES ($1, $2, $3, $4, $5)
+ON CONFLICT DO NOTHING`, ref.TaskID, ref.StepID, pending, data, s.owner)
 	if err != nil {
 		return err
 	}
@@ -214,7 +257,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		if err := decide(t, st); err != nil {
 			return err
 		}
-		if err := putStep(ctx, tx, store.StepRef{TaskID: taskID, StepID: resource.ID(st.GetName())}, st, true); err != nil {
+		if err := s.putStep(ctx, tx, store.StepRef{TaskID: taskID, StepID: resource.ID(st.GetName())}, st, true); err != nil {
 			return err
 		}
 		out = st
@@ -239,7 +282,7 @@ func getStep(ctx context.Context, q pgdb.Querier, ref store.StepRef) (*tasksv1.S
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Step](data)
+	return resource.Decode(data, &tasksv1.Step{})
 }
 
 // GetStep implements store.Store.
@@ -310,7 +353,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 				return err
 			}
 		}
-		if err := putStep(ctx, tx, ref, st, false); err != nil {
+		if err := s.putStep(ctx, tx, ref, st, false); err != nil {
 			return err
 		}
 		out = st
@@ -326,12 +369,30 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 }
 
 // ListPending implements store.Store: oldest task first, then step id.
+// With several replicas it returns the pending steps this Store should
+// run, and claims them: its own, and those of replicas no longer alive.
 func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
+	return s.claim(ctx, true)
+}
+
+// ClaimOrphans claims the pending steps of replicas no longer alive (their
+// owner lock is free) and returns them, oldest task first; a replica runs
+// it periodically to take over the steps of one that died. Steps it owns
+// already are not returned.
+func (s *Store) ClaimOrphans(ctx context.Context) ([]store.StepRef, error) {
+	return s.claim(ctx, false)
+}
+
+func (s *Store) claim(ctx context.Context, own bool) ([]store.StepRef, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rows, err := s.db.Pool().Query(ctx, `SELECT s.task_id, s.step_id FROM steps s JOIN tasks t ON t.id = s.task_id
-WHERE s.pending ORDER BY t.seq, s.step_id`)
+	// One UPDATE at READ COMMITTED: replicas claiming at once queue on
+	// each row, and the second finds it owned by a live replica.
+	rows, err := s.db.Pool().Query(ctx, `WITH claimed AS (
+  UPDATE steps s SET owner = $1 WHERE s.pending AND ((s.owner = $1 AND $2) OR (s.owner <> $1 AND NOT `+pgdb.ExclusiveHeld(`$3 || s.owner`)+`))
+  RETURNING s.task_id, s.step_id)
+SELECT c.task_id, c.step_id FROM claimed c JOIN tasks t ON t.id = c.task_id ORDER BY t.seq, c.step_id`, s.owner, own, ownerLock)
 	if err != nil {
 		return nil, err
 	}
@@ -391,7 +452,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 	if err != nil {
 		return nil, err
 	}
-	return decode[tasksv1.Artifact](data)
+	return resource.Decode(data, &tasksv1.Artifact{})
 }
 
 // ListArtifacts implements store.Store.

@@ -1,0 +1,104 @@
+package payment
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// LedgerName is the built-in provider's name in a payment reference.
+const LedgerName = "ledger"
+
+// Ledger is the built-in payment provider, for demos and tests: payments
+// are entries in the dispatcher's store and no money moves. A payer
+// creates a payment to a payee (its id is the reference), an acceptance
+// reserves it for an order, and the payee captures it.
+type Ledger struct {
+	store store.PaymentStore
+	newID func() string
+	now   func() time.Time
+}
+
+// NewLedger returns a Ledger keeping payments in st, naming them with
+// newID (unguessable ids) and stamping them with now.
+func NewLedger(st store.PaymentStore, newID func() string, now func() time.Time) *Ledger {
+	return &Ledger{store: st, newID: newID, now: now}
+}
+
+// Errors of the ledger's own operations.
+var (
+	// ErrNotReserved: a capture of a payment no acceptance reserved.
+	ErrNotReserved = errors.New("no acceptance has reserved this payment")
+	// ErrNotPayee: a capture by someone other than the payee.
+	ErrNotPayee = errors.New("only the payee captures a payment")
+)
+
+// Create records a payment by payer to payee of price.
+func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price) (store.Payment, error) {
+	now := l.now().UTC()
+	p := store.Payment{
+		ID: l.newID(), Payer: payer, Payee: payee, AmountMicros: price.AmountMicros, Currency: price.Currency,
+		State: store.PaymentAuthorized, CreateTime: now, UpdateTime: now,
+	}
+	return p, l.store.CreatePayment(ctx, p)
+}
+
+// Capture moves a reserved payment to its payee; capturing a captured one
+// returns it unchanged.
+func (l *Ledger) Capture(ctx context.Context, id, payee string) (store.Payment, error) {
+	return l.store.UpdatePayment(ctx, id, func(p *store.Payment) error {
+		switch {
+		case p.Payee != payee:
+			return ErrNotPayee
+		case p.State == store.PaymentCaptured:
+			return nil
+		case p.State != store.PaymentReserved:
+			return ErrNotReserved
+		}
+		p.State, p.UpdateTime = store.PaymentCaptured, l.now().UTC()
+		return nil
+	})
+}
+
+// Reserve implements Provider.
+func (l *Ledger) Reserve(ctx context.Context, ref string, c Charge) error {
+	_, err := l.store.UpdatePayment(ctx, ref, func(p *store.Payment) error {
+		switch {
+		case p.Payer != c.Payer:
+			return refuse(RulePaymentRef, "payment %s is not the consumer's", ref)
+		case p.Payee != c.Payee || p.AmountMicros != c.AmountMicros || p.Currency != c.Currency:
+			return refuse(RulePaymentRef, "payment %s is of %d micro-%s to %s, but the offer is of %d micro-%s to %s",
+				ref, p.AmountMicros, p.Currency, p.Payee, c.AmountMicros, c.Currency, c.Payee)
+		case p.Order == c.Order:
+			return nil
+		case p.State != store.PaymentAuthorized:
+			return refuse(RulePaymentRef, "payment %s is already used for another order", ref)
+		}
+		p.State, p.Order, p.UpdateTime = store.PaymentReserved, c.Order, l.now().UTC()
+		return nil
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return refuse(RulePaymentRef, "payment %s is unknown to the ledger", ref)
+	}
+	return err
+}
+
+// Release implements Provider.
+func (l *Ledger) Release(ctx context.Context, ref, order string) error {
+	_, err := l.store.UpdatePayment(ctx, ref, func(p *store.Payment) error {
+		if p.State != store.PaymentReserved || p.Order != order {
+			return errNothing
+		}
+		p.State, p.Order, p.UpdateTime = store.PaymentAuthorized, "", l.now().UTC()
+		return nil
+	})
+	if errors.Is(err, errNothing) || errors.Is(err, store.ErrNotFound) {
+		return nil
+	}
+	return err
+}
+
+var errNothing = fmt.Errorf("nothing to release")

@@ -1,0 +1,236 @@
+package payment_test
+
+import (
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/approval"
+	"github.com/parleyhq/parley/services/dispatcher/internal/payment"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+)
+
+const (
+	consumer = "clients/c/agents/buyer"
+	supplier = "clients/s/agents/shop"
+)
+
+var now = time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+
+type fixture struct {
+	st     *boltstore.Store
+	gate   *payment.Gate
+	ledger *payment.Ledger
+	priv   ed25519.PrivateKey
+	pub    ed25519.PublicKey
+	ids    int
+}
+
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	f := &fixture{st: st}
+	f.ledger = payment.NewLedger(st, func() string { f.ids++; return fmt.Sprintf("pay%d", f.ids) }, func() time.Time { return now })
+	f.gate = payment.NewGate(st, map[string]payment.Provider{payment.LedgerName: f.ledger})
+	seed := make([]byte, ed25519.SeedSize)
+	f.priv = ed25519.NewKeyFromSeed(seed)
+	f.pub = f.priv.Public().(ed25519.PublicKey)
+	return f
+}
+
+func usd(amount int64) *payment.Price { return &payment.Price{AmountMicros: amount, Currency: "USD"} }
+
+func body(t *testing.T, v map[string]any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func ruleOf(err error) string {
+	var r *payment.Refusal
+	var a *approval.Refusal
+	switch {
+	case errors.As(err, &r):
+		return string(r.Rule)
+	case errors.As(err, &a):
+		return string(a.Rule)
+	case err != nil:
+		return "error: " + err.Error()
+	}
+	return ""
+}
+
+func (f *fixture) approve(order string, amount int64, expires time.Time) approval.Approval {
+	return approval.Sign(f.priv, approval.Terms{Order: order, AmountMicros: amount, Currency: "USD", Payee: supplier}, expires)
+}
+
+func TestGate_accept(t *testing.T) {
+	limit := func(v int64) *int64 { return &v }
+	for _, c := range []struct {
+		name  string
+		terms payment.Terms
+		owner func(f *fixture) payment.Owner
+		body  func(f *fixture) map[string]any
+		want  string // "" accepts
+	}{
+		{"unpriced offer", payment.Terms{}, nil, nil, ""},
+		{"priced, no limits, no payment needed", payment.Terms{Price: usd(5_000_000)}, nil, nil, ""},
+		{"payment required and missing", payment.Terms{Price: usd(5), PaymentRequired: true}, nil, nil, "PAYMENT_MISSING"},
+		{"unknown provider", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
+			func(*fixture) map[string]any {
+				return map[string]any{"payment": map[string]any{"provider": "stripe", "reference": "x"}}
+			}, "PAYMENT_PROVIDER"},
+		{"unknown reference", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
+			func(*fixture) map[string]any { return map[string]any{"payment": ref("nope")} }, "PAYMENT_REFERENCE"},
+		{"reference of another amount", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
+			func(f *fixture) map[string]any { return map[string]any{"payment": ref(f.pay(t, consumer, 6))} }, "PAYMENT_REFERENCE"},
+		{"reference of another payer", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
+			func(f *fixture) map[string]any {
+				return map[string]any{"payment": ref(f.pay(t, "clients/x/agents/y", 5))}
+			}, "PAYMENT_REFERENCE"},
+		{"paid", payment.Terms{Price: usd(5), PaymentRequired: true}, nil,
+			func(f *fixture) map[string]any { return map[string]any{"payment": ref(f.pay(t, consumer, 5))} }, ""},
+		{"over the transaction limit, approved or not", payment.Terms{Price: usd(11)},
+			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, TransactionLimit: 10} },
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 11, now.Add(time.Hour))}
+			}, "SPENDING_LIMIT"},
+		{"limits in USD, price in EUR", payment.Terms{Price: &payment.Price{AmountMicros: 1, Currency: "EUR"}},
+			func(*fixture) payment.Owner { return payment.Owner{DailyLimit: 10} }, nil, "SPENDING_LIMIT"},
+		{"human authorization required, none sent", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
+			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} }, nil, "APPROVAL_MISSING"},
+		{"human authorization required, no key registered", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true}, nil,
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 5, now.Add(time.Hour))}
+			}, "APPROVAL_KEY_MISSING"},
+		{"human authorization required and given", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
+			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} },
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 5, now.Add(time.Hour))}
+			}, ""},
+		{"approval of another order", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
+			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} },
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o2", 5, now.Add(time.Hour))}
+			}, "APPROVAL_TERMS"},
+		{"approval expired", payment.Terms{Price: usd(5), HumanAuthorizationRequired: true},
+			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub} },
+			func(f *fixture) map[string]any { return map[string]any{"human_authorization": f.approve("o1", 5, now)} }, "APPROVAL_EXPIRED"},
+		{"over the automated transaction limit, no approval", payment.Terms{Price: usd(11)},
+			func(f *fixture) payment.Owner {
+				return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(10)}
+			}, nil, "APPROVAL_MISSING"},
+		{"within the automated transaction limit", payment.Terms{Price: usd(10)},
+			func(f *fixture) payment.Owner {
+				return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(10)}
+			}, nil, ""},
+		{"automated limit 0 always asks", payment.Terms{Price: usd(1)},
+			func(f *fixture) payment.Owner {
+				return payment.Owner{ApprovalKey: f.pub, AutomatedPerTransaction: limit(0)}
+			}, nil, "APPROVAL_MISSING"},
+		{"over the automated daily limit, no approval", payment.Terms{Price: usd(11)},
+			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, AutomatedPerDay: limit(10)} }, nil, "APPROVAL_MISSING"},
+		{"over the automated daily limit, approved", payment.Terms{Price: usd(11)},
+			func(f *fixture) payment.Owner { return payment.Owner{ApprovalKey: f.pub, AutomatedPerDay: limit(10)} },
+			func(f *fixture) map[string]any {
+				return map[string]any{"human_authorization": f.approve("o1", 11, now.Add(time.Minute))}
+			}, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t)
+			a := payment.Acceptance{Order: "o1", Consumer: consumer, Supplier: supplier, Terms: c.terms, Time: now}
+			if c.owner != nil {
+				a.Owner = c.owner(f)
+			}
+			a.Body = []byte(`{}`)
+			if c.body != nil {
+				a.Body = body(t, c.body(f))
+			}
+			if got := ruleOf(f.gate.Accept(t.Context(), a)); got != c.want {
+				t.Errorf("Accept = %q, want %q", got, c.want)
+			}
+		})
+	}
+}
+
+func ref(id string) payment.Reference {
+	return payment.Reference{Provider: payment.LedgerName, Reference: id}
+}
+
+func (f *fixture) pay(t *testing.T, payer string, amount int64) string {
+	t.Helper()
+	p, err := f.ledger.Create(t.Context(), payer, supplier, *usd(amount))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.ID
+}
+
+// TestGate_dailyLimit: acceptances of one UTC day add up; a refused one
+// counts nothing and leaves its payment unreserved; the next day starts
+// at 0; accepting the same order again counts it once.
+func TestGate_dailyLimit(t *testing.T) {
+	f := newFixture(t)
+	owner := payment.Owner{DailyLimit: 10}
+	accept := func(order string, amount int64, at time.Time) (string, string) {
+		id := f.pay(t, consumer, amount)
+		a := payment.Acceptance{Order: order, Consumer: consumer, Supplier: supplier, Owner: owner, Time: at,
+			Terms: payment.Terms{Price: usd(amount), PaymentRequired: true}, Body: body(t, map[string]any{"payment": ref(id)})}
+		return ruleOf(f.gate.Accept(t.Context(), a)), id
+	}
+	if got, _ := accept("o1", 6, now); got != "" {
+		t.Fatalf("first acceptance = %s", got)
+	}
+	got, refused := accept("o2", 5, now)
+	if got != "SPENDING_LIMIT" {
+		t.Errorf("6+5 over a daily limit of 10 = %q, want SPENDING_LIMIT", got)
+	}
+	if p, _ := f.st.GetPayment(t.Context(), refused); p.State != store.PaymentAuthorized {
+		t.Errorf("the refused acceptance's payment is %s, want it still authorized", p.State)
+	}
+	if got, _ := accept("o3", 4, now); got != "" {
+		t.Errorf("6+4 within a daily limit of 10 = %q, want accepted", got)
+	}
+	if got, _ := accept("o1", 6, now); got != "" {
+		t.Errorf("o1 again (a new payment after payment_error) = %q, want accepted: an order counts once", got)
+	}
+	if got, _ := accept("o4", 10, now.Add(24*time.Hour)); got != "" {
+		t.Errorf("the next day = %q, want accepted", got)
+	}
+}
+
+// TestLedger_capture: only the payee captures, only a reserved payment.
+func TestLedger_capture(t *testing.T) {
+	f := newFixture(t)
+	id := f.pay(t, consumer, 5)
+	if _, err := f.ledger.Capture(t.Context(), id, supplier); !errors.Is(err, payment.ErrNotReserved) {
+		t.Errorf("Capture(authorized) = %v, want ErrNotReserved", err)
+	}
+	c := payment.Charge{Order: "o1", Payer: consumer, Payee: supplier, Price: *usd(5)}
+	if err := f.ledger.Reserve(t.Context(), id, c); err != nil {
+		t.Fatal(err)
+	}
+	c.Order = "o2"
+	if got := ruleOf(f.ledger.Reserve(t.Context(), id, c)); got != "PAYMENT_REFERENCE" {
+		t.Errorf("Reserve for a second order = %q, want PAYMENT_REFERENCE", got)
+	}
+	if _, err := f.ledger.Capture(t.Context(), id, consumer); !errors.Is(err, payment.ErrNotPayee) {
+		t.Errorf("Capture by the payer = %v, want ErrNotPayee", err)
+	}
+	for range 2 {
+		if p, err := f.ledger.Capture(t.Context(), id, supplier); err != nil || p.State != store.PaymentCaptured {
+			t.Errorf("Capture by the payee = %+v, %v; want captured (twice is harmless)", p, err)
+		}
+	}
+}

@@ -1,0 +1,176 @@
+package server
+
+import (
+	"context"
+	"crypto/ed25519"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/services/dispatcher/internal/approval"
+	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
+	"github.com/parleyhq/parley/services/dispatcher/internal/order"
+	"github.com/parleyhq/parley/services/dispatcher/internal/payment"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// The money side of a reply in a dialogue whose PD has a state machine
+// (internal/payment). Before the dialogue layer sees the reply (card
+// data was refused in any body already, internal/carddata):
+//   - a message of a type that a message marked opensOrder answers (offer,
+//     payment_error) has its terms checked, and recorded once it is
+//     delivered, keyed by (dialogue, its sender);
+//   - a message marked opensOrder (accept_offer) goes through the payment
+//     gate: payment, the owner's limits and signed approval, against the
+//     recorded terms of the message it answers. If the reply is then not
+//     delivered (a lost race with revoke_offer, a deadline), the gate's
+//     effects are undone.
+//
+// The check runs outside the dialogue's transaction (it asks the registry
+// for the consumer's owner), so it holds no lock on the pair: the pair's
+// state machine still decides, in its transaction, whether the reply is
+// accepted.
+
+// ownerSource reads an agent's owner details from the registry.
+type ownerSource struct {
+	c registryv1.RegistryServiceClient
+}
+
+func (o ownerSource) owner(ctx context.Context, agent string) (payment.Owner, error) {
+	a, err := o.c.GetAgent(ctx, &registryv1.GetAgentRequest{Name: agent})
+	if err != nil {
+		return payment.Owner{}, registryError(err)
+	}
+	ow := a.GetOwner()
+	out := payment.Owner{
+		TransactionLimit: ow.GetTransactionLimitMicroUsd(), DailyLimit: ow.GetDailyLimitMicroUsd(),
+		AutomatedPerTransaction: ow.AutomatedLimitPerTransactionMicroUsd, AutomatedPerDay: ow.AutomatedLimitPerDayMicroUsd,
+	}
+	if k := ow.GetApprovalPublicKey(); len(k) == ed25519.PublicKeySize {
+		out.ApprovalKey = ed25519.PublicKey(k)
+	}
+	return out, nil
+}
+
+// moneyCheck is what checkMoney decided for one reply; done finishes it
+// once the reply's fate is known.
+type moneyCheck struct {
+	s          *Server
+	acceptance *payment.Acceptance // set when the gate accepted it
+	terms      json.RawMessage     // terms to record, when set
+	dialogue   string
+	sender     string
+}
+
+func (m *moneyCheck) done(ctx context.Context, delivered bool) {
+	if m == nil {
+		return
+	}
+	// On a context of its own: the caller's may be what just ended.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	switch {
+	case !delivered && m.acceptance != nil:
+		if err := m.s.payments.Undo(ctx, *m.acceptance); err != nil {
+			m.s.logger.ErrorContext(ctx, "an undelivered acceptance still counts against its owner's day or holds its payment",
+				slog.String("order", m.acceptance.Order), slog.Any("err", err))
+		}
+	case delivered && m.terms != nil:
+		if err := m.s.opts.Payments.SetOfferTerms(ctx, m.dialogue, m.sender, m.terms); err != nil {
+			m.s.logger.ErrorContext(ctx, "an offer's terms were not recorded; its acceptance will be checked as unpriced",
+				slog.String("dialogue", m.dialogue), slog.Any("err", err))
+		}
+	}
+}
+
+// checkMoney runs the money checks of a reply by sender to inReplyTo; nil
+// means there is nothing to finish. A refusal is a *payment.Refusal or
+// an *approval.Refusal.
+func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, body []byte) (*moneyCheck, error) {
+	if s.payments == nil {
+		return nil, nil
+	}
+	answered, err := s.opts.Dialogues.GetDialogueMessage(ctx, inReplyTo)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, nil // the dialogue layer refuses it
+	}
+	if err != nil {
+		return nil, err
+	}
+	d, err := s.opts.Dialogues.GetDialogue(ctx, answered.DialogueID)
+	if errors.Is(err, store.ErrNotFound) || (err == nil && d.Protocol == "") {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	pr, err := s.dir.Protocol(ctx, d.Protocol, nil)
+	if err != nil || pr.StateMachine == nil {
+		return nil, nil //nolint:nilerr // the dialogue layer reports an unknown protocol
+	}
+	opens, termTypes := orderTypes(pr)
+	switch {
+	case slices.Contains(opens, typ):
+		supplier, payee := answered.Sender, answered.Sender
+		if sender != d.Initiator { // delegate: the supplier accepts the consumer's request
+			supplier, payee = sender, sender
+		}
+		raw, err := s.opts.Payments.OfferTerms(ctx, d.ID, answered.Sender)
+		if err != nil {
+			return nil, err
+		}
+		terms, _, err := payment.ParseTerms(raw)
+		if err != nil {
+			return nil, err
+		}
+		a := payment.Acceptance{Order: order.ID(d.ID, supplier), Consumer: d.Initiator, Supplier: payee, Terms: terms, Body: body, Time: s.opts.Now()}
+		if terms.Price != nil || terms.HumanAuthorizationRequired {
+			if a.Owner, err = s.owners.owner(ctx, d.Initiator); err != nil {
+				return nil, err
+			}
+		}
+		if err := s.payments.Accept(ctx, a); err != nil {
+			return nil, err
+		}
+		return &moneyCheck{s: s, acceptance: &a}, nil
+	case slices.Contains(termTypes, typ):
+		_, found, err := payment.ParseTerms(body)
+		if err != nil || !found {
+			return nil, err
+		}
+		return &moneyCheck{s: s, terms: body, dialogue: d.ID, sender: sender}, nil
+	}
+	return nil, nil
+}
+
+// orderTypes returns the PD's types marked opensOrder, and the types they
+// answer (whose bodies state the terms accepted).
+func orderTypes(pr *directory.Protocol) (opens, terms []string) {
+	for _, mt := range pr.StateMachine.GetMessages() {
+		if mt.GetOpensOrder() {
+			opens = append(opens, mt.GetType())
+			terms = append(terms, mt.GetAnswers()...)
+		}
+	}
+	return opens, terms
+}
+
+// moneyStatus is the gRPC status of a money refusal, FAILED_PRECONDITION
+// with its rule as the reason. Other errors are not refusals (ok false).
+func moneyStatus(err error) (error, bool) {
+	var pr *payment.Refusal
+	var ar *approval.Refusal
+	switch {
+	case errors.As(err, &pr):
+		return grpcerr.New(codes.FailedPrecondition, pr.Detail, string(pr.Rule), Domain, nil), true
+	case errors.As(err, &ar):
+		return grpcerr.New(codes.FailedPrecondition, ar.Detail, string(ar.Rule), Domain, nil), true
+	}
+	return nil, false
+}

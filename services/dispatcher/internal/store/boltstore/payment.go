@@ -1,0 +1,159 @@
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"encoding/json"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// The payment buckets (store.PaymentStore).
+var (
+	// bucketPayments: payment id → JSON store.Payment.
+	bucketPayments = []byte("payments")
+	// bucketSpendDays: agent + 0x00 + day → 8-byte big-endian micro-USD total.
+	bucketSpendDays = []byte("spend_days")
+	// bucketSpendOrders: agent + 0x00 + order id → day + 0x00 + 8-byte
+	// big-endian amount, so that an order counts once and can be taken back.
+	bucketSpendOrders = []byte("spend_orders")
+	// bucketOfferTerms: dialogue + 0x00 + supplier → the terms, JSON.
+	bucketOfferTerms = []byte("offer_terms")
+)
+
+var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms}
+
+var _ store.PaymentStore = (*Store)(nil)
+
+// CreatePayment implements store.PaymentStore.
+func (s *Store) CreatePayment(ctx context.Context, p store.Payment) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketPayments)
+		if b.Get([]byte(p.ID)) != nil {
+			return resource.AlreadyExists("payment", p.ID)
+		}
+		return putJSON(b, []byte(p.ID), p)
+	})
+}
+
+// GetPayment implements store.PaymentStore.
+func (s *Store) GetPayment(ctx context.Context, id string) (store.Payment, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Payment{}, err
+	}
+	var p store.Payment
+	err := s.db.View(func(tx *bolt.Tx) error {
+		ok, err := getJSON(tx.Bucket(bucketPayments), []byte(id), &p)
+		if err == nil && !ok {
+			err = resource.NotFound("payment", id)
+		}
+		return err
+	})
+	return p, err
+}
+
+// UpdatePayment implements store.PaymentStore.
+func (s *Store) UpdatePayment(ctx context.Context, id string, mutate func(*store.Payment) error) (store.Payment, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Payment{}, err
+	}
+	var p store.Payment
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketPayments)
+		ok, err := getJSON(b, []byte(id), &p)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return resource.NotFound("payment", id)
+		}
+		if err := mutate(&p); err != nil {
+			return err
+		}
+		return putJSON(b, []byte(id), p)
+	})
+	return p, err
+}
+
+// AddSpend implements store.PaymentStore.
+func (s *Store) AddSpend(ctx context.Context, sp store.Spend, check func(dayTotal int64) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		orders, days := tx.Bucket(bucketSpendOrders), tx.Bucket(bucketSpendDays)
+		if orders.Get(join(sp.Agent, sp.Order)) != nil {
+			return nil
+		}
+		dk := join(sp.Agent, sp.Day)
+		total := readInt(days.Get(dk))
+		if err := check(total); err != nil {
+			return err
+		}
+		if err := days.Put(dk, putInt(total+sp.AmountMicros)); err != nil {
+			return err
+		}
+		return orders.Put(join(sp.Agent, sp.Order), append(append([]byte(sp.Day), 0), putInt(sp.AmountMicros)...))
+	})
+}
+
+// RemoveSpend implements store.PaymentStore.
+func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		orders, days := tx.Bucket(bucketSpendOrders), tx.Bucket(bucketSpendDays)
+		v := orders.Get(join(agent, order))
+		i := bytes.IndexByte(v, 0)
+		if i < 0 {
+			return nil
+		}
+		dk := join(agent, string(v[:i]))
+		if err := days.Put(dk, putInt(readInt(days.Get(dk))-readInt(v[i+1:]))); err != nil {
+			return err
+		}
+		return orders.Delete(join(agent, order))
+	})
+}
+
+// SetOfferTerms implements store.PaymentStore.
+func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketOfferTerms).Put(join(dialogue, supplier), terms)
+	})
+}
+
+// OfferTerms implements store.PaymentStore.
+func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier string) (json.RawMessage, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var out json.RawMessage
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketOfferTerms).Get(join(dialogue, supplier)); v != nil {
+			out = bytes.Clone(v)
+		}
+		return nil
+	})
+	return out, err
+}
+
+func readInt(b []byte) int64 {
+	if len(b) != 8 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(b)) //nolint:gosec // stored by putInt
+}
+
+func putInt(v int64) []byte { return binary.BigEndian.AppendUint64(nil, uint64(v)) } //nolint:gosec // read back by readInt

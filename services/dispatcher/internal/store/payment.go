@@ -1,0 +1,66 @@
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// PaymentState is where a ledger payment stands.
+type PaymentState string
+
+// The states of a ledger payment.
+const (
+	PaymentAuthorized PaymentState = "authorized" // created by its payer
+	PaymentReserved   PaymentState = "reserved"   // an acceptance used it for an order
+	PaymentCaptured   PaymentState = "captured"   // its payee took it
+)
+
+// Payment is one payment of the built-in ledger provider.
+type Payment struct {
+	ID           string       `json:"id"`
+	Payer        string       `json:"payer"`
+	Payee        string       `json:"payee"`
+	AmountMicros int64        `json:"amountMicros"`
+	Currency     string       `json:"currency"`
+	State        PaymentState `json:"state"`
+	Order        string       `json:"order,omitempty"` // set when reserved
+	CreateTime   time.Time    `json:"createTime"`
+	UpdateTime   time.Time    `json:"updateTime"`
+}
+
+// Spend is one acceptance counted against its agent's daily spending.
+type Spend struct {
+	Agent        string
+	Day          string // the UTC day, YYYY-MM-DD
+	Order        string
+	AmountMicros int64 // micro-USD
+}
+
+// PaymentStore keeps the ledger provider's payments, the agents' daily
+// spending, and the terms of the offers pairs are answering. Every method
+// checks ctx first.
+type PaymentStore interface {
+	// CreatePayment stores a new payment; ErrAlreadyExists when its id is
+	// taken.
+	CreatePayment(ctx context.Context, p Payment) error
+	// GetPayment returns a payment; ErrNotFound when absent.
+	GetPayment(ctx context.Context, id string) (Payment, error)
+	// UpdatePayment applies mutate to a payment in one transaction and
+	// returns it as written. If mutate fails, nothing is written and its
+	// error is returned as is. ErrNotFound when absent.
+	UpdatePayment(ctx context.Context, id string, mutate func(*Payment) error) (Payment, error)
+	// AddSpend adds s to its agent's spending of s.Day, in one transaction
+	// with check, which sees the day's total before s and may refuse it
+	// (its error is returned as is and nothing is written). An order
+	// already counted is not counted again (check is not called).
+	AddSpend(ctx context.Context, s Spend, check func(dayTotal int64) error) error
+	// RemoveSpend takes an order's spend back out of its day; removing
+	// one never added is no error.
+	RemoveSpend(ctx context.Context, agent, order string) error
+	// SetOfferTerms records the terms of the last offer of the pair
+	// (dialogue, supplier), replacing earlier ones.
+	SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) error
+	// OfferTerms returns what SetOfferTerms recorded; nil when nothing.
+	OfferTerms(ctx context.Context, dialogue, supplier string) (json.RawMessage, error)
+}

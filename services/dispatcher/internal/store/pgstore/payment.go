@@ -1,0 +1,119 @@
+package pgstore
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+var _ store.PaymentStore = (*Store)(nil)
+
+// CreatePayment implements store.PaymentStore.
+func (s *Store) CreatePayment(ctx context.Context, p store.Payment) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	tag, err := s.db.Pool().Exec(ctx, `INSERT INTO payments (id, data) VALUES ($1, $2) ON CONFLICT DO NOTHING`, p.ID, marshal(p))
+	if err == nil && tag.RowsAffected() == 0 {
+		err = resource.AlreadyExists("payment", p.ID)
+	}
+	return err
+}
+
+// GetPayment implements store.PaymentStore.
+func (s *Store) GetPayment(ctx context.Context, id string) (store.Payment, error) {
+	var p store.Payment
+	return p, s.getJSON(ctx, &p, "payment", `SELECT data FROM payments WHERE id = $1`, id)
+}
+
+// UpdatePayment implements store.PaymentStore, in one SERIALIZABLE
+// transaction.
+func (s *Store) UpdatePayment(ctx context.Context, id string, mutate func(*store.Payment) error) (store.Payment, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Payment{}, err
+	}
+	var out store.Payment
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		var p store.Payment
+		ok, err := getJSON(ctx, tx, &p, `SELECT data FROM payments WHERE id = $1 FOR UPDATE`, id)
+		switch {
+		case err != nil:
+			return err
+		case !ok:
+			return resource.NotFound("payment", id)
+		}
+		if err := mutate(&p); err != nil {
+			return err
+		}
+		out = p
+		_, err = tx.Exec(ctx, `UPDATE payments SET data = $2 WHERE id = $1`, id, marshal(p))
+		return err
+	})
+	if err != nil {
+		return store.Payment{}, err
+	}
+	return out, nil
+}
+
+// AddSpend implements store.PaymentStore, in one SERIALIZABLE transaction,
+// so that two replicas cannot both pass a limit.
+func (s *Store) AddSpend(ctx context.Context, sp store.Spend, check func(dayTotal int64) error) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(ctx, func(tx pgx.Tx) error {
+		var counted bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM spend_orders WHERE agent = $1 AND order_id = $2)`, sp.Agent, sp.Order).Scan(&counted); err != nil {
+			return err
+		}
+		if counted {
+			return nil
+		}
+		var total int64
+		if err := tx.QueryRow(ctx, `SELECT COALESCE(SUM(amount_micros), 0) FROM spend_orders WHERE agent = $1 AND day = $2`, sp.Agent, sp.Day).Scan(&total); err != nil {
+			return err
+		}
+		if err := check(total); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO spend_orders (agent, order_id, day, amount_micros) VALUES ($1, $2, $3, $4)`, sp.Agent, sp.Order, sp.Day, sp.AmountMicros)
+		return err
+	})
+}
+
+// RemoveSpend implements store.PaymentStore.
+func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := s.db.Pool().Exec(ctx, `DELETE FROM spend_orders WHERE agent = $1 AND order_id = $2`, agent, order)
+	return err
+}
+
+// SetOfferTerms implements store.PaymentStore.
+func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := s.db.Pool().Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, terms) VALUES ($1, $2, $3)
+ON CONFLICT (dialogue, supplier) DO UPDATE SET terms = excluded.terms`, dialogue, supplier, []byte(terms))
+	return err
+}
+
+// OfferTerms implements store.PaymentStore.
+func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier string) (json.RawMessage, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var terms []byte
+	err := s.db.Pool().QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2`, dialogue, supplier).Scan(&terms)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	return terms, err
+}

@@ -1,0 +1,101 @@
+package storetest
+
+import (
+	"encoding/json"
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// RunPayments runs the payment suite; open returns a new empty store.
+func RunPayments(t *testing.T, open func(t *testing.T) store.PaymentStore) {
+	t.Run("payments", func(t *testing.T) { testPayments(t, open(t)) })
+	t.Run("spend", func(t *testing.T) { testSpend(t, open(t)) })
+	t.Run("terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
+}
+
+func testPayments(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	p := store.Payment{ID: "p1", Payer: alice, Payee: bob, AmountMicros: 5, Currency: "USD", State: store.PaymentAuthorized, CreateTime: t0, UpdateTime: t0}
+	if err := s.CreatePayment(ctx, p); err != nil {
+		t.Fatalf("CreatePayment = %v", err)
+	}
+	if err := s.CreatePayment(ctx, p); !errors.Is(err, store.ErrAlreadyExists) {
+		t.Errorf("CreatePayment(again) = %v, want ErrAlreadyExists", err)
+	}
+	if got, err := s.GetPayment(ctx, "p1"); err != nil || got != p {
+		t.Errorf("GetPayment = %+v, %v; want %+v", got, err, p)
+	}
+	if _, err := s.GetPayment(ctx, "nope"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetPayment(absent) = %v, want ErrNotFound", err)
+	}
+	boom := errors.New("boom")
+	if _, err := s.UpdatePayment(ctx, "p1", func(p *store.Payment) error { p.State = store.PaymentCaptured; return boom }); !errors.Is(err, boom) {
+		t.Errorf("UpdatePayment(failing) = %v, want its error", err)
+	}
+	if got, _ := s.GetPayment(ctx, "p1"); got.State != store.PaymentAuthorized {
+		t.Errorf("after a failed update the payment is %s, want it unchanged", got.State)
+	}
+	got, err := s.UpdatePayment(ctx, "p1", func(p *store.Payment) error { p.State, p.Order = store.PaymentReserved, "o1"; return nil })
+	if err != nil || got.State != store.PaymentReserved || got.Order != "o1" {
+		t.Errorf("UpdatePayment = %+v, %v; want reserved for o1", got, err)
+	}
+	if _, err := s.UpdatePayment(ctx, "nope", func(*store.Payment) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("UpdatePayment(absent) = %v, want ErrNotFound", err)
+	}
+}
+
+func testSpend(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	var seen []int64
+	check := func(total int64) error { seen = append(seen, total); return nil }
+	limit := errors.New("over")
+	for _, sp := range []store.Spend{
+		{Agent: alice, Day: "2026-12-02", Order: "o1", AmountMicros: 10},
+		{Agent: alice, Day: "2026-12-02", Order: "o2", AmountMicros: 5},
+		{Agent: alice, Day: "2026-12-02", Order: "o1", AmountMicros: 10}, // counted once
+		{Agent: bob, Day: "2026-12-02", Order: "o3", AmountMicros: 7},
+		{Agent: alice, Day: "2026-12-03", Order: "o4", AmountMicros: 1},
+	} {
+		if err := s.AddSpend(ctx, sp, check); err != nil {
+			t.Fatalf("AddSpend(%+v) = %v", sp, err)
+		}
+	}
+	if want := []int64{0, 10, 0, 0}; !slices.Equal(seen, want) {
+		t.Errorf("check saw day totals %v, want %v", seen, want)
+	}
+	refused := store.Spend{Agent: alice, Day: "2026-12-02", Order: "o5", AmountMicros: 1}
+	if err := s.AddSpend(ctx, refused, func(int64) error { return limit }); !errors.Is(err, limit) {
+		t.Errorf("AddSpend(refused) = %v, want the check's error", err)
+	}
+	if err := s.RemoveSpend(ctx, alice, "o2"); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RemoveSpend(ctx, alice, "never"); err != nil {
+		t.Errorf("RemoveSpend(never added) = %v", err)
+	}
+	seen = nil
+	if err := s.AddSpend(ctx, refused, check); err != nil || !slices.Equal(seen, []int64{10}) {
+		t.Errorf("AddSpend after a refusal and a removal saw %v (%v), want the total 10: o1 only", seen, err)
+	}
+}
+
+func testOfferTerms(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	if got, err := s.OfferTerms(ctx, "d1", bob); err != nil || got != nil {
+		t.Errorf("OfferTerms(none) = %s, %v; want nil", got, err)
+	}
+	for _, v := range []string{`{"a":1}`, `{"a":2}`} {
+		if err := s.SetOfferTerms(ctx, "d1", bob, json.RawMessage(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := s.OfferTerms(ctx, "d1", bob); err != nil || string(got) != `{"a":2}` {
+		t.Errorf("OfferTerms = %s, %v; want the last terms", got, err)
+	}
+	if got, _ := s.OfferTerms(ctx, "d1", carol); got != nil {
+		t.Errorf("OfferTerms(other supplier) = %s, want nil", got)
+	}
+}
