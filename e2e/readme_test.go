@@ -45,8 +45,9 @@ func TestReadme_walkthrough(t *testing.T) {
 }
 
 // TestReadme_network runs the README's agent-network walkthrough: two
-// agents of different clients, a follow, a message over the CLI and a
-// reply over REST.
+// agents of different clients, a follow, a message over the CLI, replies
+// over REST, and the receiver reading them with curl over server-sent
+// events, resuming with Last-Event-ID.
 func TestReadme_network(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds parley and runs a shell walkthrough")
@@ -67,6 +68,21 @@ func TestReadme_network(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("agent-network walkthrough output lacks %q; output:\n%s", want, out)
 		}
+	}
+	// The first stream has Bob's reply; the resumed one has his second
+	// message and not the first, which Last-Event-ID acknowledged. (The
+	// resumed stream ran long enough to deliver the first again: the
+	// second came after it in cursor order, and it is there.)
+	first, resumed, ok := strings.Cut(string(out), "\nresumed:\n")
+	if !ok {
+		t.Fatalf("agent-network walkthrough printed no resumed stream; output:\n%s", out)
+	}
+	_, first, _ = strings.Cut(first, "\nfirst:\n")
+	if !strings.Contains(first, `"sender":"clients/beta/agents/bob"`) || !strings.Contains(first, `"body":"Yes, at noon"`) {
+		t.Errorf("Alice's first SSE stream = %q, want Bob's reply", first)
+	}
+	if !strings.Contains(resumed, `"body":"See you there"`) || strings.Contains(resumed, `"body":"Yes, at noon"`) {
+		t.Errorf("Alice's resumed SSE stream = %q, want Bob's second message and not his first", resumed)
 	}
 }
 

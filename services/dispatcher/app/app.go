@@ -270,11 +270,12 @@ func (a *App) Close() error {
 	return errors.Join(a.pool.Close(), a.store.Close())
 }
 
-// RegisterGateway mounts the dispatcher's REST routes and the Agora routes on
-// s for a gateway process that reaches the dispatcher over gRPC instead of
-// in-process: the REST routes over conn, with each caller's credential, and
-// the public Agora routes over service, as the gateway itself (the operator
-// token with access control on; conn when nil). cfg needs only the flags of
+// RegisterGateway mounts the dispatcher's REST routes, the Agora routes and
+// the mailboxes' SSE route on s for a gateway process that reaches the
+// dispatcher over gRPC instead of in-process: the REST and SSE routes over
+// conn, with each caller's own credential, and the public Agora routes over
+// service, as the gateway itself (the operator token with access control
+// on; conn when nil). cfg needs only the flags of
 // config.RegisterGatewayFlags.
 func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, service grpc.ClientConnInterface, cfg config.Config) error {
 	if service == nil {
@@ -286,8 +287,12 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	if err := dispatcherv1.RegisterDispatcherServiceHandler(ctx, s.Gateway, conn); err != nil {
 		return err
 	}
+	client := dispatcherv1.NewDispatcherServiceClient(conn)
 	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(service)}, httpOptions(cfg)) {
 		s.Handle(pattern, h)
+	}
+	for pattern, h := range server.RemoteMailboxRoutes(client, s.Stopping(), cfg.MailboxStreamWriteTimeout) {
+		s.Handle(pattern, serve.Stream(h))
 	}
 	return nil
 }

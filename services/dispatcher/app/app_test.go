@@ -68,6 +68,7 @@ func startDispatcher(t *testing.T, args ...string) (dispatcherv1.DispatcherServi
 // calls it too).
 type dispatcherEnv struct {
 	app    *app.App
+	conn   *grpc.ClientConn
 	client dispatcherv1.DispatcherServiceClient
 	base   string
 	stop   func()
@@ -123,7 +124,7 @@ func startDispatcherApp(t *testing.T, args ...string) dispatcherEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return dispatcherEnv{app: a, client: dispatcherv1.NewDispatcherServiceClient(conn), base: "http://" + httpLis.Addr().String(), stop: stop}
+	return dispatcherEnv{app: a, conn: conn, client: dispatcherv1.NewDispatcherServiceClient(conn), base: "http://" + httpLis.Addr().String(), stop: stop}
 }
 
 func httpDo(t *testing.T, method, url, body string) (int, string) {

@@ -3,10 +3,13 @@ package app_test
 import (
 	"bufio"
 	"context"
+	"flag"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
@@ -14,7 +17,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/dispatcher/app"
+	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
@@ -222,9 +227,54 @@ func (s *sse) next(t *testing.T) (id, event, data string) {
 	}
 }
 
+// startGateway runs `parley gateway`'s dispatcher routes against e over
+// gRPC and returns the gateway's base URL.
+func startGateway(t *testing.T, e dispatcherEnv) string {
+	t.Helper()
+	var cfg config.Config
+	fs := flag.NewFlagSet("parley gateway", flag.ContinueOnError)
+	cfg.RegisterGatewayFlags(fs)
+	if err := fs.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := serve.New(serve.Options{Logger: slog.New(slog.DiscardHandler), ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	if err := app.RegisterGateway(ctx, srv, e.conn, cfg); err != nil {
+		t.Fatal(err)
+	}
+	grpcLis, httpLis := listen(t), listen(t)
+	done := make(chan error, 1)
+	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("gateway Run() error = %v", err)
+		}
+	})
+	return "http://" + httpLis.Addr().String()
+}
+
+// The SSE route reads a mailbox, resumes with Last-Event-ID and ends on a
+// takeover the same way on the dispatcher's own HTTP port and on a separate
+// gateway process that reaches the dispatcher over gRPC.
 func TestStreamSSE_resumesWithLastEventID(t *testing.T) {
-	e := startDispatcherApp(t)
-	a, client, base := e.app, e.client, e.base
+	for _, via := range []string{"dispatcher", "gateway"} {
+		t.Run(via, func(t *testing.T) {
+			e := startDispatcherApp(t)
+			base := e.base
+			if via == "gateway" {
+				base = startGateway(t, e)
+			}
+			testStreamSSE(t, e, base)
+		})
+	}
+}
+
+func testStreamSSE(t *testing.T, e dispatcherEnv, base string) {
+	a, client := e.app, e.client
 	send(t, a, "m1", echo)
 	send(t, a, "m2", echo)
 	url := base + "/v1/" + echo + "/messages:stream"
@@ -266,7 +316,19 @@ func TestStreamSSE_resumesWithLastEventID(t *testing.T) {
 }
 
 func TestStreamSSE_refusesBadInput(t *testing.T) {
-	base := startDispatcherApp(t).base
+	for _, via := range []string{"dispatcher", "gateway"} {
+		t.Run(via, func(t *testing.T) {
+			e := startDispatcherApp(t)
+			base := e.base
+			if via == "gateway" {
+				base = startGateway(t, e)
+			}
+			testStreamSSERefusals(t, base)
+		})
+	}
+}
+
+func testStreamSSERefusals(t *testing.T, base string) {
 	tests := []struct {
 		name, path, lastEventID string
 		want                    int

@@ -109,24 +109,29 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MailboxStreamBatch, "mailbox-stream-batch", 100, "most messages one receive-stream response carries")
 	fs.DurationVar(&c.MailboxStreamKeepalive, "mailbox-stream-keepalive", 30*time.Second, "silence after which a receive stream sends a keepalive")
 	fs.DurationVar(&c.MailboxStreamMaxDuration, "mailbox-stream-max-duration", time.Hour, "a receive stream open this long ends (DEADLINE_EXCEEDED) and the client reconnects")
-	fs.DurationVar(&c.MailboxStreamWriteTimeout, "mailbox-stream-write-timeout", 30*time.Second, "an SSE receive stream whose client does not take one write within this is cut off")
 }
 
-// RegisterGatewayFlags adds the flags of the Agora routes, which a gateway
-// process (`parley gateway`) serves too: --agora-max-body-bytes and
-// --agora-peer-header. RegisterFlags includes them.
+// RegisterGatewayFlags adds the flags of the hand-written routes, which a
+// gateway process (`parley gateway`) serves too: --agora-max-body-bytes,
+// --agora-peer-header (the Agora routes) and --mailbox-stream-write-timeout
+// (the mailboxes' SSE route). RegisterFlags includes them.
 func (c *Config) RegisterGatewayFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.AgoraMaxBodyBytes, "agora-max-body-bytes", 1<<20, "largest Agora request body")
 	fs.StringVar(&c.AgoraPeerHeader, "agora-peer-header", "", "header set by a trusted proxy that identifies the Agora caller (e.g. X-Forwarded-For); default: the remote IP")
+	fs.DurationVar(&c.MailboxStreamWriteTimeout, "mailbox-stream-write-timeout", 30*time.Second, "an SSE receive stream whose client does not take one write within this is cut off")
 }
 
 // ValidateGateway reports the bad values among the flags of
 // RegisterGatewayFlags.
 func (c *Config) ValidateGateway() error {
+	var errs []error
 	if c.AgoraMaxBodyBytes <= 0 {
-		return errors.New("--agora-max-body-bytes must be positive")
+		errs = append(errs, errors.New("--agora-max-body-bytes must be positive"))
 	}
-	return nil
+	if c.MailboxStreamWriteTimeout <= 0 {
+		errs = append(errs, errors.New("--mailbox-stream-write-timeout must be positive"))
+	}
+	return errors.Join(errs...)
 }
 
 // PeerDialects parses AgoraPeerDialects into peer → dialect name.
@@ -189,7 +194,6 @@ func (c *Config) Validate() error {
 		{"--mailbox-stream-batch", c.MailboxStreamBatch > 0 && c.MailboxStreamBatch <= 1000},
 		{"--mailbox-stream-keepalive", c.MailboxStreamKeepalive > 0},
 		{"--mailbox-stream-max-duration", c.MailboxStreamMaxDuration > 0},
-		{"--mailbox-stream-write-timeout", c.MailboxStreamWriteTimeout > 0},
 	}
 	for _, p := range positive {
 		if !p.ok {

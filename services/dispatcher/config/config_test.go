@@ -36,10 +36,13 @@ func TestLoad_defaultsAreValid(t *testing.T) {
 	}
 }
 
-func TestValidateGateway_refusesZeroBody(t *testing.T) {
+func TestValidateGateway_refusesZeroBodyAndWriteTimeout(t *testing.T) {
 	c := Config{AgoraMaxBodyBytes: 0}
-	if err := c.ValidateGateway(); err == nil || !strings.Contains(err.Error(), "--agora-max-body-bytes") {
-		t.Fatalf("got %v", err)
+	err := c.ValidateGateway()
+	for _, flag := range []string{"--agora-max-body-bytes", "--mailbox-stream-write-timeout"} {
+		if err == nil || !strings.Contains(err.Error(), flag) {
+			t.Errorf("ValidateGateway(zero config) = %v, want %s refused", err, flag)
+		}
 	}
 }
 
