@@ -140,18 +140,18 @@ func ParleyPolicy() Policy {
 		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {Allow: Agent | Operator, Resource: "clients/{client}/agents/{agent}"},
 
 		// Negotiator: each call spends the named agent's LLM budget.
-		neg + "GetCostSummary":            {Allow: own, Resource: "agent"},
-		neg + "ListLedgerEntries":         {Allow: own, Resource: "agent"},
-		neg + "ComposeQuery":              {Allow: own, Resource: "agent"},
-		neg + "ReplyNaturalLanguage":      {Allow: own, Resource: "agent"},
-		neg + "ReplyWithProtocol":         {Allow: own, Resource: "agent"},
-		neg + "ParseReply":                {Allow: own, Resource: "agent"},
-		neg + "CheckSuitability":          {Allow: own, Resource: "agent"},
-		neg + "StartNegotiation":          {Allow: own, Resource: "agent"},
-		neg + "SynthesizeRoutine":         {Allow: own, Resource: "agent"},
-		neg + "DeriveProtocol":            {Allow: AnyKey},
-		neg + "GetNegotiationProtocol":    {Allow: Anyone},
-		neg + "GetThresholds":             {Allow: AnyKey},
+		neg + "GetCostSummary":         {Allow: own, Resource: "agent"},
+		neg + "ListLedgerEntries":      {Allow: own, Resource: "agent"},
+		neg + "ComposeQuery":           {Allow: own, Resource: "agent"},
+		neg + "ReplyNaturalLanguage":   {Allow: own, Resource: "agent"},
+		neg + "ReplyWithProtocol":      {Allow: own, Resource: "agent"},
+		neg + "ParseReply":             {Allow: own, Resource: "agent"},
+		neg + "CheckSuitability":       {Allow: own, Resource: "agent"},
+		neg + "StartNegotiation":       {Allow: own, Resource: "agent"},
+		neg + "SynthesizeRoutine":      {Allow: own, Resource: "agent"},
+		neg + "DeriveProtocol":         {Allow: AnyKey},
+		neg + "GetNegotiationProtocol": {Allow: Anyone},
+		neg + "GetThresholds":          {Allow: AnyKey},
 		// A negotiation's name does not carry its agent: the negotiator
 		// answers these for the negotiation's agent, its client and the
 		// operator only (others get NOT_FOUND), and opens a receiving side
