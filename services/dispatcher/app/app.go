@@ -168,6 +168,7 @@ func (a *App) options() (server.Options, error) {
 		Payments:            a.payments,
 		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:      a.cfg.MessageTimeout,
+		DialogueRetention:   a.cfg.DialogueRetention,
 		// Their receive streams.
 		Delivery: a.mailboxes,
 		MailboxOptions: server.MailboxOptions{

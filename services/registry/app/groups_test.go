@@ -517,6 +517,18 @@ func TestGroups_refusalsChangeNothing(t *testing.T) {
 			_, err := r.client.SetGroupMemberType(as(ctx, bobKey), &registryv1.SetGroupMemberTypeRequest{Name: bob, Group: "acme/open", Agent: bob, MemberType: registryv1.MemberType_MEMBER_TYPE_ADMIN})
 			return err
 		}, codes.PermissionDenied, "GROUP_ADMIN_ONLY"},
+		{"leave as the last admin", func() error {
+			_, err := r.client.LeaveGroup(as(ctx, adminKey), &registryv1.LeaveGroupRequest{Name: admin, Group: "acme/open"})
+			return err
+		}, codes.FailedPrecondition, "GROUP_LAST_ADMIN"},
+		{"remove the last admin", func() error {
+			_, err := r.client.RemoveGroupMember(as(ctx, adminKey), &registryv1.RemoveGroupMemberRequest{Name: admin, Group: "acme/open", Agent: admin})
+			return err
+		}, codes.FailedPrecondition, "GROUP_LAST_ADMIN"},
+		{"demote the last admin", func() error {
+			_, err := r.client.SetGroupMemberType(as(ctx, adminKey), &registryv1.SetGroupMemberTypeRequest{Name: admin, Group: "acme/open", Agent: admin, MemberType: registryv1.MemberType_MEMBER_TYPE_MEMBER})
+			return err
+		}, codes.FailedPrecondition, "GROUP_LAST_ADMIN"},
 		{"set an unknown member type", func() error {
 			_, err := r.client.SetGroupMemberType(as(ctx, adminKey), &registryv1.SetGroupMemberTypeRequest{Name: admin, Group: "acme/open", Agent: bob, MemberType: 7})
 			return err

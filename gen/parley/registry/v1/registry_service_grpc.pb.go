@@ -234,7 +234,8 @@ type RegistryServiceClient interface {
 	// GROUP_INVITE_ONLY), ALREADY_EXISTS (a request is already pending).
 	JoinGroup(ctx context.Context, in *JoinGroupRequest, opts ...grpc.CallOption) (*JoinGroupResponse, error)
 	// LeaveGroup ends the agent's membership. Errors: INVALID_ARGUMENT,
-	// NOT_FOUND (group, or not a member, reason GROUP_MEMBER_NOT_FOUND).
+	// NOT_FOUND (group, or not a member, reason GROUP_MEMBER_NOT_FOUND),
+	// FAILED_PRECONDITION (the group's last admin, reason GROUP_LAST_ADMIN).
 	LeaveGroup(ctx context.Context, in *LeaveGroupRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
 	// SetGroupRegions replaces the regions of the agent's membership.
 	// Errors: INVALID_ARGUMENT (city without state), NOT_FOUND.
@@ -253,10 +254,13 @@ type RegistryServiceClient interface {
 	// Errors: INVALID_ARGUMENT, NOT_FOUND (no such invite).
 	AnswerGroupInvite(ctx context.Context, in *AnswerGroupInviteRequest, opts ...grpc.CallOption) (*AnswerGroupInviteResponse, error)
 	// RemoveGroupMember removes a member. Errors: INVALID_ARGUMENT,
-	// NOT_FOUND, PERMISSION_DENIED (not an admin).
+	// NOT_FOUND, PERMISSION_DENIED (not an admin), FAILED_PRECONDITION (the
+	// group's last admin, reason GROUP_LAST_ADMIN).
 	RemoveGroupMember(ctx context.Context, in *RemoveGroupMemberRequest, opts ...grpc.CallOption) (*emptypb.Empty, error)
 	// SetGroupMemberType makes a member an admin or an admin a member.
-	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not an admin).
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not an admin),
+	// FAILED_PRECONDITION (demoting the group's last admin, reason
+	// GROUP_LAST_ADMIN).
 	SetGroupMemberType(ctx context.Context, in *SetGroupMemberTypeRequest, opts ...grpc.CallOption) (*GroupMember, error)
 	// ListGroupMembers lists a group's members; only its members may.
 	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not a member,
@@ -961,7 +965,8 @@ type RegistryServiceServer interface {
 	// GROUP_INVITE_ONLY), ALREADY_EXISTS (a request is already pending).
 	JoinGroup(context.Context, *JoinGroupRequest) (*JoinGroupResponse, error)
 	// LeaveGroup ends the agent's membership. Errors: INVALID_ARGUMENT,
-	// NOT_FOUND (group, or not a member, reason GROUP_MEMBER_NOT_FOUND).
+	// NOT_FOUND (group, or not a member, reason GROUP_MEMBER_NOT_FOUND),
+	// FAILED_PRECONDITION (the group's last admin, reason GROUP_LAST_ADMIN).
 	LeaveGroup(context.Context, *LeaveGroupRequest) (*emptypb.Empty, error)
 	// SetGroupRegions replaces the regions of the agent's membership.
 	// Errors: INVALID_ARGUMENT (city without state), NOT_FOUND.
@@ -980,10 +985,13 @@ type RegistryServiceServer interface {
 	// Errors: INVALID_ARGUMENT, NOT_FOUND (no such invite).
 	AnswerGroupInvite(context.Context, *AnswerGroupInviteRequest) (*AnswerGroupInviteResponse, error)
 	// RemoveGroupMember removes a member. Errors: INVALID_ARGUMENT,
-	// NOT_FOUND, PERMISSION_DENIED (not an admin).
+	// NOT_FOUND, PERMISSION_DENIED (not an admin), FAILED_PRECONDITION (the
+	// group's last admin, reason GROUP_LAST_ADMIN).
 	RemoveGroupMember(context.Context, *RemoveGroupMemberRequest) (*emptypb.Empty, error)
 	// SetGroupMemberType makes a member an admin or an admin a member.
-	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not an admin).
+	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not an admin),
+	// FAILED_PRECONDITION (demoting the group's last admin, reason
+	// GROUP_LAST_ADMIN).
 	SetGroupMemberType(context.Context, *SetGroupMemberTypeRequest) (*GroupMember, error)
 	// ListGroupMembers lists a group's members; only its members may.
 	// Errors: INVALID_ARGUMENT, NOT_FOUND, PERMISSION_DENIED (not a member,

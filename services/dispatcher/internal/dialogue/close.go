@@ -37,7 +37,7 @@ func (s *Service) Close(ctx context.Context, agent, dialogue string) (View, erro
 	if err := s.withdraw(ctx, agent, dialogue); err != nil {
 		return View{}, err
 	}
-	return s.update(ctx, agent, dialogue, closeFor(agent))
+	return s.update(ctx, agent, dialogue, s.closeFor(agent))
 }
 
 // CloseAll closes every dialogue of agent that is open for it, as Close
@@ -59,19 +59,21 @@ func (s *Service) CloseAll(ctx context.Context, agent string) (int, error) {
 			return 0, err
 		}
 	}
-	closeOne := closeFor(agent)
+	closeOne := s.closeFor(agent)
 	return s.store.UpdateAgentDialogues(ctx, agent, func(d *store.Dialogue, p *store.Participant) (bool, error) {
 		closeOne(d, p)
 		return true, nil
 	})
 }
 
-func closeFor(agent string) func(*store.Dialogue, *store.Participant) {
+func (s *Service) closeFor(agent string) func(*store.Dialogue, *store.Participant) {
+	now := s.opts.Now().UTC()
 	return func(d *store.Dialogue, p *store.Participant) {
-		if d.Initiator == agent {
-			d.Closed = true
-		} else {
+		switch {
+		case d.Initiator != agent:
 			p.Closed = true
+		case !d.Closed: // a second close keeps the first close time, which the retention counts from
+			d.Closed, d.CloseTime = true, now
 		}
 	}
 }
@@ -97,4 +99,24 @@ func union(a, b []string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// sweepBatch bounds the dialogues one sweep transaction removes, so that a
+// backlog never makes one long write.
+const sweepBatch = 100
+
+// SweepDialogues removes the dialogues closed (broadcasts: sent) longer
+// than Options.Retention ago, in transactions of at most sweepBatch, and
+// returns how many it removed. Their messages stay in the mailboxes until
+// compaction; a reply to one is refused as not received.
+func (s *Service) SweepDialogues(ctx context.Context) (int, error) {
+	before := s.opts.Now().Add(-s.opts.Retention)
+	total := 0
+	for {
+		n, err := s.store.SweepDialogues(ctx, before, sweepBatch)
+		total += n
+		if err != nil || n < sweepBatch {
+			return total, err
+		}
+	}
 }

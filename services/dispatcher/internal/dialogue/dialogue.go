@@ -288,6 +288,11 @@ type Options struct {
 	// Acceptances checks each message that would form an order before it
 	// is recorded; nil lets every one through to the state machine.
 	Acceptances AcceptanceGate
+	// Retention is how long a dialogue is kept once its initiator closed
+	// it (a broadcast: once sent); SweepDialogues then removes it. The
+	// dispatcher's config owns the default (--dialogue-retention); zero
+	// removes a closed dialogue at the next sweep.
+	Retention time.Duration
 }
 
 // Mailboxes is what a Service needs of the mailboxes. The dialogue store

@@ -503,3 +503,32 @@ func TestReply_racingSendsReachTheMailboxInRecordOrder(t *testing.T) {
 		t.Errorf("alice's mailbox in cursor order = %v, want %v", got, want)
 	}
 }
+
+// A dialogue its initiator closed is removed by SweepDialogues once it has
+// been closed for the retention, not before; a reply to it is then refused
+// as not received. An open dialogue stays however old.
+func TestSweepDialogues_removesClosedDialoguesAfterTheRetention(t *testing.T) {
+	now := time.Date(2026, 12, 2, 0, 0, 0, 0, time.UTC)
+	clock := func() time.Time { return now }
+	e := newEnv(t, dialogue.Options{Now: clock, Retention: time.Hour})
+	ctx := t.Context()
+	closed, kept := e.open(t, bob), e.open(t, bob)
+	now = now.Add(30 * time.Minute) // the retention counts from the close, not the opening
+	if _, err := e.svc.Close(ctx, alice, closed.DialogueID); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(59 * time.Minute) // closed for 59 min
+	if n, err := e.svc.SweepDialogues(ctx); err != nil || n != 0 {
+		t.Fatalf("SweepDialogues 59 min after the close = %d, %v; want 0", n, err)
+	}
+	now = now.Add(2 * time.Minute)
+	if n, err := e.svc.SweepDialogues(ctx); err != nil || n != 1 {
+		t.Fatalf("SweepDialogues 61 min after the close = %d, %v; want 1", n, err)
+	}
+	if _, err := e.svc.Reply(ctx, bob, closed.MessageID, false, text("late")); !errors.Is(err, dialogue.ErrNotReceived) {
+		t.Errorf("Reply in a swept dialogue = %v, want ErrNotReceived", err)
+	}
+	if _, err := e.svc.Reply(ctx, bob, kept.MessageID, false, text("still here")); err != nil {
+		t.Errorf("Reply in the open dialogue after the sweep: %v", err)
+	}
+}

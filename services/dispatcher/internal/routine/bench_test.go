@@ -13,7 +13,8 @@ import (
 // concatenation, a dict built from the query, a tool call and a format,
 // through the allocation guards: in this process (no hard boundary, the
 // reference) and behind the worker-process boundary, sequentially and
-// from 16 goroutines.
+// from 16 goroutines. The routine is an agent's, as an envelope's is (the
+// calls of one agent are pipelined on its workers; dry runs are not).
 func BenchmarkCall(b *testing.B) {
 	b.Run("in-process", func(b *testing.B) { benchCall(b, NewPoolWith(PoolOptions{Workers: 4, InProcess: true}), 1) })
 	b.Run("workers", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4, AgentShare: 4}), 1) })
@@ -26,7 +27,7 @@ func benchCall(b *testing.B, pool *Pool, par int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	p, err := Compile(b.Context(), "r", `
+	p, err := Compile(b.Context(), "clients/c/agents/a/routines/r", `
 def reply(query, memory):
     out = {}
     for k in ["a", "b", "c", "d"]:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/pdschema"
@@ -34,6 +35,19 @@ func (s *Server) TestRoutine(ctx context.Context, req *dispatcherv1.TestRoutineR
 			args[i] = json.RawMessage(a)
 		}
 		cases = append(cases, hosted.Case{Fn: c.GetFunction(), Args: args})
+	}
+	// An agent's dry runs take its own share of the routine workers, the
+	// one its envelopes take: otherwise one agent could hold two shares
+	// (its routine's and the dry runs') and starve the others. A client
+	// key's take the client's share; the operator's (the negotiator's dry
+	// runs) share one.
+	if p, ok := auth.FromContext(ctx); ok {
+		switch p.Kind {
+		case auth.Agent:
+			ctx = routine.WithAgent(ctx, p.Agent)
+		case auth.Client:
+			ctx = routine.WithAgent(ctx, p.Client)
+		}
 	}
 	fns, results, err := s.routines.DryRun(ctx, req.GetSource(), tools, cases)
 	if err != nil {

@@ -2,7 +2,9 @@ package server
 
 import (
 	"context"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
@@ -107,4 +111,57 @@ func TestTestRoutineErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestTestRoutine_takesTheCallersShare: an agent's dry runs take that
+// agent's share of the routine workers, the one its envelopes take. An
+// agent that floods its own routine with envelopes and POST
+// /v1/routines:test with runaways at once still holds only its share, and
+// another agent's envelopes, sent during the attack, are all answered by
+// its routine (with dry runs in a share of their own, the attacker held
+// every worker).
+func TestTestRoutine_takesTheCallersShare(t *testing.T) {
+	const attacker = "clients/acme/agents/attacker"
+	const runaway = "def reply(q, m):\n    return all(range(1, 1 << 62))\n"
+	e := startWeather(t, registryv1.Dialect_DIALECT_UNSPECIFIED, Options{
+		RoutineLimits:   routine.Limits{Pool: testPool(4)}, // an agent's share: 3
+		QuarantineAfter: 1000,
+	})
+	loopHex := e.reg.addProtocol("---\nname: Loop\ndescription: loops\nmultiround: false\n---\nAnything.")
+	e.reg.addAgent(agentRes(attacker, registryv1.Dialect_DIALECT_UNSPECIFIED, registryv1.SupportPolicy_SUPPORT_POLICY_EXPLICIT, loopHex))
+	e.setRoutine(attacker, loopHex, runaway)
+	asAttacker := auth.WithPrincipal(t.Context(), auth.Principal{Kind: auth.Agent, Client: "clients/acme", Agent: attacker})
+
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Go(func() {
+			for range 2 {
+				e.do("POST", "/agora/acme/attacker", `{"protocolHash":"`+loopHex+`","body":"go"}`)
+			}
+		})
+		wg.Go(func() {
+			for range 2 {
+				_, _ = e.srv.TestRoutine(asAttacker, &dispatcherv1.TestRoutineRequest{
+					Source: runaway,
+					Cases:  []*dispatcherv1.TestRoutineCase{{Function: "reply", ArgsJson: []string{`1`, `{}`}}},
+				})
+			}
+		})
+	}
+	attackDone := make(chan struct{})
+	go func() { wg.Wait(); close(attackDone) }()
+	calls := 0
+	for attacking := true; attacking; calls++ {
+		select {
+		case <-attackDone:
+			attacking = false
+		default:
+		}
+		_, m, raw := e.do("POST", "/agora/acme/weather", `{"protocolHash":"`+weatherHex+`","body":{"date":"2026-12-01","location":"Rome"}}`)
+		if b, _ := m["body"].(map[string]any); m["status"] != "success" || b["weatherCondition"] != "sunny" {
+			t.Errorf("the other agent's envelope %s during the attack = %s, want its routine's answer", strconv.Itoa(calls), raw)
+			break
+		}
+	}
+	<-attackDone
 }

@@ -160,6 +160,9 @@ type Options struct {
 	MessageMaxBodyBytes int64
 	// MessageTimeout bounds one dialogue RPC.
 	MessageTimeout time.Duration
+	// DialogueRetention is how long a closed dialogue is kept before Sweep
+	// removes it (--dialogue-retention).
+	DialogueRetention time.Duration
 	// Orders keeps service transactions' orders; GetOrder and ListOrders
 	// answer UNAVAILABLE without it, and no order is recorded.
 	Orders store.OrderStore
@@ -251,7 +254,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 			obs.deadlines = deadlines
 		}
 		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
-			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs, Acceptances: opts.Acceptances,
+			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs, Retention: opts.DialogueRetention, Acceptances: opts.Acceptances,
 		})
 	}
 	var (
@@ -282,12 +285,14 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // Sweep removes conversations that expired more than a day ago, keeping
 // recent ones as tombstones so that late follow-ups get "Conversation
 // expired" rather than 404. It also forgets the day-old request_ids of
-// network sends. app runs it periodically.
+// network sends and removes the dialogues closed longer than
+// DialogueRetention ago. app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
 	n, err := s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
 	if s.dialogues != nil {
 		_, rerr := s.dialogues.SweepRequests(ctx)
-		err = errors.Join(err, rerr)
+		_, derr := s.dialogues.SweepDialogues(ctx)
+		err = errors.Join(err, rerr, derr)
 	}
 	return n, err
 }

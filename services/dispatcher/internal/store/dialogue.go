@@ -21,8 +21,12 @@ type Dialogue struct {
 	// Opener is the id of the message that opened it; "" in dialogues
 	// stored before it was kept.
 	Opener string `json:"opener,omitempty"`
-	// Closed is set when the initiator closed the dialogue for everyone.
-	Closed bool `json:"closed,omitempty"`
+	// Closed is set when the initiator closed the dialogue for everyone,
+	// at CloseTime. A closed dialogue is removed (SweepDialogues) once it
+	// has been closed for the retention; so is a broadcast, which nobody
+	// can answer, counted from its CreateTime.
+	Closed    bool      `json:"closed,omitempty"`
+	CloseTime time.Time `json:"closeTime,omitzero"`
 }
 
 // DialogueMessage is what the dispatcher keeps of one message of a
@@ -160,6 +164,14 @@ type DialogueStore interface {
 	// in that is open for it (neither closed for all nor by it), in one
 	// transaction, and returns how many it changed (mutate reports that).
 	UpdateAgentDialogues(ctx context.Context, agent string, mutate func(*Dialogue, *Participant) (bool, error)) (int, error)
+
+	// SweepDialogues removes up to limit dialogues closed before before
+	// (by CloseTime; a subscription dialogue by its CreateTime), each with
+	// all that is kept of it: its messages, receipts, participants and pair
+	// states. It returns how many it removed; fewer than limit means none
+	// is left. The mailboxes keep their own copies, which compaction
+	// removes.
+	SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error)
 
 	// BeginRequest records request (sender, id) as pending, started at
 	// now, unless it is recorded: then it returns the record and true. A

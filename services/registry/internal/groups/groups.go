@@ -24,7 +24,8 @@ import (
 )
 
 // The refusals of the group rules; callers map them to PermissionDenied
-// (all but ErrParentMismatch and ErrImmutable, which are invalid input).
+// (all but ErrParentMismatch and ErrImmutable, which are invalid input,
+// and ErrLastAdmin, a failed precondition).
 var (
 	// ErrAdminOnly: the actor does not administer the group.
 	ErrAdminOnly = errors.New("only an admin of the group may do this")
@@ -38,6 +39,12 @@ var (
 	// ErrNotConnected: an admin may invite only an agent that follows it,
 	// shares its client group, or asked to join.
 	ErrNotConnected = errors.New("the invitee neither follows the admin, shares its client group, nor asked to join")
+	// ErrLastAdmin: the change would leave the group without an admin.
+	// Leaving, removal and demotion of the last admin are refused rather
+	// than a member promoted in its place: who runs a group is its
+	// members' choice, not the server's. Make another member an admin
+	// first.
+	ErrLastAdmin = errors.New("the group's last admin cannot leave, be removed or be demoted; make another member an admin first")
 )
 
 // MismatchError reports a sub-group whose access, category or protocol
@@ -284,12 +291,43 @@ func Join(w store.GroupWriter, actor, path string, regions []*registryv1.Region,
 	}
 }
 
-// Leave ends actor's membership.
+// errEnough stops a walk of the members that has seen enough.
+var errEnough = errors.New("enough")
+
+// keepAnAdmin refuses, with ErrLastAdmin, a change that takes admin rights
+// from m when m is the group's only admin.
+func keepAnAdmin(r store.GroupReader, m *registryv1.GroupMember) error {
+	if !isAdmin(m) {
+		return nil
+	}
+	admins := 0
+	err := r.EachMember(m.GetGroup(), func(o *registryv1.GroupMember) error {
+		if isAdmin(o) {
+			if admins++; admins > 1 {
+				return errEnough
+			}
+		}
+		return nil
+	})
+	switch {
+	case errors.Is(err, errEnough):
+		return nil
+	case err != nil:
+		return err
+	}
+	return fmt.Errorf("group %q: %w", m.GetGroup(), ErrLastAdmin)
+}
+
+// Leave ends actor's membership. The last admin may not leave.
 func Leave(w store.GroupWriter, actor, path string) error {
 	if _, err := w.Group(path); err != nil {
 		return err
 	}
-	if _, err := w.Member(path, actor); err != nil {
+	m, err := w.Member(path, actor)
+	if err != nil {
+		return err
+	}
+	if err := keepAnAdmin(w, m); err != nil {
 		return err
 	}
 	return w.DeleteMember(path, actor)
@@ -437,12 +475,16 @@ func AnswerInvite(w store.GroupWriter, actor, path string, a Answer, now time.Ti
 }
 
 // RemoveMember lets admin actor remove agent from the group and notifies
-// agent.
+// agent. The last admin may not be removed.
 func RemoveMember(w store.GroupWriter, actor, path, agent string) error {
 	if _, err := requireAdmin(w, path, actor); err != nil {
 		return err
 	}
-	if _, err := w.Member(path, agent); err != nil {
+	m, err := w.Member(path, agent)
+	if err != nil {
+		return err
+	}
+	if err := keepAnAdmin(w, m); err != nil {
 		return err
 	}
 	if err := w.DeleteMember(path, agent); err != nil {
@@ -452,7 +494,7 @@ func RemoveMember(w store.GroupWriter, actor, path, agent string) error {
 }
 
 // SetMemberType lets admin actor change agent's member type and notifies
-// agent when it changed.
+// agent when it changed. The last admin may not be demoted.
 func SetMemberType(w store.GroupWriter, actor, path, agent string, t registryv1.MemberType) (*registryv1.GroupMember, error) {
 	if _, err := requireAdmin(w, path, actor); err != nil {
 		return nil, err
@@ -463,6 +505,9 @@ func SetMemberType(w store.GroupWriter, actor, path, agent string, t registryv1.
 	}
 	if m.GetMemberType() == t {
 		return m, nil
+	}
+	if err := keepAnAdmin(w, m); err != nil {
+		return nil, err
 	}
 	m.MemberType = t
 	if err := w.PutMember(m); err != nil {

@@ -27,6 +27,7 @@ const (
 	reasonGroupInviteOnly    = "GROUP_INVITE_ONLY"
 	reasonGroupForeign       = "GROUP_CLIENT_FOREIGN"
 	reasonGroupNotConnected  = "GROUP_INVITEE_NOT_CONNECTED"
+	reasonGroupLastAdmin     = "GROUP_LAST_ADMIN"
 	reasonGroupMismatch      = "GROUP_PARENT_MISMATCH"
 	reasonGroupImmutable     = "GROUP_FIELD_IMMUTABLE"
 	reasonDistributionList   = "DISTRIBUTION_LIST_INVALID"
@@ -61,6 +62,8 @@ func (s *Server) groupErr(ctx context.Context, err error) error {
 		return grpcerr.New(codes.PermissionDenied, err.Error(), reasonGroupForeign, Domain, nil)
 	case errors.Is(err, groups.ErrNotConnected):
 		return grpcerr.New(codes.PermissionDenied, err.Error(), reasonGroupNotConnected, Domain, nil)
+	case errors.Is(err, groups.ErrLastAdmin):
+		return grpcerr.New(codes.FailedPrecondition, err.Error(), reasonGroupLastAdmin, Domain, nil)
 	}
 	return s.toStatus(ctx, err)
 }

@@ -46,7 +46,16 @@ var (
 var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts},
 	mailboxBuckets...)
 
-const schemaVersion = 1
+// schemaVersion 2 added the dialogue indexes (dialogue_message_index,
+// dialogues_closed), which migrate builds from version 1's records.
+const schemaVersion = 2
+
+func migrate(tx *bolt.Tx, from int) error {
+	if from < 2 {
+		return migrateDialogueIndexes(tx)
+	}
+	return nil
+}
 
 // Store is the bbolt-backed store.
 type Store struct {
@@ -62,6 +71,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
 		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets),
 		SchemaVersion: schemaVersion,
+		Migrate:       migrate,
 		LockTimeout:   lockTimeout,
 	})
 	if err != nil {

@@ -3,6 +3,7 @@ package boltstore
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"time"
 
@@ -36,11 +37,65 @@ var (
 	// bucketDialogueRequests: sender + 0x00 + request id → JSON
 	// store.Request.
 	bucketDialogueRequests = []byte("dialogue_requests")
+	// bucketDialogueMessageIndex: dialogue id + 0x00 + message id → empty,
+	// a dialogue's messages (schema 2), for removing a dialogue whole.
+	bucketDialogueMessageIndex = []byte("dialogue_message_index")
+	// bucketDialoguesClosed: 8-byte big-endian close time (Unix ns) +
+	// dialogue id → empty, the dialogues SweepDialogues removes, oldest
+	// first (schema 2). Broadcasts are entered at their creation.
+	bucketDialoguesClosed = []byte("dialogues_closed")
 )
 
 var dialogueBuckets = [][]byte{
 	bucketDialogues, bucketDialogueMessages, bucketDialogueReceipts,
 	bucketDialogueParticipants, bucketAgentDialogues, bucketDialoguePairs, bucketDialogueRequests,
+	bucketDialogueMessageIndex, bucketDialoguesClosed,
+}
+
+// closedKey is d's key in bucketDialoguesClosed, and whether d belongs
+// there: closed for all, or a broadcast (which nobody can answer).
+func closedKey(d store.Dialogue) ([]byte, bool) {
+	at := d.CloseTime
+	switch {
+	case d.Category == string(mailbox.CategorySubscription):
+		at = d.CreateTime
+	case !d.Closed:
+		return nil, false
+	case at.IsZero():
+		at = d.CreateTime // closed before close times were kept
+	}
+	return append(binary.BigEndian.AppendUint64(nil, uint64(at.UnixNano())), d.ID...), true //nolint:gosec // times after 1970
+}
+
+// indexClosed enters d in bucketDialoguesClosed when it belongs there.
+func indexClosed(tx *bolt.Tx, d store.Dialogue) error {
+	if k, ok := closedKey(d); ok {
+		return tx.Bucket(bucketDialoguesClosed).Put(k, nil)
+	}
+	return nil
+}
+
+// migrateDialogueIndexes builds schema 2's indexes from schema 1's
+// dialogues and messages.
+func migrateDialogueIndexes(tx *bolt.Tx) error {
+	idx := tx.Bucket(bucketDialogueMessageIndex)
+	err := tx.Bucket(bucketDialogueMessages).ForEach(func(k, v []byte) error {
+		var m store.DialogueMessage
+		if err := json.Unmarshal(v, &m); err != nil {
+			return err
+		}
+		return idx.Put(join(m.DialogueID, string(k)), nil)
+	})
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketDialogues).ForEach(func(_, v []byte) error {
+		var d store.Dialogue
+		if err := json.Unmarshal(v, &d); err != nil {
+			return err
+		}
+		return indexClosed(tx, d)
+	})
 }
 
 var _ store.DialogueStore = (*Store)(nil)
@@ -118,6 +173,9 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 	if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), m); err != nil {
 		return store.Delivered{}, err
 	}
+	if err := tx.Bucket(bucketDialogueMessageIndex).Put(join(m.DialogueID, m.ID), nil); err != nil {
+		return store.Delivered{}, err
+	}
 	if !w.NoReceipts {
 		if err := addParticipant(tx, m.DialogueID, m.Sender); err != nil {
 			return store.Delivered{}, err
@@ -158,6 +216,9 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.Me
 		}
 		var err error
 		if out, err = writeMessage(tx, w, bound); err != nil || len(out.Deliveries) == 0 {
+			return err
+		}
+		if err := indexClosed(tx, d); err != nil {
 			return err
 		}
 		return putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d)
@@ -259,6 +320,97 @@ func (s *Store) get(ctx context.Context, bucket []byte, kind, id string, v any) 
 	})
 }
 
+// putDialogue writes d, entering it in bucketDialoguesClosed when a
+// mutation closed it.
+func putDialogue(tx *bolt.Tx, d store.Dialogue, wasClosed bool) error {
+	if d.Closed && !wasClosed {
+		if err := indexClosed(tx, d); err != nil {
+			return err
+		}
+	}
+	return putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d)
+}
+
+// SweepDialogues implements store.DialogueStore.
+func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		end := binary.BigEndian.AppendUint64(nil, uint64(before.UnixNano())) //nolint:gosec // times after 1970
+		var doomed [][]byte // collected first: never delete while walking a cursor
+		c := tx.Bucket(bucketDialoguesClosed).Cursor()
+		for k, _ := c.First(); k != nil && bytes.Compare(k, end) < 0 && len(doomed) < limit; k, _ = c.Next() {
+			doomed = append(doomed, bytes.Clone(k))
+		}
+		for _, k := range doomed {
+			if err := tx.Bucket(bucketDialoguesClosed).Delete(k); err != nil {
+				return err
+			}
+			if err := removeDialogue(tx, string(k[8:])); err != nil {
+				return err
+			}
+		}
+		n = len(doomed)
+		return nil
+	})
+	return n, err
+}
+
+// removeDialogue deletes a dialogue and all that is kept of it.
+func removeDialogue(tx *bolt.Tx, id string) error {
+	idx, msgs, receipts := tx.Bucket(bucketDialogueMessageIndex), tx.Bucket(bucketDialogueMessages), tx.Bucket(bucketDialogueReceipts)
+	prefix := join(id, "")
+	var keys [][]byte
+	c := idx.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+	}
+	for _, k := range keys {
+		msg := k[len(prefix):]
+		var rs [][]byte
+		rc := receipts.Cursor()
+		mp := join(string(msg), "")
+		for r, _ := rc.Seek(mp); r != nil && bytes.HasPrefix(r, mp); r, _ = rc.Next() {
+			rs = append(rs, bytes.Clone(r))
+		}
+		for _, r := range rs {
+			if err := receipts.Delete(r); err != nil {
+				return err
+			}
+		}
+		if err := msgs.Delete(msg); err != nil {
+			return err
+		}
+		if err := idx.Delete(k); err != nil {
+			return err
+		}
+	}
+	if err := tx.Bucket(bucketDialogues).Delete([]byte(id)); err != nil {
+		return err
+	}
+	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs} {
+		keys = keys[:0]
+		c := tx.Bucket(b).Cursor()
+		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+			keys = append(keys, bytes.Clone(k))
+		}
+		for _, k := range keys {
+			if err := tx.Bucket(b).Delete(k); err != nil {
+				return err
+			}
+			if bytes.Equal(b, bucketDialogueParticipants) {
+				if err := tx.Bucket(bucketAgentDialogues).Delete(join(string(k[len(prefix):]), id)); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
 // UpdateParticipant implements store.DialogueStore.
 func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, mutate func(*store.Dialogue, *store.Participant) error) (store.Dialogue, store.Participant, error) {
 	if err := ctx.Err(); err != nil {
@@ -283,10 +435,11 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 		if !ok {
 			return resource.NotFound("dialogue", dialogue)
 		}
+		wasClosed := d.Closed
 		if err := mutate(&d, &p); err != nil {
 			return err
 		}
-		if err := putJSON(tx.Bucket(bucketDialogues), []byte(dialogue), d); err != nil {
+		if err := putDialogue(tx, d, wasClosed); err != nil {
 			return err
 		}
 		return putJSON(tx.Bucket(bucketDialogueParticipants), join(dialogue, agent), p)
@@ -335,7 +488,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 				continue
 			}
 			n++
-			if err := putJSON(tx.Bucket(bucketDialogues), []byte(id), d); err != nil {
+			if err := putDialogue(tx, d, false); err != nil { // only open dialogues reach mutate
 				return err
 			}
 			if err := putJSON(tx.Bucket(bucketDialogueParticipants), join(id, agent), p); err != nil {

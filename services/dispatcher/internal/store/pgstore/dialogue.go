@@ -419,3 +419,47 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	}
 	return int(tag.RowsAffected()), nil
 }
+
+// SweepDialogues implements store.DialogueStore. The dialogue tables keep
+// their records as JSON with no column for the close time or a message's
+// dialogue, so this reads them from the JSON: a scan of dialogues and of
+// dialogue_messages per sweep.
+// TODO(pg): columns and indexes for the close time and a message's
+// dialogue, so that a sweep reads only what it removes.
+func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		n = 0
+		rows, err := tx.Query(ctx, `SELECT id FROM (
+  SELECT id, convert_from(data, 'UTF8')::jsonb AS d FROM dialogues) AS t
+WHERE COALESCE(CASE WHEN d->>'category' = 'subscription' THEN d->>'createTime'
+                    WHEN (d->>'closed')::boolean THEN COALESCE(d->>'closeTime', d->>'createTime') END,
+               'infinity')::timestamptz < $1
+ORDER BY id LIMIT $2`, before, limit)
+		if err != nil {
+			return err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		for _, q := range []string{
+			`DELETE FROM dialogue_receipts WHERE message IN (
+  SELECT id FROM dialogue_messages WHERE convert_from(data, 'UTF8')::jsonb->>'dialogueId' = ANY($1))`,
+			`DELETE FROM dialogue_messages WHERE convert_from(data, 'UTF8')::jsonb->>'dialogueId' = ANY($1)`,
+			`DELETE FROM dialogue_participants WHERE dialogue = ANY($1)`,
+			`DELETE FROM dialogue_pairs WHERE dialogue = ANY($1)`,
+			`DELETE FROM dialogues WHERE id = ANY($1)`,
+		} {
+			if _, err := tx.Exec(ctx, q, ids); err != nil {
+				return err
+			}
+		}
+		n = len(ids)
+		return nil
+	})
+	return n, err
+}

@@ -23,6 +23,7 @@ func RunDialogues(t *testing.T, open func(t *testing.T) DialogueBackend) {
 	t.Run("create and answer", func(t *testing.T) { testDialogueAnswer(t, open(t)) })
 	t.Run("full mailboxes", func(t *testing.T) { testDialogueFull(t, open(t)) })
 	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
+	t.Run("sweep closed dialogues", func(t *testing.T) { testDialogueSweep(t, open(t)) })
 	t.Run("requests", func(t *testing.T) { testDialogueRequests(t, open(t)) })
 }
 
@@ -302,5 +303,70 @@ func testDialogueClose(t *testing.T, s DialogueBackend) {
 	}
 	if _, p, _ := s.UpdateParticipant(ctx, "d2", carol, func(*store.Dialogue, *store.Participant) error { return nil }); p.Closed {
 		t.Errorf("closing bob's dialogues closed carol's record too: %+v", p)
+	}
+}
+
+func testDialogueSweep(t *testing.T, s DialogueBackend) {
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0).UTC()
+	closeAt := func(id string, at time.Time) {
+		t.Helper()
+		if _, _, err := s.UpdateParticipant(ctx, id, alice, func(d *store.Dialogue, _ *store.Participant) error {
+			d.Closed, d.CloseTime = true, at
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	opener(t, s, "open", []string{bob})
+	_, m := opener(t, s, "early", []string{bob, carol})
+	reply := store.DialogueMessage{ID: "early-m2", Sender: bob, Type: "message_response", InReplyTo: m.ID, Time: now}
+	if _, err := s.AddMessage(ctx, m.ID, mailbox.Bound{}, func(store.DialogueView) (store.MessageWrite, error) {
+		return write(reply, []string{alice}), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	closeAt("early", now.Add(time.Hour))
+	opener(t, s, "late", []string{bob})
+	closeAt("late", now.Add(3*time.Hour))
+	b := store.Dialogue{ID: "news", Initiator: alice, Category: "subscription", CreateTime: now}
+	bw := write(store.DialogueMessage{ID: "news-m1", Sender: alice, Type: "broadcast", Time: now}, []string{bob})
+	bw.NoReceipts = true
+	if _, err := s.CreateDialogue(ctx, b, bw, mailbox.Bound{}); err != nil {
+		t.Fatal(err)
+	}
+
+	if n, err := s.SweepDialogues(ctx, now.Add(2*time.Hour), 10); err != nil || n != 2 {
+		t.Fatalf("SweepDialogues(closed before +2h) = %d, %v; want 2 (early, closed at +1h, and the broadcast)", n, err)
+	}
+	for _, id := range []string{"early", "news"} {
+		if _, err := s.GetDialogue(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("GetDialogue(%s) after the sweep = %v, want ErrNotFound", id, err)
+		}
+	}
+	for _, id := range []string{"early-m1", "early-m2", "news-m1"} {
+		if _, err := s.GetDialogueMessage(ctx, id); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("GetDialogueMessage(%s) after the sweep = %v, want ErrNotFound", id, err)
+		}
+	}
+	if _, _, err := s.UpdateParticipant(ctx, "early", bob, func(*store.Dialogue, *store.Participant) error { return nil }); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("UpdateParticipant(early, bob) after the sweep = %v, want ErrNotFound", err)
+	}
+	if n, err := s.UpdateAgentDialogues(ctx, carol, func(*store.Dialogue, *store.Participant) (bool, error) { return true, nil }); err != nil || n != 0 {
+		t.Errorf("UpdateAgentDialogues(carol) after the sweep = %d, %v; want 0: her only dialogue went", n, err)
+	}
+	for _, id := range []string{"open", "late"} {
+		if _, err := s.GetDialogue(ctx, id); err != nil {
+			t.Errorf("GetDialogue(%s) = %v; an open or recently closed dialogue must stay", id, err)
+		}
+	}
+	// Bounded: one at a time, then nothing is left.
+	for _, want := range []int{1, 0} {
+		if n, err := s.SweepDialogues(ctx, now.Add(4*time.Hour), 1); err != nil || n != want {
+			t.Errorf("SweepDialogues(limit 1) = %d, %v; want %d", n, err, want)
+		}
+	}
+	if _, err := s.GetDialogue(ctx, "open"); err != nil {
+		t.Errorf("GetDialogue(open) = %v; a dialogue never closed stays", err)
 	}
 }

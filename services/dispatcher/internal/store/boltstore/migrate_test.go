@@ -1,0 +1,62 @@
+package boltstore
+
+import (
+	"encoding/json"
+	"errors"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/parleyhq/parley/platform/boltdb"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+)
+
+// A schema-1 database (no dialogue indexes) is migrated on open: its
+// closed dialogue is then found and removed by SweepDialogues, with its
+// message, and its open one is kept.
+func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets: slices.Concat(allBuckets, dialogueBuckets[:7], timerBuckets, orderBuckets), SchemaVersion: 1, LockTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(tx *bolt.Tx, bucket []byte, key string, v any) {
+		data, _ := json.Marshal(v)
+		if err := tx.Bucket(bucket).Put([]byte(key), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = old.Update(func(tx *bolt.Tx) error {
+		put(tx, bucketDialogues, "closed", store.Dialogue{ID: "closed", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0, Closed: true})
+		put(tx, bucketDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
+		put(tx, bucketDialogues, "open", store.Dialogue{ID: "open", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 1): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if n, err := s.SweepDialogues(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("SweepDialogues after the migration = %d, %v; want 1", n, err)
+	}
+	if _, err := s.GetDialogueMessage(ctx, "closed-m1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage(closed-m1) = %v, want it removed with its dialogue", err)
+	}
+	if _, err := s.GetDialogue(ctx, "open"); err != nil {
+		t.Errorf("GetDialogue(open) = %v, want it kept", err)
+	}
+}
