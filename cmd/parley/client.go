@@ -23,10 +23,12 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/grpcclient"
+	"github.com/parleyhq/parley/platform/grpcerr"
 )
 
 // defaultServer is the gRPC address client subcommands dial without
@@ -98,6 +100,10 @@ func (c *serverConn) explain(method string, err error) error {
 	service := strings.TrimPrefix(method, "/")
 	service, _, _ = strings.Cut(service, "/")
 	switch {
+	case st.Code() == codes.Unavailable && c.answered(err):
+		// The server is there; something it needs (a peer service, its
+		// shutdown) is not, and its message says what.
+		return fmt.Errorf("the server at %s answered but cannot serve the call now: %s", c.addr, st.Message())
 	case st.Code() == codes.Unavailable:
 		return fmt.Errorf("cannot reach a Parley server at %s (%s): start one with 'parley serve', or point --server (or PARLEY_SERVER) at its gRPC address", c.addr, reachCause(st.Message()))
 	case st.Code() == codes.Unimplemented && strings.HasPrefix(st.Message(), "unknown service"):
@@ -110,6 +116,14 @@ func (c *serverConn) explain(method string, err error) error {
 		return fmt.Errorf("the server at %s refused the credential: %s; set --token (or PARLEY_TOKEN) to a key, or to the operator token in the server's data directory (operator.token)", c.addr, st.Message())
 	}
 	return err
+}
+
+// answered reports whether err, an UNAVAILABLE status, came from the
+// server rather than from failing to reach it: our services give their
+// own UNAVAILABLE errors a reason (REGISTRY_UNAVAILABLE and the like), and
+// a connection that is up means the server answered.
+func (c *serverConn) answered(err error) bool {
+	return grpcerr.Reason(err) != "" || c.GetState() == connectivity.Ready
 }
 
 // reachCause names why a dial failed in a few words, from the transport's

@@ -3,15 +3,21 @@
 package grpcclient
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
 	"os"
+	"strings"
+	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/parleyhq/parley/platform/auth"
 )
@@ -28,6 +34,15 @@ type Options struct {
 	// Token, when set, is sent as `authorization: Bearer <token>` on every
 	// call: a key, or the operator token between services.
 	Token string
+	// ReadyTimeout, when positive, makes a unary call that finds no ready
+	// connection (a peer restarting, or the connection in reconnect
+	// backoff) wait up to this long for one, or until the call's own
+	// deadline when sooner, instead of failing at once. Still none, the
+	// call fails UNAVAILABLE. Once a connection is ready the call runs
+	// under its own deadline only, so a long poll is not cut short. Zero
+	// fails at once, as a CLI wants; a service's calls to its peers take
+	// --peer-ready-timeout.
+	ReadyTimeout time.Duration
 }
 
 // Dial returns a lazily connecting client for target. It does no I/O.
@@ -68,5 +83,45 @@ func Dial(target string, opts Options) (*grpc.ClientConn, error) {
 	if opts.Token != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(auth.Bearer(opts.Token)))
 	}
+	if opts.ReadyTimeout > 0 {
+		dial = append(dial, grpc.WithChainUnaryInterceptor(waitForReady(opts.ReadyTimeout)))
+	}
 	return grpc.NewClient(target, dial...)
+}
+
+// waitForReady makes each unary call wait up to timeout for a ready
+// connection before it is sent.
+func waitForReady(timeout time.Duration) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoke grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		if err := awaitReady(ctx, cc, timeout); err != nil {
+			return err
+		}
+		return invoke(ctx, method, req, reply, cc, opts...)
+	}
+}
+
+// awaitReady returns once cc is ready. It fails UNAVAILABLE when timeout
+// passes first (the peer is down, which is not the caller's deadline), or
+// with ctx's error when the caller gives up.
+func awaitReady(ctx context.Context, cc *grpc.ClientConn, timeout time.Duration) error {
+	s := cc.GetState()
+	if s == connectivity.Ready {
+		return nil
+	}
+	wctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cc.Connect() // an idle connection starts connecting
+	for ; s != connectivity.Ready; s = cc.GetState() {
+		if s == connectivity.Shutdown {
+			return status.Error(codes.Canceled, "the connection to the peer is closed")
+		}
+		if !cc.WaitForStateChange(wctx, s) {
+			if err := ctx.Err(); err != nil {
+				return status.FromContextError(err).Err()
+			}
+			return status.Errorf(codes.Unavailable, "no connection to the peer became ready within %s (%s)",
+				timeout, strings.ReplaceAll(strings.ToLower(cc.GetState().String()), "_", " "))
+		}
+	}
+	return nil
 }

@@ -136,3 +136,25 @@ func ExclusiveHeld(name string) string {
 	return `EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
 AND classid = hashtext('` + exclusiveSpace + `')::oid AND objid = hashtext(` + name + `)::oid)`
 }
+
+// Every runs fn every interval until ctx ends, on one replica at a time
+// (Exclusive, named name; on a nil *DB, in this process). The first run is
+// one interval after the start.
+func (d *DB) Every(ctx context.Context, name string, interval time.Duration, opts ExclusiveOptions, fn func(context.Context)) {
+	d.Exclusive(ctx, name, opts, func(ctx context.Context) { Tick(ctx, interval, fn) })
+}
+
+// Tick runs fn every interval until ctx ends, in this process: periodic
+// work that every replica does (Every, for work that one does).
+func Tick(ctx context.Context, interval time.Duration, fn func(context.Context)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn(ctx)
+		}
+	}
+}

@@ -23,10 +23,15 @@ type Flags struct {
 	TLSClientCA string
 	// PeerCA is the CA bundle a one-service binary or `parley gateway`
 	// trusts when dialling its peers over TLS [TLSClientCA].
-	PeerCA          string
-	PublicURL       string
-	LogLevel        string
-	ShutdownTimeout time.Duration
+	PeerCA string
+	// PeerReadyTimeout is how long a call of a one-service binary (or
+	// `parley gateway`) to a peer service waits for a connection to it, so
+	// that a peer starting or restarting delays calls instead of failing
+	// them (grpcclient.Options.ReadyTimeout).
+	PeerReadyTimeout time.Duration
+	PublicURL        string
+	LogLevel         string
+	ShutdownTimeout  time.Duration
 	// OperatorTokenFile holds the operator token; empty means
 	// DataDir/operator.token, written on first start.
 	OperatorTokenFile string
@@ -57,6 +62,7 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcDefault, httpDefault, dataDefault
 	fs.StringVar(&f.TLSKey, "tls-key", "", "PEM private key file for --tls-cert")
 	fs.StringVar(&f.TLSClientCA, "tls-client-ca", "", "PEM CA bundle `file`; with --tls-cert, gRPC clients must present a certificate it issued (mTLS), HTTP clients may, and calls to peer services present --tls-cert")
 	fs.StringVar(&f.PeerCA, "peer-ca", "", "PEM CA bundle `file` trusted for peer services' certificates; when set (or --tls-client-ca is), peers are dialled over TLS (default: --tls-client-ca)")
+	fs.DurationVar(&f.PeerReadyTimeout, "peer-ready-timeout", 10*time.Second, "how long a call to a peer service waits for a connection to it, while the peer starts or restarts (one-service binaries and parley gateway)")
 	fs.StringVar(&f.PublicURL, "public-url", "", "public base URL of the HTTP side (https://parley.example.com), used in absolute links such as protocolSources")
 	f.LogLevel = "info"
 	fs.Var(logLevel{&f.LogLevel}, "log-level", "log level: debug, info, warn or error")

@@ -74,12 +74,16 @@ func (f Flags) Options(logger *slog.Logger) Options {
 }
 
 // PeerOptions is how a one-service binary or `parley gateway` dials its
-// peers: over TLS when --peer-ca or --tls-client-ca is set, presenting
-// --tls-cert when --tls-client-ca is (the peers then require it), and
-// with the operator token when --auth is on. Separate processes must
+// peers: a call waits up to --peer-ready-timeout for a connection; over
+// TLS when --peer-ca or --tls-client-ca is set, presenting --tls-cert when
+// --tls-client-ca is (the peers then require it), and with the operator
+// token when --auth is on. Separate processes must
 // share one token, so --auth there needs --operator-token-file.
 func PeerOptions(f Flags) (grpcclient.Options, error) {
-	o := grpcclient.Options{CAFile: f.PeerCA}
+	if f.PeerReadyTimeout <= 0 {
+		return grpcclient.Options{}, errors.New("--peer-ready-timeout must be positive")
+	}
+	o := grpcclient.Options{CAFile: f.PeerCA, ReadyTimeout: f.PeerReadyTimeout}
 	if o.CAFile == "" {
 		o.CAFile = f.TLSClientCA
 	}

@@ -209,11 +209,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	// their effects are transactional, so a brief overlap at a takeover is
 	// harmless.
 	db := pgdb.Of(a.store)
-	once := func(name string, fn func(context.Context)) {
-		go db.Exclusive(ctx, "dispatcher."+name, pgdb.ExclusiveOptions{Logger: a.logger}, fn)
-	}
-	once("sweep", func(ctx context.Context) { a.sweep(ctx, srv) })
-	once("deadlines", srv.RunDeadlines)
+	exclusive := pgdb.ExclusiveOptions{Logger: a.logger}
+	go db.Every(ctx, "dispatcher.sweep", sweepEvery, exclusive, func(ctx context.Context) { a.sweep(ctx, srv) })
+	go db.Exclusive(ctx, "dispatcher.deadlines", exclusive, srv.RunDeadlines)
 	if pg, ok := a.store.(*pgstore.Store); ok {
 		// Other replicas' appends wake the streams connected here, their
 		// timers the deadlines, and their routine changes drop ours.
@@ -226,7 +224,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
 		Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
-	once("notifications", func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
+	go db.Exclusive(ctx, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
 	return nil
 }
 
@@ -240,25 +238,21 @@ func httpOptions(cfg config.Config) server.HTTPOptions {
 	return server.HTTPOptions{MaxBodyBytes: cfg.AgoraMaxBodyBytes, PeerHeader: cfg.AgoraPeerHeader}
 }
 
+// sweepEvery is how often expired conversations are swept and
+// acknowledged messages compacted.
+const sweepEvery = 10 * time.Minute
+
+// sweep drops expired conversations and compacts acknowledged messages.
 func (a *App) sweep(ctx context.Context, srv *server.Server) {
-	t := time.NewTicker(10 * time.Minute)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if n, err := srv.Sweep(ctx); err != nil {
-				a.logger.WarnContext(ctx, "conversation sweep failed; retrying next tick", slog.Any("err", err))
-			} else if n > 0 {
-				a.logger.InfoContext(ctx, "swept expired conversations", slog.Int("count", n))
-			}
-			if n, err := a.mailboxes.Compact(ctx, 1000); err != nil {
-				a.logger.WarnContext(ctx, "mailbox compaction failed; retrying next tick", slog.Any("err", err))
-			} else if n > 0 {
-				a.logger.InfoContext(ctx, "compacted acknowledged messages", slog.Int("count", n))
-			}
-		}
+	if n, err := srv.Sweep(ctx); err != nil {
+		a.logger.WarnContext(ctx, "conversation sweep failed; retrying next tick", slog.Any("err", err))
+	} else if n > 0 {
+		a.logger.InfoContext(ctx, "swept expired conversations", slog.Int("count", n))
+	}
+	if n, err := a.mailboxes.Compact(ctx, 1000); err != nil {
+		a.logger.WarnContext(ctx, "mailbox compaction failed; retrying next tick", slog.Any("err", err))
+	} else if n > 0 {
+		a.logger.InfoContext(ctx, "compacted acknowledged messages", slog.Int("count", n))
 	}
 }
 

@@ -87,13 +87,18 @@ func startDispatcherApp(t *testing.T, args ...string) dispatcherEnv {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { regConn.Close() })
+	return startDispatcherWithPeers(t, app.Peers{Registry: regConn, Negotiator: regConn}, args...)
+}
 
+// startDispatcherWithPeers is startDispatcherApp with the peers given.
+func startDispatcherWithPeers(t *testing.T, peers app.Peers, args ...string) dispatcherEnv {
+	t.Helper()
 	cfg, err := config.Load(append([]string{"--data", t.TempDir()}, args...), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger, app.Peers{Registry: regConn, Negotiator: regConn})
+	a, err := app.New(cfg, logger, peers)
 	if err != nil {
 		t.Fatal(err)
 	}

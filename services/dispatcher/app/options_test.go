@@ -7,6 +7,7 @@ import (
 	"github.com/parleyhq/parley/platform/envflag/envflagtest"
 	"github.com/parleyhq/parley/services/dispatcher/config"
 	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine/routinetest"
 )
 
 // The config owns every default and the app copies it verbatim: with the
@@ -61,9 +62,15 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 			t.Errorf("%s: Options has %v, config %v", field, v, want.Interface())
 		}
 	}
-	// routine.Compile fills in no budget: the config's must all be set.
+	// routine.Compile fills in no budget: the config's must all be set,
+	// and the core's tests assume the same values.
 	if err := opts.RoutineLimits.Validate(); err != nil {
 		t.Error(err)
+	}
+	budgets := opts.RoutineLimits
+	budgets.Pool = nil
+	if want := routinetest.Limits(routine.Limits{}); budgets != want {
+		t.Errorf("routine budgets %+v, routinetest.Limits %+v: the core's tests assume other defaults", budgets, want)
 	}
 	// A limit added to Options without a flag would stay zero here.
 	envflagtest.NonZeroLimitsNested(t, "Options", opts)

@@ -205,18 +205,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 // the store is PostgreSQL (pgdb.DB.Exclusive, named name).
 func (a *App) every(name string, interval time.Duration, fn func(context.Context)) {
 	a.loops.Go(func() {
-		pgdb.Of(a.store).Exclusive(a.stopped, "registry."+name, pgdb.ExclusiveOptions{Logger: a.logger}, func(ctx context.Context) {
-			t := time.NewTicker(interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-ctx.Done():
-					return
-				case <-t.C:
-					fn(ctx)
-				}
-			}
-		})
+		pgdb.Of(a.store).Every(a.stopped, "registry."+name, interval, pgdb.ExclusiveOptions{Logger: a.logger}, fn)
 	})
 }
 

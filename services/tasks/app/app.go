@@ -119,7 +119,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		return err
 	}
 	if pg, ok := a.store.(*pgstore.Store); ok {
-		go a.takeOver(ctx, pg)
+		go pgdb.Tick(ctx, orphanScan, func(ctx context.Context) { a.takeOver(ctx, pg) })
 	}
 	return nil
 }
@@ -129,26 +129,17 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 // ends the dead replica's session.
 const orphanScan = 10 * time.Second
 
-// takeOver resumes, every orphanScan until ctx ends, the pending steps of
-// replicas that died.
+// takeOver resumes the pending steps of replicas that died. Every replica
+// does it: the claim is one UPDATE, so each step goes to one of them.
 func (a *App) takeOver(ctx context.Context, pg *pgstore.Store) {
-	t := time.NewTicker(orphanScan)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
+	refs, err := pg.ClaimOrphans(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			a.logger.WarnContext(ctx, "claiming the steps of stopped replicas failed; retrying", slog.Any("err", err))
 		}
-		refs, err := pg.ClaimOrphans(ctx)
-		if err != nil {
-			if ctx.Err() == nil {
-				a.logger.WarnContext(ctx, "claiming the steps of stopped replicas failed; retrying", slog.Any("err", err))
-			}
-			continue
-		}
-		a.server.Resume(ctx, refs)
+		return
 	}
+	a.server.Resume(ctx, refs)
 }
 
 // tokenRequired reads an agent's Agent Protocol access from the registry

@@ -1,10 +1,20 @@
 package deadline
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
@@ -44,14 +54,15 @@ func BenchmarkRestart100k(b *testing.B) {
 }
 
 // BenchmarkDrain arms 1,000 deadlines, then fires them all in one FireDue
-// (a backlog after a restart); ns/op is per expiry.
+// (a backlog after a restart), one transaction per batch; batch=1 is one
+// commit per expiry, the reference. ns/expiry is per expiry.
 func BenchmarkDrain(b *testing.B) {
-	for _, workers := range []int{1, 32} {
-		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+	for _, batch := range []int{1, 256} {
+		b.Run(fmt.Sprintf("batch=%d", batch), func(b *testing.B) {
 			e := &env{dir: b.TempDir(), clk: &clock{now: t0}, m: machines(b)}
 			e.open(b)
 			defer e.st.Close()
-			s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Workers: workers})
+			s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Batch: batch})
 			round := 0
 			for b.Loop() {
 				b.StopTimer()
@@ -68,5 +79,153 @@ func BenchmarkDrain(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*1000), "ns/expiry")
 		})
+	}
+}
+
+// lateTemplate writes n dialogues, each with an offer window armed, whose
+// deadlines fall due from restart-before+1s on, spread evenly over spread
+// (deadlines are whole seconds, so they come due in groups at each second),
+// and returns the directory of the closed store.
+func lateTemplate(b *testing.B, n int, restart time.Time, before, spread time.Duration) string {
+	b.Helper()
+	e := &env{dir: b.TempDir(), clk: &clock{}, m: machines(b)}
+	e.open(b)
+	var (
+		wg     sync.WaitGroup
+		next   atomic.Int64
+		timers = make([]store.Timer, n)
+	)
+	for range 64 { // concurrent writers share commits
+		wg.Go(func() {
+			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
+				// A window of 30 s opened 30 s before its due time.
+				due := restart.Add(-before).Add(time.Second + time.Duration(i)*spread/time.Duration(n)).Truncate(time.Second)
+				// Dialogue ids are random in production, and so is the
+				// order of the pairs an expiry batch writes.
+				sum := sha256.Sum256(fmt.Appendf(nil, "dialogue %d", i))
+				d := hex.EncodeToString(sum[:16])
+				e.dialogueAt(b, d, due.Add(-30*time.Second))
+				timers[i] = store.Timer{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: hash, Name: "invite_offer_timeout", At: due}
+			}
+		})
+	}
+	wg.Wait()
+	for c := range slices.Chunk(timers, 5000) {
+		if err := e.st.PutTimers(b.Context(), c); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := e.st.Close(); err != nil {
+		b.Fatal(err)
+	}
+	return e.dir
+}
+
+// BenchmarkRestartLateness restarts a dispatcher's store holding 100,000
+// pending deadlines and runs the scheduler on a clock that starts at the
+// restart and runs in real time:
+//
+//   - due-over-10s: the deadlines fall due over the 10 s after the restart
+//     (10,000 at each second);
+//   - all-due: they all fell due while the server was down.
+//
+// It reports the time to open the store and read the first due batch
+// (restart-ms), how late each expiry's commit is after its deadline, or
+// after the restart for those already due (p50-ms, p99-ms, max-ms), the Go
+// heap after the restart (heap-MB) and the bytes on disk per timer with
+// its dialogue (disk-B/timer).
+func BenchmarkRestartLateness(b *testing.B) {
+	n := 100_000
+	if testing.Short() {
+		n = 2000
+	}
+	for _, c := range []struct {
+		name           string
+		before, spread time.Duration
+	}{
+		{"due-over-10s", 0, 10 * time.Second},
+		{"all-due", time.Minute, 10 * time.Second},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			restartAt := t0.Add(time.Hour)
+			tmpl := lateTemplate(b, n, restartAt, c.before, c.spread)
+			info, err := os.Stat(filepath.Join(tmpl, boltstore.FileName))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var p50, p99, worst, restart time.Duration
+			var heap uint64
+			for b.Loop() {
+				b.StopTimer()
+				dir := b.TempDir()
+				copyFile(b, filepath.Join(tmpl, boltstore.FileName), filepath.Join(dir, boltstore.FileName))
+				runtime.GC()
+				b.StartTimer()
+
+				began := time.Now()
+				now := func() time.Time { return restartAt.Add(time.Since(began)) }
+				var (
+					mu   sync.Mutex
+					late []time.Duration
+					done = make(chan struct{})
+				)
+				st, err := boltstore.Open(dir, time.Second)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := st.DueTimers(b.Context(), now(), 256); err != nil {
+					b.Fatal(err)
+				}
+				restart = time.Since(began)
+				mail := mailbox.New(st, mailbox.Options{Now: now})
+				s := New(st, machines(b), mail, Options{Now: now, Expired: func(_ context.Context, x Expiry) error {
+					at := now()
+					mu.Lock()
+					defer mu.Unlock()
+					from := x.Timer.At
+					if from.Before(restartAt) {
+						from = restartAt // fell due while the server was down
+					}
+					late = append(late, at.Sub(from))
+					if len(late) == n {
+						close(done)
+					}
+					return nil
+				}})
+				var ms runtime.MemStats
+				runtime.ReadMemStats(&ms)
+				heap = ms.HeapAlloc
+				ctx, cancel := context.WithCancel(b.Context())
+				ran := make(chan struct{})
+				go func() { defer close(ran); s.Run(ctx) }()
+				select {
+				case <-done:
+				case <-time.After(10 * time.Minute): // bounds a broken run only
+					b.Fatalf("%d of %d deadlines fired in 10 minutes", len(late), n)
+				}
+				cancel()
+				<-ran
+				st.Close()
+				slices.Sort(late)
+				p50, p99, worst = late[len(late)/2], late[len(late)*99/100], late[len(late)-1]
+			}
+			b.ReportMetric(float64(restart.Microseconds())/1000, "restart-ms")
+			b.ReportMetric(float64(p50.Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(p99.Microseconds())/1000, "p99-ms")
+			b.ReportMetric(float64(worst.Microseconds())/1000, "max-ms")
+			b.ReportMetric(float64(heap)/(1<<20), "heap-MB")
+			b.ReportMetric(float64(info.Size())/float64(n), "disk-B/timer")
+		})
+	}
+}
+
+func copyFile(b *testing.B, from, to string) {
+	b.Helper()
+	raw, err := os.ReadFile(from)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := os.WriteFile(to, raw, 0o600); err != nil {
+		b.Fatal(err)
 	}
 }

@@ -5,33 +5,38 @@
 // When a message sets a deadline, its pair's new state lists it (see
 // protocolcontrol); Arm stores a timer for each pending deadline of that
 // state. Run fires timers as they fall due, and again after a restart for
-// those that fell due while the server was down. Firing a timer:
+// those that fell due while the server was down. Due timers fire in
+// batches (Options.Batch), each batch one store transaction
+// (store.TimerStore.FireTimers) that, for every timer in it:
 //
 //  1. asks the pair's machine whether the deadline expires (Machine.Expire:
 //     a deadline already met, replaced, or whose pair has ended does not);
 //  2. if it does, appends an explicit "<name>_expired" message (category
 //     service, from the network) to both agents' mailboxes;
-//  3. in one transaction, moves the pair's state (ended, failed, naming the
-//     deadline) and deletes the timer.
+//  3. deletes the timer.
 //
-// A timer fires once: the state moves and the timer goes in one commit. A
-// crash between 2 and 3 makes the next run append the message again; its id
-// is derived from the timer, so the mailbox refuses the copy (and an agent
-// that somehow got two would drop the second by id). A message sent after
-// the deadline is refused by the state machine itself (DEADLINE_PASSED),
-// whether or not the timer has fired yet.
+// The pair's stored state is not rewritten: the pending deadline it holds
+// ended the pair at its instant, as protocolcontrol reads it (Check refuses
+// later messages naming it, InspectAt reports the pair ended), so the
+// state machine moved at the deadline, not when the timer got round to
+// it. A timer fires once: its message and its deletion are one commit,
+// and one commit serves the whole batch, so a backlog after a restart
+// drains at many expiries per fsync. The message's id is derived
+// from the timer, so it could not be appended twice even by a second
+// firing. A message sent after the deadline is refused by the state machine
+// itself (DEADLINE_PASSED for the types it guards, PAIR_ENDED naming it for
+// the others), whether or not the timer has fired yet.
 package deadline
 
 import (
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
@@ -44,6 +49,14 @@ type Machines interface {
 	Machine(ctx context.Context, hash string) (*protocolcontrol.Machine, error)
 }
 
+// Mailboxes is what firing needs of the mailboxes: their size bound (the
+// expiry message is appended in the store transaction that moves the
+// pair), and waking the readers of mailboxes it appended to.
+type Mailboxes interface {
+	Bound() mailbox.Bound
+	Delivered(ds []mailbox.Delivery)
+}
+
 // Options configures a Scheduler. Zero values take the defaults noted.
 type Options struct {
 	// Now is the clock; time.Now when nil.
@@ -53,11 +66,9 @@ type Options struct {
 	After func(time.Duration) <-chan time.Time
 	// Logger reports timers that could not fire; discarded when nil.
 	Logger *slog.Logger
-	// Batch is how many due timers one store read returns; 256 when 0.
+	// Batch is how many due timers fire in one store transaction; 256
+	// when 0.
 	Batch int
-	// Workers is how many timers of a batch fire at once, so their
-	// commits share fsyncs; 32 when 0.
-	Workers int
 	// Idle is how long Run sleeps with no timer stored (Arm wakes it
 	// sooner); a minute when 0.
 	Idle time.Duration
@@ -81,14 +92,14 @@ type Expiry struct {
 type Scheduler struct {
 	store    store.TimerStore
 	machines Machines
-	mail     mailbox.Appender
+	mail     Mailboxes
 	opts     Options
 	wake     chan struct{} // capacity 1: a pending nudge for Run
 }
 
 // New returns a Scheduler keeping timers in st, expiring pairs with the
 // machines of m and telling both agents through mail.
-func New(st store.TimerStore, m Machines, mail mailbox.Appender, opts Options) *Scheduler {
+func New(st store.TimerStore, m Machines, mail Mailboxes, opts Options) *Scheduler {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -100,9 +111,6 @@ func New(st store.TimerStore, m Machines, mail mailbox.Appender, opts Options) *
 	}
 	if opts.Batch <= 0 {
 		opts.Batch = 256
-	}
-	if opts.Workers <= 0 {
-		opts.Workers = 32
 	}
 	if opts.Idle <= 0 {
 		opts.Idle = time.Minute
@@ -155,15 +163,13 @@ func (s *Scheduler) Wake() {
 	}
 }
 
-// FireDue fires every timer due now and returns how many expired a pair.
-// The timers of a batch fire concurrently (Workers), so their commits share
-// fsyncs; timers of one pair are safe together, as each firing re-checks the
-// pair's state in its own transaction. A timer that fails stays stored, and
-// FireDue goes on with the others and returns the first error.
+// FireDue fires every timer due now, a batch per transaction, and returns
+// how many expired a pair. A timer that fails (its machine unknown, its
+// state corrupt) stays stored; FireDue goes on with the others and returns
+// the first error.
 func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 	now := s.opts.Now()
 	var (
-		mu       sync.Mutex // guards expired and firstErr
 		expired  int
 		firstErr error
 	)
@@ -172,30 +178,15 @@ func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 		if err != nil {
 			return expired, err
 		}
-		var (
-			wg     sync.WaitGroup
-			failed atomic.Int64
-			sem    = make(chan struct{}, s.opts.Workers)
-		)
-		for _, t := range due {
-			sem <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-sem }()
-				ok, err := s.fire(ctx, t, now)
-				mu.Lock()
-				defer mu.Unlock()
-				switch {
-				case err != nil:
-					failed.Add(1)
-					firstErr = cmpErr(firstErr, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
-				case ok:
-					expired++
-				}
-			})
+		if len(due) == 0 {
+			return expired, firstErr
 		}
-		wg.Wait()
-		// A batch that was all failures would come back unchanged.
-		if len(due) < s.opts.Batch || failed.Load() == int64(len(due)) {
+		n, fired, err := s.fire(ctx, due, now)
+		expired += n
+		firstErr = cmpErr(firstErr, err)
+		// Failed timers stay first in line: a batch that fired none would
+		// come back unchanged.
+		if len(due) < s.opts.Batch || fired == 0 {
 			return expired, firstErr
 		}
 	}
@@ -208,51 +199,66 @@ func cmpErr(first, err error) error {
 	return err
 }
 
-func (s *Scheduler) fire(ctx context.Context, t store.Timer, now time.Time) (bool, error) {
-	m, err := s.machines.Machine(ctx, t.Protocol)
-	if err != nil {
-		return false, err
-	}
-	pair := store.Pair{A: t.Initiator, B: t.Counterpart}
-	state, err := s.store.PairState(ctx, t.Dialogue, pair)
-	if err != nil {
-		return false, err
-	}
-	res, fired, err := m.Expire(state, t.Name, now)
-	if err != nil {
-		return false, err
-	}
-	if fired {
-		refused, err := s.mail.Append(ctx, Message(t, res.Pair), []string{t.Initiator, t.Counterpart})
-		switch {
-		case errors.Is(err, store.ErrAlreadyExists):
-			// Sent before a crash that kept the state from moving.
-		case err != nil:
-			return false, err
+// fire fires one batch in one transaction and returns how many pairs
+// expired and how many timers went.
+func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) (expired, fired int, err error) {
+	var (
+		errs     []error
+		machines = map[string]*protocolcontrol.Machine{}
+		ready    = make([]store.Timer, 0, len(due))
+	)
+	for _, t := range due {
+		m, ok := machines[t.Protocol]
+		if !ok {
+			var err error
+			if m, err = s.machines.Machine(ctx, t.Protocol); err != nil {
+				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+			}
+			machines[t.Protocol] = m
 		}
-		for _, r := range refused {
-			s.opts.Logger.WarnContext(ctx, "an expiry message was not delivered; the pair still expires",
-				slog.String("agent", r.Agent), slog.String("dialogue", t.Dialogue), slog.Any("err", r.Err))
+		if m != nil {
+			ready = append(ready, t)
 		}
 	}
-	var prev, next json.RawMessage
-	moved, err := s.store.FireTimer(ctx, t, func(st json.RawMessage) (json.RawMessage, error) {
-		res, fired, err := m.Expire(st, t.Name, now)
-		if err != nil || !fired {
-			return nil, err
+	// The pair's state is not rewritten: the deadline it holds has ended
+	// it at its instant already (protocolcontrol reads a passed deadline
+	// so), and a rewrite would cost a page of a large tree per expiry.
+	// What the firing made of each pair is kept for the Expired hook.
+	nexts := make(map[store.Timer]json.RawMessage, len(ready))
+	done, err := s.store.FireTimers(ctx, ready, s.mail.Bound(), func(t store.Timer, state json.RawMessage) (store.TimerFiring, error) {
+		res, expires, err := machines[t.Protocol].Expire(state, t.Name, now)
+		if err != nil || !expires {
+			return store.TimerFiring{}, err
 		}
-		prev, next = st, res.State
-		return res.State, nil
+		nexts[t] = res.State
+		return store.TimerFiring{Mail: Message(t, res.Pair), Recipients: []string{t.Initiator, t.Counterpart}}, nil
 	})
-	if err != nil || !moved || next == nil {
-		return false, err
+	if done == nil && err != nil {
+		return 0, 0, errors.Join(append(errs, err)...)
 	}
-	if s.opts.Expired != nil {
-		if err := s.opts.Expired(ctx, Expiry{Timer: t, Prev: prev, Next: next, MessageID: ID(t)}); err != nil {
-			s.opts.Logger.WarnContext(ctx, "an expiry was not recorded on its order", slog.String("dialogue", t.Dialogue), slog.Any("err", err))
+	errs = append(errs, err)
+	var deliveries []mailbox.Delivery
+	for _, f := range done {
+		deliveries = append(deliveries, f.Delivered.Deliveries...)
+		for _, r := range f.Delivered.Refused {
+			s.opts.Logger.WarnContext(ctx, "an expiry message was not delivered; the pair expired all the same",
+				slog.String("agent", r.Agent), slog.String("dialogue", f.Timer.Dialogue), slog.Any("err", r.Err))
 		}
 	}
-	return true, nil
+	s.mail.Delivered(deliveries)
+	for _, f := range done {
+		next := nexts[f.Timer]
+		if next == nil {
+			continue
+		}
+		expired++
+		if s.opts.Expired != nil {
+			if err := s.opts.Expired(ctx, Expiry{Timer: f.Timer, Prev: f.Prev, Next: next, MessageID: ID(f.Timer)}); err != nil {
+				s.opts.Logger.WarnContext(ctx, "an expiry was not recorded on its order", slog.String("dialogue", f.Timer.Dialogue), slog.Any("err", err))
+			}
+		}
+	}
+	return expired, len(done), errors.Join(errs...)
 }
 
 // Message is the message both agents of a pair get when its deadline
@@ -273,15 +279,19 @@ func Message(t store.Timer, p protocolcontrol.Pair) mailbox.Message {
 	}
 }
 
-// ID is the expiry message's id for t: 128 bits of SHA-256 over the timer,
-// unguessable as the dialogue id it covers is.
+// ID is the expiry message's id for t: the deadline's time (8 bytes of
+// Unix nanoseconds), then 64 bits of SHA-256 over the timer, unguessable
+// as the dialogue id it covers is; 32 hex digits, like dialogue.NewID
+// (never a leading "-"). The time comes first so that a batch of expiries
+// stores its messages side by side, not one page each.
 func ID(t store.Timer) string {
 	h := sha256.New()
 	for _, s := range []string{"expiry", t.Dialogue, t.Counterpart, t.Name, t.At.UTC().Format(time.RFC3339Nano)} {
 		h.Write([]byte(s))
 		h.Write([]byte{0})
 	}
-	return hex.EncodeToString(h.Sum(nil)[:16]) // hex, like dialogue.NewID: never a leading "-"
+	id := binary.BigEndian.AppendUint64(nil, uint64(t.At.UnixNano())) //nolint:gosec // deadlines fall after 1970
+	return hex.EncodeToString(append(id, h.Sum(nil)[:8]...))
 }
 
 // Run fires timers as they fall due until ctx ends: at once for those due

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -102,9 +103,26 @@ func newEnv(t testing.TB) *env {
 // 30-second offer window, and arms its deadline.
 func (e *env) request(t testing.TB, d string) json.RawMessage {
 	t.Helper()
+	return e.requestAt(t, d, e.clk.Now())
+}
+
+// requestAt is request at time now.
+func (e *env) requestAt(t testing.TB, d string, now time.Time) json.RawMessage {
+	t.Helper()
+	state := e.dialogueAt(t, d, now)
+	if err := e.sched.Arm(t.Context(), Pair{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: hash}, state); err != nil {
+		t.Fatalf("Arm() error = %v", err)
+	}
+	return state
+}
+
+// dialogueAt stores dialogue d as request does at time now, without arming
+// its deadline, and returns the pair's state.
+func (e *env) dialogueAt(t testing.TB, d string, now time.Time) json.RawMessage {
+	t.Helper()
 	res, err := e.m.m.Check(nil, protocolcontrol.Input{
 		Sender: protocolcontrol.Initiator, Type: "new_task_request",
-		Body: []byte(`{"task":{"what":"deliver"},"invite_offer_timeout":30}`), Now: e.clk.Now(),
+		Body: []byte(`{"task":{"what":"deliver"},"invite_offer_timeout":30}`), Now: now,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -118,9 +136,6 @@ func (e *env) request(t testing.TB, d string) json.RawMessage {
 	}
 	if _, err := e.st.CreateDialogue(t.Context(), dlg, w, mailbox.Bound{}); err != nil {
 		t.Fatal(err)
-	}
-	if err := e.sched.Arm(t.Context(), Pair{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: hash}, res.State); err != nil {
-		t.Fatalf("Arm() error = %v", err)
 	}
 	return res.State
 }
@@ -142,13 +157,14 @@ func (e *env) expiries(t testing.TB, agent string) []mailbox.Message {
 	return out
 }
 
+// pair returns d's pair as it stands now (protocolcontrol.InspectAt).
 func (e *env) pair(t testing.TB, d string) protocolcontrol.Pair {
 	t.Helper()
 	st, err := e.st.PairState(t.Context(), d, store.Pair{A: consumer, B: supplier})
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := protocolcontrol.Inspect(st)
+	p, err := protocolcontrol.InspectAt(st, e.clk.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,22 +253,28 @@ func TestDeadline_metDeadlineDoesNotFire(t *testing.T) {
 	}
 }
 
-// failOnce fails the first FireTimer after the expiry message was appended:
-// a crash between the two steps.
+// failOnce fails the first FireTimers as a crash before its commit would:
+// expire runs, nothing is written.
 type failOnce struct {
 	store.TimerStore
 	failed bool
 }
 
-func (f *failOnce) FireTimer(ctx context.Context, t store.Timer, mutate func(json.RawMessage) (json.RawMessage, error)) (bool, error) {
+func (f *failOnce) FireTimers(ctx context.Context, ts []store.Timer, bound mailbox.Bound, expire func(store.Timer, json.RawMessage) (store.TimerFiring, error)) ([]store.FiredTimer, error) {
 	if !f.failed {
 		f.failed = true
-		return false, errors.New("disk full")
+		for _, t := range ts {
+			st, _ := f.PairState(ctx, t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
+			_, _ = expire(t, st)
+		}
+		return nil, errors.New("disk full")
 	}
-	return f.TimerStore.FireTimer(ctx, t, mutate)
+	return f.TimerStore.FireTimers(ctx, ts, bound, expire)
 }
 
-func TestDeadline_crashBetweenMessageAndStateSendsOneMessage(t *testing.T) {
+// The message and the state change are one commit: a failed commit leaves
+// neither, and the retry sends the message once.
+func TestDeadline_failedCommitLeavesNothingAndTheRetrySendsOnce(t *testing.T) {
 	e := newEnv(t)
 	e.request(t, "d1")
 	e.clk.Set(t0.Add(time.Minute))
@@ -260,8 +282,11 @@ func TestDeadline_crashBetweenMessageAndStateSendsOneMessage(t *testing.T) {
 	if n, err := s.FireDue(t.Context()); n != 0 || err == nil {
 		t.Fatalf("FireDue(failing store) = %d, %v; want 0 and an error", n, err)
 	}
-	if p := e.pair(t, "d1"); p.Ended {
-		t.Fatalf("pair = %+v, want it not moved yet", p)
+	if _, ok, _ := e.st.NextTimer(t.Context()); !ok {
+		t.Fatal("the timer went with a failed commit")
+	}
+	if got := e.expiries(t, consumer); len(got) != 0 {
+		t.Fatalf("consumer's mailbox = %+v after a failed commit, want nothing", got)
 	}
 	if n, err := s.FireDue(t.Context()); n != 1 || err != nil {
 		t.Fatalf("FireDue(retry) = %d, %v; want 1", n, err)
@@ -273,6 +298,25 @@ func TestDeadline_crashBetweenMessageAndStateSendsOneMessage(t *testing.T) {
 	}
 	if p := e.pair(t, "d1"); !p.Ended || p.Expired != "invite_offer_timeout" {
 		t.Errorf("pair = %+v, want expired", p)
+	}
+}
+
+// A timer whose protocol cannot be resolved stays stored; the rest of its
+// batch fires, and FireDue reports the failure.
+func TestDeadline_unknownProtocolStaysAndTheRestFire(t *testing.T) {
+	e := newEnv(t)
+	e.request(t, "d1")
+	bad := store.Timer{Dialogue: "d0", Initiator: consumer, Counterpart: supplier, Protocol: "ffffffffffffffffffffffffffffffffffffffff", Name: "offer_timeout", At: t0}
+	if err := e.st.PutTimers(t.Context(), []store.Timer{bad}); err != nil {
+		t.Fatal(err)
+	}
+	e.clk.Set(t0.Add(time.Minute))
+	if n, err := e.sched.FireDue(t.Context()); n != 1 || err == nil || !strings.Contains(err.Error(), "unknown protocol") {
+		t.Fatalf("FireDue() = %d, %v; want d1 expired and the unknown protocol reported", n, err)
+	}
+	due, err := e.st.DueTimers(t.Context(), e.clk.Now(), 10)
+	if err != nil || len(due) != 1 || due[0] != bad {
+		t.Errorf("timers left = %+v, %v; want the unresolved one", due, err)
 	}
 }
 

@@ -71,6 +71,10 @@ type Terms struct {
 
 var currencyPattern = regexp.MustCompile(`^[A-Z]{3}$`)
 
+// ValidCurrency reports whether code is an ISO 4217 code: three uppercase
+// letters. It is the one currency rule, for offers and the Payments API.
+func ValidCurrency(code string) bool { return currencyPattern.MatchString(code) }
+
 // ParseTerms reads the terms of an offer body. A body that states none
 // (no price, no flags) has zero Terms; a malformed price is a Refusal.
 func ParseTerms(body []byte) (Terms, bool, error) {
@@ -95,7 +99,7 @@ func (t Terms) check() error {
 		return nil
 	case t.Price.AmountMicros <= 0:
 		return refuse(RuleTerms, "the offer's price.amount_micros must be above 0, not %d", t.Price.AmountMicros)
-	case !currencyPattern.MatchString(t.Price.Currency):
+	case !ValidCurrency(t.Price.Currency):
 		return refuse(RuleTerms, "the offer's price.currency %q must be an ISO 4217 code, three uppercase letters", t.Price.Currency)
 	}
 	return nil

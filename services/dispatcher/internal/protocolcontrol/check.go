@@ -105,6 +105,14 @@ func (m *Machine) Check(state []byte, in Input) (Result, error) {
 		p.CounterpartRole, _ = m.counterpartRole(mt) // checked by Compile
 		role = p.InitiatorRole
 	} else {
+		// A deadline that passed unmet ended the pair at that instant,
+		// whether or not its timer has fired (and written nothing) yet.
+		if d, ok := lapsed(p, in.Now); ok && !p.Ended {
+			if slices.Contains(d.Guards, in.Type) {
+				return Result{}, &Violation{Rule: RuleDeadlinePassed, Type: in.Type, Deadline: d.Name, DeadlineAt: d.At}
+			}
+			expire(&p, d.Name)
+		}
 		if p.Ended {
 			return Result{}, &Violation{Rule: RulePairEnded, Type: in.Type, State: p.State, Outcome: p.Outcome, Expired: p.Expired}
 		}
@@ -121,11 +129,6 @@ func (m *Machine) Check(state []byte, in Input) (Result, error) {
 			}
 			if !slices.Contains(mt.answers, in.AnswersType) {
 				return Result{}, &Violation{Rule: RuleNotAnAnswer, Type: in.Type, Answers: in.AnswersType, Allowed: mt.answers}
-			}
-		}
-		for _, d := range p.Deadlines {
-			if slices.Contains(d.Guards, in.Type) && !in.Now.Before(d.At) {
-				return Result{}, &Violation{Rule: RuleDeadlinePassed, Type: in.Type, Deadline: d.Name, DeadlineAt: d.At}
 			}
 		}
 	}
@@ -162,28 +165,61 @@ func (m *Machine) Check(state []byte, in Input) (Result, error) {
 	return Result{State: out, Pair: p, Body: body, Role: role, OpensOrder: opens}, nil
 }
 
-// Expire fires deadline name of the pair at now. When the deadline is pending
-// and due, the pair ends with a failure and fired is true; otherwise (met,
-// replaced, not yet due, or the pair ended) nothing changes and fired is
-// false, so a timer that fires twice, or late, does no harm.
+// Expire fires deadline name of the pair at now. When it is the pending
+// deadline that ended the pair (the earliest that passed unmet), fired is
+// true and res holds the pair as that ended it: with a failure, naming the
+// deadline. Otherwise (met, replaced, not yet due, the pair ended by
+// another) nothing changes and fired is false, so a timer that fires twice,
+// or late, does no harm. The ended state need not be stored: Check and
+// InspectAt read a passed deadline as the end it is.
 func (m *Machine) Expire(state []byte, name string, now time.Time) (res Result, fired bool, err error) {
 	p, err := Inspect(state)
 	if err != nil {
 		return Result{}, false, err
 	}
-	i := slices.IndexFunc(p.Deadlines, func(d Deadline) bool { return d.Name == name })
-	if p.Ended || i < 0 || now.Before(p.Deadlines[i].At) {
+	d, ok := lapsed(p, now)
+	if p.Ended || !ok || d.Name != name {
 		return Result{State: state, Pair: p}, false, nil
 	}
-	p.Ended = true
-	p.Outcome = OutcomeFailure
-	p.Expired = name
-	p.Deadlines = nil
+	expire(&p, name)
 	out, err := json.Marshal(p)
 	if err != nil {
 		return Result{}, false, err
 	}
 	return Result{State: out, Pair: p}, true, nil
+}
+
+// InspectAt decodes a stored pair state as it stands at now: a pending
+// deadline that has passed unmet has ended it (Check's view).
+func InspectAt(state []byte, now time.Time) (Pair, error) {
+	p, err := Inspect(state)
+	if err != nil {
+		return Pair{}, err
+	}
+	if d, ok := lapsed(p, now); ok && !p.Ended {
+		expire(&p, d.Name)
+	}
+	return p, nil
+}
+
+// lapsed returns the pending deadline of p that ended it by now: the
+// earliest passed (the first declared among equals).
+func lapsed(p Pair, now time.Time) (Deadline, bool) {
+	var (
+		out Deadline
+		ok  bool
+	)
+	for _, d := range p.Deadlines {
+		if !now.Before(d.At) && (!ok || d.At.Before(out.At)) {
+			out, ok = d, true
+		}
+	}
+	return out, ok
+}
+
+// expire ends p by its deadline name, with a failure.
+func expire(p *Pair, name string) {
+	p.Ended, p.Outcome, p.Expired, p.Deadlines = true, OutcomeFailure, name, nil
 }
 
 func validate(mt *messageType, body []byte) error {

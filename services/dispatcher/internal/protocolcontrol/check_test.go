@@ -264,6 +264,37 @@ func TestExpire_firesOnceAndEndsThePair(t *testing.T) {
 	}
 }
 
+// A deadline that passed unmet has ended the pair at its instant, before
+// any timer fires and with nothing stored: a message it does not guard is
+// refused as after the end (naming it), Expire fires it once with the
+// state unchanged, and InspectAt reads the pair as ended.
+func TestCheck_passedDeadlineEndsThePairWithoutAWrite(t *testing.T) {
+	m := shopMachine(t)
+	state := run(t, m, step{Initiator, "request", "", `{"offer_timeout": 30}`, 0})
+	at := t0.Add(30 * time.Second)
+	if _, err := m.Check(state, Input{Sender: Initiator, Type: "withdrawn", AnswersType: "request", Body: []byte("{}"), Now: at.Add(-time.Nanosecond)}); err != nil {
+		t.Fatalf("withdrawn before the deadline: %v", err)
+	}
+	_, err := m.Check(state, Input{Sender: Initiator, Type: "withdrawn", AnswersType: "request", Body: []byte("{}"), Now: at})
+	if v := violation(t, err, RulePairEnded); v.Expired != "offer_timeout" || !strings.Contains(v.Error(), "offer_timeout") {
+		t.Errorf("withdrawn after the deadline: %+v, want PAIR_ENDED naming offer_timeout", v)
+	}
+	p, err := InspectAt(state, at)
+	if err != nil || !p.Ended || p.Expired != "offer_timeout" || p.Outcome != OutcomeFailure {
+		t.Errorf("InspectAt(deadline) = %+v, %v; want ended in failure by offer_timeout", p, err)
+	}
+	if p, _ := InspectAt(state, at.Add(-time.Nanosecond)); p.Ended {
+		t.Errorf("InspectAt(before) = %+v, want open", p)
+	}
+	// The stored state, never rewritten, still fires once per timer.
+	if _, fired, _ := m.Expire(state, "offer_timeout", at.Add(time.Hour)); !fired {
+		t.Error("Expire() of the passed deadline did not fire")
+	}
+	if _, fired, _ := m.Expire(state, "other_timeout", at.Add(time.Hour)); fired {
+		t.Error("Expire() of a deadline the pair does not hold fired")
+	}
+}
+
 func TestCheck_alwaysAllowedPassesInAnyOpenState(t *testing.T) {
 	m := shopMachine(t)
 	for _, prefix := range [][]step{

@@ -20,7 +20,7 @@
 //	// store res.State as the pair's new state, deliver res.Body (deadline
 //	// fields rewritten to absolute times) and arm res.Deadlines.
 //	res, fired, err := m.Expire(pairState, "offer_timeout", now) // a timer fired
-//	p, err := protocolcontrol.Inspect(pairState)  // read a stored state
+//	p, err := protocolcontrol.InspectAt(pairState, now) // a stored state, as it stands at now
 //
 // pairState is the opaque JSON that the previous Check or Expire returned for
 // this pair, or nil for a pair that has no message yet. The caller stores it
@@ -44,13 +44,15 @@
 //
 //  1. the type is declared (RuleUnknownType);
 //  2. an opener is an initial type sent by the initiator, answering nothing
-//     (RuleNotInitial); a later message's pair has not ended (RulePairEnded);
+//     (RuleNotInitial); for a later message, no pending deadline has
+//     passed unmet: one that guards the type refuses it
+//     (RuleDeadlinePassed), any other has ended the pair (RulePairEnded,
+//     naming it); and the pair has not ended (RulePairEnded);
 //  3. the sender's role may send the type (RuleWrongRole);
 //  4. unless the type is alwaysAllowed, it may follow the pair's current
 //     state (RuleNotAllowedAfter) and may answer the type it answers
 //     (RuleNotAnAnswer);
-//  5. no pending deadline guarding the type has passed (RuleDeadlinePassed);
-//  6. the body matches the type's schema (RuleSchema, with the JSON pointer
+//  5. the body matches the type's schema (RuleSchema, with the JSON pointer
 //     of the failure), and each deadline field is a positive number of
 //     seconds no longer than its max (RuleSchema at that field).
 //
@@ -60,6 +62,8 @@
 // order when the type is opensOrder (Result.OpensOrder tells the caller to
 // form the order record). A pair whose state has no
 // transitions has ended: every later message is refused, and its pending
-// deadlines are dropped. A deadline that expires before it is met ends its
-// pair with a failure.
+// deadlines are dropped. A deadline that passes before it is met ends its
+// pair with a failure at that instant: Check and InspectAt read the stored
+// state so whether or not a timer has fired, and Expire (the timer firing)
+// reports the end once, for the expiry message, without a write.
 package protocolcontrol

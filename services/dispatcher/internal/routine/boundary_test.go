@@ -26,12 +26,22 @@ const slack = 5 * time.Second
 const killMargin = 250 * time.Millisecond
 
 // TestBoundary runs the issue's bad inputs through real worker processes
-// and checks, for each: the failure kind, the time bound, that the
-// workers are idle after it; and, at the end, the memory bound.
+// and checks, for each: the failure kind, the time bound, that another
+// agent's calls all succeed while it runs, that the workers are idle after
+// it; and, at the end, the memory bound.
 func TestBoundary(t *testing.T) {
 	const budget = 500 * time.Millisecond
+	// Two workers: an agent's share is one, so the bad runs (agent a) hold
+	// one and the victim keeps the other.
 	pool := newTestPool(t, PoolOptions{Workers: 2, MemoryBytes: 256 << 20})
 	limits := testLimits(Limits{Pool: pool, Timeout: budget})
+	// The victim's budget (its wait for a worker too) is shorter than a
+	// killed run holds its worker (budget + margin): had the victim to
+	// wait behind one, it would fail busy.
+	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, testLimits(Limits{Pool: pool, Timeout: budget}))
+	if err != nil {
+		t.Fatal(err)
+	}
 	parentBefore := peakSelf(t)
 	body := func(expr string) string { return "def reply(q, m):\n    return " + expr + "\n" }
 	loop := func(stmts string) string { return "def reply(q, m):\n" + stmts + "\n    return 1\n" }
@@ -91,18 +101,37 @@ func TestBoundary(t *testing.T) {
 			// Compile, then Call: each is one run with its own budget.
 			bound := 2 * (l.Timeout + killMargin + slack)
 			done := make(chan error, 1)
+			var ran time.Duration // the failing run's wall time, for the log
 			go func() {
+				start := time.Now()
 				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", tc.src, nil, l)
 				if err == nil {
+					start = time.Now()
 					_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(tc.arg)}, json.RawMessage(`{}`))
 				}
+				ran = time.Since(start)
 				done <- err
 			}()
+			// Another agent's calls, made while the run goes on, all
+			// succeed (polled every 10 ms, so they do not load the machine
+			// themselves).
 			var err error
-			select {
-			case err = <-done:
-			case <-time.After(bound):
-				t.Fatalf("the run was not stopped within %v (stated margin included)", bound)
+			timeout := time.After(bound)
+			for calls, running := 0, true; running; calls++ {
+				select {
+				case err = <-done:
+					running = false
+					continue
+				case <-timeout:
+					t.Fatalf("the run was not stopped within %v (stated margin included)", bound)
+				default:
+				}
+				q := strconv.Itoa(calls)
+				out, _, verr := victim.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(q)}, json.RawMessage(`{}`))
+				if verr != nil || string(out) != `{"echo":`+q+`}` {
+					t.Fatalf("another agent's call %d during the run = %s, %v", calls, out, verr)
+				}
+				time.Sleep(10 * time.Millisecond)
 			}
 			if err == nil {
 				t.Fatal("the run succeeded, want a failure")
@@ -110,7 +139,9 @@ func TestBoundary(t *testing.T) {
 			if k := KindOf(err); !slices.Contains(tc.kinds, k) {
 				t.Errorf("kind %v (%v), want one of %v", k, err, tc.kinds)
 			}
+			stopped := time.Now()
 			waitIdle(t, pool)
+			t.Logf("kind %v after %v (budget %v); workers idle %v later", KindOf(err), ran.Round(time.Millisecond), l.Timeout, time.Since(stopped).Round(time.Millisecond))
 		})
 	}
 	stats := pool.Stats()

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"regexp"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -22,8 +21,6 @@ var paymentStates = map[store.PaymentState]dispatcherv1.PaymentState{
 	store.PaymentReserved:   dispatcherv1.PaymentState_PAYMENT_STATE_RESERVED,
 	store.PaymentCaptured:   dispatcherv1.PaymentState_PAYMENT_STATE_CAPTURED,
 }
-
-var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
 
 // cutPayment splits clients/{c}/agents/{a}/payments/{id}.
 func cutPayment(name string) (agent, id string, ok bool) {
@@ -87,7 +84,7 @@ func (s *Server) CreatePayment(ctx context.Context, req *dispatcherv1.CreatePaym
 	if p != nil && p.GetAmountMicros() <= 0 {
 		v.Add("payment.amount_micros", "must be above 0")
 	}
-	if p != nil && !currencyCode.MatchString(p.GetCurrency()) {
+	if p != nil && !payment.ValidCurrency(p.GetCurrency()) {
 		v.Add("payment.currency", "must be an ISO 4217 code, three uppercase letters")
 	}
 	ctx, cancel, err := s.beginPayments(ctx, v)

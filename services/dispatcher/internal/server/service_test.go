@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -259,8 +260,17 @@ func TestAllocate_deadlineExpiresAndRefusesTheLateOffer(t *testing.T) {
 	var pe struct{ Rule, Error string }
 	m := last(e.inbox(netBob))
 	_ = json.Unmarshal(m.Body, &pe)
-	if m.Type != "protocol_error" || pe.Rule != "PAIR_ENDED" || !strings.Contains(pe.Error, "invite_offer_timeout") {
-		t.Errorf("bob's protocol_error = %s, want PAIR_ENDED naming invite_offer_timeout", m.Body)
+	if m.Type != "protocol_error" || pe.Rule != "DEADLINE_PASSED" || !strings.Contains(pe.Error, "invite_offer_timeout") {
+		t.Errorf("bob's protocol_error = %s, want DEADLINE_PASSED naming invite_offer_timeout", m.Body)
+	}
+	// The window's end ended the pair: closing the dialogue withdraws the
+	// task from nobody.
+	before := len(e.inbox(netBob))
+	if _, err := e.client.CloseDialogue(t.Context(), &dispatcherv1.CloseDialogueRequest{Name: netAlice + "/dialogues/" + req.GetDialogueId()}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.inbox(netBob)); n != before {
+		t.Errorf("closing after the expiry sent bob %d messages, want none", n-before)
 	}
 }
 
@@ -307,15 +317,18 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 		wg.Go(func() { _, acceptErr = reply(netAlice, offer, "accept_offer", `{}`) })
 		wg.Go(func() { _, revErr = reply(netBob, invite, "revoke_offer", `{}`) })
 		wg.Wait()
-		if (acceptErr == nil) == (revErr == nil) {
-			return req.GetDialogueId(), "", fmt.Errorf("accept error %v, revoke error %v; want exactly one to win", acceptErr, revErr)
+		switch {
+		case acceptErr == nil && revErr == nil:
+			return req.GetDialogueId(), "", errors.New("both the accept and the revoke were taken; want exactly one to win")
+		case acceptErr != nil && revErr != nil:
+			return req.GetDialogueId(), "", fmt.Errorf("both the accept and the revoke were refused (%w); want exactly one to win", errors.Join(acceptErr, revErr))
 		}
 		loserErr, winner := revErr, "accept_offer"
 		if acceptErr != nil {
 			loserErr, winner = acceptErr, "revoke_offer"
 		}
 		if grpcerr.Reason(loserErr) != "PROTOCOL_ERROR" {
-			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %v, want PROTOCOL_ERROR", loserErr)
+			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %w, want PROTOCOL_ERROR", loserErr)
 		}
 		return req.GetDialogueId(), winner, nil
 	}

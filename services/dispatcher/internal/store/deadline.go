@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
 // Timer is a pending deadline of one (dialogue, counterpart) pair, held so
@@ -32,10 +34,34 @@ type TimerStore interface {
 	// PairState returns the protocol state of the dialogue's pair p; nil
 	// when it has none.
 	PairState(ctx context.Context, dialogue string, p Pair) (json.RawMessage, error)
-	// FireTimer, in one transaction: when t is still stored with the same
-	// At, applies mutate to its pair's state, writes the result (unless
-	// mutate returns nil) and deletes t, and reports true. Otherwise
-	// (fired, replaced or never stored) it changes nothing and reports
-	// false. If mutate fails, nothing is written and its error is returned.
-	FireTimer(ctx context.Context, t Timer, mutate func(state json.RawMessage) (json.RawMessage, error)) (bool, error)
+	// FireTimers fires timers in one transaction. For each timer still
+	// stored with the same At (others are passed over: fired, replaced or
+	// never stored), expire maps its pair's stored state (nil when none) to
+	// what firing it writes: the pair's next state, and a message appended
+	// to its recipients' mailboxes within bound (one whose id is already
+	// stored is not appended again); then the timer is deleted. A timer
+	// whose expire fails is left stored and changes nothing, and its error
+	// is joined into the error returned with the others' results.
+	FireTimers(ctx context.Context, timers []Timer, bound mailbox.Bound, expire func(Timer, json.RawMessage) (TimerFiring, error)) ([]FiredTimer, error)
+}
+
+// TimerFiring is what firing one timer writes.
+type TimerFiring struct {
+	// State is the pair's next state; nil leaves it as it is (the deadline
+	// was met, replaced, or its pair ended: the timer just goes).
+	State json.RawMessage
+	// Mail, when it has an ID, goes to Recipients' mailboxes in the same
+	// transaction.
+	Mail       mailbox.Message
+	Recipients []string
+}
+
+// FiredTimer is one timer FireTimers fired.
+type FiredTimer struct {
+	Timer Timer
+	// Prev is the pair's state before; Next after, nil when unchanged.
+	Prev, Next json.RawMessage
+	// Delivered is what became of its message: the deliveries to wake
+	// readers with, and the recipients whose mailboxes were full.
+	Delivered Delivered
 }

@@ -5,10 +5,13 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -115,35 +118,63 @@ func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (j
 	return out, err
 }
 
-// FireTimer implements store.TimerStore.
-func (s *Store) FireTimer(ctx context.Context, t store.Timer, mutate func(json.RawMessage) (json.RawMessage, error)) (bool, error) {
+// FireTimers implements store.TimerStore: the whole batch is one
+// transaction, so one commit (one fsync) makes every expiry of it durable
+// with its messages.
+func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mailbox.Bound, expire func(store.Timer, json.RawMessage) (store.TimerFiring, error)) ([]store.FiredTimer, error) {
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return nil, err
 	}
-	var fired bool
+	var (
+		fired []store.FiredTimer
+		errs  []error
+	)
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		fired = false
-		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
-		k := timerKey(t)
-		if tb.Get(k) == nil {
-			return nil
-		}
-		pk := pairKey(t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
-		pairs := tx.Bucket(bucketDialoguePairs)
-		next, err := mutate(bytes.Clone(pairs.Get(pk)))
-		if err != nil {
-			return err
-		}
-		if next != nil {
-			if err := pairs.Put(pk, next); err != nil {
+		fired, errs = fired[:0], errs[:0] // the committer may run this again
+		tb, ids, pairs := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs), tx.Bucket(bucketDialoguePairs)
+		for _, t := range timers {
+			k := timerKey(t)
+			if tb.Get(k) == nil {
+				continue
+			}
+			pk := pairKey(t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
+			prev := bytes.Clone(pairs.Get(pk))
+			f, err := expire(t, prev)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+				continue
+			}
+			out := store.FiredTimer{Timer: t, Prev: prev, Next: f.State}
+			if f.Mail.ID != "" {
+				a, err := newAppend(f.Mail, f.Recipients)
+				if err != nil {
+					return err
+				}
+				switch err := a.run(tx, bound); {
+				case errors.Is(err, store.ErrAlreadyExists):
+					// Sent already; the state moves all the same.
+				case err != nil:
+					return err
+				}
+				out.Delivered = store.Delivered{Deliveries: a.delivered, Refused: a.refused}
+			}
+			if f.State != nil {
+				if err := pairs.Put(pk, f.State); err != nil {
+					return err
+				}
+			}
+			if err := tb.Delete(k); err != nil {
 				return err
 			}
+			if err := ids.Delete(timerID(t)); err != nil {
+				return err
+			}
+			fired = append(fired, out)
 		}
-		if err := tb.Delete(k); err != nil {
-			return err
-		}
-		fired = true
-		return ids.Delete(timerID(t))
+		return nil
 	})
-	return fired, err
+	if err != nil {
+		return nil, err
+	}
+	return fired, errors.Join(errs...)
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -76,46 +78,85 @@ func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (j
 	return pairState(ctx, s.db.Pool(), dialogue, p)
 }
 
-// FireTimer implements store.TimerStore. The timer row is locked first, so
-// replicas firing one timer at once queue on it: the first fires it, the
-// others find it gone (or, at SERIALIZABLE, retry and then find it gone).
-func (s *Store) FireTimer(ctx context.Context, t store.Timer, mutate func(json.RawMessage) (json.RawMessage, error)) (bool, error) {
+// FireTimers implements store.TimerStore, in one transaction. Each timer
+// row is locked first, so replicas firing one timer at once queue on it:
+// the first fires it, the others find it gone (or, at SERIALIZABLE, retry
+// and then find it gone). Each message is appended under a savepoint, so
+// one that every mailbox refuses rolls back alone.
+func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mailbox.Bound, expire func(store.Timer, json.RawMessage) (store.TimerFiring, error)) ([]store.FiredTimer, error) {
 	if err := ctx.Err(); err != nil {
-		return false, err
+		return nil, err
 	}
-	var fired bool
+	var (
+		fired []store.FiredTimer
+		errs  []error
+	)
 	err := s.db.Update(ctx, func(tx pgx.Tx) error {
-		fired = false
-		var at int64
-		err := tx.QueryRow(ctx, `SELECT at_ns FROM timers WHERE dialogue = $1 AND counterpart = $2 AND name = $3 FOR UPDATE`,
-			t.Dialogue, t.Counterpart, t.Name).Scan(&at)
-		if errors.Is(err, pgx.ErrNoRows) || (err == nil && at != t.At.UnixNano()) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		p := store.Pair{A: t.Initiator, B: t.Counterpart}
-		cur, err := pairState(ctx, tx, t.Dialogue, p)
-		if err != nil {
-			return err
-		}
-		next, err := mutate(cur)
-		if err != nil {
-			return err
-		}
-		if next != nil {
-			k := p.Key()
-			if _, err := tx.Exec(ctx, `INSERT INTO dialogue_pairs (dialogue, a, b, state) VALUES ($1, $2, $3, $4)
-ON CONFLICT (dialogue, a, b) DO UPDATE SET state = excluded.state`, t.Dialogue, k.A, k.B, []byte(next)); err != nil {
+		fired, errs = fired[:0], errs[:0] // the transaction may be retried
+		for _, t := range timers {
+			var at int64
+			err := tx.QueryRow(ctx, `SELECT at_ns FROM timers WHERE dialogue = $1 AND counterpart = $2 AND name = $3 FOR UPDATE`,
+				t.Dialogue, t.Counterpart, t.Name).Scan(&at)
+			if errors.Is(err, pgx.ErrNoRows) || (err == nil && at != t.At.UnixNano()) {
+				continue
+			}
+			if err != nil {
 				return err
 			}
+			p := store.Pair{A: t.Initiator, B: t.Counterpart}
+			prev, err := pairState(ctx, tx, t.Dialogue, p)
+			if err != nil {
+				return err
+			}
+			f, err := expire(t, prev)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+				continue
+			}
+			out := store.FiredTimer{Timer: t, Prev: prev, Next: f.State}
+			if f.Mail.ID != "" {
+				if out.Delivered, err = s.appendSaved(ctx, tx, f.Mail, f.Recipients, bound); err != nil {
+					return err
+				}
+			}
+			if f.State != nil {
+				k := p.Key()
+				if _, err := tx.Exec(ctx, `INSERT INTO dialogue_pairs (dialogue, a, b, state) VALUES ($1, $2, $3, $4)
+ON CONFLICT (dialogue, a, b) DO UPDATE SET state = excluded.state`, t.Dialogue, k.A, k.B, []byte(f.State)); err != nil {
+					return err
+				}
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM timers WHERE dialogue = $1 AND counterpart = $2 AND name = $3`, t.Dialogue, t.Counterpart, t.Name); err != nil {
+				return err
+			}
+			fired = append(fired, out)
 		}
-		if _, err := tx.Exec(ctx, `DELETE FROM timers WHERE dialogue = $1 AND counterpart = $2 AND name = $3`, t.Dialogue, t.Counterpart, t.Name); err != nil {
-			return err
-		}
-		fired = true
 		return nil
 	})
-	return fired, err
+	if err != nil {
+		return nil, err
+	}
+	return fired, errors.Join(errs...)
+}
+
+// appendSaved appends m in tx under a savepoint: a message every mailbox
+// refuses, or one already stored, rolls back alone.
+func (s *Store) appendSaved(ctx context.Context, tx pgx.Tx, m mailbox.Message, recipients []string, bound mailbox.Bound) (store.Delivered, error) {
+	a, err := newAppend(m, recipients)
+	if err != nil {
+		return store.Delivered{}, err
+	}
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return store.Delivered{}, err
+	}
+	err = s.appendTx(ctx, sp, a, bound)
+	switch {
+	case errors.Is(err, errNothing), errors.Is(err, store.ErrAlreadyExists):
+		return store.Delivered{Refused: a.refused}, sp.Rollback(ctx)
+	case err != nil:
+		_ = sp.Rollback(ctx)
+		return store.Delivered{}, err
+	}
+	return store.Delivered{Deliveries: a.delivered, Refused: a.refused}, sp.Commit(ctx)
 }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -74,48 +75,93 @@ func testTimerOrder(t *testing.T, s TimerBackend) {
 	}
 }
 
+func expiryMail(id string) mailbox.Message {
+	return mailbox.Message{ID: id, DialogueID: "d1", Category: mailbox.CategoryService, Type: "offer_timeout_expired", Body: []byte(`{}`), Time: t0}
+}
+
 func testTimerFire(t *testing.T, s TimerBackend) {
 	ctx := t.Context()
-	opener(t, s, "d1", []string{bob}) // pair (alice, bob) holds {"s":1}
+	opener(t, s, "d1", []string{bob}) // pair (alice, bob) holds {"s":1}; bob's mailbox the opener
 	tm := timer("d1", bob, "offer_timeout", time.Second)
-	if err := s.PutTimers(ctx, []store.Timer{tm}); err != nil {
+	other := timer("d2", bob, "offer_timeout", 2*time.Second) // no pair stored
+	if err := s.PutTimers(ctx, []store.Timer{tm, other}); err != nil {
 		t.Fatal(err)
 	}
 	if st, err := s.PairState(ctx, "d1", store.Pair{A: alice, B: bob}); err != nil || string(st) != `{"s":1}` {
 		t.Fatalf("PairState(d1, alice-bob) = %s, %v; want {\"s\":1}", st, err)
 	}
 
-	// A failing mutate writes nothing and keeps the timer.
+	// One batch: a failing expire keeps its timer and writes nothing for
+	// it; a stale timer (other At) is passed over; the other fires, with
+	// no state to move and no message.
 	boom := errors.New("boom")
-	if fired, err := s.FireTimer(ctx, tm, func(json.RawMessage) (json.RawMessage, error) { return nil, boom }); fired || !errors.Is(err, boom) {
-		t.Errorf("FireTimer(failing mutate) = %v, %v; want false, boom", fired, err)
+	stale := other
+	stale.At = other.At.Add(-time.Millisecond)
+	fired, err := s.FireTimers(ctx, []store.Timer{tm, stale, other}, mailbox.Bound{}, func(x store.Timer, st json.RawMessage) (store.TimerFiring, error) {
+		switch x {
+		case tm:
+			return store.TimerFiring{}, boom
+		case other:
+			if st != nil {
+				t.Errorf("expire(d2) saw state %s, want nil", st)
+			}
+			return store.TimerFiring{}, nil
+		}
+		t.Errorf("expire ran for %+v", x)
+		return store.TimerFiring{}, nil
+	})
+	if !errors.Is(err, boom) || len(fired) != 1 || fired[0].Timer != other || fired[0].Next != nil {
+		t.Fatalf("FireTimers(failing, stale, other) = %+v, %v; want d2 fired alone and boom", fired, err)
 	}
-	// A replaced timer (other At) does not fire.
-	stale := tm
-	stale.At = tm.At.Add(-time.Millisecond)
-	if fired, err := s.FireTimer(ctx, stale, func(json.RawMessage) (json.RawMessage, error) {
-		t.Error("mutate ran for a stale timer")
-		return nil, nil
-	}); fired || err != nil {
-		t.Errorf("FireTimer(stale) = %v, %v; want false, nil", fired, err)
+	if due, _ := s.DueTimers(ctx, t0.Add(time.Hour), 10); len(due) != 1 || due[0] != tm {
+		t.Fatalf("timers left = %v, want d1's alone", names(due))
 	}
 
-	var seen json.RawMessage
-	fired, err := s.FireTimer(ctx, tm, func(st json.RawMessage) (json.RawMessage, error) {
-		seen = st
-		return json.RawMessage(`{"s":2}`), nil
+	// Firing moves the state and appends the message to both mailboxes,
+	// in the same transaction; bob's is full (one message held) and is
+	// refused, and the state moves all the same.
+	fired, err = s.FireTimers(ctx, []store.Timer{tm}, mailbox.Bound{MaxMessages: 1}, func(_ store.Timer, st json.RawMessage) (store.TimerFiring, error) {
+		return store.TimerFiring{State: json.RawMessage(`{"s":2}`), Mail: expiryMail("x1"), Recipients: []string{alice, bob}}, nil
 	})
-	if !fired || err != nil || string(seen) != `{"s":1}` {
-		t.Fatalf("FireTimer() = %v, %v, saw %s; want true, nil, the stored state", fired, err, seen)
+	if err != nil || len(fired) != 1 || string(fired[0].Prev) != `{"s":1}` || string(fired[0].Next) != `{"s":2}` ||
+		len(fired[0].Delivered.Deliveries) != 1 || fired[0].Delivered.Deliveries[0].Agent != alice ||
+		len(fired[0].Delivered.Refused) != 1 || fired[0].Delivered.Refused[0].Agent != bob {
+		t.Fatalf("FireTimers(d1) = %+v, %v; want it fired from {\"s\":1} to {\"s\":2}, delivered to alice, bob refused", fired, err)
+	}
+	if got, err := s.ReadMailbox(ctx, alice, 0, 10); err != nil || len(got) != 1 || got[0].Message.ID != "x1" {
+		t.Errorf("alice's mailbox = %+v, %v; want the expiry", got, err)
 	}
 	// The pair is keyed the same whichever agent comes first.
 	if st, _ := s.PairState(ctx, "d1", store.Pair{A: bob, B: alice}); string(st) != `{"s":2}` {
-		t.Errorf("PairState after FireTimer = %s, want {\"s\":2}", st)
+		t.Errorf("PairState after FireTimers = %s, want {\"s\":2}", st)
 	}
-	if fired, err := s.FireTimer(ctx, tm, func(json.RawMessage) (json.RawMessage, error) { return json.RawMessage(`{"s":3}`), nil }); fired || err != nil {
-		t.Errorf("FireTimer(again) = %v, %v; want false: a timer fires once", fired, err)
+	// Once: the timer is gone.
+	fired, err = s.FireTimers(ctx, []store.Timer{tm}, mailbox.Bound{}, func(store.Timer, json.RawMessage) (store.TimerFiring, error) {
+		t.Error("expire ran for a fired timer")
+		return store.TimerFiring{}, nil
+	})
+	if len(fired) != 0 || err != nil {
+		t.Errorf("FireTimers(again) = %+v, %v; want nothing: a timer fires once", fired, err)
 	}
 	if _, ok, _ := s.NextTimer(ctx); ok {
 		t.Error("NextTimer() after firing found a timer")
+	}
+
+	// A message already stored is not appended again; the state moves.
+	again := timer("d1", bob, "proposal_timeout", 3*time.Second)
+	if err := s.PutTimers(ctx, []store.Timer{again}); err != nil {
+		t.Fatal(err)
+	}
+	fired, err = s.FireTimers(ctx, []store.Timer{again}, mailbox.Bound{}, func(store.Timer, json.RawMessage) (store.TimerFiring, error) {
+		return store.TimerFiring{State: json.RawMessage(`{"s":3}`), Mail: expiryMail("x1"), Recipients: []string{alice}}, nil
+	})
+	if err != nil || len(fired) != 1 || len(fired[0].Delivered.Deliveries) != 0 {
+		t.Errorf("FireTimers(a message stored already) = %+v, %v; want fired, nothing delivered", fired, err)
+	}
+	if got, _ := s.ReadMailbox(ctx, alice, 0, 10); len(got) != 1 {
+		t.Errorf("alice's mailbox holds %d messages, want the expiry once", len(got))
+	}
+	if st, _ := s.PairState(ctx, "d1", store.Pair{A: alice, B: bob}); string(st) != `{"s":3}` {
+		t.Errorf("PairState = %s, want {\"s\":3}", st)
 	}
 }
