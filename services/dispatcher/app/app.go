@@ -222,7 +222,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
-		Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
+		RetryFor: a.cfg.NotificationRetryFor, Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
 	go db.Exclusive(ctx, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
 	return nil
