@@ -40,28 +40,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
-	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
-	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/bench/internal/cputime"
+	"github.com/parleyhq/parley/bench/internal/weather"
 )
-
-const weatherPD = "---\nname: Weather Forecast Query Protocol\ndescription: Query the weather forecast for a given date and location.\nmultiround: false\n---\n\nThe sender sends a JSON object {\"date\": \"YYYY-MM-DD\", \"location\": string}.\nThe receiver replies with a JSON object {\"temperature\": number (degrees C), \"precipitation\": number (mm), \"weatherCondition\": one of \"sunny\", \"cloudy\", \"rainy\", \"snowy\"}.\nIf the location is unknown the receiver replies {\"error\": \"Unsupported location\"}."
-
-const weatherHex = "3a732bde0e63d2e838d1a722feebf3d67b52b211"
-
-const weatherRoutine = `
-def reply(query, memory):
-    w = weather(query["location"] + "/" + query["date"])
-    if w == None:
-        return {"error": "Unsupported location"}
-    return w
-`
-
-const weatherTable = `{"Paris/2026-12-01": {"temperature": 7, "precipitation": 1.5, "weatherCondition": "rainy"}}`
 
 func main() {
 	if err := run(os.Stdout); err != nil {
@@ -114,8 +98,8 @@ func run(stdout io.Writer) error {
 	if err := setup(setupCtx, grpcAddr); err != nil {
 		return err
 	}
-	agoraURL := "http://" + httpAddr + "/agora/acme/weather"
-	body := []byte(`{"protocolHash":"` + weatherHex + `","protocolSources":null,"body":"{\"date\": \"2026-12-01\", \"location\": \"Paris\"}"}`)
+	agoraURL := "http://" + httpAddr + weather.Path
+	body := []byte(weather.Envelope)
 	if err := post(http.DefaultClient, agoraURL, body); err != nil {
 		return fmt.Errorf("warm-up envelope: %w", err)
 	}
@@ -245,42 +229,14 @@ func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr stri
 	}
 }
 
-// setup registers the PD and agent, the weather tool and the routine.
+// setup installs the weather agent on the server at addr.
 func setup(ctx context.Context, addr string) error {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	reg := registryv1.NewRegistryServiceClient(conn)
-	unimpl := func(call string, err error) error {
-		if status.Code(err) == codes.Unimplemented {
-			return fmt.Errorf("the registry does not implement %s yet (merge the registry first): %w", call, err)
-		}
-		return fmt.Errorf("%s: %w", call, err)
-	}
-	if _, err := reg.CreateProtocol(ctx, &registryv1.CreateProtocolRequest{Protocol: &registryv1.Protocol{Content: []byte(weatherPD)}}); err != nil {
-		return unimpl("CreateProtocol", err)
-	}
-	_, err = reg.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/acme", AgentId: "weather", Agent: &registryv1.Agent{
-		SupportPolicy: registryv1.SupportPolicy_SUPPORT_POLICY_IMPLEMENTED,
-	}})
-	if err != nil && status.Code(err) != codes.AlreadyExists {
-		return unimpl("CreateAgent", err)
-	}
-	disp := dispatcherv1.NewDispatcherServiceClient(conn)
-	const agent = "clients/acme/agents/weather"
-	if _, err := disp.SetTool(ctx, &dispatcherv1.SetToolRequest{Tool: &dispatcherv1.Tool{
-		Name: agent + "/tools/weather", Kind: &dispatcherv1.Tool_Table{Table: &dispatcherv1.TableTool{EntriesJson: weatherTable}},
-	}}); err != nil {
-		return fmt.Errorf("SetTool: %w", err)
-	}
-	if _, err := disp.SetRoutine(ctx, &dispatcherv1.SetRoutineRequest{Routine: &dispatcherv1.Routine{Name: agent + "/routines/" + weatherHex, Source: weatherRoutine}}); err != nil {
-		return fmt.Errorf("SetRoutine: %w", err)
-	}
-	return nil
+	return weather.Setup(ctx, conn)
 }
 
 type result struct {
@@ -327,45 +283,12 @@ func median(xs []float64) float64 {
 // loadCPU is load, with the CPU that the server pid and its children used
 // per request.
 func loadCPU(url string, body []byte, c int, d time.Duration, pid int) result {
-	before := treeCPU(pid)
+	before := cputime.Tree(pid)
 	r := load(url, body, c, d)
 	if n := len(r.lat) + r.errors; n > 0 {
-		r.cpuPerReq = float64((treeCPU(pid) - before).Microseconds()) / float64(n)
+		r.cpuPerReq = float64((cputime.Tree(pid) - before).Microseconds()) / float64(n)
 	}
 	return r
-}
-
-// treeCPU is the user and system CPU time used so far by pid and its live
-// children, from /proc (0 where there is none).
-func treeCPU(pid int) time.Duration {
-	const tick = 10 * time.Millisecond // USER_HZ is 100 on Linux
-	var total time.Duration
-	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
-	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		// Fields after the command name, which ends at the last ')':
-		// state ppid … utime (14th field) stime (15th).
-		i := bytes.LastIndexByte(b, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) < 13 {
-			continue
-		}
-		self, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
-		ppid, _ := strconv.Atoi(fields[1])
-		if self != pid && ppid != pid {
-			continue
-		}
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		total += time.Duration(utime+stime) * tick
-	}
-	return total
 }
 
 // load posts body to url from c workers for d and measures it.

@@ -20,7 +20,10 @@
 //
 // -idle N opens N receive streams for N fresh agents on one gRPC connection
 // and reports parley serve's resident memory growth per stream
-// (/proc/PID/status VmRSS, after a GC settles).
+// (/proc/PID/status VmRSS, after a GC settles); then N server-sent-events
+// streams (GET …/messages:stream, one HTTP/1.1 connection each, as a
+// browser or curl opens them) for N more agents, and reports the same,
+// with the growth of its Go heap and stacks in use (/metrics) beside it.
 package main
 
 import (
@@ -31,6 +34,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,6 +68,7 @@ type result struct {
 	elapsed  time.Duration
 	p50, p99 time.Duration
 	errors   int64
+	firstErr error // the first send that failed, if any
 }
 
 func (r result) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
@@ -131,15 +136,23 @@ func run(stdout io.Writer) error {
 			r    result
 		}{{"jetstream", jr}, {"parley", pr}} {
 			fmt.Fprintf(stdout, "%-10s %-8d %10.0f %10s %10s  errors=%d\n", x.name, n, x.r.rate(), x.r.p50.Round(time.Microsecond), x.r.p99.Round(time.Microsecond), x.r.errors)
+			if x.r.firstErr != nil {
+				fmt.Fprintf(stdout, "  first error: %v\n", x.r.firstErr)
+			}
 		}
 		fmt.Fprintf(stdout, "ratio parley/jetstream at %d senders: %.2f\n", n, pr.rate()/jr.rate())
 	}
 	if *idle > 0 {
-		perStream, err := p.idleStreams(ctx, *idle)
-		if err != nil {
-			return err
+		for _, m := range []struct {
+			name string
+			open func(context.Context, int) (func(), error)
+		}{{"gRPC receive", p.idleStreams}, {"SSE", p.idleSSE}} {
+			rssPer, goPer, err := p.perStream(ctx, *idle, m.open)
+			if err != nil {
+				return fmt.Errorf("idle %s streams: %w", m.name, err)
+			}
+			fmt.Fprintf(stdout, "idle %s streams: %d, parley serve growth per stream: RSS %.1f KB, Go heap+stacks in use %.1f KB\n", m.name, *idle, rssPer/1024, goPer/1024)
 		}
-		fmt.Fprintf(stdout, "idle receive streams: %d, parley serve RSS growth %.1f KB per stream\n", *idle, perStream/1024)
 	}
 	return nil
 }
@@ -168,9 +181,28 @@ func (l *latencies) summary(elapsed time.Duration, errs int64) result {
 	return r
 }
 
-// payload carries its send time, in Unix nanoseconds.
+// payload carries its send time. Split in seconds and nanoseconds: a
+// 19-digit Unix-nanosecond number can pass the dispatcher's card-number
+// check, which refuses the message.
 type payload struct {
-	Sent int64 `json:"sent"`
+	Sec  int64 `json:"sec"`
+	Nsec int64 `json:"nsec"`
+}
+
+func newPayload() []byte {
+	now := time.Now()
+	b, _ := json.Marshal(payload{Sec: now.Unix(), Nsec: int64(now.Nanosecond())})
+	return b
+}
+
+// since is the time since the payload was made; ok is false when it is
+// not a payload.
+func since(body []byte) (time.Duration, bool) {
+	var p payload
+	if json.Unmarshal(body, &p) != nil || p.Sec == 0 {
+		return 0, false
+	}
+	return time.Since(time.Unix(p.Sec, p.Nsec)), true
 }
 
 // ---- JetStream ----
@@ -213,9 +245,8 @@ func loadJetStream(js nats.JetStreamContext, n int, d time.Duration) (result, er
 	for i := range n {
 		subj := fmt.Sprintf("bench.%d.%d", round, i)
 		sub, err := js.Subscribe(subj, func(m *nats.Msg) {
-			var p payload
-			if json.Unmarshal(m.Data, &p) == nil {
-				lat.add(time.Duration(time.Now().UnixNano() - p.Sent))
+			if d, ok := since(m.Data); ok {
+				lat.add(d)
 			}
 			_ = m.Ack()
 		}, nats.Durable(fmt.Sprintf("r%d_%d", round, i)), nats.ManualAck(), nats.DeliverNew())
@@ -231,8 +262,7 @@ func loadJetStream(js nats.JetStreamContext, n int, d time.Duration) (result, er
 	}()
 	var errs atomic.Int64
 	elapsed := drive(n, d, func(i int) {
-		b, _ := json.Marshal(payload{Sent: time.Now().UnixNano()})
-		if _, err := js.Publish(fmt.Sprintf("bench.%d.%d", round, i), b); err != nil {
+		if _, err := js.Publish(fmt.Sprintf("bench.%d.%d", round, i), newPayload()); err != nil {
 			errs.Add(1)
 		}
 	})
@@ -274,13 +304,16 @@ func settle(count func() int) {
 type parleyProc struct {
 	cmd      *exec.Cmd
 	grpcAddr string
+	httpAddr string
 	token    string
 	conn     *grpc.ClientConn
 	stop     func()
 }
 
 func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
-	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
+	// -idle opens an HTTP connection per SSE stream: lift the cap of 400
+	// connections per listener.
+	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--max-connections", "8000")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, err
@@ -297,21 +330,23 @@ func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
 		_ = cmd.Process.Signal(os.Interrupt)
 		_ = cmd.Wait()
 	}
-	found := make(chan string, 1)
+	found := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
 			var line struct {
 				Msg  string `json:"msg"`
 				GRPC string `json:"grpc"`
+				HTTP string `json:"http"`
 			}
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				found <- line.GRPC
+				found <- [2]string{line.GRPC, line.HTTP}
 			}
 		}
 	}()
 	select {
-	case p.grpcAddr = <-found:
+	case addrs := <-found:
+		p.grpcAddr, p.httpAddr = addrs[0], addrs[1]
 	case <-time.After(30 * time.Second):
 		p.stop()
 		return nil, errors.New("parley serve did not log its addresses within 30s")
@@ -379,9 +414,8 @@ func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, 
 		}
 		once := sync.Once{}
 		err = a.Handle(sdk.RouteKey{Type: "new_message", Category: sdk.CategoryMessage, RecipientType: "recipient"}, "bench", func(_ context.Context, m sdk.Message) (any, error) {
-			var pl payload
-			if json.Unmarshal(m.Body, &pl) == nil && pl.Sent > 0 {
-				lat.add(time.Duration(time.Now().UnixNano() - pl.Sent))
+			if d, ok := since(m.Body); ok {
+				lat.add(d)
 			}
 			return nil, nil
 		})
@@ -419,48 +453,157 @@ func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, 
 			break
 		}
 	}
-	var errs atomic.Int64
+	var (
+		errs     atomic.Int64
+		firstErr atomic.Pointer[error]
+	)
 	elapsed := drive(n, d, func(i int) {
-		b, _ := json.Marshal(payload{Sent: time.Now().UnixNano()})
-		if err := send(i, "new_message", string(b)); err != nil {
+		if err := send(i, "new_message", string(newPayload())); err != nil {
 			errs.Add(1)
+			firstErr.CompareAndSwap(nil, &err)
 		}
 	})
 	settle(func() int { lat.mu.Lock(); defer lat.mu.Unlock(); return len(lat.ds) })
-	return lat.summary(elapsed, errs.Load()), nil
+	r := lat.summary(elapsed, errs.Load())
+	if e := firstErr.Load(); e != nil {
+		r.firstErr = *e
+	}
+	return r, nil
 }
 
-// idleStreams opens n receive streams of fresh agents on one connection
-// and returns parley serve's RSS growth per stream, in bytes.
-func (p *parleyProc) idleStreams(ctx context.Context, n int) (float64, error) {
-	reg := registryv1.NewRegistryServiceClient(p.conn)
-	for i := range n {
-		if err := p.createAgent(p.ctx(ctx), reg, fmt.Sprintf("idle%d", i)); err != nil {
-			return 0, err
-		}
+// perStream creates n fresh agents, opens an idle stream for each with
+// open, and returns parley serve's growth per stream, in bytes: of its
+// resident set (/proc/PID/status VmRSS) and of its Go heap and stacks in
+// use (/metrics), which memory freed by an earlier measurement does not
+// hide. The streams close when it returns.
+func (p *parleyProc) perStream(ctx context.Context, n int, open func(context.Context, int) (func(), error)) (rssPer, goPer float64, err error) {
+	rssBefore, err := rss(p.cmd.Process.Pid)
+	if err != nil {
+		return 0, 0, err
 	}
-	before, err := rss(p.cmd.Process.Pid)
+	goBefore, err := p.goMemory(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	closeAll, err := open(ctx, n)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer closeAll()
+	time.Sleep(2 * time.Second) // let the server settle before reading
+	rssAfter, err := rss(p.cmd.Process.Pid)
+	if err != nil {
+		return 0, 0, err
+	}
+	goAfter, err := p.goMemory(ctx)
+	if err != nil {
+		return 0, 0, err
+	}
+	return float64(rssAfter-rssBefore) / float64(n), float64(goAfter-goBefore) / float64(n), nil
+}
+
+// goMemory reads parley serve's Go heap and stacks in use from /metrics.
+func (p *parleyProc) goMemory(ctx context.Context) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.httpAddr+"/metrics", nil)
 	if err != nil {
 		return 0, err
+	}
+	req.Header.Set("Authorization", "Bearer "+p.token)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	var total int64
+	found := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		for _, name := range []string{"go_memstats_heap_inuse_bytes ", "go_memstats_stack_inuse_bytes "} {
+			if v, ok := strings.CutPrefix(sc.Text(), name); ok {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					return 0, err
+				}
+				total += int64(f)
+				found++
+			}
+		}
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("/metrics (status %d) lacks go_memstats_heap_inuse_bytes or go_memstats_stack_inuse_bytes", resp.StatusCode)
+	}
+	return total, sc.Err()
+}
+
+// createAgents creates agents kind0…kind(n-1) in client bench's group.
+func (p *parleyProc) createAgents(ctx context.Context, kind string, n int) error {
+	reg := registryv1.NewRegistryServiceClient(p.conn)
+	for i := range n {
+		if err := p.createAgent(p.ctx(ctx), reg, fmt.Sprintf("%s%d", kind, i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// idleStreams opens n receive streams of fresh agents on one gRPC
+// connection, each connected (its first, empty batch received).
+func (p *parleyProc) idleStreams(ctx context.Context, n int) (func(), error) {
+	if err := p.createAgents(ctx, "idle", n); err != nil {
+		return nil, err
 	}
 	disp := dispatcherv1.NewDispatcherServiceClient(p.conn)
 	sctx, cancel := context.WithCancel(p.ctx(ctx))
-	defer cancel()
 	for i := range n {
 		st, err := disp.ReceiveMessages(sctx, &dispatcherv1.ReceiveMessagesRequest{Agent: agent("idle", i)})
 		if err != nil {
-			return 0, err
+			cancel()
+			return nil, err
 		}
 		if _, err := st.Recv(); err != nil { // the first, empty batch: connected
-			return 0, err
+			cancel()
+			return nil, err
 		}
 	}
-	time.Sleep(2 * time.Second) // let the server's heap settle before reading RSS
-	after, err := rss(p.cmd.Process.Pid)
-	if err != nil {
-		return 0, err
+	return cancel, nil
+}
+
+// idleSSE opens n server-sent-events streams of fresh agents, one HTTP
+// connection each (as browsers and curl open them), each connected (its
+// ": connected" comment read).
+func (p *parleyProc) idleSSE(ctx context.Context, n int) (func(), error) {
+	if err := p.createAgents(ctx, "sse", n); err != nil {
+		return nil, err
 	}
-	return float64(after-before) / float64(n), nil
+	sctx, cancel := context.WithCancel(ctx)
+	var bodies []io.Closer
+	closeAll := func() {
+		cancel()
+		for _, b := range bodies {
+			b.Close()
+		}
+	}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: -1}}
+	for i := range n {
+		req, err := http.NewRequestWithContext(sctx, http.MethodGet, fmt.Sprintf("http://%s/v1/clients/bench/agents/sse%d/messages:stream", p.httpAddr, i), nil)
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		req.Header.Set("Authorization", "Bearer "+p.token)
+		resp, err := client.Do(req) //nolint:bodyclose // closed by closeAll: the stream stays open until then
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		bodies = append(bodies, resp.Body)
+		line, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err != nil || resp.StatusCode != http.StatusOK || line != ": connected\n" {
+			closeAll()
+			return nil, fmt.Errorf("SSE stream %d: status %d, first line %q: %w", i, resp.StatusCode, line, err)
+		}
+	}
+	return closeAll, nil
 }
 
 // rss reads a process's resident set size, in bytes.

@@ -47,11 +47,15 @@ import (
 // '*@*=1/<nl+1>/10' --routine-shadow-calls 0).
 func runDemo(e env, args []string) error {
 	if len(args) > 0 && isHelp(args[0]) {
-		// One demo so far: its whole help is the group's.
+		// Two demos: the group's help is both of theirs.
 		fmt.Fprintf(e.stdout, "Usage: parley demo <command> [flags]\n\nCommands:\n")
 		listCommands(e.stdout, demoCommands())
 		fmt.Fprintln(e.stdout)
-		return runDemoWeather(e, []string{"--help"})
+		if err := runDemoWeather(e, []string{"--help"}); !errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		fmt.Fprintln(e.stdout)
+		return runDemoMarket(e, []string{"--help"})
 	}
 	return subcommand(e, "demo", args, demoCommands())
 }
@@ -59,6 +63,7 @@ func runDemo(e env, args []string) error {
 func demoCommands() map[string]command {
 	return map[string]command{
 		"weather": {"Alice asks Bob for forecasts: natural language, then a negotiated protocol and routines", runDemoWeather},
+		"market":  {"a buyer and five suppliers trade: allocate, then transact with fallbacks, payment and a signed approval", runDemoMarket},
 	}
 }
 
@@ -265,41 +270,14 @@ func demoInProcess(ctx context.Context, opts demo.Options, neg negotiatorconfig.
 		}
 	}()
 	start := func(name string) (demo.Endpoint, error) {
-		dir, err := os.MkdirTemp("", "parley-demo-"+name)
-		if err != nil {
-			return demo.Endpoint{}, err
+		ep, stop, err := startDemoSuite(ctx, name, func(cfg *suiteConfig) {
+			cfg.negotiator.LLM = neg.LLM
+			cfg.negotiator.Thresholds, cfg.negotiator.RoutineShadowCalls = neg.Thresholds, neg.RoutineShadowCalls
+		})
+		if stop != nil {
+			stops = append([]func() error{stop}, stops...)
 		}
-		stops = append(stops, func() error { return os.RemoveAll(dir) })
-		cfg, err := loadSuiteConfig(env{getenv: func(string) string { return "" }, stdout: io.Discard}, []string{"--data", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"})
-		if err != nil {
-			return demo.Endpoint{}, err
-		}
-		cfg.negotiator.LLM = neg.LLM
-		cfg.negotiator.Thresholds, cfg.negotiator.RoutineShadowCalls = neg.Thresholds, neg.RoutineShadowCalls
-		s, err := newSuite(ctx, cfg)
-		if err != nil {
-			return demo.Endpoint{}, err
-		}
-		gl, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			s.Close()
-			return demo.Endpoint{}, err
-		}
-		hl, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			gl.Close()
-			s.Close()
-			return demo.Endpoint{}, err
-		}
-		done := make(chan error, 1)
-		go func() { done <- s.srv.Run(ctx, gl, hl) }()
-		conn, err := s.srv.InProcessConn()
-		if err != nil {
-			return demo.Endpoint{}, err
-		}
-		// Stops run after cancel: close the client, wait for Run, close the suite.
-		stops = append([]func() error{func() error { conn.Close(); return errors.Join(<-done, s.Close()) }}, stops...)
-		return demo.Endpoint{Conn: conn, HTTPURL: "http://" + hl.Addr().String()}, nil
+		return ep, err
 	}
 	if opts.Alice, err = start("alice"); err != nil {
 		return demo.Summary{}, fmt.Errorf("start Alice's server: %w", err)
@@ -309,4 +287,43 @@ func demoInProcess(ctx context.Context, opts demo.Options, neg negotiatorconfig.
 	}
 	opts.Transport = "Agora over HTTP between two in-process Parley suites (Alice's at " + opts.Alice.HTTPURL + ", Bob's at " + opts.Bob.HTTPURL + ")"
 	return demo.Weather(ctx, opts)
+}
+
+// startDemoSuite starts an in-process suite on loopback with its own
+// temporary data directory, configured by tune. stop (set even on an
+// error, once there is something to undo) runs after ctx is cancelled:
+// it closes the client, waits for the suite to stop, closes it and
+// removes the directory.
+func startDemoSuite(ctx context.Context, name string, tune func(*suiteConfig)) (_ demo.Endpoint, stop func() error, err error) {
+	dir, err := os.MkdirTemp("", "parley-demo-"+name)
+	if err != nil {
+		return demo.Endpoint{}, nil, err
+	}
+	stop = func() error { return os.RemoveAll(dir) }
+	cfg, err := loadSuiteConfig(env{getenv: func(string) string { return "" }, stdout: io.Discard}, []string{"--data", dir, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "error", "--send-allow-private"})
+	if err != nil {
+		return demo.Endpoint{}, stop, err
+	}
+	tune(&cfg)
+	s, err := newSuite(ctx, cfg)
+	if err != nil {
+		return demo.Endpoint{}, stop, err
+	}
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return demo.Endpoint{}, func() error { return errors.Join(s.Close(), os.RemoveAll(dir)) }, err
+	}
+	hl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		gl.Close()
+		return demo.Endpoint{}, func() error { return errors.Join(s.Close(), os.RemoveAll(dir)) }, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.srv.Run(ctx, gl, hl) }()
+	conn, err := s.srv.InProcessConn()
+	if err != nil {
+		return demo.Endpoint{}, func() error { return errors.Join(<-done, s.Close(), os.RemoveAll(dir)) }, err
+	}
+	stop = func() error { conn.Close(); return errors.Join(<-done, s.Close(), os.RemoveAll(dir)) }
+	return demo.Endpoint{Conn: conn, HTTPURL: "http://" + hl.Addr().String()}, stop, nil
 }

@@ -97,3 +97,13 @@ func FromResource(e *resource.Error, domain string) error {
 	}
 	return New(code, e.Error(), e.Reason(), domain, map[string]string{e.MetadataKey(): e.Name})
 }
+
+// ReasonStoreUnavailable is the reason of StoreUnavailable.
+const ReasonStoreUnavailable = "STORE_UNAVAILABLE"
+
+// StoreUnavailable is UNAVAILABLE for a call whose store's database could
+// not be reached or lost its connection (resource.Unavailable): safe to
+// retry once the database is back.
+func StoreUnavailable(domain string) error {
+	return New(codes.Unavailable, "the service's database is unavailable; retry shortly", ReasonStoreUnavailable, domain, nil)
+}

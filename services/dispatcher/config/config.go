@@ -69,6 +69,10 @@ type Config struct {
 	MailboxMaxMessages int64         // unacknowledged messages per agent
 	MailboxMaxBytes    int64         // their body bytes per agent
 	MailboxRetention   time.Duration // acknowledged messages kept this long
+	// NotificationRetryFor is how long a network notification that a full
+	// mailbox refused (or whose append failed) is retried before it is
+	// given up.
+	NotificationRetryFor time.Duration
 	// Receive streams (gRPC and SSE).
 	MailboxStreamBatch        int
 	MailboxStreamKeepalive    time.Duration
@@ -109,6 +113,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MailboxMaxMessages, "mailbox-max-messages", 10_000, "unacknowledged messages an agent's mailbox holds; a send past it is refused for that agent")
 	fs.Int64Var(&c.MailboxMaxBytes, "mailbox-max-bytes", 64<<20, "body bytes of the unacknowledged messages an agent's mailbox holds")
 	fs.DurationVar(&c.MailboxRetention, "mailbox-retention", 24*time.Hour, "how long an acknowledged message stays in its mailbox before compaction")
+	fs.DurationVar(&c.NotificationRetryFor, "notification-retry-for", time.Hour, "how long a network notification a full mailbox refused, or whose append failed, is retried (with backoff) before it is given up")
 	fs.IntVar(&c.MailboxStreamBatch, "mailbox-stream-batch", 100, "most messages one receive-stream response carries")
 	fs.DurationVar(&c.MailboxStreamKeepalive, "mailbox-stream-keepalive", 30*time.Second, "silence after which a receive stream sends a keepalive")
 	fs.DurationVar(&c.MailboxStreamMaxDuration, "mailbox-stream-max-duration", time.Hour, "a receive stream open this long ends (DEADLINE_EXCEEDED) and the client reconnects")
@@ -195,6 +200,7 @@ func (c *Config) Validate() error {
 		{"--mailbox-max-messages", c.MailboxMaxMessages > 0},
 		{"--mailbox-max-bytes", c.MailboxMaxBytes > 0},
 		{"--mailbox-retention", c.MailboxRetention > 0},
+		{"--notification-retry-for", c.NotificationRetryFor > 0},
 		{"--mailbox-stream-batch", c.MailboxStreamBatch > 0 && c.MailboxStreamBatch <= 1000},
 		{"--mailbox-stream-keepalive", c.MailboxStreamKeepalive > 0},
 		{"--mailbox-stream-max-duration", c.MailboxStreamMaxDuration > 0},
@@ -220,8 +226,8 @@ var doc = envflag.Doc{
 	Usage:   "dispatcher [flags]",
 	Summary: "Run the Parley dispatcher alone: Agora envelopes in and out, routines, SDK agent streams and Agent Protocol steps. It calls the registry and the negotiator.",
 	Examples: []string{
-		"dispatcher --registry-addr dns:///registry:9090 --negotiator-addr dns:///negotiator:9090",
-		"dispatcher --data ./data/dispatcher --grpc-addr 127.0.0.1:9091 --http-addr 127.0.0.1:8081 --registry-addr 127.0.0.1:9090 --negotiator-addr 127.0.0.1:9092",
+		"dispatcher --operator-token-file /run/parley/operator.token --registry-addr dns:///registry:9090 --negotiator-addr dns:///negotiator:9090",
+		"dispatcher --data ./data/dispatcher --operator-token-file ./data/operator.token --grpc-addr 127.0.0.1:9091 --http-addr 127.0.0.1:8081 --registry-addr 127.0.0.1:9090 --negotiator-addr 127.0.0.1:9092",
 	},
 	Prefix: "PARLEY_",
 }

@@ -12,11 +12,20 @@
 // appended before stopping. Re-appending one of those finds its message
 // id taken (a notification's id is its message id) and counts as done, so
 // a restart neither loses nor duplicates a notification.
+//
+// A notification its recipient's mailbox refused (full), or whose append
+// failed, is retried with backoff (Backoff, doubled up to MaxBackoff) for
+// RetryFor, while the notifications after it go on. Until it is appended
+// or given up, the trim stops before it, so the registry's outbox keeps it
+// and a restarted relay retries it too. One given up is logged and
+// counted (outcome "dropped"), never dropped silently. At most maxRetries
+// wait at once; past that the relay reads nothing new until they drain.
 package notify
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -44,16 +53,26 @@ type Options struct {
 	Wait time.Duration
 	// PageSize is the most notifications one poll returns [100].
 	PageSize int
-	// Backoff is the first pause after a failure, doubled up to MaxBackoff
-	// [1s, 30s].
+	// Backoff is the first pause after a failure (of a poll, or of one
+	// notification), doubled up to MaxBackoff [1s, 30s].
 	Backoff, MaxBackoff time.Duration
-	// Logger receives warnings: failures (retried) and notifications a
-	// full mailbox refused. [discard]
+	// RetryFor is how long a notification that was refused or failed is
+	// retried before it is given up [1h; --notification-retry-for].
+	RetryFor time.Duration
+	// Logger receives warnings: failures (retried) and notifications given
+	// up. [discard]
 	Logger *slog.Logger
 	// Metrics, when set, registers parley_dispatcher_notifications_total
-	// by outcome: relayed, refused (a full mailbox; logged, not retried).
+	// by outcome: relayed, retried (an attempt refused or failed, to be
+	// retried), dropped (given up after RetryFor).
 	Metrics prometheus.Registerer
+	// Now is the clock [time.Now].
+	Now func() time.Time
 }
+
+// maxRetries bounds the notifications waiting for a retry at once, and
+// so how far the outbox's trim may fall behind the relay's reading.
+const maxRetries = 1000
 
 // Relay moves notifications from the registry's outbox to mailboxes.
 type Relay struct {
@@ -61,10 +80,19 @@ type Relay struct {
 	mail mailbox.Appender
 	opts Options
 
-	// outcomes counts notifications relayed and refused. A refused one
-	// (its recipient's mailbox is full) is logged and not retried, so that
-	// one full mailbox does not hold up everyone else's notifications.
+	// outcomes counts notifications relayed, attempts retried and
+	// notifications dropped. A refused or failed one waits for its retry
+	// aside, so that one full mailbox does not hold up everyone else's
+	// notifications.
 	outcomes *prometheus.CounterVec
+}
+
+// retry is a notification waiting for another attempt.
+type retry struct {
+	n       *registryv1.Notification
+	first   time.Time     // of the first failed attempt
+	next    time.Time     // when to attempt again
+	backoff time.Duration // the pause after the next failure
 }
 
 // New returns a relay from src to mail.
@@ -81,12 +109,18 @@ func New(src Source, mail mailbox.Appender, opts Options) *Relay {
 	if opts.MaxBackoff <= 0 {
 		opts.MaxBackoff = 30 * time.Second
 	}
+	if opts.RetryFor <= 0 {
+		opts.RetryFor = time.Hour
+	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	outcomes := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "parley_dispatcher_notifications_total",
-		Help: "Network notifications taken from the registry's outbox, by outcome: relayed, refused (recipient's mailbox full).",
+		Help: "Network notifications taken from the registry's outbox, by outcome: relayed, retried (an attempt refused or failed, to be retried), dropped (given up after the retry bound).",
 	}, []string{"outcome"})
 	if opts.Metrics != nil {
 		opts.Metrics.MustRegister(outcomes)
@@ -97,47 +131,118 @@ func New(src Source, mail mailbox.Appender, opts Options) *Relay {
 // Run relays until ctx ends, then returns nil. Failures are logged and
 // retried with backoff.
 func (r *Relay) Run(ctx context.Context) error {
-	var cursor uint64 // the last sequence appended; the registry trims through it
+	var (
+		cursor  uint64   // the last sequence read: appended, given up, or in retries
+		retries []*retry // in sequence order
+	)
 	backoff := r.opts.Backoff
 	for ctx.Err() == nil {
-		next, err := r.poll(ctx, cursor)
+		retries = r.retryDue(ctx, retries)
+		// The registry may drop what is appended or given up, and nothing
+		// from the oldest retry on.
+		trim, wait := cursor, r.opts.Wait
+		if len(retries) > 0 {
+			trim = min(trim, retries[0].n.GetSequence()-1)
+			for _, rt := range retries {
+				wait = min(wait, max(0, rt.next.Sub(r.opts.Now())))
+			}
+		}
+		limit := r.opts.PageSize
+		if len(retries) >= maxRetries {
+			// Full: read nothing new until retries drain. The trim could
+			// not move meanwhile anyway: the oldest retry holds it.
+			limit = 0
+		}
+		notes, err := r.poll(ctx, cursor, trim, limit, wait)
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
 			r.opts.Logger.WarnContext(ctx, "notification relay failed; retrying", slog.Any("err", err), slog.String("backoff", backoff.String()))
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff):
-			}
+			sleep(ctx, backoff)
 			backoff = min(2*backoff, r.opts.MaxBackoff)
-		} else {
-			backoff = r.opts.Backoff
+			continue
 		}
-		cursor = next
+		backoff = r.opts.Backoff
+		for _, n := range notes {
+			if err := r.relay(ctx, n); err != nil {
+				if ctx.Err() != nil {
+					return nil
+				}
+				r.retryLater(ctx, n, err)
+				now := r.opts.Now()
+				retries = append(retries, &retry{n: n, first: now, next: now.Add(r.opts.Backoff), backoff: min(2*r.opts.Backoff, r.opts.MaxBackoff)})
+			}
+			cursor = n.GetSequence()
+		}
 	}
 	return nil
 }
 
-// poll reads one page after cursor, trimming through it, appends each
-// notification, and returns the new cursor: the last one appended, even
-// when a later one failed.
-func (r *Relay) poll(ctx context.Context, cursor uint64) (uint64, error) {
-	notes, first, err := r.src.Notifications(ctx, cursor, cursor, r.opts.PageSize, r.opts.Wait)
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}
+
+// poll reads up to limit notifications after cursor, trimming through
+// trim, and warns when the outbox dropped some unread. With limit 0 it
+// only waits.
+func (r *Relay) poll(ctx context.Context, cursor, trim uint64, limit int, wait time.Duration) ([]*registryv1.Notification, error) {
+	if limit == 0 {
+		sleep(ctx, wait)
+		return nil, nil
+	}
+	notes, first, err := r.src.Notifications(ctx, cursor, trim, limit, wait)
 	if err != nil {
-		return cursor, err
+		return nil, err
 	}
 	if cursor > 0 && first > cursor+1 {
 		r.opts.Logger.WarnContext(ctx, "notifications were dropped by the registry's outbox bound before they were relayed",
 			slog.Uint64("after", cursor), slog.Uint64("first_kept", first))
 	}
-	for _, n := range notes {
-		if err := r.relay(ctx, n); err != nil {
-			return cursor, err
+	return notes, nil
+}
+
+// retryDue attempts the retries that are due, and returns those still
+// waiting, in order: those given up after RetryFor are logged and counted.
+func (r *Relay) retryDue(ctx context.Context, retries []*retry) []*retry {
+	kept := retries[:0]
+	for _, rt := range retries {
+		now := r.opts.Now()
+		if ctx.Err() != nil || now.Before(rt.next) {
+			kept = append(kept, rt)
+			continue
 		}
-		cursor = n.GetSequence()
+		err := r.relay(ctx, rt.n)
+		switch {
+		case err == nil:
+			continue
+		case ctx.Err() != nil:
+			kept = append(kept, rt)
+		case now.Sub(rt.first) >= r.opts.RetryFor:
+			r.outcomes.WithLabelValues("dropped").Inc()
+			r.opts.Logger.WarnContext(ctx, "a notification was given up after retrying; it is not delivered",
+				slog.String("agent", rt.n.GetRecipient()), slog.String("notification", rt.n.GetId()), slog.String("type", rt.n.GetType()),
+				slog.String("retried_for", now.Sub(rt.first).String()), slog.Any("err", err))
+		default:
+			r.retryLater(ctx, rt.n, err)
+			rt.next, rt.backoff = now.Add(rt.backoff), min(2*rt.backoff, r.opts.MaxBackoff)
+			kept = append(kept, rt)
+		}
 	}
-	return cursor, nil
+	clear(retries[len(kept):]) // no stale pointers past the kept ones
+	return kept
+}
+
+// retryLater counts and logs an attempt that will be retried.
+func (r *Relay) retryLater(ctx context.Context, n *registryv1.Notification, err error) {
+	r.outcomes.WithLabelValues("retried").Inc()
+	r.opts.Logger.WarnContext(ctx, "a notification was not relayed; it will be retried",
+		slog.String("agent", n.GetRecipient()), slog.String("notification", n.GetId()), slog.String("type", n.GetType()), slog.Any("err", err))
 }
 
 // Message is the mailbox message a notification becomes: its id is the
@@ -159,6 +264,9 @@ func Message(n *registryv1.Notification) (mailbox.Message, error) {
 	}, nil
 }
 
+// relay appends n to its recipient's mailbox: nil when it holds n (now or
+// before a restart), an error wrapping mailbox.ErrFull when the mailbox
+// refused it, or the append's error.
 func (r *Relay) relay(ctx context.Context, n *registryv1.Notification) error {
 	m, err := Message(n)
 	if err != nil {
@@ -171,13 +279,9 @@ func (r *Relay) relay(ctx context.Context, n *registryv1.Notification) error {
 	if err != nil {
 		return err
 	}
-	if len(refusals) == 0 {
-		r.outcomes.WithLabelValues("relayed").Inc()
+	if len(refusals) > 0 {
+		return fmt.Errorf("mailbox of %q: %w", refusals[0].Agent, refusals[0].Err)
 	}
-	for _, f := range refusals {
-		r.outcomes.WithLabelValues("refused").Inc()
-		r.opts.Logger.WarnContext(ctx, "a mailbox refused a notification; it is not retried",
-			slog.String("agent", f.Agent), slog.String("notification", n.GetId()), slog.String("type", n.GetType()), slog.Any("err", f.Err))
-	}
+	r.outcomes.WithLabelValues("relayed").Inc()
 	return nil
 }

@@ -54,7 +54,8 @@ func (f *fakeOutbox) kept() int {
 	return len(f.notes)
 }
 
-func (f *fakeOutbox) Notifications(ctx context.Context, after, trimThrough uint64, limit int, _ time.Duration) ([]*registryv1.Notification, uint64, error) {
+func (f *fakeOutbox) Notifications(ctx context.Context, after, trimThrough uint64, limit int, wait time.Duration) ([]*registryv1.Notification, uint64, error) {
+	timeout := time.After(wait)
 	f.mu.Lock()
 	intercept := f.intercept
 	f.mu.Unlock()
@@ -87,6 +88,8 @@ func (f *fakeOutbox) Notifications(ctx context.Context, after, trimThrough uint6
 		}
 		select {
 		case <-added:
+		case <-timeout:
+			return nil, first, nil
 		case <-ctx.Done():
 			return nil, 0, ctx.Err()
 		}
@@ -106,9 +109,17 @@ func newMailboxes(t *testing.T, bound mailbox.Bound) *mailbox.Mailboxes {
 // start runs a relay until the test ends or stop is called.
 func start(t *testing.T, src notify.Source, mb mailbox.Appender) (stop func()) {
 	t.Helper()
+	return startWith(t, src, mb, notify.Options{})
+}
+
+// startWith runs a relay with opts, retrying within milliseconds, until
+// the test ends or stop is called.
+func startWith(t *testing.T, src notify.Source, mb mailbox.Appender, opts notify.Options) (stop func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	r := notify.New(src, mb, notify.Options{Backoff: time.Millisecond, MaxBackoff: 10 * time.Millisecond})
+	opts.Backoff, opts.MaxBackoff = time.Millisecond, 10*time.Millisecond
+	r := notify.New(src, mb, opts)
 	go func() { done <- r.Run(ctx) }()
 	var once sync.Once
 	stop = func() {
@@ -202,8 +213,8 @@ func TestRelay_restartBeforeTrimDeliversEachOnce(t *testing.T) {
 	}
 }
 
-// TestRelay_fullMailboxDoesNotHoldUpOthers: a refused notification is
-// skipped, and the next, for another agent, is relayed.
+// TestRelay_fullMailboxDoesNotHoldUpOthers: a refused notification does
+// not stop the next, for another agent, from being relayed.
 func TestRelay_fullMailboxDoesNotHoldUpOthers(t *testing.T) {
 	out := newFakeOutbox()
 	mb := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
@@ -233,4 +244,80 @@ func TestRelay_retriesAfterAFailure(t *testing.T) {
 	start(t, out, mb)
 	out.add("followed", bob)
 	waitFor(t, "bob's notification", func() bool { return len(read(t, mb, bob)) == 1 })
+}
+
+// A notification a full mailbox refused is retried, and delivered once
+// its recipient acknowledged room; until then the registry's outbox keeps
+// it (the trim stops before it), so a restart would retry it too.
+func TestRelay_retriesARefusedNotificationUntilThereIsRoom(t *testing.T) {
+	out := newFakeOutbox()
+	mb := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
+	out.add("followed", bob)
+	out.add("unfollowed", bob) // refused: bob's mailbox holds one unacknowledged
+	out.add("followed", alice)
+	start(t, out, mb)
+	waitFor(t, "alice's notification", func() bool { return len(read(t, mb, alice)) == 1 })
+	waitFor(t, "the trim to stop before bob's refused notification", func() bool { return out.kept() == 2 })
+	if _, err := mb.Acknowledge(t.Context(), bob, 1); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"followed", "unfollowed"}
+	waitFor(t, "bob's refused notification", func() bool { return slices.Equal(types(read(t, mb, bob)), want) })
+	waitFor(t, "the outbox to be trimmed", func() bool { return out.kept() == 0 })
+}
+
+// A notification still refused after RetryFor is given up: the relay
+// stops retrying it and trims the outbox past it.
+func TestRelay_givesUpAfterRetryFor(t *testing.T) {
+	out := newFakeOutbox()
+	mb := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
+	out.add("followed", bob)
+	out.add("unfollowed", bob) // refused, and bob never acknowledges
+	startWith(t, out, mb, notify.Options{RetryFor: time.Nanosecond})
+	waitFor(t, "the outbox to be trimmed past the given-up notification", func() bool { return out.kept() == 0 })
+	if got := types(read(t, mb, bob)); !slices.Equal(got, []string{"followed"}) {
+		t.Errorf("bob's mailbox = %v, want only the first notification", got)
+	}
+}
+
+// failingAppender fails every append to agent until healed.
+type failingAppender struct {
+	mailbox.Appender
+	agent  string
+	mu     sync.Mutex
+	healed bool
+}
+
+func (f *failingAppender) heal() {
+	f.mu.Lock()
+	f.healed = true
+	f.mu.Unlock()
+}
+
+func (f *failingAppender) Append(ctx context.Context, m mailbox.Message, recipients []string) ([]mailbox.Refusal, error) {
+	f.mu.Lock()
+	healed := f.healed
+	f.mu.Unlock()
+	if !healed && slices.Contains(recipients, f.agent) {
+		return nil, errors.New("disk trouble")
+	}
+	return f.Appender.Append(ctx, m, recipients)
+}
+
+// A notification whose append fails does not hold up the ones after it,
+// and is retried until it goes through.
+func TestRelay_failedAppendIsRetriedWithoutHoldingUpOthers(t *testing.T) {
+	out := newFakeOutbox()
+	mb := newMailboxes(t, mailbox.Bound{})
+	failing := &failingAppender{Appender: mb, agent: bob}
+	out.add("followed", bob)
+	out.add("followed", alice)
+	start(t, out, failing)
+	waitFor(t, "alice's notification", func() bool { return len(read(t, mb, alice)) == 1 })
+	if got := out.kept(); got != 2 {
+		t.Errorf("outbox keeps %d while bob's notification fails, want 2", got)
+	}
+	failing.heal()
+	waitFor(t, "bob's notification", func() bool { return len(read(t, mb, bob)) == 1 })
+	waitFor(t, "the outbox to be trimmed", func() bool { return out.kept() == 0 })
 }

@@ -24,8 +24,8 @@ import (
 // (internal/payment). Before the dialogue layer sees the reply (card
 // data was refused in any body already, internal/carddata):
 //   - a message of a type that a message marked opensOrder answers (offer,
-//     payment_error) has its terms checked, and recorded once it is
-//     delivered, keyed by (dialogue, its sender);
+//     payment_error) has its terms checked and recorded before it is
+//     delivered (put back if it is not), keyed by (dialogue, its sender);
 //   - a message marked opensOrder (accept_offer) goes through the payment
 //     gate: payment, the owner's limits and signed approval, against the
 //     recorded terms of the message it answers. If the reply is then not
@@ -48,6 +48,9 @@ func (o ownerSource) owner(ctx context.Context, agent string) (payment.Owner, er
 		return payment.Owner{}, registryError(err)
 	}
 	ow := a.GetOwner()
+	if ow == nil { // no owner registered: no limits, no key
+		return payment.Owner{}, nil
+	}
 	out := payment.Owner{
 		TransactionLimit: ow.GetTransactionLimitMicroUsd(), DailyLimit: ow.GetDailyLimitMicroUsd(),
 		AutomatedPerTransaction: ow.AutomatedLimitPerTransactionMicroUsd, AutomatedPerDay: ow.AutomatedLimitPerDayMicroUsd,
@@ -63,9 +66,12 @@ func (o ownerSource) owner(ctx context.Context, agent string) (payment.Owner, er
 type moneyCheck struct {
 	s          *Server
 	acceptance *payment.Acceptance // set when the gate accepted it
-	terms      json.RawMessage     // terms to record, when set
-	dialogue   string
-	sender     string
+	// prevTerms, when set, are the pair's terms before this reply's,
+	// which checkMoney recorded ahead of delivery: put back if it is not
+	// delivered.
+	prevTerms json.RawMessage
+	dialogue  string
+	sender    string
 }
 
 func (m *moneyCheck) done(ctx context.Context, delivered bool) {
@@ -81,9 +87,9 @@ func (m *moneyCheck) done(ctx context.Context, delivered bool) {
 			m.s.logger.ErrorContext(ctx, "an undelivered acceptance still counts against its owner's day or holds its payment",
 				slog.String("order", m.acceptance.Order), slog.Any("err", err))
 		}
-	case delivered && m.terms != nil:
-		if err := m.s.opts.Payments.SetOfferTerms(ctx, m.dialogue, m.sender, m.terms); err != nil {
-			m.s.logger.ErrorContext(ctx, "an offer's terms were not recorded; its acceptance will be checked as unpriced",
+	case !delivered && m.prevTerms != nil:
+		if err := m.s.opts.Payments.SetOfferTerms(ctx, m.dialogue, m.sender, m.prevTerms); err != nil {
+			m.s.logger.ErrorContext(ctx, "a refused offer's terms stay recorded; an acceptance of the pair's earlier offer is checked against them",
 				slog.String("dialogue", m.dialogue), slog.Any("err", err))
 		}
 	}
@@ -144,7 +150,21 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 		if err != nil || !found {
 			return nil, err
 		}
-		return &moneyCheck{s: s, terms: body, dialogue: d.ID, sender: sender}, nil
+		// Recorded before delivery: the consumer may accept the moment the
+		// offer reaches its mailbox, and its acceptance is checked against
+		// these terms (recorded after, a quick acceptance passed as
+		// unpriced and reserved no payment).
+		prev, err := s.opts.Payments.OfferTerms(ctx, d.ID, sender)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, body); err != nil {
+			return nil, err
+		}
+		if prev == nil {
+			prev = json.RawMessage(`{}`) // no terms: an unpriced offer
+		}
+		return &moneyCheck{s: s, prevTerms: prev, dialogue: d.ID, sender: sender}, nil
 	}
 	return nil, nil
 }

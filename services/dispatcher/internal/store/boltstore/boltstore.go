@@ -47,12 +47,18 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 	mailboxBuckets...)
 
 // schemaVersion 2 added the dialogue indexes (dialogue_message_index,
-// dialogues_closed), which migrate builds from version 1's records.
-const schemaVersion = 2
+// dialogues_closed), and 3 the mailboxes' compaction work list
+// (mailbox_compaction); migrate builds them from the older records.
+const schemaVersion = 3
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
-		return migrateDialogueIndexes(tx)
+		if err := migrateDialogueIndexes(tx); err != nil {
+			return err
+		}
+	}
+	if from < 3 {
+		return migrateCompactionQueue(tx)
 	}
 	return nil
 }

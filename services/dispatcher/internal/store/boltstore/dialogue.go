@@ -340,7 +340,7 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
 		end := binary.BigEndian.AppendUint64(nil, uint64(before.UnixNano())) //nolint:gosec // times after 1970
-		var doomed [][]byte // collected first: never delete while walking a cursor
+		var doomed [][]byte                                                  // collected first: never delete while walking a cursor
 		c := tx.Bucket(bucketDialoguesClosed).Cursor()
 		for k, _ := c.First(); k != nil && bytes.Compare(k, end) < 0 && len(doomed) < limit; k, _ = c.Next() {
 			doomed = append(doomed, bytes.Clone(k))

@@ -31,9 +31,17 @@ var (
 	// (8-byte send time in Unix ns, 8-byte body size, message id), so a
 	// mailbox reads in cursor order with one Seek.
 	bucketMailboxRefs = []byte("mailbox_refs")
+	// bucketMailboxCompaction: 8-byte big-endian send time (Unix ns) of a
+	// mailbox's oldest kept reference + agent → empty, for each mailbox
+	// whose oldest kept reference is acknowledged (schema 3). It is the
+	// compaction's work list, oldest first: a pass reads only the
+	// mailboxes that have something due, never every mailbox. An
+	// acknowledgement enters the mailbox; compaction moves it to its next
+	// oldest reference, or removes it when that one is not acknowledged.
+	bucketMailboxCompaction = []byte("mailbox_compaction")
 )
 
-var mailboxBuckets = [][]byte{bucketMessages, bucketMessageRefs, bucketMailboxes, bucketMailboxRefs}
+var mailboxBuckets = [][]byte{bucketMessages, bucketMessageRefs, bucketMailboxes, bucketMailboxRefs, bucketMailboxCompaction}
 
 var _ mailbox.Store = (*Store)(nil)
 
@@ -264,6 +272,9 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 		}
 		st.Acked = to
 		out = st
+		if err := queueCompaction(tx, agent, to); err != nil {
+			return err
+		}
 		return putState(states, agent, st)
 	})
 	if errors.Is(err, errUnchanged) {
@@ -285,9 +296,57 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 	return out, err
 }
 
-// CompactMailboxes implements mailbox.Store. It walks the mailboxes in
-// name order and, in each, its oldest references up to the acknowledged
-// cursor, stopping at the first one sent at or after before.
+// oldestRef returns agent's oldest kept reference and its cursor; ok is
+// false when the mailbox keeps none.
+func oldestRef(refs *bolt.Bucket, agent string) (cursor uint64, r ref, ok bool, err error) {
+	prefix := append([]byte(agent), 0)
+	c := refs.Cursor()
+	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		if len(k) != len(prefix)+8 {
+			continue // another agent whose name extends this one's
+		}
+		r, err := decodeRef(v)
+		return binary.BigEndian.Uint64(k[len(prefix):]), r, err == nil, err
+	}
+	return 0, ref{}, false, nil
+}
+
+func compactionKey(sent int64, agent string) []byte {
+	return append(binary.BigEndian.AppendUint64(nil, uint64(sent)), agent...) //nolint:gosec // times after 1970
+}
+
+// queueCompaction enters agent in bucketMailboxCompaction when its oldest
+// kept reference is acknowledged (its cursor at or before acked). The key
+// depends only on that reference, so entering it again changes nothing.
+func queueCompaction(tx *bolt.Tx, agent string, acked uint64) error {
+	cursor, r, ok, err := oldestRef(tx.Bucket(bucketMailboxRefs), agent)
+	if err != nil || !ok || cursor > acked {
+		return err
+	}
+	queue, key := tx.Bucket(bucketMailboxCompaction), compactionKey(r.sent, agent)
+	if queue.Get(key) != nil {
+		return nil // entered already: leave its page clean
+	}
+	return queue.Put(key, nil)
+}
+
+// migrateCompactionQueue builds schema 3's bucketMailboxCompaction from
+// the mailboxes' states and references.
+func migrateCompactionQueue(tx *bolt.Tx) error {
+	return tx.Bucket(bucketMailboxes).ForEach(func(agent, v []byte) error {
+		if len(v) != 32 {
+			return nil
+		}
+		return queueCompaction(tx, string(agent), getState(tx.Bucket(bucketMailboxes), string(agent)).Acked)
+	})
+}
+
+// CompactMailboxes implements mailbox.Store. It reads the mailboxes due
+// from bucketMailboxCompaction, oldest first, and in each deletes its
+// oldest references while they are acknowledged and sent before before;
+// then it enters the mailbox again under its next oldest reference, if
+// that one is acknowledged. A pass costs what it removes, however many
+// mailboxes there are.
 func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -295,21 +354,34 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
+		queue, states := tx.Bucket(bucketMailboxCompaction), tx.Bucket(bucketMailboxes)
 		refs, counts, msgs := tx.Bucket(bucketMailboxRefs), tx.Bucket(bucketMessageRefs), tx.Bucket(bucketMessages)
-		type dead struct {
-			key []byte
-			id  string
+		end := binary.BigEndian.AppendUint64(nil, uint64(before.UnixNano())) //nolint:gosec // times after 1970
+
+		// Collected first, as everything below: never delete while walking
+		// a cursor. Each mailbox due has at least one reference to delete.
+		var due [][]byte
+		qc := queue.Cursor()
+		for k, _ := qc.First(); k != nil && len(k) > 8 && bytes.Compare(k[:8], end) < 0 && len(due) < limit; k, _ = qc.Next() {
+			due = append(due, bytes.Clone(k))
 		}
-		var doomed []dead
-		sc := tx.Bucket(bucketMailboxes).Cursor()
-		for agent, sv := sc.First(); agent != nil && len(doomed) < limit; agent, sv = sc.Next() {
-			if len(sv) != 32 {
-				continue
+		for _, qk := range due {
+			if n >= limit {
+				break
 			}
-			acked := binary.BigEndian.Uint64(sv[8:])
-			prefix := append(append([]byte{}, agent...), 0)
+			agent := string(qk[8:])
+			if err := queue.Delete(qk); err != nil {
+				return err
+			}
+			acked := getState(states, agent).Acked
+			type dead struct {
+				key []byte
+				id  string
+			}
+			var doomed []dead
+			prefix := append([]byte(agent), 0)
 			rc := refs.Cursor()
-			for k, v := rc.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && len(doomed) < limit; k, v = rc.Next() {
+			for k, v := rc.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && n+len(doomed) < limit; k, v = rc.Next() {
 				if len(k) != len(prefix)+8 {
 					continue
 				}
@@ -323,33 +395,37 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 				if r.sent >= before.UnixNano() {
 					break
 				}
-				doomed = append(doomed, dead{key: append([]byte{}, k...), id: r.id})
+				doomed = append(doomed, dead{key: bytes.Clone(k), id: r.id})
 			}
-		}
-		// Deleted after the walk: never delete while walking a cursor.
-		for _, d := range doomed {
-			if err := refs.Delete(d.key); err != nil {
-				return err
-			}
-			left := uint64(0)
-			if v := counts.Get([]byte(d.id)); len(v) == 8 {
-				left = binary.BigEndian.Uint64(v)
-			}
-			if left <= 1 {
-				if err := counts.Delete([]byte(d.id)); err != nil {
+			for _, d := range doomed {
+				if err := refs.Delete(d.key); err != nil {
 					return err
 				}
-				if err := msgs.Delete([]byte(d.id)); err != nil {
+				if err := release(counts, msgs, d.id); err != nil {
 					return err
 				}
-				continue
 			}
-			if err := counts.Put([]byte(d.id), binary.BigEndian.AppendUint64(nil, left-1)); err != nil {
+			n += len(doomed)
+			if err := queueCompaction(tx, agent, acked); err != nil {
 				return err
 			}
 		}
-		n = len(doomed)
 		return nil
 	})
 	return n, err
+}
+
+// release drops one reference to message id, and the body with the last.
+func release(counts, msgs *bolt.Bucket, id string) error {
+	left := uint64(0)
+	if v := counts.Get([]byte(id)); len(v) == 8 {
+		left = binary.BigEndian.Uint64(v)
+	}
+	if left <= 1 {
+		if err := counts.Delete([]byte(id)); err != nil {
+			return err
+		}
+		return msgs.Delete([]byte(id))
+	}
+	return counts.Put([]byte(id), binary.BigEndian.AppendUint64(nil, left-1))
 }

@@ -1,6 +1,7 @@
 package boltstore
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/parleyhq/parley/platform/boltdb"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -58,5 +60,54 @@ func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 	}
 	if _, err := s.GetDialogue(ctx, "open"); err != nil {
 		t.Errorf("GetDialogue(open) = %v, want it kept", err)
+	}
+}
+
+// A schema-2 database (no compaction work list) is migrated on open: its
+// acknowledged, old reference is then compacted, and the unacknowledged
+// one is kept.
+func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
+		return string(b) == string(bucketMailboxCompaction)
+	})
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 2, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bob = "clients/b/agents/bob"
+	err = old.Update(func(tx *bolt.Tx) error {
+		for i, id := range []string{"m1", "m2"} {
+			data, _ := json.Marshal(mailbox.Message{ID: id, DialogueID: "d", Category: mailbox.CategoryMessage, Type: "x", Time: t0})
+			if err := tx.Bucket(bucketMessages).Put([]byte(id), data); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketMessageRefs).Put([]byte(id), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketMailboxRefs).Put(refKey(bob, uint64(i+1)), encodeRef(ref{sent: t0.UnixNano(), id: id})); err != nil {
+				return err
+			}
+		}
+		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 2, Acked: 1, Pending: 1})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 2): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("CompactMailboxes after the migration = %d, %v; want 1", n, err)
+	}
+	if left, err := s.ReadMailbox(ctx, bob, 0, 10); err != nil || len(left) != 1 || left[0].Message.ID != "m2" {
+		t.Errorf("ReadMailbox(bob) = %+v, %v; want only m2, unacknowledged", left, err)
 	}
 }

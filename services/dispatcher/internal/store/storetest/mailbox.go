@@ -178,4 +178,38 @@ func testCompact(t *testing.T, s mailbox.Store) {
 	if st, _ := s.GetMailbox(ctx, bob); st.Head != 4 || st.Acked != 3 {
 		t.Errorf("bob's state after compaction = %+v; want head and cursor kept", st)
 	}
+	// Later, the recent one is due too; the unacknowledged one goes once
+	// it is acknowledged, however old it already is.
+	later := recent.Add(time.Minute)
+	if n, err := s.CompactMailboxes(ctx, later, 100); err != nil || n != 1 {
+		t.Errorf("CompactMailboxes(after new) = %d, %v; want 1 (new)", n, err)
+	}
+	if _, err := s.AcknowledgeMailbox(ctx, bob, 4); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AcknowledgeMailbox(ctx, bob, 4); err != nil { // again: changes nothing
+		t.Fatal(err)
+	}
+	if n, err := s.CompactMailboxes(ctx, later, 100); err != nil || n != 1 {
+		t.Errorf("CompactMailboxes(once unacked is acknowledged) = %d, %v; want 1", n, err)
+	}
+	if left, _ := s.ReadMailbox(ctx, bob, 0, 10); len(left) != 0 {
+		t.Errorf("bob after the last compaction = %q, want nothing", ids(left))
+	}
+	if n, _ := s.CompactMailboxes(ctx, later, 100); n != 0 {
+		t.Errorf("CompactMailboxes on emptied mailboxes = %d, want 0", n)
+	}
+	// A mailbox appended to again after it was emptied compacts again.
+	if _, _, err := s.AppendMessage(ctx, msg("again", `5`, recent), []string{bob}, mailbox.Bound{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.ClearMailbox(ctx, bob); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.CompactMailboxes(ctx, later, 100); err != nil || n != 1 {
+		t.Errorf("CompactMailboxes(again) = %d, %v; want 1", n, err)
+	}
+	if st, _ := s.GetMailbox(ctx, bob); st.Head != 5 || st.Acked != 5 || st.Pending != 0 {
+		t.Errorf("bob's state at the end = %+v; want head and cursor 5, nothing pending", st)
+	}
 }

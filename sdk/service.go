@@ -1,0 +1,684 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+)
+
+// The network's built-in service protocols (NewRequest's protocol).
+const (
+	Delegate = "delegate"
+	Allocate = "allocate"
+	Transact = "transact"
+)
+
+// ServiceAgent runs a network agent's service transactions (delegate,
+// allocate, transact; socontra.md section 8): as a consumer, the blocking
+// helpers Delegate, Allocate and Transact; as a supplier, a handler per
+// stage (Supply). The network enforces every step and deadline; these
+// helpers only sequence the messages.
+//
+// It takes the agent's protocol_error route (every message of a protocol
+// that no other route takes comes through it), so register no other
+// handler for service messages on that agent. Messages it does not place
+// (no consumer dialogue of this agent, no supplier stage) go to the
+// Fallback given to NewServiceAgent, when there is one.
+type ServiceAgent struct {
+	agent    *NetworkAgent
+	client   dispatcherv1.DispatcherServiceClient
+	fallback HandlerFunc
+
+	mu        sync.Mutex
+	consumer  map[string]*dialogueQueue // this agent's dialogues as consumer, by id
+	orphans   map[string][]Message      // messages of dialogues not (yet) known, by dialogue
+	supplying map[string]bool           // dialogues this agent received a request in
+	stages    map[string]StageFunc      // supplier stages by message type
+}
+
+// maxOrphans bounds the messages of unknown dialogues kept for a consumer
+// call still waiting for its NewRequest to return.
+const maxOrphans = 1024
+
+// StageFunc handles one message a supplier receives (a stage: a
+// new_task_request, an invite_offer, an accept_offer, an expiry...); it
+// answers through r.
+type StageFunc func(ctx context.Context, m Message, r Responder) error
+
+// Responder answers the message a stage handles, as the agent.
+type Responder struct {
+	s *ServiceAgent
+	m Message
+}
+
+// Reply sends a message of type typ with body (marshalled to JSON) in
+// answer to the stage's message, and returns its id.
+func (r Responder) Reply(ctx context.Context, typ string, body any) (string, error) {
+	return r.s.reply(ctx, r.m.ID, typ, body)
+}
+
+// ReplyTo answers another message of the same dialogue (such as the
+// invite_offer a revoke_offer answers).
+func (r Responder) ReplyTo(ctx context.Context, messageID, typ string, body any) (string, error) {
+	return r.s.reply(ctx, messageID, typ, body)
+}
+
+// NewServiceAgent returns the service side of agent, sending over conn
+// with the agent's key. Call it before agent.Run.
+func NewServiceAgent(conn grpc.ClientConnInterface, agent *NetworkAgent, fallback HandlerFunc) (*ServiceAgent, error) {
+	s := &ServiceAgent{
+		agent: agent, client: dispatcherv1.NewDispatcherServiceClient(conn), fallback: fallback,
+		consumer: map[string]*dialogueQueue{}, orphans: map[string][]Message{}, supplying: map[string]bool{}, stages: map[string]StageFunc{},
+	}
+	if err := agent.Handle(RouteKey{Agent: agent.Name(), Type: TypeProtocolError}, "service", s.route); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Supply registers the supplier's handler for messages of type typ
+// (new_task_request, invite_offer, accept_offer, reject_offer, ...). A
+// stage without a handler is dropped (the network's deadlines then run
+// their course).
+func (s *ServiceAgent) Supply(typ string, f StageFunc) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.stages[typ] = f
+}
+
+// route places m: in its consumer dialogue's queue, to a supplier stage,
+// or aside until its consumer dialogue is known.
+func (s *ServiceAgent) route(ctx context.Context, m Message) (any, error) {
+	s.mu.Lock()
+	if q := s.consumer[m.DialogueID]; q != nil {
+		s.mu.Unlock()
+		q.push(m)
+		return nil, nil
+	}
+	if m.Type == "new_task_request" && m.InReplyTo == "" {
+		s.supplying[m.DialogueID] = true
+	}
+	stage, supplier := s.stages[m.Type], s.supplying[m.DialogueID]
+	if !supplier && m.Category == CategoryService {
+		// A reply to a consumer call whose NewRequest has not returned yet.
+		if len(s.orphans) < maxOrphans {
+			s.orphans[m.DialogueID] = append(s.orphans[m.DialogueID], m)
+		}
+		s.mu.Unlock()
+		return nil, nil
+	}
+	s.mu.Unlock()
+	switch {
+	case supplier && stage != nil:
+		return nil, stage(ctx, m, Responder{s: s, m: m})
+	case s.fallback != nil:
+		return s.fallback(ctx, m)
+	}
+	return nil, nil
+}
+
+// open registers a consumer dialogue and takes in what arrived for it
+// before.
+func (s *ServiceAgent) open(id string) *dialogueQueue {
+	q := newDialogueQueue()
+	s.mu.Lock()
+	s.consumer[id] = q
+	early := s.orphans[id]
+	delete(s.orphans, id)
+	s.mu.Unlock()
+	for _, m := range early {
+		q.push(m)
+	}
+	return q
+}
+
+// forget drops a consumer dialogue's queue.
+func (s *ServiceAgent) forget(id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.consumer, id)
+}
+
+func (s *ServiceAgent) reply(ctx context.Context, inReplyTo, typ string, body any) (string, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return "", err
+	}
+	res, err := s.client.ReplyMessage(s.agent.callContext(ctx), &dispatcherv1.ReplyMessageRequest{
+		Sender: s.agent.Name(), InReplyTo: inReplyTo, MessageType: typ, BodyJson: string(b),
+	})
+	if err != nil {
+		return "", refusal(typ, err)
+	}
+	return res.GetMessageId(), nil
+}
+
+// ErrRefused is wrapped by the error of a service message the network
+// refused (a *Refusal): the state machine, a deadline, a closed dialogue,
+// the payment gate or the owner's approval said no, and nothing changed.
+var ErrRefused = errors.New("the network refused the message")
+
+// Refusal is the error of a service message the network refused. It
+// wraps ErrRefused and the gRPC status error.
+type Refusal struct {
+	Type string // the refused message's type
+	// Reason is the status's ErrorInfo reason: PROTOCOL_ERROR,
+	// DIALOGUE_CLOSED, PAYMENT_REFERENCE, APPROVAL_SIGNATURE, ...
+	Reason string
+	// Rule is the rule broken: a state machine's (PAIR_ENDED,
+	// DEADLINE_PASSED, NOT_ALLOWED_AFTER, ...) for a PROTOCOL_ERROR, else
+	// the Reason.
+	Rule   string
+	Detail string // the server's sentence, naming the rule (and a deadline)
+	err    error
+}
+
+func (e *Refusal) Error() string {
+	return fmt.Sprintf("%s refused (%s): %s", e.Type, e.Rule, e.Detail)
+}
+
+// Unwrap returns ErrRefused and the gRPC status error.
+func (e *Refusal) Unwrap() []error { return []error{ErrRefused, e.err} }
+
+// refusal wraps err of sending a message of type typ: a *Refusal for a
+// refusal (FAILED_PRECONDITION, INVALID_ARGUMENT, PERMISSION_DENIED), else
+// err with the type.
+func refusal(typ string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%s: %w", typ, err)
+	}
+	switch st.Code() {
+	case codes.FailedPrecondition, codes.InvalidArgument, codes.PermissionDenied:
+	default:
+		return fmt.Errorf("%s: %w", typ, err)
+	}
+	r := &Refusal{Type: typ, Reason: st.Code().String(), Detail: st.Message(), err: err}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			r.Reason = info.GetReason()
+		}
+	}
+	r.Rule = r.Reason
+	if _, after, ok := strings.Cut(r.Detail, "breaks rule "); ok {
+		if f := strings.Fields(after); len(f) > 0 {
+			r.Rule = f[0]
+		}
+	}
+	return r
+}
+
+// CreatePayment creates a payment of the network's ledger provider from
+// the agent to payee and returns the payment field an accept_offer
+// carries.
+func (s *ServiceAgent) CreatePayment(ctx context.Context, payee string, price Price) (PaymentReference, error) {
+	p, err := s.client.CreatePayment(s.agent.callContext(ctx), &dispatcherv1.CreatePaymentRequest{
+		Parent: s.agent.Name(), Payment: &dispatcherv1.Payment{Payee: payee, AmountMicros: price.AmountMicros, Currency: price.Currency},
+	})
+	if err != nil {
+		return PaymentReference{}, err
+	}
+	return PaymentReference{Provider: "ledger", Reference: p.GetName()[strings.LastIndex(p.GetName(), "/")+1:]}, nil
+}
+
+// CapturePayment takes a ledger payment an acceptance reserved for the
+// agent, its payee (before it sends payment_confirmed).
+func (s *ServiceAgent) CapturePayment(ctx context.Context, ref PaymentReference) error {
+	_, err := s.client.CapturePayment(s.agent.callContext(ctx), &dispatcherv1.CapturePaymentRequest{Name: s.agent.Name() + "/payments/" + ref.Reference})
+	return err
+}
+
+// Price is an amount of a currency, in millionths of its unit, as an
+// offer's price field states it.
+type Price struct {
+	AmountMicros int64  `json:"amount_micros"`
+	Currency     string `json:"currency"`
+}
+
+// PaymentReference is an accept_offer's payment field.
+type PaymentReference struct {
+	Provider  string `json:"provider"`
+	Reference string `json:"reference"`
+}
+
+// Request is a consumer's task for suppliers.
+type Request struct {
+	To   []string // the suppliers, clients/{c}/agents/{a}
+	Task any      // a JSON object
+	// Window is the protocol's opener deadline: how long suppliers have
+	// to answer (delegate: offer_timeout; allocate: invite_offer_timeout;
+	// transact: proposal_timeout). Whole seconds, at least one.
+	Window time.Duration
+}
+
+// Bid is a supplier's proposal or offer.
+type Bid struct {
+	Supplier string
+	Message  Message
+	Price    *Price // the body's price, when it states one
+}
+
+func newBid(m Message) Bid {
+	b := Bid{Supplier: m.Sender, Message: m}
+	var body struct {
+		Price *Price `json:"price"`
+	}
+	if json.Unmarshal(m.Body, &body) == nil {
+		b.Price = body.Price
+	}
+	return b
+}
+
+// rank orders bids by score, best (highest) first; ties keep arrival
+// order.
+func rank(bids []Bid, score func(Bid) float64) []Bid {
+	out := slices.Clone(bids)
+	slices.SortStableFunc(out, func(a, b Bid) int {
+		sa, sb := score(a), score(b)
+		switch {
+		case sa > sb:
+			return -1
+		case sa < sb:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// ErrNoSupplier is returned by Delegate and Transact when no supplier
+// ended in an order.
+var ErrNoSupplier = errors.New("no supplier formed an order")
+
+// Order is an order a consumer formed.
+type Order struct {
+	ID       string // OrderID(Dialogue, Supplier)
+	Dialogue string
+	Supplier string
+	Accept   string // the id of the message that formed it
+}
+
+// newRequest opens a service dialogue and returns its queue and the
+// suppliers it reached.
+func (s *ServiceAgent) newRequest(ctx context.Context, protocol, window string, req Request) (*dialogueQueue, *dispatcherv1.SendMessageResponse, error) {
+	task, err := json.Marshal(req.Task)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &dispatcherv1.NewRequestRequest{
+		Sender: s.agent.Name(), To: &dispatcherv1.DistributionList{Direct: req.To}, Protocol: protocol, TaskJson: string(task),
+	}
+	d := durationpb.New(req.Window)
+	switch window {
+	case "proposal_timeout":
+		r.ProposalTimeout = d
+	case "invite_offer_timeout":
+		r.InviteOfferTimeout = d
+	case "offer_timeout":
+		r.OfferTimeout = d
+	}
+	res, err := s.client.NewRequest(s.agent.callContext(ctx), r)
+	if err != nil {
+		return nil, nil, fmt.Errorf("new_task_request: %w", err)
+	}
+	return s.open(res.GetDialogueId()), res, nil
+}
+
+// expiredFor returns the counterpart of a <deadline>_expired message, or
+// "" when m is not one.
+func expiredFor(m Message) string {
+	if m.Sender != "" || !strings.HasSuffix(m.Type, "_expired") {
+		return ""
+	}
+	var body struct {
+		Counterpart string `json:"counterpart"`
+	}
+	_ = json.Unmarshal(m.Body, &body)
+	return body.Counterpart
+}
+
+// collect gathers the suppliers' answers of type bid to the opener until
+// every supplier answered, declined or let its window lapse.
+func collect(ctx context.Context, q *dialogueQueue, suppliers []string, bid string) ([]Bid, error) {
+	pending := map[string]bool{}
+	for _, s := range suppliers {
+		pending[s] = true
+	}
+	var bids []Bid
+	for len(pending) > 0 {
+		m, err := q.awaitFunc(ctx, func(m Message) bool {
+			return m.Type == bid || m.Type == "reject_task" || pending[expiredFor(m)]
+		})
+		if err != nil {
+			return bids, err
+		}
+		who := m.Sender
+		switch {
+		case m.Type == bid:
+			bids = append(bids, newBid(m))
+		case expiredFor(m) != "":
+			who = expiredFor(m)
+		}
+		delete(pending, who)
+	}
+	return bids, nil
+}
+
+// Round is an allocate round whose offers are in: the consumer accepts
+// one (before its offer_timeout) and rejects the others.
+type Round struct {
+	s        *ServiceAgent
+	q        *dialogueQueue
+	Dialogue string
+	Offers   []Bid // best first
+}
+
+// Allocate sends req under allocate, collects offers until every supplier
+// answered or its window (req.Window) lapsed on the server, and returns
+// them ranked by score, best (highest) first.
+func (s *ServiceAgent) Allocate(ctx context.Context, req Request, score func(Bid) float64) (*Round, error) {
+	q, res, err := s.newRequest(ctx, Allocate, "invite_offer_timeout", req)
+	if err != nil {
+		return nil, err
+	}
+	offers, err := collect(ctx, q, res.GetRecipients(), "offer")
+	if err != nil {
+		s.forget(res.GetDialogueId())
+		return nil, err
+	}
+	return &Round{s: s, q: q, Dialogue: res.GetDialogueId(), Offers: rank(offers, score)}, nil
+}
+
+// Accept accepts offer with body (nil sends {}) and returns the order.
+func (r *Round) Accept(ctx context.Context, offer Bid, body any) (Order, error) {
+	if body == nil {
+		body = struct{}{}
+	}
+	id, err := r.s.reply(ctx, offer.Message.ID, "accept_offer", body)
+	if err != nil {
+		return Order{}, err
+	}
+	return Order{ID: OrderID(r.Dialogue, offer.Supplier), Dialogue: r.Dialogue, Supplier: offer.Supplier, Accept: id}, nil
+}
+
+// Reject rejects an offer.
+func (r *Round) Reject(ctx context.Context, offer Bid) error {
+	_, err := r.s.reply(ctx, offer.Message.ID, "reject_offer", struct{}{})
+	return err
+}
+
+// Await returns the next message of the round's dialogue from supplier of
+// one of types (an expiry of its pair counts as from it), keeping the
+// others for later calls.
+func (r *Round) Await(ctx context.Context, supplier string, types ...string) (Message, error) {
+	return r.q.await(ctx, supplier, types)
+}
+
+// Confirm signs an order off after its order_complete: confirm_success,
+// or confirm_fail when success is false.
+func (r *Round) Confirm(ctx context.Context, complete Message, success bool) error {
+	typ := "confirm_success"
+	if !success {
+		typ = "confirm_fail"
+	}
+	_, err := r.s.reply(ctx, complete.ID, typ, struct{}{})
+	return err
+}
+
+// Close ends the consumer's side of the dialogue: the network sends
+// task_withdrawn to every supplier whose pair has not ended.
+func (r *Round) Close(ctx context.Context) error {
+	defer r.s.forget(r.Dialogue)
+	_, err := r.s.client.CloseDialogue(r.s.agent.callContext(ctx), &dispatcherv1.CloseDialogueRequest{Name: r.s.agent.Name() + "/dialogues/" + r.Dialogue})
+	return err
+}
+
+// Delegate sends req under delegate (the task is the offer; req.Window is
+// the suppliers' offer_timeout) and returns the order of the first
+// supplier that accepts; ErrNoSupplier when every one declined or lapsed.
+func (s *ServiceAgent) Delegate(ctx context.Context, req Request) (*Round, Order, error) {
+	q, res, err := s.newRequest(ctx, Delegate, "offer_timeout", req)
+	if err != nil {
+		return nil, Order{}, err
+	}
+	r := &Round{s: s, q: q, Dialogue: res.GetDialogueId()}
+	pending := len(res.GetRecipients())
+	for pending > 0 {
+		m, err := q.awaitFunc(ctx, func(m Message) bool {
+			return m.Type == "accept_offer" || m.Type == "reject_offer" || expiredFor(m) != ""
+		})
+		if err != nil {
+			return r, Order{}, err
+		}
+		if m.Type == "accept_offer" {
+			return r, Order{ID: OrderID(r.Dialogue, m.Sender), Dialogue: r.Dialogue, Supplier: m.Sender, Accept: m.ID}, nil
+		}
+		pending--
+	}
+	return r, Order{}, ErrNoSupplier
+}
+
+// Fallback is a supplier Transact passed over, and why: "rejected"
+// (reject_invite_offer), "revoked", "lapsed" (a deadline expired),
+// "payment error", or "refused" (the network refused the acceptance,
+// naming the rule).
+type Fallback struct {
+	Supplier string `json:"supplier"`
+	Reason   string `json:"reason"`
+	Detail   string `json:"detail,omitempty"`
+}
+
+// Deal is a transact dialogue's result.
+type Deal struct {
+	*Round
+	Proposals []Bid // best first
+	Order     Order
+	Offer     Bid
+	Fallbacks []Fallback // in the order they happened
+}
+
+// TransactOptions tune Transact.
+type TransactOptions struct {
+	// InviteWindow is each invited supplier's invite_offer_timeout; 30 s.
+	InviteWindow time.Duration
+	// Accept writes the accept_offer body for an offer: its payment
+	// reference and the owner's approval when the offer asks for them.
+	// nil sends {}.
+	Accept func(ctx context.Context, d *Deal, offer Bid) (any, error)
+	// OnProposals hears the proposals once they are in, best first;
+	// OnFallback each supplier passed over, as it happens. Both may be
+	// nil.
+	OnProposals func(ranked []Bid)
+	OnFallback  func(Fallback)
+}
+
+// Transact sends req under transact, collects proposals until every
+// supplier answered or the proposal window lapsed, ranks them with score,
+// and invites them in turn: it accepts the first binding offer whose
+// acceptance the network takes and, for a paid one, whose supplier
+// confirms the payment. After a reject_invite_offer, a revoke_offer, a
+// lapse, a refused acceptance or a payment_error it falls back to the
+// next-best proposal. It returns ErrNoSupplier (with the Deal so far)
+// when none is left.
+func (s *ServiceAgent) Transact(ctx context.Context, req Request, score func(Bid) float64, opts TransactOptions) (*Deal, error) {
+	if opts.InviteWindow <= 0 {
+		opts.InviteWindow = 30 * time.Second
+	}
+	q, res, err := s.newRequest(ctx, Transact, "proposal_timeout", req)
+	if err != nil {
+		return nil, err
+	}
+	proposals, err := collect(ctx, q, res.GetRecipients(), "proposal")
+	d := &Deal{Round: &Round{s: s, q: q, Dialogue: res.GetDialogueId()}, Proposals: rank(proposals, score)}
+	if err != nil {
+		return d, err
+	}
+	if opts.OnProposals != nil {
+		opts.OnProposals(d.Proposals)
+	}
+	for _, p := range d.Proposals {
+		fb, err := d.try(ctx, p, opts)
+		if err != nil {
+			return d, err
+		}
+		if fb == nil {
+			return d, nil
+		}
+		d.Fallbacks = append(d.Fallbacks, *fb)
+		if opts.OnFallback != nil {
+			opts.OnFallback(*fb)
+		}
+	}
+	return d, ErrNoSupplier
+}
+
+// try invites p's supplier and sees the deal through to an order; a
+// Fallback says why not.
+func (d *Deal) try(ctx context.Context, p Bid, opts TransactOptions) (*Fallback, error) {
+	secs := int64(opts.InviteWindow / time.Second)
+	if _, err := d.s.reply(ctx, p.Message.ID, "invite_offer", map[string]int64{"invite_offer_timeout": max(secs, 1)}); err != nil {
+		if !errors.Is(err, ErrRefused) {
+			return nil, err
+		}
+		return &Fallback{Supplier: p.Supplier, Reason: "refused", Detail: err.Error()}, nil
+	}
+	m, err := d.q.await(ctx, p.Supplier, []string{"offer", "reject_invite_offer", "revoke_offer"})
+	switch {
+	case err != nil:
+		return nil, err
+	case m.Type == "reject_invite_offer":
+		return &Fallback{Supplier: p.Supplier, Reason: "rejected"}, nil
+	case m.Type == "revoke_offer":
+		return &Fallback{Supplier: p.Supplier, Reason: "revoked"}, nil
+	case m.Type != "offer":
+		return &Fallback{Supplier: p.Supplier, Reason: "lapsed", Detail: m.Type}, nil
+	}
+	offer := newBid(m)
+	// A revoke_offer recorded before the acceptance wins it: do not send
+	// an acceptance the network would refuse (socontra.md section 10).
+	if _, ok := d.q.take(p.Supplier, "revoke_offer"); ok {
+		return &Fallback{Supplier: p.Supplier, Reason: "revoked"}, nil
+	}
+	var body any = struct{}{}
+	if opts.Accept != nil {
+		if body, err = opts.Accept(ctx, d, offer); err != nil {
+			return nil, err
+		}
+	}
+	order, err := d.Accept(ctx, offer, body)
+	if err != nil {
+		// A revoke_offer that came first, the offer's deadline, or the
+		// payment gate: the network names the rule. A revocation the
+		// network ordered first is on its way to this agent's mailbox:
+		// take it, so that it is not left for a later call.
+		if !errors.Is(err, ErrRefused) {
+			return nil, err
+		}
+		if strings.Contains(err.Error(), `after \"revoke_offer\"`) || strings.Contains(err.Error(), `after "revoke_offer"`) {
+			if _, err := d.q.await(ctx, p.Supplier, []string{"revoke_offer"}); err != nil {
+				return nil, err
+			}
+			return &Fallback{Supplier: p.Supplier, Reason: "revoked", Detail: err.Error()}, nil
+		}
+		return &Fallback{Supplier: p.Supplier, Reason: "refused", Detail: err.Error()}, nil
+	}
+	var terms struct {
+		PaymentRequired bool `json:"payment_required"`
+	}
+	_ = json.Unmarshal(offer.Message.Body, &terms)
+	if terms.PaymentRequired {
+		m, err := d.q.await(ctx, p.Supplier, []string{"payment_confirmed", "payment_error"})
+		switch {
+		case err != nil:
+			return nil, err
+		case m.Type == "payment_error":
+			return &Fallback{Supplier: p.Supplier, Reason: "payment error", Detail: string(m.Body)}, nil
+		case m.Type != "payment_confirmed":
+			return &Fallback{Supplier: p.Supplier, Reason: "lapsed", Detail: m.Type}, nil
+		}
+	}
+	d.Order, d.Offer = order, offer
+	return nil, nil
+}
+
+// dialogueQueue holds a consumer dialogue's messages until the helper
+// waiting in it takes them.
+type dialogueQueue struct {
+	mu    sync.Mutex
+	msgs  []Message
+	ready chan struct{} // signalled on push
+}
+
+func newDialogueQueue() *dialogueQueue { return &dialogueQueue{ready: make(chan struct{}, 1)} }
+
+func (q *dialogueQueue) push(m Message) {
+	q.mu.Lock()
+	q.msgs = append(q.msgs, m)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+// take removes the first message from supplier of one of types, or
+// expiring its pair.
+func (q *dialogueQueue) take(supplier string, types ...string) (Message, bool) {
+	return q.takeFunc(func(m Message) bool {
+		return (m.Sender == supplier && slices.Contains(types, m.Type)) || expiredFor(m) == supplier
+	})
+}
+
+// takeFunc removes the first message match accepts.
+func (q *dialogueQueue) takeFunc(match func(Message) bool) (Message, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, m := range q.msgs {
+		if match(m) {
+			q.msgs = slices.Delete(q.msgs, i, i+1)
+			return m, true
+		}
+	}
+	return Message{}, false
+}
+
+// await waits until take(supplier, types...) finds a message.
+func (q *dialogueQueue) await(ctx context.Context, supplier string, types []string) (Message, error) {
+	return q.awaitFunc(ctx, func(m Message) bool {
+		return (m.Sender == supplier && slices.Contains(types, m.Type)) || expiredFor(m) == supplier
+	})
+}
+
+// awaitFunc waits until takeFunc(match) finds a message, or ctx ends.
+func (q *dialogueQueue) awaitFunc(ctx context.Context, match func(Message) bool) (Message, error) {
+	for {
+		if m, ok := q.takeFunc(match); ok {
+			return m, nil
+		}
+		if err := q.wait(ctx); err != nil {
+			return Message{}, err
+		}
+	}
+}
+
+func (q *dialogueQueue) wait(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-q.ready:
+		return nil
+	}
+}
