@@ -140,8 +140,9 @@ var benchTimers = flag.Int("timers", 100_000, "BenchmarkRestartLateness: how man
 // heap after the restart (heap-MB), the bytes on disk per timer with its
 // dialogue (disk-B/timer) and the process's CPU time per expiry while
 // draining (cpu-us/expiry: on a shared machine, the part of the wall time
-// that was ours). Each case runs with the default batch (256 expiries per
-// commit) and with 2048. -timers sets the count (2,000 with -short).
+// that was ours). Each case runs with 256 expiries per commit (the
+// reference) and with 2048 (the default). -timers sets the count (2,000
+// with -short).
 func BenchmarkRestartLateness(b *testing.B) {
 	n := *benchTimers
 	if testing.Short() {
