@@ -50,6 +50,9 @@ COPY --from=build /out/parley /parley
 # A new named volume copies the ownership of its mount point from the image,
 # so the data directory must exist and belong to the nonroot user.
 COPY --from=build --chown=65532:65532 /out/data /var/lib/parley
+# The shared operator token's volume (docker-compose.yml) takes this
+# directory's owner, so that the services may write the token there.
+COPY --from=build --chown=65532:65532 /out/data /run/parley
 USER 65532:65532
 EXPOSE 8080 9090
 ENTRYPOINT ["/service"]

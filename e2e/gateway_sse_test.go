@@ -17,10 +17,11 @@ import (
 )
 
 // TestSeparateProcesses_gatewayServesMailboxSSE runs the registry, the
-// dispatcher (both with access control on) and `parley gateway` as three
-// processes. An agent reads its mailbox over server-sent events through
-// the gateway with its own key, which the gateway forwards; another
-// agent's key is refused by the dispatcher, and so is no key.
+// dispatcher and `parley gateway` as three processes, all with access
+// control on. An agent reads its mailbox over server-sent events through
+// the gateway with its own key, which the gateway checks and forwards (the
+// dispatcher checks it again); another agent's key is refused, and so is
+// no key.
 func TestSeparateProcesses_gatewayServesMailboxSSE(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts three binaries")
@@ -35,7 +36,8 @@ func TestSeparateProcesses_gatewayServesMailboxSSE(t *testing.T) {
 		"--registry-addr", reg.GRPCAddr, "--negotiator-addr", "127.0.0.1:1") // the negotiator is not used here
 	gw := parleytest.StartProcess(t, parleytest.Binary(t), "gateway",
 		"--http-addr", "127.0.0.1:0", "--registry-addr", reg.GRPCAddr, "--dispatcher-addr", disp.GRPCAddr,
-		"--negotiator-addr", "127.0.0.1:1", "--tasks-addr", "127.0.0.1:1")
+		"--negotiator-addr", "127.0.0.1:1", "--tasks-addr", "127.0.0.1:1",
+		"--operator-token-file", tokenFile)
 
 	dial := func(addr string) *grpc.ClientConn {
 		t.Helper()

@@ -19,11 +19,12 @@ func TestSeparateProcesses_registryBehindGateway(t *testing.T) {
 		t.Skip("builds and starts two binaries")
 	}
 	reg := parleytest.StartProcess(t, parleytest.Build(t, "github.com/parleyhq/parley/services/registry/cmd/registry"),
-		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data", t.TempDir())
+		"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--data", t.TempDir(), "--auth=false")
 	gw := parleytest.StartProcess(t, parleytest.Binary(t), "gateway",
 		"--http-addr", "127.0.0.1:0", "--registry-addr", reg.GRPCAddr,
 		// Nothing listens on these in this test; only the registry is used.
-		"--dispatcher-addr", "127.0.0.1:1", "--negotiator-addr", "127.0.0.1:1", "--tasks-addr", "127.0.0.1:1")
+		"--dispatcher-addr", "127.0.0.1:1", "--negotiator-addr", "127.0.0.1:1", "--tasks-addr", "127.0.0.1:1",
+		"--auth=false") // access control is TestSeparateProcesses_gatewayTokenMode's
 
 	doc := "---\nname: Echo\ndescription: Echo the body.\nmultiround: false\n---\n\nReply with the body you got.\n"
 	body, _ := json.Marshal(map[string]any{"content": []byte(doc)})

@@ -23,7 +23,7 @@ func startDispatcherWithoutRegistry(t *testing.T) string {
 	t.Helper()
 	peerAddr := closedAddr(t)
 	cfg, err := dispatcherconfig.Load([]string{"--data", t.TempDir(), "--registry-addr", peerAddr,
-		"--negotiator-addr", peerAddr, "--peer-ready-timeout", "300ms"}, func(string) string { return "" })
+		"--negotiator-addr", peerAddr, "--peer-ready-timeout", "300ms", "--auth=false"}, func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

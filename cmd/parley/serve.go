@@ -55,11 +55,6 @@ func loadSuiteConfig(e env, args []string) (suiteConfig, error) {
 	fs := flag.NewFlagSet("parley serve", flag.ContinueOnError)
 	fs.SetOutput(e.stdout)
 	c.Flags.Register(fs, "127.0.0.1:9090", "127.0.0.1:8080", "./data")
-	// Access control is on by default here; the one-service binaries
-	// default to off, as they need a shared --operator-token-file.
-	authFlag := fs.Lookup("auth")
-	_ = authFlag.Value.Set("true")
-	authFlag.DefValue = "true"
 	c.registry.RegisterFlags(fs)
 	c.dispatcher.RegisterFlags(fs)
 	c.negotiator.RegisterFlags(fs)

@@ -184,8 +184,28 @@ func checkComposeService(p *types.Project, s types.ServiceConfig, want parleySer
 			fail("%s = %q, want %q", peerEnv(peer), got, peerAddr(peer))
 		}
 	}
+
+	// Access control is on: the services and the gateway share one
+	// operator token file, on one volume.
+	{
+		tokenFile, _ := lookupEnv(s.Environment, tokenEnv)
+		shared := false
+		for _, v := range s.Volumes {
+			shared = shared || (v.Type == types.VolumeTypeVolume && v.Source == tokenVolume && tokenFile != "" && filepath.Dir(tokenFile) == v.Target)
+		}
+		if !shared {
+			fail("%s = %q is not on the shared volume %q", tokenEnv, tokenFile, tokenVolume)
+		}
+	}
 	return errs
 }
+
+// tokenEnv names the operator token's file; every service and the gateway
+// read it from tokenVolume, which they share.
+const (
+	tokenEnv    = "PARLEY_OPERATOR_TOKEN_FILE"
+	tokenVolume = "operator-token"
+)
 
 // composeUID returns the numeric uid of a compose `user` value ("uid" or
 // "uid:gid"). Names are rejected: only a number shows that the user is not
@@ -265,12 +285,12 @@ func TestCompose_rejectsBrokenFile(t *testing.T) {
 		},
 		{
 			name:    "stateful service without a volume",
-			edit:    edit{file: file, old: "    volumes:\n      - registry-data:/var/lib/parley\n", new: ""},
+			edit:    edit{file: file, old: "      - registry-data:/var/lib/parley\n", new: ""},
 			wantErr: "service registry: no volume at /var/lib/parley",
 		},
 		{
 			name:    "stateful service without a healthcheck",
-			edit:    edit{file: file, old: "      - dispatcher-data:/var/lib/parley\n    healthcheck: *grpc-healthcheck\n", new: "      - dispatcher-data:/var/lib/parley\n"},
+			edit:    edit{file: file, old: "      - dispatcher-data:/var/lib/parley\n      - *operator-token\n    healthcheck: *grpc-healthcheck\n", new: "      - dispatcher-data:/var/lib/parley\n      - *operator-token\n"},
 			wantErr: "service dispatcher: no healthcheck",
 		},
 		{
@@ -279,8 +299,13 @@ func TestCompose_rejectsBrokenFile(t *testing.T) {
 			wantErr: "share volume",
 		},
 		{
+			name:    "service without the shared operator token",
+			edit:    edit{file: file, old: "      - tasks-data:/var/lib/parley\n      - *operator-token\n", new: "      - tasks-data:/var/lib/parley\n"},
+			wantErr: "service tasks: PARLEY_OPERATOR_TOKEN_FILE = \"/run/parley/operator.token\" is not on the shared volume",
+		},
+		{
 			name:    "service port published",
-			edit:    edit{file: file, old: "      - registry-data:/var/lib/parley\n", new: "      - registry-data:/var/lib/parley\n    ports:\n      - \"9090:9090\"\n"},
+			edit:    edit{file: file, old: "      - registry-data:/var/lib/parley\n      - *operator-token\n", new: "      - registry-data:/var/lib/parley\n      - *operator-token\n    ports:\n      - \"9090:9090\"\n"},
 			wantErr: "service registry: published ports",
 		},
 		{

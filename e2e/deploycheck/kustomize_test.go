@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"path"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -326,8 +327,30 @@ func checkDeployment(d *appsv1.Deployment, want parleyService, imageTag string) 
 			fail("env PARLEY_DATA = %q, want %q", got, dataDir)
 		}
 	}
+
+	// Access control is on: every service and the gateway read the
+	// operator token from the one Secret they share.
+	{
+		secretVolume := ""
+		for _, v := range spec.Volumes {
+			if v.Secret != nil && v.Secret.SecretName == tokenSecret {
+				secretVolume = v.Name
+			}
+		}
+		mounted := false
+		for _, vm := range c.VolumeMounts {
+			mounted = mounted || (secretVolume != "" && vm.Name == secretVolume && env[tokenEnv] != "" && path.Dir(env[tokenEnv]) == vm.MountPath)
+		}
+		if !mounted {
+			fail("env %s = %q is not in the Secret %s", tokenEnv, env[tokenEnv], tokenSecret)
+		}
+	}
 	return errs
 }
+
+// tokenSecret is the Secret holding the operator token every service
+// shares (key token).
+const tokenSecret = "parley-operator-token"
 
 func checkService(s *corev1.Service, d *appsv1.Deployment, want parleyService) []error {
 	var errs []error
@@ -511,6 +534,11 @@ func TestKustomize_rejectsBrokenTree(t *testing.T) {
 			name:    "claim not mounted",
 			edit:    edit{file: tasks, old: "              mountPath: /var/lib/parley\n", new: "              mountPath: /data\n"},
 			wantErr: "Deployment tasks: PersistentVolumeClaim tasks-data not mounted",
+		},
+		{
+			name:    "operator token not from the shared Secret",
+			edit:    edit{file: negotiator, old: "secretName: parley-operator-token", new: "secretName: negotiator-token"},
+			wantErr: "Deployment negotiator: env PARLEY_OPERATOR_TOKEN_FILE = \"/run/parley/token\" is not in the Secret parley-operator-token",
 		},
 		{
 			name:    "shared claim",

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -36,6 +37,7 @@ func TestLoadOperatorToken_refusesBadFiles(t *testing.T) {
 		mode    os.FileMode
 	}{
 		{"world readable", good, 0o644},
+		{"group writable", good, 0o660},
 		{"not a token", "hunter2", 0o600},
 	}
 	for _, tt := range tests {
@@ -56,7 +58,47 @@ func TestLoadOperatorToken_refusesBadFiles(t *testing.T) {
 			}
 		})
 	}
-	if _, _, _, err := LoadOperatorToken(filepath.Join(dir, "missing"), dir); err == nil {
-		t.Errorf("LoadOperatorToken(missing --operator-token-file) succeeded, want an error")
+}
+
+// TestLoadOperatorToken_sharedFileWrittenOnce: --operator-token-file
+// naming a missing file (a volume the services of a deployment share)
+// writes it once; the next process reads the same token. A Secret mounted
+// group-readable (0440) is accepted.
+func TestLoadOperatorToken_sharedFileWrittenOnce(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "operator.token")
+	tok, got, created, err := LoadOperatorToken(file, "")
+	if err != nil || !created || got != file || !validOperatorToken(tok) {
+		t.Fatalf("LoadOperatorToken(missing shared file) = %q, %q, %v, %v", tok, got, created, err)
+	}
+	again, _, created, err := LoadOperatorToken(file, "")
+	if err != nil || created || again != tok {
+		t.Errorf("LoadOperatorToken(shared file, second process) = %q, created %v, %v; want the same token", again, created, err)
+	}
+	if err := os.Chmod(file, 0o440); err != nil {
+		t.Fatal(err)
+	}
+	if again, _, _, err := LoadOperatorToken(file, ""); err != nil || again != tok {
+		t.Errorf("LoadOperatorToken(0440, a Secret mounted for fsGroup) = %v; want it read", err)
+	}
+}
+
+// TestLoadOperatorToken_concurrentStartsShareOneToken: services started
+// together on one shared file all read one token, and none reads a
+// half-written file.
+func TestLoadOperatorToken_concurrentStartsShareOneToken(t *testing.T) {
+	for range 20 {
+		file := filepath.Join(t.TempDir(), "operator.token")
+		const n = 8
+		tokens, errs := make([]string, n), make([]error, n)
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() { tokens[i], _, _, errs[i] = LoadOperatorToken(file, "") })
+		}
+		wg.Wait()
+		for i := range n {
+			if errs[i] != nil || tokens[i] != tokens[0] {
+				t.Fatalf("start %d = %v (same token as start 0: %v)", i, errs[i], tokens[i] == tokens[0])
+			}
+		}
 	}
 }

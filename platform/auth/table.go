@@ -15,9 +15,9 @@ package auth
 // PD serving and health are public by design. Registering a PD needs any
 // valid key. RPCs only services call are the operator's.
 //
-// Rules naming no resource on negotiations/* (whose names do not carry
-// their agent) are the operator's until ownership is looked up; tasks/*
-// are checked by the tasks service itself.
+// Rules naming no resource on negotiations/* and tasks/* (whose names do
+// not carry their agent) admit the agent's and client's keys, and the
+// owning service checks ownership itself.
 func ParleyPolicy() Policy {
 	own := Agent | Client | Operator // the agent itself, its client, the operator
 	manage := Client | Operator      // the client that owns it, the operator
@@ -140,20 +140,24 @@ func ParleyPolicy() Policy {
 		"GET /v1/clients/{client}/agents/{agent}/messages:stream": {Allow: Agent | Operator, Resource: "clients/{client}/agents/{agent}"},
 
 		// Negotiator: each call spends the named agent's LLM budget.
-		neg + "GetCostSummary":            {Allow: own, Resource: "agent"},
-		neg + "ListLedgerEntries":         {Allow: own, Resource: "agent"},
-		neg + "ComposeQuery":              {Allow: own, Resource: "agent"},
-		neg + "ReplyNaturalLanguage":      {Allow: own, Resource: "agent"},
-		neg + "ReplyWithProtocol":         {Allow: own, Resource: "agent"},
-		neg + "ParseReply":                {Allow: own, Resource: "agent"},
-		neg + "CheckSuitability":          {Allow: own, Resource: "agent"},
-		neg + "StartNegotiation":          {Allow: own, Resource: "agent"},
-		neg + "SynthesizeRoutine":         {Allow: own, Resource: "agent"},
-		neg + "DeriveProtocol":            {Allow: AnyKey},
-		neg + "GetNegotiationProtocol":    {Allow: Anyone},
-		neg + "GetThresholds":             {Allow: AnyKey},
-		neg + "ReceiveNegotiationMessage": {Allow: Operator},
-		neg + "GetNegotiation":            {Allow: Operator},
+		neg + "GetCostSummary":         {Allow: own, Resource: "agent"},
+		neg + "ListLedgerEntries":      {Allow: own, Resource: "agent"},
+		neg + "ComposeQuery":           {Allow: own, Resource: "agent"},
+		neg + "ReplyNaturalLanguage":   {Allow: own, Resource: "agent"},
+		neg + "ReplyWithProtocol":      {Allow: own, Resource: "agent"},
+		neg + "ParseReply":             {Allow: own, Resource: "agent"},
+		neg + "CheckSuitability":       {Allow: own, Resource: "agent"},
+		neg + "StartNegotiation":       {Allow: own, Resource: "agent"},
+		neg + "SynthesizeRoutine":      {Allow: own, Resource: "agent"},
+		neg + "DeriveProtocol":         {Allow: AnyKey},
+		neg + "GetNegotiationProtocol": {Allow: Anyone},
+		neg + "GetThresholds":          {Allow: AnyKey},
+		// A negotiation's name does not carry its agent: the negotiator
+		// answers these for the negotiation's agent, its client and the
+		// operator only (others get NOT_FOUND), and opens a receiving side
+		// only for an agent the caller owns.
+		neg + "ReceiveNegotiationMessage": {Allow: own},
+		neg + "GetNegotiation":            {Allow: own},
 		neg + "GetRoutineCandidate":       {Allow: Operator},
 		neg + "ReportShadowResult":        {Allow: Operator},
 

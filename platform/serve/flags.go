@@ -67,7 +67,7 @@ func (f *Flags) Register(fs *flag.FlagSet, grpcDefault, httpDefault, dataDefault
 	f.LogLevel = "info"
 	fs.Var(logLevel{&f.LogLevel}, "log-level", "log level: debug, info, warn or error")
 	fs.DurationVar(&f.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "how long a graceful shutdown may take before connections are cut")
-	fs.BoolVar(&f.Auth, "auth", false, "check every call against the access policy: keys issued by the registry, or the operator token")
+	fs.BoolVar(&f.Auth, "auth", true, "check every call against the access policy: keys issued by the registry, or the operator token (a one-service binary then needs --operator-token-file)")
 	fs.BoolVar(&f.MetricsPublic, "metrics-public", false, "with --auth, serve /metrics to anyone instead of the operator only")
 	fs.StringVar(&f.OperatorTokenFile, "operator-token-file", "", "file holding the operator token (default: <data>/operator.token, written with mode 0600 on first start)")
 	fs.IntVar(&f.MaxConnections, "max-connections", 400, "open connections allowed on each listener (gRPC and HTTP); more are refused. keep twice this under the open-file limit")

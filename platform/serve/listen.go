@@ -93,10 +93,20 @@ func PeerOptions(f Flags) (grpcclient.Options, error) {
 	if !f.Auth {
 		return o, nil
 	}
-	if f.OperatorTokenFile == "" {
-		return o, errors.New("--auth in a one-service binary needs --operator-token-file, the operator token every service of the deployment shares")
+	if err := f.checkSharedToken(); err != nil {
+		return o, err
 	}
 	tok, _, _, err := auth.LoadOperatorToken(f.OperatorTokenFile, f.DataDir)
 	o.Token = tok
 	return o, err
+}
+
+// checkSharedToken refuses --auth without --operator-token-file in a
+// one-service binary: each would write its own token to its data
+// directory, and the services could not call each other.
+func (f Flags) checkSharedToken() error {
+	if f.Auth && f.OperatorTokenFile == "" {
+		return errors.New("access control is on (--auth, the default), so a one-service binary needs --operator-token-file: the operator token every service of the deployment shares (or --auth=false)")
+	}
+	return nil
 }

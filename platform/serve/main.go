@@ -19,6 +19,9 @@ type Registrar interface {
 // SIGINT or SIGTERM, then shuts down gracefully. The caller closes its apps
 // after it returns.
 func RunUntilSignal(f Flags, logger *slog.Logger, apps ...Registrar) error {
+	if err := f.checkSharedToken(); err != nil {
+		return err
+	}
 	srv, err := New(f.Options(logger))
 	if err != nil {
 		return err

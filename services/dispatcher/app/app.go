@@ -267,8 +267,15 @@ func (a *App) Close() error {
 
 // RegisterGateway mounts the dispatcher's REST routes, the Agora routes and
 // the mailboxes' SSE route on s for a gateway process that reaches the
-// dispatcher over conn instead of in-process. cfg needs only the flags of config.RegisterGatewayFlags.
-func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, cfg config.Config) error {
+// dispatcher over gRPC instead of in-process: the REST and SSE routes over
+// conn, with each caller's own credential, and the public Agora routes over
+// service, as the gateway itself (the operator token with access control
+// on; conn when nil). cfg needs only the flags of
+// config.RegisterGatewayFlags.
+func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, service grpc.ClientConnInterface, cfg config.Config) error {
+	if service == nil {
+		service = conn
+	}
 	if err := cfg.ValidateGateway(); err != nil {
 		return err
 	}
@@ -276,7 +283,7 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 		return err
 	}
 	client := dispatcherv1.NewDispatcherServiceClient(conn)
-	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: client}, httpOptions(cfg)) {
+	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(service)}, httpOptions(cfg)) {
 		s.Handle(pattern, h)
 	}
 	for pattern, h := range server.RemoteMailboxRoutes(client, s.Stopping(), cfg.MailboxStreamWriteTimeout) {

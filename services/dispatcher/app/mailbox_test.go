@@ -242,7 +242,7 @@ func startGateway(t *testing.T, e dispatcherEnv) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := app.RegisterGateway(ctx, srv, e.conn, cfg); err != nil {
+	if err := app.RegisterGateway(ctx, srv, e.conn, nil, cfg); err != nil {
 		t.Fatal(err)
 	}
 	grpcLis, httpLis := listen(t), listen(t)

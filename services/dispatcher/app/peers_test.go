@@ -30,7 +30,9 @@ func TestApp_answersOnceItsRegistryComesUp(t *testing.T) {
 	regAddr := l.Addr().String()
 	l.Close() // the registry is not up yet
 
-	args := []string{"--registry-addr", regAddr, "--negotiator-addr", regAddr, "--peer-ready-timeout", "1m"}
+	// Access control is not what this is about: the fake registry checks
+	// no token.
+	args := []string{"--registry-addr", regAddr, "--negotiator-addr", regAddr, "--peer-ready-timeout", "1m", "--auth=false"}
 	cfg, err := config.Load(append([]string{"--data", t.TempDir()}, args...), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)

@@ -226,8 +226,8 @@ var doc = envflag.Doc{
 	Usage:   "dispatcher [flags]",
 	Summary: "Run the Parley dispatcher alone: Agora envelopes in and out, routines, SDK agent streams and Agent Protocol steps. It calls the registry and the negotiator.",
 	Examples: []string{
-		"dispatcher --registry-addr dns:///registry:9090 --negotiator-addr dns:///negotiator:9090",
-		"dispatcher --data ./data/dispatcher --grpc-addr 127.0.0.1:9091 --http-addr 127.0.0.1:8081 --registry-addr 127.0.0.1:9090 --negotiator-addr 127.0.0.1:9092",
+		"dispatcher --operator-token-file /run/parley/operator.token --registry-addr dns:///registry:9090 --negotiator-addr dns:///negotiator:9090",
+		"dispatcher --data ./data/dispatcher --operator-token-file ./data/operator.token --grpc-addr 127.0.0.1:9091 --http-addr 127.0.0.1:8081 --registry-addr 127.0.0.1:9090 --negotiator-addr 127.0.0.1:9092",
 	},
 	Prefix: "PARLEY_",
 }

@@ -10,8 +10,11 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/negotiator/config"
@@ -34,6 +37,16 @@ type App struct {
 	store   store.Store
 	metrics *ledger.Metrics
 	server  *server.Server
+	// registry checks keys when the negotiator runs alone; see
+	// CheckKeysAt.
+	registry registryv1.RegistryServiceClient
+}
+
+// CheckKeysAt makes the negotiator accept client and agent keys, checked
+// by the registry over conn, when it runs in its own process. That is
+// its one call to another service; the registry calls no service back.
+func (a *App) CheckKeysAt(conn grpc.ClientConnInterface) {
+	a.registry = registryv1.NewRegistryServiceClient(conn)
 }
 
 // New opens the store (negotiator.db in the data directory, or PostgreSQL
@@ -143,6 +156,11 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		if err := s.Registry().Register(c); err != nil {
 			return err
 		}
+	}
+	if a.registry != nil {
+		s.FallbackKeyVerifier(auth.Introspector(func(ctx context.Context, secret string) (proto.Message, error) {
+			return a.registry.IntrospectKey(ctx, &registryv1.IntrospectKeyRequest{Secret: secret})
+		}, auth.IntrospectionTTL, nil))
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("negotiator-store", a.store.Ping)

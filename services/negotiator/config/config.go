@@ -67,6 +67,10 @@ type Config struct {
 	// RoutineShadowCalls is how many agreeing shadow calls promote an
 	// LLM-written routine.
 	RoutineShadowCalls int
+	// RegistryAddr is the registry gRPC address, asked to check client
+	// and agent keys (one-service binary only; `parley serve` checks them
+	// in-process); empty: only the operator token is accepted.
+	RegistryAddr string
 }
 
 // RegisterFlags adds the negotiator's own flags (not the shared serving flags)
@@ -175,8 +179,8 @@ var doc = envflag.Doc{
 	Usage:   "negotiator [flags]",
 	Summary: "Run the Parley negotiator alone: LLM providers, negotiation, suitability verdicts, routine synthesis and the cost ledger. It calls no other service.",
 	Examples: []string{
-		"negotiator --data /var/lib/parley",
-		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_BASE_URL=http://127.0.0.1:11434/v1 PARLEY_LLM_MODEL=llama3.2 negotiator",
+		"negotiator --data /var/lib/parley --operator-token-file /run/parley/operator.token",
+		"PARLEY_LLM_PROVIDER=openai PARLEY_LLM_BASE_URL=http://127.0.0.1:11434/v1 PARLEY_LLM_MODEL=llama3.2 negotiator --operator-token-file ./operator.token",
 	},
 	Prefix: "PARLEY_",
 }
@@ -188,7 +192,7 @@ func Load(args []string, getenv func(string) string) (Config, error) {
 	fs := flag.NewFlagSet("negotiator", flag.ContinueOnError)
 	c.Flags.Register(fs, ":9090", ":8080", "/var/lib/parley")
 	c.RegisterFlags(fs)
-	fs.String("registry-addr", "", "deprecated and ignored: the negotiator does not call the registry")
+	fs.StringVar(&c.RegistryAddr, "registry-addr", "dns:///registry:9090", "registry gRPC address, asked to check client and agent keys (with --auth); empty: only the operator token is accepted")
 	fs.String("dispatcher-addr", "", "deprecated and ignored: the negotiator does not call the dispatcher")
 	pos, err := doc.ParseArgs(fs, args, getenv)
 	if err != nil {

@@ -260,11 +260,19 @@ func (a *App) Close() error {
 // process that reaches the registry over conn instead of in-process,
 // including GET /protocols/{hash} and discovery. Sources stored as paths
 // are made absolute against each request's host there.
-func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn) error {
+//
+// The REST routes call over conn with each caller's credential; the public
+// hand-written routes (documents, Agora discovery) call over service as
+// the gateway itself (the operator token with access control on; conn
+// when nil), as they do in-process in `parley serve`.
+func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, service grpc.ClientConnInterface) error {
+	if service == nil {
+		service = conn
+	}
 	if err := registryv1.RegisterRegistryServiceHandler(ctx, s.Gateway, conn); err != nil {
 		return err
 	}
-	mountRoutes(s, httpapi.ClientBackend(registryv1.NewRegistryServiceClient(conn)), "")
+	mountRoutes(s, httpapi.ClientBackend(registryv1.NewRegistryServiceClient(service)), "")
 	return nil
 }
 

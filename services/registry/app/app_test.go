@@ -512,7 +512,7 @@ func TestGatewayProcessRoutes(t *testing.T) {
 		t.Fatal(err)
 	}
 	gctx, cancel := context.WithCancel(context.Background())
-	if err := app.RegisterGateway(gctx, gw, conn); err != nil {
+	if err := app.RegisterGateway(gctx, gw, conn, nil); err != nil {
 		t.Fatal(err)
 	}
 	httpLis := listen(t)

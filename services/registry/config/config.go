@@ -166,8 +166,8 @@ var doc = envflag.Doc{
 	Usage:   "registry [flags]",
 	Summary: "Run the Parley registry alone: protocol documents, discovery, the agent directory, clients and keys, follows and client groups.",
 	Examples: []string{
-		"registry --data /var/lib/parley --grpc-addr :9090 --http-addr :8080",
-		"PARLEY_DATA=./data/registry registry --grpc-addr 127.0.0.1:9090 --http-addr 127.0.0.1:8080",
+		"registry --data /var/lib/parley --operator-token-file /run/parley/operator.token --grpc-addr :9090 --http-addr :8080",
+		"PARLEY_DATA=./data/registry PARLEY_OPERATOR_TOKEN_FILE=./data/operator.token registry --grpc-addr 127.0.0.1:9090 --http-addr 127.0.0.1:8080",
 	},
 	Prefix: "PARLEY_",
 }

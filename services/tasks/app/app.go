@@ -11,10 +11,12 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
@@ -95,7 +97,13 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	opts := restOptions(a.cfg)
 	opts.Stopping = s.Stopping()
 	if a.peers.Registry != nil {
-		opts.TokenRequired = tokenRequired(registryv1.NewRegistryServiceClient(a.peers.Registry))
+		reg := registryv1.NewRegistryServiceClient(a.peers.Registry)
+		opts.TokenRequired = tokenRequired(reg)
+		// Run alone, the tasks service checks client and agent keys at
+		// the registry; in `parley serve` the registry's own check wins.
+		s.FallbackKeyVerifier(auth.Introspector(func(ctx context.Context, secret string) (proto.Message, error) {
+			return reg.IntrospectKey(ctx, &registryv1.IntrospectKeyRequest{Secret: secret})
+		}, auth.IntrospectionTTL, nil))
 	}
 	rest.New(a.server, opts).Register(s.Handle)
 	registerErrorShapes(s)
@@ -166,15 +174,39 @@ func (a *App) Close() error {
 // that reaches the tasks over conn instead of in-process. cfg holds the
 // flags of config.RegisterGatewayFlags, which the gateway registers on its
 // own flag set (--ap-agent and the Agent Protocol limits).
-func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn, cfg config.Config) error {
+func RegisterGateway(ctx context.Context, s *serve.Server, peers GatewayPeers, cfg config.Config) error {
 	if err := cfg.ValidateGateway(); err != nil {
 		return err
 	}
 	opts := restOptions(cfg)
 	opts.Stopping = s.Stopping()
-	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(conn)), opts).Register(s.Handle)
+	if peers.Registry != nil {
+		opts.TokenRequired = tokenRequired(registryv1.NewRegistryServiceClient(peers.Registry))
+	}
+	service := peers.Service
+	if service == nil {
+		service = peers.Tasks
+	}
+	rest.New(rest.NewClientBackend(tasksv1.NewTasksServiceClient(service)), opts).Register(s.Handle)
 	registerErrorShapes(s)
-	return tasksv1.RegisterTasksServiceHandler(ctx, s.Gateway, conn)
+	return tasksv1.RegisterTasksServiceHandler(ctx, s.Gateway, peers.Tasks)
+}
+
+// GatewayPeers are the connections a gateway process mounts the tasks
+// service's routes with.
+type GatewayPeers struct {
+	// Tasks carries the REST routes' calls with each caller's own
+	// credential, which the tasks service checks.
+	Tasks *grpc.ClientConn
+	// Service, when set, carries the Agent Protocol routes' calls as the
+	// gateway itself (the operator token with access control on): those
+	// routes are public or checked by the gateway per agent, like
+	// `parley serve`'s. Tasks when nil.
+	Service grpc.ClientConnInterface
+	// Registry, when set, tells each agent's Agent Protocol access
+	// (public or token), asked as the gateway itself; without it every
+	// agent is public.
+	Registry grpc.ClientConnInterface
 }
 
 // registerErrorShapes makes unknown paths and wrong methods under the

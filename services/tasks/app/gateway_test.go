@@ -32,7 +32,7 @@ func startGateway(t *testing.T, conn *grpc.ClientConn, args ...string) string {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	if err := app.RegisterGateway(ctx, srv, conn, cfg); err != nil {
+	if err := app.RegisterGateway(ctx, srv, app.GatewayPeers{Tasks: conn}, cfg); err != nil {
 		t.Fatal(err)
 	}
 	grpcLis, httpLis := listen(t), listen(t)

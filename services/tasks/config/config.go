@@ -133,8 +133,8 @@ var doc = envflag.Doc{
 	Usage:   "tasks [flags]",
 	Summary: "Run the Parley tasks service alone: Agent Protocol tasks, steps and artifacts. Steps run through the dispatcher.",
 	Examples: []string{
-		"tasks --dispatcher-addr dns:///dispatcher:9090",
-		"tasks --data ./data/tasks --grpc-addr 127.0.0.1:9093 --http-addr 127.0.0.1:8083 --dispatcher-addr 127.0.0.1:9091",
+		"tasks --operator-token-file /run/parley/operator.token --dispatcher-addr dns:///dispatcher:9090",
+		"tasks --data ./data/tasks --operator-token-file ./data/operator.token --grpc-addr 127.0.0.1:9093 --http-addr 127.0.0.1:8083 --dispatcher-addr 127.0.0.1:9091",
 	},
 	Prefix: "PARLEY_",
 }

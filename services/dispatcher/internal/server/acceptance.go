@@ -24,8 +24,8 @@ import (
 // (internal/payment). Before the dialogue layer sees the reply (card
 // data was refused in any body already, internal/carddata):
 //   - a message of a type that a message marked opensOrder answers (offer,
-//     payment_error) has its terms checked, and recorded once it is
-//     delivered, keyed by (dialogue, its sender);
+//     payment_error) has its terms checked and recorded before it is
+//     delivered (put back if it is not), keyed by (dialogue, its sender);
 //   - a message marked opensOrder (accept_offer) goes through the payment
 //     gate: payment, the owner's limits and signed approval, against the
 //     recorded terms of the message it answers. If the reply is then not
@@ -48,6 +48,9 @@ func (o ownerSource) owner(ctx context.Context, agent string) (payment.Owner, er
 		return payment.Owner{}, registryError(err)
 	}
 	ow := a.GetOwner()
+	if ow == nil { // no owner registered: no limits, no key
+		return payment.Owner{}, nil
+	}
 	out := payment.Owner{
 		TransactionLimit: ow.GetTransactionLimitMicroUsd(), DailyLimit: ow.GetDailyLimitMicroUsd(),
 		AutomatedPerTransaction: ow.AutomatedLimitPerTransactionMicroUsd, AutomatedPerDay: ow.AutomatedLimitPerDayMicroUsd,

@@ -162,3 +162,19 @@ func TestTransact_refusedAcceptanceReleasesItsPayment(t *testing.T) {
 		t.Errorf("accept_offer in %s error = %v; the refused acceptance still counts against the day", dlg, err)
 	}
 }
+
+// A consumer whose agent has no owner registered accepts a paid offer:
+// no limits and no key apply, the payment is reserved (this panicked on
+// the missing owner).
+func TestTransact_paidAcceptanceByAConsumerWithoutOwner(t *testing.T) {
+	e := startService(t)
+	e.reg.addAgent(&registryv1.Agent{Name: netAlice})
+	dlg, offer := e.transactToOffer(`{"offer":{"what":"ship"},"price":{"amount_micros":1000000,"currency":"USD"},"payment_required":true}`)
+	pay := e.createPayment(netAlice, netBob, 1_000_000)
+	_, payID, _ := cutPayment(pay.GetName())
+	e.mustReply(netAlice, offer, "accept_offer", mustJSON(map[string]any{"payment": map[string]string{"provider": "ledger", "reference": payID}}))
+	p, err := e.client.GetPayment(t.Context(), &dispatcherv1.GetPaymentRequest{Name: pay.GetName()})
+	if err != nil || p.GetState() != dispatcherv1.PaymentState_PAYMENT_STATE_RESERVED || p.GetOrder() != order.ID(dlg, netBob) {
+		t.Errorf("payment after the acceptance = %v, %v; want reserved for the order", p, err)
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 
+	"github.com/parleyhq/parley/platform/grpcclient"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/platform/telemetry"
 	"github.com/parleyhq/parley/services/negotiator/app"
@@ -40,5 +41,17 @@ func run(args []string, getenv func(string) string) error {
 		return err
 	}
 	defer a.Close()
+	if cfg.Auth && cfg.RegistryAddr != "" {
+		peer, err := serve.PeerOptions(cfg.Flags)
+		if err != nil {
+			return err
+		}
+		conn, err := grpcclient.Dial(cfg.RegistryAddr, peer)
+		if err != nil {
+			return fmt.Errorf("--registry-addr: %w", err)
+		}
+		defer conn.Close()
+		a.CheckKeysAt(conn)
+	}
 	return serve.RunUntilSignal(cfg.Flags, logger, a)
 }

@@ -8,11 +8,14 @@ import (
 	"log/slog"
 	"strings"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
+	"github.com/parleyhq/parley/platform/auth"
 	"github.com/parleyhq/parley/platform/grpcerr"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/negotiator/internal/negotiation"
 	"github.com/parleyhq/parley/services/negotiator/internal/protocol"
 	"github.com/parleyhq/parley/services/negotiator/internal/routine"
@@ -79,11 +82,37 @@ func (s *Server) GetNegotiation(ctx context.Context, req *negotiatorv1.GetNegoti
 	if err := checkNegotiationName(req.GetName()); err != nil {
 		return nil, err
 	}
-	n, err := s.store.GetNegotiation(ctx, req.GetName())
+	n, err := s.ownedNegotiation(ctx, req.GetName())
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
 	return n, nil
+}
+
+// ownedNegotiation reads the negotiation name for the caller, who must be
+// its agent, that agent's client or the operator. The policy cannot check
+// that, as a negotiation's name does not carry its agent. Another caller
+// gets the error a missing negotiation gets, so it cannot learn whether
+// one exists. Without access control (no principal) nothing is checked.
+func (s *Server) ownedNegotiation(ctx context.Context, name string) (*negotiatorv1.Negotiation, error) {
+	n, err := s.store.GetNegotiation(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if p, on := auth.FromContext(ctx); on && !p.Owns(n.GetAgent()) {
+		return nil, resource.NotFound("negotiation", name)
+	}
+	return n, nil
+}
+
+// mayOpenFor refuses to open a negotiation for an agent the caller is not
+// (nor its client, nor the operator): the request names the agent, so the
+// refusal is PERMISSION_DENIED, before anything is looked up.
+func mayOpenFor(ctx context.Context, agent string) error {
+	if p, on := auth.FromContext(ctx); on && !p.Owns(agent) {
+		return grpcerr.New(codes.PermissionDenied, "this credential may not negotiate for agent "+agent+"; call with that agent's key, its client's key or the operator token", "AGENT_NOT_OWNED", Domain, map[string]string{"agent": agent})
+	}
+	return nil
 }
 
 func checkNegotiationName(name string) error {
@@ -110,9 +139,12 @@ func (s *Server) ReceiveNegotiationMessage(ctx context.Context, req *negotiatorv
 		return nil, err
 	}
 	if req.GetName() == "" {
+		if err := mayOpenFor(ctx, req.GetAgent()); err != nil {
+			return nil, err
+		}
 		return s.openReceiver(ctx, req)
 	}
-	stored, err := s.store.GetNegotiation(ctx, req.GetName())
+	stored, err := s.ownedNegotiation(ctx, req.GetName())
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}

@@ -1,0 +1,292 @@
+package main
+
+// The SDK's service helpers (sdk.ServiceAgent) against a real in-process
+// Parley server: the SDK module cannot import the services, so its tests
+// against real ones live here, beside the demo that uses them.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/sdk"
+)
+
+// serviceNet is a server with a consumer and suppliers that follow it,
+// each a running sdk.ServiceAgent.
+type serviceNet struct {
+	conn   grpc.ClientConnInterface
+	agents map[string]*sdk.ServiceAgent // by short name
+}
+
+func (n serviceNet) name(id string) string { return "clients/svc/agents/" + id }
+
+// startServiceNet starts a server and the agents "consumer" and
+// suppliers; stages registers each supplier's handlers before it runs.
+func startServiceNet(t *testing.T, suppliers []string, stages func(id string, sa *sdk.ServiceAgent)) serviceNet {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ep, stop, err := startDemoSuite(ctx, "sdk", func(*suiteConfig) {})
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+		if stop != nil {
+			if err := stop(); err != nil {
+				t.Errorf("stop the server: %v", err)
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := serviceNet{conn: ep.Conn, agents: map[string]*sdk.ServiceAgent{}}
+	reg := registryv1.NewRegistryServiceClient(ep.Conn)
+	if _, err := reg.CreateClient(ctx, &registryv1.CreateClientRequest{ClientId: "svc", Client: &registryv1.Client{DisplayName: "svc"}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range append([]string{"consumer"}, suppliers...) {
+		if _, err := reg.CreateAgent(ctx, &registryv1.CreateAgentRequest{Parent: "clients/svc", AgentId: id, Agent: &registryv1.Agent{DisplayName: id}}); err != nil {
+			t.Fatal(err)
+		}
+		if id != "consumer" {
+			if _, err := reg.FollowAgent(ctx, &registryv1.FollowAgentRequest{Name: n.name(id), Agent: n.name("consumer")}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		na, err := sdk.NewNetworkAgent(ep.Conn, n.name(id), sdk.NetworkOptions{OnError: func(err error) { t.Logf("%s: %v", id, err) }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sa, err := sdk.NewServiceAgent(ep.Conn, na, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if id != "consumer" {
+			stages(id, sa)
+		}
+		n.agents[id] = sa
+		wg.Go(func() { _ = na.Run(ctx) })
+	}
+	return n
+}
+
+// order reads o as the consumer, once its trail holds the message
+// typed last: the network records a move on the order just after it
+// delivers the message, so the consumer may see the message first.
+func (n serviceNet) order(t *testing.T, o sdk.Order, last string) *dispatcherv1.Order {
+	t.Helper()
+	client := dispatcherv1.NewDispatcherServiceClient(n.conn)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := client.GetOrder(t.Context(), &dispatcherv1.GetOrderRequest{Name: n.name("consumer") + "/orders/" + o.ID})
+		if err == nil && got.GetLastMessageType() == last {
+			return got
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GetOrder(%s) = %v, %v; want one whose last message is %s", o.ID, got, err, last)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func usdPrice(micros int64) sdk.Price { return sdk.Price{AmountMicros: micros, Currency: "USD"} }
+
+func byLowPrice(b sdk.Bid) float64 {
+	if b.Price == nil {
+		return -1e18
+	}
+	return -float64(b.Price.AmountMicros)
+}
+
+func suppliersOf(n serviceNet, ids ...string) []string {
+	var out []string
+	for _, id := range ids {
+		out = append(out, n.name(id))
+	}
+	return out
+}
+
+// Allocate returns the offers in by score, best first, without the
+// supplier that declined; the accepted one forms an order, the order
+// ends with order_complete, and a confirm_fail makes it a failure, not a
+// success (the original reports it as one).
+func TestServiceAgent_allocateRanksOffersAndConfirmFailIsAFailure(t *testing.T) {
+	prices := map[string]int64{"dear": 5_000_000, "cheap": 3_000_000}
+	rejected := make(chan string, 3)
+	n := startServiceNet(t, []string{"dear", "cheap", "busy"}, func(id string, sa *sdk.ServiceAgent) {
+		sa.Supply("new_task_request", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			if id == "busy" {
+				_, err := r.Reply(ctx, "reject_task", map[string]string{"reason": "busy"})
+				return err
+			}
+			_, err := r.Reply(ctx, "offer", map[string]any{"offer": map[string]string{"by": id}, "offer_timeout": 30, "price": usdPrice(prices[id])})
+			return err
+		})
+		sa.Supply("accept_offer", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			_, err := r.Reply(ctx, "order_complete", map[string]string{"done": "yes"})
+			return err
+		})
+		sa.Supply("reject_offer", func(_ context.Context, m sdk.Message, _ sdk.Responder) error {
+			rejected <- id
+			return nil
+		})
+	})
+	ctx := t.Context()
+	c := n.agents["consumer"]
+	round, err := c.Allocate(ctx, sdk.Request{To: suppliersOf(n, "dear", "cheap", "busy"), Task: map[string]string{"what": "ship"}, Window: 5 * time.Second}, byLowPrice)
+	if err != nil {
+		t.Fatalf("Allocate() error = %v", err)
+	}
+	var got []string
+	for _, o := range round.Offers {
+		got = append(got, o.Supplier)
+	}
+	if want := suppliersOf(n, "cheap", "dear"); !slices.Equal(got, want) {
+		t.Fatalf("Allocate() offers = %q, want %q (best first)", got, want)
+	}
+	order, err := round.Accept(ctx, round.Offers[0], nil)
+	if err != nil {
+		t.Fatalf("Accept(cheap) error = %v", err)
+	}
+	if order.ID != sdk.OrderID(round.Dialogue, n.name("cheap")) {
+		t.Errorf("order id = %s, want OrderID(dialogue, cheap)", order.ID)
+	}
+	if err := round.Reject(ctx, round.Offers[1]); err != nil {
+		t.Fatalf("Reject(dear) error = %v", err)
+	}
+	if who := <-rejected; who != "dear" {
+		t.Errorf("reject_offer reached %s, want dear", who)
+	}
+	// The accepted offer cannot be accepted again: the network refuses it,
+	// naming the rule, and the SDK says so with ErrRefused.
+	_, err = round.Accept(ctx, round.Offers[0], nil)
+	var ref *sdk.Refusal
+	if !errors.Is(err, sdk.ErrRefused) || !errors.As(err, &ref) || ref.Reason != "PROTOCOL_ERROR" || ref.Rule == "" || status.Code(err) != codes.FailedPrecondition {
+		t.Errorf("Accept(again) error = %v, want a *sdk.Refusal (PROTOCOL_ERROR, a rule, FAILED_PRECONDITION)", err)
+	}
+	done, err := round.Await(ctx, n.name("cheap"), "order_complete", "order_failed")
+	if err != nil || done.Type != "order_complete" {
+		t.Fatalf("Await(order_complete) = %s, %v", done.Type, err)
+	}
+	if err := round.Confirm(ctx, done, false); err != nil {
+		t.Fatalf("Confirm(fail) error = %v", err)
+	}
+	if o := n.order(t, order, "confirm_fail"); o.GetState() != dispatcherv1.OrderState_ORDER_STATE_FAILED {
+		t.Errorf("order after confirm_fail: state %v, last %s; want FAILED after confirm_fail", o.GetState(), o.GetLastMessageType())
+	}
+	if err := round.Close(ctx); err != nil {
+		t.Errorf("Close() error = %v", err)
+	}
+}
+
+// Delegate returns the order of the supplier that accepts the task; with
+// every supplier declining, ErrNoSupplier.
+func TestServiceAgent_delegate(t *testing.T) {
+	n := startServiceNet(t, []string{"yes", "no"}, func(id string, sa *sdk.ServiceAgent) {
+		sa.Supply("new_task_request", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			typ := "reject_offer"
+			if id == "yes" {
+				typ = "accept_offer"
+			}
+			_, err := r.Reply(ctx, typ, struct{}{})
+			return err
+		})
+	})
+	ctx := t.Context()
+	c := n.agents["consumer"]
+	round, order, err := c.Delegate(ctx, sdk.Request{To: suppliersOf(n, "no", "yes"), Task: map[string]string{"what": "mow"}, Window: 5 * time.Second})
+	if err != nil {
+		t.Fatalf("Delegate() error = %v", err)
+	}
+	if order.Supplier != n.name("yes") || order.ID != sdk.OrderID(round.Dialogue, n.name("yes")) {
+		t.Errorf("Delegate() order = %+v, want yes's", order)
+	}
+	if o := n.order(t, order, "accept_offer"); o.GetState() != dispatcherv1.OrderState_ORDER_STATE_ACTIVE {
+		t.Errorf("order state = %v, want ACTIVE", o.GetState())
+	}
+	if err := round.Close(ctx); err != nil {
+		t.Errorf("Close() error = %v", err)
+	}
+	_, _, err = c.Delegate(ctx, sdk.Request{To: suppliersOf(n, "no"), Task: map[string]string{"what": "mow"}, Window: 5 * time.Second})
+	if !errors.Is(err, sdk.ErrNoSupplier) {
+		t.Errorf("Delegate(only no) error = %v, want ErrNoSupplier", err)
+	}
+}
+
+// Transact invites the best proposal first and falls back to the next
+// after a payment_error; the paid order's payment is reserved for it and
+// captured by its supplier.
+func TestServiceAgent_transactFallsBackAfterAPaymentError(t *testing.T) {
+	prices := map[string]int64{"flaky": 1_000_000, "solid": 2_000_000}
+	n := startServiceNet(t, []string{"flaky", "solid"}, func(id string, sa *sdk.ServiceAgent) {
+		sa.Supply("new_task_request", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			_, err := r.Reply(ctx, "proposal", map[string]any{"proposal": map[string]string{"by": id}, "price": usdPrice(prices[id])})
+			return err
+		})
+		sa.Supply("invite_offer", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			_, err := r.Reply(ctx, "offer", map[string]any{"offer": map[string]string{"by": id}, "offer_timeout": 30, "price": usdPrice(prices[id]), "payment_required": true})
+			return err
+		})
+		sa.Supply("accept_offer", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			var body struct {
+				Payment sdk.PaymentReference `json:"payment"`
+			}
+			if err := json.Unmarshal(m.Body, &body); err != nil {
+				return err
+			}
+			if id == "flaky" {
+				_, err := r.Reply(ctx, "payment_error", map[string]any{"error": "card declined", "offer_timeout": 30})
+				return err
+			}
+			if err := sa.CapturePayment(ctx, body.Payment); err != nil {
+				return fmt.Errorf("capture: %w", err)
+			}
+			_, err := r.Reply(ctx, "payment_confirmed", map[string]any{"payment": body.Payment})
+			return err
+		})
+	})
+	ctx := t.Context()
+	c := n.agents["consumer"]
+	var refs []sdk.PaymentReference
+	var heard []sdk.Fallback
+	deal, err := c.Transact(ctx, sdk.Request{To: suppliersOf(n, "solid", "flaky"), Task: map[string]string{"what": "print"}, Window: 5 * time.Second}, byLowPrice, sdk.TransactOptions{
+		InviteWindow: 5 * time.Second,
+		Accept: func(ctx context.Context, d *sdk.Deal, offer sdk.Bid) (any, error) {
+			ref, err := c.CreatePayment(ctx, offer.Supplier, *offer.Price)
+			refs = append(refs, ref)
+			return map[string]any{"payment": ref}, err
+		},
+		OnFallback: func(f sdk.Fallback) { heard = append(heard, f) },
+	})
+	if err != nil {
+		t.Fatalf("Transact() error = %v (deal %+v)", err, deal)
+	}
+	if len(deal.Proposals) != 2 || deal.Proposals[0].Supplier != n.name("flaky") {
+		t.Errorf("proposals = %+v, want flaky's first (cheaper)", deal.Proposals)
+	}
+	if len(deal.Fallbacks) != 1 || deal.Fallbacks[0].Supplier != n.name("flaky") || deal.Fallbacks[0].Reason != "payment error" || !slices.Equal(heard, deal.Fallbacks) {
+		t.Errorf("fallbacks = %+v (heard %+v), want flaky's payment error", deal.Fallbacks, heard)
+	}
+	if deal.Order.Supplier != n.name("solid") {
+		t.Fatalf("order = %+v, want solid's", deal.Order)
+	}
+	if o := n.order(t, deal.Order, "payment_confirmed"); o.GetState() != dispatcherv1.OrderState_ORDER_STATE_ACTIVE {
+		t.Errorf("order state = %v, want ACTIVE", o.GetState())
+	}
+	p, err := dispatcherv1.NewDispatcherServiceClient(n.conn).GetPayment(ctx, &dispatcherv1.GetPaymentRequest{Name: n.name("consumer") + "/payments/" + refs[len(refs)-1].Reference})
+	if err != nil || p.GetState() != dispatcherv1.PaymentState_PAYMENT_STATE_CAPTURED || p.GetOrder() != deal.Order.ID {
+		t.Errorf("GetPayment(solid's) = %v, %v; want CAPTURED for the order", p, err)
+	}
+}
