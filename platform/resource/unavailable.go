@@ -7,7 +7,7 @@ import (
 	"strings"
 )
 
-// ErrContention: a store write kept conflicting with concurrent writes to
+// ErrContention reports that a store write kept conflicting with concurrent writes to
 // the same data (PostgreSQL's serialization failures, retried until a
 // bound) and was given up. Nothing was written; the caller may retry.
 var ErrContention = errors.New("too many concurrent writes to the same data")
