@@ -47,11 +47,15 @@ import (
 // '*@*=1/<nl+1>/10' --routine-shadow-calls 0).
 func runDemo(e env, args []string) error {
 	if len(args) > 0 && isHelp(args[0]) {
-		// One demo so far: its whole help is the group's.
+		// Two demos: the group's help is both of theirs.
 		fmt.Fprintf(e.stdout, "Usage: parley demo <command> [flags]\n\nCommands:\n")
 		listCommands(e.stdout, demoCommands())
 		fmt.Fprintln(e.stdout)
-		return runDemoWeather(e, []string{"--help"})
+		if err := runDemoWeather(e, []string{"--help"}); !errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		fmt.Fprintln(e.stdout)
+		return runDemoMarket(e, []string{"--help"})
 	}
 	return subcommand(e, "demo", args, demoCommands())
 }

@@ -95,7 +95,7 @@ func TestHelp_demoIsComplete(t *testing.T) {
 	if code := exitCode(err); code != 0 {
 		t.Fatalf("parley demo --help exits %d (%v), want 0", code, err)
 	}
-	for _, want := range []string{"weather", "--queries", "--server", "send-allow-private", "Example"} {
+	for _, want := range []string{"weather", "--queries", "--server", "send-allow-private", "Example", "market", "--window", "parley demo market --json"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("parley demo --help lacks %q:\n%s", want, out.String())
 		}

@@ -15,6 +15,7 @@
 //	parley follow|unfollow CLIENT:AGENT [--as CLIENT:AGENT]
 //	parley group create|get|join|leave|search|list|members|requests|invite|accept|reject|invites|accept-invite|reject-invite ...
 //	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
+//	parley demo market [--json] [--window 1s] [--server ADDR]
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
 // server (default 127.0.0.1:9090, environment PARLEY_SERVER).
@@ -147,6 +148,7 @@ func usage(w io.Writer, cmds map[string]command) {
 	fmt.Fprintln(w, "  parley serve --data ./data          # every service on 127.0.0.1:9090 (gRPC) and :8080 (HTTP)")
 	fmt.Fprintln(w, "  parley agent create acme:weather   # a hosted agent on that server")
 	fmt.Fprintln(w, "  parley demo weather                # the Agora story end to end, in process")
+	fmt.Fprintln(w, "  parley demo market --json          # allocate and transact among five suppliers, in process")
 	fmt.Fprintln(w, "\nRun 'parley <command> --help' for a command's arguments and flags.")
 }
 

@@ -302,16 +302,6 @@ func kindOf(m sdk.Message) string {
 	return body.Task.Kind
 }
 
-// deadlineOf reads a delivered deadline field (absolute Unix seconds).
-func deadlineOf(m sdk.Message, field string) time.Time {
-	var body map[string]json.RawMessage
-	var secs int64
-	if json.Unmarshal(m.Body, &body) == nil && json.Unmarshal(body[field], &secs) == nil {
-		return time.Unix(secs, 0)
-	}
-	return time.Time{}
-}
-
 // supplier registers a supplier's stages.
 //
 // The slow supplier does not block its mailbox while it dawdles: it keeps
@@ -350,7 +340,7 @@ func (mk *market) supplier(id string, sa *sdk.ServiceAgent) {
 		_, err := r.ReplyTo(ctx, m.ID, "offer", offerBody(id, kind, nil))
 		var ref *sdk.Refusal
 		if !errors.As(err, &ref) {
-			return fmt.Errorf("slow's late offer: %v, want a refusal", err)
+			return fmt.Errorf("slow's late offer: %w, want a refusal", err)
 		}
 		mk.event(&mk.sum.Refusals, MarketEvent{Dialogue: m.DialogueID, Supplier: id, What: "offer", Rule: ref.Rule, Detail: ref.Detail})
 		mk.logf("  %s -> buyer: offer, too late: the network refused it (%s)", id, ref.Rule)

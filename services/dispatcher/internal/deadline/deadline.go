@@ -5,9 +5,12 @@
 // When a message sets a deadline, its pair's new state lists it (see
 // protocolcontrol); Arm stores a timer for each pending deadline of that
 // state. Run fires timers as they fall due, and again after a restart for
-// those that fell due while the server was down. Due timers fire in
-// batches (Options.Batch), each batch one store transaction
-// (store.TimerStore.FireTimers) that, for every timer in it:
+// those that fell due while the server was down. A timer that expires its
+// pair is first told to Options.Expired (the pair's order records the
+// expiry; idempotent, so a crash before the firing commits only repeats
+// it). Due timers then fire in batches (Options.Batch), each batch one
+// store transaction (store.TimerStore.FireTimers) that, for every timer in
+// it:
 //
 //  1. asks the pair's machine whether the deadline expires (Machine.Expire:
 //     a deadline already met, replaced, or whose pair has ended does not);
@@ -75,9 +78,12 @@ type Options struct {
 	// Retry is how long Run waits after a timer failed to fire; a second
 	// when 0.
 	Retry time.Duration
-	// Expired, when set, is told of each pair a timer expired, after the
-	// state moved (orders record it); its error is logged, as the expiry
-	// stands.
+	// Expired, when set, is told of each pair a timer expires (orders
+	// record it) before the timer goes: the lapse is a fact from the
+	// deadline on and the pair's state cannot move after it, so telling
+	// first and firing second loses nothing to a crash between the two. A
+	// retry tells it again with the same message id, so it must be
+	// idempotent. When it fails, the timer stays stored and fires later.
 	Expired func(ctx context.Context, e Expiry) error
 }
 
@@ -216,21 +222,25 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 			}
 			machines[t.Protocol] = m
 		}
-		if m != nil {
-			ready = append(ready, t)
+		if m == nil {
+			continue
 		}
+		if err := s.tell(ctx, m, t, now); err != nil {
+			errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+			continue
+		}
+		ready = append(ready, t)
 	}
 	// The pair's state is not rewritten: the deadline it holds has ended
 	// it at its instant already (protocolcontrol reads a passed deadline
 	// so), and a rewrite would cost a page of a large tree per expiry.
-	// What the firing made of each pair is kept for the Expired hook.
-	nexts := make(map[store.Timer]json.RawMessage, len(ready))
+	expires := make(map[store.Timer]bool, len(ready))
 	done, err := s.store.FireTimers(ctx, ready, s.mail.Bound(), func(t store.Timer, state json.RawMessage) (store.TimerFiring, error) {
-		res, expires, err := machines[t.Protocol].Expire(state, t.Name, now)
-		if err != nil || !expires {
+		res, ok, err := machines[t.Protocol].Expire(state, t.Name, now)
+		if err != nil || !ok {
 			return store.TimerFiring{}, err
 		}
-		nexts[t] = res.State
+		expires[t] = true
 		return store.TimerFiring{Mail: Message(t, res.Pair), Recipients: []string{t.Initiator, t.Counterpart}}, nil
 	})
 	if done == nil && err != nil {
@@ -247,18 +257,27 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 	}
 	s.mail.Delivered(deliveries)
 	for _, f := range done {
-		next := nexts[f.Timer]
-		if next == nil {
-			continue
-		}
-		expired++
-		if s.opts.Expired != nil {
-			if err := s.opts.Expired(ctx, Expiry{Timer: f.Timer, Prev: f.Prev, Next: next, MessageID: ID(f.Timer)}); err != nil {
-				s.opts.Logger.WarnContext(ctx, "an expiry was not recorded on its order", slog.String("dialogue", f.Timer.Dialogue), slog.Any("err", err))
-			}
+		if expires[f.Timer] {
+			expired++
 		}
 	}
 	return expired, len(done), errors.Join(errs...)
+}
+
+// tell tells Options.Expired of t's expiry, when t expires its pair.
+func (s *Scheduler) tell(ctx context.Context, m *protocolcontrol.Machine, t store.Timer, now time.Time) error {
+	if s.opts.Expired == nil {
+		return nil
+	}
+	state, err := s.store.PairState(ctx, t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
+	if err != nil {
+		return err
+	}
+	res, ok, err := m.Expire(state, t.Name, now)
+	if err != nil || !ok {
+		return err
+	}
+	return s.opts.Expired(ctx, Expiry{Timer: t, Prev: state, Next: res.State, MessageID: ID(t)})
 }
 
 // Message is the message both agents of a pair get when its deadline

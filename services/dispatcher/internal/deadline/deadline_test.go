@@ -352,27 +352,49 @@ func TestRun_firesDueTimersAndWaitsForTheNext(t *testing.T) {
 	<-done
 }
 
-func TestDeadline_expiredHookSeesTheMove(t *testing.T) {
+// The hook hears of the expiry before the timer goes: when it fails, the
+// timer stays and no message is sent; the retry tells it again, with the
+// same message id, and fires once.
+func TestDeadline_expiredHookBeforeTheTimerGoes(t *testing.T) {
 	e := newEnv(t)
 	e.request(t, "d1")
-	var got []Expiry
+	var (
+		got  []Expiry
+		down = true
+	)
 	s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Expired: func(_ context.Context, x Expiry) error {
 		got = append(got, x)
-		return errors.New("order store down") // logged; the expiry stands
+		if down {
+			return errors.New("order store down")
+		}
+		return nil
 	}})
 	e.clk.Set(t0.Add(time.Minute))
+	if n, err := s.FireDue(t.Context()); n != 0 || err == nil || !strings.Contains(err.Error(), "order store down") {
+		t.Fatalf("FireDue(hook failing) = %d, %v; want 0 and the hook's error", n, err)
+	}
+	if _, ok, _ := e.st.NextTimer(t.Context()); !ok {
+		t.Fatal("the timer went though its expiry was not recorded")
+	}
+	if ms := e.expiries(t, consumer); len(ms) != 0 {
+		t.Fatalf("expiry sent though not recorded: %+v", ms)
+	}
+	down = false
 	if n, err := s.FireDue(t.Context()); n != 1 || err != nil {
 		t.Fatalf("FireDue() = %d, %v; want 1", n, err)
 	}
 	if n, _ := s.FireDue(t.Context()); n != 0 {
 		t.Fatalf("FireDue(again) = %d, want 0", n)
 	}
-	if len(got) != 1 {
-		t.Fatalf("Expired called %d times, want once", len(got))
+	if len(got) != 2 || got[0].MessageID != got[1].MessageID {
+		t.Fatalf("Expired called %d times (%+v), want twice with one message id", len(got), got)
 	}
-	prev, _ := protocolcontrol.Inspect(got[0].Prev)
-	next, _ := protocolcontrol.Inspect(got[0].Next)
-	if prev.Ended || !next.Ended || next.Expired != "invite_offer_timeout" || got[0].MessageID != ID(got[0].Timer) {
-		t.Errorf("Expired(%+v): prev %+v, next %+v; want the move to expired, with the message id", got[0], prev, next)
+	prev, _ := protocolcontrol.Inspect(got[1].Prev)
+	next, _ := protocolcontrol.Inspect(got[1].Next)
+	if prev.Ended || !next.Ended || next.Expired != "invite_offer_timeout" || got[1].MessageID != ID(got[1].Timer) {
+		t.Errorf("Expired(%+v): prev %+v, next %+v; want the move to expired, with the message id", got[1], prev, next)
+	}
+	if ms := e.expiries(t, consumer); len(ms) != 1 || ms[0].ID != got[1].MessageID {
+		t.Errorf("consumer's expiries = %+v, want one, with the id the hook saw", ms)
 	}
 }
