@@ -305,10 +305,19 @@ func (p *Pool) call(ctx context.Context, prog *Program, fn string, args []json.R
 	}
 	agent := agentOf(ctx, rp.name)
 	for evicted := false; ; {
+		asked := time.Now()
 		w, err := p.acquire(ctx, agent, until, l.Timeout)
 		if err != nil {
 			return nil, nil, err
 		}
+		// A worker started for this call (by it, or in the background
+		// while it waited for the slot) took the pool's time, not other
+		// calls': its start does not count against the wait budget.
+		startBy := until
+		if w.born.After(asked) {
+			startBy = until.Add(w.startTook)
+		}
+		fields[3] = putInt(startBy.UnixNano())
 		out, newMemory, err = p.callOn(ctx, w, rp, l, deadline, fields)
 		p.release(w)
 		switch {

@@ -49,11 +49,21 @@ func rogueWorker(t *testing.T, mode string) string {
 	return path
 }
 
+// slowStart is how long a "slowstart" rogue worker takes to start.
+const slowStart = 500 * time.Millisecond
+
 // serveRogue is a worker that says hello and then, in mode "compile",
 // answers the first program with a frame announcing 200 MiB, or in mode
 // "call" compiles programs (answering that they define reply) and answers
-// the first call that way; it then streams zeros until it is killed.
+// the first call that way; it then streams zeros until it is killed. In
+// mode "slowstart" it is a real worker that takes slowStart to start.
 func serveRogue(mode string) int {
+	if mode == "slowstart" {
+		// A worker slower to start than a run's budget (as a loaded
+		// machine under -race makes it): then a real one.
+		time.Sleep(slowStart)
+		return ServeWorker()
+	}
 	r, w := bufio.NewReader(os.Stdin), bufio.NewWriter(os.Stdout)
 	if writeFrame(w, frameHello) != nil {
 		return 1

@@ -203,3 +203,26 @@ func waitLoad(t *testing.T, p *Pool, agent string, load int) *worker {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestSlowWorkerStart: the time a call spends starting its own worker is
+// not waiting behind other calls, so it does not use up the call's wait
+// budget: a call whose worker takes longer to start than its budget still
+// runs (under -race on a loaded machine a worker takes about a second to
+// start, and first calls failed busy).
+func TestSlowWorkerStart(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 2, Executable: rogueWorker(t, "slowstart")})
+	const budget = slowStart / 5
+	p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", "def reply(q, m):\n    return q\n", nil, testLimits(Limits{Pool: pool, Timeout: budget}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The compile started one worker and gave it back; the call takes the
+	// other slot, whose worker is not started yet.
+	out, _, err := p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`7`)}, json.RawMessage(`{}`))
+	if err != nil || string(out) != "7" {
+		t.Fatalf("Call on a worker that took %v to start (budget %v) = %s, %v; want 7", slowStart, budget, out, err)
+	}
+	if s := pool.Stats(); s.Started != 2 {
+		t.Errorf("%d workers started, want 2 (the call started its own)", s.Started)
+	}
+}

@@ -528,6 +528,11 @@ type worker struct {
 	known   map[string]bool
 	pending []*exchange // written and not answered, oldest first: the first is running
 
+	// When it was ready (its hello read) and how long it took to start;
+	// set before it is used, then read-only.
+	born      time.Time
+	startTook time.Duration
+
 	cpu       atomic.Int64 // the CPU time it said it has used, ns
 	headStart atomic.Int64 // when its running exchange started, Unix ns; 0 when none
 	killed    atomic.Bool  // killed at a run's deadline
@@ -596,6 +601,7 @@ func (p *Pool) start() (*worker, error) {
 		inW.Close()
 		return nil, err
 	}
+	launched := time.Now()
 	w := &worker{in: inW, stderr: &headBuffer{}, known: map[string]bool{}}
 	// -test.run keeps a test binary without the worker hook from running
 	// its tests (it fails the hello instead).
@@ -631,6 +637,8 @@ func (p *Pool) start() (*worker, error) {
 	hello := time.AfterFunc(30*time.Second, func() { _ = w.cmd.Process.Kill() })
 	typ, _, err := readFrame(w.r, frameSlack)
 	hello.Stop()
+	w.born = time.Now()
+	w.startTook = w.born.Sub(launched)
 	if err != nil || typ != frameHello {
 		_ = w.cmd.Process.Kill()
 		p.reap(w)

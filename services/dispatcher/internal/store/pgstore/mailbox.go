@@ -210,7 +210,12 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 			return err
 		}
 		out.Acked, out.Pending, out.PendingBytes = to, out.Pending-n, out.PendingBytes-bytes
-		_, err = tx.Exec(ctx, `UPDATE mailboxes SET acked = $2, pending = $3, pending_bytes = $4 WHERE agent = $1`,
+		// compact_ns: set once the oldest kept reference is acknowledged
+		// (see migration 0004); kept when it already was.
+		_, err = tx.Exec(ctx, `UPDATE mailboxes SET acked = $2, pending = $3, pending_bytes = $4,
+  compact_ns = COALESCE(compact_ns, (SELECT CASE WHEN r.cursor <= $2 THEN r.sent_ns END
+    FROM mailbox_refs r WHERE r.agent = $1 ORDER BY r.cursor LIMIT 1))
+WHERE agent = $1`,
 			agent, int64(out.Acked), out.Pending, out.PendingBytes) //nolint:gosec // as above
 		return err
 	})
@@ -231,19 +236,32 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 	return out, err
 }
 
-// CompactMailboxes implements mailbox.Store. Replicas compacting at once
-// take disjoint references (SKIP LOCKED), and the reference counts move
-// under their rows' locks.
+// CompactMailboxes implements mailbox.Store. It takes the mailboxes due
+// by compact_ns (oldest first; replicas compacting at once take disjoint
+// ones, SKIP LOCKED), deletes up to limit of their acknowledged references
+// sent before before, moves the reference counts under their rows' locks,
+// and sets each mailbox's compact_ns from its next oldest reference. A
+// pass reads only mailboxes with something due.
 func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	n := 0
 	err := s.db.Write(ctx, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, `DELETE FROM mailbox_refs d USING (
+		n = 0
+		rows, err := tx.Query(ctx, `SELECT agent FROM mailboxes WHERE compact_ns < $1
+ORDER BY compact_ns LIMIT $2 FOR UPDATE SKIP LOCKED`, before.UnixNano(), limit)
+		if err != nil {
+			return err
+		}
+		due, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(due) == 0 {
+			return err
+		}
+		rows, err = tx.Query(ctx, `DELETE FROM mailbox_refs d USING (
   SELECT r.agent, r.cursor FROM mailbox_refs r JOIN mailboxes b ON b.agent = r.agent
-  WHERE r.cursor <= b.acked AND r.sent_ns < $1 ORDER BY r.agent, r.cursor LIMIT $2 FOR UPDATE OF r SKIP LOCKED
-) AS x WHERE d.agent = x.agent AND d.cursor = x.cursor RETURNING d.message`, before.UnixNano(), limit)
+  WHERE r.agent = ANY($1) AND r.cursor <= b.acked AND r.sent_ns < $2 ORDER BY r.agent, r.cursor LIMIT $3
+) AS x WHERE d.agent = x.agent AND d.cursor = x.cursor RETURNING d.message`, due, before.UnixNano(), limit)
 		if err != nil {
 			return err
 		}
@@ -252,6 +270,12 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 			return err
 		}
 		n = len(gone)
+		if _, err := tx.Exec(ctx, `UPDATE mailboxes b SET compact_ns = (
+  SELECT CASE WHEN r.cursor <= b.acked THEN r.sent_ns END
+  FROM mailbox_refs r WHERE r.agent = b.agent ORDER BY r.cursor LIMIT 1)
+WHERE b.agent = ANY($1)`, due); err != nil {
+			return err
+		}
 		if n == 0 {
 			return nil
 		}
