@@ -298,7 +298,9 @@ func newMarket(ctx context.Context, p *parleyProc) (*market, error) {
 }
 
 // price is supplier i's price: s0 is the cheapest.
-func price(i int) sdk.Price { return sdk.Price{AmountMicros: int64(1_000_000 + i*100_000), Currency: "USD"} }
+func price(i int) sdk.Price {
+	return sdk.Price{AmountMicros: int64(1_000_000 + i*100_000), Currency: "USD"}
+}
 
 // supply registers supplier i's allocate stages: an offer at once, and
 // order_complete for an acceptance.

@@ -339,8 +339,11 @@ func (mk *market) supplier(id string, sa *sdk.ServiceAgent) {
 		kind := mk.kind(m.DialogueID)
 		_, err := r.ReplyTo(ctx, m.ID, "offer", offerBody(id, kind, nil))
 		var ref *sdk.Refusal
-		if !errors.As(err, &ref) {
-			return fmt.Errorf("slow's late offer: %w, want a refusal", err)
+		switch {
+		case err == nil:
+			return errors.New("the network took slow's late offer, want a refusal")
+		case !errors.As(err, &ref):
+			return fmt.Errorf("slow's late offer: %w", err)
 		}
 		mk.event(&mk.sum.Refusals, MarketEvent{Dialogue: m.DialogueID, Supplier: id, What: "offer", Rule: ref.Rule, Detail: ref.Detail})
 		mk.logf("  %s -> buyer: offer, too late: the network refused it (%s)", id, ref.Rule)

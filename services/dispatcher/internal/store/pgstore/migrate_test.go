@@ -1,0 +1,66 @@
+package pgstore
+
+import (
+	"encoding/json"
+	"io/fs"
+	"strings"
+	"testing"
+	"testing/fstest"
+	"time"
+
+	"github.com/parleyhq/parley/platform/pgdb"
+	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+)
+
+// A database migrated to version 3 (no compact_ns) gets 0004 on open,
+// which fills compact_ns from the mailboxes' references: the
+// acknowledged, old one is then compacted and the unacknowledged one kept.
+func TestOpen_migration4FillsCompactNs(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	upTo3 := fstest.MapFS{}
+	err := fs.WalkDir(migrationFiles, "migrations", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || strings.HasPrefix(d.Name(), "0004") || d.Name() > "0004" {
+			return err
+		}
+		data, err := fs.ReadFile(migrationFiles, path)
+		upTo3[path] = &fstest.MapFile{Data: data}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	old, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: upTo3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	const bob = "clients/b/agents/bob"
+	for i, id := range []string{"m1", "m2"} {
+		data, _ := json.Marshal(mailbox.Message{ID: id, DialogueID: "d", Category: mailbox.CategoryMessage, Type: "x", Time: t0})
+		if _, err := old.Pool().Exec(ctx, `INSERT INTO mail_messages (id, refs, data) VALUES ($1, 1, $2)`, id, data); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := old.Pool().Exec(ctx, `INSERT INTO mailbox_refs (agent, cursor, message, sent_ns, size) VALUES ($1, $2, $3, $4, 1)`, bob, i+1, id, t0.UnixNano()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := old.Pool().Exec(ctx, `INSERT INTO mailboxes (agent, head, acked, pending, pending_bytes) VALUES ($1, 2, 1, 1, 1)`, bob); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, url, schema)
+	if err != nil {
+		t.Fatalf("Open(version 3): %v", err)
+	}
+	defer s.Close()
+	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("CompactMailboxes after the migration = %d, %v; want 1", n, err)
+	}
+	if left, err := s.ReadMailbox(ctx, bob, 0, 10); err != nil || len(left) != 1 || left[0].Message.ID != "m2" {
+		t.Errorf("ReadMailbox(bob) = %+v, %v; want only m2, unacknowledged", left, err)
+	}
+}
