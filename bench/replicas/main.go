@@ -109,7 +109,7 @@ func run(stdout io.Writer) error {
 	if bin == "" {
 		bin = filepath.Join(work, "parley")
 		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/parley").CombinedOutput(); err != nil {
-			return fmt.Errorf("go build: %v\n%s", err, out)
+			return fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	}
 	var fsync string
@@ -286,7 +286,7 @@ func createDatabase(base string) (string, func(), error) {
 	_, _ = rand.Read(b[:])
 	name := "bench_" + hex.EncodeToString(b[:])
 	if out, err := exec.Command("psql", base, "-qc", "CREATE DATABASE "+name).CombinedOutput(); err != nil {
-		return "", nil, fmt.Errorf("psql: CREATE DATABASE: %v\n%s", err, out)
+		return "", nil, fmt.Errorf("psql: CREATE DATABASE: %w\n%s", err, out)
 	}
 	u, err := url.Parse(base)
 	if err != nil {
