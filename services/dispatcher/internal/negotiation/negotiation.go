@@ -21,6 +21,7 @@ import (
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/hosted"
 	"github.com/parleyhq/parley/services/dispatcher/internal/llm"
+	"github.com/parleyhq/parley/services/dispatcher/internal/routine"
 )
 
 // PDHash is the SHA-1 of Parley's negotiation PD, the meta-protocol
@@ -103,22 +104,24 @@ func Install(ctx context.Context, reg Registry, routines *hosted.Set, logger *sl
 	if err := reg.Register(ctx, n.Protocol); err != nil {
 		return err
 	}
-	routine := n.Routine
-	if routine != "" {
+	src := n.Routine
+	if src != "" {
 		// The negotiator wrote the routine but runs nothing: it is checked
-		// here, in the runtime that will serve it. One that fails is left
-		// out and the LLM answers instead, as with no routine at all.
-		err := routines.Check(ctx, routine, n.Check)
+		// here, in the runtime that will serve it, in the share of the
+		// workers of the agent it is for (not the dry runs' shared one, which
+		// anyone's runaways may hold). One that fails is left out and the
+		// LLM answers instead, as with no routine at all.
+		err := routines.Check(routine.WithAgent(ctx, agent), src, n.Check)
 		if errors.Is(err, hosted.ErrCheckFailed) {
 			logger.WarnContext(ctx, "negotiated routine not installed: it failed its check", slog.String("agent", agent),
 				slog.String("protocol", n.ProtocolHash), slog.String("negotiation", n.Name), slog.Any("err", err))
-			routine = ""
+			src = ""
 		} else if err != nil {
 			return fmt.Errorf("check the routine: %w", err)
 		}
 	}
-	if routine != "" {
-		if _, err := routines.Install(ctx, hosted.Name(agent, n.ProtocolHash), routine); err != nil {
+	if src != "" {
+		if _, err := routines.Install(ctx, hosted.Name(agent, n.ProtocolHash), src); err != nil {
 			return fmt.Errorf("install the routine: %w", err)
 		}
 	}
@@ -128,6 +131,6 @@ func Install(ctx context.Context, reg Registry, routines *hosted.Set, logger *sl
 		}
 	}
 	logger.InfoContext(ctx, "negotiated protocol installed", slog.String("agent", agent), slog.String("protocol", n.ProtocolHash),
-		slog.String("negotiation", n.Name), slog.Bool("routine", routine != ""))
+		slog.String("negotiation", n.Name), slog.Bool("routine", src != ""))
 	return nil
 }

@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,5 +111,65 @@ func TestFailure(t *testing.T) {
 	}
 	if got := negotiation.Failure(errors.New("the peer left")); got != "the peer left" {
 		t.Errorf("Failure(other) = %q, want the error's text", got)
+	}
+}
+
+// TestInstall_checkTakesTheAgentsShare: the check of a negotiated routine
+// runs in the share of the agent it is for, not in the anonymous share
+// of dry runs: runaway dry runs holding that share (peers negotiating with
+// any agent, the operator's tests) do not make the check wait, fail busy,
+// and leave the routine out.
+func TestInstall_checkTakesTheAgentsShare(t *testing.T) {
+	pool := routine.NewPoolWith(routine.PoolOptions{Workers: 2, MemoryBytes: 256 << 20, KillMargin: 250 * time.Millisecond, WorkerCPU: 10 * time.Minute})
+	t.Cleanup(func() { _ = pool.Close() })
+	st, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	// Each share is one of the two workers. The runaway holds the
+	// anonymous one for 5 s; the check may wait 1 s.
+	routines := hosted.New(st, agents{}, hosted.Options{Limits: routinetest.Limits(routine.Limits{Pool: pool})})
+	slow := hosted.New(st, agents{}, hosted.Options{Limits: routinetest.Limits(routine.Limits{Pool: pool, Timeout: 5 * time.Second})})
+	runaway := make(chan error, 1)
+	go func() {
+		_, _, err := slow.DryRun(context.WithoutCancel(t.Context()), "def reply(q, m):\n    return all(range(1, 1 << 62))\n", nil, []hosted.Case{{Fn: "reply", Args: []json.RawMessage{json.RawMessage(`1`), json.RawMessage(`{}`)}}})
+		runaway <- err
+	}()
+	waitRunning(t, pool)
+	check := hosted.Check{Functions: []string{"reply"}, Calls: []hosted.CheckCall{{
+		Fn: "reply", Examples: [][]json.RawMessage{{json.RawMessage(`"{\"n\":1}"`), json.RawMessage(`{}`)}},
+	}}}
+	n := negotiation.Negotiation{Name: "negotiations/1", State: negotiation.StateAccepted, Protocol: []byte("pd"), ProtocolHash: hash,
+		Routine: "def reply(q, m):\n    return q\n", Check: check}
+	if err := negotiation.Install(t.Context(), &fakeRegistry{}, routines, slog.New(slog.DiscardHandler), agent, n, true); err != nil {
+		t.Fatalf("Install while runaway dry runs hold the anonymous share = %v", err)
+	}
+	if r, err := routines.Get(t.Context(), agent, hash); err != nil || !r.Has("reply") {
+		t.Errorf("routine after Install = %v, %v; want it checked and installed", r, err)
+	}
+	if err := <-runaway; err != nil {
+		t.Errorf("the runaway dry run = %v, want its result (a time failure)", err)
+	}
+}
+
+// waitRunning waits until one of the pool's workers is running (the
+// runaway in its builtin), failing after a minute.
+func waitRunning(t *testing.T, pool *routine.Pool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		for _, pid := range pool.Stats().Workers {
+			stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+			if err == nil {
+				if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "R" {
+					return
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no routine worker started running the runaway")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
