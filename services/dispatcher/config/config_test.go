@@ -15,11 +15,13 @@ func TestLoad_refusesNonPositiveLimitsByFlag(t *testing.T) {
 		"--message-max-body-bytes", "--message-timeout", "--mailbox-stream-batch",
 		"--mailbox-stream-keepalive", "--mailbox-stream-max-duration", "--mailbox-stream-write-timeout",
 		"--routine-memory-bytes", "--routine-kill-margin", "--routine-worker-cpu",
+		"--dialogue-retention", "--mailbox-retention", "--notification-retry-for",
 	} {
 		for _, v := range []string{"0", "-1"} {
 			if strings.HasSuffix(flag, "ttl") || strings.HasSuffix(flag, "timeout") ||
 				strings.HasSuffix(flag, "keepalive") || strings.HasSuffix(flag, "duration") ||
-				strings.HasSuffix(flag, "margin") || strings.HasSuffix(flag, "cpu") {
+				strings.HasSuffix(flag, "margin") || strings.HasSuffix(flag, "cpu") ||
+				strings.HasSuffix(flag, "retention") || strings.HasSuffix(flag, "-for") {
 				v += "s"
 			}
 			_, err := Load([]string{"--data", t.TempDir(), flag, v}, func(string) string { return "" })

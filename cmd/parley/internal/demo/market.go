@@ -59,7 +59,7 @@ type MarketOptions struct {
 	// Suffix is appended to the agent ids, so that runs on one server do
 	// not meet.
 	Suffix string
-	// Window is each deadline the buyer sets, whole seconds; 1 s when 0.
+	// Window is each deadline the buyer sets, whole seconds; 2 s when 0.
 	Window time.Duration
 	// Log receives the narration; nil discards it.
 	Log io.Writer
@@ -185,7 +185,7 @@ func (mk *market) event(list *[]MarketEvent, e MarketEvent) {
 // Market runs the story on one server and returns its summary.
 func Market(ctx context.Context, opts MarketOptions) (MarketSummary, error) {
 	if opts.Window <= 0 {
-		opts.Window = time.Second
+		opts.Window = 2 * time.Second
 	}
 	mk := &market{
 		opts: opts, reg: registryv1.NewRegistryServiceClient(opts.Conn), disp: dispatcherv1.NewDispatcherServiceClient(opts.Conn),
