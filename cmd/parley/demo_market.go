@@ -40,7 +40,7 @@ func runDemoMarket(e env, args []string) error {
 	asJSON := fs.Bool("json", false, "print one JSON summary on stdout instead of the narration")
 	server := fs.String("server", "", "gRPC address of a running parley serve to run on (default: an in-process server)")
 	serverCA := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "with --server: PEM CA bundle to dial it over TLS")
-	window := fs.Duration("window", time.Second, "each deadline the buyer sets (whole seconds)")
+	window := fs.Duration("window", 2*time.Second, "each deadline the buyer sets (whole seconds): how long suppliers have to answer")
 	if _, err := parseArgs(e, fs, args, demoMarketDoc); err != nil {
 		return err
 	}

@@ -13,10 +13,15 @@ import (
 
 // runMarketJSON runs `parley demo market --json args...` and decodes its
 // summary.
+// testWindow is the suppliers' window in the tests: wide enough that the
+// four prompt suppliers answer in time on a loaded machine, so that only
+// slow misses its deadlines.
+const testWindow = "3s"
+
 func runMarketJSON(t *testing.T, getenv func(string) string, args ...string) demo.MarketSummary {
 	t.Helper()
 	var out, errOut bytes.Buffer
-	if err := run(append([]string{"demo", "market", "--json"}, args...), getenv, &out, &errOut); err != nil {
+	if err := run(append([]string{"demo", "market", "--json", "--window", testWindow}, args...), getenv, &out, &errOut); err != nil {
 		t.Fatalf("parley demo market --json %q: %v\n%s", args, err, errOut.String())
 	}
 	var s demo.MarketSummary
@@ -134,7 +139,7 @@ func TestDemoMarket_narrates(t *testing.T) {
 		t.Skip("runs the market story, several seconds of deadlines")
 	}
 	var out, errOut bytes.Buffer
-	if err := run([]string{"demo", "market"}, noEnv, &out, &errOut); err != nil {
+	if err := run([]string{"demo", "market", "--window", testWindow}, noEnv, &out, &errOut); err != nil {
 		t.Fatalf("parley demo market: %v\n%s", err, errOut.String())
 	}
 	for _, want := range []string{

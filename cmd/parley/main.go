@@ -15,7 +15,7 @@
 //	parley follow|unfollow CLIENT:AGENT [--as CLIENT:AGENT]
 //	parley group create|get|join|leave|search|list|members|requests|invite|accept|reject|invites|accept-invite|reject-invite ...
 //	parley demo weather [--json] [--queries N] [--llm-provider P --llm-model M]
-//	parley demo market [--json] [--window 1s] [--server ADDR]
+//	parley demo market [--json] [--window 2s] [--server ADDR]
 //
 // Client subcommands take --server ADDR, the gRPC address of a running
 // server (default 127.0.0.1:9090, environment PARLEY_SERVER).

@@ -362,7 +362,7 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 		// a cursor. Each mailbox due has at least one reference to delete.
 		var due [][]byte
 		qc := queue.Cursor()
-		for k, _ := qc.First(); k != nil && len(k) > 8 && bytes.Compare(k[:8], end) < 0 && len(due) < limit; k, _ = qc.Next() {
+		for k, _ := qc.First(); len(k) > 8 && bytes.Compare(k[:8], end) < 0 && len(due) < limit; k, _ = qc.Next() {
 			due = append(due, bytes.Clone(k))
 		}
 		for _, qk := range due {
