@@ -73,6 +73,7 @@ var (
 	concurrency = flag.Int("concurrency", 16, "workers per phase")
 	rounds      = flag.Int("rounds", 3, "rounds; each runs every phase on every configuration")
 	fanout      = flag.Int("fanout", 100, "recipients of each fan-out message")
+	only        = flag.String("only", "", "run only the phases whose name contains this (the table then lacks the others)")
 	parleyBin   = flag.String("parley", "", "parley binary (built from ./cmd/parley when empty)")
 )
 
@@ -109,7 +110,7 @@ func run(stdout io.Writer) error {
 	if bin == "" {
 		bin = filepath.Join(work, "parley")
 		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/parley").CombinedOutput(); err != nil {
-			return fmt.Errorf("go build: %v\n%s", err, out)
+			return fmt.Errorf("go build: %w\n%s", err, out)
 		}
 	}
 	var fsync string
@@ -124,6 +125,7 @@ func run(stdout io.Writer) error {
 		}
 	}
 	phases := []string{"envelope", "AP task create", "AP step", "direct message", fmt.Sprintf("fan-out to %d", *fanout)}
+	phases = slices.DeleteFunc(phases, func(ph string) bool { return !strings.Contains(ph, *only) })
 	// results[config][phase] has one result a round.
 	results := map[string]map[string][]result{}
 	for r := range *rounds {
@@ -286,7 +288,7 @@ func createDatabase(base string) (string, func(), error) {
 	_, _ = rand.Read(b[:])
 	name := "bench_" + hex.EncodeToString(b[:])
 	if out, err := exec.Command("psql", base, "-qc", "CREATE DATABASE "+name).CombinedOutput(); err != nil {
-		return "", nil, fmt.Errorf("psql: CREATE DATABASE: %v\n%s", err, out)
+		return "", nil, fmt.Errorf("psql: CREATE DATABASE: %w\n%s", err, out)
 	}
 	u, err := url.Parse(base)
 	if err != nil {
@@ -323,10 +325,18 @@ func start(ctx context.Context, bin, data, tokenFile string, flags []string) (*p
 	go func() {
 		sc := bufio.NewScanner(stderr)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		logged := 0
 		for sc.Scan() {
-			var line struct{ Msg, GRPC, HTTP string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
+			var line struct{ Msg, Level, GRPC, HTTP string }
+			if json.Unmarshal(sc.Bytes(), &line) != nil {
+				continue
+			}
+			switch {
+			case line.Msg == "listening":
 				found <- [2]string{line.GRPC, line.HTTP}
+			case line.Level == "ERROR" && logged < 5: // what an INTERNAL answer hides
+				logged++
+				fmt.Fprintf(os.Stderr, "bench/replicas: parley serve logged: %s\n", sc.Bytes())
 			}
 		}
 	}()

@@ -98,12 +98,23 @@ func FromResource(e *resource.Error, domain string) error {
 	return New(code, e.Error(), e.Reason(), domain, map[string]string{e.MetadataKey(): e.Name})
 }
 
-// ReasonStoreUnavailable is the reason of StoreUnavailable.
-const ReasonStoreUnavailable = "STORE_UNAVAILABLE"
+// Reasons of FromStore.
+const (
+	ReasonStoreUnavailable = "STORE_UNAVAILABLE"
+	ReasonStoreContention  = "STORE_CONTENTION"
+)
 
-// StoreUnavailable is UNAVAILABLE for a call whose store's database could
-// not be reached or lost its connection (resource.Unavailable): safe to
-// retry once the database is back.
-func StoreUnavailable(domain string) error {
-	return New(codes.Unavailable, "the service's database is unavailable; retry shortly", ReasonStoreUnavailable, domain, nil)
+// FromStore is the status of a transient store failure, or nil when err is
+// none: UNAVAILABLE STORE_UNAVAILABLE when the store's database could not
+// be reached or lost its connection (resource.Unavailable), ABORTED
+// STORE_CONTENTION when a write kept conflicting with concurrent ones
+// (resource.ErrContention). Both are safe to retry.
+func FromStore(err error, domain string) error {
+	switch {
+	case errors.Is(err, resource.ErrContention):
+		return New(codes.Aborted, "too many concurrent writes to the same data; retry", ReasonStoreContention, domain, nil)
+	case resource.Unavailable(err):
+		return New(codes.Unavailable, "the service's database is unavailable; retry shortly", ReasonStoreUnavailable, domain, nil)
+	}
+	return nil
 }

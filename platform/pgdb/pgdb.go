@@ -31,6 +31,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 // Options says what a store needs from its database.
@@ -336,7 +338,8 @@ const maxAttempts = 30
 // is as if every Update ran alone, one after another, across every replica.
 // When PostgreSQL aborts the transaction to keep that promise (SQLSTATE
 // 40001 or a deadlock, 40P01), Update waits a short random time and runs fn
-// again, up to 30 times. So, as with platform/boltdb, fn may run more than
+// again, up to 30 times, and then fails with resource.ErrContention. So,
+// as with platform/boltdb, fn may run more than
 // once: it must set its results afresh on each run and have no effect
 // outside the transaction. fn's own error is returned as is and nothing is
 // written.
@@ -355,7 +358,7 @@ func (d *DB) Update(ctx context.Context, fn func(pgx.Tx) error) error {
 		case <-time.After(wait):
 		}
 	}
-	return fmt.Errorf("pgdb: transaction still conflicting after %d attempts: %w", maxAttempts, err)
+	return fmt.Errorf("pgdb: transaction still conflicting after %d attempts: %w: %w", maxAttempts, resource.ErrContention, err)
 }
 
 // retryable reports a serialization failure or deadlock.

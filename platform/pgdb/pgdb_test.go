@@ -2,6 +2,7 @@ package pgdb_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"strings"
@@ -10,9 +11,11 @@ import (
 	"testing/fstest"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+	"github.com/parleyhq/parley/platform/resource"
 )
 
 var counterMigrations = fstest.MapFS{
@@ -183,6 +186,29 @@ func TestUpdate_fnErrorWritesNothing(t *testing.T) {
 	})
 	if err != boom { //nolint:errorlint // returned as is
 		t.Errorf("Update = %v, want fn's error as is", err)
+	}
+	var v int64
+	if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter`).Scan(&v); err != nil || v != 0 {
+		t.Errorf("counter = %d, %v; want 0", v, err)
+	}
+}
+
+// A write that keeps failing to serialize is given up after the bound with
+// resource.ErrContention (the services answer ABORTED STORE_CONTENTION),
+// not a bare driver error (INTERNAL), and writes nothing.
+func TestUpdate_endlessConflictIsContention(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	db := open(t, url, schema, counterMigrations)
+	runs := 0
+	err := db.Update(t.Context(), func(tx pgx.Tx) error {
+		runs++
+		if _, err := tx.Exec(t.Context(), `UPDATE counter SET n = n + 1`); err != nil {
+			return err
+		}
+		return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+	})
+	if !errors.Is(err, resource.ErrContention) || runs < 2 {
+		t.Errorf("Update = %v after %d runs, want resource.ErrContention after retries", err, runs)
 	}
 	var v int64
 	if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter`).Scan(&v); err != nil || v != 0 {

@@ -7,6 +7,11 @@ import (
 	"strings"
 )
 
+// ErrContention reports that a store write kept conflicting with concurrent writes to
+// the same data (PostgreSQL's serialization failures, retried until a
+// bound) and was given up. Nothing was written; the caller may retry.
+var ErrContention = errors.New("too many concurrent writes to the same data")
+
 // Unavailable reports whether err says that a store's database could not
 // be reached or lost its connection, so that the call may succeed when it
 // is back: a network error (connection refused or reset, a dial that timed

@@ -141,6 +141,7 @@ type market struct {
 	revoked chan struct{}
 
 	mu       sync.Mutex // guards the fields below, written by the agents' loops
+	changed  *sync.Cond // on mu: a pair's last type changed
 	sum      MarketSummary
 	kinds    map[string]string            // dialogue → protocol
 	last     map[string]map[string]string // dialogue → supplier → last type
@@ -173,6 +174,27 @@ func (mk *market) saw(dialogue, supplier, typ string) {
 		mk.last[dialogue] = map[string]string{}
 	}
 	mk.last[dialogue][mk.short(supplier)] = typ
+	mk.changed.Broadcast()
+}
+
+// ends are the types that end a pair (its supplier's last word, or the
+// last it hears).
+var ends = map[string]bool{
+	"confirm_success": true, "confirm_fail": true, "order_failed": true, "cancel_order": true,
+	"reject_task": true, "reject_offer": true, "reject_invite_offer": true, "revoke_offer": true, "task_withdrawn": true,
+	"proposal_timeout_expired": true, "invite_offer_timeout_expired": true, "offer_timeout_expired": true,
+}
+
+// settled reports whether every pair has ended; mu is held.
+func (mk *market) settled() bool {
+	for _, sup := range mk.last {
+		for _, typ := range sup {
+			if !ends[typ] {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (mk *market) event(list *[]MarketEvent, e MarketEvent) {
@@ -193,6 +215,7 @@ func Market(ctx context.Context, opts MarketOptions) (MarketSummary, error) {
 		lateTried: map[string]chan struct{}{sdk.Allocate: make(chan struct{}), sdk.Transact: make(chan struct{})},
 		revoked:   make(chan struct{}),
 	}
+	mk.changed = sync.NewCond(&mk.mu)
 	mk.sum.Transport = opts.Transport
 	for _, id := range MarketAgents {
 		mk.names[id] = "clients/" + MarketClient + "/agents/" + id + opts.Suffix
@@ -206,7 +229,10 @@ func Market(ctx context.Context, opts MarketOptions) (MarketSummary, error) {
 	var wg sync.WaitGroup
 	runErrs := make(chan error, len(MarketAgents))
 	for _, id := range MarketAgents {
-		na, err := sdk.NewNetworkAgent(opts.Conn, mk.names[id], sdk.NetworkOptions{Key: opts.Key, ClearBacklog: true})
+		// No ClearBacklog: the agents are new (a fresh server, or a fresh
+		// suffix), and the buyer may send before a supplier's first
+		// connect, whose clearing would drop the request.
+		na, err := sdk.NewNetworkAgent(opts.Conn, mk.names[id], sdk.NetworkOptions{Key: opts.Key})
 		if err != nil {
 			return mk.sum, err
 		}
@@ -646,7 +672,21 @@ func (mk *market) finish(ctx context.Context) error {
 			State: strings.TrimPrefix(p.GetState().String(), "PAYMENT_STATE_"), Order: p.GetOrder(),
 		})
 	}
+	// The network's last messages (task_withdrawn on close) reach the
+	// suppliers after the buyer is done: wait for every pair to end, or
+	// report the state as it stands after 10 s.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	stop := context.AfterFunc(wctx, func() {
+		mk.mu.Lock()
+		defer mk.mu.Unlock()
+		mk.changed.Broadcast()
+	})
+	defer stop()
 	mk.mu.Lock()
+	for !mk.settled() && wctx.Err() == nil {
+		mk.changed.Wait()
+	}
 	for d, sup := range mk.last {
 		mk.sum.Dialogues = append(mk.sum.Dialogues, MarketDialogue{Protocol: mk.kinds[d], Dialogue: d, Suppliers: maps.Clone(sup)})
 	}

@@ -226,3 +226,27 @@ func TestSlowWorkerStart(t *testing.T) {
 		t.Errorf("%d workers started, want 2 (the call started its own)", s.Started)
 	}
 }
+
+// TestReplacementStartsOnDemand: the slot of a dead worker is free again
+// once the worker is reaped; the next call to take it starts the worker,
+// and the start does not count against that call's wait. Another agent
+// that needs the slot is not made to wait, past its budget, for a
+// replacement started in the background.
+func TestReplacementStartsOnDemand(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 1, Executable: rogueWorker(t, "slowstart")})
+	w, err := pool.acquire(t.Context(), "a", time.Now().Add(time.Minute), time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.fail(w, nil) // it died during a run
+	pool.release(w)
+	const budget = slowStart / 5
+	got, err := pool.acquire(t.Context(), "b", time.Now().Add(budget), budget)
+	if err != nil {
+		t.Fatalf("acquire within %v after a worker died (a start takes %v) = %v, want the freed slot", budget, slowStart, err)
+	}
+	if got == w || got.dead.Load() {
+		t.Errorf("acquire returned the dead worker")
+	}
+	pool.release(got)
+}

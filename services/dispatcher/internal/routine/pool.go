@@ -453,9 +453,12 @@ func (p *Pool) free(w *worker) {
 	p.signal(sh) // a lease may have freed: look again
 }
 
-// unlease returns w's slot to the free ones: w itself, or a fresh worker
-// (started in the background) when w is dead or drained. Called with p.mu
-// held, when w holds no call.
+// unlease returns w's slot to the free ones: w itself or, when w is dead
+// or drained, an empty slot once w is reaped. The call that takes an
+// empty slot starts its worker (lease), and that start does not count
+// against its wait budget (Pool.call); started here in the background
+// instead, a slow start (a loaded machine, -race) made the calls waiting
+// for the slot fail busy. Called with p.mu held, when w holds no call.
 func (p *Pool) unlease(w *worker) {
 	sh := w.share
 	sh.held = slices.DeleteFunc(sh.held, func(x *worker) bool { return x == w })
@@ -467,11 +470,7 @@ func (p *Pool) unlease(w *worker) {
 	go func() {
 		_ = w.cmd.Process.Kill()
 		p.reap(w)
-		nw, err := p.start()
-		if err != nil {
-			nw = nil // the next run starts one and reports the error
-		}
-		p.idle <- nw
+		p.idle <- nil
 	}()
 }
 

@@ -136,9 +136,9 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 	if st, ok := status.FromError(err); ok && st.Code() != codes.Unknown {
 		return err
 	}
-	if resource.Unavailable(err) {
-		s.logger.WarnContext(ctx, "database unavailable; the caller may retry", slog.Any("err", err))
-		return grpcerr.StoreUnavailable(Domain)
+	if st := grpcerr.FromStore(err, Domain); st != nil {
+		s.logger.WarnContext(ctx, "transient store failure; the caller may retry", slog.Any("err", err))
+		return st
 	}
 	s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 	return status.Error(codes.Internal, "internal error")

@@ -68,9 +68,9 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return withReason(codes.FailedPrecondition, err.Error(), "NEGOTIATION_OUT_OF_TURN")
 	case errors.As(err, &missing):
 		return grpcerr.FromResource(missing, Domain)
-	case resource.Unavailable(err):
-		s.logger.WarnContext(ctx, "database unavailable; the caller may retry", slog.Any("err", err))
-		return grpcerr.StoreUnavailable(Domain)
+	case grpcerr.FromStore(err, Domain) != nil:
+		s.logger.WarnContext(ctx, "transient store failure; the caller may retry", slog.Any("err", err))
+		return grpcerr.FromStore(err, Domain)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected error", slog.Any("err", err))
 		return status.Error(codes.Internal, "internal error")

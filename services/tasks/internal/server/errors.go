@@ -39,9 +39,9 @@ func (s *Server) toStatus(ctx context.Context, err error) error {
 		return grpcerr.New(codes.InvalidArgument, err.Error(), "INVALID_ARTIFACT_NAME", Domain, nil)
 	case errors.Is(err, artifactfs.ErrTooLarge):
 		return grpcerr.New(codes.ResourceExhausted, "the artifact is larger than this server accepts", "ARTIFACT_TOO_LARGE", Domain, nil)
-	case resource.Unavailable(err):
-		s.logger.WarnContext(ctx, "database unavailable; the caller may retry", slog.Any("err", err))
-		return grpcerr.StoreUnavailable(Domain)
+	case grpcerr.FromStore(err, Domain) != nil:
+		s.logger.WarnContext(ctx, "transient store failure; the caller may retry", slog.Any("err", err))
+		return grpcerr.FromStore(err, Domain)
 	default: // the caller sees only "internal error", so log it here
 		s.logger.ErrorContext(ctx, "unexpected store error", slog.Any("err", err))
 		return status.Error(codes.Internal, "internal error")
