@@ -87,7 +87,7 @@ func (s *Server) NewRequest(ctx context.Context, req *dispatcherv1.NewRequestReq
 	}
 	encoded, err := json.Marshal(body)
 	if err != nil {
-		return nil, fmt.Errorf("encode the opener's body: %w", err)
+		return nil, s.toStatus(ctx, fmt.Errorf("encode the opener's body: %w", err)) // a bug: INTERNAL, never UNKNOWN
 	}
 	m := s.checkMessage(&v, "new_task_request", serviceRecipientType, string(encoded), req.GetRequestId())
 	ctx, cancel, err := s.begin(ctx, v)

@@ -167,8 +167,8 @@ type DialogueStore interface {
 
 	// SweepDialogues removes up to limit dialogues closed before before
 	// (by CloseTime; a subscription dialogue by its CreateTime), each with
-	// all that is kept of it: its messages, receipts, participants and pair
-	// states. It returns how many it removed; fewer than limit means none
+	// all that is kept of it: its messages, receipts, participants, pair
+	// states and offer terms (PaymentStore.SetOfferTerms). It returns how many it removed; fewer than limit means none
 	// is left. The mailboxes keep their own copies, which compaction
 	// removes.
 	SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error)

@@ -391,7 +391,7 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 	if err := tx.Bucket(bucketDialogues).Delete([]byte(id)); err != nil {
 		return err
 	}
-	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs} {
+	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs, bucketOfferTerms} {
 		keys = keys[:0]
 		c := tx.Bucket(b).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {

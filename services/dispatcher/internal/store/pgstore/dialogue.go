@@ -452,6 +452,7 @@ ORDER BY id LIMIT $2`, before, limit)
 			`DELETE FROM dialogue_messages WHERE convert_from(data, 'UTF8')::jsonb->>'dialogueId' = ANY($1)`,
 			`DELETE FROM dialogue_participants WHERE dialogue = ANY($1)`,
 			`DELETE FROM dialogue_pairs WHERE dialogue = ANY($1)`,
+			`DELETE FROM offer_terms WHERE dialogue = ANY($1)`,
 			`DELETE FROM dialogues WHERE id = ANY($1)`,
 		} {
 			if _, err := tx.Exec(ctx, q, ids); err != nil {

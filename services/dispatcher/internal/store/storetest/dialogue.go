@@ -12,10 +12,12 @@ import (
 )
 
 // DialogueBackend is a backend holding both dialogues and the mailboxes
-// their writes append to in the same transaction.
+// their writes append to in the same transaction, and the offer terms a
+// dialogue's sweep removes.
 type DialogueBackend interface {
 	store.DialogueStore
 	mailbox.Store
+	store.PaymentStore
 }
 
 // RunDialogues runs the dialogue suite; open returns a new empty store.
@@ -335,6 +337,11 @@ func testDialogueSweep(t *testing.T, s DialogueBackend) {
 	if _, err := s.CreateDialogue(ctx, b, bw, mailbox.Bound{}); err != nil {
 		t.Fatal(err)
 	}
+	for _, id := range []string{"early", "open"} {
+		if err := s.SetOfferTerms(ctx, id, bob, json.RawMessage(`{"amount_micros":1}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	if n, err := s.SweepDialogues(ctx, now.Add(2*time.Hour), 10); err != nil || n != 2 {
 		t.Fatalf("SweepDialogues(closed before +2h) = %d, %v; want 2 (early, closed at +1h, and the broadcast)", n, err)
@@ -359,6 +366,13 @@ func testDialogueSweep(t *testing.T, s DialogueBackend) {
 		if _, err := s.GetDialogue(ctx, id); err != nil {
 			t.Errorf("GetDialogue(%s) = %v; an open or recently closed dialogue must stay", id, err)
 		}
+	}
+	// The offer terms go with their dialogue (else they pile up forever).
+	if got, err := s.OfferTerms(ctx, "early", bob); err != nil || got != nil {
+		t.Errorf("OfferTerms(early, bob) after the sweep = %s, %v; want nil", got, err)
+	}
+	if got, err := s.OfferTerms(ctx, "open", bob); err != nil || got == nil {
+		t.Errorf("OfferTerms(open, bob) after the sweep = %s, %v; want the terms kept", got, err)
 	}
 	// Bounded: one at a time, then nothing is left.
 	for _, want := range []int{1, 0} {
