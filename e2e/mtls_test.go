@@ -42,6 +42,9 @@ func TestSeparateProcesses_mTLS(t *testing.T) {
 	svc := ca.Issue(t, "services")
 	client := ca.Issue(t, "client")
 	rogue := tlstest.NewCA(t, "rogue-ca").Issue(t, "rogue")
+	for _, key := range []string{svc.KeyFile, client.KeyFile, rogue.KeyFile} {
+		parleytest.NoteKeyFile(t, key) // no server may log it (TestMain)
+	}
 	tlsFlags := []string{"--tls-cert", svc.CertFile, "--tls-key", svc.KeyFile, "--tls-client-ca", ca.File}
 	tokenFile := parleytest.OperatorTokenFile(t)
 

@@ -121,7 +121,9 @@ func Start(t testing.TB, dataDir string, extra ...string) *Server {
 func StartProcess(t testing.TB, binary string, args ...string) *Server {
 	t.Helper()
 	cmd := exec.Command(binary, args...)
-	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
+	// Debug, the lowest level, unless the test says otherwise, so that
+	// CheckLogsForSecrets sees every line a server can log.
+	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=debug")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -130,6 +132,7 @@ func StartProcess(t testing.TB, binary string, args ...string) *Server {
 		t.Fatal(err)
 	}
 	s := &Server{Cmd: cmd, Log: &SyncBuffer{}, Exited: make(chan struct{})}
+	keepLog(t.Name()+" "+filepath.Base(binary), s.Log)
 	addrs := make(chan [2]string, 1)
 	go func() {
 		sc := bufio.NewScanner(stderr)
