@@ -47,8 +47,8 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// MaxConns caps the pool; default pgxpool's (4 or the CPU count).
 	MaxConns int32
-	// Logger reports a database that cannot be reached at Open;
-	// slog.Default() when nil.
+	// Logger reports a database that cannot be reached at Open (the
+	// service's logger); discarded when nil.
 	Logger *slog.Logger
 }
 
@@ -120,7 +120,7 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	// waits for it instead of exiting.
 	logger := opts.Logger
 	if logger == nil {
-		logger = slog.Default()
+		logger = slog.New(slog.DiscardHandler)
 	}
 	d.setErr(err)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))

@@ -73,7 +73,7 @@ func ServeRoutineWorker() int { return routine.ServeWorker() }
 // New opens the store, starts the routine workers and builds the server.
 // It does not listen; Register mounts the server.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
-	st, err := openStore(cfg)
+	st, err := openStore(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -109,11 +109,11 @@ type backend interface {
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set (several replicas
 // share it), else dispatcher.db in the data directory.
-func openStore(cfg config.Config) (backend, error) {
+func openStore(cfg config.Config, logger *slog.Logger) (backend, error) {
 	if cfg.DatabaseURL != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
 		defer cancel()
-		return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
+		return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema, logger)
 	}
 	return boltstore.Open(cfg.DataDir, 2*time.Second)
 }

@@ -63,7 +63,7 @@ func New(cfg config.Config, logger *slog.Logger) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	st, err := openStore(cfg)
+	st, err := openStore(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -94,13 +94,13 @@ func serverOptions(cfg config.Config, thresholds negotiation.ThresholdTable) ser
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set, else
 // negotiator.db in the data directory.
-func openStore(cfg config.Config) (store.Store, error) {
+func openStore(cfg config.Config, logger *slog.Logger) (store.Store, error) {
 	if cfg.DatabaseURL == "" {
 		return boltstore.Open(cfg.DataDir, 2*time.Second)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
 	defer cancel()
-	return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
+	return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema, logger)
 }
 
 // NewLLMClient builds the LLM client the configuration describes; an

@@ -111,7 +111,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (_ *App, err error
 		resolvers = append(resolvers, peer{name: p.Addr, client: c})
 	}
 	finder := resolve.New(f, resolvers, resolveOptions(cfg), logger)
-	st, err := openStore(cfg)
+	st, err := openStore(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -166,13 +166,13 @@ func serverOptions(cfg config.Config) server.Options {
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set, else registry.db
 // in the data directory.
-func openStore(cfg config.Config) (store.Store, error) {
+func openStore(cfg config.Config, logger *slog.Logger) (store.Store, error) {
 	if cfg.DatabaseURL == "" {
 		return boltstore.Open(cfg.DataDir, 2*time.Second)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
 	defer cancel()
-	return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
+	return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema, logger)
 }
 
 // Register mounts the registry on s: gRPC service, gateway handlers, the

@@ -52,11 +52,11 @@ type App struct {
 // openStore opens the metadata store and the artifact bytes: PostgreSQL
 // for both when cfg.DatabaseURL is set, else tasks.db and artifact files
 // in the data directory.
-func openStore(cfg config.Config) (store.Store, store.Blobs, error) {
+func openStore(cfg config.Config, logger *slog.Logger) (store.Store, store.Blobs, error) {
 	if cfg.DatabaseURL != "" {
 		ctx, cancel := context.WithTimeout(context.Background(), pgdb.OpenTimeout)
 		defer cancel()
-		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema)
+		st, err := pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema, logger)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -76,7 +76,7 @@ func openStore(cfg config.Config) (store.Store, store.Blobs, error) {
 
 // New opens the store and builds the server. It does not listen.
 func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
-	st, files, err := openStore(cfg)
+	st, files, err := openStore(cfg, logger)
 	if err != nil {
 		return nil, err
 	}

@@ -52,7 +52,7 @@ func TestOpen_migration4FillsCompactNs(t *testing.T) {
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := Open(ctx, url, schema)
+	s, err := Open(ctx, url, schema, nil)
 	if err != nil {
 		t.Fatalf("Open(version 3): %v", err)
 	}

@@ -25,7 +25,7 @@ func TestCreateConversation_perPeerCapHoldsAcrossReplicas(t *testing.T) {
 	url, schema := pgdbtest.Schema(t)
 	var replicas [2]*pgstore.Store
 	for i := range replicas {
-		s, err := pgstore.Open(t.Context(), url, schema)
+		s, err := pgstore.Open(t.Context(), url, schema, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -62,7 +62,7 @@ func TestCreateConversation_perPeerCapHoldsAcrossReplicas(t *testing.T) {
 func open(t *testing.T) *pgstore.Store {
 	t.Helper()
 	url, schema := pgdbtest.Schema(t)
-	s, err := pgstore.Open(t.Context(), url, schema)
+	s, err := pgstore.Open(t.Context(), url, schema, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

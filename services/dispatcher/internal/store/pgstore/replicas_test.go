@@ -21,7 +21,7 @@ func replicas(t *testing.T, n int) []*pgstore.Store {
 	url, schema := pgdbtest.Schema(t)
 	out := make([]*pgstore.Store, n)
 	for i := range out {
-		s, err := pgstore.Open(t.Context(), url, schema)
+		s, err := pgstore.Open(t.Context(), url, schema, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

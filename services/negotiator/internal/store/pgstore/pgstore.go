@@ -9,6 +9,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/proto"
@@ -32,9 +33,10 @@ type Store struct {
 var _ store.Store = (*Store)(nil)
 
 // Open connects to the database at url and migrates schema (Schema, or a
-// test's own).
-func Open(ctx context.Context, url, schema string) (*Store, error) {
-	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migrationFiles})
+// test's own). logger (the service's) hears of a database that does not
+// answer yet; nil discards that.
+func Open(ctx context.Context, url, schema string, logger *slog.Logger) (*Store, error) {
+	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migrationFiles, Logger: logger})
 	if err != nil {
 		return nil, err
 	}

@@ -12,7 +12,7 @@ import (
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store {
 		url, schema := pgdbtest.Schema(t)
-		s, err := pgstore.Open(t.Context(), url, schema)
+		s, err := pgstore.Open(t.Context(), url, schema, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,7 +13,7 @@ import (
 func open(t *testing.T) *pgstore.Store {
 	t.Helper()
 	url, schema := pgdbtest.Schema(t)
-	s, err := pgstore.Open(t.Context(), url, schema)
+	s, err := pgstore.Open(t.Context(), url, schema, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

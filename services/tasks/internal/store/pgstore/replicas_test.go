@@ -17,7 +17,7 @@ import (
 func TestClaimOrphans_takesOverTheStepsOfAReplicaThatDied(t *testing.T) {
 	url, schema := pgdbtest.Schema(t)
 	openOn := func() *pgstore.Store {
-		s, err := pgstore.Open(t.Context(), url, schema)
+		s, err := pgstore.Open(t.Context(), url, schema, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
