@@ -230,10 +230,11 @@ type Deadline struct {
 	At   time.Time
 }
 
-// pairState is a pair's next state as a dialogue write stores it: with
-// the timers of its pending deadlines, so that a crash after the commit
-// cannot leave a deadline without its timer.
-func pairState(d store.Dialogue, p store.Pair, a Accepted) store.PairState {
+// pairState is a pair's next state as a dialogue write of message dm
+// stores it: with the timers of its pending deadlines and, when
+// Options.Orders says so, its order's record, so that a crash after the
+// commit cannot separate them from the message.
+func (s *Service) pairState(d store.Dialogue, p store.Pair, prev json.RawMessage, a Accepted, dm store.DialogueMessage) (store.PairState, error) {
 	counterpart := p.B
 	if counterpart == d.Initiator {
 		counterpart = p.A
@@ -244,7 +245,17 @@ func pairState(d store.Dialogue, p store.Pair, a Accepted) store.PairState {
 			Dialogue: d.ID, Initiator: d.Initiator, Counterpart: counterpart, Protocol: d.Protocol, Name: dl.Name, At: dl.At,
 		})
 	}
-	return out
+	if s.opts.Orders != nil {
+		o, err := s.opts.Orders(PairMove{
+			Dialogue: d.ID, Protocol: d.Protocol, Initiator: d.Initiator, Counterpart: counterpart,
+			Prev: prev, Next: a.State, MessageID: dm.ID, Type: dm.Type, Sender: dm.Sender, Time: dm.Time,
+		})
+		if err != nil {
+			return store.PairState{}, err
+		}
+		out.Order = o
+	}
+	return out, nil
 }
 
 // Machine is a PD's state machine.
@@ -308,6 +319,9 @@ type Options struct {
 	// NewID returns a fresh unguessable id; 128 random bits, URL-safe
 	// base64, when nil.
 	NewID func() string
+	// Orders, when set, maps a pair a message moves to the record of its
+	// order (nil: none) that the message's transaction writes with it.
+	Orders func(PairMove) (*store.OrderWrite, error)
 	// Observer is told of the pair states each delivered message moved
 	// (deadlines to arm, orders to record); nil tells no one.
 	Observer Observer
@@ -418,7 +432,11 @@ func (s *Service) open(ctx context.Context, sender string, cat mailbox.Category,
 			if err != nil {
 				return Result{}, err
 			}
-			pairs = append(pairs, pairState(d, store.Pair{A: sender, B: c.Agent}, a))
+			ps, err := s.pairState(d, store.Pair{A: sender, B: c.Agent}, nil, a, dm)
+			if err != nil {
+				return Result{}, err
+			}
+			pairs = append(pairs, ps)
 			if a.Body != nil && body == nil {
 				body = a.Body
 			}
@@ -532,7 +550,11 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 				if err != nil {
 					return store.MessageWrite{}, err
 				}
-				pairs = append(pairs, pairState(v.Dialogue(), change.pair, a))
+				ps, err := s.pairState(v.Dialogue(), change.pair, change.prev, a, dm)
+				if err != nil {
+					return store.MessageWrite{}, err
+				}
+				pairs = append(pairs, ps)
 				changes = append(changes, change)
 				if a.Body != nil && !rewritten {
 					msg.Body, rewritten = a.Body, true // the body as the first step rewrote it

@@ -67,7 +67,11 @@ func (s *Service) withdraw(ctx context.Context, agent, id string) error {
 			if err != nil {
 				return store.MessageWrite{}, err
 			}
-			pairs = append(pairs, pairState(v.Dialogue(), change.pair, a))
+			ps, err := s.pairState(v.Dialogue(), change.pair, change.prev, a, dm)
+			if err != nil {
+				return store.MessageWrite{}, err
+			}
+			pairs = append(pairs, ps)
 			changes = append(changes, change)
 			accepted = append(accepted, r)
 		}

@@ -59,24 +59,35 @@ func ID(dialogue, supplier string) string {
 // message that opened it. It reports whether the pair holds an order (and
 // so whether anything was recorded).
 func (r *Recorder) Record(ctx context.Context, e Event) (store.Order, bool, error) {
+	w, err := Plan(e)
+	if err != nil || w == nil {
+		return store.Order{}, false, err
+	}
+	out, err := r.store.RecordOrder(ctx, w.Order, w.Transition, w.Open)
+	return out, err == nil, err
+}
+
+// Plan returns what recording e writes (store.OrderStore.RecordOrder's
+// arguments), or nil when its pair holds no order, so that a message's own
+// transaction can write it.
+func Plan(e Event) (*store.OrderWrite, error) {
 	prev, err := protocolcontrol.Inspect(e.Prev)
 	if err != nil {
-		return store.Order{}, false, err
+		return nil, err
 	}
 	next, err := protocolcontrol.Inspect(e.Next)
 	if err != nil {
-		return store.Order{}, false, err
+		return nil, err
 	}
 	if !next.Order {
-		return store.Order{}, false, nil
+		return nil, nil
 	}
 	o := store.Order{Dialogue: e.Dialogue, Protocol: e.Protocol, Consumer: e.Consumer, Supplier: e.Supplier}
 	tr := store.OrderTransition{Type: e.Type, MessageID: e.MessageID, Sender: e.Sender, Time: e.Time.UTC(), State: State(next)}
 	if !prev.Order {
 		o.ID = ID(e.Dialogue, e.Supplier)
 	}
-	out, err := r.store.RecordOrder(ctx, o, tr, !prev.Order)
-	return out, err == nil, err
+	return &store.OrderWrite{Order: o, Transition: tr, Open: !prev.Order}, nil
 }
 
 // State is the order state a pair's state stands for: its outcome so far.

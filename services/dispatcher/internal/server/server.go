@@ -243,7 +243,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 		deadlines *deadline.Scheduler
 	)
 	if opts.Dialogues != nil && opts.Mailboxes != nil {
-		obs := pairObserver{logger: logger}
+		obs := pairObserver{}
 		if opts.Orders != nil {
 			obs.orders = order.New(opts.Orders)
 		}
@@ -253,9 +253,15 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 			})
 			obs.deadlines = deadlines
 		}
-		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dialogue.Options{
+		dopts := dialogue.Options{
 			Protocols: protocolMachines{dir}, Logger: logger, Now: opts.Now, Observer: obs, Retention: opts.DialogueRetention, Acceptances: opts.Acceptances,
-		})
+		}
+		if opts.Orders != nil {
+			// Orders are written in the dialogue store's transactions:
+			// the two are one backend (app.New).
+			dopts.Orders = orderWrite
+		}
+		dialogues = dialogue.New(opts.Dialogues, opts.Mailboxes, registryResolver{c: reg}, dopts)
 	}
 	var (
 		ledger *payment.Ledger

@@ -3,13 +3,13 @@ package server
 import (
 	"context"
 	"fmt"
-	"log/slog"
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/deadline"
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/order"
 	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // serviceMachines is deadline.Machines over the directory: the compiled
@@ -31,31 +31,27 @@ func (m serviceMachines) Machine(ctx context.Context, hash string) (*protocolcon
 
 // pairObserver is the dialogues' Observer for service transactions: the
 // scheduler is woken for the deadlines a delivered message set (their
-// timers were stored with the pair's state, in the message's own
-// transaction), and each moved pair's order trail is extended. The message
-// is already delivered, so failures are logged.
+// timers, and the pair's order record, were written with the pair's state
+// in the message's own transaction: Options.Orders is orderWrite), and
+// records expiries on orders (expired).
 type pairObserver struct {
 	deadlines *deadline.Scheduler
 	orders    *order.Recorder // nil without an order store
-	logger    *slog.Logger
 }
 
-func (o pairObserver) PairsMoved(ctx context.Context, moves []dialogue.PairMove) {
+func (o pairObserver) PairsMoved(context.Context, []dialogue.PairMove) {
 	if o.deadlines != nil {
 		o.deadlines.Wake()
 	}
-	for _, m := range moves {
-		if o.orders != nil {
-			_, _, err := o.orders.Record(ctx, order.Event{
-				Dialogue: m.Dialogue, Protocol: m.Protocol, Consumer: m.Initiator, Supplier: m.Counterpart,
-				Prev: m.Prev, Next: m.Next, MessageID: m.MessageID, Type: m.Type, Sender: m.Sender, Time: m.Time,
-			})
-			if err != nil {
-				o.logger.ErrorContext(ctx, "a message is missing from its order's trail", slog.String("dialogue", m.Dialogue),
-					slog.String("message", m.MessageID), slog.Any("err", err))
-			}
-		}
-	}
+}
+
+// orderWrite is the dialogues' Options.Orders: the order record a moved
+// pair's message writes in its own transaction.
+func orderWrite(m dialogue.PairMove) (*store.OrderWrite, error) {
+	return order.Plan(order.Event{
+		Dialogue: m.Dialogue, Protocol: m.Protocol, Consumer: m.Initiator, Supplier: m.Counterpart,
+		Prev: m.Prev, Next: m.Next, MessageID: m.MessageID, Type: m.Type, Sender: m.Sender, Time: m.Time,
+	})
 }
 
 // expired records a deadline's expiry on the pair's order.

@@ -78,6 +78,9 @@ type PairState struct {
 	// replacing the pair's timer of its name, as TimerStore.PutTimers
 	// does), so that no crash separates a deadline from its timer.
 	Timers []Timer
+	// Order, when set, is recorded with the state (OrderStore.RecordOrder,
+	// in the same transaction).
+	Order *OrderWrite
 }
 
 // MessageWrite is what a dialogue write stores: the message, the agents it

@@ -39,6 +39,13 @@ type OrderTransition struct {
 	State     OrderState `json:"state"` // the order's state after it
 }
 
+// OrderWrite is one RecordOrder call, made inside another write.
+type OrderWrite struct {
+	Order      Order
+	Transition OrderTransition
+	Open       bool
+}
+
 // OrderStore keeps orders. Every method checks ctx first.
 type OrderStore interface {
 	// RecordOrder appends tr to the order of o's pair (o.Dialogue,

@@ -202,6 +202,11 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 		if err := putTimers(tx, p.Timers); err != nil {
 			return store.Delivered{}, err
 		}
+		if o := p.Order; o != nil {
+			if _, err := recordOrder(tx, o.Order, o.Transition, o.Open); err != nil {
+				return store.Delivered{}, err
+			}
+		}
 	}
 	return out, nil
 }

@@ -32,39 +32,44 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 	}
 	var out store.Order
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		orders, pairs := tx.Bucket(bucketOrders), tx.Bucket(bucketPairOrders)
-		pk := pairKey(o.Dialogue, store.Pair{A: o.Consumer, B: o.Supplier})
-		id := pairs.Get(pk)
-		var cur store.Order
-		switch {
-		case id != nil:
-			if ok, err := getJSON(orders, id, &cur); err != nil || !ok {
-				return resource.NotFound("order", string(id)) // an index without its record: never written so
-			}
-		case !open:
-			return resource.NotFound("order of dialogue", o.Dialogue+" "+o.Supplier)
-		default:
-			if orders.Get([]byte(o.ID)) != nil {
-				return resource.AlreadyExists("order", o.ID)
-			}
-			cur = store.Order{ID: o.ID, Dialogue: o.Dialogue, Protocol: o.Protocol, Consumer: o.Consumer, Supplier: o.Supplier, CreateTime: tr.Time}
-			if err := pairs.Put(pk, []byte(o.ID)); err != nil {
-				return err
-			}
-			for _, a := range []string{o.Consumer, o.Supplier} {
-				if err := tx.Bucket(bucketAgentOrders).Put(join(a, o.ID), nil); err != nil {
-					return err
-				}
-			}
-		}
-		changed := cur.Apply(tr)
-		out = cur
-		if !changed {
-			return nil // a retry
-		}
-		return putJSON(orders, []byte(cur.ID), cur)
+		var err error
+		out, err = recordOrder(tx, o, tr, open)
+		return err
 	})
 	return out, err
+}
+
+// recordOrder is RecordOrder inside tx.
+func recordOrder(tx *bolt.Tx, o store.Order, tr store.OrderTransition, open bool) (store.Order, error) {
+	orders, pairs := tx.Bucket(bucketOrders), tx.Bucket(bucketPairOrders)
+	pk := pairKey(o.Dialogue, store.Pair{A: o.Consumer, B: o.Supplier})
+	id := pairs.Get(pk)
+	var cur store.Order
+	switch {
+	case id != nil:
+		if ok, err := getJSON(orders, id, &cur); err != nil || !ok {
+			return store.Order{}, resource.NotFound("order", string(id)) // an index without its record: never written so
+		}
+	case !open:
+		return store.Order{}, resource.NotFound("order of dialogue", o.Dialogue+" "+o.Supplier)
+	default:
+		if orders.Get([]byte(o.ID)) != nil {
+			return store.Order{}, resource.AlreadyExists("order", o.ID)
+		}
+		cur = store.Order{ID: o.ID, Dialogue: o.Dialogue, Protocol: o.Protocol, Consumer: o.Consumer, Supplier: o.Supplier, CreateTime: tr.Time}
+		if err := pairs.Put(pk, []byte(o.ID)); err != nil {
+			return store.Order{}, err
+		}
+		for _, a := range []string{o.Consumer, o.Supplier} {
+			if err := tx.Bucket(bucketAgentOrders).Put(join(a, o.ID), nil); err != nil {
+				return store.Order{}, err
+			}
+		}
+	}
+	if !cur.Apply(tr) {
+		return cur, nil // a retry
+	}
+	return cur, putJSON(orders, []byte(cur.ID), cur)
 }
 
 // GetOrder implements store.OrderStore.

@@ -104,6 +104,11 @@ ON CONFLICT (dialogue, a, b) DO UPDATE SET state = excluded.state`, m.DialogueID
 		if err := s.putTimers(ctx, tx, p.Timers); err != nil {
 			return err
 		}
+		if o := p.Order; o != nil {
+			if _, err := recordOrder(ctx, tx, o.Order, o.Transition, o.Open); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }

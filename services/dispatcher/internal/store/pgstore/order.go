@@ -17,9 +17,23 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 	if err := ctx.Err(); err != nil {
 		return store.Order{}, err
 	}
-	k := store.Pair{A: o.Consumer, B: o.Supplier}.Key()
 	var out store.Order
 	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		var err error
+		out, err = recordOrder(ctx, tx, o, tr, open)
+		return err
+	})
+	if err != nil {
+		return store.Order{}, err
+	}
+	return out, nil
+}
+
+// recordOrder is RecordOrder inside tx.
+func recordOrder(ctx context.Context, tx pgx.Tx, o store.Order, tr store.OrderTransition, open bool) (store.Order, error) {
+	k := store.Pair{A: o.Consumer, B: o.Supplier}.Key()
+	var out store.Order
+	err := func() error {
 		var cur store.Order
 		ok, err := getJSON(ctx, tx, &cur, `SELECT data FROM orders WHERE dialogue = $1 AND a = $2 AND b = $3`, o.Dialogue, k.A, k.B)
 		switch {
@@ -49,11 +63,8 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 		_, err = tx.Exec(ctx, `INSERT INTO orders (id, dialogue, a, b, state, data) VALUES ($1, $2, $3, $4, $5, $6)
 ON CONFLICT (id) DO UPDATE SET state = excluded.state, data = excluded.data`, cur.ID, cur.Dialogue, k.A, k.B, string(cur.State), marshal(cur))
 		return err
-	})
-	if err != nil {
-		return store.Order{}, err
-	}
-	return out, nil
+	}()
+	return out, err
 }
 
 // GetOrder implements store.OrderStore.

@@ -26,8 +26,9 @@ func RunTimers(t *testing.T, open func(t *testing.T) TimerBackend) {
 }
 
 // A dialogue write stores the timers of each pair state it writes in the
-// same transaction, replacing the pair's timer of the same name; a pair
-// whose recipient's mailbox refused the message gets neither.
+// same transaction, replacing the pair's timer of the same name, and the
+// pair's order record; a pair whose recipient's mailbox refused the
+// message gets none of them.
 func testTimersWithThePair(t *testing.T, s TimerBackend) {
 	ctx := t.Context()
 	now := time.Unix(1_800_000_000, 0).UTC()
@@ -51,9 +52,20 @@ func testTimersWithThePair(t *testing.T, s TimerBackend) {
 	r := store.DialogueMessage{ID: "d1-m2", DialogueID: "d1", Sender: bob, Type: "offer", InReplyTo: m.ID, Time: now}
 	if _, err := s.AddMessage(ctx, m.ID, mailbox.Bound{}, func(store.DialogueView) (store.MessageWrite, error) {
 		return write(r, []string{alice}, store.PairState{Pair: store.Pair{A: bob, B: alice}, State: json.RawMessage(`{"s":2}`),
-			Timers: []store.Timer{timer("d1", bob, "offer_timeout", time.Minute)}}), nil
+			Timers: []store.Timer{timer("d1", bob, "offer_timeout", time.Minute)},
+			Order: &store.OrderWrite{
+				Order:      store.Order{ID: "o1", Dialogue: "d1", Protocol: "p", Consumer: alice, Supplier: bob},
+				Transition: store.OrderTransition{Type: "offer", MessageID: r.ID, Sender: bob, Time: now, State: store.OrderActive},
+				Open:       true,
+			}}), nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+	// The order record went with it.
+	if os, ok := s.(store.OrderStore); ok {
+		if o, err := os.GetOrder(ctx, "o1"); err != nil || len(o.Transitions) != 1 || o.Transitions[0].MessageID != r.ID {
+			t.Errorf("GetOrder(o1) after the reply = %+v, %v; want it opened by the reply", o, err)
+		}
 	}
 	if due, err := s.DueTimers(ctx, t0.Add(time.Hour), 10); err != nil || len(due) != 1 || due[0] != timer("d1", bob, "offer_timeout", time.Minute) {
 		t.Errorf("timers after the reply = %+v, %v; want bob's, replaced", due, err)
