@@ -3,9 +3,11 @@
 // (offer_timeout, proposal_timeout, ...), owned by the server.
 //
 // When a message sets a deadline, its pair's new state lists it (see
-// protocolcontrol); Arm stores a timer for each pending deadline of that
-// state. Run fires timers as they fall due, and again after a restart for
-// those that fell due while the server was down. A timer that expires its
+// protocolcontrol); the dialogue write that stores that state stores a
+// timer for each of its pending deadlines in the same transaction
+// (store.PairState.Timers), and Wake tells Run. Arm stores them apart
+// (tests and tools). Run fires timers as they fall due, and again after a
+// restart for those that fell due while the server was down. A timer that expires its
 // pair is first told to Options.Expired (the pair's order records the
 // expiry; idempotent, so a crash before the firing commits only repeats
 // it). Due timers then fire in batches (Options.Batch), each batch one

@@ -219,6 +219,32 @@ type Step struct {
 type Accepted struct {
 	State json.RawMessage // the pair's next state, to store
 	Body  []byte          // the body to deliver; nil delivers it as sent
+	// Deadlines are the next state's pending deadlines: their timers are
+	// stored with the state, in the same transaction.
+	Deadlines []Deadline
+}
+
+// Deadline is a pending deadline of a pair: name and instant.
+type Deadline struct {
+	Name string
+	At   time.Time
+}
+
+// pairState is a pair's next state as a dialogue write stores it: with
+// the timers of its pending deadlines, so that a crash after the commit
+// cannot leave a deadline without its timer.
+func pairState(d store.Dialogue, p store.Pair, a Accepted) store.PairState {
+	counterpart := p.B
+	if counterpart == d.Initiator {
+		counterpart = p.A
+	}
+	out := store.PairState{Pair: p, State: a.State}
+	for _, dl := range a.Deadlines {
+		out.Timers = append(out.Timers, store.Timer{
+			Dialogue: d.ID, Initiator: d.Initiator, Counterpart: counterpart, Protocol: d.Protocol, Name: dl.Name, At: dl.At,
+		})
+	}
+	return out
 }
 
 // Machine is a PD's state machine.
@@ -392,7 +418,7 @@ func (s *Service) open(ctx context.Context, sender string, cat mailbox.Category,
 			if err != nil {
 				return Result{}, err
 			}
-			pairs = append(pairs, store.PairState{Pair: store.Pair{A: sender, B: c.Agent}, State: a.State})
+			pairs = append(pairs, pairState(d, store.Pair{A: sender, B: c.Agent}, a))
 			if a.Body != nil && body == nil {
 				body = a.Body
 			}
@@ -506,7 +532,7 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 				if err != nil {
 					return store.MessageWrite{}, err
 				}
-				pairs = append(pairs, store.PairState{Pair: change.pair, State: a.State})
+				pairs = append(pairs, pairState(v.Dialogue(), change.pair, a))
 				changes = append(changes, change)
 				if a.Body != nil && !rewritten {
 					msg.Body, rewritten = a.Body, true // the body as the first step rewrote it

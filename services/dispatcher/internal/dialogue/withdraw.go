@@ -67,7 +67,7 @@ func (s *Service) withdraw(ctx context.Context, agent, id string) error {
 			if err != nil {
 				return store.MessageWrite{}, err
 			}
-			pairs = append(pairs, store.PairState{Pair: change.pair, State: a.State})
+			pairs = append(pairs, pairState(v.Dialogue(), change.pair, a))
 			changes = append(changes, change)
 			accepted = append(accepted, r)
 		}

@@ -135,5 +135,9 @@ func (m machine) Step(state json.RawMessage, s dialogue.Step) (dialogue.Accepted
 	if err != nil {
 		return dialogue.Accepted{}, err
 	}
-	return dialogue.Accepted{State: res.State, Body: res.Body}, nil
+	out := dialogue.Accepted{State: res.State, Body: res.Body}
+	for _, d := range res.Pair.Deadlines {
+		out.Deadlines = append(out.Deadlines, dialogue.Deadline{Name: d.Name, At: d.At})
+	}
+	return out, nil
 }

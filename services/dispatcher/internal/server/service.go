@@ -29,11 +29,11 @@ func (m serviceMachines) Machine(ctx context.Context, hash string) (*protocolcon
 	return pr.Machine, nil
 }
 
-// pairObserver is the dialogues' Observer for service transactions: each
-// pair a delivered message moved gets its deadlines armed and its order
-// trail extended. The message is already delivered, so failures are
-// logged: a deadline not armed is still enforced when a late message
-// arrives (the state holds it), only its expiry message would be missing.
+// pairObserver is the dialogues' Observer for service transactions: the
+// scheduler is woken for the deadlines a delivered message set (their
+// timers were stored with the pair's state, in the message's own
+// transaction), and each moved pair's order trail is extended. The message
+// is already delivered, so failures are logged.
 type pairObserver struct {
 	deadlines *deadline.Scheduler
 	orders    *order.Recorder // nil without an order store
@@ -41,14 +41,10 @@ type pairObserver struct {
 }
 
 func (o pairObserver) PairsMoved(ctx context.Context, moves []dialogue.PairMove) {
+	if o.deadlines != nil {
+		o.deadlines.Wake()
+	}
 	for _, m := range moves {
-		if o.deadlines != nil {
-			p := deadline.Pair{Dialogue: m.Dialogue, Initiator: m.Initiator, Counterpart: m.Counterpart, Protocol: m.Protocol}
-			if err := o.deadlines.Arm(ctx, p, m.Next); err != nil {
-				o.logger.ErrorContext(ctx, "a deadline was not armed; late messages are still refused but its expiry will not be sent",
-					slog.String("dialogue", m.Dialogue), slog.Any("err", err))
-			}
-		}
 		if o.orders != nil {
 			_, _, err := o.orders.Record(ctx, order.Event{
 				Dialogue: m.Dialogue, Protocol: m.Protocol, Consumer: m.Initiator, Supplier: m.Counterpart,

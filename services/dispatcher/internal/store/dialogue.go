@@ -74,6 +74,10 @@ func (p Pair) Key() Pair {
 type PairState struct {
 	Pair  Pair
 	State json.RawMessage
+	// Timers are the pending deadlines of State, stored with it (each
+	// replacing the pair's timer of its name, as TimerStore.PutTimers
+	// does), so that no crash separates a deadline from its timer.
+	Timers []Timer
 }
 
 // MessageWrite is what a dialogue write stores: the message, the agents it

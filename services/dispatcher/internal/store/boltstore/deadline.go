@@ -42,24 +42,27 @@ func (s *Store) PutTimers(ctx context.Context, timers []store.Timer) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
-		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
-		for _, t := range timers {
-			if old := ids.Get(timerID(t)); old != nil {
-				if err := tb.Delete(bytes.Clone(old)); err != nil {
-					return err
-				}
-			}
-			k := timerKey(t)
-			if err := putJSON(tb, k, t); err != nil {
-				return err
-			}
-			if err := ids.Put(timerID(t), k); err != nil {
+	return s.db.Update(func(tx *bolt.Tx) error { return putTimers(tx, timers) })
+}
+
+// putTimers stores timers in tx, each replacing the timer of its name.
+func putTimers(tx *bolt.Tx, timers []store.Timer) error {
+	tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
+	for _, t := range timers {
+		if old := ids.Get(timerID(t)); old != nil {
+			if err := tb.Delete(bytes.Clone(old)); err != nil {
 				return err
 			}
 		}
-		return nil
-	})
+		k := timerKey(t)
+		if err := putJSON(tb, k, t); err != nil {
+			return err
+		}
+		if err := ids.Put(timerID(t), k); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // DueTimers implements store.TimerStore.

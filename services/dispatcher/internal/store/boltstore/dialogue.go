@@ -199,6 +199,9 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 		if err := tx.Bucket(bucketDialoguePairs).Put(pairKey(m.DialogueID, p.Pair), p.State); err != nil {
 			return store.Delivered{}, err
 		}
+		if err := putTimers(tx, p.Timers); err != nil {
+			return store.Delivered{}, err
+		}
 	}
 	return out, nil
 }

@@ -20,16 +20,23 @@ func (s *Store) PutTimers(ctx context.Context, timers []store.Timer) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Write(ctx, func(tx pgx.Tx) error {
-		for _, t := range timers {
-			if _, err := tx.Exec(ctx, `INSERT INTO timers (dialogue, counterpart, name, at_ns, data) VALUES ($1, $2, $3, $4, $5)
+	return s.db.Write(ctx, func(tx pgx.Tx) error { return s.putTimers(ctx, tx, timers) })
+}
+
+// putTimers stores timers in tx, each replacing the timer of its name, and
+// wakes the other replicas' schedulers when tx commits.
+func (s *Store) putTimers(ctx context.Context, tx pgx.Tx, timers []store.Timer) error {
+	if len(timers) == 0 {
+		return nil
+	}
+	for _, t := range timers {
+		if _, err := tx.Exec(ctx, `INSERT INTO timers (dialogue, counterpart, name, at_ns, data) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (dialogue, counterpart, name) DO UPDATE SET at_ns = excluded.at_ns, data = excluded.data`,
-				t.Dialogue, t.Counterpart, t.Name, t.At.UnixNano(), marshal(t)); err != nil {
-				return err
-			}
+			t.Dialogue, t.Counterpart, t.Name, t.At.UnixNano(), marshal(t)); err != nil {
+			return err
 		}
-		return s.notifyTimers(ctx, tx)
-	})
+	}
+	return s.notifyTimers(ctx, tx)
 }
 
 // timers reads the timers a query returns, in its order.

@@ -101,6 +101,9 @@ SELECT $1, u.agent, u.data FROM unnest($2::text[], $3::bytea[]) AS u(agent, data
 ON CONFLICT (dialogue, a, b) DO UPDATE SET state = excluded.state`, m.DialogueID, k.A, k.B, []byte(p.State)); err != nil {
 			return err
 		}
+		if err := s.putTimers(ctx, tx, p.Timers); err != nil {
+			return err
+		}
 	}
 	return nil
 }

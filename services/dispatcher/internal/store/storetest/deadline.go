@@ -22,6 +22,42 @@ type TimerBackend interface {
 func RunTimers(t *testing.T, open func(t *testing.T) TimerBackend) {
 	t.Run("order and replace", func(t *testing.T) { testTimerOrder(t, open(t)) })
 	t.Run("fire", func(t *testing.T) { testTimerFire(t, open(t)) })
+	t.Run("stored with the pair", func(t *testing.T) { testTimersWithThePair(t, open(t)) })
+}
+
+// A dialogue write stores the timers of each pair state it writes in the
+// same transaction, replacing the pair's timer of the same name; a pair
+// whose recipient's mailbox refused the message gets neither.
+func testTimersWithThePair(t *testing.T, s TimerBackend) {
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0).UTC()
+	d := store.Dialogue{ID: "d1", Initiator: alice, Category: "service", CreateTime: now}
+	m := store.DialogueMessage{ID: "d1-m1", DialogueID: "d1", Sender: alice, Type: "new_task_request", Time: now}
+	pair := func(agent string, ts ...store.Timer) store.PairState {
+		return store.PairState{Pair: store.Pair{A: alice, B: agent}, State: json.RawMessage(`{"s":1}`), Timers: ts}
+	}
+	// carol's mailbox is full (one message held): her pair and timer are not written.
+	if _, _, err := s.AppendMessage(ctx, mailbox.Message{ID: "x0", Category: mailbox.CategoryMessage, Type: "t", Body: []byte(`{}`), Time: now}, []string{carol}, mailbox.Bound{}); err != nil {
+		t.Fatal(err)
+	}
+	w := write(m, []string{bob, carol}, pair(bob, timer("d1", bob, "offer_timeout", time.Second)), pair(carol, timer("d1", carol, "offer_timeout", time.Second)))
+	if _, err := s.CreateDialogue(ctx, d, w, mailbox.Bound{MaxMessages: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if due, err := s.DueTimers(ctx, t0.Add(time.Hour), 10); err != nil || len(due) != 1 || due[0] != timer("d1", bob, "offer_timeout", time.Second) {
+		t.Fatalf("timers after the opener = %v, %v; want bob's alone", names(due), err)
+	}
+	// A later write replaces bob's timer of that name.
+	r := store.DialogueMessage{ID: "d1-m2", DialogueID: "d1", Sender: bob, Type: "offer", InReplyTo: m.ID, Time: now}
+	if _, err := s.AddMessage(ctx, m.ID, mailbox.Bound{}, func(store.DialogueView) (store.MessageWrite, error) {
+		return write(r, []string{alice}, store.PairState{Pair: store.Pair{A: bob, B: alice}, State: json.RawMessage(`{"s":2}`),
+			Timers: []store.Timer{timer("d1", bob, "offer_timeout", time.Minute)}}), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if due, err := s.DueTimers(ctx, t0.Add(time.Hour), 10); err != nil || len(due) != 1 || due[0] != timer("d1", bob, "offer_timeout", time.Minute) {
+		t.Errorf("timers after the reply = %+v, %v; want bob's, replaced", due, err)
+	}
 }
 
 func timer(dialogue, counterpart, name string, at time.Duration) store.Timer {
