@@ -53,6 +53,7 @@ func startServiceNet(t *testing.T, suppliers []string, stages func(id string, sa
 	}
 	n := serviceNet{conn: ep.Conn, agents: map[string]*sdk.ServiceAgent{}}
 	reg := registryv1.NewRegistryServiceClient(ep.Conn)
+	waitServiceProtocols(t, reg)
 	if _, err := reg.CreateClient(ctx, &registryv1.CreateClientRequest{ClientId: "svc", Client: &registryv1.Client{DisplayName: "svc"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -80,6 +81,31 @@ func startServiceNet(t *testing.T, suppliers []string, stages func(id string, sa
 		wg.Go(func() { _ = na.Run(ctx) })
 	}
 	return n
+}
+
+// waitServiceProtocols waits until the registry holds the built-in
+// service PDs, which the dispatcher stores in the background at start:
+// a request sent before that is refused (protocol not known), as a
+// loaded machine showed.
+func waitServiceProtocols(t *testing.T, reg registryv1.RegistryServiceClient) {
+	t.Helper()
+	want := []string{"Parley allocate", "Parley delegate", "Parley transact"}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		resp, err := reg.ListProtocols(t.Context(), &registryv1.ListProtocolsRequest{PageSize: 1000})
+		var titles []string
+		for _, p := range resp.GetProtocols() {
+			titles = append(titles, p.GetTitle())
+		}
+		missing := slices.DeleteFunc(slices.Clone(want), func(w string) bool { return slices.Contains(titles, w) })
+		if err == nil && len(missing) == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ListProtocols = %v, %v; still missing %v", titles, err, missing)
+		}
+		time.Sleep(20 * time.Millisecond) // between polls
+	}
 }
 
 // order reads o as the consumer, once its trail holds the message

@@ -70,6 +70,7 @@ type moneyCheck struct {
 	// which checkMoney recorded ahead of delivery: put back if it is not
 	// delivered.
 	prevTerms json.RawMessage
+	terms     json.RawMessage // this reply's, recorded in their place
 	dialogue  string
 	sender    string
 }
@@ -88,7 +89,9 @@ func (m *moneyCheck) done(ctx context.Context, delivered bool) {
 				slog.String("order", m.acceptance.Order), slog.Any("err", err))
 		}
 	case !delivered && m.prevTerms != nil:
-		if err := m.s.opts.Payments.SetOfferTerms(ctx, m.dialogue, m.sender, m.prevTerms); err != nil {
+		// Only while this reply's terms are still recorded: a later offer
+		// of the pair, delivered meanwhile, keeps its own.
+		if err := m.s.opts.Payments.RestoreOfferTerms(ctx, m.dialogue, m.sender, m.terms, m.prevTerms); err != nil {
 			m.s.logger.ErrorContext(ctx, "a refused offer's terms stay recorded; an acceptance of the pair's earlier offer is checked against them",
 				slog.String("dialogue", m.dialogue), slog.Any("err", err))
 		}
@@ -154,17 +157,17 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 		// offer reaches its mailbox, and its acceptance is checked against
 		// these terms (recorded after, a quick acceptance passed as
 		// unpriced and reserved no payment).
-		prev, err := s.opts.Payments.OfferTerms(ctx, d.ID, sender)
+		// One swap, not a read then a write: two offers of the pair at
+		// once must not both remember the same earlier terms (the refused
+		// one's undo would then erase the delivered one's).
+		prev, err := s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, body)
 		if err != nil {
-			return nil, err
-		}
-		if err := s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, body); err != nil {
 			return nil, err
 		}
 		if prev == nil {
 			prev = json.RawMessage(`{}`) // no terms: an unpriced offer
 		}
-		return &moneyCheck{s: s, prevTerms: prev, dialogue: d.ID, sender: sender}, nil
+		return &moneyCheck{s: s, prevTerms: prev, terms: body, dialogue: d.ID, sender: sender}, nil
 	}
 	return nil, nil
 }

@@ -59,8 +59,16 @@ type PaymentStore interface {
 	// one never added is no error.
 	RemoveSpend(ctx context.Context, agent, order string) error
 	// SetOfferTerms records the terms of the last offer of the pair
-	// (dialogue, supplier), replacing earlier ones.
-	SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) error
+	// (dialogue, supplier), replacing earlier ones, and returns those it
+	// replaced (nil when none), in one transaction: two offers recorded
+	// at once each get the other's or the earlier terms, never both the
+	// earlier ones.
+	SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) (prev json.RawMessage, err error)
+	// RestoreOfferTerms puts prev back as the pair's terms if the terms
+	// recorded are still set (byte for byte), in one transaction; else it
+	// does nothing, as a later offer's terms were recorded meanwhile. A
+	// nil prev removes the terms.
+	RestoreOfferTerms(ctx context.Context, dialogue, supplier string, set, prev json.RawMessage) error
 	// OfferTerms returns what SetOfferTerms recorded; nil when nothing.
 	OfferTerms(ctx context.Context, dialogue, supplier string) (json.RawMessage, error)
 }

@@ -125,12 +125,38 @@ func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
 }
 
 // SetOfferTerms implements store.PaymentStore.
-func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) error {
+func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) (json.RawMessage, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	var prev json.RawMessage
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		b, k := tx.Bucket(bucketOfferTerms), join(dialogue, supplier)
+		if v := b.Get(k); v != nil {
+			prev = bytes.Clone(v)
+		}
+		return b.Put(k, terms)
+	})
+	if err != nil {
+		return nil, err
+	}
+	return prev, nil
+}
+
+// RestoreOfferTerms implements store.PaymentStore.
+func (s *Store) RestoreOfferTerms(ctx context.Context, dialogue, supplier string, set, prev json.RawMessage) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		return tx.Bucket(bucketOfferTerms).Put(join(dialogue, supplier), terms)
+		b, k := tx.Bucket(bucketOfferTerms), join(dialogue, supplier)
+		switch {
+		case !bytes.Equal(b.Get(k), set):
+			return nil
+		case prev == nil:
+			return b.Delete(k)
+		}
+		return b.Put(k, prev)
 	})
 }
 

@@ -338,7 +338,7 @@ func testDialogueSweep(t *testing.T, s DialogueBackend) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"early", "open"} {
-		if err := s.SetOfferTerms(ctx, id, bob, json.RawMessage(`{"amount_micros":1}`)); err != nil {
+		if _, err := s.SetOfferTerms(ctx, id, bob, json.RawMessage(`{"amount_micros":1}`)); err != nil {
 			t.Fatal(err)
 		}
 	}

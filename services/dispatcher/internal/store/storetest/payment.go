@@ -87,9 +87,15 @@ func testOfferTerms(t *testing.T, s store.PaymentStore) {
 	if got, err := s.OfferTerms(ctx, "d1", bob); err != nil || got != nil {
 		t.Errorf("OfferTerms(none) = %s, %v; want nil", got, err)
 	}
-	for _, v := range []string{`{"a":1}`, `{"a":2}`} {
-		if err := s.SetOfferTerms(ctx, "d1", bob, json.RawMessage(v)); err != nil {
+	// Each write returns the terms it replaced, so that two offers
+	// recorded at once never both remember the same earlier terms.
+	for i, v := range []string{`{"a":1}`, `{"a":2}`} {
+		prev, err := s.SetOfferTerms(ctx, "d1", bob, json.RawMessage(v))
+		if err != nil {
 			t.Fatal(err)
+		}
+		if want := []string{"", `{"a":1}`}[i]; string(prev) != want {
+			t.Errorf("SetOfferTerms(%s) replaced %q, want %q", v, prev, want)
 		}
 	}
 	if got, err := s.OfferTerms(ctx, "d1", bob); err != nil || string(got) != `{"a":2}` {
@@ -97,5 +103,32 @@ func testOfferTerms(t *testing.T, s store.PaymentStore) {
 	}
 	if got, _ := s.OfferTerms(ctx, "d1", carol); got != nil {
 		t.Errorf("OfferTerms(other supplier) = %s, want nil", got)
+	}
+	// A refused offer's terms are put back only while they are still the
+	// ones recorded: undoing {"a":1}, overwritten by {"a":2} since, keeps
+	// {"a":2}; undoing {"a":2} brings back {"a":1}.
+	if err := s.RestoreOfferTerms(ctx, "d1", bob, json.RawMessage(`{"a":1}`), json.RawMessage(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.OfferTerms(ctx, "d1", bob); string(got) != `{"a":2}` {
+		t.Errorf("OfferTerms after undoing overwritten terms = %s, want {\"a\":2} kept", got)
+	}
+	if err := s.RestoreOfferTerms(ctx, "d1", bob, json.RawMessage(`{"a":2}`), json.RawMessage(`{"a":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.OfferTerms(ctx, "d1", bob); string(got) != `{"a":1}` {
+		t.Errorf("OfferTerms after undoing the current terms = %s, want {\"a\":1}", got)
+	}
+	if err := s.RestoreOfferTerms(ctx, "d1", bob, json.RawMessage(`{"a":1}`), nil); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.OfferTerms(ctx, "d1", bob); got != nil {
+		t.Errorf("OfferTerms after restoring none = %s, want nil", got)
+	}
+	if err := s.RestoreOfferTerms(ctx, "d1", carol, json.RawMessage(`{"a":1}`), json.RawMessage(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := s.OfferTerms(ctx, "d1", carol); got != nil {
+		t.Errorf("OfferTerms(carol) after undoing terms never recorded = %s, want nil", got)
 	}
 }
