@@ -249,7 +249,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 		}
 		if opts.Timers != nil {
 			deadlines = deadline.New(opts.Timers, serviceMachines{dir}, opts.Mailboxes, deadline.Options{
-				Now: opts.Now, Logger: logger, Expired: obs.expired,
+				Now: opts.Now, Logger: logger, Expired: obs.expired, Failures: m.DeadlineFailures,
 			})
 			obs.deadlines = deadlines
 		}
