@@ -22,15 +22,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -43,6 +40,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/parleyhq/parley/bench/internal/parleyproc"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/sdk"
@@ -87,13 +85,8 @@ func run(stdout io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if *parley == "" {
-		*parley = filepath.Join(tmp, "parley")
-		build := exec.Command("go", "build", "-o", *parley, "./cmd/parley")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("build parley (run from the repository root): %w", err)
-		}
+	if *parley, err = parleyproc.Binary(*parley, tmp); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -460,13 +453,8 @@ func (p *parleyProc) ctx(ctx context.Context) context.Context {
 // startParley runs `parley serve` on loopback with its own data
 // directory until stop.
 func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
-	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0")
-	stderr, err := cmd.StderrPipe()
+	proc, err := parleyproc.Start(ctx, bin, data)
 	if err != nil {
-		return nil, err
-	}
-	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
-	if err := cmd.Start(); err != nil {
 		return nil, err
 	}
 	p := &parleyProc{}
@@ -474,36 +462,13 @@ func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
 		if p.conn != nil {
 			p.conn.Close()
 		}
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
+		proc.Stop()
 	}
-	found := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line struct {
-				Msg  string `json:"msg"`
-				GRPC string `json:"grpc"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				found <- line.GRPC
-			}
-		}
-	}()
-	var addr string
-	select {
-	case addr = <-found:
-	case <-time.After(30 * time.Second):
+	if p.token, err = parleyproc.ReadToken(filepath.Join(data, "operator.token")); err != nil {
 		p.stop()
-		return nil, errors.New("parley serve did not log its addresses within 30s")
+		return nil, err
 	}
-	tok, err := os.ReadFile(filepath.Join(data, "operator.token"))
-	if err != nil {
-		p.stop()
-		return nil, fmt.Errorf("operator token: %w", err)
-	}
-	p.token = strings.TrimSpace(string(tok))
-	if p.conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if p.conn, err = grpc.NewClient(proc.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		p.stop()
 		return nil, err
 	}

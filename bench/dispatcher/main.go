@@ -44,6 +44,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/parleyhq/parley/bench/internal/cputime"
+	"github.com/parleyhq/parley/bench/internal/parleyproc"
 	"github.com/parleyhq/parley/bench/internal/weather"
 )
 
@@ -71,13 +72,8 @@ func run(stdout io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if *parley == "" {
-		*parley = filepath.Join(tmp, "parley")
-		build := exec.Command("go", "build", "-o", *parley, "./cmd/parley")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("build parley (run from the repository root): %w", err)
-		}
+	if *parley, err = parleyproc.Binary(*parley, tmp); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -194,39 +190,11 @@ func echoHandler(w http.ResponseWriter, r *http.Request) {
 // startParley runs `parley serve` on free loopback ports and returns the
 // addresses it logged.
 func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr string, pid int, stop func(), err error) {
-	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--log-level", "info")
-	stderr, err := cmd.StderrPipe()
+	p, err := parleyproc.Start(ctx, bin, data, "--log-level", "info")
 	if err != nil {
 		return "", "", 0, nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return "", "", 0, nil, err
-	}
-	stop = func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
-	}
-	found := make(chan [2]string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line struct {
-				Msg  string `json:"msg"`
-				GRPC string `json:"grpc"`
-				HTTP string `json:"http"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				found <- [2]string{line.GRPC, line.HTTP}
-			}
-		}
-	}()
-	select {
-	case a := <-found:
-		return a[0], a[1], cmd.Process.Pid, stop, nil
-	case <-time.After(30 * time.Second):
-		stop()
-		return "", "", 0, nil, errors.New("parley serve did not log its addresses within 30s")
-	}
+	return p.GRPCAddr, p.HTTPAddr, p.PID, p.Stop, nil
 }
 
 // setup installs the weather agent on the server at addr.

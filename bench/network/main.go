@@ -36,7 +36,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -51,6 +50,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/parleyhq/parley/bench/internal/parleyproc"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/sdk"
@@ -85,13 +85,8 @@ func run(stdout io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(tmp)
-	if *parley == "" {
-		*parley = filepath.Join(tmp, "parley")
-		build := exec.Command("go", "build", "-o", *parley, "./cmd/parley")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return fmt.Errorf("build parley (run from the repository root): %w", err)
-		}
+	if *parley, err = parleyproc.Binary(*parley, tmp); err != nil {
+		return err
 	}
 	var counts []int
 	for _, s := range strings.Split(*sendersList, ",") {
@@ -302,7 +297,7 @@ func settle(count func() int) {
 // ---- Parley ----
 
 type parleyProc struct {
-	cmd      *exec.Cmd
+	proc     *parleyproc.Proc
 	grpcAddr string
 	httpAddr string
 	token    string
@@ -313,50 +308,21 @@ type parleyProc struct {
 func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
 	// -idle opens an HTTP connection per SSE stream: lift the cap of 400
 	// connections per listener.
-	cmd := exec.CommandContext(ctx, bin, "serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--max-connections", "8000")
-	stderr, err := cmd.StderrPipe()
+	proc, err := parleyproc.Start(ctx, bin, data, "--max-connections", "8000")
 	if err != nil {
 		return nil, err
 	}
-	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info")
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	p := &parleyProc{cmd: cmd}
+	p := &parleyProc{proc: proc, grpcAddr: proc.GRPCAddr, httpAddr: proc.HTTPAddr}
 	p.stop = func() {
 		if p.conn != nil {
 			p.conn.Close()
 		}
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
+		proc.Stop()
 	}
-	found := make(chan [2]string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line struct {
-				Msg  string `json:"msg"`
-				GRPC string `json:"grpc"`
-				HTTP string `json:"http"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
-				found <- [2]string{line.GRPC, line.HTTP}
-			}
-		}
-	}()
-	select {
-	case addrs := <-found:
-		p.grpcAddr, p.httpAddr = addrs[0], addrs[1]
-	case <-time.After(30 * time.Second):
+	if p.token, err = parleyproc.ReadToken(filepath.Join(data, "operator.token")); err != nil {
 		p.stop()
-		return nil, errors.New("parley serve did not log its addresses within 30s")
+		return nil, err
 	}
-	tok, err := os.ReadFile(filepath.Join(data, "operator.token"))
-	if err != nil {
-		p.stop()
-		return nil, fmt.Errorf("operator token: %w", err)
-	}
-	p.token = strings.TrimSpace(string(tok))
 	p.conn, err = grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		p.stop()
@@ -477,7 +443,7 @@ func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, 
 // use (/metrics), which memory freed by an earlier measurement does not
 // hide. The streams close when it returns.
 func (p *parleyProc) perStream(ctx context.Context, n int, open func(context.Context, int) (func(), error)) (rssPer, goPer float64, err error) {
-	rssBefore, err := rss(p.cmd.Process.Pid)
+	rssBefore, err := rss(p.proc.PID)
 	if err != nil {
 		return 0, 0, err
 	}
@@ -491,7 +457,7 @@ func (p *parleyProc) perStream(ctx context.Context, n int, open func(context.Con
 	}
 	defer closeAll()
 	time.Sleep(2 * time.Second) // let the server settle before reading
-	rssAfter, err := rss(p.cmd.Process.Pid)
+	rssAfter, err := rss(p.proc.PID)
 	if err != nil {
 		return 0, 0, err
 	}

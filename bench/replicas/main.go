@@ -28,7 +28,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"crypto/rand"
@@ -55,6 +54,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/parleyhq/parley/bench/internal/cputime"
+	"github.com/parleyhq/parley/bench/internal/parleyproc"
 	"github.com/parleyhq/parley/bench/internal/weather"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -106,12 +106,9 @@ func run(stdout io.Writer) error {
 		return err
 	}
 	defer os.RemoveAll(work)
-	bin := *parleyBin
-	if bin == "" {
-		bin = filepath.Join(work, "parley")
-		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/parley").CombinedOutput(); err != nil {
-			return fmt.Errorf("go build: %w\n%s", err, out)
-		}
+	bin, err := parleyproc.Binary(*parleyBin, work)
+	if err != nil {
+		return err
 	}
 	var fsync string
 	if out, err := exec.Command("psql", *databaseURL, "-qAtc", "SHOW fsync").Output(); err == nil {
@@ -300,60 +297,22 @@ func createDatabase(base string) (string, func(), error) {
 
 // proc is one `parley serve`.
 type proc struct {
-	cmd       *exec.Cmd
-	grpcAddr  string
-	httpAddr  string
-	token     string
-	conn      *grpc.ClientConn
-	stopOnce  sync.Once
-	stoppedCh chan struct{}
+	*parleyproc.Proc
+	token string
+	conn  *grpc.ClientConn
 }
 
 func start(ctx context.Context, bin, data, tokenFile string, flags []string) (*proc, error) {
-	args := append([]string{"serve", "--data", data, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, flags...)
-	cmd := exec.CommandContext(ctx, bin, args...)
-	cmd.Env = append(os.Environ(), "PARLEY_LOG_LEVEL=info") // the "listening" line
-	stderr, err := cmd.StderrPipe()
+	pp, err := parleyproc.Start(ctx, bin, data, flags...)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
+	p := &proc{Proc: pp}
+	if p.token, err = parleyproc.ReadToken(tokenFile); err != nil {
+		p.stop()
 		return nil, err
 	}
-	p := &proc{cmd: cmd, stoppedCh: make(chan struct{})}
-	found := make(chan [2]string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		logged := 0
-		for sc.Scan() {
-			var line struct{ Msg, Level, GRPC, HTTP string }
-			if json.Unmarshal(sc.Bytes(), &line) != nil {
-				continue
-			}
-			switch {
-			case line.Msg == "listening":
-				found <- [2]string{line.GRPC, line.HTTP}
-			case line.Level == "ERROR" && logged < 5: // what an INTERNAL answer hides
-				logged++
-				fmt.Fprintf(os.Stderr, "bench/replicas: parley serve logged: %s\n", sc.Bytes())
-			}
-		}
-	}()
-	select {
-	case a := <-found:
-		p.grpcAddr, p.httpAddr = a[0], a[1]
-	case <-time.After(60 * time.Second):
-		p.stop()
-		return nil, errors.New("parley serve did not log its addresses within 60s")
-	}
-	tok, err := os.ReadFile(tokenFile)
-	if err != nil {
-		p.stop()
-		return nil, fmt.Errorf("operator token: %w", err)
-	}
-	p.token = strings.TrimSpace(string(tok))
-	if p.conn, err = grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if p.conn, err = grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		p.stop()
 		return nil, err
 	}
@@ -361,13 +320,10 @@ func start(ctx context.Context, bin, data, tokenFile string, flags []string) (*p
 }
 
 func (p *proc) stop() {
-	p.stopOnce.Do(func() {
-		if p.conn != nil {
-			p.conn.Close()
-		}
-		_ = p.cmd.Process.Signal(os.Interrupt)
-		_ = p.cmd.Wait()
-	})
+	if p.conn != nil {
+		p.conn.Close()
+	}
+	p.Stop()
 }
 
 func (p *proc) ctx(ctx context.Context) context.Context {
@@ -407,7 +363,7 @@ var client = &http.Client{Timeout: 30 * time.Second}
 
 // post sends body to p's HTTP port and decodes a 200 answer into out.
 func post(p *proc, path, body string, out any) error {
-	req, err := http.NewRequest(http.MethodPost, "http://"+p.httpAddr+path, strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, "http://"+p.HTTPAddr+path, strings.NewReader(body))
 	if err != nil {
 		return err
 	}
@@ -476,7 +432,7 @@ func phase(ctx context.Context, name string, procs []*proc, n int, d time.Durati
 	parleyCPU := func() time.Duration {
 		var t time.Duration
 		for _, p := range procs {
-			t += cputime.Tree(p.cmd.Process.Pid)
+			t += cputime.Tree(p.PID)
 		}
 		return t
 	}
