@@ -30,6 +30,7 @@ var demoMarketDoc = envflag.Doc{
 	Examples: []string{
 		"parley demo market",
 		"parley demo market --json",
+		"parley demo market --timeout 5m",
 		"PARLEY_TOKEN=$(cat data/operator.token) parley demo market --server 127.0.0.1:9090",
 	},
 }
@@ -41,14 +42,20 @@ func runDemoMarket(e env, args []string) error {
 	server := fs.String("server", "", "gRPC address of a running parley serve to run on (default: an in-process server)")
 	serverCA := fs.String("server-ca", e.getenv("PARLEY_SERVER_CA"), "with --server: PEM CA bundle to dial it over TLS")
 	window := fs.Duration("window", 2*time.Second, "each deadline the buyer sets (whole seconds): how long suppliers have to answer")
+	timeout := fs.Duration("timeout", 2*time.Minute, "the longest the whole run may take; past it the demo stops with an error saying so")
 	if _, err := parseArgs(e, fs, args, demoMarketDoc); err != nil {
 		return err
 	}
 	if *window < time.Second || *window%time.Second != 0 {
 		return usageErrorf("--window must be whole seconds, at least 1s")
 	}
+	if *timeout <= 0 {
+		return usageErrorf("--timeout must be positive")
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	ctx, cancel := context.WithTimeoutCause(ctx, *timeout, fmt.Errorf("the market demo did not finish within --timeout %s", *timeout))
+	defer cancel()
 	opts := demo.MarketOptions{Window: *window}
 	if !*asJSON {
 		opts.Log = e.stdout
@@ -63,6 +70,9 @@ func runDemoMarket(e env, args []string) error {
 		sum, err = marketInProcess(ctx, opts)
 	}
 	if err != nil {
+		if cause := context.Cause(ctx); cause != nil && ctx.Err() == context.DeadlineExceeded {
+			return errors.Join(cause, err)
+		}
 		return err
 	}
 	if *asJSON {

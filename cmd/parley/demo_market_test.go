@@ -156,3 +156,16 @@ func TestDemoMarket_narrates(t *testing.T) {
 		}
 	}
 }
+
+// The run is bounded: past --timeout it stops with an error saying so
+// (in CI it once waited ten minutes for a late answer that never came).
+func TestDemoMarket_timeoutStopsTheRun(t *testing.T) {
+	var out, errOut bytes.Buffer
+	err := run([]string{"demo", "market", "--json", "--timeout", "1ns"}, noEnv, &out, &errOut)
+	if err == nil || !strings.Contains(err.Error(), "did not finish within --timeout 1ns") {
+		t.Fatalf("parley demo market --timeout 1ns error = %v, want one naming the timeout", err)
+	}
+	if err := run([]string{"demo", "market", "--timeout", "0s"}, noEnv, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--timeout must be positive") {
+		t.Errorf("parley demo market --timeout 0s error = %v, want a usage error", err)
+	}
+}

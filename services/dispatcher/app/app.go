@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -54,6 +55,9 @@ type App struct {
 	// payments is the store's ledger and daily spending (the same bbolt file).
 	payments store.PaymentStore
 	pool     *routine.Pool // the routine workers
+	// serviceProtocols is set once the built-in service PDs are stored
+	// in the registry (registerServiceProtocols).
+	serviceProtocols atomic.Bool
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -161,14 +165,15 @@ func (a *App) options() (server.Options, error) {
 		SendMaxListed:    a.cfg.SendMaxListed,
 		SendMaxJudge:     a.cfg.SendMaxJudgeCalls,
 		// The agent network's dialogues.
-		Dialogues:           a.dialogues,
-		Mailboxes:           a.mailboxes,
-		Orders:              a.orders,
-		Timers:              a.timers,
-		Payments:            a.payments,
-		MessageMaxBodyBytes: a.cfg.MessageMaxBodyBytes,
-		MessageTimeout:      a.cfg.MessageTimeout,
-		DialogueRetention:   a.cfg.DialogueRetention,
+		Dialogues:                  a.dialogues,
+		Mailboxes:                  a.mailboxes,
+		Orders:                     a.orders,
+		Timers:                     a.timers,
+		Payments:                   a.payments,
+		MessageMaxBodyBytes:        a.cfg.MessageMaxBodyBytes,
+		MessageTimeout:             a.cfg.MessageTimeout,
+		DialogueRetention:          a.cfg.DialogueRetention,
+		ServiceProtocolsRegistered: a.serviceProtocols.Load,
 		// Their receive streams.
 		Delivery: a.mailboxes,
 		MailboxOptions: server.MailboxOptions{

@@ -30,6 +30,7 @@ func (a *App) registerServiceProtocols(ctx context.Context, c registryv1.Registr
 		err := serviceprotocol.Register(callCtx, registrar{c})
 		cancel()
 		if err == nil {
+			a.serviceProtocols.Store(true)
 			a.logger.InfoContext(ctx, "service protocols registered")
 			return
 		}

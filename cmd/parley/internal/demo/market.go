@@ -134,6 +134,10 @@ type market struct {
 	// answer and the network refused it: the buyer closes that dialogue
 	// only then, so that the refusal names the deadline, not the close.
 	lateTried map[string]chan struct{}
+	// lateWait bounds waitLate: slow tries its late answer when its
+	// deadline expires, one window after the request, long before the
+	// buyer waits for it.
+	lateWait time.Duration
 	// revoked is closed once fickle's revoke_offer is recorded: the buyer
 	// reads fickle's offer until then, so that the revocation wins the
 	// race every run (the network orders the two either way; the demo
@@ -146,6 +150,7 @@ type market struct {
 	kinds    map[string]string            // dialogue → protocol
 	last     map[string]map[string]string // dialogue → supplier → last type
 	payments []string                     // references
+	lateErr  map[string]error             // protocol → how slow's late attempt failed
 }
 
 func (mk *market) logf(format string, args ...any) {
@@ -213,6 +218,8 @@ func Market(ctx context.Context, opts MarketOptions) (MarketSummary, error) {
 		opts: opts, reg: registryv1.NewRegistryServiceClient(opts.Conn), disp: dispatcherv1.NewDispatcherServiceClient(opts.Conn),
 		names: map[string]string{}, kinds: map[string]string{}, last: map[string]map[string]string{},
 		lateTried: map[string]chan struct{}{sdk.Allocate: make(chan struct{}), sdk.Transact: make(chan struct{})},
+		lateWait:  opts.Window + lateMargin,
+		lateErr:   map[string]error{},
 		revoked:   make(chan struct{}),
 	}
 	mk.changed = sync.NewCond(&mk.mu)
@@ -367,14 +374,16 @@ func (mk *market) supplier(id string, sa *sdk.ServiceAgent) {
 		var ref *sdk.Refusal
 		switch {
 		case err == nil:
-			return errors.New("the network took slow's late offer, want a refusal")
+			err = errors.New("the network took slow's late offer, want a refusal")
 		case !errors.As(err, &ref):
-			return fmt.Errorf("slow's late offer: %w", err)
+			err = fmt.Errorf("slow's late offer: %w", err)
+		default:
+			err = nil
+			mk.event(&mk.sum.Refusals, MarketEvent{Dialogue: m.DialogueID, Supplier: id, What: "offer", Rule: ref.Rule, Detail: ref.Detail})
+			mk.logf("  %s -> buyer: offer, too late: the network refused it (%s)", id, ref.Rule)
 		}
-		mk.event(&mk.sum.Refusals, MarketEvent{Dialogue: m.DialogueID, Supplier: id, What: "offer", Rule: ref.Rule, Detail: ref.Detail})
-		mk.logf("  %s -> buyer: offer, too late: the network refused it (%s)", id, ref.Rule)
-		close(mk.lateTried[kind])
-		return nil
+		mk.lateDone(kind, err) // the buyer waits for the attempt, failed or not
+		return err
 	}
 	offer := func(kind string, extra map[string]any) map[string]any { return offerBody(id, kind, extra) }
 	sa.Supply("new_task_request", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
@@ -550,14 +559,39 @@ func (mk *market) complete(ctx context.Context, round *sdk.Round, order sdk.Orde
 	return nil
 }
 
+// lateMargin is how long, past the window, the buyer waits for slow's
+// late answer before it reports that it never came.
+const lateMargin = 30 * time.Second
+
+// lateDone records that slow tried its late answer under protocol kind,
+// and how it failed (nil when the network refused it, as it should).
+func (mk *market) lateDone(kind string, err error) {
+	mk.mu.Lock()
+	defer mk.mu.Unlock()
+	select {
+	case <-mk.lateTried[kind]: // a second expiry in the dialogue: the first attempt stands
+	default:
+		mk.lateErr[kind] = err
+		close(mk.lateTried[kind])
+	}
+}
+
 // waitLate waits until slow has tried its late answer under protocol
-// kind.
+// kind, at most lateWait: a missing attempt is an error that says so,
+// never a hang.
 func (mk *market) waitLate(ctx context.Context, kind string) error {
+	timer := time.NewTimer(mk.lateWait)
+	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return ctx.Err()
+		return fmt.Errorf("waiting for slow's late %s offer: %w", kind, context.Cause(ctx))
+	case <-timer.C:
+		return fmt.Errorf("slow did not try its late offer under %s within %s of the buyer's wait "+
+			"(its deadline's expiry never reached it, or it never answered it)", kind, mk.lateWait)
 	case <-mk.lateTried[kind]:
-		return nil
+		mk.mu.Lock()
+		defer mk.mu.Unlock()
+		return mk.lateErr[kind]
 	}
 }
 

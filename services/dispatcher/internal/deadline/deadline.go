@@ -42,7 +42,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
@@ -81,9 +85,17 @@ type Options struct {
 	// Idle is how long Run sleeps with no timer stored (Arm wakes it
 	// sooner); a minute when 0.
 	Idle time.Duration
-	// Retry is how long Run waits after a timer failed to fire; a second
+	// Retry is how long Run waits after a timer failed to fire, and how
+	// long FireDue passes over a timer after its first failure; a second
 	// when 0.
 	Retry time.Duration
+	// RetryMax bounds the back-off of a timer that keeps failing (its
+	// wait doubles from Retry with each failure); five minutes (or Retry,
+	// when longer) when less than Retry.
+	RetryMax time.Duration
+	// Failures counts the timers that failed to fire (each failure of
+	// each timer); none when nil.
+	Failures prometheus.Counter
 	// Expired, when set, is told of each pair a timer expires (orders
 	// record it) before the timer goes: the lapse is a fact from the
 	// deadline on and the pair's state cannot move after it, so telling
@@ -107,6 +119,9 @@ type Scheduler struct {
 	mail     Mailboxes
 	opts     Options
 	wake     chan struct{} // capacity 1: a pending nudge for Run
+
+	mu   sync.Mutex // FireDue runs one at a time
+	held map[timerKey]held
 }
 
 // New returns a Scheduler keeping timers in st, expiring pairs with the
@@ -130,7 +145,10 @@ func New(st store.TimerStore, m Machines, mail Mailboxes, opts Options) *Schedul
 	if opts.Retry <= 0 {
 		opts.Retry = time.Second
 	}
-	return &Scheduler{store: st, machines: m, mail: mail, opts: opts, wake: make(chan struct{}, 1)}
+	if opts.RetryMax < opts.Retry {
+		opts.RetryMax = max(5*time.Minute, opts.Retry)
+	}
+	return &Scheduler{store: st, machines: m, mail: mail, opts: opts, wake: make(chan struct{}, 1), held: map[timerKey]held{}}
 }
 
 // Pair names a (dialogue, counterpart) pair whose state was just written.
@@ -177,31 +195,135 @@ func (s *Scheduler) Wake() {
 
 // FireDue fires every timer due now, a batch per transaction, and returns
 // how many expired a pair. A timer that fails (its machine unknown, its
-// state corrupt) stays stored; FireDue goes on with the others and returns
-// the first error.
+// state corrupt, Options.Expired failing) stays stored, is counted
+// (Options.Failures), and is held back: FireDue passes over it until its
+// retry time, Options.Retry after the first failure, doubling with each
+// failure after it up to Options.RetryMax. So timers that keep failing
+// never stand in the way of the others. FireDue goes on with the others
+// and returns the first error.
 func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	now := s.opts.Now()
 	var (
 		expired  int
 		firstErr error
 	)
 	for {
-		due, err := s.store.DueTimers(ctx, now, s.opts.Batch)
+		// Held timers come back in the listing: ask for that many more.
+		limit := s.opts.Batch + len(s.held)
+		due, err := s.store.DueTimers(ctx, now, limit)
 		if err != nil {
 			return expired, err
 		}
-		if len(due) == 0 {
+		listed := make(map[timerKey]bool, len(due))
+		batch := make([]store.Timer, 0, min(len(due), s.opts.Batch))
+		for _, t := range due {
+			k := keyOf(t)
+			listed[k] = true
+			if h, ok := s.held[k]; ok && now.Before(h.until) {
+				continue
+			}
+			if len(batch) < s.opts.Batch {
+				batch = append(batch, t)
+			}
+		}
+		if len(due) < limit {
+			// Every due timer was listed: forget held ones gone since
+			// (fired by another replica, replaced, their pair ended).
+			for k := range s.held {
+				if !listed[k] && k.at <= now.UnixNano() {
+					delete(s.held, k)
+				}
+			}
+		}
+		if len(batch) == 0 {
 			return expired, firstErr
 		}
-		n, fired, err := s.fire(ctx, due, now)
+		n, failed, err := s.fire(ctx, batch, now)
 		expired += n
 		firstErr = cmpErr(firstErr, err)
-		// Failed timers stay first in line: a batch that fired none would
-		// come back unchanged.
-		if len(due) < s.opts.Batch || fired == 0 {
+		if failed == nil && err != nil {
+			// The store failed the whole batch: Run retries it.
+			return expired, firstErr
+		}
+		s.hold(batch, failed, now)
+		if len(due) < limit {
 			return expired, firstErr
 		}
 	}
+}
+
+// timerKey identifies a stored timer, its time included (a deadline set
+// again is another timer).
+type timerKey struct {
+	dialogue, counterpart, name string
+	at                          int64
+}
+
+func keyOf(t store.Timer) timerKey {
+	return timerKey{t.Dialogue, t.Counterpart, t.Name, t.At.UnixNano()}
+}
+
+// held is a failing timer's back-off.
+type held struct {
+	until time.Time     // FireDue passes it over until then
+	wait  time.Duration // the last back-off
+}
+
+// hold backs off the failed timers of batch and forgets the others.
+func (s *Scheduler) hold(batch, failed []store.Timer, now time.Time) {
+	prev := make(map[timerKey]held, len(failed))
+	for _, t := range failed {
+		prev[keyOf(t)] = s.held[keyOf(t)]
+	}
+	for _, t := range batch {
+		delete(s.held, keyOf(t))
+	}
+	for _, t := range failed {
+		h := prev[keyOf(t)]
+		h.wait = min(max(2*h.wait, s.opts.Retry), s.opts.RetryMax)
+		h.until = now.Add(h.wait)
+		s.held[keyOf(t)] = h
+	}
+	if s.opts.Failures != nil {
+		s.opts.Failures.Add(float64(len(failed)))
+	}
+}
+
+// next is when Run should look again: the first timer's time, or with
+// timers held back, the earliest of the first timer not held and the first
+// retry.
+func (s *Scheduler) next(ctx context.Context) (time.Time, bool, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.held) == 0 {
+		t, ok, err := s.store.NextTimer(ctx)
+		return t.At, ok, err
+	}
+	var (
+		at time.Time
+		ok bool
+	)
+	for _, h := range s.held {
+		if !ok || h.until.Before(at) {
+			at, ok = h.until, true
+		}
+	}
+	ts, err := s.store.DueTimers(ctx, time.Unix(0, math.MaxInt64), len(s.held)+1)
+	if err != nil {
+		return at, ok, err
+	}
+	for _, t := range ts {
+		if _, h := s.held[keyOf(t)]; h {
+			continue
+		}
+		if !ok || t.At.Before(at) {
+			at, ok = t.At, true
+		}
+		break
+	}
+	return at, ok, nil
 }
 
 func cmpErr(first, err error) error {
@@ -212,8 +334,9 @@ func cmpErr(first, err error) error {
 }
 
 // fire fires one batch in one transaction and returns how many pairs
-// expired and how many timers went.
-func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) (expired, fired int, err error) {
+// expired and the timers that failed; none and an error when the store
+// failed the whole batch.
+func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) (expired int, failed []store.Timer, err error) {
 	var (
 		errs     []error
 		machines = map[string]*protocolcontrol.Machine{}
@@ -229,10 +352,15 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 			machines[t.Protocol] = m
 		}
 		if m == nil {
+			if ok {
+				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: its protocol's machine is unknown", t.Name, t.Dialogue, t.Counterpart))
+			}
+			failed = append(failed, t)
 			continue
 		}
 		if err := s.tell(ctx, m, t, now); err != nil {
 			errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+			failed = append(failed, t)
 			continue
 		}
 		ready = append(ready, t)
@@ -250,7 +378,7 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		return store.TimerFiring{Mail: Message(t, res.Pair), Recipients: []string{t.Initiator, t.Counterpart}}, nil
 	})
 	if done == nil && err != nil {
-		return 0, 0, errors.Join(append(errs, err)...)
+		return 0, nil, errors.Join(append(errs, err)...)
 	}
 	errs = append(errs, err)
 	var deliveries []mailbox.Delivery
@@ -262,12 +390,26 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		}
 	}
 	s.mail.Delivered(deliveries)
+	went := make(map[timerKey]bool, len(done))
 	for _, f := range done {
+		went[keyOf(f.Timer)] = true
 		if expires[f.Timer] {
 			expired++
 		}
 	}
-	return expired, len(done), errors.Join(errs...)
+	if err != nil {
+		// Its expire failed, or it was passed over (gone already, which
+		// the next listing tells).
+		for _, t := range ready {
+			if !went[keyOf(t)] {
+				failed = append(failed, t)
+			}
+		}
+	}
+	if failed == nil {
+		failed = []store.Timer{} // not the whole batch failing
+	}
+	return expired, failed, errors.Join(errs...)
 }
 
 // tell tells Options.Expired of t's expiry, when t expires its pair.
@@ -331,8 +473,8 @@ func (s *Scheduler) Run(ctx context.Context) {
 			}
 			s.opts.Logger.WarnContext(ctx, "deadlines could not fire; retrying", slog.Any("err", err), slog.String("retry_in", s.opts.Retry.String()))
 			wait = s.opts.Retry
-		} else if next, ok, err := s.store.NextTimer(ctx); err == nil && ok {
-			wait = max(next.At.Sub(s.opts.Now()), 0)
+		} else if next, ok, err := s.next(ctx); err == nil && ok {
+			wait = max(next.Sub(s.opts.Now()), 0)
 		}
 		select {
 		case <-ctx.Done():

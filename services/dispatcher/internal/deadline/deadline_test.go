@@ -380,6 +380,11 @@ func TestDeadline_expiredHookBeforeTheTimerGoes(t *testing.T) {
 		t.Fatalf("expiry sent though not recorded: %+v", ms)
 	}
 	down = false
+	// The failed timer is held back for Options.Retry (a second).
+	if n, err := s.FireDue(t.Context()); n != 0 || err != nil {
+		t.Fatalf("FireDue(before the retry) = %d, %v; want 0, the timer held back", n, err)
+	}
+	e.clk.Set(t0.Add(time.Minute + time.Second))
 	if n, err := s.FireDue(t.Context()); n != 1 || err != nil {
 		t.Fatalf("FireDue() = %d, %v; want 1", n, err)
 	}
@@ -397,4 +402,65 @@ func TestDeadline_expiredHookBeforeTheTimerGoes(t *testing.T) {
 	if ms := e.expiries(t, consumer); len(ms) != 1 || ms[0].ID != got[1].MessageID {
 		t.Errorf("consumer's expiries = %+v, want one, with the id the hook saw", ms)
 	}
+}
+
+// Timers that keep failing do not hold up the others: with a full batch of
+// them due first, a good timer due after them still fires, and the failing
+// ones stay stored for a later retry.
+func TestDeadline_aFullBatchOfFailingTimersDoesNotBlockTheRest(t *testing.T) {
+	e := newEnv(t)
+	s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Batch: 2, Retry: time.Hour})
+	var bad []store.Timer
+	for _, d := range []string{"d0a", "d0b", "d0c"} {
+		bad = append(bad, store.Timer{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: "ffffffffffffffffffffffffffffffffffffffff", Name: "offer_timeout", At: t0})
+	}
+	if err := e.st.PutTimers(t.Context(), bad); err != nil {
+		t.Fatal(err)
+	}
+	e.request(t, "d1")
+	e.clk.Set(t0.Add(time.Minute))
+	if n, err := s.FireDue(t.Context()); n != 1 || err == nil || !strings.Contains(err.Error(), "unknown protocol") {
+		t.Fatalf("FireDue() = %d, %v; want d1 expired past the failing batch, and the failures reported", n, err)
+	}
+	if p := e.pair(t, "d1"); !p.Ended || p.Expired != "invite_offer_timeout" {
+		t.Errorf("pair d1 = %+v, want expired", p)
+	}
+	if due, err := e.st.DueTimers(t.Context(), e.clk.Now(), 10); err != nil || len(due) != len(bad) {
+		t.Errorf("timers left = %+v, %v; want the %d failing ones kept", due, err, len(bad))
+	}
+	// A later good timer fires at once, before the failing ones' retry.
+	e.requestAt(t, "d2", t0.Add(time.Minute))
+	e.clk.Set(t0.Add(2 * time.Minute))
+	if n, err := s.FireDue(t.Context()); n != 1 || err != nil {
+		t.Fatalf("FireDue(failing ones backing off) = %d, %v; want d2 expired and no retry yet", n, err)
+	}
+}
+
+// Run does not spin on a failing timer held back: it waits for its retry,
+// or for a good timer due sooner.
+func TestRun_waitsForTheRetryOfAFailingTimer(t *testing.T) {
+	e := newEnv(t)
+	bad := store.Timer{Dialogue: "d0", Initiator: consumer, Counterpart: supplier, Protocol: "ffffffffffffffffffffffffffffffffffffffff", Name: "offer_timeout", At: t0}
+	if err := e.st.PutTimers(t.Context(), []store.Timer{bad}); err != nil {
+		t.Fatal(err)
+	}
+	waits := make(chan time.Duration, 10)
+	tick := make(chan time.Time)
+	s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Retry: 10 * time.Second, After: func(d time.Duration) <-chan time.Time {
+		waits <- d
+		return tick
+	}})
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() { s.Run(ctx); close(done) }()
+	if d := <-waits; d != 10*time.Second {
+		t.Errorf("Run waits %v after the failure, want the retry (10s)", d)
+	}
+	e.clk.Set(t0.Add(5 * time.Second))
+	tick <- e.clk.Now()
+	if d := <-waits; d != 5*time.Second {
+		t.Errorf("Run waits %v with the timer held back, want until its retry (5s)", d)
+	}
+	cancel()
+	<-done
 }

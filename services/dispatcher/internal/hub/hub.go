@@ -305,18 +305,21 @@ func (h *Hub) Serve(stream Stream) error {
 		}
 		c.hashes[(&agora.Envelope{Hash: raw}).HexHash()] = true
 	}
-	err = stream.Send(&dispatcherv1.ConnectResponse{Kind: &dispatcherv1.ConnectResponse_Ready{Ready: &dispatcherv1.ConnectReady{Agent: c.agent}}})
-	if err != nil {
-		return err
-	}
+	// Registered before ready: an agent that has its ready may be called
+	// at once. What delivery queues meanwhile waits in c.out; the send
+	// loop starts after ready, so ready is still the first message.
 	done := make(chan struct{})
-	go c.sendLoop(done)
 	h.add(c)
 	defer func() {
 		h.remove(c)
 		c.closePending()
 		close(done)
 	}()
+	err = stream.Send(&dispatcherv1.ConnectResponse{Kind: &dispatcherv1.ConnectResponse_Ready{Ready: &dispatcherv1.ConnectReady{Agent: c.agent}}})
+	if err != nil {
+		return err
+	}
+	go c.sendLoop(done)
 	recvErr := make(chan error, 1)
 	go func() { recvErr <- c.recvLoop() }()
 	// A stream whose context ends (the client hung up, or its key was

@@ -3,7 +3,6 @@ package hub_test
 import (
 	"errors"
 	"io"
-	"runtime"
 	"testing"
 	"time"
 
@@ -66,12 +65,11 @@ func TestHub_callRoundTrip(t *testing.T) {
 	if r := recv(t, s); r.GetReady().GetAgent() != agent {
 		t.Fatalf("first message = %v, want ready", r)
 	}
-	// The stream is registered right after ready is sent.
-	var c *hub.Conn
-	for deadline := time.Now().Add(10 * time.Second); c == nil; runtime.Gosched() {
-		if c = h.NL(agent); c == nil && time.Now().After(deadline) {
-			t.Fatal("the connected agent was never registered")
-		}
+	// The stream is registered before ready is sent: an agent that has
+	// its ready can be called at once.
+	c := h.NL(agent)
+	if c == nil {
+		t.Fatal("the connected agent is not registered once it has its ready")
 	}
 	if h.Handler(agent, "aa") != nil || h.Steps(agent) != nil {
 		t.Error("the stream said natural language only, but got a protocol or step handler")
@@ -130,5 +128,38 @@ func TestHub_refusals(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("Serve did not end when the hub stopped")
+	}
+}
+
+// readyStream checks, as the hub sends ready, that delivery already sees
+// the agent (in CI a request right after ready once found no handler).
+type readyStream struct {
+	*fakeStream
+	h          *hub.Hub
+	registered chan bool
+}
+
+func (r *readyStream) Send(m *dispatcherv1.ConnectResponse) error {
+	if m.GetReady() != nil {
+		r.registered <- r.h.NL(agent) != nil
+	}
+	return r.fakeStream.Send(m)
+}
+
+func TestHub_registeredBeforeReady(t *testing.T) {
+	h := hub.New(testOptions())
+	s := &readyStream{fakeStream: newFakeStream(), h: h, registered: make(chan bool, 1)}
+	s.in <- hello(true)
+	done := make(chan error, 1)
+	go func() { done <- h.Serve(s) }()
+	if r := recv(t, s.fakeStream); r.GetReady() == nil {
+		t.Fatalf("first message = %v, want ready", r)
+	}
+	if !<-s.registered {
+		t.Error("the hub sent ready before the agent was visible to delivery")
+	}
+	close(s.in)
+	if err := <-done; err != nil {
+		t.Errorf("Serve after the agent hung up = %v, want nil", err)
 	}
 }

@@ -33,6 +33,9 @@ type Metrics struct {
 	Connected       prometheus.Gauge
 	Negotiations    *prometheus.CounterVec // by outcome
 	ShadowRuns      *prometheus.CounterVec // by outcome
+	// DeadlineFailures counts failures to fire a deadline's timer (each
+	// failure of each timer; the timer stays stored and is retried).
+	DeadlineFailures prometheus.Counter
 }
 
 // New returns the collectors, registered on reg unless it is nil.
@@ -83,6 +86,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "parley_dispatcher_negotiations_total",
 			Help: "Negotiations this side started from Send, by outcome: accepted or failed.",
 		}, []string{"outcome"}),
+		DeadlineFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "parley_dispatcher_deadline_failures_total",
+			Help: "Failures to fire a deadline's timer (its protocol unknown, its state unreadable, its expiry not recorded); the timer stays stored and is retried with back-off.",
+		}),
 		ShadowRuns: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "parley_dispatcher_shadow_runs_total",
 			Help: "Shadow runs of LLM-written routine candidates beside the LLM, by outcome: agreed, disagreed, promoted (agreed and installed), conflict (promoted but not installed: it clashes with the installed routine), skipped (every shadow worker busy) or error (not compared, or an install that may succeed later).",
@@ -103,5 +110,5 @@ func New(reg prometheus.Registerer) *Metrics {
 // Collectors returns every collector, for a caller that registers them
 // itself (the app, on the server it is mounted on).
 func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Envelopes, m.EnvelopeSeconds, m.RoutineFailures, m.RoutineKills, m.Quarantines, m.LLMCalls, m.LLMTokens, m.Sends, m.Steps, m.Connected, m.Negotiations, m.ShadowRuns}
+	return []prometheus.Collector{m.Envelopes, m.EnvelopeSeconds, m.RoutineFailures, m.RoutineKills, m.Quarantines, m.LLMCalls, m.LLMTokens, m.Sends, m.Steps, m.Connected, m.Negotiations, m.ShadowRuns, m.DeadlineFailures}
 }

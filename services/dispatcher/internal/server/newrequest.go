@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -134,6 +135,10 @@ func (s *Server) serviceMachine(ctx context.Context, hash string) (*protocolcont
 	pr, err := s.dir.Protocol(ctx, hash, nil)
 	var v grpcerr.Violations
 	switch {
+	case errors.Is(err, directory.ErrNotFound) && s.builtinPending(hash):
+		return nil, grpcerr.New(codes.Unavailable, fmt.Sprintf(
+			"built-in service protocol %s is not registered with the registry yet (the dispatcher is starting); retry", hash),
+			"SERVICE_PROTOCOLS_NOT_REGISTERED", Domain, nil)
 	case errors.Is(err, directory.ErrNotFound), errors.Is(err, directory.ErrRefused):
 		v.Add("protocol", fmt.Sprintf("protocol %s is not known to the registry; register its PD first", hash))
 	case err != nil:
@@ -147,4 +152,18 @@ func (s *Server) serviceMachine(ctx context.Context, hash string) (*protocolcont
 		return nil, err
 	}
 	return pr.Machine, nil
+}
+
+// builtinPending reports whether hash is a built-in service protocol that
+// is not registered yet.
+func (s *Server) builtinPending(hash string) bool {
+	if s.opts.ServiceProtocolsRegistered == nil || s.opts.ServiceProtocolsRegistered() {
+		return false
+	}
+	for _, p := range serviceprotocol.Builtins() {
+		if p.Hash == hash {
+			return true
+		}
+	}
+	return false
 }

@@ -163,6 +163,11 @@ type Options struct {
 	// DialogueRetention is how long a closed dialogue is kept before Sweep
 	// removes it (--dialogue-retention).
 	DialogueRetention time.Duration
+	// ServiceProtocolsRegistered reports whether the built-in service PDs
+	// are stored in the registry yet (app registers them at start). While
+	// it reports false, a request under one the registry does not know is
+	// UNAVAILABLE (retry), not INVALID_ARGUMENT. nil reports true.
+	ServiceProtocolsRegistered func() bool
 	// Orders keeps service transactions' orders; GetOrder and ListOrders
 	// answer UNAVAILABLE without it, and no order is recorded.
 	Orders store.OrderStore
@@ -249,7 +254,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 		}
 		if opts.Timers != nil {
 			deadlines = deadline.New(opts.Timers, serviceMachines{dir}, opts.Mailboxes, deadline.Options{
-				Now: opts.Now, Logger: logger, Expired: obs.expired,
+				Now: opts.Now, Logger: logger, Expired: obs.expired, Failures: m.DeadlineFailures,
 			})
 			obs.deadlines = deadlines
 		}
