@@ -176,6 +176,7 @@ func (a *App) options() (server.Options, error) {
 		MessageMaxBodyBytes:        a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:             a.cfg.MessageTimeout,
 		DialogueRetention:          a.cfg.DialogueRetention,
+		PaymentMaxOpen:             a.cfg.PaymentMaxOpen,
 		ServiceProtocolsRegistered: a.serviceProtocols.Load,
 		// Their receive streams.
 		Delivery: a.mailboxes,
