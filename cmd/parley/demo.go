@@ -11,10 +11,12 @@ import (
 	"io"
 	"math"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -325,5 +327,37 @@ func startDemoSuite(ctx context.Context, name string, tune func(*suiteConfig)) (
 		return demo.Endpoint{}, func() error { return errors.Join(<-done, s.Close(), os.RemoveAll(dir)) }, err
 	}
 	stop = func() error { conn.Close(); return errors.Join(<-done, s.Close(), os.RemoveAll(dir)) }
-	return demo.Endpoint{Conn: conn, HTTPURL: "http://" + hl.Addr().String()}, stop, nil
+	ep := demo.Endpoint{Conn: conn, HTTPURL: "http://" + hl.Addr().String()}
+	if err := waitReady(ctx, ep.HTTPURL+"/readyz", done); err != nil {
+		return demo.Endpoint{}, stop, err
+	}
+	return ep, stop, nil
+}
+
+// waitReady polls url (a /readyz) until it answers 200: the dispatcher
+// has stored the built-in service protocols in the registry, which it
+// does in the background once the server runs, and refuses service
+// requests until then. It fails when ctx ends or the server stopped
+// (done).
+func waitReady(ctx context.Context, url string, done chan error) error {
+	for {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the server to be ready: %w", context.Cause(ctx))
+		case err := <-done:
+			done <- err // for stop, which waits for it
+			return fmt.Errorf("the server stopped before it was ready: %w", err)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }

@@ -2,12 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/parleyhq/parley/cmd/parley/internal/demo"
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 )
 
@@ -167,5 +172,33 @@ func TestDemoMarket_timeoutStopsTheRun(t *testing.T) {
 	}
 	if err := run([]string{"demo", "market", "--timeout", "0s"}, noEnv, &out, &errOut); err == nil || !strings.Contains(err.Error(), "--timeout must be positive") {
 		t.Errorf("parley demo market --timeout 0s error = %v, want a usage error", err)
+	}
+}
+
+// The in-process server the demos start is ready for service requests
+// when startDemoSuite returns: the dispatcher has stored the built-in
+// service protocols, so a NewRequest sent at once is not refused as
+// UNAVAILABLE (SERVICE_PROTOCOLS_NOT_REGISTERED), which would fail the
+// market demo on a loaded machine.
+func TestStartDemoSuite_readyForServiceRequests(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	ep, stop, err := startDemoSuite(ctx, "ready", func(*suiteConfig) {})
+	defer func() {
+		cancel() // the server runs until ctx ends; stop waits for it
+		if stop != nil {
+			if err := stop(); err != nil {
+				t.Errorf("stop: %v", err)
+			}
+		}
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = dispatcherv1.NewDispatcherServiceClient(ep.Conn).NewRequest(t.Context(), &dispatcherv1.NewRequestRequest{
+		Sender: "clients/nobody/agents/none", To: &dispatcherv1.DistributionList{Direct: []string{"clients/nobody/agents/other"}},
+		Protocol: "allocate", TaskJson: `{"what":"anything"}`,
+	})
+	if status.Code(err) == codes.Unavailable {
+		t.Fatalf("NewRequest(allocate) right after startDemoSuite: %v, want the server ready for it", err)
 	}
 }

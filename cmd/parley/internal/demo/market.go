@@ -151,6 +151,38 @@ type market struct {
 	last     map[string]map[string]string // dialogue → supplier → last type
 	payments []string                     // references
 	lateErr  map[string]error             // protocol → how slow's late attempt failed
+	// agentErrs are the first errors the agents' loops reported (handler
+	// errors and panics, messages no route took, reconnects): the SDK only
+	// hands them to OnError, and a missing late attempt names them.
+	agentErrs    []string
+	agentErrsCut int // how many more were left out
+}
+
+// maxAgentErrors bounds market.agentErrs.
+const maxAgentErrors = 10
+
+// agentError records an error agent id's loop reported.
+func (mk *market) agentError(id string, err error) {
+	mk.mu.Lock()
+	defer mk.mu.Unlock()
+	if len(mk.agentErrs) == maxAgentErrors {
+		mk.agentErrsCut++
+		return
+	}
+	mk.agentErrs = append(mk.agentErrs, id+": "+err.Error())
+}
+
+// reported returns what the agents' loops reported, for an error; mu is
+// held.
+func (mk *market) reported() string {
+	if len(mk.agentErrs) == 0 {
+		return "; the agents' loops reported no error"
+	}
+	out := "; the agents' loops reported: " + strings.Join(mk.agentErrs, "; ")
+	if mk.agentErrsCut > 0 {
+		out += fmt.Sprintf(" (and %d more)", mk.agentErrsCut)
+	}
+	return out
 }
 
 func (mk *market) logf(format string, args ...any) {
@@ -239,7 +271,7 @@ func Market(ctx context.Context, opts MarketOptions) (MarketSummary, error) {
 		// No ClearBacklog: the agents are new (a fresh server, or a fresh
 		// suffix), and the buyer may send before a supplier's first
 		// connect, whose clearing would drop the request.
-		na, err := sdk.NewNetworkAgent(opts.Conn, mk.names[id], sdk.NetworkOptions{Key: opts.Key})
+		na, err := sdk.NewNetworkAgent(opts.Conn, mk.names[id], sdk.NetworkOptions{Key: opts.Key, OnError: func(err error) { mk.agentError(id, err) }})
 		if err != nil {
 			return mk.sum, err
 		}
@@ -584,10 +616,14 @@ func (mk *market) waitLate(ctx context.Context, kind string) error {
 	defer timer.Stop()
 	select {
 	case <-ctx.Done():
-		return fmt.Errorf("waiting for slow's late %s offer: %w", kind, context.Cause(ctx))
+		mk.mu.Lock()
+		defer mk.mu.Unlock()
+		return fmt.Errorf("waiting for slow's late %s offer: %w%s", kind, context.Cause(ctx), mk.reported())
 	case <-timer.C:
+		mk.mu.Lock()
+		defer mk.mu.Unlock()
 		return fmt.Errorf("slow did not try its late offer under %s within %s of the buyer's wait "+
-			"(its deadline's expiry never reached it, or it never answered it)", kind, mk.lateWait)
+			"(its deadline's expiry never reached it, or it never answered it)%s", kind, mk.lateWait, mk.reported())
 	case <-mk.lateTried[kind]:
 		mk.mu.Lock()
 		defer mk.mu.Unlock()

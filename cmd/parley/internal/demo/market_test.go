@@ -38,3 +38,19 @@ func TestWaitLate_reportsAFailedLateAttempt(t *testing.T) {
 		t.Fatalf("waitLate() error = %v, want the late attempt's error", err)
 	}
 }
+
+// When slow's late attempt never comes, the wait's error carries what the
+// agents' loops reported meanwhile (a handler's error or panic, a message
+// no route took), which the SDK otherwise only hands to OnError.
+func TestWaitLate_namesWhatTheAgentsReported(t *testing.T) {
+	mk := &market{
+		lateTried: map[string]chan struct{}{sdk.Allocate: make(chan struct{})},
+		lateWait:  1, // the bound, not a timing: it has passed once the wait starts
+		lateErr:   map[string]error{},
+	}
+	mk.agentError("slow", errors.New("route \"service\", message 42: handler panicked: boom"))
+	err := mk.waitLate(t.Context(), sdk.Allocate)
+	if err == nil || !strings.Contains(err.Error(), "slow did not try its late offer") || !strings.Contains(err.Error(), "slow: route \"service\", message 42: handler panicked: boom") {
+		t.Fatalf("waitLate() error = %v, want one naming slow's missing late offer and what slow's loop reported", err)
+	}
+}
