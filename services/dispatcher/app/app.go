@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,6 +59,13 @@ type App struct {
 	// serviceProtocols is set once the built-in service PDs are stored
 	// in the registry (registerServiceProtocols).
 	serviceProtocols atomic.Bool
+
+	// Background loops (built-in protocols' registration, sweep,
+	// deadlines, notification relay, PostgreSQL listener) run from
+	// Register until Close cancels stop and waits for them.
+	stop    context.CancelFunc
+	stopped context.Context
+	loops   sync.WaitGroup
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -86,6 +94,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		Retention: cfg.MailboxRetention,
 	})
 	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st, payments: st}
+	a.stopped, a.stop = context.WithCancel(context.Background())
 	if err := routine.Supported(); err != nil {
 		st.Close()
 		return nil, err
@@ -185,8 +194,9 @@ func (a *App) options() (server.Options, error) {
 }
 
 // Register mounts the dispatcher on s: gRPC service, gateway handlers, the
-// Agora routes, health name and readiness checks. Expired conversations are
-// swept until ctx ends.
+// Agora routes, health name and readiness checks. ctx is for the gateway
+// handlers; the background loops it starts (expired conversations' sweep,
+// deadlines, notification relay) run until Close.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	srv := a.srv
 	srv.Start(s.Stopping())
@@ -210,19 +220,23 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
-	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
+	a.loops.Go(func() { a.registerServiceProtocols(a.stopped, registryv1.NewRegistryServiceClient(a.peers.Registry)) })
 	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
 	// their effects are transactional, so a brief overlap at a takeover is
 	// harmless.
 	db := pgdb.Of(a.store)
 	exclusive := pgdb.ExclusiveOptions{Logger: a.logger}
-	go db.Every(ctx, "dispatcher.sweep", sweepEvery, exclusive, func(ctx context.Context) { a.sweep(ctx, srv) })
-	go db.Exclusive(ctx, "dispatcher.deadlines", exclusive, srv.RunDeadlines)
+	a.loops.Go(func() {
+		db.Every(a.stopped, "dispatcher.sweep", sweepEvery, exclusive, func(ctx context.Context) { a.sweep(ctx, srv) })
+	})
+	a.loops.Go(func() { db.Exclusive(a.stopped, "dispatcher.deadlines", exclusive, srv.RunDeadlines) })
 	if pg, ok := a.store.(*pgstore.Store); ok {
 		// Other replicas' appends wake the streams connected here, their
 		// timers the deadlines, and their routine changes drop ours.
-		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{
-			Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+		a.loops.Go(func() {
+			pg.Listen(a.stopped, a.logger.With("component", "listen"), pgstore.Wakeups{
+				Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+			})
 		})
 	}
 	// The registry's network notifications reach mailboxes through this
@@ -230,7 +244,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
 		RetryFor: a.cfg.NotificationRetryFor, Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
-	go db.Exclusive(ctx, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
+	a.loops.Go(func() {
+		db.Exclusive(a.stopped, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
+	})
 	return nil
 }
 
@@ -262,9 +278,11 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 	}
 }
 
-// Close stops the shadow runs in flight and the routine workers, and
-// closes the store.
+// Close stops the background loops and the shadow runs in flight and
+// waits for them, then stops the routine workers and closes the store.
 func (a *App) Close() error {
+	a.stop()
+	a.loops.Wait()
 	if a.srv != nil {
 		a.srv.StopShadows() // they may install a routine in the store
 	}
