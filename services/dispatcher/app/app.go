@@ -57,8 +57,11 @@ type App struct {
 	payments store.PaymentStore
 	pool     *routine.Pool // the routine workers
 	// serviceProtocols is set once the built-in service PDs are stored
-	// in the registry (registerServiceProtocols).
+	// in the registry (registerServiceProtocols); until then the
+	// dispatcher is not ready (serviceProtocolsReady).
 	serviceProtocols atomic.Bool
+	// serviceProtocolsErr is why the last attempt to store them failed.
+	serviceProtocolsErr atomic.Pointer[error]
 
 	// Background loops (built-in protocols' registration, sweep,
 	// deadlines, notification relay, PostgreSQL listener) run from
@@ -220,6 +223,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
+	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)
 	a.loops.Go(func() { a.registerServiceProtocols(a.stopped, registryv1.NewRegistryServiceClient(a.peers.Registry)) })
 	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
 	// their effects are transactional, so a brief overlap at a takeover is
