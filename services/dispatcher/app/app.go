@@ -197,9 +197,9 @@ func (a *App) options() (server.Options, error) {
 }
 
 // Register mounts the dispatcher on s: gRPC service, gateway handlers, the
-// Agora routes, health name and readiness checks. ctx is for the gateway
-// handlers; the background loops it starts (expired conversations' sweep,
-// deadlines, notification relay) run until Close.
+// Agora routes, health name and readiness checks. The background loops it
+// starts (expired conversations' sweep, deadlines, notification relay) run
+// until ctx ends, s starts shutting down, or Close.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	srv := a.srv
 	srv.Start(s.Stopping())
@@ -224,6 +224,17 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)
+	// The loops also end when ctx ends or s starts shutting down: the
+	// relay's long poll goes through s (in `parley serve`), and s drains
+	// its calls before Close runs.
+	a.loops.Go(func() {
+		select {
+		case <-ctx.Done():
+		case <-s.Stopping():
+		case <-a.stopped.Done():
+		}
+		a.stop()
+	})
 	a.loops.Go(func() { a.registerServiceProtocols(a.stopped, registryv1.NewRegistryServiceClient(a.peers.Registry)) })
 	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
 	// their effects are transactional, so a brief overlap at a takeover is
