@@ -174,6 +174,7 @@ func (a *App) options() (server.Options, error) {
 		MessageTimeout:             a.cfg.MessageTimeout,
 		DialogueRetention:          a.cfg.DialogueRetention,
 		PaymentMaxOpen:             a.cfg.PaymentMaxOpen,
+		PaymentRetention:           a.cfg.PaymentRetention,
 		ServiceProtocolsRegistered: a.serviceProtocols.Load,
 		// Their receive streams.
 		Delivery: a.mailboxes,
