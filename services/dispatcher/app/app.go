@@ -56,8 +56,11 @@ type App struct {
 	payments store.PaymentStore
 	pool     *routine.Pool // the routine workers
 	// serviceProtocols is set once the built-in service PDs are stored
-	// in the registry (registerServiceProtocols).
+	// in the registry (registerServiceProtocols); until then the
+	// dispatcher is not ready (serviceProtocolsReady).
 	serviceProtocols atomic.Bool
+	// serviceProtocolsErr is why the last attempt to store them failed.
+	serviceProtocolsErr atomic.Pointer[error]
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -177,6 +180,7 @@ func (a *App) options() (server.Options, error) {
 		MessageMaxBodyBytes:        a.cfg.MessageMaxBodyBytes,
 		MessageTimeout:             a.cfg.MessageTimeout,
 		DialogueRetention:          a.cfg.DialogueRetention,
+		PaymentMaxOpen:             a.cfg.PaymentMaxOpen,
 		ServiceProtocolsRegistered: a.serviceProtocols.Load,
 		// Their receive streams.
 		Delivery: a.mailboxes,
@@ -213,6 +217,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
+	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
 	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
 	// their effects are transactional, so a brief overlap at a takeover is

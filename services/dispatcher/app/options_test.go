@@ -26,6 +26,7 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 	got := map[string]any{
 		"ConversationTTL":           opts.ConversationTTL,
 		"MaxConversationsPerPeer":   opts.MaxConversationsPerPeer,
+		"PaymentMaxOpen":            opts.PaymentMaxOpen,
 		"RoutineMaxSteps":           opts.RoutineLimits.MaxSteps,
 		"RoutineTimeout":            opts.RoutineLimits.Timeout,
 		"RoutineMaxOutputBytes":     opts.RoutineLimits.MaxOutputBytes,

@@ -64,6 +64,9 @@ type Config struct {
 	MessageTimeout      time.Duration
 	// DialogueRetention is how long a closed dialogue is kept.
 	DialogueRetention time.Duration
+	// PaymentMaxOpen bounds each payer's open (not captured) payments of
+	// the ledger provider.
+	PaymentMaxOpen int
 
 	// Mailboxes (durable delivery of network messages).
 	MailboxMaxMessages int64         // unacknowledged messages per agent
@@ -110,6 +113,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Int64Var(&c.MessageMaxBodyBytes, "message-max-body-bytes", 64<<10, "largest body_json of an agent-network message (send, reply, broadcast)")
 	fs.DurationVar(&c.MessageTimeout, "message-timeout", 10*time.Second, "time limit of one agent-network send, reply, broadcast or close")
 	fs.DurationVar(&c.DialogueRetention, "dialogue-retention", 30*24*time.Hour, "how long a dialogue is kept once its initiator closed it (a broadcast: once sent); the periodic sweep then removes it")
+	fs.IntVar(&c.PaymentMaxOpen, "payment-max-open", 100, "open (authorized or reserved, not captured) ledger payments one payer may hold; CreatePayment past it is RESOURCE_EXHAUSTED")
 	fs.Int64Var(&c.MailboxMaxMessages, "mailbox-max-messages", 10_000, "unacknowledged messages an agent's mailbox holds; a send past it is refused for that agent")
 	fs.Int64Var(&c.MailboxMaxBytes, "mailbox-max-bytes", 64<<20, "body bytes of the unacknowledged messages an agent's mailbox holds")
 	fs.DurationVar(&c.MailboxRetention, "mailbox-retention", 24*time.Hour, "how long an acknowledged message stays in its mailbox before compaction")
@@ -197,6 +201,7 @@ func (c *Config) Validate() error {
 		{"--message-max-body-bytes", c.MessageMaxBodyBytes > 0},
 		{"--message-timeout", c.MessageTimeout > 0},
 		{"--dialogue-retention", c.DialogueRetention > 0},
+		{"--payment-max-open", c.PaymentMaxOpen > 0},
 		{"--mailbox-max-messages", c.MailboxMaxMessages > 0},
 		{"--mailbox-max-bytes", c.MailboxMaxBytes > 0},
 		{"--mailbox-retention", c.MailboxRetention > 0},

@@ -6,6 +6,7 @@ package app
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -47,6 +48,12 @@ type App struct {
 	store  store.Store
 	server *server.Server
 	peers  Peers
+
+	// Background loops (the orphan scan on PostgreSQL) run from Register
+	// until Close cancels stop and waits for them.
+	stop    context.CancelFunc
+	stopped context.Context
+	loops   sync.WaitGroup
 }
 
 // openStore opens the metadata store and the artifact bytes: PostgreSQL
@@ -81,7 +88,9 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 		return nil, err
 	}
 	srv := server.New(st, files, dispatcherv1.NewDispatcherServiceClient(peers.Dispatcher), logger, serverOptions(cfg))
-	return &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers}, nil
+	a := &App{cfg: cfg, logger: logger, store: st, server: srv, peers: peers}
+	a.stopped, a.stop = context.WithCancel(context.Background())
+	return a, nil
 }
 
 // Register mounts the tasks on s: gRPC service, gateway handlers, the Agent
@@ -119,7 +128,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		return err
 	}
 	if pg, ok := a.store.(*pgstore.Store); ok {
-		go pgdb.Tick(ctx, orphanScan, func(ctx context.Context) { a.takeOver(ctx, pg) })
+		a.loops.Go(func() {
+			pgdb.Tick(a.stopped, orphanScan, func(ctx context.Context) { a.takeOver(ctx, pg) })
+		})
 	}
 	return nil
 }
@@ -164,8 +175,11 @@ func restOptions(cfg config.Config) rest.Options {
 	return rest.Options{DefaultAgent: cfg.AgentName(), MaxPageSize: cfg.MaxPageSize, MaxUploadBytes: cfg.MaxUploadBytes}
 }
 
-// Close stops step execution, then closes the store.
+// Close stops the background loops and step execution and waits for
+// them, then closes the store.
 func (a *App) Close() error {
+	a.stop()
+	a.loops.Wait()
 	a.server.Close()
 	return a.store.Close()
 }

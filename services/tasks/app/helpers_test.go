@@ -11,6 +11,7 @@ import (
 	"mime/multipart"
 	"net"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -255,4 +256,16 @@ func multipartBody(name, content string) (io.Reader, string) {
 	filePart(name, content)(mw)
 	mw.Close()
 	return &buf, mw.FormDataContentType()
+}
+
+// goroutinesIn counts the goroutines with fn on their stack.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), fn)
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }

@@ -2,15 +2,20 @@ package app_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io/fs"
+	"log/slog"
 	"mime/multipart"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/services/tasks/app"
 	"github.com/parleyhq/parley/services/tasks/config"
 )
 
@@ -73,5 +78,41 @@ func TestPostgreSQL_twoReplicasShareTasksAndArtifacts(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(dirA, "artifacts")); err == nil {
 		t.Errorf("an artifact folder was made in the data directory")
+	}
+}
+
+// Close stops the orphan scan Register starts on PostgreSQL and waits for
+// it, even while Register's context lives: the store is closed next, and
+// nothing may touch it after that.
+func TestPostgreSQL_closeStopsAndWaitsForTheOrphanScan(t *testing.T) {
+	url := pgdbtest.Database(t)
+	_, conn := startFakeDispatcher(t, echoStep)
+	cfg, err := testConfig(t.TempDir(), func(c *config.Config) { c.DatabaseURL = url })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	a, err := app.New(cfg, logger, app.Peers{Dispatcher: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := serve.New(serve.Options{Logger: logger, ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const scan = "pgdb.Tick("
+	before := goroutinesIn(scan)
+	if err := a.Register(t.Context(), srv); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the orphan scan runs", func() (bool, string) {
+		n := goroutinesIn(scan) - before
+		return n == 1, fmt.Sprintf("%d scans", n)
+	})
+	if err := a.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := goroutinesIn(scan) - before; n != 0 {
+		t.Errorf("%d orphan scans still run after Close returned; want 0", n)
 	}
 }

@@ -892,6 +892,8 @@ func local_request_DispatcherService_ListOrders_0(ctx context.Context, marshaler
 	return msg, metadata, err
 }
 
+var filter_DispatcherService_CreatePayment_0 = &utilities.DoubleArray{Encoding: map[string]int{"payment": 0, "parent": 1}, Base: []int{1, 1, 2, 0, 0}, Check: []int{0, 1, 1, 2, 3}}
+
 func request_DispatcherService_CreatePayment_0(ctx context.Context, marshaler runtime.Marshaler, client DispatcherServiceClient, req *http.Request, pathParams map[string]string) (proto.Message, runtime.ServerMetadata, error) {
 	var (
 		protoReq CreatePaymentRequest
@@ -908,6 +910,12 @@ func request_DispatcherService_CreatePayment_0(ctx context.Context, marshaler ru
 	protoReq.Parent, err = runtime.String(val)
 	if err != nil {
 		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "parent", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_DispatcherService_CreatePayment_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	if req.Body != nil {
 		_, _ = io.Copy(io.Discard, req.Body)
@@ -932,6 +940,12 @@ func local_request_DispatcherService_CreatePayment_0(ctx context.Context, marsha
 	protoReq.Parent, err = runtime.String(val)
 	if err != nil {
 		return nil, metadata, status.Errorf(codes.InvalidArgument, "type mismatch, parameter: %s, error: %v", "parent", err)
+	}
+	if err := req.ParseForm(); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
+	}
+	if err := runtime.PopulateQueryParameters(&protoReq, req.Form, filter_DispatcherService_CreatePayment_0); err != nil {
+		return nil, metadata, status.Errorf(codes.InvalidArgument, "%v", err)
 	}
 	msg, err := server.CreatePayment(ctx, &protoReq)
 	return msg, metadata, err

@@ -163,7 +163,10 @@ type DispatcherServiceClient interface {
 	ListOrders(ctx context.Context, in *ListOrdersRequest, opts ...grpc.CallOption) (*ListOrdersResponse, error)
 	// CreatePayment creates a payment of the built-in ledger provider from
 	// the caller to a payee; its id is the reference an accept_offer carries.
-	// Errors: INVALID_ARGUMENT.
+	// A repeat with the same request_id returns the first payment. Errors:
+	// INVALID_ARGUMENT, FAILED_PRECONDITION (REQUEST_ID_REUSED: the
+	// request_id was used for a different payment), RESOURCE_EXHAUSTED
+	// (OPEN_PAYMENTS_LIMIT: the payer has too many uncaptured payments).
 	CreatePayment(ctx context.Context, in *CreatePaymentRequest, opts ...grpc.CallOption) (*Payment, error)
 	// GetPayment returns a payment to its payer or payee. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND (no such payment of this agent).
@@ -572,7 +575,10 @@ type DispatcherServiceServer interface {
 	ListOrders(context.Context, *ListOrdersRequest) (*ListOrdersResponse, error)
 	// CreatePayment creates a payment of the built-in ledger provider from
 	// the caller to a payee; its id is the reference an accept_offer carries.
-	// Errors: INVALID_ARGUMENT.
+	// A repeat with the same request_id returns the first payment. Errors:
+	// INVALID_ARGUMENT, FAILED_PRECONDITION (REQUEST_ID_REUSED: the
+	// request_id was used for a different payment), RESOURCE_EXHAUSTED
+	// (OPEN_PAYMENTS_LIMIT: the payer has too many uncaptured payments).
 	CreatePayment(context.Context, *CreatePaymentRequest) (*Payment, error)
 	// GetPayment returns a payment to its payer or payee. Errors:
 	// INVALID_ARGUMENT, NOT_FOUND (no such payment of this agent).

@@ -211,7 +211,14 @@ type CreatePaymentRequest struct {
 	// The payer. Format: clients/{client}/agents/{agent}.
 	Parent string `protobuf:"bytes,1,opt,name=parent,proto3" json:"parent,omitempty"`
 	// The payment: payee, amount_micros and currency.
-	Payment       *Payment `protobuf:"bytes,2,opt,name=payment,proto3" json:"payment,omitempty"`
+	Payment *Payment `protobuf:"bytes,2,opt,name=payment,proto3" json:"payment,omitempty"`
+	// An id the caller picks (letters, digits, - and _, at most 64) so that a
+	// retry is safe (AIP-155): a repeat by the same payer within a day
+	// returns the first payment and creates none. A repeat asking for a
+	// different payment (payee, amount_micros or currency) is
+	// FAILED_PRECONDITION (REQUEST_ID_REUSED). A failed create is not
+	// remembered.
+	RequestId     string `protobuf:"bytes,3,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -258,6 +265,13 @@ func (x *CreatePaymentRequest) GetPayment() *Payment {
 		return x.Payment
 	}
 	return nil
+}
+
+func (x *CreatePaymentRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
+	}
+	return ""
 }
 
 // GetPaymentRequest is the request of GetPayment.
@@ -370,10 +384,12 @@ const file_parley_dispatcher_v1_payment_proto_rawDesc = "" +
 	"\vcreate_time\x18\b \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
 	"createTime\x12A\n" +
 	"\vupdate_time\x18\t \x01(\v2\x1a.google.protobuf.TimestampB\x04\xe2A\x01\x03R\n" +
-	"updateTime\"s\n" +
+	"updateTime\"\x98\x01\n" +
 	"\x14CreatePaymentRequest\x12\x1c\n" +
 	"\x06parent\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x06parent\x12=\n" +
-	"\apayment\x18\x02 \x01(\v2\x1d.parley.dispatcher.v1.PaymentB\x04\xe2A\x01\x02R\apayment\"-\n" +
+	"\apayment\x18\x02 \x01(\v2\x1d.parley.dispatcher.v1.PaymentB\x04\xe2A\x01\x02R\apayment\x12#\n" +
+	"\n" +
+	"request_id\x18\x03 \x01(\tB\x04\xe2A\x01\x01R\trequestId\"-\n" +
 	"\x11GetPaymentRequest\x12\x18\n" +
 	"\x04name\x18\x01 \x01(\tB\x04\xe2A\x01\x02R\x04name\"1\n" +
 	"\x15CapturePaymentRequest\x12\x18\n" +

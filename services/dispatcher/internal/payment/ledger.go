@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -17,15 +18,20 @@ const LedgerName = "ledger"
 // creates a payment to a payee (its id is the reference), an acceptance
 // reserves it for an order, and the payee captures it.
 type Ledger struct {
-	store store.PaymentStore
-	newID func() string
-	now   func() time.Time
+	store   store.PaymentStore
+	newID   func() string
+	now     func() time.Time
+	maxOpen int
 }
 
+// RequestRetention is how long a CreatePayment request_id is remembered.
+const RequestRetention = 24 * time.Hour
+
 // NewLedger returns a Ledger keeping payments in st, naming them with
-// newID (unguessable ids) and stamping them with now.
-func NewLedger(st store.PaymentStore, newID func() string, now func() time.Time) *Ledger {
-	return &Ledger{store: st, newID: newID, now: now}
+// newID (unguessable ids) and stamping them with now. A payer may hold at
+// most maxOpen open (authorized or reserved) payments; 0 means no bound.
+func NewLedger(st store.PaymentStore, newID func() string, now func() time.Time, maxOpen int) *Ledger {
+	return &Ledger{store: st, newID: newID, now: now, maxOpen: maxOpen}
 }
 
 // Errors of the ledger's own operations.
@@ -34,16 +40,49 @@ var (
 	ErrNotReserved = errors.New("no acceptance has reserved this payment")
 	// ErrNotPayee: a capture by someone other than the payee.
 	ErrNotPayee = errors.New("only the payee captures a payment")
+	// ErrOpenLimit: a create by a payer holding the most open payments
+	// allowed.
+	ErrOpenLimit = errors.New("too many open payments")
+	// ErrRequestReused: a create repeating a request_id of the payer's
+	// for a different payment.
+	ErrRequestReused = errors.New("request_id already used for a different payment")
 )
 
-// Create records a payment by payer to payee of price.
-func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price) (store.Payment, error) {
+// Create records a payment by payer to payee of price. With a requestID,
+// a repeat by the same payer (within RequestRetention) returns the first
+// payment as it stands, or ErrRequestReused when that one has another
+// payee or price. A payer already holding the most open payments allowed
+// is refused ErrOpenLimit; a repeat is not.
+func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price, requestID string) (store.Payment, error) {
 	now := l.now().UTC()
 	p := store.Payment{
 		ID: l.newID(), Payer: payer, Payee: payee, AmountMicros: price.AmountMicros, Currency: price.Currency,
 		State: store.PaymentAuthorized, CreateTime: now, UpdateTime: now,
 	}
-	return p, l.store.CreatePayment(ctx, p)
+	var check func(int) error
+	if l.maxOpen > 0 {
+		check = func(open int) error {
+			if open >= l.maxOpen {
+				return fault.New(ErrOpenLimit, fmt.Sprintf("the payer already has %d open payments, the most allowed; capture or use them first", open))
+			}
+			return nil
+		}
+	}
+	out, created, err := l.store.CreatePayment(ctx, p, requestID, check)
+	switch {
+	case err != nil:
+		return store.Payment{}, err
+	case !created && (out.Payee != payee || out.AmountMicros != price.AmountMicros || out.Currency != price.Currency):
+		return store.Payment{}, fault.New(ErrRequestReused, fmt.Sprintf(
+			"request_id %q already created payment %s of %d micro-%s to %s; use a new request_id for another payment",
+			requestID, out.ID, out.AmountMicros, out.Currency, out.Payee))
+	}
+	return out, nil
+}
+
+// SweepRequests forgets the request_ids older than RequestRetention.
+func (l *Ledger) SweepRequests(ctx context.Context) (int, error) {
+	return l.store.SweepPaymentRequests(ctx, l.now().Add(-RequestRetention))
 }
 
 // Capture moves a reserved payment to its payee; capturing a captured one

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,7 +39,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	t.Cleanup(func() { st.Close() })
 	f := &fixture{st: st}
-	f.ledger = payment.NewLedger(st, func() string { f.ids++; return fmt.Sprintf("pay%d", f.ids) }, func() time.Time { return now })
+	f.ledger = payment.NewLedger(st, func() string { f.ids++; return fmt.Sprintf("pay%d", f.ids) }, func() time.Time { return now }, 0)
 	f.gate = payment.NewGate(st, map[string]payment.Provider{payment.LedgerName: f.ledger})
 	seed := make([]byte, ed25519.SeedSize)
 	f.priv = ed25519.NewKeyFromSeed(seed)
@@ -170,7 +171,7 @@ func ref(id string) payment.Reference {
 
 func (f *fixture) pay(t *testing.T, payer string, amount int64) string {
 	t.Helper()
-	p, err := f.ledger.Create(t.Context(), payer, supplier, *usd(amount))
+	p, err := f.ledger.Create(t.Context(), payer, supplier, *usd(amount), "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -231,6 +232,74 @@ func TestLedger_capture(t *testing.T) {
 	for range 2 {
 		if p, err := f.ledger.Capture(t.Context(), id, supplier); err != nil || p.State != store.PaymentCaptured {
 			t.Errorf("Capture by the payee = %+v, %v; want captured (twice is harmless)", p, err)
+		}
+	}
+}
+
+// TestLedger_openLimit: a payer holds at most maxOpen payments not yet
+// captured; a capture frees a place, other payers are not counted, and a
+// repeat of a recorded request_id is not refused.
+func TestLedger_openLimit(t *testing.T) {
+	f := newFixture(t)
+	ids := 0
+	l := payment.NewLedger(f.st, func() string { ids++; return fmt.Sprintf("lim%d", ids) }, func() time.Time { return now }, 2)
+	create := func(payer, requestID string) (store.Payment, error) {
+		return l.Create(t.Context(), payer, supplier, *usd(5), requestID)
+	}
+	first, err := create(consumer, "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(consumer, ""); err != nil {
+		t.Fatal(err)
+	}
+	_, err = create(consumer, "")
+	if !errors.Is(err, payment.ErrOpenLimit) || !strings.Contains(err.Error(), "2 open payments") {
+		t.Fatalf("Create(third open) = %v, want ErrOpenLimit naming the count", err)
+	}
+	if p, err := create(consumer, "r1"); err != nil || p.ID != first.ID {
+		t.Errorf("Create(repeat of r1 at the limit) = %+v, %v; want the first payment", p, err)
+	}
+	if _, err := create("clients/c/agents/other", ""); err != nil {
+		t.Errorf("Create(another payer) = %v, want it created", err)
+	}
+	c := payment.Charge{Order: "o1", Payer: consumer, Payee: supplier, Price: *usd(5)}
+	if err := l.Reserve(t.Context(), first.ID, c); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(consumer, ""); !errors.Is(err, payment.ErrOpenLimit) {
+		t.Errorf("Create(with one reserved) = %v, want ErrOpenLimit: reserved payments are open", err)
+	}
+	if _, err := l.Capture(t.Context(), first.ID, supplier); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := create(consumer, ""); err != nil {
+		t.Errorf("Create(after a capture) = %v, want it created", err)
+	}
+}
+
+// TestLedger_requestID: a repeat of a payer's request_id returns the first
+// payment; one asking for another payment is ErrRequestReused.
+func TestLedger_requestID(t *testing.T) {
+	f := newFixture(t)
+	first, err := f.ledger.Create(t.Context(), consumer, supplier, *usd(5), "r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := f.ledger.Create(t.Context(), consumer, supplier, *usd(5), "r1"); err != nil || p != first {
+		t.Errorf("Create(repeat) = %+v, %v; want %+v", p, err, first)
+	}
+	for _, price := range []payment.Price{*usd(6), {AmountMicros: 5, Currency: "EUR"}} {
+		if _, err := f.ledger.Create(t.Context(), consumer, supplier, price, "r1"); !errors.Is(err, payment.ErrRequestReused) {
+			t.Errorf("Create(r1 for %+v) = %v, want ErrRequestReused", price, err)
+		}
+	}
+	if _, err := f.ledger.Create(t.Context(), consumer, "clients/c/agents/else", *usd(5), "r1"); !errors.Is(err, payment.ErrRequestReused) {
+		t.Errorf("Create(r1 to another payee) = %v, want ErrRequestReused", err)
+	}
+	for i := 2; i <= f.ids; i++ {
+		if _, err := f.st.GetPayment(t.Context(), fmt.Sprintf("pay%d", i)); !errors.Is(err, store.ErrNotFound) {
+			t.Errorf("GetPayment(pay%d) = %v: a repeat stored a payment", i, err)
 		}
 	}
 }

@@ -82,6 +82,8 @@ var statusRules = []statusRule{
 	// Payments (the ledger provider).
 	{payment.ErrNotPayee, codes.PermissionDenied, "NOT_PAYEE"},
 	{payment.ErrNotReserved, codes.FailedPrecondition, "PAYMENT_NOT_RESERVED"},
+	{payment.ErrRequestReused, codes.FailedPrecondition, "REQUEST_ID_REUSED"},
+	{payment.ErrOpenLimit, codes.ResourceExhausted, "OPEN_PAYMENTS_LIMIT"},
 	// Mailboxes.
 	{mailbox.ErrReplaced, codes.Aborted, "STREAM_REPLACED"},
 	{mailbox.ErrStopping, codes.Unavailable, "SHUTTING_DOWN"},

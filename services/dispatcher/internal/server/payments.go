@@ -87,12 +87,15 @@ func (s *Server) CreatePayment(ctx context.Context, req *dispatcherv1.CreatePaym
 	if p != nil && !payment.ValidCurrency(p.GetCurrency()) {
 		v.Add("payment.currency", "must be an ISO 4217 code, three uppercase letters")
 	}
+	if id := req.GetRequestId(); id != "" && !validMessageID(id) {
+		v.Add("request_id", "must be letters, digits, - and _, at most 64")
+	}
 	ctx, cancel, err := s.beginPayments(ctx, v)
 	if err != nil {
 		return nil, err
 	}
 	defer cancel()
-	out, err := s.ledger.Create(ctx, payer, p.GetPayee(), payment.Price{AmountMicros: p.GetAmountMicros(), Currency: p.GetCurrency()})
+	out, err := s.ledger.Create(ctx, payer, p.GetPayee(), payment.Price{AmountMicros: p.GetAmountMicros(), Currency: p.GetCurrency()}, req.GetRequestId())
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}

@@ -1,7 +1,9 @@
 package server
 
 import (
+	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -60,6 +62,8 @@ func TestPayments_refusesBadInput(t *testing.T) {
 		{"paying oneself", &dispatcherv1.CreatePaymentRequest{Parent: netAlice, Payment: &dispatcherv1.Payment{Payee: netAlice, AmountMicros: 1, Currency: "USD"}}},
 		{"zero amount", &dispatcherv1.CreatePaymentRequest{Parent: netAlice, Payment: &dispatcherv1.Payment{Payee: netBob, Currency: "USD"}}},
 		{"bad currency", &dispatcherv1.CreatePaymentRequest{Parent: netAlice, Payment: &dispatcherv1.Payment{Payee: netBob, AmountMicros: 1, Currency: "usd"}}},
+		{"bad request_id", &dispatcherv1.CreatePaymentRequest{Parent: netAlice, Payment: &dispatcherv1.Payment{Payee: netBob, AmountMicros: 1, Currency: "USD"}, RequestId: "a b"}},
+		{"long request_id", &dispatcherv1.CreatePaymentRequest{Parent: netAlice, Payment: &dispatcherv1.Payment{Payee: netBob, AmountMicros: 1, Currency: "USD"}, RequestId: strings.Repeat("a", 65)}},
 	} {
 		if _, err := e.client.CreatePayment(t.Context(), c.req); status.Code(err) != codes.InvalidArgument {
 			t.Errorf("CreatePayment(%s) error = %v, want INVALID_ARGUMENT", c.name, err)
@@ -82,4 +86,53 @@ func TestPayments_unavailableWithoutAStore(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("CreatePayment(no store) error = %v, want UNAVAILABLE", err)
 	}
+}
+
+// A retried CreatePayment with the same request_id returns the first
+// payment; the same id for another payment is FAILED_PRECONDITION; another
+// payer's id is its own; the sweep forgets ids a day old.
+func TestPayments_requestID(t *testing.T) {
+	e := startService(t)
+	req := func(payer string, amount int64, id string) *dispatcherv1.CreatePaymentRequest {
+		return &dispatcherv1.CreatePaymentRequest{Parent: payer, Payment: &dispatcherv1.Payment{Payee: netCarol, AmountMicros: amount, Currency: "USD"}, RequestId: id}
+	}
+	first, err := e.client.CreatePayment(t.Context(), req(netAlice, 5, "retry-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := e.client.CreatePayment(t.Context(), req(netAlice, 5, "retry-1"))
+	if err != nil || again.GetName() != first.GetName() {
+		t.Errorf("CreatePayment(retry) = %v, %v; want %s again", again, err, first.GetName())
+	}
+	_, err = e.client.CreatePayment(t.Context(), req(netAlice, 6, "retry-1"))
+	if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != "REQUEST_ID_REUSED" {
+		t.Errorf("CreatePayment(retry-1 for another amount) error = %v, want FAILED_PRECONDITION REQUEST_ID_REUSED", err)
+	}
+	bobs, err := e.client.CreatePayment(t.Context(), req(netBob, 5, "retry-1"))
+	if err != nil || strings.TrimPrefix(bobs.GetName(), netBob) == strings.TrimPrefix(first.GetName(), netAlice) {
+		t.Errorf("CreatePayment(bob's retry-1) = %v, %v; want a payment of bob's own", bobs, err)
+	}
+	e.clock.Advance(25 * time.Hour)
+	if _, err := e.srv.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	later, err := e.client.CreatePayment(t.Context(), req(netAlice, 6, "retry-1"))
+	if err != nil || later.GetName() == first.GetName() {
+		t.Errorf("CreatePayment(retry-1 a day later) = %v, %v; want a new payment", later, err)
+	}
+}
+
+// A payer at --payment-max-open open payments is refused another with
+// RESOURCE_EXHAUSTED; other payers are not.
+func TestPayments_openLimit(t *testing.T) {
+	e := startServiceWith(t, Options{PaymentMaxOpen: 2})
+	e.createPayment(netAlice, netBob, 1)
+	e.createPayment(netAlice, netBob, 2)
+	_, err := e.client.CreatePayment(t.Context(), &dispatcherv1.CreatePaymentRequest{
+		Parent: netAlice, Payment: &dispatcherv1.Payment{Payee: netBob, AmountMicros: 3, Currency: "USD"},
+	})
+	if status.Code(err) != codes.ResourceExhausted || grpcerr.Reason(err) != "OPEN_PAYMENTS_LIMIT" {
+		t.Errorf("CreatePayment(third open) error = %v, want RESOURCE_EXHAUSTED OPEN_PAYMENTS_LIMIT", err)
+	}
+	e.createPayment(netBob, netAlice, 1)
 }

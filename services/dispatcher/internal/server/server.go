@@ -177,6 +177,9 @@ type Options struct {
 	// Payments keeps the ledger provider's payments and the owners' daily
 	// spending; without it the payment RPCs are UNAVAILABLE.
 	Payments store.PaymentStore
+	// PaymentMaxOpen bounds each payer's open (not captured) payments;
+	// 0 means no bound.
+	PaymentMaxOpen int
 	// Acceptances checks every message that would form an order (an
 	// accept_offer) before it is recorded: payments, signed approvals,
 	// spending limits. nil lets each through to the state machine.
@@ -273,7 +276,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 		gate   *payment.Gate
 	)
 	if opts.Payments != nil {
-		ledger = payment.NewLedger(opts.Payments, dialogue.NewID, opts.Now)
+		ledger = payment.NewLedger(opts.Payments, dialogue.NewID, opts.Now, opts.PaymentMaxOpen)
 		gate = payment.NewGate(opts.Payments, map[string]payment.Provider{payment.LedgerName: ledger})
 	}
 	return &Server{
@@ -296,7 +299,7 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // Sweep removes conversations that expired more than a day ago, keeping
 // recent ones as tombstones so that late follow-ups get "Conversation
 // expired" rather than 404. It also forgets the day-old request_ids of
-// network sends and removes the dialogues closed longer than
+// network sends and of CreatePayment, and removes the dialogues closed longer than
 // DialogueRetention ago. app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
 	n, err := s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
@@ -304,6 +307,10 @@ func (s *Server) Sweep(ctx context.Context) (int, error) {
 		_, rerr := s.dialogues.SweepRequests(ctx)
 		_, derr := s.dialogues.SweepDialogues(ctx)
 		err = errors.Join(err, rerr, derr)
+	}
+	if s.ledger != nil {
+		_, perr := s.ledger.SweepRequests(ctx)
+		err = errors.Join(err, perr)
 	}
 	return n, err
 }

@@ -75,6 +75,12 @@ type serviceEnv struct {
 // alice, the consumer.
 func startService(t *testing.T) *serviceEnv {
 	t.Helper()
+	return startServiceWith(t, Options{})
+}
+
+// startServiceWith is startService with the options of base set.
+func startServiceWith(t *testing.T, base Options) *serviceEnv {
+	t.Helper()
 	reg := &serviceRegistry{
 		followRegistry: &followRegistry{fakeRegistry: newFakeRegistry(), follows: map[[2]string]bool{}},
 		machines:       map[string]*registryv1.StateMachine{},
@@ -106,9 +112,8 @@ func startService(t *testing.T) *serviceEnv {
 	t.Cleanup(func() { st.Close() })
 	clock := &fakeClock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	mb := mailbox.New(st, mailbox.Options{Now: clock.Now})
-	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(Options{
-		Dialogues: st, Mailboxes: mb, Orders: st, Timers: st, Payments: st, Now: clock.Now,
-	}))
+	base.Dialogues, base.Mailboxes, base.Orders, base.Timers, base.Payments, base.Now = st, mb, st, st, st, clock.Now
+	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(base))
 	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	return &serviceEnv{
 		sreg:   reg,

@@ -41,9 +41,22 @@ type Spend struct {
 // spending, and the terms of the offers pairs are answering. Every method
 // checks ctx first.
 type PaymentStore interface {
-	// CreatePayment stores a new payment; ErrAlreadyExists when its id is
-	// taken.
-	CreatePayment(ctx context.Context, p Payment) error
+	// CreatePayment stores a new payment p in one transaction and returns
+	// it with created true; ErrAlreadyExists when its id is taken.
+	//
+	// requestID, when not empty, is p.Payer's AIP-155 key: if that payer
+	// already created a payment with it (and SweepPaymentRequests has not
+	// forgotten it), CreatePayment stores nothing and returns that payment
+	// as it stands, with created false. Otherwise the id is recorded with
+	// p, at p.CreateTime, in the same transaction.
+	//
+	// check, when not nil, sees how many of p.Payer's payments are open
+	// (not captured) before p, and may refuse p: its error is returned as
+	// is and nothing is written. A repeat does not call it.
+	CreatePayment(ctx context.Context, p Payment, requestID string, check func(open int) error) (_ Payment, created bool, _ error)
+	// SweepPaymentRequests forgets the request ids recorded before t and
+	// returns how many it forgot.
+	SweepPaymentRequests(ctx context.Context, before time.Time) (int, error)
 	// GetPayment returns a payment; ErrNotFound when absent.
 	GetPayment(ctx context.Context, id string) (Payment, error)
 	// UpdatePayment applies mutate to a payment in one transaction and

@@ -288,9 +288,16 @@ func TestWaiting_oneProbePerIntervalAndNoRepeatWrites(t *testing.T) {
 	if n := f.store.writes(); n != steps {
 		t.Errorf("UpdateStep writes = %d; want one per step (%d)", n, steps)
 	}
+	// The probe is the oldest step. Wait for it to settle, not for RunStep
+	// to be called: its next backoff counts from when it fails, so the
+	// clock must not move before then.
+	probe := f.sched.Wait(refs[0])
 	f.clock.Advance(100 * time.Millisecond) // the first backoff
-	until(t, "the second probe", func() bool { return f.run.count(agentNone) == 2 })
+	receive(t, probe)
 	until(t, "idle", f.sched.Idle)
+	if n := f.run.count(agentNone); n != 2 {
+		t.Fatalf("RunStep calls = %d after the first backoff; want 2 (a second probe)", n)
+	}
 	if n := f.store.writes(); n != steps {
 		t.Errorf("UpdateStep writes after a probe = %d; want still %d (the message did not change)", n, steps)
 	}
@@ -315,15 +322,23 @@ func TestWaiting_oneProbePerIntervalAndNoRepeatWrites(t *testing.T) {
 func TestWaiting_unknownAgentBacksOffToTheMaximum(t *testing.T) {
 	f := newFixture(t, scheduler.Options{RetryMax: time.Second})
 	f.run.set(byAgent)
+	var none store.StepRef
 	for _, agent := range []string{agentUnknown, agentNone} {
-		_, settled := f.post(t, f.task(t, agent, tasksv1.Task_STATE_ACTIVE), "x")
+		ref, settled := f.post(t, f.task(t, agent, tasksv1.Task_STATE_ACTIVE), "x")
 		receive(t, settled)
+		none = ref
 	}
 	until(t, "idle", f.sched.Idle)
 	for i, want := range []int{2, 3, 4} { // due after 100ms, 200ms, 400ms
+		// Wait for the probe to settle, not for RunStep to be called: the
+		// next probe is due a backoff after this one fails, so the clock
+		// must not move before then.
+		probe := f.sched.Wait(none)
 		f.clock.Advance(100 * time.Millisecond << i)
-		until(t, "the next probe of the agent without executor", func() bool { return f.run.count(agentNone) == want })
-		until(t, "idle", f.sched.Idle)
+		receive(t, probe)
+		if n := f.run.count(agentNone); n != want {
+			t.Fatalf("agent without executor probed %d times after %v; want %d", n, f.clock.Now().Sub(time.Unix(1e9, 0)), want)
+		}
 		if n := f.run.count(agentUnknown); n != 1 {
 			t.Fatalf("unknown agent probed %d times after %v; want 1 until RetryMax", n, f.clock.Now().Sub(time.Unix(1e9, 0)))
 		}
@@ -352,8 +367,15 @@ func TestStepError_retriesTheStepAloneThenCompletesIt(t *testing.T) {
 		t.Errorf("healthy step of the same agent = %v; want completed", st)
 	}
 	for attempt := 2; attempt <= 3; attempt++ {
+		// Wait for the attempt to settle, not for RunStep to be called: its
+		// backoff counts from when it fails, so the clock must not move
+		// before then.
+		settled := f.sched.Wait(bad)
 		f.clock.Advance(time.Second)
-		until(t, fmt.Sprintf("attempt %d", attempt), func() bool { return f.run.stepCalls(bad.StepID) == attempt })
+		receive(t, settled)
+		if n := f.run.stepCalls(bad.StepID); n != attempt {
+			t.Fatalf("failing step tried %d times after %d backoffs; want %d", n, attempt-1, attempt)
+		}
 	}
 	until(t, "the failed step leaves the scheduler", func() bool { return !f.sched.Scheduled(bad) })
 	got := f.step(t, bad)

@@ -82,6 +82,12 @@ type Server struct {
 	now    func() time.Time
 	// stopping is given to Start before serving; see Start.
 	stopping <-chan struct{}
+
+	// Background loops (the resume retry) run from Start until Close
+	// cancels stop and waits for them.
+	stop    context.CancelFunc
+	stopped context.Context
+	loops   sync.WaitGroup
 }
 
 var _ tasksv1.TasksServiceServer = (*Server)(nil)
@@ -90,6 +96,7 @@ var _ tasksv1.TasksServiceServer = (*Server)(nil)
 // dispatcher. Call Start to resume pending steps and Close to stop.
 func New(st store.Store, files store.Blobs, dispatcher dispatcherv1.DispatcherServiceClient, logger *slog.Logger, opts Options) *Server {
 	s := &Server{store: st, files: files, logger: logger, opts: opts, hub: newHub(opts.MaxWatchers), ids: &idGen{clock: time.Now}, now: time.Now}
+	s.stopped, s.stop = context.WithCancel(context.Background())
 	s.sched = scheduler.New(st, files, dispatcherRunner{client: dispatcher}, hubEvents{s.hub}, logger, scheduler.Options{
 		StepTimeout:     opts.StepTimeout,
 		RetryMax:        opts.RetryMax,
@@ -115,7 +122,7 @@ func (s *Server) Start(ctx context.Context, stopping <-chan struct{}) error {
 		// A database that does not answer yet: serve (not ready) and
 		// resume the steps once it does.
 		s.logger.WarnContext(ctx, "pending steps cannot be listed yet; retrying", slog.Any("err", err))
-		go s.resumeLater(ctx)
+		s.loops.Go(func() { s.resumeLater(s.stopped) })
 		return nil
 	}
 	s.Resume(ctx, refs)
@@ -123,7 +130,7 @@ func (s *Server) Start(ctx context.Context, stopping <-chan struct{}) error {
 }
 
 // resumeLater lists the pending steps every second once the store is
-// ready, then resumes them; it gives up when ctx ends.
+// ready, then resumes them; it gives up when ctx ends (on Close).
 func (s *Server) resumeLater(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -154,9 +161,14 @@ func (s *Server) Resume(ctx context.Context, refs []store.StepRef) {
 	}
 }
 
-// Close stops executing steps and waits for running attempts to end. Steps
-// cut short stay pending and resume on the next Start.
-func (s *Server) Close() { s.sched.Close() }
+// Close stops the background loops and step execution, and waits for them
+// and for running attempts to end, so the caller may close the store next.
+// Steps cut short stay pending and resume on the next Start.
+func (s *Server) Close() {
+	s.stop()
+	s.loops.Wait()
+	s.sched.Close()
+}
 
 // idGen makes version 7 UUIDs: a millisecond timestamp, a 12-bit counter
 // that keeps ids from one process strictly increasing, and 62 random bits.

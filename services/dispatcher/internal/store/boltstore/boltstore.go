@@ -48,8 +48,9 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 
 // schemaVersion 2 added the dialogue indexes (dialogue_message_index,
 // dialogues_closed), and 3 the mailboxes' compaction work list
-// (mailbox_compaction); migrate builds them from the older records.
-const schemaVersion = 3
+// (mailbox_compaction), and 4 the index of open payments
+// (payments_open); migrate builds them from the older records.
+const schemaVersion = 4
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
@@ -58,7 +59,12 @@ func migrate(tx *bolt.Tx, from int) error {
 		}
 	}
 	if from < 3 {
-		return migrateCompactionQueue(tx)
+		if err := migrateCompactionQueue(tx); err != nil {
+			return err
+		}
+	}
+	if from < 4 {
+		return migrateOpenPayments(tx)
 	}
 	return nil
 }

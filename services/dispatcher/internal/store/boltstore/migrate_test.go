@@ -111,3 +111,41 @@ func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 		t.Errorf("ReadMailbox(bob) = %+v, %v; want only m2, unacknowledged", left, err)
 	}
 }
+
+// A schema-3 database (no index of open payments) is migrated on open:
+// a create then counts the payer's payments not captured.
+func TestOpen_migratesSchema3OpenPayments(t *testing.T) {
+	dir := t.TempDir()
+	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
+		return string(b) == string(bucketOpenPayments) || string(b) == string(bucketPaymentRequests)
+	})
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 3, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
+	err = old.Update(func(tx *bolt.Tx) error {
+		for id, st := range map[string]store.PaymentState{"p1": store.PaymentAuthorized, "p2": store.PaymentReserved, "p3": store.PaymentCaptured} {
+			if err := putJSON(tx.Bucket(bucketPayments), []byte(id), store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 3): %v", err)
+	}
+	defer s.Close()
+	open := -1
+	p := store.Payment{ID: "p4", Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized}
+	if _, _, err := s.CreatePayment(t.Context(), p, "", func(n int) error { open = n; return nil }); err != nil || open != 2 {
+		t.Errorf("CreatePayment after the migration saw %d open payments (%v), want 2", open, err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -23,24 +24,136 @@ var (
 	bucketSpendOrders = []byte("spend_orders")
 	// bucketOfferTerms: dialogue + 0x00 + supplier → the terms, JSON.
 	bucketOfferTerms = []byte("offer_terms")
+	// bucketPaymentRequests: payer + 0x00 + request id → payment id + 0x00
+	// + 8-byte big-endian Unix nanoseconds recorded (AIP-155).
+	bucketPaymentRequests = []byte("payment_requests")
+	// bucketOpenPayments: payer + 0x00 + payment id → empty, for each
+	// payment not captured (schema version 4), so that CreatePayment
+	// counts a payer's open payments with one prefix walk.
+	bucketOpenPayments = []byte("payments_open")
 )
 
-var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms}
+var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms, bucketPaymentRequests, bucketOpenPayments}
 
 var _ store.PaymentStore = (*Store)(nil)
 
 // CreatePayment implements store.PaymentStore.
-func (s *Store) CreatePayment(ctx context.Context, p store.Payment) error {
+func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID string, check func(open int) error) (store.Payment, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return store.Payment{}, false, err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketPayments)
+	out, created := p, true
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		out, created = p, true // the transaction may be retried
+		b, requests := tx.Bucket(bucketPayments), tx.Bucket(bucketPaymentRequests)
+		rk := join(p.Payer, requestID)
+		if requestID != "" {
+			if v := requests.Get(rk); v != nil {
+				id, _, _ := bytes.Cut(v, []byte{0})
+				ok, err := getJSON(b, id, &out)
+				if err != nil || ok {
+					created = false
+					return err
+				}
+				out = p // the payment is gone: the id names nothing
+			}
+		}
 		if b.Get([]byte(p.ID)) != nil {
 			return resource.AlreadyExists("payment", p.ID)
 		}
+		if check != nil {
+			if err := check(countPrefix(tx.Bucket(bucketOpenPayments), append([]byte(p.Payer), 0))); err != nil {
+				return err
+			}
+		}
+		if requestID != "" {
+			if err := requests.Put(rk, append(append([]byte(p.ID), 0), putInt(p.CreateTime.UnixNano())...)); err != nil {
+				return err
+			}
+		}
+		if err := indexOpenPayment(tx, p); err != nil {
+			return err
+		}
 		return putJSON(b, []byte(p.ID), p)
 	})
+	if err != nil {
+		return store.Payment{}, false, err
+	}
+	return out, created, nil
+}
+
+// indexOpenPayment keeps p's entry in bucketOpenPayments: present unless
+// p is captured.
+func indexOpenPayment(tx *bolt.Tx, p store.Payment) error {
+	b, k := tx.Bucket(bucketOpenPayments), join(p.Payer, p.ID)
+	if p.State == store.PaymentCaptured {
+		return b.Delete(k)
+	}
+	return b.Put(k, nil)
+}
+
+// countPrefix counts the keys of b that start with prefix.
+func countPrefix(b *bolt.Bucket, prefix []byte) int {
+	n := 0
+	c := b.Cursor()
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		n++
+	}
+	return n
+}
+
+// migrateOpenPayments builds bucketOpenPayments from the payments
+// (schema version 4).
+func migrateOpenPayments(tx *bolt.Tx) error {
+	var open []store.Payment
+	err := tx.Bucket(bucketPayments).ForEach(func(_, v []byte) error {
+		var p store.Payment
+		if err := json.Unmarshal(v, &p); err != nil {
+			return err
+		}
+		open = append(open, p)
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, p := range open {
+		if err := indexOpenPayment(tx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SweepPaymentRequests implements store.PaymentStore.
+func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		b := tx.Bucket(bucketPaymentRequests)
+		var old [][]byte
+		cut := before.UnixNano()
+		err := b.ForEach(func(k, v []byte) error {
+			if _, at, ok := bytes.Cut(v, []byte{0}); !ok || readInt(at) < cut {
+				old = append(old, bytes.Clone(k))
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		for _, k := range old {
+			if err := b.Delete(k); err != nil {
+				return err
+			}
+		}
+		n = len(old)
+		return nil
+	})
+	return n, err
 }
 
 // GetPayment implements store.PaymentStore.
@@ -75,6 +188,9 @@ func (s *Store) UpdatePayment(ctx context.Context, id string, mutate func(*store
 			return resource.NotFound("payment", id)
 		}
 		if err := mutate(&p); err != nil {
+			return err
+		}
+		if err := indexOpenPayment(tx, p); err != nil {
 			return err
 		}
 		return putJSON(b, []byte(id), p)

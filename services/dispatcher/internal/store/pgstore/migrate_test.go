@@ -11,6 +11,7 @@ import (
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // A database migrated to version 3 (no compact_ns) gets 0004 on open,
@@ -62,5 +63,49 @@ func TestOpen_migration4FillsCompactNs(t *testing.T) {
 	}
 	if left, err := s.ReadMailbox(ctx, bob, 0, 10); err != nil || len(left) != 1 || left[0].Message.ID != "m2" {
 		t.Errorf("ReadMailbox(bob) = %+v, %v; want only m2, unacknowledged", left, err)
+	}
+}
+
+// A database migrated to version 4 gets 0005 on open, which fills
+// payments.payer and payments.open from the JSON: a create then counts
+// the payer's payments not captured.
+func TestOpen_migration5FillsOpenPayments(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	upTo4 := fstest.MapFS{}
+	err := fs.WalkDir(migrationFiles, "migrations", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() >= "0005" {
+			return err
+		}
+		data, err := fs.ReadFile(migrationFiles, path)
+		upTo4[path] = &fstest.MapFile{Data: data}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	old, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: upTo4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
+	for id, st := range map[string]store.PaymentState{"p1": store.PaymentAuthorized, "p2": store.PaymentReserved, "p3": store.PaymentCaptured} {
+		data, _ := json.Marshal(store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st})
+		if _, err := old.Pool().Exec(ctx, `INSERT INTO payments (id, data) VALUES ($1, $2)`, id, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, url, schema, nil)
+	if err != nil {
+		t.Fatalf("Open(version 4): %v", err)
+	}
+	defer s.Close()
+	open := -1
+	p := store.Payment{ID: "p4", Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized}
+	if _, _, err := s.CreatePayment(ctx, p, "", func(n int) error { open = n; return nil }); err != nil || open != 2 {
+		t.Errorf("CreatePayment after the migration saw %d open payments (%v), want 2", open, err)
 	}
 }

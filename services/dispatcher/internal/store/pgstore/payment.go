@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -13,16 +14,65 @@ import (
 
 var _ store.PaymentStore = (*Store)(nil)
 
-// CreatePayment implements store.PaymentStore.
-func (s *Store) CreatePayment(ctx context.Context, p store.Payment) error {
+// CreatePayment implements store.PaymentStore, in one SERIALIZABLE
+// transaction, so that two replicas cannot both pass the payer's limit or
+// both use one request id.
+func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID string, check func(open int) error) (store.Payment, bool, error) {
 	if err := ctx.Err(); err != nil {
+		return store.Payment{}, false, err
+	}
+	out, created := p, true
+	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		out, created = p, true // the transaction may be retried
+		if requestID != "" {
+			ok, err := getJSON(ctx, tx, &out, `SELECT p.data FROM payment_requests r JOIN payments p ON p.id = r.payment_id
+WHERE r.payer = $1 AND r.request_id = $2`, p.Payer, requestID)
+			if err != nil || ok {
+				created = false
+				return err
+			}
+			out = p
+		}
+		if check != nil {
+			var open int
+			if err := tx.QueryRow(ctx, `SELECT count(*) FROM payments WHERE payer = $1 AND open`, p.Payer).Scan(&open); err != nil {
+				return err
+			}
+			if err := check(open); err != nil {
+				return err
+			}
+		}
+		tag, err := tx.Exec(ctx, `INSERT INTO payments (id, data, payer, open) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
+			p.ID, marshal(p), p.Payer, p.State != store.PaymentCaptured)
+		switch {
+		case err != nil:
+			return err
+		case tag.RowsAffected() == 0:
+			return resource.AlreadyExists("payment", p.ID)
+		case requestID == "":
+			return nil
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO payment_requests (payer, request_id, payment_id, recorded_ns) VALUES ($1, $2, $3, $4)
+ON CONFLICT (payer, request_id) DO UPDATE SET payment_id = excluded.payment_id, recorded_ns = excluded.recorded_ns`,
+			p.Payer, requestID, p.ID, p.CreateTime.UnixNano())
 		return err
+	})
+	if err != nil {
+		return store.Payment{}, false, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `INSERT INTO payments (id, data) VALUES ($1, $2) ON CONFLICT DO NOTHING`, p.ID, marshal(p))
-	if err == nil && tag.RowsAffected() == 0 {
-		err = resource.AlreadyExists("payment", p.ID)
+	return out, created, nil
+}
+
+// SweepPaymentRequests implements store.PaymentStore.
+func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
 	}
-	return err
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM payment_requests WHERE recorded_ns < $1`, before.UnixNano())
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 // GetPayment implements store.PaymentStore.
@@ -51,7 +101,7 @@ func (s *Store) UpdatePayment(ctx context.Context, id string, mutate func(*store
 			return err
 		}
 		out = p
-		_, err = tx.Exec(ctx, `UPDATE payments SET data = $2 WHERE id = $1`, id, marshal(p))
+		_, err = tx.Exec(ctx, `UPDATE payments SET data = $2, open = $3 WHERE id = $1`, id, marshal(p), p.State != store.PaymentCaptured)
 		return err
 	})
 	if err != nil {

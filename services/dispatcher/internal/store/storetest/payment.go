@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -12,6 +13,8 @@ import (
 // RunPayments runs the payment suite; open returns a new empty store.
 func RunPayments(t *testing.T, open func(t *testing.T) store.PaymentStore) {
 	t.Run("payments", func(t *testing.T) { testPayments(t, open(t)) })
+	t.Run("payment requests", func(t *testing.T) { testPaymentRequests(t, open(t)) })
+	t.Run("open payments", func(t *testing.T) { testOpenPayments(t, open(t)) })
 	t.Run("spend", func(t *testing.T) { testSpend(t, open(t)) })
 	t.Run("terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
 }
@@ -19,10 +22,10 @@ func RunPayments(t *testing.T, open func(t *testing.T) store.PaymentStore) {
 func testPayments(t *testing.T, s store.PaymentStore) {
 	ctx := t.Context()
 	p := store.Payment{ID: "p1", Payer: alice, Payee: bob, AmountMicros: 5, Currency: "USD", State: store.PaymentAuthorized, CreateTime: t0, UpdateTime: t0}
-	if err := s.CreatePayment(ctx, p); err != nil {
-		t.Fatalf("CreatePayment = %v", err)
+	if got, created, err := s.CreatePayment(ctx, p, "", nil); err != nil || !created || got != p {
+		t.Fatalf("CreatePayment = %+v, %t, %v; want it created", got, created, err)
 	}
-	if err := s.CreatePayment(ctx, p); !errors.Is(err, store.ErrAlreadyExists) {
+	if _, _, err := s.CreatePayment(ctx, p, "", nil); !errors.Is(err, store.ErrAlreadyExists) {
 		t.Errorf("CreatePayment(again) = %v, want ErrAlreadyExists", err)
 	}
 	if got, err := s.GetPayment(ctx, "p1"); err != nil || got != p {
@@ -44,6 +47,83 @@ func testPayments(t *testing.T, s store.PaymentStore) {
 	}
 	if _, err := s.UpdatePayment(ctx, "nope", func(*store.Payment) error { return nil }); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("UpdatePayment(absent) = %v, want ErrNotFound", err)
+	}
+}
+
+func testPaymentRequests(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	p := store.Payment{ID: "p1", Payer: alice, Payee: bob, AmountMicros: 5, Currency: "USD", State: store.PaymentAuthorized, CreateTime: t0, UpdateTime: t0}
+	if _, created, err := s.CreatePayment(ctx, p, "r1", nil); err != nil || !created {
+		t.Fatalf("CreatePayment(r1) = %t, %v; want it created", created, err)
+	}
+	// A repeat by the same payer with the same id stores nothing and
+	// returns the first payment, as it stands now.
+	reserved, err := s.UpdatePayment(ctx, "p1", func(p *store.Payment) error { p.State, p.Order = store.PaymentReserved, "o1"; return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	again := p
+	again.ID, again.AmountMicros = "p2", 7
+	got, created, err := s.CreatePayment(ctx, again, "r1", func(int) error { t.Error("check called on a repeat"); return nil })
+	if err != nil || created || got != reserved {
+		t.Errorf("CreatePayment(r1 again) = %+v, %t, %v; want %+v, not created", got, created, err, reserved)
+	}
+	if _, err := s.GetPayment(ctx, "p2"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetPayment(p2) = %v: a repeat stored a payment", err)
+	}
+	// The id is the payer's own: another payer's r1 is a new payment.
+	other := store.Payment{ID: "p3", Payer: bob, Payee: alice, AmountMicros: 5, Currency: "USD", State: store.PaymentAuthorized, CreateTime: t0, UpdateTime: t0}
+	if got, created, err := s.CreatePayment(ctx, other, "r1", nil); err != nil || !created || got != other {
+		t.Errorf("CreatePayment(bob r1) = %+v, %t, %v; want it created", got, created, err)
+	}
+	// A refused create records nothing.
+	over := errors.New("over")
+	p4 := p
+	p4.ID = "p4"
+	if _, _, err := s.CreatePayment(ctx, p4, "r2", func(int) error { return over }); !errors.Is(err, over) {
+		t.Errorf("CreatePayment(refused) = %v, want its error", err)
+	}
+	if got, created, err := s.CreatePayment(ctx, p4, "r2", nil); err != nil || !created || got != p4 {
+		t.Errorf("CreatePayment(r2 after a refusal) = %+v, %t, %v; want it created", got, created, err)
+	}
+	// The sweep forgets ids recorded before its time.
+	if n, err := s.SweepPaymentRequests(ctx, t0); err != nil || n != 0 {
+		t.Errorf("SweepPaymentRequests(t0) = %d, %v; want 0", n, err)
+	}
+	if n, err := s.SweepPaymentRequests(ctx, t0.Add(time.Nanosecond)); err != nil || n != 3 {
+		t.Errorf("SweepPaymentRequests(after) = %d, %v; want 3", n, err)
+	}
+	p5 := p
+	p5.ID = "p5"
+	if got, created, err := s.CreatePayment(ctx, p5, "r1", nil); err != nil || !created || got != p5 {
+		t.Errorf("CreatePayment(r1 after the sweep) = %+v, %t, %v; want a new payment", got, created, err)
+	}
+}
+
+func testOpenPayments(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	var seen []int
+	check := func(open int) error { seen = append(seen, open); return nil }
+	pay := func(id, payer string) store.Payment {
+		return store.Payment{ID: id, Payer: payer, Payee: carol, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized, CreateTime: t0, UpdateTime: t0}
+	}
+	for _, p := range []store.Payment{pay("a1", alice), pay("a2", alice), pay("b1", bob), pay("a3", alice)} {
+		if _, _, err := s.CreatePayment(ctx, p, "", check); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Reserved payments stay open; captured ones do not count.
+	if _, err := s.UpdatePayment(ctx, "a1", func(p *store.Payment) error { p.State = store.PaymentReserved; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.UpdatePayment(ctx, "a2", func(p *store.Payment) error { p.State = store.PaymentCaptured; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := s.CreatePayment(ctx, pay("a4", alice), "", check); err != nil {
+		t.Fatal(err)
+	}
+	if want := []int{0, 1, 0, 2, 2}; !slices.Equal(seen, want) {
+		t.Errorf("check saw %v open payments, want %v", seen, want)
 	}
 }
 

@@ -1,0 +1,67 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/parleyhq/parley/services/tasks/internal/artifactfs"
+	"github.com/parleyhq/parley/services/tasks/internal/store"
+	"github.com/parleyhq/parley/services/tasks/internal/store/boltstore"
+)
+
+// notReadyStore cannot list its pending steps yet, as a PostgreSQL
+// database that does not answer: Start leaves a retry running.
+type notReadyStore struct{ store.Store }
+
+var errNotReady = errors.New("the database does not answer yet")
+
+func (notReadyStore) ListPending(context.Context) ([]store.StepRef, error) { return nil, errNotReady }
+func (notReadyStore) Ping(context.Context) error                           { return errNotReady }
+
+// Close stops the retry Start left for a store not ready yet and waits for
+// it, even while Start's context lives: the caller closes the store next,
+// and nothing may touch it after that.
+func TestClose_stopsAndWaitsForTheResumeRetry(t *testing.T) {
+	dir := t.TempDir()
+	bs, err := boltstore.Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bs.Close() })
+	files, err := artifactfs.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
+	s := New(notReadyStore{bs}, files, fd, slog.New(slog.DiscardHandler), Options{
+		StepWait: time.Second, StepTimeout: time.Second, RetryMax: time.Second,
+		MaxPageSize: 10, MaxWatchers: 10, MaxInFlight: 10, MaxWaitingSteps: 10, MaxStepAttempts: 10, MaxUploadBytes: 1 << 20,
+	})
+	const retry = "server.(*Server).resumeLater("
+	before := goroutinesIn(retry)
+	if err := s.Start(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, "the resume retry runs", func() bool { return goroutinesIn(retry) == before+1 })
+	s.Close()
+	if n := goroutinesIn(retry) - before; n != 0 {
+		t.Errorf("%d resume retries still run after Close returned; want 0", n)
+	}
+}
+
+// goroutinesIn counts the goroutines with fn on their stack.
+func goroutinesIn(fn string) int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), fn)
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+}
