@@ -22,15 +22,27 @@ import (
 func TestServe_healthOverGRPCAndHTTP_thenSIGTERM(t *testing.T) {
 	srv := parleytest.Start(t, "")
 
-	for _, path := range []string{"/healthz", "/readyz"} {
+	// Live at once; ready once the dispatcher has stored its built-in
+	// service protocols in the registry, which in this one process answers
+	// only once the server runs: poll, the deadline only bounds a hang.
+	get := func(path string) int {
+		t.Helper()
 		resp, err := http.Get(srv.URL(path))
 		if err != nil {
 			t.Fatalf("GET %s: %v", path, err)
 		}
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Errorf("GET %s = %d, want 200", path, resp.StatusCode)
+		return resp.StatusCode
+	}
+	if code := get("/healthz"); code != http.StatusOK {
+		t.Errorf("GET /healthz = %d, want 200", code)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for code := get("/readyz"); code != http.StatusOK; code = get("/readyz") {
+		if time.Now().After(deadline) {
+			t.Fatalf("GET /readyz = %d a minute after listening, want 200\n%s", code, srv.Log)
 		}
+		time.Sleep(50 * time.Millisecond)
 	}
 
 	conn, err := grpc.NewClient(srv.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(parleytest.Bearer(t)))
@@ -39,6 +51,8 @@ func TestServe_healthOverGRPCAndHTTP_thenSIGTERM(t *testing.T) {
 	}
 	defer conn.Close()
 	hc := healthpb.NewHealthClient(conn)
+	// The services' health follows the readiness checks, run every few
+	// seconds: it turns SERVING at the first run after /readyz does.
 	for _, svc := range []string{
 		"",
 		"parley.registry.v1.RegistryService",
@@ -46,9 +60,15 @@ func TestServe_healthOverGRPCAndHTTP_thenSIGTERM(t *testing.T) {
 		"parley.dispatcher.v1.DispatcherService",
 		"parley.tasks.v1.TasksService",
 	} {
-		resp, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: svc})
-		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			t.Errorf("health Check(%q) = %v, %v; want SERVING", svc, resp.GetStatus(), err)
+		for {
+			resp, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{Service: svc})
+			if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("health Check(%q) = %v, %v a minute after listening; want SERVING", svc, resp.GetStatus(), err)
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
 	}
 

@@ -56,8 +56,11 @@ type App struct {
 	payments store.PaymentStore
 	pool     *routine.Pool // the routine workers
 	// serviceProtocols is set once the built-in service PDs are stored
-	// in the registry (registerServiceProtocols).
+	// in the registry (registerServiceProtocols); until then the
+	// dispatcher is not ready (serviceProtocolsReady).
 	serviceProtocols atomic.Bool
+	// serviceProtocolsErr is why the last attempt to store them failed.
+	serviceProtocolsErr atomic.Pointer[error]
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -81,10 +84,14 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	mb := mailbox.New(st, mailbox.Options{
+	mbOpts := mailbox.Options{
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
-	})
+	}
+	if pg, ok := st.(*pgstore.Store); ok {
+		mbOpts.Streams = pg // one receive stream per agent across replicas
+	}
+	mb := mailbox.New(st, mbOpts)
 	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st, payments: st}
 	if err := routine.Supported(); err != nil {
 		st.Close()
@@ -211,6 +218,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
+	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)
 	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
 	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
 	// their effects are transactional, so a brief overlap at a takeover is
@@ -221,9 +229,18 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	go db.Exclusive(ctx, "dispatcher.deadlines", exclusive, srv.RunDeadlines)
 	if pg, ok := a.store.(*pgstore.Store); ok {
 		// Other replicas' appends wake the streams connected here, their
-		// timers the deadlines, and their routine changes drop ours.
-		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{
+		// timers the deadlines, their routine changes drop ours, and their
+		// streams end the older ones here.
+		logger := a.logger.With("component", "listen")
+		go pg.Listen(ctx, logger, pgstore.Wakeups{
 			Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+			Streams: func(agent string, epoch uint64) {
+				if agent != "" {
+					a.mailboxes.Supersede(agent, epoch)
+					return
+				}
+				go a.recheckStreams(ctx, pg, logger) // not on Listen's goroutine
+			},
 		})
 	}
 	// The registry's network notifications reach mailboxes through this
@@ -233,6 +250,27 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	})
 	go db.Exclusive(ctx, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
 	return nil
+}
+
+// recheckStreams ends the streams connected here that a newer stream on
+// another replica replaced while this replica missed its notifications.
+func (a *App) recheckStreams(ctx context.Context, pg *pgstore.Store, logger *slog.Logger) {
+	local := a.mailboxes.StreamEpochs()
+	if len(local) == 0 {
+		return
+	}
+	agents := make([]string, 0, len(local))
+	for agent := range local {
+		agents = append(agents, agent)
+	}
+	newest, err := pg.StreamEpochs(ctx, agents)
+	if err != nil {
+		logger.WarnContext(ctx, "receive streams not checked against other replicas", slog.Any("err", err))
+		return
+	}
+	for agent, epoch := range newest {
+		a.mailboxes.Supersede(agent, epoch)
+	}
 }
 
 // Mailboxes returns the agents' mailboxes, which the network's senders

@@ -93,6 +93,13 @@ func startDispatcherApp(t *testing.T, args ...string) dispatcherEnv {
 // startDispatcherWithPeers is startDispatcherApp with the peers given.
 func startDispatcherWithPeers(t *testing.T, peers app.Peers, args ...string) dispatcherEnv {
 	t.Helper()
+	return startDispatcherServe(t, peers, serve.Options{}, args...)
+}
+
+// startDispatcherServe is startDispatcherWithPeers with the server's
+// options given (its logger is always discarded).
+func startDispatcherServe(t *testing.T, peers app.Peers, opts serve.Options, args ...string) dispatcherEnv {
+	t.Helper()
 	cfg, err := config.Load(append([]string{"--data", t.TempDir()}, args...), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
@@ -103,7 +110,8 @@ func startDispatcherWithPeers(t *testing.T, peers app.Peers, args ...string) dis
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { a.Close() })
-	srv, err := serve.New(serve.Options{Logger: logger})
+	opts.Logger = logger
+	srv, err := serve.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

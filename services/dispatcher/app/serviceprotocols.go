@@ -2,6 +2,8 @@ package app
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -31,9 +33,11 @@ func (a *App) registerServiceProtocols(ctx context.Context, c registryv1.Registr
 		cancel()
 		if err == nil {
 			a.serviceProtocols.Store(true)
+			a.serviceProtocolsErr.Store(nil)
 			a.logger.InfoContext(ctx, "service protocols registered")
 			return
 		}
+		a.serviceProtocolsErr.Store(&err)
 		if wait >= 5*time.Second {
 			a.logger.WarnContext(ctx, "service protocols not registered yet; retrying", slog.Any("err", err), slog.String("retry_in", wait.String()))
 		}
@@ -44,4 +48,18 @@ func (a *App) registerServiceProtocols(ctx context.Context, c registryv1.Registr
 		}
 		wait = min(2*wait, 30*time.Second)
 	}
+}
+
+// serviceProtocolsReady is the readiness check of the built-in service
+// PDs: until registerServiceProtocols has stored them, NewRequest under
+// them answers UNAVAILABLE, so the dispatcher is not ready (/readyz 503,
+// its gRPC health NOT_SERVING) and a balancer sends it no traffic.
+func (a *App) serviceProtocolsReady(context.Context) error {
+	if a.serviceProtocols.Load() {
+		return nil
+	}
+	if err := a.serviceProtocolsErr.Load(); err != nil {
+		return fmt.Errorf("the built-in service protocols are not registered yet (retrying): %w", *err)
+	}
+	return errors.New("the built-in service protocols are not registered yet")
 }
