@@ -66,7 +66,7 @@ func TestOpen_migration4FillsCompactNs(t *testing.T) {
 	}
 }
 
-// A database migrated to version 4 gets 0005 and 0006 on open, which fill
+// A database migrated to version 4 gets 0005 and 0007 on open, which fill
 // payments.payer, payments.open and payments.sweep_ns from the JSON: a
 // create then counts the payer's payments not captured, and the sweep
 // finds the payments not reserved.
