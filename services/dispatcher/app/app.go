@@ -92,10 +92,14 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	mb := mailbox.New(st, mailbox.Options{
+	mbOpts := mailbox.Options{
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
-	})
+	}
+	if pg, ok := st.(*pgstore.Store); ok {
+		mbOpts.Streams = pg // one receive stream per agent across replicas
+	}
+	mb := mailbox.New(st, mbOpts)
 	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st, payments: st}
 	a.stopped, a.stop = context.WithCancel(context.Background())
 	if err := routine.Supported(); err != nil {
@@ -186,6 +190,7 @@ func (a *App) options() (server.Options, error) {
 		MessageTimeout:             a.cfg.MessageTimeout,
 		DialogueRetention:          a.cfg.DialogueRetention,
 		PaymentMaxOpen:             a.cfg.PaymentMaxOpen,
+		PaymentRetention:           a.cfg.PaymentRetention,
 		ServiceProtocolsRegistered: a.serviceProtocols.Load,
 		// Their receive streams.
 		Delivery: a.mailboxes,
@@ -247,10 +252,20 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	a.loops.Go(func() { db.Exclusive(a.stopped, "dispatcher.deadlines", exclusive, srv.RunDeadlines) })
 	if pg, ok := a.store.(*pgstore.Store); ok {
 		// Other replicas' appends wake the streams connected here, their
-		// timers the deadlines, and their routine changes drop ours.
+		// timers the deadlines, their routine changes drop ours, and their
+		// streams end the older ones here.
+		logger := a.logger.With("component", "listen")
 		a.loops.Go(func() {
-			pg.Listen(a.stopped, a.logger.With("component", "listen"), pgstore.Wakeups{
+			pg.Listen(a.stopped, logger, pgstore.Wakeups{
 				Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+				Streams: func(agent string, epoch uint64) {
+					if agent != "" {
+						a.mailboxes.Supersede(agent, epoch)
+						return
+					}
+					// Not on Listen's goroutine; Close waits for it too.
+					a.loops.Go(func() { a.recheckStreams(a.stopped, pg, logger) })
+				},
 			})
 		})
 	}
@@ -263,6 +278,27 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		db.Exclusive(a.stopped, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
 	})
 	return nil
+}
+
+// recheckStreams ends the streams connected here that a newer stream on
+// another replica replaced while this replica missed its notifications.
+func (a *App) recheckStreams(ctx context.Context, pg *pgstore.Store, logger *slog.Logger) {
+	local := a.mailboxes.StreamEpochs()
+	if len(local) == 0 {
+		return
+	}
+	agents := make([]string, 0, len(local))
+	for agent := range local {
+		agents = append(agents, agent)
+	}
+	newest, err := pg.StreamEpochs(ctx, agents)
+	if err != nil {
+		logger.WarnContext(ctx, "receive streams not checked against other replicas", slog.Any("err", err))
+		return
+	}
+	for agent, epoch := range newest {
+		a.mailboxes.Supersede(agent, epoch)
+	}
 }
 
 // Mailboxes returns the agents' mailboxes, which the network's senders
