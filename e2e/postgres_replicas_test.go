@@ -87,6 +87,36 @@ func TestPostgreSQL_twoReplicas(t *testing.T) {
 		}
 	})
 
+	t.Run("a stream opened on B ends the agent's stream on A", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // bounds a broken run only
+		defer cancel()
+		onA, err := ca.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: alice})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := onA.Recv(); err != nil { // the empty batch: A streams
+			t.Fatal(err)
+		}
+		onB, err := cb.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: alice})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := onB.Recv(); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			_, err := onA.Recv()
+			if err == nil {
+				continue // a batch sent before the takeover
+			}
+			// The status of a takeover on one replica (STREAM_REPLACED).
+			if status.Code(err) != codes.Aborted || !strings.Contains(err.Error(), "took over") {
+				t.Errorf("alice's stream on A after one on B: %v, want ABORTED: another connection took over", err)
+			}
+			break
+		}
+	})
+
 	t.Run("a deadline set through A fires exactly once", func(t *testing.T) {
 		var (
 			req *dispatcherv1.SendMessageResponse

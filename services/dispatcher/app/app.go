@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -61,6 +62,13 @@ type App struct {
 	serviceProtocols atomic.Bool
 	// serviceProtocolsErr is why the last attempt to store them failed.
 	serviceProtocolsErr atomic.Pointer[error]
+
+	// Background loops (built-in protocols' registration, sweep,
+	// deadlines, notification relay, PostgreSQL listener) run from
+	// Register until Close cancels stop and waits for them.
+	stop    context.CancelFunc
+	stopped context.Context
+	loops   sync.WaitGroup
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -84,11 +92,16 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	if err != nil {
 		return nil, err
 	}
-	mb := mailbox.New(st, mailbox.Options{
+	mbOpts := mailbox.Options{
 		Bound:     mailbox.Bound{MaxMessages: cfg.MailboxMaxMessages, MaxBytes: cfg.MailboxMaxBytes},
 		Retention: cfg.MailboxRetention,
-	})
+	}
+	if pg, ok := st.(*pgstore.Store); ok {
+		mbOpts.Streams = pg // one receive stream per agent across replicas
+	}
+	mb := mailbox.New(st, mbOpts)
 	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st, payments: st}
+	a.stopped, a.stop = context.WithCancel(context.Background())
 	if err := routine.Supported(); err != nil {
 		st.Close()
 		return nil, err
@@ -177,6 +190,7 @@ func (a *App) options() (server.Options, error) {
 		MessageTimeout:             a.cfg.MessageTimeout,
 		DialogueRetention:          a.cfg.DialogueRetention,
 		PaymentMaxOpen:             a.cfg.PaymentMaxOpen,
+		PaymentRetention:           a.cfg.PaymentRetention,
 		ServiceProtocolsRegistered: a.serviceProtocols.Load,
 		// Their receive streams.
 		Delivery: a.mailboxes,
@@ -188,8 +202,9 @@ func (a *App) options() (server.Options, error) {
 }
 
 // Register mounts the dispatcher on s: gRPC service, gateway handlers, the
-// Agora routes, health name and readiness checks. Expired conversations are
-// swept until ctx ends.
+// Agora routes, health name and readiness checks. The background loops it
+// starts (expired conversations' sweep, deadlines, notification relay) run
+// until ctx ends, s starts shutting down, or Close.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	srv := a.srv
 	srv.Start(s.Stopping())
@@ -214,19 +229,44 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)
-	go a.registerServiceProtocols(ctx, registryv1.NewRegistryServiceClient(a.peers.Registry))
+	// The loops also end when ctx ends or s starts shutting down: the
+	// relay's long poll goes through s (in `parley serve`), and s drains
+	// its calls before Close runs.
+	a.loops.Go(func() {
+		select {
+		case <-ctx.Done():
+		case <-s.Stopping():
+		case <-a.stopped.Done():
+		}
+		a.stop()
+	})
+	a.loops.Go(func() { a.registerServiceProtocols(a.stopped, registryv1.NewRegistryServiceClient(a.peers.Registry)) })
 	// Background work runs on one replica at a time (pgdb.DB.Exclusive);
 	// their effects are transactional, so a brief overlap at a takeover is
 	// harmless.
 	db := pgdb.Of(a.store)
 	exclusive := pgdb.ExclusiveOptions{Logger: a.logger}
-	go db.Every(ctx, "dispatcher.sweep", sweepEvery, exclusive, func(ctx context.Context) { a.sweep(ctx, srv) })
-	go db.Exclusive(ctx, "dispatcher.deadlines", exclusive, srv.RunDeadlines)
+	a.loops.Go(func() {
+		db.Every(a.stopped, "dispatcher.sweep", sweepEvery, exclusive, func(ctx context.Context) { a.sweep(ctx, srv) })
+	})
+	a.loops.Go(func() { db.Exclusive(a.stopped, "dispatcher.deadlines", exclusive, srv.RunDeadlines) })
 	if pg, ok := a.store.(*pgstore.Store); ok {
 		// Other replicas' appends wake the streams connected here, their
-		// timers the deadlines, and their routine changes drop ours.
-		go pg.Listen(ctx, a.logger.With("component", "listen"), pgstore.Wakeups{
-			Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+		// timers the deadlines, their routine changes drop ours, and their
+		// streams end the older ones here.
+		logger := a.logger.With("component", "listen")
+		a.loops.Go(func() {
+			pg.Listen(a.stopped, logger, pgstore.Wakeups{
+				Mailboxes: a.mailboxes.Nudge, Timers: srv.WakeDeadlines, Routines: srv.RoutineChanged,
+				Streams: func(agent string, epoch uint64) {
+					if agent != "" {
+						a.mailboxes.Supersede(agent, epoch)
+						return
+					}
+					// Not on Listen's goroutine; Close waits for it too.
+					a.loops.Go(func() { a.recheckStreams(a.stopped, pg, logger) })
+				},
+			})
 		})
 	}
 	// The registry's network notifications reach mailboxes through this
@@ -234,8 +274,31 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
 		RetryFor: a.cfg.NotificationRetryFor, Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
-	go db.Exclusive(ctx, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
+	a.loops.Go(func() {
+		db.Exclusive(a.stopped, "dispatcher.notifications", exclusive, func(ctx context.Context) { _ = relay.Run(ctx) }) // returns nil when ctx ends
+	})
 	return nil
+}
+
+// recheckStreams ends the streams connected here that a newer stream on
+// another replica replaced while this replica missed its notifications.
+func (a *App) recheckStreams(ctx context.Context, pg *pgstore.Store, logger *slog.Logger) {
+	local := a.mailboxes.StreamEpochs()
+	if len(local) == 0 {
+		return
+	}
+	agents := make([]string, 0, len(local))
+	for agent := range local {
+		agents = append(agents, agent)
+	}
+	newest, err := pg.StreamEpochs(ctx, agents)
+	if err != nil {
+		logger.WarnContext(ctx, "receive streams not checked against other replicas", slog.Any("err", err))
+		return
+	}
+	for agent, epoch := range newest {
+		a.mailboxes.Supersede(agent, epoch)
+	}
 }
 
 // Mailboxes returns the agents' mailboxes, which the network's senders
@@ -266,9 +329,11 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 	}
 }
 
-// Close stops the shadow runs in flight and the routine workers, and
-// closes the store.
+// Close stops the background loops and the shadow runs in flight and
+// waits for them, then stops the routine workers and closes the store.
 func (a *App) Close() error {
+	a.stop()
+	a.loops.Wait()
 	if a.srv != nil {
 		a.srv.StopShadows() // they may install a routine in the store
 	}

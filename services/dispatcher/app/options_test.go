@@ -27,6 +27,7 @@ func TestOptions_defaultConfigReachesOptionsUnchanged(t *testing.T) {
 		"ConversationTTL":           opts.ConversationTTL,
 		"MaxConversationsPerPeer":   opts.MaxConversationsPerPeer,
 		"PaymentMaxOpen":            opts.PaymentMaxOpen,
+		"PaymentRetention":          opts.PaymentRetention,
 		"RoutineMaxSteps":           opts.RoutineLimits.MaxSteps,
 		"RoutineTimeout":            opts.RoutineLimits.Timeout,
 		"RoutineMaxOutputBytes":     opts.RoutineLimits.MaxOutputBytes,

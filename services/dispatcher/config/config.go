@@ -67,6 +67,9 @@ type Config struct {
 	// PaymentMaxOpen bounds each payer's open (not captured) payments of
 	// the ledger provider.
 	PaymentMaxOpen int
+	// PaymentRetention is how long a ledger payment not reserved is kept
+	// after its last change.
+	PaymentRetention time.Duration
 
 	// Mailboxes (durable delivery of network messages).
 	MailboxMaxMessages int64         // unacknowledged messages per agent
@@ -114,6 +117,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MessageTimeout, "message-timeout", 10*time.Second, "time limit of one agent-network send, reply, broadcast or close")
 	fs.DurationVar(&c.DialogueRetention, "dialogue-retention", 30*24*time.Hour, "how long a dialogue is kept once its initiator closed it (a broadcast: once sent); the periodic sweep then removes it")
 	fs.IntVar(&c.PaymentMaxOpen, "payment-max-open", 100, "open (authorized or reserved, not captured) ledger payments one payer may hold; CreatePayment past it is RESOURCE_EXHAUSTED")
+	fs.DurationVar(&c.PaymentRetention, "payment-retention", 30*24*time.Hour, "how long a ledger payment not reserved (captured, or authorized and never used) is kept after its last change; the periodic sweep then removes it")
 	fs.Int64Var(&c.MailboxMaxMessages, "mailbox-max-messages", 10_000, "unacknowledged messages an agent's mailbox holds; a send past it is refused for that agent")
 	fs.Int64Var(&c.MailboxMaxBytes, "mailbox-max-bytes", 64<<20, "body bytes of the unacknowledged messages an agent's mailbox holds")
 	fs.DurationVar(&c.MailboxRetention, "mailbox-retention", 24*time.Hour, "how long an acknowledged message stays in its mailbox before compaction")
@@ -202,6 +206,7 @@ func (c *Config) Validate() error {
 		{"--message-timeout", c.MessageTimeout > 0},
 		{"--dialogue-retention", c.DialogueRetention > 0},
 		{"--payment-max-open", c.PaymentMaxOpen > 0},
+		{"--payment-retention", c.PaymentRetention > 0},
 		{"--mailbox-max-messages", c.MailboxMaxMessages > 0},
 		{"--mailbox-max-bytes", c.MailboxMaxBytes > 0},
 		{"--mailbox-retention", c.MailboxRetention > 0},

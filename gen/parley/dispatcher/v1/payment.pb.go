@@ -84,7 +84,10 @@ func (PaymentState) EnumDescriptor() ([]byte, []int) {
 // demos and tests: an entry in the network's ledger, no real money. Only a
 // reference to it passes through messages (an accept_offer's payment
 // field, {"provider": "ledger", "reference": ID}), never card data. Only
-// its payer and payee read it, each under its own name.
+// its payer and payee read it, each under its own name. A payment not
+// reserved (captured, or authorized and never used) is removed once
+// unchanged for the server's retention (--payment-retention, 30 days by
+// default).
 type Payment struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The payment as one party sees it. Format:

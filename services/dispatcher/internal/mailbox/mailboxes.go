@@ -30,6 +30,18 @@ type Options struct {
 	Retention time.Duration
 	// Now is the clock; time.Now.
 	Now func() time.Time
+	// Streams orders the receive streams across the replicas that share
+	// the store; nil orders them on this replica only.
+	Streams Streams
+}
+
+// Streams orders an agent's receive streams across replicas (PostgreSQL),
+// so that one stream per agent holds on all of them: the newest wins.
+type Streams interface {
+	// OpenStream returns the epoch of a new stream of agent, greater than
+	// every epoch returned before on any replica, and tells the other
+	// replicas, which call Supersede with it.
+	OpenStream(ctx context.Context, agent string) (uint64, error)
 }
 
 // Mailboxes are the agents' durable mailboxes, and the connections that
@@ -38,8 +50,9 @@ type Mailboxes struct {
 	store Store
 	opts  Options
 
-	mu    sync.Mutex       // guards conns
+	mu    sync.Mutex       // guards conns and epoch
 	conns map[string]*Conn // the connected agent's newest connection
+	epoch uint64           // the last local epoch, without opts.Streams
 }
 
 var _ Appender = (*Mailboxes)(nil)
@@ -182,11 +195,12 @@ func (m *Mailboxes) Compact(ctx context.Context, batch int) (int, error) {
 // past it the connection reads its mailbox from the store instead.
 const maxHanded = 64
 
-// Conn is an agent's connection to its mailbox. A newer Connect of the
-// same agent replaces it.
+// Conn is an agent's connection to its mailbox. A newer connection of the
+// same agent, on any replica, replaces it.
 type Conn struct {
 	m        *Mailboxes
 	agent    string
+	epoch    uint64        // the stream's place in the agent's order
 	wake     chan struct{} // one pending wakeup at most
 	replaced chan struct{} // closed when a newer connection took over
 
@@ -246,17 +260,57 @@ func (c *Conn) takeHanded(next uint64) (ds []Delivery, ok bool) {
 	return ds, true
 }
 
-// Connect registers the agent's connection, replacing (and ending) any
-// older one. The caller must Close it.
-func (m *Mailboxes) Connect(agent string) *Conn {
-	c := &Conn{m: m, agent: agent, wake: make(chan struct{}, 1), replaced: make(chan struct{})}
+// connect registers the agent's connection of epoch, replacing (and
+// ending) any older one; a connection older than the one registered is
+// replaced at once. The caller must Close it.
+func (m *Mailboxes) connect(agent string, epoch uint64) *Conn {
+	c := &Conn{m: m, agent: agent, epoch: epoch, wake: make(chan struct{}, 1), replaced: make(chan struct{})}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if old := m.conns[agent]; old != nil {
+		if old.epoch > epoch {
+			close(c.replaced)
+			return c
+		}
 		close(old.replaced)
 	}
 	m.conns[agent] = c
 	return c
+}
+
+// openStream returns the epoch of a new stream of agent.
+func (m *Mailboxes) openStream(ctx context.Context, agent string) (uint64, error) {
+	if m.opts.Streams != nil {
+		return m.opts.Streams.OpenStream(ctx, agent)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.epoch++
+	return m.epoch, nil
+}
+
+// Supersede ends the connection of agent here if it is older than epoch:
+// a stream of agent opened on another replica. Agents not connected here
+// are ignored.
+func (m *Mailboxes) Supersede(agent string, epoch uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if c := m.conns[agent]; c != nil && c.epoch < epoch {
+		close(c.replaced)
+		delete(m.conns, agent)
+	}
+}
+
+// StreamEpochs returns the epoch of each agent's connection here, for a
+// replica that missed notifications to check them (Supersede).
+func (m *Mailboxes) StreamEpochs() map[string]uint64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make(map[string]uint64, len(m.conns))
+	for a, c := range m.conns {
+		out[a] = c.epoch
+	}
+	return out
 }
 
 // Close unregisters c unless a newer connection already replaced it.
@@ -298,7 +352,8 @@ type ReceiveOptions struct {
 // Receive connects agent and sends its mailbox through send, in cursor
 // order, batch by batch, waiting for new messages without polling. An
 // empty batch, sent first and after Keepalive of silence, is a keepalive. It returns ErrReplaced when the agent
-// connects again, ErrStopping when opts.Stop closes, ctx's error when ctx
+// connects again (here, or on another replica with opts.Streams),
+// ErrStopping when opts.Stop closes, ctx's error when ctx
 // ends, or send's error.
 func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptions, send func([]Delivery) error) error {
 	var (
@@ -316,7 +371,11 @@ func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptio
 	// Connected after the clear, so that what is appended once Connected
 	// counts the connection is never cleared; a message appended between
 	// the two is found by the first read.
-	conn := m.Connect(agent)
+	epoch, err := m.openStream(ctx, agent)
+	if err != nil {
+		return err
+	}
+	conn := m.connect(agent, epoch)
 	defer conn.Close()
 	next := max(opts.After, st.Acked)
 	// An empty batch first tells the client the stream is established,

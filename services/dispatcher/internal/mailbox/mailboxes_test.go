@@ -228,6 +228,45 @@ func TestReceive_aSecondConnectionTakesOver(t *testing.T) {
 	}
 }
 
+// epochs hands out the epochs given, in order, as another replica's
+// sequence would.
+type epochs chan uint64
+
+func (e epochs) OpenStream(context.Context, string) (uint64, error) { return <-e, nil }
+
+// With Streams, the greater epoch wins wherever it opened: a stream that
+// took a smaller epoch but connected later is replaced at once, and
+// Supersede (a stream on another replica) ends an older one only.
+func TestReceive_theGreaterEpochWinsAcrossReplicas(t *testing.T) {
+	e := make(epochs, 2)
+	m := newMailboxes(t, mailbox.Options{Streams: e})
+	appendTo(t, m, "m1", bob)
+	e <- 5
+	first := receive(t, m, bob, mailbox.ReceiveOptions{})
+	first.next(t, 1)
+	e <- 4 // took its epoch before first, connected after
+	late := receive(t, m, bob, mailbox.ReceiveOptions{})
+	if err := late.end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Errorf("Receive with an older epoch = %v, want ErrReplaced", err)
+	}
+	m.Supersede(bob, 3)
+	m.Supersede(carol, 9)
+	if got := m.StreamEpochs(); len(got) != 1 || got[bob] != 5 {
+		t.Errorf("StreamEpochs() after older or other agents' streams = %v, want bob at 5", got)
+	}
+	appendTo(t, m, "m2", bob)
+	if got := first.next(t, 1); got != "2:m2 " {
+		t.Errorf("stream of epoch 5 got %q, want 2:m2", got)
+	}
+	m.Supersede(bob, 6)
+	if err := first.end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Errorf("Receive after a newer stream elsewhere = %v, want ErrReplaced", err)
+	}
+	if m.Connected() != 0 {
+		t.Errorf("Connected() = %d, want 0", m.Connected())
+	}
+}
+
 func TestReceive_endsWhenTheServerStops(t *testing.T) {
 	m := newMailboxes(t, mailbox.Options{})
 	stop := make(chan struct{})

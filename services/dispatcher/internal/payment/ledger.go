@@ -18,20 +18,30 @@ const LedgerName = "ledger"
 // creates a payment to a payee (its id is the reference), an acceptance
 // reserves it for an order, and the payee captures it.
 type Ledger struct {
-	store   store.PaymentStore
-	newID   func() string
-	now     func() time.Time
-	maxOpen int
+	store  store.PaymentStore
+	newID  func() string
+	now    func() time.Time
+	limits LedgerLimits
+}
+
+// LedgerLimits bound what the ledger keeps.
+type LedgerLimits struct {
+	// MaxOpen is the most open (authorized or reserved) payments a payer
+	// may hold; 0 means no bound.
+	MaxOpen int
+	// Retention is how long a payment not reserved (captured, or
+	// authorized and unused) is kept after its last change before
+	// SweepPayments removes it; 0 keeps payments forever.
+	Retention time.Duration
 }
 
 // RequestRetention is how long a CreatePayment request_id is remembered.
 const RequestRetention = 24 * time.Hour
 
-// NewLedger returns a Ledger keeping payments in st, naming them with
-// newID (unguessable ids) and stamping them with now. A payer may hold at
-// most maxOpen open (authorized or reserved) payments; 0 means no bound.
-func NewLedger(st store.PaymentStore, newID func() string, now func() time.Time, maxOpen int) *Ledger {
-	return &Ledger{store: st, newID: newID, now: now, maxOpen: maxOpen}
+// NewLedger returns a Ledger keeping payments in st within limits, naming
+// them with newID (unguessable ids) and stamping them with now.
+func NewLedger(st store.PaymentStore, newID func() string, now func() time.Time, limits LedgerLimits) *Ledger {
+	return &Ledger{store: st, newID: newID, now: now, limits: limits}
 }
 
 // Errors of the ledger's own operations.
@@ -60,9 +70,9 @@ func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price, r
 		State: store.PaymentAuthorized, CreateTime: now, UpdateTime: now,
 	}
 	var check func(int) error
-	if l.maxOpen > 0 {
+	if l.limits.MaxOpen > 0 {
 		check = func(open int) error {
-			if open >= l.maxOpen {
+			if open >= l.limits.MaxOpen {
 				return fault.New(ErrOpenLimit, fmt.Sprintf("the payer already has %d open payments, the most allowed; capture or use them first", open))
 			}
 			return nil
@@ -80,9 +90,18 @@ func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price, r
 	return out, nil
 }
 
-// SweepRequests forgets the request_ids older than RequestRetention.
-func (l *Ledger) SweepRequests(ctx context.Context) (int, error) {
-	return l.store.SweepPaymentRequests(ctx, l.now().Add(-RequestRetention))
+// Sweep forgets the request_ids older than RequestRetention and removes
+// the payments not reserved and unchanged for the limits' Retention (an
+// authorized payment no acceptance used is then unknown to the ledger).
+// It returns how many payments it removed.
+func (l *Ledger) Sweep(ctx context.Context) (int, error) {
+	now := l.now()
+	_, err := l.store.SweepPaymentRequests(ctx, now.Add(-RequestRetention))
+	if l.limits.Retention <= 0 {
+		return 0, err
+	}
+	n, perr := l.store.SweepPayments(ctx, now.Add(-l.limits.Retention))
+	return n, errors.Join(err, perr)
 }
 
 // Capture moves a reserved payment to its payee; capturing a captured one

@@ -39,7 +39,7 @@ func newFixture(t *testing.T) *fixture {
 	}
 	t.Cleanup(func() { st.Close() })
 	f := &fixture{st: st}
-	f.ledger = payment.NewLedger(st, func() string { f.ids++; return fmt.Sprintf("pay%d", f.ids) }, func() time.Time { return now }, 0)
+	f.ledger = payment.NewLedger(st, func() string { f.ids++; return fmt.Sprintf("pay%d", f.ids) }, func() time.Time { return now }, payment.LedgerLimits{})
 	f.gate = payment.NewGate(st, map[string]payment.Provider{payment.LedgerName: f.ledger})
 	seed := make([]byte, ed25519.SeedSize)
 	f.priv = ed25519.NewKeyFromSeed(seed)
@@ -242,7 +242,7 @@ func TestLedger_capture(t *testing.T) {
 func TestLedger_openLimit(t *testing.T) {
 	f := newFixture(t)
 	ids := 0
-	l := payment.NewLedger(f.st, func() string { ids++; return fmt.Sprintf("lim%d", ids) }, func() time.Time { return now }, 2)
+	l := payment.NewLedger(f.st, func() string { ids++; return fmt.Sprintf("lim%d", ids) }, func() time.Time { return now }, payment.LedgerLimits{MaxOpen: 2})
 	create := func(payer, requestID string) (store.Payment, error) {
 		return l.Create(t.Context(), payer, supplier, *usd(5), requestID)
 	}

@@ -229,6 +229,7 @@ func testOptions(o Options) Options {
 	set(&o.ConversationTTL, 5*time.Minute)
 	setInt(&o.MaxConversationsPerPeer, 100)
 	setInt(&o.PaymentMaxOpen, 100)
+	set(&o.PaymentRetention, 30*24*time.Hour)
 	setInt(&o.QuarantineAfter, 3)
 	set(&o.HandlerTimeout, 10*time.Second)
 	setInt(&o.HandlerQueue, 64)

@@ -136,3 +136,31 @@ func TestPayments_openLimit(t *testing.T) {
 	}
 	e.createPayment(netBob, netAlice, 1)
 }
+
+// The sweep removes a payment unchanged for --payment-retention that no
+// acceptance reserved, which frees its place under --payment-max-open.
+func TestPayments_retention(t *testing.T) {
+	e := startServiceWith(t, Options{PaymentMaxOpen: 1, PaymentRetention: 48 * time.Hour})
+	p := e.createPayment(netAlice, netBob, 1)
+	_, err := e.client.CreatePayment(t.Context(), &dispatcherv1.CreatePaymentRequest{
+		Parent: netAlice, Payment: &dispatcherv1.Payment{Payee: netBob, AmountMicros: 2, Currency: "USD"},
+	})
+	if status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("CreatePayment(second open) error = %v, want RESOURCE_EXHAUSTED", err)
+	}
+	e.clock.Advance(47 * time.Hour)
+	if _, err := e.srv.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.GetPayment(t.Context(), &dispatcherv1.GetPaymentRequest{Name: p.GetName()}); err != nil {
+		t.Errorf("GetPayment(47h old) error = %v, want it kept", err)
+	}
+	e.clock.Advance(2 * time.Hour)
+	if _, err := e.srv.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.GetPayment(t.Context(), &dispatcherv1.GetPaymentRequest{Name: p.GetName()}); status.Code(err) != codes.NotFound {
+		t.Errorf("GetPayment(49h old) error = %v, want NOT_FOUND", err)
+	}
+	e.createPayment(netAlice, netBob, 2)
+}

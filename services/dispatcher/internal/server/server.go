@@ -180,6 +180,9 @@ type Options struct {
 	// PaymentMaxOpen bounds each payer's open (not captured) payments;
 	// 0 means no bound.
 	PaymentMaxOpen int
+	// PaymentRetention is how long Sweep keeps a payment not reserved
+	// after its last change; 0 keeps payments forever.
+	PaymentRetention time.Duration
 	// Acceptances checks every message that would form an order (an
 	// accept_offer) before it is recorded: payments, signed approvals,
 	// spending limits. nil lets each through to the state machine.
@@ -276,7 +279,9 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 		gate   *payment.Gate
 	)
 	if opts.Payments != nil {
-		ledger = payment.NewLedger(opts.Payments, dialogue.NewID, opts.Now, opts.PaymentMaxOpen)
+		ledger = payment.NewLedger(opts.Payments, dialogue.NewID, opts.Now, payment.LedgerLimits{
+			MaxOpen: opts.PaymentMaxOpen, Retention: opts.PaymentRetention,
+		})
 		gate = payment.NewGate(opts.Payments, map[string]payment.Provider{payment.LedgerName: ledger})
 	}
 	return &Server{
@@ -300,7 +305,8 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // recent ones as tombstones so that late follow-ups get "Conversation
 // expired" rather than 404. It also forgets the day-old request_ids of
 // network sends and of CreatePayment, and removes the dialogues closed longer than
-// DialogueRetention ago. app runs it periodically.
+// DialogueRetention ago and the payments not reserved and unchanged for
+// PaymentRetention. app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
 	n, err := s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
 	if s.dialogues != nil {
@@ -309,7 +315,7 @@ func (s *Server) Sweep(ctx context.Context) (int, error) {
 		err = errors.Join(err, rerr, derr)
 	}
 	if s.ledger != nil {
-		_, perr := s.ledger.SweepRequests(ctx)
+		_, perr := s.ledger.Sweep(ctx)
 		err = errors.Join(err, perr)
 	}
 	return n, err

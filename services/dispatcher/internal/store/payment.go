@@ -54,6 +54,9 @@ type PaymentStore interface {
 	// (not captured) before p, and may refuse p: its error is returned as
 	// is and nothing is written. A repeat does not call it.
 	CreatePayment(ctx context.Context, p Payment, requestID string, check func(open int) error) (_ Payment, created bool, _ error)
+	// SweepPayments removes the payments last changed (UpdateTime) before
+	// t, except reserved ones, and returns how many it removed.
+	SweepPayments(ctx context.Context, before time.Time) (int, error)
 	// SweepPaymentRequests forgets the request ids recorded before t and
 	// returns how many it forgot.
 	SweepPaymentRequests(ctx context.Context, before time.Time) (int, error)

@@ -48,9 +48,10 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 
 // schemaVersion 2 added the dialogue indexes (dialogue_message_index,
 // dialogues_closed), and 3 the mailboxes' compaction work list
-// (mailbox_compaction), and 4 the index of open payments
-// (payments_open); migrate builds them from the older records.
-const schemaVersion = 4
+// (mailbox_compaction), 4 the index of open payments (payments_open), and
+// 5 the payments' sweep index (payments_sweep); migrate builds them from
+// the older records.
+const schemaVersion = 5
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
@@ -63,8 +64,8 @@ func migrate(tx *bolt.Tx, from int) error {
 			return err
 		}
 	}
-	if from < 4 {
-		return migrateOpenPayments(tx)
+	if from < 5 {
+		return migratePaymentIndexes(tx) // rebuilds both payment indexes
 	}
 	return nil
 }

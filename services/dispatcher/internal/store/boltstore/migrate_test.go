@@ -112,9 +112,10 @@ func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 	}
 }
 
-// A schema-3 database (no index of open payments) is migrated on open:
-// a create then counts the payer's payments not captured.
-func TestOpen_migratesSchema3OpenPayments(t *testing.T) {
+// A schema-3 database (no payment indexes) is migrated on open: a create
+// then counts the payer's payments not captured, and the sweep finds the
+// payments not reserved.
+func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 	dir := t.TempDir()
 	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
 		return string(b) == string(bucketOpenPayments) || string(b) == string(bucketPaymentRequests)
@@ -124,9 +125,10 @@ func TestOpen_migratesSchema3OpenPayments(t *testing.T) {
 		t.Fatal(err)
 	}
 	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
+	paid := time.Date(2026, 12, 2, 10, 0, 0, 123456000, time.UTC)
 	err = old.Update(func(tx *bolt.Tx) error {
 		for id, st := range map[string]store.PaymentState{"p1": store.PaymentAuthorized, "p2": store.PaymentReserved, "p3": store.PaymentCaptured} {
-			if err := putJSON(tx.Bucket(bucketPayments), []byte(id), store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st}); err != nil {
+			if err := putJSON(tx.Bucket(bucketPayments), []byte(id), store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st, UpdateTime: paid}); err != nil {
 				return err
 			}
 		}
@@ -144,8 +146,12 @@ func TestOpen_migratesSchema3OpenPayments(t *testing.T) {
 	}
 	defer s.Close()
 	open := -1
-	p := store.Payment{ID: "p4", Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized}
+	p := store.Payment{ID: "p4", Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized, UpdateTime: paid.Add(2 * time.Hour)}
 	if _, _, err := s.CreatePayment(t.Context(), p, "", func(n int) error { open = n; return nil }); err != nil || open != 2 {
 		t.Errorf("CreatePayment after the migration saw %d open payments (%v), want 2", open, err)
+	}
+	// The sweep removes the payments not reserved, by their update time.
+	if n, err := s.SweepPayments(t.Context(), paid.Add(time.Hour)); err != nil || n != 2 {
+		t.Errorf("SweepPayments after the migration = %d, %v; want 2", n, err)
 	}
 }

@@ -31,9 +31,14 @@ var (
 	// payment not captured (schema version 4), so that CreatePayment
 	// counts a payer's open payments with one prefix walk.
 	bucketOpenPayments = []byte("payments_open")
+	// bucketSweepPayments: 8-byte big-endian Unix nanoseconds of the
+	// payment's UpdateTime + payment id → empty, for each payment not
+	// reserved (schema version 5), so that SweepPayments walks only what
+	// it removes.
+	bucketSweepPayments = []byte("payments_sweep")
 )
 
-var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms, bucketPaymentRequests, bucketOpenPayments}
+var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms, bucketPaymentRequests, bucketOpenPayments, bucketSweepPayments}
 
 var _ store.PaymentStore = (*Store)(nil)
 
@@ -71,7 +76,7 @@ func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID st
 				return err
 			}
 		}
-		if err := indexOpenPayment(tx, p); err != nil {
+		if err := indexPayment(tx, nil, &p); err != nil {
 			return err
 		}
 		return putJSON(b, []byte(p.ID), p)
@@ -82,14 +87,71 @@ func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID st
 	return out, created, nil
 }
 
-// indexOpenPayment keeps p's entry in bucketOpenPayments: present unless
-// p is captured.
-func indexOpenPayment(tx *bolt.Tx, p store.Payment) error {
-	b, k := tx.Bucket(bucketOpenPayments), join(p.Payer, p.ID)
-	if p.State == store.PaymentCaptured {
-		return b.Delete(k)
+// indexPayment moves a payment's index entries from what old needed to
+// what p needs (either may be nil): bucketOpenPayments holds it unless
+// captured, bucketSweepPayments unless reserved.
+func indexPayment(tx *bolt.Tx, old, p *store.Payment) error {
+	open, sweep := tx.Bucket(bucketOpenPayments), tx.Bucket(bucketSweepPayments)
+	if old != nil {
+		if err := open.Delete(join(old.Payer, old.ID)); err != nil {
+			return err
+		}
+		if err := sweep.Delete(sweepKey(*old)); err != nil {
+			return err
+		}
 	}
-	return b.Put(k, nil)
+	if p == nil {
+		return nil
+	}
+	if p.State != store.PaymentCaptured {
+		if err := open.Put(join(p.Payer, p.ID), nil); err != nil {
+			return err
+		}
+	}
+	if p.State != store.PaymentReserved {
+		return sweep.Put(sweepKey(*p), nil)
+	}
+	return nil
+}
+
+func sweepKey(p store.Payment) []byte {
+	return append(putInt(p.UpdateTime.UnixNano()), p.ID...)
+}
+
+// SweepPayments implements store.PaymentStore.
+func (s *Store) SweepPayments(ctx context.Context, before time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		var ids [][]byte
+		c, cut := tx.Bucket(bucketSweepPayments).Cursor(), before.UnixNano()
+		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut; k, _ = c.Next() {
+			ids = append(ids, bytes.Clone(k[8:]))
+		}
+		b := tx.Bucket(bucketPayments)
+		for _, id := range ids {
+			var p store.Payment
+			ok, err := getJSON(b, id, &p)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if err := indexPayment(tx, &p, nil); err != nil {
+				return err
+			}
+			if err := b.Delete(id); err != nil {
+				return err
+			}
+			n++
+		}
+		return nil
+	})
+	return n, err
 }
 
 // countPrefix counts the keys of b that start with prefix.
@@ -102,9 +164,9 @@ func countPrefix(b *bolt.Bucket, prefix []byte) int {
 	return n
 }
 
-// migrateOpenPayments builds bucketOpenPayments from the payments
-// (schema version 4).
-func migrateOpenPayments(tx *bolt.Tx) error {
+// migratePaymentIndexes builds bucketOpenPayments (schema version 4) and
+// bucketSweepPayments (5) from the payments.
+func migratePaymentIndexes(tx *bolt.Tx) error {
 	var open []store.Payment
 	err := tx.Bucket(bucketPayments).ForEach(func(_, v []byte) error {
 		var p store.Payment
@@ -118,7 +180,7 @@ func migrateOpenPayments(tx *bolt.Tx) error {
 		return err
 	}
 	for _, p := range open {
-		if err := indexOpenPayment(tx, p); err != nil {
+		if err := indexPayment(tx, &p, &p); err != nil {
 			return err
 		}
 	}
@@ -187,10 +249,11 @@ func (s *Store) UpdatePayment(ctx context.Context, id string, mutate func(*store
 		case !ok:
 			return resource.NotFound("payment", id)
 		}
+		old := p
 		if err := mutate(&p); err != nil {
 			return err
 		}
-		if err := indexOpenPayment(tx, p); err != nil {
+		if err := indexPayment(tx, &old, &p); err != nil {
 			return err
 		}
 		return putJSON(b, []byte(id), p)

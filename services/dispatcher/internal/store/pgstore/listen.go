@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
@@ -21,7 +22,10 @@ import (
 //   - PutTimers says a timer was set, on TimerChannel: the replica running
 //     the deadlines looks for the next one again;
 //   - a routine or tool written (set, or a run recorded) is named on
-//     RoutineChannel: the other replicas drop their cached copy.
+//     RoutineChannel: the other replicas drop their cached copy;
+//   - a receive stream opened names its agent and epoch on StreamChannel
+//     (streams.go): the replica holding an older stream of the agent ends
+//     it.
 //
 // A notification is "<origin>\n<payload>": origin is the Store that sent it,
 // which ignores its own (it woke its streams itself).
@@ -84,14 +88,18 @@ type Wakeups struct {
 	// Routines is given the name of a routine or tool that changed; ""
 	// means any may have (notifications were missed). May be nil.
 	Routines func(name string)
+	// Streams is given an agent and the epoch of its stream opened on
+	// another replica; "" means any may have been (notifications were
+	// missed: compare with StreamEpochs). May be nil.
+	Streams func(agent string, epoch uint64)
 }
 
 // Listen calls w on the other replicas' changes until ctx ends, and on
 // every (re)connection of its listening connection, when notifications may
 // have been missed.
 func (s *Store) Listen(ctx context.Context, logger *slog.Logger, w Wakeups) {
-	mailboxes, timers, routines := s.MailboxChannel(), s.TimerChannel(), s.RoutineChannel()
-	s.db.Listen(ctx, []string{mailboxes, timers, routines}, logger, func(channel, payload string) {
+	mailboxes, timers, routines, streams := s.MailboxChannel(), s.TimerChannel(), s.RoutineChannel(), s.StreamChannel()
+	s.db.Listen(ctx, []string{mailboxes, timers, routines, streams}, logger, func(channel, payload string) {
 		origin, rest, _ := strings.Cut(payload, "\n")
 		if payload != "" && origin == s.origin {
 			return
@@ -107,6 +115,15 @@ func (s *Store) Listen(ctx context.Context, logger *slog.Logger, w Wakeups) {
 			w.Timers()
 		case channel == routines && w.Routines != nil:
 			w.Routines(rest)
+		case channel == streams && w.Streams != nil:
+			if payload == "" {
+				w.Streams("", 0)
+				return
+			}
+			epoch, agent, _ := strings.Cut(rest, "\n")
+			if n, err := strconv.ParseUint(epoch, 10, 64); err == nil {
+				w.Streams(agent, n)
+			}
 		}
 	})
 }

@@ -66,9 +66,10 @@ func TestOpen_migration4FillsCompactNs(t *testing.T) {
 	}
 }
 
-// A database migrated to version 4 gets 0005 on open, which fills
-// payments.payer and payments.open from the JSON: a create then counts
-// the payer's payments not captured.
+// A database migrated to version 4 gets 0005 and 0007 on open, which fill
+// payments.payer, payments.open and payments.sweep_ns from the JSON: a
+// create then counts the payer's payments not captured, and the sweep
+// finds the payments not reserved.
 func TestOpen_migration5FillsOpenPayments(t *testing.T) {
 	url, schema := pgdbtest.Schema(t)
 	upTo4 := fstest.MapFS{}
@@ -89,8 +90,9 @@ func TestOpen_migration5FillsOpenPayments(t *testing.T) {
 		t.Fatal(err)
 	}
 	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
+	paid := time.Date(2026, 12, 2, 10, 0, 0, 123456000, time.UTC)
 	for id, st := range map[string]store.PaymentState{"p1": store.PaymentAuthorized, "p2": store.PaymentReserved, "p3": store.PaymentCaptured} {
-		data, _ := json.Marshal(store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st})
+		data, _ := json.Marshal(store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st, UpdateTime: paid})
 		if _, err := old.Pool().Exec(ctx, `INSERT INTO payments (id, data) VALUES ($1, $2)`, id, data); err != nil {
 			t.Fatal(err)
 		}
@@ -104,8 +106,12 @@ func TestOpen_migration5FillsOpenPayments(t *testing.T) {
 	}
 	defer s.Close()
 	open := -1
-	p := store.Payment{ID: "p4", Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized}
+	p := store.Payment{ID: "p4", Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized, UpdateTime: paid.Add(2 * time.Hour)}
 	if _, _, err := s.CreatePayment(ctx, p, "", func(n int) error { open = n; return nil }); err != nil || open != 2 {
 		t.Errorf("CreatePayment after the migration saw %d open payments (%v), want 2", open, err)
+	}
+	// The sweep removes the payments not reserved, by their update time.
+	if n, err := s.SweepPayments(t.Context(), paid.Add(time.Hour)); err != nil || n != 2 {
+		t.Errorf("SweepPayments after the migration = %d, %v; want 2", n, err)
 	}
 }

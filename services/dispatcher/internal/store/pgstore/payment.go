@@ -42,8 +42,8 @@ WHERE r.payer = $1 AND r.request_id = $2`, p.Payer, requestID)
 				return err
 			}
 		}
-		tag, err := tx.Exec(ctx, `INSERT INTO payments (id, data, payer, open) VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING`,
-			p.ID, marshal(p), p.Payer, p.State != store.PaymentCaptured)
+		tag, err := tx.Exec(ctx, `INSERT INTO payments (id, data, payer, open, sweep_ns) VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`,
+			p.ID, marshal(p), p.Payer, p.State != store.PaymentCaptured, sweepNs(p))
 		switch {
 		case err != nil:
 			return err
@@ -61,6 +61,27 @@ ON CONFLICT (payer, request_id) DO UPDATE SET payment_id = excluded.payment_id, 
 		return store.Payment{}, false, err
 	}
 	return out, created, nil
+}
+
+// sweepNs is payments.sweep_ns for p: its update time unless reserved.
+func sweepNs(p store.Payment) *int64 {
+	if p.State == store.PaymentReserved {
+		return nil
+	}
+	ns := p.UpdateTime.UnixNano()
+	return &ns
+}
+
+// SweepPayments implements store.PaymentStore.
+func (s *Store) SweepPayments(ctx context.Context, before time.Time) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM payments WHERE sweep_ns < $1`, before.UnixNano())
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
 }
 
 // SweepPaymentRequests implements store.PaymentStore.
@@ -101,7 +122,8 @@ func (s *Store) UpdatePayment(ctx context.Context, id string, mutate func(*store
 			return err
 		}
 		out = p
-		_, err = tx.Exec(ctx, `UPDATE payments SET data = $2, open = $3 WHERE id = $1`, id, marshal(p), p.State != store.PaymentCaptured)
+		_, err = tx.Exec(ctx, `UPDATE payments SET data = $2, open = $3, sweep_ns = $4 WHERE id = $1`,
+			id, marshal(p), p.State != store.PaymentCaptured, sweepNs(p))
 		return err
 	})
 	if err != nil {

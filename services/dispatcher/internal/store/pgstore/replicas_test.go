@@ -161,3 +161,47 @@ func TestListen_namesRoutinesAndToolsChangedElsewhere(t *testing.T) {
 	}
 	expect("clients/c/agents/a/tools/lookup")
 }
+
+// Streams opened through two replicas take increasing epochs, each named
+// to the other replica with its agent; StreamEpochs keeps the newest per
+// agent, for a replica that missed the notification.
+func TestOpenStream_ordersStreamsAcrossReplicas(t *testing.T) {
+	rs := replicas(t, 2)
+	type opened struct {
+		agent string
+		epoch uint64
+	}
+	heard := make(chan opened, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		rs[1].Listen(ctx, slog.New(slog.DiscardHandler), pgstore.Wakeups{Streams: func(agent string, epoch uint64) { heard <- opened{agent, epoch} }})
+	})
+	expect := func(want opened) {
+		t.Helper()
+		select {
+		case got := <-heard:
+			if got != want {
+				t.Fatalf("B heard %+v, want %+v", got, want)
+			}
+		case <-time.After(30 * time.Second): // generous: a failure, not a measure
+			t.Fatalf("B did not hear %+v", want)
+		}
+	}
+	expect(opened{}) // B listens: "anything may have changed" on connecting
+	const bob = "clients/c/agents/bob"
+	onB, err := rs[1].OpenStream(t.Context(), bob) // B's own: not named to B
+	if err != nil {
+		t.Fatal(err)
+	}
+	onA, err := rs[0].OpenStream(t.Context(), bob)
+	if err != nil || onA <= onB {
+		t.Fatalf("OpenStream on A after B = %d, %v; want an epoch after %d", onA, err, onB)
+	}
+	expect(opened{bob, onA})
+	got, err := rs[1].StreamEpochs(t.Context(), []string{bob, "clients/c/agents/carol"})
+	if err != nil || len(got) != 1 || got[bob] != onA {
+		t.Errorf("StreamEpochs = %v, %v; want bob at %d", got, err, onA)
+	}
+}

@@ -15,6 +15,7 @@ func RunPayments(t *testing.T, open func(t *testing.T) store.PaymentStore) {
 	t.Run("payments", func(t *testing.T) { testPayments(t, open(t)) })
 	t.Run("payment requests", func(t *testing.T) { testPaymentRequests(t, open(t)) })
 	t.Run("open payments", func(t *testing.T) { testOpenPayments(t, open(t)) })
+	t.Run("payment sweep", func(t *testing.T) { testSweepPayments(t, open(t)) })
 	t.Run("spend", func(t *testing.T) { testSpend(t, open(t)) })
 	t.Run("terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
 }
@@ -124,6 +125,55 @@ func testOpenPayments(t *testing.T, s store.PaymentStore) {
 	}
 	if want := []int{0, 1, 0, 2, 2}; !slices.Equal(seen, want) {
 		t.Errorf("check saw %v open payments, want %v", seen, want)
+	}
+}
+
+func testSweepPayments(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	t1 := t0.Add(time.Hour)
+	pay := func(id string, at time.Time) store.Payment {
+		return store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized, CreateTime: at, UpdateTime: at}
+	}
+	for _, p := range []store.Payment{pay("old-authorized", t0), pay("old-reserved", t0), pay("old-captured", t0), pay("new-captured", t0), pay("new-authorized", t1)} {
+		if _, _, err := s.CreatePayment(ctx, p, "r-"+p.ID, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set := func(id string, st store.PaymentState, at time.Time) {
+		t.Helper()
+		if _, err := s.UpdatePayment(ctx, id, func(p *store.Payment) error { p.State, p.UpdateTime = st, at; return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("old-reserved", store.PaymentReserved, t0)
+	set("old-captured", store.PaymentReserved, t0)
+	set("old-captured", store.PaymentCaptured, t0)
+	set("new-captured", store.PaymentReserved, t0)
+	set("new-captured", store.PaymentCaptured, t1)
+	if n, err := s.SweepPayments(ctx, t0); err != nil || n != 0 {
+		t.Errorf("SweepPayments(t0) = %d, %v; want 0", n, err)
+	}
+	// Payments last changed before the time go unless reserved: an order
+	// holds those.
+	if n, err := s.SweepPayments(ctx, t1); err != nil || n != 2 {
+		t.Errorf("SweepPayments(t1) = %d, %v; want 2", n, err)
+	}
+	for id, kept := range map[string]bool{"old-authorized": false, "old-reserved": true, "old-captured": false, "new-captured": true, "new-authorized": true} {
+		if _, err := s.GetPayment(ctx, id); (err == nil) != kept {
+			t.Errorf("GetPayment(%s) after the sweep = %v, want kept %t", id, err, kept)
+		}
+	}
+	// A removed payment is no longer open, and its request_id names
+	// nothing: a repeat creates anew.
+	open := -1
+	p := pay("again", t1)
+	if got, created, err := s.CreatePayment(ctx, p, "r-old-authorized", func(n int) error { open = n; return nil }); err != nil || !created || got != p || open != 2 {
+		t.Errorf("CreatePayment(r-old-authorized) = %+v, %t, %v, saw %d open; want it created, 2 open", got, created, err, open)
+	}
+	// Reserved, then released and left: it goes with its new time.
+	set("old-reserved", store.PaymentAuthorized, t1)
+	if n, err := s.SweepPayments(ctx, t1.Add(time.Second)); err != nil || n != 4 {
+		t.Errorf("SweepPayments(t1+1s) = %d, %v; want 4", n, err)
 	}
 }
 

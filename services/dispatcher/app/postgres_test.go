@@ -1,0 +1,47 @@
+package app_test
+
+import (
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+)
+
+// TestPostgreSQL_secondStreamOnAnotherReplicaTakesOver runs two
+// dispatchers on one PostgreSQL database: one receive stream per agent
+// holds across replicas, so a stream opened on B ends the agent's stream
+// on A with the status a takeover on one replica gives, and B's stream
+// keeps receiving.
+func TestPostgreSQL_secondStreamOnAnotherReplicaTakesOver(t *testing.T) {
+	url := pgdbtest.Database(t)
+	a := startDispatcherApp(t, "--database-url", url)
+	b := startDispatcherApp(t, "--database-url", url)
+	send(t, a.app, "m1", echo)
+	first, err := a.client.ReceiveMessages(t.Context(), &dispatcherv1.ReceiveMessagesRequest{Agent: echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, first, 1)
+	second, err := b.client.ReceiveMessages(t.Context(), &dispatcherv1.ReceiveMessagesRequest{Agent: echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, second, 1)
+	for {
+		_, err := first.Recv()
+		if err == nil {
+			continue // a keepalive or a batch sent before the takeover
+		}
+		if status.Code(err) != codes.Aborted || reason(err) != "STREAM_REPLACED" {
+			t.Errorf("stream on A after a stream on B: %v (reason %q), want ABORTED STREAM_REPLACED", err, reason(err))
+		}
+		break
+	}
+	send(t, a.app, "m2", echo)
+	if got := recvN(t, second, 1); cursors(got) != "2:m2 " {
+		t.Errorf("stream on B = %q, want 2:m2", cursors(got))
+	}
+}
