@@ -50,9 +50,20 @@ type Mailboxes struct {
 	store Store
 	opts  Options
 
-	mu    sync.Mutex       // guards conns and epoch
+	mu    sync.Mutex       // guards conns, epoch and opening
 	conns map[string]*Conn // the connected agent's newest connection
 	epoch uint64           // the last local epoch, without opts.Streams
+	// opening holds the agents with a stream between OpenStream and
+	// connect, and the greatest epoch Supersede named for each meanwhile:
+	// a newer stream's notification may arrive before the older stream
+	// is connected here. Bounded by the streams opening at once.
+	opening map[string]*opening
+}
+
+// opening is an agent's streams being opened here.
+type opening struct {
+	n      int    // streams between OpenStream and connect
+	newest uint64 // the greatest epoch Supersede named meanwhile
 }
 
 var _ Appender = (*Mailboxes)(nil)
@@ -62,7 +73,7 @@ func New(s Store, opts Options) *Mailboxes {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Mailboxes{store: s, opts: opts, conns: map[string]*Conn{}}
+	return &Mailboxes{store: s, opts: opts, conns: map[string]*Conn{}, opening: map[string]*opening{}}
 }
 
 // Append implements Appender. Recipients are de-duplicated (first place
@@ -260,13 +271,57 @@ func (c *Conn) takeHanded(next uint64) (ds []Delivery, ok bool) {
 	return ds, true
 }
 
+// open returns the agent's new connection, registered in place of (and
+// ending) any older one; a connection older than one registered here or
+// named by Supersede while it was being opened is replaced at once. The
+// caller must Close it.
+func (m *Mailboxes) open(ctx context.Context, agent string) (*Conn, error) {
+	if m.opts.Streams == nil {
+		m.mu.Lock()
+		m.epoch++
+		epoch := m.epoch
+		m.mu.Unlock()
+		return m.connect(agent, epoch, nil), nil
+	}
+	m.mu.Lock()
+	o := m.opening[agent]
+	if o == nil {
+		o = &opening{}
+		m.opening[agent] = o
+	}
+	o.n++
+	m.mu.Unlock()
+	epoch, err := m.opts.Streams.OpenStream(ctx, agent)
+	if err != nil {
+		m.mu.Lock()
+		m.opened(agent, o)
+		m.mu.Unlock()
+		return nil, err
+	}
+	return m.connect(agent, epoch, o), nil
+}
+
+// opened ends one of agent's openings (o); m.mu is held.
+func (m *Mailboxes) opened(agent string, o *opening) {
+	if o.n--; o.n == 0 {
+		delete(m.opening, agent)
+	}
+}
+
 // connect registers the agent's connection of epoch, replacing (and
-// ending) any older one; a connection older than the one registered is
-// replaced at once. The caller must Close it.
-func (m *Mailboxes) connect(agent string, epoch uint64) *Conn {
+// ending) any older one; a connection older than the one registered, or
+// than o.newest, is replaced at once.
+func (m *Mailboxes) connect(agent string, epoch uint64, o *opening) *Conn {
 	c := &Conn{m: m, agent: agent, epoch: epoch, wake: make(chan struct{}, 1), replaced: make(chan struct{})}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if o != nil {
+		m.opened(agent, o)
+		if o.newest > epoch {
+			close(c.replaced)
+			return c
+		}
+	}
 	if old := m.conns[agent]; old != nil {
 		if old.epoch > epoch {
 			close(c.replaced)
@@ -278,23 +333,16 @@ func (m *Mailboxes) connect(agent string, epoch uint64) *Conn {
 	return c
 }
 
-// openStream returns the epoch of a new stream of agent.
-func (m *Mailboxes) openStream(ctx context.Context, agent string) (uint64, error) {
-	if m.opts.Streams != nil {
-		return m.opts.Streams.OpenStream(ctx, agent)
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.epoch++
-	return m.epoch, nil
-}
-
 // Supersede ends the connection of agent here if it is older than epoch:
-// a stream of agent opened on another replica. Agents not connected here
-// are ignored.
+// a stream of agent opened on another replica. A stream of agent being
+// opened here ends as it connects if its epoch is older. Other agents are
+// ignored.
 func (m *Mailboxes) Supersede(agent string, epoch uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if o := m.opening[agent]; o != nil {
+		o.newest = max(o.newest, epoch)
+	}
 	if c := m.conns[agent]; c != nil && c.epoch < epoch {
 		close(c.replaced)
 		delete(m.conns, agent)
@@ -371,11 +419,10 @@ func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptio
 	// Connected after the clear, so that what is appended once Connected
 	// counts the connection is never cleared; a message appended between
 	// the two is found by the first read.
-	epoch, err := m.openStream(ctx, agent)
+	conn, err := m.open(ctx, agent)
 	if err != nil {
 		return err
 	}
-	conn := m.connect(agent, epoch)
 	defer conn.Close()
 	next := max(opts.After, st.Acked)
 	// An empty batch first tells the client the stream is established,

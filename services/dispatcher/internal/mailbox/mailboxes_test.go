@@ -267,6 +267,31 @@ func TestReceive_theGreaterEpochWinsAcrossReplicas(t *testing.T) {
 	}
 }
 
+// notifiedMeanwhile hands out epoch 5 after another replica's stream of
+// epoch 6 was announced (Supersede): the notification overtook the
+// older stream, which took its epoch first but had not connected yet.
+type notifiedMeanwhile struct{ m **mailbox.Mailboxes }
+
+func (n notifiedMeanwhile) OpenStream(_ context.Context, agent string) (uint64, error) {
+	(*n.m).Supersede(agent, 6)
+	return 5, nil
+}
+
+// A newer stream announced between an older stream's OpenStream and its
+// connection ends the older one as it connects: otherwise both replicas
+// would keep a stream of the agent.
+func TestReceive_aNewerStreamAnnouncedWhileOpeningWins(t *testing.T) {
+	var m *mailbox.Mailboxes
+	m = newMailboxes(t, mailbox.Options{Streams: notifiedMeanwhile{&m}})
+	r := receive(t, m, bob, mailbox.ReceiveOptions{})
+	if err := r.end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Errorf("Receive of epoch 5 with 6 announced while it opened = %v, want ErrReplaced", err)
+	}
+	if m.Connected() != 0 {
+		t.Errorf("Connected() = %d, want 0", m.Connected())
+	}
+}
+
 func TestReceive_endsWhenTheServerStops(t *testing.T) {
 	m := newMailboxes(t, mailbox.Options{})
 	stop := make(chan struct{})
