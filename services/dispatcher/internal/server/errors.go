@@ -59,6 +59,7 @@ var statusRules = []statusRule{
 	{hub.ErrDuplicateHello, codes.InvalidArgument, "DUPLICATE_HELLO"},
 	{hub.ErrStopping, codes.Unavailable, "SHUTTING_DOWN"},
 	{hub.ErrDropped, codes.ResourceExhausted, "AGENT_STUCK"},
+	{errServiceProtocolsPending, codes.Unavailable, "SERVICE_PROTOCOLS_NOT_REGISTERED"},
 	{directory.ErrNotFound, codes.NotFound, "NOT_FOUND"},
 	{directory.ErrUnavailable, codes.Unavailable, "REGISTRY_UNAVAILABLE"},
 	{directory.ErrRefused, codes.FailedPrecondition, "REFERENCE_INVALID"},

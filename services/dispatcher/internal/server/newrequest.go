@@ -9,7 +9,6 @@ import (
 	"strconv"
 	"time"
 
-	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -129,6 +128,10 @@ func (s *Server) NewRequest(ctx context.Context, req *dispatcherv1.NewRequestReq
 	return sendResponse(res), nil
 }
 
+// errServiceProtocolsPending: a built-in service protocol the dispatcher
+// is still registering at start (UNAVAILABLE: the caller retries).
+var errServiceProtocolsPending = errors.New("the dispatcher is starting")
+
 // serviceMachine returns the compiled state machine of a service protocol,
 // or the status naming why hash is not one.
 func (s *Server) serviceMachine(ctx context.Context, hash string) (*protocolcontrol.Machine, error) {
@@ -136,9 +139,7 @@ func (s *Server) serviceMachine(ctx context.Context, hash string) (*protocolcont
 	var v grpcerr.Violations
 	switch {
 	case errors.Is(err, directory.ErrNotFound) && s.builtinPending(hash):
-		return nil, grpcerr.New(codes.Unavailable, fmt.Sprintf(
-			"built-in service protocol %s is not registered with the registry yet (the dispatcher is starting); retry", hash),
-			"SERVICE_PROTOCOLS_NOT_REGISTERED", Domain, nil)
+		return nil, s.toStatus(ctx, fmt.Errorf("built-in service protocol %s is not registered with the registry yet (%w); retry", hash, errServiceProtocolsPending))
 	case errors.Is(err, directory.ErrNotFound), errors.Is(err, directory.ErrRefused):
 		v.Add("protocol", fmt.Sprintf("protocol %s is not known to the registry; register its PD first", hash))
 	case err != nil:
