@@ -2,9 +2,7 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -41,34 +39,7 @@ func startDispatcherWithoutRegistry(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, err := serve.New(serve.Options{Logger: logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	if err := a.Register(ctx, srv); err != nil {
-		t.Fatal(err)
-	}
-	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Run(ctx, grpcLis, httpLis) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run() error = %v", err)
-		}
-		if err := a.Close(); err != nil {
-			t.Errorf("Close() error = %v", err)
-		}
-	})
-	return grpcLis.Addr().String()
+	return serveTestApp(t, logger, a)
 }
 
 // A dispatcher that is up but cannot reach its registry is not "a Parley

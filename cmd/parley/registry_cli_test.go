@@ -29,20 +29,36 @@ func startRegistry(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveTestApp(t, logger, a)
+}
+
+// testApp is a service app as serveTestApp runs it.
+type testApp interface {
+	Register(ctx context.Context, s *serve.Server) error
+	Close() error
+}
+
+// serveTestApp serves a on gRPC and HTTP listeners at 127.0.0.1:0 until
+// the test ends, then closes it, and returns the gRPC address.
+func serveTestApp(t *testing.T, logger *slog.Logger, a testApp) string {
+	t.Helper()
 	srv, err := serve.New(serve.Options{Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	if err := a.Register(ctx, srv); err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	grpcLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	httpLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
+		cancel()
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
