@@ -49,9 +49,9 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // schemaVersion 2 added the dialogue indexes (dialogue_message_index,
 // dialogues_closed), and 3 the mailboxes' compaction work list
 // (mailbox_compaction), 4 the index of open payments (payments_open), and
-// 5 the payments' sweep index (payments_sweep); migrate builds them from
-// the older records.
-const schemaVersion = 5
+// 5 the payments' sweep index (payments_sweep), and 6 the request ids'
+// (payment_requests_sweep); migrate builds them from the older records.
+const schemaVersion = 6
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
@@ -65,7 +65,12 @@ func migrate(tx *bolt.Tx, from int) error {
 		}
 	}
 	if from < 5 {
-		return migratePaymentIndexes(tx) // rebuilds both payment indexes
+		if err := migratePaymentIndexes(tx); err != nil { // rebuilds both payment indexes
+			return err
+		}
+	}
+	if from < 6 {
+		return migratePaymentRequestIndex(tx)
 	}
 	return nil
 }
