@@ -13,6 +13,7 @@ import (
 
 	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -153,5 +154,33 @@ func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 	// The sweep removes the payments not reserved, by their update time.
 	if n, err := s.SweepPayments(t.Context(), paid.Add(time.Hour)); err != nil || n != 2 {
 		t.Errorf("SweepPayments after the migration = %d, %v; want 2", n, err)
+	}
+}
+
+// A schema-5 database (no notification_retries) opens with the bucket,
+// empty (until then the registry's outbox kept waiting notifications),
+// and the relay's waiting notifications are then stored.
+func TestOpen_migratesSchema5NotificationRetries(t *testing.T) {
+	dir := t.TempDir()
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets: slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), SchemaVersion: 5, LockTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 5): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if w, err := s.NotificationRetries(ctx); err != nil || len(w) != 0 {
+		t.Fatalf("NotificationRetries after the migration = %v, %v; want none", w, err)
+	}
+	if err := s.PutNotificationRetry(ctx, notify.Waiting{Sequence: 1, Notification: []byte("n")}); err != nil {
+		t.Errorf("PutNotificationRetry after the migration = %v", err)
 	}
 }
