@@ -149,7 +149,8 @@ func TestArch_noRuntimeCallCycle(t *testing.T) {
 
 // TestArch_binariesCarryNoTestSupport: the product's binaries link none of
 // the negotiator's test support (the in-process negotiator, the scripted
-// LLM fixture, the routine runtime stand-in) nor the benchmark harness.
+// LLM fixture, the routine runtime stand-in), the dispatcher's routine test
+// budgets (routinetest) nor the benchmark harness.
 func TestArch_binariesCarryNoTestSupport(t *testing.T) {
 	binaries := []string{modulePrefix + "cmd/parley"}
 	for _, svc := range []string{"registry", "negotiator", "dispatcher", "tasks"} {
@@ -162,7 +163,8 @@ func TestArch_binariesCarryNoTestSupport(t *testing.T) {
 		}
 	}
 	for pkg := range graph {
-		if strings.HasPrefix(pkg, modulePrefix+"services/negotiator/negotiatortest") || strings.HasPrefix(pkg, modulePrefix+"bench/") {
+		if strings.HasPrefix(pkg, modulePrefix+"services/negotiator/negotiatortest") || strings.HasPrefix(pkg, modulePrefix+"bench/") ||
+			strings.HasPrefix(pkg, modulePrefix+"services/dispatcher/internal/routine/routinetest") {
 			t.Errorf("a binary links %s, which is test support", pkg)
 		}
 	}

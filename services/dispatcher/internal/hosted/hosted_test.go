@@ -36,7 +36,7 @@ func newSet(t *testing.T, quarantineAfter int) *hosted.Set {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return hosted.New(st, fakeAgents{agent: true}, hosted.Options{QuarantineAfter: quarantineAfter, Limits: routinetest.Limits(routine.Limits{MaxSteps: 100_000})})
+	return hosted.New(st, fakeAgents{agent: true}, hosted.Options{QuarantineAfter: quarantineAfter, Limits: routinetest.Limits(routine.Limits{MaxSteps: 100_000, Pool: routine.InProcessForTests()})})
 }
 
 func TestInstall(t *testing.T) {
@@ -148,7 +148,7 @@ func TestChanged_dropsTheCachedRoutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	opts := hosted.Options{CacheTTL: time.Hour, Limits: routinetest.Limits(routine.Limits{MaxSteps: 100_000})}
+	opts := hosted.Options{CacheTTL: time.Hour, Limits: routinetest.Limits(routine.Limits{MaxSteps: 100_000, Pool: routine.InProcessForTests()})}
 	a := hosted.New(st, fakeAgents{agent: true}, opts) // two replicas on one store
 	b := hosted.New(st, fakeAgents{agent: true}, opts)
 	ctx := t.Context()

@@ -63,7 +63,7 @@ func newPipeline(t *testing.T) (*inbound.Pipeline, *hosted.Set) {
 	t.Cleanup(func() { st.Close() })
 	m := metrics.New(nil)
 	dir := directory.New(fakeRegistry{}, directory.Options{CacheTTL: time.Minute, Now: time.Now})
-	routines := hosted.New(st, agents{dir}, hosted.Options{QuarantineAfter: 2, Metrics: m, Limits: routinetest.Limits(routine.Limits{})})
+	routines := hosted.New(st, agents{dir}, hosted.Options{QuarantineAfter: 2, Metrics: m, Limits: routinetest.Limits(routine.Limits{Pool: routine.InProcessForTests()})})
 	p := inbound.New(st, dir, routines, hub.New(hub.Options{Queue: 64, Timeout: 10 * time.Second, Metrics: m}), llm.Counted{LLM: llm.NoLLM{}, Metrics: m}, nil, nil, inbound.Options{ConversationTTL: 5 * time.Minute, MaxConversationsPerPeer: 100, Metrics: m})
 	return p, routines
 }

@@ -50,7 +50,7 @@ func newRoutines(t *testing.T) *hosted.Set {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() })
-	return hosted.New(st, agents{}, hosted.Options{Limits: routinetest.Limits(routine.Limits{})})
+	return hosted.New(st, agents{}, hosted.Options{Limits: routinetest.Limits(routine.Limits{Pool: routine.InProcessForTests()})})
 }
 
 func TestInstall(t *testing.T) {

@@ -56,7 +56,7 @@ func newSender(t *testing.T, c outbound.Client) *outbound.Sender {
 	t.Cleanup(func() { st.Close() })
 	m := metrics.New(nil)
 	dir := directory.New(fakeRegistry{}, directory.Options{CacheTTL: time.Minute, Now: time.Now})
-	routines := hosted.New(st, agents{}, hosted.Options{QuarantineAfter: 3, Metrics: m, Limits: routinetest.Limits(routine.Limits{})})
+	routines := hosted.New(st, agents{}, hosted.Options{QuarantineAfter: 3, Metrics: m, Limits: routinetest.Limits(routine.Limits{Pool: routine.InProcessForTests()})})
 	return outbound.New(c, dir, routines, nil, llm.Counted{LLM: llm.NoLLM{}, Metrics: m}, st, nil, outbound.Options{Timeout: 10 * time.Second, MaxListed: 5, Metrics: m})
 }
 

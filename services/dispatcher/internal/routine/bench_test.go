@@ -16,9 +16,9 @@ import (
 // from 16 goroutines. The routine is an agent's, as an envelope's is (the
 // calls of one agent are pipelined on its workers; dry runs are not).
 func BenchmarkCall(b *testing.B) {
-	b.Run("in-process", func(b *testing.B) { benchCall(b, NewPoolWith(PoolOptions{Workers: 4, InProcess: true}), 1) })
+	b.Run("in-process", func(b *testing.B) { benchCall(b, InProcessForTests(), 1) })
 	b.Run("workers", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4, AgentShare: 4}), 1) })
-	b.Run("in-process-parallel16", func(b *testing.B) { benchCall(b, NewPoolWith(PoolOptions{Workers: 4, InProcess: true}), 16) })
+	b.Run("in-process-parallel16", func(b *testing.B) { benchCall(b, InProcessForTests(), 16) })
 	b.Run("workers-parallel16", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4, AgentShare: 4}), 16) })
 }
 

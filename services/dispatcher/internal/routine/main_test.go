@@ -106,8 +106,12 @@ func testPoolOptions(o PoolOptions) PoolOptions {
 }
 
 // testLimits returns l with every budget it leaves zero set to the value
-// the tests assume (the dispatcher's defaults): Compile fills in none.
+// the tests assume (the dispatcher's defaults): Compile fills in none. A
+// nil Pool becomes InProcessForTests(): the guards' tests run in process.
 func testLimits(l Limits) Limits {
+	if l.Pool == nil {
+		l.Pool = InProcessForTests()
+	}
 	if l.MaxSteps == 0 {
 		l.MaxSteps = 1_000_000
 	}

@@ -68,9 +68,6 @@ type PoolOptions struct {
 	// KillMargin is how long past its budget a run may go before its
 	// worker is killed.
 	KillMargin time.Duration
-	// InProcess runs routines in this process, with the in-process guards
-	// only and no hard boundary (for the guards' own tests).
-	InProcess bool
 	// Executable is the worker binary; this process's own when empty.
 	Executable string
 	// WorkerCPU is the CPU time one worker may use in its life (its hard
@@ -82,10 +79,12 @@ type PoolOptions struct {
 	WorkerCPU time.Duration
 }
 
-// Pool runs routines: in worker processes behind the hard boundary, or in
-// process (PoolOptions.InProcess). Close it to stop the workers.
+// Pool runs routines in worker processes behind the hard boundary (or, for
+// tests only, in process: InProcessForTests). Close it to stop the workers.
 type Pool struct {
 	opts PoolOptions
+	// inProcess runs routines in this process (InProcessForTests).
+	inProcess bool
 	// idle holds the worker slots leased to no agent, one entry each; nil
 	// is a slot whose worker is not started.
 	idle chan *worker
@@ -155,7 +154,17 @@ func NewPoolWith(o PoolOptions) *Pool {
 // it, WorkerCPU rounded to seconds).
 func (p *Pool) Options() PoolOptions { return p.opts }
 
-func (p *Pool) remote() bool { return p != nil && !p.opts.InProcess }
+// InProcessForTests returns a pool that runs routines in this process,
+// under the in-process guards only: no worker process, no hard boundary
+// (a long builtin is never stopped, memory is estimated, not capped), no
+// bound on concurrent runs and no fair shares. It exists for the guards'
+// own tests and for tests of packages that run routines without needing
+// the boundary. Product code never uses it: e2e's
+// TestArch_noInProcessRoutines fails if a non-test file outside the test
+// support names it, or if a binary links package routinetest.
+func InProcessForTests() *Pool { return &Pool{inProcess: true} }
+
+func (p *Pool) remote() bool { return !p.inProcess }
 
 // PoolStats are counters of a pool's workers.
 type PoolStats struct {

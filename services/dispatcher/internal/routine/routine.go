@@ -46,6 +46,11 @@ func (e timeBudgetError) Unwrap() []error { return []error{e.err, ErrTimeBudget}
 // in none.
 var ErrLimits = errors.New("routine limits not set")
 
+// ErrNoPool marks Limits that name no Pool. A routine runs behind the
+// worker boundary of a Pool (NewPoolWith) or, in tests only, in process
+// (InProcessForTests); never in process by default.
+var ErrNoPool = errors.New("routine limits name no pool")
+
 // Limits are a call's budgets, each of which must be positive.
 type Limits struct {
 	MaxSteps       uint64        // Starlark execution steps
@@ -53,8 +58,10 @@ type Limits struct {
 	MaxOutputBytes int           // encoded result and memory, bytes
 	MaxToolCalls   int           // tool calls per run
 	MaxAllocBytes  int64         // allocation budget per run (guard.go), bytes
-	// Pool bounds concurrent runs (and compiles) across programs; nil runs
-	// without a bound.
+	// Pool runs the routine: its worker processes are the hard boundary
+	// and bound concurrent runs (and compiles) across programs. It must be
+	// set: Compile refuses nil (ErrNoPool). Only tests may use the pool of
+	// InProcessForTests.
 	Pool *Pool
 }
 
@@ -122,12 +129,16 @@ type callState struct {
 }
 
 // Compile parses, compiles and initialises src. Top-level code runs under
-// the same budgets as a call. With limits.Pool set (the server always sets
-// it) both happen in a worker process, behind the pool's hard boundary
-// (pool.go); without, in this process under the in-process guards only.
+// the same budgets as a call. Both happen in a worker process of
+// limits.Pool, behind its hard boundary (pool.go), or, with the pool of
+// InProcessForTests, in this process under the in-process guards only.
+// Limits with no pool are refused (ErrNoPool).
 func Compile(ctx context.Context, name, src string, tools map[string]Tool, limits Limits) (*Program, error) {
 	if err := limits.Validate(); err != nil {
 		return nil, err
+	}
+	if limits.Pool == nil {
+		return nil, fmt.Errorf("compile %s: %w: routines run in a worker pool (routine.NewPoolWith)", name, ErrNoPool)
 	}
 	if limits.Pool.remote() {
 		return limits.Pool.compile(ctx, name, src, tools, limits)

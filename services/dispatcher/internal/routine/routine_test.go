@@ -162,3 +162,18 @@ func TestCompile_refusesUnsetBudgets(t *testing.T) {
 		t.Errorf("Compile with every budget set = %v", err)
 	}
 }
+
+// TestCompile_refusesNoPool: a routine runs behind the worker boundary or,
+// for tests only, in a pool named so (InProcessForTests); Limits that name
+// no pool are refused, so no caller runs a routine in process by accident.
+func TestCompile_refusesNoPool(t *testing.T) {
+	l := testLimits(Limits{})
+	l.Pool = nil
+	p, err := Compile(t.Context(), "r", "def reply(q, m):\n    return q\n", nil, l)
+	if !errors.Is(err, ErrNoPool) {
+		t.Fatalf("Compile with no pool = %v, %v; want ErrNoPool", p, err)
+	}
+	if _, err := Compile(t.Context(), "r", "def reply(q, m):\n    return q\n", nil, testLimits(Limits{Pool: InProcessForTests()})); err != nil {
+		t.Errorf("Compile in process (for tests) = %v", err)
+	}
+}

@@ -49,11 +49,12 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // schemaVersion 2 added the dialogue indexes (dialogue_message_index,
 // dialogues_closed), and 3 the mailboxes' compaction work list
 // (mailbox_compaction), 4 the index of open payments (payments_open),
-// 5 the payments' sweep index (payments_sweep), and 6 the notifications
-// waiting for a retry (notification_retries, empty when created: until
-// then they waited in the registry's outbox); migrate builds the others
-// from the older records.
-const schemaVersion = 6
+// 5 the payments' sweep index (payments_sweep), 6 the request ids'
+// (payment_requests_sweep), and 7 the notifications waiting for a retry
+// (notification_retries, empty when created: until then they waited in
+// the registry's outbox); migrate builds the others from the older
+// records.
+const schemaVersion = 7
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
@@ -67,7 +68,12 @@ func migrate(tx *bolt.Tx, from int) error {
 		}
 	}
 	if from < 5 {
-		return migratePaymentIndexes(tx) // rebuilds both payment indexes
+		if err := migratePaymentIndexes(tx); err != nil { // rebuilds both payment indexes
+			return err
+		}
+	}
+	if from < 6 {
+		return migratePaymentRequestIndex(tx)
 	}
 	return nil
 }

@@ -13,7 +13,7 @@ import (
 
 // bucketNotificationRetries: 8-byte big-endian sequence in the registry's
 // outbox → JSON waitingRecord, the notifications the relay waits to retry
-// (schema 6; see internal/notify).
+// (schema 7; see internal/notify).
 var bucketNotificationRetries = []byte("notification_retries")
 
 var _ notify.Store = (*Store)(nil)
