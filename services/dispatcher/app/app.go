@@ -125,6 +125,7 @@ type backend interface {
 	store.TimerStore
 	store.PaymentStore
 	mailbox.Store
+	notify.Store
 }
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set (several replicas
@@ -271,7 +272,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
-	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
+	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, a.store, notify.Options{
 		RetryFor: a.cfg.NotificationRetryFor, Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
 	a.loops.Go(func() {
