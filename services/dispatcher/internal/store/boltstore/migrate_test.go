@@ -13,6 +13,7 @@ import (
 
 	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -198,5 +199,33 @@ func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
 	}
 	if n, err := s.SweepPaymentRequests(t.Context(), recorded.Add(2*time.Hour), 10); err != nil || n != 1 {
 		t.Errorf("SweepPaymentRequests(all) after the migration = %d, %v; want 1", n, err)
+	}
+}
+
+// A schema-6 database (no notification_retries) opens with the bucket,
+// empty (until then the registry's outbox kept waiting notifications),
+// and the relay's waiting notifications are then stored.
+func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
+	dir := t.TempDir()
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets: slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), SchemaVersion: 6, LockTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 6): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if w, err := s.NotificationRetries(ctx); err != nil || len(w) != 0 {
+		t.Fatalf("NotificationRetries after the migration = %v, %v; want none", w, err)
+	}
+	if err := s.PutNotificationRetry(ctx, notify.Waiting{Sequence: 1, Notification: []byte("n")}); err != nil {
+		t.Errorf("PutNotificationRetry after the migration = %v", err)
 	}
 }
