@@ -125,6 +125,7 @@ type backend interface {
 	store.TimerStore
 	store.PaymentStore
 	mailbox.Store
+	notify.Store
 }
 
 // openStore opens PostgreSQL when cfg.DatabaseURL is set (several replicas
@@ -226,6 +227,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
+	if db := pgdb.Of(a.store); db != nil {
+		s.ShareAuthLimits(db) // failed authentications count on every replica
+	}
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)
@@ -271,7 +275,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	// The registry's network notifications reach mailboxes through this
 	// relay; the registry never calls the dispatcher.
-	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, notify.Options{
+	relay := notify.New(server.NotificationSource(registryv1.NewRegistryServiceClient(a.peers.Registry)), a.mailboxes, a.store, notify.Options{
 		RetryFor: a.cfg.NotificationRetryFor, Logger: a.logger.With("component", "notify"), Metrics: s.Registry(),
 	})
 	a.loops.Go(func() {

@@ -15,11 +15,14 @@
 //
 // A notification its recipient's mailbox refused (full), or whose append
 // failed, is retried with backoff (Backoff, doubled up to MaxBackoff) for
-// RetryFor, while the notifications after it go on. Until it is appended
-// or given up, the trim stops before it, so the registry's outbox keeps it
-// and a restarted relay retries it too. One given up is logged and
-// counted (outcome "dropped"), never dropped silently. At most maxRetries
-// wait at once; past that the relay reads nothing new until they drain.
+// RetryFor, while the notifications after it go on. It waits in the
+// dispatcher's Store, with its schedule (first failure, next attempt,
+// backoff), written before the cursor moves past it: the registry may
+// then trim it, and a restarted relay (after a crash too) resumes it where
+// it was, RetryFor still counted from its first failure. One given up is
+// logged and counted (outcome "dropped"), never dropped silently. At most
+// maxRetries wait at once; past that the relay reads nothing new until
+// they drain.
 package notify
 
 import (
@@ -27,10 +30,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/resource"
@@ -44,6 +49,31 @@ type Source interface {
 	// above after, waiting up to wait for one, after dropping those
 	// through trimThrough; and the oldest sequence the outbox keeps.
 	Notifications(ctx context.Context, after, trimThrough uint64, limit int, wait time.Duration) (notes []*registryv1.Notification, first uint64, err error)
+}
+
+// Store keeps the notifications waiting for a retry (the dispatcher's
+// database: boltstore, pgstore).
+type Store interface {
+	// PutNotificationRetry stores w, replacing the one of its sequence.
+	PutNotificationRetry(ctx context.Context, w Waiting) error
+	// DeleteNotificationRetry removes the one of sequence seq, if any.
+	DeleteNotificationRetry(ctx context.Context, seq uint64) error
+	// NotificationRetries returns every waiting notification, in sequence
+	// order.
+	NotificationRetries(ctx context.Context) ([]Waiting, error)
+}
+
+// Waiting is a notification waiting for a retry, as stored.
+type Waiting struct {
+	// Sequence is its sequence in the registry's outbox.
+	Sequence uint64
+	// Notification is the registry's Notification, binary protobuf.
+	Notification []byte
+	// First is the time of its first failed attempt, from which RetryFor
+	// counts; Next, when to attempt again; Backoff, the pause after the
+	// next failure.
+	First, Next time.Time
+	Backoff     time.Duration
 }
 
 // Options tune a Relay. Zero fields take the defaults noted.
@@ -70,15 +100,16 @@ type Options struct {
 	Now func() time.Time
 }
 
-// maxRetries bounds the notifications waiting for a retry at once, and
-// so how far the outbox's trim may fall behind the relay's reading.
+// maxRetries bounds the notifications waiting for a retry at once (they
+// are held in memory too).
 const maxRetries = 1000
 
 // Relay moves notifications from the registry's outbox to mailboxes.
 type Relay struct {
-	src  Source
-	mail mailbox.Appender
-	opts Options
+	src     Source
+	mail    mailbox.Appender
+	waiting Store
+	opts    Options
 
 	// outcomes counts notifications relayed, attempts retried and
 	// notifications dropped. A refused or failed one waits for its retry
@@ -95,8 +126,9 @@ type retry struct {
 	backoff time.Duration // the pause after the next failure
 }
 
-// New returns a relay from src to mail.
-func New(src Source, mail mailbox.Appender, opts Options) *Relay {
+// New returns a relay from src to mail, keeping the notifications that
+// wait for a retry in waiting.
+func New(src Source, mail mailbox.Appender, waiting Store, opts Options) *Relay {
 	if opts.Wait <= 0 {
 		opts.Wait = 20 * time.Second
 	}
@@ -125,35 +157,45 @@ func New(src Source, mail mailbox.Appender, opts Options) *Relay {
 	if opts.Metrics != nil {
 		opts.Metrics.MustRegister(outcomes)
 	}
-	return &Relay{src: src, mail: mail, opts: opts, outcomes: outcomes}
+	return &Relay{src: src, mail: mail, waiting: waiting, opts: opts, outcomes: outcomes}
 }
 
 // Run relays until ctx ends, then returns nil. Failures are logged and
 // retried with backoff.
 func (r *Relay) Run(ctx context.Context) error {
 	var (
-		cursor  uint64   // the last sequence read: appended, given up, or in retries
+		cursor  uint64   // the last sequence read: appended, given up, or waiting
 		retries []*retry // in sequence order
 	)
 	backoff := r.opts.Backoff
+	for ctx.Err() == nil && retries == nil {
+		var err error
+		if retries, err = r.load(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			r.opts.Logger.WarnContext(ctx, "waiting notifications not read; retrying", slog.Any("err", err), slog.String("backoff", backoff.String()))
+			sleep(ctx, backoff)
+			backoff = min(2*backoff, r.opts.MaxBackoff)
+		}
+	}
+	backoff = r.opts.Backoff
 	for ctx.Err() == nil {
 		retries = r.retryDue(ctx, retries)
-		// The registry may drop what is appended or given up, and nothing
-		// from the oldest retry on.
+		// The registry may drop everything read: what is appended, given
+		// up, or waiting in the store.
 		trim, wait := cursor, r.opts.Wait
-		if len(retries) > 0 {
-			trim = min(trim, retries[0].n.GetSequence()-1)
-			for _, rt := range retries {
-				wait = min(wait, max(0, rt.next.Sub(r.opts.Now())))
-			}
+		for _, rt := range retries {
+			wait = min(wait, max(0, rt.next.Sub(r.opts.Now())))
 		}
 		limit := r.opts.PageSize
 		if len(retries) >= maxRetries {
-			// Full: read nothing new until retries drain. The trim could
-			// not move meanwhile anyway: the oldest retry holds it.
-			limit = 0
+			limit = 0 // full: read nothing new until retries drain
 		}
 		notes, err := r.poll(ctx, cursor, trim, limit, wait)
+		if err == nil {
+			cursor, retries, err = r.relayAll(ctx, notes, cursor, retries)
+		}
 		if err != nil {
 			if ctx.Err() != nil {
 				break
@@ -164,19 +206,64 @@ func (r *Relay) Run(ctx context.Context) error {
 			continue
 		}
 		backoff = r.opts.Backoff
-		for _, n := range notes {
-			if err := r.relay(ctx, n); err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				r.retryLater(ctx, n, err)
-				now := r.opts.Now()
-				retries = append(retries, &retry{n: n, first: now, next: now.Add(r.opts.Backoff), backoff: min(2*r.opts.Backoff, r.opts.MaxBackoff)})
-			}
-			cursor = n.GetSequence()
-		}
 	}
 	return nil
+}
+
+// load reads the notifications left waiting by an earlier run (non-nil,
+// possibly empty).
+func (r *Relay) load(ctx context.Context) ([]*retry, error) {
+	stored, err := r.waiting.NotificationRetries(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*retry, 0, len(stored))
+	for _, w := range stored {
+		n := &registryv1.Notification{}
+		if err := proto.Unmarshal(w.Notification, n); err != nil {
+			return nil, fmt.Errorf("waiting notification %d: %w", w.Sequence, err)
+		}
+		out = append(out, &retry{n: n, first: w.First, next: w.Next, backoff: w.Backoff})
+	}
+	return out, nil
+}
+
+// relayAll appends notes, read after cursor, in order, and returns the
+// new cursor and retries. One refused or failed is stored to wait for a
+// retry before the cursor passes it; when that fails, relayAll stops
+// there with the error, and the notification is read again.
+func (r *Relay) relayAll(ctx context.Context, notes []*registryv1.Notification, cursor uint64, retries []*retry) (uint64, []*retry, error) {
+	for _, n := range notes {
+		if slices.ContainsFunc(retries, func(rt *retry) bool { return rt.n.GetId() == n.GetId() }) {
+			// Waiting since before a restart; read again because the
+			// trim had not reached it.
+			cursor = n.GetSequence()
+			continue
+		}
+		if err := r.relay(ctx, n); err != nil {
+			if ctx.Err() != nil {
+				return cursor, retries, ctx.Err()
+			}
+			now := r.opts.Now()
+			rt := &retry{n: n, first: now, next: now.Add(r.opts.Backoff), backoff: min(2*r.opts.Backoff, r.opts.MaxBackoff)}
+			if err := r.save(ctx, rt); err != nil {
+				return cursor, retries, fmt.Errorf("notification %d waits for a retry: %w", n.GetSequence(), err)
+			}
+			r.retryLater(ctx, n, err)
+			retries = append(retries, rt)
+		}
+		cursor = n.GetSequence()
+	}
+	return cursor, retries, nil
+}
+
+// save stores rt with its schedule.
+func (r *Relay) save(ctx context.Context, rt *retry) error {
+	data, err := proto.Marshal(rt.n)
+	if err != nil {
+		return err
+	}
+	return r.waiting.PutNotificationRetry(ctx, Waiting{Sequence: rt.n.GetSequence(), Notification: data, First: rt.first, Next: rt.next, Backoff: rt.backoff})
 }
 
 func sleep(ctx context.Context, d time.Duration) {
@@ -209,6 +296,11 @@ func (r *Relay) poll(ctx context.Context, cursor, trim uint64, limit int, wait t
 
 // retryDue attempts the retries that are due, and returns those still
 // waiting, in order: those given up after RetryFor are logged and counted.
+// The store follows: a notification appended or given up leaves it, one
+// refused again gets its next attempt there. When the store fails, the
+// notification stays in memory and is attempted again (an append already
+// made counts as done), so the store never keeps one this run dropped for
+// longer than a retry.
 func (r *Relay) retryDue(ctx context.Context, retries []*retry) []*retry {
 	kept := retries[:0]
 	for _, rt := range retries {
@@ -220,10 +312,16 @@ func (r *Relay) retryDue(ctx context.Context, retries []*retry) []*retry {
 		err := r.relay(ctx, rt.n)
 		switch {
 		case err == nil:
-			continue
+			if !r.forget(ctx, rt, now) {
+				kept = append(kept, rt)
+			}
 		case ctx.Err() != nil:
 			kept = append(kept, rt)
 		case now.Sub(rt.first) >= r.opts.RetryFor:
+			if !r.forget(ctx, rt, now) {
+				kept = append(kept, rt)
+				continue
+			}
 			r.outcomes.WithLabelValues("dropped").Inc()
 			r.opts.Logger.WarnContext(ctx, "a notification was given up after retrying; it is not delivered",
 				slog.String("agent", rt.n.GetRecipient()), slog.String("notification", rt.n.GetId()), slog.String("type", rt.n.GetType()),
@@ -231,11 +329,27 @@ func (r *Relay) retryDue(ctx context.Context, retries []*retry) []*retry {
 		default:
 			r.retryLater(ctx, rt.n, err)
 			rt.next, rt.backoff = now.Add(rt.backoff), min(2*rt.backoff, r.opts.MaxBackoff)
+			if err := r.save(ctx, rt); err != nil {
+				// The stored attempt is earlier: a restart retries sooner.
+				r.opts.Logger.WarnContext(ctx, "a waiting notification's next attempt was not stored", slog.String("notification", rt.n.GetId()), slog.Any("err", err))
+			}
 			kept = append(kept, rt)
 		}
 	}
 	clear(retries[len(kept):]) // no stale pointers past the kept ones
 	return kept
+}
+
+// forget removes rt from the store, and reports whether it did; if not,
+// rt is attempted again after its backoff.
+func (r *Relay) forget(ctx context.Context, rt *retry, now time.Time) bool {
+	err := r.waiting.DeleteNotificationRetry(ctx, rt.n.GetSequence())
+	if err == nil {
+		return true
+	}
+	r.opts.Logger.WarnContext(ctx, "a notification no longer waiting was not removed from the store; retrying", slog.String("notification", rt.n.GetId()), slog.Any("err", err))
+	rt.next = now.Add(rt.backoff)
+	return false
 }
 
 // retryLater counts and logs an attempt that will be retried.

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -96,30 +97,41 @@ func (f *fakeOutbox) Notifications(ctx context.Context, after, trimThrough uint6
 	}
 }
 
-func newMailboxes(t *testing.T, bound mailbox.Bound) *mailbox.Mailboxes {
+// newMailboxes returns mailboxes bounded by bound over a new bbolt file,
+// and the store, which also keeps the relay's waiting notifications.
+func newMailboxes(t *testing.T, bound mailbox.Bound) (*mailbox.Mailboxes, *boltstore.Store) {
 	t.Helper()
-	s, err := boltstore.Open(t.TempDir(), time.Second)
+	return openMailboxes(t, t.TempDir(), bound)
+}
+
+// openMailboxes opens the bbolt file in dir, as a restarted dispatcher
+// does.
+func openMailboxes(t *testing.T, dir string, bound mailbox.Bound) (*mailbox.Mailboxes, *boltstore.Store) {
+	t.Helper()
+	s, err := boltstore.Open(dir, time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return mailbox.New(s, mailbox.Options{Bound: bound})
+	return mailbox.New(s, mailbox.Options{Bound: bound}), s
 }
 
 // start runs a relay until the test ends or stop is called.
-func start(t *testing.T, src notify.Source, mb mailbox.Appender) (stop func()) {
+func start(t *testing.T, src notify.Source, mb mailbox.Appender, st notify.Store) (stop func()) {
 	t.Helper()
-	return startWith(t, src, mb, notify.Options{})
+	return startWith(t, src, mb, st, notify.Options{})
 }
 
-// startWith runs a relay with opts, retrying within milliseconds, until
-// the test ends or stop is called.
-func startWith(t *testing.T, src notify.Source, mb mailbox.Appender, opts notify.Options) (stop func()) {
+// startWith runs a relay with opts, retrying within milliseconds unless
+// opts says otherwise, until the test ends or stop is called.
+func startWith(t *testing.T, src notify.Source, mb mailbox.Appender, st notify.Store, opts notify.Options) (stop func()) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
-	opts.Backoff, opts.MaxBackoff = time.Millisecond, 10*time.Millisecond
-	r := notify.New(src, mb, opts)
+	if opts.Backoff == 0 {
+		opts.Backoff, opts.MaxBackoff = time.Millisecond, 10*time.Millisecond
+	}
+	r := notify.New(src, mb, st, opts)
 	go func() { done <- r.Run(ctx) }()
 	var once sync.Once
 	stop = func() {
@@ -170,7 +182,7 @@ func types(ds []mailbox.Delivery) []string {
 // three again, and the mailbox still holds each once, in order.
 func TestRelay_restartBeforeTrimDeliversEachOnce(t *testing.T) {
 	out := newFakeOutbox()
-	mb := newMailboxes(t, mailbox.Bound{})
+	mb, st := newMailboxes(t, mailbox.Bound{})
 	out.add("followed", bob)
 	out.add("invite_to_group", bob)
 	out.add("removed_from_group", bob)
@@ -183,7 +195,7 @@ func TestRelay_restartBeforeTrimDeliversEachOnce(t *testing.T) {
 		}
 		return nil
 	}
-	stop := start(t, out, mb)
+	stop := start(t, out, mb, st)
 	<-crashed
 	stop()
 	if got := out.kept(); got != 3 {
@@ -197,7 +209,7 @@ func TestRelay_restartBeforeTrimDeliversEachOnce(t *testing.T) {
 	out.mu.Lock()
 	out.intercept = nil
 	out.mu.Unlock()
-	start(t, out, mb)
+	start(t, out, mb, st)
 	waitFor(t, "the second relay to trim the outbox", func() bool { return out.kept() == 0 })
 	got := read(t, mb, bob)
 	if !slices.Equal(types(got), want) {
@@ -217,11 +229,11 @@ func TestRelay_restartBeforeTrimDeliversEachOnce(t *testing.T) {
 // not stop the next, for another agent, from being relayed.
 func TestRelay_fullMailboxDoesNotHoldUpOthers(t *testing.T) {
 	out := newFakeOutbox()
-	mb := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
+	mb, st := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
 	out.add("followed", bob)
 	out.add("unfollowed", bob) // refused: bob's mailbox holds one unacknowledged
 	out.add("followed", alice)
-	start(t, out, mb)
+	start(t, out, mb, st)
 	waitFor(t, "alice's notification", func() bool { return len(read(t, mb, alice)) == 1 })
 	if got := types(read(t, mb, bob)); !slices.Equal(got, []string{"followed"}) {
 		t.Errorf("bob's mailbox = %v, want only the first notification", got)
@@ -232,7 +244,7 @@ func TestRelay_fullMailboxDoesNotHoldUpOthers(t *testing.T) {
 // relay retries and relays.
 func TestRelay_retriesAfterAFailure(t *testing.T) {
 	out := newFakeOutbox()
-	mb := newMailboxes(t, mailbox.Bound{})
+	mb, st := newMailboxes(t, mailbox.Bound{})
 	failed := false
 	out.intercept = func(uint64) error {
 		if !failed {
@@ -241,39 +253,45 @@ func TestRelay_retriesAfterAFailure(t *testing.T) {
 		}
 		return nil
 	}
-	start(t, out, mb)
+	start(t, out, mb, st)
 	out.add("followed", bob)
 	waitFor(t, "bob's notification", func() bool { return len(read(t, mb, bob)) == 1 })
 }
 
 // A notification a full mailbox refused is retried, and delivered once
-// its recipient acknowledged room; until then the registry's outbox keeps
-// it (the trim stops before it), so a restart would retry it too.
+// its recipient acknowledged room. It waits in the dispatcher's store, so
+// the registry's outbox may drop it meanwhile.
 func TestRelay_retriesARefusedNotificationUntilThereIsRoom(t *testing.T) {
 	out := newFakeOutbox()
-	mb := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
+	mb, st := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
 	out.add("followed", bob)
 	out.add("unfollowed", bob) // refused: bob's mailbox holds one unacknowledged
 	out.add("followed", alice)
-	start(t, out, mb)
+	start(t, out, mb, st)
 	waitFor(t, "alice's notification", func() bool { return len(read(t, mb, alice)) == 1 })
-	waitFor(t, "the trim to stop before bob's refused notification", func() bool { return out.kept() == 2 })
+	waitFor(t, "the outbox to be trimmed past bob's waiting notification", func() bool { return out.kept() == 0 })
+	if w, err := st.NotificationRetries(t.Context()); err != nil || len(w) != 1 || w[0].Sequence != 2 {
+		t.Fatalf("waiting notifications = %+v, %v; want bob's refused one (sequence 2)", w, err)
+	}
 	if _, err := mb.Acknowledge(t.Context(), bob, 1); err != nil {
 		t.Fatal(err)
 	}
 	want := []string{"followed", "unfollowed"}
 	waitFor(t, "bob's refused notification", func() bool { return slices.Equal(types(read(t, mb, bob)), want) })
-	waitFor(t, "the outbox to be trimmed", func() bool { return out.kept() == 0 })
+	waitFor(t, "the relayed notification to stop waiting", func() bool {
+		w, err := st.NotificationRetries(t.Context())
+		return err == nil && len(w) == 0
+	})
 }
 
 // A notification still refused after RetryFor is given up: the relay
 // stops retrying it and trims the outbox past it.
 func TestRelay_givesUpAfterRetryFor(t *testing.T) {
 	out := newFakeOutbox()
-	mb := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
+	mb, st := newMailboxes(t, mailbox.Bound{MaxMessages: 1})
 	out.add("followed", bob)
 	out.add("unfollowed", bob) // refused, and bob never acknowledges
-	startWith(t, out, mb, notify.Options{RetryFor: time.Nanosecond})
+	startWith(t, out, mb, st, notify.Options{RetryFor: time.Nanosecond})
 	waitFor(t, "the outbox to be trimmed past the given-up notification", func() bool { return out.kept() == 0 })
 	if got := types(read(t, mb, bob)); !slices.Equal(got, []string{"followed"}) {
 		t.Errorf("bob's mailbox = %v, want only the first notification", got)
@@ -308,16 +326,123 @@ func (f *failingAppender) Append(ctx context.Context, m mailbox.Message, recipie
 // and is retried until it goes through.
 func TestRelay_failedAppendIsRetriedWithoutHoldingUpOthers(t *testing.T) {
 	out := newFakeOutbox()
-	mb := newMailboxes(t, mailbox.Bound{})
+	mb, st := newMailboxes(t, mailbox.Bound{})
 	failing := &failingAppender{Appender: mb, agent: bob}
 	out.add("followed", bob)
 	out.add("followed", alice)
-	start(t, out, failing)
+	start(t, out, failing, st)
 	waitFor(t, "alice's notification", func() bool { return len(read(t, mb, alice)) == 1 })
-	if got := out.kept(); got != 2 {
-		t.Errorf("outbox keeps %d while bob's notification fails, want 2", got)
-	}
 	failing.heal()
 	waitFor(t, "bob's notification", func() bool { return len(read(t, mb, bob)) == 1 })
 	waitFor(t, "the outbox to be trimmed", func() bool { return out.kept() == 0 })
+}
+
+// clock is a settable Options.Now.
+type clock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *clock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *clock) add(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// A refused notification waits in the dispatcher's bbolt file, not in the
+// registry's outbox (which is trimmed past it), so a dispatcher stopped
+// and restarted on the same file still delivers it once there is room,
+// once.
+func TestRelay_waitingNotificationSurvivesARestart(t *testing.T) {
+	dir := t.TempDir()
+	out := newFakeOutbox()
+	mb, st := openMailboxes(t, dir, mailbox.Bound{MaxMessages: 1})
+	out.add("followed", bob)
+	out.add("unfollowed", bob) // refused: bob's mailbox holds one unacknowledged
+	stop := start(t, out, mb, st)
+	waitFor(t, "the outbox to be trimmed past bob's waiting notification", func() bool { return out.kept() == 0 })
+	stop()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	mb, st = openMailboxes(t, dir, mailbox.Bound{MaxMessages: 1})
+	start(t, out, mb, st)
+	if _, err := mb.Acknowledge(t.Context(), bob, 1); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"followed", "unfollowed"}
+	waitFor(t, "bob's waiting notification after the restart", func() bool { return slices.Equal(types(read(t, mb, bob)), want) })
+	waitFor(t, "it to stop waiting", func() bool {
+		w, err := st.NotificationRetries(t.Context())
+		return err == nil && len(w) == 0
+	})
+	if got := types(read(t, mb, bob)); !slices.Equal(got, want) {
+		t.Errorf("bob's mailbox = %v, want %v, each once", got, want)
+	}
+}
+
+// A restart resumes a waiting notification on its schedule: its
+// RetryFor counts from its first failure before the restart, not from
+// the restart, so one still refused past it is given up.
+func TestRelay_restartKeepsTheRetrySchedule(t *testing.T) {
+	dir := t.TempDir()
+	out := newFakeOutbox()
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	opts := notify.Options{Now: clk.Now, RetryFor: time.Hour, Backoff: time.Minute, MaxBackoff: 10 * time.Minute}
+	mb, st := openMailboxes(t, dir, mailbox.Bound{MaxMessages: 1})
+	out.add("followed", bob)
+	out.add("unfollowed", bob) // refused, and bob never acknowledges
+	stop := startWith(t, out, mb, st, opts)
+	var waiting []notify.Waiting
+	waitFor(t, "bob's refused notification to wait in the store", func() bool {
+		waiting, _ = st.NotificationRetries(t.Context())
+		return len(waiting) == 1
+	})
+	stop()
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	w := waiting[0]
+	if !w.First.Equal(clk.Now()) || !w.Next.Equal(clk.Now().Add(time.Minute)) || w.Backoff != 2*time.Minute {
+		t.Errorf("waiting = first %v, next %v, backoff %v; want the failure's time, a minute later, 2m", w.First, w.Next, w.Backoff)
+	}
+
+	clk.add(61 * time.Minute) // past RetryFor since the first failure
+	mb, st = openMailboxes(t, dir, mailbox.Bound{MaxMessages: 1})
+	reg := prometheus.NewRegistry()
+	opts.Metrics = reg
+	startWith(t, out, mb, st, opts)
+	waitFor(t, "the notification to be given up on its first schedule", func() bool { return dropped(t, reg) == 1 })
+	if w, err := st.NotificationRetries(t.Context()); err != nil || len(w) != 0 {
+		t.Errorf("waiting after it was given up = %+v, %v; want none", w, err)
+	}
+	if got := types(read(t, mb, bob)); !slices.Equal(got, []string{"followed"}) {
+		t.Errorf("bob's mailbox = %v, want only the first notification", got)
+	}
+}
+
+// dropped is the relay's count of notifications given up.
+func dropped(t *testing.T, reg *prometheus.Registry) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() == "dropped" {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

@@ -17,6 +17,7 @@ import (
 	"encoding/json"
 	"time"
 
+	"github.com/parleyhq/parley/services/dispatcher/internal/deadline"
 	"github.com/parleyhq/parley/services/dispatcher/internal/protocolcontrol"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -84,6 +85,12 @@ func Plan(e Event) (*store.OrderWrite, error) {
 	}
 	o := store.Order{Dialogue: e.Dialogue, Protocol: e.Protocol, Consumer: e.Consumer, Supplier: e.Supplier}
 	tr := store.OrderTransition{Type: e.Type, MessageID: e.MessageID, Sender: e.Sender, Time: e.Time.UTC(), State: State(next)}
+	if d, ok := next.FirstDeadline(); ok {
+		// Reads report the lapse from its instant on (store.Order.At), as
+		// the expiry the timer will record.
+		t := store.Timer{Dialogue: e.Dialogue, Initiator: e.Consumer, Counterpart: e.Supplier, Protocol: e.Protocol, Name: d.Name, At: d.At}
+		tr.Lapse = &store.OrderLapse{Deadline: d.Name, At: d.At.UTC(), MessageID: deadline.ID(t)}
+	}
 	if !prev.Order {
 		o.ID = ID(e.Dialogue, e.Supplier)
 	}

@@ -38,6 +38,10 @@ type LedgerLimits struct {
 // RequestRetention is how long a CreatePayment request_id is remembered.
 const RequestRetention = 24 * time.Hour
 
+// SweepBatch bounds the payments, and the request ids, that one sweep
+// transaction removes, so that a backlog never makes one long write.
+const SweepBatch = 100
+
 // NewLedger returns a Ledger keeping payments in st within limits, naming
 // them with newID (unguessable ids) and stamping them with now.
 func NewLedger(st store.PaymentStore, newID func() string, now func() time.Time, limits LedgerLimits) *Ledger {
@@ -96,12 +100,25 @@ func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price, r
 // It returns how many payments it removed.
 func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 	now := l.now()
-	_, err := l.store.SweepPaymentRequests(ctx, now.Add(-RequestRetention))
+	_, err := sweepBatches(ctx, now.Add(-RequestRetention), l.store.SweepPaymentRequests)
 	if l.limits.Retention <= 0 {
 		return 0, err
 	}
-	n, perr := l.store.SweepPayments(ctx, now.Add(-l.limits.Retention))
+	n, perr := sweepBatches(ctx, now.Add(-l.limits.Retention), l.store.SweepPayments)
 	return n, errors.Join(err, perr)
+}
+
+// sweepBatches calls sweep for at most SweepBatch at a time until a call
+// removes fewer, and returns how many the calls removed.
+func sweepBatches(ctx context.Context, before time.Time, sweep func(context.Context, time.Time, int) (int, error)) (int, error) {
+	total := 0
+	for {
+		n, err := sweep(ctx, before, SweepBatch)
+		total += n
+		if err != nil || n < SweepBatch {
+			return total, err
+		}
+	}
 }
 
 // Capture moves a reserved payment to its payee; capturing a captured one

@@ -303,3 +303,29 @@ func TestLedger_requestID(t *testing.T) {
 		}
 	}
 }
+
+// A sweep with more due than one transaction may remove goes on, batch
+// by batch, until nothing due is left.
+func TestLedger_sweepRemovesMoreThanOneBatch(t *testing.T) {
+	f := newFixture(t)
+	clock := now
+	ledger := payment.NewLedger(f.st, func() string { f.ids++; return fmt.Sprintf("pay%d", f.ids) }, func() time.Time { return clock },
+		payment.LedgerLimits{Retention: time.Hour})
+	const due = 2*payment.SweepBatch + 1
+	for i := range due {
+		if _, err := ledger.Create(t.Context(), consumer, supplier, *usd(1), fmt.Sprintf("r%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	clock = now.Add(payment.RequestRetention + time.Second)
+	if n, err := ledger.Sweep(t.Context()); err != nil || n != due {
+		t.Errorf("Sweep = %d, %v; want %d payments removed", n, err, due)
+	}
+	// Every request id is forgotten too: r0 and the last create anew.
+	for _, id := range []string{"r0", fmt.Sprintf("r%d", due-1)} {
+		p, err := ledger.Create(t.Context(), consumer, supplier, *usd(1), id)
+		if err != nil || p.CreateTime != clock {
+			t.Errorf("Create(%s) after the sweep = %+v, %v; want a new payment", id, p, err)
+		}
+	}
+}

@@ -203,14 +203,28 @@ func InspectAt(state []byte, now time.Time) (Pair, error) {
 }
 
 // lapsed returns the pending deadline of p that ended it by now: the
-// earliest passed (the first declared among equals).
+// first (Pair.FirstDeadline), once passed.
 func lapsed(p Pair, now time.Time) (Deadline, bool) {
+	d, ok := p.FirstDeadline()
+	if !ok || now.Before(d.At) {
+		return Deadline{}, false
+	}
+	return d, true
+}
+
+// FirstDeadline returns the pending deadline that ends p, with a failure
+// at its instant, unless a message meets it first: the earliest (the
+// first declared among equals).
+func (p Pair) FirstDeadline() (Deadline, bool) {
 	var (
 		out Deadline
 		ok  bool
 	)
+	if p.Ended {
+		return out, false
+	}
 	for _, d := range p.Deadlines {
-		if !now.Before(d.At) && (!ok || d.At.Before(out.At)) {
+		if !ok || d.At.Before(out.At) {
 			out, ok = d, true
 		}
 	}

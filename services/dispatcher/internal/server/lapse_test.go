@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
@@ -29,6 +30,9 @@ func (e *serviceEnv) refusedWith(what string, err error, sender, rule, deadline 
 	if status.Code(err) != codes.FailedPrecondition || grpcerr.Reason(err) != "PROTOCOL_ERROR" {
 		e.t.Errorf("%s: error = %v, want FAILED_PRECONDITION PROTOCOL_ERROR", what, err)
 		return
+	}
+	if md := errorMetadata(err); md["refused_0_rule"] != rule || md["refused_0_deadline"] != deadline {
+		e.t.Errorf("%s: ErrorInfo metadata = %v, want refused_0_rule %s and refused_0_deadline %s", what, md, rule, deadline)
 	}
 	m := last(e.inbox(sender))
 	var pe struct{ Rule, Error string }
@@ -134,6 +138,41 @@ func TestServiceDeadlines_lapseEndsThePairAtItsInstant(t *testing.T) {
 				e.refusedWith(tt.other.typ+" after the lapse", err, sender(tt.other), "PAIR_ENDED", tt.deadline)
 			}
 
+			// An order the pair held reads failed from the deadline on, with
+			// the expiry last on its trail, before its timer records it
+			// (GetOrder, ListOrders and its state filter), and the same after.
+			checkOrder := func(when string) {
+				t.Helper()
+				list, err := e.client.ListOrders(t.Context(), &dispatcherv1.ListOrdersRequest{Parent: netAlice})
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case tt.order == 0 && len(list.GetOrders()) != 0:
+					t.Errorf("%s: orders = %v, want none", when, list.GetOrders())
+				case tt.order != 0 && len(list.GetOrders()) != 1:
+					t.Errorf("%s: orders = %v, want one", when, list.GetOrders())
+				case tt.order != 0:
+					o := list.GetOrders()[0]
+					trail := o.GetTransitions()
+					if o.GetState() != tt.order || len(trail) == 0 || trail[len(trail)-1].GetMessageType() != tt.deadline+"_expired" ||
+						trail[len(trail)-1].GetSender() != "" || !trail[len(trail)-1].GetTime().AsTime().Equal(at) || !o.GetUpdateTime().AsTime().Equal(at) {
+						t.Errorf("%s: order = %v, want %v with the expiry last on its trail, from the network at %s", when, o, tt.order, at)
+					}
+					got, err := e.client.GetOrder(t.Context(), &dispatcherv1.GetOrderRequest{Name: o.GetName()})
+					if err != nil || !proto.Equal(got, o) {
+						t.Errorf("%s: GetOrder(%s) = %v, %v; want %v", when, o.GetName(), got, err, o)
+					}
+					for st, want := range map[dispatcherv1.OrderState]int{tt.order: 1, dispatcherv1.OrderState_ORDER_STATE_ACTIVE: 0} {
+						l, err := e.client.ListOrders(t.Context(), &dispatcherv1.ListOrdersRequest{Parent: netAlice, State: st})
+						if err != nil || len(l.GetOrders()) != want {
+							t.Errorf("%s: ListOrders(state %v) = %v, %v; want %d", when, st, l.GetOrders(), err, want)
+						}
+					}
+				}
+			}
+			checkOrder("before the timer fires")
+
 			// The timer fires once: one expiry to each party.
 			if n, err := e.srv.deadlines.FireDue(t.Context()); n != 1 || err != nil {
 				t.Fatalf("FireDue() = %d, %v; want one expiry", n, err)
@@ -161,23 +200,7 @@ func TestServiceDeadlines_lapseEndsThePairAtItsInstant(t *testing.T) {
 			_, err = send(tt.late, len(ids)-1)
 			e.refusedWith("the late "+tt.late.typ+" after the expiry", err, sender(tt.late), "DEADLINE_PASSED", tt.deadline)
 
-			list, err := e.client.ListOrders(t.Context(), &dispatcherv1.ListOrdersRequest{Parent: netAlice})
-			if err != nil {
-				t.Fatal(err)
-			}
-			switch {
-			case tt.order == 0 && len(list.GetOrders()) != 0:
-				t.Errorf("orders = %v, want none", list.GetOrders())
-			case tt.order != 0 && len(list.GetOrders()) != 1:
-				t.Errorf("orders = %v, want one", list.GetOrders())
-			case tt.order != 0:
-				o := list.GetOrders()[0]
-				trail := o.GetTransitions()
-				if o.GetState() != tt.order || len(trail) == 0 || trail[len(trail)-1].GetMessageType() != tt.deadline+"_expired" ||
-					trail[len(trail)-1].GetSender() != "" || !trail[len(trail)-1].GetTime().AsTime().Equal(at) {
-					t.Errorf("order = %v, want %v with the expiry last on its trail, from the network at %s", o, tt.order, at)
-				}
-			}
+			checkOrder("after the expiry")
 
 			// The pair has ended: the consumer's close withdraws nothing from bob.
 			if _, err := e.client.CloseDialogue(t.Context(), &dispatcherv1.CloseDialogueRequest{Name: netAlice + "/dialogues/" + open.GetDialogueId()}); err != nil {

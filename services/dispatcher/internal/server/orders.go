@@ -56,7 +56,8 @@ func (s *Server) GetOrder(ctx context.Context, req *dispatcherv1.GetOrderRequest
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
-	return orderProto(agent, o), nil
+	// A deadline that passed has failed the order, fired or not (Order.At).
+	return orderProto(agent, o.At(s.opts.Now())), nil
 }
 
 // ListOrders implements DispatcherService.
@@ -91,7 +92,8 @@ func (s *Server) ListOrders(ctx context.Context, req *dispatcherv1.ListOrdersReq
 		return nil, err
 	}
 	defer cancel()
-	list, err := s.opts.Orders.ListOrders(ctx, req.GetParent(), state, after, size+1)
+	now := s.opts.Now()
+	list, err := s.opts.Orders.ListOrders(ctx, req.GetParent(), state, now, after, size+1)
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
@@ -101,7 +103,7 @@ func (s *Server) ListOrders(ctx context.Context, req *dispatcherv1.ListOrdersReq
 		resp.NextPageToken = pagetoken.Encode(list[size-1].ID, scope)
 	}
 	for _, o := range list {
-		resp.Orders = append(resp.Orders, orderProto(req.GetParent(), o))
+		resp.Orders = append(resp.Orders, orderProto(req.GetParent(), o.At(now)))
 	}
 	return resp, nil
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -23,6 +24,7 @@ import (
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/order"
 	"github.com/parleyhq/parley/services/dispatcher/internal/serviceprotocol"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
@@ -237,6 +239,62 @@ func TestAllocate_orderTrailThroughTheSendPath(t *testing.T) {
 	}
 }
 
+// The order record is written in the transaction of the message that
+// forms or moves it, so there is nothing to wait for: the sender reads the
+// order with its message last on the trail as soon as the send returns,
+// and the receiver as soon as its mailbox hands it the message.
+func TestOrder_readRightAfterTheSendReturnsAndOnReceipt(t *testing.T) {
+	e := startService(t)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	type read struct {
+		agent, typ string
+		got        *dispatcherv1.Order
+		err        error
+	}
+	reads := make(chan read, 16)
+	var orderID atomic.Value // the order's id, once the dialogue is open
+	for _, agent := range []string{netAlice, netBob} {
+		go func() {
+			_ = e.mail.Receive(ctx, agent, mailbox.ReceiveOptions{Batch: 1, Keepalive: time.Hour}, func(ds []mailbox.Delivery) error {
+				for _, d := range ds {
+					id, _ := orderID.Load().(string)
+					if t := d.Message.Type; t == "new_task_request" || t == "offer" {
+						continue // before the order
+					}
+					got, err := e.client.GetOrder(ctx, &dispatcherv1.GetOrderRequest{Name: agent + "/orders/" + id})
+					reads <- read{agent, d.Message.Type, got, err}
+				}
+				return nil
+			})
+		}()
+	}
+	req := e.request("allocate", map[string]time.Duration{"invite_offer_timeout": 30 * time.Second}, netBob)
+	orderID.Store(order.ID(req.GetDialogueId(), netBob))
+	ids := map[string]string{"new_task_request": req.GetMessageId()}
+	ids["offer"] = e.mustReply(netBob, ids["new_task_request"], "offer", `{"offer":{}}`)
+	for _, st := range []struct {
+		from, to, typ, answers string
+		state                  dispatcherv1.OrderState
+	}{
+		{netAlice, netBob, "accept_offer", "offer", dispatcherv1.OrderState_ORDER_STATE_ACTIVE},
+		{netBob, netAlice, "request_message", "accept_offer", dispatcherv1.OrderState_ORDER_STATE_ACTIVE},
+		{netBob, netAlice, "order_complete", "accept_offer", dispatcherv1.OrderState_ORDER_STATE_SUCCEEDED},
+		{netAlice, netBob, "confirm_success", "order_complete", dispatcherv1.OrderState_ORDER_STATE_SUCCEEDED},
+	} {
+		ids[st.typ] = e.mustReply(st.from, ids[st.answers], st.typ, `{}`)
+		name := st.from + "/orders/" + order.ID(req.GetDialogueId(), netBob)
+		got, err := e.client.GetOrder(t.Context(), &dispatcherv1.GetOrderRequest{Name: name})
+		if err != nil || got.GetLastMessageType() != st.typ || got.GetState() != st.state {
+			t.Errorf("right after %s's send returned, GetOrder(%s) = %v, %v; want %v with %s last", st.typ, name, got, err, st.state, st.typ)
+		}
+		r := <-reads
+		if r.agent != st.to || r.typ != st.typ || r.err != nil || r.got.GetLastMessageType() != st.typ || r.got.GetState() != st.state {
+			t.Errorf("on receipt of %s by %s: GetOrder = %v, %v (read by %s on %s); want %v with %s last", st.typ, st.to, r.got, r.err, r.agent, r.typ, st.state, st.typ)
+		}
+	}
+}
+
 // A supplier that never answers: the window expires on the server, both
 // agents are told, and the late offer is refused naming the deadline.
 func TestAllocate_deadlineExpiresAndRefusesTheLateOffer(t *testing.T) {
@@ -335,6 +393,12 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 		if grpcerr.Reason(loserErr) != "PROTOCOL_ERROR" {
 			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %w, want PROTOCOL_ERROR", loserErr)
 		}
+		// The loser learns from the status, not its text, that the pair
+		// moved on to the winner (the SDK's Transact falls back on it).
+		wantRule := map[string]string{"accept_offer": "NOT_ALLOWED_AFTER", "revoke_offer": "PAIR_ENDED"}[winner]
+		if md := errorMetadata(loserErr); md["refused_0_state"] != winner || md["refused_0_rule"] != wantRule {
+			return req.GetDialogueId(), "", fmt.Errorf("the loser's ErrorInfo metadata = %v, want refused_0_state %s and refused_0_rule %s", md, winner, wantRule)
+		}
 		return req.GetDialogueId(), winner, nil
 	}
 	winners := make(map[string]string, runs) // dialogue → winning type
@@ -425,4 +489,15 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 		t.Errorf("%d dialogues raced, want %d", len(winners), runs)
 	}
 	t.Logf("%d runs: %v", runs, counts)
+}
+
+// errorMetadata returns the metadata of err's ErrorInfo; nil without one.
+func errorMetadata(err error) map[string]string {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetMetadata()
+		}
+	}
+	return nil
 }

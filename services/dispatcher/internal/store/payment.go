@@ -54,12 +54,17 @@ type PaymentStore interface {
 	// (not captured) before p, and may refuse p: its error is returned as
 	// is and nothing is written. A repeat does not call it.
 	CreatePayment(ctx context.Context, p Payment, requestID string, check func(open int) error) (_ Payment, created bool, _ error)
-	// SweepPayments removes the payments last changed (UpdateTime) before
-	// t, except reserved ones, and returns how many it removed.
-	SweepPayments(ctx context.Context, before time.Time) (int, error)
-	// SweepPaymentRequests forgets the request ids recorded before t and
-	// returns how many it forgot.
-	SweepPaymentRequests(ctx context.Context, before time.Time) (int, error)
+	// SweepPayments removes at most limit of the payments last changed
+	// (UpdateTime) before t, except reserved ones, the oldest first, in
+	// one transaction, and returns how many it removed: fewer than limit
+	// when no more are due, or (PostgreSQL) when the others due are being
+	// changed at that moment. It reads only what it removes.
+	SweepPayments(ctx context.Context, before time.Time, limit int) (int, error)
+	// SweepPaymentRequests forgets at most limit of the request ids
+	// recorded before t, the oldest first, in one transaction, and
+	// returns how many it forgot: fewer than limit when no more are due
+	// (or being changed, as above). It reads only what it forgets.
+	SweepPaymentRequests(ctx context.Context, before time.Time, limit int) (int, error)
 	// GetPayment returns a payment; ErrNotFound when absent.
 	GetPayment(ctx context.Context, id string) (Payment, error)
 	// UpdatePayment applies mutate to a payment in one transaction and

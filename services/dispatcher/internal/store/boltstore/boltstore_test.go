@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/storetest"
@@ -22,6 +23,10 @@ func open(t *testing.T) *boltstore.Store {
 
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) store.Store { return open(t) })
+}
+
+func TestNotificationRetryConformance(t *testing.T) {
+	storetest.RunNotificationRetries(t, func(t *testing.T) notify.Store { return open(t) })
 }
 
 func TestMailboxConformance(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
@@ -151,7 +152,80 @@ func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 		t.Errorf("CreatePayment after the migration saw %d open payments (%v), want 2", open, err)
 	}
 	// The sweep removes the payments not reserved, by their update time.
-	if n, err := s.SweepPayments(t.Context(), paid.Add(time.Hour)); err != nil || n != 2 {
+	if n, err := s.SweepPayments(t.Context(), paid.Add(time.Hour), 10); err != nil || n != 2 {
 		t.Errorf("SweepPayments after the migration = %d, %v; want 2", n, err)
+	}
+}
+
+// A schema-5 database (no index of the request ids by time) is migrated
+// on open: the sweep then forgets the ids recorded before its time, and
+// only those.
+func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
+	dir := t.TempDir()
+	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
+		return string(b) == string(bucketSweepPaymentRequests)
+	})
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 5, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const alice = "clients/a/agents/alice"
+	recorded := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
+	err = old.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketPaymentRequests)
+		for i, id := range []string{"r-old", "r-new"} {
+			at := recorded.Add(time.Duration(i) * time.Hour)
+			if err := b.Put(join(alice, id), append([]byte("p"+id+"\x00"), putInt(at.UnixNano())...)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 5): %v", err)
+	}
+	defer s.Close()
+	for _, want := range []int{1, 0} {
+		if n, err := s.SweepPaymentRequests(t.Context(), recorded.Add(time.Minute), 10); err != nil || n != want {
+			t.Errorf("SweepPaymentRequests after the migration = %d, %v; want %d", n, err, want)
+		}
+	}
+	if n, err := s.SweepPaymentRequests(t.Context(), recorded.Add(2*time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("SweepPaymentRequests(all) after the migration = %d, %v; want 1", n, err)
+	}
+}
+
+// A schema-6 database (no notification_retries) opens with the bucket,
+// empty (until then the registry's outbox kept waiting notifications),
+// and the relay's waiting notifications are then stored.
+func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
+	dir := t.TempDir()
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets: slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), SchemaVersion: 6, LockTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 6): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if w, err := s.NotificationRetries(ctx); err != nil || len(w) != 0 {
+		t.Fatalf("NotificationRetries after the migration = %v, %v; want none", w, err)
+	}
+	if err := s.PutNotificationRetry(ctx, notify.Waiting{Sequence: 1, Notification: []byte("n")}); err != nil {
+		t.Errorf("PutNotificationRetry after the migration = %v", err)
 	}
 }

@@ -3,6 +3,7 @@ package boltstore
 import (
 	"bytes"
 	"context"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -89,7 +90,7 @@ func (s *Store) GetOrder(ctx context.Context, id string) (store.Order, error) {
 }
 
 // ListOrders implements store.OrderStore.
-func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderState, after string, limit int) ([]store.Order, error) {
+func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderState, now time.Time, after string, limit int) ([]store.Order, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -107,7 +108,7 @@ func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderS
 			if ok, err := getJSON(orders, k[len(prefix):], &o); err != nil || !ok {
 				return err
 			}
-			if state == "" || o.State == state {
+			if state == "" || o.At(now).State == state {
 				out = append(out, o)
 			}
 		}

@@ -36,9 +36,14 @@ var (
 	// reserved (schema version 5), so that SweepPayments walks only what
 	// it removes.
 	bucketSweepPayments = []byte("payments_sweep")
+	// bucketSweepPaymentRequests: 8-byte big-endian Unix nanoseconds
+	// recorded + the bucketPaymentRequests key → empty, one per request id
+	// (schema version 6), so that SweepPaymentRequests walks only what it
+	// forgets.
+	bucketSweepPaymentRequests = []byte("payment_requests_sweep")
 )
 
-var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms, bucketPaymentRequests, bucketOpenPayments, bucketSweepPayments}
+var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms, bucketPaymentRequests, bucketOpenPayments, bucketSweepPayments, bucketSweepPaymentRequests}
 
 var _ store.PaymentStore = (*Store)(nil)
 
@@ -52,8 +57,10 @@ func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID st
 		out, created = p, true // the transaction may be retried
 		b, requests := tx.Bucket(bucketPayments), tx.Bucket(bucketPaymentRequests)
 		rk := join(p.Payer, requestID)
+		var recorded []byte // the id's earlier record, whose payment is gone
 		if requestID != "" {
 			if v := requests.Get(rk); v != nil {
+				recorded = v
 				id, _, _ := bytes.Cut(v, []byte{0})
 				ok, err := getJSON(b, id, &out)
 				if err != nil || ok {
@@ -72,7 +79,7 @@ func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID st
 			}
 		}
 		if requestID != "" {
-			if err := requests.Put(rk, append(append([]byte(p.ID), 0), putInt(p.CreateTime.UnixNano())...)); err != nil {
+			if err := recordRequest(tx, rk, recorded, p.ID, p.CreateTime); err != nil {
 				return err
 			}
 		}
@@ -118,17 +125,43 @@ func sweepKey(p store.Payment) []byte {
 	return append(putInt(p.UpdateTime.UnixNano()), p.ID...)
 }
 
+// recordRequest records the request id key rk (payer + 0x00 + id) as
+// naming payment at time at, replacing the earlier record old (nil when
+// none) in bucketPaymentRequests and bucketSweepPaymentRequests.
+func recordRequest(tx *bolt.Tx, rk, old []byte, payment string, at time.Time) error {
+	sweep := tx.Bucket(bucketSweepPaymentRequests)
+	if old != nil {
+		if err := sweep.Delete(append(bytes.Clone(requestTime(old)), rk...)); err != nil {
+			return err
+		}
+	}
+	ns := putInt(at.UnixNano())
+	if err := sweep.Put(append(bytes.Clone(ns), rk...), nil); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketPaymentRequests).Put(rk, append(append([]byte(payment), 0), ns...))
+}
+
+// requestTime is the 8-byte time of a bucketPaymentRequests value; a value
+// without one (never written) reads as time 0, due at once.
+func requestTime(v []byte) []byte {
+	if _, at, ok := bytes.Cut(v, []byte{0}); ok && len(at) == 8 {
+		return at
+	}
+	return putInt(0)
+}
+
 // SweepPayments implements store.PaymentStore.
-func (s *Store) SweepPayments(ctx context.Context, before time.Time) (int, error) {
+func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
-		var ids [][]byte
+		var ids [][]byte // collected first: never delete while walking a cursor
 		c, cut := tx.Bucket(bucketSweepPayments).Cursor(), before.UnixNano()
-		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut; k, _ = c.Next() {
+		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(ids) < limit; k, _ = c.Next() {
 			ids = append(ids, bytes.Clone(k[8:]))
 		}
 		b := tx.Bucket(bucketPayments)
@@ -187,28 +220,34 @@ func migratePaymentIndexes(tx *bolt.Tx) error {
 	return nil
 }
 
+// migratePaymentRequestIndex builds bucketSweepPaymentRequests (schema
+// version 6) from bucketPaymentRequests.
+func migratePaymentRequestIndex(tx *bolt.Tx) error {
+	sweep := tx.Bucket(bucketSweepPaymentRequests)
+	return tx.Bucket(bucketPaymentRequests).ForEach(func(k, v []byte) error {
+		return sweep.Put(append(bytes.Clone(requestTime(v)), k...), nil)
+	})
+}
+
 // SweepPaymentRequests implements store.PaymentStore.
-func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time) (int, error) {
+func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
-		b := tx.Bucket(bucketPaymentRequests)
-		var old [][]byte
-		cut := before.UnixNano()
-		err := b.ForEach(func(k, v []byte) error {
-			if _, at, ok := bytes.Cut(v, []byte{0}); !ok || readInt(at) < cut {
-				old = append(old, bytes.Clone(k))
-			}
-			return nil
-		})
-		if err != nil {
-			return err
+		sweep := tx.Bucket(bucketSweepPaymentRequests)
+		var old [][]byte // collected first: never delete while walking a cursor
+		c, cut := sweep.Cursor(), before.UnixNano()
+		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(old) < limit; k, _ = c.Next() {
+			old = append(old, bytes.Clone(k))
 		}
 		for _, k := range old {
-			if err := b.Delete(k); err != nil {
+			if err := sweep.Delete(k); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketPaymentRequests).Delete(k[8:]); err != nil {
 				return err
 			}
 		}

@@ -111,7 +111,7 @@ func TestOpen_migration5FillsOpenPayments(t *testing.T) {
 		t.Errorf("CreatePayment after the migration saw %d open payments (%v), want 2", open, err)
 	}
 	// The sweep removes the payments not reserved, by their update time.
-	if n, err := s.SweepPayments(t.Context(), paid.Add(time.Hour)); err != nil || n != 2 {
+	if n, err := s.SweepPayments(t.Context(), paid.Add(time.Hour), 10); err != nil || n != 2 {
 		t.Errorf("SweepPayments after the migration = %d, %v; want 2", n, err)
 	}
 }

@@ -3,6 +3,7 @@ package pgstore
 import (
 	"context"
 	"encoding/json"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -60,8 +61,13 @@ func recordOrder(ctx context.Context, tx pgx.Tx, o store.Order, tr store.OrderTr
 		if !changed {
 			return nil // a retry
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO orders (id, dialogue, a, b, state, data) VALUES ($1, $2, $3, $4, $5, $6)
-ON CONFLICT (id) DO UPDATE SET state = excluded.state, data = excluded.data`, cur.ID, cur.Dialogue, k.A, k.B, string(cur.State), marshal(cur))
+		var lapse *int64
+		if at := cur.LapseAt(); !at.IsZero() {
+			ns := at.UnixNano()
+			lapse = &ns
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO orders (id, dialogue, a, b, state, lapse_ns, data) VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (id) DO UPDATE SET state = excluded.state, lapse_ns = excluded.lapse_ns, data = excluded.data`, cur.ID, cur.Dialogue, k.A, k.B, string(cur.State), lapse, marshal(cur))
 		return err
 	}()
 	return out, err
@@ -74,12 +80,15 @@ func (s *Store) GetOrder(ctx context.Context, id string) (store.Order, error) {
 }
 
 // ListOrders implements store.OrderStore.
-func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderState, after string, limit int) ([]store.Order, error) {
+func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderState, now time.Time, after string, limit int) ([]store.Order, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	// An active order whose lapse_ns has passed stands failed (Order.At).
 	rows, err := s.db.Pool().Query(ctx, `SELECT o.data FROM agent_orders ao JOIN orders o ON o.id = ao.order_id
-WHERE ao.agent = $1 AND ao.order_id > $2 AND ($3 = '' OR o.state = $3) ORDER BY ao.order_id LIMIT $4`, agent, after, string(state), limit)
+WHERE ao.agent = $1 AND ao.order_id > $2
+  AND ($3 = '' OR (CASE WHEN o.state = 'active' AND o.lapse_ns <= $5 THEN 'failed' ELSE o.state END) = $3)
+ORDER BY ao.order_id LIMIT $4`, agent, after, string(state), limit, now.UnixNano())
 	if err != nil {
 		return nil, err
 	}

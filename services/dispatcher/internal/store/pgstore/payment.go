@@ -72,24 +72,32 @@ func sweepNs(p store.Payment) *int64 {
 	return &ns
 }
 
-// SweepPayments implements store.PaymentStore.
-func (s *Store) SweepPayments(ctx context.Context, before time.Time) (int, error) {
+// SweepPayments implements store.PaymentStore: one DELETE of the oldest
+// due rows through the partial index payments_sweep. Rows another
+// transaction holds (an update under way) are skipped, not waited for:
+// the next sweep sees them as they are then.
+func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM payments WHERE sweep_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM payments WHERE id IN (
+  SELECT id FROM payments WHERE sweep_ns < $1 ORDER BY sweep_ns LIMIT $2 FOR UPDATE SKIP LOCKED)`, before.UnixNano(), limit)
 	if err != nil {
 		return 0, err
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// SweepPaymentRequests implements store.PaymentStore.
-func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time) (int, error) {
+// SweepPaymentRequests implements store.PaymentStore: one DELETE of the
+// oldest due rows through the index payment_requests_by_time, skipping
+// rows another transaction holds.
+func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM payment_requests WHERE recorded_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM payment_requests WHERE (payer, request_id) IN (
+  SELECT payer, request_id FROM payment_requests WHERE recorded_ns < $1 ORDER BY recorded_ns LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		before.UnixNano(), limit)
 	if err != nil {
 		return 0, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/storetest"
@@ -68,6 +69,10 @@ func open(t *testing.T) *pgstore.Store {
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+func TestNotificationRetryConformance(t *testing.T) {
+	storetest.RunNotificationRetries(t, func(t *testing.T) notify.Store { return open(t) })
 }
 
 func TestMailboxConformance(t *testing.T) {

@@ -3,6 +3,7 @@ package storetest
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 func RunOrders(t *testing.T, open func(t *testing.T) store.OrderStore) {
 	t.Run("trail", func(t *testing.T) { testOrderTrail(t, open(t)) })
 	t.Run("list", func(t *testing.T) { testOrderList(t, open(t)) })
+	t.Run("lapse", func(t *testing.T) { testOrderLapse(t, open(t)) })
 }
 
 func order(id, dialogue, supplier string) store.Order {
@@ -85,19 +87,86 @@ func testOrderList(t *testing.T, s store.OrderStore) {
 		}
 		return out
 	}
-	if got, err := s.ListOrders(ctx, alice, "", "", 10); err != nil || fmt.Sprint(ids(got)) != "[o1 o2 o3]" {
+	if got, err := s.ListOrders(ctx, alice, "", t0, "", 10); err != nil || fmt.Sprint(ids(got)) != "[o1 o2 o3]" {
 		t.Errorf("ListOrders(alice) = %v, %v; want [o1 o2 o3]", ids(got), err)
 	}
-	if got, _ := s.ListOrders(ctx, bob, "", "", 10); fmt.Sprint(ids(got)) != "[o1 o3]" {
+	if got, _ := s.ListOrders(ctx, bob, "", t0, "", 10); fmt.Sprint(ids(got)) != "[o1 o3]" {
 		t.Errorf("ListOrders(bob) = %v, want [o1 o3]", ids(got))
 	}
-	if got, _ := s.ListOrders(ctx, alice, store.OrderFailed, "", 10); fmt.Sprint(ids(got)) != "[o2]" {
+	if got, _ := s.ListOrders(ctx, alice, store.OrderFailed, t0, "", 10); fmt.Sprint(ids(got)) != "[o2]" {
 		t.Errorf("ListOrders(alice, failed) = %v, want [o2]", ids(got))
 	}
-	if got, _ := s.ListOrders(ctx, alice, "", "o1", 1); fmt.Sprint(ids(got)) != "[o2]" {
+	if got, _ := s.ListOrders(ctx, alice, "", t0, "o1", 1); fmt.Sprint(ids(got)) != "[o2]" {
 		t.Errorf("ListOrders(alice, after o1, 1) = %v, want [o2]", ids(got))
 	}
-	if got, _ := s.ListOrders(ctx, "clients/c/agents/alic", "", "", 10); len(got) != 0 {
+	if got, _ := s.ListOrders(ctx, "clients/c/agents/alic", "", t0, "", 10); len(got) != 0 {
 		t.Errorf("ListOrders(a prefix of alice) = %v, want none", ids(got))
+	}
+}
+
+// An active order whose pair's first pending deadline passes failed at
+// that instant: read and listed by state so from then on, before the
+// deadline's timer records the expiry, and the same after.
+func testOrderLapse(t *testing.T, s store.OrderStore) {
+	ctx := t.Context()
+	lapse := &store.OrderLapse{Deadline: "offer_timeout", At: t0.Add(10 * time.Second), MessageID: "x1"}
+	tr := transition("payment_error", "m2", bob, time.Second, store.OrderActive)
+	tr.Lapse = lapse
+	for _, w := range []struct {
+		tr   store.OrderTransition
+		open bool
+	}{{transition("accept_offer", "m1", alice, 0, store.OrderActive), true}, {tr, false}} {
+		if _, err := s.RecordOrder(ctx, order("o1", "d1", bob), w.tr, w.open); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Another active order, with no deadline pending.
+	if _, err := s.RecordOrder(ctx, order("o2", "d2", bob), transition("accept_offer", "m3", alice, 0, store.OrderActive), true); err != nil {
+		t.Fatal(err)
+	}
+	list := func(state store.OrderState, now time.Time) string {
+		t.Helper()
+		got, err := s.ListOrders(ctx, alice, state, now, "", 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, o := range got {
+			o = o.At(now)
+			out = append(out, fmt.Sprintf("%s/%s/%d", o.ID, o.State, len(o.Transitions)))
+		}
+		return fmt.Sprint(out)
+	}
+	before, at := lapse.At.Add(-time.Nanosecond), lapse.At
+	for _, c := range []struct {
+		state store.OrderState
+		now   time.Time
+		want  string
+	}{
+		{store.OrderActive, before, "[o1/active/2 o2/active/1]"},
+		{store.OrderFailed, before, "[]"},
+		{store.OrderActive, at, "[o2/active/1]"},
+		{store.OrderFailed, at, "[o1/failed/3]"},
+		{"", at, "[o1/failed/3 o2/active/1]"},
+	} {
+		if got := list(c.state, c.now); got != c.want {
+			t.Errorf("ListOrders(alice, %q, deadline%+v) = %s, want %s", c.state, c.now.Sub(at), got, c.want)
+		}
+	}
+	stored, err := s.GetOrder(ctx, "o1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := stored.At(at)
+	// The timer fires: the expiry it records is the one read already.
+	fired, err := s.RecordOrder(ctx, order("o1", "d1", bob), transition("offer_timeout_expired", "x1", "", 10*time.Second, store.OrderFailed), false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := fired.At(at.Add(time.Hour)); !reflect.DeepEqual(read, after) {
+		t.Errorf("order read at its lapse = %+v, after the expiry was recorded = %+v; want the same", read, after)
+	}
+	if got := list(store.OrderFailed, at); got != "[o1/failed/3]" {
+		t.Errorf("ListOrders(alice, failed) after the expiry = %s, want [o1/failed/3]", got)
 	}
 }

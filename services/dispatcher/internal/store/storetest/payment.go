@@ -3,6 +3,7 @@ package storetest
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ func RunPayments(t *testing.T, open func(t *testing.T) store.PaymentStore) {
 	t.Run("payment requests", func(t *testing.T) { testPaymentRequests(t, open(t)) })
 	t.Run("open payments", func(t *testing.T) { testOpenPayments(t, open(t)) })
 	t.Run("payment sweep", func(t *testing.T) { testSweepPayments(t, open(t)) })
+	t.Run("payment sweep batches", func(t *testing.T) { testSweepPaymentBatches(t, open(t)) })
 	t.Run("spend", func(t *testing.T) { testSpend(t, open(t)) })
 	t.Run("terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
 }
@@ -88,10 +90,10 @@ func testPaymentRequests(t *testing.T, s store.PaymentStore) {
 		t.Errorf("CreatePayment(r2 after a refusal) = %+v, %t, %v; want it created", got, created, err)
 	}
 	// The sweep forgets ids recorded before its time.
-	if n, err := s.SweepPaymentRequests(ctx, t0); err != nil || n != 0 {
+	if n, err := s.SweepPaymentRequests(ctx, t0, 10); err != nil || n != 0 {
 		t.Errorf("SweepPaymentRequests(t0) = %d, %v; want 0", n, err)
 	}
-	if n, err := s.SweepPaymentRequests(ctx, t0.Add(time.Nanosecond)); err != nil || n != 3 {
+	if n, err := s.SweepPaymentRequests(ctx, t0.Add(time.Nanosecond), 10); err != nil || n != 3 {
 		t.Errorf("SweepPaymentRequests(after) = %d, %v; want 3", n, err)
 	}
 	p5 := p
@@ -150,12 +152,12 @@ func testSweepPayments(t *testing.T, s store.PaymentStore) {
 	set("old-captured", store.PaymentCaptured, t0)
 	set("new-captured", store.PaymentReserved, t0)
 	set("new-captured", store.PaymentCaptured, t1)
-	if n, err := s.SweepPayments(ctx, t0); err != nil || n != 0 {
+	if n, err := s.SweepPayments(ctx, t0, 10); err != nil || n != 0 {
 		t.Errorf("SweepPayments(t0) = %d, %v; want 0", n, err)
 	}
 	// Payments last changed before the time go unless reserved: an order
 	// holds those.
-	if n, err := s.SweepPayments(ctx, t1); err != nil || n != 2 {
+	if n, err := s.SweepPayments(ctx, t1, 10); err != nil || n != 2 {
 		t.Errorf("SweepPayments(t1) = %d, %v; want 2", n, err)
 	}
 	for id, kept := range map[string]bool{"old-authorized": false, "old-reserved": true, "old-captured": false, "new-captured": true, "new-authorized": true} {
@@ -172,8 +174,92 @@ func testSweepPayments(t *testing.T, s store.PaymentStore) {
 	}
 	// Reserved, then released and left: it goes with its new time.
 	set("old-reserved", store.PaymentAuthorized, t1)
-	if n, err := s.SweepPayments(ctx, t1.Add(time.Second)); err != nil || n != 4 {
+	if n, err := s.SweepPayments(ctx, t1.Add(time.Second), 10); err != nil || n != 4 {
 		t.Errorf("SweepPayments(t1+1s) = %d, %v; want 4", n, err)
+	}
+}
+
+// testSweepPaymentBatches sweeps more payments and request ids than one
+// call may remove: each call removes at most its limit, oldest first, and
+// the calls together remove exactly what is due.
+func testSweepPaymentBatches(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	pay := func(id string, t time.Time) store.Payment {
+		return store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized, CreateTime: t, UpdateTime: t}
+	}
+	// Created newest first, so that neither id nor insertion order is
+	// the time order.
+	const due = 7
+	for i := due - 1; i >= 0; i-- {
+		if _, _, err := s.CreatePayment(ctx, pay(fmt.Sprintf("p%d", due-i), at(i)), fmt.Sprintf("r%d", i), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A reserved payment is never due; it must not use up a batch.
+	if _, _, err := s.CreatePayment(ctx, pay("held", t0), "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.UpdatePayment(ctx, "held", func(p *store.Payment) error { p.State = store.PaymentReserved; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	cut := at(due)
+	var got []int
+	for range due {
+		n, err := s.SweepPayments(ctx, cut, 3)
+		if err != nil {
+			t.Fatalf("SweepPayments(limit 3) = %v", err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		// The oldest go first: after k removed, payment i is gone
+		// exactly when i < k.
+		removed := 0
+		for _, k := range got {
+			removed += k
+		}
+		for i := range due {
+			_, err := s.GetPayment(ctx, fmt.Sprintf("p%d", due-i))
+			if gone := errors.Is(err, store.ErrNotFound); gone != (i < removed) {
+				t.Errorf("after sweeping %d: payment created at +%ds gone = %t (%v), want %t", removed, i, gone, err, i < removed)
+			}
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("SweepPayments(limit 3) removed %v per call, want %v", got, want)
+	}
+	if _, err := s.GetPayment(ctx, "held"); err != nil {
+		t.Errorf("GetPayment(held) after the sweeps = %v, want it kept", err)
+	}
+
+	// r0's payment is gone, so r0 creates anew and is recorded again,
+	// later: the sweeps below must not forget it under its first time.
+	again := pay("again", cut)
+	if _, created, err := s.CreatePayment(ctx, again, "r0", nil); err != nil || !created {
+		t.Fatalf("CreatePayment(r0 after its payment was swept) = %t, %v; want it created", created, err)
+	}
+	got = nil
+	for range due {
+		n, err := s.SweepPaymentRequests(ctx, at(5), 2)
+		if err != nil {
+			t.Fatalf("SweepPaymentRequests(limit 2) = %v", err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+	}
+	// r1 to r4 were recorded before +5s; r0 now at +7s.
+	if want := []int{2, 2, 0}; !slices.Equal(got, want) {
+		t.Errorf("SweepPaymentRequests(+5s, limit 2) forgot %v per call, want %v", got, want)
+	}
+	if p, created, err := s.CreatePayment(ctx, pay("p-other", cut), "r0", nil); err != nil || created || p.ID != "again" {
+		t.Errorf("CreatePayment(r0) after the sweeps = %s, created %t, %v; want payment again, not created", p.ID, created, err)
+	}
+	if n, err := s.SweepPaymentRequests(ctx, cut.Add(time.Second), 10); err != nil || n != 3 {
+		t.Errorf("SweepPaymentRequests(all) = %d, %v; want 3 (r5, r6, r0)", n, err)
 	}
 }
 
