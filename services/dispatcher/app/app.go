@@ -227,6 +227,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
+	if db := pgdb.Of(a.store); db != nil {
+		s.ShareAuthLimits(db) // failed authentications count on every replica
+	}
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)

@@ -126,6 +126,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("tasks-store", a.store.Ping)
+	if db := pgdb.Of(a.store); db != nil {
+		s.ShareAuthLimits(db) // failed authentications count on every replica
+	}
 	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
 	if err := a.server.Start(ctx, s.Stopping()); err != nil {
 		return err
