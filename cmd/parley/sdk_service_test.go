@@ -121,6 +121,67 @@ func (n serviceNet) order(t *testing.T, o sdk.Order, last string) *dispatcherv1.
 	return got
 }
 
+// A revocation the network records before the consumer's acceptance wins
+// the race: the acceptance is refused with the pair's state in the
+// status's ErrorInfo (refused_0_state revoke_offer, not the sentence), and
+// Transact falls back to the next proposal, reporting the revocation.
+func TestServiceAgent_transactLosesTheRaceToARevocation(t *testing.T) {
+	prices := map[string]int64{"fickle": 1_000_000, "steady": 2_000_000}
+	revoke, revoked := make(chan struct{}), make(chan error, 1)
+	n := startServiceNet(t, []string{"fickle", "steady"}, func(id string, sa *sdk.ServiceAgent) {
+		sa.Supply("new_task_request", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			_, err := r.Reply(ctx, "proposal", map[string]any{"proposal": map[string]string{"by": id}, "price": usdPrice(prices[id])})
+			return err
+		})
+		sa.Supply("invite_offer", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			if _, err := r.Reply(ctx, "offer", map[string]any{"offer": map[string]string{"by": id}, "price": usdPrice(prices[id])}); err != nil || id != "fickle" {
+				return err
+			}
+			// fickle revokes while the consumer is about to accept.
+			select {
+			case <-revoke:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			_, err := r.Reply(ctx, "revoke_offer", struct{}{})
+			revoked <- err
+			return err
+		})
+	})
+	ctx := t.Context()
+	c := n.agents["consumer"]
+	deal, err := c.Transact(ctx, sdk.Request{To: suppliersOf(n, "steady", "fickle"), Task: map[string]string{"what": "print"}, Window: 5 * time.Second}, byLowPrice, sdk.TransactOptions{
+		InviteWindow: 5 * time.Second,
+		Accept: func(ctx context.Context, d *sdk.Deal, offer sdk.Bid) (any, error) {
+			if offer.Supplier == n.name("fickle") {
+				// The revocation is recorded before the acceptance is sent,
+				// and after Transact last looked for one.
+				close(revoke)
+				if err := <-revoked; err != nil {
+					return nil, fmt.Errorf("fickle's revoke_offer: %w", err)
+				}
+			}
+			return struct{}{}, nil
+		},
+	})
+	if err != nil {
+		t.Fatalf("Transact() error = %v (deal %+v)", err, deal)
+	}
+	if len(deal.Fallbacks) != 1 || deal.Fallbacks[0].Supplier != n.name("fickle") || deal.Fallbacks[0].Reason != "revoked" {
+		t.Errorf("fallbacks = %+v, want fickle's revocation", deal.Fallbacks)
+	}
+	if deal.Order.Supplier != n.name("steady") {
+		t.Errorf("order = %+v, want steady's", deal.Order)
+	}
+	// The refusal the SDK saw, as a caller of Accept on fickle's ended
+	// pair sees it.
+	_, err = deal.Accept(ctx, deal.Proposals[0], struct{}{})
+	var ref *sdk.Refusal
+	if !errors.As(err, &ref) || ref.Rule != "PAIR_ENDED" || ref.State != "revoke_offer" {
+		t.Errorf("Accept(fickle's pair) error = %v (%+v), want a *sdk.Refusal, rule PAIR_ENDED, state revoke_offer", err, ref)
+	}
+}
+
 func usdPrice(micros int64) sdk.Price { return sdk.Price{AmountMicros: micros, Currency: "USD"} }
 
 func byLowPrice(b sdk.Bid) float64 {
