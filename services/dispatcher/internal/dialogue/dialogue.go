@@ -104,6 +104,8 @@ type Refusal struct {
 	Group  string // the group's path, for a group refused whole
 	Reason Reason
 	Rule   string // ReasonProtocol: the state machine's rule broken
+	// State and Deadline are the Violation's, for ReasonProtocol.
+	State, Deadline string
 	// Detail is one sentence for the sender: the rule broken, the
 	// connection missing.
 	Detail string
@@ -199,6 +201,10 @@ type Resolver interface {
 type Violation struct {
 	Rule   string // stable, UPPER_SNAKE
 	Detail string // one sentence for the sender
+	// State is the pair's state (the type of the last message it
+	// accepted) when the rule names it; Deadline the deadline that passed
+	// (or whose lapse ended the pair). Either may be "".
+	State, Deadline string
 }
 
 func (v *Violation) Error() string { return v.Detail }
@@ -602,7 +608,7 @@ func protocolRefusal(agent string, v *Violation) Refusal {
 	if v.Detail != "" {
 		detail += ": " + v.Detail
 	}
-	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail, Rule: v.Rule}
+	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail, Rule: v.Rule, State: v.State, Deadline: v.Deadline}
 }
 
 // report wakes the recipients that got msg and reports them, with the
