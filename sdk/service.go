@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -230,16 +231,36 @@ func refusal(typ string, err error) error {
 
 // CreatePayment creates a payment of the network's ledger provider from
 // the agent to payee and returns the payment field an accept_offer
-// carries.
+// carries. Each call sends a request_id of its own (AIP-155) and, when the
+// server cannot be reached (UNAVAILABLE: the payment may or may not have
+// been created), tries again with the same id, up to paymentAttempts
+// times with the agent's backoff: a retry returns the payment an earlier
+// attempt created rather than a second one.
 func (s *ServiceAgent) CreatePayment(ctx context.Context, payee string, price Price) (PaymentReference, error) {
-	p, err := s.client.CreatePayment(s.agent.callContext(ctx), &dispatcherv1.CreatePaymentRequest{
-		Parent: s.agent.Name(), Payment: &dispatcherv1.Payment{Payee: payee, AmountMicros: price.AmountMicros, Currency: price.Currency},
-	})
-	if err != nil {
-		return PaymentReference{}, err
+	req := &dispatcherv1.CreatePaymentRequest{
+		Parent:    s.agent.Name(),
+		Payment:   &dispatcherv1.Payment{Payee: payee, AmountMicros: price.AmountMicros, Currency: price.Currency},
+		RequestId: rand.Text(), // 26 letters and digits: the server's request_id format
 	}
-	return PaymentReference{Provider: "ledger", Reference: p.GetName()[strings.LastIndex(p.GetName(), "/")+1:]}, nil
+	backoff := s.agent.opts.MinBackoff
+	for attempt := 1; ; attempt++ {
+		p, err := s.client.CreatePayment(s.agent.callContext(ctx), req)
+		if err == nil {
+			return PaymentReference{Provider: "ledger", Reference: p.GetName()[strings.LastIndex(p.GetName(), "/")+1:]}, nil
+		}
+		if status.Code(err) != codes.Unavailable || attempt == paymentAttempts {
+			return PaymentReference{}, err
+		}
+		if werr := sleep(ctx, backoff); werr != nil {
+			return PaymentReference{}, errors.Join(err, werr)
+		}
+		backoff = min(2*backoff, s.agent.opts.MaxBackoff)
+	}
 }
+
+// paymentAttempts is how many times CreatePayment sends its request while
+// the server cannot be reached.
+const paymentAttempts = 4
 
 // CapturePayment takes a ledger payment an acceptance reserved for the
 // agent, its payee (before it sends payment_confirmed).

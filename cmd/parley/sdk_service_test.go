@@ -371,3 +371,76 @@ func TestServiceAgent_transactFallsBackAfterAPaymentError(t *testing.T) {
 		t.Errorf("GetPayment(solid's) = %v, %v; want CAPTURED for the order", p, err)
 	}
 }
+
+// lossyConn loses the response of the first CreatePayment call after the
+// server answered it, as a dropped connection does: the caller sees
+// UNAVAILABLE, and the payment exists.
+type lossyConn struct {
+	grpc.ClientConnInterface
+	mu       sync.Mutex // guards requests, first
+	requests []*dispatcherv1.CreatePaymentRequest
+	first    *dispatcherv1.Payment // what the server answered the lost call
+}
+
+func (c *lossyConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	err := c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	if method != dispatcherv1.DispatcherService_CreatePayment_FullMethodName {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.requests = append(c.requests, args.(*dispatcherv1.CreatePaymentRequest))
+	if err == nil && c.first == nil {
+		c.first = reply.(*dispatcherv1.Payment)
+		return status.Error(codes.Unavailable, "connection lost after the server answered")
+	}
+	return err
+}
+
+// CreatePayment sends a request_id of its own per call and repeats it on
+// a retry, so that a retry after a lost response returns the payment the
+// first attempt created instead of a second one; the next call gets a
+// new id and a new payment.
+func TestServiceAgent_createPaymentRetriesWithItsRequestID(t *testing.T) {
+	n := startServiceNet(t, []string{"shop"}, func(string, *sdk.ServiceAgent) {})
+	lossy := &lossyConn{ClientConnInterface: n.conn}
+	na, err := sdk.NewNetworkAgent(n.conn, n.name("consumer"), sdk.NetworkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, err := sdk.NewServiceAgent(lossy, na, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	ref, err := sa.CreatePayment(ctx, n.name("shop"), usdPrice(5))
+	if err != nil {
+		t.Fatalf("CreatePayment (first response lost) = %v, want it retried", err)
+	}
+	lossy.mu.Lock()
+	reqs, first := slices.Clone(lossy.requests), lossy.first
+	lossy.mu.Unlock()
+	if len(reqs) != 2 || reqs[0].GetRequestId() == "" || reqs[1].GetRequestId() != reqs[0].GetRequestId() {
+		t.Fatalf("CreatePayment sent %d requests with request_ids %q; want 2 with one id", len(reqs), requestIDs(reqs))
+	}
+	if want := n.name("consumer") + "/payments/" + ref.Reference; first == nil || first.GetName() != want {
+		t.Errorf("CreatePayment returned %s, want the payment the lost call created (%v)", want, first)
+	}
+	again, err := sa.CreatePayment(ctx, n.name("shop"), usdPrice(5))
+	if err != nil || again == ref {
+		t.Errorf("CreatePayment (second call) = %+v, %v; want a new payment", again, err)
+	}
+	lossy.mu.Lock()
+	defer lossy.mu.Unlock()
+	if ids := requestIDs(lossy.requests); len(ids) != 3 || ids[2] == ids[0] {
+		t.Errorf("request_ids sent = %q; want a new one for the second call", ids)
+	}
+}
+
+func requestIDs(reqs []*dispatcherv1.CreatePaymentRequest) []string {
+	var ids []string
+	for _, r := range reqs {
+		ids = append(ids, r.GetRequestId())
+	}
+	return ids
+}
