@@ -116,25 +116,25 @@ func TestOpen_migration5FillsOpenPayments(t *testing.T) {
 	}
 }
 
-// A database migrated to version 9 (one offer's terms per pair) gets 0010
+// A database migrated to version 10 (one offer's terms per pair) gets 0011
 // on open: the pair's terms are then found for any message of the pair,
 // until an offer records its own.
-func TestOpen_migration10KeysOfferTermsByMessage(t *testing.T) {
+func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
 	url, schema := pgdbtest.Schema(t)
-	upTo9 := fstest.MapFS{}
+	upTo10 := fstest.MapFS{}
 	err := fs.WalkDir(migrationFiles, "migrations", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() || d.Name() >= "0010" {
+		if err != nil || d.IsDir() || d.Name() >= "0011" {
 			return err
 		}
 		data, err := fs.ReadFile(migrationFiles, path)
-		upTo9[path] = &fstest.MapFile{Data: data}
+		upTo10[path] = &fstest.MapFile{Data: data}
 		return err
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	old, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: upTo9})
+	old, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: upTo10})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestOpen_migration10KeysOfferTermsByMessage(t *testing.T) {
 	}
 	s, err := Open(ctx, url, schema, nil)
 	if err != nil {
-		t.Fatalf("Open(version 9): %v", err)
+		t.Fatalf("Open(version 10): %v", err)
 	}
 	defer s.Close()
 	if got, err := s.OfferTerms(ctx, "d1", bob, "offer1"); err != nil || string(got) != `{"a":1}` {
