@@ -1,13 +1,16 @@
 package app_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
 )
 
 // TestPostgreSQL_secondStreamOnAnotherReplicaTakesOver runs two
@@ -43,5 +46,45 @@ func TestPostgreSQL_secondStreamOnAnotherReplicaTakesOver(t *testing.T) {
 	send(t, a.app, "m2", echo)
 	if got := recvN(t, second, 1); cursors(got) != "2:m2 " {
 		t.Errorf("stream on B = %q, want 2:m2", cursors(got))
+	}
+}
+
+// TestPostgreSQL_anEndedStreamLeavesNoRecord: a receive stream's record
+// in mailbox_streams, which orders streams across replicas, is deleted
+// when the stream ends, so the table holds the live streams only.
+func TestPostgreSQL_anEndedStreamLeavesNoRecord(t *testing.T) {
+	url := pgdbtest.Database(t)
+	a := startDispatcherApp(t, "--database-url", url)
+	st, err := pgstore.Open(t.Context(), url, pgstore.Schema, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	records := func() map[string]uint64 {
+		t.Helper()
+		got, err := st.StreamEpochs(t.Context(), []string{echo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	send(t, a.app, "m1", echo)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stream, err := a.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, stream, 1)
+	if got := records(); len(got) != 1 {
+		t.Fatalf("mailbox_streams while %s receives = %v, want its stream", echo, got)
+	}
+	cancel()
+	deadline := time.Now().Add(30 * time.Second) // generous: a failure, not a measure
+	for len(records()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("mailbox_streams after the stream ended = %v, want none", records())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

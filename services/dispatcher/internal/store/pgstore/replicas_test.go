@@ -205,3 +205,60 @@ func TestOpenStream_ordersStreamsAcrossReplicas(t *testing.T) {
 		t.Errorf("StreamEpochs = %v, %v; want bob at %d", got, err, onA)
 	}
 }
+
+// An ended stream's row goes unless a newer stream replaced it; a row
+// stamped by its replica (TouchStreams) outlives SweepStreams, and one
+// nobody stamped for longer than the age (a dead replica's) does not.
+func TestCloseStream_andSweepKeepOnlyLiveStreams(t *testing.T) {
+	rs := replicas(t, 2)
+	ctx := t.Context()
+	const bob, carol, dave = "clients/c/agents/bob", "clients/c/agents/carol", "clients/c/agents/dave"
+	open := func(r *pgstore.Store, agent string) uint64 {
+		t.Helper()
+		e, err := r.OpenStream(ctx, agent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	rows := func() map[string]uint64 {
+		t.Helper()
+		agents := []string{bob, carol, dave}
+		got, err := rs[0].StreamEpochs(ctx, agents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	older := open(rs[0], bob)
+	newer := open(rs[1], bob) // replaces A's stream of bob
+	if err := rs[0].CloseStream(ctx, bob, older); err != nil {
+		t.Fatal(err)
+	}
+	if got := rows(); got[bob] != newer {
+		t.Fatalf("after the older stream closed, mailbox_streams = %v, want bob at %d", got, newer)
+	}
+	if err := rs[1].CloseStream(ctx, bob, newer); err != nil {
+		t.Fatal(err)
+	}
+	if got := rows(); len(got) != 0 {
+		t.Fatalf("after the newest stream closed, mailbox_streams = %v, want none", got)
+	}
+
+	carolOnA, daveOnB := open(rs[0], carol), open(rs[1], dave)
+	// Both rows were last seen an hour ago; A is alive and stamps its
+	// stream (and a stale epoch of dave, which must not count), B died.
+	if _, err := rs[0].DB().Pool().Exec(ctx, `UPDATE mailbox_streams SET seen_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs[0].TouchStreams(ctx, map[string]uint64{carol: carolOnA, dave: daveOnB - 1}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := rs[0].SweepStreams(ctx, 10*time.Minute)
+	if err != nil || n != 1 {
+		t.Errorf("SweepStreams(10m) = %d, %v; want 1 (dave's, unseen)", n, err)
+	}
+	if got := rows(); len(got) != 1 || got[carol] != carolOnA {
+		t.Errorf("after the sweep, mailbox_streams = %v, want carol at %d", got, carolOnA)
+	}
+}
