@@ -115,3 +115,50 @@ func TestOpen_migration5FillsOpenPayments(t *testing.T) {
 		t.Errorf("SweepPayments after the migration = %d, %v; want 2", n, err)
 	}
 }
+
+// A database migrated to version 10 (one offer's terms per pair) gets 0011
+// on open: the pair's terms are then found for any message of the pair,
+// until an offer records its own.
+func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	upTo10 := fstest.MapFS{}
+	err := fs.WalkDir(migrationFiles, "migrations", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() >= "0011" {
+			return err
+		}
+		data, err := fs.ReadFile(migrationFiles, path)
+		upTo10[path] = &fstest.MapFile{Data: data}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	old, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: upTo10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bob = "clients/b/agents/bob"
+	if _, err := old.Pool().Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, terms) VALUES ('d1', $1, $2)`, bob, []byte(`{"a":1}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, url, schema, nil)
+	if err != nil {
+		t.Fatalf("Open(version 10): %v", err)
+	}
+	defer s.Close()
+	if got, err := s.OfferTerms(ctx, "d1", bob, "offer1"); err != nil || string(got) != `{"a":1}` {
+		t.Errorf("OfferTerms(d1, bob) after the migration = %s, %v; want {\"a\":1}", got, err)
+	}
+	if err := s.SetOfferTerms(ctx, "d1", bob, "offer2", json.RawMessage(`{"a":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{"offer1": `{"a":2}`, "offer2": `{"a":2}`} {
+		if got, err := s.OfferTerms(ctx, "d1", bob, id); err != nil || string(got) != want {
+			t.Errorf("OfferTerms(d1, bob, %s) after a new offer = %s, %v; want %s", id, got, err, want)
+		}
+	}
+}
