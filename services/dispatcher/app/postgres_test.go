@@ -88,3 +88,77 @@ func TestPostgreSQL_anEndedStreamLeavesNoRecord(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestPostgreSQL_aListenerThatReconnectsCatchesUp: replica A's listening
+// connection is terminated (pg_terminate_backend) and kept from
+// reconnecting while B appends to the mailbox of an agent receiving on A
+// and opens a newer stream of another agent receiving on A. A hears none
+// of it; once it listens again it reads the mailboxes of its streams and
+// compares its streams with mailbox_streams, so its stream delivers the
+// message and its older stream ends STREAM_REPLACED. (Each stream's
+// keepalive is 10 minutes, so only a wake-up delivers in time.)
+func TestPostgreSQL_aListenerThatReconnectsCatchesUp(t *testing.T) {
+	url := pgdbtest.Database(t)
+	role, urlA := pgdbtest.Role(t, url)
+	b := startDispatcherApp(t, "--database-url", url, "--mailbox-stream-keepalive", "10m") // makes the schema, so that the role owns nothing
+	a := startDispatcherApp(t, "--database-url", urlA, "--mailbox-stream-keepalive", "10m")
+	const other = "clients/acme/agents/other"
+	listenersOfA := `SELECT count(*) FROM pg_stat_activity WHERE usename = '` + role + `' AND query LIKE 'LISTEN %'`
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second) // generous: a failure, not a measure
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("still waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("A's listening connection", func() bool { return pgdbtest.Int(t, listenersOfA) == 1 })
+
+	// A failure ends the streams instead of hanging the test.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	send(t, b.app, "m1", echo)
+	echoOnA, err := a.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, echoOnA, 1)
+	otherOnA, err := a.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherOnA.Recv(); err != nil { // the first, empty batch: connected
+		t.Fatal(err)
+	}
+
+	pgdbtest.Exec(t, `ALTER ROLE `+role+` NOLOGIN`)
+	t.Cleanup(func() { pgdbtest.Exec(t, `ALTER ROLE `+role+` LOGIN`) }) // if the test stops early
+	pgdbtest.Exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '`+role+`' AND query LIKE 'LISTEN %'`)
+	waitFor("A's listener to be gone", func() bool { return pgdbtest.Int(t, listenersOfA) == 0 })
+
+	send(t, b.app, "m2", echo)
+	otherOnB, err := b.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherOnB.Recv(); err != nil {
+		t.Fatal(err)
+	}
+
+	pgdbtest.Exec(t, `ALTER ROLE `+role+` LOGIN`)
+	if got := recvN(t, echoOnA, 1); cursors(got) != "2:m2 " {
+		t.Errorf("echo's stream on A after its listener reconnected = %q, want 2:m2", cursors(got))
+	}
+	for {
+		_, err := otherOnA.Recv()
+		if err == nil {
+			continue
+		}
+		if status.Code(err) != codes.Aborted || reason(err) != "STREAM_REPLACED" {
+			t.Errorf("other's stream on A after its listener reconnected: %v (reason %q), want ABORTED STREAM_REPLACED", err, reason(err))
+		}
+		break
+	}
+}

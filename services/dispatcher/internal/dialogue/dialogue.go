@@ -23,6 +23,7 @@
 package dialogue
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -292,6 +293,10 @@ type Message struct {
 	// RequestID, when set, makes a repeat of the same send return the
 	// first result instead of sending again (per sender, for a day).
 	RequestID string
+	// ID, when set, is the id a reply is recorded under (NewID's
+	// otherwise): the caller recorded something under it before sending.
+	// It must be as fresh and unguessable as NewID's.
+	ID string
 }
 
 // Result is what a sent message became.
@@ -507,7 +512,7 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 		return Result{}, err
 	}
 	now := s.opts.Now().UTC()
-	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: sender, Type: m.Type, InReplyTo: inReplyTo, Time: now}
+	dm := store.DialogueMessage{ID: cmp.Or(m.ID, s.opts.NewID()), DialogueID: d.ID, Sender: sender, Type: m.Type, InReplyTo: inReplyTo, Time: now}
 	if err := s.checkAcceptance(ctx, machine, d, answered, sender, dm.ID, m, now); err != nil {
 		return Result{}, err
 	}

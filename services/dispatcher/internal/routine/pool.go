@@ -110,6 +110,9 @@ type Pool struct {
 
 	// fresh is pipelineFresh (tests set it longer).
 	fresh time.Duration
+	// waits, when set (by tests), is called with the agent of each call
+	// that finds no room and waits for it.
+	waits func(agent string)
 
 	started  atomic.Int64
 	recycled atomic.Int64
@@ -295,7 +298,11 @@ func (p *Pool) acquire(ctx context.Context, agent string, until time.Time, budge
 	p.seq++
 	wt := &waiter{room: make(chan grant, 1), budget: budget, seq: p.seq}
 	sh.waiters = append(sh.waiters, wt)
+	waits := p.waits
 	p.mu.Unlock()
+	if waits != nil {
+		waits(agent)
+	}
 	timer := time.NewTimer(time.Until(until))
 	defer timer.Stop()
 	select {
