@@ -88,8 +88,20 @@ func URL(t testing.TB) string {
 // store opened afterwards is closed first).
 func Schema(t testing.TB) (url, schema string) {
 	t.Helper()
-	url = URL(t)
-	schema = name()
+	return schemaNamed(t, name())
+}
+
+// LongSchema is Schema with a name of the most bytes PostgreSQL keeps, 63,
+// for the names derived from it (notification channels).
+func LongSchema(t testing.TB) (url, schema string) {
+	t.Helper()
+	n := name()
+	return schemaNamed(t, n+strings.Repeat("x", 63-len(n)))
+}
+
+func schemaNamed(t testing.TB, schema string) (string, string) {
+	t.Helper()
+	url := URL(t)
 	t.Cleanup(func() { admin(t, url, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
 	return url, schema
 }

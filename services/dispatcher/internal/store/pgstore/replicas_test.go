@@ -19,6 +19,12 @@ import (
 func replicas(t *testing.T, n int) []*pgstore.Store {
 	t.Helper()
 	url, schema := pgdbtest.Schema(t)
+	return replicasOn(t, url, schema, n)
+}
+
+// replicasOn is replicas on the schema given.
+func replicasOn(t *testing.T, url, schema string, n int) []*pgstore.Store {
+	t.Helper()
 	out := make([]*pgstore.Store, n)
 	for i := range out {
 		s, err := pgstore.Open(t.Context(), url, schema, nil)
@@ -261,4 +267,72 @@ func TestCloseStream_andSweepKeepOnlyLiveStreams(t *testing.T) {
 	if got := rows(); len(got) != 1 || got[carol] != carolOnA {
 		t.Errorf("after the sweep, mailbox_streams = %v, want carol at %d", got, carolOnA)
 	}
+}
+
+// A schema name as long as PostgreSQL allows (63 bytes) still gives
+// notification channels that PostgreSQL keeps whole: an append, a timer, a
+// routine and a stream through A each reach B's listener.
+func TestListen_onASchemaOfTheLongestName(t *testing.T) {
+	url, schema := pgdbtest.LongSchema(t)
+	rs := replicasOn(t, url, schema, 2)
+	heard := make(chan string, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		rs[1].Listen(ctx, slog.New(slog.DiscardHandler), pgstore.Wakeups{
+			Mailboxes: func(agents []string) {
+				if agents != nil {
+					heard <- "mailbox " + agents[0]
+				}
+			},
+			Timers: func() { heard <- "timers" },
+			Routines: func(name string) {
+				if name != "" {
+					heard <- "routine " + name
+				}
+			},
+			Streams: func(agent string, _ uint64) {
+				if agent != "" {
+					heard <- "stream " + agent
+				}
+			},
+		})
+	})
+	expect := func(want string) {
+		t.Helper()
+		for {
+			select {
+			case got := <-heard:
+				if got == "timers" && want != "timers" {
+					continue // B listens: "anything may have changed" on connecting
+				}
+				if got != want {
+					t.Fatalf("B heard %q, want %q", got, want)
+				}
+				return
+			case <-time.After(30 * time.Second): // generous: a failure, not a measure
+				t.Fatalf("B did not hear %q", want)
+			}
+		}
+	}
+	const bob = "clients/c/agents/bob"
+	// B hears only after it listens: wait for the timers' "anything may
+	// have changed" first.
+	expect("timers")
+	mb := mailbox.New(rs[0], mailbox.Options{})
+	m := mailbox.Message{ID: "m1", DialogueID: "d", Category: mailbox.CategoryMessage, Type: "t", Body: []byte(`1`)}
+	if _, err := mb.Append(t.Context(), m, []string{bob}); err != nil {
+		t.Fatal(err)
+	}
+	expect("mailbox " + bob)
+	const routine = "clients/c/agents/a/routines/steps"
+	if _, err := rs[0].SetRoutine(t.Context(), routine, "x = 1", time.Unix(1_800_000_000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	expect("routine " + routine)
+	if _, err := rs[0].OpenStream(t.Context(), bob); err != nil {
+		t.Fatal(err)
+	}
+	expect("stream " + bob)
 }

@@ -7,13 +7,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
 var _ mailbox.Streams = (*Store)(nil)
 
 // StreamChannel is the NOTIFY channel of receive streams opened.
-func (s *Store) StreamChannel() string { return "parley_streams_" + s.schema }
+func (s *Store) StreamChannel() string { return pgdb.Channel("parley_streams_", s.schema) }
 
 // OpenStream implements mailbox.Streams: the epoch comes from a sequence
 // (one order over every replica), is kept as the agent's newest unless a
