@@ -151,17 +151,24 @@ func (a *NetworkAgent) Run(ctx context.Context) error {
 			backoff = a.opts.MinBackoff
 		}
 		a.report(fmt.Errorf("receive: %w; reconnecting", err))
-		// Full jitter up to the backoff, so that many agents cut off at
-		// once do not reconnect at once.
-		wait := time.Duration(rand.Int64N(int64(backoff))) + time.Millisecond
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if sleep(ctx, backoff) != nil {
 			return nil
-		case <-t.C:
 		}
 		backoff = min(2*backoff, a.opts.MaxBackoff)
+	}
+}
+
+// sleep waits a random time up to d, or until ctx ends (returning its
+// error): full jitter, so that many agents cut off at once do not all try
+// again at once.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(time.Duration(rand.Int64N(int64(d))) + time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 

@@ -2,6 +2,7 @@ package sdk
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -181,9 +182,17 @@ type Refusal struct {
 	// Rule is the rule broken: a state machine's (PAIR_ENDED,
 	// DEADLINE_PASSED, NOT_ALLOWED_AFTER, ...) for a PROTOCOL_ERROR, else
 	// the Reason.
-	Rule   string
-	Detail string // the server's sentence, naming the rule (and a deadline)
-	err    error
+	Rule string
+	// State is the pair's state a state machine's refusal names: the type
+	// of the last message the pair accepted ("revoke_offer" when a
+	// revocation won the race with an acceptance); "" when the rule names
+	// none.
+	State string
+	// Deadline is the deadline that passed (DEADLINE_PASSED) or whose
+	// lapse ended the pair (PAIR_ENDED), if one did.
+	Deadline string
+	Detail   string // the server's sentence, naming the rule (and a deadline); for people, not for branching
+	err      error
 }
 
 func (e *Refusal) Error() string {
@@ -209,30 +218,49 @@ func refusal(typ string, err error) error {
 	r := &Refusal{Type: typ, Reason: st.Code().String(), Detail: st.Message(), err: err}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
-			r.Reason = info.GetReason()
+			// A reply has one recipient: the first refusal is its.
+			md := info.GetMetadata()
+			r.Reason, r.Rule, r.State, r.Deadline = info.GetReason(), md["refused_0_rule"], md["refused_0_state"], md["refused_0_deadline"]
 		}
 	}
-	r.Rule = r.Reason
-	if _, after, ok := strings.Cut(r.Detail, "breaks rule "); ok {
-		if f := strings.Fields(after); len(f) > 0 {
-			r.Rule = f[0]
-		}
+	if r.Rule == "" {
+		r.Rule = r.Reason
 	}
 	return r
 }
 
 // CreatePayment creates a payment of the network's ledger provider from
 // the agent to payee and returns the payment field an accept_offer
-// carries.
+// carries. Each call sends a request_id of its own (AIP-155) and, when the
+// server cannot be reached (UNAVAILABLE: the payment may or may not have
+// been created), tries again with the same id, up to paymentAttempts
+// times with the agent's backoff: a retry returns the payment an earlier
+// attempt created rather than a second one.
 func (s *ServiceAgent) CreatePayment(ctx context.Context, payee string, price Price) (PaymentReference, error) {
-	p, err := s.client.CreatePayment(s.agent.callContext(ctx), &dispatcherv1.CreatePaymentRequest{
-		Parent: s.agent.Name(), Payment: &dispatcherv1.Payment{Payee: payee, AmountMicros: price.AmountMicros, Currency: price.Currency},
-	})
-	if err != nil {
-		return PaymentReference{}, err
+	req := &dispatcherv1.CreatePaymentRequest{
+		Parent:    s.agent.Name(),
+		Payment:   &dispatcherv1.Payment{Payee: payee, AmountMicros: price.AmountMicros, Currency: price.Currency},
+		RequestId: rand.Text(), // 26 letters and digits: the server's request_id format
 	}
-	return PaymentReference{Provider: "ledger", Reference: p.GetName()[strings.LastIndex(p.GetName(), "/")+1:]}, nil
+	backoff := s.agent.opts.MinBackoff
+	for attempt := 1; ; attempt++ {
+		p, err := s.client.CreatePayment(s.agent.callContext(ctx), req)
+		if err == nil {
+			return PaymentReference{Provider: "ledger", Reference: p.GetName()[strings.LastIndex(p.GetName(), "/")+1:]}, nil
+		}
+		if status.Code(err) != codes.Unavailable || attempt == paymentAttempts {
+			return PaymentReference{}, err
+		}
+		if werr := sleep(ctx, backoff); werr != nil {
+			return PaymentReference{}, errors.Join(err, werr)
+		}
+		backoff = min(2*backoff, s.agent.opts.MaxBackoff)
+	}
 }
+
+// paymentAttempts is how many times CreatePayment sends its request while
+// the server cannot be reached.
+const paymentAttempts = 4
 
 // CapturePayment takes a ledger payment an acceptance reserved for the
 // agent, its payee (before it sends payment_confirmed).
@@ -587,7 +615,9 @@ func (d *Deal) try(ctx context.Context, p Bid, opts TransactOptions) (*Fallback,
 		if !errors.Is(err, ErrRefused) {
 			return nil, err
 		}
-		if strings.Contains(err.Error(), `after \"revoke_offer\"`) || strings.Contains(err.Error(), `after "revoke_offer"`) {
+		// The network ordered a revocation first: the pair ended in it.
+		var ref *Refusal
+		if errors.As(err, &ref) && ref.State == "revoke_offer" {
 			if _, err := d.q.await(ctx, p.Supplier, []string{"revoke_offer"}); err != nil {
 				return nil, err
 			}

@@ -121,6 +121,67 @@ func (n serviceNet) order(t *testing.T, o sdk.Order, last string) *dispatcherv1.
 	return got
 }
 
+// A revocation the network records before the consumer's acceptance wins
+// the race: the acceptance is refused with the pair's state in the
+// status's ErrorInfo (refused_0_state revoke_offer, not the sentence), and
+// Transact falls back to the next proposal, reporting the revocation.
+func TestServiceAgent_transactLosesTheRaceToARevocation(t *testing.T) {
+	prices := map[string]int64{"fickle": 1_000_000, "steady": 2_000_000}
+	revoke, revoked := make(chan struct{}), make(chan error, 1)
+	n := startServiceNet(t, []string{"fickle", "steady"}, func(id string, sa *sdk.ServiceAgent) {
+		sa.Supply("new_task_request", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			_, err := r.Reply(ctx, "proposal", map[string]any{"proposal": map[string]string{"by": id}, "price": usdPrice(prices[id])})
+			return err
+		})
+		sa.Supply("invite_offer", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+			if _, err := r.Reply(ctx, "offer", map[string]any{"offer": map[string]string{"by": id}, "price": usdPrice(prices[id])}); err != nil || id != "fickle" {
+				return err
+			}
+			// fickle revokes while the consumer is about to accept.
+			select {
+			case <-revoke:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			_, err := r.Reply(ctx, "revoke_offer", struct{}{})
+			revoked <- err
+			return err
+		})
+	})
+	ctx := t.Context()
+	c := n.agents["consumer"]
+	deal, err := c.Transact(ctx, sdk.Request{To: suppliersOf(n, "steady", "fickle"), Task: map[string]string{"what": "print"}, Window: 5 * time.Second}, byLowPrice, sdk.TransactOptions{
+		InviteWindow: 5 * time.Second,
+		Accept: func(ctx context.Context, d *sdk.Deal, offer sdk.Bid) (any, error) {
+			if offer.Supplier == n.name("fickle") {
+				// The revocation is recorded before the acceptance is sent,
+				// and after Transact last looked for one.
+				close(revoke)
+				if err := <-revoked; err != nil {
+					return nil, fmt.Errorf("fickle's revoke_offer: %w", err)
+				}
+			}
+			return struct{}{}, nil
+		},
+	})
+	if err != nil {
+		t.Fatalf("Transact() error = %v (deal %+v)", err, deal)
+	}
+	if len(deal.Fallbacks) != 1 || deal.Fallbacks[0].Supplier != n.name("fickle") || deal.Fallbacks[0].Reason != "revoked" {
+		t.Errorf("fallbacks = %+v, want fickle's revocation", deal.Fallbacks)
+	}
+	if deal.Order.Supplier != n.name("steady") {
+		t.Errorf("order = %+v, want steady's", deal.Order)
+	}
+	// The refusal the SDK saw, as a caller of Accept on fickle's ended
+	// pair sees it.
+	_, err = deal.Accept(ctx, deal.Proposals[0], struct{}{})
+	var ref *sdk.Refusal
+	if !errors.As(err, &ref) || ref.Rule != "PAIR_ENDED" || ref.State != "revoke_offer" {
+		t.Errorf("Accept(fickle's pair) error = %v (%+v), want a *sdk.Refusal, rule PAIR_ENDED, state revoke_offer", err, ref)
+	}
+}
+
 func usdPrice(micros int64) sdk.Price { return sdk.Price{AmountMicros: micros, Currency: "USD"} }
 
 func byLowPrice(b sdk.Bid) float64 {
@@ -309,4 +370,77 @@ func TestServiceAgent_transactFallsBackAfterAPaymentError(t *testing.T) {
 	if err != nil || p.GetState() != dispatcherv1.PaymentState_PAYMENT_STATE_CAPTURED || p.GetOrder() != deal.Order.ID {
 		t.Errorf("GetPayment(solid's) = %v, %v; want CAPTURED for the order", p, err)
 	}
+}
+
+// lossyConn loses the response of the first CreatePayment call after the
+// server answered it, as a dropped connection does: the caller sees
+// UNAVAILABLE, and the payment exists.
+type lossyConn struct {
+	grpc.ClientConnInterface
+	mu       sync.Mutex // guards requests, first
+	requests []*dispatcherv1.CreatePaymentRequest
+	first    *dispatcherv1.Payment // what the server answered the lost call
+}
+
+func (c *lossyConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	err := c.ClientConnInterface.Invoke(ctx, method, args, reply, opts...)
+	if method != dispatcherv1.DispatcherService_CreatePayment_FullMethodName {
+		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.requests = append(c.requests, args.(*dispatcherv1.CreatePaymentRequest))
+	if err == nil && c.first == nil {
+		c.first = reply.(*dispatcherv1.Payment)
+		return status.Error(codes.Unavailable, "connection lost after the server answered")
+	}
+	return err
+}
+
+// CreatePayment sends a request_id of its own per call and repeats it on
+// a retry, so that a retry after a lost response returns the payment the
+// first attempt created instead of a second one; the next call gets a
+// new id and a new payment.
+func TestServiceAgent_createPaymentRetriesWithItsRequestID(t *testing.T) {
+	n := startServiceNet(t, []string{"shop"}, func(string, *sdk.ServiceAgent) {})
+	lossy := &lossyConn{ClientConnInterface: n.conn}
+	na, err := sdk.NewNetworkAgent(n.conn, n.name("consumer"), sdk.NetworkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa, err := sdk.NewServiceAgent(lossy, na, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	ref, err := sa.CreatePayment(ctx, n.name("shop"), usdPrice(5))
+	if err != nil {
+		t.Fatalf("CreatePayment (first response lost) = %v, want it retried", err)
+	}
+	lossy.mu.Lock()
+	reqs, first := slices.Clone(lossy.requests), lossy.first
+	lossy.mu.Unlock()
+	if len(reqs) != 2 || reqs[0].GetRequestId() == "" || reqs[1].GetRequestId() != reqs[0].GetRequestId() {
+		t.Fatalf("CreatePayment sent %d requests with request_ids %q; want 2 with one id", len(reqs), requestIDs(reqs))
+	}
+	if want := n.name("consumer") + "/payments/" + ref.Reference; first == nil || first.GetName() != want {
+		t.Errorf("CreatePayment returned %s, want the payment the lost call created (%v)", want, first)
+	}
+	again, err := sa.CreatePayment(ctx, n.name("shop"), usdPrice(5))
+	if err != nil || again == ref {
+		t.Errorf("CreatePayment (second call) = %+v, %v; want a new payment", again, err)
+	}
+	lossy.mu.Lock()
+	defer lossy.mu.Unlock()
+	if ids := requestIDs(lossy.requests); len(ids) != 3 || ids[2] == ids[0] {
+		t.Errorf("request_ids sent = %q; want a new one for the second call", ids)
+	}
+}
+
+func requestIDs(reqs []*dispatcherv1.CreatePaymentRequest) []string {
+	var ids []string
+	for _, r := range reqs {
+		ids = append(ids, r.GetRequestId())
+	}
+	return ids
 }

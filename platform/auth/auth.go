@@ -112,6 +112,12 @@ func (a *Authenticator) SetVerifier(v Verifier) { a.verifier.Store(&v) }
 // SetVerifierIfUnset sets v unless a verifier is set.
 func (a *Authenticator) SetVerifierIfUnset(v Verifier) { a.verifier.CompareAndSwap(nil, &v) }
 
+// ShareFailures keeps the failed-authentication limits in b, so that they
+// hold across the replicas of a service (see Limiter.Share).
+func (a *Authenticator) ShareFailures(b SharedBuckets) {
+	a.failures.Share("auth.failures", b, a.opts.Logger)
+}
+
 // OperatorToken returns the operator token, for in-process clients.
 func (a *Authenticator) OperatorToken() string { return a.opts.OperatorToken }
 
@@ -172,7 +178,7 @@ func (a *Authenticator) authenticate(ctx context.Context, c call) (Principal, er
 	if c.header == "" {
 		return Principal{Kind: Anonymous}, nil
 	}
-	if a.failures.Exhausted(c.remote) {
+	if a.failures.Exhausted(ctx, c.remote) {
 		return Principal{}, a.refuse(ctx, c, Principal{Kind: Anonymous}, codes.ResourceExhausted, ReasonRateLimited, "too many failed authentications from this address; wait and retry with a valid credential")
 	}
 	token, ok := bearer(c.header)
@@ -224,7 +230,7 @@ func (a *Authenticator) logOutage(ctx context.Context, c call, errText string) {
 
 // fail refuses an invalid credential and counts it against the address.
 func (a *Authenticator) fail(ctx context.Context, c call, reason, msg string) error {
-	a.failures.Allow(c.remote)
+	a.failures.Allow(ctx, c.remote)
 	return a.refuse(ctx, c, Principal{Kind: Anonymous}, codes.Unauthenticated, reason, msg)
 }
 

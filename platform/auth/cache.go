@@ -1,7 +1,7 @@
 package auth
 
 import (
-	"container/list"
+	"container/heap"
 	"context"
 	"errors"
 	"sync"
@@ -22,8 +22,8 @@ const (
 // SHA-256, never the secret. Other errors (the verifier is unreachable)
 // are not cached. A revoked key is refused at most ttl after revocation.
 // The cache holds at most 10,000 principals and 1,000 refusals; past
-// either bound the oldest answer of its kind goes, and expired answers go
-// as new ones arrive. A ttl of zero or less caches nothing.
+// either bound the answer of its kind expiring soonest goes, and expired
+// answers go as new ones arrive. A ttl of zero or less caches nothing.
 func Cached(v Verifier, ttl time.Duration, now func() time.Time) Verifier {
 	if ttl <= 0 {
 		return v
@@ -37,9 +37,9 @@ func newCached(v Verifier, ttl time.Duration, now func() time.Time, maxKeys, max
 	}
 	return &cached{
 		v: v, ttl: ttl, now: now,
-		entries: map[[32]byte]*list.Element{},
-		keys:    fifo{list.New(), maxKeys},
-		refused: fifo{list.New(), maxRefusals},
+		entries: map[[32]byte]*cacheEntry{},
+		keys:    byExpiry{max: maxKeys},
+		refused: byExpiry{max: maxRefusals},
 	}
 }
 
@@ -49,17 +49,41 @@ type cached struct {
 	now func() time.Time
 
 	mu sync.Mutex // guards entries, keys and refused
-	// entries indexes the elements of keys and refused by hash.
-	entries map[[32]byte]*list.Element
-	// keys and refused hold the answers oldest first. Every answer lives
-	// ttl, so the oldest is also the first to expire.
-	keys, refused fifo
+	// entries indexes the answers in keys and refused by hash.
+	entries map[[32]byte]*cacheEntry
+	// keys and refused hold the answers, each a heap by expiry. An answer
+	// lives ttl from when it was asked, and calls end in any order, so
+	// answers arrive out of expiry order: a list in arrival order would
+	// keep an expired answer behind a live one and evict the wrong one.
+	keys, refused byExpiry
 }
 
-// fifo is one kind of answer, oldest first, and its bound.
-type fifo struct {
-	*list.List // of *cacheEntry
-	max        int
+// byExpiry is one kind of answer, a min-heap on expires (container/heap),
+// and its bound.
+type byExpiry struct {
+	items []*cacheEntry
+	max   int
+}
+
+func (h byExpiry) Len() int           { return len(h.items) }
+func (h byExpiry) Less(i, j int) bool { return h.items[i].expires.Before(h.items[j].expires) }
+func (h byExpiry) Swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	h.items[i].index, h.items[j].index = i, j
+}
+
+func (h *byExpiry) Push(x any) {
+	e := x.(*cacheEntry)
+	e.index = len(h.items)
+	h.items = append(h.items, e)
+}
+
+func (h *byExpiry) Pop() any {
+	last := len(h.items) - 1
+	e := h.items[last]
+	h.items[last] = nil
+	h.items = h.items[:last]
+	return e
 }
 
 type cacheEntry struct {
@@ -67,21 +91,19 @@ type cacheEntry struct {
 	p       Principal
 	invalid bool
 	expires time.Time
+	index   int // in its heap
 }
 
 func (c *cached) VerifyKey(ctx context.Context, secret string) (Principal, error) {
 	h := HashSecret(secret)
 	t := c.now()
 	c.mu.Lock()
-	if el, ok := c.entries[h]; ok {
-		e := el.Value.(*cacheEntry)
-		if t.Before(e.expires) {
-			c.mu.Unlock()
-			if e.invalid {
-				return Principal{}, ErrInvalidCredential
-			}
-			return e.p, nil
+	if e, ok := c.entries[h]; ok && t.Before(e.expires) {
+		c.mu.Unlock()
+		if e.invalid {
+			return Principal{}, ErrInvalidCredential
 		}
+		return e.p, nil
 	}
 	c.mu.Unlock()
 	p, err := c.v.VerifyKey(ctx, secret)
@@ -94,35 +116,39 @@ func (c *cached) VerifyKey(ctx context.Context, secret string) (Principal, error
 	return p, err
 }
 
-// put stores e, replacing any answer for the same key, then drops expired
-// answers and, past a bound, the oldest of e's kind. Each answer is
-// dropped once, so a put costs O(1) amortised.
+// put stores e, replacing an answer for the same key asked no later, then
+// drops expired answers and, past a bound, those of e's kind that expire
+// soonest. Each answer is dropped once, so a put costs O(log n)
+// amortised.
 func (c *cached) put(e *cacheEntry, now time.Time) {
 	if old, ok := c.entries[e.hash]; ok {
+		if old.expires.After(e.expires) {
+			return // asked later than e: the newer answer stays
+		}
 		c.remove(old)
 	}
 	q := &c.keys
 	if e.invalid {
 		q = &c.refused
 	}
-	c.entries[e.hash] = q.PushBack(e)
-	for _, q := range []*fifo{&c.keys, &c.refused} {
-		for front := q.Front(); front != nil; front = q.Front() {
-			if q.Len() <= q.max && now.Before(front.Value.(*cacheEntry).expires) {
+	heap.Push(q, e)
+	c.entries[e.hash] = e
+	for _, q := range []*byExpiry{&c.keys, &c.refused} {
+		for q.Len() > 0 {
+			if first := q.items[0]; q.Len() <= q.max && now.Before(first.expires) {
 				break
 			}
-			c.remove(front)
+			c.remove(q.items[0])
 		}
 	}
 }
 
-func (c *cached) remove(el *list.Element) {
-	e := el.Value.(*cacheEntry)
+func (c *cached) remove(e *cacheEntry) {
 	delete(c.entries, e.hash)
 	if e.invalid {
-		c.refused.Remove(el)
+		heap.Remove(&c.refused, e.index)
 	} else {
-		c.keys.Remove(el)
+		heap.Remove(&c.keys, e.index)
 	}
 }
 

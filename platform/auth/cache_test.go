@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -135,5 +136,107 @@ func TestCached_zeroTTLAsksEveryTime(t *testing.T) {
 	}
 	if calls["good"] != 3 {
 		t.Errorf("verifier called %d times with ttl 0, want 3", calls["good"])
+	}
+}
+
+// slowFirst verifies like counting, except that its answer for "good-slow"
+// waits for release (after telling started): a call that began earlier
+// ends later.
+type slowFirst struct {
+	mu      sync.Mutex // guards calls
+	calls   counting
+	started chan struct{}
+	release chan struct{}
+}
+
+func (s *slowFirst) VerifyKey(ctx context.Context, secret string) (Principal, error) {
+	if secret == "good-slow" {
+		s.started <- struct{}{}
+		<-s.release
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls.VerifyKey(ctx, secret)
+}
+
+func (s *slowFirst) count(secret string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls[secret]
+}
+
+// TestCached_answersArrivingOutOfOrderExpireInOrder: an answer lives ttl
+// from when it was asked (so a revoked key is refused at most ttl after
+// revocation), and answers can arrive in another order than they were
+// asked. The one that expires first must still go first: an expired
+// answer that arrived late is dropped before a live one, and a full cache
+// evicts the answer expiring soonest, not the one that arrived first.
+func TestCached_answersArrivingOutOfOrderExpireInOrder(t *testing.T) {
+	var mu sync.Mutex // guards now
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	set := func(t time.Time) { mu.Lock(); defer mu.Unlock(); now = t }
+	v := &slowFirst{calls: counting{}, started: make(chan struct{}), release: make(chan struct{})}
+	c := newCached(v, 10*time.Second, clock, 2, 10)
+	ctx := t.Context()
+	done := make(chan error)
+	go func() { _, err := c.VerifyKey(ctx, "good-slow"); done <- err }() // asked at +0s: expires at +10s
+	<-v.started
+	set(time.Unix(1001, 0))
+	if _, err := c.VerifyKey(ctx, "good-fast"); err != nil { // asked at +1s, arrives first: expires at +11s
+		t.Fatal(err)
+	}
+	close(v.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	set(time.Unix(1010, 500_000_000)) // good-slow has expired, good-fast has not
+	if _, err := c.VerifyKey(ctx, "good-new"); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := c.size(); n != 2 {
+		t.Errorf("cache holds %d answers, want 2: good-fast and good-new (good-slow expired)", n)
+	}
+	if _, err := c.VerifyKey(ctx, "good-fast"); err != nil || v.count("good-fast") != 1 {
+		t.Errorf("VerifyKey(good-fast) = %v after %d calls, want it answered from the cache: it expires last but one", err, v.count("good-fast"))
+	}
+}
+
+// TestCached_aLateAnswerDoesNotReplaceANewerOne: a key asked before its
+// revocation whose answer arrives after a refusal asked later keeps the
+// refusal cached, not the stale principal.
+func TestCached_aLateAnswerDoesNotReplaceANewerOne(t *testing.T) {
+	var mu sync.Mutex // guards now, calls
+	now, calls := time.Unix(1000, 0), 0
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	started, release := make(chan struct{}), make(chan struct{})
+	c := newCached(VerifierFunc(func(context.Context, string) (Principal, error) {
+		mu.Lock()
+		calls++
+		first := calls == 1
+		mu.Unlock()
+		if first { // asked while the key was live, answered late
+			started <- struct{}{}
+			<-release
+			return Principal{Kind: Agent, Agent: "clients/c/agents/a"}, nil
+		}
+		return Principal{}, ErrInvalidCredential // revoked meanwhile
+	}), 10*time.Second, clock, 10, 10)
+	ctx := t.Context()
+	done := make(chan error)
+	go func() { _, err := c.VerifyKey(ctx, "k"); done <- err }()
+	<-started
+	mu.Lock()
+	now = now.Add(time.Second)
+	mu.Unlock()
+	if _, err := c.VerifyKey(ctx, "k"); !errors.Is(err, ErrInvalidCredential) {
+		t.Fatalf("VerifyKey(revoked) = %v, want ErrInvalidCredential", err)
+	}
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.VerifyKey(ctx, "k"); !errors.Is(err, ErrInvalidCredential) || calls != 2 {
+		t.Errorf("VerifyKey(k) after the late answer = %v after %d calls, want the cached refusal", err, calls)
 	}
 }

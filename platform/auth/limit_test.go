@@ -1,6 +1,9 @@
 package auth
 
 import (
+	"context"
+	"errors"
+	"sync"
 	"testing"
 	"time"
 )
@@ -9,21 +12,21 @@ func TestLimiter_refusesPastBurstAndRefills(t *testing.T) {
 	now := time.Unix(1000, 0)
 	l := NewLimiter(1, 3, func() time.Time { return now })
 	for i := range 3 {
-		if !l.Allow("a") {
+		if !l.Allow(t.Context(), "a") {
 			t.Fatalf("Allow(a) #%d = false, want true within the burst", i+1)
 		}
 	}
-	if l.Allow("a") {
+	if l.Allow(t.Context(), "a") {
 		t.Errorf("Allow(a) past the burst = true, want false")
 	}
-	if !l.Exhausted("a") {
+	if !l.Exhausted(t.Context(), "a") {
 		t.Errorf("Exhausted(a) = false, want true")
 	}
-	if !l.Allow("b") {
+	if !l.Allow(t.Context(), "b") {
 		t.Errorf("Allow(b) = false, want true: buckets are per key")
 	}
 	now = now.Add(time.Second)
-	if !l.Allow("a") {
+	if !l.Allow(t.Context(), "a") {
 		t.Errorf("Allow(a) a second later = false, want true (1 token/s)")
 	}
 }
@@ -36,21 +39,21 @@ func TestLimiter_holdsAtMostMaxKeys(t *testing.T) {
 	l := NewLimiter(1, 3, func() time.Time { return now })
 	l.maxKeys = 2
 	for _, k := range []string{"a", "b"} {
-		if !l.Allow(k) {
+		if !l.Allow(t.Context(), k) {
 			t.Fatalf("Allow(%s) = false, want true below the cap", k)
 		}
 	}
-	if l.Allow("c") {
+	if l.Allow(t.Context(), "c") {
 		t.Errorf("Allow(c) past the cap = true, want false")
 	}
 	if n := len(l.buckets); n != 2 {
 		t.Errorf("buckets after a key past the cap = %d, want 2", n)
 	}
-	if !l.Allow("a") {
+	if !l.Allow(t.Context(), "a") {
 		t.Errorf("Allow(a), a known key, = false, want true")
 	}
 	now = now.Add(2 * time.Minute) // every bucket refills; the sweep drops them
-	if !l.Allow("c") {
+	if !l.Allow(t.Context(), "c") {
 		t.Errorf("Allow(c) after a sweep = false, want true")
 	}
 }
@@ -82,5 +85,81 @@ func TestPrincipal_Owns(t *testing.T) {
 				t.Errorf("%v.Owns(%q) = %v, want %v", tt.p, tt.res, got, tt.want)
 			}
 		})
+	}
+}
+
+// limiterBuckets is SharedBuckets kept by one more Limiter in memory (what
+// the database does for replicas), failing while down is set.
+type limiterBuckets struct {
+	mu    sync.Mutex
+	l     *Limiter
+	down  bool
+	asked int // TokenLeft calls
+}
+
+func (b *limiterBuckets) TakeToken(ctx context.Context, name, key string, _ float64, _ int) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.down {
+		return false, errors.New("database down")
+	}
+	return b.l.Allow(ctx, name+"/"+key), nil
+}
+
+func (b *limiterBuckets) TokenLeft(ctx context.Context, name, key string, _ float64, _ int) (bool, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.asked++
+	if b.down {
+		return false, errors.New("database down")
+	}
+	return !b.l.Exhausted(ctx, name+"/"+key), nil
+}
+
+// Two replicas' Limiters sharing their buckets allow the burst once
+// between them; Exhausted asks the shared buckets only about keys that
+// took tokens here; while they fail, each replica limits alone.
+func TestLimiter_sharedHoldsAcrossReplicas(t *testing.T) {
+	now := time.Unix(1000, 0)
+	clock := func() time.Time { return now }
+	shared := &limiterBuckets{l: NewLimiter(1, 3, clock)}
+	a, b := NewLimiter(1, 3, clock), NewLimiter(1, 3, clock)
+	a.Share("failures", shared, nil)
+	b.Share("failures", shared, nil)
+	ctx := t.Context()
+	took := 0
+	for i := range 6 {
+		l := a
+		if i%2 == 1 {
+			l = b
+		}
+		if l.Allow(ctx, "x") {
+			took++
+		}
+	}
+	if took != 3 {
+		t.Errorf("Allow on two sharing replicas took %d tokens, want the burst, 3", took)
+	}
+	if !a.Exhausted(ctx, "x") || !b.Exhausted(ctx, "x") {
+		t.Errorf("Exhausted(x) on A, B = %v, %v; want true on both", a.Exhausted(ctx, "x"), b.Exhausted(ctx, "x"))
+	}
+	asked := shared.asked
+	if a.Exhausted(ctx, "y") {
+		t.Errorf("Exhausted(y) = true, want false")
+	}
+	if shared.asked != asked {
+		t.Errorf("Exhausted(y), a key that took no token here, asked the shared buckets")
+	}
+
+	shared.down = true
+	c := NewLimiter(1, 3, clock)
+	c.Share("failures", shared, nil)
+	for i := range 3 {
+		if !c.Allow(ctx, "z") {
+			t.Fatalf("Allow(z) #%d with the shared buckets down = false, want true within the burst in memory", i+1)
+		}
+	}
+	if c.Allow(ctx, "z") || !c.Exhausted(ctx, "z") {
+		t.Errorf("past the burst with the shared buckets down: Allow(z) = true or Exhausted(z) = false; want the limit in memory")
 	}
 }

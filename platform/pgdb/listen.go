@@ -2,6 +2,8 @@ package pgdb
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
 	"time"
 
@@ -63,4 +65,25 @@ func listenOnce(ctx context.Context, cfg *pgx.ConnConfig, channels []string, fn 
 		}
 		fn(n.Channel, n.Payload)
 	}
+}
+
+// maxIdentifier is the longest identifier PostgreSQL keeps (NAMEDATALEN-1
+// bytes): LISTEN cuts a longer channel name short, and pg_notify refuses
+// it.
+const maxIdentifier = 63
+
+// Channel returns the notification channel named prefix + schema when it
+// fits PostgreSQL's 63 bytes. Otherwise the schema's tail gives way to a
+// hash of the whole schema: prefix + the schema's start + "_" + 16 hex
+// digits of its SHA-256, 63 bytes, still one name per schema (schemas are
+// up to 63 bytes, channels share their prefix).
+func Channel(prefix, schema string) string {
+	name := prefix + schema
+	if len(name) <= maxIdentifier {
+		return name
+	}
+	sum := sha256.Sum256([]byte(schema))
+	tag := "_" + hex.EncodeToString(sum[:8])
+	keep := max(0, maxIdentifier-len(prefix)-len(tag))
+	return prefix + schema[:min(keep, len(schema))] + tag
 }

@@ -2,10 +2,14 @@ package pgdb_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 )
 
@@ -60,4 +64,31 @@ func TestListen_deliversAndResumesAfterItsConnectionDies(t *testing.T) {
 	if n := next("two"); n != (note{ch, "two"}) {
 		t.Fatalf("got %+v, want two", n)
 	}
+}
+
+func TestChannel_fitsPostgreSQLsIdentifiers(t *testing.T) {
+	long := strings.Repeat("s", 60)
+	tests := []struct {
+		name, prefix, schema, want string
+	}{
+		{"short: as is", "parley_mailbox_", "dispatcher", "parley_mailbox_dispatcher"},
+		{"63 bytes: as is", "p_", strings.Repeat("s", 61), "p_" + strings.Repeat("s", 61)},
+		{"longer: the tail hashed", "parley_routines_", long + "abc", "parley_routines_" + strings.Repeat("s", 30) + "_" + hash16(long+"abc")},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := pgdb.Channel(tt.prefix, tt.schema)
+			if got != tt.want || len(got) > 63 {
+				t.Errorf("Channel(%q, %q) = %q (%d bytes), want %q", tt.prefix, tt.schema, got, len(got), tt.want)
+			}
+		})
+	}
+	if a, b := pgdb.Channel("parley_streams_", long+"a"), pgdb.Channel("parley_streams_", long+"b"); a == b {
+		t.Errorf("two long schemas differing at the end share the channel %q", a)
+	}
+}
+
+func hash16(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:8])
 }

@@ -4,7 +4,9 @@
 // at once migrate once), and transactions that retry serialization failures.
 //
 // Each service keeps its tables and migrations in its pgstore; this package
-// knows none of them. Together with the pgstores it is the only code that
+// knows none of them. It owns two tables in every schema, made by Open
+// outside the migrations: schema_migrations, and rate_buckets, the token
+// buckets that keep a rate limit across replicas (TakeToken). Together with the pgstores it is the only code that
 // imports github.com/jackc/pgx (e2e/arch_pgx_test.go checks that).
 //
 // Migrations are files named NNNN_what.sql (NNNN a positive decimal version)
@@ -66,6 +68,8 @@ type DB struct {
 	lastErr error       // why the schema is not migrated yet
 	stop    context.CancelFunc
 	stopped chan struct{} // closed when the background migration ended
+
+	bucketsSwept atomic.Int64 // UnixNano of the last sweepBuckets
 }
 
 // migration is one parsed migration file.
@@ -267,6 +271,9 @@ CREATE TABLE IF NOT EXISTS ` + d.schema + `.schema_migrations (
 )`
 	if _, err := conn.Exec(ctx, setup); err != nil {
 		return fmt.Errorf("pgdb: create schema %s: %w", d.schema, err)
+	}
+	if _, err := conn.Exec(ctx, fmt.Sprintf(bucketsTable, d.schema)); err != nil {
+		return fmt.Errorf("pgdb: create schema %s: rate_buckets: %w", d.schema, err)
 	}
 	var have int
 	if err := conn.QueryRow(ctx, `SELECT coalesce(max(version), 0) FROM schema_migrations`).Scan(&have); err != nil {

@@ -282,6 +282,16 @@ func (s *Server) FallbackKeyVerifier(v auth.Verifier) {
 	}
 }
 
+// ShareAuthLimits keeps the limit on failed authentications per address
+// (Options.AuthFailBurst) in b, where every replica sees it: a service on
+// PostgreSQL passes its pgdb.DB. Without it, each replica limits alone.
+// The first call wins.
+func (s *Server) ShareAuthLimits(b auth.SharedBuckets) {
+	if s.auth != nil {
+		s.auth.ShareFailures(b)
+	}
+}
+
 // Routes returns the patterns of the hand-written HTTP routes, for tests
 // that check each has an access policy entry.
 func (s *Server) Routes() []string {

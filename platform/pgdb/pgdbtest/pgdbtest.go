@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	neturl "net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,8 +88,76 @@ func URL(t testing.TB) string {
 // store opened afterwards is closed first).
 func Schema(t testing.TB) (url, schema string) {
 	t.Helper()
-	url = URL(t)
-	schema = name()
+	return schemaNamed(t, name())
+}
+
+// LongSchema is Schema with a name of the most bytes PostgreSQL keeps, 63,
+// for the names derived from it (notification channels).
+func LongSchema(t testing.TB) (url, schema string) {
+	t.Helper()
+	n := name()
+	return schemaNamed(t, n+strings.Repeat("x", 63-len(n)))
+}
+
+func schemaNamed(t testing.TB, schema string) (string, string) {
+	t.Helper()
+	url := URL(t)
 	t.Cleanup(func() { admin(t, url, `DROP SCHEMA IF EXISTS `+schema+` CASCADE`) })
 	return url, schema
+}
+
+// Exec runs sql on the test server as its administrator (the user of
+// PARLEY_TEST_DATABASE_URL), failing t on an error: tests that break
+// things on purpose, as pg_terminate_backend or ALTER ROLE … NOLOGIN.
+func Exec(t testing.TB, sql string) {
+	t.Helper()
+	admin(t, URL(t), sql)
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// Int returns the one integer sql selects on the test server, run as its
+// administrator.
+func Int(t testing.TB, sql string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, URL(t))
+	if err != nil {
+		t.Fatalf("pgdbtest: %s: %v", sql, err)
+	}
+	defer conn.Close(ctx)
+	var n int64
+	if err := conn.QueryRow(ctx, sql).Scan(&n); err != nil {
+		t.Fatalf("pgdbtest: %s: %v", sql, err)
+	}
+	return n
+}
+
+// Role creates a new superuser role on the test server, with the password
+// of PARLEY_TEST_DATABASE_URL if it has one, and returns its name and dbURL
+// with the role as the user: one process of a test connects as the role,
+// so that the test can single out its sessions (pg_stat_activity.usename)
+// or refuse its connections (ALTER ROLE … NOLOGIN) and no other's. The
+// role is dropped when t ends, after the cleanups registered later (the
+// processes using it): it must own nothing then, so let another user
+// create the schema its sessions use.
+func Role(t testing.TB, dbURL string) (role, roleURL string) {
+	t.Helper()
+	role = name()
+	u, err := neturl.Parse(dbURL)
+	if err != nil {
+		t.Fatalf("pgdbtest: %v", err)
+	}
+	create := `CREATE ROLE ` + role + ` LOGIN SUPERUSER`
+	if pw, ok := u.User.Password(); ok {
+		create += ` PASSWORD '` + strings.ReplaceAll(pw, `'`, `''`) + `'`
+		u.User = neturl.UserPassword(role, pw)
+	} else {
+		u.User = neturl.User(role)
+	}
+	Exec(t, create)
+	t.Cleanup(func() { admin(t, URL(t), `DROP ROLE IF EXISTS `+role) })
+	return role, u.String()
 }

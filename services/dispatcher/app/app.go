@@ -227,6 +227,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("dispatcher-store", a.store.Ping)
+	if db := pgdb.Of(a.store); db != nil {
+		s.ShareAuthLimits(db) // failed authentications count on every replica
+	}
 	s.AddReadinessCheck("registry", serve.PeerCheck(a.peers.Registry, "parley.registry.v1.RegistryService"))
 	s.AddReadinessCheck("negotiator", serve.PeerCheck(a.peers.Negotiator, "parley.negotiator.v1.NegotiatorService"))
 	s.AddReadinessCheck("service-protocols", a.serviceProtocolsReady)
@@ -267,6 +270,15 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 					// Not on Listen's goroutine; Close waits for it too.
 					a.loops.Go(func() { a.recheckStreams(a.stopped, pg, logger) })
 				},
+			})
+		})
+		// This replica's streams stay in mailbox_streams while they live;
+		// the rows of a replica that died without ending them are swept.
+		a.loops.Go(func() {
+			pgdb.Tick(a.stopped, streamTouchEvery, func(ctx context.Context) {
+				if err := pg.TouchStreams(ctx, a.mailboxes.StreamEpochs()); err != nil && ctx.Err() == nil {
+					logger.WarnContext(ctx, "receive streams not stamped as seen; retrying next tick", slog.Any("err", err))
+				}
 			})
 		})
 	}
@@ -316,6 +328,14 @@ func httpOptions(cfg config.Config) server.HTTPOptions {
 // acknowledged messages compacted.
 const sweepEvery = 10 * time.Minute
 
+// Each replica stamps its receive streams in mailbox_streams every
+// streamTouchEvery; the sweep deletes rows unstamped for streamUnseenFor,
+// those of replicas that died (an ended stream deletes its own row).
+const (
+	streamTouchEvery = time.Minute
+	streamUnseenFor  = 5 * time.Minute
+)
+
 // sweep drops expired conversations and compacts acknowledged messages.
 func (a *App) sweep(ctx context.Context, srv *server.Server) {
 	if n, err := srv.Sweep(ctx); err != nil {
@@ -327,6 +347,13 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 		a.logger.WarnContext(ctx, "mailbox compaction failed; retrying next tick", slog.Any("err", err))
 	} else if n > 0 {
 		a.logger.InfoContext(ctx, "compacted acknowledged messages", slog.Int("count", n))
+	}
+	if pg, ok := a.store.(*pgstore.Store); ok {
+		if n, err := pg.SweepStreams(ctx, streamUnseenFor); err != nil {
+			a.logger.WarnContext(ctx, "receive stream sweep failed; retrying next tick", slog.Any("err", err))
+		} else if n > 0 {
+			a.logger.InfoContext(ctx, "swept the receive streams of replicas gone", slog.Int("count", n))
+		}
 	}
 }
 

@@ -77,14 +77,23 @@ func TestApp_killedRoutineIsAccounted(t *testing.T) {
 	if code, body := httpDo(t, "PUT", base+"/v1/"+name, mustMarshal(t, map[string]string{"source": runaway})); code != 200 {
 		t.Fatalf("PUT routine = %d %s", code, body)
 	}
-	for i := 1; i <= 3; i++ {
+	// Envelopes until the routine is quarantined. On a loaded machine a
+	// run may be answered busy instead (its fresh worker took its whole
+	// wait budget to get to it): that is the pool's fault, not the
+	// routine's, and counts neither as a failure nor as a kill, so the
+	// checks below hold however many envelopes it took.
+	var r *dispatcherv1.Routine
+	for i := 1; r.GetState() != dispatcherv1.Routine_STATE_QUARANTINED; i++ {
+		if i > 10 {
+			t.Fatalf("routine after %d envelopes = %v, want quarantined", i-1, r)
+		}
 		if code, body := httpDo(t, "POST", base+"/agora/acme/echo", `{"protocolHash":"`+pdHex+`","body":"x"}`); code != 200 || !strings.Contains(body, `"status":"failure"`) {
 			t.Fatalf("envelope %d = %d %s, want a failure", i, code, body)
 		}
-	}
-	r, err := client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: name})
-	if err != nil {
-		t.Fatal(err)
+		var err error
+		if r, err = client.GetRoutine(t.Context(), &dispatcherv1.GetRoutineRequest{Name: name}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if r.GetConsecutiveFailures() != 3 || r.GetState() != dispatcherv1.Routine_STATE_QUARANTINED ||
 		r.GetLastFailureKind() != dispatcherv1.RoutineFailureKind_ROUTINE_FAILURE_KIND_TIME || !strings.Contains(r.GetLastError(), "killed") {

@@ -1,13 +1,16 @@
 package app_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
 )
 
 // TestPostgreSQL_secondStreamOnAnotherReplicaTakesOver runs two
@@ -43,5 +46,119 @@ func TestPostgreSQL_secondStreamOnAnotherReplicaTakesOver(t *testing.T) {
 	send(t, a.app, "m2", echo)
 	if got := recvN(t, second, 1); cursors(got) != "2:m2 " {
 		t.Errorf("stream on B = %q, want 2:m2", cursors(got))
+	}
+}
+
+// TestPostgreSQL_anEndedStreamLeavesNoRecord: a receive stream's record
+// in mailbox_streams, which orders streams across replicas, is deleted
+// when the stream ends, so the table holds the live streams only.
+func TestPostgreSQL_anEndedStreamLeavesNoRecord(t *testing.T) {
+	url := pgdbtest.Database(t)
+	a := startDispatcherApp(t, "--database-url", url)
+	st, err := pgstore.Open(t.Context(), url, pgstore.Schema, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	records := func() map[string]uint64 {
+		t.Helper()
+		got, err := st.StreamEpochs(t.Context(), []string{echo})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	send(t, a.app, "m1", echo)
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	stream, err := a.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, stream, 1)
+	if got := records(); len(got) != 1 {
+		t.Fatalf("mailbox_streams while %s receives = %v, want its stream", echo, got)
+	}
+	cancel()
+	deadline := time.Now().Add(30 * time.Second) // generous: a failure, not a measure
+	for len(records()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("mailbox_streams after the stream ended = %v, want none", records())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPostgreSQL_aListenerThatReconnectsCatchesUp: replica A's listening
+// connection is terminated (pg_terminate_backend) and kept from
+// reconnecting while B appends to the mailbox of an agent receiving on A
+// and opens a newer stream of another agent receiving on A. A hears none
+// of it; once it listens again it reads the mailboxes of its streams and
+// compares its streams with mailbox_streams, so its stream delivers the
+// message and its older stream ends STREAM_REPLACED. (Each stream's
+// keepalive is 10 minutes, so only a wake-up delivers in time.)
+func TestPostgreSQL_aListenerThatReconnectsCatchesUp(t *testing.T) {
+	url := pgdbtest.Database(t)
+	role, urlA := pgdbtest.Role(t, url)
+	b := startDispatcherApp(t, "--database-url", url, "--mailbox-stream-keepalive", "10m") // makes the schema, so that the role owns nothing
+	a := startDispatcherApp(t, "--database-url", urlA, "--mailbox-stream-keepalive", "10m")
+	const other = "clients/acme/agents/other"
+	listenersOfA := `SELECT count(*) FROM pg_stat_activity WHERE usename = '` + role + `' AND query LIKE 'LISTEN %'`
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second) // generous: a failure, not a measure
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("still waiting for %s", what)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitFor("A's listening connection", func() bool { return pgdbtest.Int(t, listenersOfA) == 1 })
+
+	// A failure ends the streams instead of hanging the test.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	send(t, b.app, "m1", echo)
+	echoOnA, err := a.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: echo})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, echoOnA, 1)
+	otherOnA, err := a.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherOnA.Recv(); err != nil { // the first, empty batch: connected
+		t.Fatal(err)
+	}
+
+	pgdbtest.Exec(t, `ALTER ROLE `+role+` NOLOGIN`)
+	t.Cleanup(func() { pgdbtest.Exec(t, `ALTER ROLE `+role+` LOGIN`) }) // if the test stops early
+	pgdbtest.Exec(t, `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '`+role+`' AND query LIKE 'LISTEN %'`)
+	waitFor("A's listener to be gone", func() bool { return pgdbtest.Int(t, listenersOfA) == 0 })
+
+	send(t, b.app, "m2", echo)
+	otherOnB, err := b.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: other})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := otherOnB.Recv(); err != nil {
+		t.Fatal(err)
+	}
+
+	pgdbtest.Exec(t, `ALTER ROLE `+role+` LOGIN`)
+	if got := recvN(t, echoOnA, 1); cursors(got) != "2:m2 " {
+		t.Errorf("echo's stream on A after its listener reconnected = %q, want 2:m2", cursors(got))
+	}
+	for {
+		_, err := otherOnA.Recv()
+		if err == nil {
+			continue
+		}
+		if status.Code(err) != codes.Aborted || reason(err) != "STREAM_REPLACED" {
+			t.Errorf("other's stream on A after its listener reconnected: %v (reason %q), want ABORTED STREAM_REPLACED", err, reason(err))
+		}
+		break
 	}
 }

@@ -164,6 +164,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("negotiator-store", a.store.Ping)
+	if db := pgdb.Of(a.store); db != nil {
+		s.ShareAuthLimits(db) // failed authentications count on every replica
+	}
 	return nil
 }
 

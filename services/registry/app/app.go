@@ -118,6 +118,9 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (_ *App, err error
 	a.store = st
 	opts := serverOptions(cfg)
 	opts.Finder, opts.Context, opts.Peers = finder, a.stopped, clients
+	if db := pgdb.Of(st); db != nil {
+		opts.SharedLimits = db // open registrations count on every replica
+	}
 	a.server = server.New(st, logger, opts)
 	return a, nil
 }
@@ -194,6 +197,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("registry-store", a.store.Ping)
+	if db := pgdb.Of(a.store); db != nil {
+		s.ShareAuthLimits(db) // failed authentications count on every replica
+	}
 	a.every("request-sweep", requestSweepEvery, a.sweepRequests)
 	if a.cfg.PeerSyncInterval > 0 && len(a.peers) > 0 {
 		a.every("peer-sync", a.cfg.PeerSyncInterval, a.syncPeers)

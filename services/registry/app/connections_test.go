@@ -29,11 +29,11 @@ type authRegistry struct {
 }
 
 // startAuthRegistry runs a registry with the Parley policy on loopback
-// listeners and returns it with its operator token.
-func startAuthRegistry(t *testing.T) *authRegistry {
+// listeners and returns it with its operator token; args are extra flags.
+func startAuthRegistry(t *testing.T, args ...string) *authRegistry {
 	t.Helper()
 	dir := t.TempDir()
-	cfg, err := config.Load([]string{"--data", dir}, func(string) string { return "" })
+	cfg, err := config.Load(append([]string{"--data", dir}, args...), func(string) string { return "" })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,8 @@ type App struct {
 	peers  Peers
 
 	// Background loops (the orphan scan on PostgreSQL) run from Register
-	// until Close cancels stop and waits for them.
+	// until Register's context ends, shutdown starts, or Close; stop ends
+	// them, and Close also waits for them.
 	stop    context.CancelFunc
 	stopped context.Context
 	loops   sync.WaitGroup
@@ -95,7 +96,9 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 
 // Register mounts the tasks on s: gRPC service, gateway handlers, the Agent
 // Protocol routes, health name and readiness check. It also resumes steps
-// left pending by the last run.
+// left pending by the last run. The background loops it starts (on
+// PostgreSQL, the scan for the steps of replicas that died) run until ctx
+// ends, s starts shutting down, or Close.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	// gRPC and v1 REST callers see only their own tasks; the Agent
 	// Protocol routes below use the server itself (rest.Options.TokenRequired).
@@ -123,10 +126,23 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	}
 	s.HealthService(ServiceName)
 	s.AddReadinessCheck("tasks-store", a.store.Ping)
+	if db := pgdb.Of(a.store); db != nil {
+		s.ShareAuthLimits(db) // failed authentications count on every replica
+	}
 	s.AddReadinessCheck("dispatcher", serve.PeerCheck(a.peers.Dispatcher, "parley.dispatcher.v1.DispatcherService"))
 	if err := a.server.Start(ctx, s.Stopping()); err != nil {
 		return err
 	}
+	// A draining replica claims no more steps: the scan ends when
+	// shutdown starts, not only at Close, and a live replica takes over.
+	a.loops.Go(func() {
+		select {
+		case <-ctx.Done():
+		case <-s.Stopping():
+		case <-a.stopped.Done():
+		}
+		a.stop()
+	})
 	if pg, ok := a.store.(*pgstore.Store); ok {
 		a.loops.Go(func() {
 			pgdb.Tick(a.stopped, orphanScan, func(ctx context.Context) { a.takeOver(ctx, pg) })

@@ -1,6 +1,7 @@
 package app_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -13,10 +14,12 @@ import (
 	"testing"
 	"time"
 
+	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/services/tasks/app"
 	"github.com/parleyhq/parley/services/tasks/config"
+	"github.com/parleyhq/parley/services/tasks/internal/store/pgstore"
 )
 
 // TestPostgreSQL_twoReplicasShareTasksAndArtifacts runs two tasks services
@@ -115,4 +118,73 @@ func TestPostgreSQL_closeStopsAndWaitsForTheOrphanScan(t *testing.T) {
 	if n := goroutinesIn(scan) - before; n != 0 {
 		t.Errorf("%d orphan scans still run after Close returned; want 0", n)
 	}
+}
+
+// The orphan scan ends as soon as shutdown starts, while Register's
+// context lives and before Close: a draining replica claims none of a dead
+// replica's steps, which stay for a replica that keeps serving.
+func TestPostgreSQL_orphanScanEndsWhenShutdownStarts(t *testing.T) {
+	url := pgdbtest.Database(t)
+	_, conn := startFakeDispatcher(t, echoStep)
+	cfg, err := testConfig(t.TempDir(), func(c *config.Config) { c.DatabaseURL = url })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	a, err := app.New(cfg, logger, app.Peers{Dispatcher: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	srv, err := serve.New(serve.Options{Logger: logger, ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const scan = "pgdb.Tick("
+	before := goroutinesIn(scan)
+	if err := a.Register(t.Context(), srv); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the orphan scan runs", func() (bool, string) {
+		n := goroutinesIn(scan) - before
+		return n == 1, fmt.Sprintf("%d scans", n)
+	})
+	// Shutdown starts (Stopping closes) as Run's context ends; Register's
+	// context lives on.
+	runCtx, shutdown := context.WithCancel(t.Context())
+	ran := make(chan error, 1)
+	go func() { ran <- srv.Run(runCtx, listen(t), listen(t)) }()
+	shutdown()
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the orphan scan ends before Close", func() (bool, string) {
+		n := goroutinesIn(scan) - before
+		return n == 0, fmt.Sprintf("%d scans", n)
+	})
+
+	// A replica that died leaves a pending step; the draining replica
+	// does not take it: the next live replica claims it.
+	dead, err := pgstore.Open(t.Context(), url, pgstore.Schema, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	task := &tasksv1.Task{Name: "tasks/t1", Agent: "clients/c/agents/a", Input: "x"}
+	if err := dead.CreateTask(t.Context(), task); err != nil {
+		t.Fatal(err)
+	}
+	step := &tasksv1.Step{Name: "tasks/t1/steps/s1", Status: tasksv1.Step_STATUS_CREATED}
+	if _, err := dead.CreateStep(t.Context(), "t1", step, func(*tasksv1.Task, *tasksv1.Step) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	dead.Close()
+	live, err := pgstore.Open(t.Context(), url, pgstore.Schema, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer live.Close()
+	eventually(t, "a live replica claims the dead one's step", func() (bool, string) {
+		got, err := live.ClaimOrphans(t.Context())
+		return err == nil && len(got) == 1, fmt.Sprintf("%v, %v", got, err)
+	})
 }

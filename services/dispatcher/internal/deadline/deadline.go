@@ -42,7 +42,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
 	"sync"
 	"time"
 
@@ -85,9 +84,8 @@ type Options struct {
 	// Idle is how long Run sleeps with no timer stored (Arm wakes it
 	// sooner); a minute when 0.
 	Idle time.Duration
-	// Retry is how long Run waits after a timer failed to fire, and how
-	// long FireDue passes over a timer after its first failure; a second
-	// when 0.
+	// Retry is how long Run waits after the store failed, and how long a
+	// timer is put off after its first failure; a second when 0.
 	Retry time.Duration
 	// RetryMax bounds the back-off of a timer that keeps failing (its
 	// wait doubles from Retry with each failure); five minutes (or Retry,
@@ -120,8 +118,7 @@ type Scheduler struct {
 	opts     Options
 	wake     chan struct{} // capacity 1: a pending nudge for Run
 
-	mu   sync.Mutex // FireDue runs one at a time
-	held map[timerKey]held
+	mu sync.Mutex // FireDue runs one at a time
 }
 
 // New returns a Scheduler keeping timers in st, expiring pairs with the
@@ -148,7 +145,7 @@ func New(st store.TimerStore, m Machines, mail Mailboxes, opts Options) *Schedul
 	if opts.RetryMax < opts.Retry {
 		opts.RetryMax = max(5*time.Minute, opts.Retry)
 	}
-	return &Scheduler{store: st, machines: m, mail: mail, opts: opts, wake: make(chan struct{}, 1), held: map[timerKey]held{}}
+	return &Scheduler{store: st, machines: m, mail: mail, opts: opts, wake: make(chan struct{}, 1)}
 }
 
 // Pair names a (dialogue, counterpart) pair whose state was just written.
@@ -196,11 +193,11 @@ func (s *Scheduler) Wake() {
 // FireDue fires every timer due now, a batch per transaction, and returns
 // how many expired a pair. A timer that fails (its machine unknown, its
 // state corrupt, Options.Expired failing) stays stored, is counted
-// (Options.Failures), and is held back: FireDue passes over it until its
-// retry time, Options.Retry after the first failure, doubling with each
-// failure after it up to Options.RetryMax. So timers that keep failing
-// never stand in the way of the others. FireDue goes on with the others
-// and returns the first error.
+// (Options.Failures), and is put off in the store (RetryTimers):
+// Options.Retry after its first failure, doubling with each failure after
+// it up to Options.RetryMax. So timers that keep failing never stand in
+// the way of the others, hold no memory, and keep their back-off across a
+// restart. FireDue goes on with the others and returns the first error.
 func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -210,120 +207,51 @@ func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 		firstErr error
 	)
 	for {
-		// Held timers come back in the listing: ask for that many more.
-		limit := s.opts.Batch + len(s.held)
-		due, err := s.store.DueTimers(ctx, now, limit)
-		if err != nil {
-			return expired, err
+		due, err := s.store.DueTimers(ctx, now, s.opts.Batch)
+		if err != nil || len(due) == 0 {
+			return expired, cmpErr(firstErr, err)
 		}
-		listed := make(map[timerKey]bool, len(due))
-		batch := make([]store.Timer, 0, min(len(due), s.opts.Batch))
-		for _, t := range due {
-			k := keyOf(t)
-			listed[k] = true
-			if h, ok := s.held[k]; ok && now.Before(h.until) {
-				continue
-			}
-			if len(batch) < s.opts.Batch {
-				batch = append(batch, t)
-			}
-		}
-		if len(due) < limit {
-			// Every due timer was listed: forget held ones gone since
-			// (fired by another replica, replaced, their pair ended).
-			for k := range s.held {
-				if !listed[k] && k.at <= now.UnixNano() {
-					delete(s.held, k)
-				}
-			}
-		}
-		if len(batch) == 0 {
-			return expired, firstErr
-		}
-		n, failed, err := s.fire(ctx, batch, now)
+		n, failed, err := s.fire(ctx, due, now)
 		expired += n
 		firstErr = cmpErr(firstErr, err)
 		if failed == nil && err != nil {
 			// The store failed the whole batch: Run retries it.
 			return expired, firstErr
 		}
-		s.hold(batch, failed, now)
-		if len(due) < limit {
+		if len(failed) > 0 {
+			// Put off, they are not listed again by the next round.
+			if err := s.retry(ctx, failed, now); err != nil {
+				return expired, cmpErr(firstErr, err)
+			}
+		}
+		if len(due) < s.opts.Batch {
 			return expired, firstErr
 		}
 	}
 }
 
-// timerKey identifies a stored timer, its time included (a deadline set
-// again is another timer).
-type timerKey struct {
-	dialogue, counterpart, name string
-	at                          int64
-}
-
-func keyOf(t store.Timer) timerKey {
-	return timerKey{t.Dialogue, t.Counterpart, t.Name, t.At.UnixNano()}
-}
-
-// held is a failing timer's back-off.
-type held struct {
-	until time.Time     // FireDue passes it over until then
-	wait  time.Duration // the last back-off
-}
-
-// hold backs off the failed timers of batch and forgets the others.
-func (s *Scheduler) hold(batch, failed []store.Timer, now time.Time) {
-	prev := make(map[timerKey]held, len(failed))
+// retry puts off the failed timers: the wait doubles from Options.Retry
+// with each earlier failure, up to Options.RetryMax.
+func (s *Scheduler) retry(ctx context.Context, failed []store.Timer, now time.Time) error {
+	rs := make([]store.TimerRetry, 0, len(failed))
 	for _, t := range failed {
-		prev[keyOf(t)] = s.held[keyOf(t)]
-	}
-	for _, t := range batch {
-		delete(s.held, keyOf(t))
-	}
-	for _, t := range failed {
-		h := prev[keyOf(t)]
-		h.wait = min(max(2*h.wait, s.opts.Retry), s.opts.RetryMax)
-		h.until = now.Add(h.wait)
-		s.held[keyOf(t)] = h
+		wait := s.opts.Retry
+		for i := 0; i < t.Failures && wait < s.opts.RetryMax; i++ {
+			wait *= 2
+		}
+		rs = append(rs, store.TimerRetry{Timer: t, Retry: now.Add(min(wait, s.opts.RetryMax))})
 	}
 	if s.opts.Failures != nil {
 		s.opts.Failures.Add(float64(len(failed)))
 	}
+	return s.store.RetryTimers(ctx, rs)
 }
 
-// next is when Run should look again: the first timer's time, or with
-// timers held back, the earliest of the first timer not held and the first
-// retry.
+// next is when Run should look again: when the first timer is due (a
+// failing timer's retry included).
 func (s *Scheduler) next(ctx context.Context) (time.Time, bool, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if len(s.held) == 0 {
-		t, ok, err := s.store.NextTimer(ctx)
-		return t.At, ok, err
-	}
-	var (
-		at time.Time
-		ok bool
-	)
-	for _, h := range s.held {
-		if !ok || h.until.Before(at) {
-			at, ok = h.until, true
-		}
-	}
-	ts, err := s.store.DueTimers(ctx, time.Unix(0, math.MaxInt64), len(s.held)+1)
-	if err != nil {
-		return at, ok, err
-	}
-	for _, t := range ts {
-		if _, h := s.held[keyOf(t)]; h {
-			continue
-		}
-		if !ok || t.At.Before(at) {
-			at, ok = t.At, true
-		}
-		break
-	}
-	return at, ok, nil
+	t, ok, err := s.store.NextTimer(ctx)
+	return t.Due(), ok, err
 }
 
 func cmpErr(first, err error) error {
@@ -390,18 +318,18 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		}
 	}
 	s.mail.Delivered(deliveries)
-	went := make(map[timerKey]bool, len(done))
+	went := make(map[store.Timer]bool, len(done))
 	for _, f := range done {
-		went[keyOf(f.Timer)] = true
+		went[f.Timer] = true
 		if expires[f.Timer] {
 			expired++
 		}
 	}
 	if err != nil {
-		// Its expire failed, or it was passed over (gone already, which
-		// the next listing tells).
+		// Its expire failed, or it was passed over (gone already:
+		// RetryTimers passes over it too).
 		for _, t := range ready {
-			if !went[keyOf(t)] {
+			if !went[t] {
 				failed = append(failed, t)
 			}
 		}

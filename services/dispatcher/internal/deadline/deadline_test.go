@@ -314,9 +314,10 @@ func TestDeadline_unknownProtocolStaysAndTheRestFire(t *testing.T) {
 	if n, err := e.sched.FireDue(t.Context()); n != 1 || err == nil || !strings.Contains(err.Error(), "unknown protocol") {
 		t.Fatalf("FireDue() = %d, %v; want d1 expired and the unknown protocol reported", n, err)
 	}
-	due, err := e.st.DueTimers(t.Context(), e.clk.Now(), 10)
-	if err != nil || len(due) != 1 || due[0] != bad {
-		t.Errorf("timers left = %+v, %v; want the unresolved one", due, err)
+	// Stored, put off until its retry (Options.Retry, a second).
+	due, err := e.st.DueTimers(t.Context(), e.clk.Now().Add(time.Second), 10)
+	if err != nil || len(due) != 1 || due[0].Dialogue != bad.Dialogue || !due[0].At.Equal(bad.At) || due[0].Failures != 1 {
+		t.Errorf("timers left = %+v, %v; want the unresolved one, failed once", due, err)
 	}
 }
 
@@ -425,8 +426,18 @@ func TestDeadline_aFullBatchOfFailingTimersDoesNotBlockTheRest(t *testing.T) {
 	if p := e.pair(t, "d1"); !p.Ended || p.Expired != "invite_offer_timeout" {
 		t.Errorf("pair d1 = %+v, want expired", p)
 	}
-	if due, err := e.st.DueTimers(t.Context(), e.clk.Now(), 10); err != nil || len(due) != len(bad) {
-		t.Errorf("timers left = %+v, %v; want the %d failing ones kept", due, err, len(bad))
+	// Kept, and put off in the store until their retry.
+	if due, err := e.st.DueTimers(t.Context(), e.clk.Now(), 10); err != nil || len(due) != 0 {
+		t.Errorf("timers due = %+v, %v; want none: the failing ones are put off", due, err)
+	}
+	due, err := e.st.DueTimers(t.Context(), e.clk.Now().Add(time.Hour), 10)
+	if err != nil || len(due) != len(bad) {
+		t.Fatalf("timers left = %+v, %v; want the %d failing ones kept", due, err, len(bad))
+	}
+	for _, d := range due {
+		if d.Failures != 1 || !d.Retry.Equal(e.clk.Now().Add(time.Hour)) {
+			t.Errorf("failing timer %s = %+v, want one failure and its retry in an hour", d.Dialogue, d)
+		}
 	}
 	// A later good timer fires at once, before the failing ones' retry.
 	e.requestAt(t, "d2", t0.Add(time.Minute))
@@ -463,4 +474,67 @@ func TestRun_waitsForTheRetryOfAFailingTimer(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// countingStore counts the timers each DueTimers call may list.
+type countingStore struct {
+	store.TimerStore
+	mu     sync.Mutex
+	limits []int
+}
+
+func (c *countingStore) DueTimers(ctx context.Context, now time.Time, limit int) ([]store.Timer, error) {
+	c.mu.Lock()
+	c.limits = append(c.limits, limit)
+	c.mu.Unlock()
+	return c.TimerStore.DueTimers(ctx, now, limit)
+}
+
+// A failing timer's back-off is kept in the store, not in memory: it
+// holds across a restart, doubles with each failure, and however many
+// timers fail, each listing asks for one batch.
+func TestDeadline_failingTimersBackOffInTheStore(t *testing.T) {
+	e := newEnv(t)
+	var bad []store.Timer
+	for _, d := range []string{"d0a", "d0b", "d0c", "d0d", "d0e"} {
+		bad = append(bad, store.Timer{Dialogue: d, Initiator: consumer, Counterpart: supplier, Protocol: "ffffffffffffffffffffffffffffffffffffffff", Name: "offer_timeout", At: t0})
+	}
+	if err := e.st.PutTimers(t.Context(), bad); err != nil {
+		t.Fatal(err)
+	}
+	cs := &countingStore{TimerStore: e.st}
+	opts := Options{Now: e.clk.Now, Batch: 2, Retry: time.Second, RetryMax: 4 * time.Second}
+	s := New(cs, e.m, e.mail, opts)
+	// Each round fails all five (retries at +1s, then +2s, +4s, +4s); a
+	// restart between rounds keeps the back-off.
+	at := t0
+	for round, wait := range []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second} {
+		e.clk.Set(at)
+		if n, err := s.FireDue(t.Context()); n != 0 || err == nil {
+			t.Fatalf("round %d: FireDue() = %d, %v; want the failures reported", round, n, err)
+		}
+		due, err := e.st.DueTimers(t.Context(), at.Add(time.Hour), 10)
+		if err != nil || len(due) != len(bad) {
+			t.Fatalf("round %d: timers = %+v, %v; want the %d failing ones", round, due, err, len(bad))
+		}
+		for _, d := range due {
+			if d.Failures != round+1 || !d.Retry.Equal(at.Add(wait)) {
+				t.Fatalf("round %d: timer %s = failures %d, retry %v; want %d, %v", round, d.Dialogue, d.Failures, d.Retry, round+1, at.Add(wait))
+			}
+		}
+		e.restart(t)
+		cs = &countingStore{TimerStore: e.st, limits: cs.limits}
+		s = New(cs, e.m, e.mail, opts)
+		// Not before its retry, after the restart too.
+		e.clk.Set(at.Add(wait - time.Nanosecond))
+		if n, err := s.FireDue(t.Context()); n != 0 || err != nil {
+			t.Fatalf("round %d: FireDue(before the retry, restarted) = %d, %v; want nothing tried", round, n, err)
+		}
+		at = at.Add(wait)
+	}
+	for _, l := range cs.limits {
+		if l != opts.Batch {
+			t.Fatalf("DueTimers limits = %v, want every one the batch (%d)", cs.limits, opts.Batch)
+		}
+	}
 }

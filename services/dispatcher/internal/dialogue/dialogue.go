@@ -23,6 +23,7 @@
 package dialogue
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -104,6 +105,8 @@ type Refusal struct {
 	Group  string // the group's path, for a group refused whole
 	Reason Reason
 	Rule   string // ReasonProtocol: the state machine's rule broken
+	// State and Deadline are the Violation's, for ReasonProtocol.
+	State, Deadline string
 	// Detail is one sentence for the sender: the rule broken, the
 	// connection missing.
 	Detail string
@@ -199,6 +202,10 @@ type Resolver interface {
 type Violation struct {
 	Rule   string // stable, UPPER_SNAKE
 	Detail string // one sentence for the sender
+	// State is the pair's state (the type of the last message it
+	// accepted) when the rule names it; Deadline the deadline that passed
+	// (or whose lapse ended the pair). Either may be "".
+	State, Deadline string
 }
 
 func (v *Violation) Error() string { return v.Detail }
@@ -286,6 +293,10 @@ type Message struct {
 	// RequestID, when set, makes a repeat of the same send return the
 	// first result instead of sending again (per sender, for a day).
 	RequestID string
+	// ID, when set, is the id a reply is recorded under (NewID's
+	// otherwise): the caller recorded something under it before sending.
+	// It must be as fresh and unguessable as NewID's.
+	ID string
 }
 
 // Result is what a sent message became.
@@ -501,7 +512,7 @@ func (s *Service) reply(ctx context.Context, sender, inReplyTo string, all bool,
 		return Result{}, err
 	}
 	now := s.opts.Now().UTC()
-	dm := store.DialogueMessage{ID: s.opts.NewID(), DialogueID: d.ID, Sender: sender, Type: m.Type, InReplyTo: inReplyTo, Time: now}
+	dm := store.DialogueMessage{ID: cmp.Or(m.ID, s.opts.NewID()), DialogueID: d.ID, Sender: sender, Type: m.Type, InReplyTo: inReplyTo, Time: now}
 	if err := s.checkAcceptance(ctx, machine, d, answered, sender, dm.ID, m, now); err != nil {
 		return Result{}, err
 	}
@@ -602,7 +613,7 @@ func protocolRefusal(agent string, v *Violation) Refusal {
 	if v.Detail != "" {
 		detail += ": " + v.Detail
 	}
-	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail, Rule: v.Rule}
+	return Refusal{Agent: agent, Reason: ReasonProtocol, Detail: detail, Rule: v.Rule, State: v.State, Deadline: v.Deadline}
 }
 
 // report wakes the recipients that got msg and reports them, with the

@@ -42,7 +42,14 @@ type Streams interface {
 	// every epoch returned before on any replica, and tells the other
 	// replicas, which call Supersede with it.
 	OpenStream(ctx context.Context, agent string) (uint64, error)
+	// CloseStream says that agent's stream of epoch ended: it is
+	// forgotten unless a newer stream of agent replaced it.
+	CloseStream(ctx context.Context, agent string, epoch uint64) error
 }
+
+// closeStreamTimeout bounds CloseStream when a stream ends; a stream not
+// forgotten then is swept later (the PostgreSQL store's SweepStreams).
+const closeStreamTimeout = 5 * time.Second
 
 // Mailboxes are the agents' durable mailboxes, and the connections that
 // read them: one per agent at a time.
@@ -274,7 +281,7 @@ func (c *Conn) takeHanded(next uint64) (ds []Delivery, ok bool) {
 // open returns the agent's new connection, registered in place of (and
 // ending) any older one; a connection older than one registered here or
 // named by Supersede while it was being opened is replaced at once. The
-// caller must Close it.
+// caller must close it.
 func (m *Mailboxes) open(ctx context.Context, agent string) (*Conn, error) {
 	if m.opts.Streams == nil {
 		m.mu.Lock()
@@ -361,12 +368,21 @@ func (m *Mailboxes) StreamEpochs() map[string]uint64 {
 	return out
 }
 
-// Close unregisters c unless a newer connection already replaced it.
-func (c *Conn) Close() {
+// close unregisters c unless a newer connection already replaced it; with
+// Streams it then ends c's stream there too (a replaced one has a newer
+// stream to keep). ctx may have ended: the stream ends anyway.
+func (c *Conn) close(ctx context.Context) {
 	c.m.mu.Lock()
-	defer c.m.mu.Unlock()
-	if c.m.conns[c.agent] == c {
+	current := c.m.conns[c.agent] == c
+	if current {
 		delete(c.m.conns, c.agent)
+	}
+	c.m.mu.Unlock()
+	if current && c.m.opts.Streams != nil {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeStreamTimeout)
+		defer cancel()
+		// A failure leaves the stream's record to the store's sweep.
+		_ = c.m.opts.Streams.CloseStream(ctx, c.agent, c.epoch)
 	}
 }
 
@@ -423,7 +439,7 @@ func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptio
 	if err != nil {
 		return err
 	}
-	defer conn.Close()
+	defer conn.close(ctx)
 	next := max(opts.After, st.Acked)
 	// An empty batch first tells the client the stream is established,
 	// whether or not messages wait.

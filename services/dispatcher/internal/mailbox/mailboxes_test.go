@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,6 +236,8 @@ type epochs chan uint64
 
 func (e epochs) OpenStream(context.Context, string) (uint64, error) { return <-e, nil }
 
+func (e epochs) CloseStream(context.Context, string, uint64) error { return nil }
+
 // With Streams, the greater epoch wins wherever it opened: a stream that
 // took a smaller epoch but connected later is replaced at once, and
 // Supersede (a stream on another replica) ends an older one only.
@@ -275,6 +279,82 @@ type notifiedMeanwhile struct{ m **mailbox.Mailboxes }
 func (n notifiedMeanwhile) OpenStream(_ context.Context, agent string) (uint64, error) {
 	(*n.m).Supersede(agent, 6)
 	return 5, nil
+}
+
+func (n notifiedMeanwhile) CloseStream(context.Context, string, uint64) error { return nil }
+
+// closedStreams hands out epochs 1, 2, ... and records the streams
+// closed, as "agent@epoch".
+type closedStreams struct {
+	mu     sync.Mutex
+	epoch  uint64
+	closed []string
+}
+
+func (c *closedStreams) OpenStream(context.Context, string) (uint64, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.epoch++
+	return c.epoch, nil
+}
+
+func (c *closedStreams) CloseStream(ctx context.Context, agent string, epoch uint64) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	c.closed = append(c.closed, fmt.Sprintf("%s@%d", agent, epoch))
+	return nil
+}
+
+func (c *closedStreams) list() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.closed)
+}
+
+// waitStream waits until agent's stream of epoch is connected to m.
+func waitStream(t *testing.T, m *mailbox.Mailboxes, agent string, epoch uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for m.StreamEpochs()[agent] != epoch {
+		if time.Now().After(deadline) {
+			t.Fatalf("streams connected = %v, want %s at %d", m.StreamEpochs(), agent, epoch)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// A stream that ends (its caller gone) is closed in Streams, with its
+// epoch, even though its context ended; a stream replaced by a newer one,
+// here or on another replica, is not: the newer one's record stays.
+func TestReceive_closesItsStreamWhenItEnds(t *testing.T) {
+	cs := &closedStreams{}
+	m := newMailboxes(t, mailbox.Options{Streams: cs})
+	first := receive(t, m, bob, mailbox.ReceiveOptions{}) // epoch 1
+	waitStream(t, m, bob, 1)
+	second := receive(t, m, bob, mailbox.ReceiveOptions{}) // epoch 2 replaces 1
+	if err := first.end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Fatalf("first Receive = %v, want ErrReplaced", err)
+	}
+	waitStream(t, m, bob, 2)
+	m.Supersede(bob, 7) // a newer stream elsewhere
+	if err := second.end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Fatalf("second Receive = %v, want ErrReplaced", err)
+	}
+	if got := cs.list(); len(got) != 0 {
+		t.Errorf("streams closed after two replaced = %v, want none", got)
+	}
+	third := receive(t, m, carol, mailbox.ReceiveOptions{}) // epoch 3
+	waitStream(t, m, carol, 3)
+	third.cancel()
+	if err := third.end(t); !errors.Is(err, context.Canceled) {
+		t.Fatalf("third Receive = %v, want context.Canceled", err)
+	}
+	if got := cs.list(); !slices.Equal(got, []string{carol + "@3"}) {
+		t.Errorf("streams closed after carol's ended = %v, want [%s@3]", got, carol)
+	}
 }
 
 // A newer stream announced between an older stream's OpenStream and its

@@ -17,9 +17,9 @@ import (
 // calls of one agent are pipelined on its workers; dry runs are not).
 func BenchmarkCall(b *testing.B) {
 	b.Run("in-process", func(b *testing.B) { benchCall(b, InProcessForTests(), 1) })
-	b.Run("workers", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4, AgentShare: 4}), 1) })
+	b.Run("workers", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4}), 1) })
 	b.Run("in-process-parallel16", func(b *testing.B) { benchCall(b, InProcessForTests(), 16) })
-	b.Run("workers-parallel16", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4, AgentShare: 4}), 16) })
+	b.Run("workers-parallel16", func(b *testing.B) { benchCall(b, newTestPool(b, PoolOptions{Workers: 4}), 16) })
 }
 
 func benchCall(b *testing.B, pool *Pool, par int) {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -35,13 +36,14 @@ func TestBoundary(t *testing.T) {
 	// one and the victim keeps the other.
 	pool := newTestPool(t, PoolOptions{Workers: 2, MemoryBytes: 256 << 20})
 	limits := testLimits(Limits{Pool: pool, Timeout: budget})
-	// The victim's budget (its wait for a worker too) is shorter than a
-	// killed run holds its worker (budget + margin): had the victim to
-	// wait behind one, it would fail busy.
-	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, testLimits(Limits{Pool: pool, Timeout: budget}))
+	// The victim's budget is generous, so that a loaded machine does not
+	// make its good calls fail; that it never waits behind a bad run is
+	// checked directly: none of its calls ever waits for a worker.
+	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, testLimits(Limits{Pool: pool, Timeout: time.Minute}))
 	if err != nil {
 		t.Fatal(err)
 	}
+	victimWaits := countWaits(pool, "clients/c/agents/victim")
 	parentBefore := peakSelf(t)
 	body := func(expr string) string { return "def reply(q, m):\n    return " + expr + "\n" }
 	loop := func(stmts string) string { return "def reply(q, m):\n" + stmts + "\n    return 1\n" }
@@ -136,6 +138,9 @@ func TestBoundary(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
+			if n := victimWaits.Load(); n != 0 {
+				t.Errorf("another agent's calls waited for a worker %d times during the run, want never", n)
+			}
 			if err == nil {
 				t.Fatal("the run succeeded, want a failure")
 			}
@@ -176,13 +181,14 @@ func TestFairShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The victim's budget (the default, 1 s) is shorter than the
-	// attacker's: without fair shares it would wait behind runaways that
-	// hold every worker for 2 s and fail busy.
-	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, testLimits(Limits{Pool: pool, Timeout: time.Second}))
+	// The victim's budget is generous (a loaded machine does not make its
+	// calls fail); that it never waits behind the runaways is checked
+	// directly.
+	victim, err := Compile(t.Context(), "clients/c/agents/victim/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil, testLimits(Limits{Pool: pool, Timeout: time.Minute}))
 	if err != nil {
 		t.Fatal(err)
 	}
+	victimWaits := countWaits(pool, "clients/c/agents/victim")
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	kinds := map[string]int{}
@@ -219,7 +225,229 @@ func TestFairShare(t *testing.T) {
 	if kinds["time"] == 0 || kinds["busy"] == 0 || kinds["ok"] != 0 || kinds["time"]+kinds["busy"] != 64 {
 		t.Errorf("the attacker's 64 calls ended %v, want time kills and busy failures only", kinds)
 	}
+	if n := victimWaits.Load(); n != 0 {
+		t.Errorf("the victim's calls waited for a worker %d times during the attack, want never", n)
+	}
 	waitIdle(t, pool)
+}
+
+// TestFairShare_twoFloodersAndAQuietAgent: two agents flood the pool at
+// once with slow calls (each waits in a tool until the test ends, so no
+// worker they hold frees up); once every flood call holds room or waits
+// for it, a third agent's calls all succeed, one at a time and several at
+// once, and the flooders' excess is theirs alone to wait for.
+func TestFairShare_twoFloodersAndAQuietAgent(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 4})
+	release := make(chan struct{})
+	wait := FuncTool(func(ctx context.Context, _ json.RawMessage) (json.RawMessage, error) {
+		select {
+		case <-release:
+			return json.RawMessage(`1`), nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	})
+	const flood = 16
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	floodErrs := map[string]int{}
+	for _, agent := range []string{"clients/c/agents/a", "clients/c/agents/b"} {
+		slow, err := Compile(t.Context(), agent+"/routines/r", "def reply(q, m):\n    return wait(q)\n", map[string]Tool{"wait": wait},
+			testLimits(Limits{Pool: pool, Timeout: time.Minute}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range flood {
+			wg.Go(func() {
+				_, _, err := slow.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(`1`)}, json.RawMessage(`{}`))
+				if err != nil {
+					mu.Lock()
+					floodErrs[err.Error()]++
+					mu.Unlock()
+				}
+			})
+		}
+	}
+	defer wg.Wait()
+	defer close(release)
+	// Settled: every flood call holds room on a worker or waits for it.
+	for _, agent := range []string{"clients/c/agents/a", "clients/c/agents/b"} {
+		waitSettled(t, pool, agent, flood)
+	}
+	pool.mu.Lock()
+	t.Logf("the flooders hold %d and %d workers; %d free", len(pool.agents["clients/c/agents/a"].held), len(pool.agents["clients/c/agents/b"].held), len(pool.free))
+	pool.mu.Unlock()
+	quietWaits := countWaits(pool, "clients/c/agents/quiet")
+	quiet, err := Compile(t.Context(), "clients/c/agents/quiet/routines/r", "def reply(q, m):\n    return {'echo': q}\n", nil,
+		testLimits(Limits{Pool: pool, Timeout: time.Minute}))
+	if err != nil {
+		t.Fatalf("the quiet agent's compile during the flood = %v", err)
+	}
+	call := func(i int) error {
+		q := strconv.Itoa(i)
+		out, _, err := quiet.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(q)}, json.RawMessage(`{}`))
+		if err == nil && string(out) != `{"echo":`+q+`}` {
+			err = fmt.Errorf("answer %s", out)
+		}
+		return err
+	}
+	for i := range 20 {
+		if err := call(i); err != nil {
+			t.Fatalf("the quiet agent's call %d during the flood = %v", i, err)
+		}
+	}
+	if n := quietWaits.Load(); n != 0 {
+		t.Errorf("the quiet agent's compile and calls one at a time waited for a worker %d times, want never", n)
+	}
+	// All at once they may wait for each other (the agent's own calls),
+	// never for the flood.
+	errs := make(chan error, 8)
+	for i := range 8 {
+		go func() { errs <- call(100 + i) }()
+	}
+	for range 8 {
+		if err := <-errs; err != nil {
+			t.Errorf("the quiet agent's concurrent call during the flood = %v", err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(floodErrs) != 0 {
+		t.Errorf("flood calls failed before the test released them: %v", floodErrs)
+	}
+}
+
+// TestFairShare_newcomerFirst: when a newcomer has taken the last free
+// worker, an agent holding two gives one back as soon as a call on it
+// ends, and a freed worker goes to the waiting agent holding the fewest.
+func TestFairShare_newcomerFirst(t *testing.T) {
+	pool := newTestPool(t, PoolOptions{Workers: 4})
+	until := time.Now().Add(time.Minute)
+	acquire := func(agent string) *worker {
+		t.Helper()
+		w, err := pool.acquire(t.Context(), agent, until, time.Minute)
+		if err != nil {
+			t.Fatalf("acquire for %s: %v", agent, err)
+		}
+		return w
+	}
+	// a takes half the workers, and no more while so few are free.
+	a1, a2 := acquire("a"), acquire("a")
+	if a1 == a2 {
+		t.Fatal("a's second call shares its first worker; want a second worker (calls are pipelined only behind a worker's running call)")
+	}
+	pool.mu.Lock()
+	mayA := pool.mayLease(pool.agents["a"], len(pool.free))
+	pool.mu.Unlock()
+	if mayA {
+		t.Fatal("a holding 2 of 4 workers may lease a third")
+	}
+	b1, c1 := acquire("b"), acquire("c") // c takes the last free worker
+	if b1 == a1 || b1 == a2 || c1 == a1 || c1 == a2 || b1 == c1 {
+		t.Fatal("b or c shares a worker")
+	}
+	for range pipelineDepth - 1 { // b's worker is full
+		if w := acquire("b"); w != b1 {
+			t.Fatal("b's calls took a second worker")
+		}
+	}
+	// A call of b, then one of d, wait for room: a freed worker goes to d,
+	// who holds none, though b began to wait first.
+	waiting := func(agent string) chan *worker {
+		got := make(chan *worker, 1)
+		go func() {
+			w, err := pool.acquire(t.Context(), agent, until, time.Minute)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- w
+		}()
+		return got
+	}
+	pool.mu.Lock()
+	seq := pool.seq
+	pool.mu.Unlock()
+	b2 := waiting("b")
+	waitSeq(t, pool, seq+1)
+	d := waiting("d")
+	waitSeq(t, pool, seq+2)
+	pool.release(a1) // a holds 2 and none is free: a1 goes back
+	if w := <-d; w != a1 {
+		t.Fatalf("d got %p, want the worker a gave back, %p", w, a1)
+	}
+	// c goes idle: its worker is free again, and stays free for the next
+	// newcomer: b, holding one, waits for its own.
+	pool.release(c1)
+	pool.mu.Lock()
+	free, bWaits := len(pool.free), len(pool.agents["b"].waiters)
+	pool.mu.Unlock()
+	if free != 1 || bWaits != 1 {
+		t.Fatalf("after c went idle: %d free, %d calls of b waiting; want 1 and 1", free, bWaits)
+	}
+	pool.release(b1)
+	if w := <-b2; w != b1 {
+		t.Fatalf("b got %p, want its own worker %p", w, b1)
+	}
+	for _, w := range []*worker{a1, a2, b1, b1, b1, b1} {
+		pool.release(w)
+	}
+	waitIdle(t, pool)
+}
+
+// waitSeq waits until the pool's seq-th call waits for room.
+func waitSeq(t *testing.T, p *Pool, seq uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		p.mu.Lock()
+		got := p.seq
+		p.mu.Unlock()
+		if got >= seq {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls waited, want %d", got, seq)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// countWaits counts the calls of agent that wait for a worker.
+func countWaits(p *Pool, agent string) *atomic.Int64 {
+	var n atomic.Int64
+	p.mu.Lock()
+	p.waits = func(a string) {
+		if a == agent {
+			n.Add(1)
+		}
+	}
+	p.mu.Unlock()
+	return &n
+}
+
+// waitSettled waits until agent's n calls all hold room on its workers or
+// wait for room.
+func waitSettled(t *testing.T, p *Pool, agent string, n int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		p.mu.Lock()
+		got := -1
+		if sh := p.agents[agent]; sh != nil {
+			got = len(sh.waiters)
+			for _, w := range sh.held {
+				got += w.load
+			}
+		}
+		p.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("agent %s has %d of its %d calls on a worker or waiting", agent, got, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // TestToolCallbacks: a tool that is not a table is answered by the server
@@ -265,8 +493,11 @@ func waitIdle(t *testing.T, p *Pool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		busy := fmt.Sprintf("%d of %d worker slots back", len(p.idle), p.opts.Workers)
-		if len(p.idle) == p.opts.Workers {
+		p.mu.Lock()
+		free := len(p.free)
+		p.mu.Unlock()
+		busy := fmt.Sprintf("%d of %d worker slots back", free, p.opts.Workers)
+		if free == p.opts.Workers {
 			busy = ""
 			for _, pid := range p.Stats().Workers {
 				if s := procState(t, pid); s != "S" {

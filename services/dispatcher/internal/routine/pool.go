@@ -30,9 +30,18 @@ import (
 // precise errors (steps, allocation estimate, output size); the kill and
 // the cap are what hold when they cannot. See docs/adr/0005.
 //
-// Fair shares: an agent leases at most PoolOptions.AgentShare workers at
-// once; its further calls wait for room on its own workers (never on
-// another agent's) up to their wall-time budget, then fail with ErrBusy.
+// Fair shares: a worker is leased to one agent at a time. An agent that
+// holds none takes any free worker; one that holds some takes another only
+// while more workers are free than it holds (mayLease), so the agents
+// already busy always leave room for one that arrives: one agent alone
+// holds at most half the workers (rounded up), and two flooding at once
+// leave at least one free when there are four or more workers, so a third
+// agent's calls find one at once. When a newcomer takes the last free
+// worker, an agent holding two or more gives one back as its calls end
+// (givesBack), and a freed worker goes to the waiting agent holding the
+// fewest (handOut). An agent's calls beyond what it may hold wait for room
+// on its own workers (never on another agent's) up to their wall-time
+// budget, then fail with ErrBusy.
 //
 // Pipelining: a worker leased to an agent takes up to pipelineDepth of
 // that agent's calls at once. They are written to its pipe as they come
@@ -58,10 +67,9 @@ type PoolOptions struct {
 	// Workers is how many routine runs execute at once (worker processes);
 	// it must be at least 1.
 	Workers int
-	// AgentShare is the most workers one agent holds at once; when 0,
-	// three quarters of the workers (at least 1), so that a quarter (at
-	// least one worker when there are two or more) stays free for the
-	// other agents whatever one agent does.
+	// AgentShare, when positive, caps the workers one agent holds at once
+	// below what the fair-share rule allows (Pool.mayLease: an agent
+	// alone takes at most half the workers, rounded up); 0 adds no cap.
 	AgentShare int
 	// MemoryBytes caps each worker's memory above its start size.
 	MemoryBytes int64
@@ -85,19 +93,26 @@ type Pool struct {
 	opts PoolOptions
 	// inProcess runs routines in this process (InProcessForTests).
 	inProcess bool
-	// idle holds the worker slots leased to no agent, one entry each; nil
+	// mu guards free, returning, seq, agents, live and closed, and every
+	// worker's load, share, draining and leaving. It is never taken while a
+	// worker's mu is held.
+	mu sync.Mutex
+	// free holds the worker slots leased to no agent, one entry each; nil
 	// is a slot whose worker is not started.
-	idle chan *worker
-
-	// mu guards agents, live and closed, and every worker's load, share
-	// and draining. It is never taken while a worker's mu is held.
-	mu     sync.Mutex
-	agents map[string]*agentShare
-	live   map[*worker]struct{}
-	closed bool
+	free []*worker
+	// returning counts the slots on their way back to free: workers
+	// leaving their agent once idle, and dead or worn ones being reaped.
+	returning int
+	seq       uint64 // the last waiter's
+	agents    map[string]*agentShare
+	live      map[*worker]struct{}
+	closed    bool
 
 	// fresh is pipelineFresh (tests set it longer).
 	fresh time.Duration
+	// waits, when set (by tests), is called with the agent of each call
+	// that finds no room and waits for it.
+	waits func(agent string)
 
 	started  atomic.Int64
 	recycled atomic.Int64
@@ -109,15 +124,28 @@ type Pool struct {
 type agentShare struct {
 	name    string
 	held    []*worker // the workers leased to the agent
-	leasing int       // leases being taken: a free slot awaited or its worker started
+	leasing int       // free slots taken for it whose worker is being started
+	leaving int       // workers of held that go back to the free slots once idle
 	waiters []*waiter // calls waiting for room, first come first served
 	users   int       // calls between acquire and release
 }
 
-// waiter is a call waiting for room on its agent's workers.
+// holds is how many workers sh holds or is taking.
+func (sh *agentShare) holds() int { return len(sh.held) + sh.leasing }
+
+// waiter is a call waiting for room.
 type waiter struct {
-	room   chan *worker // a worker with room taken for it, or nil: look again
+	room   chan grant
 	budget time.Duration
+	seq    uint64 // the order the calls began to wait in, pool-wide
+}
+
+// grant is what a waiting call gets: room on w, one of its agent's
+// workers, or (lease) the free slot w (nil: not started), taken for its
+// agent (agentShare.leasing counts it).
+type grant struct {
+	w     *worker
+	lease bool
 }
 
 // pipelineDepth is how many of its agent's calls a worker holds at once:
@@ -133,20 +161,14 @@ const pipelineFresh = 10 * time.Millisecond
 
 // NewPoolWith returns a pool configured by o. Workers start on first use.
 func NewPoolWith(o PoolOptions) *Pool {
-	if o.AgentShare <= 0 {
-		o.AgentShare = max(o.Workers-o.Workers/4, 1)
-		if o.Workers >= 2 {
-			o.AgentShare = min(o.AgentShare, o.Workers-1)
-		}
+	if o.AgentShare <= 0 || o.AgentShare > o.Workers {
+		o.AgentShare = o.Workers
 	}
 	o.WorkerCPU = o.WorkerCPU.Round(time.Second) // RLIMIT_CPU counts seconds
 	if o.Executable == "" {
 		o.Executable = "/proc/self/exe"
 	}
-	p := &Pool{opts: o, idle: make(chan *worker, o.Workers), agents: map[string]*agentShare{}, live: map[*worker]struct{}{}, fresh: pipelineFresh}
-	for range o.Workers {
-		p.idle <- nil
-	}
+	p := &Pool{opts: o, free: make([]*worker, o.Workers, max(o.Workers, 1)), agents: map[string]*agentShare{}, live: map[*worker]struct{}{}, fresh: pipelineFresh}
 	return p
 }
 
@@ -239,18 +261,13 @@ func agentOf(ctx context.Context, name string) string {
 }
 
 // acquire reserves room for one call on a worker leased to agent: a
-// worker the agent holds with nothing queued, else a free worker leased
-// while the agent holds fewer than its share, else the least loaded of its
-// workers with room in its pipeline. Otherwise it waits for room until
-// until, or until ctx ends (the caller's error, not the pool's). The call
-// releases the room with release.
+// worker the agent holds with nothing queued, else a free slot if the
+// agent may lease one (mayLease), else the least loaded of its workers
+// with room in its pipeline. Otherwise it waits until until, or until ctx
+// ends (the caller's error, not the pool's), for room on the agent's
+// workers or a free slot handed to it (handOut). The call releases the
+// room with release.
 func (p *Pool) acquire(ctx context.Context, agent string, until time.Time, budget time.Duration) (*worker, error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	p.mu.Lock()
 	sh := p.agents[agent]
 	if sh == nil {
@@ -258,101 +275,136 @@ func (p *Pool) acquire(ctx context.Context, agent string, until time.Time, budge
 		p.agents[agent] = sh
 	}
 	sh.users++
-	woken := false
-	for {
-		if p.closed {
-			p.leave(sh)
-			p.mu.Unlock()
-			return nil, errors.New("the routine pool is closed")
-		}
-		if w := p.pick(sh, budget, true); w != nil {
-			w.load++
-			p.mu.Unlock()
-			return w, nil
-		}
-		canLease := len(sh.held)+sh.leasing < p.opts.AgentShare
-		if canLease {
-			select {
-			case w := <-p.idle:
-				return p.lease(sh, w, budget)
-			default:
-			}
-		}
-		if w := p.pick(sh, budget, false); w != nil {
-			w.load++
-			p.mu.Unlock()
-			return w, nil
-		}
-		// Wait for room on the agent's workers or, while it holds less
-		// than its share, for a free worker. A waiter woken to look again
-		// keeps its place.
-		wt := &waiter{room: make(chan *worker, 1), budget: budget}
-		if woken {
-			sh.waiters = slices.Insert(sh.waiters, 0, wt)
-		} else {
-			sh.waiters = append(sh.waiters, wt)
-		}
-		var idle chan *worker
-		if canLease {
-			idle = p.idle
-			sh.leasing++
-		}
+	if p.closed {
+		p.leave(sh)
 		p.mu.Unlock()
-		if timer == nil {
-			timer = time.NewTimer(time.Until(until))
-		}
-		select {
-		case w := <-idle:
+		return nil, errors.New("the routine pool is closed")
+	}
+	if w := p.pick(sh, budget, true); w != nil {
+		w.load++
+		p.mu.Unlock()
+		return w, nil
+	}
+	if p.mayLease(sh, len(p.free)) {
+		slot := p.takeFree()
+		sh.leasing++
+		return p.lease(sh, slot, budget)
+	}
+	if w := p.pick(sh, budget, false); w != nil {
+		w.load++
+		p.mu.Unlock()
+		return w, nil
+	}
+	p.seq++
+	wt := &waiter{room: make(chan grant, 1), budget: budget, seq: p.seq}
+	sh.waiters = append(sh.waiters, wt)
+	waits := p.waits
+	p.mu.Unlock()
+	if waits != nil {
+		waits(agent)
+	}
+	timer := time.NewTimer(time.Until(until))
+	defer timer.Stop()
+	select {
+	case g := <-wt.room:
+		if g.lease {
 			p.mu.Lock()
-			sh.leasing--
-			p.dropWaiter(sh, wt)
-			return p.lease(sh, w, budget)
-		case w := <-wt.room:
-			p.mu.Lock()
-			if canLease {
-				sh.leasing--
-			}
-			if w != nil {
-				p.mu.Unlock()
-				return w, nil
-			}
-			woken = true
-			continue
-		case <-timer.C:
-			p.giveUp(sh, wt, canLease)
-			if canLease {
-				return nil, fmt.Errorf("%w: %w: all %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.Workers, budget)
-			}
-			return nil, fmt.Errorf("%w: %w: this agent's %d routine workers stayed busy for %v", ErrBudget, ErrBusy, p.opts.AgentShare, budget)
-		case <-ctx.Done():
-			p.giveUp(sh, wt, canLease)
-			return nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
+			return p.lease(sh, g.w, budget)
 		}
+		return g.w, nil
+	case <-timer.C:
+		held := p.giveUp(sh, wt)
+		return nil, fmt.Errorf("%w: %w: no routine worker was free for this agent for %v (it holds %d of the %d workers)", ErrBudget, ErrBusy, budget, held, p.opts.Workers)
+	case <-ctx.Done():
+		p.giveUp(sh, wt)
+		return nil, fmt.Errorf("waiting for a routine worker: %w", context.Cause(ctx))
 	}
 }
 
-// giveUp ends a wait of acquire that got nothing.
-func (p *Pool) giveUp(sh *agentShare, wt *waiter, leasing bool) {
+// mayLease reports whether sh may lease a slot when free are free: the
+// fair-share rule. An agent holding none may take any free worker; one
+// that holds some may take another only while more workers are free than
+// it holds, and never past PoolOptions.AgentShare. So whatever the
+// agents already holding workers do, they leave room for one that holds
+// none: one agent alone takes at most half the workers (rounded up), and
+// two flooding together leave at least one free when there are four or
+// more. When a newcomer takes the last free worker, the agents
+// holding more than what is free give workers back as their calls end
+// (givesBack).
+// Called with p.mu held.
+func (p *Pool) mayLease(sh *agentShare, free int) bool {
+	h := sh.holds()
+	return free > 0 && h < p.opts.AgentShare && (h == 0 || free > h)
+}
+
+// givesBack reports whether sh holds two or more workers and at least two
+// more than are free (or on their way back): then one of its workers goes
+// back to the free slots once its calls end, instead of taking the
+// agent's next call, until as many are free as the rule of mayLease would
+// have left. Called with p.mu held.
+func (p *Pool) givesBack(sh *agentShare) bool {
+	h := sh.holds() - sh.leaving
+	return h >= 2 && len(p.free)+p.returning < h-1
+}
+
+// handOut gives free slots to the waiting calls whose agents may lease
+// them (mayLease): each to the first waiting call of the agent holding the
+// fewest workers, the longest-waiting first among equals (max-min
+// fairness). Called with p.mu held.
+func (p *Pool) handOut() {
+	for len(p.free) > 0 {
+		var best *agentShare
+		for _, sh := range p.agents {
+			if len(sh.waiters) == 0 || !p.mayLease(sh, len(p.free)) {
+				continue
+			}
+			if best == nil || sh.holds() < best.holds() || sh.holds() == best.holds() && sh.waiters[0].seq < best.waiters[0].seq {
+				best = sh
+			}
+		}
+		if best == nil {
+			return
+		}
+		slot := p.takeFree()
+		wt := best.waiters[0]
+		best.waiters = best.waiters[1:]
+		best.leasing++
+		wt.room <- grant{w: slot, lease: true}
+	}
+}
+
+// takeFree takes the slot that has been free the longest: slots are
+// taken in turn. Called with p.mu held, when one is free.
+func (p *Pool) takeFree() *worker {
+	w := p.free[0]
+	p.free[0] = nil
+	p.free = p.free[1:]
+	return w
+}
+
+// giveUp ends a wait of acquire that got nothing, and returns how many
+// workers the agent held.
+func (p *Pool) giveUp(sh *agentShare, wt *waiter) int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if leasing {
-		sh.leasing--
-	}
 	p.dropWaiter(sh, wt)
+	held := sh.holds()
 	p.leave(sh)
+	return held
 }
 
 // pick returns the worker of sh with nothing queued or, unless empty,
 // the least loaded one with room in its pipeline whose running call
 // started less than pipelineFresh ago; nil if none. The anonymous share
-// (dry runs of every agent) is not pipelined. A worker that may not have
-// the CPU time left for the calls it would then hold is drained
+// (dry runs of every agent) is not pipelined. A worker going back to the
+// free slots takes no more calls. A worker that may not have the CPU time
+// left for the calls it would then hold is drained
 // (PoolOptions.WorkerCPU). Called with p.mu held.
 func (p *Pool) pick(sh *agentShare, budget time.Duration, empty bool) *worker {
 	var best *worker
 	now := time.Now().UnixNano()
 	for _, w := range sh.held {
-		if w.draining || w.dead.Load() || w.load >= pipelineDepth {
+		if w.draining || w.leaving || w.dead.Load() || w.load >= pipelineDepth {
 			continue
 		}
 		if w.load > 0 {
@@ -390,11 +442,11 @@ func (p *Pool) drain(w *worker) {
 	}
 }
 
-// lease leases the free slot w (nil: not started) to sh and reserves
-// room on it, starting a worker if the slot has none, or a dead or worn
-// one. It is called with p.mu held and returns with it released.
+// lease leases the free slot w (nil: not started), taken for sh (counted
+// in sh.leasing), to sh and reserves room on it, starting a worker if the
+// slot has none, or a dead or worn one. It is called with p.mu held and
+// returns with it released.
 func (p *Pool) lease(sh *agentShare, w *worker, budget time.Duration) (*worker, error) {
-	sh.leasing++
 	p.mu.Unlock()
 	if w != nil && (w.dead.Load() || p.worn(w, 1, budget)) {
 		if !w.dead.Load() {
@@ -409,18 +461,17 @@ func (p *Pool) lease(sh *agentShare, w *worker, budget time.Duration) (*worker, 
 		w, err = p.start()
 	}
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	sh.leasing--
 	if err != nil {
-		p.idle <- nil
-		p.signal(sh)
+		p.free = append(p.free, nil)
+		p.handOut()
 		p.leave(sh)
-		p.mu.Unlock()
 		return nil, err
 	}
 	w.share = sh
 	w.load = 1
 	sh.held = append(sh.held, w)
-	p.mu.Unlock()
 	return w, nil
 }
 
@@ -429,28 +480,35 @@ func (p *Pool) release(w *worker) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	sh := w.share
-	p.free(w)
+	p.free1(w)
 	p.leave(sh)
 }
 
-// free frees one call's room on w. The room goes straight to the agent's
-// first waiting call, so a call arriving later cannot take it first. A
-// worker with nothing queued goes back to the free slots, unless the
+// free1 frees one call's room on w. The room goes straight to the agent's
+// first waiting call, so a call arriving later cannot take it first,
+// unless w goes back to the free slots (givesBack) or is worn or dead.
+// A worker with nothing queued goes back to the free slots unless the
 // agent has calls waiting; a dead or worn one is replaced. Called with
 // p.mu held.
-func (p *Pool) free(w *worker) {
+func (p *Pool) free1(w *worker) {
 	sh := w.share
 	w.load--
 	if !w.draining && time.Duration(w.cpu.Load()) >= p.opts.WorkerCPU/2 {
 		w.draining = true // long before its hard CPU limit
 		p.recycled.Add(1)
 	}
-	if !w.draining && !w.dead.Load() && len(sh.waiters) > 0 {
+	usable := !w.draining && !w.dead.Load()
+	if usable && !w.leaving && p.givesBack(sh) {
+		w.leaving = true
+		sh.leaving++
+		p.returning++
+	}
+	if usable && !w.leaving && len(sh.waiters) > 0 {
 		wt := sh.waiters[0]
 		if !p.worn(w, w.load+1, wt.budget) {
 			sh.waiters = sh.waiters[1:]
 			w.load++
-			wt.room <- w
+			wt.room <- grant{w: w}
 			return
 		}
 		w.draining = true
@@ -459,53 +517,58 @@ func (p *Pool) free(w *worker) {
 	if w.load == 0 {
 		p.unlease(w)
 	}
-	p.signal(sh) // a lease may have freed: look again
 }
 
-// unlease returns w's slot to the free ones: w itself or, when w is dead
-// or drained, an empty slot once w is reaped. The call that takes an
-// empty slot starts its worker (lease), and that start does not count
-// against its wait budget (Pool.call); started here in the background
-// instead, a slow start (a loaded machine, -race) made the calls waiting
-// for the slot fail busy. Called with p.mu held, when w holds no call.
+// unlease returns w's slot to the free ones, and hands out what that
+// allows (handOut): w itself or, when w is dead or drained, an empty slot
+// once w is reaped. The call that takes an empty slot starts its worker
+// (lease), and that start does not count against its wait budget
+// (Pool.call); started here in the background instead, a slow start (a
+// loaded machine, -race) made the calls waiting for the slot fail busy.
+// Called with p.mu held, when w holds no call.
 func (p *Pool) unlease(w *worker) {
 	sh := w.share
 	sh.held = slices.DeleteFunc(sh.held, func(x *worker) bool { return x == w })
 	w.share = nil
+	if w.leaving {
+		w.leaving = false
+		sh.leaving--
+		p.returning--
+	}
 	if !w.draining && !w.dead.Load() {
-		p.idle <- w
+		p.free = append(p.free, w)
+		p.handOut()
 		return
 	}
+	p.returning++
+	p.handOut() // sh holds one fewer: it may lease a free slot now
 	go func() {
 		_ = w.cmd.Process.Kill()
 		p.reap(w)
-		p.idle <- nil
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.returning--
+		p.free = append(p.free, nil)
+		p.handOut()
 	}()
 }
 
-// signal wakes the first call of sh waiting for room, to look again.
-// Called with p.mu held.
-func (p *Pool) signal(sh *agentShare) {
-	if len(sh.waiters) > 0 {
-		sh.waiters[0].room <- nil
-		sh.waiters = sh.waiters[1:]
-	}
-}
-
-// dropWaiter removes wt from sh's waiters; if it was woken meanwhile, the
-// room it was given is freed again and the wake-up passes on. Called with
-// p.mu held.
+// dropWaiter removes wt from sh's waiters; if it was granted something
+// meanwhile, that passes on: room on a worker is freed again, a free slot
+// goes back. Called with p.mu held.
 func (p *Pool) dropWaiter(sh *agentShare, wt *waiter) {
 	if i := slices.Index(sh.waiters, wt); i >= 0 {
 		sh.waiters = slices.Delete(sh.waiters, i, i+1)
 		return
 	}
 	select {
-	case w := <-wt.room:
-		if w != nil {
-			p.free(w)
+	case g := <-wt.room:
+		if g.lease {
+			sh.leasing--
+			p.free = append(p.free, g.w)
+			p.handOut()
 		} else {
-			p.signal(sh)
+			p.free1(g.w)
 		}
 	default:
 	}
@@ -550,6 +613,7 @@ type worker struct {
 	load     int         // calls holding room on it
 	share    *agentShare // the agent it is leased to; nil when free
 	draining bool        // worn: it takes no more calls
+	leaving  bool        // it goes back to the free slots once idle (givesBack)
 
 	waitOnce sync.Once // Wait is called once, by whoever reaps it first
 }

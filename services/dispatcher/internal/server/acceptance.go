@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"crypto/ed25519"
-	"encoding/json"
 	"errors"
 	"log/slog"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/approval"
+	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/directory"
 	"github.com/parleyhq/parley/services/dispatcher/internal/order"
 	"github.com/parleyhq/parley/services/dispatcher/internal/payment"
@@ -25,10 +25,12 @@ import (
 // data was refused in any body already, internal/carddata):
 //   - a message of a type that a message marked opensOrder answers (offer,
 //     payment_error) has its terms checked and recorded before it is
-//     delivered (put back if it is not), keyed by (dialogue, its sender);
+//     delivered (removed if it is not), keyed by (dialogue, its sender,
+//     the id it is recorded under);
 //   - a message marked opensOrder (accept_offer) goes through the payment
 //     gate: payment, the owner's limits and signed approval, against the
-//     recorded terms of the message it answers. If the reply is then not
+//     recorded terms of the message it answers (of the pair's last offer
+//     when that message stated none: a payment_error). If the reply is then not
 //     delivered (a lost race with revoke_offer, a deadline), the gate's
 //     effects are undone.
 //
@@ -66,16 +68,24 @@ func (o ownerSource) owner(ctx context.Context, agent string) (payment.Owner, er
 type moneyCheck struct {
 	s          *Server
 	acceptance *payment.Acceptance // set when the gate accepted it
-	// prevTerms, when set, are the pair's terms before this reply's,
-	// which checkMoney recorded ahead of delivery: put back if it is not
-	// delivered.
-	prevTerms json.RawMessage
-	terms     json.RawMessage // this reply's, recorded in their place
-	dialogue  string
-	sender    string
+	// offer, when set, is the id the reply is to be recorded under, whose
+	// terms checkMoney recorded ahead of delivery: removed if it is not
+	// delivered under that id.
+	offer    string
+	dialogue string
+	sender   string
 }
 
-func (m *moneyCheck) done(ctx context.Context, delivered bool) {
+// id is the id the reply must be recorded under; "" for any.
+func (m *moneyCheck) id() string {
+	if m == nil {
+		return ""
+	}
+	return m.offer
+}
+
+// done finishes the check: res is the reply's result when it was sent.
+func (m *moneyCheck) done(ctx context.Context, delivered bool, res dialogue.Result) {
 	if m == nil {
 		return
 	}
@@ -88,11 +98,12 @@ func (m *moneyCheck) done(ctx context.Context, delivered bool) {
 			m.s.logger.ErrorContext(ctx, "an undelivered acceptance still counts against its owner's day or holds its payment",
 				slog.String("order", m.acceptance.Order), slog.Any("err", err))
 		}
-	case !delivered && m.prevTerms != nil:
-		// Only while this reply's terms are still recorded: a later offer
-		// of the pair, delivered meanwhile, keeps its own.
-		if err := m.s.opts.Payments.RestoreOfferTerms(ctx, m.dialogue, m.sender, m.terms, m.prevTerms); err != nil {
-			m.s.logger.ErrorContext(ctx, "a refused offer's terms stay recorded; an acceptance of the pair's earlier offer is checked against them",
+	case m.offer != "" && (!delivered || res.MessageID != m.offer):
+		// Refused, or a repeat of a request sent before (under its own
+		// id): these terms are no delivered message's. Exactly these go;
+		// another offer's of the pair, recorded meanwhile, stay.
+		if err := m.s.opts.Payments.RemoveOfferTerms(ctx, m.dialogue, m.sender, m.offer); err != nil {
+			m.s.logger.ErrorContext(ctx, "a refused offer's terms stay recorded under its unused id; no acceptance can answer it",
 				slog.String("dialogue", m.dialogue), slog.Any("err", err))
 		}
 	}
@@ -130,7 +141,7 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 		if sender != d.Initiator { // delegate: the supplier accepts the consumer's request
 			supplier, payee = sender, sender
 		}
-		raw, err := s.opts.Payments.OfferTerms(ctx, d.ID, answered.Sender)
+		raw, err := s.opts.Payments.OfferTerms(ctx, d.ID, answered.Sender, answered.ID)
 		if err != nil {
 			return nil, err
 		}
@@ -153,21 +164,18 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 		if err != nil || !found {
 			return nil, err
 		}
-		// Recorded before delivery: the consumer may accept the moment the
-		// offer reaches its mailbox, and its acceptance is checked against
-		// these terms (recorded after, a quick acceptance passed as
-		// unpriced and reserved no payment).
-		// One swap, not a read then a write: two offers of the pair at
-		// once must not both remember the same earlier terms (the refused
-		// one's undo would then erase the delivered one's).
-		prev, err := s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, body)
-		if err != nil {
+		// Recorded before delivery, under the id the reply will have: the
+		// consumer may accept the moment the offer reaches its mailbox,
+		// and its acceptance is checked against the terms of the message
+		// it answers (recorded after, a quick acceptance passed as
+		// unpriced and reserved no payment). Keyed by message, a refused
+		// offer removes its own terms and no other's, however many
+		// offers of the pair race.
+		id := dialogue.NewID()
+		if err := s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, id, body); err != nil {
 			return nil, err
 		}
-		if prev == nil {
-			prev = json.RawMessage(`{}`) // no terms: an unpriced offer
-		}
-		return &moneyCheck{s: s, prevTerms: prev, terms: body, dialogue: d.ID, sender: sender}, nil
+		return &moneyCheck{s: s, offer: id, dialogue: d.ID, sender: sender}, nil
 	}
 	return nil, nil
 }

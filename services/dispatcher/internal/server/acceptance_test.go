@@ -3,6 +3,7 @@ package server
 import (
 	"crypto/ed25519"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -176,5 +177,39 @@ func TestTransact_paidAcceptanceByAConsumerWithoutOwner(t *testing.T) {
 	p, err := e.client.GetPayment(t.Context(), &dispatcherv1.GetPaymentRequest{Name: pay.GetName()})
 	if err != nil || p.GetState() != dispatcherv1.PaymentState_PAYMENT_STATE_RESERVED || p.GetOrder() != order.ID(dlg, netBob) {
 		t.Errorf("payment after the acceptance = %v, %v; want reserved for the order", p, err)
+	}
+}
+
+// Offers of one pair that the state machine refuses after their terms
+// were recorded leave none behind, however they race: the consumer's
+// acceptance of the pair's delivered offer is checked against that
+// offer's terms, not a refused one's (over alice's limit here).
+func TestAllocate_racingRefusedOffersLeaveNoTerms(t *testing.T) {
+	e := startService(t)
+	e.reg.addAgent(&registryv1.Agent{Name: netAlice, Owner: &registryv1.Owner{TransactionLimitMicroUsd: 2_000_000, DailyLimitMicroUsd: 1_000_000_000}})
+	price := func(micros int) string {
+		return fmt.Sprintf(`{"offer":{},"price":{"amount_micros":%d,"currency":"USD"}}`, micros)
+	}
+	for round := range 20 {
+		req := e.request("allocate", map[string]time.Duration{"invite_offer_timeout": 30 * time.Second}, netBob)
+		offer := e.mustReply(netBob, req.GetMessageId(), "offer", price(1_000_000))
+		// Two more offers of the pair at once: an offer cannot follow an
+		// offer, so both are refused, after their terms were recorded.
+		var (
+			wg   sync.WaitGroup
+			errs [2]error
+		)
+		for i := range errs {
+			wg.Go(func() { _, errs[i] = e.reply(netBob, req.GetMessageId(), "offer", price(5_000_000+i)) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if grpcerr.Reason(err) != "PROTOCOL_ERROR" {
+				t.Fatalf("round %d: racing offer %d error = %v, want PROTOCOL_ERROR", round, i, err)
+			}
+		}
+		if _, err := e.reply(netAlice, offer, "accept_offer", `{}`); err != nil {
+			t.Fatalf("round %d: accept_offer of the 1 USD offer = %v, want it accepted under its own terms", round, err)
+		}
 	}
 }

@@ -108,8 +108,9 @@ func (s *Server) ReplyMessage(ctx context.Context, req *dispatcherv1.ReplyMessag
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}
+	m.ID = money.id()
 	res, err := s.dialogues.Reply(ctx, req.GetSender(), req.GetInReplyTo(), req.GetAll(), m)
-	money.done(ctx, err == nil)
+	money.done(ctx, err == nil, res)
 	if err != nil {
 		return nil, s.toStatus(ctx, err)
 	}

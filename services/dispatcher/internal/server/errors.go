@@ -97,7 +97,11 @@ var statusRules = []statusRule{
 const maxRefusalMetadata = 20
 
 // refusalMetadata names a refused message's id and its first refusals,
-// refused_0 = "clients/b/agents/x permission_denied", and so on.
+// refused_0 = "clients/b/agents/x permission_denied", and so on; for a
+// state machine's refusal also refused_0_rule (PAIR_ENDED, ...) and, when
+// the rule names them, refused_0_state (the pair's state: the type of the
+// last message it accepted) and refused_0_deadline. Clients branch on
+// these, never on the message text.
 func refusalMetadata(err error) map[string]string {
 	var re *dialogue.RefusedError
 	if !errors.As(err, &re) {
@@ -109,7 +113,13 @@ func refusalMetadata(err error) map[string]string {
 		if who == "" {
 			who = r.Group
 		}
-		md["refused_"+strconv.Itoa(i)] = who + " " + string(r.Reason)
+		k := "refused_" + strconv.Itoa(i)
+		md[k] = who + " " + string(r.Reason)
+		for _, f := range []struct{ key, v string }{{"_rule", r.Rule}, {"_state", r.State}, {"_deadline", r.Deadline}} {
+			if f.v != "" {
+				md[k+f.key] = f.v
+			}
+		}
 	}
 	return md
 }

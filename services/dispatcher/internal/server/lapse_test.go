@@ -31,6 +31,9 @@ func (e *serviceEnv) refusedWith(what string, err error, sender, rule, deadline 
 		e.t.Errorf("%s: error = %v, want FAILED_PRECONDITION PROTOCOL_ERROR", what, err)
 		return
 	}
+	if md := errorMetadata(err); md["refused_0_rule"] != rule || md["refused_0_deadline"] != deadline {
+		e.t.Errorf("%s: ErrorInfo metadata = %v, want refused_0_rule %s and refused_0_deadline %s", what, md, rule, deadline)
+	}
 	m := last(e.inbox(sender))
 	var pe struct{ Rule, Error string }
 	_ = json.Unmarshal(m.Body, &pe)

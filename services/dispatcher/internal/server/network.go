@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -130,7 +131,7 @@ func (m machine) Step(state json.RawMessage, s dialogue.Step) (dialogue.Accepted
 	res, err := m.m.Check(state, protocolcontrol.Input{Sender: party, Type: s.Type, AnswersType: s.AnsweredType, Body: s.Body, Now: s.Time})
 	var v *protocolcontrol.Violation
 	if errors.As(err, &v) {
-		return dialogue.Accepted{}, &dialogue.Violation{Rule: string(v.Rule), Detail: v.Error()}
+		return dialogue.Accepted{}, &dialogue.Violation{Rule: string(v.Rule), Detail: v.Error(), State: v.State, Deadline: cmp.Or(v.Deadline, v.Expired)}
 	}
 	if err != nil {
 		return dialogue.Accepted{}, err

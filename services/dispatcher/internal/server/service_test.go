@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -392,6 +393,12 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 		if grpcerr.Reason(loserErr) != "PROTOCOL_ERROR" {
 			return req.GetDialogueId(), "", fmt.Errorf("the loser's error = %w, want PROTOCOL_ERROR", loserErr)
 		}
+		// The loser learns from the status, not its text, that the pair
+		// moved on to the winner (the SDK's Transact falls back on it).
+		wantRule := map[string]string{"accept_offer": "NOT_ALLOWED_AFTER", "revoke_offer": "PAIR_ENDED"}[winner]
+		if md := errorMetadata(loserErr); md["refused_0_state"] != winner || md["refused_0_rule"] != wantRule {
+			return req.GetDialogueId(), "", fmt.Errorf("the loser's ErrorInfo metadata = %v, want refused_0_state %s and refused_0_rule %s", md, winner, wantRule)
+		}
 		return req.GetDialogueId(), winner, nil
 	}
 	winners := make(map[string]string, runs) // dialogue → winning type
@@ -482,4 +489,15 @@ func TestTransact_acceptVersusRevokeHasOneWinner(t *testing.T) {
 		t.Errorf("%d dialogues raced, want %d", len(winners), runs)
 	}
 	t.Logf("%d runs: %v", runs, counts)
+}
+
+// errorMetadata returns the metadata of err's ErrorInfo; nil without one.
+func errorMetadata(err error) map[string]string {
+	st, _ := status.FromError(err)
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			return info.GetMetadata()
+		}
+	}
+	return nil
 }

@@ -79,17 +79,16 @@ type PaymentStore interface {
 	// RemoveSpend takes an order's spend back out of its day; removing
 	// one never added is no error.
 	RemoveSpend(ctx context.Context, agent, order string) error
-	// SetOfferTerms records the terms of the last offer of the pair
-	// (dialogue, supplier), replacing earlier ones, and returns those it
-	// replaced (nil when none), in one transaction: two offers recorded
-	// at once each get the other's or the earlier terms, never both the
-	// earlier ones.
-	SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) (prev json.RawMessage, err error)
-	// RestoreOfferTerms puts prev back as the pair's terms if the terms
-	// recorded are still set (byte for byte), in one transaction; else it
-	// does nothing, as a later offer's terms were recorded meanwhile. A
-	// nil prev removes the terms.
-	RestoreOfferTerms(ctx context.Context, dialogue, supplier string, set, prev json.RawMessage) error
-	// OfferTerms returns what SetOfferTerms recorded; nil when nothing.
-	OfferTerms(ctx context.Context, dialogue, supplier string) (json.RawMessage, error)
+	// SetOfferTerms records terms as those of the message id (an offer, a
+	// payment_error) of the pair (dialogue, supplier), before the message
+	// is delivered; setting them again replaces them.
+	SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error
+	// RemoveOfferTerms removes the terms recorded for message id of the
+	// pair, and no other's: its message was not delivered. Removing terms
+	// never recorded is no error.
+	RemoveOfferTerms(ctx context.Context, dialogue, supplier, id string) error
+	// OfferTerms returns the terms recorded for message id of the pair;
+	// when it stated none (a payment_error that keeps its offer's), the
+	// terms the pair recorded last; nil when the pair has none.
+	OfferTerms(ctx context.Context, dialogue, supplier, id string) (json.RawMessage, error)
 }

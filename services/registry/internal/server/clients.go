@@ -37,7 +37,7 @@ func (s *Server) CreateClient(ctx context.Context, req *registryv1.CreateClientR
 		if !s.opts.OpenRegistration {
 			return nil, grpcerr.New(codes.PermissionDenied, "only the operator may create clients on this registry (it runs without --open-registration): call with the operator token", reasonRegistrationClosed, Domain, nil)
 		}
-		if !s.registrations.Allow(auth.RemoteAddr(ctx)) {
+		if !s.registrations.Allow(ctx, auth.RemoteAddr(ctx)) {
 			return nil, grpcerr.New(codes.ResourceExhausted, "too many clients created from this address; try again in a minute", reasonRegistrationLimit, Domain, nil)
 		}
 	}

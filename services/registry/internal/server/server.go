@@ -58,6 +58,10 @@ type Options struct {
 	OpenRegistration     bool
 	RegistrationInterval time.Duration
 	RegistrationBurst    int
+	// SharedLimits, when set (the store's database), keeps the
+	// registration limit where every replica sees it; without it each
+	// replica limits alone.
+	SharedLimits auth.SharedBuckets
 }
 
 // Server implements the registry's gRPC API.
@@ -94,8 +98,12 @@ func New(st store.Store, logger *slog.Logger, opts Options) *Server {
 		opts.Context = context.Background()
 	}
 	opts.PublicURL = strings.TrimRight(opts.PublicURL, "/")
+	registrations := auth.NewLimiter(1/opts.RegistrationInterval.Seconds(), opts.RegistrationBurst, nil)
+	if opts.SharedLimits != nil {
+		registrations.Share("registry.registrations", opts.SharedLimits, logger)
+	}
 	return &Server{
-		registrations: auth.NewLimiter(1/opts.RegistrationInterval.Seconds(), opts.RegistrationBurst, nil),
+		registrations: registrations,
 		store:         st,
 		logger:        logger,
 		opts:          opts,

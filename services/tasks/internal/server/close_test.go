@@ -65,3 +65,47 @@ func goroutinesIn(fn string) int {
 		buf = make([]byte, 2*len(buf))
 	}
 }
+
+// The resume retry ends as soon as shutdown starts (stopping closes) or
+// Start's context ends, without waiting for Close: a draining replica
+// claims no steps, so that they are left to one that keeps serving.
+func TestStart_resumeRetryEndsWhenShutdownStarts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  func(cancel context.CancelFunc, stopping chan struct{})
+	}{
+		{"shutdown starts", func(_ context.CancelFunc, stopping chan struct{}) { close(stopping) }},
+		{"Start's context ends", func(cancel context.CancelFunc, _ chan struct{}) { cancel() }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			bs, err := boltstore.Open(dir, time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { bs.Close() })
+			files, err := artifactfs.New(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
+			s := New(notReadyStore{bs}, files, fd, slog.New(slog.DiscardHandler), Options{
+				StepWait: time.Second, StepTimeout: time.Second, RetryMax: time.Second,
+				MaxPageSize: 10, MaxWatchers: 10, MaxInFlight: 10, MaxWaitingSteps: 10, MaxStepAttempts: 10, MaxUploadBytes: 1 << 20,
+			})
+			t.Cleanup(s.Close)
+			const retry = "server.(*Server).resumeLater("
+			before := goroutinesIn(retry)
+			ctx, cancel := context.WithCancel(t.Context())
+			defer cancel()
+			stopping := make(chan struct{})
+			if err := s.Start(ctx, stopping); err != nil {
+				t.Fatal(err)
+			}
+			poll(t, "the resume retry runs", func() bool { return goroutinesIn(retry) == before+1 })
+			tc.end(cancel, stopping)
+			// No Close yet: the retry must end on its own.
+			poll(t, "the resume retry ends before Close", func() bool { return goroutinesIn(retry) == before })
+		})
+	}
+}

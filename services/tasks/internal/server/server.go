@@ -83,8 +83,9 @@ type Server struct {
 	// stopping is given to Start before serving; see Start.
 	stopping <-chan struct{}
 
-	// Background loops (the resume retry) run from Start until Close
-	// cancels stop and waits for them.
+	// Background loops (the resume retry) run from Start until Start's
+	// context ends, shutdown starts, or Close; stop ends them, and Close
+	// also waits for them.
 	stop    context.CancelFunc
 	stopped context.Context
 	loops   sync.WaitGroup
@@ -114,9 +115,21 @@ func New(st store.Store, files store.Blobs, dispatcher dispatcherv1.DispatcherSe
 // was not finished before the last shutdown or crash). When stopping closes
 // (serve.Server.Stopping: a graceful stop began), WatchTask streams end
 // with UNAVAILABLE so the drain need not wait for them; nil never closes.
-// Call it once, before serving.
+// If the store cannot list the steps yet, a retry lists them later, until
+// ctx ends, stopping closes or Close. Call it once, before serving.
 func (s *Server) Start(ctx context.Context, stopping <-chan struct{}) error {
 	s.stopping = stopping
+	// A replica that is shutting down claims no more steps (on PostgreSQL,
+	// listing claims them): the retry ends when shutdown starts, not only
+	// at Close, so that a replica that keeps serving takes them.
+	s.loops.Go(func() {
+		select {
+		case <-ctx.Done():
+		case <-stopping:
+		case <-s.stopped.Done():
+		}
+		s.stop()
+	})
 	refs, err := s.store.ListPending(ctx)
 	if err != nil {
 		// A database that does not answer yet: serve (not ready) and
@@ -130,7 +143,7 @@ func (s *Server) Start(ctx context.Context, stopping <-chan struct{}) error {
 }
 
 // resumeLater lists the pending steps every second once the store is
-// ready, then resumes them; it gives up when ctx ends (on Close).
+// ready, then resumes them; it gives up when ctx (s.stopped) ends.
 func (s *Server) resumeLater(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()

@@ -52,9 +52,9 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // 5 the payments' sweep index (payments_sweep), 6 the request ids'
 // (payment_requests_sweep), and 7 the notifications waiting for a retry
 // (notification_retries, empty when created: until then they waited in
-// the registry's outbox); migrate builds the others from the older
-// records.
-const schemaVersion = 7
+// the registry's outbox); 8 keyed offer_terms by message; migrate builds
+// the others from the older records.
+const schemaVersion = 8
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
@@ -73,7 +73,12 @@ func migrate(tx *bolt.Tx, from int) error {
 		}
 	}
 	if from < 6 {
-		return migratePaymentRequestIndex(tx)
+		if err := migratePaymentRequestIndex(tx); err != nil {
+			return err
+		}
+	}
+	if from < 8 {
+		return migrateOfferTerms(tx)
 	}
 	return nil
 }

@@ -17,9 +17,10 @@ import (
 
 // The timer buckets (store.TimerStore).
 var (
-	// bucketTimers: 8-byte big-endian At (Unix ns) + dialogue + 0x00 +
-	// counterpart + 0x00 + name → JSON store.Timer. Keys sort by time, so
-	// the due timers are a prefix walk from the start.
+	// bucketTimers: 8-byte big-endian due time (Unix ns: Timer.Due, At
+	// until a failure puts it off) + dialogue + 0x00 + counterpart + 0x00 +
+	// name → JSON store.Timer. Keys sort by time, so the due timers are a
+	// prefix walk from the start.
 	bucketTimers = []byte("timers")
 	// bucketTimerIDs: dialogue + 0x00 + counterpart + 0x00 + name → the
 	// timer's key in bucketTimers, to replace a timer set again.
@@ -33,7 +34,7 @@ var _ store.TimerStore = (*Store)(nil)
 func timerID(t store.Timer) []byte { return join(t.Dialogue, t.Counterpart, t.Name) }
 
 func timerKey(t store.Timer) []byte {
-	k := binary.BigEndian.AppendUint64(nil, uint64(t.At.UnixNano())) //nolint:gosec // times after 1970 only
+	k := binary.BigEndian.AppendUint64(nil, uint64(t.Due().UnixNano())) //nolint:gosec // times after 1970 only
 	return append(k, timerID(t)...)
 }
 
@@ -86,6 +87,37 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]stor
 		return nil
 	})
 	return out, err
+}
+
+// RetryTimers implements store.TimerStore: each timer moves to the key
+// of its new due time.
+func (s *Store) RetryTimers(ctx context.Context, retries []store.TimerRetry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
+		for _, r := range retries {
+			k := timerKey(r.Timer)
+			if tb.Get(k) == nil {
+				continue
+			}
+			t := r.Timer
+			t.Failures++
+			t.Retry = r.Retry
+			if err := tb.Delete(k); err != nil {
+				return err
+			}
+			nk := timerKey(t)
+			if err := putJSON(tb, nk, t); err != nil {
+				return err
+			}
+			if err := ids.Put(timerID(t), nk); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // NextTimer implements store.TimerStore.

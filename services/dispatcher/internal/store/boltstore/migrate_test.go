@@ -229,3 +229,43 @@ func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
 		t.Errorf("PutNotificationRetry after the migration = %v", err)
 	}
 }
+
+// A schema-7 database (one offer's terms per pair) is migrated on open:
+// the pair's terms are then found for any message of the pair, until an
+// offer records its own.
+func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
+	dir := t.TempDir()
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+		Buckets: slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), SchemaVersion: 7, LockTimeout: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const bob = "clients/b/agents/bob"
+	err = old.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketOfferTerms).Put(join("d1", bob), []byte(`{"a":1}`))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 7): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	if got, err := s.OfferTerms(ctx, "d1", bob, "offer1"); err != nil || string(got) != `{"a":1}` {
+		t.Errorf("OfferTerms(d1, bob) after the migration = %s, %v; want {\"a\":1}", got, err)
+	}
+	if err := s.SetOfferTerms(ctx, "d1", bob, "offer2", json.RawMessage(`{"a":2}`)); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]string{"offer1": `{"a":2}`, "offer2": `{"a":2}`} {
+		if got, err := s.OfferTerms(ctx, "d1", bob, id); err != nil || string(got) != want {
+			t.Errorf("OfferTerms(d1, bob, %s) after a new offer = %s, %v; want %s", id, got, err, want)
+		}
+	}
+}

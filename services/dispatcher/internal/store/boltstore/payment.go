@@ -22,7 +22,9 @@ var (
 	// bucketSpendOrders: agent + 0x00 + order id → day + 0x00 + 8-byte
 	// big-endian amount, so that an order counts once and can be taken back.
 	bucketSpendOrders = []byte("spend_orders")
-	// bucketOfferTerms: dialogue + 0x00 + supplier → the terms, JSON.
+	// bucketOfferTerms: dialogue + 0x00 + supplier + 0x00 + message id →
+	// 8 bytes of sequence number (big-endian: the order recorded), then
+	// the terms, JSON.
 	bucketOfferTerms = []byte("offer_terms")
 	// bucketPaymentRequests: payer + 0x00 + request id → payment id + 0x00
 	// + 8-byte big-endian Unix nanoseconds recorded (AIP-155).
@@ -343,54 +345,84 @@ func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
 }
 
 // SetOfferTerms implements store.PaymentStore.
-func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) (json.RawMessage, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	var prev json.RawMessage
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		b, k := tx.Bucket(bucketOfferTerms), join(dialogue, supplier)
-		if v := b.Get(k); v != nil {
-			prev = bytes.Clone(v)
-		}
-		return b.Put(k, terms)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return prev, nil
-}
-
-// RestoreOfferTerms implements store.PaymentStore.
-func (s *Store) RestoreOfferTerms(ctx context.Context, dialogue, supplier string, set, prev json.RawMessage) error {
+func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		b, k := tx.Bucket(bucketOfferTerms), join(dialogue, supplier)
-		switch {
-		case !bytes.Equal(b.Get(k), set):
-			return nil
-		case prev == nil:
-			return b.Delete(k)
+		b := tx.Bucket(bucketOfferTerms)
+		seq, err := b.NextSequence()
+		if err != nil {
+			return err
 		}
-		return b.Put(k, prev)
+		return b.Put(join(dialogue, supplier, id), append(binary.BigEndian.AppendUint64(nil, seq), terms...))
 	})
 }
 
-// OfferTerms implements store.PaymentStore.
-func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier string) (json.RawMessage, error) {
+// RemoveOfferTerms implements store.PaymentStore.
+func (s *Store) RemoveOfferTerms(ctx context.Context, dialogue, supplier, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketOfferTerms).Delete(join(dialogue, supplier, id))
+	})
+}
+
+// OfferTerms implements store.PaymentStore: the message's terms, else the
+// pair's with the highest sequence number.
+func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (json.RawMessage, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var out json.RawMessage
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketOfferTerms).Get(join(dialogue, supplier)); v != nil {
-			out = bytes.Clone(v)
+		b := tx.Bucket(bucketOfferTerms)
+		if v := b.Get(join(dialogue, supplier, id)); len(v) >= 8 {
+			out = bytes.Clone(v[8:])
+			return nil
+		}
+		prefix := join(dialogue, supplier, "")
+		var last uint64
+		c := b.Cursor()
+		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+			if len(v) < 8 {
+				continue
+			}
+			if seq := binary.BigEndian.Uint64(v[:8]); out == nil || seq > last {
+				out, last = bytes.Clone(v[8:]), seq
+			}
 		}
 		return nil
 	})
 	return out, err
+}
+
+// migrateOfferTerms rewrites the offer terms of schema 7 and before, one
+// per pair (dialogue + 0x00 + supplier → terms), as the terms of no
+// message of their pair (message id "", sequence 0): what OfferTerms
+// finds for an acceptance when nothing later was recorded.
+func migrateOfferTerms(tx *bolt.Tx) error {
+	b := tx.Bucket(bucketOfferTerms)
+	var old [][2][]byte
+	err := b.ForEach(func(k, v []byte) error {
+		if bytes.Count(k, []byte{0}) == 1 {
+			old = append(old, [2][]byte{bytes.Clone(k), bytes.Clone(v)})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, kv := range old {
+		if err := b.Delete(kv[0]); err != nil {
+			return err
+		}
+		if err := b.Put(append(kv[0], 0), append(make([]byte, 8), kv[1]...)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func readInt(b []byte) int64 {

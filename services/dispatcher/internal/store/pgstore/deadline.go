@@ -32,7 +32,7 @@ func (s *Store) putTimers(ctx context.Context, tx pgx.Tx, timers []store.Timer) 
 	for _, t := range timers {
 		if _, err := tx.Exec(ctx, `INSERT INTO timers (dialogue, counterpart, name, at_ns, data) VALUES ($1, $2, $3, $4, $5)
 ON CONFLICT (dialogue, counterpart, name) DO UPDATE SET at_ns = excluded.at_ns, data = excluded.data`,
-			t.Dialogue, t.Counterpart, t.Name, t.At.UnixNano(), marshal(t)); err != nil {
+			t.Dialogue, t.Counterpart, t.Name, t.Due().UnixNano(), marshal(t)); err != nil {
 			return err
 		}
 	}
@@ -63,6 +63,26 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]stor
 		return nil, err
 	}
 	return s.timers(ctx, `SELECT data FROM timers WHERE at_ns <= $1 ORDER BY at_ns, dialogue, counterpart, name LIMIT $2`, now.UnixNano(), limit)
+}
+
+// RetryTimers implements store.TimerStore: one conditional UPDATE per
+// timer, on its due time as listed.
+func (s *Store) RetryTimers(ctx context.Context, retries []store.TimerRetry) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	return s.db.Write(ctx, func(tx pgx.Tx) error {
+		for _, r := range retries {
+			t := r.Timer
+			t.Failures++
+			t.Retry = r.Retry
+			if _, err := tx.Exec(ctx, `UPDATE timers SET at_ns = $4, data = $5 WHERE dialogue = $1 AND counterpart = $2 AND name = $3 AND at_ns = $6`,
+				t.Dialogue, t.Counterpart, t.Name, t.Due().UnixNano(), marshal(t), r.Timer.Due().UnixNano()); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // NextTimer implements store.TimerStore.
@@ -104,7 +124,7 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 			var at int64
 			err := tx.QueryRow(ctx, `SELECT at_ns FROM timers WHERE dialogue = $1 AND counterpart = $2 AND name = $3 FOR UPDATE`,
 				t.Dialogue, t.Counterpart, t.Name).Scan(&at)
-			if errors.Is(err, pgx.ErrNoRows) || (err == nil && at != t.At.UnixNano()) {
+			if errors.Is(err, pgx.ErrNoRows) || (err == nil && at != t.Due().UnixNano()) {
 				continue
 			}
 			if err != nil {

@@ -428,12 +428,11 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error
 	return int(tag.RowsAffected()), nil
 }
 
-// SweepDialogues implements store.DialogueStore. The dialogue tables keep
-// their records as JSON with no column for the close time or a message's
-// dialogue, so this reads them from the JSON: a scan of dialogues and of
-// dialogue_messages per sweep.
-// TODO(pg): columns and indexes for the close time and a message's
-// dialogue, so that a sweep reads only what it removes.
+// SweepDialogues implements store.DialogueStore. It reads the dialogues
+// to remove by the partial index on dialogues.sweep_at, and their messages
+// by the index on dialogue_messages.dialogue (migration 0012; a trigger
+// fills both columns from the JSON), so it reads only what it removes,
+// limit dialogues per call.
 func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -441,12 +440,7 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 	n := 0
 	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		n = 0
-		rows, err := tx.Query(ctx, `SELECT id FROM (
-  SELECT id, convert_from(data, 'UTF8')::jsonb AS d FROM dialogues) AS t
-WHERE COALESCE(CASE WHEN d->>'category' = 'subscription' THEN d->>'createTime'
-                    WHEN (d->>'closed')::boolean THEN COALESCE(d->>'closeTime', d->>'createTime') END,
-               'infinity')::timestamptz < $1
-ORDER BY id LIMIT $2`, before, limit)
+		rows, err := tx.Query(ctx, `SELECT id FROM dialogues WHERE sweep_at < $1 ORDER BY sweep_at, id LIMIT $2`, before, limit)
 		if err != nil {
 			return err
 		}
@@ -455,9 +449,8 @@ ORDER BY id LIMIT $2`, before, limit)
 			return err
 		}
 		for _, q := range []string{
-			`DELETE FROM dialogue_receipts WHERE message IN (
-  SELECT id FROM dialogue_messages WHERE convert_from(data, 'UTF8')::jsonb->>'dialogueId' = ANY($1))`,
-			`DELETE FROM dialogue_messages WHERE convert_from(data, 'UTF8')::jsonb->>'dialogueId' = ANY($1)`,
+			`DELETE FROM dialogue_receipts WHERE message IN (SELECT id FROM dialogue_messages WHERE dialogue = ANY($1))`,
+			`DELETE FROM dialogue_messages WHERE dialogue = ANY($1)`,
 			`DELETE FROM dialogue_participants WHERE dialogue = ANY($1)`,
 			`DELETE FROM dialogue_pairs WHERE dialogue = ANY($1)`,
 			`DELETE FROM offer_terms WHERE dialogue = ANY($1)`,

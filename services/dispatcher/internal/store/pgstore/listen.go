@@ -40,11 +40,14 @@ func newOrigin() string {
 	return hex.EncodeToString(b[:])
 }
 
+// The channels are named prefix + schema, hashed to fit when the schema
+// is long (pgdb.Channel).
+
 // MailboxChannel is the NOTIFY channel of mailbox appends.
-func (s *Store) MailboxChannel() string { return "parley_mailbox_" + s.schema }
+func (s *Store) MailboxChannel() string { return pgdb.Channel("parley_mailbox_", s.schema) }
 
 // TimerChannel is the NOTIFY channel of timers set.
-func (s *Store) TimerChannel() string { return "parley_timers_" + s.schema }
+func (s *Store) TimerChannel() string { return pgdb.Channel("parley_timers_", s.schema) }
 
 // notifyMailboxes queues the notifications naming agents, one per line, in
 // as many payloads as they need.
@@ -64,7 +67,7 @@ func (s *Store) notifyMailboxes(ctx context.Context, tx pgx.Tx, agents []string)
 }
 
 // RoutineChannel is the NOTIFY channel of routines and tools changed.
-func (s *Store) RoutineChannel() string { return "parley_routines_" + s.schema }
+func (s *Store) RoutineChannel() string { return pgdb.Channel("parley_routines_", s.schema) }
 
 // notifyRoutine queues the notification naming a routine or tool changed.
 func (s *Store) notifyRoutine(ctx context.Context, q pgdb.Querier, name string) error {

@@ -175,51 +175,35 @@ func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
 	return err
 }
 
-// SetOfferTerms implements store.PaymentStore, in one SERIALIZABLE
-// transaction.
-func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier string, terms json.RawMessage) (json.RawMessage, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	var prev []byte
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
-		prev = nil // the transaction may be retried
-		err := tx.QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2 FOR UPDATE`, dialogue, supplier).Scan(&prev)
-		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
-			return err
-		}
-		_, err = tx.Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, terms) VALUES ($1, $2, $3)
-ON CONFLICT (dialogue, supplier) DO UPDATE SET terms = excluded.terms`, dialogue, supplier, []byte(terms))
-		return err
-	})
-	if err != nil {
-		return nil, err
-	}
-	return prev, nil
-}
-
-// RestoreOfferTerms implements store.PaymentStore: one conditional
-// UPDATE.
-func (s *Store) RestoreOfferTerms(ctx context.Context, dialogue, supplier string, set, prev json.RawMessage) error {
+// SetOfferTerms implements store.PaymentStore.
+func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if prev == nil {
-		_, err := s.db.Pool().Exec(ctx, `DELETE FROM offer_terms WHERE dialogue = $1 AND supplier = $2 AND terms = $3`, dialogue, supplier, []byte(set))
-		return err
-	}
-	_, err := s.db.Pool().Exec(ctx, `UPDATE offer_terms SET terms = $4 WHERE dialogue = $1 AND supplier = $2 AND terms = $3`,
-		dialogue, supplier, []byte(set), []byte(prev))
+	_, err := s.db.Pool().Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, message_id, terms) VALUES ($1, $2, $3, $4)
+ON CONFLICT (dialogue, supplier, message_id) DO UPDATE SET terms = excluded.terms, seq = nextval(pg_get_serial_sequence('offer_terms', 'seq'))`,
+		dialogue, supplier, id, []byte(terms))
 	return err
 }
 
-// OfferTerms implements store.PaymentStore.
-func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier string) (json.RawMessage, error) {
+// RemoveOfferTerms implements store.PaymentStore.
+func (s *Store) RemoveOfferTerms(ctx context.Context, dialogue, supplier, id string) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	_, err := s.db.Pool().Exec(ctx, `DELETE FROM offer_terms WHERE dialogue = $1 AND supplier = $2 AND message_id = $3`, dialogue, supplier, id)
+	return err
+}
+
+// OfferTerms implements store.PaymentStore: the message's terms, else the
+// pair's last recorded.
+func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (json.RawMessage, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var terms []byte
-	err := s.db.Pool().QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2`, dialogue, supplier).Scan(&terms)
+	err := s.db.Pool().QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2
+ORDER BY message_id = $3 DESC, seq DESC LIMIT 1`, dialogue, supplier, id).Scan(&terms)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

@@ -19,6 +19,12 @@ import (
 func replicas(t *testing.T, n int) []*pgstore.Store {
 	t.Helper()
 	url, schema := pgdbtest.Schema(t)
+	return replicasOn(t, url, schema, n)
+}
+
+// replicasOn is replicas on the schema given.
+func replicasOn(t *testing.T, url, schema string, n int) []*pgstore.Store {
+	t.Helper()
 	out := make([]*pgstore.Store, n)
 	for i := range out {
 		s, err := pgstore.Open(t.Context(), url, schema, nil)
@@ -204,4 +210,129 @@ func TestOpenStream_ordersStreamsAcrossReplicas(t *testing.T) {
 	if err != nil || len(got) != 1 || got[bob] != onA {
 		t.Errorf("StreamEpochs = %v, %v; want bob at %d", got, err, onA)
 	}
+}
+
+// An ended stream's row goes unless a newer stream replaced it; a row
+// stamped by its replica (TouchStreams) outlives SweepStreams, and one
+// nobody stamped for longer than the age (a dead replica's) does not.
+func TestCloseStream_andSweepKeepOnlyLiveStreams(t *testing.T) {
+	rs := replicas(t, 2)
+	ctx := t.Context()
+	const bob, carol, dave = "clients/c/agents/bob", "clients/c/agents/carol", "clients/c/agents/dave"
+	open := func(r *pgstore.Store, agent string) uint64 {
+		t.Helper()
+		e, err := r.OpenStream(ctx, agent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return e
+	}
+	rows := func() map[string]uint64 {
+		t.Helper()
+		agents := []string{bob, carol, dave}
+		got, err := rs[0].StreamEpochs(ctx, agents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	older := open(rs[0], bob)
+	newer := open(rs[1], bob) // replaces A's stream of bob
+	if err := rs[0].CloseStream(ctx, bob, older); err != nil {
+		t.Fatal(err)
+	}
+	if got := rows(); got[bob] != newer {
+		t.Fatalf("after the older stream closed, mailbox_streams = %v, want bob at %d", got, newer)
+	}
+	if err := rs[1].CloseStream(ctx, bob, newer); err != nil {
+		t.Fatal(err)
+	}
+	if got := rows(); len(got) != 0 {
+		t.Fatalf("after the newest stream closed, mailbox_streams = %v, want none", got)
+	}
+
+	carolOnA, daveOnB := open(rs[0], carol), open(rs[1], dave)
+	// Both rows were last seen an hour ago; A is alive and stamps its
+	// stream (and a stale epoch of dave, which must not count), B died.
+	if _, err := rs[0].DB().Pool().Exec(ctx, `UPDATE mailbox_streams SET seen_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs[0].TouchStreams(ctx, map[string]uint64{carol: carolOnA, dave: daveOnB - 1}); err != nil {
+		t.Fatal(err)
+	}
+	n, err := rs[0].SweepStreams(ctx, 10*time.Minute)
+	if err != nil || n != 1 {
+		t.Errorf("SweepStreams(10m) = %d, %v; want 1 (dave's, unseen)", n, err)
+	}
+	if got := rows(); len(got) != 1 || got[carol] != carolOnA {
+		t.Errorf("after the sweep, mailbox_streams = %v, want carol at %d", got, carolOnA)
+	}
+}
+
+// A schema name as long as PostgreSQL allows (63 bytes) still gives
+// notification channels that PostgreSQL keeps whole: an append, a timer, a
+// routine and a stream through A each reach B's listener.
+func TestListen_onASchemaOfTheLongestName(t *testing.T) {
+	url, schema := pgdbtest.LongSchema(t)
+	rs := replicasOn(t, url, schema, 2)
+	heard := make(chan string, 16)
+	ctx, cancel := context.WithCancel(t.Context())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() {
+		rs[1].Listen(ctx, slog.New(slog.DiscardHandler), pgstore.Wakeups{
+			Mailboxes: func(agents []string) {
+				if agents != nil {
+					heard <- "mailbox " + agents[0]
+				}
+			},
+			Timers: func() { heard <- "timers" },
+			Routines: func(name string) {
+				if name != "" {
+					heard <- "routine " + name
+				}
+			},
+			Streams: func(agent string, _ uint64) {
+				if agent != "" {
+					heard <- "stream " + agent
+				}
+			},
+		})
+	})
+	expect := func(want string) {
+		t.Helper()
+		for {
+			select {
+			case got := <-heard:
+				if got == "timers" && want != "timers" {
+					continue // B listens: "anything may have changed" on connecting
+				}
+				if got != want {
+					t.Fatalf("B heard %q, want %q", got, want)
+				}
+				return
+			case <-time.After(30 * time.Second): // generous: a failure, not a measure
+				t.Fatalf("B did not hear %q", want)
+			}
+		}
+	}
+	const bob = "clients/c/agents/bob"
+	// B hears only after it listens: wait for the timers' "anything may
+	// have changed" first.
+	expect("timers")
+	mb := mailbox.New(rs[0], mailbox.Options{})
+	m := mailbox.Message{ID: "m1", DialogueID: "d", Category: mailbox.CategoryMessage, Type: "t", Body: []byte(`1`)}
+	if _, err := mb.Append(t.Context(), m, []string{bob}); err != nil {
+		t.Fatal(err)
+	}
+	expect("mailbox " + bob)
+	const routine = "clients/c/agents/a/routines/steps"
+	if _, err := rs[0].SetRoutine(t.Context(), routine, "x = 1", time.Unix(1_800_000_000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	expect("routine " + routine)
+	if _, err := rs[0].OpenStream(t.Context(), bob); err != nil {
+		t.Fatal(err)
+	}
+	expect("stream " + bob)
 }

@@ -23,6 +23,68 @@ func RunTimers(t *testing.T, open func(t *testing.T) TimerBackend) {
 	t.Run("order and replace", func(t *testing.T) { testTimerOrder(t, open(t)) })
 	t.Run("fire", func(t *testing.T) { testTimerFire(t, open(t)) })
 	t.Run("stored with the pair", func(t *testing.T) { testTimersWithThePair(t, open(t)) })
+	t.Run("retry", func(t *testing.T) { testTimerRetry(t, open(t)) })
+}
+
+// A timer that failed is put off: due at its retry, with its failures
+// counted, and fired from there as listed; a retry of a timer no longer
+// stored as listed (put off already, fired, replaced) is passed over.
+func testTimerRetry(t *testing.T, s TimerBackend) {
+	ctx := t.Context()
+	a, b := timer("d1", bob, "offer_timeout", time.Second), timer("d2", bob, "offer_timeout", 2*time.Second)
+	if err := s.PutTimers(ctx, []store.Timer{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RetryTimers(ctx, []store.TimerRetry{{Timer: a, Retry: t0.Add(5 * time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	if due, err := s.DueTimers(ctx, t0.Add(3*time.Second), 10); err != nil || len(due) != 1 || due[0] != b {
+		t.Errorf("DueTimers(t0+3s) = %v, %v; want d2 alone: d1 is put off", names(due), err)
+	}
+	if next, ok, err := s.NextTimer(ctx); err != nil || !ok || next != b {
+		t.Errorf("NextTimer() = %+v, %v, %v; want d2", next, ok, err)
+	}
+	due, err := s.DueTimers(ctx, t0.Add(5*time.Second), 10)
+	if err != nil || len(due) != 2 || due[0] != b || due[1].Dialogue != "d1" || due[1].Failures != 1 || !due[1].Retry.Equal(t0.Add(5*time.Second)) || !due[1].At.Equal(a.At) {
+		t.Fatalf("DueTimers(t0+5s) = %+v, %v; want d2, then d1 failed once, due at its retry", due, err)
+	}
+	retried := due[1]
+	// The stale listing of d1 (before it was put off) changes nothing,
+	// and does not fire.
+	if err := s.RetryTimers(ctx, []store.TimerRetry{{Timer: a, Retry: t0.Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	fired, err := s.FireTimers(ctx, []store.Timer{a}, mailbox.Bound{}, func(store.Timer, json.RawMessage) (store.TimerFiring, error) {
+		t.Error("expire ran for a stale listing")
+		return store.TimerFiring{}, nil
+	})
+	if err != nil || len(fired) != 0 {
+		t.Errorf("FireTimers(stale listing) = %+v, %v; want nothing", fired, err)
+	}
+	// Put off again: failures add up.
+	if err := s.RetryTimers(ctx, []store.TimerRetry{{Timer: retried, Retry: t0.Add(7 * time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	due, _ = s.DueTimers(ctx, t0.Add(time.Hour), 10)
+	if len(due) != 2 || due[1].Failures != 2 || !due[1].Retry.Equal(t0.Add(7*time.Second)) {
+		t.Fatalf("DueTimers after a second failure = %+v, want d1 failed twice, due at t0+7s", due)
+	}
+	fired, err = s.FireTimers(ctx, []store.Timer{due[1]}, mailbox.Bound{}, func(store.Timer, json.RawMessage) (store.TimerFiring, error) {
+		return store.TimerFiring{}, nil
+	})
+	if err != nil || len(fired) != 1 {
+		t.Errorf("FireTimers(d1 as listed) = %+v, %v; want it fired", fired, err)
+	}
+	// Setting a deadline again replaces a failing timer, back-off and all.
+	if err := s.RetryTimers(ctx, []store.TimerRetry{{Timer: b, Retry: t0.Add(time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.PutTimers(ctx, []store.Timer{b}); err != nil {
+		t.Fatal(err)
+	}
+	if due, _ := s.DueTimers(ctx, t0.Add(2*time.Second), 10); len(due) != 1 || due[0] != b {
+		t.Errorf("DueTimers after d2 was set again = %+v, want it due at its deadline, no failure", due)
+	}
 }
 
 // A dialogue write stores the timers of each pair state it writes in the

@@ -338,7 +338,7 @@ func testDialogueSweep(t *testing.T, s DialogueBackend) {
 		t.Fatal(err)
 	}
 	for _, id := range []string{"early", "open"} {
-		if _, err := s.SetOfferTerms(ctx, id, bob, json.RawMessage(`{"amount_micros":1}`)); err != nil {
+		if err := s.SetOfferTerms(ctx, id, bob, id+"-offer", json.RawMessage(`{"amount_micros":1}`)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -368,10 +368,10 @@ func testDialogueSweep(t *testing.T, s DialogueBackend) {
 		}
 	}
 	// The offer terms go with their dialogue (else they pile up forever).
-	if got, err := s.OfferTerms(ctx, "early", bob); err != nil || got != nil {
+	if got, err := s.OfferTerms(ctx, "early", bob, "early-offer"); err != nil || got != nil {
 		t.Errorf("OfferTerms(early, bob) after the sweep = %s, %v; want nil", got, err)
 	}
-	if got, err := s.OfferTerms(ctx, "open", bob); err != nil || got == nil {
+	if got, err := s.OfferTerms(ctx, "open", bob, "open-offer"); err != nil || got == nil {
 		t.Errorf("OfferTerms(open, bob) after the sweep = %s, %v; want the terms kept", got, err)
 	}
 	// Bounded: one at a time, then nothing is left.

@@ -300,51 +300,65 @@ func testSpend(t *testing.T, s store.PaymentStore) {
 
 func testOfferTerms(t *testing.T, s store.PaymentStore) {
 	ctx := t.Context()
-	if got, err := s.OfferTerms(ctx, "d1", bob); err != nil || got != nil {
-		t.Errorf("OfferTerms(none) = %s, %v; want nil", got, err)
-	}
-	// Each write returns the terms it replaced, so that two offers
-	// recorded at once never both remember the same earlier terms.
-	for i, v := range []string{`{"a":1}`, `{"a":2}`} {
-		prev, err := s.SetOfferTerms(ctx, "d1", bob, json.RawMessage(v))
+	terms := func(supplier, id string) string {
+		t.Helper()
+		got, err := s.OfferTerms(ctx, "d1", supplier, id)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := []string{"", `{"a":1}`}[i]; string(prev) != want {
-			t.Errorf("SetOfferTerms(%s) replaced %q, want %q", v, prev, want)
+		return string(got)
+	}
+	if got := terms(bob, "m1"); got != "" {
+		t.Errorf("OfferTerms(none) = %s, want nil", got)
+	}
+	set := func(id, v string) {
+		t.Helper()
+		if err := s.SetOfferTerms(ctx, "d1", bob, id, json.RawMessage(v)); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if got, err := s.OfferTerms(ctx, "d1", bob); err != nil || string(got) != `{"a":2}` {
-		t.Errorf("OfferTerms = %s, %v; want the last terms", got, err)
+	set("m1", `{"a":1}`)
+	set("m2", `{"a":2}`)
+	// Each message's own terms; a message that stated none (a
+	// payment_error) gets the pair's last.
+	for id, want := range map[string]string{"m1": `{"a":1}`, "m2": `{"a":2}`, "m3": `{"a":2}`} {
+		if got := terms(bob, id); got != want {
+			t.Errorf("OfferTerms(%s) = %s, want %s", id, got, want)
+		}
 	}
-	if got, _ := s.OfferTerms(ctx, "d1", carol); got != nil {
+	if got := terms(carol, "m1"); got != "" {
 		t.Errorf("OfferTerms(other supplier) = %s, want nil", got)
 	}
-	// A refused offer's terms are put back only while they are still the
-	// ones recorded: undoing {"a":1}, overwritten by {"a":2} since, keeps
-	// {"a":2}; undoing {"a":2} brings back {"a":1}.
-	if err := s.RestoreOfferTerms(ctx, "d1", bob, json.RawMessage(`{"a":1}`), json.RawMessage(`{}`)); err != nil {
-		t.Fatal(err)
+	// Set again, m1's terms are the pair's last.
+	set("m1", `{"a":3}`)
+	if got := terms(bob, "m3"); got != `{"a":3}` {
+		t.Errorf("OfferTerms(m3) after m1 was set again = %s, want {\"a\":3}", got)
 	}
-	if got, _ := s.OfferTerms(ctx, "d1", bob); string(got) != `{"a":2}` {
-		t.Errorf("OfferTerms after undoing overwritten terms = %s, want {\"a\":2} kept", got)
+	// Two offers of the pair recorded at once, both refused: each removes
+	// exactly its own terms, whatever the order, and the delivered offer's
+	// stay the pair's last.
+	set("race1", `{"a":4}`)
+	set("race2", `{"a":5}`)
+	for _, id := range []string{"race1", "race2"} {
+		if err := s.RemoveOfferTerms(ctx, "d1", bob, id); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := s.RestoreOfferTerms(ctx, "d1", bob, json.RawMessage(`{"a":2}`), json.RawMessage(`{"a":1}`)); err != nil {
-		t.Fatal(err)
+	for id, want := range map[string]string{"race1": `{"a":3}`, "race2": `{"a":3}`, "m2": `{"a":2}`} {
+		if got := terms(bob, id); got != want {
+			t.Errorf("OfferTerms(%s) after both racing offers were refused = %s, want %s", id, got, want)
+		}
 	}
-	if got, _ := s.OfferTerms(ctx, "d1", bob); string(got) != `{"a":1}` {
-		t.Errorf("OfferTerms after undoing the current terms = %s, want {\"a\":1}", got)
+	// Removing terms never recorded is no error and changes nothing.
+	if err := s.RemoveOfferTerms(ctx, "d1", carol, "m1"); err != nil {
+		t.Errorf("RemoveOfferTerms(never recorded) = %v", err)
 	}
-	if err := s.RestoreOfferTerms(ctx, "d1", bob, json.RawMessage(`{"a":1}`), nil); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{"m1", "m2"} {
+		if err := s.RemoveOfferTerms(ctx, "d1", bob, id); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if got, _ := s.OfferTerms(ctx, "d1", bob); got != nil {
-		t.Errorf("OfferTerms after restoring none = %s, want nil", got)
-	}
-	if err := s.RestoreOfferTerms(ctx, "d1", carol, json.RawMessage(`{"a":1}`), json.RawMessage(`{}`)); err != nil {
-		t.Fatal(err)
-	}
-	if got, _ := s.OfferTerms(ctx, "d1", carol); got != nil {
-		t.Errorf("OfferTerms(carol) after undoing terms never recorded = %s, want nil", got)
+	if got := terms(bob, "m1"); got != "" {
+		t.Errorf("OfferTerms after removing every offer's = %s, want nil", got)
 	}
 }

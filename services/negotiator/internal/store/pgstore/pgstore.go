@@ -46,6 +46,10 @@ func Open(ctx context.Context, url, schema string, logger *slog.Logger) (*Store,
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
+// DB is the database, for what the replicas share beside the store (the
+// rate limits, pgdb.DB.TakeToken).
+func (s *Store) DB() *pgdb.DB { return s.db }
+
 // Close closes the connections.
 func (s *Store) Close() error { return s.db.Close() }
 

@@ -99,6 +99,10 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
+// DB is the database, for what the replicas share beside the store (the
+// rate limits, pgdb.DB.TakeToken).
+func (s *Store) DB() *pgdb.DB { return s.db }
+
 // Close releases the owner lock (other replicas may then claim this
 // Store's pending steps) and closes the connections.
 func (s *Store) Close() error {
