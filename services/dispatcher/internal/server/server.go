@@ -217,6 +217,8 @@ type Server struct {
 	ledger   *payment.Ledger
 	payments *payment.Gate
 	owners   ownerSource
+	// sseStreams are the SSE streams served on hijacked connections.
+	sseStreams streamSet
 }
 
 var _ dispatcherv1.DispatcherServiceServer = (*Server)(nil)
