@@ -7,6 +7,7 @@
 // Usage (from the repository root):
 //
 //	go run ./bench/network [-parley PATH] [-duration 5s] [-senders 1,16,64] [-idle 2000]
+//	go run ./bench/network -senders "" -idle 2000   # only the idle streams
 //
 // Parley: senders s0…sN-1 and receivers r0…rN-1 of client bench, in its
 // client group; sender i sends new messages (SendMessage, one at a time,
@@ -18,12 +19,13 @@
 // explicit-ack durable push consumer per subject. Latency is from the send
 // call to the receiver's handler, both in this process.
 //
-// -idle N opens N receive streams for N fresh agents on one gRPC connection
-// and reports parley serve's resident memory growth per stream
-// (/proc/PID/status VmRSS, after a GC settles); then N server-sent-events
-// streams (GET …/messages:stream, one HTTP/1.1 connection each, as a
-// browser or curl opens them) for N more agents, and reports the same,
-// with the growth of its Go heap and stacks in use (/metrics) beside it.
+// -idle N creates N fresh agents, lets parley serve settle, then opens a
+// receive stream for each on one gRPC connection and reports parley
+// serve's growth per stream: resident memory (/proc/PID/status VmRSS), Go
+// heap and stacks in use and goroutines (/metrics). Then the same for N
+// more agents with server-sent-events streams (GET …/messages:stream, one
+// HTTP/1.1 connection each, as a browser or curl opens them). The agents
+// are created before the first reading, so they do not count.
 package main
 
 import (
@@ -76,7 +78,7 @@ func (r result) rate() float64 { return float64(r.msgs) / r.elapsed.Seconds() }
 func run(stdout io.Writer) error {
 	parley := flag.String("parley", "", "path to a parley binary; built from ./cmd/parley when empty")
 	duration := flag.Duration("duration", 5*time.Second, "how long each measurement sends")
-	sendersList := flag.String("senders", "1,16,64", "comma-separated sender counts")
+	sendersList := flag.String("senders", "1,16,64", "comma-separated sender counts; empty for none (only -idle)")
 	idle := flag.Int("idle", 0, "also open this many idle receive streams and report memory per stream")
 	flag.Parse()
 
@@ -90,6 +92,9 @@ func run(stdout io.Writer) error {
 	}
 	var counts []int
 	for _, s := range strings.Split(*sendersList, ",") {
+		if *sendersList == "" {
+			break // -senders "": only the idle streams (-idle)
+		}
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n <= 0 {
 			return fmt.Errorf("-senders: %q is not a positive number", s)
@@ -109,7 +114,10 @@ func run(stdout io.Writer) error {
 	}
 	defer stopNATS()
 
-	maxN := slices.Max(counts)
+	maxN := 1
+	if len(counts) > 0 {
+		maxN = slices.Max(counts)
+	}
 	if err := p.setup(ctx, maxN); err != nil {
 		return err
 	}
@@ -140,13 +148,14 @@ func run(stdout io.Writer) error {
 	if *idle > 0 {
 		for _, m := range []struct {
 			name string
-			open func(context.Context, int) (func(), error)
+			open func(context.Context, int) (func() error, func(), error)
 		}{{"gRPC receive", p.idleStreams}, {"SSE", p.idleSSE}} {
-			rssPer, goPer, err := p.perStream(ctx, *idle, m.open)
+			g, err := p.perStream(ctx, *idle, m.open)
 			if err != nil {
 				return fmt.Errorf("idle %s streams: %w", m.name, err)
 			}
-			fmt.Fprintf(stdout, "idle %s streams: %d, parley serve growth per stream: RSS %.1f KB, Go heap+stacks in use %.1f KB\n", m.name, *idle, rssPer/1024, goPer/1024)
+			fmt.Fprintf(stdout, "idle %s streams: %d, parley serve growth per stream: RSS %.1f KB, Go heap+stacks in use %.1f KB (heap %.1f, stacks %.1f), goroutines %.2f\n",
+				m.name, *idle, g.rss/1024, (g.heap+g.stacks)/1024, g.heap/1024, g.stacks/1024, g.goroutines)
 		}
 	}
 	return nil
@@ -437,68 +446,76 @@ func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, 
 	return r, nil
 }
 
-// perStream creates n fresh agents, opens an idle stream for each with
-// open, and returns parley serve's growth per stream, in bytes: of its
-// resident set (/proc/PID/status VmRSS) and of its Go heap and stacks in
-// use (/metrics), which memory freed by an earlier measurement does not
-// hide. The streams close when it returns.
-func (p *parleyProc) perStream(ctx context.Context, n int, open func(context.Context, int) (func(), error)) (rssPer, goPer float64, err error) {
-	rssBefore, err := rss(p.proc.PID)
+// growth is parley serve's growth per stream: bytes of its resident set
+// (/proc/PID/status VmRSS), of its Go heap and stacks in use, and
+// goroutines (/metrics).
+type growth struct{ rss, heap, stacks, goroutines float64 }
+
+// perStream opens n idle streams with open (which first creates the
+// agents they belong to) and returns parley serve's growth per stream.
+// The agents are created before the first reading, so that they do not
+// count.
+// The streams close when it returns.
+func (p *parleyProc) perStream(ctx context.Context, n int, open func(context.Context, int) (func() error, func(), error)) (growth, error) {
+	connect, closeAll, err := open(ctx, n)
 	if err != nil {
-		return 0, 0, err
-	}
-	goBefore, err := p.goMemory(ctx)
-	if err != nil {
-		return 0, 0, err
-	}
-	closeAll, err := open(ctx, n)
-	if err != nil {
-		return 0, 0, err
+		return growth{}, err
 	}
 	defer closeAll()
 	time.Sleep(2 * time.Second) // let the server settle before reading
-	rssAfter, err := rss(p.proc.PID)
+	before, err := p.memory(ctx)
 	if err != nil {
-		return 0, 0, err
+		return growth{}, err
 	}
-	goAfter, err := p.goMemory(ctx)
+	if err := connect(); err != nil {
+		return growth{}, err
+	}
+	time.Sleep(2 * time.Second)
+	after, err := p.memory(ctx)
 	if err != nil {
-		return 0, 0, err
+		return growth{}, err
 	}
-	return float64(rssAfter-rssBefore) / float64(n), float64(goAfter-goBefore) / float64(n), nil
+	per := func(a, b float64) float64 { return (a - b) / float64(n) }
+	return growth{per(after.rss, before.rss), per(after.heap, before.heap), per(after.stacks, before.stacks), per(after.goroutines, before.goroutines)}, nil
 }
 
-// goMemory reads parley serve's Go heap and stacks in use from /metrics.
-func (p *parleyProc) goMemory(ctx context.Context) (int64, error) {
+// memory reads parley serve's resident set, and its Go heap and stacks in
+// use and goroutines from /metrics.
+func (p *parleyProc) memory(ctx context.Context) (growth, error) {
+	var g growth
+	r, err := rss(p.proc.PID)
+	if err != nil {
+		return g, err
+	}
+	g.rss = float64(r)
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.httpAddr+"/metrics", nil)
 	if err != nil {
-		return 0, err
+		return g, err
 	}
 	req.Header.Set("Authorization", "Bearer "+p.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return 0, err
+		return g, err
 	}
 	defer resp.Body.Close()
-	var total int64
 	found := 0
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		for _, name := range []string{"go_memstats_heap_inuse_bytes ", "go_memstats_stack_inuse_bytes "} {
-			if v, ok := strings.CutPrefix(sc.Text(), name); ok {
-				f, err := strconv.ParseFloat(v, 64)
+		for name, v := range map[string]*float64{"go_memstats_heap_inuse_bytes ": &g.heap, "go_memstats_stack_inuse_bytes ": &g.stacks, "go_goroutines ": &g.goroutines} {
+			if text, ok := strings.CutPrefix(sc.Text(), name); ok {
+				f, err := strconv.ParseFloat(text, 64)
 				if err != nil {
-					return 0, err
+					return g, err
 				}
-				total += int64(f)
+				*v = f
 				found++
 			}
 		}
 	}
-	if found != 2 {
-		return 0, fmt.Errorf("/metrics (status %d) lacks go_memstats_heap_inuse_bytes or go_memstats_stack_inuse_bytes", resp.StatusCode)
+	if found != 3 {
+		return g, fmt.Errorf("/metrics (status %d) lacks go_memstats_heap_inuse_bytes, go_memstats_stack_inuse_bytes or go_goroutines", resp.StatusCode)
 	}
-	return total, sc.Err()
+	return g, sc.Err()
 }
 
 // createAgents creates agents kind0…kind(n-1) in client bench's group.
@@ -512,64 +529,67 @@ func (p *parleyProc) createAgents(ctx context.Context, kind string, n int) error
 	return nil
 }
 
-// idleStreams opens n receive streams of fresh agents on one gRPC
-// connection, each connected (its first, empty batch received).
-func (p *parleyProc) idleStreams(ctx context.Context, n int) (func(), error) {
+// idleStreams creates n fresh agents, and returns connect, which opens
+// a receive stream for each on one gRPC connection, each connected (its
+// first, empty batch received), and closeAll.
+func (p *parleyProc) idleStreams(ctx context.Context, n int) (connect func() error, closeAll func(), err error) {
 	if err := p.createAgents(ctx, "idle", n); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	disp := dispatcherv1.NewDispatcherServiceClient(p.conn)
 	sctx, cancel := context.WithCancel(p.ctx(ctx))
-	for i := range n {
-		st, err := disp.ReceiveMessages(sctx, &dispatcherv1.ReceiveMessagesRequest{Agent: agent("idle", i)})
-		if err != nil {
-			cancel()
-			return nil, err
+	connect = func() error {
+		for i := range n {
+			st, err := disp.ReceiveMessages(sctx, &dispatcherv1.ReceiveMessagesRequest{Agent: agent("idle", i)})
+			if err != nil {
+				return err
+			}
+			if _, err := st.Recv(); err != nil { // the first, empty batch: connected
+				return err
+			}
 		}
-		if _, err := st.Recv(); err != nil { // the first, empty batch: connected
-			cancel()
-			return nil, err
-		}
+		return nil
 	}
-	return cancel, nil
+	return connect, cancel, nil
 }
 
-// idleSSE opens n server-sent-events streams of fresh agents, one HTTP
-// connection each (as browsers and curl open them), each connected (its
-// ": connected" comment read).
-func (p *parleyProc) idleSSE(ctx context.Context, n int) (func(), error) {
+// idleSSE creates n fresh agents, and returns connect, which opens a
+// server-sent-events stream for each, one HTTP connection each (as
+// browsers and curl open them), each connected (its ": connected"
+// comment read), and closeAll.
+func (p *parleyProc) idleSSE(ctx context.Context, n int) (connect func() error, closeAll func(), err error) {
 	if err := p.createAgents(ctx, "sse", n); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	var bodies []io.Closer
-	closeAll := func() {
+	closeAll = func() {
 		cancel()
 		for _, b := range bodies {
 			b.Close()
 		}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: -1}}
-	for i := range n {
-		req, err := http.NewRequestWithContext(sctx, http.MethodGet, fmt.Sprintf("http://%s/v1/clients/bench/agents/sse%d/messages:stream", p.httpAddr, i), nil)
-		if err != nil {
-			closeAll()
-			return nil, err
+	connect = func() error {
+		for i := range n {
+			req, err := http.NewRequestWithContext(sctx, http.MethodGet, fmt.Sprintf("http://%s/v1/clients/bench/agents/sse%d/messages:stream", p.httpAddr, i), nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer "+p.token)
+			resp, err := client.Do(req) //nolint:bodyclose // closed by closeAll: the stream stays open until then
+			if err != nil {
+				return err
+			}
+			bodies = append(bodies, resp.Body)
+			line, err := bufio.NewReader(resp.Body).ReadString('\n')
+			if err != nil || resp.StatusCode != http.StatusOK || line != ": connected\n" {
+				return fmt.Errorf("SSE stream %d: status %d, first line %q: %w", i, resp.StatusCode, line, err)
+			}
 		}
-		req.Header.Set("Authorization", "Bearer "+p.token)
-		resp, err := client.Do(req) //nolint:bodyclose // closed by closeAll: the stream stays open until then
-		if err != nil {
-			closeAll()
-			return nil, err
-		}
-		bodies = append(bodies, resp.Body)
-		line, err := bufio.NewReader(resp.Body).ReadString('\n')
-		if err != nil || resp.StatusCode != http.StatusOK || line != ": connected\n" {
-			closeAll()
-			return nil, fmt.Errorf("SSE stream %d: status %d, first line %q: %w", i, resp.StatusCode, line, err)
-		}
+		return nil
 	}
-	return closeAll, nil
+	return connect, closeAll, nil
 }
 
 // rss reads a process's resident set size, in bytes.

@@ -364,6 +364,7 @@ func (a *App) Close() error {
 	a.loops.Wait()
 	if a.srv != nil {
 		a.srv.StopShadows() // they may install a routine in the store
+		a.srv.StopStreams() // SSE streams on hijacked connections read it
 	}
 	return errors.Join(a.pool.Close(), a.store.Close())
 }

@@ -53,44 +53,48 @@ func TestBoundary(t *testing.T) {
 		src    string
 		arg    string
 		limits *Limits
-		kinds  []Kind // acceptable kinds; the first is the expected one
+		// compiles: the source compiles, and the call is what fails (a
+		// compile that fails instead, a loaded machine making it run past
+		// its budget say, must not pass for the call's failure).
+		compiles bool
+		kinds    []Kind // acceptable kinds; the first is the expected one
 	}{
-		{"all over a huge range (one builtin, no steps)", body("all(range(1, " + huge + "))"), "1", nil, []Kind{KindTime}},
+		{"all over a huge range (one builtin, no steps)", body("all(range(1, " + huge + "))"), "1", nil, true, []Kind{KindTime}},
 		// The issue's bounded builtins (max over 30M, int of a million
 		// digits, sorted over 4M took 1.2–2 s), ten times larger: on a
 		// quick machine the originals can end within this table's budget.
-		{"max over 300M", body("max(range(300000000))"), "1", nil, []Kind{KindTime}},
-		{"int of ten million digits", body(`int("9" * 10000000)`), "1", nil, []Kind{KindTime}},
-		{"sorted over 40M", body("sorted(range(40000000))"), "1", nil, []Kind{KindTime, KindMemory}},
-		{"json.decode of half a million levels", body(`json.decode("[" * 500000 + "]" * 500000)`), "1", nil, []Kind{KindError}},
-		{"a query nested half a million levels", body("q"), strings.Repeat("[", 500000) + strings.Repeat("]", 500000), nil, []Kind{KindError}},
-		{"recursion", "def f(n):\n    return f(n + 1)\ndef reply(q, m):\n    return f(0)\n", "1", nil, []Kind{KindError}},
-		{"while True", loop("    while True:\n        pass"), "1", nil, []Kind{KindSteps, KindTime}},
+		{"max over 300M", body("max(range(300000000))"), "1", nil, true, []Kind{KindTime}},
+		{"int of ten million digits", body(`int("9" * 10000000)`), "1", nil, true, []Kind{KindTime}},
+		{"sorted over 40M", body("sorted(range(40000000))"), "1", nil, true, []Kind{KindTime, KindMemory}},
+		{"json.decode of half a million levels", body(`json.decode("[" * 500000 + "]" * 500000)`), "1", nil, true, []Kind{KindError}},
+		{"a query nested half a million levels", body("q"), strings.Repeat("[", 500000) + strings.Repeat("]", 500000), nil, true, []Kind{KindError}},
+		{"recursion", "def f(n):\n    return f(n + 1)\ndef reply(q, m):\n    return f(0)\n", "1", nil, true, []Kind{KindError}},
+		{"while True", loop("    while True:\n        pass"), "1", nil, true, []Kind{KindSteps, KindTime}},
 		// The doubling loops reach the allocation budget in a few rounds,
 		// unless a slow machine (or -race) reaches the wall time first.
-		{"string doubling", loop("    s = 'x'\n    while True:\n        s = s + s"), "1", nil, []Kind{KindMemory, KindTime}},
-		{"list doubling", loop("    l = [0]\n    while True:\n        l = l + l"), "1", nil, []Kind{KindMemory, KindTime}},
-		{"list doubling in place", loop("    l = [0]\n    while True:\n        l += l"), "1", nil, []Kind{KindMemory, KindTime}},
-		{"dict doubling", loop("    d = {0: 0}\n    while True:\n        d = d | {k + len(d): v for k, v in d.items()}"), "1", nil, []Kind{KindMemory, KindSteps, KindTime}},
-		{"set doubling", loop("    s = set([0])\n    while True:\n        s = s.union([x + len(s) for x in s])"), "1", nil, []Kind{KindMemory, KindSteps, KindTime}},
-		{"a large shift", body("1 << (1 << 30)"), "1", nil, []Kind{KindMemory}},
-		{"a power (no ** in Starlark)", body("10 ** 10 ** 8"), "1", nil, []Kind{KindError}},
-		{"sorted", body("sorted(range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
-		{"max", body("max(range(" + huge + "))"), "1", nil, []Kind{KindTime}},
-		{"min", body("min(range(" + huge + ", 0, -1))"), "1", nil, []Kind{KindTime}},
-		{"any", body("any([0] * (1 << 30))"), "1", nil, []Kind{KindMemory}},
-		{"enumerate", body("enumerate(range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
-		{"zip", body("zip(range(" + huge + "), range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
-		{"reversed", body("reversed(range(" + huge + "))"), "1", nil, []Kind{KindMemory}},
-		{"str.join", body(`("ab" * (1 << 20)).join(["a"] * (1 << 16))`), "1", nil, []Kind{KindMemory}},
-		{"str.replace", body(`("x" * (1 << 24)).replace("x", "yyyy")`), "1", nil, []Kind{KindMemory}},
-		{"str.split", body(`("x " * (1 << 22)).split(" ")`), "1", nil, []Kind{KindMemory}},
-		{"% formatting", loop("    s = 'x' * (1 << 24)\n    t = '%s%s%s%s%s' % (s, s, s, s, s)"), "1", nil, []Kind{KindMemory}},
-		{"a huge result", body(`"x" * 100000`), "1", nil, []Kind{KindOutput}},
-		{"a deeply nested result", "def reply(q, m):\n    x = []\n    for i in range(1000):\n        x = [x]\n    return x\n", "1", nil, []Kind{KindOutput}},
-		{"print in a loop", loop("    while True:\n        print('x')"), "1", nil, []Kind{KindSteps, KindTime}},
+		{"string doubling", loop("    s = 'x'\n    while True:\n        s = s + s"), "1", nil, true, []Kind{KindMemory, KindTime}},
+		{"list doubling", loop("    l = [0]\n    while True:\n        l = l + l"), "1", nil, true, []Kind{KindMemory, KindTime}},
+		{"list doubling in place", loop("    l = [0]\n    while True:\n        l += l"), "1", nil, true, []Kind{KindMemory, KindTime}},
+		{"dict doubling", loop("    d = {0: 0}\n    while True:\n        d = d | {k + len(d): v for k, v in d.items()}"), "1", nil, true, []Kind{KindMemory, KindSteps, KindTime}},
+		{"set doubling", loop("    s = set([0])\n    while True:\n        s = s.union([x + len(s) for x in s])"), "1", nil, true, []Kind{KindMemory, KindSteps, KindTime}},
+		{"a large shift", body("1 << (1 << 30)"), "1", nil, true, []Kind{KindMemory}},
+		{"a power (no ** in Starlark)", body("10 ** 10 ** 8"), "1", nil, false, []Kind{KindError}},
+		{"sorted", body("sorted(range(" + huge + "))"), "1", nil, true, []Kind{KindMemory}},
+		{"max", body("max(range(" + huge + "))"), "1", nil, true, []Kind{KindTime}},
+		{"min", body("min(range(" + huge + ", 0, -1))"), "1", nil, true, []Kind{KindTime}},
+		{"any", body("any([0] * (1 << 30))"), "1", nil, true, []Kind{KindMemory}},
+		{"enumerate", body("enumerate(range(" + huge + "))"), "1", nil, true, []Kind{KindMemory}},
+		{"zip", body("zip(range(" + huge + "), range(" + huge + "))"), "1", nil, true, []Kind{KindMemory}},
+		{"reversed", body("reversed(range(" + huge + "))"), "1", nil, true, []Kind{KindMemory}},
+		{"str.join", body(`("ab" * (1 << 20)).join(["a"] * (1 << 16))`), "1", nil, true, []Kind{KindMemory}},
+		{"str.replace", body(`("x" * (1 << 24)).replace("x", "yyyy")`), "1", nil, true, []Kind{KindMemory}},
+		{"str.split", body(`("x " * (1 << 22)).split(" ")`), "1", nil, true, []Kind{KindMemory}},
+		{"% formatting", loop("    s = 'x' * (1 << 24)\n    t = '%s%s%s%s%s' % (s, s, s, s, s)"), "1", nil, true, []Kind{KindMemory}},
+		{"a huge result", body(`"x" * 100000`), "1", nil, true, []Kind{KindOutput}},
+		{"a deeply nested result", "def reply(q, m):\n    x = []\n    for i in range(1000):\n        x = [x]\n    return x\n", "1", nil, true, []Kind{KindOutput}},
+		{"print in a loop", loop("    while True:\n        print('x')"), "1", nil, true, []Kind{KindSteps, KindTime}},
 		{"past the worker's memory cap (the guard set too high to see it)", body(`len("x" * (1 << 29))`), "1",
-			new(testLimits(Limits{Pool: pool, Timeout: budget, MaxAllocBytes: 8 << 30})), []Kind{KindMemory}},
+			new(testLimits(Limits{Pool: pool, Timeout: budget, MaxAllocBytes: 8 << 30})), true, []Kind{KindMemory}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,9 +111,11 @@ func TestBoundary(t *testing.T) {
 			bound := 2 * (l.Timeout + killMargin + slack)
 			done := make(chan error, 1)
 			var ran time.Duration // the failing run's wall time, for the log
+			var compileErr error
 			go func() {
 				start := time.Now()
 				p, err := Compile(t.Context(), "clients/c/agents/a/routines/r", tc.src, nil, l)
+				compileErr = err
 				if err == nil {
 					start = time.Now()
 					_, _, err = p.Call(t.Context(), "reply", []json.RawMessage{json.RawMessage(tc.arg)}, json.RawMessage(`{}`))
@@ -143,6 +149,12 @@ func TestBoundary(t *testing.T) {
 			}
 			if err == nil {
 				t.Fatal("the run succeeded, want a failure")
+			}
+			switch {
+			case tc.compiles && compileErr != nil:
+				t.Fatalf("Compile = %v, want success: the call is what should fail", compileErr)
+			case !tc.compiles && compileErr == nil:
+				t.Fatalf("Compile succeeded and the call failed with %v, want the compile to fail", err)
 			}
 			if k := KindOf(err); !slices.Contains(tc.kinds, k) {
 				t.Errorf("kind %v (%v), want one of %v", k, err, tc.kinds)

@@ -25,8 +25,21 @@ def reply(query, memory):
 
 const counterAgent = "clients/acme/agents/counter"
 
+// startCounter starts a dispatcher whose agent counter runs counterRoutine.
+// These tests are about conversations (ids, caps, expiry, memory across
+// restarts), not the routine's budgets, which package routine tests. The
+// default wall-time budget (1 s, measured from the call's start in its
+// worker process) was passed once on a machine at load average ~20, and a
+// budgeted run answers "failure", which these tests read as a broken
+// conversation. So, unless a test sets its own, the budget here is one a
+// starved machine does not reach: a routine that hangs still fails the
+// test, after a minute. The other budgets (steps, memory, output) are
+// counted, not timed, and stay the defaults.
 func startCounter(t *testing.T, dataDir string, opts Options) (*testEnv, string) {
 	t.Helper()
+	if opts.RoutineLimits.Timeout == 0 {
+		opts.RoutineLimits.Timeout = time.Minute
+	}
 	reg := newFakeRegistry()
 	h := reg.addProtocol(counterPD)
 	reg.addAgent(agentRes(counterAgent, 0, 0, h))

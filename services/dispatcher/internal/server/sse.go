@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -39,7 +41,38 @@ type mailboxSource interface {
 // them in serve.Stream: they outlive the server's write timeout and end
 // on their own (client gone, takeover, shutdown, MaxDuration).
 func (s *Server) MailboxRoutes() map[string]http.Handler {
-	return map[string]http.Handler{StreamPattern: sseHandler{src: localMailboxes{s}, writeTimeout: s.opts.MailboxOptions.WriteTimeout}}
+	return map[string]http.Handler{StreamPattern: sseHandler{src: localMailboxes{s}, writeTimeout: s.opts.MailboxOptions.WriteTimeout, streams: &s.sseStreams}}
+}
+
+// StopStreams ends the SSE streams served on connections of their own
+// (HTTP/1.x) and waits for them: the HTTP server's shutdown does not wait
+// for them. A graceful stop has ended them already (Start's channel); the
+// app calls it before closing the store.
+func (s *Server) StopStreams() { s.sseStreams.stop() }
+
+// streamSet tracks the SSE streams served on a hijacked connection, on a
+// goroutine of their own. Its zero value is ready to use.
+type streamSet struct {
+	wg     sync.WaitGroup
+	ctx    context.Context // done once stop is called
+	cancel context.CancelFunc
+	initMu sync.Mutex
+}
+
+// done returns a context that ends when stop is called.
+func (ss *streamSet) done() context.Context {
+	ss.initMu.Lock()
+	defer ss.initMu.Unlock()
+	if ss.ctx == nil {
+		ss.ctx, ss.cancel = context.WithCancel(context.Background())
+	}
+	return ss.ctx
+}
+
+func (ss *streamSet) stop() {
+	ss.done()
+	ss.cancel()
+	ss.wg.Wait()
 }
 
 // RemoteMailboxRoutes returns the mailbox routes of a gateway process,
@@ -48,7 +81,9 @@ func (s *Server) MailboxRoutes() map[string]http.Handler {
 // end when stopping closes. writeTimeout bounds one SSE write
 // (--mailbox-stream-write-timeout). The caller wraps them in serve.Stream.
 func RemoteMailboxRoutes(c dispatcherv1.DispatcherServiceClient, stopping <-chan struct{}, writeTimeout time.Duration) map[string]http.Handler {
-	return map[string]http.Handler{StreamPattern: sseHandler{src: remoteMailboxes{c: c, stopping: stopping}, writeTimeout: writeTimeout}}
+	// The streams end on stopping; a gateway keeps no store, so nothing
+	// waits for them.
+	return map[string]http.Handler{StreamPattern: sseHandler{src: remoteMailboxes{c: c, stopping: stopping}, writeTimeout: writeTimeout, streams: &streamSet{}}}
 }
 
 // localMailboxes reads this server's own mailboxes.
@@ -139,6 +174,8 @@ func (rm remoteMailboxes) receive(ctx context.Context, agent string, after uint6
 type sseHandler struct {
 	src          mailboxSource
 	writeTimeout time.Duration
+	// streams tracks the HTTP/1.x streams, served on hijacked connections.
+	streams *streamSet
 }
 
 func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -171,52 +208,179 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		after = max(after, n)
 	}
-	rc := http.NewResponseController(w)
-	write := func(b []byte) error {
-		// Each write has its own deadline: a client that stops reading is
-		// cut off instead of holding the stream forever.
-		_ = rc.SetWriteDeadline(time.Now().Add(h.writeTimeout))
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-		return rc.Flush()
+	clearBacklog := q.Get("clear_backlog") == "true"
+	if r.ProtoMajor == 1 {
+		h.serveOwn(ctx, w, r, agent, after, clearBacklog)
+		return
 	}
-	started := false
-	err := h.src.receive(ctx, agent, after, q.Get("clear_backlog") == "true", func(ms []*dispatcherv1.NetworkMessage) error {
-		if !started {
-			started = true
+	sink := h.responseSink(w)
+	err := h.src.receive(ctx, agent, after, clearBacklog, func(ms []*dispatcherv1.NetworkMessage) error {
+		return sink.send(ms)
+	})
+	if r.Context().Err() != nil {
+		return // the client left
+	}
+	if !sink.started {
+		fail(err)
+		return
+	}
+	_ = sink.write(endEvent(err))
+}
+
+// serveOwn serves an HTTP/1.x stream from a goroutine of its own. Once
+// the stream is established, the handler hijacks the connection, writes
+// the response head itself and returns: net/http's state for the
+// connection (its 4 KB read and write buffers, the response's chunking
+// buffer, the goroutine that watches for the client leaving, and the
+// handler's goroutine with the stack the request grew) is then released,
+// and an idle stream holds only its goroutine and the connection, as a
+// gRPC stream does. The body runs until the connection closes
+// (Connection: close, no chunking). A client that left is noticed when a
+// write fails, a keepalive at the latest. Where a hijack is not possible,
+// the handler writes for the stream's goroutine and waits for it.
+func (h sseHandler) serveOwn(ctx context.Context, w http.ResponseWriter, r *http.Request, agent string, after uint64, clearBacklog bool) {
+	// The stream outlives the request: its context keeps the request's
+	// values and ends when the client leaves before the hijack, or when
+	// the streams stop.
+	sctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	leftEarly := context.AfterFunc(r.Context(), cancel)
+	stopWatch := context.AfterFunc(h.streams.done(), cancel)
+	established := make(chan struct{})
+	sinks := make(chan *sseWriter, 1)
+	refused := make(chan error, 1) // the stream ended before it was established
+	finished := make(chan struct{})
+	h.streams.wg.Add(1)
+	go func() {
+		defer h.streams.wg.Done()
+		defer close(finished)
+		defer stopWatch()
+		defer cancel()
+		var sink *sseWriter
+		err := h.src.receive(sctx, agent, after, clearBacklog, func(ms []*dispatcherv1.NetworkMessage) error {
+			if sink == nil {
+				close(established)
+				if sink = <-sinks; sink == nil {
+					return context.Canceled // the client left before the hijack
+				}
+			}
+			return sink.send(ms)
+		})
+		if sink == nil {
+			refused <- err
+			return
+		}
+		if sctx.Err() == nil || sink.close != nil {
+			_ = sink.write(endEvent(err))
+		}
+		if sink.close != nil {
+			sink.close()
+		}
+	}()
+	select {
+	case err := <-refused:
+		leftEarly()
+		if r.Context().Err() == nil {
+			grpcerr.WriteHTTP(w, grpcerr.HTTPStatus(err), status.Convert(err))
+		}
+		return
+	case <-established:
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil { // not possible here (a test's recorder): write for the stream
+		sinks <- h.responseSink(w)
+		<-finished
+		return
+	}
+	if !leftEarly() { // the client has left already
+		conn.Close()
+		sinks <- nil
+		return
+	}
+	_ = brw // dropped, with the rest of net/http's state for the connection
+	hd := w.Header().Clone()
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("X-Accel-Buffering", "no")
+	hd.Set("Connection", "close")
+	head := []byte("HTTP/1.1 200 OK\r\n")
+	var b bytes.Buffer
+	_ = hd.Write(&b)
+	head = append(append(head, b.Bytes()...), "\r\n"...)
+	sink := &sseWriter{
+		write: func(p []byte) error {
+			_ = conn.SetWriteDeadline(time.Now().Add(h.writeTimeout))
+			_, err := conn.Write(p)
+			return err
+		},
+		close: func() { conn.Close() },
+		head:  head,
+	}
+	sinks <- sink
+}
+
+// sseWriter writes a stream's batches: the head and a ": connected"
+// comment first, then an event per message, or a keepalive comment for
+// an empty batch.
+type sseWriter struct {
+	write   func([]byte) error
+	close   func() // nil when writing through the ResponseWriter
+	head    []byte // the response head, for a hijacked connection
+	started bool
+	// begin writes the head through a ResponseWriter.
+	begin func()
+}
+
+// responseSink writes through w, each write with its own deadline: a
+// client that stops reading is cut off instead of holding the stream
+// forever.
+func (h sseHandler) responseSink(w http.ResponseWriter) *sseWriter {
+	rc := http.NewResponseController(w)
+	return &sseWriter{
+		write: func(b []byte) error {
+			_ = rc.SetWriteDeadline(time.Now().Add(h.writeTimeout))
+			if _, err := w.Write(b); err != nil {
+				return err
+			}
+			return rc.Flush()
+		},
+		begin: func() {
 			hd := w.Header()
 			hd.Set("Content-Type", "text/event-stream")
 			hd.Set("Cache-Control", "no-store")
 			hd.Set("X-Accel-Buffering", "no") // proxies must not buffer the stream
 			w.WriteHeader(http.StatusOK)
-			if err := write([]byte(": connected\n\n")); err != nil {
-				return err
-			}
-		}
-		if len(ms) == 0 {
-			return write([]byte(": keepalive\n\n"))
-		}
-		var buf []byte
-		for _, m := range ms {
-			ev, err := sseEvent(m)
-			if err != nil {
-				return err
-			}
-			buf = append(buf, ev...)
-		}
-		return write(buf)
-	})
-	if r.Context().Err() != nil {
-		return // the client left
+		},
 	}
-	if !started {
-		fail(err)
-		return
+}
+
+func (s *sseWriter) send(ms []*dispatcherv1.NetworkMessage) error {
+	var buf []byte
+	if !s.started {
+		s.started = true
+		if s.begin != nil {
+			s.begin()
+		}
+		buf = append(s.head, ": connected\n\n"...)
+		s.head = nil
 	}
+	if len(ms) == 0 {
+		buf = append(buf, ": keepalive\n\n"...)
+	}
+	for _, m := range ms {
+		ev, err := sseEvent(m)
+		if err != nil {
+			return err
+		}
+		buf = append(buf, ev...)
+	}
+	return s.write(buf)
+}
+
+// endEvent is the last event of an established stream: why it ended.
+func endEvent(err error) []byte {
 	st := status.Convert(err)
 	end, _ := json.Marshal(map[string]any{"code": st.Code().String(), "message": st.Message()})
-	_ = write(fmt.Appendf(nil, "event: end\ndata: %s\n\n", end))
+	return fmt.Appendf(nil, "event: end\ndata: %s\n\n", end)
 }
 
 // sseMessage is a NetworkMessage as an SSE event's data, in the gateway's

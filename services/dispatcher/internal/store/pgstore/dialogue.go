@@ -14,9 +14,11 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
-// The dialogue store runs each method in one SERIALIZABLE transaction
-// (db.Update), so the checks a reply's plan makes against the dialogue
-// hold across replicas as they do on bbolt's single writer.
+// The dialogue store runs each method that decides from a dialogue's state
+// in one SERIALIZABLE transaction (db.Update), so the checks a reply's plan
+// makes against the dialogue hold across replicas as they do on bbolt's
+// single writer. CreateDialogue decides from nothing stored, so it runs at
+// READ COMMITTED (db.Write) with the mailboxes' row locks: see there.
 
 var _ store.DialogueStore = (*Store)(nil)
 
@@ -120,14 +122,22 @@ func messageTaken(ctx context.Context, tx pgx.Tx, id string) (bool, error) {
 	return taken, err
 }
 
-// CreateDialogue implements store.DialogueStore.
+// CreateDialogue implements store.DialogueStore, in one READ COMMITTED
+// transaction (db.Write), which two replicas never abort for each other:
+// every row it writes belongs to the new dialogue or its new message, and
+// unique keys decide between creates of one id (the second waits on the
+// first's insert of the dialogue, or of the message's body, and then finds
+// it taken: ErrAlreadyExists). The rows it shares, the recipients'
+// mailboxes, are locked in name order, as every mailbox append does. A
+// serializable writer of those mailboxes (AddMessage, FireTimers) that
+// overlaps it fails to serialize and is retried.
 func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.MessageWrite, bound mailbox.Bound) (store.Delivered, error) {
 	if err := ctx.Err(); err != nil {
 		return store.Delivered{}, err
 	}
 	w.Message.DialogueID = d.ID
 	var out store.Delivered
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO dialogues (id, data) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, d.ID, marshal(d))
 		if err != nil {
 			return err
@@ -416,24 +426,26 @@ func (s *Store) FinishRequest(ctx context.Context, sender, id string, result jso
 	})
 }
 
-// SweepRequests implements store.DialogueStore.
-func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+// SweepRequests implements store.DialogueStore: one DELETE of the oldest
+// due rows through the index dialogue_requests_by_start, skipping rows
+// another transaction holds.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE start_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE (sender, id) IN (
+  SELECT sender, id FROM dialogue_requests WHERE start_ns < $1 ORDER BY start_ns LIMIT $2 FOR UPDATE SKIP LOCKED)`, before.UnixNano(), limit)
 	if err != nil {
 		return 0, err
 	}
 	return int(tag.RowsAffected()), nil
 }
 
-// SweepDialogues implements store.DialogueStore. The dialogue tables keep
-// their records as JSON with no column for the close time or a message's
-// dialogue, so this reads them from the JSON: a scan of dialogues and of
-// dialogue_messages per sweep.
-// TODO(pg): columns and indexes for the close time and a message's
-// dialogue, so that a sweep reads only what it removes.
+// SweepDialogues implements store.DialogueStore. It reads the dialogues
+// to remove by the partial index on dialogues.sweep_at, and their messages
+// by the index on dialogue_messages.dialogue (migration 0012; a trigger
+// fills both columns from the JSON), so it reads only what it removes,
+// limit dialogues per call.
 func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -441,12 +453,7 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 	n := 0
 	err := s.db.Update(ctx, func(tx pgx.Tx) error {
 		n = 0
-		rows, err := tx.Query(ctx, `SELECT id FROM (
-  SELECT id, convert_from(data, 'UTF8')::jsonb AS d FROM dialogues) AS t
-WHERE COALESCE(CASE WHEN d->>'category' = 'subscription' THEN d->>'createTime'
-                    WHEN (d->>'closed')::boolean THEN COALESCE(d->>'closeTime', d->>'createTime') END,
-               'infinity')::timestamptz < $1
-ORDER BY id LIMIT $2`, before, limit)
+		rows, err := tx.Query(ctx, `SELECT id FROM dialogues WHERE sweep_at < $1 ORDER BY sweep_at, id LIMIT $2`, before, limit)
 		if err != nil {
 			return err
 		}
@@ -455,9 +462,8 @@ ORDER BY id LIMIT $2`, before, limit)
 			return err
 		}
 		for _, q := range []string{
-			`DELETE FROM dialogue_receipts WHERE message IN (
-  SELECT id FROM dialogue_messages WHERE convert_from(data, 'UTF8')::jsonb->>'dialogueId' = ANY($1))`,
-			`DELETE FROM dialogue_messages WHERE convert_from(data, 'UTF8')::jsonb->>'dialogueId' = ANY($1)`,
+			`DELETE FROM dialogue_receipts WHERE message IN (SELECT id FROM dialogue_messages WHERE dialogue = ANY($1))`,
+			`DELETE FROM dialogue_messages WHERE dialogue = ANY($1)`,
 			`DELETE FROM dialogue_participants WHERE dialogue = ANY($1)`,
 			`DELETE FROM dialogue_pairs WHERE dialogue = ANY($1)`,
 			`DELETE FROM offer_terms WHERE dialogue = ANY($1)`,

@@ -162,3 +162,100 @@ func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
 		}
 	}
 }
+
+// A database migrated to version 11 (the sweep read the dialogues' JSON)
+// gets 0012 on open, which fills dialogues.sweep_at and
+// dialogue_messages.dialogue: the sweep then removes the closed dialogue
+// and the broadcast with their messages and keeps the open one. Rows
+// written afterwards without those columns, as a replica still running the
+// previous binary writes them, get them from the trigger.
+func TestOpen_migration12FillsTheDialogueSweepColumns(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	upTo11 := fstest.MapFS{}
+	err := fs.WalkDir(migrationFiles, "migrations", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() >= "0012" {
+			return err
+		}
+		data, err := fs.ReadFile(migrationFiles, path)
+		upTo11[path] = &fstest.MapFile{Data: data}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	old, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: upTo11})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 12, 2, 10, 0, 0, 123456789, time.UTC)
+	const bob = "clients/b/agents/bob"
+	// oldWrite writes as the previous binary did: the JSON alone.
+	oldWrite := func(db *pgdb.DB, sql string, args ...any) {
+		t.Helper()
+		if _, err := db.Pool().Exec(ctx, sql, args...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dialogues := []store.Dialogue{
+		{ID: "closed", Category: "message", CreateTime: t0.Add(-time.Hour), Closed: true, CloseTime: t0},
+		{ID: "closed-long-ago", Category: "message", CreateTime: t0, Closed: true}, // before close times were kept
+		{ID: "broadcast", Category: "subscription", CreateTime: t0},
+		{ID: "open", Category: "message", CreateTime: t0},
+		{ID: "recent", Category: "message", CreateTime: t0, Closed: true, CloseTime: t0.Add(2 * time.Hour)},
+	}
+	for _, d := range dialogues {
+		oldWrite(old, `INSERT INTO dialogues (id, data) VALUES ($1, $2)`, d.ID, marshal(d))
+		m := store.DialogueMessage{ID: "m-" + d.ID, DialogueID: d.ID, Sender: bob, Type: "x", Time: t0}
+		oldWrite(old, `INSERT INTO dialogue_messages (id, data) VALUES ($1, $2)`, m.ID, marshal(m))
+		oldWrite(old, `INSERT INTO dialogue_receipts (message, agent) VALUES ($1, $2)`, m.ID, bob)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(ctx, url, schema, nil)
+	if err != nil {
+		t.Fatalf("Open(version 11): %v", err)
+	}
+	defer s.Close()
+	left := func() string {
+		t.Helper()
+		var out []string
+		for _, d := range dialogues {
+			_, errD := s.GetDialogue(ctx, d.ID)
+			_, errM := s.GetDialogueMessage(ctx, "m-"+d.ID)
+			if (errD == nil) != (errM == nil) {
+				t.Errorf("dialogue %s: GetDialogue = %v but GetDialogueMessage = %v; want both or neither", d.ID, errD, errM)
+			}
+			if errD == nil {
+				out = append(out, d.ID)
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	if n, err := s.SweepDialogues(ctx, t0.Add(time.Hour), 10); err != nil || n != 3 {
+		t.Errorf("SweepDialogues(t0+1h) after the migration = %d, %v; want 3", n, err)
+	}
+	if got := left(); got != "open recent" {
+		t.Errorf("dialogues left after the sweep = %q, want %q", got, "open recent")
+	}
+	// The previous binary, still running on another replica, closes
+	// "open" and adds a message to "recent".
+	closed := dialogues[3]
+	closed.Closed, closed.CloseTime = true, t0
+	oldWrite(s.db, `UPDATE dialogues SET data = $2 WHERE id = $1`, closed.ID, marshal(closed))
+	m := store.DialogueMessage{ID: "m-late", DialogueID: "recent", Sender: bob, Type: "x", Time: t0}
+	oldWrite(s.db, `INSERT INTO dialogue_messages (id, data) VALUES ($1, $2)`, m.ID, marshal(m))
+	if n, err := s.SweepDialogues(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("SweepDialogues(t0+1h) after an old replica closed one = %d, %v; want 1", n, err)
+	}
+	if n, err := s.SweepDialogues(ctx, t0.Add(3*time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("SweepDialogues(t0+3h) = %d, %v; want 1", n, err)
+	}
+	if got := left(); got != "" {
+		t.Errorf("dialogues left after the last sweep = %q, want none", got)
+	}
+	if _, err := s.GetDialogueMessage(ctx, "m-late"); err == nil {
+		t.Errorf("GetDialogueMessage(m-late) after its dialogue was swept = found, want not found")
+	}
+}

@@ -1,0 +1,95 @@
+package server
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+)
+
+// oneMessageSource is a mailbox with one message: a stream gets the
+// first, empty batch, the message, and then ends as taken over.
+type oneMessageSource struct{}
+
+func (oneMessageSource) acknowledge(context.Context, string, uint64) error { return nil }
+
+func (oneMessageSource) receive(_ context.Context, agent string, _ uint64, _ bool, send func([]*dispatcherv1.NetworkMessage) error) error {
+	if err := send(nil); err != nil {
+		return err
+	}
+	if err := send([]*dispatcherv1.NetworkMessage{{MessageId: "m1", Recipient: agent, Cursor: 1, BodyJson: []byte(`{}`)}}); err != nil {
+		return err
+	}
+	return status.Error(codes.Aborted, "a newer stream took over")
+}
+
+// The SSE handler writes the same stream on its three paths: an HTTP/1.1
+// connection it hijacks, HTTP/2 through net/http, and a ResponseWriter
+// that cannot be hijacked, through which the handler writes for the
+// stream.
+func TestSSEHandler_pathsWriteTheSameStream(t *testing.T) {
+	h := sseHandler{src: oneMessageSource{}, writeTimeout: 10 * time.Second, streams: &streamSet{}}
+	mux := http.NewServeMux()
+	mux.Handle(StreamPattern, h)
+	const path = "/v1/clients/acme/agents/bob/messages:stream"
+	check := func(t *testing.T, proto, contentType, body string) {
+		t.Helper()
+		if contentType != "text/event-stream" {
+			t.Errorf("%s: Content-Type %q, want text/event-stream", proto, contentType)
+		}
+		for _, want := range []string{": connected\n\n", "id: 1\nevent: message\ndata: {\"messageId\":\"m1\"", "event: end\ndata: {\"code\":\"Aborted\""} {
+			if !strings.Contains(body, want) {
+				t.Errorf("%s body lacks %q:\n%s", proto, want, body)
+			}
+		}
+	}
+	t.Run("HTTP/1.1, hijacked", func(t *testing.T) {
+		srv := httptest.NewServer(mux)
+		defer srv.Close()
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.ProtoMajor != 1 || !resp.Close || len(resp.TransferEncoding) != 0 {
+			t.Errorf("response %s, close %v, transfer encoding %v; want HTTP/1.1 closed, unchunked", resp.Proto, resp.Close, resp.TransferEncoding)
+		}
+		check(t, "HTTP/1.1", resp.Header.Get("Content-Type"), string(body))
+	})
+	t.Run("HTTP/2", func(t *testing.T) {
+		srv := httptest.NewUnstartedServer(mux)
+		srv.EnableHTTP2 = true
+		srv.StartTLS()
+		defer srv.Close()
+		resp, err := srv.Client().Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.ProtoMajor != 2 {
+			t.Errorf("response %s, want HTTP/2", resp.Proto)
+		}
+		check(t, "HTTP/2", resp.Header.Get("Content-Type"), string(body))
+	})
+	t.Run("no hijack", func(t *testing.T) {
+		rec := httptest.NewRecorder()
+		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+		check(t, "recorder", rec.Header().Get("Content-Type"), rec.Body.String())
+	})
+}
