@@ -402,7 +402,7 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 	if err := tx.Bucket(bucketDialogues).Delete([]byte(id)); err != nil {
 		return err
 	}
-	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs, bucketOfferTerms} {
+	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs, bucketOfferTerms, bucketTimerIDs} {
 		keys = keys[:0]
 		c := tx.Bucket(b).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
