@@ -179,6 +179,13 @@ func (r *Relay) Run(ctx context.Context) error {
 			backoff = min(2*backoff, r.opts.MaxBackoff)
 		}
 	}
+	// An earlier run stored a waiting notification only as its cursor
+	// passed it, after everything before it was appended, given up or
+	// stored: reading resumes after the last one stored, so one given up
+	// before the outbox was trimmed past it is not relayed anew.
+	for _, rt := range retries {
+		cursor = max(cursor, rt.n.GetSequence())
+	}
 	backoff = r.opts.Backoff
 	for ctx.Err() == nil {
 		retries = r.retryDue(ctx, retries)

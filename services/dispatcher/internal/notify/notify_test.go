@@ -399,6 +399,14 @@ func TestRelay_restartKeepsTheRetrySchedule(t *testing.T) {
 	mb, st := openMailboxes(t, dir, mailbox.Bound{MaxMessages: 1})
 	out.add("followed", bob)
 	out.add("unfollowed", bob) // refused, and bob never acknowledges
+	// The outbox is not trimmed past it before the stop (a crash can come
+	// first): the restart reads both again.
+	out.intercept = func(after uint64) error {
+		if after > 0 {
+			return errors.New("the registry is unreachable")
+		}
+		return nil
+	}
 	stop := startWith(t, out, mb, st, opts)
 	var waiting []notify.Waiting
 	waitFor(t, "bob's refused notification to wait in the store", func() bool {
@@ -414,7 +422,14 @@ func TestRelay_restartKeepsTheRetrySchedule(t *testing.T) {
 		t.Errorf("waiting = first %v, next %v, backoff %v; want the failure's time, a minute later, 2m", w.First, w.Next, w.Backoff)
 	}
 
+	if out.kept() != 2 {
+		t.Fatalf("the outbox keeps %d, want both, untrimmed", out.kept())
+	}
+
 	clk.add(61 * time.Minute) // past RetryFor since the first failure
+	out.mu.Lock()
+	out.intercept = nil
+	out.mu.Unlock()
 	mb, st = openMailboxes(t, dir, mailbox.Bound{MaxMessages: 1})
 	reg := prometheus.NewRegistry()
 	opts.Metrics = reg
@@ -425,6 +440,10 @@ func TestRelay_restartKeepsTheRetrySchedule(t *testing.T) {
 	}
 	if got := types(read(t, mb, bob)); !slices.Equal(got, []string{"followed"}) {
 		t.Errorf("bob's mailbox = %v, want only the first notification", got)
+	}
+	waitFor(t, "the outbox to be trimmed past the given-up notification", func() bool { return out.kept() == 0 })
+	if w, err := st.NotificationRetries(t.Context()); err != nil || len(w) != 0 {
+		t.Errorf("waiting once the outbox was read again = %+v, %v; want none: a given-up notification is not retried anew", w, err)
 	}
 }
 

@@ -14,9 +14,11 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
-// The dialogue store runs each method in one SERIALIZABLE transaction
-// (db.Update), so the checks a reply's plan makes against the dialogue
-// hold across replicas as they do on bbolt's single writer.
+// The dialogue store runs each method that decides from a dialogue's state
+// in one SERIALIZABLE transaction (db.Update), so the checks a reply's plan
+// makes against the dialogue hold across replicas as they do on bbolt's
+// single writer. CreateDialogue decides from nothing stored, so it runs at
+// READ COMMITTED (db.Write) with the mailboxes' row locks: see there.
 
 var _ store.DialogueStore = (*Store)(nil)
 
@@ -120,14 +122,22 @@ func messageTaken(ctx context.Context, tx pgx.Tx, id string) (bool, error) {
 	return taken, err
 }
 
-// CreateDialogue implements store.DialogueStore.
+// CreateDialogue implements store.DialogueStore, in one READ COMMITTED
+// transaction (db.Write), which two replicas never abort for each other:
+// every row it writes belongs to the new dialogue or its new message, and
+// unique keys decide between creates of one id (the second waits on the
+// first's insert of the dialogue, or of the message's body, and then finds
+// it taken: ErrAlreadyExists). The rows it shares, the recipients'
+// mailboxes, are locked in name order, as every mailbox append does. A
+// serializable writer of those mailboxes (AddMessage, FireTimers) that
+// overlaps it fails to serialize and is retried.
 func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.MessageWrite, bound mailbox.Bound) (store.Delivered, error) {
 	if err := ctx.Err(); err != nil {
 		return store.Delivered{}, err
 	}
 	w.Message.DialogueID = d.ID
 	var out store.Delivered
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `INSERT INTO dialogues (id, data) VALUES ($1, $2) ON CONFLICT (id) DO NOTHING`, d.ID, marshal(d))
 		if err != nil {
 			return err
@@ -416,12 +426,15 @@ func (s *Store) FinishRequest(ctx context.Context, sender, id string, result jso
 	})
 }
 
-// SweepRequests implements store.DialogueStore.
-func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+// SweepRequests implements store.DialogueStore: one DELETE of the oldest
+// due rows through the index dialogue_requests_by_start, skipping rows
+// another transaction holds.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE start_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE (sender, id) IN (
+  SELECT sender, id FROM dialogue_requests WHERE start_ns < $1 ORDER BY start_ns LIMIT $2 FOR UPDATE SKIP LOCKED)`, before.UnixNano(), limit)
 	if err != nil {
 		return 0, err
 	}

@@ -2,8 +2,11 @@ package pgstore_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
@@ -12,6 +15,7 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
 )
 
@@ -335,4 +339,77 @@ func TestListen_onASchemaOfTheLongestName(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("stream " + bob)
+}
+
+// Dialogues created at once through two replicas, each to its own
+// recipient and all to a shared one, all succeed: creates run at READ
+// COMMITTED and queue on the shared mailbox's row. Creates of one
+// dialogue id, or of one message id in two dialogues, racing through both
+// replicas store it once; the others get ErrAlreadyExists.
+func TestCreateDialogue_concurrentReplicas(t *testing.T) {
+	rs := replicas(t, 2)
+	const n = 32
+	const shared = "clients/c/agents/shared"
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	create := func(r *pgstore.Store, dialogue, message string, to ...string) error {
+		d := store.Dialogue{ID: dialogue, Initiator: "clients/c/agents/alice", Category: "message", CreateTime: t0}
+		m := store.DialogueMessage{ID: message, Sender: d.Initiator, Type: "new_message", Time: t0}
+		w := store.MessageWrite{Message: m, Recipients: to,
+			Pairs: []store.PairState{{Pair: store.Pair{A: d.Initiator, B: to[0]}, State: json.RawMessage(`{"s":1}`)}},
+			Mail:  mailbox.Message{Sender: d.Initiator, Category: mailbox.CategoryMessage, Type: m.Type, Body: []byte(`"hi"`), Time: t0}}
+		_, err := r.CreateDialogue(t.Context(), d, w, mailbox.Bound{})
+		return err
+	}
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			own := fmt.Sprintf("clients/c/agents/r%02d", i)
+			if err := create(rs[i%2], fmt.Sprintf("d%02d", i), fmt.Sprintf("m%02d", i), own, shared); err != nil {
+				t.Errorf("CreateDialogue #%d: %v", i, err)
+			}
+		})
+	}
+	var mu sync.Mutex
+	outcomes := map[string]int{}
+	for i := range 8 {
+		wg.Go(func() {
+			r := rs[i%2]
+			errSame := create(r, "same", fmt.Sprintf("same-m%d", i), shared)
+			errMsg := create(r, fmt.Sprintf("other%d", i), "same-message", shared)
+			mu.Lock()
+			defer mu.Unlock()
+			for what, err := range map[string]error{"dialogue": errSame, "message": errMsg} {
+				switch {
+				case err == nil:
+					outcomes[what+" created"]++
+				case errors.Is(err, store.ErrAlreadyExists):
+					outcomes[what+" exists"]++
+				default:
+					t.Errorf("CreateDialogue racing on one %s id: %v, want nil or ErrAlreadyExists", what, err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	want := map[string]int{"dialogue created": 1, "dialogue exists": 7, "message created": 1, "message exists": 7}
+	if !maps.Equal(outcomes, want) {
+		t.Errorf("creates racing on one id: %v, want %v", outcomes, want)
+	}
+	got, err := rs[0].ReadMailbox(t.Context(), shared, 0, 2*n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range got {
+		if d.Cursor != uint64(i+1) {
+			t.Fatalf("shared mailbox cursors %v…: want 1..%d", d.Cursor, len(got))
+		}
+	}
+	if len(got) != n+2 {
+		t.Errorf("shared mailbox holds %d messages, want %d", len(got), n+2)
+	}
+	for i := range n {
+		if _, err := rs[1].GetDialogue(t.Context(), fmt.Sprintf("d%02d", i)); err != nil {
+			t.Errorf("GetDialogue(d%02d) = %v", i, err)
+		}
+	}
 }
