@@ -53,6 +53,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Groups_failedUpdateWritesNothing", testGroupUpdateFailureWritesNothing},
 		{"Groups_searchSkipsPrivate", testSearchGroups},
 		{"Notifications_outbox", testNotificationOutbox},
+		{"Notifications_trimInBatches", testNotificationTrimBatches},
 		{"Groups_goWithTheirAgent", testGroupRecordsGoWithTheirAgent},
 	}
 	for _, tt := range tests {
