@@ -108,7 +108,10 @@ type Options struct {
 type Expiry struct {
 	Timer      store.Timer
 	Prev, Next json.RawMessage // the pair's state before and after
-	MessageID  string          // the expiry message's id
+	// Pair is Next, decoded: a hook with nothing to do for most pairs
+	// (Pair.Order false: no order formed) need not decode it again.
+	Pair      protocolcontrol.Pair
+	MessageID string // the expiry message's id
 }
 
 // Scheduler arms and fires deadlines.
@@ -385,7 +388,7 @@ func (s *Scheduler) tell(ctx context.Context, m *protocolcontrol.Machine, t stor
 	if !ok {
 		return e, nil
 	}
-	return e, s.opts.Expired(ctx, Expiry{Timer: t, Prev: state, Next: res.State, MessageID: ID(t)})
+	return e, s.opts.Expired(ctx, Expiry{Timer: t, Prev: state, Next: res.State, Pair: res.Pair, MessageID: ID(t)})
 }
 
 // Message is the message both agents of a pair get when its deadline
