@@ -124,6 +124,10 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 // Ping reports whether the database is open.
 func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
+// Commits reports the write transactions committed so far (each one
+// bbolt commit: two fdatasyncs, the data pages and then the meta page).
+func (s *Store) Commits() boltdb.CommitStats { return s.db.Commits() }
+
 // Close finishes queued writes and closes the database.
 func (s *Store) Close() error { return s.db.Close() }
 
