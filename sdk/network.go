@@ -36,6 +36,14 @@ type NetworkOptions struct {
 	// DedupWindow is how many recent message ids are remembered to drop
 	// redeliveries; 10,000.
 	DedupWindow int
+	// AckDelay is how long handled messages are gathered before one call
+	// acknowledges them all, apart from receiving, which does not wait
+	// for it; 50 ms. Each acknowledgement is a durable write on the
+	// server, so one per message would cost a disk sync per message.
+	// Until acknowledged, a message comes again only to a new agent (after
+	// a restart of this process); a reconnect resumes after the last
+	// message handled.
+	AckDelay time.Duration
 	// OnError hears handler errors, messages no route takes (ErrNoRoute)
 	// and failed connections before a reconnect; nil ignores them.
 	OnError func(error)
@@ -43,8 +51,9 @@ type NetworkOptions struct {
 
 // NetworkAgent receives an agent's network messages from its durable
 // mailbox and routes them to handlers: in mailbox order, one at a time,
-// each acknowledged once its handler returns. It reconnects with backoff,
-// resumes after the last cursor it handled, and drops redelivered ids.
+// each acknowledged after its handler returns (gathered for
+// NetworkOptions.AckDelay). It reconnects with backoff, resumes after the
+// last cursor it handled, and drops redelivered ids.
 type NetworkAgent struct {
 	name    string
 	client  dispatcherv1.DispatcherServiceClient
@@ -52,11 +61,14 @@ type NetworkAgent struct {
 	router  *Router
 	results *results
 
-	mu     sync.Mutex // guards cursor, seen, order, cleared
-	cursor uint64     // the last cursor handled
-	seen   map[string]struct{}
-	order  []string // seen's ids, oldest first
-	clear  bool     // ClearBacklog still to do
+	mu      sync.Mutex // guards cursor, handled, seen, order, clear
+	cursor  uint64     // the last cursor received
+	handled uint64     // the last cursor whose batch was handled: to acknowledge
+	seen    map[string]struct{}
+	order   []string // seen's ids, oldest first
+	clear   bool     // ClearBacklog still to do
+
+	acks sync.WaitGroup // the streams' acknowledgers, which Run waits for
 }
 
 // NewNetworkAgent returns the agent name (clients/{client}/agents/{agent})
@@ -79,6 +91,9 @@ func NewNetworkAgent(conn grpc.ClientConnInterface, name string, opts NetworkOpt
 	}
 	if opts.DedupWindow <= 0 {
 		opts.DedupWindow = 10_000
+	}
+	if opts.AckDelay <= 0 {
+		opts.AckDelay = 50 * time.Millisecond
 	}
 	return &NetworkAgent{
 		name: name, client: dispatcherv1.NewDispatcherServiceClient(conn), opts: opts, router: opts.Router,
@@ -133,6 +148,7 @@ func (a *NetworkAgent) report(err error) {
 // ErrNotAuthorized, or INVALID_ARGUMENT), or a takeover by another
 // connection (ErrReplaced). Anything else reconnects after a backoff.
 func (a *NetworkAgent) Run(ctx context.Context) error {
+	defer a.acks.Wait() // the last acknowledgements
 	backoff := a.opts.MinBackoff
 	for {
 		established, err := a.receive(ctx)
@@ -184,6 +200,10 @@ func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error
 	if err != nil {
 		return false, err
 	}
+	// The acknowledger ends with the stream, after a last
+	// acknowledgement, which a reconnect does not wait for; Run does.
+	handled := make(chan struct{}, 1)
+	a.acks.Go(func() { a.acknowledge(ctx, handled) })
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -204,10 +224,56 @@ func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error
 			a.handle(ctx, m)
 		}
 		last := resp.GetMessages()[len(resp.GetMessages())-1].GetCursor()
-		if _, err := a.client.AcknowledgeMessages(a.callContext(ctx), &dispatcherv1.AcknowledgeMessagesRequest{Agent: a.name, Cursor: last}); err != nil {
-			// Unacknowledged messages come again; their ids are dropped.
-			return established, err
+		a.mu.Lock()
+		a.handled = max(a.handled, last)
+		a.mu.Unlock()
+		select {
+		case handled <- struct{}{}:
+		default: // a wakeup is pending already
 		}
+	}
+}
+
+// acknowledge acknowledges the messages handled on one stream: after a
+// wakeup on handled, it waits AckDelay for more and acknowledges the last
+// handled cursor in one call. When ctx ends it acknowledges what is left
+// on a context of its own. A failure is reported; the next
+// acknowledgement covers those messages (unacknowledged ones come again
+// only to a new agent, which drops none it has not seen).
+func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{}) {
+	var acked uint64
+	send := func(ctx context.Context) error {
+		a.mu.Lock()
+		cursor := a.handled
+		a.mu.Unlock()
+		if cursor <= acked {
+			return nil
+		}
+		if _, err := a.client.AcknowledgeMessages(a.callContext(ctx), &dispatcherv1.AcknowledgeMessagesRequest{Agent: a.name, Cursor: cursor}); err != nil {
+			return err
+		}
+		acked = cursor
+		return nil
+	}
+	for {
+		select {
+		case <-handled:
+			t := time.NewTimer(a.opts.AckDelay)
+			select {
+			case <-t.C:
+				if err := send(ctx); err != nil && ctx.Err() == nil {
+					a.report(fmt.Errorf("acknowledge: %w", err))
+				}
+				continue
+			case <-ctx.Done():
+				t.Stop()
+			}
+		case <-ctx.Done():
+		}
+		last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = send(last) // the stream ended; a failure leaves them to come again
+		cancel()
+		return
 	}
 }
 

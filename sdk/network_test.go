@@ -147,6 +147,9 @@ type fakeMailbox struct {
 	dispatcherv1.UnimplementedDispatcherServiceServer
 	script []connScript
 
+	// ackGate, when set, holds each AcknowledgeMessages until it closes.
+	ackGate chan struct{}
+
 	mu       sync.Mutex
 	requests []*dispatcherv1.ReceiveMessagesRequest
 	acks     []uint64
@@ -177,7 +180,14 @@ func (f *fakeMailbox) ReceiveMessages(req *dispatcherv1.ReceiveMessagesRequest, 
 	return nil
 }
 
-func (f *fakeMailbox) AcknowledgeMessages(_ context.Context, req *dispatcherv1.AcknowledgeMessagesRequest) (*dispatcherv1.Mailbox, error) {
+func (f *fakeMailbox) AcknowledgeMessages(ctx context.Context, req *dispatcherv1.AcknowledgeMessagesRequest) (*dispatcherv1.Mailbox, error) {
+	if f.ackGate != nil {
+		select {
+		case <-f.ackGate:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.acks = append(f.acks, req.GetCursor())
@@ -394,5 +404,41 @@ func TestNewNetworkAgent_refusesBadInput(t *testing.T) {
 	defer conn.Close()
 	if _, err := sdk.NewNetworkAgent(conn, "", sdk.NetworkOptions{}); err == nil {
 		t.Error("NewNetworkAgent(empty name) = nil error")
+	}
+}
+
+// Receiving does not wait for acknowledgements: while the server holds
+// them, every batch is still handled; once it lets them through, the
+// handled messages are acknowledged in fewer calls than batches, the last
+// one naming the last cursor.
+func TestNetworkAgent_acknowledgesApartFromReceiving(t *testing.T) {
+	var batches [][]*dispatcherv1.NetworkMessage
+	for c := uint64(1); c <= 10; c++ {
+		batches = append(batches, msgs(c, c))
+	}
+	f := &fakeMailbox{script: []connScript{{send: batches}}, ackGate: make(chan struct{})}
+	a := newAgent(t, f, bob, sdk.NetworkOptions{AckDelay: 10 * time.Millisecond})
+	err := a.Handle(sdk.RouteKey{Type: "new_message", Category: sdk.CategoryMessage}, "inbox", func(_ context.Context, m sdk.Message) (any, error) {
+		return m.ID, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAgent(t, a)
+	defer stop()
+	for i := range 10 {
+		if _, err := a.Expect(t.Context(), "inbox", 30*time.Second); err != nil {
+			t.Fatalf("Expect #%d while acknowledgements are held: %v", i+1, err)
+		}
+	}
+	close(f.ackGate)
+	deadline := time.Now().Add(30 * time.Second) // bounds a broken run only
+	for f.lastAck() != 10 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.acks) == 0 || f.acks[len(f.acks)-1] != 10 || len(f.acks) >= 10 {
+		t.Errorf("acknowledged cursors %v, want fewer calls than the 10 batches, the last naming 10", f.acks)
 	}
 }

@@ -130,7 +130,15 @@ func run(stdout io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(os.Stderr, "parley, %d senders\n", n)
+		before, err := p.metrics(ctx, commitsMetric)
+		if err != nil {
+			return err
+		}
 		pr, err := p.load(ctx, n, *duration)
+		if err != nil {
+			return err
+		}
+		after, err := p.metrics(ctx, commitsMetric)
 		if err != nil {
 			return err
 		}
@@ -144,6 +152,10 @@ func run(stdout io.Writer) error {
 			}
 		}
 		fmt.Fprintf(stdout, "ratio parley/jetstream at %d senders: %.2f\n", n, pr.rate()/jr.rate())
+		if pr.msgs > 0 {
+			per := (after[0] - before[0]) / float64(pr.msgs)
+			fmt.Fprintf(stdout, "parley dispatcher.db commits per message received at %d senders: %.2f (fdatasyncs: %.2f)\n", n, per, 2*per)
+		}
 	}
 	if *idle > 0 {
 		for _, m := range []struct {
@@ -446,6 +458,10 @@ func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, 
 	return r, nil
 }
 
+// commitsMetric counts parley serve's commits to dispatcher.db, each with
+// two fdatasyncs.
+const commitsMetric = "parley_dispatcher_bbolt_commits_total"
+
 // growth is parley serve's growth per stream: bytes of its resident set
 // (/proc/PID/status VmRSS), of its Go heap and stacks in use, and
 // goroutines (/metrics).
@@ -482,40 +498,53 @@ func (p *parleyProc) perStream(ctx context.Context, n int, open func(context.Con
 // memory reads parley serve's resident set, and its Go heap and stacks in
 // use and goroutines from /metrics.
 func (p *parleyProc) memory(ctx context.Context) (growth, error) {
-	var g growth
 	r, err := rss(p.proc.PID)
 	if err != nil {
-		return g, err
+		return growth{}, err
 	}
-	g.rss = float64(r)
+	m, err := p.metrics(ctx, "go_memstats_heap_inuse_bytes", "go_memstats_stack_inuse_bytes", "go_goroutines")
+	if err != nil {
+		return growth{}, err
+	}
+	return growth{rss: float64(r), heap: m[0], stacks: m[1], goroutines: m[2]}, nil
+}
+
+// metrics reads samples without labels from parley serve's /metrics, in
+// the order of names; each must be there.
+func (p *parleyProc) metrics(ctx context.Context, names ...string) ([]float64, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+p.httpAddr+"/metrics", nil)
 	if err != nil {
-		return g, err
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+p.token)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		return g, err
+		return nil, err
 	}
 	defer resp.Body.Close()
-	found := 0
+	out := make([]float64, len(names))
+	found := make([]bool, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	for sc.Scan() {
-		for name, v := range map[string]*float64{"go_memstats_heap_inuse_bytes ": &g.heap, "go_memstats_stack_inuse_bytes ": &g.stacks, "go_goroutines ": &g.goroutines} {
-			if text, ok := strings.CutPrefix(sc.Text(), name); ok {
+		for i, name := range names {
+			if text, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 				f, err := strconv.ParseFloat(text, 64)
 				if err != nil {
-					return g, err
+					return nil, err
 				}
-				*v = f
-				found++
+				out[i], found[i] = f, true
 			}
 		}
 	}
-	if found != 3 {
-		return g, fmt.Errorf("/metrics (status %d) lacks go_memstats_heap_inuse_bytes, go_memstats_stack_inuse_bytes or go_goroutines", resp.StatusCode)
+	if err := sc.Err(); err != nil {
+		return nil, err
 	}
-	return g, sc.Err()
+	for i, ok := range found {
+		if !ok {
+			return nil, fmt.Errorf("/metrics (status %d) lacks %s", resp.StatusCode, names[i])
+		}
+	}
+	return out, nil
 }
 
 // createAgents creates agents kind0…kind(n-1) in client bench's group.

@@ -25,6 +25,11 @@
 // Each PostgreSQL configuration gets a fresh database, dropped at the end.
 // The server's fsync setting is printed: with fsync off, PostgreSQL's
 // commits skip the disk flush that every bbolt commit pays.
+//
+// -pin runs replica i of every configuration on CPU i modulo the CPU count
+// (taskset), PostgreSQL and the load generator staying free: on a machine
+// whose cores are all busy, a second replica then brings a core of its own,
+// as it would on its own host, instead of sharing the first's.
 package main
 
 import (
@@ -42,6 +47,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -75,6 +81,7 @@ var (
 	fanout      = flag.Int("fanout", 100, "recipients of each fan-out message")
 	only        = flag.String("only", "", "run only the phases whose name contains this (the table then lacks the others)")
 	parleyBin   = flag.String("parley", "", "parley binary (built from ./cmd/parley when empty)")
+	pin         = flag.Bool("pin", false, "run replica i on CPU i modulo the CPU count (taskset); PostgreSQL and the load run anywhere")
 )
 
 // result is one phase of one configuration in one round.
@@ -110,6 +117,14 @@ func run(stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
+	bins := []string{bin, bin} // replica i runs bins[i]
+	if *pin {
+		for i := range bins {
+			if bins[i], err = pinned(work, bin, i%runtime.NumCPU()); err != nil {
+				return err
+			}
+		}
+	}
 	var fsync string
 	if out, err := exec.Command("psql", *databaseURL, "-qAtc", "SHOW fsync").Output(); err == nil {
 		fsync = strings.TrimSpace(string(out))
@@ -127,7 +142,7 @@ func run(stdout io.Writer) error {
 	results := map[string]map[string][]result{}
 	for r := range *rounds {
 		for _, c := range configs {
-			rs, err := round(bin, filepath.Join(work, fmt.Sprintf("%d-%s", r, c.name)), c, phases)
+			rs, err := round(bins, filepath.Join(work, fmt.Sprintf("%d-%s", r, c.name)), c, phases)
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", r+1, c.name, err)
 			}
@@ -139,7 +154,11 @@ func run(stdout io.Writer) error {
 			}
 		}
 	}
-	fmt.Fprintf(stdout, "concurrency %d, %s per phase, %d rounds, PostgreSQL fsync=%s\n\n", *concurrency, *duration, *rounds, fsync)
+	pinning := ""
+	if *pin {
+		pinning = fmt.Sprintf(", replica i pinned to CPU i mod %d", runtime.NumCPU())
+	}
+	fmt.Fprintf(stdout, "concurrency %d, %s per phase, %d rounds, PostgreSQL fsync=%s%s\n\n", *concurrency, *duration, *rounds, fsync, pinning)
 	fmt.Fprintln(stdout, "| phase | bbolt req/s (p50 / p99) | pg×1 req/s (p50 / p99) | pg×2 req/s (p50 / p99) | pg×1 / bbolt | pg×2 / bbolt | pg×2 / pg×1 |")
 	fmt.Fprintln(stdout, "|---|---|---|---|---|---|---|")
 	for _, ph := range phases {
@@ -186,9 +205,21 @@ type config struct {
 	pg       bool
 }
 
-// round starts c on fresh storage under work, runs every phase and stops
-// it.
-func round(bin, work string, c config, phases []string) (map[string]result, error) {
+// pinned writes a script under work that runs bin on CPU cpu and returns
+// its path. The script and taskset exec, so the process id stays the
+// server's (its CPU is read by process id).
+func pinned(work, bin string, cpu int) (string, error) {
+	path := filepath.Join(work, fmt.Sprintf("parley-cpu%d", cpu))
+	script := fmt.Sprintf("#!/bin/sh\nexec taskset -c %d '%s' \"$@\"\n", cpu, strings.ReplaceAll(bin, "'", `'\''`))
+	if err := os.WriteFile(path, []byte(script), 0o700); err != nil { //nolint:gosec // an executable script, the harness's own
+		return "", err
+	}
+	return path, nil
+}
+
+// round starts c on fresh storage under work, replica i running bins[i],
+// runs every phase and stops it.
+func round(bins []string, work string, c config, phases []string) (map[string]result, error) {
 	ctx := context.Background()
 	var flags []string
 	if c.pg {
@@ -213,7 +244,7 @@ func round(bin, work string, c config, phases []string) (map[string]result, erro
 		if i > 0 {
 			extra = append(slices.Clone(flags), "--operator-token-file", token)
 		}
-		p, err := start(ctx, bin, filepath.Join(work, strconv.Itoa(i)), token, extra)
+		p, err := start(ctx, bins[i], filepath.Join(work, strconv.Itoa(i)), token, extra)
 		if err != nil {
 			return nil, err
 		}

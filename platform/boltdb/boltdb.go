@@ -13,7 +13,6 @@
 package boltdb
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -185,28 +184,4 @@ func (d *DB) countCommit() {
 	} else {
 		d.unsynced.Add(1)
 	}
-}
-
-// DeleteWhere deletes the keys of b for which match reports true, and
-// returns how many. It collects them first, then deletes: deleting while
-// walking a cursor skips keys. match's error stops it, with nothing
-// deleted.
-func DeleteWhere(b *Bucket, match func(k, v []byte) (bool, error)) (int, error) {
-	var keys [][]byte
-	err := b.ForEach(func(k, v []byte) error {
-		ok, err := match(k, v)
-		if ok {
-			keys = append(keys, bytes.Clone(k))
-		}
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	for _, k := range keys {
-		if err := b.Delete(k); err != nil {
-			return 0, err
-		}
-	}
-	return len(keys), nil
 }

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -211,6 +212,15 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	srv.Start(s.Stopping())
 	for _, c := range srv.Collectors() {
 		if err := s.Registry().Register(c); err != nil {
+			return err
+		}
+	}
+	if bs, ok := a.store.(*boltstore.Store); ok {
+		commits := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "parley_dispatcher_bbolt_commits_total",
+			Help: "Write transactions committed to dispatcher.db, each with two fdatasyncs (data pages, then the meta page); several writers' changes may share one (group commit).",
+		}, func() float64 { return float64(bs.Commits().Synced) })
+		if err := s.Registry().Register(commits); err != nil {
 			return err
 		}
 	}

@@ -379,3 +379,29 @@ func TestReceiveMessages_endsOnShutdown(t *testing.T) {
 	}
 	<-stopped
 }
+
+// parley_dispatcher_bbolt_commits_total counts dispatcher.db's commits:
+// a message appended to a mailbox is one more.
+func TestMetrics_countBboltCommits(t *testing.T) {
+	e := startDispatcherApp(t)
+	commits := func() float64 {
+		t.Helper()
+		_, body := httpDo(t, "GET", e.base+"/metrics", "")
+		for _, line := range strings.Split(body, "\n") {
+			if v, ok := strings.CutPrefix(line, "parley_dispatcher_bbolt_commits_total "); ok {
+				var f float64
+				if _, err := fmt.Sscan(v, &f); err != nil {
+					t.Fatal(err)
+				}
+				return f
+			}
+		}
+		t.Fatalf("GET /metrics lacks parley_dispatcher_bbolt_commits_total:\n%.2000s", body)
+		return 0
+	}
+	before := commits()
+	send(t, e.app, "m1", echo)
+	if after := commits(); after < before+1 {
+		t.Errorf("commits after an append = %v, want at least %v", after, before+1)
+	}
+}

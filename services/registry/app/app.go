@@ -215,8 +215,10 @@ func (a *App) every(name string, interval time.Duration, fn func(context.Context
 	})
 }
 
+// sweepRequests forgets the day-old request ids, store.SweepBatch per
+// transaction.
 func (a *App) sweepRequests(ctx context.Context) {
-	n, err := a.store.SweepRequests(ctx, time.Now().Add(-requestIDTTL))
+	n, err := store.SweepAllRequests(ctx, a.store, time.Now().Add(-requestIDTTL))
 	if err != nil && ctx.Err() == nil {
 		a.logger.WarnContext(ctx, "request id sweep failed; retrying next time", slog.Any("err", err))
 		return

@@ -34,6 +34,7 @@
 package deadline
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -107,7 +108,10 @@ type Options struct {
 type Expiry struct {
 	Timer      store.Timer
 	Prev, Next json.RawMessage // the pair's state before and after
-	MessageID  string          // the expiry message's id
+	// Pair is Next, decoded: a hook with nothing to do for most pairs
+	// (Pair.Order false: no order formed) need not decode it again.
+	Pair      protocolcontrol.Pair
+	MessageID string // the expiry message's id
 }
 
 // Scheduler arms and fires deadlines.
@@ -269,6 +273,7 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		errs     []error
 		machines = map[string]*protocolcontrol.Machine{}
 		ready    = make([]store.Timer, 0, len(due))
+		told     = make(map[store.Timer]expiring, len(due))
 	)
 	for _, t := range due {
 		m, ok := machines[t.Protocol]
@@ -286,10 +291,14 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 			failed = append(failed, t)
 			continue
 		}
-		if err := s.tell(ctx, m, t, now); err != nil {
+		e, err := s.tell(ctx, m, t, now)
+		if err != nil {
 			errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
 			failed = append(failed, t)
 			continue
+		}
+		if e.state != nil {
+			told[t] = e
 		}
 		ready = append(ready, t)
 	}
@@ -298,12 +307,24 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 	// so), and a rewrite would cost a page of a large tree per expiry.
 	expires := make(map[store.Timer]bool, len(ready))
 	done, err := s.store.FireTimers(ctx, ready, s.mail.Bound(), func(t store.Timer, state json.RawMessage) (store.TimerFiring, error) {
-		res, ok, err := machines[t.Protocol].Expire(state, t.Name, now)
-		if err != nil || !ok {
-			return store.TimerFiring{}, err
+		var (
+			p  protocolcontrol.Pair
+			ok bool
+		)
+		if e, seen := told[t]; seen && bytes.Equal(e.state, state) {
+			p, ok = e.res.Pair, e.fired // as tell found it: decoded once
+		} else {
+			res, fired, err := machines[t.Protocol].Expire(state, t.Name, now)
+			if err != nil {
+				return store.TimerFiring{}, err
+			}
+			p, ok = res.Pair, fired
+		}
+		if !ok {
+			return store.TimerFiring{}, nil
 		}
 		expires[t] = true
-		return store.TimerFiring{Mail: Message(t, res.Pair), Recipients: []string{t.Initiator, t.Counterpart}}, nil
+		return store.TimerFiring{Mail: Message(t, p), Recipients: []string{t.Initiator, t.Counterpart}}, nil
 	})
 	if done == nil && err != nil {
 		return 0, nil, errors.Join(append(errs, err)...)
@@ -340,38 +361,60 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 	return expired, failed, errors.Join(errs...)
 }
 
-// tell tells Options.Expired of t's expiry, when t expires its pair.
-func (s *Scheduler) tell(ctx context.Context, m *protocolcontrol.Machine, t store.Timer, now time.Time) error {
+// expiring is what tell found of a timer's pair: its state and what
+// expiring it does.
+type expiring struct {
+	state json.RawMessage // nil when tell read nothing
+	res   protocolcontrol.Result
+	fired bool
+}
+
+// tell tells Options.Expired of t's expiry, when t expires its pair, and
+// returns what it found (nothing without Options.Expired), so that the
+// firing need not decode the same state again.
+func (s *Scheduler) tell(ctx context.Context, m *protocolcontrol.Machine, t store.Timer, now time.Time) (expiring, error) {
 	if s.opts.Expired == nil {
-		return nil
+		return expiring{}, nil
 	}
 	state, err := s.store.PairState(ctx, t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
-	if err != nil {
-		return err
+	if err != nil || state == nil {
+		return expiring{}, err
 	}
 	res, ok, err := m.Expire(state, t.Name, now)
-	if err != nil || !ok {
-		return err
+	if err != nil {
+		return expiring{}, err
 	}
-	return s.opts.Expired(ctx, Expiry{Timer: t, Prev: state, Next: res.State, MessageID: ID(t)})
+	e := expiring{state: state, res: res, fired: ok}
+	if !ok {
+		return e, nil
+	}
+	return e, s.opts.Expired(ctx, Expiry{Timer: t, Prev: state, Next: res.State, Pair: res.Pair, MessageID: ID(t)})
 }
 
 // Message is the message both agents of a pair get when its deadline
 // expires: type "<name>_expired", category service, from the network. Its
 // id is derived from the timer, so appending it twice is refused.
 func Message(t store.Timer, p protocolcontrol.Pair) mailbox.Message {
-	body, _ := json.Marshal(map[string]any{
-		"deadline":     t.Name,
-		"deadlineTime": t.At.UTC().Format(time.RFC3339),
-		"initiator":    t.Initiator,
-		"counterpart":  t.Counterpart,
-		"state":        p.State,
-		"outcome":      p.Outcome,
+	// A struct, its fields in name order (the order a map marshalled in
+	// before), is cheaper to marshal than a map: once per expiry.
+	body, _ := json.Marshal(expiryBody{
+		Counterpart: t.Counterpart, Deadline: t.Name, DeadlineTime: t.At.UTC().Format(time.RFC3339),
+		Initiator: t.Initiator, Outcome: string(p.Outcome), State: p.State,
 	})
 	return mailbox.Message{
 		ID: ID(t), DialogueID: t.Dialogue, Category: mailbox.CategoryService, Type: t.Name + "_expired",
 		Protocol: t.Protocol, Body: body, Time: t.At.UTC(),
 	}
+}
+
+// expiryBody is an expiry message's body.
+type expiryBody struct {
+	Counterpart  string `json:"counterpart"`
+	Deadline     string `json:"deadline"`
+	DeadlineTime string `json:"deadlineTime"`
+	Initiator    string `json:"initiator"`
+	Outcome      string `json:"outcome"`
+	State        string `json:"state"`
 }
 
 // ID is the expiry message's id for t: the deadline's time (8 bytes of

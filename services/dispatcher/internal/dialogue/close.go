@@ -101,22 +101,10 @@ func union(a, b []string) []string {
 	return out
 }
 
-// sweepBatch bounds the dialogues one sweep transaction removes, so that a
-// backlog never makes one long write.
-const sweepBatch = 100
-
 // SweepDialogues removes the dialogues closed (broadcasts: sent) longer
-// than Options.Retention ago, in transactions of at most sweepBatch, and
-// returns how many it removed. Their messages stay in the mailboxes until
-// compaction; a reply to one is refused as not received.
+// than Options.Retention ago, in transactions of at most store.SweepBatch,
+// and returns how many it removed. Their messages stay in the mailboxes
+// until compaction; a reply to one is refused as not received.
 func (s *Service) SweepDialogues(ctx context.Context) (int, error) {
-	before := s.opts.Now().Add(-s.opts.Retention)
-	total := 0
-	for {
-		n, err := s.store.SweepDialogues(ctx, before, sweepBatch)
-		total += n
-		if err != nil || n < sweepBatch {
-			return total, err
-		}
-	}
+	return store.SweepInBatches(ctx, s.opts.Now().Add(-s.opts.Retention), s.store.SweepDialogues)
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // ErrRequestInProgress is returned while a send with the same request_id
@@ -62,8 +63,8 @@ func (s *Service) once(ctx context.Context, sender, requestID string, send func(
 	return res, sendErr
 }
 
-// SweepRequests forgets request_ids older than RequestRetention and
-// returns how many.
+// SweepRequests forgets request_ids older than RequestRetention, in
+// transactions of at most store.SweepBatch, and returns how many.
 func (s *Service) SweepRequests(ctx context.Context) (int, error) {
-	return s.store.SweepRequests(ctx, s.opts.Now().Add(-RequestRetention))
+	return store.SweepInBatches(ctx, s.opts.Now().Add(-RequestRetention), s.store.SweepRequests)
 }

@@ -40,7 +40,7 @@ const RequestRetention = 24 * time.Hour
 
 // SweepBatch bounds the payments, and the request ids, that one sweep
 // transaction removes, so that a backlog never makes one long write.
-const SweepBatch = 100
+const SweepBatch = store.SweepBatch
 
 // NewLedger returns a Ledger keeping payments in st within limits, naming
 // them with newID (unguessable ids) and stamping them with now.
@@ -100,25 +100,12 @@ func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price, r
 // It returns how many payments it removed.
 func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 	now := l.now()
-	_, err := sweepBatches(ctx, now.Add(-RequestRetention), l.store.SweepPaymentRequests)
+	_, err := store.SweepInBatches(ctx, now.Add(-RequestRetention), l.store.SweepPaymentRequests)
 	if l.limits.Retention <= 0 {
 		return 0, err
 	}
-	n, perr := sweepBatches(ctx, now.Add(-l.limits.Retention), l.store.SweepPayments)
+	n, perr := store.SweepInBatches(ctx, now.Add(-l.limits.Retention), l.store.SweepPayments)
 	return n, errors.Join(err, perr)
-}
-
-// sweepBatches calls sweep for at most SweepBatch at a time until a call
-// removes fewer, and returns how many the calls removed.
-func sweepBatches(ctx context.Context, before time.Time, sweep func(context.Context, time.Time, int) (int, error)) (int, error) {
-	total := 0
-	for {
-		n, err := sweep(ctx, before, SweepBatch)
-		total += n
-		if err != nil || n < SweepBatch {
-			return total, err
-		}
-	}
 }
 
 // Capture moves a reserved payment to its payee; capturing a captured one

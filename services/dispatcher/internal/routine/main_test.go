@@ -49,8 +49,12 @@ func rogueWorker(t *testing.T, mode string) string {
 	return path
 }
 
-// slowStart is how long a "slowstart" rogue worker takes to start.
-const slowStart = 500 * time.Millisecond
+// slowStart is how long a "slowstart" rogue worker takes to start. The
+// tests give calls a fifth of it as their budget: long enough that a
+// loaded machine's scheduling alone does not use it up (at 500 ms, a
+// 100 ms budget failed under a load average of 17 on 2 cores), short
+// enough that counting the start against it fails them.
+const slowStart = 2 * time.Second
 
 // serveRogue is a worker that says hello and then, in mode "compile",
 // answers the first program with a frame announcing 200 MiB, or in mode

@@ -13,6 +13,8 @@ import (
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
+	"github.com/parleyhq/parley/services/dispatcher/internal/order"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // A deadline that passes unmet has lapsed (issue 14, socontra.md sections
@@ -201,6 +203,13 @@ func TestServiceDeadlines_lapseEndsThePairAtItsInstant(t *testing.T) {
 			e.refusedWith("the late "+tt.late.typ+" after the expiry", err, sender(tt.late), "DEADLINE_PASSED", tt.deadline)
 
 			checkOrder("after the expiry")
+			if tt.order != 0 {
+				// Recorded by the firing, not only read so.
+				stored, err := e.srv.opts.Orders.GetOrder(t.Context(), order.ID(open.GetDialogueId(), netBob))
+				if n := len(stored.Transitions); err != nil || n == 0 || stored.Transitions[n-1].Type != tt.deadline+"_expired" || stored.State != store.OrderFailed {
+					t.Errorf("stored order after the expiry = %+v, %v; want FAILED with the expiry recorded last", stored, err)
+				}
+			}
 
 			// The pair has ended: the consumer's close withdraws nothing from bob.
 			if _, err := e.client.CloseDialogue(t.Context(), &dispatcherv1.CloseDialogueRequest{Name: netAlice + "/dialogues/" + open.GetDialogueId()}); err != nil {

@@ -308,9 +308,10 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // expired" rather than 404. It also forgets the day-old request_ids of
 // network sends and of CreatePayment, and removes the dialogues closed longer than
 // DialogueRetention ago and the payments not reserved and unchanged for
-// PaymentRetention. app runs it periodically.
+// PaymentRetention. Each removes at most store.SweepBatch per transaction.
+// app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
-	n, err := s.store.SweepConversations(ctx, s.opts.Now().Add(-24*time.Hour))
+	n, err := store.SweepInBatches(ctx, s.opts.Now().Add(-24*time.Hour), s.store.SweepConversations)
 	if s.dialogues != nil {
 		_, rerr := s.dialogues.SweepRequests(ctx)
 		_, derr := s.dialogues.SweepDialogues(ctx)

@@ -56,8 +56,8 @@ func orderWrite(m dialogue.PairMove) (*store.OrderWrite, error) {
 
 // expired records a deadline's expiry on the pair's order.
 func (o pairObserver) expired(ctx context.Context, x deadline.Expiry) error {
-	if o.orders == nil {
-		return nil
+	if o.orders == nil || !x.Pair.Order {
+		return nil // no order: nothing to record (order.Plan would decode both states to say so)
 	}
 	_, _, err := o.orders.Record(ctx, order.Event{
 		Dialogue: x.Timer.Dialogue, Protocol: x.Timer.Protocol, Consumer: x.Timer.Initiator, Supplier: x.Timer.Counterpart,

@@ -68,6 +68,7 @@ type serviceEnv struct {
 	*netEnv
 	sreg   *serviceRegistry
 	srv    *Server
+	st     *boltstore.Store
 	clock  *fakeClock
 	hashes map[string]string // protocol name → hash
 }
@@ -120,7 +121,7 @@ func startServiceWith(t *testing.T, base Options) *serviceEnv {
 	return &serviceEnv{
 		sreg:   reg,
 		netEnv: &netEnv{t: t, reg: reg.followRegistry, client: dispatcherv1.NewDispatcherServiceClient(conn), mail: mb},
-		srv:    srv, clock: clock, hashes: hashes,
+		srv:    srv, st: st, clock: clock, hashes: hashes,
 	}
 }
 

@@ -188,7 +188,9 @@ type DialogueStore interface {
 	// FinishRequest marks the request done with result; a nil result
 	// forgets the request, so that a repeat runs again.
 	FinishRequest(ctx context.Context, sender, id string, result json.RawMessage) error
-	// SweepRequests removes requests started before before and returns
-	// how many.
-	SweepRequests(ctx context.Context, before time.Time) (int, error)
+	// SweepRequests removes at most limit of the requests started before
+	// before, the oldest first, in one transaction, and returns how many
+	// it removed: fewer than limit when no more are due (or being changed,
+	// as in SweepConversations). It reads only what it removes.
+	SweepRequests(ctx context.Context, before time.Time, limit int) (int, error)
 }

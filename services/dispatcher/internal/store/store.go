@@ -82,9 +82,12 @@ type Store interface {
 	UpdateConversation(ctx context.Context, id string, mutate func(*Conversation) error) error
 	// DeleteConversation removes a conversation; ErrNotFound when absent.
 	DeleteConversation(ctx context.Context, id string) error
-	// SweepConversations removes conversations that expired before before
-	// and returns how many.
-	SweepConversations(ctx context.Context, before time.Time) (int, error)
+	// SweepConversations removes at most limit of the conversations that
+	// expired before before, the earliest first, in one transaction, and
+	// returns how many it removed: fewer than limit when no more are due,
+	// or (PostgreSQL) when the others due are being changed at that
+	// moment. It reads only what it removes.
+	SweepConversations(ctx context.Context, before time.Time, limit int) (int, error)
 
 	// CountSend adds one conversation to (agent, task, target).
 	CountSend(ctx context.Context, agent, task, target string, withProtocol bool) error

@@ -42,6 +42,7 @@ const (
 	maxPayment               = 512
 	maxNotificationsWait     = 30 // seconds
 	defaultNotificationsPage = 100
+	notificationsTrimBatch   = 1000             // dropped per transaction by a trim
 	resolveTimeout           = 10 * time.Second // one ResolveRecipients
 )
 

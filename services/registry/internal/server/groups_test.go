@@ -40,3 +40,35 @@ func TestSearchGroups_stopsAt350Results(t *testing.T) {
 		t.Errorf("SearchGroups over 400 matches returned %d groups in %d pages, want 350 in 4", total, pages)
 	}
 }
+
+// TestListNotifications_trimsAMoreThanOneBatchBacklog trims through more
+// notifications than one trim transaction drops: all of them go, so the
+// oldest kept is the one after trim_through.
+func TestListNotifications_trimsAMoreThanOneBatchBacklog(t *testing.T) {
+	s := newKeyServer(t, Options{})
+	const backlog = 2*notificationsTrimBatch + 1
+	err := s.store.UpdateGroups(t.Context(), func(w store.GroupWriter) error {
+		for i := range backlog + 1 {
+			if err := w.Notify(&registryv1.Notification{Type: "removed_from_group", Recipient: "clients/acme/agents/a", Group: fmt.Sprint("acme/g", i)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _, err := s.store.ListNotifications(t.Context(), 0, 1)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("ListNotifications(0, 1) = %v, %v", first, err)
+	}
+	through := first[0].GetSequence() + backlog - 1
+	resp, err := s.ListNotifications(asOperator(t.Context()), &registryv1.ListNotificationsRequest{After: through, TrimThrough: through})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetFirstSequence() != through+1 || len(resp.GetNotifications()) != 1 {
+		t.Errorf("ListNotifications(trim through the backlog) = first sequence %d, %d notifications; want %d, 1",
+			resp.GetFirstSequence(), len(resp.GetNotifications()), through+1)
+	}
+}

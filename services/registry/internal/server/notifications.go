@@ -53,7 +53,7 @@ func (s *Server) ListNotifications(ctx context.Context, req *registryv1.ListNoti
 		return nil, err
 	}
 	if t := req.GetTrimThrough(); t > 0 {
-		if err := s.store.TrimNotifications(ctx, min(t, req.GetAfter())); err != nil {
+		if err := s.trimNotifications(ctx, min(t, req.GetAfter())); err != nil {
 			return nil, s.toStatus(ctx, err)
 		}
 	}
@@ -74,6 +74,20 @@ func (s *Server) ListNotifications(ctx context.Context, req *registryv1.ListNoti
 			wait = 0 // one last read, then answer
 		case <-ctx.Done():
 			return nil, s.toStatus(ctx, ctx.Err())
+		}
+	}
+}
+
+// trimNotifications drops the outbox's notifications through through, in
+// transactions of at most notificationsTrimBatch, so that a reader that
+// trims a long backlog at once never makes one long write. It trims all of
+// them: the dispatcher's relay reads on from the oldest kept after a
+// restart.
+func (s *Server) trimNotifications(ctx context.Context, through uint64) error {
+	for {
+		n, err := s.store.TrimNotifications(ctx, through, notificationsTrimBatch)
+		if err != nil || n < notificationsTrimBatch {
+			return err
 		}
 	}
 }

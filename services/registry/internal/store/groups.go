@@ -96,9 +96,11 @@ type GroupStore interface {
 	// above after, at most limit, and the oldest sequence kept (0 when
 	// the outbox has never held one).
 	ListNotifications(ctx context.Context, after uint64, limit int) (notes []*registryv1.Notification, first uint64, err error)
-	// TrimNotifications drops the notifications up to and including
-	// through.
-	TrimNotifications(ctx context.Context, through uint64) error
+	// TrimNotifications drops at most limit of the notifications up to
+	// and including through, the oldest first, in one transaction, and
+	// returns how many it dropped: fewer than limit when no more are due,
+	// or (PostgreSQL) when the others are being changed at that moment.
+	TrimNotifications(ctx context.Context, through uint64, limit int) (int, error)
 }
 
 // MaxOutbox is how many notifications the outbox keeps by default:

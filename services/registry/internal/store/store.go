@@ -157,9 +157,12 @@ type Store interface {
 
 	GroupStore
 
-	// SweepRequests forgets request ids recorded before t and returns how
-	// many it dropped.
-	SweepRequests(ctx context.Context, before time.Time) (int, error)
+	// SweepRequests forgets at most limit of the request ids recorded
+	// before t, the oldest first, in one transaction, and returns how many
+	// it dropped: fewer than limit when no more are due, or (PostgreSQL)
+	// when the others due are being changed at that moment. It reads only
+	// what it drops.
+	SweepRequests(ctx context.Context, before time.Time, limit int) (int, error)
 }
 
 // Matches reports whether p's title, description or one of its tags

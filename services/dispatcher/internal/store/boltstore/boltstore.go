@@ -41,9 +41,14 @@ var (
 	bucketPeerConversations = []byte("peer_conversations")
 	// bucketSendCounts: agent + 0x00 + task + 0x00 + target → JSON counts.
 	bucketSendCounts = []byte("send_counts")
+	// bucketSweepConversations: 8-byte big-endian expiry (Unix
+	// nanoseconds) + conversation id → empty, one per conversation
+	// (schema version 9), so that SweepConversations walks only what it
+	// removes.
+	bucketSweepConversations = []byte("conversations_sweep")
 )
 
-var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts},
+var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTools, bucketConversations, bucketPeerConversations, bucketSendCounts, bucketSweepConversations},
 	mailboxBuckets...)
 
 // schemaVersion 2 added the dialogue indexes (dialogue_message_index,
@@ -52,9 +57,11 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // 5 the payments' sweep index (payments_sweep), 6 the request ids'
 // (payment_requests_sweep), and 7 the notifications waiting for a retry
 // (notification_retries, empty when created: until then they waited in
-// the registry's outbox); 8 keyed offer_terms by message; migrate builds
-// the others from the older records.
-const schemaVersion = 8
+// the registry's outbox); 8 keyed offer_terms by message; 9 added the
+// sweep indexes of conversations (conversations_sweep) and of dialogue
+// request ids (dialogue_requests_sweep); migrate builds the others from
+// the older records.
+const schemaVersion = 9
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
@@ -78,7 +85,15 @@ func migrate(tx *bolt.Tx, from int) error {
 		}
 	}
 	if from < 8 {
-		return migrateOfferTerms(tx)
+		if err := migrateOfferTerms(tx); err != nil {
+			return err
+		}
+	}
+	if from < 9 {
+		if err := migrateConversationSweepIndex(tx); err != nil {
+			return err
+		}
+		return migrateRequestSweepIndex(tx)
 	}
 	return nil
 }
@@ -108,6 +123,10 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 
 // Ping reports whether the database is open.
 func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
+
+// Commits reports the write transactions committed so far (each one
+// bbolt commit: two fdatasyncs, the data pages and then the meta page).
+func (s *Store) Commits() boltdb.CommitStats { return s.db.Commits() }
 
 // Close finishes queued writes and closes the database.
 func (s *Store) Close() error { return s.db.Close() }
@@ -315,8 +334,17 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, ma
 		if err := idx.Put(peerKey(c.Peer, c.ID), expiryBytes(c.ExpireTime)); err != nil {
 			return err
 		}
+		if err := tx.Bucket(bucketSweepConversations).Put(conversationSweepKey(c.ID, c.ExpireTime), nil); err != nil {
+			return err
+		}
 		return convs.Put([]byte(c.ID), data)
 	})
+}
+
+// conversationSweepKey is the key in bucketSweepConversations of
+// conversation id expiring at exp.
+func conversationSweepKey(id string, exp time.Time) []byte {
+	return append(expiryBytes(exp), id...)
 }
 
 // GetConversation implements store.Store.
@@ -350,6 +378,7 @@ func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*
 		if err := json.Unmarshal(v, &c); err != nil {
 			return err
 		}
+		old := c
 		if err := mutate(&c); err != nil {
 			return err
 		}
@@ -357,7 +386,19 @@ func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*
 		if err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketPeerConversations).Put(peerKey(c.Peer, c.ID), expiryBytes(c.ExpireTime)); err != nil {
+		peers, sweep := tx.Bucket(bucketPeerConversations), tx.Bucket(bucketSweepConversations)
+		if old.Peer != c.Peer {
+			if err := peers.Delete(peerKey(old.Peer, id)); err != nil {
+				return err
+			}
+		}
+		if err := sweep.Delete(conversationSweepKey(id, old.ExpireTime)); err != nil {
+			return err
+		}
+		if err := peers.Put(peerKey(c.Peer, id), expiryBytes(c.ExpireTime)); err != nil {
+			return err
+		}
+		if err := sweep.Put(conversationSweepKey(id, c.ExpireTime), nil); err != nil {
 			return err
 		}
 		return convs.Put([]byte(id), data)
@@ -379,41 +420,48 @@ func (s *Store) DeleteConversation(ctx context.Context, id string) error {
 		if err := json.Unmarshal(v, &c); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketPeerConversations).Delete(peerKey(c.Peer, c.ID)); err != nil {
-			return err
-		}
-		return convs.Delete([]byte(id))
+		return deleteConversation(tx, id, c)
 	})
 }
 
-// SweepConversations implements store.Store.
-func (s *Store) SweepConversations(ctx context.Context, before time.Time) (int, error) {
+// deleteConversation removes conversation id, c, and its index entries.
+func deleteConversation(tx *bolt.Tx, id string, c store.Conversation) error {
+	if err := tx.Bucket(bucketPeerConversations).Delete(peerKey(c.Peer, id)); err != nil {
+		return err
+	}
+	if err := tx.Bucket(bucketSweepConversations).Delete(conversationSweepKey(id, c.ExpireTime)); err != nil {
+		return err
+	}
+	return tx.Bucket(bucketConversations).Delete([]byte(id))
+}
+
+// SweepConversations implements store.Store: it walks
+// bucketSweepConversations from the earliest expiry.
+func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		convs := tx.Bucket(bucketConversations)
-		var dead []store.Conversation
-		err := convs.ForEach(func(_, v []byte) error {
-			var c store.Conversation
-			if err := json.Unmarshal(v, &c); err != nil {
-				return err
-			}
-			if c.ExpireTime.Before(before) {
-				dead = append(dead, c)
-			}
-			return nil
-		})
-		if err != nil {
-			return err
+		n = 0
+		sweep := tx.Bucket(bucketSweepConversations)
+		var dead [][]byte // collected first: never delete while walking a cursor
+		c, cut := sweep.Cursor(), before.UnixNano()
+		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(dead) < limit; k, _ = c.Next() {
+			dead = append(dead, bytes.Clone(k))
 		}
-		idx := tx.Bucket(bucketPeerConversations)
-		for _, c := range dead {
-			if err := idx.Delete(peerKey(c.Peer, c.ID)); err != nil {
-				return err
+		convs := tx.Bucket(bucketConversations)
+		for _, k := range dead {
+			var conv store.Conversation
+			if v := convs.Get(k[8:]); v != nil {
+				if err := json.Unmarshal(v, &conv); err != nil {
+					return err
+				}
+				if err := deleteConversation(tx, string(k[8:]), conv); err != nil {
+					return err
+				}
 			}
-			if err := convs.Delete([]byte(c.ID)); err != nil {
+			if err := sweep.Delete(k); err != nil {
 				return err
 			}
 		}
@@ -421,6 +469,19 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time) (int, 
 		return nil
 	})
 	return n, err
+}
+
+// migrateConversationSweepIndex builds bucketSweepConversations (schema
+// version 9) from bucketConversations.
+func migrateConversationSweepIndex(tx *bolt.Tx) error {
+	sweep := tx.Bucket(bucketSweepConversations)
+	return tx.Bucket(bucketConversations).ForEach(func(k, v []byte) error {
+		var c store.Conversation
+		if err := json.Unmarshal(v, &c); err != nil {
+			return err
+		}
+		return sweep.Put(conversationSweepKey(string(k), c.ExpireTime), nil)
+	})
 }
 
 type sendCount struct {

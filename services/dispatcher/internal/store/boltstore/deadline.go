@@ -23,7 +23,10 @@ var (
 	// prefix walk from the start.
 	bucketTimers = []byte("timers")
 	// bucketTimerIDs: dialogue + 0x00 + counterpart + 0x00 + name → the
-	// timer's key in bucketTimers, to replace a timer set again.
+	// timer's key in bucketTimers, to replace a timer set again. Firing a
+	// timer leaves its entry (deleting it would rewrite a random page of
+	// this index per expiry); the key then finds nothing, and the entry
+	// goes with its dialogue (SweepDialogues).
 	bucketTimerIDs = []byte("timer_ids")
 )
 
@@ -166,7 +169,7 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 	)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		fired, errs = fired[:0], errs[:0] // the committer may run this again
-		tb, ids, pairs := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs), tx.Bucket(bucketDialoguePairs)
+		tb, pairs := tx.Bucket(bucketTimers), tx.Bucket(bucketDialoguePairs)
 		for _, t := range timers {
 			k := timerKey(t)
 			if tb.Get(k) == nil {
@@ -199,9 +202,6 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 				}
 			}
 			if err := tb.Delete(k); err != nil {
-				return err
-			}
-			if err := ids.Delete(timerID(t)); err != nil {
 				return err
 			}
 			fired = append(fired, out)

@@ -9,7 +9,6 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
-	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -44,12 +43,16 @@ var (
 	// dialogue id → empty, the dialogues SweepDialogues removes, oldest
 	// first (schema 2). Broadcasts are entered at their creation.
 	bucketDialoguesClosed = []byte("dialogues_closed")
+	// bucketSweepDialogueRequests: 8-byte big-endian start time (Unix ns)
+	// + the bucketDialogueRequests key → empty, one per request (schema
+	// 9), so that SweepRequests walks only what it removes.
+	bucketSweepDialogueRequests = []byte("dialogue_requests_sweep")
 )
 
 var dialogueBuckets = [][]byte{
 	bucketDialogues, bucketDialogueMessages, bucketDialogueReceipts,
 	bucketDialogueParticipants, bucketAgentDialogues, bucketDialoguePairs, bucketDialogueRequests,
-	bucketDialogueMessageIndex, bucketDialoguesClosed,
+	bucketDialogueMessageIndex, bucketDialoguesClosed, bucketSweepDialogueRequests,
 }
 
 // closedKey is d's key in bucketDialoguesClosed, and whether d belongs
@@ -399,7 +402,7 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 	if err := tx.Bucket(bucketDialogues).Delete([]byte(id)); err != nil {
 		return err
 	}
-	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs, bucketOfferTerms} {
+	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs, bucketOfferTerms, bucketTimerIDs} {
 		keys = keys[:0]
 		c := tx.Bucket(b).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
@@ -529,7 +532,16 @@ func (s *Store) BeginRequest(ctx context.Context, sender, id string, now, stale 
 			found = true
 			return nil
 		}
+		sweep := tx.Bucket(bucketSweepDialogueRequests)
+		if ok { // taken over: it moves to its new time
+			if err := sweep.Delete(requestSweepKey(k, rec.Time)); err != nil {
+				return err
+			}
+		}
 		rec = store.Request{Sender: sender, ID: id, Time: now}
+		if err := sweep.Put(requestSweepKey(k, now), nil); err != nil {
+			return err
+		}
 		return putJSON(b, k, rec)
 	})
 	if err != nil || !found {
@@ -546,33 +558,66 @@ func (s *Store) FinishRequest(ctx context.Context, sender, id string, result jso
 	return s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketDialogueRequests)
 		k := join(sender, id)
-		if result == nil {
-			return b.Delete(k)
-		}
 		var rec store.Request
 		if ok, err := getJSON(b, k, &rec); err != nil || !ok {
 			return err
+		}
+		if result == nil {
+			if err := tx.Bucket(bucketSweepDialogueRequests).Delete(requestSweepKey(k, rec.Time)); err != nil {
+				return err
+			}
+			return b.Delete(k)
 		}
 		rec.Done, rec.Result = true, result
 		return putJSON(b, k, rec)
 	})
 }
 
-// SweepRequests implements store.DialogueStore.
-func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+// requestSweepKey is the key in bucketSweepDialogueRequests of the
+// request keyed k, started at t.
+func requestSweepKey(k []byte, t time.Time) []byte {
+	return append(putInt(t.UnixNano()), k...)
+}
+
+// SweepRequests implements store.DialogueStore: it walks
+// bucketSweepDialogueRequests from the oldest.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	var n int
-	err := s.db.Update(func(tx *bolt.Tx) (err error) {
-		n, err = boltdb.DeleteWhere(tx.Bucket(bucketDialogueRequests), func(_, v []byte) (bool, error) {
-			var rec store.Request
-			if err := json.Unmarshal(v, &rec); err != nil {
-				return false, err
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		sweep := tx.Bucket(bucketSweepDialogueRequests)
+		var old [][]byte // collected first: never delete while walking a cursor
+		c, cut := sweep.Cursor(), before.UnixNano()
+		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(old) < limit; k, _ = c.Next() {
+			old = append(old, bytes.Clone(k))
+		}
+		requests := tx.Bucket(bucketDialogueRequests)
+		for _, k := range old {
+			if err := sweep.Delete(k); err != nil {
+				return err
 			}
-			return rec.Time.Before(before), nil
-		})
-		return err
+			if err := requests.Delete(k[8:]); err != nil {
+				return err
+			}
+		}
+		n = len(old)
+		return nil
 	})
 	return n, err
+}
+
+// migrateRequestSweepIndex builds bucketSweepDialogueRequests (schema
+// version 9) from bucketDialogueRequests.
+func migrateRequestSweepIndex(tx *bolt.Tx) error {
+	sweep := tx.Bucket(bucketSweepDialogueRequests)
+	return tx.Bucket(bucketDialogueRequests).ForEach(func(k, v []byte) error {
+		var rec store.Request
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return err
+		}
+		return sweep.Put(requestSweepKey(k, rec.Time), nil)
+	})
 }

@@ -38,7 +38,7 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 			return s.UpdateConversation(ctx, conv.ID, func(c *store.Conversation) error { c.Memory = []byte(`{}`); return nil })
 		}},
 		{Name: "DeleteConversation", Do: func() error { return s.DeleteConversation(ctx, conv.ID) }},
-		{Name: "SweepConversations", Do: func() error { _, err := s.SweepConversations(ctx, now); return err }},
+		{Name: "SweepConversations", Do: func() error { _, err := s.SweepConversations(ctx, now, 10); return err }},
 		{Name: "CountSend", Do: func() error { return s.CountSend(ctx, "clients/c/agents/a", "t", "x", true) }},
 		{Name: "AppendMessage", Do: func() error {
 			m := mailbox.Message{ID: "m", DialogueID: "d", Category: mailbox.CategoryMessage, Type: "t", Time: now.Add(-time.Hour)}

@@ -269,3 +269,69 @@ func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 		}
 	}
 }
+
+// A schema-8 database (no sweep indexes of conversations and dialogue
+// request ids) is migrated on open: each sweep then removes what is due
+// by the old records' times, and only that.
+func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
+	dir := t.TempDir()
+	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
+		return string(b) == string(bucketSweepConversations) || string(b) == string(bucketSweepDialogueRequests)
+	})
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 8, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const alice = "clients/a/agents/alice"
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	put := func(tx *bolt.Tx, bucket, key []byte, v any) {
+		data, _ := json.Marshal(v)
+		if err := tx.Bucket(bucket).Put(key, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err = old.Update(func(tx *bolt.Tx) error {
+		for i, id := range []string{"c-old", "c-new"} {
+			c := store.Conversation{ID: id, Agent: alice, Peer: "p", CreateTime: t0, ExpireTime: t0.Add(time.Duration(i) * time.Hour)}
+			put(tx, bucketConversations, []byte(id), c)
+			if err := tx.Bucket(bucketPeerConversations).Put(peerKey(c.Peer, id), expiryBytes(c.ExpireTime)); err != nil {
+				return err
+			}
+			put(tx, bucketDialogueRequests, join(alice, "r"+id[1:]), store.Request{Sender: alice, ID: "r" + id[1:], Time: c.ExpireTime})
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 8): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	for _, want := range []int{1, 0} {
+		if n, err := s.SweepConversations(ctx, t0.Add(time.Minute), 10); err != nil || n != want {
+			t.Errorf("SweepConversations after the migration = %d, %v; want %d", n, err, want)
+		}
+		if n, err := s.SweepRequests(ctx, t0.Add(time.Minute), 10); err != nil || n != want {
+			t.Errorf("SweepRequests after the migration = %d, %v; want %d", n, err, want)
+		}
+	}
+	if _, err := s.GetConversation(ctx, "c-old"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetConversation(c-old) after the sweep = %v, want ErrNotFound", err)
+	}
+	if _, found, err := s.BeginRequest(ctx, alice, "r-new", t0.Add(2*time.Hour), t0); err != nil || !found {
+		t.Errorf("BeginRequest(r-new) after the sweep = found %t, %v; want it kept", found, err)
+	}
+	// The old peer index entry went with its conversation: p holds one.
+	if err := s.CreateConversation(ctx, store.Conversation{ID: "c3", Agent: alice, Peer: "p", CreateTime: t0, ExpireTime: t0.Add(time.Hour)}, 2, t0.Add(-time.Hour)); err != nil {
+		t.Errorf("CreateConversation(p, cap 2) after the sweep = %v, want it created", err)
+	}
+	if n, err := s.SweepConversations(ctx, t0.Add(2*time.Hour), 10); err != nil || n != 2 {
+		t.Errorf("SweepConversations(all) after the migration = %d, %v; want 2", n, err)
+	}
+}

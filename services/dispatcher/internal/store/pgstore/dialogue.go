@@ -426,12 +426,15 @@ func (s *Store) FinishRequest(ctx context.Context, sender, id string, result jso
 	})
 }
 
-// SweepRequests implements store.DialogueStore.
-func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+// SweepRequests implements store.DialogueStore: one DELETE of the oldest
+// due rows through the index dialogue_requests_by_start, skipping rows
+// another transaction holds.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE start_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM dialogue_requests WHERE (sender, id) IN (
+  SELECT sender, id FROM dialogue_requests WHERE start_ns < $1 ORDER BY start_ns LIMIT $2 FOR UPDATE SKIP LOCKED)`, before.UnixNano(), limit)
 	if err != nil {
 		return 0, err
 	}

@@ -292,13 +292,17 @@ func (s *Store) DeleteConversation(ctx context.Context, id string) error {
 	return nil
 }
 
-// SweepConversations implements store.Store. Replicas sweeping at once
-// each delete a row once: the total removed is the same.
-func (s *Store) SweepConversations(ctx context.Context, before time.Time) (int, error) {
+// SweepConversations implements store.Store: one DELETE of the earliest
+// expired rows through the index conversations_by_expiry. Rows another
+// transaction holds (an update under way, or another replica's sweep) are
+// skipped, not waited for, so replicas sweeping at once remove each row
+// once.
+func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM conversations WHERE expire_ns < $1`, before.UnixNano())
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM conversations WHERE id IN (
+  SELECT id FROM conversations WHERE expire_ns < $1 ORDER BY expire_ns LIMIT $2 FOR UPDATE SKIP LOCKED)`, before.UnixNano(), limit)
 	if err != nil {
 		return 0, err
 	}

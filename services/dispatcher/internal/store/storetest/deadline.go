@@ -24,6 +24,30 @@ func RunTimers(t *testing.T, open func(t *testing.T) TimerBackend) {
 	t.Run("fire", func(t *testing.T) { testTimerFire(t, open(t)) })
 	t.Run("stored with the pair", func(t *testing.T) { testTimersWithThePair(t, open(t)) })
 	t.Run("retry", func(t *testing.T) { testTimerRetry(t, open(t)) })
+	t.Run("set again after firing", func(t *testing.T) { testTimerSetAgain(t, open(t)) })
+}
+
+// A deadline set again after its timer fired gets a timer of its own,
+// listed and fired once, whatever the store kept of the fired one.
+func testTimerSetAgain(t *testing.T, s TimerBackend) {
+	ctx := t.Context()
+	noop := func(store.Timer, json.RawMessage) (store.TimerFiring, error) { return store.TimerFiring{}, nil }
+	for i, at := range []time.Duration{time.Second, 2 * time.Second, time.Second} {
+		tm := timer("d1", bob, "offer_timeout", at)
+		if err := s.PutTimers(ctx, []store.Timer{tm}); err != nil {
+			t.Fatal(err)
+		}
+		due, err := s.DueTimers(ctx, t0.Add(time.Hour), 10)
+		if err != nil || len(due) != 1 || due[0] != tm {
+			t.Fatalf("set %d: DueTimers = %+v, %v; want the timer set, alone", i, due, err)
+		}
+		if fired, err := s.FireTimers(ctx, due, mailbox.Bound{}, noop); err != nil || len(fired) != 1 {
+			t.Fatalf("set %d: FireTimers = %+v, %v; want it fired", i, fired, err)
+		}
+		if _, ok, err := s.NextTimer(ctx); ok || err != nil {
+			t.Fatalf("set %d: NextTimer after firing = %v, %v; want none", i, ok, err)
+		}
+	}
 }
 
 // A timer that failed is put off: due at its retry, with its failures

@@ -3,6 +3,7 @@ package storetest
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -27,6 +28,7 @@ func RunDialogues(t *testing.T, open func(t *testing.T) DialogueBackend) {
 	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
 	t.Run("sweep closed dialogues", func(t *testing.T) { testDialogueSweep(t, open(t)) })
 	t.Run("requests", func(t *testing.T) { testDialogueRequests(t, open(t)) })
+	t.Run("request sweep batches", func(t *testing.T) { testSweepRequestBatches(t, open(t)) })
 }
 
 func testDialogueRequests(t *testing.T, s DialogueBackend) {
@@ -60,11 +62,96 @@ func testDialogueRequests(t *testing.T, s DialogueBackend) {
 	if _, found, _ := s.BeginRequest(ctx, bob, "r1", t0, t0); found {
 		t.Error("BeginRequest after FinishRequest(nil) found the request")
 	}
-	if n, err := s.SweepRequests(ctx, t0.Add(time.Minute)); err != nil || n != 1 {
+	if n, err := s.SweepRequests(ctx, t0.Add(time.Minute), 10); err != nil || n != 1 {
 		t.Errorf("SweepRequests = %d, %v; want 1 (bob's, started at t0)", n, err)
 	}
-	if n, err := s.SweepRequests(ctx, t0.Add(3*time.Minute)); err != nil || n != 1 {
+	if n, err := s.SweepRequests(ctx, t0.Add(3*time.Minute), 10); err != nil || n != 1 {
 		t.Errorf("SweepRequests later = %d, %v; want 1 (alice's)", n, err)
+	}
+}
+
+// testSweepRequestBatches sweeps more request ids than one call may
+// remove: each call removes at most its limit, the oldest first, and the
+// calls together remove exactly those started before the cut.
+func testSweepRequestBatches(t *testing.T, s DialogueBackend) {
+	ctx := t.Context()
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	// Begun latest first and by two senders, so that neither key nor
+	// insertion order is the time order. Some are done, one forgotten.
+	const due = 7
+	sender := func(i int) string { return []string{alice, bob}[i%2] }
+	id := func(i int) string { return fmt.Sprintf("r%d", due-i) }
+	for i := due - 1; i >= 0; i-- {
+		if _, found, err := s.BeginRequest(ctx, sender(i), id(i), at(i), t0); err != nil || found {
+			t.Fatalf("BeginRequest(%s) = found %t, %v; want it recorded", id(i), found, err)
+		}
+		if i%3 == 0 {
+			if err := s.FinishRequest(ctx, sender(i), id(i), json.RawMessage(`{}`)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if _, _, err := s.BeginRequest(ctx, carol, "forgotten", t0, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.FinishRequest(ctx, carol, "forgotten", nil); err != nil {
+		t.Fatal(err)
+	}
+	// Begun at t0, then taken over when stale at +8s: it must not be swept
+	// under its first time, nor use up a batch.
+	if _, _, err := s.BeginRequest(ctx, carol, "taken", t0, t0); err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := s.BeginRequest(ctx, carol, "taken", at(due+1), at(due)); err != nil || found {
+		t.Fatalf("BeginRequest(taken, stale) = found %t, %v; want it taken over", found, err)
+	}
+	// remembered reports whether (sender, id) is still recorded, without
+	// recording it anew.
+	remembered := func(sender, id string) bool {
+		t.Helper()
+		_, found, err := s.BeginRequest(ctx, sender, id, at(due+2), t0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !found {
+			if err := s.FinishRequest(ctx, sender, id, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return found
+	}
+	cut := at(due)
+	var got []int
+	for range due {
+		n, err := s.SweepRequests(ctx, cut, 3)
+		if err != nil {
+			t.Fatalf("SweepRequests(limit 3) = %v", err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		// The oldest go first: after k removed, the request begun at
+		// +i s is gone exactly when i < k.
+		removed := 0
+		for _, k := range got {
+			removed += k
+		}
+		for i := range due {
+			if kept := remembered(sender(i), id(i)); kept != (i >= removed) {
+				t.Errorf("after sweeping %d: request begun at +%ds remembered = %t, want %t", removed, i, kept, i >= removed)
+			}
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("SweepRequests(limit 3) removed %v per call, want %v", got, want)
+	}
+	if !remembered(carol, "taken") {
+		t.Error("request taken over at +8s was swept with the cut at +7s, want it kept")
+	}
+	if n, err := s.SweepRequests(ctx, at(due+2), 10); err != nil || n != 1 {
+		t.Errorf("SweepRequests(all) = %d, %v; want 1 (taken)", n, err)
 	}
 }
 

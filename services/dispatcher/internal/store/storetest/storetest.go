@@ -5,6 +5,8 @@ package storetest
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -16,6 +18,7 @@ import (
 func Run(t *testing.T, open func(t *testing.T) store.Store) {
 	t.Run("routines", func(t *testing.T) { testRoutines(t, open(t)) })
 	t.Run("conversations", func(t *testing.T) { testConversations(t, open(t)) })
+	t.Run("conversation sweep batches", func(t *testing.T) { testSweepConversationBatches(t, open(t)) })
 	t.Run("tools and send counts", func(t *testing.T) { testToolsAndCounts(t, open(t)) })
 }
 
@@ -115,9 +118,76 @@ func testConversations(t *testing.T, s store.Store) {
 	if err := s.DeleteConversation(ctx, "a"); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("DeleteConversation twice = %v, want ErrNotFound", err)
 	}
-	n, err := s.SweepConversations(ctx, now.Add(90*time.Second))
+	n, err := s.SweepConversations(ctx, now.Add(90*time.Second), 10)
 	if err != nil || n != 2 { // b and c expired at now+1m; d lives
 		t.Errorf("SweepConversations = %d, %v; want 2", n, err)
+	}
+}
+
+// testSweepConversationBatches sweeps more expired conversations than one
+// call may remove: each call removes at most its limit, the earliest
+// expired first, and the calls together remove exactly those expired.
+func testSweepConversationBatches(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	t0 := time.Unix(1_800_000_000, 0)
+	at := func(i int) time.Time { return t0.Add(time.Duration(i) * time.Second) }
+	conv := func(id, peer string, exp time.Time) store.Conversation {
+		return store.Conversation{ID: id, Agent: agent, Peer: peer, CreateTime: t0, ExpireTime: exp}
+	}
+	// Created latest first, so that neither id nor insertion order is the
+	// expiry order.
+	const due = 7
+	id := func(i int) string { return fmt.Sprintf("c%d", due-i) }
+	for i := due - 1; i >= 0; i-- {
+		if err := s.CreateConversation(ctx, conv(id(i), fmt.Sprint("p", i%2), at(i)), 0, t0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Extended past the cut: it must not be swept under its first expiry,
+	// nor use up a batch.
+	if err := s.CreateConversation(ctx, conv("extended", "p0", t0), 0, t0); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.UpdateConversation(ctx, "extended", func(c *store.Conversation) error { c.ExpireTime = at(due + 1); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	cut := at(due)
+	var got []int
+	for range due {
+		n, err := s.SweepConversations(ctx, cut, 3)
+		if err != nil {
+			t.Fatalf("SweepConversations(limit 3) = %v", err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		// The earliest expired go first: after k removed, the
+		// conversation expiring at +i s is gone exactly when i < k.
+		removed := 0
+		for _, k := range got {
+			removed += k
+		}
+		for i := range due {
+			_, err := s.GetConversation(ctx, id(i))
+			if gone := errors.Is(err, store.ErrNotFound); gone != (i < removed) {
+				t.Errorf("after sweeping %d: conversation expiring at +%ds gone = %t (%v), want %t", removed, i, gone, err, i < removed)
+			}
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("SweepConversations(limit 3) removed %v per call, want %v", got, want)
+	}
+	if _, err := s.GetConversation(ctx, "extended"); err != nil {
+		t.Errorf("GetConversation(extended) after the sweeps = %v, want it kept", err)
+	}
+	// The swept ones no longer count against their peer's cap: at t0, p0
+	// holds only the extended one.
+	if err := s.CreateConversation(ctx, conv("new", "p0", at(due+1)), 2, t0); err != nil {
+		t.Errorf("CreateConversation(p0, cap 2) after the sweeps = %v, want it created", err)
+	}
+	if n, err := s.SweepConversations(ctx, at(due+2), 10); err != nil || n != 2 {
+		t.Errorf("SweepConversations(all) = %d, %v; want 2 (extended, new)", n, err)
 	}
 }
 

@@ -77,12 +77,26 @@ var (
 	// NextSequence) to a Notification, written in the transaction of the
 	// change it reports.
 	bucketOutbox = []byte("notification_outbox")
+	// bucketSweepRequests maps 8 bytes of big-endian Unix nanoseconds
+	// (when recorded) followed by a request id to nothing, one per
+	// bucketRequests entry (schema version 2), so that SweepRequests walks
+	// only what it drops.
+	bucketSweepRequests = []byte("agent_requests_sweep")
 )
 
 var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucketAgents, bucketRequests, bucketClients, bucketKeys, bucketKeyNames, bucketFollowing, bucketFollowers, bucketClientGroups,
-	bucketGroups, bucketGroupMembers, bucketAgentGroups, bucketJoinRequests, bucketInvites, bucketOutbox}
+	bucketGroups, bucketGroupMembers, bucketAgentGroups, bucketJoinRequests, bucketInvites, bucketOutbox, bucketSweepRequests}
 
-const schemaVersion = 1
+// schemaVersion 2 added the request ids' sweep index (agent_requests_sweep),
+// which migrate builds from the records.
+const schemaVersion = 2
+
+func migrate(tx *bolt.Tx, from int) error {
+	if from < 2 {
+		return migrateRequestSweepIndex(tx)
+	}
+	return nil
+}
 
 // Store is the bbolt-backed store.
 type Store struct {
@@ -99,6 +113,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
 		Buckets:       allBuckets,
 		SchemaVersion: schemaVersion,
+		Migrate:       migrate,
 		LockTimeout:   lockTimeout,
 	})
 	if err != nil {
@@ -292,22 +307,65 @@ func record(tx *bolt.Tx, requestID string, a *registryv1.Agent) error {
 	if err != nil {
 		return err
 	}
+	requests, sweep := tx.Bucket(bucketRequests), tx.Bucket(bucketSweepRequests)
+	if old := requests.Get([]byte(requestID)); old != nil { // one too short to read: a readable one is returned, not recorded again
+		if err := sweep.Delete(requestSweepKey(requestID, old)); err != nil {
+			return err
+		}
+	}
 	val = append(binary.BigEndian.AppendUint64(nil, uint64(time.Now().UnixNano())), val...)
-	return tx.Bucket(bucketRequests).Put([]byte(requestID), val)
+	if err := sweep.Put(requestSweepKey(requestID, val), nil); err != nil {
+		return err
+	}
+	return requests.Put([]byte(requestID), val)
 }
 
-// SweepRequests implements store.Store.
-func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+// requestSweepKey is requestID's key in bucketSweepRequests, given its
+// bucketRequests value v; a value too short to hold a time reads as time
+// 0, due at once.
+func requestSweepKey(requestID string, v []byte) []byte {
+	at := make([]byte, 8)
+	if len(v) >= 8 {
+		copy(at, v[:8])
+	}
+	return append(at, requestID...)
+}
+
+// migrateRequestSweepIndex builds bucketSweepRequests (schema version 2)
+// from bucketRequests.
+func migrateRequestSweepIndex(tx *bolt.Tx) error {
+	sweep := tx.Bucket(bucketSweepRequests)
+	return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
+		return sweep.Put(requestSweepKey(string(k), v), nil)
+	})
+}
+
+// SweepRequests implements store.Store: it walks bucketSweepRequests from
+// the oldest.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	cutoff := before.UnixNano()
 	var dropped int
-	err := s.db.Update(func(tx *bolt.Tx) (err error) {
-		dropped, err = boltdb.DeleteWhere(tx.Bucket(bucketRequests), func(_, v []byte) (bool, error) {
-			return len(v) < 8 || int64(binary.BigEndian.Uint64(v)) < cutoff, nil
-		})
-		return err
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		sweep := tx.Bucket(bucketSweepRequests)
+		var old [][]byte // collected first: never delete while walking a cursor
+		c := sweep.Cursor()
+		for k, _ := c.First(); len(k) > 8 && int64(binary.BigEndian.Uint64(k[:8])) < cutoff && len(old) < limit; k, _ = c.Next() { //nolint:gosec // written from Unix nanoseconds
+			old = append(old, bytes.Clone(k))
+		}
+		requests := tx.Bucket(bucketRequests)
+		for _, k := range old {
+			if err := sweep.Delete(k); err != nil {
+				return err
+			}
+			if err := requests.Delete(k[8:]); err != nil {
+				return err
+			}
+		}
+		dropped = len(old)
+		return nil
 	})
 	return dropped, err
 }

@@ -35,7 +35,7 @@ func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
 			_, err := s.UpdateAgent(ctx, agent, "req-2", func(a *registryv1.Agent) error { a.DisplayName = "x"; return nil })
 			return err
 		}},
-		{Name: "SweepRequests", Do: func() error { _, err := s.SweepRequests(ctx, time.Now().Add(time.Hour)); return err }},
+		{Name: "SweepRequests", Do: func() error { _, err := s.SweepRequests(ctx, time.Now().Add(time.Hour), 10); return err }},
 		{Name: "DeleteAgent", Do: func() error { return s.DeleteAgent(ctx, agent) }},
 	}
 	boltdbtest.SyncedWrites(t, s.db, writes)

@@ -262,15 +262,16 @@ func (s *Store) ListNotifications(ctx context.Context, after uint64, limit int) 
 }
 
 // TrimNotifications implements store.Store.
-func (s *Store) TrimNotifications(ctx context.Context, through uint64) error {
+func (s *Store) TrimNotifications(ctx context.Context, through uint64, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return 0, err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketOutbox)
-		var old [][]byte
+		var old [][]byte // collected first: never delete while walking a cursor
 		c := b.Cursor()
-		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= through; k, _ = c.Next() {
+		for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) <= through && len(old) < limit; k, _ = c.Next() {
 			old = append(old, bytes.Clone(k))
 		}
 		for _, k := range old {
@@ -278,8 +279,10 @@ func (s *Store) TrimNotifications(ctx context.Context, through uint64) error {
 				return err
 			}
 		}
+		n = len(old)
 		return nil
 	})
+	return n, err
 }
 
 // scanValues decodes the values of the keys "from NUL x" after

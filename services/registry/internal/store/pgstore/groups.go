@@ -239,11 +239,16 @@ func (s *Store) ListNotifications(ctx context.Context, after uint64, limit int) 
 	return out, uint64(first), err //nolint:gosec // never negative
 }
 
-// TrimNotifications implements store.GroupStore.
-func (s *Store) TrimNotifications(ctx context.Context, through uint64) error {
+// TrimNotifications implements store.GroupStore: one DELETE of the oldest
+// rows through the primary key, skipping rows another transaction holds.
+func (s *Store) TrimNotifications(ctx context.Context, through uint64, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return 0, err
 	}
-	_, err := s.db.Pool().Exec(ctx, `DELETE FROM notification_outbox WHERE seq <= $1`, int64(through)) //nolint:gosec // sequences fit in int64
-	return err
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM notification_outbox WHERE seq IN (
+  SELECT seq FROM notification_outbox WHERE seq <= $1 ORDER BY seq LIMIT $2 FOR UPDATE SKIP LOCKED)`, int64(through), limit) //nolint:gosec // sequences fit in int64
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
 }

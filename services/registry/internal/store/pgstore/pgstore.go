@@ -286,12 +286,16 @@ ON CONFLICT (request_id) DO UPDATE SET recorded_at = excluded.recorded_at, data 
 	return err
 }
 
-// SweepRequests implements store.Store.
-func (s *Store) SweepRequests(ctx context.Context, before time.Time) (int, error) {
+// SweepRequests implements store.Store: one DELETE of the oldest due rows
+// through the index agent_requests_by_time. Rows another transaction holds
+// (a write recording the id again, or another replica's sweep) are
+// skipped, not waited for.
+func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM agent_requests WHERE recorded_at < $1`, before)
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM agent_requests WHERE request_id IN (
+  SELECT request_id FROM agent_requests WHERE recorded_at < $1 ORDER BY recorded_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, before, limit)
 	if err != nil {
 		return 0, err
 	}

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 
@@ -266,12 +267,59 @@ func testNotificationOutbox(t *testing.T, s store.Store) {
 	if err != nil || len(rest) != 2 || rest[0].GetId() != notes[1].GetId() {
 		t.Errorf("ListNotifications(after the first) = %v, %v; want the last two", rest, err)
 	}
-	if err := s.TrimNotifications(ctx, notes[1].GetSequence()); err != nil {
-		t.Fatal(err)
+	if n, err := s.TrimNotifications(ctx, notes[1].GetSequence(), 10); err != nil || n != 2 {
+		t.Fatalf("TrimNotifications(through the second) = %d, %v; want 2", n, err)
 	}
 	kept, first, err := s.ListNotifications(ctx, 0, 10)
 	if err != nil || len(kept) != 1 || kept[0].GetId() != notes[2].GetId() || first != notes[2].GetSequence() {
 		t.Errorf("ListNotifications after trimming two = %v, first %d, %v; want the third", kept, first, err)
+	}
+}
+
+// testNotificationTrimBatches trims more notifications than one call may
+// drop: each call drops at most its limit, the oldest first, and the calls
+// together drop exactly those through the sequence given.
+func testNotificationTrimBatches(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	const due = 7
+	update(t, s, func(w store.GroupWriter) error {
+		for i := range due + 1 {
+			if err := w.Notify(&registryv1.Notification{Type: "removed_from_group", Recipient: "clients/acme/agents/a", Group: fmt.Sprint("acme/g", i)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	notes, _, err := s.ListNotifications(ctx, 0, 10)
+	if err != nil || len(notes) != due+1 {
+		t.Fatalf("ListNotifications(0) = %d notifications, %v; want %d", len(notes), err, due+1)
+	}
+	through := notes[due-1].GetSequence()
+	var got []int
+	for range due {
+		n, err := s.TrimNotifications(ctx, through, 3)
+		if err != nil {
+			t.Fatalf("TrimNotifications(limit 3) = %v", err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		// The oldest go first: after k dropped, the first kept is
+		// notification k.
+		dropped := 0
+		for _, k := range got {
+			dropped += k
+		}
+		if _, first, err := s.ListNotifications(ctx, 0, 1); err != nil || first != notes[dropped].GetSequence() {
+			t.Errorf("after dropping %d: first sequence kept = %d, %v; want %d", dropped, first, err, notes[dropped].GetSequence())
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("TrimNotifications(limit 3) dropped %v per call, want %v", got, want)
+	}
+	if kept, _, err := s.ListNotifications(ctx, 0, 10); err != nil || len(kept) != 1 || kept[0].GetId() != notes[due].GetId() {
+		t.Errorf("ListNotifications after the trims = %v, %v; want only the last", kept, err)
 	}
 }
 

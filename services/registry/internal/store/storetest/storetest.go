@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -35,6 +36,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"ListAgents_pagesAndClients", testListAgents},
 		{"UpdateAgent_mutateErrorWritesNothing", testUpdateAgentError},
 		{"RequestIDs_repeatReturnsFirstResult", testRequestIDs},
+		{"RequestIDs_sweepInBatches", testSweepRequestBatches},
 		{"Clients_createGetList", testClients},
 		{"Keys_lifecycle", testKeys},
 		{"Keys_ownerMustExist", testKeysOwnerMissing},
@@ -51,6 +53,7 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		{"Groups_failedUpdateWritesNothing", testGroupUpdateFailureWritesNothing},
 		{"Groups_searchSkipsPrivate", testSearchGroups},
 		{"Notifications_outbox", testNotificationOutbox},
+		{"Notifications_trimInBatches", testNotificationTrimBatches},
 		{"Groups_goWithTheirAgent", testGroupRecordsGoWithTheirAgent},
 	}
 	for _, tt := range tests {
@@ -312,6 +315,74 @@ func testUpdateAgentError(t *testing.T, s store.Store) {
 	}
 }
 
+// testSweepRequestBatches sweeps more request ids than one call may
+// forget: each call forgets at most its limit, the oldest first, and the
+// calls together forget exactly those recorded before the cut. The store
+// stamps records with its clock, so the cut is taken between writes.
+func testSweepRequestBatches(t *testing.T, s store.Store) {
+	ctx := t.Context()
+	const due = 7
+	name := func(i int) (agentID, requestID string) { return fmt.Sprint("w", i), fmt.Sprint("create-", i) }
+	created := make([]*registryv1.Agent, due)
+	for i := range due {
+		id, rid := name(i)
+		a, err := s.CreateAgent(ctx, agent("acme", id), nil, rid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		created[i] = a
+	}
+	cut := time.Now()
+	// Recorded after the cut: kept, and it must not use up a batch.
+	late, err := s.CreateAgent(ctx, agent("acme", "late"), nil, "create-late")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// remembered reports whether a repeat of create i returns its first
+	// result (recorded) or finds the agent taken (forgotten).
+	remembered := func(i int) bool {
+		t.Helper()
+		id, rid := name(i)
+		got, err := s.CreateAgent(ctx, agent("acme", id), nil, rid)
+		switch {
+		case err == nil && proto.Equal(got, created[i]):
+			return true
+		case errors.Is(err, store.ErrAlreadyExists):
+			return false
+		}
+		t.Fatalf("CreateAgent(repeat %s) = %v, %v; want the first result or ErrAlreadyExists", rid, got, err)
+		return false
+	}
+	var got []int
+	for range due {
+		n, err := s.SweepRequests(ctx, cut, 3)
+		if err != nil {
+			t.Fatalf("SweepRequests(limit 3) = %v", err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		// The oldest go first: after k dropped, create i is forgotten
+		// exactly when i < k.
+		dropped := 0
+		for _, k := range got {
+			dropped += k
+		}
+		for i := range due {
+			if kept := remembered(i); kept != (i >= dropped) {
+				t.Errorf("after dropping %d: request id of create #%d remembered = %t, want %t", dropped, i, kept, i >= dropped)
+			}
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("SweepRequests(limit 3) dropped %v per call, want %v", got, want)
+	}
+	if again, err := s.CreateAgent(ctx, agent("acme", "late"), nil, "create-late"); err != nil || !proto.Equal(again, late) {
+		t.Errorf("CreateAgent(repeat create-late) after the sweeps = %v, %v; want the first result %v", again, err, late)
+	}
+}
+
 func testRequestIDs(t *testing.T, s store.Store) {
 	ctx := t.Context()
 	a := agent("acme", "w")
@@ -351,10 +422,10 @@ func testRequestIDs(t *testing.T, s store.Store) {
 	}
 
 	// Sweeping drops records older than the cutoff only.
-	if n, err := s.SweepRequests(ctx, time.Now().Add(-time.Hour)); err != nil || n != 0 {
+	if n, err := s.SweepRequests(ctx, time.Now().Add(-time.Hour), 10); err != nil || n != 0 {
 		t.Errorf("SweepRequests(an hour ago) = %d, %v; want 0 dropped", n, err)
 	}
-	if n, err := s.SweepRequests(ctx, time.Now().Add(time.Hour)); err != nil || n != 3 {
+	if n, err := s.SweepRequests(ctx, time.Now().Add(time.Hour), 10); err != nil || n != 3 {
 		t.Errorf("SweepRequests(in an hour) = %d, %v; want 3 dropped", n, err)
 	}
 	if u4, err := s.UpdateAgent(ctx, a.GetName(), "update-1", add); err != nil || u4.GetDescription() != "+++" {

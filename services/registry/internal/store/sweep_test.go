@@ -1,0 +1,36 @@
+package store_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/services/registry/internal/store"
+	"github.com/parleyhq/parley/services/registry/internal/store/boltstore"
+)
+
+// SweepAllRequests forgets more request ids than one sweep transaction
+// may (SweepBatch): it sweeps in batches until none is left.
+func TestSweepAllRequests_dropsMoreThanOneBatch(t *testing.T) {
+	s, err := boltstore.Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	const due = 2*store.SweepBatch + 1
+	for i := range due {
+		a := &registryv1.Agent{Name: fmt.Sprintf("clients/acme/agents/w%d", i)}
+		if _, err := s.CreateAgent(ctx, a, nil, fmt.Sprint("create-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	later := time.Now().Add(time.Hour)
+	if n, err := store.SweepAllRequests(ctx, s, later); err != nil || n != due {
+		t.Errorf("SweepAllRequests = %d, %v; want %d dropped", n, err, due)
+	}
+	if n, err := s.SweepRequests(ctx, later, due); err != nil || n != 0 {
+		t.Errorf("SweepRequests after SweepAllRequests = %d, %v; want none left", n, err)
+	}
+}
