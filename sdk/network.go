@@ -67,6 +67,8 @@ type NetworkAgent struct {
 	seen    map[string]struct{}
 	order   []string // seen's ids, oldest first
 	clear   bool     // ClearBacklog still to do
+
+	acks sync.WaitGroup // the streams' acknowledgers, which Run waits for
 }
 
 // NewNetworkAgent returns the agent name (clients/{client}/agents/{agent})
@@ -146,6 +148,7 @@ func (a *NetworkAgent) report(err error) {
 // ErrNotAuthorized, or INVALID_ARGUMENT), or a takeover by another
 // connection (ErrReplaced). Anything else reconnects after a backoff.
 func (a *NetworkAgent) Run(ctx context.Context) error {
+	defer a.acks.Wait() // the last acknowledgements
 	backoff := a.opts.MinBackoff
 	for {
 		established, err := a.receive(ctx)
@@ -198,12 +201,9 @@ func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error
 		return false, err
 	}
 	// The acknowledger ends with the stream, after a last
-	// acknowledgement.
+	// acknowledgement, which a reconnect does not wait for; Run does.
 	handled := make(chan struct{}, 1)
-	acked := make(chan struct{})
-	go a.acknowledge(ctx, handled, acked)
-	defer func() { <-acked }()
-	defer cancel()
+	a.acks.Go(func() { a.acknowledge(ctx, handled) })
 	for {
 		resp, err := stream.Recv()
 		if err != nil {
@@ -237,11 +237,10 @@ func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error
 // acknowledge acknowledges the messages handled on one stream: after a
 // wakeup on handled, it waits AckDelay for more and acknowledges the last
 // handled cursor in one call. When ctx ends it acknowledges what is left
-// on a context of its own, then closes done. A failure is reported; the
-// next acknowledgement covers those messages (unacknowledged ones come
-// again only to a new agent, which drops none it has not seen).
-func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
+// on a context of its own. A failure is reported; the next
+// acknowledgement covers those messages (unacknowledged ones come again
+// only to a new agent, which drops none it has not seen).
+func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{}) {
 	var acked uint64
 	send := func(ctx context.Context) error {
 		a.mu.Lock()
