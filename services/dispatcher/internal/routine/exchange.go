@@ -2,6 +2,7 @@ package routine
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +20,6 @@ type exchange struct {
 	out      chan answer   // the lead, or its answer when the worker died
 	leading  bool          // it reads the worker's frames (await)
 	sent     int64         // when it was queued, Unix ns
-	kill     *time.Timer   // armed when it starts
 	ran      time.Duration // the budget the kill was armed with
 }
 
@@ -38,27 +38,66 @@ var errRequeue = errors.New("the routine's worker died before the call started")
 // errUnknown is a call of a program its worker no longer holds.
 var errUnknown = errors.New("the routine's worker does not hold the program")
 
-// answerFields is how many fields each answer has before the time stamp
-// the worker adds (stamp).
-var answerFields = map[byte]int{frameDone: 4, frameError: 3, frameCompiled: 2, frameUnknown: 0, frameBusy: 0}
+// answerFields is how many fields an answer of type typ has before the
+// time stamp the worker adds (stamp); ok is false for a type that is no
+// answer.
+func answerFields(typ byte) (n int, ok bool) {
+	switch typ {
+	case frameDone:
+		return 4, true
+	case frameError:
+		return 3, true
+	case frameCompiled:
+		return 2, true
+	case frameUnknown, frameBusy:
+		return 0, true
+	}
+	return 0, false
+}
 
 // arm arms ex's kill: its budget (or what is left before the caller's
 // deadline, if less) plus the margin, from its start, lag ago. Called with
 // w.mu held, when ex is the first pending exchange.
+//
+// A worker has one kill timer, reset for each exchange as it starts (a
+// timer per call cost an allocation and a timer-heap insert and delete
+// on every call).
 func (p *Pool) arm(w *worker, ex *exchange, lag time.Duration) {
 	ex.ran = ex.budget
 	if !ex.deadline.IsZero() {
 		ex.ran = min(ex.ran, max(time.Until(ex.deadline), time.Millisecond))
 	}
-	w.headStart.Store(time.Now().UnixNano() - int64(lag))
-	ex.kill = time.AfterFunc(max(ex.ran+p.opts.KillMargin-lag, 0), func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if len(w.pending) > 0 && w.pending[0] == ex {
-			w.killed.Store(true)
-			_ = w.cmd.Process.Kill()
-		}
-	})
+	now := time.Now()
+	w.headStart.Store(now.UnixNano() - int64(lag))
+	d := max(ex.ran+p.opts.KillMargin-lag, 0)
+	w.killEx, w.killAt = ex, now.Add(d)
+	if w.kill == nil {
+		w.kill = time.AfterFunc(d, func() { w.killHead() })
+	} else {
+		w.kill.Reset(d)
+	}
+}
+
+// disarm stops the kill timer: no exchange is running. Called with w.mu
+// held.
+func (w *worker) disarm() {
+	if w.kill != nil {
+		w.kill.Stop()
+	}
+	w.killEx = nil
+}
+
+// killHead kills the worker if the exchange its timer was armed for is
+// still running and past its time. The timer may have fired for an
+// exchange that has since been answered, with the next one armed while
+// this waited for the lock: killAt tells them apart.
+func (w *worker) killHead() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.killEx != nil && len(w.pending) > 0 && w.pending[0] == w.killEx && !time.Now().Before(w.killAt) {
+		w.killed.Store(true)
+		_ = w.cmd.Process.Kill()
+	}
 }
 
 // await returns ex's next frame: a tool call, or its answer. The oldest
@@ -83,7 +122,7 @@ func (p *Pool) await(w *worker, ex *exchange) answer {
 	}
 	var at int64
 	if err == nil {
-		n, ok := answerFields[typ]
+		n, ok := answerFields(typ)
 		switch {
 		case !ok || !answers(ex, typ) || len(f) < n || len(f) > n+1:
 			err = errBadFrame
@@ -103,7 +142,6 @@ func (p *Pool) await(w *worker, ex *exchange) answer {
 	}
 	w.pending[0] = nil
 	w.pending = w.pending[1:]
-	ex.kill.Stop()
 	switch typ {
 	case frameDone:
 		w.cpu.Store(getInt(f[3]))
@@ -120,6 +158,7 @@ func (p *Pool) await(w *worker, ex *exchange) answer {
 		p.arm(w, next, lag)
 		next.out <- answer{lead: true}
 	} else {
+		w.disarm()
 		w.headStart.Store(0)
 	}
 	w.mu.Unlock()
@@ -141,11 +180,7 @@ func (p *Pool) fail(w *worker, ioErr error) {
 	w.dead.Store(true)
 	pending := w.pending
 	w.pending = nil
-	for _, ex := range pending {
-		if ex.kill != nil {
-			ex.kill.Stop()
-		}
-	}
+	w.disarm()
 	w.mu.Unlock()
 	var headErr error
 	if len(pending) > 0 {
@@ -298,8 +333,12 @@ func (p *Pool) call(ctx context.Context, prog *Program, fn string, args []json.R
 	if !deadline.IsZero() {
 		dl = deadline.UnixNano()
 	}
+	// deadline and startBy share one buffer; startBy is rewritten in
+	// place for each try (a frame is copied out when it is written).
+	times := make([]byte, 16)
+	binary.LittleEndian.PutUint64(times[:8], uint64(dl))
 	fields := make([][]byte, 0, 6+len(args))
-	fields = append(fields, []byte(rp.key), []byte(fn), putInt(dl), putInt(until.UnixNano()), putBool(memory != nil), memory)
+	fields = append(fields, rp.def[0], []byte(fn), times[:8:8], times[8:16:16], putBool(memory != nil), memory)
 	for _, a := range args {
 		fields = append(fields, a)
 	}
@@ -317,7 +356,7 @@ func (p *Pool) call(ctx context.Context, prog *Program, fn string, args []json.R
 		if w.born.After(asked) {
 			startBy = until.Add(w.startTook)
 		}
-		fields[3] = putInt(startBy.UnixNano())
+		binary.LittleEndian.PutUint64(fields[3], uint64(startBy.UnixNano()))
 		out, newMemory, err = p.callOn(ctx, w, rp, l, deadline, fields)
 		p.release(w)
 		switch {

@@ -595,9 +595,12 @@ type worker struct {
 	wmu sync.Mutex // guards w: frames are written whole, in the order of pending
 	w   *bufio.Writer
 
-	mu      sync.Mutex // guards known and pending
+	mu      sync.Mutex // guards known, pending and the kill timer
 	known   map[string]bool
 	pending []*exchange // written and not answered, oldest first: the first is running
+	kill    *time.Timer // kills it at killAt unless killEx has been answered (arm)
+	killEx  *exchange
+	killAt  time.Time
 
 	// When it was ready (its hello read) and how long it took to start;
 	// set before it is used, then read-only.

@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -169,7 +170,7 @@ func compileLocal(ctx context.Context, name, src string, tools map[string]Tool, 
 	if err != nil {
 		return nil, fmt.Errorf("compile %s: %w", name, err)
 	}
-	thread, st, stop := newThread(ctx, name, limits)
+	thread, st, stop := newThread(ctx, name, limits, nil)
 	defer stop()
 	globals, err := prog.Init(thread, predeclared)
 	if err == nil && st.expired.Load() {
@@ -236,16 +237,19 @@ func (p *Program) Call(ctx context.Context, fn string, args []json.RawMessage, m
 	if p.remote != nil {
 		return p.limits.Pool.call(ctx, p, fn, args, memory)
 	}
-	out, newMemory, err = p.callLocal(ctx, fn, args, memory)
+	out, newMemory, err = p.callLocal(ctx, fn, args, memory, nil)
 	return out, newMemory, classify(err)
 }
 
-func (p *Program) callLocal(ctx context.Context, fn string, args []json.RawMessage, memory json.RawMessage) (out, newMemory json.RawMessage, err error) {
+// callLocal runs fn in this process. wall, when not nil, is the wall-time
+// timer to use (a worker's, reused run after run); nil arms one for the
+// run.
+func (p *Program) callLocal(ctx context.Context, fn string, args []json.RawMessage, memory json.RawMessage, wall *wallTimer) (out, newMemory json.RawMessage, err error) {
 	f, ok := p.globals[fn].(starlark.Callable)
 	if !ok {
 		return nil, nil, fmt.Errorf("the routine defines no function %s", fn)
 	}
-	thread, st, stop := newThread(ctx, fn, p.limits)
+	thread, st, stop := newThread(ctx, fn, p.limits, wall)
 	defer stop()
 	sargs := make(starlark.Tuple, 0, len(args)+1)
 	for _, a := range args {
@@ -295,8 +299,9 @@ func (p *Program) callLocal(ctx context.Context, fn string, args []json.RawMessa
 // at the wall-time budget, or at ctx's deadline when that comes first; stop
 // releases the timer. A ctx cancelled without a deadline (a caller gone)
 // does not stop a running call: the wall-time budget bounds it anyway, and
-// watching ctx costs every call a registration.
-func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, *callState, func()) {
+// watching ctx costs every call a registration. The timer is wall, when
+// not nil, or a new one.
+func newThread(ctx context.Context, name string, l Limits, wall *wallTimer) (*starlark.Thread, *callState, func()) {
 	thread := &starlark.Thread{
 		Name:  name,
 		Print: func(*starlark.Thread, string) {}, // print is a no-op: no I/O
@@ -311,11 +316,57 @@ func newThread(ctx context.Context, name string, l Limits) (*starlark.Thread, *c
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < timeout {
 		timeout, why = time.Until(dl), "request deadline exceeded"
 	}
+	if wall != nil {
+		wall.arm(timeout, thread, st, why)
+		return thread, st, wall.stop
+	}
 	timer := time.AfterFunc(timeout, func() {
 		st.expired.Store(true)
 		thread.Cancel(why)
 	})
 	return thread, st, func() { timer.Stop() }
+}
+
+// wallTimer is one wall-time timer for runs made one after another (a
+// worker's), reset for each: a timer per run cost an allocation and a
+// timer-heap insert and delete on every call.
+type wallTimer struct {
+	mu     sync.Mutex
+	t      *time.Timer
+	thread *starlark.Thread // the run it is armed for; nil when none
+	st     *callState
+	why    string
+	at     time.Time // when it is due
+}
+
+func (w *wallTimer) arm(d time.Duration, thread *starlark.Thread, st *callState, why string) {
+	w.mu.Lock()
+	w.thread, w.st, w.why, w.at = thread, st, why, time.Now().Add(d)
+	w.mu.Unlock()
+	if w.t == nil {
+		w.t = time.AfterFunc(d, w.fire)
+	} else {
+		w.t.Reset(d)
+	}
+}
+
+// fire cancels the run it is armed for. It may run late, for a run that
+// has ended, with the next one armed while it waited for the lock: at
+// tells them apart.
+func (w *wallTimer) fire() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.thread != nil && !time.Now().Before(w.at) {
+		w.st.expired.Store(true)
+		w.thread.Cancel(w.why)
+	}
+}
+
+func (w *wallTimer) stop() {
+	w.t.Stop()
+	w.mu.Lock()
+	w.thread, w.st = nil, nil
+	w.mu.Unlock()
 }
 
 // CallToolName is the builtin every routine has besides json and the tools

@@ -118,7 +118,9 @@ func readFrameLimit(r *bufio.Reader, capOf func() int) (byte, [][]byte, error) {
 	if _, err := io.ReadFull(r, body); err != nil {
 		return 0, nil, err
 	}
-	var fields [][]byte
+	// Calls and answers have at most 8 fields but for their arguments:
+	// one allocation where growing from nil took four.
+	fields := make([][]byte, 0, 8)
 	for len(body) > 0 {
 		if len(body) < 4 {
 			return 0, nil, errBadFrame
@@ -143,9 +145,13 @@ func getInt(b []byte) int64 {
 	return int64(binary.LittleEndian.Uint64(b))
 }
 
+// trueField and falseField are putBool's fields, shared: frames are only
+// read.
+var trueField, falseField = []byte{1}, []byte{0}
+
 func putBool(v bool) []byte {
 	if v {
-		return []byte{1}
+		return trueField
 	}
-	return []byte{0}
+	return falseField
 }

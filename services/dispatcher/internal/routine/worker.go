@@ -103,6 +103,7 @@ type workerConn struct {
 	cpuLife  uint64        // the hard RLIMIT_CPU, seconds
 	cpuSoft  uint64        // the soft RLIMIT_CPU set last, seconds
 	cpu      time.Duration // the CPU used at the end of the last run
+	wall     wallTimer     // the runs' wall-time timer, one run at a time
 }
 
 // armCPU sets the soft CPU limit so that the run about to start can use
@@ -259,9 +260,7 @@ func (c *workerConn) call(f [][]byte) error {
 	ctx := context.Background()
 	budget := p.limits.Timeout
 	if dl := getInt(f[2]); dl > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, time.Unix(0, dl))
-		defer cancel()
+		ctx = deadlineCtx{ctx, time.Unix(0, dl)}
 		budget = min(budget, time.Unix(0, dl).Sub(now))
 	}
 	c.armCPU(budget)
@@ -273,12 +272,25 @@ func (c *workerConn) call(f [][]byte) error {
 	for _, a := range f[6:] {
 		args = append(args, json.RawMessage(a))
 	}
-	out, mem, err := p.callLocal(ctx, string(f[1]), args, memory)
+	out, mem, err := p.callLocal(ctx, string(f[1]), args, memory, &c.wall)
 	if err != nil {
 		return c.fail(err)
 	}
 	return c.answer(frameDone, out, putBool(mem != nil), mem, c.usedCPU())
 }
+
+// deadlineCtx carries the caller's deadline into a run in a worker
+// without a timer of its own (context.WithDeadline arms one per call):
+// in a worker only newThread reads it, and its wall-time timer ends the
+// run at the deadline when that comes before the budget. Nothing in a
+// worker waits on Done: its tools are tables and stubs answered by the
+// pool, which cancels the caller's side.
+type deadlineCtx struct {
+	context.Context
+	dl time.Time
+}
+
+func (c deadlineCtx) Deadline() (time.Time, bool) { return c.dl, true }
 
 func (c *workerConn) fail(err error) error {
 	err = classify(err)
