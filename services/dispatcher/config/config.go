@@ -68,7 +68,8 @@ type Config struct {
 	// the ledger provider.
 	PaymentMaxOpen int
 	// PaymentRetention is how long a ledger payment not reserved is kept
-	// after its last change.
+	// after its last change, and the spend records of a UTC day after it
+	// ended (today's and yesterday's always).
 	PaymentRetention time.Duration
 
 	// Mailboxes (durable delivery of network messages).
@@ -117,7 +118,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.MessageTimeout, "message-timeout", 10*time.Second, "time limit of one agent-network send, reply, broadcast or close")
 	fs.DurationVar(&c.DialogueRetention, "dialogue-retention", 30*24*time.Hour, "how long a dialogue is kept once its initiator closed it (a broadcast: once sent); the periodic sweep then removes it")
 	fs.IntVar(&c.PaymentMaxOpen, "payment-max-open", 100, "open (authorized or reserved, not captured) ledger payments one payer may hold; CreatePayment past it is RESOURCE_EXHAUSTED")
-	fs.DurationVar(&c.PaymentRetention, "payment-retention", 30*24*time.Hour, "how long a ledger payment not reserved (captured, or authorized and never used) is kept after its last change; the periodic sweep then removes it")
+	fs.DurationVar(&c.PaymentRetention, "payment-retention", 30*24*time.Hour, "how long a ledger payment not reserved (captured, or authorized and never used) is kept after its last change, and the daily spend records after their UTC day ended (today's and yesterday's always); the periodic sweep then removes them")
 	fs.Int64Var(&c.MailboxMaxMessages, "mailbox-max-messages", 10_000, "unacknowledged messages an agent's mailbox holds; a send past it is refused for that agent")
 	fs.Int64Var(&c.MailboxMaxBytes, "mailbox-max-bytes", 64<<20, "body bytes of the unacknowledged messages an agent's mailbox holds")
 	fs.DurationVar(&c.MailboxRetention, "mailbox-retention", 24*time.Hour, "how long an acknowledged message stays in its mailbox before compaction")

@@ -31,7 +31,8 @@ type LedgerLimits struct {
 	MaxOpen int
 	// Retention is how long a payment not reserved (captured, or
 	// authorized and unused) is kept after its last change before
-	// SweepPayments removes it; 0 keeps payments forever.
+	// SweepPayments removes it, and the spend records of a UTC day after
+	// it ended (Sweep); 0 keeps both forever.
 	Retention time.Duration
 }
 
@@ -97,7 +98,11 @@ func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price, r
 // Sweep forgets the request_ids older than RequestRetention and removes
 // the payments not reserved and unchanged for the limits' Retention (an
 // authorized payment no acceptance used is then unknown to the ledger).
-// It returns how many payments it removed.
+// It also removes the spend records (the Gate's, in the same store) of
+// the UTC days that ended more than Retention ago, and never today's or
+// yesterday's: only today's total is checked, and an acceptance counted
+// just before midnight may be undone just after. It returns how many
+// payments it removed.
 func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 	now := l.now()
 	_, err := store.SweepInBatches(ctx, now.Add(-RequestRetention), l.store.SweepPaymentRequests)
@@ -105,7 +110,19 @@ func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	n, perr := store.SweepInBatches(ctx, now.Add(-l.limits.Retention), l.store.SweepPayments)
-	return n, errors.Join(err, perr)
+	_, serr := store.SweepInBatches(ctx, spendCut(now, l.limits.Retention), l.store.SweepSpends)
+	return n, errors.Join(err, perr, serr)
+}
+
+// spendCut is the time before which a UTC day must have ended for its
+// spend records to be swept: retention ago, but no later than the start
+// of yesterday (UTC), so that yesterday and today are always kept.
+func spendCut(now time.Time, retention time.Duration) time.Time {
+	yesterday := now.UTC().Truncate(24*time.Hour).AddDate(0, 0, -1)
+	if cut := now.Add(-retention); cut.Before(yesterday) {
+		return cut
+	}
+	return yesterday
 }
 
 // Capture moves a reserved payment to its payee; capturing a captured one

@@ -329,3 +329,75 @@ func TestLedger_sweepRemovesMoreThanOneBatch(t *testing.T) {
 		}
 	}
 }
+
+// TestLedger_sweepRemovesSpendsInBatches: the periodic sweep removes the
+// spend records of the days that ended more than Retention ago, more than
+// one batch of them, and never today's or yesterday's, even when
+// Retention is shorter than a day.
+func TestLedger_sweepRemovesSpendsInBatches(t *testing.T) {
+	f := newFixture(t)
+	ctx := t.Context()
+	day := func(daysAgo int) string { return now.AddDate(0, 0, -daysAgo).Format(time.DateOnly) }
+	spend := func(order string, daysAgo int) store.Spend {
+		return store.Spend{Agent: consumer, Day: day(daysAgo), Order: order, AmountMicros: 1}
+	}
+	// With a Retention of 3 days at 12:00, the days 4 and more days ago
+	// have ended more than 3 days ago; 3 days ago has not.
+	const due = 2*payment.SweepBatch + 1
+	var kept []store.Spend
+	for i := range due {
+		if err := f.st.AddSpend(ctx, spend(fmt.Sprintf("old%d", i), 4+i%40), func(int64) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i, ago := range []int{3, 1, 1, 0, 0} {
+		sp := spend(fmt.Sprintf("new%d", i), ago)
+		kept = append(kept, sp)
+		if err := f.st.AddSpend(ctx, sp, func(int64) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	counted := func(sp store.Spend) bool {
+		t.Helper()
+		probe := errors.New("probe")
+		err := f.st.AddSpend(ctx, sp, func(int64) error { return probe })
+		if err != nil && !errors.Is(err, probe) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	sweep := func(retention time.Duration) {
+		t.Helper()
+		ledger := payment.NewLedger(f.st, func() string { return "unused" }, func() time.Time { return now }, payment.LedgerLimits{Retention: retention})
+		if _, err := ledger.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep(3 * 24 * time.Hour)
+	for i := range due {
+		if sp := spend(fmt.Sprintf("old%d", i), 4+i%40); counted(sp) {
+			t.Errorf("after Sweep: %s of %s is still counted, want it removed", sp.Order, sp.Day)
+		}
+	}
+	for _, sp := range kept {
+		if !counted(sp) {
+			t.Errorf("after Sweep: %s of %s is no longer counted, want it kept", sp.Order, sp.Day)
+		}
+	}
+	// A Retention of an hour at 12:00 would reach into today: yesterday's
+	// and today's records stay all the same, 3 days ago's go.
+	sweep(time.Hour)
+	for _, sp := range kept {
+		if gone := !counted(sp); gone != (sp.Day == day(3)) {
+			t.Errorf("after Sweep(Retention 1h): %s of %s gone = %t, want %t", sp.Order, sp.Day, gone, sp.Day == day(3))
+		}
+	}
+	// No Retention keeps the spend records, as it keeps the payments.
+	if err := f.st.AddSpend(ctx, spend("old0", 4), func(int64) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	sweep(0)
+	if !counted(spend("old0", 4)) {
+		t.Error("after Sweep(no Retention): old0 is no longer counted, want it kept")
+	}
+}

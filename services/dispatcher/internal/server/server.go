@@ -181,7 +181,8 @@ type Options struct {
 	// 0 means no bound.
 	PaymentMaxOpen int
 	// PaymentRetention is how long Sweep keeps a payment not reserved
-	// after its last change; 0 keeps payments forever.
+	// after its last change, and the spend records of a UTC day after it
+	// ended (today's and yesterday's always); 0 keeps both forever.
 	PaymentRetention time.Duration
 	// Acceptances checks every message that would form an order (an
 	// accept_offer) before it is recorded: payments, signed approvals,
@@ -307,8 +308,10 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // recent ones as tombstones so that late follow-ups get "Conversation
 // expired" rather than 404. It also forgets the day-old request_ids of
 // network sends and of CreatePayment, and removes the dialogues closed longer than
-// DialogueRetention ago and the payments not reserved and unchanged for
-// PaymentRetention. Each removes at most store.SweepBatch per transaction.
+// DialogueRetention ago, the payments not reserved and unchanged for
+// PaymentRetention, and the spend records of the UTC days that ended
+// PaymentRetention ago (never today's or yesterday's). Each removes at
+// most store.SweepBatch per transaction.
 // app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
 	n, err := store.SweepInBatches(ctx, s.opts.Now().Add(-24*time.Hour), s.store.SweepConversations)

@@ -79,6 +79,14 @@ type PaymentStore interface {
 	// RemoveSpend takes an order's spend back out of its day; removing
 	// one never added is no error.
 	RemoveSpend(ctx context.Context, agent, order string) error
+	// SweepSpends removes at most limit of the spend records of UTC days
+	// that ended by t (days before t's UTC day), the oldest day first, in
+	// one transaction, and returns how many it removed: fewer than limit
+	// when no more are due (or being changed, as above). An order removed
+	// is no longer counted (AddSpend counts it anew, RemoveSpend finds
+	// nothing), and its day's total loses it. It reads only what it
+	// removes.
+	SweepSpends(ctx context.Context, before time.Time, limit int) (int, error)
 	// SetOfferTerms records terms as those of the message id (an offer, a
 	// payment_error) of the pair (dialogue, supplier), before the message
 	// is delivered; setting them again replaces them.

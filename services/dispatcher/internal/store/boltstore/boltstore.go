@@ -59,9 +59,9 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // (notification_retries, empty when created: until then they waited in
 // the registry's outbox); 8 keyed offer_terms by message; 9 added the
 // sweep indexes of conversations (conversations_sweep) and of dialogue
-// request ids (dialogue_requests_sweep); migrate builds the others from
-// the older records.
-const schemaVersion = 9
+// request ids (dialogue_requests_sweep); 10 the spend records' sweep
+// index (spend_sweep); migrate builds the others from the older records.
+const schemaVersion = 10
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
@@ -93,7 +93,12 @@ func migrate(tx *bolt.Tx, from int) error {
 		if err := migrateConversationSweepIndex(tx); err != nil {
 			return err
 		}
-		return migrateRequestSweepIndex(tx)
+		if err := migrateRequestSweepIndex(tx); err != nil {
+			return err
+		}
+	}
+	if from < 10 {
+		return migrateSpendSweepIndex(tx)
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package boltstore
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -333,5 +334,74 @@ func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
 	}
 	if n, err := s.SweepConversations(ctx, t0.Add(2*time.Hour), 10); err != nil || n != 2 {
 		t.Errorf("SweepConversations(all) after the migration = %d, %v; want 2", n, err)
+	}
+}
+
+// A schema-9 database (no spend sweep index) is migrated on open: its
+// counted orders are indexed by day, so that SweepSpends finds the old
+// day's and keeps today's, and the day total of 0 that RemoveSpend left
+// is dropped.
+func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
+	dir := t.TempDir()
+	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
+		return string(b) == string(bucketSweepSpends)
+	})
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 9, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const alice = "clients/a/agents/alice"
+	// As schema 9's AddSpend and RemoveSpend wrote them: o-old and o-new
+	// counted, and a removed order's day left at 0.
+	err = old.Update(func(tx *bolt.Tx) error {
+		days, orders := tx.Bucket(bucketSpendDays), tx.Bucket(bucketSpendOrders)
+		for _, o := range []struct {
+			order, day string
+			amount     int64
+		}{{"o-old", "2026-10-01", 5}, {"o-new", "2026-12-02", 7}} {
+			if err := days.Put(join(alice, o.day), putInt(o.amount)); err != nil {
+				return err
+			}
+			if err := orders.Put(join(alice, o.order), append(append([]byte(o.day), 0), putInt(o.amount)...)); err != nil {
+				return err
+			}
+		}
+		return days.Put(join(alice, "2026-11-01"), putInt(0))
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema 9): %v", err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	for _, want := range []int{1, 0} {
+		if n, err := s.SweepSpends(ctx, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), 10); err != nil || n != want {
+			t.Errorf("SweepSpends after the migration = %d, %v; want %d", n, err, want)
+		}
+	}
+	var left [][]byte
+	err = s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSpendDays).ForEach(func(k, _ []byte) error { left = append(left, bytes.Clone(k)); return nil })
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := [][]byte{join(alice, "2026-12-02")}; !slices.EqualFunc(left, want, bytes.Equal) {
+		t.Errorf("day totals after the migration and the sweep = %q, want %q: today's only", left, want)
+	}
+	counted := s.AddSpend(ctx, store.Spend{Agent: alice, Day: "2026-12-02", Order: "o-new", AmountMicros: 7}, func(int64) error {
+		return errors.New("counted again")
+	})
+	if counted != nil {
+		t.Errorf("AddSpend(o-new) after the sweep = %v, want it still counted", counted)
+	}
+	if n, err := s.SweepSpends(ctx, time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), 10); err != nil || n != 1 {
+		t.Errorf("SweepSpends(all) after the migration = %d, %v; want 1", n, err)
 	}
 }

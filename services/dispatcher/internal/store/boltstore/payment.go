@@ -43,9 +43,13 @@ var (
 	// (schema version 6), so that SweepPaymentRequests walks only what it
 	// forgets.
 	bucketSweepPaymentRequests = []byte("payment_requests_sweep")
+	// bucketSweepSpends: day + 0x00 + the bucketSpendOrders key → empty,
+	// one per counted order (schema version 10), so that SweepSpends
+	// walks only what it removes, the oldest day first.
+	bucketSweepSpends = []byte("spend_sweep")
 )
 
-var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms, bucketPaymentRequests, bucketOpenPayments, bucketSweepPayments, bucketSweepPaymentRequests}
+var paymentBuckets = [][]byte{bucketPayments, bucketSpendDays, bucketSpendOrders, bucketOfferTerms, bucketPaymentRequests, bucketOpenPayments, bucketSweepPayments, bucketSweepPaymentRequests, bucketSweepSpends}
 
 var _ store.PaymentStore = (*Store)(nil)
 
@@ -320,7 +324,11 @@ func (s *Store) AddSpend(ctx context.Context, sp store.Spend, check func(dayTota
 		if err := days.Put(dk, putInt(total+sp.AmountMicros)); err != nil {
 			return err
 		}
-		return orders.Put(join(sp.Agent, sp.Order), append(append([]byte(sp.Day), 0), putInt(sp.AmountMicros)...))
+		ork := join(sp.Agent, sp.Order)
+		if err := tx.Bucket(bucketSweepSpends).Put(join(sp.Day, string(ork)), nil); err != nil {
+			return err
+		}
+		return orders.Put(ork, append(append([]byte(sp.Day), 0), putInt(sp.AmountMicros)...))
 	})
 }
 
@@ -330,18 +338,100 @@ func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
-		orders, days := tx.Bucket(bucketSpendOrders), tx.Bucket(bucketSpendDays)
-		v := orders.Get(join(agent, order))
-		i := bytes.IndexByte(v, 0)
-		if i < 0 {
-			return nil
+		return removeSpend(tx, join(agent, order))
+	})
+}
+
+// removeSpend removes the counted order ork (agent + 0x00 + order) from
+// bucketSpendOrders and bucketSweepSpends, and its amount from its day's
+// total, which goes when it reaches 0 (reading as 0 when absent).
+// Removing an order not counted does nothing.
+func removeSpend(tx *bolt.Tx, ork []byte) error {
+	orders, days := tx.Bucket(bucketSpendOrders), tx.Bucket(bucketSpendDays)
+	v := orders.Get(ork)
+	day, amount, found := bytes.Cut(v, []byte{0})
+	if !found {
+		return nil
+	}
+	agent, _, _ := bytes.Cut(ork, []byte{0})
+	dk := join(string(agent), string(day))
+	if err := tx.Bucket(bucketSweepSpends).Delete(join(string(day), string(ork))); err != nil {
+		return err
+	}
+	var err error
+	if total := readInt(days.Get(dk)) - readInt(amount); total == 0 {
+		err = days.Delete(dk)
+	} else {
+		err = days.Put(dk, putInt(total))
+	}
+	if err != nil {
+		return err
+	}
+	return orders.Delete(ork)
+}
+
+// SweepSpends implements store.PaymentStore: it walks bucketSweepSpends
+// from its first (oldest) day.
+func (s *Store) SweepSpends(ctx context.Context, before time.Time, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	err := s.db.Update(func(tx *bolt.Tx) error {
+		n = 0
+		sweep := tx.Bucket(bucketSweepSpends)
+		var due [][]byte // collected first: never delete while walking a cursor
+		c, cut := sweep.Cursor(), []byte(before.UTC().Format(time.DateOnly))
+		for k, _ := c.First(); k != nil && len(due) < limit; k, _ = c.Next() {
+			if day, _, _ := bytes.Cut(k, []byte{0}); bytes.Compare(day, cut) >= 0 {
+				break
+			}
+			due = append(due, bytes.Clone(k))
 		}
-		dk := join(agent, string(v[:i]))
-		if err := days.Put(dk, putInt(readInt(days.Get(dk))-readInt(v[i+1:]))); err != nil {
+		for _, k := range due {
+			if err := sweep.Delete(k); err != nil {
+				return err
+			}
+			_, ork, _ := bytes.Cut(k, []byte{0})
+			if err := removeSpend(tx, ork); err != nil {
+				return err
+			}
+		}
+		n = len(due)
+		return nil
+	})
+	return n, err
+}
+
+// migrateSpendSweepIndex builds bucketSweepSpends (schema version 10)
+// from bucketSpendOrders, and drops the day totals of 0 that RemoveSpend
+// left before it deleted them.
+func migrateSpendSweepIndex(tx *bolt.Tx) error {
+	sweep := tx.Bucket(bucketSweepSpends)
+	err := tx.Bucket(bucketSpendOrders).ForEach(func(k, v []byte) error {
+		day, _, _ := bytes.Cut(v, []byte{0})
+		return sweep.Put(join(string(day), string(k)), nil)
+	})
+	if err != nil {
+		return err
+	}
+	days := tx.Bucket(bucketSpendDays)
+	var zero [][]byte // collected first: never delete while walking a cursor
+	err = days.ForEach(func(k, v []byte) error {
+		if readInt(v) == 0 {
+			zero = append(zero, bytes.Clone(k))
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, k := range zero {
+		if err := days.Delete(k); err != nil {
 			return err
 		}
-		return orders.Delete(join(agent, order))
-	})
+	}
+	return nil
 }
 
 // SetOfferTerms implements store.PaymentStore.

@@ -175,6 +175,23 @@ func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
 	return err
 }
 
+// SweepSpends implements store.PaymentStore: one DELETE of the rows of
+// the oldest due days through the index spend_orders_by_sweep, skipping
+// rows another transaction holds. A day's total is the sum of its rows,
+// so it loses what goes.
+func (s *Store) SweepSpends(ctx context.Context, before time.Time, limit int) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	tag, err := s.db.Pool().Exec(ctx, `DELETE FROM spend_orders WHERE (agent, order_id) IN (
+  SELECT agent, order_id FROM spend_orders WHERE day < $1 ORDER BY day LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+		before.UTC().Format(time.DateOnly), limit)
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
+}
+
 // SetOfferTerms implements store.PaymentStore.
 func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error {
 	if err := ctx.Err(); err != nil {

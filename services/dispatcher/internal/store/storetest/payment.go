@@ -19,6 +19,7 @@ func RunPayments(t *testing.T, open func(t *testing.T) store.PaymentStore) {
 	t.Run("payment sweep", func(t *testing.T) { testSweepPayments(t, open(t)) })
 	t.Run("payment sweep batches", func(t *testing.T) { testSweepPaymentBatches(t, open(t)) })
 	t.Run("spend", func(t *testing.T) { testSpend(t, open(t)) })
+	t.Run("spend sweep batches", func(t *testing.T) { testSweepSpendBatches(t, open(t)) })
 	t.Run("terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
 }
 
@@ -295,6 +296,119 @@ func testSpend(t *testing.T, s store.PaymentStore) {
 	seen = nil
 	if err := s.AddSpend(ctx, refused, check); err != nil || !slices.Equal(seen, []int64{10}) {
 		t.Errorf("AddSpend after a refusal and a removal saw %v (%v), want the total 10: o1 only", seen, err)
+	}
+}
+
+func testSweepSpendBatches(t *testing.T, s store.PaymentStore) {
+	ctx := t.Context()
+	// Due (days ended by the cut, 2026-11-02 05:00 UTC), oldest first:
+	// o1 and o2 share the first day, no other due day is shared, so that
+	// each batch of 3 ends between two days.
+	due := []store.Spend{
+		{Agent: alice, Day: "2026-10-01", Order: "o1", AmountMicros: 1},
+		{Agent: bob, Day: "2026-10-01", Order: "o2", AmountMicros: 2},
+		{Agent: alice, Day: "2026-10-03", Order: "o3", AmountMicros: 3},
+		{Agent: alice, Day: "2026-10-05", Order: "o4", AmountMicros: 4},
+		{Agent: bob, Day: "2026-10-20", Order: "o5", AmountMicros: 5},
+		{Agent: alice, Day: "2026-10-31", Order: "o6", AmountMicros: 6},
+		{Agent: alice, Day: "2026-11-01", Order: "o7", AmountMicros: 7},
+	}
+	// Kept: the cut's own day has not ended; the last two are "yesterday"
+	// and "today" for a caller at 2026-12-02.
+	kept := []store.Spend{
+		{Agent: alice, Day: "2026-11-02", Order: "o8", AmountMicros: 8},
+		{Agent: alice, Day: "2026-12-01", Order: "o9", AmountMicros: 9},
+		{Agent: alice, Day: "2026-12-02", Order: "o10", AmountMicros: 10},
+		{Agent: alice, Day: "2026-12-02", Order: "o11", AmountMicros: 11},
+		{Agent: bob, Day: "2026-12-02", Order: "o12", AmountMicros: 12},
+	}
+	// Added newest first, so that neither key nor insertion order is the
+	// day order.
+	all := slices.Concat(due, kept)
+	for i := len(all) - 1; i >= 0; i-- {
+		if err := s.AddSpend(ctx, all[i], func(int64) error { return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	probe := errors.New("probe")
+	// counted reports whether sp's order is still counted: AddSpend then
+	// calls no check. Otherwise the check refuses it and nothing is
+	// written.
+	counted := func(sp store.Spend) bool {
+		t.Helper()
+		err := s.AddSpend(ctx, sp, func(int64) error { return probe })
+		if err != nil && !errors.Is(err, probe) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	// total is agent's total of day.
+	total := func(agent, day string) int64 {
+		t.Helper()
+		var got int64
+		err := s.AddSpend(ctx, store.Spend{Agent: agent, Day: day, Order: "probe", AmountMicros: 1}, func(d int64) error { got = d; return probe })
+		if !errors.Is(err, probe) {
+			t.Fatalf("AddSpend(probe) = %v", err)
+		}
+		return got
+	}
+	today := total(alice, "2026-12-02")
+	if today != 21 {
+		t.Fatalf("alice's total of 2026-12-02 before the sweeps = %d, want 21", today)
+	}
+	cut := time.Date(2026, 11, 2, 5, 0, 0, 0, time.UTC)
+	var got []int
+	for range len(due) {
+		n, err := s.SweepSpends(ctx, cut, 3)
+		if err != nil {
+			t.Fatalf("SweepSpends(limit 3) = %v", err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		// The oldest days go first: after k removed, due[i] is gone
+		// exactly when i < k.
+		removed := 0
+		for _, k := range got {
+			removed += k
+		}
+		for i, sp := range due {
+			if gone := !counted(sp); gone != (i < removed) {
+				t.Errorf("after sweeping %d: %s of %s gone = %t, want %t", removed, sp.Order, sp.Day, gone, i < removed)
+			}
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("SweepSpends(limit 3) removed %v per call, want %v", got, want)
+	}
+	for _, sp := range kept {
+		if !counted(sp) {
+			t.Errorf("after the sweeps: %s of %s is no longer counted, want it kept", sp.Order, sp.Day)
+		}
+	}
+	if got := total(alice, "2026-12-02"); got != today {
+		t.Errorf("alice's total of 2026-12-02 after the sweeps = %d, want %d unchanged", got, today)
+	}
+	for _, c := range []struct {
+		agent, day string
+		want       int64
+	}{{alice, "2026-12-01", 9}, {alice, "2026-11-02", 8}, {bob, "2026-12-02", 12}, {alice, "2026-10-05", 0}, {bob, "2026-10-01", 0}} {
+		if got := total(c.agent, c.day); got != c.want {
+			t.Errorf("%s's total of %s after the sweeps = %d, want %d", c.agent, c.day, got, c.want)
+		}
+	}
+	// A swept order is counted anew, on the day it is counted again.
+	again := due[0]
+	again.Day = "2026-12-02"
+	if err := s.AddSpend(ctx, again, func(int64) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if got := total(alice, "2026-12-02"); got != today+again.AmountMicros {
+		t.Errorf("alice's total of 2026-12-02 after counting swept o1 again = %d, want %d", got, today+again.AmountMicros)
+	}
+	if n, err := s.SweepSpends(ctx, time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), 100); err != nil || n != len(kept)+1 {
+		t.Errorf("SweepSpends(all) = %d, %v; want %d", n, err, len(kept)+1)
 	}
 }
 
