@@ -104,3 +104,26 @@ func TestSweepBuckets_dropsFullBuckets(t *testing.T) {
 		t.Errorf("rate_buckets after the sweep = %v (%v), want [slow/k]", names, rows.Err())
 	}
 }
+
+// A take whose bucket sweep fails still reports its token: the sweep is
+// housekeeping, retried a minute later, and a failure must not turn the
+// take into an error (auth.Limiter would then answer from its buckets in
+// memory and warn that the shared limit is unavailable). A trigger that
+// refuses deletes makes the sweep fail.
+func TestTakeToken_sweepFailureKeepsTheTake(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	db := open(t, url, schema, counterMigrations)
+	if _, err := db.Pool().Exec(t.Context(), `CREATE FUNCTION refuse_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION 'deletes refused'; END $$;
+CREATE TRIGGER refuse_delete BEFORE DELETE ON rate_buckets FOR EACH ROW EXECUTE FUNCTION refuse_delete();`); err != nil {
+		t.Fatal(err)
+	}
+	// A bucket full again, so that the sweep has a row to delete.
+	if _, err := db.Pool().Exec(t.Context(), `INSERT INTO rate_buckets (name, key, tokens, at, full_at, took) VALUES ('old', 'k', 1, now(), now() - interval '1 hour', true)`); err != nil {
+		t.Fatal(err)
+	}
+	// A DB's first take sweeps.
+	if ok, err := db.TakeToken(t.Context(), "auth.failures", "192.0.2.1", 1, 5); err != nil || !ok {
+		t.Errorf("TakeToken with the sweep failing = %v, %v; want true, nil", ok, err)
+	}
+}

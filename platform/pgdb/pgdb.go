@@ -49,8 +49,9 @@ type Options struct {
 	ConnectTimeout time.Duration
 	// MaxConns caps the pool; default pgxpool's (4 or the CPU count).
 	MaxConns int32
-	// Logger reports a database that cannot be reached at Open (the
-	// service's logger); discarded when nil.
+	// Logger reports a database that cannot be reached at Open, and
+	// failed sweeps of rate_buckets (the service's logger); discarded
+	// when nil.
 	Logger *slog.Logger
 }
 
@@ -70,6 +71,7 @@ type DB struct {
 	stopped chan struct{} // closed when the background migration ended
 
 	bucketsSwept atomic.Int64 // UnixNano of the last sweepBuckets
+	logger       *slog.Logger // Options.Logger, or a discarding one
 }
 
 // migration is one parsed migration file.
@@ -108,7 +110,11 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("pgdb: %w", err)
 	}
-	d := &DB{pool: pool, schema: opts.Schema, stop: func() {}, stopped: make(chan struct{})}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	d := &DB{pool: pool, schema: opts.Schema, stop: func() {}, stopped: make(chan struct{}), logger: logger}
 	err = d.migrate(ctx, migs)
 	if err == nil {
 		d.ready.Store(true)
@@ -122,10 +128,6 @@ func Open(ctx context.Context, url string, opts Options) (*DB, error) {
 	// The server does not answer: start anyway, not ready (Ping fails),
 	// and migrate once it does, so that a service whose database is down
 	// waits for it instead of exiting.
-	logger := opts.Logger
-	if logger == nil {
-		logger = slog.New(slog.DiscardHandler)
-	}
 	d.setErr(err)
 	bg, stop := context.WithCancel(context.WithoutCancel(ctx))
 	d.stop = stop
