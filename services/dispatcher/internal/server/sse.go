@@ -195,6 +195,14 @@ func (h sseHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		after = n
 	}
+	if r.Method == http.MethodHead {
+		// The GET pattern answers HEAD too: the stream's head, and no
+		// stream, which would take over the agent's live one (or, on a
+		// hijacked connection, write a body after a HEAD's response).
+		setStreamHeaders(w.Header())
+		w.WriteHeader(http.StatusOK)
+		return
+	}
 	ctx := callContext(r.Context(), r)
 	if v := r.Header.Get("Last-Event-ID"); v != "" {
 		n, err := strconv.ParseUint(v, 10, 64)
@@ -298,9 +306,7 @@ func (h sseHandler) serveOwn(ctx context.Context, w http.ResponseWriter, r *http
 	}
 	_ = brw // dropped, with the rest of net/http's state for the connection
 	hd := w.Header().Clone()
-	hd.Set("Content-Type", "text/event-stream")
-	hd.Set("Cache-Control", "no-store")
-	hd.Set("X-Accel-Buffering", "no")
+	setStreamHeaders(hd)
 	hd.Set("Connection", "close")
 	head := []byte("HTTP/1.1 200 OK\r\n")
 	var b bytes.Buffer
@@ -316,6 +322,13 @@ func (h sseHandler) serveOwn(ctx context.Context, w http.ResponseWriter, r *http
 		head:  head,
 	}
 	sinks <- sink
+}
+
+// setStreamHeaders sets the headers of an SSE response in hd.
+func setStreamHeaders(hd http.Header) {
+	hd.Set("Content-Type", "text/event-stream")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("X-Accel-Buffering", "no") // proxies must not buffer the stream
 }
 
 // sseWriter writes a stream's batches: the head and a ": connected"
@@ -344,10 +357,7 @@ func (h sseHandler) responseSink(w http.ResponseWriter) *sseWriter {
 			return rc.Flush()
 		},
 		begin: func() {
-			hd := w.Header()
-			hd.Set("Content-Type", "text/event-stream")
-			hd.Set("Cache-Control", "no-store")
-			hd.Set("X-Accel-Buffering", "no") // proxies must not buffer the stream
+			setStreamHeaders(w.Header())
 			w.WriteHeader(http.StatusOK)
 		},
 	}

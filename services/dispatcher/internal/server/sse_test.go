@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,4 +93,37 @@ func TestSSEHandler_pathsWriteTheSameStream(t *testing.T) {
 		mux.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
 		check(t, "recorder", rec.Header().Get("Content-Type"), rec.Body.String())
 	})
+}
+
+// countingSource counts the streams opened on it.
+type countingSource struct {
+	oneMessageSource
+	opened atomic.Int64
+}
+
+func (c *countingSource) receive(ctx context.Context, agent string, after uint64, clear bool, send func([]*dispatcherv1.NetworkMessage) error) error {
+	c.opened.Add(1)
+	return c.oneMessageSource.receive(ctx, agent, after, clear, send)
+}
+
+// The GET route also answers HEAD (net/http's mux): with the stream's
+// headers and no body, and without opening a stream, which would take
+// over the agent's live one.
+func TestSSEHandler_headOpensNoStream(t *testing.T) {
+	src := &countingSource{}
+	mux := http.NewServeMux()
+	mux.Handle(StreamPattern, sseHandler{src: src, writeTimeout: 10 * time.Second, streams: &streamSet{}})
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	resp, err := http.Head(srv.URL + "/v1/clients/acme/agents/bob/messages:stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Errorf("HEAD = %d, Content-Type %q; want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	if n := src.opened.Load(); n != 0 {
+		t.Errorf("HEAD opened %d streams, want none", n)
+	}
 }
