@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -205,19 +204,7 @@ func (f *fakeMailbox) lastAck() uint64 {
 
 func newAgent(t *testing.T, f *fakeMailbox, name string, opts sdk.NetworkOptions) *sdk.NetworkAgent {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	dispatcherv1.RegisterDispatcherServiceServer(gs, f)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveDispatcher(t, f)
 	if opts.MinBackoff == 0 {
 		opts.MinBackoff = time.Millisecond
 	}

@@ -80,19 +80,7 @@ func TestConnect_answersEnvelopesAndSteps(t *testing.T) {
 			{Kind: &dispatcherv1.ConnectResponse_Envelope{Envelope: &dispatcherv1.EnvelopeRequest{RequestId: "4", ProtocolHash: "ffffffffffffffffffffffffffffffffffffffff"}}},
 		},
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	dispatcherv1.RegisterDispatcherServiceServer(gs, f)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveDispatcher(t, f)
 
 	ctx, cancel := context.WithCancel(t.Context())
 	ready := make(chan struct{})
@@ -165,19 +153,7 @@ func (f *keyCheckingDispatcher) Connect(stream dispatcherv1.DispatcherService_Co
 
 func TestConnect_sendsKeyAndGivesUpWhenRefused(t *testing.T) {
 	f := &keyCheckingDispatcher{want: "parley_ak_good"}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	gs := grpc.NewServer()
-	dispatcherv1.RegisterDispatcherServiceServer(gs, f)
-	go func() { _ = gs.Serve(lis) }()
-	t.Cleanup(gs.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveDispatcher(t, f)
 	for _, tc := range []struct{ name, key, wantMsg string }{
 		{"wrong key", "parley_ak_bad", "unknown or revoked"},
 		{"right key, wrong agent", "parley_ak_good", "may not connect"},
@@ -190,4 +166,24 @@ func TestConnect_sendsKeyAndGivesUpWhenRefused(t *testing.T) {
 			t.Errorf("Connect(%s) error holds the key: %v", tc.name, err)
 		}
 	}
+}
+
+// serveDispatcher serves srv, a test's fake dispatcher, on a loopback
+// port and returns a connection to it; both end with the test.
+func serveDispatcher(t *testing.T, srv dispatcherv1.DispatcherServiceServer) *grpc.ClientConn {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	dispatcherv1.RegisterDispatcherServiceServer(gs, srv)
+	go func() { _ = gs.Serve(lis) }()
+	t.Cleanup(gs.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }

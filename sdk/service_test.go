@@ -2,14 +2,11 @@ package sdk_test
 
 import (
 	"context"
-	"net"
 	"sync"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
@@ -47,19 +44,7 @@ func TestCreatePayment_retriesOnlyUnavailableAndGivesUp(t *testing.T) {
 	} {
 		t.Run(tc.code.String(), func(t *testing.T) {
 			f := &failingPayments{code: tc.code}
-			lis, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			gs := grpc.NewServer()
-			dispatcherv1.RegisterDispatcherServiceServer(gs, f)
-			go func() { _ = gs.Serve(lis) }()
-			t.Cleanup(gs.Stop)
-			conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { conn.Close() })
+			conn := serveDispatcher(t, f)
 			na, err := sdk.NewNetworkAgent(conn, "clients/c/agents/buyer", sdk.NetworkOptions{MinBackoff: time.Millisecond, MaxBackoff: time.Millisecond})
 			if err != nil {
 				t.Fatal(err)

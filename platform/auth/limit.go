@@ -47,6 +47,7 @@ type sharing struct {
 	name    string
 	buckets SharedBuckets
 	logger  *slog.Logger
+	timeout time.Duration // bounds each question to buckets (sharedTimeout)
 
 	mu     sync.Mutex // guards logged
 	logged time.Time  // the last "shared limit unavailable" warning
@@ -79,9 +80,12 @@ const defaultMaxKeys = 100_000
 // one more try on each other replica per such period, and N replicas allow
 // about rate × (1 + N/burst), not N × rate.
 //
-// When b fails (the database is down), l answers from its buckets in
+// When b fails (the database is down) or does not answer within
+// sharedTimeout (a connection to a database cut off by the network hangs
+// until TCP gives up, minutes later), l answers from its buckets in
 // memory, so an outage turns the limit back into one per replica instead
-// of lifting it; logger hears of it at most once a minute.
+// of lifting it or holding every call it checks; logger hears of it at
+// most once a minute.
 //
 // A Limiter shared already stays as it is: in `parley serve` every
 // service offers its database, and the first one keeps the buckets.
@@ -89,8 +93,13 @@ func (l *Limiter) Share(name string, b SharedBuckets, logger *slog.Logger) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	l.shared.CompareAndSwap(nil, &sharing{name: name, buckets: b, logger: logger})
+	l.shared.CompareAndSwap(nil, &sharing{name: name, buckets: b, logger: logger, timeout: sharedTimeout})
 }
+
+// sharedTimeout bounds one question to the shared buckets: a round trip
+// to the database takes about a millisecond, and the question holds the
+// call being authenticated (or the registration) while it waits.
+const sharedTimeout = time.Second
 
 // Allow takes a token from key's bucket and reports whether there was one.
 func (l *Limiter) Allow(ctx context.Context, key string) bool {
@@ -98,7 +107,9 @@ func (l *Limiter) Allow(ctx context.Context, key string) bool {
 	// answer during an outage, and it tells Exhausted which keys to check.
 	local := l.allowLocal(key)
 	if sh := l.shared.Load(); sh != nil {
-		ok, err := sh.buckets.TakeToken(ctx, sh.name, key, l.rate, int(l.burst))
+		qctx, cancel := context.WithTimeout(ctx, sh.timeout)
+		ok, err := sh.buckets.TakeToken(qctx, sh.name, key, l.rate, int(l.burst))
+		cancel()
 		if err == nil {
 			return ok
 		}
@@ -132,7 +143,9 @@ func (l *Limiter) allowLocal(key string) bool {
 func (l *Limiter) Exhausted(ctx context.Context, key string) bool {
 	exhausted, seen := l.exhaustedLocal(key)
 	if sh := l.shared.Load(); sh != nil && seen {
-		left, err := sh.buckets.TokenLeft(ctx, sh.name, key, l.rate, int(l.burst))
+		qctx, cancel := context.WithTimeout(ctx, sh.timeout)
+		left, err := sh.buckets.TokenLeft(qctx, sh.name, key, l.rate, int(l.burst))
+		cancel()
 		if err == nil {
 			return !left
 		}
@@ -176,8 +189,9 @@ func (l *Limiter) sweep(t time.Time) {
 	}
 }
 
-// warn logs that the shared buckets failed, at most once a minute. A
-// call that ended (ctx done) is not the store's failure.
+// warn logs that the shared buckets failed (or took longer than
+// sh.timeout), at most once a minute. A call that ended (ctx, the call's
+// own context, done) is not the store's failure.
 func (sh *sharing) warn(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return

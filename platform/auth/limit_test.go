@@ -163,3 +163,40 @@ func TestLimiter_sharedHoldsAcrossReplicas(t *testing.T) {
 		t.Errorf("past the burst with the shared buckets down: Allow(z) = true or Exhausted(z) = false; want the limit in memory")
 	}
 }
+
+// hungBuckets is SharedBuckets that never answers: each call waits for its
+// context to end (a database behind a dropped network, whose connection
+// neither answers nor fails).
+type hungBuckets struct{}
+
+func (hungBuckets) TakeToken(ctx context.Context, _, _ string, _ float64, _ int) (bool, error) {
+	<-ctx.Done()
+	return false, ctx.Err()
+}
+
+func (hungBuckets) TokenLeft(ctx context.Context, _, _ string, _ float64, _ int) (bool, error) {
+	<-ctx.Done()
+	return false, ctx.Err()
+}
+
+// Shared buckets that hang do not hang the calls: each question has its
+// own deadline, after which the Limiter answers from memory, as when they
+// fail. The calls' own contexts here have no deadline.
+func TestLimiter_sharedBucketsThatHangAnswerFromMemory(t *testing.T) {
+	now := time.Unix(1000, 0)
+	l := NewLimiter(1, 2, func() time.Time { return now })
+	l.Share("failures", hungBuckets{}, nil)
+	l.shared.Load().timeout = time.Millisecond
+	ctx := context.Background()
+	for i := range 2 {
+		if !l.Allow(ctx, "x") {
+			t.Fatalf("Allow(x) #%d with the shared buckets hung = false, want true within the burst in memory", i+1)
+		}
+	}
+	if l.Allow(ctx, "x") {
+		t.Errorf("Allow(x) past the burst with the shared buckets hung = true, want false (the limit in memory)")
+	}
+	if !l.Exhausted(ctx, "x") {
+		t.Errorf("Exhausted(x) with the shared buckets hung = false, want true (the limit in memory)")
+	}
+}

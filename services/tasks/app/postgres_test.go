@@ -89,33 +89,11 @@ func TestPostgreSQL_twoReplicasShareTasksAndArtifacts(t *testing.T) {
 // nothing may touch it after that.
 func TestPostgreSQL_closeStopsAndWaitsForTheOrphanScan(t *testing.T) {
 	url := pgdbtest.Database(t)
-	_, conn := startFakeDispatcher(t, echoStep)
-	cfg, err := testConfig(t.TempDir(), func(c *config.Config) { c.DatabaseURL = url })
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger, app.Peers{Dispatcher: conn})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := serve.New(serve.Options{Logger: logger, ShutdownTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const scan = "pgdb.Tick("
-	before := goroutinesIn(scan)
-	if err := a.Register(t.Context(), srv); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the orphan scan runs", func() (bool, string) {
-		n := goroutinesIn(scan) - before
-		return n == 1, fmt.Sprintf("%d scans", n)
-	})
+	a, _, scans := startScanning(t, url)
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if n := goroutinesIn(scan) - before; n != 0 {
+	if n := scans(); n != 0 {
 		t.Errorf("%d orphan scans still run after Close returned; want 0", n)
 	}
 }
@@ -125,30 +103,8 @@ func TestPostgreSQL_closeStopsAndWaitsForTheOrphanScan(t *testing.T) {
 // replica's steps, which stay for a replica that keeps serving.
 func TestPostgreSQL_orphanScanEndsWhenShutdownStarts(t *testing.T) {
 	url := pgdbtest.Database(t)
-	_, conn := startFakeDispatcher(t, echoStep)
-	cfg, err := testConfig(t.TempDir(), func(c *config.Config) { c.DatabaseURL = url })
-	if err != nil {
-		t.Fatal(err)
-	}
-	logger := slog.New(slog.DiscardHandler)
-	a, err := app.New(cfg, logger, app.Peers{Dispatcher: conn})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, srv, scans := startScanning(t, url)
 	defer a.Close()
-	srv, err := serve.New(serve.Options{Logger: logger, ShutdownTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	const scan = "pgdb.Tick("
-	before := goroutinesIn(scan)
-	if err := a.Register(t.Context(), srv); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "the orphan scan runs", func() (bool, string) {
-		n := goroutinesIn(scan) - before
-		return n == 1, fmt.Sprintf("%d scans", n)
-	})
 	// Shutdown starts (Stopping closes) as Run's context ends; Register's
 	// context lives on.
 	runCtx, shutdown := context.WithCancel(t.Context())
@@ -159,13 +115,13 @@ func TestPostgreSQL_orphanScanEndsWhenShutdownStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	eventually(t, "the orphan scan ends before Close", func() (bool, string) {
-		n := goroutinesIn(scan) - before
+		n := scans()
 		return n == 0, fmt.Sprintf("%d scans", n)
 	})
 
 	// A replica that died leaves a pending step; the draining replica
 	// does not take it: the next live replica claims it.
-	dead, err := pgstore.Open(t.Context(), url, pgstore.Schema, logger)
+	dead, err := pgstore.Open(t.Context(), url, pgstore.Schema, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +134,7 @@ func TestPostgreSQL_orphanScanEndsWhenShutdownStarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead.Close()
-	live, err := pgstore.Open(t.Context(), url, pgstore.Schema, logger)
+	live, err := pgstore.Open(t.Context(), url, pgstore.Schema, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,4 +143,38 @@ func TestPostgreSQL_orphanScanEndsWhenShutdownStarts(t *testing.T) {
 		got, err := live.ClaimOrphans(t.Context())
 		return err == nil && len(got) == 1, fmt.Sprintf("%v, %v", got, err)
 	})
+}
+
+// orphanScan is on the stack of every running orphan scan.
+const orphanScan = "pgdb.Tick("
+
+// startScanning registers a tasks app on the PostgreSQL database url, so
+// that it runs its orphan scan, and waits for the scan to run. scans
+// counts the orphan scans started since.
+func startScanning(t *testing.T, url string) (a *app.App, srv *serve.Server, scans func() int) {
+	t.Helper()
+	_, conn := startFakeDispatcher(t, echoStep)
+	cfg, err := testConfig(t.TempDir(), func(c *config.Config) { c.DatabaseURL = url })
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	a, err = app.New(cfg, logger, app.Peers{Dispatcher: conn})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err = serve.New(serve.Options{Logger: logger, ShutdownTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := goroutinesIn(orphanScan)
+	scans = func() int { return goroutinesIn(orphanScan) - before }
+	if err := a.Register(t.Context(), srv); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the orphan scan runs", func() (bool, string) {
+		n := scans()
+		return n == 1, fmt.Sprintf("%d scans", n)
+	})
+	return a, srv, scans
 }

@@ -182,8 +182,9 @@ func (p *Pool) Options() PoolOptions { return p.opts }
 // bound on concurrent runs and no fair shares. It exists for the guards'
 // own tests and for tests of packages that run routines without needing
 // the boundary. Product code never uses it: e2e's
-// TestArch_noInProcessRoutines fails if a non-test file outside the test
-// support names it, or if a binary links package routinetest.
+// TestArch_noInProcessRoutines fails if any non-test file but this
+// declaration names it (and TestArch_binariesCarryNoTestSupport if a
+// binary links package routinetest).
 func InProcessForTests() *Pool { return &Pool{inProcess: true} }
 
 func (p *Pool) remote() bool { return !p.inProcess }

@@ -54,7 +54,11 @@ func TestWallTimer_lateFiringSparesTheNextRun(t *testing.T) {
 
 	thread := &starlark.Thread{}
 	w.arm(0, thread, next, "wall time budget exceeded")
+	deadline := time.Now().Add(10 * time.Second) // bounds a broken run only
 	for !next.expired.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("a timer armed for 0 has not fired after 10 s")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	w.stop()

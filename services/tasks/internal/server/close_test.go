@@ -27,21 +27,7 @@ func (notReadyStore) Ping(context.Context) error                           { ret
 // it, even while Start's context lives: the caller closes the store next,
 // and nothing may touch it after that.
 func TestClose_stopsAndWaitsForTheResumeRetry(t *testing.T) {
-	dir := t.TempDir()
-	bs, err := boltstore.Open(dir, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { bs.Close() })
-	files, err := artifactfs.New(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
-	s := New(notReadyStore{bs}, files, fd, slog.New(slog.DiscardHandler), Options{
-		StepWait: time.Second, StepTimeout: time.Second, RetryMax: time.Second,
-		MaxPageSize: 10, MaxWatchers: 10, MaxInFlight: 10, MaxWaitingSteps: 10, MaxStepAttempts: 10, MaxUploadBytes: 1 << 20,
-	})
+	s := newNotReadyServer(t)
 	const retry = "server.(*Server).resumeLater("
 	before := goroutinesIn(retry)
 	if err := s.Start(t.Context(), nil); err != nil {
@@ -78,21 +64,7 @@ func TestStart_resumeRetryEndsWhenShutdownStarts(t *testing.T) {
 		{"Start's context ends", func(cancel context.CancelFunc, _ chan struct{}) { cancel() }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := t.TempDir()
-			bs, err := boltstore.Open(dir, time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { bs.Close() })
-			files, err := artifactfs.New(dir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
-			s := New(notReadyStore{bs}, files, fd, slog.New(slog.DiscardHandler), Options{
-				StepWait: time.Second, StepTimeout: time.Second, RetryMax: time.Second,
-				MaxPageSize: 10, MaxWatchers: 10, MaxInFlight: 10, MaxWaitingSteps: 10, MaxStepAttempts: 10, MaxUploadBytes: 1 << 20,
-			})
+			s := newNotReadyServer(t)
 			t.Cleanup(s.Close)
 			const retry = "server.(*Server).resumeLater("
 			before := goroutinesIn(retry)
@@ -108,4 +80,25 @@ func TestStart_resumeRetryEndsWhenShutdownStarts(t *testing.T) {
 			poll(t, "the resume retry ends before Close", func() bool { return goroutinesIn(retry) == before })
 		})
 	}
+}
+
+// newNotReadyServer returns a server over a new bbolt store that answers
+// not ready (notReadyStore), so that Start leaves a resume retry running.
+func newNotReadyServer(t *testing.T) *Server {
+	t.Helper()
+	dir := t.TempDir()
+	bs, err := boltstore.Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bs.Close() })
+	files, err := artifactfs.New(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fd := &fakeDispatcher{fn: fakeAgents, calls: map[string]int{}, steps: map[string]map[string]bool{}}
+	return New(notReadyStore{bs}, files, fd, slog.New(slog.DiscardHandler), Options{
+		StepWait: time.Second, StepTimeout: time.Second, RetryMax: time.Second,
+		MaxPageSize: 10, MaxWatchers: 10, MaxInFlight: 10, MaxWaitingSteps: 10, MaxStepAttempts: 10, MaxUploadBytes: 1 << 20,
+	})
 }

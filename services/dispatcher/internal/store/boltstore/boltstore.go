@@ -450,11 +450,7 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit 
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
 		sweep := tx.Bucket(bucketSweepConversations)
-		var dead [][]byte // collected first: never delete while walking a cursor
-		c, cut := sweep.Cursor(), before.UnixNano()
-		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(dead) < limit; k, _ = c.Next() {
-			dead = append(dead, bytes.Clone(k))
-		}
+		dead := dueKeys(sweep, before, limit)
 		convs := tx.Bucket(bucketConversations)
 		for _, k := range dead {
 			var conv store.Conversation

@@ -589,11 +589,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
 		sweep := tx.Bucket(bucketSweepDialogueRequests)
-		var old [][]byte // collected first: never delete while walking a cursor
-		c, cut := sweep.Cursor(), before.UnixNano()
-		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(old) < limit; k, _ = c.Next() {
-			old = append(old, bytes.Clone(k))
-		}
+		old := dueKeys(sweep, before, limit)
 		requests := tx.Bucket(bucketDialogueRequests)
 		for _, k := range old {
 			if err := sweep.Delete(k); err != nil {

@@ -22,37 +22,19 @@ import (
 // closed dialogue is then found and removed by SweepDialogues, with its
 // message, and its open one is kept.
 func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
-	dir := t.TempDir()
 	t0 := time.Unix(1_800_000_000, 0).UTC()
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
-		Buckets: slices.Concat(allBuckets, dialogueBuckets[:7], timerBuckets, orderBuckets), SchemaVersion: 1, LockTimeout: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	put := func(tx *bolt.Tx, bucket []byte, key string, v any) {
 		data, _ := json.Marshal(v)
 		if err := tx.Bucket(bucket).Put([]byte(key), data); err != nil {
 			t.Fatal(err)
 		}
 	}
-	err = old.Update(func(tx *bolt.Tx) error {
+	s := openSchema(t, 1, slices.Concat(allBuckets, dialogueBuckets[:7], timerBuckets, orderBuckets), func(tx *bolt.Tx) error {
 		put(tx, bucketDialogues, "closed", store.Dialogue{ID: "closed", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0, Closed: true})
 		put(tx, bucketDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
 		put(tx, bucketDialogues, "open", store.Dialogue{ID: "open", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0})
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 1): %v", err)
-	}
-	defer s.Close()
 	ctx := t.Context()
 	if n, err := s.SweepDialogues(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
 		t.Fatalf("SweepDialogues after the migration = %d, %v; want 1", n, err)
@@ -69,17 +51,12 @@ func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 // acknowledged, old reference is then compacted, and the unacknowledged
 // one is kept.
 func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
-	dir := t.TempDir()
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
 		return string(b) == string(bucketMailboxCompaction)
 	})
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 2, LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const bob = "clients/b/agents/bob"
-	err = old.Update(func(tx *bolt.Tx) error {
+	s := openSchema(t, 2, buckets, func(tx *bolt.Tx) error {
 		for i, id := range []string{"m1", "m2"} {
 			data, _ := json.Marshal(mailbox.Message{ID: id, DialogueID: "d", Category: mailbox.CategoryMessage, Type: "x", Time: t0})
 			if err := tx.Bucket(bucketMessages).Put([]byte(id), data); err != nil {
@@ -94,17 +71,6 @@ func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 		}
 		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 2, Acked: 1, Pending: 1})
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 2): %v", err)
-	}
-	defer s.Close()
 	ctx := t.Context()
 	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
 		t.Fatalf("CompactMailboxes after the migration = %d, %v; want 1", n, err)
@@ -118,17 +84,12 @@ func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 // then counts the payer's payments not captured, and the sweep finds the
 // payments not reserved.
 func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
-	dir := t.TempDir()
 	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
 		return string(b) == string(bucketOpenPayments) || string(b) == string(bucketPaymentRequests)
 	})
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 3, LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
 	paid := time.Date(2026, 12, 2, 10, 0, 0, 123456000, time.UTC)
-	err = old.Update(func(tx *bolt.Tx) error {
+	s := openSchema(t, 3, buckets, func(tx *bolt.Tx) error {
 		for id, st := range map[string]store.PaymentState{"p1": store.PaymentAuthorized, "p2": store.PaymentReserved, "p3": store.PaymentCaptured} {
 			if err := putJSON(tx.Bucket(bucketPayments), []byte(id), store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st, UpdateTime: paid}); err != nil {
 				return err
@@ -136,17 +97,6 @@ func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 3): %v", err)
-	}
-	defer s.Close()
 	open := -1
 	p := store.Payment{ID: "p4", Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: store.PaymentAuthorized, UpdateTime: paid.Add(2 * time.Hour)}
 	if _, _, err := s.CreatePayment(t.Context(), p, "", func(n int) error { open = n; return nil }); err != nil || open != 2 {
@@ -162,17 +112,12 @@ func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 // on open: the sweep then forgets the ids recorded before its time, and
 // only those.
 func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
-	dir := t.TempDir()
 	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
 		return string(b) == string(bucketSweepPaymentRequests)
 	})
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 5, LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const alice = "clients/a/agents/alice"
 	recorded := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-	err = old.Update(func(tx *bolt.Tx) error {
+	s := openSchema(t, 5, buckets, func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketPaymentRequests)
 		for i, id := range []string{"r-old", "r-new"} {
 			at := recorded.Add(time.Duration(i) * time.Hour)
@@ -182,17 +127,6 @@ func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 5): %v", err)
-	}
-	defer s.Close()
 	for _, want := range []int{1, 0} {
 		if n, err := s.SweepPaymentRequests(t.Context(), recorded.Add(time.Minute), 10); err != nil || n != want {
 			t.Errorf("SweepPaymentRequests after the migration = %d, %v; want %d", n, err, want)
@@ -207,21 +141,7 @@ func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
 // empty (until then the registry's outbox kept waiting notifications),
 // and the relay's waiting notifications are then stored.
 func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
-	dir := t.TempDir()
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
-		Buckets: slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), SchemaVersion: 6, LockTimeout: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 6): %v", err)
-	}
-	defer s.Close()
+	s := openSchema(t, 6, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), nil)
 	ctx := t.Context()
 	if w, err := s.NotificationRetries(ctx); err != nil || len(w) != 0 {
 		t.Fatalf("NotificationRetries after the migration = %v, %v; want none", w, err)
@@ -235,28 +155,10 @@ func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
 // the pair's terms are then found for any message of the pair, until an
 // offer records its own.
 func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
-	dir := t.TempDir()
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
-		Buckets: slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), SchemaVersion: 7, LockTimeout: time.Second,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const bob = "clients/b/agents/bob"
-	err = old.Update(func(tx *bolt.Tx) error {
+	s := openSchema(t, 7, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketOfferTerms).Put(join("d1", bob), []byte(`{"a":1}`))
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 7): %v", err)
-	}
-	defer s.Close()
 	ctx := t.Context()
 	if got, err := s.OfferTerms(ctx, "d1", bob, "offer1"); err != nil || string(got) != `{"a":1}` {
 		t.Errorf("OfferTerms(d1, bob) after the migration = %s, %v; want {\"a\":1}", got, err)
@@ -275,14 +177,9 @@ func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 // request ids) is migrated on open: each sweep then removes what is due
 // by the old records' times, and only that.
 func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
-	dir := t.TempDir()
 	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
 		return string(b) == string(bucketSweepConversations) || string(b) == string(bucketSweepDialogueRequests)
 	})
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 8, LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const alice = "clients/a/agents/alice"
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	put := func(tx *bolt.Tx, bucket, key []byte, v any) {
@@ -291,7 +188,7 @@ func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	err = old.Update(func(tx *bolt.Tx) error {
+	s := openSchema(t, 8, buckets, func(tx *bolt.Tx) error {
 		for i, id := range []string{"c-old", "c-new"} {
 			c := store.Conversation{ID: id, Agent: alice, Peer: "p", CreateTime: t0, ExpireTime: t0.Add(time.Duration(i) * time.Hour)}
 			put(tx, bucketConversations, []byte(id), c)
@@ -302,17 +199,6 @@ func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 8): %v", err)
-	}
-	defer s.Close()
 	ctx := t.Context()
 	for _, want := range []int{1, 0} {
 		if n, err := s.SweepConversations(ctx, t0.Add(time.Minute), 10); err != nil || n != want {
@@ -342,18 +228,13 @@ func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
 // day's and keeps today's, and the day total of 0 that RemoveSpend left
 // is dropped.
 func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
-	dir := t.TempDir()
 	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
 		return string(b) == string(bucketSweepSpends)
 	})
-	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: 9, LockTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
 	const alice = "clients/a/agents/alice"
 	// As schema 9's AddSpend and RemoveSpend wrote them: o-old and o-new
 	// counted, and a removed order's day left at 0.
-	err = old.Update(func(tx *bolt.Tx) error {
+	s := openSchema(t, 9, buckets, func(tx *bolt.Tx) error {
 		days, orders := tx.Bucket(bucketSpendDays), tx.Bucket(bucketSpendOrders)
 		for _, o := range []struct {
 			order, day string
@@ -368,17 +249,6 @@ func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
 		}
 		return days.Put(join(alice, "2026-11-01"), putInt(0))
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := old.Close(); err != nil {
-		t.Fatal(err)
-	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema 9): %v", err)
-	}
-	defer s.Close()
 	ctx := t.Context()
 	for _, want := range []int{1, 0} {
 		if n, err := s.SweepSpends(ctx, time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC), 10); err != nil || n != want {
@@ -386,7 +256,7 @@ func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
 		}
 	}
 	var left [][]byte
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketSpendDays).ForEach(func(k, _ []byte) error { left = append(left, bytes.Clone(k)); return nil })
 	})
 	if err != nil {
@@ -404,4 +274,30 @@ func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
 	if n, err := s.SweepSpends(ctx, time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), 10); err != nil || n != 1 {
 		t.Errorf("SweepSpends(all) after the migration = %d, %v; want 1", n, err)
 	}
+}
+
+// openSchema writes a new database as schema version left it (buckets,
+// filled by fill unless it is nil), then opens it with Open, which
+// migrates it. The store is closed when the test ends.
+func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *bolt.Tx) error) *Store {
+	t.Helper()
+	dir := t.TempDir()
+	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: version, LockTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fill != nil {
+		if err := old.Update(fill); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := old.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema %d): %v", version, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
 }

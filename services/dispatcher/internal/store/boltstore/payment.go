@@ -165,13 +165,9 @@ func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) 
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
-		var ids [][]byte // collected first: never delete while walking a cursor
-		c, cut := tx.Bucket(bucketSweepPayments).Cursor(), before.UnixNano()
-		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(ids) < limit; k, _ = c.Next() {
-			ids = append(ids, bytes.Clone(k[8:]))
-		}
 		b := tx.Bucket(bucketPayments)
-		for _, id := range ids {
+		for _, k := range dueKeys(tx.Bucket(bucketSweepPayments), before, limit) {
+			id := k[8:]
 			var p store.Payment
 			ok, err := getJSON(b, id, &p)
 			if err != nil {
@@ -191,6 +187,19 @@ func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) 
 		return nil
 	})
 	return n, err
+}
+
+// dueKeys returns, earliest first, up to limit keys of the sweep index b
+// (an 8-byte Unix-nanosecond time, then the record's key) whose time is
+// before before. They are copies, collected before the caller deletes
+// anything: a bbolt cursor skips keys deleted while it walks.
+func dueKeys(b *bolt.Bucket, before time.Time, limit int) [][]byte {
+	var keys [][]byte
+	c, cut := b.Cursor(), before.UnixNano()
+	for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(keys) < limit; k, _ = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+	}
+	return keys
 }
 
 // countPrefix counts the keys of b that start with prefix.
@@ -244,11 +253,7 @@ func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time, limi
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
 		sweep := tx.Bucket(bucketSweepPaymentRequests)
-		var old [][]byte // collected first: never delete while walking a cursor
-		c, cut := sweep.Cursor(), before.UnixNano()
-		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(old) < limit; k, _ = c.Next() {
-			old = append(old, bytes.Clone(k))
-		}
+		old := dueKeys(sweep, before, limit)
 		for _, k := range old {
 			if err := sweep.Delete(k); err != nil {
 				return err

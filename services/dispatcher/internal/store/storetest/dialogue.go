@@ -122,31 +122,7 @@ func testSweepRequestBatches(t *testing.T, s DialogueBackend) {
 		return found
 	}
 	cut := at(due)
-	var got []int
-	for range due {
-		n, err := s.SweepRequests(ctx, cut, 3)
-		if err != nil {
-			t.Fatalf("SweepRequests(limit 3) = %v", err)
-		}
-		got = append(got, n)
-		if n == 0 {
-			break
-		}
-		// The oldest go first: after k removed, the request begun at
-		// +i s is gone exactly when i < k.
-		removed := 0
-		for _, k := range got {
-			removed += k
-		}
-		for i := range due {
-			if kept := remembered(sender(i), id(i)); kept != (i >= removed) {
-				t.Errorf("after sweeping %d: request begun at +%ds remembered = %t, want %t", removed, i, kept, i >= removed)
-			}
-		}
-	}
-	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
-		t.Errorf("SweepRequests(limit 3) removed %v per call, want %v", got, want)
-	}
+	sweepOldestFirst(t, "SweepRequests", due, func(limit int) (int, error) { return s.SweepRequests(ctx, cut, limit) }, func(i int) bool { return !remembered(sender(i), id(i)) }, func(i int) string { return fmt.Sprintf("the request begun at +%ds", i) })
 	if !remembered(carol, "taken") {
 		t.Error("request taken over at +8s was swept with the cut at +7s, want it kept")
 	}

@@ -205,32 +205,10 @@ func testSweepPaymentBatches(t *testing.T, s store.PaymentStore) {
 		t.Fatal(err)
 	}
 	cut := at(due)
-	var got []int
-	for range due {
-		n, err := s.SweepPayments(ctx, cut, 3)
-		if err != nil {
-			t.Fatalf("SweepPayments(limit 3) = %v", err)
-		}
-		got = append(got, n)
-		if n == 0 {
-			break
-		}
-		// The oldest go first: after k removed, payment i is gone
-		// exactly when i < k.
-		removed := 0
-		for _, k := range got {
-			removed += k
-		}
-		for i := range due {
-			_, err := s.GetPayment(ctx, fmt.Sprintf("p%d", due-i))
-			if gone := errors.Is(err, store.ErrNotFound); gone != (i < removed) {
-				t.Errorf("after sweeping %d: payment created at +%ds gone = %t (%v), want %t", removed, i, gone, err, i < removed)
-			}
-		}
-	}
-	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
-		t.Errorf("SweepPayments(limit 3) removed %v per call, want %v", got, want)
-	}
+	sweepOldestFirst(t, "SweepPayments", due, func(limit int) (int, error) { return s.SweepPayments(ctx, cut, limit) }, func(i int) bool {
+		_, err := s.GetPayment(ctx, fmt.Sprintf("p%d", due-i))
+		return errors.Is(err, store.ErrNotFound)
+	}, func(i int) string { return fmt.Sprintf("the payment created at +%ds", i) })
 	if _, err := s.GetPayment(ctx, "held"); err != nil {
 		t.Errorf("GetPayment(held) after the sweeps = %v, want it kept", err)
 	}
@@ -241,7 +219,7 @@ func testSweepPaymentBatches(t *testing.T, s store.PaymentStore) {
 	if _, created, err := s.CreatePayment(ctx, again, "r0", nil); err != nil || !created {
 		t.Fatalf("CreatePayment(r0 after its payment was swept) = %t, %v; want it created", created, err)
 	}
-	got = nil
+	var got []int
 	for range due {
 		n, err := s.SweepPaymentRequests(ctx, at(5), 2)
 		if err != nil {
@@ -357,31 +335,7 @@ func testSweepSpendBatches(t *testing.T, s store.PaymentStore) {
 		t.Fatalf("alice's total of 2026-12-02 before the sweeps = %d, want 21", today)
 	}
 	cut := time.Date(2026, 11, 2, 5, 0, 0, 0, time.UTC)
-	var got []int
-	for range len(due) {
-		n, err := s.SweepSpends(ctx, cut, 3)
-		if err != nil {
-			t.Fatalf("SweepSpends(limit 3) = %v", err)
-		}
-		got = append(got, n)
-		if n == 0 {
-			break
-		}
-		// The oldest days go first: after k removed, due[i] is gone
-		// exactly when i < k.
-		removed := 0
-		for _, k := range got {
-			removed += k
-		}
-		for i, sp := range due {
-			if gone := !counted(sp); gone != (i < removed) {
-				t.Errorf("after sweeping %d: %s of %s gone = %t, want %t", removed, sp.Order, sp.Day, gone, i < removed)
-			}
-		}
-	}
-	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
-		t.Errorf("SweepSpends(limit 3) removed %v per call, want %v", got, want)
-	}
+	sweepOldestFirst(t, "SweepSpends", len(due), func(limit int) (int, error) { return s.SweepSpends(ctx, cut, limit) }, func(i int) bool { return !counted(due[i]) }, func(i int) string { return due[i].Order + " of " + due[i].Day })
 	for _, sp := range kept {
 		if !counted(sp) {
 			t.Errorf("after the sweeps: %s of %s is no longer counted, want it kept", sp.Order, sp.Day)

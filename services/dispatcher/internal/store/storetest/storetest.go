@@ -152,32 +152,10 @@ func testSweepConversationBatches(t *testing.T, s store.Store) {
 		t.Fatal(err)
 	}
 	cut := at(due)
-	var got []int
-	for range due {
-		n, err := s.SweepConversations(ctx, cut, 3)
-		if err != nil {
-			t.Fatalf("SweepConversations(limit 3) = %v", err)
-		}
-		got = append(got, n)
-		if n == 0 {
-			break
-		}
-		// The earliest expired go first: after k removed, the
-		// conversation expiring at +i s is gone exactly when i < k.
-		removed := 0
-		for _, k := range got {
-			removed += k
-		}
-		for i := range due {
-			_, err := s.GetConversation(ctx, id(i))
-			if gone := errors.Is(err, store.ErrNotFound); gone != (i < removed) {
-				t.Errorf("after sweeping %d: conversation expiring at +%ds gone = %t (%v), want %t", removed, i, gone, err, i < removed)
-			}
-		}
-	}
-	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
-		t.Errorf("SweepConversations(limit 3) removed %v per call, want %v", got, want)
-	}
+	sweepOldestFirst(t, "SweepConversations", due, func(limit int) (int, error) { return s.SweepConversations(ctx, cut, limit) }, func(i int) bool {
+		_, err := s.GetConversation(ctx, id(i))
+		return errors.Is(err, store.ErrNotFound)
+	}, func(i int) string { return fmt.Sprintf("the conversation expiring at +%ds", i) })
 	if _, err := s.GetConversation(ctx, "extended"); err != nil {
 		t.Errorf("GetConversation(extended) after the sweeps = %v, want it kept", err)
 	}
@@ -213,5 +191,35 @@ func testToolsAndCounts(t *testing.T, s store.Store) {
 	counts, err := s.ListSendCounts(ctx, agent)
 	if err != nil || len(counts) != 1 || counts[0].Conversations != 3 || counts[0].WithProtocol != 2 || counts[0].TargetURL != "https://x" {
 		t.Errorf("ListSendCounts = %+v, %v; want weather/https://x 3 (2 with protocol)", counts, err)
+	}
+}
+
+// sweepOldestFirst calls sweep with a limit of 3 until a call removes
+// nothing, over due items that are all due (item 0 the oldest), and checks
+// the batches: after k removed in all, item i is gone exactly when i < k,
+// and seven due go in calls removing 3, 3, 1 and 0. what names the sweep,
+// name an item, in the errors.
+func sweepOldestFirst(t *testing.T, what string, due int, sweep func(limit int) (int, error), gone func(i int) bool, name func(i int) string) {
+	t.Helper()
+	var got []int
+	removed := 0
+	for range due {
+		n, err := sweep(3)
+		if err != nil {
+			t.Fatalf("%s(limit 3) = %v", what, err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		removed += n
+		for i := range due {
+			if g := gone(i); g != (i < removed) {
+				t.Errorf("after %s removed %d: %s gone = %t, want %t", what, removed, name(i), g, i < removed)
+			}
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("%s(limit 3) removed %v per call, want %v", what, got, want)
 	}
 }

@@ -295,29 +295,13 @@ func testNotificationTrimBatches(t *testing.T, s store.Store) {
 		t.Fatalf("ListNotifications(0) = %d notifications, %v; want %d", len(notes), err, due+1)
 	}
 	through := notes[due-1].GetSequence()
-	var got []int
-	for range due {
-		n, err := s.TrimNotifications(ctx, through, 3)
+	dropOldestFirst(t, "TrimNotifications", due, func(limit int) (int, error) { return s.TrimNotifications(ctx, through, limit) }, func(i int) bool {
+		_, first, err := s.ListNotifications(ctx, 0, 1)
 		if err != nil {
-			t.Fatalf("TrimNotifications(limit 3) = %v", err)
+			t.Fatal(err)
 		}
-		got = append(got, n)
-		if n == 0 {
-			break
-		}
-		// The oldest go first: after k dropped, the first kept is
-		// notification k.
-		dropped := 0
-		for _, k := range got {
-			dropped += k
-		}
-		if _, first, err := s.ListNotifications(ctx, 0, 1); err != nil || first != notes[dropped].GetSequence() {
-			t.Errorf("after dropping %d: first sequence kept = %d, %v; want %d", dropped, first, err, notes[dropped].GetSequence())
-		}
-	}
-	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
-		t.Errorf("TrimNotifications(limit 3) dropped %v per call, want %v", got, want)
-	}
+		return notes[i].GetSequence() < first
+	}, func(i int) string { return fmt.Sprintf("notification #%d", i) })
 	if kept, _, err := s.ListNotifications(ctx, 0, 10); err != nil || len(kept) != 1 || kept[0].GetId() != notes[due].GetId() {
 		t.Errorf("ListNotifications after the trims = %v, %v; want only the last", kept, err)
 	}

@@ -353,31 +353,8 @@ func testSweepRequestBatches(t *testing.T, s store.Store) {
 		t.Fatalf("CreateAgent(repeat %s) = %v, %v; want the first result or ErrAlreadyExists", rid, got, err)
 		return false
 	}
-	var got []int
-	for range due {
-		n, err := s.SweepRequests(ctx, cut, 3)
-		if err != nil {
-			t.Fatalf("SweepRequests(limit 3) = %v", err)
-		}
-		got = append(got, n)
-		if n == 0 {
-			break
-		}
-		// The oldest go first: after k dropped, create i is forgotten
-		// exactly when i < k.
-		dropped := 0
-		for _, k := range got {
-			dropped += k
-		}
-		for i := range due {
-			if kept := remembered(i); kept != (i >= dropped) {
-				t.Errorf("after dropping %d: request id of create #%d remembered = %t, want %t", dropped, i, kept, i >= dropped)
-			}
-		}
-	}
-	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
-		t.Errorf("SweepRequests(limit 3) dropped %v per call, want %v", got, want)
-	}
+	dropOldestFirst(t, "SweepRequests", due, func(limit int) (int, error) { return s.SweepRequests(ctx, cut, limit) },
+		func(i int) bool { return !remembered(i) }, func(i int) string { return fmt.Sprintf("the request id of create #%d", i) })
 	if again, err := s.CreateAgent(ctx, agent("acme", "late"), nil, "create-late"); err != nil || !proto.Equal(again, late) {
 		t.Errorf("CreateAgent(repeat create-late) after the sweeps = %v, %v; want the first result %v", again, err, late)
 	}
@@ -430,5 +407,35 @@ func testRequestIDs(t *testing.T, s store.Store) {
 	}
 	if u4, err := s.UpdateAgent(ctx, a.GetName(), "update-1", add); err != nil || u4.GetDescription() != "+++" {
 		t.Errorf("UpdateAgent(swept request id) = %v, %v; want it applied anew", u4, err)
+	}
+}
+
+// dropOldestFirst calls drop with a limit of 3 until a call drops
+// nothing, over due items that are all due (item 0 the oldest), and checks
+// the batches: after k dropped in all, item i is gone exactly when i < k,
+// and seven due go in calls dropping 3, 3, 1 and 0. what names the call,
+// name an item, in the errors.
+func dropOldestFirst(t *testing.T, what string, due int, drop func(limit int) (int, error), gone func(i int) bool, name func(i int) string) {
+	t.Helper()
+	var got []int
+	dropped := 0
+	for range due {
+		n, err := drop(3)
+		if err != nil {
+			t.Fatalf("%s(limit 3) = %v", what, err)
+		}
+		got = append(got, n)
+		if n == 0 {
+			break
+		}
+		dropped += n
+		for i := range due {
+			if g := gone(i); g != (i < dropped) {
+				t.Errorf("after %s dropped %d: %s gone = %t, want %t", what, dropped, name(i), g, i < dropped)
+			}
+		}
+	}
+	if want := []int{3, 3, 1, 0}; !slices.Equal(got, want) {
+		t.Errorf("%s(limit 3) dropped %v per call, want %v", what, got, want)
 	}
 }
