@@ -240,6 +240,10 @@ func New(opts Options) (*Server, error) {
 // not watch it, as they are drained.
 func (s *Server) Stopping() <-chan struct{} { return s.stopping }
 
+// ShutdownTimeout returns how long a shutdown may take, from Stopping:
+// work that ends with it (closing streams' records) fits in it too.
+func (s *Server) ShutdownTimeout() time.Duration { return s.opts.ShutdownTimeout }
+
 // Registry returns the Prometheus registry served at /metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.opts.Registry }
 

@@ -70,6 +70,10 @@ type App struct {
 	stop    context.CancelFunc
 	stopped context.Context
 	loops   sync.WaitGroup
+	// closing closes when Close starts (closeOnce), ending the loop that
+	// waits for the server to stop only if it never did.
+	closing   chan struct{}
+	closeOnce sync.Once
 }
 
 // IsRoutineWorker reports whether this process was started by the
@@ -103,6 +107,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 	mb := mailbox.New(st, mbOpts)
 	a := &App{cfg: cfg, logger: logger, store: st, peers: peers, mailboxes: mb, dialogues: st, orders: st, timers: st, payments: st}
 	a.stopped, a.stop = context.WithCancel(context.Background())
+	a.closing = make(chan struct{})
 	if err := routine.Supported(); err != nil {
 		st.Close()
 		return nil, err
@@ -282,6 +287,22 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 				},
 			})
 		})
+		// When this replica stops, its streams all end at once: their rows
+		// go in batches, within the shutdown's time limit (Close waits).
+		a.loops.Go(func() {
+			select {
+			case <-s.Stopping():
+			case <-a.closing:
+			}
+			if !isClosed(s.Stopping()) {
+				return // Close without a shutdown: no stream is left
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), s.ShutdownTimeout())
+			defer cancel()
+			if err := a.mailboxes.EndStreams(ctx); err != nil {
+				logger.WarnContext(ctx, "receive streams of this replica not all closed; the sweep deletes the rest", slog.Any("err", err))
+			}
+		})
 		// This replica's streams stay in mailbox_streams while they live;
 		// the rows of a replica that died without ending them are swept.
 		a.loops.Go(func() {
@@ -321,6 +342,16 @@ func (a *App) recheckStreams(ctx context.Context, pg *pgstore.Store, logger *slo
 	}
 	for agent, epoch := range newest {
 		a.mailboxes.Supersede(agent, epoch)
+	}
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -370,6 +401,7 @@ func (a *App) sweep(ctx context.Context, srv *server.Server) {
 // Close stops the background loops and the shadow runs in flight and
 // waits for them, then stops the routine workers and closes the store.
 func (a *App) Close() error {
+	a.closeOnce.Do(func() { close(a.closing) })
 	a.stop()
 	a.loops.Wait()
 	if a.srv != nil {

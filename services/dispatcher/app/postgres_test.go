@@ -2,9 +2,11 @@ package app_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -84,6 +86,78 @@ func TestPostgreSQL_anEndedStreamLeavesNoRecord(t *testing.T) {
 	for len(records()) != 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("mailbox_streams after the stream ended = %v, want none", records())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPostgreSQL_aStoppingReplicaLeavesNoStreamRecords: replica A stops
+// while many agents receive on it. Their streams end SHUTTING_DOWN and
+// their records in mailbox_streams are deleted (in batches, as the
+// shutdown starts), while the record of an agent receiving on replica B
+// stays.
+func TestPostgreSQL_aStoppingReplicaLeavesNoStreamRecords(t *testing.T) {
+	url := pgdbtest.Database(t)
+	a := startDispatcherApp(t, "--database-url", url)
+	b := startDispatcherApp(t, "--database-url", url)
+	st, err := pgstore.Open(t.Context(), url, pgstore.Schema, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	const n, other = 40, "clients/acme/agents/other"
+	agents := []string{other}
+	for i := range n {
+		agents = append(agents, fmt.Sprintf("clients/acme/agents/a%02d", i))
+	}
+	records := func() map[string]uint64 {
+		t.Helper()
+		got, err := st.StreamEpochs(t.Context(), agents)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	// A failure ends the streams instead of hanging the test.
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	open := func(d dispatcherEnv, agent string) grpc.ServerStreamingClient[dispatcherv1.ReceiveMessagesResponse] {
+		t.Helper()
+		s, err := d.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: agent})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Recv(); err != nil { // the first, empty batch: the stream is open
+			t.Fatal(err)
+		}
+		return s
+	}
+	open(b, other)
+	var onA []grpc.ServerStreamingClient[dispatcherv1.ReceiveMessagesResponse]
+	for _, agent := range agents[1:] {
+		onA = append(onA, open(a, agent))
+	}
+	if got := records(); len(got) != n+1 {
+		t.Fatalf("mailbox_streams while %d agents receive = %d records, want %d", n+1, len(got), n+1)
+	}
+	kept := records()[other]
+	a.stop()
+	for i, s := range onA {
+		for {
+			_, err := s.Recv()
+			if err == nil {
+				continue // a keepalive
+			}
+			if status.Code(err) != codes.Unavailable || reason(err) != "SHUTTING_DOWN" {
+				t.Errorf("stream %d on A after A stopped: %v (reason %q), want UNAVAILABLE SHUTTING_DOWN", i, err, reason(err))
+			}
+			break
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second) // generous: a failure, not a measure
+	for got := records(); len(got) != 1 || got[other] != kept; got = records() {
+		if time.Now().After(deadline) {
+			t.Fatalf("mailbox_streams after A stopped = %d records (%v), want only %s's on B at %d", len(got), got, other, kept)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}

@@ -45,6 +45,15 @@ type Streams interface {
 	// CloseStream says that agent's stream of epoch ended: it is
 	// forgotten unless a newer stream of agent replaced it.
 	CloseStream(ctx context.Context, agent string, epoch uint64) error
+	// CloseStreams is CloseStream for many streams at once, in as few
+	// round trips as it can: the streams of a replica that stops.
+	CloseStreams(ctx context.Context, ended []StreamEnd) error
+}
+
+// StreamEnd names a stream that ended: its agent and epoch.
+type StreamEnd struct {
+	Agent string
+	Epoch uint64
 }
 
 // closeStreamTimeout bounds CloseStream when a stream ends; a stream not
@@ -57,7 +66,7 @@ type Mailboxes struct {
 	store Store
 	opts  Options
 
-	mu    sync.Mutex       // guards conns, epoch and opening
+	mu    sync.Mutex       // guards conns, epoch, opening and the stop fields
 	conns map[string]*Conn // the connected agent's newest connection
 	epoch uint64           // the last local epoch, without opts.Streams
 	// opening holds the agents with a stream between OpenStream and
@@ -65,6 +74,13 @@ type Mailboxes struct {
 	// a newer stream's notification may arrive before the older stream
 	// is connected here. Bounded by the streams opening at once.
 	opening map[string]*opening
+
+	// The streams that end because the server stops (ReceiveOptions.Stop)
+	// wait in stopped for EndStreams to close them in batches, unless
+	// EndStreams already returned (ended); it waits on left for them.
+	stopped []StreamEnd
+	ended   bool
+	left    chan struct{} // one pending signal: a connection went
 }
 
 // opening is an agent's streams being opened here.
@@ -80,7 +96,7 @@ func New(s Store, opts Options) *Mailboxes {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Mailboxes{store: s, opts: opts, conns: map[string]*Conn{}, opening: map[string]*opening{}}
+	return &Mailboxes{store: s, opts: opts, conns: map[string]*Conn{}, opening: map[string]*opening{}, left: make(chan struct{}, 1)}
 }
 
 // Append implements Appender. Recipients are de-duplicated (first place
@@ -312,6 +328,16 @@ func (m *Mailboxes) open(ctx context.Context, agent string) (*Conn, error) {
 func (m *Mailboxes) opened(agent string, o *opening) {
 	if o.n--; o.n == 0 {
 		delete(m.opening, agent)
+		m.went()
+	}
+}
+
+// went tells EndStreams that a connection or an opening went; m.mu is
+// held.
+func (m *Mailboxes) went() {
+	select {
+	case m.left <- struct{}{}:
+	default:
 	}
 }
 
@@ -353,6 +379,7 @@ func (m *Mailboxes) Supersede(agent string, epoch uint64) {
 	if c := m.conns[agent]; c != nil && c.epoch < epoch {
 		close(c.replaced)
 		delete(m.conns, agent)
+		m.went()
 	}
 }
 
@@ -370,19 +397,76 @@ func (m *Mailboxes) StreamEpochs() map[string]uint64 {
 
 // close unregisters c unless a newer connection already replaced it; with
 // Streams it then ends c's stream there too (a replaced one has a newer
-// stream to keep). ctx may have ended: the stream ends anyway.
-func (c *Conn) close(ctx context.Context) {
+// stream to keep): when the server is stopping, through EndStreams, unless
+// it returned already. ctx may have ended: the stream ends anyway.
+func (c *Conn) close(ctx context.Context, stopping <-chan struct{}) {
 	c.m.mu.Lock()
 	current := c.m.conns[c.agent] == c
+	batched := false
 	if current {
 		delete(c.m.conns, c.agent)
+		c.m.went()
+		if c.m.opts.Streams != nil && closed(stopping) && !c.m.ended {
+			c.m.stopped = append(c.m.stopped, StreamEnd{Agent: c.agent, Epoch: c.epoch})
+			batched = true
+		}
 	}
 	c.m.mu.Unlock()
-	if current && c.m.opts.Streams != nil {
+	if current && !batched && c.m.opts.Streams != nil {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), closeStreamTimeout)
 		defer cancel()
 		// A failure leaves the stream's record to the store's sweep.
 		_ = c.m.opts.Streams.CloseStream(ctx, c.agent, c.epoch)
+	}
+}
+
+// closed reports whether ch is closed; a nil ch never is.
+func closed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
+}
+
+// EndStreams closes in Streams, in batches, the streams that end because
+// the server stops (ReceiveOptions.Stop closed): it waits until no
+// connection is left here and all of them are closed, or until ctx ends.
+// The server calls it once, when it starts stopping; a stream that ends
+// after it returned is closed on its own again, and one it could not
+// close is left to the store's sweep.
+func (m *Mailboxes) EndStreams(ctx context.Context) error {
+	defer func() {
+		m.mu.Lock()
+		m.ended, m.stopped = true, nil
+		m.mu.Unlock()
+	}()
+	if m.opts.Streams == nil {
+		return nil
+	}
+	for {
+		m.mu.Lock()
+		ended := m.stopped
+		m.stopped = nil
+		idle := len(m.conns) == 0 && len(m.opening) == 0
+		if idle && len(ended) == 0 {
+			m.ended = true // in the same hold: no stream ends unclosed
+			m.mu.Unlock()
+			return nil
+		}
+		m.mu.Unlock()
+		if len(ended) > 0 {
+			if err := m.opts.Streams.CloseStreams(ctx, ended); err != nil {
+				return err
+			}
+			continue
+		}
+		select {
+		case <-m.left:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 
@@ -439,7 +523,7 @@ func (m *Mailboxes) Receive(ctx context.Context, agent string, opts ReceiveOptio
 	if err != nil {
 		return err
 	}
-	defer conn.close(ctx)
+	defer conn.close(ctx, opts.Stop)
 	next := max(opts.After, st.Acked)
 	// An empty batch first tells the client the stream is established,
 	// whether or not messages wait.

@@ -238,6 +238,8 @@ func (e epochs) OpenStream(context.Context, string) (uint64, error) { return <-e
 
 func (e epochs) CloseStream(context.Context, string, uint64) error { return nil }
 
+func (e epochs) CloseStreams(context.Context, []mailbox.StreamEnd) error { return nil }
+
 // With Streams, the greater epoch wins wherever it opened: a stream that
 // took a smaller epoch but connected later is replaced at once, and
 // Supersede (a stream on another replica) ends an older one only.
@@ -283,12 +285,16 @@ func (n notifiedMeanwhile) OpenStream(_ context.Context, agent string) (uint64, 
 
 func (n notifiedMeanwhile) CloseStream(context.Context, string, uint64) error { return nil }
 
+func (n notifiedMeanwhile) CloseStreams(context.Context, []mailbox.StreamEnd) error { return nil }
+
 // closedStreams hands out epochs 1, 2, ... and records the streams
-// closed, as "agent@epoch".
+// closed, as "agent@epoch": one by one in closed, in batches in batched
+// (one call each).
 type closedStreams struct {
-	mu     sync.Mutex
-	epoch  uint64
-	closed []string
+	mu      sync.Mutex
+	epoch   uint64
+	closed  []string
+	batched [][]string
 }
 
 func (c *closedStreams) OpenStream(context.Context, string) (uint64, error) {
@@ -306,6 +312,26 @@ func (c *closedStreams) CloseStream(ctx context.Context, agent string, epoch uin
 	}
 	c.closed = append(c.closed, fmt.Sprintf("%s@%d", agent, epoch))
 	return nil
+}
+
+func (c *closedStreams) CloseStreams(ctx context.Context, ended []mailbox.StreamEnd) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	var b []string
+	for _, e := range ended {
+		b = append(b, fmt.Sprintf("%s@%d", e.Agent, e.Epoch))
+	}
+	c.batched = append(c.batched, b)
+	return nil
+}
+
+func (c *closedStreams) batches() [][]string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.batched)
 }
 
 func (c *closedStreams) list() []string {
@@ -354,6 +380,58 @@ func TestReceive_closesItsStreamWhenItEnds(t *testing.T) {
 	}
 	if got := cs.list(); !slices.Equal(got, []string{carol + "@3"}) {
 		t.Errorf("streams closed after carol's ended = %v, want [%s@3]", got, carol)
+	}
+}
+
+// The streams that a stopping server ends are closed in one batch by
+// EndStreams (a statement per thousand streams in PostgreSQL), not one by
+// one; a stream replaced meanwhile is not closed at all, and a stream that
+// ends after EndStreams returned is closed on its own again.
+func TestEndStreams_closesTheStreamsOfAStoppingServerInOneBatch(t *testing.T) {
+	cs := &closedStreams{}
+	m := newMailboxes(t, mailbox.Options{Streams: cs})
+	stop := make(chan struct{})
+	const n = 40
+	var (
+		rs   []*receiver
+		want []string
+	)
+	for i := range n {
+		agent := fmt.Sprintf("clients/c/agents/a%02d", i)
+		rs = append(rs, receive(t, m, agent, mailbox.ReceiveOptions{Stop: stop}))
+		waitStream(t, m, agent, uint64(i+1))
+		want = append(want, fmt.Sprintf("%s@%d", agent, i+1))
+	}
+	m.Supersede("clients/c/agents/a00", 1000) // replaced elsewhere: its row is the newer stream's
+	want = want[1:]
+	close(stop)
+	for i, r := range rs {
+		if err := r.end(t); !errors.Is(err, mailbox.ErrStopping) && (i > 0 || !errors.Is(err, mailbox.ErrReplaced)) {
+			t.Fatalf("Receive %d after stop = %v, want ErrStopping", i, err)
+		}
+	}
+	if got := cs.list(); len(got) != 0 {
+		t.Errorf("streams closed one by one while stopping = %v, want none", got)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second) // generous: a failure, not a measure
+	defer cancel()
+	if err := m.EndStreams(ctx); err != nil {
+		t.Fatalf("EndStreams = %v", err)
+	}
+	b := cs.batches()
+	if len(b) != 1 {
+		t.Fatalf("CloseStreams calls = %d (%v), want 1", len(b), b)
+	}
+	slices.Sort(b[0])
+	if !slices.Equal(b[0], want) {
+		t.Errorf("streams closed in the batch = %v, want %v", b[0], want)
+	}
+	late := receive(t, m, bob, mailbox.ReceiveOptions{Stop: stop})
+	if err := late.end(t); !errors.Is(err, mailbox.ErrStopping) {
+		t.Fatalf("Receive opened after the stop = %v, want ErrStopping", err)
+	}
+	if got := cs.list(); !slices.Equal(got, []string{fmt.Sprintf("%s@%d", bob, n+1)}) {
+		t.Errorf("streams closed one by one after EndStreams = %v, want [%s@%d]", got, bob, n+1)
 	}
 }
 

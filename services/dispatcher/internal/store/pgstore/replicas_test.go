@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
@@ -270,6 +272,56 @@ func TestCloseStream_andSweepKeepOnlyLiveStreams(t *testing.T) {
 	}
 	if got := rows(); len(got) != 1 || got[carol] != carolOnA {
 		t.Errorf("after the sweep, mailbox_streams = %v, want carol at %d", got, carolOnA)
+	}
+}
+
+// CloseStreams (a replica stopping) deletes the rows of many streams,
+// more than one statement's batch, and keeps the row of an agent whose
+// newer stream opened on another replica meanwhile.
+func TestCloseStreams_deletesManyRowsGuardedByEpoch(t *testing.T) {
+	rs := replicas(t, 2)
+	ctx := t.Context()
+	const n = 2500 // three statements of up to 1,000
+	rows, err := rs[0].DB().Pool().Query(ctx, `INSERT INTO mailbox_streams (agent, epoch, seen_at)
+SELECT 'clients/c/agents/a' || g, nextval('mailbox_stream_epochs'), now() FROM generate_series(1, $1::int) AS g
+RETURNING agent, epoch`, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		ended []mailbox.StreamEnd
+		e     mailbox.StreamEnd
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&e.Agent, &e.Epoch}, func() error {
+		ended = append(ended, e)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(ended) != n {
+		t.Fatalf("streams opened = %d, want %d", len(ended), n)
+	}
+	replaced := ended[1500].Agent // in the second batch
+	newer, err := rs[1].OpenStream(ctx, replaced)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs[0].CloseStreams(ctx, ended); err != nil {
+		t.Fatal(err)
+	}
+	left := map[string]uint64{}
+	all, err := rs[0].DB().Pool().Query(ctx, `SELECT agent, epoch FROM mailbox_streams`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgx.ForEachRow(all, []any{&e.Agent, &e.Epoch}, func() error {
+		left[e.Agent] = e.Epoch
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if len(left) != 1 || left[replaced] != newer {
+		t.Errorf("mailbox_streams after %d streams closed = %d rows (%v), want only %s at %d", n, len(left), left, replaced, newer)
 	}
 }
 

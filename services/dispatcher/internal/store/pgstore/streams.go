@@ -57,8 +57,27 @@ func (s *Store) CloseStream(ctx context.Context, agent string, epoch uint64) err
 	return err
 }
 
-// streamBatch is how many rows one statement of TouchStreams or
-// SweepStreams handles at most.
+// CloseStreams implements mailbox.Streams: CloseStream for each of ended,
+// streamBatch streams per statement.
+func (s *Store) CloseStreams(ctx context.Context, ended []mailbox.StreamEnd) error {
+	for len(ended) > 0 {
+		batch := ended[:min(len(ended), streamBatch)]
+		ended = ended[len(batch):]
+		agents, epochs := make([]string, len(batch)), make([]int64, len(batch))
+		for i, e := range batch {
+			agents[i], epochs[i] = e.Agent, int64(e.Epoch) //nolint:gosec // epochs come from a bigint sequence
+		}
+		if _, err := s.db.Pool().Exec(ctx, `DELETE FROM mailbox_streams AS m
+USING unnest($1::text[], $2::bigint[]) AS d(agent, epoch)
+WHERE m.agent = d.agent AND m.epoch = d.epoch`, agents, epochs); err != nil {
+			return fmt.Errorf("close %d receive streams: %w", len(batch)+len(ended), err)
+		}
+	}
+	return nil
+}
+
+// streamBatch is how many rows one statement of TouchStreams,
+// CloseStreams or SweepStreams handles at most.
 const streamBatch = 1000
 
 // TouchStreams stamps the rows of the streams open on this replica (agent
