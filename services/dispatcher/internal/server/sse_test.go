@@ -33,9 +33,9 @@ func (oneMessageSource) receive(_ context.Context, agent string, _ uint64, _ boo
 }
 
 // The SSE handler writes the same stream on its three paths: an HTTP/1.1
-// connection it hijacks, HTTP/2 through net/http, and a ResponseWriter
-// that cannot be hijacked, through which the handler writes for the
-// stream.
+// connection it hijacks (plain, and a *tls.Conn over TLS), HTTP/2 through
+// net/http, and a ResponseWriter that cannot be hijacked, through which
+// the handler writes for the stream.
 func TestSSEHandler_pathsWriteTheSameStream(t *testing.T) {
 	h := sseHandler{src: oneMessageSource{}, writeTimeout: 10 * time.Second, streams: &streamSet{}}
 	mux := http.NewServeMux()
@@ -68,6 +68,23 @@ func TestSSEHandler_pathsWriteTheSameStream(t *testing.T) {
 			t.Errorf("response %s, close %v, transfer encoding %v; want HTTP/1.1 closed, unchunked", resp.Proto, resp.Close, resp.TransferEncoding)
 		}
 		check(t, "HTTP/1.1", resp.Header.Get("Content-Type"), string(body))
+	})
+	t.Run("HTTP/1.1 over TLS, hijacked", func(t *testing.T) {
+		srv := httptest.NewTLSServer(mux) // no HTTP/2: ALPN settles on HTTP/1.1
+		defer srv.Close()
+		resp, err := srv.Client().Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.ProtoMajor != 1 || resp.TLS == nil || !resp.Close || len(resp.TransferEncoding) != 0 {
+			t.Errorf("response %s, TLS %v, close %v, transfer encoding %v; want HTTP/1.1 over TLS, closed, unchunked", resp.Proto, resp.TLS != nil, resp.Close, resp.TransferEncoding)
+		}
+		check(t, "HTTP/1.1 over TLS", resp.Header.Get("Content-Type"), string(body))
 	})
 	t.Run("HTTP/2", func(t *testing.T) {
 		srv := httptest.NewUnstartedServer(mux)
