@@ -157,33 +157,39 @@ func requestTime(v []byte) []byte {
 	return putInt(0)
 }
 
-// SweepPayments implements store.PaymentStore.
+// SweepPayments implements store.PaymentStore. It counts the index
+// entries it consumes: one naming no payment (stale) is dropped and
+// counted too, so that store.SweepInBatches moves past it instead of
+// stopping at a short batch before the payments due behind it.
 func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		n = 0
-		b := tx.Bucket(bucketPayments)
-		for _, k := range dueKeys(tx.Bucket(bucketSweepPayments), before, limit) {
+		b, sweep := tx.Bucket(bucketPayments), tx.Bucket(bucketSweepPayments)
+		keys := dueKeys(sweep, before, limit)
+		for _, k := range keys {
 			id := k[8:]
 			var p store.Payment
 			ok, err := getJSON(b, id, &p)
 			if err != nil {
 				return err
 			}
-			if !ok {
-				continue
+			if ok {
+				if err := indexPayment(tx, &p, nil); err != nil {
+					return err
+				}
+				if err := b.Delete(id); err != nil {
+					return err
+				}
 			}
-			if err := indexPayment(tx, &p, nil); err != nil {
+			// indexPayment removed p's own entry, normally k.
+			if err := sweep.Delete(k); err != nil {
 				return err
 			}
-			if err := b.Delete(id); err != nil {
-				return err
-			}
-			n++
 		}
+		n = len(keys)
 		return nil
 	})
 	return n, err
