@@ -118,16 +118,7 @@ func TestReceiveMessages_secondStreamTakesOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	recvN(t, second, 1)
-	for {
-		_, err := first.Recv()
-		if err == nil {
-			continue // a keepalive or a batch sent before the takeover
-		}
-		if status.Code(err) != codes.Aborted || reason(err) != "STREAM_REPLACED" {
-			t.Errorf("first stream after takeover: %v (reason %q), want ABORTED STREAM_REPLACED", err, reason(err))
-		}
-		break
-	}
+	endsReplaced(t, first, "first stream after takeover")
 	send(t, a, "m2", echo)
 	if got := recvN(t, second, 1); cursors(got) != "2:m2 " {
 		t.Errorf("second stream = %q, want 2:m2", cursors(got))
@@ -403,5 +394,22 @@ func TestMetrics_countBboltCommits(t *testing.T) {
 	send(t, e.app, "m1", echo)
 	if after := commits(); after < before+1 {
 		t.Errorf("commits after an append = %v, want at least %v", after, before+1)
+	}
+}
+
+// endsReplaced reads s, past keepalives and batches sent before a
+// takeover, until it ends, and checks that it ended ABORTED
+// STREAM_REPLACED; what names the stream in the error.
+func endsReplaced(t *testing.T, s grpc.ServerStreamingClient[dispatcherv1.ReceiveMessagesResponse], what string) {
+	t.Helper()
+	for {
+		_, err := s.Recv()
+		if err == nil {
+			continue
+		}
+		if status.Code(err) != codes.Aborted || reason(err) != "STREAM_REPLACED" {
+			t.Errorf("%s: %v (reason %q), want ABORTED STREAM_REPLACED", what, err, reason(err))
+		}
+		return
 	}
 }
