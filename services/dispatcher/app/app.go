@@ -432,9 +432,11 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(service)}, httpOptions(cfg)) {
 		s.Handle(pattern, h)
 	}
-	for pattern, h := range server.RemoteMailboxRoutes(client, s.Stopping(), cfg.MailboxStreamWriteTimeout) {
+	routes, stopStreams := server.RemoteMailboxRoutes(client, s.Stopping(), cfg.MailboxStreamWriteTimeout)
+	for pattern, h := range routes {
 		s.Handle(pattern, serve.Stream(h))
 	}
+	s.OnDrain(stopStreams)
 	return nil
 }
 
