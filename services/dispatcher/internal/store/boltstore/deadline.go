@@ -19,8 +19,9 @@ import (
 var (
 	// bucketTimers: 8-byte big-endian due time (Unix ns: Timer.Due, At
 	// until a failure puts it off) + dialogue + 0x00 + counterpart + 0x00 +
-	// name → JSON store.Timer. Keys sort by time, so the due timers are a
-	// prefix walk from the start.
+	// name → the store.Timer, encoded by encodeTimer (schema 11; JSON
+	// before, still read: decodeTimer). Keys sort by time, so the due
+	// timers are a prefix walk from the start.
 	bucketTimers = []byte("timers")
 	// bucketTimerIDs: dialogue + 0x00 + counterpart + 0x00 + name → the
 	// timer's key in bucketTimers, to replace a timer set again. Firing a
@@ -41,6 +42,64 @@ func timerKey(t store.Timer) []byte {
 	return append(k, timerID(t)...)
 }
 
+// timerFormat1 starts a timer's value in the binary form (schema 11): the
+// byte after it the strings Dialogue, Initiator, Counterpart, Protocol and
+// Name, each a uvarint length and its bytes; then At and Retry in Unix ns,
+// 8 bytes big-endian each (0 for a zero Retry), and Failures, a uvarint.
+// A JSON value (schema 10 and before) starts with '{'. Listing a batch of
+// 2048 due timers decoded them with encoding/json in about 6 µs each.
+const timerFormat1 = 1
+
+func encodeTimer(t store.Timer) []byte {
+	v := make([]byte, 0, 1+5+len(t.Dialogue)+len(t.Initiator)+len(t.Counterpart)+len(t.Protocol)+len(t.Name)+16+1)
+	v = append(v, timerFormat1)
+	for _, s := range []string{t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name} {
+		v = binary.AppendUvarint(v, uint64(len(s)))
+		v = append(v, s...)
+	}
+	var retry int64
+	if !t.Retry.IsZero() {
+		retry = t.Retry.UnixNano()
+	}
+	v = binary.BigEndian.AppendUint64(v, uint64(t.At.UnixNano())) //nolint:gosec // times after 1970 only
+	v = binary.BigEndian.AppendUint64(v, uint64(retry))           //nolint:gosec // times after 1970 only
+	return binary.AppendUvarint(v, uint64(t.Failures))            //nolint:gosec // never negative
+}
+
+// decodeTimer reads a timer's value in either form.
+func decodeTimer(v []byte) (store.Timer, error) {
+	var t store.Timer
+	if len(v) > 0 && v[0] == '{' {
+		err := json.Unmarshal(v, &t)
+		return t, err
+	}
+	if len(v) == 0 || v[0] != timerFormat1 {
+		return t, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
+	}
+	rest := v[1:]
+	for _, s := range []*string{&t.Dialogue, &t.Initiator, &t.Counterpart, &t.Protocol, &t.Name} {
+		n, w := binary.Uvarint(rest)
+		if w <= 0 || n > uint64(len(rest)-w) {
+			return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
+		}
+		*s = string(rest[w : w+int(n)])
+		rest = rest[w+int(n):]
+	}
+	if len(rest) < 16 {
+		return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
+	}
+	t.At = time.Unix(0, int64(binary.BigEndian.Uint64(rest))).UTC() //nolint:gosec // written from an int64
+	if r := int64(binary.BigEndian.Uint64(rest[8:])); r != 0 {      //nolint:gosec // written from an int64
+		t.Retry = time.Unix(0, r).UTC()
+	}
+	f, w := binary.Uvarint(rest[16:])
+	if w <= 0 || w != len(rest)-16 {
+		return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
+	}
+	t.Failures = int(f) //nolint:gosec // written from an int
+	return t, nil
+}
+
 // PutTimers implements store.TimerStore.
 func (s *Store) PutTimers(ctx context.Context, timers []store.Timer) error {
 	if err := ctx.Err(); err != nil {
@@ -59,7 +118,7 @@ func putTimers(tx *bolt.Tx, timers []store.Timer) error {
 			}
 		}
 		k := timerKey(t)
-		if err := putJSON(tb, k, t); err != nil {
+		if err := tb.Put(k, encodeTimer(t)); err != nil {
 			return err
 		}
 		if err := ids.Put(timerID(t), k); err != nil {
@@ -81,8 +140,8 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]stor
 			if int64(binary.BigEndian.Uint64(k)) > now.UnixNano() { //nolint:gosec // written from an int64
 				break
 			}
-			var t store.Timer
-			if err := json.Unmarshal(v, &t); err != nil {
+			t, err := decodeTimer(v)
+			if err != nil {
 				return err
 			}
 			out = append(out, t)
@@ -112,7 +171,7 @@ func (s *Store) RetryTimers(ctx context.Context, retries []store.TimerRetry) err
 				return err
 			}
 			nk := timerKey(t)
-			if err := putJSON(tb, nk, t); err != nil {
+			if err := tb.Put(nk, encodeTimer(t)); err != nil {
 				return err
 			}
 			if err := ids.Put(timerID(t), nk); err != nil {
@@ -138,7 +197,9 @@ func (s *Store) NextTimer(ctx context.Context) (store.Timer, bool, error) {
 			return nil
 		}
 		ok = true
-		return json.Unmarshal(v, &t)
+		var err error
+		t, err = decodeTimer(v)
+		return err
 	})
 	return t, ok, err
 }

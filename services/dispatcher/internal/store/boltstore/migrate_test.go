@@ -276,6 +276,61 @@ func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
 	}
 }
 
+// A schema-10 database holds its timers as JSON: they open as they are
+// (no rewrite at the restart), are listed, put off and fired, and a timer
+// put off is stored again in the binary form; both forms are read.
+func TestOpen_schema10JSONTimersFire(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	timers := []store.Timer{
+		{Dialogue: "d1", Initiator: "clients/a/agents/c", Counterpart: "clients/b/agents/s", Protocol: "p", Name: "offer_timeout", At: t0},
+		{Dialogue: "d2", Initiator: "clients/a/agents/c", Counterpart: "clients/b/agents/s", Protocol: "p", Name: "offer_timeout", At: t0.Add(time.Second),
+			Retry: t0.Add(2 * time.Second), Failures: 3},
+	}
+	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+		for _, tm := range timers { // as schema 10's putTimers wrote them
+			if err := putJSON(tx.Bucket(bucketTimers), timerKey(tm), tm); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketTimerIDs).Put(timerID(tm), timerKey(tm)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ctx := t.Context()
+	if next, ok, err := s.NextTimer(ctx); err != nil || !ok || next != timers[0] {
+		t.Fatalf("NextTimer() = %+v, %v, %v; want %+v", next, ok, err, timers[0])
+	}
+	due, err := s.DueTimers(ctx, t0.Add(time.Hour), 10)
+	if err != nil || !slices.Equal(due, timers) {
+		t.Fatalf("DueTimers() = %+v, %v; want %+v", due, err, timers)
+	}
+	if err := s.RetryTimers(ctx, []store.TimerRetry{{Timer: timers[1], Retry: t0.Add(time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	put := timers[1]
+	put.Failures, put.Retry = 4, t0.Add(time.Minute)
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketTimers).Get(timerKey(put)); len(v) == 0 || v[0] == '{' {
+			t.Errorf("the timer put off is stored as %q, want the binary form", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if due, err = s.DueTimers(ctx, t0.Add(time.Hour), 10); err != nil || !slices.Equal(due, []store.Timer{timers[0], put}) {
+		t.Fatalf("DueTimers() after the retry = %+v, %v; want %+v", due, err, []store.Timer{timers[0], put})
+	}
+	fired, err := s.FireTimers(ctx, due, mailbox.Bound{}, func(store.Timer, json.RawMessage) (store.TimerFiring, error) { return store.TimerFiring{}, nil })
+	if err != nil || len(fired) != 2 {
+		t.Fatalf("FireTimers() = %d fired, %v; want both", len(fired), err)
+	}
+	if _, ok, err := s.NextTimer(ctx); err != nil || ok {
+		t.Errorf("NextTimer() after the firing = %v, %v; want none", ok, err)
+	}
+}
+
 // openSchema writes a new database as schema version left it (buckets,
 // filled by fill unless it is nil), then opens it with Open, which
 // migrates it. The store is closed when the test ends.
