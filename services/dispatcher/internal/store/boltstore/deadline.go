@@ -54,8 +54,7 @@ func encodeTimer(t store.Timer) []byte {
 	v := make([]byte, 0, 1+5+len(t.Dialogue)+len(t.Initiator)+len(t.Counterpart)+len(t.Protocol)+len(t.Name)+16+1)
 	v = append(v, timerFormat1)
 	for _, s := range []string{t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name} {
-		v = binary.AppendUvarint(v, uint64(len(s)))
-		v = append(v, s...)
+		v = appendString(v, s)
 	}
 	var retry int64
 	if !t.Retry.IsZero() {
@@ -74,29 +73,19 @@ func decodeTimer(v []byte) (store.Timer, error) {
 		return t, err
 	}
 	if len(v) == 0 || v[0] != timerFormat1 {
-		return t, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
+		return t, fmt.Errorf("timer value of %d bytes is corrupt: unknown form", len(v))
 	}
-	rest := v[1:]
-	for _, s := range []*string{&t.Dialogue, &t.Initiator, &t.Counterpart, &t.Protocol, &t.Name} {
-		n, w := binary.Uvarint(rest)
-		if w <= 0 || n > uint64(len(rest)-w) {
-			return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
-		}
-		*s = string(rest[w : w+int(n)])
-		rest = rest[w+int(n):]
+	r := reader{rest: v[1:]}
+	t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name = r.string(), r.string(), r.string(), r.string(), r.string()
+	at, retry := int64(r.uint64()), int64(r.uint64()) //nolint:gosec // written from an int64
+	t.Failures = int(r.uvarint())                     //nolint:gosec // written from an int
+	if err := r.end(); err != nil {
+		return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt: %w", len(v), err)
 	}
-	if len(rest) < 16 {
-		return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
+	t.At = time.Unix(0, at).UTC()
+	if retry != 0 {
+		t.Retry = time.Unix(0, retry).UTC()
 	}
-	t.At = time.Unix(0, int64(binary.BigEndian.Uint64(rest))).UTC() //nolint:gosec // written from an int64
-	if r := int64(binary.BigEndian.Uint64(rest[8:])); r != 0 {      //nolint:gosec // written from an int64
-		t.Retry = time.Unix(0, r).UTC()
-	}
-	f, w := binary.Uvarint(rest[16:])
-	if w <= 0 || w != len(rest)-16 {
-		return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt", len(v))
-	}
-	t.Failures = int(f) //nolint:gosec // written from an int
 	return t, nil
 }
 
@@ -245,10 +234,7 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 			}
 			out := store.FiredTimer{Timer: t, Prev: prev, Next: f.State}
 			if f.Mail.ID != "" {
-				a, err := newAppend(f.Mail, f.Recipients)
-				if err != nil {
-					return err
-				}
+				a := newAppend(f.Mail, f.Recipients)
 				switch err := a.run(tx, bound); {
 				case errors.Is(err, store.ErrAlreadyExists):
 					// Sent already; the state moves all the same.

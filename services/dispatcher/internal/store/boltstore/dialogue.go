@@ -158,10 +158,7 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 	if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
 		return store.Delivered{}, resource.AlreadyExists("message", m.ID)
 	}
-	a, err := newAppend(w.Mail, w.Recipients)
-	if err != nil {
-		return store.Delivered{}, err
-	}
+	a := newAppend(w.Mail, w.Recipients)
 	if err := a.run(tx, bound); err != nil {
 		return store.Delivered{}, err
 	}

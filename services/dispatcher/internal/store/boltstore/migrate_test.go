@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -328,6 +330,53 @@ func TestOpen_schema10JSONTimersFire(t *testing.T) {
 	}
 	if _, ok, err := s.NextTimer(ctx); err != nil || ok {
 		t.Errorf("NextTimer() after the firing = %v, %v; want none", ok, err)
+	}
+}
+
+// A schema-10 database holds its mailboxes' messages as JSON: they are read
+// as they are, next to a message appended after the upgrade in the binary
+// form.
+func TestOpen_schema10JSONMessagesRead(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	const bob = "clients/b/agents/bob"
+	old := mailbox.Message{ID: "m1", DialogueID: "d", Sender: "clients/a/agents/alice", Category: mailbox.CategoryMessage, Type: "x",
+		InReplyTo: "m0", Body: []byte(`{"n":1}`), Time: t0}
+	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+		data, _ := json.Marshal(old) // as schema 10's appendOp wrote it
+		if err := tx.Bucket(bucketMessages).Put([]byte(old.ID), data); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketMessageRefs).Put([]byte(old.ID), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketMailboxRefs).Put(refKey(bob, 1), encodeRef(ref{sent: t0.UnixNano(), size: int64(len(old.Body)), id: old.ID})); err != nil {
+			return err
+		}
+		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 1, Pending: 1, PendingBytes: int64(len(old.Body))})
+	})
+	ctx := t.Context()
+	next := mailbox.Message{ID: "m2", DialogueID: "d", Category: mailbox.CategoryService, Type: "offer_timeout_expired",
+		Protocol: strings.Repeat("a", 40), RecipientType: "supplier", Body: []byte(`{"x":"é"}`), Time: t0.Add(time.Second)}
+	if _, _, err := s.AppendMessage(ctx, next, []string{bob}, mailbox.Bound{}); err != nil {
+		t.Fatal(err)
+	}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMessages).Get([]byte(next.ID)); len(v) == 0 || v[0] == '{' {
+			t.Errorf("the message appended is stored as %q, want the binary form", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := s.ReadMailbox(ctx, bob, 0, 10)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("ReadMailbox(bob) = %+v, %v; want both messages", ds, err)
+	}
+	for i, want := range []mailbox.Message{old, next} {
+		if got := ds[i].Message; !reflect.DeepEqual(got, want) {
+			t.Errorf("message %d = %+v\nwant %+v", i+1, got, want)
+		}
 	}
 }
 
