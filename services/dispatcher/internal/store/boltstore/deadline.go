@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -220,6 +223,12 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		fired, errs = fired[:0], errs[:0] // the committer may run this again
 		tb, pairs := tx.Bucket(bucketTimers), tx.Bucket(bucketDialoguePairs)
+		// The messages are put last, in id order (appendOp.stage); staged
+		// names the ids staged, which are not stored yet.
+		var (
+			staged   []*appendOp
+			stagedID = map[string]bool{}
+		)
 		for _, t := range timers {
 			k := timerKey(t)
 			if tb.Get(k) == nil {
@@ -235,11 +244,20 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 			out := store.FiredTimer{Timer: t, Prev: prev, Next: f.State}
 			if f.Mail.ID != "" {
 				a := newAppend(f.Mail, f.Recipients)
-				switch err := a.run(tx, bound); {
+				var err error
+				if stagedID[f.Mail.ID] {
+					err = resource.AlreadyExists("message", f.Mail.ID)
+				} else {
+					err = a.stage(tx, bound)
+				}
+				switch {
 				case errors.Is(err, store.ErrAlreadyExists):
 					// Sent already; the state moves all the same.
 				case err != nil:
 					return err
+				case len(a.delivered) > 0:
+					staged = append(staged, a)
+					stagedID[f.Mail.ID] = true
 				}
 				out.Delivered = store.Delivered{Deliveries: a.delivered, Refused: a.refused}
 			}
@@ -252,6 +270,12 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 				return err
 			}
 			fired = append(fired, out)
+		}
+		slices.SortFunc(staged, func(a, b *appendOp) int { return strings.Compare(a.m.ID, b.m.ID) })
+		for _, a := range staged {
+			if err := a.putMessage(tx); err != nil {
+				return err
+			}
 		}
 		return nil
 	})

@@ -179,9 +179,21 @@ func newAppend(m mailbox.Message, recipients []string) *appendOp {
 // bound are refused and get nothing; when none accepts, nothing is
 // written. The committer may run it more than once: results start afresh.
 func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
+	if err := a.stage(tx, bound); err != nil || len(a.delivered) == 0 {
+		return err
+	}
+	return a.putMessage(tx)
+}
+
+// stage is run but for the message's own records (putMessage): the
+// mailboxes' states and references. A batch of appends stages each and
+// then puts the messages in id order (FireTimers): put in a random order,
+// each lands mid-node and shifts the node's entries, quadratic in a
+// batch. Until its message is put, no other append of the same id may
+// run in tx.
+func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 	a.delivered, a.refused = a.delivered[:0], a.refused[:0]
-	msgs := tx.Bucket(bucketMessages)
-	if msgs.Get([]byte(a.m.ID)) != nil {
+	if tx.Bucket(bucketMessages).Get([]byte(a.m.ID)) != nil {
 		return resource.AlreadyExists("message", a.m.ID)
 	}
 	size := int64(len(a.m.Body))
@@ -220,10 +232,15 @@ func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
 		}
 		a.delivered = append(a.delivered, mailbox.Delivery{Agent: g.agent, Cursor: g.st.Head, Message: a.m})
 	}
+	return nil
+}
+
+// putMessage stores the staged message and the count of its references.
+func (a *appendOp) putMessage(tx *bolt.Tx) error {
 	if err := tx.Bucket(bucketMessageRefs).Put([]byte(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered)))); err != nil {
 		return err
 	}
-	return msgs.Put([]byte(a.m.ID), a.body)
+	return tx.Bucket(bucketMessages).Put([]byte(a.m.ID), a.body)
 }
 
 // ReadMailbox implements mailbox.Store.
