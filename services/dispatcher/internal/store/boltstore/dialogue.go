@@ -31,7 +31,7 @@ var (
 	// participants index by agent (for closing all of an agent's dialogues).
 	bucketAgentDialogues = []byte("agent_dialogues")
 	// bucketDialoguePairs: dialogue id + 0x00 + agent A + 0x00 + agent B
-	// (A < B) → the pair's protocol state, opaque JSON.
+	// (A < B) → the pair's protocol state, opaque bytes.
 	bucketDialoguePairs = []byte("dialogue_pairs")
 	// bucketDialogueRequests: sender + 0x00 + request id → JSON
 	// store.Request.
