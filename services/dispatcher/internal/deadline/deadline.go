@@ -206,16 +206,44 @@ func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.opts.Now()
+	due, err := s.store.DueTimers(ctx, now, s.opts.Batch)
+	if err != nil || len(due) == 0 {
+		return 0, err
+	}
 	var (
 		expired  int
 		firstErr error
+		b        = s.prepare(ctx, due, now)
 	)
 	for {
-		due, err := s.store.DueTimers(ctx, now, s.opts.Batch)
-		if err != nil || len(due) == 0 {
-			return expired, cmpErr(firstErr, err)
+		// While this batch commits (the store's single writer, most of an
+		// expiry's CPU), the next is listed and its hook told, on another
+		// core when there is one. It is listed after this batch's last
+		// timer (DueTimersAfter), whether this batch has committed yet or
+		// not: listed again, this batch's timers would not fire twice
+		// (FireTimers passes over a timer gone) but would be told of again.
+		// A timer put off is moved only after this batch commits, and one
+		// that comes due meanwhile before the last (set by a message) is
+		// left to the next FireDue (Arm and Wake call Run to it).
+		var (
+			next    *batch
+			nextErr error
+			fired   = make(chan struct{})
+			n       int
+			failed  []store.Timer
+			err     error
+		)
+		go func() {
+			defer close(fired)
+			n, failed, err = s.commit(ctx, b, now)
+		}()
+		if len(b.due) == s.opts.Batch {
+			var more []store.Timer
+			if more, nextErr = s.store.DueTimersAfter(ctx, now, b.due[len(b.due)-1], s.opts.Batch); len(more) > 0 {
+				next = s.prepare(ctx, more, now)
+			}
 		}
-		n, failed, err := s.fire(ctx, due, now)
+		<-fired
 		expired += n
 		firstErr = cmpErr(firstErr, err)
 		if failed == nil && err != nil {
@@ -228,9 +256,10 @@ func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 				return expired, cmpErr(firstErr, err)
 			}
 		}
-		if len(due) < s.opts.Batch {
-			return expired, firstErr
+		if next == nil {
+			return expired, cmpErr(firstErr, nextErr)
 		}
+		b = next
 	}
 }
 
@@ -265,60 +294,76 @@ func cmpErr(first, err error) error {
 	return err
 }
 
-// fire fires one batch in one transaction and returns how many pairs
-// expired and the timers that failed; none and an error when the store
-// failed the whole batch.
-func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) (expired int, failed []store.Timer, err error) {
-	var (
-		errs     []error
-		machines = map[string]*protocolcontrol.Machine{}
-		ready    = make([]store.Timer, 0, len(due))
-		// What tell found of each timer ready to fire, and whether the
-		// firing expired its pair.
-		found = make(map[store.Timer]*expiring, len(due))
-		all   = make([]expiring, len(due))
-	)
-	// of returns what fire knows of t, as listed; the store answers only
-	// for the timers listed, but a stranger must not panic.
-	of := func(t store.Timer) *expiring {
-		e := found[t]
-		if e == nil {
-			e = &expiring{id: ID(t)}
-			found[t] = e
-		}
-		return e
+// batch is one batch of due timers, prepared to fire: each timer's
+// machine found and its hook told (tell), or failed.
+type batch struct {
+	due      []store.Timer
+	machines map[string]*protocolcontrol.Machine
+	ready    []store.Timer             // the timers to fire
+	found    map[store.Timer]*expiring // what is known of each ready timer
+	failed   []store.Timer
+	errs     []error
+}
+
+// of returns what b knows of t, as listed; the store answers only for the
+// timers listed, but a stranger must not panic.
+func (b *batch) of(t store.Timer) *expiring {
+	e := b.found[t]
+	if e == nil {
+		e = &expiring{id: ID(t)}
+		b.found[t] = e
 	}
+	return e
+}
+
+// prepare finds each due timer's machine and tells the hook of it (tell).
+func (s *Scheduler) prepare(ctx context.Context, due []store.Timer, now time.Time) *batch {
+	b := &batch{
+		due:      due,
+		machines: map[string]*protocolcontrol.Machine{},
+		ready:    make([]store.Timer, 0, len(due)),
+		found:    make(map[store.Timer]*expiring, len(due)),
+	}
+	all := make([]expiring, len(due))
 	for i, t := range due {
-		m, ok := machines[t.Protocol]
+		m, ok := b.machines[t.Protocol]
 		if !ok {
 			var err error
 			if m, err = s.machines.Machine(ctx, t.Protocol); err != nil {
-				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+				b.errs = append(b.errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
 			}
-			machines[t.Protocol] = m
+			b.machines[t.Protocol] = m
 		}
 		if m == nil {
 			if ok {
-				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: its protocol's machine is unknown", t.Name, t.Dialogue, t.Counterpart))
+				b.errs = append(b.errs, fmt.Errorf("deadline %s of dialogue %s, %s: its protocol's machine is unknown", t.Name, t.Dialogue, t.Counterpart))
 			}
-			failed = append(failed, t)
+			b.failed = append(b.failed, t)
 			continue
 		}
 		e := &all[i]
 		e.id = ID(t)
 		if err := s.tell(ctx, m, t, now, e); err != nil {
-			errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
-			failed = append(failed, t)
+			b.errs = append(b.errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+			b.failed = append(b.failed, t)
 			continue
 		}
-		found[t] = e
-		ready = append(ready, t)
+		b.found[t] = e
+		b.ready = append(b.ready, t)
 	}
+	return b
+}
+
+// commit fires a prepared batch in one transaction and returns how many
+// pairs expired and the timers that failed; none and an error when the
+// store failed the whole batch.
+func (s *Scheduler) commit(ctx context.Context, b *batch, now time.Time) (expired int, failed []store.Timer, err error) {
+	errs, failed := b.errs, b.failed
 	// The pair's state is not rewritten: the deadline it holds has ended
 	// it at its instant already (protocolcontrol reads a passed deadline
 	// so), and a rewrite would cost a page of a large tree per expiry.
-	done, err := s.store.FireTimers(ctx, ready, s.mail.Bound(), func(t store.Timer, state json.RawMessage) (store.TimerFiring, error) {
-		e := of(t)
+	done, err := s.store.FireTimers(ctx, b.ready, s.mail.Bound(), func(t store.Timer, state json.RawMessage) (store.TimerFiring, error) {
+		e := b.of(t)
 		var (
 			p  protocolcontrol.Pair
 			ok bool
@@ -326,7 +371,7 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		if e.state != nil && bytes.Equal(e.state, state) {
 			p, ok = e.res.Pair, e.fired // as tell found it: decoded once
 		} else {
-			res, fired, err := machines[t.Protocol].Expire(state, t.Name, now)
+			res, fired, err := b.machines[t.Protocol].Expire(state, t.Name, now)
 			if err != nil {
 				return store.TimerFiring{}, err
 			}
@@ -342,7 +387,7 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		return 0, nil, errors.Join(append(errs, err)...)
 	}
 	errs = append(errs, err)
-	var deliveries []mailbox.Delivery
+	deliveries := make([]mailbox.Delivery, 0, 2*len(done))
 	for _, f := range done {
 		deliveries = append(deliveries, f.Delivered.Deliveries...)
 		for _, r := range f.Delivered.Refused {
@@ -352,7 +397,7 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 	}
 	s.mail.Delivered(deliveries)
 	for _, f := range done {
-		e := of(f.Timer)
+		e := b.of(f.Timer)
 		e.went = true
 		if e.expires {
 			expired++
@@ -361,8 +406,8 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 	if err != nil {
 		// Its expire failed, or it was passed over (gone already:
 		// RetryTimers passes over it too).
-		for _, t := range ready {
-			if !of(t).went {
+		for _, t := range b.ready {
+			if !b.of(t).went {
 				failed = append(failed, t)
 			}
 		}
@@ -373,7 +418,7 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 	return expired, failed, errors.Join(errs...)
 }
 
-// expiring is what fire knows of a timer ready to fire: its expiry
+// expiring is what a batch knows of a timer ready to fire: its expiry
 // message's id, what tell found of its pair (its state and what expiring
 // it does), and what its firing did.
 type expiring struct {

@@ -122,13 +122,30 @@ func putTimers(tx *bolt.Tx, timers []store.Timer) error {
 
 // DueTimers implements store.TimerStore.
 func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]store.Timer, error) {
+	return s.dueTimers(ctx, now, nil, limit)
+}
+
+// DueTimersAfter implements store.TimerStore.
+func (s *Store) DueTimersAfter(ctx context.Context, now time.Time, after store.Timer, limit int) ([]store.Timer, error) {
+	return s.dueTimers(ctx, now, timerKey(after), limit)
+}
+
+// dueTimers lists up to limit timers due at now, in key order, after the
+// key after (from the first when nil).
+func (s *Store) dueTimers(ctx context.Context, now time.Time, after []byte, limit int) ([]store.Timer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var out []store.Timer
+	out := make([]store.Timer, 0, min(limit, 4096))
 	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketTimers).Cursor()
-		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
+		k, v := c.First()
+		if after != nil {
+			if k, v = c.Seek(after); bytes.Equal(k, after) {
+				k, v = c.Next()
+			}
+		}
+		for ; k != nil && len(out) < limit; k, v = c.Next() {
 			if int64(binary.BigEndian.Uint64(k)) > now.UnixNano() { //nolint:gosec // written from an int64
 				break
 			}
@@ -217,7 +234,7 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 		return nil, err
 	}
 	var (
-		fired []store.FiredTimer
+		fired = make([]store.FiredTimer, 0, len(timers))
 		errs  []error
 	)
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -226,8 +243,8 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 		// The messages are put last, in id order (appendOp.stage); staged
 		// names the ids staged, which are not stored yet.
 		var (
-			staged   []*appendOp
-			stagedID = map[string]bool{}
+			staged   = make([]*appendOp, 0, len(timers))
+			stagedID = make(map[string]bool, len(timers))
 		)
 		for _, t := range timers {
 			k := timerKey(t)

@@ -241,6 +241,28 @@ func testTimerOrder(t *testing.T, s TimerBackend) {
 	if due, _ := s.DueTimers(ctx, t0.Add(time.Hour), 1); len(due) != 1 {
 		t.Errorf("DueTimers(limit 1) = %d timers, want 1", len(due))
 	}
+	// After a timer listed: those listed after it, whether or not it is
+	// still stored; at the same time, in DueTimers' order.
+	for _, c := range []struct {
+		after store.Timer
+		limit int
+		want  []string
+	}{
+		{timer("d2", bob, "proposal_timeout", 10*time.Second), 10, []string{"d1/offer_timeout", "d1/offer_timeout"}},
+		{timer("d2", bob, "proposal_timeout", 10*time.Second), 1, []string{"d1/offer_timeout"}},
+		{timer("d1", carol, "offer_timeout", 20*time.Second), 10, []string{"d1/offer_timeout"}},
+		{timer("d0", bob, "gone", 20*time.Second), 10, []string{"d1/offer_timeout", "d1/offer_timeout"}}, // not stored
+		{timer("d1", bob, "offer_timeout", 20*time.Second), 10, []string{"d1/offer_timeout", "d1/offer_timeout"}},
+		{timer("d1", bob, "offer_timeout", 30*time.Second), 10, nil},
+	} {
+		due, err := s.DueTimersAfter(ctx, t0.Add(time.Hour), c.after, c.limit)
+		if got := names(due); err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("DueTimersAfter(%s/%s at %v, limit %d) = %v, %v; want %v", c.after.Dialogue, c.after.Counterpart, c.after.At.Sub(t0), c.limit, got, err, c.want)
+		}
+	}
+	if due, err := s.DueTimersAfter(ctx, t0.Add(25*time.Second), timer("d2", bob, "proposal_timeout", 10*time.Second), 10); err != nil || len(due) != 1 || due[0].Counterpart != carol {
+		t.Errorf("DueTimersAfter(t0+25s) = %v, %v; want d1 (carol) alone: due by now", names(due), err)
+	}
 	// Setting a deadline again replaces it: the earlier time is gone.
 	if err := s.PutTimers(ctx, []store.Timer{timer("d2", bob, "proposal_timeout", 40*time.Second)}); err != nil {
 		t.Fatal(err)
