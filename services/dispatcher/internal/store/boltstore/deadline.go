@@ -41,8 +41,9 @@ var _ store.TimerStore = (*Store)(nil)
 func timerID(t store.Timer) []byte { return join(t.Dialogue, t.Counterpart, t.Name) }
 
 func timerKey(t store.Timer) []byte {
-	k := binary.BigEndian.AppendUint64(nil, uint64(t.Due().UnixNano())) //nolint:gosec // times after 1970 only
-	return append(k, timerID(t)...)
+	k := make([]byte, 0, 8+len(t.Dialogue)+len(t.Counterpart)+len(t.Name)+2)
+	k = binary.BigEndian.AppendUint64(k, uint64(t.Due().UnixNano())) //nolint:gosec // times after 1970 only
+	return append(append(append(append(append(k, t.Dialogue...), 0), t.Counterpart...), 0), t.Name...)
 }
 
 // timerFormat1 starts a timer's value in the binary form (schema 11): the

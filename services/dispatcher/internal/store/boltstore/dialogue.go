@@ -104,7 +104,11 @@ func migrateDialogueIndexes(tx *bolt.Tx) error {
 var _ store.DialogueStore = (*Store)(nil)
 
 func join(parts ...string) []byte {
-	var b []byte
+	n := len(parts)
+	for _, p := range parts {
+		n += len(p)
+	}
+	b := make([]byte, 0, n)
 	for i, p := range parts {
 		if i > 0 {
 			b = append(b, 0)
