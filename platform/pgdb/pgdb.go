@@ -1,7 +1,8 @@
 // Package pgdb is the one way Parley opens a PostgreSQL database: a pgx pool
 // whose connections work in one service's schema, versioned SQL migrations
 // applied at start under an advisory lock (so that several replicas starting
-// at once migrate once), and transactions that retry serialization failures.
+// at once migrate once), and transactions that retry serialization failures
+// and deadlocks.
 //
 // Each service keeps its tables and migrations in its pgstore; this package
 // knows none of them. It owns two tables in every schema, made by Open
@@ -13,6 +14,21 @@
 // in an fs.FS, usually embedded. Each runs in its own transaction together
 // with the insert of its version into the schema's schema_migrations table.
 // A database migrated past the newest version the binary knows is refused.
+//
+// A migration too large for one transaction (a backfill of a big table,
+// whose row locks and WAL one transaction would hold until its end) is
+// split into parts by lines of their own:
+//
+//	-- pgdb:commit   ends a part: what follows runs in a new transaction
+//	-- pgdb:batch    what follows, up to the next such line, is one
+//	                 statement run again and again, each time in a new
+//	                 transaction and given as $1 what it returned last
+//	                 (NULL at first), until it returns NULL: a keyset walk
+//	                 of a table, a batch per transaction
+//
+// The version is recorded with the last part. A failure leaves the parts
+// before it committed, and the next Open runs the migration again from its
+// first part: every part must be safe to run again.
 package pgdb
 
 import (
@@ -78,7 +94,59 @@ type DB struct {
 type migration struct {
 	version int
 	name    string
-	sql     string
+	parts   []part // one, unless split by the markers of the package comment
+}
+
+// part is a piece of a migration run in a transaction of its own (or, a
+// batch, in a transaction per run).
+type part struct {
+	sql   string
+	batch bool
+}
+
+// The lines that split a migration into parts.
+const (
+	commitMarker = "-- pgdb:commit"
+	batchMarker  = "-- pgdb:batch"
+)
+
+// splitParts splits a migration's SQL at its marker lines.
+func splitParts(sql string) ([]part, error) {
+	var (
+		out  []part
+		cur  strings.Builder
+		next part
+	)
+	flush := func() error {
+		next.sql = cur.String()
+		if strings.TrimSpace(next.sql) == "" {
+			if next.batch {
+				return errors.New("an empty batch")
+			}
+		} else {
+			out = append(out, next)
+		}
+		cur.Reset()
+		return nil
+	}
+	for line := range strings.Lines(sql) {
+		switch strings.TrimSpace(line) {
+		case commitMarker, batchMarker:
+			if err := flush(); err != nil {
+				return nil, err
+			}
+			next = part{batch: strings.TrimSpace(line) == batchMarker}
+		default:
+			cur.WriteString(line)
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		out = append(out, part{sql: sql})
+	}
+	return out, nil
 }
 
 // Open connects to the database at url (a postgres:// URL or a key=value
@@ -231,7 +299,11 @@ func readMigrations(fsys fs.FS) ([]migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pgdb: migration %s: %w", e.Name(), err)
 		}
-		out = append(out, migration{version: v, name: e.Name(), sql: string(b)})
+		parts, err := splitParts(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("pgdb: migration %s: %w", e.Name(), err)
+		}
+		out = append(out, migration{version: v, name: e.Name(), parts: parts})
 	}
 	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
 	for i, m := range out {
@@ -285,15 +357,55 @@ CREATE TABLE IF NOT EXISTS ` + d.schema + `.schema_migrations (
 		return fmt.Errorf("pgdb: schema %s is at version %d, newer than this binary's %d; was it migrated by a newer release? refusing to start", d.schema, have, len(migs))
 	}
 	for _, m := range migs[have:] {
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
+		if err := apply(ctx, conn.Conn(), m); err != nil {
+			return fmt.Errorf("pgdb: schema %s: migration %s: %w", d.schema, m.name, err)
+		}
+	}
+	return nil
+}
+
+// apply runs m's parts on conn, each in its own transaction (a batch in
+// one per run), and records m's version with the last.
+func apply(ctx context.Context, conn *pgx.Conn, m migration) error {
+	record := func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
+		return err
+	}
+	for i, p := range m.parts {
+		last := i == len(m.parts)-1
+		if !p.batch {
+			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, p.sql); err != nil {
+					return err
+				}
+				if last {
+					return record(tx)
+				}
+				return nil
+			})
+			if err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("pgdb: schema %s: migration %s: %w", d.schema, m.name, err)
+			continue
+		}
+		var prev any // NULL at first
+		for {
+			var next any
+			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				return tx.QueryRow(ctx, p.sql, prev).Scan(&next)
+			})
+			if err != nil {
+				return fmt.Errorf("batch after %v: %w", prev, err)
+			}
+			if next == nil {
+				break
+			}
+			prev = next
+		}
+		if last {
+			if err := pgx.BeginFunc(ctx, conn, record); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -339,8 +451,9 @@ func (d *DB) View(ctx context.Context, fn func(pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
 }
 
-// maxAttempts bounds how often Update runs a transaction that keeps failing
-// to serialize; contention that high is a fault, not a retry.
+// maxAttempts bounds how often Update and Write run a transaction that
+// keeps failing to serialize or deadlocking; contention that high is a
+// fault, not a retry.
 const maxAttempts = 30
 
 // Update runs fn in a SERIALIZABLE transaction and commits it: the outcome
@@ -353,9 +466,16 @@ const maxAttempts = 30
 // outside the transaction. fn's own error is returned as is and nothing is
 // written.
 func (d *DB) Update(ctx context.Context, fn func(pgx.Tx) error) error {
+	return d.retry(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+}
+
+// retry runs fn in a transaction of opts until it commits, fails for
+// another reason than a serialization failure or deadlock, ctx ends, or
+// maxAttempts runs conflicted (resource.ErrContention).
+func (d *DB) retry(ctx context.Context, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
 	var err error
 	for attempt := range maxAttempts {
-		err = pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		err = pgx.BeginTxFunc(ctx, d.pool, opts, fn)
 		if !retryable(err) {
 			return err
 		}
