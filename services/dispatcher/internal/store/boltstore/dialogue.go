@@ -356,7 +356,7 @@ func putDialogue(tx *bolt.Tx, old, d store.Dialogue) error {
 // its dialogue: a dialogue whose own time (closedKey) is not due stays and
 // its entry is repaired (one left by a version that did not move entries
 // on update), and an entry naming no dialogue goes. Such entries are
-// counted too, so that store.SweepInBatches moves past them.
+// counted too, so that sweep.InBatches moves past them.
 func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
