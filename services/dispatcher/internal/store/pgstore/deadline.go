@@ -131,7 +131,9 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		fired, errs = fired[:0], errs[:0] // the transaction may be retried
 		// The timers' dialogues first, all of them, in id order (the
-		// lock order of the package comment), then each timer's row.
+		// lock order of dialogue.go), then each timer's row: a batch over
+		// two dialogues must not hold a mailbox of the first while it waits
+		// for the second.
 		ids := make([]string, len(timers))
 		for i, t := range timers {
 			ids[i] = t.Dialogue

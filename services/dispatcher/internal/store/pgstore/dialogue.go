@@ -20,10 +20,14 @@ import (
 // one dialogue queue on it, and each reads, in statements after it got the
 // lock, what the previous holder committed. So the checks a reply's plan
 // makes against the dialogue hold across replicas as they do on bbolt's
-// single writer, without serialization failures. Every method takes its
-// locks in one order, so that none waits for another that waits for it:
-// dialogue rows by id, then timer rows, then order rows, then mailbox rows
-// by name (appendTx). CreateDialogue decides from nothing stored: the
+// single writer, without serialization failures. Locks are taken in one
+// order, so that none waits for another that waits for it: dialogue rows
+// first, by id (a method that needs several locks them all at once), then
+// mailbox rows by name (appendTx). A dialogue's own rows (pairs,
+// participants, receipts, timers, orders) are written only under its lock,
+// or by writers that take no other lock after them (PutTimers,
+// RetryTimers), so their order among themselves cannot deadlock.
+// CreateDialogue decides from nothing stored: the
 // dialogue row it inserts is locked until it commits, and nobody can
 // answer it before.
 

@@ -471,9 +471,9 @@ func TestCreateDialogue_concurrentReplicas(t *testing.T) {
 // a retry: replies (AddMessage: the pair's state + 1), timers firing in
 // batches across the dialogues in both orders (FireTimers: + 100), and the
 // participants' own updates (UpdateAgentDialogues, UpdateParticipant).
-// They queue on the dialogue's row lock, taken first and in one order
-// (dialogues by id, then timers, orders and mailboxes), so they neither
-// fail to serialize nor deadlock.
+// They queue on the dialogue's row lock, taken first (dialogues by id,
+// then mailboxes by name), so they neither fail to serialize nor
+// deadlock.
 func TestDialogueWriters_raceAcrossReplicasWithoutRetries(t *testing.T) {
 	rs := replicas(t, 2)
 	ctx := t.Context()
