@@ -134,6 +134,7 @@ func run(stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		pagesBefore, pagesErr := p.metrics(ctx, pagesMetric) // absent from older builds
 		pr, err := p.load(ctx, n, *duration)
 		if err != nil {
 			return err
@@ -142,6 +143,7 @@ func run(stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		pagesAfter, _ := p.metrics(ctx, pagesMetric)
 		for _, x := range []struct {
 			name string
 			r    result
@@ -155,6 +157,9 @@ func run(stdout io.Writer) error {
 		if pr.msgs > 0 {
 			per := (after[0] - before[0]) / float64(pr.msgs)
 			fmt.Fprintf(stdout, "parley dispatcher.db commits per message received at %d senders: %.2f (fdatasyncs: %.2f)\n", n, per, 2*per)
+			if pagesErr == nil && pagesAfter != nil {
+				fmt.Fprintf(stdout, "parley dispatcher.db pages written per message at %d senders: %.1f\n", n, (pagesAfter[0]-pagesBefore[0])/float64(pr.msgs))
+			}
 		}
 	}
 	if *idle > 0 {
@@ -461,6 +466,10 @@ func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, 
 // commitsMetric counts parley serve's commits to dispatcher.db, each with
 // two fdatasyncs.
 const commitsMetric = "parley_dispatcher_bbolt_commits_total"
+
+// pagesMetric counts the pages those commits wrote (4 KiB each, the meta
+// page included).
+const pagesMetric = "parley_dispatcher_bbolt_pages_written_total"
 
 // growth is parley serve's growth per stream: bytes of its resident set
 // (/proc/PID/status VmRSS), of its Go heap and stacks in use, and

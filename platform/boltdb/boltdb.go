@@ -66,6 +66,8 @@ type DB struct {
 	// synced and unsynced count committed write transactions by whether
 	// bbolt fsynced them (see Commits).
 	synced, unsynced atomic.Uint64
+	// pages counts the pages synced commits wrote (see CommitStats.Pages).
+	pages atomic.Uint64
 }
 
 // Open opens, creating if needed, the database file at path and its
@@ -157,6 +159,12 @@ type CommitStats struct {
 	// Unsynced committed without it (the DB had NoSync set): a crash could
 	// lose them although their writers were told they succeeded.
 	Unsynced uint64
+	// Pages is how many page writes the synced commits made: the dirty
+	// pages (every changed leaf and the branches above it, in each bucket
+	// touched, and the root) and the meta page. With one writer the first
+	// fdatasync of a commit writes all but the meta page, so on a disk
+	// bound by bytes it costs about in proportion (docs/benchmarks.md).
+	Pages uint64
 }
 
 // Commits reports the write transactions committed so far, by whether bbolt
@@ -164,7 +172,7 @@ type CommitStats struct {
 // fsync (the page cache outlives the process), so stores' tests check that
 // every write ends in a synced commit and none in an unsynced one.
 func (d *DB) Commits() CommitStats {
-	return CommitStats{Synced: d.synced.Load(), Unsynced: d.unsynced.Load()}
+	return CommitStats{Synced: d.synced.Load(), Unsynced: d.unsynced.Load(), Pages: d.pages.Load()}
 }
 
 // Durable reports an error when the database is set up to acknowledge writes
@@ -176,11 +184,13 @@ func (d *DB) Durable() error {
 	return nil
 }
 
-// countCommit records one committed write transaction. bbolt's Tx.Commit
-// fsyncs unless NoSync is set (bar OpenBSD, where it always does).
-func (d *DB) countCommit() {
+// countCommit records tx, which has committed. bbolt's Tx.Commit fsyncs
+// unless NoSync is set (bar OpenBSD, where it always does).
+func (d *DB) countCommit(tx *Tx) {
 	if !d.db.NoSync {
 		d.synced.Add(1)
+		st := tx.Stats()
+		d.pages.Add(uint64(st.GetWrite())) //nolint:gosec // a count, never negative
 	} else {
 		d.unsynced.Add(1)
 	}

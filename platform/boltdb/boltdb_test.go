@@ -405,3 +405,25 @@ func TestPing(t *testing.T) {
 		t.Error("Ping on a closed database = nil, want an error")
 	}
 }
+
+// Commits().Pages counts what a commit wrote: a put into a small bucket
+// (kept inline in the root) dirties the root page, and every commit
+// writes the meta page too. A write that fails writes nothing.
+func TestCommits_countsThePagesWritten(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	before := d.Commits()
+	if err := d.Update(put("k", "v")); err != nil {
+		t.Fatal(err)
+	}
+	after := d.Commits()
+	if got := after.Pages - before.Pages; got < 2 {
+		t.Errorf("a put wrote %d pages, want at least the root page and the meta page", got)
+	}
+	before = after
+	if err := d.Update(func(*Tx) error { return errors.New("refused") }); err == nil {
+		t.Fatal("a failing write succeeded")
+	}
+	if after := d.Commits(); after.Pages != before.Pages {
+		t.Errorf("a failed write moved Pages %d -> %d, want no change", before.Pages, after.Pages)
+	}
+}
