@@ -227,7 +227,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		}, func() float64 { return float64(bs.Commits().Synced) })
 		pages := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "parley_dispatcher_bbolt_pages_written_total",
-			Help: "Pages (4 KiB) the commits to dispatcher.db wrote: the changed pages of every bucket touched, the root, the freelist and the meta page. The first fdatasync of a commit writes them.",
+			Help: "Pages (4 KiB) the commits to dispatcher.db wrote: the changed pages of every bucket touched, the root and the meta page. The first fdatasync of a commit writes them.",
 		}, func() float64 { return float64(bs.Commits().Pages) })
 		for _, c := range []prometheus.Collector{commits, pages} {
 			if err := s.Registry().Register(c); err != nil {
