@@ -22,7 +22,8 @@ var (
 	// however many mailboxes hold it.
 	bucketMessages = []byte("messages")
 	// bucketMessageRefs: message id → 8-byte big-endian count of the
-	// mailbox references to it; the body goes when it reaches zero.
+	// mailbox references to it; the body goes when it reaches zero. A
+	// message in one mailbox has no entry: an absent count is one.
 	bucketMessageRefs = []byte("message_refs")
 	// bucketMailboxes: agent → mailboxState (32 bytes: head, acked,
 	// pending, pending bytes; big-endian uint64 each).
@@ -178,8 +179,12 @@ func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
 		}
 		a.delivered = append(a.delivered, mailbox.Delivery{Agent: g.agent, Cursor: g.st.Head, Message: a.m})
 	}
-	if err := tx.Bucket(bucketMessageRefs).Put([]byte(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered)))); err != nil {
-		return err
+	// A count of one is not written (release reads none as one): a direct
+	// message's commit then touches one bucket, three pages, fewer.
+	if len(a.delivered) > 1 {
+		if err := tx.Bucket(bucketMessageRefs).Put([]byte(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered)))); err != nil {
+			return err
+		}
 	}
 	return msgs.Put([]byte(a.m.ID), a.body)
 }
