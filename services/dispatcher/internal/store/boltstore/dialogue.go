@@ -37,7 +37,9 @@ var (
 	// store.Request.
 	bucketDialogueRequests = []byte("dialogue_requests")
 	// bucketDialogueMessageIndex: dialogue id + 0x00 + message id → empty,
-	// a dialogue's messages (schema 2), for removing a dialogue whole.
+	// a dialogue's messages (schema 2), for removing a dialogue whole. The
+	// opener of a dialogue whose record names it (Opener) is left out: the
+	// record finds it, and a new dialogue's commit touches one bucket less.
 	bucketDialogueMessageIndex = []byte("dialogue_message_index")
 	// bucketDialoguesClosed: 8-byte big-endian close time (Unix ns) +
 	// dialogue id → empty, the dialogues SweepDialogues removes, oldest
@@ -151,8 +153,10 @@ func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
 // writeMessage appends w.Mail to the recipients' mailboxes, then stores
 // w.Message with receipts for those that took it (none for a broadcast),
 // the participants and the pair states of the pairs not refused. Nothing
-// is written when every mailbox refused.
-func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store.Delivered, error) {
+// is written when every mailbox refused. The message is entered in the
+// dialogue's message index unless it is opener, the id the dialogue's
+// record keeps.
+func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener string) (store.Delivered, error) {
 	m := w.Message
 	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
 	if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
@@ -176,8 +180,10 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 	if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), m); err != nil {
 		return store.Delivered{}, err
 	}
-	if err := tx.Bucket(bucketDialogueMessageIndex).Put(join(m.DialogueID, m.ID), nil); err != nil {
-		return store.Delivered{}, err
+	if m.ID != opener {
+		if err := tx.Bucket(bucketDialogueMessageIndex).Put(join(m.DialogueID, m.ID), nil); err != nil {
+			return store.Delivered{}, err
+		}
 	}
 	if !w.NoReceipts {
 		if err := addParticipant(tx, m.DialogueID, m.Sender); err != nil {
@@ -226,7 +232,7 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.Me
 			return resource.AlreadyExists("dialogue", d.ID)
 		}
 		var err error
-		if out, err = writeMessage(tx, w, bound); err != nil || len(out.Deliveries) == 0 {
+		if out, err = writeMessage(tx, w, bound, d.Opener); err != nil || len(out.Deliveries) == 0 {
 			return err
 		}
 		if err := indexClosed(tx, d); err != nil {
@@ -297,7 +303,7 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 		}
 		w.Message.DialogueID = v.dialogue.ID
 		w.NoReceipts = false
-		out, err = writeMessage(tx, w, bound)
+		out, err = writeMessage(tx, w, bound, "")
 		return err
 	})
 	if err != nil {
@@ -378,6 +384,16 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 	c := idx.Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 		keys = append(keys, bytes.Clone(k))
+	}
+	// The opener is in the index only when the record does not name it;
+	// deleting it twice (an index entry written by an older release) is
+	// harmless.
+	var d store.Dialogue
+	if _, err := getJSON(tx.Bucket(bucketDialogues), []byte(id), &d); err != nil {
+		return err
+	}
+	if d.Opener != "" {
+		keys = append(keys, join(id, d.Opener))
 	}
 	for _, k := range keys {
 		msg := k[len(prefix):]
