@@ -61,7 +61,12 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // sweep indexes of conversations (conversations_sweep) and of dialogue
 // request ids (dialogue_requests_sweep); 10 the spend records' sweep
 // index (spend_sweep); migrate builds the others from the older records.
-const schemaVersion = 10
+// 11 keeps a few receivers in a dialogue message's record instead of
+// dialogue_receipts (nothing to migrate: older records keep theirs in the
+// bucket, and are read so), and leaves a dialogue's opener out of
+// dialogue_message_index; the number changes so that an older release,
+// which would look for both in their buckets, refuses the file.
+const schemaVersion = 11
 
 func migrate(tx *bolt.Tx, from int) error {
 	if from < 2 {
