@@ -19,6 +19,12 @@
 // explicit-ack durable push consumer per subject. Latency is from the send
 // call to the receiver's handler, both in this process.
 //
+// At one sender the run also measures, on the same disk, what one writer
+// that waits for durability can reach at all: a loop of bare bbolt commits
+// (one put each; a commit is two ordered fdatasyncs) and a loop of appends
+// each followed by one fsync (a one-sync log's floor). Their ratios to
+// JetStream bound what any store built on bbolt's commit can show here.
+//
 // -idle N creates N fresh agents, lets parley serve settle, then opens a
 // receive stream for each on one gRPC connection and reports parley
 // serve's growth per stream: resident memory (/proc/PID/status VmRSS), Go
@@ -154,6 +160,14 @@ func run(stdout io.Writer) error {
 			}
 		}
 		fmt.Fprintf(stdout, "ratio parley/jetstream at %d senders: %.2f\n", n, pr.rate()/jr.rate())
+		if n == 1 {
+			c, err := measureCeiling(filepath.Join(tmp, "ceiling"), *duration)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(stdout, "one-writer ceilings on this disk: bare bbolt commits %.0f/s (%.2f of jetstream), bare append+fsync %.0f/s (%.2f of jetstream); parley/bare-bbolt %.2f\n",
+				c.boltCommits, c.boltCommits/jr.rate(), c.appendSyncs, c.appendSyncs/jr.rate(), pr.rate()/c.boltCommits)
+		}
 		if pr.msgs > 0 {
 			per := (after[0] - before[0]) / float64(pr.msgs)
 			fmt.Fprintf(stdout, "parley dispatcher.db commits per message received at %d senders: %.2f (fdatasyncs: %.2f)\n", n, per, 2*per)

@@ -1,7 +1,8 @@
 // Package pgdb is the one way Parley opens a PostgreSQL database: a pgx pool
 // whose connections work in one service's schema, versioned SQL migrations
 // applied at start under an advisory lock (so that several replicas starting
-// at once migrate once), and transactions that retry serialization failures.
+// at once migrate once), and transactions that retry serialization failures
+// and deadlocks.
 //
 // Each service keeps its tables and migrations in its pgstore; this package
 // knows none of them. It owns two tables in every schema, made by Open
@@ -339,8 +340,9 @@ func (d *DB) View(ctx context.Context, fn func(pgx.Tx) error) error {
 	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly}, fn)
 }
 
-// maxAttempts bounds how often Update runs a transaction that keeps failing
-// to serialize; contention that high is a fault, not a retry.
+// maxAttempts bounds how often Update and Write run a transaction that
+// keeps failing to serialize or deadlocking; contention that high is a
+// fault, not a retry.
 const maxAttempts = 30
 
 // Update runs fn in a SERIALIZABLE transaction and commits it: the outcome
@@ -353,9 +355,16 @@ const maxAttempts = 30
 // outside the transaction. fn's own error is returned as is and nothing is
 // written.
 func (d *DB) Update(ctx context.Context, fn func(pgx.Tx) error) error {
+	return d.retry(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+}
+
+// retry runs fn in a transaction of opts until it commits, fails for
+// another reason than a serialization failure or deadlock, ctx ends, or
+// maxAttempts runs conflicted (resource.ErrContention).
+func (d *DB) retry(ctx context.Context, opts pgx.TxOptions, fn func(pgx.Tx) error) error {
 	var err error
 	for attempt := range maxAttempts {
-		err = pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.Serializable}, fn)
+		err = pgx.BeginTxFunc(ctx, d.pool, opts, fn)
 		if !retryable(err) {
 			return err
 		}

@@ -240,3 +240,88 @@ func TestOpen_unreachableServerStartsNotReady(t *testing.T) {
 		t.Errorf("Close = %v", err)
 	}
 }
+
+// TestWrite_retriesARealDeadlock: two Writes lock the same two rows in
+// opposite orders, each waiting until the other holds its first row, so
+// PostgreSQL must abort one of them with a deadlock (40P01). Write runs
+// the victim again, and both increments land.
+func TestWrite_retriesARealDeadlock(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	db := open(t, url, schema, counterMigrations)
+	if _, err := db.Pool().Exec(t.Context(), `INSERT INTO counter VALUES (2, 0)`); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		holding sync.WaitGroup // each Write's first run holds its first row
+		runs    [2]int
+		wg      sync.WaitGroup
+		errs    [2]error
+	)
+	holding.Add(2)
+	for i, order := range [2][2]int{{1, 2}, {2, 1}} {
+		wg.Go(func() {
+			errs[i] = db.Write(t.Context(), func(tx pgx.Tx) error {
+				runs[i]++
+				// Found at once, so the test does not wait the default 1s.
+				if _, err := tx.Exec(t.Context(), `SET LOCAL deadlock_timeout = '50ms'`); err != nil {
+					return err
+				}
+				if _, err := tx.Exec(t.Context(), `UPDATE counter SET n = n + 1 WHERE id = $1`, order[0]); err != nil {
+					return err
+				}
+				if runs[i] == 1 {
+					holding.Done()
+					holding.Wait()
+				}
+				_, err := tx.Exec(t.Context(), `UPDATE counter SET n = n + 1 WHERE id = $1`, order[1])
+				return err
+			})
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("Write %d = %v, want the deadlock retried", i, err)
+		}
+	}
+	if runs[0]+runs[1] < 3 {
+		t.Errorf("Write ran fn %d+%d times, want a rerun of the deadlock's victim", runs[0], runs[1])
+	}
+	for _, id := range []int{1, 2} {
+		var n int64
+		if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter WHERE id = $1`, id).Scan(&n); err != nil || n != 2 {
+			t.Errorf("counter %d = %d, %v; want 2 (both Writes committed once)", id, n, err)
+		}
+	}
+}
+
+// A Write that keeps failing to serialize is bounded like Update's.
+func TestWrite_endlessConflictIsContention(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	db := open(t, url, schema, counterMigrations)
+	runs := 0
+	err := db.Write(t.Context(), func(tx pgx.Tx) error {
+		runs++
+		return &pgconn.PgError{Code: "40P01", Message: "deadlock detected"}
+	})
+	if !errors.Is(err, resource.ErrContention) || runs < 2 {
+		t.Errorf("Write = %v after %d runs, want resource.ErrContention after retries", err, runs)
+	}
+}
+
+// A Write whose context ends while it waits to retry returns the
+// context's error.
+func TestWrite_stopsRetryingWhenTheContextEnds(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	db := open(t, url, schema, counterMigrations)
+	ctx, cancel := context.WithCancel(t.Context())
+	runs := 0
+	err := db.Write(ctx, func(tx pgx.Tx) error {
+		runs++
+		cancel()
+		return &pgconn.PgError{Code: "40001", Message: "could not serialize access"}
+	})
+	if !errors.Is(err, context.Canceled) || runs != 1 {
+		t.Errorf("Write = %v after %d runs, want context.Canceled after 1", err, runs)
+	}
+}

@@ -96,7 +96,12 @@ func (d *DB) Modify(ctx context.Context, table, kind, name string, m proto.Messa
 // nothing from what they read: inserts of new rows and upserts whose new
 // value is computed by SQL (SET n = t.n + 1). Concurrent writers of one row
 // queue on its lock instead of failing to serialize, so a hot counter costs
-// no retries. fn runs once; its error is returned as is.
+// no retries. Writers that lock several rows in different orders can still
+// deadlock (40P01), and PostgreSQL then aborts one of them: Write runs fn
+// again as Update does (jittered backoff, up to 30 runs, then
+// resource.ErrContention; ctx's error once ctx ends), so fn may run more
+// than once and must set its results afresh on each run. fn's own error is
+// returned as is and nothing is written.
 func (d *DB) Write(ctx context.Context, fn func(pgx.Tx) error) error {
-	return pgx.BeginTxFunc(ctx, d.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+	return d.retry(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
 }

@@ -15,7 +15,8 @@
 // keepalive pings with enforcement, an idle limit and a maximum age.
 //
 // Shutdown (when Run's context ends): health flips to NOT_SERVING first, then
-// HTTP drains, then gRPC stops gracefully, forced after ShutdownTimeout.
+// HTTP drains, then the drain hooks run (OnDrain), then gRPC stops
+// gracefully, all of it forced after ShutdownTimeout.
 package serve
 
 import (
@@ -102,9 +103,10 @@ type Server struct {
 	routes  *http.ServeMux // the hand-written routes alone, to find wrong methods
 	tlsConf *tls.Config
 
-	mu       sync.Mutex // guards services, checks, pipe and patterns
+	mu       sync.Mutex // guards services, checks, pipe, patterns and drains
 	services []string
-	shapes   []errorShape // see HandleErrors
+	drains   []func(context.Context) // see OnDrain
+	shapes   []errorShape            // see HandleErrors
 	checks   []check
 	pipe     *bufconn.Listener // in-process clients, see InProcessConn
 	running  bool              // Run has started serving
@@ -243,6 +245,18 @@ func (s *Server) Stopping() <-chan struct{} { return s.stopping }
 // ShutdownTimeout returns how long a shutdown may take, from Stopping:
 // work that ends with it (closing streams' records) fits in it too.
 func (s *Server) ShutdownTimeout() time.Duration { return s.opts.ShutdownTimeout }
+
+// OnDrain adds fn to the work a shutdown waits for: once the HTTP server
+// has drained its requests, and before gRPC stops, Run calls each fn in
+// the order added with a context that ends when ShutdownTimeout runs out,
+// and returns only after they have. net/http's drain does not wait for
+// hijacked connections: a handler that serves a stream on one registers
+// here what waits for those streams to write their last event.
+func (s *Server) OnDrain(fn func(context.Context)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.drains = append(s.drains, fn)
+}
 
 // Registry returns the Prometheus registry served at /metrics.
 func (s *Server) Registry() *prometheus.Registry { return s.opts.Registry }
@@ -469,6 +483,12 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		s.logger.WarnContext(ctx, "http drain cut short; closing connections", slog.Any("err", err))
 		cancelBase()
 		_ = httpSrv.Close()
+	}
+	s.mu.Lock()
+	drains := s.drains
+	s.mu.Unlock()
+	for _, fn := range drains {
+		fn(sctx)
 	}
 	stopped := make(chan struct{})
 	go func() { s.GRPC.GracefulStop(); close(stopped) }()

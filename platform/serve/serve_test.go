@@ -343,3 +343,40 @@ func TestRun_healthFollowsReadiness(t *testing.T) {
 	mu.Unlock()
 	waitFor("parley.test.v1.TestService", healthpb.HealthCheckResponse_SERVING)
 }
+
+// A drain hook runs once shutdown has started (Stopping is closed), with a
+// context bounded by ShutdownTimeout, and Run does not return before it does:
+// what a hook waits for (streams on hijacked connections writing their last
+// event) is over when Run returns.
+func TestRun_waitsForDrainHooks(t *testing.T) {
+	s := newServer(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var stoppingClosed, bounded bool
+	s.OnDrain(func(ctx context.Context) {
+		select {
+		case <-s.Stopping():
+			stoppingClosed = true
+		default:
+		}
+		dl, ok := ctx.Deadline()
+		bounded = ok && time.Until(dl) <= s.ShutdownTimeout()
+		close(entered)
+		<-release
+	})
+	r := start(t, s)
+	r.cancel()
+	<-entered
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run() = %v while a drain hook was still running", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	if err := <-r.done; err != nil {
+		t.Errorf("Run() = %v, want nil", err)
+	}
+	r.done <- nil // for Cleanup
+	if !stoppingClosed || !bounded {
+		t.Errorf("hook saw Stopping closed %v, a deadline within ShutdownTimeout %v; want both", stoppingClosed, bounded)
+	}
+}

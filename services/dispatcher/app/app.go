@@ -331,7 +331,9 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 }
 
 // recheckStreams ends the streams connected here that a newer stream on
-// another replica replaced while this replica missed its notifications.
+// another replica replaced while this replica missed its notifications,
+// including those whose newer stream ended meanwhile (their row is gone).
+// It runs each time the listening connection (re)connects.
 func (a *App) recheckStreams(ctx context.Context, pg *pgstore.Store, logger *slog.Logger) {
 	local := a.mailboxes.StreamEpochs()
 	if len(local) == 0 {
@@ -346,9 +348,7 @@ func (a *App) recheckStreams(ctx context.Context, pg *pgstore.Store, logger *slo
 		logger.WarnContext(ctx, "receive streams not checked against other replicas", slog.Any("err", err))
 		return
 	}
-	for agent, epoch := range newest {
-		a.mailboxes.Supersede(agent, epoch)
-	}
+	a.mailboxes.Recheck(local, newest)
 }
 
 // isClosed reports whether ch is closed.
@@ -438,9 +438,11 @@ func RegisterGateway(ctx context.Context, s *serve.Server, conn *grpc.ClientConn
 	for pattern, h := range server.AgoraRoutes(server.RemoteDeliverer{C: dispatcherv1.NewDispatcherServiceClient(service)}, httpOptions(cfg)) {
 		s.Handle(pattern, h)
 	}
-	for pattern, h := range server.RemoteMailboxRoutes(client, s.Stopping(), cfg.MailboxStreamWriteTimeout) {
+	routes, stopStreams := server.RemoteMailboxRoutes(client, s.Stopping(), cfg.MailboxStreamWriteTimeout)
+	for pattern, h := range routes {
 		s.Handle(pattern, serve.Stream(h))
 	}
+	s.OnDrain(stopStreams)
 	return nil
 }
 

@@ -160,8 +160,11 @@ func TestPostgreSQL_aStoppingReplicaLeavesNoStreamRecords(t *testing.T) {
 // and opens a newer stream of another agent receiving on A. A hears none
 // of it; once it listens again it reads the mailboxes of its streams and
 // compares its streams with mailbox_streams, so its stream delivers the
-// message and its older stream ends STREAM_REPLACED. (Each stream's
-// keepalive is 10 minutes, so only a wake-up delivers in time.)
+// message and its older stream ends STREAM_REPLACED. So does the stream on
+// A of a third agent whose newer stream on B opened and already ended
+// while A was deaf: its row is gone, which names no stream of A's.
+// (Each stream's keepalive is 10 minutes, so only a wake-up delivers in
+// time.)
 func TestPostgreSQL_aListenerThatReconnectsCatchesUp(t *testing.T) {
 	url := pgdbtest.Database(t)
 	role, urlA := pgdbtest.Role(t, url)
@@ -197,6 +200,14 @@ func TestPostgreSQL_aListenerThatReconnectsCatchesUp(t *testing.T) {
 	if _, err := otherOnA.Recv(); err != nil { // the first, empty batch: connected
 		t.Fatal(err)
 	}
+	const third = "clients/acme/agents/third"
+	thirdOnA, err := a.client.ReceiveMessages(ctx, &dispatcherv1.ReceiveMessagesRequest{Agent: third})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := thirdOnA.Recv(); err != nil {
+		t.Fatal(err)
+	}
 
 	pgdbtest.Exec(t, `ALTER ROLE `+role+` NOLOGIN`)
 	t.Cleanup(func() { pgdbtest.Exec(t, `ALTER ROLE `+role+` LOGIN`) }) // if the test stops early
@@ -211,10 +222,29 @@ func TestPostgreSQL_aListenerThatReconnectsCatchesUp(t *testing.T) {
 	if _, err := otherOnB.Recv(); err != nil {
 		t.Fatal(err)
 	}
+	thirdCtx, endThird := context.WithCancel(ctx)
+	thirdOnB, err := b.client.ReceiveMessages(thirdCtx, &dispatcherv1.ReceiveMessagesRequest{Agent: third})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := thirdOnB.Recv(); err != nil {
+		t.Fatal(err)
+	}
+	endThird()
+	st, err := pgstore.Open(t.Context(), url, pgstore.Schema, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	waitFor("the row of third's ended stream on B to go", func() bool {
+		got, err := st.StreamEpochs(t.Context(), []string{third})
+		return err == nil && len(got) == 0
+	})
 
 	pgdbtest.Exec(t, `ALTER ROLE `+role+` LOGIN`)
 	if got := recvN(t, echoOnA, 1); cursors(got) != "2:m2 " {
 		t.Errorf("echo's stream on A after its listener reconnected = %q, want 2:m2", cursors(got))
 	}
 	endsReplaced(t, otherOnA, "other's stream on A after its listener reconnected")
+	endsReplaced(t, thirdOnA, "third's stream on A, whose newer stream on B ended, after A's listener reconnected")
 }

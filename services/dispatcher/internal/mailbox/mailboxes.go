@@ -383,8 +383,38 @@ func (m *Mailboxes) Supersede(agent string, epoch uint64) {
 	}
 }
 
+// Recheck ends the connections here that the store no longer names, for
+// a replica that missed notifications: checked is StreamEpochs as taken
+// before the store was read, newest each agent's stream in the store
+// then. A connection ends (ErrReplaced, as a takeover ends it) when a
+// newer stream replaced it (Supersede), or when its agent's row is gone
+// or names another stream: a newer stream opened elsewhere and, by the
+// time the store was read, ended too (its end deleted the row). A
+// connection's own row is written before it connects and deleted only
+// after it left, by its replica's sweep of rows unstamped for minutes, or
+// by another stream's end; so a live connection still listed in checked
+// is never ended for a row of its own. One that connected after checked
+// was taken is left alone.
+func (m *Mailboxes) Recheck(checked, newest map[string]uint64) {
+	for agent, epoch := range newest {
+		m.Supersede(agent, epoch)
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for agent, epoch := range checked {
+		if e, ok := newest[agent]; ok && e == epoch {
+			continue
+		}
+		if c := m.conns[agent]; c != nil && c.epoch == epoch {
+			close(c.replaced)
+			delete(m.conns, agent)
+			m.went()
+		}
+	}
+}
+
 // StreamEpochs returns the epoch of each agent's connection here, for a
-// replica that missed notifications to check them (Supersede).
+// replica that missed notifications to check them (Recheck).
 func (m *Mailboxes) StreamEpochs() map[string]uint64 {
 	m.mu.Lock()
 	defer m.mu.Unlock()

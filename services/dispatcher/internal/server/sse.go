@@ -69,21 +69,34 @@ func (ss *streamSet) done() context.Context {
 	return ss.ctx
 }
 
-func (ss *streamSet) stop() {
+func (ss *streamSet) stop() { ss.stopWithin(context.Background()) }
+
+// stopWithin ends the streams and waits until each has written its last
+// event and closed its connection, or until ctx ends.
+func (ss *streamSet) stopWithin(ctx context.Context) {
 	ss.done()
 	ss.cancel()
-	ss.wg.Wait()
+	finished := make(chan struct{})
+	go func() { ss.wg.Wait(); close(finished) }()
+	select {
+	case <-finished:
+	case <-ctx.Done():
+	}
 }
 
 // RemoteMailboxRoutes returns the mailbox routes of a gateway process,
 // which reads the dispatcher's mailboxes over c (ReceiveMessages and
 // AcknowledgeMessages), forwarding each caller's own credential. Streams
 // end when stopping closes. writeTimeout bounds one SSE write
-// (--mailbox-stream-write-timeout). The caller wraps them in serve.Stream.
-func RemoteMailboxRoutes(c dispatcherv1.DispatcherServiceClient, stopping <-chan struct{}, writeTimeout time.Duration) map[string]http.Handler {
-	// The streams end on stopping; a gateway keeps no store, so nothing
-	// waits for them.
-	return map[string]http.Handler{StreamPattern: sseHandler{src: remoteMailboxes{c: c, stopping: stopping}, writeTimeout: writeTimeout, streams: &streamSet{}}}
+// (--mailbox-stream-write-timeout). The caller wraps them in serve.Stream,
+// and calls stop before the process exits (serve.Server.OnDrain): it ends
+// the streams served on hijacked connections, which net/http's shutdown
+// does not wait for, and waits until each has written its end event, or
+// until ctx ends.
+func RemoteMailboxRoutes(c dispatcherv1.DispatcherServiceClient, stopping <-chan struct{}, writeTimeout time.Duration) (routes map[string]http.Handler, stop func(ctx context.Context)) {
+	streams := &streamSet{}
+	routes = map[string]http.Handler{StreamPattern: sseHandler{src: remoteMailboxes{c: c, stopping: stopping}, writeTimeout: writeTimeout, streams: streams}}
+	return routes, streams.stopWithin
 }
 
 // localMailboxes reads this server's own mailboxes.

@@ -1,8 +1,10 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -142,5 +144,60 @@ func TestSSEHandler_headOpensNoStream(t *testing.T) {
 	}
 	if n := src.opened.Load(); n != 0 {
 		t.Errorf("HEAD opened %d streams, want none", n)
+	}
+}
+
+// slowEndSource sends one empty batch, then, once its stream is cancelled,
+// takes a while to end, as a stream that a gateway reads from a dispatcher
+// over gRPC does.
+type slowEndSource struct{ endAfter time.Duration }
+
+func (slowEndSource) acknowledge(context.Context, string, uint64) error { return nil }
+
+func (s slowEndSource) receive(ctx context.Context, _ string, _ uint64, _ bool, send func([]*dispatcherv1.NetworkMessage) error) error {
+	if err := send(nil); err != nil {
+		return err
+	}
+	<-ctx.Done()
+	time.Sleep(s.endAfter)
+	return status.Error(codes.Unavailable, "the gateway is shutting down; reconnect")
+}
+
+// A gateway's streams on hijacked connections are not waited for by
+// net/http's shutdown: the streams' stop waits for each to write its end
+// event, so that a process exiting after it loses none.
+func TestStreamSet_stopWaitsForTheEndEvent(t *testing.T) {
+	streams := &streamSet{}
+	h := sseHandler{src: slowEndSource{endAfter: 300 * time.Millisecond}, writeTimeout: 10 * time.Second, streams: streams}
+	mux := http.NewServeMux()
+	mux.Handle(StreamPattern, h)
+	srv := httptest.NewServer(mux)
+	defer srv.Close()
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := io.WriteString(conn, "GET /v1/clients/acme/agents/bob/messages:stream HTTP/1.1\r\nHost: x\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(conn)
+	var got strings.Builder
+	for !strings.Contains(got.String(), ": connected\n\n") {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the stream's start: %v (read %q)", err, got.String())
+		}
+		got.WriteString(line)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	streams.stopWithin(ctx)
+	// The end event is in the connection's buffer already: a read finds
+	// it at once, long before the source's delay would have passed.
+	_ = conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	rest, _ := io.ReadAll(r)
+	if !strings.Contains(string(rest), "event: end\ndata: {\"code\":\"Unavailable\"") {
+		t.Errorf("after stopWithin returned, the stream's remaining bytes are %q, want its end event", rest)
 	}
 }

@@ -446,7 +446,8 @@ func deleteConversation(tx *bolt.Tx, id string, c store.Conversation) error {
 }
 
 // SweepConversations implements store.Store: it walks
-// bucketSweepConversations from the earliest expiry.
+// bucketSweepConversations from the earliest expiry and checks each entry
+// against its conversation (see sweepChecked).
 func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -458,16 +459,24 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit 
 		dead := dueKeys(sweep, before, limit)
 		convs := tx.Bucket(bucketConversations)
 		for _, k := range dead {
-			var conv store.Conversation
-			if v := convs.Get(k[8:]); v != nil {
-				if err := json.Unmarshal(v, &conv); err != nil {
-					return err
-				}
-				if err := deleteConversation(tx, string(k[8:]), conv); err != nil {
-					return err
-				}
-			}
 			if err := sweep.Delete(k); err != nil {
+				return err
+			}
+			var conv store.Conversation
+			found, err := getJSON(convs, k[8:], &conv)
+			if err != nil {
+				return err
+			}
+			if !found {
+				continue // a stale entry
+			}
+			if !conv.ExpireTime.Before(before) { // expires later: it stays
+				if err := sweep.Put(conversationSweepKey(string(k[8:]), conv.ExpireTime), nil); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := deleteConversation(tx, string(k[8:]), conv); err != nil {
 				return err
 			}
 		}

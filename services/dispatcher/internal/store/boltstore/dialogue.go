@@ -380,18 +380,31 @@ func (s *Store) get(ctx context.Context, bucket []byte, kind, id string, v any) 
 	})
 }
 
-// putDialogue writes d, entering it in bucketDialoguesClosed when a
-// mutation closed it.
-func putDialogue(tx *bolt.Tx, d store.Dialogue, wasClosed bool) error {
-	if d.Closed && !wasClosed {
-		if err := indexClosed(tx, d); err != nil {
+// putDialogue writes d, read as old before a mutation, moving its entry
+// in bucketDialoguesClosed to what d needs now: a dialogue closed again
+// later keeps no entry at its first close time, nor a reopened one any.
+func putDialogue(tx *bolt.Tx, old, d store.Dialogue) error {
+	was, wasIn := closedKey(old)
+	now, in := closedKey(d)
+	if wasIn && (!in || !bytes.Equal(was, now)) {
+		if err := tx.Bucket(bucketDialoguesClosed).Delete(was); err != nil {
+			return err
+		}
+	}
+	if in {
+		if err := tx.Bucket(bucketDialoguesClosed).Put(now, nil); err != nil {
 			return err
 		}
 	}
 	return putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d)
 }
 
-// SweepDialogues implements store.DialogueStore.
+// SweepDialogues implements store.DialogueStore. It walks
+// bucketDialoguesClosed from the earliest and checks each entry against
+// its dialogue: a dialogue whose own time (closedKey) is not due stays and
+// its entry is repaired (one left by a version that did not move entries
+// on update), and an entry naming no dialogue goes. Such entries are
+// counted too, so that store.SweepInBatches moves past them.
 func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -399,15 +412,36 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
-		end := binary.BigEndian.AppendUint64(nil, uint64(before.UnixNano())) //nolint:gosec // times after 1970
-		var doomed [][]byte                                                  // collected first: never delete while walking a cursor
-		c := tx.Bucket(bucketDialoguesClosed).Cursor()
-		for k, _ := c.First(); k != nil && bytes.Compare(k, end) < 0 && len(doomed) < limit; k, _ = c.Next() {
+		closed := tx.Bucket(bucketDialoguesClosed)
+		cut := before.UnixNano()
+		var doomed [][]byte // collected first: never delete while walking a cursor
+		c := closed.Cursor()
+		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(doomed) < limit; k, _ = c.Next() {
 			doomed = append(doomed, bytes.Clone(k))
 		}
 		for _, k := range doomed {
-			if err := tx.Bucket(bucketDialoguesClosed).Delete(k); err != nil {
+			if err := closed.Delete(k); err != nil {
 				return err
+			}
+			var d store.Dialogue
+			found, err := getJSON(tx.Bucket(bucketDialogues), k[8:], &d)
+			if err != nil {
+				return err
+			}
+			own, in := closedKey(d)
+			if !found || !in {
+				continue // no dialogue, or reopened: out of the sweep
+			}
+			if !bytes.Equal(own, k) {
+				if readInt(own[:8]) >= cut { // moved later: it stays
+					if err := closed.Put(own, nil); err != nil {
+						return err
+					}
+					continue
+				}
+				if err := closed.Delete(own); err != nil {
+					return err
+				}
 			}
 			if err := removeDialogue(tx, string(k[8:])); err != nil {
 				return err
@@ -505,11 +539,11 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 		if !ok {
 			return resource.NotFound("dialogue", dialogue)
 		}
-		wasClosed := d.Closed
+		old := d
 		if err := mutate(&d, &p); err != nil {
 			return err
 		}
-		if err := putDialogue(tx, d, wasClosed); err != nil {
+		if err := putDialogue(tx, old, d); err != nil {
 			return err
 		}
 		return putJSON(tx.Bucket(bucketDialogueParticipants), join(dialogue, agent), p)
@@ -550,6 +584,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 			if !okD || !okP || d.Closed || p.Closed {
 				continue
 			}
+			old := d
 			changed, err := mutate(&d, &p)
 			if err != nil {
 				return err
@@ -558,7 +593,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 				continue
 			}
 			n++
-			if err := putDialogue(tx, d, false); err != nil { // only open dialogues reach mutate
+			if err := putDialogue(tx, old, d); err != nil {
 				return err
 			}
 			if err := putJSON(tx.Bucket(bucketDialogueParticipants), join(id, agent), p); err != nil {
@@ -639,7 +674,9 @@ func requestSweepKey(k []byte, t time.Time) []byte {
 }
 
 // SweepRequests implements store.DialogueStore: it walks
-// bucketSweepDialogueRequests from the oldest.
+// bucketSweepDialogueRequests from the oldest and checks each entry
+// against its record's start time: a record started later stays (its
+// entry put back at that time), an entry naming none goes; both count.
 func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -652,6 +689,24 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 		requests := tx.Bucket(bucketDialogueRequests)
 		for _, k := range old {
 			if err := sweep.Delete(k); err != nil {
+				return err
+			}
+			var rec store.Request
+			found, err := getJSON(requests, k[8:], &rec)
+			if err != nil {
+				return err
+			}
+			if !found {
+				continue // a stale entry
+			}
+			own := requestSweepKey(k[8:], rec.Time)
+			if !rec.Time.Before(before) { // started later: it stays
+				if err := sweep.Put(own, nil); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := sweep.Delete(own); err != nil {
 				return err
 			}
 			if err := requests.Delete(k[8:]); err != nil {

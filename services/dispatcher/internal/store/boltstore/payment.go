@@ -160,7 +160,9 @@ func requestTime(v []byte) []byte {
 // SweepPayments implements store.PaymentStore. It counts the index
 // entries it consumes: one naming no payment (stale) is dropped and
 // counted too, so that store.SweepInBatches moves past it instead of
-// stopping at a short batch before the payments due behind it.
+// stopping at a short batch before the payments due behind it. So is one
+// naming a payment not due by its own time (updated later, or reserved
+// again), which stays, its own entry put back.
 func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -176,16 +178,22 @@ func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) 
 			if err != nil {
 				return err
 			}
-			if ok {
-				if err := indexPayment(tx, &p, nil); err != nil {
-					return err
-				}
-				if err := b.Delete(id); err != nil {
-					return err
-				}
-			}
-			// indexPayment removed p's own entry, normally k.
 			if err := sweep.Delete(k); err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if p.State == store.PaymentReserved || !p.UpdateTime.Before(before) {
+				if err := indexPayment(tx, &p, &p); err != nil { // its own entries, if any
+					return err
+				}
+				continue
+			}
+			if err := indexPayment(tx, &p, nil); err != nil {
+				return err
+			}
+			if err := b.Delete(id); err != nil {
 				return err
 			}
 		}
@@ -250,7 +258,10 @@ func migratePaymentRequestIndex(tx *bolt.Tx) error {
 	})
 }
 
-// SweepPaymentRequests implements store.PaymentStore.
+// SweepPaymentRequests implements store.PaymentStore: it walks
+// bucketSweepPaymentRequests from the oldest and checks each entry against
+// its record's time: a request recorded later stays (its entry put back),
+// an entry naming none goes; both count.
 func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -260,11 +271,27 @@ func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time, limi
 		n = 0
 		sweep := tx.Bucket(bucketSweepPaymentRequests)
 		old := dueKeys(sweep, before, limit)
+		requests := tx.Bucket(bucketPaymentRequests)
 		for _, k := range old {
 			if err := sweep.Delete(k); err != nil {
 				return err
 			}
-			if err := tx.Bucket(bucketPaymentRequests).Delete(k[8:]); err != nil {
+			v := requests.Get(k[8:])
+			if v == nil {
+				continue // a stale entry
+			}
+			at := bytes.Clone(requestTime(v))
+			own := append(at, k[8:]...)
+			if readInt(at) >= before.UnixNano() { // recorded later: it stays
+				if err := sweep.Put(own, nil); err != nil {
+					return err
+				}
+				continue
+			}
+			if err := sweep.Delete(own); err != nil {
+				return err
+			}
+			if err := requests.Delete(k[8:]); err != nil {
 				return err
 			}
 		}
@@ -382,7 +409,9 @@ func removeSpend(tx *bolt.Tx, ork []byte) error {
 }
 
 // SweepSpends implements store.PaymentStore: it walks bucketSweepSpends
-// from its first (oldest) day.
+// from its first (oldest) day and checks each entry against its order's
+// day: an order counted on a later day stays (its entry put back), an
+// entry naming none goes; both count.
 func (s *Store) SweepSpends(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -404,6 +433,16 @@ func (s *Store) SweepSpends(ctx context.Context, before time.Time, limit int) (i
 				return err
 			}
 			_, ork, _ := bytes.Cut(k, []byte{0})
+			day, _, found := bytes.Cut(tx.Bucket(bucketSpendOrders).Get(ork), []byte{0})
+			if !found {
+				continue // a stale entry
+			}
+			if bytes.Compare(day, cut) >= 0 { // counted on a later day: it stays
+				if err := sweep.Put(join(string(day), string(ork)), nil); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := removeSpend(tx, ork); err != nil {
 				return err
 			}

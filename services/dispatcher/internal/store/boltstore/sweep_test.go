@@ -1,6 +1,7 @@
 package boltstore
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -96,5 +97,115 @@ func TestSweepDialogues_openerOutsideTheIndex(t *testing.T) {
 		if got := bucketLen(t, s, b); got != 0 {
 			t.Errorf("%s holds %d entries after both dialogues were swept, want none", b, got)
 		}
+	}
+}
+
+// Each batched sweep checks an index entry against its record: a record
+// updated after it was indexed (its time moved later) whose old entry was
+// left behind (by a bug, or a version that did not move it) is not swept
+// early by that entry. A sweep between the old and the new time keeps the
+// record, drops the stale entry and keeps (or puts back) the record's own.
+func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
+	base := time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC)
+	old, cut, now := base, base.Add(36*time.Hour), base.Add(72*time.Hour)
+	paid := store.Payment{ID: "pay", Payer: "clients/c/agents/a", State: store.PaymentCaptured, UpdateTime: now}
+	rk := join(paid.Payer, "req")
+	ork := join("clients/c/agents/a", "order")
+	for _, tc := range []struct {
+		name          string
+		setup         func(tx *bolt.Tx) error
+		sweep         func(s *Store) func(context.Context, time.Time, int) (int, error)
+		index, bucket []byte
+		key           []byte // the record's, in bucket
+		own, stale    []byte // its entries in index, now and before the update
+	}{{
+		name: "conversations",
+		setup: func(tx *bolt.Tx) error {
+			c := store.Conversation{ID: "conv", Peer: "peer", ExpireTime: now}
+			if err := tx.Bucket(bucketSweepConversations).Put(conversationSweepKey(c.ID, c.ExpireTime), nil); err != nil {
+				return err
+			}
+			return putJSON(tx.Bucket(bucketConversations), []byte(c.ID), c)
+		},
+		sweep: func(s *Store) func(context.Context, time.Time, int) (int, error) { return s.SweepConversations },
+		index: bucketSweepConversations, bucket: bucketConversations, key: []byte("conv"),
+		own: conversationSweepKey("conv", now), stale: conversationSweepKey("conv", old),
+	}, {
+		name: "dialogue requests",
+		setup: func(tx *bolt.Tx) error {
+			k := join("alice", "r")
+			if err := tx.Bucket(bucketSweepDialogueRequests).Put(requestSweepKey(k, now), nil); err != nil {
+				return err
+			}
+			return putJSON(tx.Bucket(bucketDialogueRequests), k, store.Request{Sender: "alice", ID: "r", Time: now})
+		},
+		sweep: func(s *Store) func(context.Context, time.Time, int) (int, error) { return s.SweepRequests },
+		index: bucketSweepDialogueRequests, bucket: bucketDialogueRequests, key: join("alice", "r"),
+		own: requestSweepKey(join("alice", "r"), now), stale: requestSweepKey(join("alice", "r"), old),
+	}, {
+		name: "payments",
+		setup: func(tx *bolt.Tx) error {
+			if err := indexPayment(tx, nil, &paid); err != nil {
+				return err
+			}
+			return putJSON(tx.Bucket(bucketPayments), []byte(paid.ID), paid)
+		},
+		sweep: func(s *Store) func(context.Context, time.Time, int) (int, error) { return s.SweepPayments },
+		index: bucketSweepPayments, bucket: bucketPayments, key: []byte(paid.ID),
+		own: sweepKey(paid), stale: append(putInt(old.UnixNano()), paid.ID...),
+	}, {
+		name:  "payment requests",
+		setup: func(tx *bolt.Tx) error { return recordRequest(tx, rk, nil, paid.ID, now) },
+		sweep: func(s *Store) func(context.Context, time.Time, int) (int, error) { return s.SweepPaymentRequests },
+		index: bucketSweepPaymentRequests, bucket: bucketPaymentRequests, key: rk,
+		own: append(putInt(now.UnixNano()), rk...), stale: append(putInt(old.UnixNano()), rk...),
+	}, {
+		name: "spends",
+		setup: func(tx *bolt.Tx) error {
+			day := now.Format(time.DateOnly)
+			if err := tx.Bucket(bucketSpendDays).Put(join("clients/c/agents/a", day), putInt(5)); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketSweepSpends).Put(join(day, string(ork)), nil); err != nil {
+				return err
+			}
+			return tx.Bucket(bucketSpendOrders).Put(ork, append(append([]byte(day), 0), putInt(5)...))
+		},
+		sweep: func(s *Store) func(context.Context, time.Time, int) (int, error) { return s.SweepSpends },
+		index: bucketSweepSpends, bucket: bucketSpendOrders, key: ork,
+		own: join(now.Format(time.DateOnly), string(ork)), stale: join(old.Format(time.DateOnly), string(ork)),
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := Open(t.TempDir(), time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			if err := s.db.Update(func(tx *bolt.Tx) error {
+				if err := tc.setup(tx); err != nil {
+					return err
+				}
+				return tx.Bucket(tc.index).Put(tc.stale, nil)
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := store.SweepInBatches(t.Context(), cut, tc.sweep(s)); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.db.View(func(tx *bolt.Tx) error {
+				if tx.Bucket(tc.bucket).Get(tc.key) == nil {
+					t.Errorf("record %q gone after a sweep before its own time, by an entry of its old time", tc.key)
+				}
+				if tx.Bucket(tc.index).Get(tc.stale) != nil {
+					t.Errorf("stale index entry %q kept, want it dropped", tc.stale)
+				}
+				if tx.Bucket(tc.index).Get(tc.own) == nil {
+					t.Errorf("the record's own index entry %q missing after the sweep", tc.own)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
 }

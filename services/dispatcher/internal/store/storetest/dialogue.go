@@ -27,6 +27,7 @@ func RunDialogues(t *testing.T, open func(t *testing.T) DialogueBackend) {
 	t.Run("full mailboxes", func(t *testing.T) { testDialogueFull(t, open(t)) })
 	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
 	t.Run("sweep closed dialogues", func(t *testing.T) { testDialogueSweep(t, open(t)) })
+	t.Run("sweep by the dialogue's own time", func(t *testing.T) { testDialogueSweepOwnTime(t, open(t)) })
 	t.Run("requests", func(t *testing.T) { testDialogueRequests(t, open(t)) })
 	t.Run("request sweep batches", func(t *testing.T) { testSweepRequestBatches(t, open(t)) })
 }
@@ -368,6 +369,48 @@ func testDialogueClose(t *testing.T, s DialogueBackend) {
 	}
 	if _, p, _ := s.UpdateParticipant(ctx, "d2", carol, func(*store.Dialogue, *store.Participant) error { return nil }); p.Closed {
 		t.Errorf("closing bob's dialogues closed carol's record too: %+v", p)
+	}
+}
+
+// testDialogueSweepOwnTime: a dialogue updated after it entered the
+// sweep's order, its close time moved later ("moved") or closed no more
+// ("reopened"), is swept by what it holds now: a sweep between its old
+// and new times leaves both, and one after the new close time removes
+// "moved" only.
+func testDialogueSweepOwnTime(t *testing.T, s DialogueBackend) {
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0).UTC()
+	set := func(id string, closed bool, at time.Time) {
+		t.Helper()
+		if _, _, err := s.UpdateParticipant(ctx, id, alice, func(d *store.Dialogue, _ *store.Participant) error {
+			d.Closed, d.CloseTime = closed, at
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, id := range []string{"moved", "reopened"} {
+		opener(t, s, id, []string{bob})
+		set(id, true, now.Add(time.Hour))
+	}
+	set("moved", true, now.Add(3*time.Hour))
+	set("reopened", false, time.Time{})
+	if n, err := s.SweepDialogues(ctx, now.Add(2*time.Hour), 10); err != nil {
+		t.Fatalf("SweepDialogues(+2h) = %d, %v", n, err)
+	}
+	for _, id := range []string{"moved", "reopened"} {
+		if _, err := s.GetDialogue(ctx, id); err != nil {
+			t.Errorf("GetDialogue(%s) after a sweep at +2h = %v; closed at +1h, then updated: it must stay", id, err)
+		}
+	}
+	if n, err := s.SweepDialogues(ctx, now.Add(4*time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("SweepDialogues(+4h) = %d, %v; want 1 (moved, closed at +3h)", n, err)
+	}
+	if _, err := s.GetDialogue(ctx, "moved"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogue(moved) after a sweep at +4h = %v, want ErrNotFound", err)
+	}
+	if _, err := s.GetDialogue(ctx, "reopened"); err != nil {
+		t.Errorf("GetDialogue(reopened) after a sweep at +4h = %v; an open dialogue must stay", err)
 	}
 }
 

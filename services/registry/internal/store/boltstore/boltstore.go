@@ -341,7 +341,10 @@ func migrateRequestSweepIndex(tx *bolt.Tx) error {
 }
 
 // SweepRequests implements store.Store: it walks bucketSweepRequests from
-// the oldest.
+// the oldest and checks each entry against its record's time: a request
+// id recorded later stays (its entry put back at that time), and an entry
+// naming no record goes; both count, so that store.SweepAllRequests moves
+// past them.
 func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
@@ -358,6 +361,20 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 		requests := tx.Bucket(bucketRequests)
 		for _, k := range old {
 			if err := sweep.Delete(k); err != nil {
+				return err
+			}
+			v := requests.Get(k[8:])
+			if v == nil {
+				continue // a stale entry
+			}
+			own := requestSweepKey(string(k[8:]), v)
+			if int64(binary.BigEndian.Uint64(own[:8])) >= cutoff { //nolint:gosec // as above
+				if err := sweep.Put(own, nil); err != nil { // recorded later: it stays
+					return err
+				}
+				continue
+			}
+			if err := sweep.Delete(own); err != nil {
 				return err
 			}
 			if err := requests.Delete(k[8:]); err != nil {

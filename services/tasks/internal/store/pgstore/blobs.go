@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/parleyhq/parley/platform/pgdb"
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/tasks/internal/store"
 )
 
@@ -41,7 +42,14 @@ func (b *Blobs) Write(taskID, artifactID string, r io.Reader, limit int64) (int6
 	ctx, cancel := context.WithTimeout(context.Background(), blobTimeout)
 	defer cancel()
 	var size int64
+	runs := 0
 	err := b.db.Write(ctx, func(tx pgx.Tx) error {
+		// Write reruns fn after a deadlock, but r is read already: fail
+		// rather than store what is left of it. (Chunks of a new
+		// artifact take no lock another writer holds, so this is unlikely.)
+		if runs++; runs > 1 {
+			return fmt.Errorf("artifact %s/%s: the upload's transaction was aborted and its bytes cannot be read twice: %w", taskID, artifactID, resource.ErrContention)
+		}
 		size = 0
 		lr := io.LimitReader(r, limit+1)
 		buf := make([]byte, chunkSize)
