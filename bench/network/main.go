@@ -21,8 +21,9 @@
 //
 // At one sender the run also measures, on the same disk, what one writer
 // that waits for durability can reach at all: a loop of bare bbolt commits
-// (one put each; a commit is two ordered fdatasyncs) and a loop of appends
-// each followed by one fsync (a one-sync log's floor). Their ratios to
+// (one put each, through platform/boltdb as the stores commit; a commit is
+// two ordered fdatasyncs) and a loop of appends each followed by one fsync
+// (a one-sync log's floor). Their ratios to
 // JetStream bound what any store built on bbolt's commit can show here.
 //
 // -idle N creates N fresh agents, lets parley serve settle, then opens a
