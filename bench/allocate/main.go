@@ -29,17 +29,20 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/parleyhq/parley/bench/internal/cputime"
 	"github.com/parleyhq/parley/bench/internal/parleyproc"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -56,11 +59,14 @@ func main() {
 }
 
 type result struct {
-	rounds   int
-	elapsed  time.Duration
-	p50, p99 time.Duration
-	errors   int64
-	firstErr error
+	rounds  int
+	elapsed time.Duration
+	// cpu is the CPU time parley serve (with its workers) and this
+	// harness (the eleven SDK agents) used during the measurement.
+	serverCPU, harnessCPU time.Duration
+	p50, p99              time.Duration
+	errors                int64
+	firstErr              error
 }
 
 func (r result) rate() float64 { return float64(r.rounds) / r.elapsed.Seconds() }
@@ -114,11 +120,11 @@ func run(stdout io.Writer) error {
 		var alloc, ref []result
 		var ratios []float64
 		for range *rounds {
-			r, err := m.load(ctx, n, *duration, m.referenceRound)
+			r, err := measure(p.pid, func() (result, error) { return m.load(ctx, n, *duration, m.referenceRound) })
 			if err != nil {
 				return err
 			}
-			a, err := m.load(ctx, n, *duration, m.allocateRound)
+			a, err := measure(p.pid, func() (result, error) { return m.load(ctx, n, *duration, m.allocateRound) })
 			if err != nil {
 				return err
 			}
@@ -131,6 +137,11 @@ func run(stdout io.Writer) error {
 		}{{"reference", ref}, {"allocate", alloc}} {
 			r := median(x.rs)
 			fmt.Fprintf(stdout, "%-10s %-9d %10.1f %10s %10s  errors=%d\n", x.name, n, r.rate(), r.p50.Round(time.Microsecond), r.p99.Round(time.Microsecond), r.errors)
+			if r.rounds > 0 {
+				server, harness := r.serverCPU/time.Duration(r.rounds), r.harnessCPU/time.Duration(r.rounds)
+				fmt.Fprintf(stdout, "  CPU per round: parley serve %s, harness %s; all %d cores on these alone would cap it at %.0f rounds/s\n",
+					server.Round(10*time.Microsecond), harness.Round(10*time.Microsecond), runtime.NumCPU(), float64(runtime.NumCPU())/(server+harness).Seconds())
+			}
 			if r.firstErr != nil {
 				fmt.Fprintf(stdout, "  first error: %v\n", r.firstErr)
 			}
@@ -143,6 +154,22 @@ func run(stdout io.Writer) error {
 		fmt.Fprintf(stdout, "ratio allocate/reference at %d in flight: median %.2f (rounds: %s)\n", n, ratios[len(ratios)/2], strings.Join(rs, " "))
 	}
 	return nil
+}
+
+// measure runs load and adds the CPU time parley serve (pid and its
+// children) and this process used meanwhile.
+func measure(pid int, load func() (result, error)) (result, error) {
+	server, harness := cputime.Tree(pid), selfCPU()
+	r, err := load()
+	r.serverCPU, r.harnessCPU = cputime.Tree(pid)-server, selfCPU()-harness
+	return r, err
+}
+
+// selfCPU is the user and system time this process has used.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // warmUp runs round until one completes, for at most 60 s.
@@ -441,6 +468,7 @@ func (m *market) referenceRound(ctx context.Context) error {
 // ---- the server ----
 
 type parleyProc struct {
+	pid   int // parley serve; its routine workers are its children
 	token string
 	conn  *grpc.ClientConn
 	stop  func()
@@ -457,7 +485,7 @@ func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &parleyProc{}
+	p := &parleyProc{pid: proc.PID}
 	p.stop = func() {
 		if p.conn != nil {
 			p.conn.Close()

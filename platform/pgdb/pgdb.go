@@ -14,6 +14,21 @@
 // in an fs.FS, usually embedded. Each runs in its own transaction together
 // with the insert of its version into the schema's schema_migrations table.
 // A database migrated past the newest version the binary knows is refused.
+//
+// A migration too large for one transaction (a backfill of a big table,
+// whose row locks and WAL one transaction would hold until its end) is
+// split into parts by lines of their own:
+//
+//	-- pgdb:commit   ends a part: what follows runs in a new transaction
+//	-- pgdb:batch    what follows, up to the next such line, is one
+//	                 statement run again and again, each time in a new
+//	                 transaction and given as $1 what it returned last
+//	                 (NULL at first), until it returns NULL: a keyset walk
+//	                 of a table, a batch per transaction
+//
+// The version is recorded with the last part. A failure leaves the parts
+// before it committed, and the next Open runs the migration again from its
+// first part: every part must be safe to run again.
 package pgdb
 
 import (
@@ -79,7 +94,59 @@ type DB struct {
 type migration struct {
 	version int
 	name    string
-	sql     string
+	parts   []part // one, unless split by the markers of the package comment
+}
+
+// part is a piece of a migration run in a transaction of its own (or, a
+// batch, in a transaction per run).
+type part struct {
+	sql   string
+	batch bool
+}
+
+// The lines that split a migration into parts.
+const (
+	commitMarker = "-- pgdb:commit"
+	batchMarker  = "-- pgdb:batch"
+)
+
+// splitParts splits a migration's SQL at its marker lines.
+func splitParts(sql string) ([]part, error) {
+	var (
+		out  []part
+		cur  strings.Builder
+		next part
+	)
+	flush := func() error {
+		next.sql = cur.String()
+		if strings.TrimSpace(next.sql) == "" {
+			if next.batch {
+				return errors.New("an empty batch")
+			}
+		} else {
+			out = append(out, next)
+		}
+		cur.Reset()
+		return nil
+	}
+	for line := range strings.Lines(sql) {
+		switch strings.TrimSpace(line) {
+		case commitMarker, batchMarker:
+			if err := flush(); err != nil {
+				return nil, err
+			}
+			next = part{batch: strings.TrimSpace(line) == batchMarker}
+		default:
+			cur.WriteString(line)
+		}
+	}
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		out = append(out, part{sql: sql})
+	}
+	return out, nil
 }
 
 // Open connects to the database at url (a postgres:// URL or a key=value
@@ -232,7 +299,11 @@ func readMigrations(fsys fs.FS) ([]migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("pgdb: migration %s: %w", e.Name(), err)
 		}
-		out = append(out, migration{version: v, name: e.Name(), sql: string(b)})
+		parts, err := splitParts(string(b))
+		if err != nil {
+			return nil, fmt.Errorf("pgdb: migration %s: %w", e.Name(), err)
+		}
+		out = append(out, migration{version: v, name: e.Name(), parts: parts})
 	}
 	slices.SortFunc(out, func(a, b migration) int { return a.version - b.version })
 	for i, m := range out {
@@ -286,15 +357,55 @@ CREATE TABLE IF NOT EXISTS ` + d.schema + `.schema_migrations (
 		return fmt.Errorf("pgdb: schema %s is at version %d, newer than this binary's %d; was it migrated by a newer release? refusing to start", d.schema, have, len(migs))
 	}
 	for _, m := range migs[have:] {
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, m.sql); err != nil {
+		if err := apply(ctx, conn.Conn(), m); err != nil {
+			return fmt.Errorf("pgdb: schema %s: migration %s: %w", d.schema, m.name, err)
+		}
+	}
+	return nil
+}
+
+// apply runs m's parts on conn, each in its own transaction (a batch in
+// one per run), and records m's version with the last.
+func apply(ctx context.Context, conn *pgx.Conn, m migration) error {
+	record := func(tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
+		return err
+	}
+	for i, p := range m.parts {
+		last := i == len(m.parts)-1
+		if !p.batch {
+			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(ctx, p.sql); err != nil {
+					return err
+				}
+				if last {
+					return record(tx)
+				}
+				return nil
+			})
+			if err != nil {
 				return err
 			}
-			_, err := tx.Exec(ctx, `INSERT INTO schema_migrations (version, name) VALUES ($1, $2)`, m.version, m.name)
-			return err
-		})
-		if err != nil {
-			return fmt.Errorf("pgdb: schema %s: migration %s: %w", d.schema, m.name, err)
+			continue
+		}
+		var prev any // NULL at first
+		for {
+			var next any
+			err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+				return tx.QueryRow(ctx, p.sql, prev).Scan(&next)
+			})
+			if err != nil {
+				return fmt.Errorf("batch after %v: %w", prev, err)
+			}
+			if next == nil {
+				break
+			}
+			prev = next
+		}
+		if last {
+			if err := pgx.BeginFunc(ctx, conn, record); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -325,3 +325,82 @@ func TestWrite_stopsRetryingWhenTheContextEnds(t *testing.T) {
 		t.Errorf("Write = %v after %d runs, want context.Canceled after 1", err, runs)
 	}
 }
+
+// A migration split by "-- pgdb:commit" runs each part in a transaction of
+// its own, and a "-- pgdb:batch" part runs again, each time in a new
+// transaction and given what it returned last ($1, NULL at first), until
+// it returns NULL: a backfill of a large table in batches, holding its row
+// locks and WAL one batch at a time. The version is recorded once every
+// part ran.
+func TestOpen_runsAMigrationInPartsAndBatches(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	migs := fstest.MapFS{
+		"0001_rows.sql": {Data: []byte(`CREATE TABLE rows (id int PRIMARY KEY, n int);
+INSERT INTO rows SELECT g, NULL FROM generate_series(1, 25) AS g;
+CREATE TABLE runs (tx bigint NOT NULL, part text NOT NULL);`)},
+		"0002_fill.sql": {Data: []byte(`ALTER TABLE rows ADD COLUMN IF NOT EXISTS doubled int;
+INSERT INTO runs VALUES (txid_current(), 'first');
+-- pgdb:batch
+WITH b AS (SELECT id FROM rows WHERE id > coalesce($1::int, 0) ORDER BY id LIMIT 10),
+u AS (UPDATE rows r SET doubled = 2 * r.id FROM b WHERE r.id = b.id),
+l AS (INSERT INTO runs VALUES (txid_current(), 'batch'))
+SELECT max(id) FROM b
+-- pgdb:commit
+ALTER TABLE rows ALTER COLUMN doubled SET NOT NULL;
+INSERT INTO runs VALUES (txid_current(), 'last');`)},
+	}
+	db := open(t, url, schema, migs)
+	if v, err := db.Version(t.Context()); err != nil || v != 2 {
+		t.Fatalf("Version = %d, %v; want 2", v, err)
+	}
+	var wrong int64
+	if err := db.Pool().QueryRow(t.Context(), `SELECT count(*) FROM rows WHERE doubled IS DISTINCT FROM 2 * id`).Scan(&wrong); err != nil || wrong != 0 {
+		t.Errorf("rows not filled = %d, %v; want 0", wrong, err)
+	}
+	var parts []string
+	var txs int
+	if err := db.Pool().QueryRow(t.Context(), `SELECT array_agg(part ORDER BY tx), count(DISTINCT tx) FROM runs`).Scan(&parts, &txs); err != nil {
+		t.Fatal(err)
+	}
+	// Three batches of 10, 10 and 5 rows, then an empty one that ends them.
+	want := "first batch batch batch batch last"
+	if got := strings.Join(parts, " "); got != want || txs != 6 {
+		t.Errorf("parts run = %q in %d transactions, want %q in 6", got, txs, want)
+	}
+}
+
+// A part that fails leaves the parts before it committed and the version
+// unrecorded; the next Open runs the migration again from its first part
+// (so every part must be safe to run again) and records it.
+func TestOpen_aFailedPartIsRunAgainFromTheStart(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	first := fstest.MapFS{"0001_counter.sql": counterMigrations["0001_counter.sql"]}
+	open(t, url, schema, first).Close()
+	part := func(last string) fstest.MapFS {
+		return fstest.MapFS{
+			"0001_counter.sql": counterMigrations["0001_counter.sql"],
+			"0002_parts.sql": {Data: []byte(`UPDATE counter SET n = n + 1;
+-- pgdb:commit
+` + last)},
+		}
+	}
+	if _, err := pgdb.Open(t.Context(), url, pgdb.Options{Schema: schema, Migrations: part(`SELECT no_such_function();`)}); err == nil || !strings.Contains(err.Error(), "0002_parts.sql") {
+		t.Fatalf("Open with a failing second part = %v; want an error naming the migration", err)
+	}
+	db := open(t, url, schema, first)
+	var n int64
+	if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter`).Scan(&n); err != nil || n != 1 {
+		t.Errorf("counter after a failed second part = %d, %v; want 1 (the first part committed)", n, err)
+	}
+	if v, _ := db.Version(t.Context()); v != 1 {
+		t.Errorf("Version after a failed part = %d, want 1", v)
+	}
+	db.Close()
+	db = open(t, url, schema, part(`SELECT 1;`))
+	if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter`).Scan(&n); err != nil || n != 2 {
+		t.Errorf("counter after the rerun = %d, %v; want 2 (the first part ran again)", n, err)
+	}
+	if v, _ := db.Version(t.Context()); v != 2 {
+		t.Errorf("Version after the rerun = %d, want 2", v)
+	}
+}

@@ -168,7 +168,9 @@ func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
 // dialogue_messages.dialogue: the sweep then removes the closed dialogue
 // and the broadcast with their messages and keeps the open one. Rows
 // written afterwards without those columns, as a replica still running the
-// previous binary writes them, get them from the trigger.
+// previous binary writes them, get them from the trigger. 0012 fills them
+// in batches of 1000 rows per transaction: the 2500 more dialogues and
+// messages, closed later, are all filled too.
 func TestOpen_migration12FillsTheDialogueSweepColumns(t *testing.T) {
 	url, schema := pgdbtest.Schema(t)
 	upTo11 := fstest.MapFS{}
@@ -210,6 +212,14 @@ func TestOpen_migration12FillsTheDialogueSweepColumns(t *testing.T) {
 		oldWrite(old, `INSERT INTO dialogue_messages (id, data) VALUES ($1, $2)`, m.ID, marshal(m))
 		oldWrite(old, `INSERT INTO dialogue_receipts (message, agent) VALUES ($1, $2)`, m.ID, bob)
 	}
+	const bulk = 2500
+	bulkClose := t0.Truncate(time.Second).Add(5 * time.Hour) // whole microseconds, as timestamptz keeps
+	oldWrite(old, `INSERT INTO dialogues (id, data) SELECT 'bulk-' || g, convert_to(json_build_object(
+  'id', 'bulk-' || g, 'category', 'message', 'createTime', $1::text, 'closed', true, 'closeTime', $2::text)::text, 'UTF8')
+FROM generate_series(1, $3::int) AS g`, t0.Format(time.RFC3339Nano), bulkClose.Format(time.RFC3339Nano), bulk)
+	oldWrite(old, `INSERT INTO dialogue_messages (id, data) SELECT 'm-bulk-' || g, convert_to(json_build_object(
+  'id', 'm-bulk-' || g, 'dialogueId', 'bulk-' || g, 'sender', $1::text, 'type', 'x', 'time', $2::text)::text, 'UTF8')
+FROM generate_series(1, $3::int) AS g`, bob, t0.Format(time.RFC3339Nano), bulk)
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -218,6 +228,14 @@ func TestOpen_migration12FillsTheDialogueSweepColumns(t *testing.T) {
 		t.Fatalf("Open(version 11): %v", err)
 	}
 	defer s.Close()
+	var filled, linked int
+	if err := s.db.Pool().QueryRow(ctx, `SELECT (SELECT count(*) FROM dialogues WHERE starts_with(id, 'bulk-') AND sweep_at = $1),
+  (SELECT count(*) FROM dialogue_messages WHERE dialogue = 'bulk-' || substr(id, 8))`, bulkClose).Scan(&filled, &linked); err != nil {
+		t.Fatal(err)
+	}
+	if filled != bulk || linked != bulk {
+		t.Errorf("after 0012: %d dialogues with sweep_at, %d messages with their dialogue; want %d of each", filled, linked, bulk)
+	}
 	left := func() string {
 		t.Helper()
 		var out []string
