@@ -313,9 +313,18 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		// the rows of a replica that died without ending them are swept.
 		a.loops.Go(func() {
 			pgdb.Tick(a.stopped, streamTouchEvery, func(ctx context.Context) {
-				if err := pg.TouchStreams(ctx, a.mailboxes.StreamEpochs()); err != nil && ctx.Err() == nil {
-					logger.WarnContext(ctx, "receive streams not stamped as seen; retrying next tick", slog.Any("err", err))
+				local := a.mailboxes.StreamEpochs()
+				stamped, err := pg.TouchStreams(ctx, local)
+				if err != nil {
+					if ctx.Err() == nil {
+						logger.WarnContext(ctx, "receive streams not stamped as seen; retrying next tick", slog.Any("err", err))
+					}
+					return
 				}
+				// A stream whose row is gone or names another stream was
+				// replaced, its notification missed: it ends now, within
+				// a tick, even if the listener never reconnected.
+				a.mailboxes.Recheck(local, stamped)
 			})
 		})
 	}

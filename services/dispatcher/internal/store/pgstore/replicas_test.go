@@ -263,8 +263,14 @@ func TestCloseStream_andSweepKeepOnlyLiveStreams(t *testing.T) {
 	if _, err := rs[0].DB().Pool().Exec(ctx, `UPDATE mailbox_streams SET seen_at = now() - interval '1 hour'`); err != nil {
 		t.Fatal(err)
 	}
-	if err := rs[0].TouchStreams(ctx, map[string]uint64{carol: carolOnA, dave: daveOnB - 1}); err != nil {
+	stamped, err := rs[0].TouchStreams(ctx, map[string]uint64{carol: carolOnA, dave: daveOnB - 1})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// What it stamped is what A's replica still holds rightly: its
+	// stream of dave is no longer the one mailbox_streams names.
+	if want := map[string]uint64{carol: carolOnA}; !maps.Equal(stamped, want) {
+		t.Errorf("TouchStreams stamped %v, want %v", stamped, want)
 	}
 	n, err := rs[0].SweepStreams(ctx, 10*time.Minute)
 	if err != nil || n != 1 {
