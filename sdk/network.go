@@ -73,8 +73,8 @@ type NetworkAgent struct {
 	router  *Router
 	results *results
 
-	mu      sync.Mutex // guards cursor, handled, acked, wake, seen, order, clear
-	cursor  uint64     // the last cursor received
+	mu     sync.Mutex // guards cursor, handled, acked, wake, seen, order, clear
+	cursor uint64     // the last cursor received
 	// handled is the cursor to acknowledge: the last whose batch was
 	// handled, or with Concurrency the last at and below which every
 	// message is handled.
