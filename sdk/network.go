@@ -297,6 +297,9 @@ func (a *NetworkAgent) receive(runCtx context.Context, d *dialogues) (establishe
 				}
 				// Handlers run on Run's context: they outlive the stream.
 				if err := d.dispatch(runCtx, m); err != nil {
+					a.mu.Lock()
+					delete(a.seen, m.ID) // not taken in: a later Run receives it
+					a.mu.Unlock()
 					return established, err
 				}
 			}
