@@ -56,15 +56,20 @@ type NetworkOptions struct {
 	// message is acknowledged, and counts for Cursor, only once it and
 	// every message before it in the mailbox are handled, so a slow
 	// handler holds the acknowledgement of the messages after it back.
+	// When Run returns, the handlers' context ends and Run waits for them;
+	// messages taken in but not started are left for a later Run or a new
+	// agent.
 	Concurrency int
 }
 
 // NetworkAgent receives an agent's network messages from its durable
 // mailbox and routes them to handlers: in mailbox order, one at a time
-// (or one dialogue at a time: NetworkOptions.Concurrency), each
+// (or with NetworkOptions.Concurrency several dialogues at once, each in
+// order), each
 // acknowledged after its handler returns (gathered for
 // NetworkOptions.AckDelay). It reconnects with backoff, resumes after the
-// last cursor it handled (or holds, waiting for a handler), and drops
+// last cursor it handled (with Concurrency, the last it took in: those
+// waiting for a handler stay queued across the reconnect), and drops
 // redelivered ids.
 type NetworkAgent struct {
 	name    string
