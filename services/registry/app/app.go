@@ -17,6 +17,7 @@ import (
 	"github.com/parleyhq/parley/platform/grpcclient"
 	"github.com/parleyhq/parley/platform/pgdb"
 	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/registry/config"
 	"github.com/parleyhq/parley/services/registry/internal/fetch"
 	"github.com/parleyhq/parley/services/registry/internal/httpapi"
@@ -215,10 +216,10 @@ func (a *App) every(name string, interval time.Duration, fn func(context.Context
 	})
 }
 
-// sweepRequests forgets the day-old request ids, store.SweepBatch per
+// sweepRequests forgets the day-old request ids, sweep.Batch per
 // transaction.
 func (a *App) sweepRequests(ctx context.Context) {
-	n, err := store.SweepAllRequests(ctx, a.store, time.Now().Add(-requestIDTTL))
+	n, err := sweep.InBatches(ctx, time.Now().Add(-requestIDTTL), a.store.SweepRequests)
 	if err != nil && ctx.Err() == nil {
 		a.logger.WarnContext(ctx, "request id sweep failed; retrying next time", slog.Any("err", err))
 		return

@@ -10,7 +10,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"runtime/pprof"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -124,7 +126,10 @@ func lateTemplate(b *testing.B, n int, restart time.Time, before, spread time.Du
 	return e.dir
 }
 
-var benchTimers = flag.Int("timers", 100_000, "BenchmarkRestartLateness: how many pending deadlines")
+var (
+	benchTimers  = flag.Int("timers", 100_000, "BenchmarkRestartLateness: how many pending deadlines")
+	drainProfile = flag.String("drainprofile", "", "BenchmarkRestartLateness: write a CPU profile of the drains alone (not the templates' writes) to this file")
+)
 
 // BenchmarkRestartLateness restarts a dispatcher's store holding 100,000
 // pending deadlines and runs the scheduler on a clock that starts at the
@@ -218,6 +223,7 @@ func BenchmarkRestartLateness(b *testing.B) {
 						heap = ms.HeapAlloc
 						ctx, cancel := context.WithCancel(b.Context())
 						ran := make(chan struct{})
+						stopProfile := startDrainProfile(b)
 						cpu0 := processCPU(b)
 						go func() { defer close(ran); s.Run(ctx) }()
 						select {
@@ -226,6 +232,7 @@ func BenchmarkRestartLateness(b *testing.B) {
 							b.Fatalf("%d of %d deadlines fired in 10 minutes", len(late), n)
 						}
 						cpu = processCPU(b) - cpu0
+						stopProfile()
 						cancel()
 						<-ran
 						st.Close()
@@ -242,6 +249,29 @@ func BenchmarkRestartLateness(b *testing.B) {
 				})
 			}
 		})
+	}
+}
+
+// startDrainProfile starts the -drainprofile CPU profile, a file per
+// drain (named after the benchmark), and returns its stop.
+func startDrainProfile(b *testing.B) func() {
+	b.Helper()
+	if *drainProfile == "" {
+		return func() {}
+	}
+	name := *drainProfile + "." + strings.NewReplacer("/", "_", "=", "").Replace(b.Name())
+	f, err := os.Create(name)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

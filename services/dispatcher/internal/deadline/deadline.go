@@ -206,16 +206,44 @@ func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := s.opts.Now()
+	due, err := s.store.DueTimers(ctx, now, s.opts.Batch)
+	if err != nil || len(due) == 0 {
+		return 0, err
+	}
 	var (
 		expired  int
 		firstErr error
+		b        = s.prepare(ctx, due, now)
 	)
 	for {
-		due, err := s.store.DueTimers(ctx, now, s.opts.Batch)
-		if err != nil || len(due) == 0 {
-			return expired, cmpErr(firstErr, err)
+		// While this batch commits (the store's single writer, most of an
+		// expiry's CPU), the next is listed and its hook told, on another
+		// core when there is one. It is listed after this batch's last
+		// timer (DueTimersAfter), whether this batch has committed yet or
+		// not: listed again, this batch's timers would not fire twice
+		// (FireTimers passes over a timer gone) but would be told of again.
+		// A timer put off is moved only after this batch commits, and one
+		// that comes due meanwhile before the last (set by a message) is
+		// left to the next FireDue (Arm and Wake call Run to it).
+		var (
+			next    *batch
+			nextErr error
+			fired   = make(chan struct{})
+			n       int
+			failed  []store.Timer
+			err     error
+		)
+		go func() {
+			defer close(fired)
+			n, failed, err = s.commit(ctx, b, now)
+		}()
+		if len(b.due) == s.opts.Batch {
+			var more []store.Timer
+			if more, nextErr = s.store.DueTimersAfter(ctx, now, b.due[len(b.due)-1], s.opts.Batch); len(more) > 0 {
+				next = s.prepare(ctx, more, now)
+			}
 		}
-		n, failed, err := s.fire(ctx, due, now)
+		<-fired
 		expired += n
 		firstErr = cmpErr(firstErr, err)
 		if failed == nil && err != nil {
@@ -228,9 +256,10 @@ func (s *Scheduler) FireDue(ctx context.Context) (int, error) {
 				return expired, cmpErr(firstErr, err)
 			}
 		}
-		if len(due) < s.opts.Batch {
-			return expired, firstErr
+		if next == nil {
+			return expired, cmpErr(firstErr, nextErr)
 		}
+		b = next
 	}
 }
 
@@ -265,56 +294,84 @@ func cmpErr(first, err error) error {
 	return err
 }
 
-// fire fires one batch in one transaction and returns how many pairs
-// expired and the timers that failed; none and an error when the store
-// failed the whole batch.
-func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) (expired int, failed []store.Timer, err error) {
-	var (
-		errs     []error
-		machines = map[string]*protocolcontrol.Machine{}
-		ready    = make([]store.Timer, 0, len(due))
-		told     = make(map[store.Timer]expiring, len(due))
-	)
-	for _, t := range due {
-		m, ok := machines[t.Protocol]
+// batch is one batch of due timers, prepared to fire: each timer's
+// machine found and its hook told (tell), or failed.
+type batch struct {
+	due      []store.Timer
+	machines map[string]*protocolcontrol.Machine
+	ready    []store.Timer             // the timers to fire
+	found    map[store.Timer]*expiring // what is known of each ready timer
+	failed   []store.Timer
+	errs     []error
+}
+
+// of returns what b knows of t, as listed; the store answers only for the
+// timers listed, but a stranger must not panic.
+func (b *batch) of(t store.Timer) *expiring {
+	e := b.found[t]
+	if e == nil {
+		e = &expiring{id: ID(t)}
+		b.found[t] = e
+	}
+	return e
+}
+
+// prepare finds each due timer's machine and tells the hook of it (tell).
+func (s *Scheduler) prepare(ctx context.Context, due []store.Timer, now time.Time) *batch {
+	b := &batch{
+		due:      due,
+		machines: map[string]*protocolcontrol.Machine{},
+		ready:    make([]store.Timer, 0, len(due)),
+		found:    make(map[store.Timer]*expiring, len(due)),
+	}
+	all := make([]expiring, len(due))
+	for i, t := range due {
+		m, ok := b.machines[t.Protocol]
 		if !ok {
 			var err error
 			if m, err = s.machines.Machine(ctx, t.Protocol); err != nil {
-				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+				b.errs = append(b.errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
 			}
-			machines[t.Protocol] = m
+			b.machines[t.Protocol] = m
 		}
 		if m == nil {
 			if ok {
-				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: its protocol's machine is unknown", t.Name, t.Dialogue, t.Counterpart))
+				b.errs = append(b.errs, fmt.Errorf("deadline %s of dialogue %s, %s: its protocol's machine is unknown", t.Name, t.Dialogue, t.Counterpart))
 			}
-			failed = append(failed, t)
+			b.failed = append(b.failed, t)
 			continue
 		}
-		e, err := s.tell(ctx, m, t, now)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
-			failed = append(failed, t)
+		e := &all[i]
+		e.id = ID(t)
+		if err := s.tell(ctx, m, t, now, e); err != nil {
+			b.errs = append(b.errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
+			b.failed = append(b.failed, t)
 			continue
 		}
-		if e.state != nil {
-			told[t] = e
-		}
-		ready = append(ready, t)
+		b.found[t] = e
+		b.ready = append(b.ready, t)
 	}
+	return b
+}
+
+// commit fires a prepared batch in one transaction and returns how many
+// pairs expired and the timers that failed; none and an error when the
+// store failed the whole batch.
+func (s *Scheduler) commit(ctx context.Context, b *batch, now time.Time) (expired int, failed []store.Timer, err error) {
+	errs, failed := b.errs, b.failed
 	// The pair's state is not rewritten: the deadline it holds has ended
 	// it at its instant already (protocolcontrol reads a passed deadline
 	// so), and a rewrite would cost a page of a large tree per expiry.
-	expires := make(map[store.Timer]bool, len(ready))
-	done, err := s.store.FireTimers(ctx, ready, s.mail.Bound(), func(t store.Timer, state json.RawMessage) (store.TimerFiring, error) {
+	done, err := s.store.FireTimers(ctx, b.ready, s.mail.Bound(), func(t store.Timer, state json.RawMessage) (store.TimerFiring, error) {
+		e := b.of(t)
 		var (
 			p  protocolcontrol.Pair
 			ok bool
 		)
-		if e, seen := told[t]; seen && bytes.Equal(e.state, state) {
+		if e.state != nil && bytes.Equal(e.state, state) {
 			p, ok = e.res.Pair, e.fired // as tell found it: decoded once
 		} else {
-			res, fired, err := machines[t.Protocol].Expire(state, t.Name, now)
+			res, fired, err := b.machines[t.Protocol].Expire(state, t.Name, now)
 			if err != nil {
 				return store.TimerFiring{}, err
 			}
@@ -323,14 +380,14 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		if !ok {
 			return store.TimerFiring{}, nil
 		}
-		expires[t] = true
-		return store.TimerFiring{Mail: Message(t, p), Recipients: []string{t.Initiator, t.Counterpart}}, nil
+		e.expires = true
+		return store.TimerFiring{Mail: message(t, p, e.id), Recipients: []string{t.Initiator, t.Counterpart}}, nil
 	})
 	if done == nil && err != nil {
 		return 0, nil, errors.Join(append(errs, err)...)
 	}
 	errs = append(errs, err)
-	var deliveries []mailbox.Delivery
+	deliveries := make([]mailbox.Delivery, 0, 2*len(done))
 	for _, f := range done {
 		deliveries = append(deliveries, f.Delivered.Deliveries...)
 		for _, r := range f.Delivered.Refused {
@@ -339,18 +396,18 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 		}
 	}
 	s.mail.Delivered(deliveries)
-	went := make(map[store.Timer]bool, len(done))
 	for _, f := range done {
-		went[f.Timer] = true
-		if expires[f.Timer] {
+		e := b.of(f.Timer)
+		e.went = true
+		if e.expires {
 			expired++
 		}
 	}
 	if err != nil {
 		// Its expire failed, or it was passed over (gone already:
 		// RetryTimers passes over it too).
-		for _, t := range ready {
-			if !went[t] {
+		for _, t := range b.ready {
+			if !b.of(t).went {
 				failed = append(failed, t)
 			}
 		}
@@ -361,49 +418,53 @@ func (s *Scheduler) fire(ctx context.Context, due []store.Timer, now time.Time) 
 	return expired, failed, errors.Join(errs...)
 }
 
-// expiring is what tell found of a timer's pair: its state and what
-// expiring it does.
+// expiring is what a batch knows of a timer ready to fire: its expiry
+// message's id, what tell found of its pair (its state and what expiring
+// it does), and what its firing did.
 type expiring struct {
+	id    string
 	state json.RawMessage // nil when tell read nothing
 	res   protocolcontrol.Result
 	fired bool
+	// expires: the firing expired the pair; went: the firing committed.
+	expires, went bool
 }
 
 // tell tells Options.Expired of t's expiry, when t expires its pair, and
-// returns what it found (nothing without Options.Expired), so that the
-// firing need not decode the same state again.
-func (s *Scheduler) tell(ctx context.Context, m *protocolcontrol.Machine, t store.Timer, now time.Time) (expiring, error) {
+// records in e what it found (nothing without Options.Expired), so that
+// the firing need not decode the same state again.
+func (s *Scheduler) tell(ctx context.Context, m *protocolcontrol.Machine, t store.Timer, now time.Time, e *expiring) error {
 	if s.opts.Expired == nil {
-		return expiring{}, nil
+		return nil
 	}
 	state, err := s.store.PairState(ctx, t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
 	if err != nil || state == nil {
-		return expiring{}, err
+		return err
 	}
 	res, ok, err := m.Expire(state, t.Name, now)
 	if err != nil {
-		return expiring{}, err
+		return err
 	}
-	e := expiring{state: state, res: res, fired: ok}
+	e.state, e.res, e.fired = state, res, ok
 	if !ok {
-		return e, nil
+		return nil
 	}
-	return e, s.opts.Expired(ctx, Expiry{Timer: t, Prev: state, Next: res.State, Pair: res.Pair, MessageID: ID(t)})
+	return s.opts.Expired(ctx, Expiry{Timer: t, Prev: state, Next: res.State, Pair: res.Pair, MessageID: e.id})
 }
 
 // Message is the message both agents of a pair get when its deadline
 // expires: type "<name>_expired", category service, from the network. Its
 // id is derived from the timer, so appending it twice is refused.
-func Message(t store.Timer, p protocolcontrol.Pair) mailbox.Message {
-	// A struct, its fields in name order (the order a map marshalled in
-	// before), is cheaper to marshal than a map: once per expiry.
-	body, _ := json.Marshal(expiryBody{
-		Counterpart: t.Counterpart, Deadline: t.Name, DeadlineTime: t.At.UTC().Format(time.RFC3339),
-		Initiator: t.Initiator, Outcome: string(p.Outcome), State: p.State,
-	})
+func Message(t store.Timer, p protocolcontrol.Pair) mailbox.Message { return message(t, p, ID(t)) }
+
+// message is Message with its id, ID(t), given.
+func message(t store.Timer, p protocolcontrol.Pair, id string) mailbox.Message {
 	return mailbox.Message{
-		ID: ID(t), DialogueID: t.Dialogue, Category: mailbox.CategoryService, Type: t.Name + "_expired",
-		Protocol: t.Protocol, Body: body, Time: t.At.UTC(),
+		ID: id, DialogueID: t.Dialogue, Category: mailbox.CategoryService, Type: t.Name + "_expired",
+		Protocol: t.Protocol, Body: expiryBody{
+			Counterpart: t.Counterpart, Deadline: t.Name, DeadlineTime: t.At.UTC().Format(time.RFC3339),
+			Initiator: t.Initiator, Outcome: string(p.Outcome), State: p.State,
+		}.json(), Time: t.At.UTC(),
 	}
 }
 
@@ -417,19 +478,68 @@ type expiryBody struct {
 	State        string `json:"state"`
 }
 
+// json is b as encoding/json writes it (its fields in name order, the
+// order a map marshalled in before). Written by hand when no string needs
+// escaping, as none does in practice (agent names, deadline and type
+// names, a time): encoding/json took about 2 µs, once per expiry.
+func (b expiryBody) json() []byte {
+	fields := [...]struct{ name, v string }{
+		{"counterpart", b.Counterpart}, {"deadline", b.Deadline}, {"deadlineTime", b.DeadlineTime},
+		{"initiator", b.Initiator}, {"outcome", b.Outcome}, {"state", b.State},
+	}
+	n := 2
+	for _, f := range fields {
+		if !plainJSON(f.v) {
+			out, _ := json.Marshal(b) // strings only: cannot fail
+			return out
+		}
+		n += len(f.name) + len(f.v) + 6
+	}
+	out := make([]byte, 0, n)
+	for i, f := range fields {
+		sep := byte(',')
+		if i == 0 {
+			sep = '{'
+		}
+		out = append(out, sep, '"')
+		out = append(out, f.name...)
+		out = append(out, `":"`...)
+		out = append(out, f.v...)
+		out = append(out, '"')
+	}
+	return append(out, '}')
+}
+
+// plainJSON reports whether encoding/json writes s as it is, quoted: no
+// byte to escape (controls, quote, backslash, the HTML-escaped <, > and
+// &) and nothing but ASCII.
+func plainJSON(s string) bool {
+	for i := range len(s) {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			return false
+		}
+	}
+	return true
+}
+
 // ID is the expiry message's id for t: the deadline's time (8 bytes of
 // Unix nanoseconds), then 64 bits of SHA-256 over the timer, unguessable
 // as the dialogue id it covers is; 32 hex digits, like dialogue.NewID
 // (never a leading "-"). The time comes first so that a batch of expiries
 // stores its messages side by side, not one page each.
 func ID(t store.Timer) string {
-	h := sha256.New()
-	for _, s := range []string{"expiry", t.Dialogue, t.Counterpart, t.Name, t.At.UTC().Format(time.RFC3339Nano)} {
-		h.Write([]byte(s))
-		h.Write([]byte{0})
+	at := t.At.UTC()
+	in := make([]byte, 0, 64+len(t.Dialogue)+len(t.Counterpart)+len(t.Name))
+	for _, s := range []string{"expiry", t.Dialogue, t.Counterpart, t.Name} {
+		in = append(in, s...)
+		in = append(in, 0)
 	}
-	id := binary.BigEndian.AppendUint64(nil, uint64(t.At.UnixNano())) //nolint:gosec // deadlines fall after 1970
-	return hex.EncodeToString(append(id, h.Sum(nil)[:8]...))
+	in = append(at.AppendFormat(in, time.RFC3339Nano), 0)
+	sum := sha256.Sum256(in)
+	var id [16]byte
+	binary.BigEndian.PutUint64(id[:], uint64(at.UnixNano())) //nolint:gosec // deadlines fall after 1970
+	copy(id[8:], sum[:8])
+	return hex.EncodeToString(id[:])
 }
 
 // Run fires timers as they fall due until ctx ends: at once for those due

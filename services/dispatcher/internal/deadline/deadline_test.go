@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"sync"
@@ -490,6 +491,13 @@ func (c *countingStore) DueTimers(ctx context.Context, now time.Time, limit int)
 	return c.TimerStore.DueTimers(ctx, now, limit)
 }
 
+func (c *countingStore) DueTimersAfter(ctx context.Context, now time.Time, after store.Timer, limit int) ([]store.Timer, error) {
+	c.mu.Lock()
+	c.limits = append(c.limits, limit)
+	c.mu.Unlock()
+	return c.TimerStore.DueTimersAfter(ctx, now, after, limit)
+}
+
 // A failing timer's back-off is kept in the store, not in memory: it
 // holds across a restart, doubles with each failure, and however many
 // timers fail, each listing asks for one batch.
@@ -536,5 +544,71 @@ func TestDeadline_failingTimersBackOffInTheStore(t *testing.T) {
 		if l != opts.Batch {
 			t.Fatalf("DueTimers limits = %v, want every one the batch (%d)", cs.limits, opts.Batch)
 		}
+	}
+}
+
+// FireDue reads and tells of the next batch while the one before commits:
+// each deadline is still told of and fired once, failing ones (here every
+// third, its hook failing) are put off once and fire on their retry, and
+// every expiry reaches both mailboxes once.
+func TestFireDue_overlappingBatchesFireEachOnce(t *testing.T) {
+	e := newEnv(t)
+	var (
+		mu    sync.Mutex
+		told  = map[string]int{}
+		fails = true
+	)
+	s := New(e.st, e.m, e.mail, Options{Now: e.clk.Now, Batch: 3, Expired: func(_ context.Context, x Expiry) error {
+		mu.Lock()
+		defer mu.Unlock()
+		told[x.Timer.Dialogue]++
+		if fails && x.Timer.Dialogue[len(x.Timer.Dialogue)-1]%3 == 0 {
+			return errors.New("order store down")
+		}
+		return nil
+	}})
+	const n = 20
+	for i := range n {
+		e.request(t, fmt.Sprintf("d%02d", i))
+	}
+	e.clk.Set(t0.Add(time.Minute))
+	failing := 0
+	for i := range n {
+		if i%10%3 == 0 {
+			failing++
+		}
+	}
+	if got, err := s.FireDue(t.Context()); got != n-failing || err == nil {
+		t.Fatalf("FireDue() = %d, %v; want %d expired and the hook's error", got, err, n-failing)
+	}
+	for i := range n {
+		if d := fmt.Sprintf("d%02d", i); told[d] != 1 {
+			t.Errorf("%s told of %d times, want once", d, told[d])
+		}
+	}
+	fails = false
+	e.clk.Set(t0.Add(time.Minute + time.Second)) // the failing ones' retry
+	if got, err := s.FireDue(t.Context()); got != failing || err != nil {
+		t.Fatalf("FireDue(the retry) = %d, %v; want the %d put off", got, err, failing)
+	}
+	for _, agent := range []string{consumer, supplier} {
+		ds, err := e.mail.Read(t.Context(), agent, 0, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen := map[string]int{}
+		for _, d := range ds {
+			if d.Message.Sender == "" {
+				seen[d.Message.DialogueID]++
+			}
+		}
+		for i := range n {
+			if d := fmt.Sprintf("d%02d", i); seen[d] != 1 {
+				t.Errorf("%s's mailbox holds %d expiries of %s, want one", agent, seen[d], d)
+			}
+		}
+	}
+	if _, ok, _ := e.st.NextTimer(t.Context()); ok {
+		t.Error("a timer is left after every deadline fired")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -102,9 +103,9 @@ func union(a, b []string) []string {
 }
 
 // SweepDialogues removes the dialogues closed (broadcasts: sent) longer
-// than Options.Retention ago, in transactions of at most store.SweepBatch,
+// than Options.Retention ago, in transactions of at most sweep.Batch,
 // and returns how many it removed. Their messages stay in the mailboxes
 // until compaction; a reply to one is refused as not received.
 func (s *Service) SweepDialogues(ctx context.Context) (int, error) {
-	return store.SweepInBatches(ctx, s.opts.Now().Add(-s.opts.Retention), s.store.SweepDialogues)
+	return sweep.InBatches(ctx, s.opts.Now().Add(-s.opts.Retention), s.store.SweepDialogues)
 }

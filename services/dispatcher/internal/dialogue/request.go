@@ -8,8 +8,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
-	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // ErrRequestInProgress is returned while a send with the same request_id
@@ -64,7 +64,7 @@ func (s *Service) once(ctx context.Context, sender, requestID string, send func(
 }
 
 // SweepRequests forgets request_ids older than RequestRetention, in
-// transactions of at most store.SweepBatch, and returns how many.
+// transactions of at most sweep.Batch, and returns how many.
 func (s *Service) SweepRequests(ctx context.Context) (int, error) {
-	return store.SweepInBatches(ctx, s.opts.Now().Add(-RequestRetention), s.store.SweepRequests)
+	return sweep.InBatches(ctx, s.opts.Now().Add(-RequestRetention), s.store.SweepRequests)
 }

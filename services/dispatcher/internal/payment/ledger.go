@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/fault"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -41,7 +42,7 @@ const RequestRetention = 24 * time.Hour
 
 // SweepBatch bounds the payments, and the request ids, that one sweep
 // transaction removes, so that a backlog never makes one long write.
-const SweepBatch = store.SweepBatch
+const SweepBatch = sweep.Batch
 
 // NewLedger returns a Ledger keeping payments in st within limits, naming
 // them with newID (unguessable ids) and stamping them with now.
@@ -105,12 +106,12 @@ func (l *Ledger) Create(ctx context.Context, payer, payee string, price Price, r
 // payments it removed.
 func (l *Ledger) Sweep(ctx context.Context) (int, error) {
 	now := l.now()
-	_, err := store.SweepInBatches(ctx, now.Add(-RequestRetention), l.store.SweepPaymentRequests)
+	_, err := sweep.InBatches(ctx, now.Add(-RequestRetention), l.store.SweepPaymentRequests)
 	if l.limits.Retention <= 0 {
 		return 0, err
 	}
-	n, perr := store.SweepInBatches(ctx, now.Add(-l.limits.Retention), l.store.SweepPayments)
-	_, serr := store.SweepInBatches(ctx, spendCut(now, l.limits.Retention), l.store.SweepSpends)
+	n, perr := sweep.InBatches(ctx, now.Add(-l.limits.Retention), l.store.SweepPayments)
+	_, serr := sweep.InBatches(ctx, spendCut(now, l.limits.Retention), l.store.SweepSpends)
 	return n, errors.Join(err, perr, serr)
 }
 

@@ -44,7 +44,7 @@ type Deadline struct {
 }
 
 // Pair is a pair's state as Inspect reads it. Callers treat the stored form
-// as opaque JSON and never build one.
+// (encodePair) as opaque bytes and never build one.
 type Pair struct {
 	InitiatorRole   string     `json:"initiatorRole"`
 	CounterpartRole string     `json:"counterpartRole"`
@@ -77,7 +77,8 @@ func Inspect(state []byte) (Pair, error) {
 	if len(state) == 0 {
 		return p, nil
 	}
-	if err := json.Unmarshal(state, &p); err != nil {
+	p, err := decodePair(state)
+	if err != nil {
 		return Pair{}, fmt.Errorf("pair state: %w", err)
 	}
 	return p, nil
@@ -158,11 +159,7 @@ func (m *Machine) Check(state []byte, in Input) (Result, error) {
 		p.Ended = true
 		p.Deadlines = nil
 	}
-	out, err := json.Marshal(p)
-	if err != nil {
-		return Result{}, err
-	}
-	return Result{State: out, Pair: p, Body: body, Role: role, OpensOrder: opens}, nil
+	return Result{State: encodePair(p), Pair: p, Body: body, Role: role, OpensOrder: opens}, nil
 }
 
 // Expire fires deadline name of the pair at now. When it is the pending
@@ -182,11 +179,7 @@ func (m *Machine) Expire(state []byte, name string, now time.Time) (res Result, 
 		return Result{State: state, Pair: p}, false, nil
 	}
 	expire(&p, name)
-	out, err := json.Marshal(p)
-	if err != nil {
-		return Result{}, false, err
-	}
-	return Result{State: out, Pair: p}, true, nil
+	return Result{State: encodePair(p), Pair: p}, true, nil
 }
 
 // InspectAt decodes a stored pair state as it stands at now: a pending

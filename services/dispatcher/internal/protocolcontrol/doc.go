@@ -22,7 +22,8 @@
 //	res, fired, err := m.Expire(pairState, "offer_timeout", now) // a timer fired
 //	p, err := protocolcontrol.InspectAt(pairState, now) // a stored state, as it stands at now
 //
-// pairState is the opaque JSON that the previous Check or Expire returned for
+// pairState is the opaque state (a compact binary form; JSON when stored
+// by a release before it, still read) that the previous Check or Expire returned for
 // this pair, or nil for a pair that has no message yet. The caller stores it
 // with the dialogue and serialises calls per dialogue: Check is a pure
 // function of its arguments, so two concurrent sends on one pair must not

@@ -30,6 +30,7 @@ import (
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
 	"github.com/parleyhq/parley/platform/egress"
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/agora"
 	"github.com/parleyhq/parley/services/dispatcher/internal/deadline"
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
@@ -311,10 +312,10 @@ func New(st store.Store, logger *slog.Logger, reg registryv1.RegistryServiceClie
 // DialogueRetention ago, the payments not reserved and unchanged for
 // PaymentRetention, and the spend records of the UTC days that ended
 // PaymentRetention ago (never today's or yesterday's). Each removes at
-// most store.SweepBatch per transaction.
+// most sweep.Batch per transaction.
 // app runs it periodically.
 func (s *Server) Sweep(ctx context.Context) (int, error) {
-	n, err := store.SweepInBatches(ctx, s.opts.Now().Add(-24*time.Hour), s.store.SweepConversations)
+	n, err := sweep.InBatches(ctx, s.opts.Now().Add(-24*time.Hour), s.store.SweepConversations)
 	if s.dialogues != nil {
 		_, rerr := s.dialogues.SweepRequests(ctx)
 		_, derr := s.dialogues.SweepDialogues(ctx)

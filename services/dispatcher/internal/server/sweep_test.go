@@ -6,17 +6,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // Sweep removes more expired conversations, and more day-old request ids
-// of network sends, than one sweep transaction may (store.SweepBatch): it
+// of network sends, than one sweep transaction may (sweep.Batch): it
 // sweeps in batches until none is left.
 func TestSweep_removesMoreThanOneBatch(t *testing.T) {
 	e := startService(t)
 	ctx := t.Context()
 	start := e.clock.Now()
-	const due = 2*store.SweepBatch + 1
+	const due = 2*sweep.Batch + 1
 	for i := range due {
 		c := store.Conversation{ID: fmt.Sprint("c", i), Agent: netAlice, Peer: "peer", CreateTime: start, ExpireTime: start.Add(time.Minute)}
 		if err := e.st.CreateConversation(ctx, c, 0, start); err != nil {

@@ -48,6 +48,10 @@ type TimerStore interface {
 	// DueTimers returns up to limit timers due at now (Due not after now),
 	// earliest due first.
 	DueTimers(ctx context.Context, now time.Time, limit int) ([]Timer, error)
+	// DueTimersAfter is DueTimers listing only the timers after after in
+	// its order (after need not be stored still): the next batch, listed
+	// while after's batch fires.
+	DueTimersAfter(ctx context.Context, now time.Time, after Timer, limit int) ([]Timer, error)
 	// NextTimer returns the timer due first; ok is false when none is
 	// stored.
 	NextTimer(ctx context.Context) (t Timer, ok bool, err error)

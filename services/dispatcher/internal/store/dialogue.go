@@ -69,8 +69,8 @@ func (p Pair) Key() Pair {
 	return p
 }
 
-// PairState is the protocol-control state of one pair, opaque JSON owned
-// by the protocol engine.
+// PairState is the protocol-control state of one pair, opaque bytes owned
+// by the protocol engine (protocolcontrol's binary form; JSON before it).
 type PairState struct {
 	Pair  Pair
 	State json.RawMessage

@@ -7,10 +7,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -19,8 +22,9 @@ import (
 var (
 	// bucketTimers: 8-byte big-endian due time (Unix ns: Timer.Due, At
 	// until a failure puts it off) + dialogue + 0x00 + counterpart + 0x00 +
-	// name → JSON store.Timer. Keys sort by time, so the due timers are a
-	// prefix walk from the start.
+	// name → the store.Timer, encoded by encodeTimer (schema 11; JSON
+	// before, still read: decodeTimer). Keys sort by time, so the due
+	// timers are a prefix walk from the start.
 	bucketTimers = []byte("timers")
 	// bucketTimerIDs: dialogue + 0x00 + counterpart + 0x00 + name → the
 	// timer's key in bucketTimers, to replace a timer set again. Firing a
@@ -37,8 +41,56 @@ var _ store.TimerStore = (*Store)(nil)
 func timerID(t store.Timer) []byte { return join(t.Dialogue, t.Counterpart, t.Name) }
 
 func timerKey(t store.Timer) []byte {
-	k := binary.BigEndian.AppendUint64(nil, uint64(t.Due().UnixNano())) //nolint:gosec // times after 1970 only
-	return append(k, timerID(t)...)
+	k := make([]byte, 0, 8+len(t.Dialogue)+len(t.Counterpart)+len(t.Name)+2)
+	k = binary.BigEndian.AppendUint64(k, uint64(t.Due().UnixNano())) //nolint:gosec // times after 1970 only
+	return append(append(append(append(append(k, t.Dialogue...), 0), t.Counterpart...), 0), t.Name...)
+}
+
+// timerFormat1 starts a timer's value in the binary form (schema 11): the
+// byte after it the strings Dialogue, Initiator, Counterpart, Protocol and
+// Name, each a uvarint length and its bytes; then At and Retry in Unix ns,
+// 8 bytes big-endian each (0 for a zero Retry), and Failures, a uvarint.
+// A JSON value (schema 10 and before) starts with '{'. Listing a batch of
+// 2048 due timers decoded them with encoding/json in about 6 µs each.
+const timerFormat1 = 1
+
+func encodeTimer(t store.Timer) []byte {
+	v := make([]byte, 0, 1+5+len(t.Dialogue)+len(t.Initiator)+len(t.Counterpart)+len(t.Protocol)+len(t.Name)+16+1)
+	v = append(v, timerFormat1)
+	for _, s := range []string{t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name} {
+		v = appendString(v, s)
+	}
+	var retry int64
+	if !t.Retry.IsZero() {
+		retry = t.Retry.UnixNano()
+	}
+	v = binary.BigEndian.AppendUint64(v, uint64(t.At.UnixNano())) //nolint:gosec // times after 1970 only
+	v = binary.BigEndian.AppendUint64(v, uint64(retry))           //nolint:gosec // times after 1970 only
+	return binary.AppendUvarint(v, uint64(t.Failures))            //nolint:gosec // never negative
+}
+
+// decodeTimer reads a timer's value in either form.
+func decodeTimer(v []byte) (store.Timer, error) {
+	var t store.Timer
+	if len(v) > 0 && v[0] == '{' {
+		err := json.Unmarshal(v, &t)
+		return t, err
+	}
+	if len(v) == 0 || v[0] != timerFormat1 {
+		return t, fmt.Errorf("timer value of %d bytes is corrupt: unknown form", len(v))
+	}
+	r := reader{rest: v[1:]}
+	t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name = r.string(), r.string(), r.string(), r.string(), r.string()
+	at, retry := int64(r.uint64()), int64(r.uint64()) //nolint:gosec // written from an int64
+	t.Failures = int(r.uvarint())                     //nolint:gosec // written from an int
+	if err := r.end(); err != nil {
+		return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt: %w", len(v), err)
+	}
+	t.At = time.Unix(0, at).UTC()
+	if retry != 0 {
+		t.Retry = time.Unix(0, retry).UTC()
+	}
+	return t, nil
 }
 
 // PutTimers implements store.TimerStore.
@@ -59,7 +111,7 @@ func putTimers(tx *bolt.Tx, timers []store.Timer) error {
 			}
 		}
 		k := timerKey(t)
-		if err := putJSON(tb, k, t); err != nil {
+		if err := tb.Put(k, encodeTimer(t)); err != nil {
 			return err
 		}
 		if err := ids.Put(timerID(t), k); err != nil {
@@ -71,18 +123,35 @@ func putTimers(tx *bolt.Tx, timers []store.Timer) error {
 
 // DueTimers implements store.TimerStore.
 func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]store.Timer, error) {
+	return s.dueTimers(ctx, now, nil, limit)
+}
+
+// DueTimersAfter implements store.TimerStore.
+func (s *Store) DueTimersAfter(ctx context.Context, now time.Time, after store.Timer, limit int) ([]store.Timer, error) {
+	return s.dueTimers(ctx, now, timerKey(after), limit)
+}
+
+// dueTimers lists up to limit timers due at now, in key order, after the
+// key after (from the first when nil).
+func (s *Store) dueTimers(ctx context.Context, now time.Time, after []byte, limit int) ([]store.Timer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var out []store.Timer
+	out := make([]store.Timer, 0, min(limit, 4096))
 	err := s.db.View(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketTimers).Cursor()
-		for k, v := c.First(); k != nil && len(out) < limit; k, v = c.Next() {
+		k, v := c.First()
+		if after != nil {
+			if k, v = c.Seek(after); bytes.Equal(k, after) {
+				k, v = c.Next()
+			}
+		}
+		for ; k != nil && len(out) < limit; k, v = c.Next() {
 			if int64(binary.BigEndian.Uint64(k)) > now.UnixNano() { //nolint:gosec // written from an int64
 				break
 			}
-			var t store.Timer
-			if err := json.Unmarshal(v, &t); err != nil {
+			t, err := decodeTimer(v)
+			if err != nil {
 				return err
 			}
 			out = append(out, t)
@@ -112,7 +181,7 @@ func (s *Store) RetryTimers(ctx context.Context, retries []store.TimerRetry) err
 				return err
 			}
 			nk := timerKey(t)
-			if err := putJSON(tb, nk, t); err != nil {
+			if err := tb.Put(nk, encodeTimer(t)); err != nil {
 				return err
 			}
 			if err := ids.Put(timerID(t), nk); err != nil {
@@ -138,7 +207,9 @@ func (s *Store) NextTimer(ctx context.Context) (store.Timer, bool, error) {
 			return nil
 		}
 		ok = true
-		return json.Unmarshal(v, &t)
+		var err error
+		t, err = decodeTimer(v)
+		return err
 	})
 	return t, ok, err
 }
@@ -164,12 +235,18 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 		return nil, err
 	}
 	var (
-		fired []store.FiredTimer
+		fired = make([]store.FiredTimer, 0, len(timers))
 		errs  []error
 	)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		fired, errs = fired[:0], errs[:0] // the committer may run this again
 		tb, pairs := tx.Bucket(bucketTimers), tx.Bucket(bucketDialoguePairs)
+		// The messages are put last, in id order (appendOp.stage); staged
+		// names the ids staged, which are not stored yet.
+		var (
+			staged   = make([]*appendOp, 0, len(timers))
+			stagedID = make(map[string]bool, len(timers))
+		)
 		for _, t := range timers {
 			k := timerKey(t)
 			if tb.Get(k) == nil {
@@ -184,15 +261,21 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 			}
 			out := store.FiredTimer{Timer: t, Prev: prev, Next: f.State}
 			if f.Mail.ID != "" {
-				a, err := newAppend(f.Mail, f.Recipients)
-				if err != nil {
-					return err
+				a := newAppend(f.Mail, f.Recipients)
+				var err error
+				if stagedID[f.Mail.ID] {
+					err = resource.AlreadyExists("message", f.Mail.ID)
+				} else {
+					err = a.stage(tx, bound)
 				}
-				switch err := a.run(tx, bound); {
+				switch {
 				case errors.Is(err, store.ErrAlreadyExists):
 					// Sent already; the state moves all the same.
 				case err != nil:
 					return err
+				case len(a.delivered) > 0:
+					staged = append(staged, a)
+					stagedID[f.Mail.ID] = true
 				}
 				out.Delivered = store.Delivered{Deliveries: a.delivered, Refused: a.refused}
 			}
@@ -205,6 +288,12 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 				return err
 			}
 			fired = append(fired, out)
+		}
+		slices.SortFunc(staged, func(a, b *appendOp) int { return strings.Compare(a.m.ID, b.m.ID) })
+		for _, a := range staged {
+			if err := a.putMessage(tx); err != nil {
+				return err
+			}
 		}
 		return nil
 	})

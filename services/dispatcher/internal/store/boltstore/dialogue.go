@@ -31,7 +31,7 @@ var (
 	// participants index by agent (for closing all of an agent's dialogues).
 	bucketAgentDialogues = []byte("agent_dialogues")
 	// bucketDialoguePairs: dialogue id + 0x00 + agent A + 0x00 + agent B
-	// (A < B) → the pair's protocol state, opaque JSON.
+	// (A < B) → the pair's protocol state, opaque bytes.
 	bucketDialoguePairs = []byte("dialogue_pairs")
 	// bucketDialogueRequests: sender + 0x00 + request id → JSON
 	// store.Request.
@@ -104,7 +104,11 @@ func migrateDialogueIndexes(tx *bolt.Tx) error {
 var _ store.DialogueStore = (*Store)(nil)
 
 func join(parts ...string) []byte {
-	var b []byte
+	n := len(parts)
+	for _, p := range parts {
+		n += len(p)
+	}
+	b := make([]byte, 0, n)
 	for i, p := range parts {
 		if i > 0 {
 			b = append(b, 0)
@@ -158,10 +162,7 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 	if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
 		return store.Delivered{}, resource.AlreadyExists("message", m.ID)
 	}
-	a, err := newAppend(w.Mail, w.Recipients)
-	if err != nil {
-		return store.Delivered{}, err
-	}
+	a := newAppend(w.Mail, w.Recipients)
 	if err := a.run(tx, bound); err != nil {
 		return store.Delivered{}, err
 	}
@@ -355,7 +356,7 @@ func putDialogue(tx *bolt.Tx, old, d store.Dialogue) error {
 // its dialogue: a dialogue whose own time (closedKey) is not due stays and
 // its entry is repaired (one left by a version that did not move entries
 // on update), and an entry naming no dialogue goes. Such entries are
-// counted too, so that store.SweepInBatches moves past them.
+// counted too, so that sweep.InBatches moves past them.
 func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err

@@ -6,7 +6,9 @@ import (
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -273,6 +275,108 @@ func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
 	}
 	if n, err := s.SweepSpends(ctx, time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), 10); err != nil || n != 1 {
 		t.Errorf("SweepSpends(all) after the migration = %d, %v; want 1", n, err)
+	}
+}
+
+// A schema-10 database holds its timers as JSON: they open as they are
+// (no rewrite at the restart), are listed, put off and fired, and a timer
+// put off is stored again in the binary form; both forms are read.
+func TestOpen_schema10JSONTimersFire(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	timers := []store.Timer{
+		{Dialogue: "d1", Initiator: "clients/a/agents/c", Counterpart: "clients/b/agents/s", Protocol: "p", Name: "offer_timeout", At: t0},
+		{Dialogue: "d2", Initiator: "clients/a/agents/c", Counterpart: "clients/b/agents/s", Protocol: "p", Name: "offer_timeout", At: t0.Add(time.Second),
+			Retry: t0.Add(2 * time.Second), Failures: 3},
+	}
+	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+		for _, tm := range timers { // as schema 10's putTimers wrote them
+			if err := putJSON(tx.Bucket(bucketTimers), timerKey(tm), tm); err != nil {
+				return err
+			}
+			if err := tx.Bucket(bucketTimerIDs).Put(timerID(tm), timerKey(tm)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ctx := t.Context()
+	if next, ok, err := s.NextTimer(ctx); err != nil || !ok || next != timers[0] {
+		t.Fatalf("NextTimer() = %+v, %v, %v; want %+v", next, ok, err, timers[0])
+	}
+	due, err := s.DueTimers(ctx, t0.Add(time.Hour), 10)
+	if err != nil || !slices.Equal(due, timers) {
+		t.Fatalf("DueTimers() = %+v, %v; want %+v", due, err, timers)
+	}
+	if err := s.RetryTimers(ctx, []store.TimerRetry{{Timer: timers[1], Retry: t0.Add(time.Minute)}}); err != nil {
+		t.Fatal(err)
+	}
+	put := timers[1]
+	put.Failures, put.Retry = 4, t0.Add(time.Minute)
+	err = s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketTimers).Get(timerKey(put)); len(v) == 0 || v[0] == '{' {
+			t.Errorf("the timer put off is stored as %q, want the binary form", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if due, err = s.DueTimers(ctx, t0.Add(time.Hour), 10); err != nil || !slices.Equal(due, []store.Timer{timers[0], put}) {
+		t.Fatalf("DueTimers() after the retry = %+v, %v; want %+v", due, err, []store.Timer{timers[0], put})
+	}
+	fired, err := s.FireTimers(ctx, due, mailbox.Bound{}, func(store.Timer, json.RawMessage) (store.TimerFiring, error) { return store.TimerFiring{}, nil })
+	if err != nil || len(fired) != 2 {
+		t.Fatalf("FireTimers() = %d fired, %v; want both", len(fired), err)
+	}
+	if _, ok, err := s.NextTimer(ctx); err != nil || ok {
+		t.Errorf("NextTimer() after the firing = %v, %v; want none", ok, err)
+	}
+}
+
+// A schema-10 database holds its mailboxes' messages as JSON: they are read
+// as they are, next to a message appended after the upgrade in the binary
+// form.
+func TestOpen_schema10JSONMessagesRead(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	const bob = "clients/b/agents/bob"
+	old := mailbox.Message{ID: "m1", DialogueID: "d", Sender: "clients/a/agents/alice", Category: mailbox.CategoryMessage, Type: "x",
+		InReplyTo: "m0", Body: []byte(`{"n":1}`), Time: t0}
+	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+		data, _ := json.Marshal(old) // as schema 10's appendOp wrote it
+		if err := tx.Bucket(bucketMessages).Put([]byte(old.ID), data); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketMessageRefs).Put([]byte(old.ID), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
+			return err
+		}
+		if err := tx.Bucket(bucketMailboxRefs).Put(refKey(bob, 1), encodeRef(ref{sent: t0.UnixNano(), size: int64(len(old.Body)), id: old.ID})); err != nil {
+			return err
+		}
+		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 1, Pending: 1, PendingBytes: int64(len(old.Body))})
+	})
+	ctx := t.Context()
+	next := mailbox.Message{ID: "m2", DialogueID: "d", Category: mailbox.CategoryService, Type: "offer_timeout_expired",
+		Protocol: strings.Repeat("a", 40), RecipientType: "supplier", Body: []byte(`{"x":"é"}`), Time: t0.Add(time.Second)}
+	if _, _, err := s.AppendMessage(ctx, next, []string{bob}, mailbox.Bound{}); err != nil {
+		t.Fatal(err)
+	}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketMessages).Get([]byte(next.ID)); len(v) == 0 || v[0] == '{' {
+			t.Errorf("the message appended is stored as %q, want the binary form", v)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ds, err := s.ReadMailbox(ctx, bob, 0, 10)
+	if err != nil || len(ds) != 2 {
+		t.Fatalf("ReadMailbox(bob) = %+v, %v; want both messages", ds, err)
+	}
+	for i, want := range []mailbox.Message{old, next} {
+		if got := ds[i].Message; !reflect.DeepEqual(got, want) {
+			t.Errorf("message %d = %+v\nwant %+v", i+1, got, want)
+		}
 	}
 }
 

@@ -159,7 +159,7 @@ func requestTime(v []byte) []byte {
 
 // SweepPayments implements store.PaymentStore. It counts the index
 // entries it consumes: one naming no payment (stale) is dropped and
-// counted too, so that store.SweepInBatches moves past it instead of
+// counted too, so that sweep.InBatches moves past it instead of
 // stopping at a short batch before the payments due behind it. So is one
 // naming a payment not due by its own time (updated later, or reserved
 // again), which stays, its own entry put back.

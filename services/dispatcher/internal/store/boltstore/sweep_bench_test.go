@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
@@ -46,10 +47,10 @@ func BenchmarkSweep_nothingDue(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if n, err := s.SweepConversations(ctx, t0, store.SweepBatch); err != nil || n != 0 {
+		if n, err := s.SweepConversations(ctx, t0, sweep.Batch); err != nil || n != 0 {
 			b.Fatalf("SweepConversations = %d, %v; want 0", n, err)
 		}
-		if n, err := s.SweepRequests(ctx, t0, store.SweepBatch); err != nil || n != 0 {
+		if n, err := s.SweepRequests(ctx, t0, sweep.Batch); err != nil || n != 0 {
 			b.Fatalf("SweepRequests = %d, %v; want 0", n, err)
 		}
 	}

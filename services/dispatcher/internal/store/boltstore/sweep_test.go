@@ -8,16 +8,17 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
 // An entry of the payments' sweep index that names no payment (a
 // stale entry, left by a bug) is dropped and counted like any other, so
 // that the batched sweep moves past it: counted as nothing, a batch of
-// such entries came back short, store.SweepInBatches stopped, and the
+// such entries came back short, sweep.InBatches stopped, and the
 // payments due behind them were never swept.
 func TestSweepPayments_dropsStaleIndexEntries(t *testing.T) {
-	const stale = store.SweepBatch + 1 // more than one batch
+	const stale = sweep.Batch + 1 // more than one batch
 	s, err := Open(t.TempDir(), time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -33,7 +34,7 @@ func TestSweepPayments_dropsStaleIndexEntries(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := store.SweepInBatches(t.Context(), time.Unix(1000, 0), s.SweepPayments); err != nil || n != stale {
+	if n, err := sweep.InBatches(t.Context(), time.Unix(1000, 0), s.SweepPayments); err != nil || n != stale {
 		t.Errorf("SweepPayments in batches over %d stale index entries = %d, %v; want %d", stale, n, err, stale)
 	}
 	left := 0
@@ -137,7 +138,7 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 			}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := store.SweepInBatches(t.Context(), cut, tc.sweep(s)); err != nil {
+			if _, err := sweep.InBatches(t.Context(), cut, tc.sweep(s)); err != nil {
 				t.Fatal(err)
 			}
 			if err := s.db.View(func(tx *bolt.Tx) error {

@@ -65,6 +65,15 @@ func (s *Store) DueTimers(ctx context.Context, now time.Time, limit int) ([]stor
 	return s.timers(ctx, `SELECT data FROM timers WHERE at_ns <= $1 ORDER BY at_ns, dialogue, counterpart, name LIMIT $2`, now.UnixNano(), limit)
 }
 
+// DueTimersAfter implements store.TimerStore.
+func (s *Store) DueTimersAfter(ctx context.Context, now time.Time, after store.Timer, limit int) ([]store.Timer, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	return s.timers(ctx, `SELECT data FROM timers WHERE at_ns <= $1 AND (at_ns, dialogue, counterpart, name) > ($3, $4, $5, $6)
+ORDER BY at_ns, dialogue, counterpart, name LIMIT $2`, now.UnixNano(), limit, after.Due().UnixNano(), after.Dialogue, after.Counterpart, after.Name)
+}
+
 // RetryTimers implements store.TimerStore: one conditional UPDATE per
 // timer, on its due time as listed.
 func (s *Store) RetryTimers(ctx context.Context, retries []store.TimerRetry) error {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -25,6 +27,51 @@ func RunTimers(t *testing.T, open func(t *testing.T) TimerBackend) {
 	t.Run("stored with the pair", func(t *testing.T) { testTimersWithThePair(t, open(t)) })
 	t.Run("retry", func(t *testing.T) { testTimerRetry(t, open(t)) })
 	t.Run("set again after firing", func(t *testing.T) { testTimerSetAgain(t, open(t)) })
+	t.Run("fire a batch", func(t *testing.T) { testTimerFireBatch(t, open(t)) })
+}
+
+// A batch's messages reach each mailbox in the batch's order, whatever
+// the order of their ids; two firings of one batch with the same message
+// id append it once, and both timers go.
+func testTimerFireBatch(t *testing.T, s TimerBackend) {
+	ctx := t.Context()
+	var timers []store.Timer
+	ids := map[store.Timer]string{}
+	for i, id := range []string{"x5", "x3", "x9", "x3", "x1"} {
+		tm := timer(fmt.Sprintf("d%d", i), bob, "offer_timeout", time.Duration(i+1)*time.Second)
+		timers = append(timers, tm)
+		ids[tm] = id
+	}
+	if err := s.PutTimers(ctx, timers); err != nil {
+		t.Fatal(err)
+	}
+	fired, err := s.FireTimers(ctx, timers, mailbox.Bound{}, func(x store.Timer, _ json.RawMessage) (store.TimerFiring, error) {
+		m := expiryMail(ids[x])
+		m.DialogueID = x.Dialogue
+		return store.TimerFiring{Mail: m, Recipients: []string{bob, alice}}, nil
+	})
+	if err != nil || len(fired) != len(timers) {
+		t.Fatalf("FireTimers(5 timers) = %d fired, %v; want all", len(fired), err)
+	}
+	if n := len(fired[3].Delivered.Deliveries); n != 0 {
+		t.Errorf("the second firing with id x3 delivered %d, want none: appended once", n)
+	}
+	for _, agent := range []string{alice, bob} {
+		got, err := s.ReadMailbox(ctx, agent, 0, 10)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var order []string
+		for _, d := range got {
+			order = append(order, d.Message.ID+"/"+d.Message.DialogueID)
+		}
+		if want := []string{"x5/d0", "x3/d1", "x9/d2", "x1/d4"}; !slices.Equal(order, want) {
+			t.Errorf("%s's mailbox = %v, want %v: the batch's order, x3 once", agent, order, want)
+		}
+	}
+	if _, ok, err := s.NextTimer(ctx); ok || err != nil {
+		t.Errorf("NextTimer() after the batch = %v, %v; want none left", ok, err)
+	}
 }
 
 // A deadline set again after its timer fired gets a timer of its own,
@@ -193,6 +240,28 @@ func testTimerOrder(t *testing.T, s TimerBackend) {
 	}
 	if due, _ := s.DueTimers(ctx, t0.Add(time.Hour), 1); len(due) != 1 {
 		t.Errorf("DueTimers(limit 1) = %d timers, want 1", len(due))
+	}
+	// After a timer listed: those listed after it, whether or not it is
+	// still stored; at the same time, in DueTimers' order.
+	for _, c := range []struct {
+		after store.Timer
+		limit int
+		want  []string
+	}{
+		{timer("d2", bob, "proposal_timeout", 10*time.Second), 10, []string{"d1/offer_timeout", "d1/offer_timeout"}},
+		{timer("d2", bob, "proposal_timeout", 10*time.Second), 1, []string{"d1/offer_timeout"}},
+		{timer("d1", carol, "offer_timeout", 20*time.Second), 10, []string{"d1/offer_timeout"}},
+		{timer("d0", bob, "gone", 20*time.Second), 10, []string{"d1/offer_timeout", "d1/offer_timeout"}}, // not stored
+		{timer("d1", bob, "offer_timeout", 20*time.Second), 10, []string{"d1/offer_timeout", "d1/offer_timeout"}},
+		{timer("d1", bob, "offer_timeout", 30*time.Second), 10, nil},
+	} {
+		due, err := s.DueTimersAfter(ctx, t0.Add(time.Hour), c.after, c.limit)
+		if got := names(due); err != nil || !slices.Equal(got, c.want) {
+			t.Errorf("DueTimersAfter(%s/%s at %v, limit %d) = %v, %v; want %v", c.after.Dialogue, c.after.Counterpart, c.after.At.Sub(t0), c.limit, got, err, c.want)
+		}
+	}
+	if due, err := s.DueTimersAfter(ctx, t0.Add(25*time.Second), timer("d2", bob, "proposal_timeout", 10*time.Second), 10); err != nil || len(due) != 1 || due[0].Counterpart != carol {
+		t.Errorf("DueTimersAfter(t0+25s) = %v, %v; want d1 (carol) alone: due by now", names(due), err)
 	}
 	// Setting a deadline again replaces it: the earlier time is gone.
 	if err := s.PutTimers(ctx, []store.Timer{timer("d2", bob, "proposal_timeout", 40*time.Second)}); err != nil {

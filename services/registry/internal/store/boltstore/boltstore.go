@@ -343,7 +343,7 @@ func migrateRequestSweepIndex(tx *bolt.Tx) error {
 // SweepRequests implements store.Store: it walks bucketSweepRequests from
 // the oldest and checks each entry against its record's time: a request
 // id recorded later stays (its entry put back at that time), and an entry
-// naming no record goes; both count, so that store.SweepAllRequests moves
+// naming no record goes; both count, so that sweep.InBatches moves
 // past them.
 func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) (int, error) {
 	if err := ctx.Err(); err != nil {

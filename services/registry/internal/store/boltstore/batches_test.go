@@ -1,4 +1,4 @@
-package store_test
+package boltstore_test
 
 import (
 	"fmt"
@@ -6,20 +6,21 @@ import (
 	"time"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
-	"github.com/parleyhq/parley/services/registry/internal/store"
+	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/registry/internal/store/boltstore"
 )
 
-// SweepAllRequests forgets more request ids than one sweep transaction
-// may (SweepBatch): it sweeps in batches until none is left.
-func TestSweepAllRequests_dropsMoreThanOneBatch(t *testing.T) {
+// SweepRequests in batches (sweep.InBatches, as the app sweeps) forgets
+// more request ids than one sweep transaction may (sweep.Batch): it sweeps
+// until none is left.
+func TestSweepRequests_inBatchesDropsMoreThanOneBatch(t *testing.T) {
 	s, err := boltstore.Open(t.TempDir(), time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
 	ctx := t.Context()
-	const due = 2*store.SweepBatch + 1
+	const due = 2*sweep.Batch + 1
 	for i := range due {
 		a := &registryv1.Agent{Name: fmt.Sprintf("clients/acme/agents/w%d", i)}
 		if _, err := s.CreateAgent(ctx, a, nil, fmt.Sprint("create-", i)); err != nil {
@@ -27,10 +28,10 @@ func TestSweepAllRequests_dropsMoreThanOneBatch(t *testing.T) {
 		}
 	}
 	later := time.Now().Add(time.Hour)
-	if n, err := store.SweepAllRequests(ctx, s, later); err != nil || n != due {
-		t.Errorf("SweepAllRequests = %d, %v; want %d dropped", n, err, due)
+	if n, err := sweep.InBatches(ctx, later, s.SweepRequests); err != nil || n != due {
+		t.Errorf("sweep.InBatches(SweepRequests) = %d, %v; want %d dropped", n, err, due)
 	}
 	if n, err := s.SweepRequests(ctx, later, due); err != nil || n != 0 {
-		t.Errorf("SweepRequests after SweepAllRequests = %d, %v; want none left", n, err)
+		t.Errorf("SweepRequests after sweep.InBatches = %d, %v; want none left", n, err)
 	}
 }
