@@ -65,8 +65,7 @@ type NetworkOptions struct {
 // NetworkAgent receives an agent's network messages from its durable
 // mailbox and routes them to handlers: in mailbox order, one at a time
 // (or with NetworkOptions.Concurrency several dialogues at once, each in
-// order), each
-// acknowledged after its handler returns (gathered for
+// order), each acknowledged after its handler returns (gathered for
 // NetworkOptions.AckDelay). It reconnects with backoff, resumes after the
 // last cursor it handled (with Concurrency, the last it took in: those
 // waiting for a handler stay queued across the reconnect), and drops
@@ -90,7 +89,8 @@ type NetworkAgent struct {
 	order   []string // seen's ids, oldest first
 	clear   bool     // ClearBacklog still to do
 
-	acks sync.WaitGroup // the streams' acknowledgers, which Run waits for
+	acks  sync.WaitGroup // the streams' acknowledgers, which Run waits for
+	ackMu sync.Mutex     // one AcknowledgeMessages call at a time, so that none overtakes a later cursor's
 }
 
 // NewNetworkAgent returns the agent name (clients/{client}/agents/{agent})
@@ -333,14 +333,13 @@ func (a *NetworkAgent) receive(runCtx context.Context, d *dialogues) (establishe
 // acknowledgement covers those messages (unacknowledged ones come again
 // only to a new agent, which drops none it has not seen).
 func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{}) {
-	send := a.ack
 	for {
 		select {
 		case <-handled:
 			t := time.NewTimer(a.opts.AckDelay)
 			select {
 			case <-t.C:
-				if err := send(ctx); err != nil && ctx.Err() == nil {
+				if err := a.ack(ctx); err != nil && ctx.Err() == nil {
 					a.report(fmt.Errorf("acknowledge: %w", err))
 				}
 				continue
@@ -350,7 +349,7 @@ func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{})
 		case <-ctx.Done():
 		}
 		last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = send(last) // the stream ended; a failure leaves them to come again
+		_ = a.ack(last) // the stream ended; a failure leaves them to come again
 		cancel()
 		return
 	}
@@ -358,6 +357,8 @@ func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{})
 
 // ack acknowledges the handled cursor, unless it is acknowledged already.
 func (a *NetworkAgent) ack(ctx context.Context) error {
+	a.ackMu.Lock()
+	defer a.ackMu.Unlock()
 	a.mu.Lock()
 	cursor, acked := a.handled, a.acked
 	a.mu.Unlock()
