@@ -225,8 +225,14 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 			Name: "parley_dispatcher_bbolt_commits_total",
 			Help: "Write transactions committed to dispatcher.db, each with two fdatasyncs (data pages, then the meta page); several writers' changes may share one (group commit).",
 		}, func() float64 { return float64(bs.Commits().Synced) })
-		if err := s.Registry().Register(commits); err != nil {
-			return err
+		pages := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "parley_dispatcher_bbolt_pages_written_total",
+			Help: "Pages (4 KiB) the commits to dispatcher.db wrote: the changed pages of every bucket touched, the root and the meta page. The first fdatasync of a commit writes them.",
+		}, func() float64 { return float64(bs.Commits().Pages) })
+		for _, c := range []prometheus.Collector{commits, pages} {
+			if err := s.Registry().Register(c); err != nil {
+				return err
+			}
 		}
 	}
 	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
