@@ -238,3 +238,54 @@ func TestNetworkAgent_concurrencyRunWaitsForHandlersThenAcknowledges(t *testing.
 		t.Errorf("last acknowledgement after Run = %d, want 2", c)
 	}
 }
+
+// A message a Run took in but never started is received again by the next
+// Run, with the messages after it that were handled already: those are
+// dropped as seen, and their cursors are acknowledged all the same once
+// the message before them is handled, as the default of one at a time
+// does. Otherwise the server keeps them, and a restarted process, which
+// has seen nothing, handles them a second time.
+func TestNetworkAgent_concurrencyAcknowledgesRedeliveredIDs(t *testing.T) {
+	f := &fakeMailbox{script: []connScript{
+		// Held open until the first Run ends, so that the second Run's
+		// stream is the next.
+		{send: [][]*dispatcherv1.NetworkMessage{{inDialogue(1, "x"), inDialogue(2, "x"), inDialogue(3, "y")}}, hold: make(chan struct{})},
+		{send: [][]*dispatcherv1.NetworkMessage{{inDialogue(2, "x"), inDialogue(3, "y")}}},
+	}}
+	a := newAgent(t, f, bob, sdk.NetworkOptions{Concurrency: 2, AckDelay: time.Hour})
+	started := make(chan struct{})
+	err := a.Handle(inbox, "inbox", func(ctx context.Context, m sdk.Message) (any, error) {
+		if m.ID == "m1" {
+			close(started)
+			<-ctx.Done() // until the first Run ends: m2 waits behind it
+			return nil, ctx.Err()
+		}
+		return m.ID, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := runAgent(t, a)
+	if got := expectN(t, a, 1); got[0] != "m3" {
+		t.Fatalf("first Run handled %v, want m3 while m1's handler waits", got)
+	}
+	recv(t, started, "start of m1's handler")
+	stop() // m2 never started: left for the next Run
+	if c := a.Cursor(); c != 1 {
+		t.Fatalf("Cursor() after the first Run = %d, want 1 (m2 not handled)", c)
+	}
+	stop = runAgent(t, a)
+	if got := expectN(t, a, 1); got[0] != "m2" {
+		t.Fatalf("second Run handled %v, want m2", got)
+	}
+	stop()
+	if v, err := a.Expect(t.Context(), "inbox", 0); !errors.Is(err, sdk.ErrNothingExpected) {
+		t.Errorf("Expect with nothing queued = %v, %v; want ErrNothingExpected (m3 handled once)", v, err)
+	}
+	if c := f.lastAck(); c != 3 {
+		t.Errorf("last acknowledgement after the second Run = %d, want 3 (m3 was handled by the first)", c)
+	}
+	if c := a.Cursor(); c != 3 {
+		t.Errorf("Cursor() after the second Run = %d, want 3", c)
+	}
+}

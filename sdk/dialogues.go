@@ -108,14 +108,7 @@ func (d *dialogues) work(ctx context.Context, l *lane) {
 
 		d.mu.Lock()
 		t.done = true
-		n := 0
-		for n < len(d.taken) && d.taken[n].done {
-			d.watermark = max(d.watermark, d.taken[n].m.Cursor)
-			d.taken[n] = nil
-			n++
-		}
-		d.taken = d.taken[n:]
-		watermark := d.watermark
+		watermark := d.advance()
 		switch {
 		case len(l.msgs) == 0:
 			delete(d.lanes, l.id)
@@ -127,6 +120,30 @@ func (d *dialogues) work(ctx context.Context, l *lane) {
 		d.mu.Unlock()
 		d.finished(watermark)
 	}
+}
+
+// pass takes m in as handled already (its id was seen: a redelivery), so
+// that its cursor counts for the watermark once every message taken in
+// before it is handled, as the messages it runs with would.
+func (d *dialogues) pass(m Message) {
+	d.mu.Lock()
+	d.taken = append(d.taken, &taken{m: m, done: true})
+	watermark := d.advance()
+	d.mu.Unlock()
+	d.finished(watermark)
+}
+
+// advance moves the watermark past the handled messages at the front of
+// taken and returns it. d.mu is held.
+func (d *dialogues) advance() uint64 {
+	n := 0
+	for n < len(d.taken) && d.taken[n].done {
+		d.watermark = max(d.watermark, d.taken[n].m.Cursor)
+		d.taken[n] = nil
+		n++
+	}
+	d.taken = d.taken[n:]
+	return d.watermark
 }
 
 // next pops the longest-waiting ready lane, or returns nil. d.mu is held.

@@ -298,6 +298,7 @@ func (a *NetworkAgent) receive(runCtx context.Context, d *dialogues) (establishe
 				m := fromProto(pm)
 				m.Recipient = a.name
 				if !a.admit(m) {
+					d.pass(m) // handled before: its cursor is acknowledged in turn
 					continue
 				}
 				// Handlers run on Run's context: they outlive the stream.
