@@ -66,9 +66,11 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // restart that needs them), so its migration writes nothing; 12 keeps a
 // few receivers in a dialogue message's record instead of
 // dialogue_receipts and leaves a dialogue's opener out of
-// dialogue_message_index (nothing to migrate either: older records keep
-// theirs in the buckets, and are read so; the number changes so that an
-// older release, which would look only in the buckets, refuses the file);
+// dialogue_message_index, and writes no message_refs count for a
+// message in one mailbox (an absent count is one). Nothing to migrate
+// either: older records keep theirs in the buckets, and are read so; the
+// number changes so that an older release, which would look only in the
+// buckets, refuses the file;
 // migrate builds the others from the older records.
 const schemaVersion = 12
 

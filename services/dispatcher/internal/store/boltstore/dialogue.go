@@ -24,7 +24,7 @@ var (
 	bucketDialogueMessages = []byte("dialogue_messages")
 	// bucketDialogueReceipts: message id + 0x00 + agent → empty: agent
 	// received the message. Only for a message to more than
-	// maxInlineReceipts agents (schema 11): the record of one to fewer
+	// maxInlineReceipts agents (schema 12): the record of one to fewer
 	// lists them (storedMessage).
 	bucketDialogueReceipts = []byte("dialogue_receipts")
 	// bucketDialogueParticipants: dialogue id + 0x00 + agent → JSON
@@ -122,7 +122,7 @@ type storedMessage struct {
 	store.DialogueMessage
 	// Receivers are the agents that received the message, sorted, when
 	// they were at most maxInlineReceipts; nil in a record written before
-	// schema 11, a broadcast's, or one whose receipts are in the bucket.
+	// schema 12, a broadcast's, or one whose receipts are in the bucket.
 	Receivers []string `json:"receivers,omitempty"`
 }
 
