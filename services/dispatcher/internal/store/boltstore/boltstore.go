@@ -63,7 +63,9 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // index (spend_sweep); 11 stores timers and mailbox messages in binary
 // forms (encodeTimer, encodeMessage), and reads the JSON of those written
 // before as they are (rewriting 100,000 pending timers would hold up the
-// restart that needs them), so its migration writes nothing; 12 keeps a
+// restart that needs them), so its migration writes nothing (protocolcontrol
+// began writing pair states in a binary form of its own with it, JSON
+// ones read as they are); 12 keeps a
 // few receivers in a dialogue message's record instead of
 // dialogue_receipts and leaves a dialogue's opener out of
 // dialogue_message_index, and writes no message_refs count for a
