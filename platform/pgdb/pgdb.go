@@ -24,7 +24,8 @@
 //	                 statement run again and again, each time in a new
 //	                 transaction and given as $1 what it returned last
 //	                 (NULL at first), until it returns NULL: a keyset walk
-//	                 of a table, a batch per transaction
+//	                 of a table, a batch per transaction. Returning what
+//	                 it was given fails the migration: it would never end.
 //
 // The version is recorded with the last part. A failure leaves the parts
 // before it committed, and the next Open runs the migration again from its
@@ -39,6 +40,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"path"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -400,6 +402,11 @@ func apply(ctx context.Context, conn *pgx.Conn, m migration) error {
 			}
 			if next == nil {
 				break
+			}
+			if reflect.DeepEqual(next, prev) {
+				// The same input again would give the same output: it
+				// would run forever, holding the migration lock.
+				return fmt.Errorf("batch after %v returned what it was given: it would never end", prev)
 			}
 			prev = next
 		}

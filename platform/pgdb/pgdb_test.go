@@ -9,6 +9,7 @@ import (
 	"sync"
 	"testing"
 	"testing/fstest"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -405,5 +406,29 @@ func TestOpen_aFailedPartIsRunAgainFromTheStart(t *testing.T) {
 	}
 	if v, _ := db.Version(t.Context()); v != 2 {
 		t.Errorf("Version after the rerun = %d, want 2", v)
+	}
+}
+
+// A batch statement that returns what it was given would run forever, at
+// start and under the migration lock that every replica waits on: Open
+// refuses it at its second run instead.
+func TestOpen_aBatchThatDoesNotMoveOnFails(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	migs := fstest.MapFS{
+		"0001_rows.sql": {Data: []byte(`CREATE TABLE rows (id int PRIMARY KEY);
+INSERT INTO rows SELECT g FROM generate_series(1, 5) AS g;`)},
+		"0002_stuck.sql": {Data: []byte(`-- pgdb:batch
+SELECT min(id) FROM rows WHERE id > coalesce($1::int, 0) - 1`)},
+	}
+	// The deadline bounds a broken run only.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	db, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: migs})
+	if err == nil {
+		db.Close()
+		t.Fatal("Open with a batch that returns its own input succeeded; want it refused")
+	}
+	if !strings.Contains(err.Error(), "0002_stuck.sql") || !strings.Contains(err.Error(), "returned what it was given") {
+		t.Errorf("Open = %v; want the migration named and the batch said not to move on", err)
 	}
 }
