@@ -47,13 +47,29 @@ type NetworkOptions struct {
 	// OnError hears handler errors, messages no route takes (ErrNoRoute)
 	// and failed connections before a reconnect; nil ignores them.
 	OnError func(error)
+	// Concurrency is how many messages, each of a different dialogue, are
+	// handled at once; 1 (the default) handles every message in mailbox
+	// order, one at a time. Above 1, handlers (and OnError) must be safe
+	// to call concurrently; the messages of one dialogue are still handled
+	// one at a time in mailbox order. At most 4×Concurrency more messages
+	// wait for a handler; then receiving pauses until one starts. A
+	// message is acknowledged, and counts for Cursor, only once it and
+	// every message before it in the mailbox are handled, so a slow
+	// handler holds the acknowledgement of the messages after it back.
+	// When Run returns, the handlers' context ends and Run waits for them;
+	// messages taken in but not started are left for a later Run or a new
+	// agent.
+	Concurrency int
 }
 
 // NetworkAgent receives an agent's network messages from its durable
-// mailbox and routes them to handlers: in mailbox order, one at a time,
-// each acknowledged after its handler returns (gathered for
+// mailbox and routes them to handlers: in mailbox order, one at a time
+// (or with NetworkOptions.Concurrency several dialogues at once, each in
+// order), each acknowledged after its handler returns (gathered for
 // NetworkOptions.AckDelay). It reconnects with backoff, resumes after the
-// last cursor it handled, and drops redelivered ids.
+// last cursor it handled (with Concurrency, the last it took in: those
+// waiting for a handler stay queued across the reconnect), and drops
+// redelivered ids.
 type NetworkAgent struct {
 	name    string
 	client  dispatcherv1.DispatcherServiceClient
@@ -61,14 +77,20 @@ type NetworkAgent struct {
 	router  *Router
 	results *results
 
-	mu      sync.Mutex // guards cursor, handled, seen, order, clear
-	cursor  uint64     // the last cursor received
-	handled uint64     // the last cursor whose batch was handled: to acknowledge
+	mu     sync.Mutex // guards cursor, handled, acked, wake, seen, order, clear
+	cursor uint64     // the last cursor received
+	// handled is the cursor to acknowledge: the last whose batch was
+	// handled, or with Concurrency the last at and below which every
+	// message is handled.
+	handled uint64
+	acked   uint64        // the last cursor acknowledged
+	wake    chan struct{} // the current stream's acknowledger's wakeup
 	seen    map[string]struct{}
 	order   []string // seen's ids, oldest first
 	clear   bool     // ClearBacklog still to do
 
-	acks sync.WaitGroup // the streams' acknowledgers, which Run waits for
+	acks  sync.WaitGroup // the streams' acknowledgers, which Run waits for
+	ackMu sync.Mutex     // one AcknowledgeMessages call at a time, so that none overtakes a later cursor's
 }
 
 // NewNetworkAgent returns the agent name (clients/{client}/agents/{agent})
@@ -95,6 +117,7 @@ func NewNetworkAgent(conn grpc.ClientConnInterface, name string, opts NetworkOpt
 	if opts.AckDelay <= 0 {
 		opts.AckDelay = 50 * time.Millisecond
 	}
+	opts.Concurrency = max(opts.Concurrency, 1)
 	return &NetworkAgent{
 		name: name, client: dispatcherv1.NewDispatcherServiceClient(conn), opts: opts, router: opts.Router,
 		results: newResults(), seen: map[string]struct{}{}, clear: opts.ClearBacklog,
@@ -109,10 +132,14 @@ func (a *NetworkAgent) Handle(key RouteKey, name string, h HandlerFunc) error {
 	return a.router.Handle(key, name, h)
 }
 
-// Cursor returns the mailbox cursor of the last message handled.
+// Cursor returns the mailbox cursor of the last message handled; with
+// Concurrency, the last at and below which every message is handled.
 func (a *NetworkAgent) Cursor() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.opts.Concurrency > 1 {
+		return a.handled
+	}
 	return a.cursor
 }
 
@@ -149,9 +176,20 @@ func (a *NetworkAgent) report(err error) {
 // connection (ErrReplaced). Anything else reconnects after a backoff.
 func (a *NetworkAgent) Run(ctx context.Context) error {
 	defer a.acks.Wait() // the last acknowledgements
+	var d *dialogues
+	if a.opts.Concurrency > 1 {
+		// The handlers' context ends when Run returns, for whatever reason.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		d = newDialogues(a.opts.Concurrency, a.route, a.handledUpTo)
+		defer func() {
+			cancel()
+			a.stop(ctx, d)
+		}()
+	}
 	backoff := a.opts.MinBackoff
 	for {
-		established, err := a.receive(ctx)
+		established, err := a.receive(ctx, d)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -188,21 +226,58 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// receive runs one stream; established reports whether the server
-// accepted it (its first batch arrived).
-func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error) {
-	ctx, cancel := context.WithCancel(ctx)
+// stop ends Run with Concurrency: it waits for the handlers in flight,
+// acknowledges what they handled, and forgets the messages never started
+// (their ids and cursors), so that a later Run receives them again.
+func (a *NetworkAgent) stop(ctx context.Context, d *dialogues) {
+	d.wait()
+	last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	_ = a.ack(last) // a failure leaves them to come again
+	cancel()
+	dropped := d.drop()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, m := range dropped {
+		delete(a.seen, m.ID)
+	}
+	a.cursor = a.handled
+}
+
+// handledUpTo records that every message at and below cursor is handled
+// (with Concurrency), and wakes the acknowledger.
+func (a *NetworkAgent) handledUpTo(cursor uint64) {
+	a.mu.Lock()
+	a.handled = max(a.handled, cursor)
+	wake := a.wake
+	a.mu.Unlock()
+	select {
+	case wake <- struct{}{}:
+	default: // a wakeup is pending already
+	}
+}
+
+// receive runs one stream, handling its messages inline, or handing them
+// to d when it is not nil; established reports whether the server
+// accepted it (its first batch arrived). With d, the messages taken in
+// stay there across reconnects: the next stream resumes after them.
+func (a *NetworkAgent) receive(runCtx context.Context, d *dialogues) (established bool, err error) {
+	ctx, cancel := context.WithCancel(runCtx)
 	defer cancel()
+	// The acknowledger ends with the stream, after a last
+	// acknowledgement, which a reconnect does not wait for; Run does.
+	handled := make(chan struct{}, 1)
 	a.mu.Lock()
 	req := &dispatcherv1.ReceiveMessagesRequest{Agent: a.name, AfterCursor: a.cursor, ClearBacklog: a.clear}
+	a.wake = handled
 	a.mu.Unlock()
+	if d != nil {
+		// Handlers may have finished while no stream was open.
+		handled <- struct{}{}
+	}
 	stream, err := a.client.ReceiveMessages(a.callContext(ctx), req)
 	if err != nil {
 		return false, err
 	}
-	// The acknowledger ends with the stream, after a last
-	// acknowledgement, which a reconnect does not wait for; Run does.
-	handled := make(chan struct{}, 1)
 	a.acks.Go(func() { a.acknowledge(ctx, handled) })
 	for {
 		resp, err := stream.Recv()
@@ -217,6 +292,24 @@ func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error
 		}
 		if len(resp.GetMessages()) == 0 {
 			continue // a keepalive
+		}
+		if d != nil {
+			for _, pm := range resp.GetMessages() {
+				m := fromProto(pm)
+				m.Recipient = a.name
+				if !a.admit(m) {
+					d.pass(m) // handled before: its cursor is acknowledged in turn
+					continue
+				}
+				// Handlers run on Run's context: they outlive the stream.
+				if err := d.dispatch(runCtx, m); err != nil {
+					a.mu.Lock()
+					delete(a.seen, m.ID) // not taken in: a later Run receives it
+					a.mu.Unlock()
+					return established, err
+				}
+			}
+			continue // the handlers record what they handle
 		}
 		for _, pm := range resp.GetMessages() {
 			m := fromProto(pm)
@@ -241,27 +334,13 @@ func (a *NetworkAgent) receive(ctx context.Context) (established bool, err error
 // acknowledgement covers those messages (unacknowledged ones come again
 // only to a new agent, which drops none it has not seen).
 func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{}) {
-	var acked uint64
-	send := func(ctx context.Context) error {
-		a.mu.Lock()
-		cursor := a.handled
-		a.mu.Unlock()
-		if cursor <= acked {
-			return nil
-		}
-		if _, err := a.client.AcknowledgeMessages(a.callContext(ctx), &dispatcherv1.AcknowledgeMessagesRequest{Agent: a.name, Cursor: cursor}); err != nil {
-			return err
-		}
-		acked = cursor
-		return nil
-	}
 	for {
 		select {
 		case <-handled:
 			t := time.NewTimer(a.opts.AckDelay)
 			select {
 			case <-t.C:
-				if err := send(ctx); err != nil && ctx.Err() == nil {
+				if err := a.ack(ctx); err != nil && ctx.Err() == nil {
 					a.report(fmt.Errorf("acknowledge: %w", err))
 				}
 				continue
@@ -271,29 +350,59 @@ func (a *NetworkAgent) acknowledge(ctx context.Context, handled <-chan struct{})
 		case <-ctx.Done():
 		}
 		last, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = send(last) // the stream ended; a failure leaves them to come again
+		_ = a.ack(last) // the stream ended; a failure leaves them to come again
 		cancel()
 		return
 	}
 }
 
-// handle routes m unless its id was seen, and records its cursor.
-func (a *NetworkAgent) handle(ctx context.Context, m Message) {
+// ack acknowledges the handled cursor, unless it is acknowledged already.
+func (a *NetworkAgent) ack(ctx context.Context) error {
+	a.ackMu.Lock()
+	defer a.ackMu.Unlock()
 	a.mu.Lock()
-	_, dup := a.seen[m.ID]
-	if !dup {
-		a.seen[m.ID] = struct{}{}
-		a.order = append(a.order, m.ID)
-		if len(a.order) > a.opts.DedupWindow {
-			delete(a.seen, a.order[0])
-			a.order = a.order[1:]
-		}
-	}
-	a.cursor = max(a.cursor, m.Cursor)
+	cursor, acked := a.handled, a.acked
 	a.mu.Unlock()
-	if dup {
-		return
+	if cursor <= acked {
+		return nil
 	}
+	if _, err := a.client.AcknowledgeMessages(a.callContext(ctx), &dispatcherv1.AcknowledgeMessagesRequest{Agent: a.name, Cursor: cursor}); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.acked = max(a.acked, cursor)
+	a.mu.Unlock()
+	return nil
+}
+
+// handle routes m unless its id was seen.
+func (a *NetworkAgent) handle(ctx context.Context, m Message) {
+	if a.admit(m) {
+		a.route(ctx, m)
+	}
+}
+
+// admit records m's id and cursor and reports whether it is new (its id
+// not seen).
+func (a *NetworkAgent) admit(m Message) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.cursor = max(a.cursor, m.Cursor)
+	if _, dup := a.seen[m.ID]; dup {
+		return false
+	}
+	a.seen[m.ID] = struct{}{}
+	a.order = append(a.order, m.ID)
+	if len(a.order) > a.opts.DedupWindow {
+		delete(a.seen, a.order[0])
+		a.order = a.order[1:]
+	}
+	return true
+}
+
+// route runs m's handler: its value goes to Expect, its error to
+// OnError.
+func (a *NetworkAgent) route(ctx context.Context, m Message) {
 	rt, ok := a.router.lookup(m)
 	if !ok {
 		a.report(fmt.Errorf("message %s (type %q, category %q): %w", m.ID, m.Type, m.Category, ErrNoRoute))

@@ -138,6 +138,7 @@ func netMsg(cursor uint64, id string, m sdk.Message) *dispatcherv1.NetworkMessag
 type connScript struct {
 	send [][]*dispatcherv1.NetworkMessage
 	err  error
+	hold chan struct{} // when set, the stream ends (with err) only once it closes
 }
 
 // fakeMailbox is a dispatcher on loopback that plays one script per
@@ -170,6 +171,12 @@ func (f *fakeMailbox) ReceiveMessages(req *dispatcherv1.ReceiveMessagesRequest, 
 	for _, batch := range sc.send {
 		if err := stream.Send(&dispatcherv1.ReceiveMessagesResponse{Messages: batch}); err != nil {
 			return err
+		}
+	}
+	if sc.hold != nil {
+		select {
+		case <-sc.hold:
+		case <-stream.Context().Done():
 		}
 	}
 	if sc.err != nil {
@@ -318,37 +325,41 @@ func TestNetworkAgent_stopsOnRefusalAndTakeover(t *testing.T) {
 }
 
 func TestNetworkAgent_handlerPanicsAndErrorsAreReportedNotFatal(t *testing.T) {
-	f := &fakeMailbox{script: []connScript{{send: [][]*dispatcherv1.NetworkMessage{msgs(1, 3)}}}}
-	reported := make(chan error, 10)
-	a := newAgent(t, f, bob, sdk.NetworkOptions{OnError: func(err error) { reported <- err }})
-	n := 0
-	err := a.Handle(sdk.RouteKey{Type: "new_message", Category: sdk.CategoryMessage}, "inbox", func(_ context.Context, m sdk.Message) (any, error) {
-		n++
-		switch n {
-		case 1:
-			panic("bad handler")
-		case 2:
-			return nil, errors.New("could not handle")
-		}
-		return m.ID, nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := runAgent(t, a)
-	defer stop()
-	if v, err := a.Expect(t.Context(), "inbox", 30*time.Second); err != nil || v != "m3" {
-		t.Errorf("Expect = %v, %v; want m3 after a panic and an error", v, err)
-	}
-	for range 2 {
-		select {
-		case err := <-reported:
-			if err == nil {
-				t.Error("OnError(nil)")
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency %d", concurrency), func(t *testing.T) {
+			f := &fakeMailbox{script: []connScript{{send: [][]*dispatcherv1.NetworkMessage{msgs(1, 3)}}}}
+			reported := make(chan error, 10)
+			a := newAgent(t, f, bob, sdk.NetworkOptions{Concurrency: concurrency, OnError: func(err error) { reported <- err }})
+			n := 0 // one dialogue: its handlers run one at a time
+			err := a.Handle(sdk.RouteKey{Type: "new_message", Category: sdk.CategoryMessage}, "inbox", func(_ context.Context, m sdk.Message) (any, error) {
+				n++
+				switch n {
+				case 1:
+					panic("bad handler")
+				case 2:
+					return nil, errors.New("could not handle")
+				}
+				return m.ID, nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
-		case <-time.After(30 * time.Second):
-			t.Fatal("the panic and the error were not both reported")
-		}
+			stop := runAgent(t, a)
+			defer stop()
+			if v, err := a.Expect(t.Context(), "inbox", 30*time.Second); err != nil || v != "m3" {
+				t.Errorf("Expect = %v, %v; want m3 after a panic and an error", v, err)
+			}
+			for range 2 {
+				select {
+				case err := <-reported:
+					if err == nil {
+						t.Error("OnError(nil)")
+					}
+				case <-time.After(30 * time.Second):
+					t.Fatal("the panic and the error were not both reported")
+				}
+			}
+		})
 	}
 }
 

@@ -132,17 +132,18 @@ func (s *ServiceAgent) route(ctx context.Context, m Message) (any, error) {
 }
 
 // open registers a consumer dialogue and takes in what arrived for it
-// before.
+// before, ahead of anything route pushes once it finds the queue (so
+// under s.mu: route may run on another goroutine, see
+// NetworkOptions.Concurrency).
 func (s *ServiceAgent) open(id string) *dialogueQueue {
 	q := newDialogueQueue()
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.consumer[id] = q
-	early := s.orphans[id]
-	delete(s.orphans, id)
-	s.mu.Unlock()
-	for _, m := range early {
+	for _, m := range s.orphans[id] {
 		q.push(m)
 	}
+	delete(s.orphans, id)
 	return q
 }
 

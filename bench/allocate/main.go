@@ -12,13 +12,16 @@
 //
 // Usage (from the repository root):
 //
-//	go run ./bench/allocate [-parley PATH] [-duration 5s] [-inflight 1,8,32] [-rounds 3]
+//	go run ./bench/allocate [-parley PATH] [-duration 5s] [-inflight 1,8,32] [-rounds 3] [-concurrency 32]
 //
 // -inflight is how many rounds the consumer runs at once (each on its own
 // dialogue); -rounds repeats every measurement, alternating allocate and
 // reference, and the median round is reported with the per-round ratios.
 // Both sides use the Go SDK (sdk.ServiceAgent for allocate,
-// sdk.NetworkAgent routes for the reference), in this process.
+// sdk.NetworkAgent routes for the reference), in this process, every agent
+// handling up to -concurrency dialogues at once
+// (sdk.NetworkOptions.Concurrency; 1 handles each agent's messages one at
+// a time, as the SDK's default does).
 package main
 
 import (
@@ -76,6 +79,7 @@ func run(stdout io.Writer) error {
 	duration := flag.Duration("duration", 5*time.Second, "how long each measurement runs rounds")
 	inflightList := flag.String("inflight", "1,8,32", "comma-separated counts of rounds in flight")
 	rounds := flag.Int("rounds", 3, "measurements of each kind per in-flight count; the median is reported")
+	concurrency := flag.Int("concurrency", 32, "dialogues each agent handles at once (sdk.NetworkOptions.Concurrency)")
 	flag.Parse()
 
 	var counts []int
@@ -101,7 +105,7 @@ func run(stdout io.Writer) error {
 		return err
 	}
 	defer p.stop()
-	m, err := newMarket(ctx, p)
+	m, err := newMarket(ctx, p, *concurrency)
 	if err != nil {
 		return err
 	}
@@ -114,7 +118,7 @@ func run(stdout io.Writer) error {
 		}
 	}
 
-	fmt.Fprintf(stdout, "one consumer, %d suppliers; %s per measurement, %d rounds each, median reported\n", suppliers, *duration, *rounds)
+	fmt.Fprintf(stdout, "one consumer, %d suppliers, each handling up to %d dialogues at once; %s per measurement, %d rounds each, median reported\n", suppliers, *concurrency, *duration, *rounds)
 	fmt.Fprintf(stdout, "%-10s %-9s %10s %10s %10s\n", "kind", "inflight", "rounds/s", "p50", "p99")
 	for _, n := range counts {
 		var alloc, ref []result
@@ -265,7 +269,7 @@ type market struct {
 	early   map[string][]sdk.Message    // reference messages that came before their dialogue was known
 }
 
-func newMarket(ctx context.Context, p *parleyProc) (*market, error) {
+func newMarket(ctx context.Context, p *parleyProc, concurrency int) (*market, error) {
 	reg := registryv1.NewRegistryServiceClient(p.conn)
 	rctx := p.ctx(ctx)
 	if _, err := reg.CreateClient(rctx, &registryv1.CreateClientRequest{ClientId: "bench"}); err != nil {
@@ -291,7 +295,7 @@ func newMarket(ctx context.Context, p *parleyProc) (*market, error) {
 				return nil, fmt.Errorf("%s follows c: %w", id, err)
 			}
 		}
-		na, err := sdk.NewNetworkAgent(p.conn, agentName(id), sdk.NetworkOptions{Key: p.token, ClearBacklog: true})
+		na, err := sdk.NewNetworkAgent(p.conn, agentName(id), sdk.NetworkOptions{Key: p.token, ClearBacklog: true, Concurrency: concurrency})
 		if err != nil {
 			m.stop()
 			return nil, err

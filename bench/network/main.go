@@ -21,8 +21,9 @@
 //
 // At one sender the run also measures, on the same disk, what one writer
 // that waits for durability can reach at all: a loop of bare bbolt commits
-// (one put each; a commit is two ordered fdatasyncs) and a loop of appends
-// each followed by one fsync (a one-sync log's floor). Their ratios to
+// (one put each, through platform/boltdb as the stores commit; a commit is
+// two ordered fdatasyncs) and a loop of appends each followed by one fsync
+// (a one-sync log's floor). Their ratios to
 // JetStream bound what any store built on bbolt's commit can show here.
 //
 // -idle N creates N fresh agents, lets parley serve settle, then opens a
@@ -140,6 +141,7 @@ func run(stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		pagesBefore, pagesErr := p.metrics(ctx, pagesMetric) // absent from older builds
 		pr, err := p.load(ctx, n, *duration)
 		if err != nil {
 			return err
@@ -148,6 +150,7 @@ func run(stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
+		pagesAfter, _ := p.metrics(ctx, pagesMetric)
 		for _, x := range []struct {
 			name string
 			r    result
@@ -169,6 +172,9 @@ func run(stdout io.Writer) error {
 		if pr.msgs > 0 {
 			per := (after[0] - before[0]) / float64(pr.msgs)
 			fmt.Fprintf(stdout, "parley dispatcher.db commits per message received at %d senders: %.2f (fdatasyncs: %.2f)\n", n, per, 2*per)
+			if pagesErr == nil && pagesAfter != nil {
+				fmt.Fprintf(stdout, "parley dispatcher.db pages written per message at %d senders: %.1f\n", n, (pagesAfter[0]-pagesBefore[0])/float64(pr.msgs))
+			}
 		}
 	}
 	if *idle > 0 {
@@ -475,6 +481,10 @@ func (p *parleyProc) load(ctx context.Context, n int, d time.Duration) (result, 
 // commitsMetric counts parley serve's commits to dispatcher.db, each with
 // two fdatasyncs.
 const commitsMetric = "parley_dispatcher_bbolt_commits_total"
+
+// pagesMetric counts the pages those commits wrote (4 KiB each, the meta
+// page included).
+const pagesMetric = "parley_dispatcher_bbolt_pages_written_total"
 
 // growth is parley serve's growth per stream: bytes of its resident set
 // (/proc/PID/status VmRSS), of its Go heap and stacks in use, and

@@ -36,6 +36,13 @@ func (n serviceNet) name(id string) string { return "clients/svc/agents/" + id }
 // suppliers; stages registers each supplier's handlers before it runs.
 func startServiceNet(t *testing.T, suppliers []string, stages func(id string, sa *sdk.ServiceAgent)) serviceNet {
 	t.Helper()
+	return startServiceNetWith(t, sdk.NetworkOptions{}, suppliers, stages)
+}
+
+// startServiceNetWith is startServiceNet with every agent's options (its
+// OnError is the test's log).
+func startServiceNetWith(t *testing.T, opts sdk.NetworkOptions, suppliers []string, stages func(id string, sa *sdk.ServiceAgent)) serviceNet {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ep, stop, err := startDemoSuite(ctx, "sdk", func(*suiteConfig) {})
 	var wg sync.WaitGroup
@@ -66,7 +73,8 @@ func startServiceNet(t *testing.T, suppliers []string, stages func(id string, sa
 				t.Fatal(err)
 			}
 		}
-		na, err := sdk.NewNetworkAgent(ep.Conn, n.name(id), sdk.NetworkOptions{OnError: func(err error) { t.Logf("%s: %v", id, err) }})
+		opts.OnError = func(err error) { t.Logf("%s: %v", id, err) }
+		na, err := sdk.NewNetworkAgent(ep.Conn, n.name(id), opts)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,12 +3,15 @@ package boltdb
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 var bucketThings = []byte("things")
@@ -403,5 +406,128 @@ func TestPing(t *testing.T) {
 	}
 	if err := d.Ping(t.Context()); err == nil {
 		t.Error("Ping on a closed database = nil, want an error")
+	}
+}
+
+// Commits().Pages counts what a commit wrote: a put into a small bucket
+// (kept inline in the root) dirties the root page, and every commit
+// writes the meta page too. A write that fails writes nothing.
+func TestCommits_countsThePagesWritten(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	before := d.Commits()
+	if err := d.Update(put("k", "v")); err != nil {
+		t.Fatal(err)
+	}
+	after := d.Commits()
+	if got := after.Pages - before.Pages; got < 2 {
+		t.Errorf("a put wrote %d pages, want at least the root page and the meta page", got)
+	}
+	before = after
+	if err := d.Update(func(*Tx) error { return errors.New("refused") }); err == nil {
+		t.Fatal("a failing write succeeded")
+	}
+	if after := d.Commits(); after.Pages != before.Pages {
+		t.Errorf("a failed write moved Pages %d -> %d, want no change", before.Pages, after.Pages)
+	}
+}
+
+// A commit writes no freelist: bbolt rebuilds it from the tree when the
+// file is opened, so a put into a small bucket writes the root page and
+// the meta page, nothing more.
+func TestUpdate_writesNoFreelistPage(t *testing.T) {
+	d := open(t, filepath.Join(t.TempDir(), "x.db"), Options{})
+	before := d.Commits()
+	if err := d.Update(put("k", "v")); err != nil {
+		t.Fatal(err)
+	}
+	if got := d.Commits().Pages - before.Pages; got != 2 {
+		t.Errorf("a put into an inline bucket wrote %d pages, want 2 (the root and the meta page)", got)
+	}
+}
+
+// Pages freed before a close are free again after it: the freelist the
+// commits no longer write is rebuilt on open, so the file does not grow
+// by what was deleted, and every key kept survives.
+func TestOpen_rebuildsTheFreelist(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	d := open(t, path, Options{})
+	big := strings.Repeat("x", 1000)
+	fill := func(round int) {
+		t.Helper()
+		for i := range 400 {
+			if err := d.Update(put(fmt.Sprintf("r%d-%04d", round, i), big)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fill(0)
+	if err := d.Update(func(tx *Tx) error {
+		b := tx.Bucket(bucketThings)
+		for i := range 400 {
+			if err := b.Delete(fmt.Appendf(nil, "r0-%04d", i)); err != nil {
+				return err
+			}
+		}
+		return b.Put([]byte("kept"), []byte("yes"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	st, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = open(t, path, Options{})
+	if got := get(t, d, bucketThings, "kept"); got != "yes" {
+		t.Fatalf("after reopen, kept = %q, want %q", got, "yes")
+	}
+	fill(1)
+	d.Close()
+	st2, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.Size() > st.Size() {
+		t.Errorf("refilling what was deleted grew the file %d -> %d bytes; want the freed pages reused", st.Size(), st2.Size())
+	}
+}
+
+// A file written by a release that synced the freelist opens, and a file
+// written now opens in bbolt's default mode (an older release): each
+// side reads the other's commits.
+func TestOpen_freelistModesInterchange(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	old, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucketIfNotExists(bucketThings)
+		if err != nil {
+			return err
+		}
+		return b.Put([]byte("old"), []byte("1"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	old.Close()
+	d := open(t, path, Options{})
+	if err := d.Update(put("new", "2")); err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	old, err = bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketThings)
+		if string(b.Get([]byte("old"))) != "1" || string(b.Get([]byte("new"))) != "2" {
+			t.Errorf("reopened by default bbolt: old=%q new=%q, want 1 and 2", b.Get([]byte("old")), b.Get([]byte("new")))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -146,7 +146,7 @@ func (c *committer) commit(group []*op) {
 					return err
 				}
 			}
-			tx.OnCommit(c.d.countCommit)
+			tx.OnCommit(func() { c.d.countCommit(tx) })
 			return nil
 		})
 		if failed >= 0 {

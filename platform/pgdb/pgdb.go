@@ -87,6 +87,7 @@ type DB struct {
 	stopped chan struct{} // closed when the background migration ended
 
 	bucketsSwept atomic.Int64 // UnixNano of the last sweepBuckets
+	retries      atomic.Int64 // transactions run again by retry
 	logger       *slog.Logger // Options.Logger, or a discarding one
 }
 
@@ -479,6 +480,7 @@ func (d *DB) retry(ctx context.Context, opts pgx.TxOptions, fn func(pgx.Tx) erro
 		if !retryable(err) {
 			return err
 		}
+		d.retries.Add(1)
 		// Jittered backoff, growing to about 50ms: contenders spread out.
 		wait := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
 		select {
@@ -489,6 +491,11 @@ func (d *DB) retry(ctx context.Context, opts pgx.TxOptions, fn func(pgx.Tx) erro
 	}
 	return fmt.Errorf("pgdb: transaction still conflicting after %d attempts: %w: %w", maxAttempts, resource.ErrContention, err)
 }
+
+// Retries returns how many times Update and Write ran a transaction again
+// after a serialization failure or deadlock since Open: the price of
+// contention, which a store's tests can check it does not pay.
+func (d *DB) Retries() int64 { return d.retries.Load() }
 
 // retryable reports a serialization failure or deadlock.
 func retryable(err error) bool {

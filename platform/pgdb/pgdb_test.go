@@ -287,6 +287,9 @@ func TestWrite_retriesARealDeadlock(t *testing.T) {
 	if runs[0]+runs[1] < 3 {
 		t.Errorf("Write ran fn %d+%d times, want a rerun of the deadlock's victim", runs[0], runs[1])
 	}
+	if got := db.Retries(); got != int64(runs[0]+runs[1]-2) {
+		t.Errorf("Retries() = %d after %d+%d runs of two Writes, want %d", got, runs[0], runs[1], runs[0]+runs[1]-2)
+	}
 	for _, id := range []int{1, 2} {
 		var n int64
 		if err := db.Pool().QueryRow(t.Context(), `SELECT n FROM counter WHERE id = $1`, id).Scan(&n); err != nil || n != 2 {

@@ -225,8 +225,14 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 			Name: "parley_dispatcher_bbolt_commits_total",
 			Help: "Write transactions committed to dispatcher.db, each with two fdatasyncs (data pages, then the meta page); several writers' changes may share one (group commit).",
 		}, func() float64 { return float64(bs.Commits().Synced) })
-		if err := s.Registry().Register(commits); err != nil {
-			return err
+		pages := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "parley_dispatcher_bbolt_pages_written_total",
+			Help: "Pages (4 KiB) the commits to dispatcher.db wrote: the changed pages of every bucket touched, the root and the meta page. The first fdatasync of a commit writes them.",
+		}, func() float64 { return float64(bs.Commits().Pages) })
+		for _, c := range []prometheus.Collector{commits, pages} {
+			if err := s.Registry().Register(c); err != nil {
+				return err
+			}
 		}
 	}
 	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
@@ -307,9 +313,18 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 		// the rows of a replica that died without ending them are swept.
 		a.loops.Go(func() {
 			pgdb.Tick(a.stopped, streamTouchEvery, func(ctx context.Context) {
-				if err := pg.TouchStreams(ctx, a.mailboxes.StreamEpochs()); err != nil && ctx.Err() == nil {
-					logger.WarnContext(ctx, "receive streams not stamped as seen; retrying next tick", slog.Any("err", err))
+				local := a.mailboxes.StreamEpochs()
+				stamped, err := pg.TouchStreams(ctx, local)
+				if err != nil {
+					if ctx.Err() == nil {
+						logger.WarnContext(ctx, "receive streams not stamped as seen; retrying next tick", slog.Any("err", err))
+					}
+					return
 				}
+				// A stream whose row is gone or names another stream was
+				// replaced, its notification missed: it ends now, within
+				// a tick, even if the listener never reconnected.
+				a.mailboxes.Recheck(local, stamped)
 			})
 		})
 	}

@@ -372,14 +372,16 @@ func TestReceiveMessages_endsOnShutdown(t *testing.T) {
 }
 
 // parley_dispatcher_bbolt_commits_total counts dispatcher.db's commits:
-// a message appended to a mailbox is one more.
-func TestMetrics_countBboltCommits(t *testing.T) {
+// a message appended to a mailbox is one more; and
+// parley_dispatcher_bbolt_pages_written_total the pages they wrote, at
+// least a data page and the meta page each.
+func TestMetrics_countBboltCommitsAndPages(t *testing.T) {
 	e := startDispatcherApp(t)
-	commits := func() float64 {
+	metric := func(name string) float64 {
 		t.Helper()
 		_, body := httpDo(t, "GET", e.base+"/metrics", "")
 		for _, line := range strings.Split(body, "\n") {
-			if v, ok := strings.CutPrefix(line, "parley_dispatcher_bbolt_commits_total "); ok {
+			if v, ok := strings.CutPrefix(line, name+" "); ok {
 				var f float64
 				if _, err := fmt.Sscan(v, &f); err != nil {
 					t.Fatal(err)
@@ -387,13 +389,17 @@ func TestMetrics_countBboltCommits(t *testing.T) {
 				return f
 			}
 		}
-		t.Fatalf("GET /metrics lacks parley_dispatcher_bbolt_commits_total:\n%.2000s", body)
+		t.Fatalf("GET /metrics lacks %s:\n%.2000s", name, body)
 		return 0
 	}
-	before := commits()
+	const commits, pages = "parley_dispatcher_bbolt_commits_total", "parley_dispatcher_bbolt_pages_written_total"
+	beforeCommits, beforePages := metric(commits), metric(pages)
 	send(t, e.app, "m1", echo)
-	if after := commits(); after < before+1 {
-		t.Errorf("commits after an append = %v, want at least %v", after, before+1)
+	if after := metric(commits); after < beforeCommits+1 {
+		t.Errorf("commits after an append = %v, want at least %v", after, beforeCommits+1)
+	}
+	if after := metric(pages); after < beforePages+2 {
+		t.Errorf("pages written after an append = %v, want at least %v", after, beforePages+2)
 	}
 }
 

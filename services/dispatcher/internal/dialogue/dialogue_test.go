@@ -11,10 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/platform/pgdb/pgdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/dialogue"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/pgstore"
 )
 
 const (
@@ -102,7 +104,40 @@ func (fakeResolver) Resolve(_ context.Context, _ string, l dialogue.List) ([]dia
 type env struct {
 	svc  *dialogue.Service
 	mail *boxes
-	st   *boltstore.Store
+	st   store.DialogueStore
+	// replicas are the services racing calls go through: svc alone on
+	// bbolt, two replicas of one schema on PostgreSQL (onEachBackend).
+	replicas []*dialogue.Service
+}
+
+// replica returns the service the i-th of racing calls goes through.
+func (e *env) replica(i int) *dialogue.Service { return e.replicas[i%len(e.replicas)] }
+
+// onEachBackend runs f on an env over bbolt and, with
+// PARLEY_TEST_DATABASE_URL set (pgdbtest), over two PostgreSQL replicas of
+// one schema, each a store, mailboxes and a service of its own, as two
+// dispatcher processes would be: the dialogue writes that race in f race
+// across them.
+func onEachBackend(t *testing.T, opts dialogue.Options, f func(t *testing.T, e *env)) {
+	t.Run("bbolt", func(t *testing.T) { f(t, newEnv(t, opts)) })
+	t.Run("postgres", func(t *testing.T) {
+		url, schema := pgdbtest.Schema(t)
+		e := &env{}
+		for i := range 2 {
+			st, err := pgstore.Open(t.Context(), url, schema, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			mail := &boxes{Mailboxes: mailbox.New(st, mailbox.Options{Bound: mailbox.Bound{MaxBytes: maxBytes}}), t: t}
+			svc := dialogue.New(st, mail, fakeResolver{}, opts)
+			if i == 0 {
+				e.svc, e.mail, e.st = svc, mail, st
+			}
+			e.replicas = append(e.replicas, svc)
+		}
+		f(t, e)
+	})
 }
 
 func newEnv(t *testing.T, opts dialogue.Options) *env {
@@ -113,7 +148,8 @@ func newEnv(t *testing.T, opts dialogue.Options) *env {
 	}
 	t.Cleanup(func() { st.Close() })
 	mail := &boxes{Mailboxes: mailbox.New(st, mailbox.Options{Bound: mailbox.Bound{MaxBytes: maxBytes}}), t: t}
-	return &env{svc: dialogue.New(st, mail, fakeResolver{}, opts), mail: mail, st: st}
+	svc := dialogue.New(st, mail, fakeResolver{}, opts)
+	return &env{svc: svc, mail: mail, st: st, replicas: []*dialogue.Service{svc}}
 }
 
 func text(s string) dialogue.Message {
@@ -427,10 +463,14 @@ func TestRequestID_repeatReturnsTheFirstResult(t *testing.T) {
 }
 
 // TestProtocolControl_concurrentRepliesSerialisePerPair: replies racing on
-// one pair each move its state from the one the previous left, so the
-// count the fake machine keeps equals the messages delivered.
+// one pair (through two replicas on PostgreSQL) each move its state from
+// the one the previous left, so the count the fake machine keeps equals
+// the messages delivered.
 func TestProtocolControl_concurrentRepliesSerialisePerPair(t *testing.T) {
-	e := newEnv(t, dialogue.Options{Protocols: fakeProtocols{}})
+	onEachBackend(t, dialogue.Options{Protocols: fakeProtocols{}}, testConcurrentRepliesSerialisePerPair)
+}
+
+func testConcurrentRepliesSerialisePerPair(t *testing.T, e *env) {
 	ctx := t.Context()
 	m := text("task")
 	m.Protocol = "0123456789abcdef0123456789abcdef01234567"
@@ -441,9 +481,9 @@ func TestProtocolControl_concurrentRepliesSerialisePerPair(t *testing.T) {
 	const n = 16
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
-	for range n {
+	for i := range n {
 		wg.Go(func() {
-			if _, err := e.svc.Reply(ctx, bob, open.MessageID, false, text("r")); err != nil {
+			if _, err := e.replica(i).Reply(ctx, bob, open.MessageID, false, text("r")); err != nil {
 				errs <- err
 			}
 		})
@@ -467,9 +507,12 @@ func TestProtocolControl_concurrentRepliesSerialisePerPair(t *testing.T) {
 // TestReply_racingSendsReachTheMailboxInRecordOrder: replies racing in one
 // dialogue reach the recipient's mailbox in the order they were recorded
 // (the order the state machine numbered them), because the record and the
-// mailbox append are one transaction.
+// mailbox append are one transaction (through two replicas on PostgreSQL).
 func TestReply_racingSendsReachTheMailboxInRecordOrder(t *testing.T) {
-	e := newEnv(t, dialogue.Options{Protocols: fakeProtocols{}})
+	onEachBackend(t, dialogue.Options{Protocols: fakeProtocols{}}, testRacingSendsInRecordOrder)
+}
+
+func testRacingSendsInRecordOrder(t *testing.T, e *env) {
 	ctx := t.Context()
 	m := text("task")
 	m.Protocol = "0123456789abcdef0123456789abcdef01234567"
@@ -479,12 +522,12 @@ func TestReply_racingSendsReachTheMailboxInRecordOrder(t *testing.T) {
 	}
 	const senders, each = 8, 8
 	var wg sync.WaitGroup
-	for range senders {
+	for i := range senders {
 		wg.Go(func() {
 			for range each {
 				r := text("r")
 				r.Type = "numbered"
-				if _, err := e.svc.Reply(ctx, bob, open.MessageID, false, r); err != nil {
+				if _, err := e.replica(i).Reply(ctx, bob, open.MessageID, false, r); err != nil {
 					t.Errorf("Reply: %v", err)
 				}
 			}

@@ -273,6 +273,41 @@ func TestReceive_theGreaterEpochWinsAcrossReplicas(t *testing.T) {
 	}
 }
 
+// Recheck ends the streams the store no longer names: one whose row is
+// gone (bob: a newer stream came and went elsewhere) or names another
+// stream (carol), each ErrReplaced as a takeover; one the store names
+// (dave) stays, and so does one that connected after the check (bob's next
+// stream: its epoch is not the one checked).
+func TestRecheck_endsTheStreamsTheStoreNoLongerNames(t *testing.T) {
+	const dave = "clients/d/agents/dave"
+	e := make(epochs, 4)
+	m := newMailboxes(t, mailbox.Options{Streams: e})
+	rs := map[string]*receiver{}
+	for i, agent := range []string{bob, carol, dave} {
+		appendTo(t, m, fmt.Sprint("m-", i), agent)
+		e <- uint64(10 + i)
+		rs[agent] = receive(t, m, agent, mailbox.ReceiveOptions{})
+		rs[agent].next(t, 1)
+	}
+	checked := m.StreamEpochs()
+	e <- 20
+	later := receive(t, m, bob, mailbox.ReceiveOptions{}) // bob again, after the check
+	if err := rs[bob].end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Fatalf("bob's first stream after his second connected = %v, want ErrReplaced", err)
+	}
+	m.Recheck(checked, map[string]uint64{carol: 99, dave: checked[dave]})
+	if err := rs[carol].end(t); !errors.Is(err, mailbox.ErrReplaced) {
+		t.Errorf("carol's stream, its row naming another = %v, want ErrReplaced", err)
+	}
+	if got := m.StreamEpochs(); len(got) != 2 || got[dave] != 12 || got[bob] != 20 {
+		t.Errorf("StreamEpochs() after Recheck = %v, want dave at 12 (named) and bob at 20 (connected after the check)", got)
+	}
+	appendTo(t, m, "m-later", bob)
+	if got := later.next(t, 2); got != "1:m-0 2:m-later " {
+		t.Errorf("bob's later stream got %q, want its backlog and then 2:m-later", got)
+	}
+}
+
 // notifiedMeanwhile hands out epoch 5 after another replica's stream of
 // epoch 6 was announced (Supersede): the notification overtook the
 // older stream, which took its epoch first but had not connected yet.

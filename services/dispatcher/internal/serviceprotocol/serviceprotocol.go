@@ -17,6 +17,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 )
 
 //go:embed pd/*.md
@@ -53,7 +54,12 @@ func ByName(name string) (Protocol, bool) {
 }
 
 // ByHash returns the built-in PD with that SHA-1 (40 lowercase hex).
+// Anything else is answered before the built-ins are read and hashed:
+// most messages name no protocol, and each asks.
 func ByHash(hash string) (Protocol, bool) {
+	if len(hash) != sha1.Size*2 || strings.Trim(hash, "0123456789abcdef") != "" {
+		return Protocol{}, false
+	}
 	for _, p := range Builtins() {
 		if p.Hash == hash {
 			return p, true

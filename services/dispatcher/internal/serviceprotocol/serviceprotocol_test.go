@@ -399,6 +399,20 @@ func TestBuiltins(t *testing.T) {
 	}
 }
 
+// Every SendMessage asks ByHash whether its protocol is a built-in one,
+// most with none: a hash that cannot be a PD's answers without hashing
+// the built-in PDs, so without allocating.
+func TestByHash_notAHashCostsNothing(t *testing.T) {
+	for _, h := range []string{"", "abc", strings.Repeat("g", 40)} {
+		if _, ok := ByHash(h); ok {
+			t.Errorf("ByHash(%q) found a protocol", h)
+		}
+		if n := testing.AllocsPerRun(10, func() { ByHash(h) }); n != 0 {
+			t.Errorf("ByHash(%q) allocated %v times, want 0", h, n)
+		}
+	}
+}
+
 type fakeRegistrar struct {
 	stored [][]byte
 	fail   error

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
+	"slices"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -22,7 +23,9 @@ var (
 	// bucketDialogueMessages: message id → JSON store.DialogueMessage.
 	bucketDialogueMessages = []byte("dialogue_messages")
 	// bucketDialogueReceipts: message id + 0x00 + agent → empty: agent
-	// received the message.
+	// received the message. Only for a message to more than
+	// maxInlineReceipts agents (schema 12): the record of one to fewer
+	// lists them (storedMessage).
 	bucketDialogueReceipts = []byte("dialogue_receipts")
 	// bucketDialogueParticipants: dialogue id + 0x00 + agent → JSON
 	// store.Participant.
@@ -37,7 +40,9 @@ var (
 	// store.Request.
 	bucketDialogueRequests = []byte("dialogue_requests")
 	// bucketDialogueMessageIndex: dialogue id + 0x00 + message id → empty,
-	// a dialogue's messages (schema 2), for removing a dialogue whole.
+	// a dialogue's messages (schema 2), for removing a dialogue whole. The
+	// opener of a dialogue whose record names it (Opener) is left out: the
+	// record finds it, and a new dialogue's commit touches one bucket less.
 	bucketDialogueMessageIndex = []byte("dialogue_message_index")
 	// bucketDialoguesClosed: 8-byte big-endian close time (Unix ns) +
 	// dialogue id → empty, the dialogues SweepDialogues removes, oldest
@@ -103,6 +108,24 @@ func migrateDialogueIndexes(tx *bolt.Tx) error {
 
 var _ store.DialogueStore = (*Store)(nil)
 
+// maxInlineReceipts is the most receivers a dialogue message's record
+// lists itself. A direct message then touches no receipts bucket in its
+// commit (three pages fewer to write before the first fdatasync, on a file
+// of some thousands of messages); a large fan-out keeps its receipts in
+// bucketDialogueReceipts, where each is one key, not a record rewritten.
+const maxInlineReceipts = 16
+
+// storedMessage is a dialogue message as bucketDialogueMessages keeps it.
+// GetDialogueMessage decodes it as a store.DialogueMessage, ignoring
+// Receivers.
+type storedMessage struct {
+	store.DialogueMessage
+	// Receivers are the agents that received the message, sorted, when
+	// they were at most maxInlineReceipts; nil in a record written before
+	// schema 12, a broadcast's, or one whose receipts are in the bucket.
+	Receivers []string `json:"receivers,omitempty"`
+}
+
 func join(parts ...string) []byte {
 	n := len(parts)
 	for _, p := range parts {
@@ -155,8 +178,10 @@ func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
 // writeMessage appends w.Mail to the recipients' mailboxes, then stores
 // w.Message with receipts for those that took it (none for a broadcast),
 // the participants and the pair states of the pairs not refused. Nothing
-// is written when every mailbox refused.
-func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store.Delivered, error) {
+// is written when every mailbox refused. The message is entered in the
+// dialogue's message index unless it is opener, the id the dialogue's
+// record keeps.
+func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener string) (store.Delivered, error) {
 	m := w.Message
 	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
 	if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
@@ -174,11 +199,26 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 	for _, r := range a.refused {
 		refused[r.Agent] = true
 	}
-	if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), m); err != nil {
+	rec := storedMessage{DialogueMessage: m}
+	if !w.NoReceipts {
+		for _, r := range w.Recipients {
+			if !refused[r] {
+				rec.Receivers = append(rec.Receivers, r)
+			}
+		}
+		slices.Sort(rec.Receivers)
+	}
+	inline := len(rec.Receivers) <= maxInlineReceipts
+	if !inline {
+		rec.Receivers = nil
+	}
+	if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), rec); err != nil {
 		return store.Delivered{}, err
 	}
-	if err := tx.Bucket(bucketDialogueMessageIndex).Put(join(m.DialogueID, m.ID), nil); err != nil {
-		return store.Delivered{}, err
+	if m.ID != opener {
+		if err := tx.Bucket(bucketDialogueMessageIndex).Put(join(m.DialogueID, m.ID), nil); err != nil {
+			return store.Delivered{}, err
+		}
 	}
 	if !w.NoReceipts {
 		if err := addParticipant(tx, m.DialogueID, m.Sender); err != nil {
@@ -188,8 +228,10 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound) (store
 			if refused[r] {
 				continue
 			}
-			if err := tx.Bucket(bucketDialogueReceipts).Put(join(m.ID, r), nil); err != nil {
-				return store.Delivered{}, err
+			if !inline {
+				if err := tx.Bucket(bucketDialogueReceipts).Put(join(m.ID, r), nil); err != nil {
+					return store.Delivered{}, err
+				}
 			}
 			if err := addParticipant(tx, m.DialogueID, r); err != nil {
 				return store.Delivered{}, err
@@ -227,7 +269,7 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.Me
 			return resource.AlreadyExists("dialogue", d.ID)
 		}
 		var err error
-		if out, err = writeMessage(tx, w, bound); err != nil || len(out.Deliveries) == 0 {
+		if out, err = writeMessage(tx, w, bound, d.Opener); err != nil || len(out.Deliveries) == 0 {
 			return err
 		}
 		if err := indexClosed(tx, d); err != nil {
@@ -245,20 +287,27 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.Me
 type view struct {
 	tx       *bolt.Tx
 	dialogue store.Dialogue
-	answered store.DialogueMessage
+	answered storedMessage
 }
 
 func (v *view) Dialogue() store.Dialogue        { return v.dialogue }
-func (v *view) Answered() store.DialogueMessage { return v.answered }
+func (v *view) Answered() store.DialogueMessage { return v.answered.DialogueMessage }
 func (v *view) PairState(p store.Pair) json.RawMessage {
 	return bytes.Clone(v.tx.Bucket(bucketDialoguePairs).Get(pairKey(v.dialogue.ID, p)))
 }
 
 func (v *view) Received(agent string) bool {
+	if v.answered.Receivers != nil {
+		_, ok := slices.BinarySearch(v.answered.Receivers, agent)
+		return ok
+	}
 	return v.tx.Bucket(bucketDialogueReceipts).Get(join(v.answered.ID, agent)) != nil
 }
 
 func (v *view) Receivers() []string {
+	if v.answered.Receivers != nil {
+		return slices.Clone(v.answered.Receivers)
+	}
 	prefix := join(v.answered.ID, "")
 	var out []string
 	c := v.tx.Bucket(bucketDialogueReceipts).Cursor()
@@ -298,7 +347,7 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 		}
 		w.Message.DialogueID = v.dialogue.ID
 		w.NoReceipts = false
-		out, err = writeMessage(tx, w, bound)
+		out, err = writeMessage(tx, w, bound, "")
 		return err
 	})
 	if err != nil {
@@ -413,6 +462,16 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 	c := idx.Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 		keys = append(keys, bytes.Clone(k))
+	}
+	// The opener is in the index only when the record does not name it;
+	// deleting it twice (an index entry written by an older release) is
+	// harmless.
+	var d store.Dialogue
+	if _, err := getJSON(tx.Bucket(bucketDialogues), []byte(id), &d); err != nil {
+		return err
+	}
+	if d.Opener != "" {
+		keys = append(keys, join(id, d.Opener))
 	}
 	for _, k := range keys {
 		msg := k[len(prefix):]

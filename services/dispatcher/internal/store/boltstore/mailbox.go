@@ -24,7 +24,8 @@ var (
 	// stored once however many mailboxes hold it.
 	bucketMessages = []byte("messages")
 	// bucketMessageRefs: message id → 8-byte big-endian count of the
-	// mailbox references to it; the body goes when it reaches zero.
+	// mailbox references to it; the body goes when it reaches zero. A
+	// message in one mailbox has no entry: an absent count is one.
 	bucketMessageRefs = []byte("message_refs")
 	// bucketMailboxes: agent → mailboxState (32 bytes: head, acked,
 	// pending, pending bytes; big-endian uint64 each).
@@ -236,9 +237,13 @@ func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 }
 
 // putMessage stores the staged message and the count of its references.
+// A count of one is not written (release reads none as one): a direct
+// message's commit then touches one bucket, three pages, fewer.
 func (a *appendOp) putMessage(tx *bolt.Tx) error {
-	if err := tx.Bucket(bucketMessageRefs).Put([]byte(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered)))); err != nil {
-		return err
+	if len(a.delivered) > 1 {
+		if err := tx.Bucket(bucketMessageRefs).Put([]byte(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered)))); err != nil {
+			return err
+		}
 	}
 	return tx.Bucket(bucketMessages).Put([]byte(a.m.ID), a.body)
 }

@@ -62,3 +62,35 @@ func TestAppendMessage_storesTheBodyOnce(t *testing.T) {
 		t.Errorf("reference counts left = %d, want 0", got)
 	}
 }
+
+// A message in one mailbox keeps no reference count (one less bucket in
+// the commit of every direct message: an absent count is one), and goes
+// when that mailbox's reference is compacted away.
+func TestAppendMessage_oneRecipientKeepsNoCount(t *testing.T) {
+	s, err := Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0)
+	m := mailbox.Message{ID: "m1", DialogueID: "d", Category: mailbox.CategoryMessage, Type: "t", Body: []byte(`"hi"`), Time: now}
+	if _, _, err := s.AppendMessage(ctx, m, []string{"clients/c/agents/b"}, mailbox.Bound{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketLen(t, s, bucketMessageRefs); got != 0 {
+		t.Errorf("reference counts after a one-recipient append = %d, want 0", got)
+	}
+	if got := bucketLen(t, s, bucketMessages); got != 1 {
+		t.Fatalf("messages stored = %d, want 1", got)
+	}
+	if _, err := s.ClearMailbox(ctx, "clients/c/agents/b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.CompactMailboxes(ctx, now.Add(time.Second), 100); err != nil {
+		t.Fatal(err)
+	}
+	if got := bucketLen(t, s, bucketMessages); got != 0 {
+		t.Errorf("messages stored after compaction = %d, want 0", got)
+	}
+}

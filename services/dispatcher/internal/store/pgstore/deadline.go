@@ -114,11 +114,12 @@ func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (j
 	return pairState(ctx, s.db.Pool(), dialogue, p)
 }
 
-// FireTimers implements store.TimerStore, in one transaction. Each timer
-// row is locked first, so replicas firing one timer at once queue on it:
-// the first fires it, the others find it gone (or, at SERIALIZABLE, retry
-// and then find it gone). Each message is appended under a savepoint, so
-// one that every mailbox refuses rolls back alone.
+// FireTimers implements store.TimerStore, in one READ COMMITTED
+// transaction holding the locks of the timers' dialogues (dialogue.go),
+// then of each timer's row, so replicas firing one timer at once queue on
+// it: the first fires it, the others find it gone. Each message is
+// appended under a savepoint, so one that every mailbox refuses rolls
+// back alone.
 func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mailbox.Bound, expire func(store.Timer, json.RawMessage) (store.TimerFiring, error)) ([]store.FiredTimer, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -127,8 +128,19 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 		fired []store.FiredTimer
 		errs  []error
 	)
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		fired, errs = fired[:0], errs[:0] // the transaction may be retried
+		// The timers' dialogues first, all of them, in id order (the
+		// lock order of dialogue.go), then each timer's row: a batch over
+		// two dialogues must not hold a mailbox of the first while it waits
+		// for the second.
+		ids := make([]string, len(timers))
+		for i, t := range timers {
+			ids[i] = t.Dialogue
+		}
+		if err := lockDialogues(ctx, tx, ids...); err != nil {
+			return err
+		}
 		for _, t := range timers {
 			var at int64
 			err := tx.QueryRow(ctx, `SELECT at_ns FROM timers WHERE dialogue = $1 AND counterpart = $2 AND name = $3 FOR UPDATE`,

@@ -15,10 +15,32 @@ import (
 )
 
 // The dialogue store runs each method that decides from a dialogue's state
-// in one SERIALIZABLE transaction (db.Update), so the checks a reply's plan
+// at READ COMMITTED (db.Write) holding the dialogue's row lock, taken
+// (lockDialogues) before it reads anything else of the dialogue: writers of
+// one dialogue queue on it, and each reads, in statements after it got the
+// lock, what the previous holder committed. So the checks a reply's plan
 // makes against the dialogue hold across replicas as they do on bbolt's
-// single writer. CreateDialogue decides from nothing stored, so it runs at
-// READ COMMITTED (db.Write) with the mailboxes' row locks: see there.
+// single writer, without serialization failures. Locks are taken in one
+// order, so that none waits for another that waits for it: dialogue rows
+// first, by id (a method that needs several locks them all at once), then
+// mailbox rows by name (appendTx). A dialogue's own rows (pairs,
+// participants, receipts, timers, orders) are written only under its lock,
+// or by writers that take no other lock after them (PutTimers,
+// RetryTimers), so their order among themselves cannot deadlock.
+// CreateDialogue decides from nothing stored: the
+// dialogue row it inserts is locked until it commits, and nobody can
+// answer it before.
+
+// lockDialogues locks the rows of the dialogues ids that exist, in id
+// order, until tx ends. Run it before any other read of those dialogues:
+// at READ COMMITTED each later statement then sees what every earlier
+// holder committed. (A statement that locks a row of a join re-reads only
+// the locked row when it had to wait; the others it read stay as they
+// were before the wait. Hence a statement of its own.)
+func lockDialogues(ctx context.Context, tx pgx.Tx, ids ...string) error {
+	_, err := tx.Exec(ctx, `SELECT FROM dialogues WHERE id = ANY($1) ORDER BY id FOR UPDATE`, ids)
+	return err
+}
 
 var _ store.DialogueStore = (*Store)(nil)
 
@@ -223,21 +245,23 @@ func pairState(ctx context.Context, q pgdb.Querier, dialogue string, p store.Pai
 	return st, err
 }
 
-// AddMessage implements store.DialogueStore.
+// AddMessage implements store.DialogueStore, holding the dialogue's lock
+// from its read of the dialogue on (the package comment).
 func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.Bound, plan func(store.DialogueView) (store.MessageWrite, error)) (store.Delivered, error) {
 	if err := ctx.Err(); err != nil {
 		return store.Delivered{}, err
 	}
 	var out store.Delivered
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		out = store.Delivered{}
 		v := &view{ctx: ctx, tx: tx}
+		// A message never changes once stored: read before the lock.
 		if ok, err := getJSON(ctx, tx, &v.answered, `SELECT data FROM dialogue_messages WHERE id = $1`, answered); err != nil {
 			return err
 		} else if !ok {
 			return resource.NotFound("message", answered)
 		}
-		if ok, err := getJSON(ctx, tx, &v.dialogue, `SELECT data FROM dialogues WHERE id = $1`, v.answered.DialogueID); err != nil {
+		if ok, err := getJSON(ctx, tx, &v.dialogue, `SELECT data FROM dialogues WHERE id = $1 FOR UPDATE`, v.answered.DialogueID); err != nil {
 			return err
 		} else if !ok {
 			return resource.NotFound("dialogue", v.answered.DialogueID)
@@ -298,8 +322,11 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 		d store.Dialogue
 		p store.Participant
 	)
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		d, p = store.Dialogue{}, store.Participant{}
+		if err := lockDialogues(ctx, tx, dialogue); err != nil {
+			return err
+		}
 		var dd, pd []byte
 		err := tx.QueryRow(ctx, `SELECT d.data, p.data FROM dialogues d JOIN dialogue_participants p ON p.dialogue = d.id WHERE d.id = $1 AND p.agent = $2`,
 			dialogue, agent).Scan(&dd, &pd)
@@ -330,9 +357,19 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 		return 0, err
 	}
 	var n int
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		n = 0
-		rows, err := tx.Query(ctx, `SELECT d.data, p.data FROM dialogue_participants p JOIN dialogues d ON d.id = p.dialogue WHERE p.agent = $1 ORDER BY p.dialogue`, agent)
+		// Locked first, in id order; a dialogue the agent joins meanwhile
+		// is left out, as if joined after.
+		rows, err := tx.Query(ctx, `SELECT d.id FROM dialogue_participants p JOIN dialogues d ON d.id = p.dialogue WHERE p.agent = $1 ORDER BY d.id FOR UPDATE OF d`, agent)
+		if err != nil {
+			return err
+		}
+		locked, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil || len(locked) == 0 {
+			return err
+		}
+		rows, err = tx.Query(ctx, `SELECT d.data, p.data FROM dialogue_participants p JOIN dialogues d ON d.id = p.dialogue WHERE p.agent = $1 AND d.id = ANY($2) ORDER BY p.dialogue`, agent, locked)
 		if err != nil {
 			return err
 		}
@@ -451,9 +488,11 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+	err := s.db.Write(ctx, func(tx pgx.Tx) error {
 		n = 0
-		rows, err := tx.Query(ctx, `SELECT id FROM dialogues WHERE sweep_at < $1 ORDER BY sweep_at, id LIMIT $2`, before, limit)
+		// Locked first; a dialogue another writer holds is left to the
+		// next sweep, so the sweep never waits in another lock order.
+		rows, err := tx.Query(ctx, `SELECT id FROM dialogues WHERE sweep_at < $1 ORDER BY sweep_at, id LIMIT $2 FOR UPDATE SKIP LOCKED`, before, limit)
 		if err != nil {
 			return err
 		}

@@ -277,3 +277,40 @@ FROM generate_series(1, $3::int) AS g`, bob, t0.Format(time.RFC3339Nano), bulk)
 		t.Errorf("GetDialogueMessage(m-late) after its dialogue was swept = found, want not found")
 	}
 }
+
+// Pair states are stored in protocolcontrol's binary form, which a release
+// before it cannot read (it decoded JSON): that release must refuse the
+// schema, as it refuses any migrated past what it knows, rather than start
+// and fail every reply and deadline of the pairs written since. The
+// migrations up to 0013 are what that release had.
+func TestOpen_aReleaseBeforeBinaryPairStatesIsRefused(t *testing.T) {
+	url, schema := pgdbtest.Schema(t)
+	ctx := t.Context()
+	s, err := Open(ctx, url, schema, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	upTo13 := fstest.MapFS{}
+	err = fs.WalkDir(migrationFiles, "migrations", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || d.Name() >= "0014" {
+			return err
+		}
+		data, err := fs.ReadFile(migrationFiles, path)
+		upTo13[path] = &fstest.MapFile{Data: data}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, err := pgdb.Open(ctx, url, pgdb.Options{Schema: schema, Migrations: upTo13})
+	if err == nil {
+		old.Close()
+		t.Fatal("Open with the migrations up to 0013 succeeded; want the schema refused as newer")
+	}
+	if !strings.Contains(err.Error(), "newer") {
+		t.Errorf("Open with the migrations up to 0013 = %v; want the refusal of a newer schema", err)
+	}
+}

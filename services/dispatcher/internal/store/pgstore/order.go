@@ -13,13 +13,19 @@ import (
 
 var _ store.OrderStore = (*Store)(nil)
 
-// RecordOrder implements store.OrderStore, in one SERIALIZABLE transaction.
+// RecordOrder implements store.OrderStore, in one SERIALIZABLE transaction
+// that takes its dialogue's lock first, as the dialogue's other writers
+// (which run at READ COMMITTED under it, see dialogue.go) do: it queues
+// behind them instead of writing over what they recorded.
 func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTransition, open bool) (store.Order, error) {
 	if err := ctx.Err(); err != nil {
 		return store.Order{}, err
 	}
 	var out store.Order
 	err := s.db.Update(ctx, func(tx pgx.Tx) error {
+		if err := lockDialogues(ctx, tx, o.Dialogue); err != nil {
+			return err
+		}
 		var err error
 		out, err = recordOrder(ctx, tx, o, tr, open)
 		return err

@@ -263,8 +263,14 @@ func TestCloseStream_andSweepKeepOnlyLiveStreams(t *testing.T) {
 	if _, err := rs[0].DB().Pool().Exec(ctx, `UPDATE mailbox_streams SET seen_at = now() - interval '1 hour'`); err != nil {
 		t.Fatal(err)
 	}
-	if err := rs[0].TouchStreams(ctx, map[string]uint64{carol: carolOnA, dave: daveOnB - 1}); err != nil {
+	stamped, err := rs[0].TouchStreams(ctx, map[string]uint64{carol: carolOnA, dave: daveOnB - 1})
+	if err != nil {
 		t.Fatal(err)
+	}
+	// What it stamped is what A's replica still holds rightly: its
+	// stream of dave is no longer the one mailbox_streams names.
+	if want := map[string]uint64{carol: carolOnA}; !maps.Equal(stamped, want) {
+		t.Errorf("TouchStreams stamped %v, want %v", stamped, want)
 	}
 	n, err := rs[0].SweepStreams(ctx, 10*time.Minute)
 	if err != nil || n != 1 {
@@ -463,5 +469,124 @@ func TestCreateDialogue_concurrentReplicas(t *testing.T) {
 		if _, err := rs[1].GetDialogue(t.Context(), fmt.Sprintf("d%02d", i)); err != nil {
 			t.Errorf("GetDialogue(d%02d) = %v", i, err)
 		}
+	}
+}
+
+// Every writer of a dialogue's state, racing through two replicas on the
+// same dialogues, moves it from what the previous one left, and none pays
+// a retry: replies (AddMessage: the pair's state + 1), timers firing in
+// batches across the dialogues in both orders (FireTimers: + 100), and the
+// participants' own updates (UpdateAgentDialogues, UpdateParticipant).
+// They queue on the dialogue's row lock, taken first (dialogues by id,
+// then mailboxes by name), so they neither fail to serialize nor
+// deadlock.
+func TestDialogueWriters_raceAcrossReplicasWithoutRetries(t *testing.T) {
+	rs := replicas(t, 2)
+	ctx := t.Context()
+	const (
+		alice, bob       = "clients/c/agents/alice", "clients/c/agents/bob"
+		dialogues        = 4
+		replies, timers  = 8, 4
+		agentUpdates, pu = 4, 4
+	)
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	pair := store.Pair{A: alice, B: bob}
+	state := func(n int) json.RawMessage { return json.RawMessage(fmt.Sprint(n)) }
+	ids := make([]string, dialogues)
+	var pending [timers][]store.Timer // by name, a timer in each dialogue
+	for i := range ids {
+		ids[i] = fmt.Sprintf("d%d", i)
+		m := store.DialogueMessage{ID: ids[i] + "-m1", DialogueID: ids[i], Sender: alice, Type: "new_message", Time: t0}
+		w := store.MessageWrite{Message: m, Recipients: []string{bob},
+			Pairs: []store.PairState{{Pair: pair, State: state(0)}},
+			Mail:  mailbox.Message{Sender: alice, Category: mailbox.CategoryMessage, Type: m.Type, Body: []byte(`"hi"`), Time: t0}}
+		if _, err := rs[0].CreateDialogue(ctx, store.Dialogue{ID: ids[i], Initiator: alice, Category: "message", CreateTime: t0}, w, mailbox.Bound{}); err != nil {
+			t.Fatal(err)
+		}
+		for j := range timers {
+			pending[j] = append(pending[j], store.Timer{Dialogue: ids[i], Initiator: alice, Counterpart: bob, Name: fmt.Sprint("t", j), At: t0})
+		}
+	}
+	for _, ts := range pending {
+		if err := rs[0].PutTimers(ctx, ts); err != nil {
+			t.Fatal(err)
+		}
+	}
+	before := rs[0].DB().Retries() + rs[1].DB().Retries()
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		for k := range replies {
+			wg.Go(func() {
+				_, err := rs[(i+k)%2].AddMessage(ctx, id+"-m1", mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
+					var n int
+					if err := json.Unmarshal(v.PairState(pair), &n); err != nil {
+						return store.MessageWrite{}, err
+					}
+					m := store.DialogueMessage{ID: fmt.Sprintf("%s-r%d", id, k), Sender: bob, Type: "message_response", InReplyTo: id + "-m1", Time: t0}
+					return store.MessageWrite{Message: m, Recipients: []string{alice},
+						Pairs: []store.PairState{{Pair: pair, State: state(n + 1)}},
+						Mail:  mailbox.Message{Sender: bob, Category: mailbox.CategoryMessage, Type: m.Type, Body: []byte(`"r"`), Time: t0}}, nil
+				})
+				if err != nil {
+					t.Errorf("AddMessage(reply %d in %s): %v", k, id, err)
+				}
+			})
+		}
+	}
+	for j, ts := range pending {
+		if j%2 == 1 {
+			slices.Reverse(ts) // the dialogues in the other order
+		}
+		wg.Go(func() {
+			fired, err := rs[j%2].FireTimers(ctx, ts, mailbox.Bound{}, func(_ store.Timer, prev json.RawMessage) (store.TimerFiring, error) {
+				var n int
+				err := json.Unmarshal(prev, &n)
+				return store.TimerFiring{State: state(n + 100)}, err
+			})
+			if err != nil || len(fired) != dialogues {
+				t.Errorf("FireTimers(t%d) = %d fired, %v; want %d", j, len(fired), err, dialogues)
+			}
+		})
+	}
+	for k := range agentUpdates {
+		wg.Go(func() {
+			n, err := rs[k%2].UpdateAgentDialogues(ctx, bob, func(_ *store.Dialogue, p *store.Participant) (bool, error) {
+				p.ClosedTypes = append(p.ClosedTypes, fmt.Sprint("type", k))
+				return true, nil
+			})
+			if err != nil || n != dialogues {
+				t.Errorf("UpdateAgentDialogues(bob) = %d, %v; want %d", n, err, dialogues)
+			}
+		})
+	}
+	for i, id := range ids {
+		for k := range pu {
+			wg.Go(func() {
+				if _, _, err := rs[(i+k)%2].UpdateParticipant(ctx, id, alice, func(_ *store.Dialogue, p *store.Participant) error {
+					p.ClosedAgents = append(p.ClosedAgents, fmt.Sprint("agent", k))
+					return nil
+				}); err != nil {
+					t.Errorf("UpdateParticipant(%s, alice): %v", id, err)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	if got := rs[0].DB().Retries() + rs[1].DB().Retries() - before; got != 0 {
+		t.Errorf("the racing writes ran %d transactions again (serialization failures or deadlocks), want none", got)
+	}
+	for _, id := range ids {
+		_, _ = rs[1].AddMessage(ctx, id+"-m1", mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
+			if got, want := string(v.PairState(pair)), fmt.Sprint(replies+100*timers); got != want {
+				t.Errorf("%s: pair state %s after %d replies and %d timers, want %s", id, got, replies, timers, want)
+			}
+			if p, _ := v.Participant(bob); len(p.ClosedTypes) != agentUpdates {
+				t.Errorf("%s: bob's record kept %v of %d updates", id, p.ClosedTypes, agentUpdates)
+			}
+			if p, _ := v.Participant(alice); len(p.ClosedAgents) != pu {
+				t.Errorf("%s: alice's record kept %v of %d updates", id, p.ClosedAgents, pu)
+			}
+			return store.MessageWrite{}, errors.New("read only")
+		})
 	}
 }

@@ -84,29 +84,46 @@ const streamBatch = 1000
 // to epoch, mailbox.Mailboxes.StreamEpochs) as seen now, so that
 // SweepStreams keeps them; a replica calls it more often than
 // SweepStreams' age. A row holding another epoch (a newer stream) is left
-// alone.
-func (s *Store) TouchStreams(ctx context.Context, streams map[string]uint64) error {
+// alone. It returns the streams it stamped: one of streams missing there
+// has no row of its own any more (a newer stream replaced it, and may have
+// ended since), which mailbox.Mailboxes.Recheck ends.
+func (s *Store) TouchStreams(ctx context.Context, streams map[string]uint64) (map[string]uint64, error) {
 	agents := make([]string, 0, min(len(streams), streamBatch))
 	epochs := make([]int64, 0, cap(agents))
+	stamped := make(map[string]uint64, len(streams))
 	flush := func() error {
 		if len(agents) == 0 {
 			return nil
 		}
-		_, err := s.db.Pool().Exec(ctx, `UPDATE mailbox_streams AS m SET seen_at = now()
+		rows, err := s.db.Pool().Query(ctx, `UPDATE mailbox_streams AS m SET seen_at = now()
 FROM unnest($1::text[], $2::bigint[]) AS l(agent, epoch)
-WHERE m.agent = l.agent AND m.epoch = l.epoch`, agents, epochs)
+WHERE m.agent = l.agent AND m.epoch = l.epoch RETURNING m.agent, m.epoch`, agents, epochs)
 		agents, epochs = agents[:0], epochs[:0]
+		if err != nil {
+			return err
+		}
+		var (
+			agent string
+			epoch uint64
+		)
+		_, err = pgx.ForEachRow(rows, []any{&agent, &epoch}, func() error {
+			stamped[agent] = epoch
+			return nil
+		})
 		return err
 	}
 	for agent, epoch := range streams {
 		agents, epochs = append(agents, agent), append(epochs, int64(epoch)) //nolint:gosec // epochs come from a bigint sequence
 		if len(agents) == streamBatch {
 			if err := flush(); err != nil {
-				return err
+				return nil, err
 			}
 		}
 	}
-	return flush()
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	return stamped, nil
 }
 
 // SweepStreams deletes the rows of mailbox_streams not seen for age: the

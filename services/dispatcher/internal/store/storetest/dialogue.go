@@ -147,7 +147,7 @@ func write(m store.DialogueMessage, recipients []string, pairs ...store.PairStat
 func opener(t *testing.T, s DialogueBackend, id string, recipients []string) (store.Dialogue, store.DialogueMessage) {
 	t.Helper()
 	now := time.Unix(1_800_000_000, 0).UTC()
-	d := store.Dialogue{ID: id, Initiator: alice, Category: "message", CreateTime: now}
+	d := store.Dialogue{ID: id, Initiator: alice, Category: "message", CreateTime: now, Opener: id + "-m1"}
 	m := store.DialogueMessage{ID: id + "-m1", DialogueID: id, Sender: alice, Type: "new_message", Time: now}
 	pairs := []store.PairState{{Pair: store.Pair{A: bob, B: alice}, State: json.RawMessage(`{"s":1}`)}}
 	got, err := s.CreateDialogue(t.Context(), d, write(m, recipients, pairs...), mailbox.Bound{})
