@@ -79,7 +79,7 @@ type Options struct {
 	// when 0. With 100,000 deadlines due after a restart, 2048 drained
 	// them in about half the time of 256 and cut the p99 lateness of
 	// those falling due over the next 10 s about 3× (docs/benchmarks.md);
-	// a batch holds the store's writer for its commit (about 60 µs of CPU
+	// a batch holds the store's writer for its commit (about 45 µs of CPU
 	// per expiry), which other writes wait out.
 	Batch int
 	// Idle is how long Run sleeps with no timer stored (Arm wakes it
