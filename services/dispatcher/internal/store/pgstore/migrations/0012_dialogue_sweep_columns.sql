@@ -33,10 +33,12 @@ BEGIN
 END $$;
 
 ALTER TABLE dialogues ADD COLUMN IF NOT EXISTS sweep_at timestamptz;
-CREATE OR REPLACE TRIGGER dialogues_sweep_at BEFORE INSERT OR UPDATE OF data ON dialogues
+DROP TRIGGER IF EXISTS dialogues_sweep_at ON dialogues;
+CREATE TRIGGER dialogues_sweep_at BEFORE INSERT OR UPDATE OF data ON dialogues
   FOR EACH ROW EXECUTE FUNCTION dialogues_sweep_at();
 ALTER TABLE dialogue_messages ADD COLUMN IF NOT EXISTS dialogue text COLLATE "C";
-CREATE OR REPLACE TRIGGER dialogue_messages_dialogue BEFORE INSERT OR UPDATE OF data ON dialogue_messages
+DROP TRIGGER IF EXISTS dialogue_messages_dialogue ON dialogue_messages;
+CREATE TRIGGER dialogue_messages_dialogue BEFORE INSERT OR UPDATE OF data ON dialogue_messages
   FOR EACH ROW EXECUTE FUNCTION dialogue_messages_dialogue();
 
 -- pgdb:batch
