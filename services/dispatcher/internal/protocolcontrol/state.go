@@ -3,9 +3,9 @@ package protocolcontrol
 import (
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"time"
+
+	"github.com/parleyhq/parley/services/dispatcher/internal/binrec"
 )
 
 // pairFormat1 starts a pair's state in the binary form that Check and
@@ -35,7 +35,7 @@ func encodePair(p Pair) []byte {
 	}
 	v := append(make([]byte, 0, n), pairFormat1)
 	for _, s := range []string{p.InitiatorRole, p.CounterpartRole, p.State, string(p.Outcome), p.Expired} {
-		v = appendString(v, s)
+		v = binrec.AppendString(v, s)
 	}
 	var flags byte
 	if p.Ended {
@@ -47,28 +47,19 @@ func encodePair(p Pair) []byte {
 	v = append(v, flags)
 	v = binary.AppendUvarint(v, uint64(len(p.Deadlines)))
 	for _, d := range p.Deadlines {
-		v = appendString(v, d.Name)
-		v = binary.AppendVarint(v, d.At.Unix())
-		v = binary.AppendUvarint(v, uint64(d.At.Nanosecond())) //nolint:gosec // 0 to 999,999,999
+		v = binrec.AppendString(v, d.Name)
+		v = binrec.AppendTime(v, d.At)
 		v = binary.AppendUvarint(v, uint64(len(d.Guards)))
 		for _, g := range d.Guards {
-			v = appendString(v, g)
+			v = binrec.AppendString(v, g)
 		}
-		v = appendString(v, d.SetBy)
+		v = binrec.AppendString(v, d.SetBy)
 	}
 	return v
 }
 
-func appendString(v []byte, s string) []byte {
-	v = binary.AppendUvarint(v, uint64(len(s)))
-	return append(v, s...)
-}
-
-// errCorrupt reports a binary state that ends early, runs on or holds an
-// impossible value.
-var errCorrupt = errors.New("truncated or corrupt")
-
-// decodePair reads a stored state in either form.
+// decodePair reads a stored state (not empty: Inspect reads that as no
+// state) in either form.
 func decodePair(state []byte) (Pair, error) {
 	var p Pair
 	if state[0] == '{' {
@@ -78,101 +69,29 @@ func decodePair(state []byte) (Pair, error) {
 	if state[0] != pairFormat1 {
 		return Pair{}, fmt.Errorf("unknown form %d", state[0])
 	}
-	r := reader{rest: state[1:]}
-	p.InitiatorRole, p.CounterpartRole, p.State = r.string(), r.string(), r.string()
-	p.Outcome, p.Expired = Outcome(r.string()), r.string()
-	flags := r.byte()
+	r := binrec.NewReader(state[1:])
+	p.InitiatorRole, p.CounterpartRole, p.State = r.String(), r.String(), r.String()
+	p.Outcome, p.Expired = Outcome(r.String()), r.String()
+	flags := r.Byte()
 	p.Ended, p.Order = flags&flagEnded != 0, flags&flagOrder != 0
-	n := r.count()
+	n := r.Count()
 	if n > 0 {
 		p.Deadlines = make([]Deadline, n)
 	}
 	for i := range p.Deadlines {
 		d := &p.Deadlines[i]
-		d.Name = r.string()
-		sec, nsec := r.varint(), r.uvarint()
-		if nsec >= 1e9 {
-			r.fail()
-		}
-		d.At = time.Unix(sec, int64(nsec)).UTC() //nolint:gosec // below 1e9
-		if g := r.count(); g > 0 {
+		d.Name = r.String()
+		d.At = r.Time()
+		if g := r.Count(); g > 0 {
 			d.Guards = make([]string, g)
 		}
 		for j := range d.Guards {
-			d.Guards[j] = r.string()
+			d.Guards[j] = r.String()
 		}
-		d.SetBy = r.string()
+		d.SetBy = r.String()
 	}
-	if err := r.end(); err != nil {
+	if err := r.End(); err != nil {
 		return Pair{}, err
 	}
 	return p, nil
-}
-
-// reader reads a binary state front to back; the first failure sticks,
-// and every read after it returns zero values.
-type reader struct {
-	rest []byte
-	err  error
-}
-
-func (r *reader) fail() {
-	if r.err == nil {
-		r.err = errCorrupt
-	}
-	r.rest = nil
-}
-
-func (r *reader) byte() byte {
-	if len(r.rest) < 1 {
-		r.fail()
-		return 0
-	}
-	b := r.rest[0]
-	r.rest = r.rest[1:]
-	return b
-}
-
-func (r *reader) uvarint() uint64 {
-	u, w := binary.Uvarint(r.rest)
-	if w <= 0 {
-		r.fail()
-		return 0
-	}
-	r.rest = r.rest[w:]
-	return u
-}
-
-func (r *reader) varint() int64 {
-	i, w := binary.Varint(r.rest)
-	if w <= 0 {
-		r.fail()
-		return 0
-	}
-	r.rest = r.rest[w:]
-	return i
-}
-
-// count reads a number of items that follow, each at least a byte long.
-func (r *reader) count() int {
-	n := r.uvarint()
-	if n > uint64(len(r.rest)) {
-		r.fail()
-		return 0
-	}
-	return int(n)
-}
-
-func (r *reader) string() string {
-	n := r.count()
-	s := string(r.rest[:n])
-	r.rest = r.rest[n:]
-	return s
-}
-
-func (r *reader) end() error {
-	if len(r.rest) > 0 {
-		r.fail()
-	}
-	return r.err
 }

@@ -14,6 +14,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/binrec"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -58,7 +59,7 @@ func encodeTimer(t store.Timer) []byte {
 	v := make([]byte, 0, 1+5+len(t.Dialogue)+len(t.Initiator)+len(t.Counterpart)+len(t.Protocol)+len(t.Name)+16+1)
 	v = append(v, timerFormat1)
 	for _, s := range []string{t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name} {
-		v = appendString(v, s)
+		v = binrec.AppendString(v, s)
 	}
 	var retry int64
 	if !t.Retry.IsZero() {
@@ -79,11 +80,11 @@ func decodeTimer(v []byte) (store.Timer, error) {
 	if len(v) == 0 || v[0] != timerFormat1 {
 		return t, fmt.Errorf("timer value of %d bytes is corrupt: unknown form", len(v))
 	}
-	r := reader{rest: v[1:]}
-	t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name = r.string(), r.string(), r.string(), r.string(), r.string()
-	at, retry := int64(r.uint64()), int64(r.uint64()) //nolint:gosec // written from an int64
-	t.Failures = int(r.uvarint())                     //nolint:gosec // written from an int
-	if err := r.end(); err != nil {
+	r := binrec.NewReader(v[1:])
+	t.Dialogue, t.Initiator, t.Counterpart, t.Protocol, t.Name = r.String(), r.String(), r.String(), r.String(), r.String()
+	at, retry := int64(r.Uint64()), int64(r.Uint64()) //nolint:gosec // written from an int64
+	t.Failures = int(r.Uvarint())                     //nolint:gosec // written from an int
+	if err := r.End(); err != nil {
 		return store.Timer{}, fmt.Errorf("timer value of %d bytes is corrupt: %w", len(v), err)
 	}
 	t.At = time.Unix(0, at).UTC()

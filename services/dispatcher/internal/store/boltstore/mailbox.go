@@ -2,7 +2,6 @@ package boltstore
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/binary"
 	"encoding/json"
@@ -14,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/parleyhq/parley/platform/resource"
+	"github.com/parleyhq/parley/services/dispatcher/internal/binrec"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
@@ -111,11 +111,10 @@ func encodeMessage(m mailbox.Message) []byte {
 		len(m.RecipientType) + len(m.InReplyTo) + len(m.Body) + 2*binary.MaxVarintLen64
 	v := append(make([]byte, 0, n), messageFormat1)
 	for _, s := range []string{m.ID, m.DialogueID, m.Sender, string(m.Category), m.Type, m.Protocol, m.RecipientType, m.InReplyTo} {
-		v = appendString(v, s)
+		v = binrec.AppendString(v, s)
 	}
-	v = appendBytes(v, m.Body)
-	v = binary.AppendVarint(v, m.Time.Unix())
-	return binary.AppendUvarint(v, uint64(m.Time.Nanosecond())) //nolint:gosec // 0 to 999,999,999
+	v = binrec.AppendBytes(v, m.Body)
+	return binrec.AppendTime(v, m.Time)
 }
 
 // decodeMessage reads a stored message in either form; nothing it returns
@@ -129,17 +128,16 @@ func decodeMessage(v []byte) (mailbox.Message, error) {
 	if len(v) == 0 || v[0] != messageFormat1 {
 		return m, fmt.Errorf("stored message of %d bytes is corrupt: unknown form", len(v))
 	}
-	r := reader{rest: v[1:]}
-	m.ID, m.DialogueID, m.Sender, m.Category = r.string(), r.string(), r.string(), mailbox.Category(r.string())
-	m.Type, m.Protocol, m.RecipientType, m.InReplyTo = r.string(), r.string(), r.string(), r.string()
-	if b := r.bytes(); len(b) > 0 {
+	r := binrec.NewReader(v[1:])
+	m.ID, m.DialogueID, m.Sender, m.Category = r.String(), r.String(), r.String(), mailbox.Category(r.String())
+	m.Type, m.Protocol, m.RecipientType, m.InReplyTo = r.String(), r.String(), r.String(), r.String()
+	if b := r.Bytes(); len(b) > 0 {
 		m.Body = bytes.Clone(b)
 	}
-	sec, nsec := r.varint(), r.uvarint()
-	if err := r.end(); err != nil || nsec >= 1e9 {
-		return mailbox.Message{}, fmt.Errorf("stored message of %d bytes is corrupt: %w", len(v), cmp.Or(err, errShort))
+	m.Time = r.Time()
+	if err := r.End(); err != nil {
+		return mailbox.Message{}, fmt.Errorf("stored message of %d bytes is corrupt: %w", len(v), err)
 	}
-	m.Time = time.Unix(sec, int64(nsec)).UTC() //nolint:gosec // below 1e9
 	return m, nil
 }
 
