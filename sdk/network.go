@@ -51,7 +51,9 @@ type NetworkOptions struct {
 	// handled at once; 1 (the default) handles every message in mailbox
 	// order, one at a time. Above 1, handlers (and OnError) must be safe
 	// to call concurrently; the messages of one dialogue are still handled
-	// one at a time in mailbox order. At most 4×Concurrency more messages
+	// one at a time in mailbox order. Every message the dispatcher sends
+	// names a dialogue; each notification opens one of its own, so
+	// notifications too are handled side by side. At most 4×Concurrency more messages
 	// wait for a handler; then receiving pauses until one starts. A
 	// message is acknowledged, and counts for Cursor, only once it and
 	// every message before it in the mailbox are handled, so a slow

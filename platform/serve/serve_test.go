@@ -351,7 +351,11 @@ func TestRun_healthFollowsReadiness(t *testing.T) {
 func TestRun_waitsForDrainHooks(t *testing.T) {
 	s := newServer(t)
 	entered, release := make(chan struct{}), make(chan struct{})
-	var stoppingClosed, bounded bool
+	var (
+		stoppingClosed, bounded bool
+		grpcErr                 error
+		hc                      healthpb.HealthClient
+	)
 	s.OnDrain(func(ctx context.Context) {
 		select {
 		case <-s.Stopping():
@@ -360,10 +364,13 @@ func TestRun_waitsForDrainHooks(t *testing.T) {
 		}
 		dl, ok := ctx.Deadline()
 		bounded = ok && time.Until(dl) <= s.ShutdownTimeout()
+		// gRPC still answers (NOT_SERVING): the hooks run before it stops.
+		_, grpcErr = hc.Check(ctx, &healthpb.HealthCheckRequest{})
 		close(entered)
 		<-release
 	})
 	r := start(t, s)
+	hc = healthpb.NewHealthClient(r.grpcConn)
 	r.cancel()
 	<-entered
 	select {
@@ -376,7 +383,7 @@ func TestRun_waitsForDrainHooks(t *testing.T) {
 		t.Errorf("Run() = %v, want nil", err)
 	}
 	r.done <- nil // for Cleanup
-	if !stoppingClosed || !bounded {
-		t.Errorf("hook saw Stopping closed %v, a deadline within ShutdownTimeout %v; want both", stoppingClosed, bounded)
+	if !stoppingClosed || !bounded || grpcErr != nil {
+		t.Errorf("hook saw Stopping closed %v, a deadline within ShutdownTimeout %v, a gRPC call's error %v; want closed, bounded, none", stoppingClosed, bounded, grpcErr)
 	}
 }
