@@ -176,37 +176,61 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 		index: bucketSweepSpends, bucket: bucketSpendOrders, key: ork,
 		own: join(now.Format(time.DateOnly), string(ork)), stale: join(old.Format(time.DateOnly), string(ork)),
 	}} {
-		t.Run(tc.name, func(t *testing.T) {
-			s, err := Open(t.TempDir(), time.Second)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { s.Close() })
-			if err := s.db.Update(func(tx *bolt.Tx) error {
-				if err := tc.setup(tx); err != nil {
-					return err
+		// With its own entry missing too, as an older version left it: the
+		// sweep must put it back, or the record would never be swept.
+		for _, ownMissing := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/own entry missing %v", tc.name, ownMissing), func(t *testing.T) {
+				s, err := Open(t.TempDir(), time.Second)
+				if err != nil {
+					t.Fatal(err)
 				}
-				return tx.Bucket(tc.index).Put(tc.stale, nil)
-			}); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := sweep.InBatches(t.Context(), cut, tc.sweep(s)); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.db.View(func(tx *bolt.Tx) error {
-				if tx.Bucket(tc.bucket).Get(tc.key) == nil {
-					t.Errorf("record %q gone after a sweep before its own time, by an entry of its old time", tc.key)
+				t.Cleanup(func() { s.Close() })
+				if err := s.db.Update(func(tx *bolt.Tx) error {
+					if err := tc.setup(tx); err != nil {
+						return err
+					}
+					if ownMissing {
+						if err := tx.Bucket(tc.index).Delete(tc.own); err != nil {
+							return err
+						}
+					}
+					return tx.Bucket(tc.index).Put(tc.stale, nil)
+				}); err != nil {
+					t.Fatal(err)
 				}
-				if tx.Bucket(tc.index).Get(tc.stale) != nil {
-					t.Errorf("stale index entry %q kept, want it dropped", tc.stale)
+				if _, err := sweep.InBatches(t.Context(), cut, tc.sweep(s)); err != nil {
+					t.Fatal(err)
 				}
-				if tx.Bucket(tc.index).Get(tc.own) == nil {
-					t.Errorf("the record's own index entry %q missing after the sweep", tc.own)
+				if err := s.db.View(func(tx *bolt.Tx) error {
+					if tx.Bucket(tc.bucket).Get(tc.key) == nil {
+						t.Errorf("record %q gone after a sweep before its own time, by an entry of its old time", tc.key)
+					}
+					if tx.Bucket(tc.index).Get(tc.stale) != nil {
+						t.Errorf("stale index entry %q kept, want it dropped", tc.stale)
+					}
+					if tx.Bucket(tc.index).Get(tc.own) == nil {
+						t.Errorf("the record's own index entry %q missing after the sweep", tc.own)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
 				}
-				return nil
-			}); err != nil {
-				t.Fatal(err)
-			}
-		})
+				// Past its own time, the record goes, with its entry.
+				if _, err := sweep.InBatches(t.Context(), now.Add(48*time.Hour), tc.sweep(s)); err != nil {
+					t.Fatal(err)
+				}
+				if err := s.db.View(func(tx *bolt.Tx) error {
+					if tx.Bucket(tc.bucket).Get(tc.key) != nil {
+						t.Errorf("record %q kept after a sweep past its own time", tc.key)
+					}
+					if tx.Bucket(tc.index).Get(tc.own) != nil {
+						t.Errorf("index entry %q kept after its record was swept", tc.own)
+					}
+					return nil
+				}); err != nil {
+					t.Fatal(err)
+				}
+			})
+		}
 	}
 }
