@@ -466,30 +466,17 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit 
 		sweep := tx.Bucket(bucketSweepConversations)
 		dead := dueKeys(sweep, before, limit)
 		convs := tx.Bucket(bucketConversations)
-		for _, k := range dead {
-			if err := sweep.Delete(k); err != nil {
-				return err
-			}
-			var conv store.Conversation
+		var conv store.Conversation // the one look read, for remove
+		look := func(k []byte) ([]byte, bool, error) {
+			conv = store.Conversation{}
 			found, err := getJSON(convs, k[8:], &conv)
-			if err != nil {
-				return err
+			if err != nil || !found {
+				return nil, false, err
 			}
-			if !found {
-				continue // a stale entry
-			}
-			if !conv.ExpireTime.Before(before) { // expires later: it stays
-				if err := sweep.Put(conversationSweepKey(string(k[8:]), conv.ExpireTime), nil); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := deleteConversation(tx, string(k[8:]), conv); err != nil {
-				return err
-			}
+			return conversationSweepKey(string(k[8:]), conv.ExpireTime), conv.ExpireTime.Before(before), nil
 		}
 		n = len(dead)
-		return nil
+		return sweepIndexed(sweep, dead, look, func(k []byte) error { return deleteConversation(tx, string(k[8:]), conv) })
 	})
 	return n, err
 }

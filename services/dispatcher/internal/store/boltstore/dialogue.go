@@ -420,36 +420,20 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 		for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(doomed) < limit; k, _ = c.Next() {
 			doomed = append(doomed, bytes.Clone(k))
 		}
-		for _, k := range doomed {
-			if err := closed.Delete(k); err != nil {
-				return err
-			}
+		look := func(k []byte) ([]byte, bool, error) {
 			var d store.Dialogue
 			found, err := getJSON(tx.Bucket(bucketDialogues), k[8:], &d)
 			if err != nil {
-				return err
+				return nil, false, err
 			}
 			own, in := closedKey(d)
 			if !found || !in {
-				continue // no dialogue, or reopened: out of the sweep
+				return nil, false, nil // no dialogue, or reopened: out of the sweep
 			}
-			if !bytes.Equal(own, k) {
-				if readInt(own[:8]) >= cut { // moved later: it stays
-					if err := closed.Put(own, nil); err != nil {
-						return err
-					}
-					continue
-				}
-				if err := closed.Delete(own); err != nil {
-					return err
-				}
-			}
-			if err := removeDialogue(tx, string(k[8:])); err != nil {
-				return err
-			}
+			return own, readInt(own[:8]) < cut, nil
 		}
 		n = len(doomed)
-		return nil
+		return sweepIndexed(closed, doomed, look, func(k []byte) error { return removeDialogue(tx, string(k[8:])) })
 	})
 	return n, err
 }
@@ -688,34 +672,16 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 		sweep := tx.Bucket(bucketSweepDialogueRequests)
 		old := dueKeys(sweep, before, limit)
 		requests := tx.Bucket(bucketDialogueRequests)
-		for _, k := range old {
-			if err := sweep.Delete(k); err != nil {
-				return err
-			}
+		look := func(k []byte) ([]byte, bool, error) {
 			var rec store.Request
 			found, err := getJSON(requests, k[8:], &rec)
-			if err != nil {
-				return err
+			if err != nil || !found {
+				return nil, false, err
 			}
-			if !found {
-				continue // a stale entry
-			}
-			own := requestSweepKey(k[8:], rec.Time)
-			if !rec.Time.Before(before) { // started later: it stays
-				if err := sweep.Put(own, nil); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := sweep.Delete(own); err != nil {
-				return err
-			}
-			if err := requests.Delete(k[8:]); err != nil {
-				return err
-			}
+			return requestSweepKey(k[8:], rec.Time), rec.Time.Before(before), nil
 		}
 		n = len(old)
-		return nil
+		return sweepIndexed(sweep, old, look, func(k []byte) error { return requests.Delete(k[8:]) })
 	})
 	return n, err
 }

@@ -216,6 +216,42 @@ func dueKeys(b *bolt.Bucket, before time.Time, limit int) [][]byte {
 	return keys
 }
 
+// sweepIndexed removes what the due entries of the sweep index name, as
+// every batched sweep does. Each entry goes. look reads the record the
+// entry k names and returns the entry the record's own time gives (own;
+// nil when there is no record, or it is out of the sweep) and whether
+// that time is due: a record not due stays, its own entry put back (one
+// left by an older version, or moved by an update, is so repaired); a due
+// one loses its own entry too and remove removes it.
+func sweepIndexed(index *bolt.Bucket, due [][]byte, look func(k []byte) (own []byte, isDue bool, err error), remove func(k []byte) error) error {
+	for _, k := range due {
+		if err := index.Delete(k); err != nil {
+			return err
+		}
+		own, isDue, err := look(k)
+		if err != nil {
+			return err
+		}
+		switch {
+		case own == nil: // a stale entry, or out of the sweep
+			continue
+		case !isDue:
+			if err := index.Put(own, nil); err != nil {
+				return err
+			}
+			continue
+		case !bytes.Equal(own, k):
+			if err := index.Delete(own); err != nil {
+				return err
+			}
+		}
+		if err := remove(k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // countPrefix counts the keys of b that start with prefix.
 func countPrefix(b *bolt.Bucket, prefix []byte) int {
 	n := 0
@@ -272,31 +308,16 @@ func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time, limi
 		sweep := tx.Bucket(bucketSweepPaymentRequests)
 		old := dueKeys(sweep, before, limit)
 		requests := tx.Bucket(bucketPaymentRequests)
-		for _, k := range old {
-			if err := sweep.Delete(k); err != nil {
-				return err
-			}
+		look := func(k []byte) ([]byte, bool, error) {
 			v := requests.Get(k[8:])
 			if v == nil {
-				continue // a stale entry
+				return nil, false, nil
 			}
 			at := bytes.Clone(requestTime(v))
-			own := append(at, k[8:]...)
-			if readInt(at) >= before.UnixNano() { // recorded later: it stays
-				if err := sweep.Put(own, nil); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := sweep.Delete(own); err != nil {
-				return err
-			}
-			if err := requests.Delete(k[8:]); err != nil {
-				return err
-			}
+			return append(at, k[8:]...), readInt(at) < before.UnixNano(), nil
 		}
 		n = len(old)
-		return nil
+		return sweepIndexed(sweep, old, look, func(k []byte) error { return requests.Delete(k[8:]) })
 	})
 	return n, err
 }
@@ -428,27 +449,19 @@ func (s *Store) SweepSpends(ctx context.Context, before time.Time, limit int) (i
 			}
 			due = append(due, bytes.Clone(k))
 		}
-		for _, k := range due {
-			if err := sweep.Delete(k); err != nil {
-				return err
-			}
+		look := func(k []byte) ([]byte, bool, error) {
 			_, ork, _ := bytes.Cut(k, []byte{0})
 			day, _, found := bytes.Cut(tx.Bucket(bucketSpendOrders).Get(ork), []byte{0})
 			if !found {
-				continue // a stale entry
+				return nil, false, nil
 			}
-			if bytes.Compare(day, cut) >= 0 { // counted on a later day: it stays
-				if err := sweep.Put(join(string(day), string(ork)), nil); err != nil {
-					return err
-				}
-				continue
-			}
-			if err := removeSpend(tx, ork); err != nil {
-				return err
-			}
+			return join(string(day), string(ork)), bytes.Compare(day, cut) < 0, nil
 		}
 		n = len(due)
-		return nil
+		return sweepIndexed(sweep, due, look, func(k []byte) error {
+			_, ork, _ := bytes.Cut(k, []byte{0})
+			return removeSpend(tx, ork)
+		})
 	})
 	return n, err
 }
