@@ -379,12 +379,22 @@ func New(st store.DialogueStore, mail Mailboxes, r Resolver, opts Options) *Serv
 	return &Service{store: st, mail: mail, resolver: r, opts: opts}
 }
 
-// NewID returns 128 random bits as 32 lowercase hex digits. Hex, not
-// base64: an id that starts with "-" would read as a flag on a command line
-// (parley reply MESSAGE_ID).
-func NewID() string {
+// NewID returns a new dialogue or message id: 32 lowercase hex digits,
+// the current Unix time in milliseconds (48 bits), then 80 random bits.
+// The time first makes ids sort by creation, so the stores' B+trees
+// keyed by them take each new record at their right edge instead of on a
+// random page (a bbolt commit writes every page it touched); 80 random
+// bits keep an id unguessable. Hex, not base64: an id that starts with
+// "-" would read as a flag on a command line (parley reply MESSAGE_ID).
+func NewID() string { return newIDAt(time.Now()) }
+
+func newIDAt(t time.Time) string {
 	var b [16]byte
-	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	ms := uint64(t.UnixMilli()) //nolint:gosec // after 1970
+	for i := range 6 {
+		b[i] = byte(ms >> (8 * (5 - i)))
+	}
+	_, _ = rand.Read(b[6:]) // never fails (crypto/rand)
 	return hex.EncodeToString(b[:])
 }
 
