@@ -31,7 +31,7 @@ func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := openSchema(t, 1, slices.Concat(allBuckets, dialogueBuckets[:7], timerBuckets, orderBuckets), func(tx *bolt.Tx) error {
+	s := openSchema(t, 1, without(schema12Buckets(), bucketDialoguesClosed, bucketSweepDialogueRequests, legacyDialogueMessageIndex), func(tx *bolt.Tx) error {
 		put(tx, bucketDialogues, "closed", store.Dialogue{ID: "closed", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0, Closed: true})
 		put(tx, bucketDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
 		put(tx, bucketDialogues, "open", store.Dialogue{ID: "open", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0})
@@ -54,24 +54,22 @@ func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 // one is kept.
 func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0).UTC()
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
-		return string(b) == string(bucketMailboxCompaction)
-	})
+	buckets := without(schema12Buckets(), bucketMailboxCompaction)
 	const bob = "clients/b/agents/bob"
 	s := openSchema(t, 2, buckets, func(tx *bolt.Tx) error {
 		for i, id := range []string{"m1", "m2"} {
 			data, _ := json.Marshal(mailbox.Message{ID: id, DialogueID: "d", Category: mailbox.CategoryMessage, Type: "x", Time: t0})
-			if err := tx.Bucket(bucketMessages).Put([]byte(id), data); err != nil {
+			if err := tx.Bucket(legacyMessages).Put([]byte(id), data); err != nil {
 				return err
 			}
-			if err := tx.Bucket(bucketMessageRefs).Put([]byte(id), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
+			if err := tx.Bucket(legacyMessageRefs).Put([]byte(id), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
 				return err
 			}
-			if err := tx.Bucket(bucketMailboxRefs).Put(refKey(bob, uint64(i+1)), encodeRef(ref{sent: t0.UnixNano(), id: id})); err != nil {
+			if err := tx.Bucket(legacyMailboxRefs).Put(refKey(bob, uint64(i+1)), encodeRef(ref{sent: t0.UnixNano(), id: id})); err != nil {
 				return err
 			}
 		}
-		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 2, Acked: 1, Pending: 1})
+		return tx.Bucket(legacyMailboxes).Put([]byte(bob), legacyState(mailbox.State{Head: 2, Acked: 1, Pending: 1}))
 	})
 	ctx := t.Context()
 	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
@@ -86,9 +84,7 @@ func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 // then counts the payer's payments not captured, and the sweep finds the
 // payments not reserved.
 func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
-		return string(b) == string(bucketOpenPayments) || string(b) == string(bucketPaymentRequests)
-	})
+	buckets := without(schema12Buckets(), bucketOpenPayments, bucketPaymentRequests, bucketNotificationRetries)
 	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
 	paid := time.Date(2026, 12, 2, 10, 0, 0, 123456000, time.UTC)
 	s := openSchema(t, 3, buckets, func(tx *bolt.Tx) error {
@@ -114,9 +110,7 @@ func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 // on open: the sweep then forgets the ids recorded before its time, and
 // only those.
 func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
-		return string(b) == string(bucketSweepPaymentRequests)
-	})
+	buckets := without(schema12Buckets(), bucketSweepPaymentRequests, bucketNotificationRetries)
 	const alice = "clients/a/agents/alice"
 	recorded := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	s := openSchema(t, 5, buckets, func(tx *bolt.Tx) error {
@@ -143,7 +137,7 @@ func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
 // empty (until then the registry's outbox kept waiting notifications),
 // and the relay's waiting notifications are then stored.
 func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
-	s := openSchema(t, 6, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), nil)
+	s := openSchema(t, 6, without(schema12Buckets(), bucketNotificationRetries), nil)
 	ctx := t.Context()
 	if w, err := s.NotificationRetries(ctx); err != nil || len(w) != 0 {
 		t.Fatalf("NotificationRetries after the migration = %v, %v; want none", w, err)
@@ -158,7 +152,7 @@ func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
 // offer records its own.
 func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 	const bob = "clients/b/agents/bob"
-	s := openSchema(t, 7, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+	s := openSchema(t, 7, schema12Buckets(), func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketOfferTerms).Put(join("d1", bob), []byte(`{"a":1}`))
 	})
 	ctx := t.Context()
@@ -179,9 +173,7 @@ func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 // request ids) is migrated on open: each sweep then removes what is due
 // by the old records' times, and only that.
 func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
-		return string(b) == string(bucketSweepConversations) || string(b) == string(bucketSweepDialogueRequests)
-	})
+	buckets := without(schema12Buckets(), bucketSweepConversations, bucketSweepDialogueRequests)
 	const alice = "clients/a/agents/alice"
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	put := func(tx *bolt.Tx, bucket, key []byte, v any) {
@@ -230,9 +222,7 @@ func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
 // day's and keeps today's, and the day total of 0 that RemoveSpend left
 // is dropped.
 func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
-		return string(b) == string(bucketSweepSpends)
-	})
+	buckets := without(schema12Buckets(), bucketSweepSpends)
 	const alice = "clients/a/agents/alice"
 	// As schema 9's AddSpend and RemoveSpend wrote them: o-old and o-new
 	// counted, and a removed order's day left at 0.
@@ -288,7 +278,7 @@ func TestOpen_schema10JSONTimersFire(t *testing.T) {
 		{Dialogue: "d2", Initiator: "clients/a/agents/c", Counterpart: "clients/b/agents/s", Protocol: "p", Name: "offer_timeout", At: t0.Add(time.Second),
 			Retry: t0.Add(2 * time.Second), Failures: 3},
 	}
-	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+	s := openSchema(t, 10, schema12Buckets(), func(tx *bolt.Tx) error {
 		for _, tm := range timers { // as schema 10's putTimers wrote them
 			if err := putJSON(tx.Bucket(bucketTimers), timerKey(tm), tm); err != nil {
 				return err
@@ -341,18 +331,18 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 	const bob = "clients/b/agents/bob"
 	old := mailbox.Message{ID: "m1", DialogueID: "d", Sender: "clients/a/agents/alice", Category: mailbox.CategoryMessage, Type: "x",
 		InReplyTo: "m0", Body: []byte(`{"n":1}`), Time: t0}
-	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+	s := openSchema(t, 10, schema12Buckets(), func(tx *bolt.Tx) error {
 		data, _ := json.Marshal(old) // as schema 10's appendOp wrote it
-		if err := tx.Bucket(bucketMessages).Put([]byte(old.ID), data); err != nil {
+		if err := tx.Bucket(legacyMessages).Put([]byte(old.ID), data); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketMessageRefs).Put([]byte(old.ID), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
+		if err := tx.Bucket(legacyMessageRefs).Put([]byte(old.ID), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketMailboxRefs).Put(refKey(bob, 1), encodeRef(ref{sent: t0.UnixNano(), size: int64(len(old.Body)), id: old.ID})); err != nil {
+		if err := tx.Bucket(legacyMailboxRefs).Put(refKey(bob, 1), encodeRef(ref{sent: t0.UnixNano(), size: int64(len(old.Body)), id: old.ID})); err != nil {
 			return err
 		}
-		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 1, Pending: 1, PendingBytes: int64(len(old.Body))})
+		return tx.Bucket(legacyMailboxes).Put([]byte(bob), legacyState(mailbox.State{Head: 1, Pending: 1, PendingBytes: int64(len(old.Body))}))
 	})
 	ctx := t.Context()
 	next := mailbox.Message{ID: "m2", DialogueID: "d", Category: mailbox.CategoryService, Type: "offer_timeout_expired",
@@ -361,7 +351,7 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMessages).Get([]byte(next.ID)); len(v) == 0 || v[0] == '{' {
+		if v := tx.Bucket(bucketDialogueMessages).Get(bodyKey(next.ID)); len(v) == 0 || v[0] == '{' {
 			t.Errorf("the message appended is stored as %q, want the binary form", v)
 		}
 		return nil
@@ -378,6 +368,30 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 			t.Errorf("message %d = %+v\nwant %+v", i+1, got, want)
 		}
 	}
+}
+
+// schema12Buckets are the buckets of a schema-12 file: today's, but for
+// those schema 13 made, and the ones it regrouped.
+func schema12Buckets() [][]byte {
+	return slices.Concat(without(allBuckets, bucketAgents), dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets,
+		[][]byte{bucketNotificationRetries}, legacyBuckets)
+}
+
+// without is buckets but drop.
+func without(buckets [][]byte, drop ...[]byte) [][]byte {
+	return slices.DeleteFunc(slices.Clone(buckets), func(b []byte) bool {
+		return slices.ContainsFunc(drop, func(d []byte) bool { return bytes.Equal(b, d) })
+	})
+}
+
+// legacyState is a mailbox state as schema 12 kept it in mailboxes.
+func legacyState(st mailbox.State) []byte {
+	v := make([]byte, 32)
+	binary.BigEndian.PutUint64(v[0:], st.Head)
+	binary.BigEndian.PutUint64(v[8:], st.Acked)
+	binary.BigEndian.PutUint64(v[16:], uint64(st.Pending))
+	binary.BigEndian.PutUint64(v[24:], uint64(st.PendingBytes))
+	return v
 }
 
 // openSchema writes a new database as schema version left it (buckets,
