@@ -419,3 +419,177 @@ func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *bolt.
 	t.Cleanup(func() { s.Close() })
 	return s
 }
+
+// A schema-12 database (a bucket per kind of row) is regrouped on open:
+// every dialogue, participant, pair state, message record, mailbox body
+// (either form), reference count, mailbox state and reference and agent
+// index entry is read as before, the old buckets are gone, and the sweeps,
+// compaction and new sends work on the moved rows.
+func TestOpen_migratesSchema12Regroup(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	const alice, bob, carol = "clients/a/agents/alice", "clients/b/agents/bob", "clients/c/agents/carol"
+	pair := store.Pair{A: alice, B: bob}
+	dialogues := []store.Dialogue{
+		{ID: "d1", Initiator: alice, Category: "message", Protocol: "p", CreateTime: t0, Opener: "d1-m1"},
+		{ID: "d2", Initiator: alice, Category: "message", CreateTime: t0, Opener: "d2-m1", Closed: true, CloseTime: t0},
+	}
+	records := []storedMessage{
+		{DialogueMessage: store.DialogueMessage{ID: "d1-m1", DialogueID: "d1", Sender: alice, Type: "new_message", Time: t0}, Receivers: []string{bob}},
+		{DialogueMessage: store.DialogueMessage{ID: "d1-m2", DialogueID: "d1", Sender: bob, Type: "message_response", InReplyTo: "d1-m1", Time: t0}, Receivers: []string{alice}},
+		{DialogueMessage: store.DialogueMessage{ID: "d2-m1", DialogueID: "d2", Sender: alice, Type: "new_message", Time: t0}, Receivers: []string{carol}},
+	}
+	mail := func(id, dialogue, sender string) mailbox.Message {
+		return mailbox.Message{ID: id, DialogueID: dialogue, Sender: sender, Category: mailbox.CategoryMessage, Type: "t", Body: []byte(`"` + id + `"`), Time: t0}
+	}
+	bodies := []mailbox.Message{mail("d1-m1", "d1", alice), mail("d1-m2", "d1", bob), mail("d2-m1", "d2", alice), mail("svc", "d1", "")}
+	refs := map[string][]string{bob: {"d1-m1", "svc"}, alice: {"d1-m2"}, carol: {"d2-m1", "svc"}}
+	states := map[string]mailbox.State{
+		alice: {Head: 1, Pending: 1, PendingBytes: 7},
+		bob:   {Head: 2, Pending: 2, PendingBytes: 12},
+		carol: {Head: 2, Acked: 1, Pending: 1, PendingBytes: 5},
+	}
+	s := openSchema(t, 12, schema12Buckets(), func(tx *bolt.Tx) error { // as schema 12 wrote them
+		for _, d := range dialogues {
+			if err := putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d); err != nil {
+				return err
+			}
+			if err := indexClosed(tx, d); err != nil {
+				return err
+			}
+		}
+		for _, m := range records {
+			if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), m); err != nil {
+				return err
+			}
+		}
+		puts := []struct {
+			bucket, key, value []byte
+		}{
+			{legacyDialogueMessageIndex, join("d1", "d1-m2"), nil},
+			{legacyDialoguePairs, pairKey("d1", pair), []byte(`{"s":1}`)},
+			{legacyMessageRefs, []byte("svc"), binary.BigEndian.AppendUint64(nil, 2)},
+			{bucketMailboxCompaction, compactionKey(t0.UnixNano(), carol), nil},
+		}
+		for _, p := range [][2]string{{"d1", alice}, {"d1", bob}, {"d2", alice}, {"d2", carol}} {
+			v, _ := json.Marshal(store.Participant{Agent: p[1]})
+			puts = append(puts, struct{ bucket, key, value []byte }{legacyDialogueParticipants, join(p[0], p[1]), v},
+				struct{ bucket, key, value []byte }{legacyAgentDialogues, join(p[1], p[0]), nil})
+		}
+		for i, m := range bodies {
+			v := encodeMessage(m)
+			if i == 0 {
+				v, _ = json.Marshal(m) // as schema 10 wrote it
+			}
+			puts = append(puts, struct{ bucket, key, value []byte }{legacyMessages, []byte(m.ID), v})
+		}
+		for agent, ids := range refs {
+			for i, id := range ids {
+				r := encodeRef(ref{sent: t0.UnixNano(), size: int64(len(`""`) + len(id)), id: id})
+				puts = append(puts, struct{ bucket, key, value []byte }{legacyMailboxRefs, refKey(agent, uint64(i+1)), r})
+			}
+			puts = append(puts, struct{ bucket, key, value []byte }{legacyMailboxes, []byte(agent), legacyState(states[agent])})
+		}
+		for _, p := range puts {
+			if err := tx.Bucket(p.bucket).Put(p.key, p.value); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ctx := t.Context()
+	err := s.db.View(func(tx *bolt.Tx) error {
+		for _, b := range legacyBuckets {
+			if tx.Bucket(b) != nil {
+				t.Errorf("bucket %s is still there after the migration", b)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range dialogues {
+		if got, err := s.GetDialogue(ctx, want.ID); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("GetDialogue(%s) = %+v, %v; want %+v", want.ID, got, err, want)
+		}
+	}
+	for _, want := range records {
+		if got, err := s.GetDialogueMessage(ctx, want.ID); err != nil || got != want.DialogueMessage {
+			t.Errorf("GetDialogueMessage(%s) = %+v, %v; want %+v", want.ID, got, err, want.DialogueMessage)
+		}
+	}
+	if got, err := s.PairState(ctx, "d1", pair); err != nil || string(got) != `{"s":1}` {
+		t.Errorf("PairState(d1) = %s, %v; want {\"s\":1}", got, err)
+	}
+	if _, err := s.AddMessage(ctx, "d1-m2", mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
+		if p, ok := v.Participant(alice); !ok || p.Agent != alice {
+			t.Errorf("Participant(alice) in d1 = %+v, %t; want alice", p, ok)
+		}
+		if got := string(v.PairState(pair)); got != `{"s":1}` {
+			t.Errorf("PairState(alice, bob) in d1 = %s, want {\"s\":1}", got)
+		}
+		if got := v.Receivers(); !slices.Equal(got, []string{alice}) {
+			t.Errorf("Receivers() of d1-m2 = %v, want [alice]", got)
+		}
+		return store.MessageWrite{}, errors.New("only looking")
+	}); err == nil {
+		t.Fatal("AddMessage(d1-m2) succeeded; the plan refused")
+	}
+	byID := map[string]mailbox.Message{}
+	for _, m := range bodies {
+		byID[m.ID] = m
+	}
+	for agent, ids := range refs {
+		ds, err := s.ReadMailbox(ctx, agent, 0, 10)
+		if err != nil || len(ds) != len(ids) {
+			t.Fatalf("ReadMailbox(%s) = %+v, %v; want %v", agent, ds, err, ids)
+		}
+		for i, d := range ds {
+			if d.Cursor != uint64(i+1) || !reflect.DeepEqual(d.Message, byID[ids[i]]) {
+				t.Errorf("ReadMailbox(%s)[%d] = %d %+v, want %d %+v", agent, i, d.Cursor, d.Message, i+1, byID[ids[i]])
+			}
+		}
+		if got, err := s.GetMailbox(ctx, agent); err != nil || got != states[agent] {
+			t.Errorf("GetMailbox(%s) = %+v, %v; want %+v", agent, got, err, states[agent])
+		}
+	}
+	var open []string
+	if _, err := s.UpdateAgentDialogues(ctx, alice, func(d *store.Dialogue, _ *store.Participant) (bool, error) {
+		open = append(open, d.ID)
+		return false, nil
+	}); err != nil || !slices.Equal(open, []string{"d1"}) {
+		t.Errorf("UpdateAgentDialogues(alice) visited %v, %v; want [d1], the open one", open, err)
+	}
+	// carol's acknowledged d2-m1 goes; svc stays for bob and carol.
+	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("CompactMailboxes after the migration = %d, %v; want 1", n, err)
+	}
+	if n, err := s.SweepDialogues(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("SweepDialogues after the migration = %d, %v; want 1 (d2)", n, err)
+	}
+	if _, err := s.GetDialogueMessage(ctx, "d2-m1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage(d2-m1) after the sweep = %v, want ErrNotFound", err)
+	}
+	if got := rowCount(t, s, bucketDialogues, kindParticipant); got != 2 {
+		t.Errorf("participants after the sweep = %d, want d1's 2", got)
+	}
+	if got := rowCount(t, s, bucketAgents, kindAgentDialogue); got != 2 {
+		t.Errorf("agents' dialogue rows after the sweep = %d, want d1's 2", got)
+	}
+	for _, agent := range []string{alice, bob, carol} {
+		if _, err := s.ClearMailbox(ctx, agent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 4 {
+		t.Errorf("CompactMailboxes after clearing every mailbox = %d, %v; want the 4 references left", n, err)
+	}
+	if bodies, counts := rowCount(t, s, bucketDialogueMessages, kindBody), rowCount(t, s, bucketDialogueMessages, kindRefCount); bodies != 0 || counts != 0 {
+		t.Errorf("bodies and reference counts after compacting everything = %d, %d; want none", bodies, counts)
+	}
+	d3 := store.Dialogue{ID: "d3", Initiator: alice, Category: "message", CreateTime: t0, Opener: "d3-m1"}
+	w := store.MessageWrite{Message: store.DialogueMessage{ID: "d3-m1", Sender: alice, Type: "new_message", Time: t0}, Recipients: []string{bob}, Mail: mail("", "", alice)}
+	if got, err := s.CreateDialogue(ctx, d3, w, mailbox.Bound{}); err != nil || len(got.Deliveries) != 1 || got.Deliveries[0].Cursor != 3 {
+		t.Errorf("CreateDialogue(d3) after the migration = %+v, %v; want bob's cursor 3", got, err)
+	}
+}
