@@ -513,7 +513,7 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 		}
 	}
 	for _, msg := range messages {
-		rs, _ := rowsOf(receipts, msg, 0)
+		rs := rowsOf(receipts, msg, 0)
 		for _, r := range rs {
 			if err := receipts.Delete(r); err != nil {
 				return err
@@ -589,7 +589,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
 		var ids []string // newest first
-		keys, _ := rowsOf(tx.Bucket(bucketAgents), agent, kindAgentDialogue)
+		keys := rowsOf(tx.Bucket(bucketAgents), agent, kindAgentDialogue)
 		for _, k := range keys {
 			id := k[len(agent)+1:]
 			invert(id)

@@ -61,15 +61,16 @@ func ownRows(b *bolt.Bucket, owner string) [][]byte {
 	return keys
 }
 
-// rowsOf returns copies of the rows of kind in b under owner, with their
-// values, in key order.
-func rowsOf(b *bolt.Bucket, owner string, kind byte) (keys, values [][]byte) {
+// rowsOf returns copies of the keys of the rows of kind in b under
+// owner, in key order.
+func rowsOf(b *bolt.Bucket, owner string, kind byte) [][]byte {
 	prefix := rowKey(owner, kind, "")
+	var keys [][]byte
 	c := b.Cursor()
-	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-		keys, values = append(keys, bytes.Clone(k)), append(values, bytes.Clone(v))
+	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
+		keys = append(keys, bytes.Clone(k))
 	}
-	return keys, values
+	return keys
 }
 
 // kv is a row to put.
