@@ -28,17 +28,17 @@ var (
 	//   - dialogue id + 0x03 + message id → empty, the dialogue's messages
 	//     (schema 2), for removing a dialogue whole. The opener of a
 	//     dialogue whose record names it (Opener) is left out: the record
-	//     finds it.
-	// Ids are fixed-length and time-ordered, so a new dialogue's rows share
-	// the rightmost leaf.
+	//     finds it;
+	// and a message's rows:
+	//   - message id + 0x04 → JSON storedMessage, the dialogue message's
+	//     record;
+	//   - message id + 0x05 → the mailbox body, and message id + 0x06 →
+	//     the count of its mailbox references (see mailbox.go). A message
+	//     outside any dialogue's records (a service message) has only
+	//     these.
+	// Ids are fixed-length and time-ordered, so a new dialogue's rows and
+	// its opener's share the rightmost leaf.
 	bucketDialogues = []byte("dialogues")
-	// bucketDialogueMessages: a message's rows (schema 13):
-	//   - message id → JSON storedMessage, the dialogue message's record;
-	//   - message id + 0x01 → the mailbox body, and message id + 0x02 →
-	//     the count of its mailbox references (see mailbox.go).
-	// A message outside any dialogue's records (a service message) has only
-	// the latter.
-	bucketDialogueMessages = []byte("dialogue_messages")
 	// bucketDialogueReceipts: message id + 0x00 + agent → empty: agent
 	// received the message. Only for a message to more than
 	// maxInlineReceipts agents (schema 12): the record of one to fewer
@@ -58,7 +58,7 @@ var (
 )
 
 var dialogueBuckets = [][]byte{
-	bucketDialogues, bucketDialogueMessages, bucketDialogueReceipts, bucketDialogueRequests,
+	bucketDialogues, bucketDialogueReceipts, bucketDialogueRequests,
 	bucketDialoguesClosed, bucketSweepDialogueRequests,
 }
 
@@ -89,21 +89,22 @@ func indexClosed(tx *bolt.Tx, d store.Dialogue) error {
 // dialogues and messages (in schema 13's rows: migrateRegroup runs first).
 func migrateDialogueIndexes(tx *bolt.Tx) error {
 	var rows []kv
-	err := tx.Bucket(bucketDialogueMessages).ForEach(func(k, v []byte) error {
-		if _, _, _, record := splitRow(k); !record {
+	dialogues := tx.Bucket(bucketDialogues)
+	err := dialogues.ForEach(func(k, v []byte) error {
+		id, kind, _, record := splitRow(k)
+		if record || kind != kindMessage {
 			return nil
 		}
 		var m store.DialogueMessage
 		if err := json.Unmarshal(v, &m); err != nil {
 			return err
 		}
-		rows = append(rows, kv{k: messageIndexKey(m.DialogueID, string(k))})
+		rows = append(rows, kv{k: messageIndexKey(m.DialogueID, string(id))})
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	dialogues := tx.Bucket(bucketDialogues)
 	if err := putSorted(dialogues, rows); err != nil {
 		return err
 	}
@@ -128,7 +129,7 @@ var _ store.DialogueStore = (*Store)(nil)
 // bucketDialogueReceipts, where each is one key, not a record rewritten.
 const maxInlineReceipts = 16
 
-// storedMessage is a dialogue message as bucketDialogueMessages keeps it.
+// storedMessage is a dialogue message's record in bucketDialogues.
 // GetDialogueMessage decodes it as a store.DialogueMessage, ignoring
 // Receivers.
 type storedMessage struct {
@@ -166,6 +167,8 @@ func dialoguePairKey(dialogue string, p store.Pair) []byte {
 	p = p.Key()
 	return rowKey(dialogue, kindPair, string(join(p.A, p.B)))
 }
+
+func messageKey(id string) []byte { return rowKey(id, kindMessage, "") }
 
 func participantKey(dialogue, agent string) []byte {
 	return rowKey(dialogue, kindParticipant, agent)
@@ -228,7 +231,7 @@ func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
 func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener string) (store.Delivered, error) {
 	m := w.Message
 	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
-	if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
+	if tx.Bucket(bucketDialogues).Get(messageKey(m.ID)) != nil {
 		return store.Delivered{}, resource.AlreadyExists("message", m.ID)
 	}
 	a := newAppend(w.Mail, w.Recipients)
@@ -256,7 +259,7 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener
 	if !inline {
 		rec.Receivers = nil
 	}
-	if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), rec); err != nil {
+	if err := putJSON(tx.Bucket(bucketDialogues), messageKey(m.ID), rec); err != nil {
 		return store.Delivered{}, err
 	}
 	if m.ID != opener {
@@ -375,7 +378,7 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 	var out store.Delivered
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		v := &view{tx: tx}
-		if ok, err := getJSON(tx.Bucket(bucketDialogueMessages), []byte(answered), &v.answered); err != nil {
+		if ok, err := getJSON(tx.Bucket(bucketDialogues), messageKey(answered), &v.answered); err != nil {
 			return err
 		} else if !ok {
 			return resource.NotFound("message", answered)
@@ -403,21 +406,22 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 // GetDialogueMessage implements store.DialogueStore.
 func (s *Store) GetDialogueMessage(ctx context.Context, id string) (store.DialogueMessage, error) {
 	var m store.DialogueMessage
-	return m, s.get(ctx, bucketDialogueMessages, "message", id, &m)
+	return m, s.get(ctx, messageKey(id), "message", id, &m)
 }
 
 // GetDialogue implements store.DialogueStore.
 func (s *Store) GetDialogue(ctx context.Context, id string) (store.Dialogue, error) {
 	var d store.Dialogue
-	return d, s.get(ctx, bucketDialogues, "dialogue", id, &d)
+	return d, s.get(ctx, []byte(id), "dialogue", id, &d)
 }
 
-func (s *Store) get(ctx context.Context, bucket []byte, kind, id string, v any) error {
+// get reads the JSON record at key in bucketDialogues into v.
+func (s *Store) get(ctx context.Context, key []byte, kind, id string, v any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return s.db.View(func(tx *bolt.Tx) error {
-		ok, err := getJSON(tx.Bucket(bucket), []byte(id), v)
+		ok, err := getJSON(tx.Bucket(bucketDialogues), key, v)
 		if err == nil && !ok {
 			err = resource.NotFound(kind, id)
 		}
@@ -484,7 +488,7 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 
 // removeDialogue deletes a dialogue and all that is kept of it.
 func removeDialogue(tx *bolt.Tx, id string) error {
-	dialogues, msgs, receipts := tx.Bucket(bucketDialogues), tx.Bucket(bucketDialogueMessages), tx.Bucket(bucketDialogueReceipts)
+	dialogues, receipts := tx.Bucket(bucketDialogues), tx.Bucket(bucketDialogueReceipts)
 	var d store.Dialogue
 	if _, err := getJSON(dialogues, []byte(id), &d); err != nil {
 		return err
@@ -521,7 +525,7 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 		}
 		// The record only: the body is the mailboxes', released by
 		// compaction.
-		if err := msgs.Delete([]byte(msg)); err != nil {
+		if err := dialogues.Delete(messageKey(msg)); err != nil {
 			return err
 		}
 	}

@@ -17,13 +17,13 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
-// The mailboxes' buckets (see internal/mailbox). A message's body and
-// the count of its references are rows of bucketDialogueMessages (schema
-// 13): id + 0x01 → the mailbox.Message, encoded by encodeMessage (schema
-// 11; JSON before, still read: decodeMessage), stored once however many
-// mailboxes hold it; id + 0x02 → 8-byte big-endian count of the mailbox
-// references to it, the body going when it reaches zero. A message in one
-// mailbox has no count: an absent count is one.
+// The mailboxes' buckets (see internal/mailbox). A message's body and the
+// count of its references are rows of bucketDialogues (schema 13):
+// message id + 0x05 → the mailbox.Message, encoded by encodeMessage
+// (schema 11; JSON before, still read: decodeMessage), stored once however
+// many mailboxes hold it; message id + 0x06 → 8-byte big-endian count of
+// the mailbox references to it, the body going when it reaches zero. A
+// message in one mailbox has no count: an absent count is one.
 var (
 	// bucketAgents: an agent's rows (schema 13; see rows.go), its mailbox
 	// and its dialogues:
@@ -199,7 +199,7 @@ func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
 // run in tx.
 func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 	a.delivered, a.refused = a.delivered[:0], a.refused[:0]
-	if tx.Bucket(bucketDialogueMessages).Get(bodyKey(a.m.ID)) != nil {
+	if tx.Bucket(bucketDialogues).Get(bodyKey(a.m.ID)) != nil {
 		return resource.AlreadyExists("message", a.m.ID)
 	}
 	size := int64(len(a.m.Body))
@@ -242,7 +242,7 @@ func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 // A count of one is not written (release reads none as one): a direct
 // message's commit then writes one row fewer.
 func (a *appendOp) putMessage(tx *bolt.Tx) error {
-	msgs := tx.Bucket(bucketDialogueMessages)
+	msgs := tx.Bucket(bucketDialogues)
 	if err := msgs.Put(bodyKey(a.m.ID), a.body); err != nil {
 		return err
 	}
@@ -263,7 +263,7 @@ func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, lim
 	prefix := rowKey(agent, kindRef, "")
 	var out []mailbox.Delivery
 	err := s.db.View(func(tx *bolt.Tx) error {
-		msgs := tx.Bucket(bucketDialogueMessages)
+		msgs := tx.Bucket(bucketDialogues)
 		c := tx.Bucket(bucketAgents).Cursor()
 		for k, v := c.Seek(refKey(agent, after+1)); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
 			if len(k) != len(prefix)+8 {
@@ -434,7 +434,7 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
-		queue, agents, msgs := tx.Bucket(bucketMailboxCompaction), tx.Bucket(bucketAgents), tx.Bucket(bucketDialogueMessages)
+		queue, agents, msgs := tx.Bucket(bucketMailboxCompaction), tx.Bucket(bucketAgents), tx.Bucket(bucketDialogues)
 		end := binary.BigEndian.AppendUint64(nil, uint64(before.UnixNano())) //nolint:gosec // times after 1970
 
 		// Collected first, as everything below: never delete while walking

@@ -60,7 +60,7 @@ func TestAppendMessage_storesTheBodyOnce(t *testing.T) {
 	if after := s.db.Commits(); after.Synced != before.Synced+1 || after.Unsynced != 0 {
 		t.Errorf("AppendMessage to 50 took commits %+v -> %+v; want exactly one synced commit", before, after)
 	}
-	if got := rowCount(t, s, bucketDialogueMessages, kindBody); got != 1 {
+	if got := rowCount(t, s, bucketDialogues, kindBody); got != 1 {
 		t.Errorf("messages stored = %d, want 1 for 50 recipients", got)
 	}
 	if got := rowCount(t, s, bucketAgents, kindRef); got != 50 {
@@ -73,11 +73,11 @@ func TestAppendMessage_storesTheBodyOnce(t *testing.T) {
 		if _, err := s.CompactMailboxes(ctx, now.Add(time.Second), 100); err != nil {
 			t.Fatal(err)
 		}
-		if want, got := min(1, len(agents)-1-i), rowCount(t, s, bucketDialogueMessages, kindBody); got != want {
+		if want, got := min(1, len(agents)-1-i), rowCount(t, s, bucketDialogues, kindBody); got != want {
 			t.Fatalf("messages stored after compacting %d of 50 mailboxes = %d, want %d", i+1, got, want)
 		}
 	}
-	if got := rowCount(t, s, bucketDialogueMessages, kindRefCount); got != 0 {
+	if got := rowCount(t, s, bucketDialogues, kindRefCount); got != 0 {
 		t.Errorf("reference counts left = %d, want 0", got)
 	}
 }
@@ -97,10 +97,10 @@ func TestAppendMessage_oneRecipientKeepsNoCount(t *testing.T) {
 	if _, _, err := s.AppendMessage(ctx, m, []string{"clients/c/agents/b"}, mailbox.Bound{}); err != nil {
 		t.Fatal(err)
 	}
-	if got := rowCount(t, s, bucketDialogueMessages, kindRefCount); got != 0 {
+	if got := rowCount(t, s, bucketDialogues, kindRefCount); got != 0 {
 		t.Errorf("reference counts after a one-recipient append = %d, want 0", got)
 	}
-	if got := rowCount(t, s, bucketDialogueMessages, kindBody); got != 1 {
+	if got := rowCount(t, s, bucketDialogues, kindBody); got != 1 {
 		t.Fatalf("messages stored = %d, want 1", got)
 	}
 	if _, err := s.ClearMailbox(ctx, "clients/c/agents/b"); err != nil {
@@ -109,7 +109,7 @@ func TestAppendMessage_oneRecipientKeepsNoCount(t *testing.T) {
 	if _, err := s.CompactMailboxes(ctx, now.Add(time.Second), 100); err != nil {
 		t.Fatal(err)
 	}
-	if got := rowCount(t, s, bucketDialogueMessages, kindBody); got != 0 {
+	if got := rowCount(t, s, bucketDialogues, kindBody); got != 0 {
 		t.Errorf("messages stored after compaction = %d, want 0", got)
 	}
 }

@@ -33,7 +33,7 @@ func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 	}
 	s := openSchema(t, 1, without(schema12Buckets(), bucketDialoguesClosed, bucketSweepDialogueRequests, legacyDialogueMessageIndex), func(tx *bolt.Tx) error {
 		put(tx, bucketDialogues, "closed", store.Dialogue{ID: "closed", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0, Closed: true})
-		put(tx, bucketDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
+		put(tx, legacyDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
 		put(tx, bucketDialogues, "open", store.Dialogue{ID: "open", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0})
 		return nil
 	})
@@ -351,7 +351,7 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketDialogueMessages).Get(bodyKey(next.ID)); len(v) == 0 || v[0] == '{' {
+		if v := tx.Bucket(bucketDialogues).Get(bodyKey(next.ID)); len(v) == 0 || v[0] == '{' {
 			t.Errorf("the message appended is stored as %q, want the binary form", v)
 		}
 		return nil
@@ -458,7 +458,7 @@ func TestOpen_migratesSchema12Regroup(t *testing.T) {
 			}
 		}
 		for _, m := range records {
-			if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), m); err != nil {
+			if err := putJSON(tx.Bucket(legacyDialogueMessages), []byte(m.ID), m); err != nil {
 				return err
 			}
 		}
@@ -584,7 +584,7 @@ func TestOpen_migratesSchema12Regroup(t *testing.T) {
 	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 4 {
 		t.Errorf("CompactMailboxes after clearing every mailbox = %d, %v; want the 4 references left", n, err)
 	}
-	if bodies, counts := rowCount(t, s, bucketDialogueMessages, kindBody), rowCount(t, s, bucketDialogueMessages, kindRefCount); bodies != 0 || counts != 0 {
+	if bodies, counts := rowCount(t, s, bucketDialogues, kindBody), rowCount(t, s, bucketDialogues, kindRefCount); bodies != 0 || counts != 0 {
 		t.Errorf("bodies and reference counts after compacting everything = %d, %d; want none", bodies, counts)
 	}
 	d3 := store.Dialogue{ID: "d3", Initiator: alice, Category: "message", CreateTime: t0, Opener: "d3-m1"}

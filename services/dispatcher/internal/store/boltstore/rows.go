@@ -8,14 +8,15 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// Row kinds (schema 13). The buckets agents, dialogues and
-// dialogue_messages each keep several kinds of row per owner (an agent, a
-// dialogue id, a message id): the owner, then a kind byte, then what the
-// row needs. Owners hold no byte below 0x20, so the first such byte in a
-// key is its kind, and an owner's rows sort together, ahead of any owner
-// whose name extends its own; a key with none is the owner's own record
-// (dialogues, dialogue_messages). One owner's rows written by one commit
-// then share a leaf: a direct send touches four B+trees, not nine.
+// Row kinds (schema 13). The buckets agents and dialogues each keep
+// several kinds of row per owner (an agent; a dialogue id or a message
+// id): the owner, then a kind byte, then what the row needs. Owners hold
+// no byte below 0x20, so the first such byte in a key is its kind, and an
+// owner's rows sort together, ahead of any owner whose name extends its
+// own; a key with none is a dialogue's own record. One owner's rows written
+// by one commit then share a leaf, and dialogue and message ids, made
+// together and ordered by time, put a new dialogue's rows next to its
+// opener's: a direct send touches two B+trees (and the root), not nine.
 const (
 	// kindRef, kindState and kindAgentDialogue are bucketAgents' rows.
 	kindRef           = 0x00
@@ -23,15 +24,16 @@ const (
 	kindAgentDialogue = 0x02
 
 	// kindParticipant, kindPair and kindMessageIndex are bucketDialogues'
-	// rows after the dialogue's record.
+	// rows under a dialogue id, after the dialogue's record.
 	kindParticipant  = 0x01
 	kindPair         = 0x02
 	kindMessageIndex = 0x03
 
-	// kindBody and kindRefCount are bucketDialogueMessages' rows after the
-	// dialogue message's record.
-	kindBody     = 0x01
-	kindRefCount = 0x02
+	// kindMessage, kindBody and kindRefCount are bucketDialogues' rows
+	// under a message id.
+	kindMessage  = 0x04
+	kindBody     = 0x05
+	kindRefCount = 0x06
 )
 
 // rowKey is owner, kind and rest.
@@ -91,9 +93,11 @@ func putSorted(b *bolt.Bucket, rows []kv) error {
 }
 
 // Schema 12's buckets, which schema 13 regrouped into rows of
-// bucketAgents, bucketDialogues and bucketDialogueMessages. Only
+// bucketAgents and bucketDialogues. Only
 // migrateRegroup reads them (and deletes them).
 var (
+	// legacyDialogueMessages: message id → JSON storedMessage.
+	legacyDialogueMessages = []byte("dialogue_messages")
 	// legacyMessages: message id → mailbox body.
 	legacyMessages = []byte("messages")
 	// legacyMessageRefs: message id → 8-byte reference count.
@@ -113,7 +117,7 @@ var (
 )
 
 var legacyBuckets = [][]byte{
-	legacyMessages, legacyMessageRefs, legacyMailboxes, legacyMailboxRefs,
+	legacyDialogueMessages, legacyMessages, legacyMessageRefs, legacyMailboxes, legacyMailboxRefs,
 	legacyDialogueParticipants, legacyAgentDialogues, legacyDialoguePairs, legacyDialogueMessageIndex,
 }
 
@@ -142,8 +146,9 @@ func migrateRegroup(tx *bolt.Tx) error {
 		{legacyDialogueParticipants, bucketDialogues, owned(kindParticipant)},
 		{legacyDialoguePairs, bucketDialogues, owned(kindPair)},
 		{legacyDialogueMessageIndex, bucketDialogues, owned(kindMessageIndex)},
-		{legacyMessages, bucketDialogueMessages, func(k []byte) []byte { return bodyKey(string(k)) }},
-		{legacyMessageRefs, bucketDialogueMessages, func(k []byte) []byte { return refCountKey(string(k)) }},
+		{legacyDialogueMessages, bucketDialogues, func(k []byte) []byte { return messageKey(string(k)) }},
+		{legacyMessages, bucketDialogues, func(k []byte) []byte { return bodyKey(string(k)) }},
+		{legacyMessageRefs, bucketDialogues, func(k []byte) []byte { return refCountKey(string(k)) }},
 	}
 	rows := map[string][]kv{} // by the bucket they go to, to be put in key order
 	for _, m := range moves {
@@ -159,7 +164,7 @@ func migrateRegroup(tx *bolt.Tx) error {
 			return err
 		}
 	}
-	for _, to := range [][]byte{bucketAgents, bucketDialogues, bucketDialogueMessages} {
+	for _, to := range [][]byte{bucketAgents, bucketDialogues} {
 		if err := putSorted(tx.Bucket(to), rows[string(to)]); err != nil {
 			return err
 		}

@@ -94,14 +94,14 @@ func TestSweepDialogues_openerOutsideTheIndex(t *testing.T) {
 	if n, err := s.SweepDialogues(ctx, now.Add(time.Hour), 10); err != nil || n != 2 {
 		t.Fatalf("SweepDialogues = %d, %v; want 2", n, err)
 	}
-	for _, b := range without(dialogueBuckets, bucketDialogueMessages) {
+	for _, b := range without(dialogueBuckets, bucketDialogues) {
 		if got := bucketLen(t, s, b); got != 0 {
 			t.Errorf("%s holds %d entries after both dialogues were swept, want none", b, got)
 		}
 	}
 	// The mailboxes keep their bodies until compaction releases them.
-	if got := rowCount(t, s, bucketDialogueMessages, -1); got != 0 {
-		t.Errorf("dialogue message records after both dialogues were swept = %d, want none", got)
+	if all, bodies := bucketLen(t, s, bucketDialogues), rowCount(t, s, bucketDialogues, kindBody); all != bodies {
+		t.Errorf("dialogues holds %d rows after both dialogues were swept, want only the %d mailbox bodies", all, bodies)
 	}
 	if got := rowCount(t, s, bucketAgents, kindAgentDialogue); got != 0 {
 		t.Errorf("agents' dialogue rows after both dialogues were swept = %d, want none", got)
