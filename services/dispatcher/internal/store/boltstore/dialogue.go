@@ -505,6 +505,8 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 		_, kind, rest, record := splitRow(k)
 		switch {
 		case record:
+		case kind >= kindMessage:
+			continue // a message's under the same id (never made so): not the dialogue's
 		case kind == kindMessageIndex:
 			messages = append(messages, string(rest))
 		case kind == kindParticipant:

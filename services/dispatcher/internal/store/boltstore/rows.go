@@ -16,7 +16,7 @@ import (
 // own; a key with none is a dialogue's own record. One owner's rows written
 // by one commit then share a leaf, and dialogue and message ids, made
 // together and ordered by time, put a new dialogue's rows next to its
-// opener's: a direct send touches two B+trees (and the root), not nine.
+// opener's: a direct send touches two B+trees (and the root), not ten.
 const (
 	// kindRef, kindState and kindAgentDialogue are bucketAgents' rows.
 	kindRef           = 0x00
@@ -45,11 +45,12 @@ func rowKey(owner string, kind byte, rest string) []byte {
 // splitRow splits a key of a bucket of rows into its owner, its kind and
 // the rest; record is true for an owner's own record (no kind byte).
 func splitRow(k []byte) (owner []byte, kind byte, rest []byte, record bool) {
-	i := bytes.IndexFunc(k, func(r rune) bool { return r < 0x20 })
-	if i < 0 {
-		return k, 0, nil, true
+	for i, c := range k {
+		if c < 0x20 {
+			return k[:i], c, k[i+1:], false
+		}
 	}
-	return k[:i], k[i], k[i+1:], false
+	return k, 0, nil, true
 }
 
 // ownRows returns copies of the keys in b of owner's record and rows:
