@@ -37,7 +37,10 @@ import (
 // The check runs outside the dialogue's transaction (it asks the registry
 // for the consumer's owner), so it holds no lock on the pair: the pair's
 // state machine still decides, in its transaction, whether the reply is
-// accepted.
+// accepted. Terms recorded for a reply that is then not delivered are
+// removed by done; should that never run (a crash), they still belong to
+// their dialogue, whose sweep removes them: the store records terms only
+// for a dialogue it holds, in a transaction ordered with the sweep.
 
 // ownerSource reads an agent's owner details from the registry.
 type ownerSource struct {
@@ -172,7 +175,11 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 		// offer removes its own terms and no other's, however many
 		// offers of the pair race.
 		id := dialogue.NewID()
-		if err := s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, id, body); err != nil {
+		err = s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, id, body)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil // swept meanwhile: the dialogue layer refuses it
+		}
+		if err != nil {
 			return nil, err
 		}
 		return &moneyCheck{s: s, offer: id, dialogue: d.ID, sender: sender}, nil

@@ -89,7 +89,12 @@ type PaymentStore interface {
 	SweepSpends(ctx context.Context, before time.Time, limit int) (int, error)
 	// SetOfferTerms records terms as those of the message id (an offer, a
 	// payment_error) of the pair (dialogue, supplier), before the message
-	// is delivered; setting them again replaces them.
+	// is delivered; setting them again replaces them. ErrNotFound, and
+	// nothing is recorded, when dialogue is not stored (never, or swept):
+	// the check and the write are one transaction that a concurrent
+	// SweepDialogues is ordered with, so every record belongs to a stored
+	// dialogue and goes with its sweep, whatever becomes of its message
+	// (RemoveOfferTerms may never come: a crash, a failed undo).
 	SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error
 	// RemoveOfferTerms removes the terms recorded for message id of the
 	// pair, and no other's: its message was not delivered. Removing terms

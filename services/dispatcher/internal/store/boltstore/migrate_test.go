@@ -159,6 +159,9 @@ func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
 func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 	const bob = "clients/b/agents/bob"
 	s := openSchema(t, 7, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketDialogues).Put([]byte("d1"), []byte(`{"id":"d1"}`)); err != nil { // SetOfferTerms needs it
+			return err
+		}
 		return tx.Bucket(bucketOfferTerms).Put(join("d1", bob), []byte(`{"a":1}`))
 	})
 	ctx := t.Context()

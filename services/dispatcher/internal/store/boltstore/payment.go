@@ -503,6 +503,11 @@ func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier, id string
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
+		// In the transaction: SweepDialogues removes a dialogue and its
+		// terms in one, so these are swept with it or never written.
+		if tx.Bucket(bucketDialogues).Get([]byte(dialogue)) == nil {
+			return resource.NotFound("dialogue", dialogue)
+		}
 		b := tx.Bucket(bucketOfferTerms)
 		seq, err := b.NextSequence()
 		if err != nil {

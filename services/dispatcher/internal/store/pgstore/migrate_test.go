@@ -142,6 +142,10 @@ func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
 	if _, err := old.Pool().Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, terms) VALUES ('d1', $1, $2)`, bob, []byte(`{"a":1}`)); err != nil {
 		t.Fatal(err)
 	}
+	// The dialogue, which SetOfferTerms needs.
+	if _, err := old.Pool().Exec(ctx, `INSERT INTO dialogues (id, data) VALUES ('d1', '{"id":"d1"}')`); err != nil {
+		t.Fatal(err)
+	}
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
