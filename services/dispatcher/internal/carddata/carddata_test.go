@@ -64,12 +64,12 @@ func FuzzFind_scanAgreesWithDecoding(f *testing.F) {
 func TestFind_scanSkipsDecodingOnlyWhenNothingCanMatch(t *testing.T) {
 	for body, want := range map[string]bool{
 		`{"type":"new_message","text":"see you at 10:30 on 2026-12-02","n":42}`: false,
-		`{"ref":"ledger:7f3a","amount_micros":1250000}`:                            false,
-		`{"n":"4111 1111 1111 1111"}`:                                              true,
-		`{"n":"1234567890123"}`:                                                    true, // 13 digits: decoded, Luhn decides
-		`{"CVV":1}`:                                                                true,
-		`{"x":"\u0031"}`:                                                           true,
-		`{"x":"é"}`:                                                                true,
+		`{"ref":"ledger:7f3a","amount_micros":1250000}`:                         false,
+		`{"n":"4111 1111 1111 1111"}`:                                           true,
+		`{"n":"1234567890123"}`:                                                 true, // 13 digits: decoded, Luhn decides
+		`{"CVV":1}`:                                                             true,
+		`{"x":"\u0031"}`:                                                        true,
+		`{"x":"é"}`:                                                             true,
 	} {
 		if got := mayHold([]byte(body)); got != want {
 			t.Errorf("mayHold(%s) = %v, want %v", body, got, want)
