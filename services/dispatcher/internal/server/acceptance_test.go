@@ -278,3 +278,40 @@ func TestAllocate_offerOfASweptDialogueLeavesNoTerms(t *testing.T) {
 		t.Errorf("offer terms of the swept dialogue = %s, %v; want none", got, err)
 	}
 }
+
+// undoLessPayments fails every RemoveOfferTerms, as a crash between an
+// offer's terms' write and their undo does.
+type undoLessPayments struct{ store.PaymentStore }
+
+func (undoLessPayments) RemoveOfferTerms(context.Context, string, string, string) error {
+	return errors.New("the process died before the undo")
+}
+
+// An acceptance answering a payment_error that restates no terms is
+// checked against the terms of the offer the pair's acceptance answered,
+// never against those of an offer the pair refused: its terms were
+// recorded before the refusal and, when their undo never came (or has not
+// come yet), were read as the pair's last, so a price nobody was offered
+// refused every later acceptance.
+func TestTransact_acceptanceAfterAPaymentErrorIgnoresARefusedOffersTerms(t *testing.T) {
+	e := startServiceWrapped(t, Options{}, func(st *boltstore.Store) store.PaymentStore { return undoLessPayments{st} })
+	e.reg.addAgent(&registryv1.Agent{Name: netAlice})
+	req := e.request("transact", nil, netBob)
+	proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
+	invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
+	offer := e.mustReply(netBob, invite, "offer", `{"offer":{},"price":{"amount_micros":1000000,"currency":"USD"},"payment_required":true}`)
+	pay := func() string {
+		_, id, _ := cutPayment(e.createPayment(netAlice, netBob, 1_000_000).GetName())
+		return mustJSON(map[string]any{"payment": map[string]string{"provider": "ledger", "reference": id}})
+	}
+	accept := e.mustReply(netAlice, offer, "accept_offer", pay())
+	declined := e.mustReply(netBob, accept, "payment_error", `{"error":"declined","offer_timeout":30}`)
+	// An offer the pair refuses (only an acceptance may follow a
+	// payment_error), at another price.
+	if _, err := e.reply(netBob, invite, "offer", `{"offer":{},"price":{"amount_micros":5000000,"currency":"USD"},"payment_required":true}`); grpcerr.Reason(err) != "PROTOCOL_ERROR" {
+		t.Fatalf("offer after payment_error error = %v, want PROTOCOL_ERROR", err)
+	}
+	if _, err := e.reply(netAlice, declined, "accept_offer", pay()); err != nil {
+		t.Errorf("accept_offer of the 1 USD offer after its payment_error = %v, want it accepted under that offer's terms", err)
+	}
+}

@@ -227,15 +227,14 @@ func (s *Store) RemoveOfferTerms(ctx context.Context, dialogue, supplier, id str
 	return err
 }
 
-// OfferTerms implements store.PaymentStore: the message's terms, else the
-// pair's last recorded.
+// OfferTerms implements store.PaymentStore: the message's terms.
 func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (json.RawMessage, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var terms []byte
-	err := s.db.Pool().QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2
-ORDER BY message_id = $3 DESC, seq DESC LIMIT 1`, dialogue, supplier, id).Scan(&terms)
+	err := s.db.Pool().QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2 AND message_id = $3`,
+		dialogue, supplier, id).Scan(&terms)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

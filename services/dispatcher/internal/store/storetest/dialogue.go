@@ -516,9 +516,10 @@ func testOfferTerms(t *testing.T, s DialogueBackend) {
 	}
 	set("m1", `{"a":1}`)
 	set("m2", `{"a":2}`)
-	// Each message's own terms; a message that stated none (a
-	// payment_error) gets the pair's last.
-	for id, want := range map[string]string{"m1": `{"a":1}`, "m2": `{"a":2}`, "m3": `{"a":2}`} {
+	// Each message's own terms, exactly: one that stated none (a
+	// payment_error) has none, not the pair's latest (which may be a
+	// refused offer's).
+	for id, want := range map[string]string{"m1": `{"a":1}`, "m2": `{"a":2}`, "m3": ""} {
 		if got := terms(bob, id); got != want {
 			t.Errorf("OfferTerms(%s) = %s, want %s", id, got, want)
 		}
@@ -526,14 +527,14 @@ func testOfferTerms(t *testing.T, s DialogueBackend) {
 	if got := terms(carol, "m1"); got != "" {
 		t.Errorf("OfferTerms(other supplier) = %s, want nil", got)
 	}
-	// Set again, m1's terms are the pair's last.
+	// Set again, m1's terms are replaced.
 	set("m1", `{"a":3}`)
-	if got := terms(bob, "m3"); got != `{"a":3}` {
-		t.Errorf("OfferTerms(m3) after m1 was set again = %s, want {\"a\":3}", got)
+	if got := terms(bob, "m1"); got != `{"a":3}` {
+		t.Errorf("OfferTerms(m1) after it was set again = %s, want {\"a\":3}", got)
 	}
 	// Two offers of the pair recorded at once, both refused: each removes
-	// exactly its own terms, whatever the order, and the delivered offer's
-	// stay the pair's last.
+	// exactly its own terms, whatever the order, and the delivered offers'
+	// stay.
 	set("race1", `{"a":4}`)
 	set("race2", `{"a":5}`)
 	for _, id := range []string{"race1", "race2"} {
@@ -541,7 +542,7 @@ func testOfferTerms(t *testing.T, s DialogueBackend) {
 			t.Fatal(err)
 		}
 	}
-	for id, want := range map[string]string{"race1": `{"a":3}`, "race2": `{"a":3}`, "m2": `{"a":2}`} {
+	for id, want := range map[string]string{"race1": "", "race2": "", "m1": `{"a":3}`, "m2": `{"a":2}`} {
 		if got := terms(bob, id); got != want {
 			t.Errorf("OfferTerms(%s) after both racing offers were refused = %s, want %s", id, got, want)
 		}
