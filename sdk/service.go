@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"container/list"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -36,23 +37,36 @@ const (
 // It takes the agent's protocol_error route (every message of a protocol
 // that no other route takes comes through it), so register no other
 // handler for service messages on that agent. Messages it does not place
-// (no consumer dialogue of this agent, no supplier stage) go to the
-// Fallback given to NewServiceAgent, when there is one.
+// (no consumer dialogue of this agent, no supplier stage, a supplier
+// dialogue whose pair ended: see Supply) go to the Fallback given to
+// NewServiceAgent, when there is one. A service message of an unknown
+// dialogue that arrives while a consumer call's NewRequest is in flight
+// is held for that call instead (it may answer it before the call knows
+// its dialogue); if no call claims it, it is dropped when the last such
+// call returns, and reported to NetworkOptions.OnError (ErrNoRoute).
 type ServiceAgent struct {
 	agent    *NetworkAgent
 	client   dispatcherv1.DispatcherServiceClient
 	fallback HandlerFunc
 
-	mu        sync.Mutex
-	consumer  map[string]*dialogueQueue // this agent's dialogues as consumer, by id
-	orphans   map[string][]Message      // messages of dialogues not (yet) known, by dialogue
-	supplying map[string]bool           // dialogues this agent received a request in
-	stages    map[string]StageFunc      // supplier stages by message type
+	mu       sync.Mutex
+	consumer map[string]*dialogueQueue // this agent's dialogues as consumer, by id
+	orphans  map[string][]Message      // messages of dialogues not (yet) known, by dialogue
+	// requests counts the NewRequest calls in flight: only while one is
+	// can a service message of an unknown dialogue be an early answer to
+	// it (held in orphans until it returns).
+	requests  int
+	supplying supplierDialogues    // dialogues this agent serves as a supplier
+	stages    map[string]StageFunc // supplier stages by message type
 }
 
 // maxOrphans bounds the messages of unknown dialogues kept for a consumer
 // call still waiting for its NewRequest to return.
 const maxOrphans = 1024
+
+// maxSupplying bounds the dialogues a ServiceAgent remembers serving as a
+// supplier (see Supply): about 100 bytes each.
+const maxSupplying = 10_000
 
 // StageFunc handles one message a supplier receives (a stage: a
 // new_task_request, an invite_offer, an accept_offer, an expiry...); it
@@ -80,28 +94,59 @@ func (r Responder) ReplyTo(ctx context.Context, messageID, typ string, body any)
 // NewServiceAgent returns the service side of agent, sending over conn
 // with the agent's key. Call it before agent.Run.
 func NewServiceAgent(conn grpc.ClientConnInterface, agent *NetworkAgent, fallback HandlerFunc) (*ServiceAgent, error) {
-	s := &ServiceAgent{
-		agent: agent, client: dispatcherv1.NewDispatcherServiceClient(conn), fallback: fallback,
-		consumer: map[string]*dialogueQueue{}, orphans: map[string][]Message{}, supplying: map[string]bool{}, stages: map[string]StageFunc{},
-	}
+	s := newServiceAgent(agent, dispatcherv1.NewDispatcherServiceClient(conn), fallback)
 	if err := agent.Handle(RouteKey{Agent: agent.Name(), Type: TypeProtocolError}, "service", s.route); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
+func newServiceAgent(agent *NetworkAgent, client dispatcherv1.DispatcherServiceClient, fallback HandlerFunc) *ServiceAgent {
+	return &ServiceAgent{
+		agent: agent, client: client, fallback: fallback,
+		consumer: map[string]*dialogueQueue{}, orphans: map[string][]Message{}, supplying: newSupplierDialogues(maxSupplying), stages: map[string]StageFunc{},
+	}
+}
+
 // Supply registers the supplier's handler for messages of type typ
 // (new_task_request, invite_offer, accept_offer, reject_offer, ...). A
 // stage without a handler is dropped (the network's deadlines then run
 // their course).
+//
+// The agent serves a dialogue as a supplier from its new_task_request
+// until its pair with the consumer ends, as far as the network tells it:
+// on receiving reject_proposal, reject_offer, task_withdrawn (the
+// consumer closed the dialogue), cancel_order, confirm_success,
+// confirm_fail or an expiry (<deadline>_expired, from the network); or
+// when the network accepts its own reject_task, reject_invite_offer,
+// revoke_offer, reject_offer, cancel_order, order_failed, or an
+// order_complete after its own accept_offer (delegate, where no
+// confirmation follows). These are the ends of delegate, allocate and
+// transact (socontra.md section 8); after one, nothing more of the pair
+// can arrive. A pair the consumer leaves open for good (an order_complete
+// never confirmed, an order nobody ends, a dialogue never closed) brings
+// no such message, so at most 10,000 dialogues are kept, and above that
+// the least recently active one is forgotten. A message of a dialogue
+// forgotten (one the supplier's own ending reply overtook, say, or one of
+// a pair forgotten above the bound) reaches no stage: it goes to the
+// Fallback, like any message the agent does not place.
+// SupplierDialogues says how many are kept.
 func (s *ServiceAgent) Supply(typ string, f StageFunc) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.stages[typ] = f
 }
 
+// SupplierDialogues returns how many dialogues the agent serves as a
+// supplier whose pair has not ended as far as it knows (see Supply).
+func (s *ServiceAgent) SupplierDialogues() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.supplying.byID)
+}
+
 // route places m: in its consumer dialogue's queue, to a supplier stage,
-// or aside until its consumer dialogue is known.
+// aside while a consumer call may be waiting for it, or to the Fallback.
 func (s *ServiceAgent) route(ctx context.Context, m Message) (any, error) {
 	s.mu.Lock()
 	if q := s.consumer[m.DialogueID]; q != nil {
@@ -110,11 +155,12 @@ func (s *ServiceAgent) route(ctx context.Context, m Message) (any, error) {
 		return nil, nil
 	}
 	if m.Type == "new_task_request" && m.InReplyTo == "" {
-		s.supplying[m.DialogueID] = true
+		s.supplying.add(m.DialogueID)
 	}
-	stage, supplier := s.stages[m.Type], s.supplying[m.DialogueID]
-	if !supplier && m.Category == CategoryService {
-		// A reply to a consumer call whose NewRequest has not returned yet.
+	stage, supplier := s.stages[m.Type], s.supplying.received(m)
+	if !supplier && m.Category == CategoryService && s.requests > 0 {
+		// Perhaps a reply to a consumer call whose NewRequest has not
+		// returned yet.
 		if len(s.orphans) < maxOrphans {
 			s.orphans[m.DialogueID] = append(s.orphans[m.DialogueID], m)
 		}
@@ -131,10 +177,41 @@ func (s *ServiceAgent) route(ctx context.Context, m Message) (any, error) {
 	return nil, nil
 }
 
+// requesting counts a NewRequest call in flight; open or requested ends
+// it.
+func (s *ServiceAgent) requesting() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requests++
+}
+
+// requested ends a NewRequest call that opened no dialogue.
+func (s *ServiceAgent) requested() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.endRequest()
+}
+
+// endRequest ends a NewRequest call (under s.mu). When it was the last,
+// the messages still held answer no call: they are dropped, reported as
+// unrouted.
+func (s *ServiceAgent) endRequest() {
+	s.requests--
+	if s.requests > 0 {
+		return
+	}
+	for _, ms := range s.orphans {
+		for _, m := range ms {
+			s.agent.report(fmt.Errorf("message %s (type %q) of dialogue %s, which no consumer call or supplier stage of this agent takes: %w", m.ID, m.Type, m.DialogueID, ErrNoRoute))
+		}
+	}
+	clear(s.orphans)
+}
+
 // open registers a consumer dialogue and takes in what arrived for it
 // before, ahead of anything route pushes once it finds the queue (so
 // under s.mu: route may run on another goroutine, see
-// NetworkOptions.Concurrency).
+// NetworkOptions.Concurrency). It ends a NewRequest call.
 func (s *ServiceAgent) open(id string) *dialogueQueue {
 	q := newDialogueQueue()
 	s.mu.Lock()
@@ -144,6 +221,7 @@ func (s *ServiceAgent) open(id string) *dialogueQueue {
 		q.push(m)
 	}
 	delete(s.orphans, id)
+	s.endRequest()
 	return q
 }
 
@@ -165,7 +243,16 @@ func (s *ServiceAgent) reply(ctx context.Context, inReplyTo, typ string, body an
 	if err != nil {
 		return "", refusal(typ, err)
 	}
+	s.replied(res.GetDialogueId(), typ)
 	return res.GetMessageId(), nil
+}
+
+// replied records that the network accepted the agent's reply of type
+// typ in dialogue.
+func (s *ServiceAgent) replied(dialogue, typ string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.supplying.sent(dialogue, typ)
 }
 
 // ErrRefused is wrapped by the error of a service message the network
@@ -359,8 +446,10 @@ func (s *ServiceAgent) newRequest(ctx context.Context, protocol, window string, 
 	case "offer_timeout":
 		r.OfferTimeout = d
 	}
+	s.requesting()
 	res, err := s.client.NewRequest(s.agent.callContext(ctx), r)
 	if err != nil {
+		s.requested()
 		return nil, nil, fmt.Errorf("new_task_request: %w", err)
 	}
 	return s.open(res.GetDialogueId()), res, nil
@@ -711,5 +800,83 @@ func (q *dialogueQueue) wait(ctx context.Context) error {
 		return ctx.Err()
 	case <-q.ready:
 		return nil
+	}
+}
+
+// supplierDialogues are the dialogues an agent serves as a supplier whose
+// pair has not ended as far as it knows, least recently active first, at
+// most max (see Supply).
+type supplierDialogues struct {
+	max   int
+	byID  map[string]*list.Element // of *supplied
+	order *list.List               // least recently active first
+}
+
+type supplied struct {
+	id string
+	// tookOrder: the supplier's accept_offer formed the order (delegate),
+	// so its order_complete ends the pair: no confirmation follows.
+	tookOrder bool
+}
+
+func newSupplierDialogues(bound int) supplierDialogues {
+	return supplierDialogues{max: bound, byID: map[string]*list.Element{}, order: list.New()}
+}
+
+// endsPairReceived are the types whose receipt ends a supplier's pair in
+// delegate, allocate and transact (an expiry does too).
+var endsPairReceived = []string{"reject_proposal", "reject_offer", "task_withdrawn", "cancel_order", "confirm_success", "confirm_fail"}
+
+// endsPairSent are the types whose acceptance from the supplier ends its
+// pair in delegate, allocate and transact (order_complete does too after
+// the supplier's own accept_offer).
+var endsPairSent = []string{"reject_task", "reject_invite_offer", "revoke_offer", "reject_offer", "cancel_order", "order_failed"}
+
+// add starts serving dialogue id, forgetting the least recently active
+// one above max.
+func (d *supplierDialogues) add(id string) {
+	if e := d.byID[id]; e != nil {
+		d.order.MoveToBack(e)
+		return
+	}
+	d.byID[id] = d.order.PushBack(&supplied{id: id})
+	for len(d.byID) > d.max {
+		d.remove(d.order.Front())
+	}
+}
+
+func (d *supplierDialogues) remove(e *list.Element) {
+	delete(d.byID, e.Value.(*supplied).id)
+	d.order.Remove(e)
+}
+
+// received reports whether m is of a dialogue served (counting m as its
+// latest activity), and forgets the dialogue when m ends the pair.
+func (d *supplierDialogues) received(m Message) bool {
+	e := d.byID[m.DialogueID]
+	if e == nil {
+		return false
+	}
+	if slices.Contains(endsPairReceived, m.Type) || (m.Sender == "" && strings.HasSuffix(m.Type, "_expired")) {
+		d.remove(e)
+	} else {
+		d.order.MoveToBack(e)
+	}
+	return true
+}
+
+// sent records a reply of type typ the network accepted in dialogue, and
+// forgets the dialogue when that ends the pair.
+func (d *supplierDialogues) sent(dialogue, typ string) {
+	e := d.byID[dialogue]
+	if e == nil {
+		return
+	}
+	sp := e.Value.(*supplied)
+	switch {
+	case slices.Contains(endsPairSent, typ), typ == "order_complete" && sp.tookOrder:
+		d.remove(e)
+	case typ == "accept_offer":
+		sp.tookOrder = true
 	}
 }

@@ -38,7 +38,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -163,17 +162,10 @@ func run(stdout io.Writer) error {
 // measure runs load and adds the CPU time parley serve (pid and its
 // children) and this process used meanwhile.
 func measure(pid int, load func() (result, error)) (result, error) {
-	server, harness := cputime.Tree(pid), selfCPU()
+	server, harness := cputime.Tree(pid), cputime.Self()
 	r, err := load()
-	r.serverCPU, r.harnessCPU = cputime.Tree(pid)-server, selfCPU()-harness
+	r.serverCPU, r.harnessCPU = cputime.Tree(pid)-server, cputime.Self()-harness
 	return r, err
-}
-
-// selfCPU is the user and system time this process has used.
-func selfCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // warmUp runs round until one completes, for at most 60 s.

@@ -59,6 +59,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/parleyhq/parley/bench/internal/cputime"
 	"github.com/parleyhq/parley/bench/internal/parleyproc"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -132,20 +133,24 @@ func run(stdout io.Writer) error {
 	fmt.Fprintf(stdout, "%-10s %-8s %10s %10s %10s\n", "target", "senders", "msg/s", "p50", "p99")
 	for _, n := range counts {
 		fmt.Fprintf(os.Stderr, "jetstream, %d senders\n", n)
+		jsCPU := cputime.Self()
 		jr, err := loadJetStream(js, n, *duration)
 		if err != nil {
 			return err
 		}
+		jsCPU = cputime.Self() - jsCPU
 		fmt.Fprintf(os.Stderr, "parley, %d senders\n", n)
 		before, err := p.metrics(ctx, commitsMetric)
 		if err != nil {
 			return err
 		}
 		pagesBefore, pagesErr := p.metrics(ctx, pagesMetric) // absent from older builds
+		serverCPU, harnessCPU := cputime.Tree(p.proc.PID), cputime.Self()
 		pr, err := p.load(ctx, n, *duration)
 		if err != nil {
 			return err
 		}
+		serverCPU, harnessCPU = cputime.Tree(p.proc.PID)-serverCPU, cputime.Self()-harnessCPU
 		after, err := p.metrics(ctx, commitsMetric)
 		if err != nil {
 			return err
@@ -168,6 +173,15 @@ func run(stdout io.Writer) error {
 			}
 			fmt.Fprintf(stdout, "one-writer ceilings on this disk: bare bbolt commits %.0f/s (%.2f of jetstream), bare append+fsync %.0f/s (%.2f of jetstream); parley/bare-bbolt %.2f\n",
 				c.boltCommits, c.boltCommits/jr.rate(), c.appendSyncs, c.appendSyncs/jr.rate(), pr.rate()/c.boltCommits)
+		}
+		if pr.msgs > 0 && jr.msgs > 0 {
+			// CPU is steadier than throughput on a shared machine: it
+			// shows what a change saves even when the rate is noise.
+			perMsg := func(d time.Duration, msgs int) time.Duration {
+				return (d / time.Duration(msgs)).Round(time.Microsecond)
+			}
+			fmt.Fprintf(stdout, "CPU per message at %d senders: parley serve %s, harness (SDK agents) %s; jetstream (server and clients, in the harness) %s\n",
+				n, perMsg(serverCPU, pr.msgs), perMsg(harnessCPU, pr.msgs), perMsg(jsCPU, jr.msgs))
 		}
 		if pr.msgs > 0 {
 			per := (after[0] - before[0]) / float64(pr.msgs)

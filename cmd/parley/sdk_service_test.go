@@ -452,3 +452,136 @@ func requestIDs(reqs []*dispatcherv1.CreatePaymentRequest) []string {
 	}
 	return ids
 }
+
+// A supplier forgets each dialogue once its pair has ended (by a message
+// it receives, a reply of its own, an expiry or the consumer's close), so
+// that a long-running supplier's memory does not grow with every task it
+// ever served; with Concurrency too.
+func TestServiceAgent_supplierForgetsEndedDialogues(t *testing.T) {
+	for _, concurrency := range []int{1, 4} {
+		t.Run(fmt.Sprintf("concurrency %d", concurrency), func(t *testing.T) {
+			var (
+				mu    sync.Mutex
+				plans = map[string]string{} // by dialogue
+			)
+			planOf := func(d string) string {
+				mu.Lock()
+				defer mu.Unlock()
+				return plans[d]
+			}
+			offer := map[string]any{"offer": map[string]string{"by": "s"}, "offer_timeout": 30}
+			n := startServiceNetWith(t, sdk.NetworkOptions{Concurrency: concurrency}, []string{"s"}, func(_ string, sa *sdk.ServiceAgent) {
+				sa.Supply("new_task_request", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+					var body struct {
+						Task struct {
+							Plan string `json:"plan"`
+						} `json:"task"`
+					}
+					if err := json.Unmarshal(m.Body, &body); err != nil {
+						return err
+					}
+					mu.Lock()
+					plans[m.DialogueID] = body.Task.Plan
+					mu.Unlock()
+					var err error
+					switch body.Task.Plan {
+					case "silent":
+					case "reject_task":
+						_, err = r.Reply(ctx, "reject_task", struct{}{})
+					case "delegate":
+						if _, err = r.Reply(ctx, "accept_offer", struct{}{}); err == nil {
+							_, err = r.Reply(ctx, "order_complete", struct{}{})
+						}
+					case "reject_invite_offer", "order_failed":
+						_, err = r.Reply(ctx, "proposal", map[string]any{"proposal": map[string]string{"by": "s"}})
+					default:
+						_, err = r.Reply(ctx, "offer", offer)
+					}
+					return err
+				})
+				sa.Supply("invite_offer", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+					typ, body := "offer", any(offer)
+					if planOf(m.DialogueID) == "reject_invite_offer" {
+						typ, body = "reject_invite_offer", struct{}{}
+					}
+					_, err := r.Reply(ctx, typ, body)
+					return err
+				})
+				sa.Supply("accept_offer", func(ctx context.Context, m sdk.Message, r sdk.Responder) error {
+					typ := "order_complete"
+					if planOf(m.DialogueID) == "order_failed" {
+						typ = "order_failed"
+					}
+					_, err := r.Reply(ctx, typ, struct{}{})
+					return err
+				})
+			})
+			ctx := t.Context()
+			c, supplier := n.agents["consumer"], n.agents["s"]
+			req := func(plan string, window time.Duration) sdk.Request {
+				return sdk.Request{To: suppliersOf(n, "s"), Task: map[string]string{"plan": plan}, Window: window}
+			}
+			allocate := func(plan string, window time.Duration) *sdk.Round {
+				t.Helper()
+				round, err := c.Allocate(ctx, req(plan, window), byLowPrice)
+				if err != nil {
+					t.Fatalf("Allocate(%s) error = %v", plan, err)
+				}
+				return round
+			}
+			for range 2 {
+				// allocate: confirm_success, reject_offer and task_withdrawn
+				// received, reject_task sent, an expiry received.
+				round := allocate("confirm", 30*time.Second)
+				order, err := round.Accept(ctx, round.Offers[0], nil)
+				if err != nil {
+					t.Fatalf("Accept error = %v", err)
+				}
+				done, err := round.Await(ctx, order.Supplier, "order_complete")
+				if err != nil {
+					t.Fatalf("Await(order_complete) error = %v", err)
+				}
+				if err := round.Confirm(ctx, done, true); err != nil {
+					t.Fatalf("Confirm error = %v", err)
+				}
+				round = allocate("reject", 30*time.Second)
+				if err := round.Reject(ctx, round.Offers[0]); err != nil {
+					t.Fatalf("Reject error = %v", err)
+				}
+				round = allocate("withdraw", 30*time.Second)
+				if err := round.Close(ctx); err != nil {
+					t.Fatalf("Close error = %v", err)
+				}
+				if round := allocate("reject_task", 30*time.Second); len(round.Offers) != 0 {
+					t.Fatalf("Allocate(reject_task) offers = %v, want none", round.Offers)
+				}
+				if round := allocate("silent", time.Second); len(round.Offers) != 0 {
+					t.Fatalf("Allocate(silent) offers = %v, want none (the window lapses)", round.Offers)
+				}
+				// delegate: order_complete sent after the supplier's own
+				// accept_offer.
+				if _, _, err := c.Delegate(ctx, req("delegate", 30*time.Second)); err != nil {
+					t.Fatalf("Delegate error = %v", err)
+				}
+				// transact: reject_invite_offer and order_failed sent.
+				if _, err := c.Transact(ctx, req("reject_invite_offer", 30*time.Second), byLowPrice, sdk.TransactOptions{}); !errors.Is(err, sdk.ErrNoSupplier) {
+					t.Fatalf("Transact(reject_invite_offer) error = %v, want ErrNoSupplier", err)
+				}
+				if _, err := c.Transact(ctx, req("order_failed", 30*time.Second), byLowPrice, sdk.TransactOptions{}); err != nil {
+					t.Fatalf("Transact(order_failed) error = %v", err)
+				}
+			}
+			deadline := time.Now().Add(30 * time.Second) // bounds a broken run only
+			for {
+				got := supplier.SupplierDialogues()
+				if got == 0 {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("SupplierDialogues() = %d after every pair ended, want 0", got)
+				}
+				time.Sleep(10 * time.Millisecond) // between polls
+			}
+		})
+	}
+}

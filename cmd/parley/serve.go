@@ -9,8 +9,6 @@ import (
 	"os/signal"
 	"syscall"
 
-	"google.golang.org/grpc"
-
 	"github.com/parleyhq/parley/platform/envflag"
 	"github.com/parleyhq/parley/platform/serve"
 	"github.com/parleyhq/parley/platform/telemetry"
@@ -78,7 +76,7 @@ func loadSuiteConfig(e env, args []string) (suiteConfig, error) {
 // calls.
 type suite struct {
 	srv     *serve.Server
-	conn    *grpc.ClientConn // in-process, to the suite's own services
+	conn    *serve.InProcessConn // in-process, to the suite's own services
 	logger  *slog.Logger
 	closers []func() error
 }

@@ -109,8 +109,15 @@ type Server struct {
 	shapes   []errorShape            // see HandleErrors
 	checks   []check
 	pipe     *bufconn.Listener // in-process clients, see InProcessConn
-	running  bool              // Run has started serving
-	patterns []string          // hand-written route patterns, for Routes
+	// unaryMethods are the registered services' unary handlers by full
+	// method name, and unary the interceptors a call from outside passes
+	// through, chained: InProcessConn calls them directly.
+	unaryMethods map[string]unaryMethod
+	unary        grpc.UnaryServerInterceptor
+	inproc       *inProcessCalls
+	serving      chan struct{} // closed when Run starts serving
+	running      bool          // Run has started serving
+	patterns     []string      // hand-written route patterns, for Routes
 
 	stopping chan struct{} // closed when shutdown starts; see Stopping
 	stopOnce sync.Once
@@ -161,6 +168,8 @@ func New(opts Options) (*Server, error) {
 	}
 	s.refused = newRefusedCounter(opts.Registry)
 
+	s.inproc, s.serving = newInProcessCalls(), make(chan struct{})
+	unary := telemetry.UnaryInterceptors(s.metrics, s.logger)
 	grpcOpts := append(telemetry.ServerOptions(s.metrics, s.logger),
 		grpc.MaxRecvMsgSize(int(opts.MaxBodyBytes)))
 	gatewayAuth := func(next runtime.HandlerFunc) runtime.HandlerFunc { return next }
@@ -176,6 +185,7 @@ func New(opts Options) (*Server, error) {
 		grpcOpts = append(grpcOpts,
 			grpc.ChainUnaryInterceptor(s.auth.UnaryInterceptor()),
 			grpc.ChainStreamInterceptor(s.auth.StreamInterceptor()))
+		unary = append(unary, s.auth.UnaryInterceptor())
 		gatewayAuth = s.auth.Gateway
 	}
 	grpcOpts = append(grpcOpts, opts.Limits.grpcOptions()...)
@@ -199,6 +209,7 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("--tls-client-ca needs --tls-cert and --tls-key: mTLS is TLS first")
 	}
 	s.GRPC = grpc.NewServer(grpcOpts...)
+	s.unary = chainUnary(unary)
 	healthpb.RegisterHealthServer(s.GRPC, s.health)
 	reflection.Register(s.GRPC)
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
@@ -453,6 +464,9 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 		}
 	}()
 	s.mu.Lock()
+	if !s.running {
+		close(s.serving)
+	}
 	s.running = true
 	if s.pipe != nil {
 		go s.servePipe(s.pipe)
@@ -490,15 +504,17 @@ func (s *Server) Run(ctx context.Context, grpcLis, httpLis net.Listener) error {
 	for _, fn := range drains {
 		fn(sctx)
 	}
-	stopped := make(chan struct{})
-	go func() { s.GRPC.GracefulStop(); close(stopped) }()
+	stopped, inprocDone := make(chan struct{}), s.inproc.stop()
+	go func() { s.GRPC.GracefulStop(); <-inprocDone; close(stopped) }()
 	select {
 	case <-stopped:
 	case <-sctx.Done():
 		s.logger.WarnContext(ctx, "grpc drain cut short; stopping")
+		s.inproc.cancel() // as Stop cancels the calls over a transport
 		s.GRPC.Stop()
 		<-stopped
 	}
+	s.inproc.cancel()
 	return runErr
 }
 

@@ -16,9 +16,15 @@ import (
 // logged and counted as Internal).
 func ServerOptions(m *Metrics, logger *slog.Logger) []grpc.ServerOption {
 	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(m.unary, logUnary(logger), m.recoverUnary(logger)),
+		grpc.ChainUnaryInterceptor(UnaryInterceptors(m, logger)...),
 		grpc.ChainStreamInterceptor(m.stream, logStream(logger), m.recoverStream(logger)),
 	}
+}
+
+// UnaryInterceptors are ServerOptions' unary interceptors, in order, for
+// a caller that runs handlers without a gRPC server (serve.InProcessConn).
+func UnaryInterceptors(m *Metrics, logger *slog.Logger) []grpc.UnaryServerInterceptor {
+	return []grpc.UnaryServerInterceptor{m.unary, logUnary(logger), m.recoverUnary(logger)}
 }
 
 func (m *Metrics) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -59,4 +60,11 @@ func stat(file string) []string {
 		return nil
 	}
 	return strings.Fields(string(b[i+1:]))
+}
+
+// Self is the user and system CPU time this process has used so far.
+func Self() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -235,7 +235,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 			}
 		}
 	}
-	dispatcherv1.RegisterDispatcherServiceServer(s.GRPC, srv)
+	dispatcherv1.RegisterDispatcherServiceServer(s, srv)
 	s.FallbackKeyVerifier(introspector(registryv1.NewRegistryServiceClient(a.peers.Registry)))
 	if err := dispatcherv1.RegisterDispatcherServiceHandlerServer(ctx, s.Gateway, srv); err != nil {
 		return err

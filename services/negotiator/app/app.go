@@ -148,7 +148,7 @@ func llmOptions(c config.LLM) llm.Options {
 // Register mounts the negotiator on s: gRPC service, gateway handlers,
 // metrics, health name and readiness checks.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
-	negotiatorv1.RegisterNegotiatorServiceServer(s.GRPC, a.server)
+	negotiatorv1.RegisterNegotiatorServiceServer(s, a.server)
 	if err := negotiatorv1.RegisterNegotiatorServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err
 	}

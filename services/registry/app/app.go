@@ -182,7 +182,7 @@ func openStore(cfg config.Config, logger *slog.Logger) (store.Store, error) {
 // Register mounts the registry on s: gRPC service, gateway handlers, the
 // raw-document and discovery routes, metrics, health name and readiness.
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
-	registryv1.RegisterRegistryServiceServer(s.GRPC, a.server)
+	registryv1.RegisterRegistryServiceServer(s, a.server)
 	s.SetKeyVerifier(a.server) // keys are checked against this store
 	if err := registryv1.RegisterRegistryServiceHandlerServer(ctx, s.Gateway, a.server); err != nil {
 		return err

@@ -102,7 +102,7 @@ func New(cfg config.Config, logger *slog.Logger, peers Peers) (*App, error) {
 func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	// gRPC and v1 REST callers see only their own tasks; the Agent
 	// Protocol routes below use the server itself (rest.Options.TokenRequired).
-	tasksv1.RegisterTasksServiceServer(s.GRPC, a.server.Owned())
+	tasksv1.RegisterTasksServiceServer(s, a.server.Owned())
 	if err := tasksv1.RegisterTasksServiceHandlerServer(ctx, s.Gateway, a.server.Owned()); err != nil {
 		return err
 	}

@@ -38,3 +38,58 @@ func TestFind(t *testing.T) {
 		})
 	}
 }
+
+// FuzzFind_scanAgreesWithDecoding: the byte scan in front of the decode
+// never changes Find's answer (`go test -fuzz FuzzFind_scanAgreesWithDecoding`
+// explores; a plain test run checks the seeds).
+func FuzzFind_scanAgreesWithDecoding(f *testing.F) {
+	for _, s := range []string{
+		`{"payment":{"number":"4111111111111111"}}`, `{"note":"card 4111 1111 1111 1111 exp 12/29"}`,
+		`["x","5500-0000-0000-0004"]`, `{"pan":4111111111111111}`, `{"payment":{"cvv":"123"}}`,
+		`{"CVC2":"12"}`, `{"c\u0076v":1}`, `{"Card_Security-Code":1}`, `{"n":"4\u0031111111111111111"}`,
+		`{"n":"4111_1111_1111_1111"}`, `{"securİtycode":1}`, `{"a":"ok","b":[1,2,3],"c":{"d":null}}`,
+		`{"t":1764650000}`, `{"id":"ab4111111111111111cd"}`, `"4111111111111111"`, `{"x":"c v v"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		gotAt, got := Find(body)
+		wantAt, want := findDecoded(body)
+		if got != want || (got && gotAt == "") != (want && wantAt == "") {
+			t.Errorf("Find(%q) = %q, %v; decoding alone finds %q, %v", body, gotAt, got, wantAt, want)
+		}
+	})
+}
+
+func TestFind_scanSkipsDecodingOnlyWhenNothingCanMatch(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"type":"new_message","text":"see you at 10:30 on 2026-12-02","n":42}`: false,
+		`{"ref":"ledger:7f3a","amount_micros":1250000}`:                         false,
+		`{"n":"4111 1111 1111 1111"}`:                                           true,
+		`{"n":"1234567890123"}`:                                                 true, // 13 digits: decoded, Luhn decides
+		`{"CVV":1}`:                                                             true,
+		`{"x":"\u0031"}`:                                                        true,
+		`{"x":"é"}`:                                                             true,
+	} {
+		if got := mayHold([]byte(body)); got != want {
+			t.Errorf("mayHold(%s) = %v, want %v", body, got, want)
+		}
+	}
+}
+
+// BenchmarkFind: a typical message body, with the byte scan and decoded.
+func BenchmarkFind(b *testing.B) {
+	body := []byte(`{"text":"Could you book two rooms in Lisbon from the 3rd to the 7th? Budget 180 EUR a night.","ref":"job-2026-12-02-0042","priority":2,"tags":["travel","hotel"]}`)
+	b.Run("scan", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			Find(body)
+		}
+	})
+	b.Run("decode", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			findDecoded(body)
+		}
+	})
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"crypto/ed25519"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"slices"
@@ -29,15 +30,18 @@ import (
 //     the id it is recorded under);
 //   - a message marked opensOrder (accept_offer) goes through the payment
 //     gate: payment, the owner's limits and signed approval, against the
-//     recorded terms of the message it answers (of the pair's last offer
-//     when that message stated none: a payment_error). If the reply is then not
-//     delivered (a lost race with revoke_offer, a deadline), the gate's
-//     effects are undone.
+//     recorded terms of the message it answers (when that message stated
+//     none, a payment_error, those of the offer its acceptance answered:
+//     acceptedTerms). If the reply is then not delivered (a lost race with
+//     revoke_offer, a deadline), the gate's effects are undone.
 //
 // The check runs outside the dialogue's transaction (it asks the registry
 // for the consumer's owner), so it holds no lock on the pair: the pair's
 // state machine still decides, in its transaction, whether the reply is
-// accepted.
+// accepted. Terms recorded for a reply that is then not delivered are
+// removed by done; should that never run (a crash), they still belong to
+// their dialogue, whose sweep removes them: the store records terms only
+// for a dialogue it holds, in a transaction ordered with the sweep.
 
 // ownerSource reads an agent's owner details from the registry.
 type ownerSource struct {
@@ -141,7 +145,7 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 		if sender != d.Initiator { // delegate: the supplier accepts the consumer's request
 			supplier, payee = sender, sender
 		}
-		raw, err := s.opts.Payments.OfferTerms(ctx, d.ID, answered.Sender, answered.ID)
+		raw, err := s.acceptedTerms(ctx, d.ID, answered, opens)
 		if err != nil {
 			return nil, err
 		}
@@ -172,12 +176,68 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 		// offer removes its own terms and no other's, however many
 		// offers of the pair race.
 		id := dialogue.NewID()
-		if err := s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, id, body); err != nil {
+		err = s.opts.Payments.SetOfferTerms(ctx, d.ID, sender, id, body)
+		if errors.Is(err, store.ErrNotFound) {
+			return nil, nil // swept meanwhile: the dialogue layer refuses it
+		}
+		if err != nil {
 			return nil, err
 		}
 		return &moneyCheck{s: s, offer: id, dialogue: d.ID, sender: sender}, nil
 	}
 	return nil, nil
+}
+
+// maxTermsChain bounds acceptedTerms' walk back: each payment_error that
+// restates no terms is one step (two reads) further from its offer.
+const maxTermsChain = 32
+
+// acceptedTerms returns the terms an acceptance of answered is checked
+// against, as answered's sender (the pair's side that states terms)
+// recorded them: answered's own; when it stated none and answers an
+// earlier acceptance (a payment_error answering an accept_offer), those of
+// the message that acceptance answered, and so on back; else the pair's
+// terms recorded before terms were kept per message (id ""). The walk
+// goes through stored messages only, so the terms of a message never
+// delivered (refused, and their removal not come yet, or never: a crash)
+// are never read, unlike the pair's latest terms, which may be such.
+func (s *Server) acceptedTerms(ctx context.Context, dialogue string, answered store.DialogueMessage, opens []string) (json.RawMessage, error) {
+	supplier, m := answered.Sender, answered
+	for range maxTermsChain {
+		raw, err := s.opts.Payments.OfferTerms(ctx, dialogue, supplier, m.ID)
+		if err != nil || raw != nil {
+			return raw, err
+		}
+		acceptance, ok, err := s.storedMessage(ctx, m.InReplyTo)
+		if err != nil {
+			return nil, err
+		}
+		if !ok || !slices.Contains(opens, acceptance.Type) {
+			break
+		}
+		prev, ok, err := s.storedMessage(ctx, acceptance.InReplyTo)
+		if err != nil {
+			return nil, err
+		}
+		if !ok || prev.Sender != supplier {
+			break
+		}
+		m = prev
+	}
+	return s.opts.Payments.OfferTerms(ctx, dialogue, supplier, "")
+}
+
+// storedMessage returns the dialogue message id; ok false when there is
+// none (id "", or not stored).
+func (s *Server) storedMessage(ctx context.Context, id string) (_ store.DialogueMessage, ok bool, _ error) {
+	if id == "" {
+		return store.DialogueMessage{}, false, nil
+	}
+	m, err := s.opts.Dialogues.GetDialogueMessage(ctx, id)
+	if errors.Is(err, store.ErrNotFound) {
+		return store.DialogueMessage{}, false, nil
+	}
+	return m, err == nil, err
 }
 
 // orderTypes returns the PD's types marked opensOrder, and the types they

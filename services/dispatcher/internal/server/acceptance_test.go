@@ -1,7 +1,10 @@
 package server
 
 import (
+	"context"
 	"crypto/ed25519"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -15,6 +18,8 @@ import (
 	"github.com/parleyhq/parley/platform/grpcerr"
 	"github.com/parleyhq/parley/services/dispatcher/internal/approval"
 	"github.com/parleyhq/parley/services/dispatcher/internal/order"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
 func ownerKey(b byte) ed25519.PrivateKey {
@@ -211,5 +216,102 @@ func TestAllocate_racingRefusedOffersLeaveNoTerms(t *testing.T) {
 		if _, err := e.reply(netAlice, offer, "accept_offer", `{}`); err != nil {
 			t.Fatalf("round %d: accept_offer of the 1 USD offer = %v, want it accepted under its own terms", round, err)
 		}
+	}
+}
+
+// sweepingPayments sweeps the dialogue away just before an offer's terms
+// are recorded (the sweep running between the reply's read of its dialogue
+// and the terms' write), and fails every RemoveOfferTerms, as a crash
+// between the terms' write and their undo does.
+type sweepingPayments struct {
+	store.PaymentStore
+	st    *boltstore.Store
+	sweep func() // once, then nil
+}
+
+func (p *sweepingPayments) SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error {
+	if p.sweep != nil {
+		p.sweep()
+		p.sweep = nil
+	}
+	return p.PaymentStore.SetOfferTerms(ctx, dialogue, supplier, id, terms)
+}
+
+func (p *sweepingPayments) RemoveOfferTerms(context.Context, string, string, string) error {
+	return errors.New("the process died before the undo")
+}
+
+// An offer whose dialogue is swept while it is being sent leaves no terms
+// behind: they are not recorded for a dialogue gone, since nothing would
+// ever remove them (the sweep that takes a dialogue's terms has run), and
+// an undo may never come.
+func TestAllocate_offerOfASweptDialogueLeavesNoTerms(t *testing.T) {
+	var p *sweepingPayments
+	e := startServiceWrapped(t, Options{}, func(st *boltstore.Store) store.PaymentStore {
+		p = &sweepingPayments{PaymentStore: st, st: st}
+		return p
+	})
+	req := e.request("allocate", map[string]time.Duration{"invite_offer_timeout": 30 * time.Second}, netBob)
+	d := req.GetDialogueId()
+	p.sweep = func() {
+		ctx := t.Context()
+		// On the handler's goroutine: Errorf, not Fatal.
+		if _, _, err := p.st.UpdateParticipant(ctx, d, netAlice, func(d *store.Dialogue, _ *store.Participant) error {
+			d.Closed, d.CloseTime = true, e.clock.Now().Add(-time.Hour)
+			return nil
+		}); err != nil {
+			t.Errorf("close the dialogue: %v", err)
+		}
+		if n, err := p.st.SweepDialogues(ctx, e.clock.Now(), 10); err != nil || n != 1 {
+			t.Errorf("SweepDialogues = %d, %v; want the dialogue swept", n, err)
+		}
+	}
+	_, err := e.reply(netBob, req.GetMessageId(), "offer", `{"offer":{},"price":{"amount_micros":1000000,"currency":"USD"}}`)
+	if err == nil {
+		t.Fatal("offer in a swept dialogue accepted, want it refused")
+	}
+	if p.sweep != nil {
+		t.Fatal("the offer's terms were never recorded: the test's sweep did not run")
+	}
+	// OfferTerms falls back to any terms of the pair.
+	if got, err := p.st.OfferTerms(t.Context(), d, netBob, "any"); err != nil || got != nil {
+		t.Errorf("offer terms of the swept dialogue = %s, %v; want none", got, err)
+	}
+}
+
+// undoLessPayments fails every RemoveOfferTerms, as a crash between an
+// offer's terms' write and their undo does.
+type undoLessPayments struct{ store.PaymentStore }
+
+func (undoLessPayments) RemoveOfferTerms(context.Context, string, string, string) error {
+	return errors.New("the process died before the undo")
+}
+
+// An acceptance answering a payment_error that restates no terms is
+// checked against the terms of the offer the pair's acceptance answered,
+// never against those of an offer the pair refused: its terms were
+// recorded before the refusal and, when their undo never came (or has not
+// come yet), were read as the pair's last, so a price nobody was offered
+// refused every later acceptance.
+func TestTransact_acceptanceAfterAPaymentErrorIgnoresARefusedOffersTerms(t *testing.T) {
+	e := startServiceWrapped(t, Options{}, func(st *boltstore.Store) store.PaymentStore { return undoLessPayments{st} })
+	e.reg.addAgent(&registryv1.Agent{Name: netAlice})
+	req := e.request("transact", nil, netBob)
+	proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
+	invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
+	offer := e.mustReply(netBob, invite, "offer", `{"offer":{},"price":{"amount_micros":1000000,"currency":"USD"},"payment_required":true}`)
+	pay := func() string {
+		_, id, _ := cutPayment(e.createPayment(netAlice, netBob, 1_000_000).GetName())
+		return mustJSON(map[string]any{"payment": map[string]string{"provider": "ledger", "reference": id}})
+	}
+	accept := e.mustReply(netAlice, offer, "accept_offer", pay())
+	declined := e.mustReply(netBob, accept, "payment_error", `{"error":"declined","offer_timeout":30}`)
+	// An offer the pair refuses (only an acceptance may follow a
+	// payment_error), at another price.
+	if _, err := e.reply(netBob, invite, "offer", `{"offer":{},"price":{"amount_micros":5000000,"currency":"USD"},"payment_required":true}`); grpcerr.Reason(err) != "PROTOCOL_ERROR" {
+		t.Fatalf("offer after payment_error error = %v, want PROTOCOL_ERROR", err)
+	}
+	if _, err := e.reply(netAlice, declined, "accept_offer", pay()); err != nil {
+		t.Errorf("accept_offer of the 1 USD offer after its payment_error = %v, want it accepted under that offer's terms", err)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/order"
 	"github.com/parleyhq/parley/services/dispatcher/internal/serviceprotocol"
+	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/boltstore"
 )
 
@@ -84,6 +85,13 @@ func startService(t *testing.T) *serviceEnv {
 // startServiceWith is startService with the options of base set.
 func startServiceWith(t *testing.T, base Options) *serviceEnv {
 	t.Helper()
+	return startServiceWrapped(t, base, nil)
+}
+
+// startServiceWrapped is startServiceWith whose payment store, when wrap
+// is not nil, is wrap of the bbolt store (a fake for failures).
+func startServiceWrapped(t *testing.T, base Options, wrap func(*boltstore.Store) store.PaymentStore) *serviceEnv {
+	t.Helper()
 	reg := &serviceRegistry{
 		followRegistry: &followRegistry{fakeRegistry: newFakeRegistry(), follows: map[[2]string]bool{}},
 		machines:       map[string]*registryv1.StateMachine{},
@@ -116,6 +124,9 @@ func startServiceWith(t *testing.T, base Options) *serviceEnv {
 	clock := &fakeClock{now: time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)}
 	mb := mailbox.New(st, mailbox.Options{Now: clock.Now})
 	base.Dialogues, base.Mailboxes, base.Orders, base.Timers, base.Payments, base.Now = st, mb, st, st, st, clock.Now
+	if wrap != nil {
+		base.Payments = wrap(st)
+	}
 	srv := New(st, slog.New(slog.DiscardHandler), registryv1.NewRegistryServiceClient(regConn), testOptions(base))
 	conn := serveGRPC(t, func(s *grpc.Server) { dispatcherv1.RegisterDispatcherServiceServer(s, srv) })
 	return &serviceEnv{

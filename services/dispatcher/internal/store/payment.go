@@ -89,14 +89,23 @@ type PaymentStore interface {
 	SweepSpends(ctx context.Context, before time.Time, limit int) (int, error)
 	// SetOfferTerms records terms as those of the message id (an offer, a
 	// payment_error) of the pair (dialogue, supplier), before the message
-	// is delivered; setting them again replaces them.
+	// is delivered; setting them again replaces them. ErrNotFound, and
+	// nothing is recorded, when dialogue is not stored (never, or swept):
+	// the check and the write are one transaction that a concurrent
+	// SweepDialogues is ordered with, so every record belongs to a stored
+	// dialogue and goes with its sweep, whatever becomes of its message
+	// (RemoveOfferTerms may never come: a crash, a failed undo).
 	SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error
 	// RemoveOfferTerms removes the terms recorded for message id of the
 	// pair, and no other's: its message was not delivered. Removing terms
 	// never recorded is no error.
 	RemoveOfferTerms(ctx context.Context, dialogue, supplier, id string) error
-	// OfferTerms returns the terms recorded for message id of the pair;
-	// when it stated none (a payment_error that keeps its offer's), the
-	// terms the pair recorded last; nil when the pair has none.
+	// OfferTerms returns the terms recorded for message id of the pair
+	// exactly; nil when it has none. There is no fallback to other
+	// messages' terms: terms are recorded before their message is
+	// delivered, so the pair's latest may be those of a message refused
+	// (whose removal may never come). The terms of a message's chain are
+	// the caller's to find. Id "" holds a pair's terms recorded before
+	// terms were kept per message (the pair's last, then).
 	OfferTerms(ctx context.Context, dialogue, supplier, id string) (json.RawMessage, error)
 }

@@ -148,21 +148,24 @@ func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
 }
 
 // A schema-7 database (one offer's terms per pair) is migrated on open:
-// the pair's terms are then found for any message of the pair, until an
-// offer records its own.
+// the pair's terms are then kept under message id "" (read when an
+// acceptance's chain of messages recorded none), beside an offer's own.
 func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 	const bob = "clients/b/agents/bob"
 	s := openSchema(t, 7, schema12Buckets(), func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketDialogues).Put([]byte("d1"), []byte(`{"id":"d1"}`)); err != nil { // SetOfferTerms needs it
+			return err
+		}
 		return tx.Bucket(bucketOfferTerms).Put(join("d1", bob), []byte(`{"a":1}`))
 	})
 	ctx := t.Context()
-	if got, err := s.OfferTerms(ctx, "d1", bob, "offer1"); err != nil || string(got) != `{"a":1}` {
-		t.Errorf("OfferTerms(d1, bob) after the migration = %s, %v; want {\"a\":1}", got, err)
+	if got, err := s.OfferTerms(ctx, "d1", bob, ""); err != nil || string(got) != `{"a":1}` {
+		t.Errorf("OfferTerms(d1, bob, \"\") after the migration = %s, %v; want {\"a\":1}", got, err)
 	}
 	if err := s.SetOfferTerms(ctx, "d1", bob, "offer2", json.RawMessage(`{"a":2}`)); err != nil {
 		t.Fatal(err)
 	}
-	for id, want := range map[string]string{"offer1": `{"a":2}`, "offer2": `{"a":2}`} {
+	for id, want := range map[string]string{"": `{"a":1}`, "offer1": "", "offer2": `{"a":2}`} {
 		if got, err := s.OfferTerms(ctx, "d1", bob, id); err != nil || string(got) != want {
 			t.Errorf("OfferTerms(d1, bob, %s) after a new offer = %s, %v; want %s", id, got, err, want)
 		}

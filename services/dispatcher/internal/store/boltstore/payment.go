@@ -503,6 +503,11 @@ func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier, id string
 		return err
 	}
 	return s.db.Update(func(tx *bolt.Tx) error {
+		// In the transaction: SweepDialogues removes a dialogue and its
+		// terms in one, so these are swept with it or never written.
+		if tx.Bucket(bucketDialogues).Get([]byte(dialogue)) == nil {
+			return resource.NotFound("dialogue", dialogue)
+		}
 		b := tx.Bucket(bucketOfferTerms)
 		seq, err := b.NextSequence()
 		if err != nil {
@@ -522,29 +527,17 @@ func (s *Store) RemoveOfferTerms(ctx context.Context, dialogue, supplier, id str
 	})
 }
 
-// OfferTerms implements store.PaymentStore: the message's terms, else the
-// pair's with the highest sequence number.
+// OfferTerms implements store.PaymentStore: the message's terms, after
+// their sequence number (which orders a pair's terms; nothing reads it
+// since lookups are exact).
 func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (json.RawMessage, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var out json.RawMessage
 	err := s.db.View(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketOfferTerms)
-		if v := b.Get(join(dialogue, supplier, id)); len(v) >= 8 {
+		if v := tx.Bucket(bucketOfferTerms).Get(join(dialogue, supplier, id)); len(v) >= 8 {
 			out = bytes.Clone(v[8:])
-			return nil
-		}
-		prefix := join(dialogue, supplier, "")
-		var last uint64
-		c := b.Cursor()
-		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
-			if len(v) < 8 {
-				continue
-			}
-			if seq := binary.BigEndian.Uint64(v[:8]); out == nil || seq > last {
-				out, last = bytes.Clone(v[8:]), seq
-			}
 		}
 		return nil
 	})
@@ -553,8 +546,8 @@ func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (
 
 // migrateOfferTerms rewrites the offer terms of schema 7 and before, one
 // per pair (dialogue + 0x00 + supplier → terms), as the terms of no
-// message of their pair (message id "", sequence 0): what OfferTerms
-// finds for an acceptance when nothing later was recorded.
+// message of their pair (message id "", sequence 0): what the server
+// reads for an acceptance whose chain of messages recorded none.
 func migrateOfferTerms(tx *bolt.Tx) error {
 	b := tx.Bucket(bucketOfferTerms)
 	var old [][2][]byte

@@ -117,8 +117,8 @@ func TestOpen_migration5FillsOpenPayments(t *testing.T) {
 }
 
 // A database migrated to version 10 (one offer's terms per pair) gets 0011
-// on open: the pair's terms are then found for any message of the pair,
-// until an offer records its own.
+// on open: the pair's terms are then kept under message id "" (read when
+// an acceptance's chain of messages recorded none), beside an offer's own.
 func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
 	url, schema := pgdbtest.Schema(t)
 	upTo10 := fstest.MapFS{}
@@ -142,6 +142,10 @@ func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
 	if _, err := old.Pool().Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, terms) VALUES ('d1', $1, $2)`, bob, []byte(`{"a":1}`)); err != nil {
 		t.Fatal(err)
 	}
+	// The dialogue, which SetOfferTerms needs.
+	if _, err := old.Pool().Exec(ctx, `INSERT INTO dialogues (id, data) VALUES ('d1', '{"id":"d1"}')`); err != nil {
+		t.Fatal(err)
+	}
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -150,13 +154,13 @@ func TestOpen_migration11KeysOfferTermsByMessage(t *testing.T) {
 		t.Fatalf("Open(version 10): %v", err)
 	}
 	defer s.Close()
-	if got, err := s.OfferTerms(ctx, "d1", bob, "offer1"); err != nil || string(got) != `{"a":1}` {
-		t.Errorf("OfferTerms(d1, bob) after the migration = %s, %v; want {\"a\":1}", got, err)
+	if got, err := s.OfferTerms(ctx, "d1", bob, ""); err != nil || string(got) != `{"a":1}` {
+		t.Errorf("OfferTerms(d1, bob, \"\") after the migration = %s, %v; want {\"a\":1}", got, err)
 	}
 	if err := s.SetOfferTerms(ctx, "d1", bob, "offer2", json.RawMessage(`{"a":2}`)); err != nil {
 		t.Fatal(err)
 	}
-	for id, want := range map[string]string{"offer1": `{"a":2}`, "offer2": `{"a":2}`} {
+	for id, want := range map[string]string{"": `{"a":1}`, "offer1": "", "offer2": `{"a":2}`} {
 		if got, err := s.OfferTerms(ctx, "d1", bob, id); err != nil || string(got) != want {
 			t.Errorf("OfferTerms(d1, bob, %s) after a new offer = %s, %v; want %s", id, got, err, want)
 		}

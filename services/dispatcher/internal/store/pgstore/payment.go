@@ -197,10 +197,25 @@ func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier, id string
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	_, err := s.db.Pool().Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, message_id, terms) VALUES ($1, $2, $3, $4)
+	return s.db.Write(ctx, func(tx pgx.Tx) error {
+		// The dialogue's row is share-locked until the terms commit:
+		// SweepDialogues locks the rows it removes FOR UPDATE SKIP LOCKED
+		// first, so it either removed this dialogue before (nothing to
+		// lock: refused) or leaves it to a later sweep, which takes these
+		// terms with it.
+		var one int
+		err := tx.QueryRow(ctx, `SELECT 1 FROM dialogues WHERE id = $1 FOR KEY SHARE`, dialogue).Scan(&one)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return resource.NotFound("dialogue", dialogue)
+		}
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO offer_terms (dialogue, supplier, message_id, terms) VALUES ($1, $2, $3, $4)
 ON CONFLICT (dialogue, supplier, message_id) DO UPDATE SET terms = excluded.terms, seq = nextval(pg_get_serial_sequence('offer_terms', 'seq'))`,
-		dialogue, supplier, id, []byte(terms))
-	return err
+			dialogue, supplier, id, []byte(terms))
+		return err
+	})
 }
 
 // RemoveOfferTerms implements store.PaymentStore.
@@ -212,15 +227,14 @@ func (s *Store) RemoveOfferTerms(ctx context.Context, dialogue, supplier, id str
 	return err
 }
 
-// OfferTerms implements store.PaymentStore: the message's terms, else the
-// pair's last recorded.
+// OfferTerms implements store.PaymentStore: the message's terms.
 func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (json.RawMessage, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	var terms []byte
-	err := s.db.Pool().QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2
-ORDER BY message_id = $3 DESC, seq DESC LIMIT 1`, dialogue, supplier, id).Scan(&terms)
+	err := s.db.Pool().QueryRow(ctx, `SELECT terms FROM offer_terms WHERE dialogue = $1 AND supplier = $2 AND message_id = $3`,
+		dialogue, supplier, id).Scan(&terms)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}

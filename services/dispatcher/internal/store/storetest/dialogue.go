@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,6 +29,8 @@ func RunDialogues(t *testing.T, open func(t *testing.T) DialogueBackend) {
 	t.Run("close filters", func(t *testing.T) { testDialogueClose(t, open(t)) })
 	t.Run("sweep closed dialogues", func(t *testing.T) { testDialogueSweep(t, open(t)) })
 	t.Run("sweep by the dialogue's own time", func(t *testing.T) { testDialogueSweepOwnTime(t, open(t)) })
+	t.Run("offer terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
+	t.Run("offer terms need their dialogue", func(t *testing.T) { testOfferTermsNeedTheirDialogue(t, open(t)) })
 	t.Run("requests", func(t *testing.T) { testDialogueRequests(t, open(t)) })
 	t.Run("request sweep batches", func(t *testing.T) { testSweepRequestBatches(t, open(t)) })
 }
@@ -488,5 +491,132 @@ func testDialogueSweep(t *testing.T, s DialogueBackend) {
 	}
 	if _, err := s.GetDialogue(ctx, "open"); err != nil {
 		t.Errorf("GetDialogue(open) = %v; a dialogue never closed stays", err)
+	}
+}
+
+func testOfferTerms(t *testing.T, s DialogueBackend) {
+	ctx := t.Context()
+	opener(t, s, "d1", []string{bob, carol})
+	terms := func(supplier, id string) string {
+		t.Helper()
+		got, err := s.OfferTerms(ctx, "d1", supplier, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(got)
+	}
+	if got := terms(bob, "m1"); got != "" {
+		t.Errorf("OfferTerms(none) = %s, want nil", got)
+	}
+	set := func(id, v string) {
+		t.Helper()
+		if err := s.SetOfferTerms(ctx, "d1", bob, id, json.RawMessage(v)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	set("m1", `{"a":1}`)
+	set("m2", `{"a":2}`)
+	// Each message's own terms, exactly: one that stated none (a
+	// payment_error) has none, not the pair's latest (which may be a
+	// refused offer's).
+	for id, want := range map[string]string{"m1": `{"a":1}`, "m2": `{"a":2}`, "m3": ""} {
+		if got := terms(bob, id); got != want {
+			t.Errorf("OfferTerms(%s) = %s, want %s", id, got, want)
+		}
+	}
+	if got := terms(carol, "m1"); got != "" {
+		t.Errorf("OfferTerms(other supplier) = %s, want nil", got)
+	}
+	// Set again, m1's terms are replaced.
+	set("m1", `{"a":3}`)
+	if got := terms(bob, "m1"); got != `{"a":3}` {
+		t.Errorf("OfferTerms(m1) after it was set again = %s, want {\"a\":3}", got)
+	}
+	// Two offers of the pair recorded at once, both refused: each removes
+	// exactly its own terms, whatever the order, and the delivered offers'
+	// stay.
+	set("race1", `{"a":4}`)
+	set("race2", `{"a":5}`)
+	for _, id := range []string{"race1", "race2"} {
+		if err := s.RemoveOfferTerms(ctx, "d1", bob, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for id, want := range map[string]string{"race1": "", "race2": "", "m1": `{"a":3}`, "m2": `{"a":2}`} {
+		if got := terms(bob, id); got != want {
+			t.Errorf("OfferTerms(%s) after both racing offers were refused = %s, want %s", id, got, want)
+		}
+	}
+	// Removing terms never recorded is no error and changes nothing.
+	if err := s.RemoveOfferTerms(ctx, "d1", carol, "m1"); err != nil {
+		t.Errorf("RemoveOfferTerms(never recorded) = %v", err)
+	}
+	for _, id := range []string{"m1", "m2"} {
+		if err := s.RemoveOfferTerms(ctx, "d1", bob, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := terms(bob, "m1"); got != "" {
+		t.Errorf("OfferTerms after removing every offer's = %s, want nil", got)
+	}
+}
+
+// Offer terms are recorded only for a stored dialogue, so that every
+// record goes with its dialogue's sweep: terms set for a dialogue never
+// stored, or swept (even while the terms are being set), are refused, and
+// none outlives its dialogue.
+func testOfferTermsNeedTheirDialogue(t *testing.T, s DialogueBackend) {
+	ctx := t.Context()
+	terms := json.RawMessage(`{"amount_micros":1}`)
+	if err := s.SetOfferTerms(ctx, "never", bob, "never-offer", terms); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SetOfferTerms(a dialogue never stored) = %v, want ErrNotFound", err)
+	}
+	if got, err := s.OfferTerms(ctx, "never", bob, "never-offer"); err != nil || got != nil {
+		t.Errorf("OfferTerms(never) = %s, %v; want nil", got, err)
+	}
+	now := time.Unix(1_800_000_000, 0).UTC()
+	const n = 24
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("swept%02d", i)
+		opener(t, s, ids[i], []string{bob})
+		if _, _, err := s.UpdateParticipant(ctx, ids[i], alice, func(d *store.Dialogue, _ *store.Participant) error {
+			d.Closed, d.CloseTime = true, now
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The sweep and the terms race: each dialogue's terms are set either
+	// before its sweep (and go with it) or after (and are refused).
+	var (
+		wg    sync.WaitGroup
+		errs  = make([]error, n)
+		swept int
+	)
+	for i, id := range ids {
+		wg.Go(func() { errs[i] = s.SetOfferTerms(ctx, id, bob, id+"-offer", terms) })
+	}
+	wg.Go(func() {
+		for swept < n {
+			k, err := s.SweepDialogues(ctx, now.Add(time.Hour), 5)
+			if err != nil {
+				t.Errorf("SweepDialogues = %v", err)
+				return
+			}
+			swept += k
+		}
+	})
+	wg.Wait()
+	for i, id := range ids {
+		if errs[i] != nil && !errors.Is(errs[i], store.ErrNotFound) {
+			t.Errorf("SetOfferTerms(%s) while it is swept = %v, want nil or ErrNotFound", id, errs[i])
+		}
+		if got, err := s.OfferTerms(ctx, id, bob, id+"-offer"); err != nil || got != nil {
+			t.Errorf("OfferTerms(%s) after its sweep = %s, %v; want nil (set first: swept with it; set after: refused)", id, got, err)
+		}
+	}
+	if err := s.SetOfferTerms(ctx, ids[0], bob, "late", terms); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("SetOfferTerms(a swept dialogue) = %v, want ErrNotFound", err)
 	}
 }

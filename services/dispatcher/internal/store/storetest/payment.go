@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -20,7 +19,6 @@ func RunPayments(t *testing.T, open func(t *testing.T) store.PaymentStore) {
 	t.Run("payment sweep batches", func(t *testing.T) { testSweepPaymentBatches(t, open(t)) })
 	t.Run("spend", func(t *testing.T) { testSpend(t, open(t)) })
 	t.Run("spend sweep batches", func(t *testing.T) { testSweepSpendBatches(t, open(t)) })
-	t.Run("terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
 }
 
 func testPayments(t *testing.T, s store.PaymentStore) {
@@ -363,70 +361,5 @@ func testSweepSpendBatches(t *testing.T, s store.PaymentStore) {
 	}
 	if n, err := s.SweepSpends(ctx, time.Date(2026, 12, 3, 0, 0, 0, 0, time.UTC), 100); err != nil || n != len(kept)+1 {
 		t.Errorf("SweepSpends(all) = %d, %v; want %d", n, err, len(kept)+1)
-	}
-}
-
-func testOfferTerms(t *testing.T, s store.PaymentStore) {
-	ctx := t.Context()
-	terms := func(supplier, id string) string {
-		t.Helper()
-		got, err := s.OfferTerms(ctx, "d1", supplier, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(got)
-	}
-	if got := terms(bob, "m1"); got != "" {
-		t.Errorf("OfferTerms(none) = %s, want nil", got)
-	}
-	set := func(id, v string) {
-		t.Helper()
-		if err := s.SetOfferTerms(ctx, "d1", bob, id, json.RawMessage(v)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	set("m1", `{"a":1}`)
-	set("m2", `{"a":2}`)
-	// Each message's own terms; a message that stated none (a
-	// payment_error) gets the pair's last.
-	for id, want := range map[string]string{"m1": `{"a":1}`, "m2": `{"a":2}`, "m3": `{"a":2}`} {
-		if got := terms(bob, id); got != want {
-			t.Errorf("OfferTerms(%s) = %s, want %s", id, got, want)
-		}
-	}
-	if got := terms(carol, "m1"); got != "" {
-		t.Errorf("OfferTerms(other supplier) = %s, want nil", got)
-	}
-	// Set again, m1's terms are the pair's last.
-	set("m1", `{"a":3}`)
-	if got := terms(bob, "m3"); got != `{"a":3}` {
-		t.Errorf("OfferTerms(m3) after m1 was set again = %s, want {\"a\":3}", got)
-	}
-	// Two offers of the pair recorded at once, both refused: each removes
-	// exactly its own terms, whatever the order, and the delivered offer's
-	// stay the pair's last.
-	set("race1", `{"a":4}`)
-	set("race2", `{"a":5}`)
-	for _, id := range []string{"race1", "race2"} {
-		if err := s.RemoveOfferTerms(ctx, "d1", bob, id); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for id, want := range map[string]string{"race1": `{"a":3}`, "race2": `{"a":3}`, "m2": `{"a":2}`} {
-		if got := terms(bob, id); got != want {
-			t.Errorf("OfferTerms(%s) after both racing offers were refused = %s, want %s", id, got, want)
-		}
-	}
-	// Removing terms never recorded is no error and changes nothing.
-	if err := s.RemoveOfferTerms(ctx, "d1", carol, "m1"); err != nil {
-		t.Errorf("RemoveOfferTerms(never recorded) = %v", err)
-	}
-	for _, id := range []string{"m1", "m2"} {
-		if err := s.RemoveOfferTerms(ctx, "d1", bob, id); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if got := terms(bob, "m1"); got != "" {
-		t.Errorf("OfferTerms after removing every offer's = %s, want nil", got)
 	}
 }

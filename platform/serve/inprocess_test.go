@@ -1,0 +1,334 @@
+package serve
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/parleyhq/parley/platform/auth"
+)
+
+// fakeTestService is a test double of a Parley service: it does what the
+// request's payload says and records what its handler saw.
+type fakeTestService struct {
+	testpb.UnimplementedTestServiceServer
+	mu      sync.Mutex
+	seen    seenCall
+	started chan struct{} // a "block" call has started
+	shared  *testpb.SimpleResponse
+}
+
+type seenCall struct {
+	network   string
+	principal auth.Principal
+	md        metadata.MD
+	deadline  bool
+	method    string
+}
+
+func (f *fakeTestService) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (*testpb.SimpleResponse, error) {
+	p, _ := peer.FromContext(ctx)
+	pr, _ := auth.FromContext(ctx)
+	md, _ := metadata.FromIncomingContext(ctx)
+	_, deadline := ctx.Deadline()
+	method, _ := grpc.Method(ctx)
+	f.mu.Lock()
+	f.seen = seenCall{network: p.Addr.Network(), principal: pr, md: md, deadline: deadline, method: method}
+	f.mu.Unlock()
+	if err := grpc.SetHeader(ctx, metadata.Pairs("x-set", "1")); err != nil {
+		return nil, err
+	}
+	switch cmd := string(req.GetPayload().GetBody()); {
+	case cmd == "mutate":
+		req.Payload.Body[0] = 'X'
+		return &testpb.SimpleResponse{Username: "mutated"}, nil
+	case cmd == "shared":
+		return f.shared, nil
+	case cmd == "plain error":
+		return nil, errors.New("boom")
+	case cmd == "not found":
+		return nil, status.Error(codes.NotFound, "no such thing")
+	case cmd == "block":
+		close(f.started)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	case strings.HasPrefix(cmd, "big"):
+		return &testpb.SimpleResponse{Username: "big"}, nil
+	}
+	return &testpb.SimpleResponse{Username: "ok"}, nil
+}
+
+func (f *fakeTestService) last() seenCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.seen
+}
+
+func call(body string) *testpb.SimpleRequest {
+	return &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte(body)}}
+}
+
+// inProcessServer is a server with access control on, the fake service
+// registered, and an in-process connection to it.
+func inProcessServer(t *testing.T, maxBody int64) (*Server, *fakeTestService, *InProcessConn) {
+	t.Helper()
+	policy := auth.Policy{
+		"/grpc.testing.TestService/UnaryCall":           {Allow: auth.Operator},
+		"/grpc.testing.TestService/StreamingOutputCall": {Allow: auth.Operator},
+		"/grpc.health.v1.Health/Check":                  {Allow: auth.Operator},
+	}
+	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), DataDir: t.TempDir(), Policy: policy, MaxBodyBytes: maxBody, ShutdownTimeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeTestService{started: make(chan struct{}), shared: &testpb.SimpleResponse{Username: "shared"}}
+	testpb.RegisterTestServiceServer(s, f)
+	c, err := s.InProcessConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return s, f, c
+}
+
+// TestInProcessConn_unaryRunsTheHandlerDirectly: a unary call reaches the
+// handler without the pipe, behind the server's interceptors, as the
+// operator, with the caller's outgoing metadata and deadline but none of
+// the caller's own incoming metadata; request and response are copies.
+func TestInProcessConn_unaryRunsTheHandlerDirectly(t *testing.T) {
+	s, f, c := inProcessServer(t, 0)
+	start(t, s)
+	client := testpb.NewTestServiceClient(c)
+
+	// The caller is itself serving an agent's call: its incoming
+	// metadata must not become the in-process call's.
+	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs("authorization", "Bearer agent-key", "x-outer", "1"))
+	ctx = metadata.AppendToOutgoingContext(ctx, "x-forwarded", "yes")
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	resp, err := client.UnaryCall(ctx, call("hello"))
+	if err != nil || resp.GetUsername() != "ok" {
+		t.Fatalf("UnaryCall = %v, %v; want ok", resp, err)
+	}
+	seen := f.last()
+	if seen.network != "inprocess" {
+		t.Errorf("handler's peer network = %q, want inprocess (the call went over the pipe)", seen.network)
+	}
+	if seen.principal.Kind != auth.Operator {
+		t.Errorf("handler's principal = %+v, want the operator", seen.principal)
+	}
+	if got := seen.md.Get("x-forwarded"); len(got) != 1 || got[0] != "yes" {
+		t.Errorf("handler's metadata x-forwarded = %v, want the caller's outgoing [yes]", got)
+	}
+	if got := seen.md.Get("x-outer"); len(got) != 0 {
+		t.Errorf("handler's metadata x-outer = %v: the caller's incoming metadata leaked", got)
+	}
+	if !seen.deadline {
+		t.Error("handler's context has no deadline; want the caller's")
+	}
+	if seen.method != "/grpc.testing.TestService/UnaryCall" {
+		t.Errorf("grpc.Method in the handler = %q", seen.method)
+	}
+
+	req := call("mutate")
+	if _, err := client.UnaryCall(t.Context(), req); err != nil {
+		t.Fatal(err)
+	}
+	if string(req.GetPayload().GetBody()) != "mutate" {
+		t.Errorf("caller's request changed to %q by the handler; want a copy", req.GetPayload().GetBody())
+	}
+	resp, err = client.UnaryCall(t.Context(), call("shared"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Username = "changed"
+	if f.shared.GetUsername() != "shared" {
+		t.Error("changing the response changed the handler's own message; want a copy")
+	}
+
+	// The interceptors ran: the call is in the server's metrics.
+	if n := rpcCount(t, s, "/grpc.testing.TestService/UnaryCall"); n != 3 {
+		t.Errorf("parley_grpc_server_handling_seconds count for UnaryCall = %d, want 3", n)
+	}
+}
+
+func rpcCount(t *testing.T, s *Server, method string) uint64 {
+	t.Helper()
+	mfs, err := s.opts.Registry.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n uint64
+	for _, mf := range mfs {
+		if mf.GetName() != "parley_grpc_server_handling_seconds" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetValue() == method {
+					n += m.GetHistogram().GetSampleCount()
+				}
+			}
+		}
+	}
+	return n
+}
+
+// TestInProcessConn_refusals: what a call over a transport would get,
+// the in-process call gets: the size limit, the handler's status, Unknown
+// for a plain error, the caller's cancellation.
+func TestInProcessConn_refusals(t *testing.T) {
+	s, f, c := inProcessServer(t, 1<<10)
+	start(t, s)
+	client := testpb.NewTestServiceClient(c)
+
+	_, err := client.UnaryCall(t.Context(), call("big"+strings.Repeat("x", 2<<10)))
+	if status.Code(err) != codes.ResourceExhausted || !strings.Contains(err.Error(), "1024-byte limit") {
+		t.Errorf("request over MaxBodyBytes = %v, want ResourceExhausted naming the limit", err)
+	}
+	if _, err := client.UnaryCall(t.Context(), call("not found")); status.Code(err) != codes.NotFound || status.Convert(err).Message() != "no such thing" {
+		t.Errorf("handler's NotFound = %v, want it as sent", err)
+	}
+	if _, err := client.UnaryCall(t.Context(), call("plain error")); status.Code(err) != codes.Unknown || status.Convert(err).Message() != "boom" {
+		t.Errorf("handler's plain error = %v, want Unknown: boom", err)
+	}
+
+	ctx, cancel := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() { _, err := client.UnaryCall(ctx, call("block")); errc <- err }()
+	<-f.started
+	cancel()
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Errorf("cancelled call = %v, want Canceled", err)
+	}
+}
+
+// TestInProcessConn_waitsForRunAndRefusesAfterStop: as over the pipe, a
+// call before Run waits for it; once shutdown starts, new calls are
+// Unavailable and shutdown waits for the one in flight.
+func TestInProcessConn_waitsForRunAndRefusesAfterStop(t *testing.T) {
+	s, f, c := inProcessServer(t, 0)
+	client := testpb.NewTestServiceClient(c)
+
+	early, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	if _, err := client.UnaryCall(early, call("hello")); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("call before Run = %v, want DeadlineExceeded (waiting for Run)", err)
+	}
+	if f.last().network != "" {
+		t.Error("the handler ran before Run")
+	}
+
+	r := start(t, s)
+	blockCtx, unblock := context.WithCancel(t.Context())
+	errc := make(chan error, 1)
+	go func() { _, err := client.UnaryCall(blockCtx, call("block")); errc <- err }()
+	<-f.started
+	r.cancel() // shutdown starts
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := client.UnaryCall(t.Context(), call("hello"))
+		if status.Code(err) == codes.Unavailable {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("call during shutdown = %v, want Unavailable", err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run returned (%v) while an in-process call was in flight", err)
+	default:
+	}
+	unblock()
+	if err := <-errc; status.Code(err) != codes.Canceled {
+		t.Errorf("in-flight call = %v, want Canceled by its caller", err)
+	}
+	if err := <-r.done; err != nil {
+		t.Errorf("Run() = %v", err)
+	}
+	r.done <- nil // for start's cleanup
+}
+
+// TestInProcessConn_streamsAndOtherServicesUseThePipe: what
+// RegisterService did not see (the health service) and streams still
+// work, over the pipe.
+func TestInProcessConn_streamsAndOtherServicesUseThePipe(t *testing.T) {
+	s, _, c := inProcessServer(t, 0)
+	start(t, s)
+	if _, err := healthpb.NewHealthClient(c).Check(t.Context(), &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
+		t.Errorf("health over the in-process connection: %v", err)
+	}
+	st, err := testpb.NewTestServiceClient(c).StreamingOutputCall(t.Context(), &testpb.StreamingOutputCallRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := st.Recv(); status.Code(err) != codes.Unimplemented {
+		t.Errorf("stream over the pipe = %v, want the service's Unimplemented", err)
+	}
+}
+
+// BenchmarkInProcessConn compares a unary call run directly with the same
+// call over the in-memory pipe, in one run.
+func BenchmarkInProcessConn(b *testing.B) {
+	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), DataDir: b.TempDir(), Policy: auth.Policy{"/grpc.testing.TestService/UnaryCall": {Allow: auth.Operator}}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	testpb.RegisterTestServiceServer(s, &fakeTestService{shared: &testpb.SimpleResponse{}})
+	c, err := s.InProcessConn()
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx, mustListen(b), mustListen(b)) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
+	req := call(strings.Repeat("x", 300))
+	for _, bc := range []struct {
+		name string
+		conn grpc.ClientConnInterface
+	}{{"direct", c}, {"pipe", c.ClientConn}} {
+		b.Run(bc.name, func(b *testing.B) {
+			client := testpb.NewTestServiceClient(bc.conn)
+			if _, err := client.UnaryCall(ctx, req, grpc.WaitForReady(true)); err != nil {
+				b.Fatal(err)
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := client.UnaryCall(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func mustListen(b *testing.B) net.Listener {
+	b.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	return l
+}
