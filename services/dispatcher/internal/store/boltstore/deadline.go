@@ -222,7 +222,7 @@ func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (j
 	}
 	var out json.RawMessage
 	err := s.db.View(func(tx *bolt.Tx) error {
-		out = bytes.Clone(tx.Bucket(bucketDialoguePairs).Get(pairKey(dialogue, p)))
+		out = bytes.Clone(tx.Bucket(bucketDialogues).Get(dialoguePairKey(dialogue, p)))
 		return nil
 	})
 	return out, err
@@ -241,7 +241,7 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 	)
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		fired, errs = fired[:0], errs[:0] // the committer may run this again
-		tb, pairs := tx.Bucket(bucketTimers), tx.Bucket(bucketDialoguePairs)
+		tb, dialogues := tx.Bucket(bucketTimers), tx.Bucket(bucketDialogues)
 		// The messages are put last, in id order (appendOp.stage); staged
 		// names the ids staged, which are not stored yet.
 		var (
@@ -253,8 +253,8 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 			if tb.Get(k) == nil {
 				continue
 			}
-			pk := pairKey(t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
-			prev := bytes.Clone(pairs.Get(pk))
+			pk := dialoguePairKey(t.Dialogue, store.Pair{A: t.Initiator, B: t.Counterpart})
+			prev := bytes.Clone(dialogues.Get(pk))
 			f, err := expire(t, prev)
 			if err != nil {
 				errs = append(errs, fmt.Errorf("deadline %s of dialogue %s, %s: %w", t.Name, t.Dialogue, t.Counterpart, err))
@@ -281,7 +281,7 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 				out.Delivered = store.Delivered{Deliveries: a.delivered, Refused: a.refused}
 			}
 			if f.State != nil {
-				if err := pairs.Put(pk, f.State); err != nil {
+				if err := dialogues.Put(pk, f.State); err != nil {
 					return err
 				}
 			}

@@ -16,34 +16,37 @@ import (
 )
 
 // The dialogue buckets (store.DialogueStore). Keys join names with 0x00,
-// which no id or agent name holds, so a prefix scan finds one owner's rows.
+// which no id or agent name holds, so a prefix scan finds one owner's rows;
+// the buckets that keep several kinds of row per owner mark them with a
+// kind byte instead (schema 13, rows.go).
 var (
-	// bucketDialogues: dialogue id → JSON store.Dialogue.
+	// bucketDialogues: a dialogue's rows (schema 13):
+	//   - dialogue id → JSON store.Dialogue;
+	//   - dialogue id + 0x01 + agent → JSON store.Participant;
+	//   - dialogue id + 0x02 + agent A + 0x00 + agent B (A < B) → the
+	//     pair's protocol state, opaque bytes;
+	//   - dialogue id + 0x03 + message id → empty, the dialogue's messages
+	//     (schema 2), for removing a dialogue whole. The opener of a
+	//     dialogue whose record names it (Opener) is left out: the record
+	//     finds it;
+	// and a message's rows:
+	//   - message id + 0x04 → JSON storedMessage, the dialogue message's
+	//     record;
+	//   - message id + 0x05 → the mailbox body, and message id + 0x06 →
+	//     the count of its mailbox references (see mailbox.go). A message
+	//     outside any dialogue's records (a service message) has only
+	//     these.
+	// Ids are fixed-length and time-ordered, so a new dialogue's rows and
+	// its opener's share the rightmost leaf.
 	bucketDialogues = []byte("dialogues")
-	// bucketDialogueMessages: message id → JSON store.DialogueMessage.
-	bucketDialogueMessages = []byte("dialogue_messages")
 	// bucketDialogueReceipts: message id + 0x00 + agent → empty: agent
 	// received the message. Only for a message to more than
 	// maxInlineReceipts agents (schema 12): the record of one to fewer
 	// lists them (storedMessage).
 	bucketDialogueReceipts = []byte("dialogue_receipts")
-	// bucketDialogueParticipants: dialogue id + 0x00 + agent → JSON
-	// store.Participant.
-	bucketDialogueParticipants = []byte("dialogue_participants")
-	// bucketAgentDialogues: agent + 0x00 + dialogue id → empty, the
-	// participants index by agent (for closing all of an agent's dialogues).
-	bucketAgentDialogues = []byte("agent_dialogues")
-	// bucketDialoguePairs: dialogue id + 0x00 + agent A + 0x00 + agent B
-	// (A < B) → the pair's protocol state, opaque bytes.
-	bucketDialoguePairs = []byte("dialogue_pairs")
 	// bucketDialogueRequests: sender + 0x00 + request id → JSON
 	// store.Request.
 	bucketDialogueRequests = []byte("dialogue_requests")
-	// bucketDialogueMessageIndex: dialogue id + 0x00 + message id → empty,
-	// a dialogue's messages (schema 2), for removing a dialogue whole. The
-	// opener of a dialogue whose record names it (Opener) is left out: the
-	// record finds it, and a new dialogue's commit touches one bucket less.
-	bucketDialogueMessageIndex = []byte("dialogue_message_index")
 	// bucketDialoguesClosed: 8-byte big-endian close time (Unix ns) +
 	// dialogue id → empty, the dialogues SweepDialogues removes, oldest
 	// first (schema 2). Broadcasts are entered at their creation.
@@ -55,9 +58,8 @@ var (
 )
 
 var dialogueBuckets = [][]byte{
-	bucketDialogues, bucketDialogueMessages, bucketDialogueReceipts,
-	bucketDialogueParticipants, bucketAgentDialogues, bucketDialoguePairs, bucketDialogueRequests,
-	bucketDialogueMessageIndex, bucketDialoguesClosed, bucketSweepDialogueRequests,
+	bucketDialogues, bucketDialogueReceipts, bucketDialogueRequests,
+	bucketDialoguesClosed, bucketSweepDialogueRequests,
 }
 
 // closedKey is d's key in bucketDialoguesClosed, and whether d belongs
@@ -84,20 +86,32 @@ func indexClosed(tx *bolt.Tx, d store.Dialogue) error {
 }
 
 // migrateDialogueIndexes builds schema 2's indexes from schema 1's
-// dialogues and messages.
+// dialogues and messages (in schema 13's rows: migrateRegroup runs first).
 func migrateDialogueIndexes(tx *bolt.Tx) error {
-	idx := tx.Bucket(bucketDialogueMessageIndex)
-	err := tx.Bucket(bucketDialogueMessages).ForEach(func(k, v []byte) error {
+	var rows []kv
+	dialogues := tx.Bucket(bucketDialogues)
+	err := dialogues.ForEach(func(k, v []byte) error {
+		id, kind, _, record := splitRow(k)
+		if record || kind != kindMessage {
+			return nil
+		}
 		var m store.DialogueMessage
 		if err := json.Unmarshal(v, &m); err != nil {
 			return err
 		}
-		return idx.Put(join(m.DialogueID, string(k)), nil)
+		rows = append(rows, kv{k: messageIndexKey(m.DialogueID, string(id))})
+		return nil
 	})
 	if err != nil {
 		return err
 	}
-	return tx.Bucket(bucketDialogues).ForEach(func(_, v []byte) error {
+	if err := putSorted(dialogues, rows); err != nil {
+		return err
+	}
+	return dialogues.ForEach(func(k, v []byte) error {
+		if _, _, _, record := splitRow(k); !record {
+			return nil
+		}
 		var d store.Dialogue
 		if err := json.Unmarshal(v, &d); err != nil {
 			return err
@@ -115,7 +129,7 @@ var _ store.DialogueStore = (*Store)(nil)
 // bucketDialogueReceipts, where each is one key, not a record rewritten.
 const maxInlineReceipts = 16
 
-// storedMessage is a dialogue message as bucketDialogueMessages keeps it.
+// storedMessage is a dialogue message's record in bucketDialogues.
 // GetDialogueMessage decodes it as a store.DialogueMessage, ignoring
 // Receivers.
 type storedMessage struct {
@@ -141,9 +155,42 @@ func join(parts ...string) []byte {
 	return b
 }
 
+// pairKey is dialogue + 0x00 + A + 0x00 + B, the pair's key in
+// bucketPairOrders (and in schema 12's dialogue_pairs).
 func pairKey(dialogue string, p store.Pair) []byte {
 	p = p.Key()
 	return join(dialogue, p.A, p.B)
+}
+
+// dialoguePairKey is the pair's state row in bucketDialogues.
+func dialoguePairKey(dialogue string, p store.Pair) []byte {
+	p = p.Key()
+	return rowKey(dialogue, kindPair, string(join(p.A, p.B)))
+}
+
+func messageKey(id string) []byte { return rowKey(id, kindMessage, "") }
+
+func participantKey(dialogue, agent string) []byte {
+	return rowKey(dialogue, kindParticipant, agent)
+}
+
+func messageIndexKey(dialogue, message string) []byte {
+	return rowKey(dialogue, kindMessageIndex, message)
+}
+
+// agentDialogueKey is dialogue's row under agent in bucketAgents: the
+// id's bytes inverted, so that an agent's newest dialogue sorts first.
+func agentDialogueKey(agent, dialogue string) []byte {
+	k := rowKey(agent, kindAgentDialogue, dialogue)
+	invert(k[len(agent)+1:])
+	return k
+}
+
+// invert flips every bit of b: its own inverse.
+func invert(b []byte) {
+	for i := range b {
+		b[i] = ^b[i]
+	}
 }
 
 func getJSON(b *bolt.Bucket, key []byte, v any) (bool, error) {
@@ -164,15 +211,15 @@ func putJSON(b *bolt.Bucket, key []byte, v any) error {
 
 // addParticipant makes agent a participant of dialogue unless it is one.
 func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
-	b := tx.Bucket(bucketDialogueParticipants)
-	k := join(dialogue, agent)
+	b := tx.Bucket(bucketDialogues)
+	k := participantKey(dialogue, agent)
 	if b.Get(k) != nil {
 		return nil
 	}
 	if err := putJSON(b, k, store.Participant{Agent: agent}); err != nil {
 		return err
 	}
-	return tx.Bucket(bucketAgentDialogues).Put(join(agent, dialogue), nil)
+	return tx.Bucket(bucketAgents).Put(agentDialogueKey(agent, dialogue), nil)
 }
 
 // writeMessage appends w.Mail to the recipients' mailboxes, then stores
@@ -184,7 +231,7 @@ func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
 func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener string) (store.Delivered, error) {
 	m := w.Message
 	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
-	if tx.Bucket(bucketDialogueMessages).Get([]byte(m.ID)) != nil {
+	if tx.Bucket(bucketDialogues).Get(messageKey(m.ID)) != nil {
 		return store.Delivered{}, resource.AlreadyExists("message", m.ID)
 	}
 	a := newAppend(w.Mail, w.Recipients)
@@ -212,11 +259,11 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener
 	if !inline {
 		rec.Receivers = nil
 	}
-	if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte(m.ID), rec); err != nil {
+	if err := putJSON(tx.Bucket(bucketDialogues), messageKey(m.ID), rec); err != nil {
 		return store.Delivered{}, err
 	}
 	if m.ID != opener {
-		if err := tx.Bucket(bucketDialogueMessageIndex).Put(join(m.DialogueID, m.ID), nil); err != nil {
+		if err := tx.Bucket(bucketDialogues).Put(messageIndexKey(m.DialogueID, m.ID), nil); err != nil {
 			return store.Delivered{}, err
 		}
 	}
@@ -242,7 +289,7 @@ func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener
 		if refused[p.Pair.A] || refused[p.Pair.B] {
 			continue
 		}
-		if err := tx.Bucket(bucketDialoguePairs).Put(pairKey(m.DialogueID, p.Pair), p.State); err != nil {
+		if err := tx.Bucket(bucketDialogues).Put(dialoguePairKey(m.DialogueID, p.Pair), p.State); err != nil {
 			return store.Delivered{}, err
 		}
 		if err := putTimers(tx, p.Timers); err != nil {
@@ -293,7 +340,7 @@ type view struct {
 func (v *view) Dialogue() store.Dialogue        { return v.dialogue }
 func (v *view) Answered() store.DialogueMessage { return v.answered.DialogueMessage }
 func (v *view) PairState(p store.Pair) json.RawMessage {
-	return bytes.Clone(v.tx.Bucket(bucketDialoguePairs).Get(pairKey(v.dialogue.ID, p)))
+	return bytes.Clone(v.tx.Bucket(bucketDialogues).Get(dialoguePairKey(v.dialogue.ID, p)))
 }
 
 func (v *view) Received(agent string) bool {
@@ -319,7 +366,7 @@ func (v *view) Receivers() []string {
 
 func (v *view) Participant(agent string) (store.Participant, bool) {
 	var p store.Participant
-	ok, err := getJSON(v.tx.Bucket(bucketDialogueParticipants), join(v.dialogue.ID, agent), &p)
+	ok, err := getJSON(v.tx.Bucket(bucketDialogues), participantKey(v.dialogue.ID, agent), &p)
 	return p, ok && err == nil
 }
 
@@ -331,7 +378,7 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 	var out store.Delivered
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		v := &view{tx: tx}
-		if ok, err := getJSON(tx.Bucket(bucketDialogueMessages), []byte(answered), &v.answered); err != nil {
+		if ok, err := getJSON(tx.Bucket(bucketDialogues), messageKey(answered), &v.answered); err != nil {
 			return err
 		} else if !ok {
 			return resource.NotFound("message", answered)
@@ -359,21 +406,22 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 // GetDialogueMessage implements store.DialogueStore.
 func (s *Store) GetDialogueMessage(ctx context.Context, id string) (store.DialogueMessage, error) {
 	var m store.DialogueMessage
-	return m, s.get(ctx, bucketDialogueMessages, "message", id, &m)
+	return m, s.get(ctx, messageKey(id), "message", id, &m)
 }
 
 // GetDialogue implements store.DialogueStore.
 func (s *Store) GetDialogue(ctx context.Context, id string) (store.Dialogue, error) {
 	var d store.Dialogue
-	return d, s.get(ctx, bucketDialogues, "dialogue", id, &d)
+	return d, s.get(ctx, []byte(id), "dialogue", id, &d)
 }
 
-func (s *Store) get(ctx context.Context, bucket []byte, kind, id string, v any) error {
+// get reads the JSON record at key in bucketDialogues into v.
+func (s *Store) get(ctx context.Context, key []byte, kind, id string, v any) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	return s.db.View(func(tx *bolt.Tx) error {
-		ok, err := getJSON(tx.Bucket(bucket), []byte(id), v)
+		ok, err := getJSON(tx.Bucket(bucketDialogues), key, v)
 		if err == nil && !ok {
 			err = resource.NotFound(kind, id)
 		}
@@ -440,48 +488,52 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 
 // removeDialogue deletes a dialogue and all that is kept of it.
 func removeDialogue(tx *bolt.Tx, id string) error {
-	idx, msgs, receipts := tx.Bucket(bucketDialogueMessageIndex), tx.Bucket(bucketDialogueMessages), tx.Bucket(bucketDialogueReceipts)
-	prefix := join(id, "")
-	var keys [][]byte
-	c := idx.Cursor()
-	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-		keys = append(keys, bytes.Clone(k))
-	}
-	// The opener is in the index only when the record does not name it;
-	// deleting it twice (an index entry written by an older release) is
-	// harmless.
+	dialogues, receipts := tx.Bucket(bucketDialogues), tx.Bucket(bucketDialogueReceipts)
 	var d store.Dialogue
-	if _, err := getJSON(tx.Bucket(bucketDialogues), []byte(id), &d); err != nil {
+	if _, err := getJSON(dialogues, []byte(id), &d); err != nil {
 		return err
 	}
+	rows := ownRows(dialogues, id) // the record, participants, pairs, index
+	var messages []string
 	if d.Opener != "" {
-		keys = append(keys, join(id, d.Opener))
+		// The opener is in the index only when the record does not name
+		// it; deleting it twice (an index entry written by an older
+		// release) is harmless.
+		messages = append(messages, d.Opener)
 	}
-	for _, k := range keys {
-		msg := k[len(prefix):]
-		var rs [][]byte
-		rc := receipts.Cursor()
-		mp := join(string(msg), "")
-		for r, _ := rc.Seek(mp); r != nil && bytes.HasPrefix(r, mp); r, _ = rc.Next() {
-			rs = append(rs, bytes.Clone(r))
+	for _, k := range rows {
+		_, kind, rest, record := splitRow(k)
+		switch {
+		case record:
+		case kind >= kindMessage:
+			continue // a message's under the same id (never made so): not the dialogue's
+		case kind == kindMessageIndex:
+			messages = append(messages, string(rest))
+		case kind == kindParticipant:
+			if err := tx.Bucket(bucketAgents).Delete(agentDialogueKey(string(rest), id)); err != nil {
+				return err
+			}
 		}
+		if err := dialogues.Delete(k); err != nil {
+			return err
+		}
+	}
+	for _, msg := range messages {
+		rs := rowsOf(receipts, msg, 0)
 		for _, r := range rs {
 			if err := receipts.Delete(r); err != nil {
 				return err
 			}
 		}
-		if err := msgs.Delete(msg); err != nil {
-			return err
-		}
-		if err := idx.Delete(k); err != nil {
+		// The record only: the body is the mailboxes', released by
+		// compaction.
+		if err := dialogues.Delete(messageKey(msg)); err != nil {
 			return err
 		}
 	}
-	if err := tx.Bucket(bucketDialogues).Delete([]byte(id)); err != nil {
-		return err
-	}
-	for _, b := range [][]byte{bucketDialogueParticipants, bucketDialoguePairs, bucketOfferTerms, bucketTimerIDs} {
-		keys = keys[:0]
+	prefix := join(id, "")
+	for _, b := range [][]byte{bucketOfferTerms, bucketTimerIDs} {
+		var keys [][]byte
 		c := tx.Bucket(b).Cursor()
 		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
 			keys = append(keys, bytes.Clone(k))
@@ -489,11 +541,6 @@ func removeDialogue(tx *bolt.Tx, id string) error {
 		for _, k := range keys {
 			if err := tx.Bucket(b).Delete(k); err != nil {
 				return err
-			}
-			if bytes.Equal(b, bucketDialogueParticipants) {
-				if err := tx.Bucket(bucketAgentDialogues).Delete(join(string(k[len(prefix):]), id)); err != nil {
-					return err
-				}
 			}
 		}
 	}
@@ -516,7 +563,7 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 			return err
 		}
 		if ok {
-			ok, err = getJSON(tx.Bucket(bucketDialogueParticipants), join(dialogue, agent), &p)
+			ok, err = getJSON(tx.Bucket(bucketDialogues), participantKey(dialogue, agent), &p)
 		}
 		if err != nil {
 			return err
@@ -531,7 +578,7 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 		if err := putDialogue(tx, old, d); err != nil {
 			return err
 		}
-		return putJSON(tx.Bucket(bucketDialogueParticipants), join(dialogue, agent), p)
+		return putJSON(tx.Bucket(bucketDialogues), participantKey(dialogue, agent), p)
 	})
 	if err != nil {
 		return store.Dialogue{}, store.Participant{}, err
@@ -547,11 +594,12 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 	var n int
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
-		prefix := join(agent, "")
-		var ids []string
-		c := tx.Bucket(bucketAgentDialogues).Cursor()
-		for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
-			ids = append(ids, string(k[len(prefix):]))
+		var ids []string // newest first
+		keys := rowsOf(tx.Bucket(bucketAgents), agent, kindAgentDialogue)
+		for _, k := range keys {
+			id := k[len(agent)+1:]
+			invert(id)
+			ids = append(ids, string(id))
 		}
 		for _, id := range ids {
 			var (
@@ -562,7 +610,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 			if err != nil {
 				return err
 			}
-			okP, err := getJSON(tx.Bucket(bucketDialogueParticipants), join(id, agent), &p)
+			okP, err := getJSON(tx.Bucket(bucketDialogues), participantKey(id, agent), &p)
 			if err != nil {
 				return err
 			}
@@ -581,7 +629,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 			if err := putDialogue(tx, old, d); err != nil {
 				return err
 			}
-			if err := putJSON(tx.Bucket(bucketDialogueParticipants), join(id, agent), p); err != nil {
+			if err := putJSON(tx.Bucket(bucketDialogues), participantKey(id, agent), p); err != nil {
 				return err
 			}
 		}

@@ -58,7 +58,7 @@ func TestDialogueReceipts_fewKeptInTheRecord(t *testing.T) {
 		if err := putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d); err != nil {
 			return err
 		}
-		if err := putJSON(tx.Bucket(bucketDialogueMessages), []byte("old-m1"), store.DialogueMessage{ID: "old-m1", DialogueID: "old", Sender: alice, Type: "new_message", Time: now}); err != nil {
+		if err := putJSON(tx.Bucket(bucketDialogues), messageKey("old-m1"), store.DialogueMessage{ID: "old-m1", DialogueID: "old", Sender: alice, Type: "new_message", Time: now}); err != nil {
 			return err
 		}
 		return tx.Bucket(bucketDialogueReceipts).Put(join("old-m1", few[0]), nil)

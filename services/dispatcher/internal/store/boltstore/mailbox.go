@@ -17,23 +17,27 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
-// The mailboxes' buckets (see internal/mailbox).
+// The mailboxes' buckets (see internal/mailbox). A message's body and the
+// count of its references are rows of bucketDialogues (schema 13):
+// message id + 0x05 → the mailbox.Message, encoded by encodeMessage
+// (schema 11; JSON before, still read: decodeMessage), stored once however
+// many mailboxes hold it; message id + 0x06 → 8-byte big-endian count of
+// the mailbox references to it, the body going when it reaches zero. A
+// message in one mailbox has no count: an absent count is one.
 var (
-	// bucketMessages: message id → the mailbox.Message, encoded by
-	// encodeMessage (schema 11; JSON before, still read: decodeMessage),
-	// stored once however many mailboxes hold it.
-	bucketMessages = []byte("messages")
-	// bucketMessageRefs: message id → 8-byte big-endian count of the
-	// mailbox references to it; the body goes when it reaches zero. A
-	// message in one mailbox has no entry: an absent count is one.
-	bucketMessageRefs = []byte("message_refs")
-	// bucketMailboxes: agent → mailboxState (32 bytes: head, acked,
-	// pending, pending bytes; big-endian uint64 each).
-	bucketMailboxes = []byte("mailboxes")
-	// bucketMailboxRefs: agent + 0x00 + 8-byte big-endian cursor → ref
-	// (8-byte send time in Unix ns, 8-byte body size, message id), so a
-	// mailbox reads in cursor order with one Seek.
-	bucketMailboxRefs = []byte("mailbox_refs")
+	// bucketAgents: an agent's rows (schema 13; see rows.go), its mailbox
+	// and its dialogues:
+	//   - agent + 0x00 + 8-byte big-endian cursor → ref (8-byte send time
+	//     in Unix ns, 8-byte body size, message id), so a mailbox reads in
+	//     cursor order with one Seek;
+	//   - agent + 0x01 → mailboxState (32 bytes: head, acked, pending,
+	//     pending bytes; big-endian uint64 each);
+	//   - agent + 0x02 + dialogue id with every byte inverted (^b) →
+	//     empty, the participants index by agent (for closing all of an
+	//     agent's dialogues); inverted so that the newest dialogue sorts
+	//     first, next to the state and the newest reference: a send to an
+	//     agent then writes one leaf of it.
+	bucketAgents = []byte("agents")
 	// bucketMailboxCompaction: 8-byte big-endian send time (Unix ns) of a
 	// mailbox's oldest kept reference + agent → empty, for each mailbox
 	// whose oldest kept reference is acknowledged (schema 3). It is the
@@ -44,12 +48,18 @@ var (
 	bucketMailboxCompaction = []byte("mailbox_compaction")
 )
 
-var mailboxBuckets = [][]byte{bucketMessages, bucketMessageRefs, bucketMailboxes, bucketMailboxRefs, bucketMailboxCompaction}
+var mailboxBuckets = [][]byte{bucketAgents, bucketMailboxCompaction}
+
+func stateKey(agent string) []byte { return rowKey(agent, kindState, "") }
+
+func bodyKey(id string) []byte { return rowKey(id, kindBody, "") }
+
+func refCountKey(id string) []byte { return rowKey(id, kindRefCount, "") }
 
 var _ mailbox.Store = (*Store)(nil)
 
 func getState(b *bolt.Bucket, agent string) mailbox.State {
-	v := b.Get([]byte(agent))
+	v := b.Get(stateKey(agent))
 	if len(v) != 32 {
 		return mailbox.State{}
 	}
@@ -67,14 +77,11 @@ func putState(b *bolt.Bucket, agent string, s mailbox.State) error {
 	binary.BigEndian.PutUint64(v[8:], s.Acked)
 	binary.BigEndian.PutUint64(v[16:], uint64(s.Pending))
 	binary.BigEndian.PutUint64(v[24:], uint64(s.PendingBytes))
-	return b.Put([]byte(agent), v)
+	return b.Put(stateKey(agent), v)
 }
 
 func refKey(agent string, cursor uint64) []byte {
-	k := make([]byte, 0, len(agent)+9)
-	k = append(k, agent...)
-	k = append(k, 0)
-	return binary.BigEndian.AppendUint64(k, cursor)
+	return binary.BigEndian.AppendUint64(rowKey(agent, kindRef, ""), cursor)
 }
 
 type ref struct {
@@ -192,19 +199,19 @@ func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
 // run in tx.
 func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 	a.delivered, a.refused = a.delivered[:0], a.refused[:0]
-	if tx.Bucket(bucketMessages).Get([]byte(a.m.ID)) != nil {
+	if tx.Bucket(bucketDialogues).Get(bodyKey(a.m.ID)) != nil {
 		return resource.AlreadyExists("message", a.m.ID)
 	}
 	size := int64(len(a.m.Body))
 	rv := encodeRef(ref{sent: a.m.Time.UnixNano(), size: size, id: a.m.ID})
-	states, refs := tx.Bucket(bucketMailboxes), tx.Bucket(bucketMailboxRefs)
+	agents := tx.Bucket(bucketAgents)
 	type grown struct {
 		agent string
 		st    mailbox.State
 	}
 	var accepted []grown
 	for _, agent := range a.recipients {
-		st := getState(states, agent)
+		st := getState(agents, agent)
 		if (bound.MaxMessages > 0 && st.Pending+1 > bound.MaxMessages) ||
 			(bound.MaxBytes > 0 && st.PendingBytes+size > bound.MaxBytes) {
 			a.refused = append(a.refused, mailbox.Refusal{Agent: agent, Err: mailbox.ErrFull})
@@ -218,15 +225,12 @@ func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 	if len(accepted) == 0 {
 		return nil
 	}
-	// The states, then the references: each bucket is written in key
-	// order.
+	// In key order: each agent's new reference, then its state.
 	for _, g := range accepted {
-		if err := putState(states, g.agent, g.st); err != nil {
+		if err := agents.Put(refKey(g.agent, g.st.Head), rv); err != nil {
 			return err
 		}
-	}
-	for _, g := range accepted {
-		if err := refs.Put(refKey(g.agent, g.st.Head), rv); err != nil {
+		if err := putState(agents, g.agent, g.st); err != nil {
 			return err
 		}
 		a.delivered = append(a.delivered, mailbox.Delivery{Agent: g.agent, Cursor: g.st.Head, Message: a.m})
@@ -236,14 +240,16 @@ func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 
 // putMessage stores the staged message and the count of its references.
 // A count of one is not written (release reads none as one): a direct
-// message's commit then touches one bucket, three pages, fewer.
+// message's commit then writes one row fewer.
 func (a *appendOp) putMessage(tx *bolt.Tx) error {
-	if len(a.delivered) > 1 {
-		if err := tx.Bucket(bucketMessageRefs).Put([]byte(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered)))); err != nil {
-			return err
-		}
+	msgs := tx.Bucket(bucketDialogues)
+	if err := msgs.Put(bodyKey(a.m.ID), a.body); err != nil {
+		return err
 	}
-	return tx.Bucket(bucketMessages).Put([]byte(a.m.ID), a.body)
+	if len(a.delivered) > 1 {
+		return msgs.Put(refCountKey(a.m.ID), binary.BigEndian.AppendUint64(nil, uint64(len(a.delivered))))
+	}
+	return nil
 }
 
 // ReadMailbox implements mailbox.Store.
@@ -254,11 +260,11 @@ func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, lim
 	if after == ^uint64(0) || limit <= 0 {
 		return nil, nil
 	}
-	prefix := append([]byte(agent), 0)
+	prefix := rowKey(agent, kindRef, "")
 	var out []mailbox.Delivery
 	err := s.db.View(func(tx *bolt.Tx) error {
-		msgs := tx.Bucket(bucketMessages)
-		c := tx.Bucket(bucketMailboxRefs).Cursor()
+		msgs := tx.Bucket(bucketDialogues)
+		c := tx.Bucket(bucketAgents).Cursor()
 		for k, v := c.Seek(refKey(agent, after+1)); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
 			if len(k) != len(prefix)+8 {
 				continue // another agent whose name extends this one's
@@ -267,7 +273,7 @@ func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, lim
 			if err != nil {
 				return err
 			}
-			body := msgs.Get([]byte(r.id))
+			body := msgs.Get(bodyKey(r.id))
 			if body == nil {
 				return fmt.Errorf("mailbox %q cursor %d: message %q is missing", agent, binary.BigEndian.Uint64(k[len(prefix):]), r.id)
 			}
@@ -308,8 +314,8 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 	}
 	var out mailbox.State
 	err := s.db.Update(func(tx *bolt.Tx) error {
-		states := tx.Bucket(bucketMailboxes)
-		st := getState(states, agent)
+		agents := tx.Bucket(bucketAgents)
+		st := getState(agents, agent)
 		out = st
 		to, err := target(st)
 		if err != nil {
@@ -318,8 +324,8 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 		if to <= st.Acked {
 			return errUnchanged
 		}
-		c := tx.Bucket(bucketMailboxRefs).Cursor()
-		prefix := append([]byte(agent), 0)
+		c := agents.Cursor()
+		prefix := rowKey(agent, kindRef, "")
 		end := refKey(agent, to)
 		for k, v := c.Seek(refKey(agent, st.Acked+1)); k != nil && bytes.HasPrefix(k, prefix) && bytes.Compare(k, end) <= 0; k, v = c.Next() {
 			if len(k) != len(prefix)+8 {
@@ -337,7 +343,7 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 		if err := queueCompaction(tx, agent, to); err != nil {
 			return err
 		}
-		return putState(states, agent, st)
+		return putState(agents, agent, st)
 	})
 	if errors.Is(err, errUnchanged) {
 		err = nil
@@ -352,7 +358,7 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 	}
 	var out mailbox.State
 	err := s.db.View(func(tx *bolt.Tx) error {
-		out = getState(tx.Bucket(bucketMailboxes), agent)
+		out = getState(tx.Bucket(bucketAgents), agent)
 		return nil
 	})
 	return out, err
@@ -360,9 +366,9 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 
 // oldestRef returns agent's oldest kept reference and its cursor; ok is
 // false when the mailbox keeps none.
-func oldestRef(refs *bolt.Bucket, agent string) (cursor uint64, r ref, ok bool, err error) {
-	prefix := append([]byte(agent), 0)
-	c := refs.Cursor()
+func oldestRef(agents *bolt.Bucket, agent string) (cursor uint64, r ref, ok bool, err error) {
+	prefix := rowKey(agent, kindRef, "")
+	c := agents.Cursor()
 	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 		if len(k) != len(prefix)+8 {
 			continue // another agent whose name extends this one's
@@ -381,7 +387,7 @@ func compactionKey(sent int64, agent string) []byte {
 // kept reference is acknowledged (its cursor at or before acked). The key
 // depends only on that reference, so entering it again changes nothing.
 func queueCompaction(tx *bolt.Tx, agent string, acked uint64) error {
-	cursor, r, ok, err := oldestRef(tx.Bucket(bucketMailboxRefs), agent)
+	cursor, r, ok, err := oldestRef(tx.Bucket(bucketAgents), agent)
 	if err != nil || !ok || cursor > acked {
 		return err
 	}
@@ -393,14 +399,26 @@ func queueCompaction(tx *bolt.Tx, agent string, acked uint64) error {
 }
 
 // migrateCompactionQueue builds schema 3's bucketMailboxCompaction from
-// the mailboxes' states and references.
+// the mailboxes' states and references (by then in bucketAgents:
+// migrateRegroup runs first).
 func migrateCompactionQueue(tx *bolt.Tx) error {
-	return tx.Bucket(bucketMailboxes).ForEach(func(agent, v []byte) error {
-		if len(v) != 32 {
-			return nil
+	agents := tx.Bucket(bucketAgents)
+	var names []string // collected first: queueCompaction walks agents
+	err := agents.ForEach(func(k, v []byte) error {
+		if agent, kind, rest, record := splitRow(k); !record && kind == kindState && len(rest) == 0 && len(v) == 32 {
+			names = append(names, string(agent))
 		}
-		return queueCompaction(tx, string(agent), getState(tx.Bucket(bucketMailboxes), string(agent)).Acked)
+		return nil
 	})
+	if err != nil {
+		return err
+	}
+	for _, agent := range names {
+		if err := queueCompaction(tx, agent, getState(agents, agent).Acked); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // CompactMailboxes implements mailbox.Store. It reads the mailboxes due
@@ -416,8 +434,7 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 	n := 0
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		n = 0
-		queue, states := tx.Bucket(bucketMailboxCompaction), tx.Bucket(bucketMailboxes)
-		refs, counts, msgs := tx.Bucket(bucketMailboxRefs), tx.Bucket(bucketMessageRefs), tx.Bucket(bucketMessages)
+		queue, agents, msgs := tx.Bucket(bucketMailboxCompaction), tx.Bucket(bucketAgents), tx.Bucket(bucketDialogues)
 		end := binary.BigEndian.AppendUint64(nil, uint64(before.UnixNano())) //nolint:gosec // times after 1970
 
 		// Collected first, as everything below: never delete while walking
@@ -435,14 +452,14 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 			if err := queue.Delete(qk); err != nil {
 				return err
 			}
-			acked := getState(states, agent).Acked
+			acked := getState(agents, agent).Acked
 			type dead struct {
 				key []byte
 				id  string
 			}
 			var doomed []dead
-			prefix := append([]byte(agent), 0)
-			rc := refs.Cursor()
+			prefix := rowKey(agent, kindRef, "")
+			rc := agents.Cursor()
 			for k, v := rc.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix) && n+len(doomed) < limit; k, v = rc.Next() {
 				if len(k) != len(prefix)+8 {
 					continue
@@ -460,10 +477,10 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 				doomed = append(doomed, dead{key: bytes.Clone(k), id: r.id})
 			}
 			for _, d := range doomed {
-				if err := refs.Delete(d.key); err != nil {
+				if err := agents.Delete(d.key); err != nil {
 					return err
 				}
-				if err := release(counts, msgs, d.id); err != nil {
+				if err := release(msgs, d.id); err != nil {
 					return err
 				}
 			}
@@ -478,16 +495,16 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 }
 
 // release drops one reference to message id, and the body with the last.
-func release(counts, msgs *bolt.Bucket, id string) error {
+func release(msgs *bolt.Bucket, id string) error {
 	left := uint64(0)
-	if v := counts.Get([]byte(id)); len(v) == 8 {
+	if v := msgs.Get(refCountKey(id)); len(v) == 8 {
 		left = binary.BigEndian.Uint64(v)
 	}
 	if left <= 1 {
-		if err := counts.Delete([]byte(id)); err != nil {
+		if err := msgs.Delete(refCountKey(id)); err != nil {
 			return err
 		}
-		return msgs.Delete([]byte(id))
+		return msgs.Delete(bodyKey(id))
 	}
-	return counts.Put([]byte(id), binary.BigEndian.AppendUint64(nil, left-1))
+	return msgs.Put(refCountKey(id), binary.BigEndian.AppendUint64(nil, left-1))
 }

@@ -31,9 +31,9 @@ func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := openSchema(t, 1, slices.Concat(allBuckets, dialogueBuckets[:7], timerBuckets, orderBuckets), func(tx *bolt.Tx) error {
+	s := openSchema(t, 1, without(schema12Buckets(), bucketDialoguesClosed, bucketSweepDialogueRequests, legacyDialogueMessageIndex), func(tx *bolt.Tx) error {
 		put(tx, bucketDialogues, "closed", store.Dialogue{ID: "closed", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0, Closed: true})
-		put(tx, bucketDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
+		put(tx, legacyDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
 		put(tx, bucketDialogues, "open", store.Dialogue{ID: "open", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0})
 		return nil
 	})
@@ -54,24 +54,22 @@ func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 // one is kept.
 func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0).UTC()
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
-		return string(b) == string(bucketMailboxCompaction)
-	})
+	buckets := without(schema12Buckets(), bucketMailboxCompaction)
 	const bob = "clients/b/agents/bob"
 	s := openSchema(t, 2, buckets, func(tx *bolt.Tx) error {
 		for i, id := range []string{"m1", "m2"} {
 			data, _ := json.Marshal(mailbox.Message{ID: id, DialogueID: "d", Category: mailbox.CategoryMessage, Type: "x", Time: t0})
-			if err := tx.Bucket(bucketMessages).Put([]byte(id), data); err != nil {
+			if err := tx.Bucket(legacyMessages).Put([]byte(id), data); err != nil {
 				return err
 			}
-			if err := tx.Bucket(bucketMessageRefs).Put([]byte(id), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
+			if err := tx.Bucket(legacyMessageRefs).Put([]byte(id), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
 				return err
 			}
-			if err := tx.Bucket(bucketMailboxRefs).Put(refKey(bob, uint64(i+1)), encodeRef(ref{sent: t0.UnixNano(), id: id})); err != nil {
+			if err := tx.Bucket(legacyMailboxRefs).Put(refKey(bob, uint64(i+1)), encodeRef(ref{sent: t0.UnixNano(), id: id})); err != nil {
 				return err
 			}
 		}
-		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 2, Acked: 1, Pending: 1})
+		return tx.Bucket(legacyMailboxes).Put([]byte(bob), legacyState(mailbox.State{Head: 2, Acked: 1, Pending: 1}))
 	})
 	ctx := t.Context()
 	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
@@ -86,9 +84,7 @@ func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 // then counts the payer's payments not captured, and the sweep finds the
 // payments not reserved.
 func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
-		return string(b) == string(bucketOpenPayments) || string(b) == string(bucketPaymentRequests)
-	})
+	buckets := without(schema12Buckets(), bucketOpenPayments, bucketPaymentRequests, bucketNotificationRetries)
 	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
 	paid := time.Date(2026, 12, 2, 10, 0, 0, 123456000, time.UTC)
 	s := openSchema(t, 3, buckets, func(tx *bolt.Tx) error {
@@ -114,9 +110,7 @@ func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 // on open: the sweep then forgets the ids recorded before its time, and
 // only those.
 func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), func(b []byte) bool {
-		return string(b) == string(bucketSweepPaymentRequests)
-	})
+	buckets := without(schema12Buckets(), bucketSweepPaymentRequests, bucketNotificationRetries)
 	const alice = "clients/a/agents/alice"
 	recorded := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
 	s := openSchema(t, 5, buckets, func(tx *bolt.Tx) error {
@@ -143,7 +137,7 @@ func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
 // empty (until then the registry's outbox kept waiting notifications),
 // and the relay's waiting notifications are then stored.
 func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
-	s := openSchema(t, 6, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets), nil)
+	s := openSchema(t, 6, without(schema12Buckets(), bucketNotificationRetries), nil)
 	ctx := t.Context()
 	if w, err := s.NotificationRetries(ctx); err != nil || len(w) != 0 {
 		t.Fatalf("NotificationRetries after the migration = %v, %v; want none", w, err)
@@ -158,7 +152,7 @@ func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
 // acceptance's chain of messages recorded none), beside an offer's own.
 func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 	const bob = "clients/b/agents/bob"
-	s := openSchema(t, 7, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+	s := openSchema(t, 7, schema12Buckets(), func(tx *bolt.Tx) error {
 		if err := tx.Bucket(bucketDialogues).Put([]byte("d1"), []byte(`{"id":"d1"}`)); err != nil { // SetOfferTerms needs it
 			return err
 		}
@@ -182,9 +176,7 @@ func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 // request ids) is migrated on open: each sweep then removes what is due
 // by the old records' times, and only that.
 func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
-		return string(b) == string(bucketSweepConversations) || string(b) == string(bucketSweepDialogueRequests)
-	})
+	buckets := without(schema12Buckets(), bucketSweepConversations, bucketSweepDialogueRequests)
 	const alice = "clients/a/agents/alice"
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	put := func(tx *bolt.Tx, bucket, key []byte, v any) {
@@ -233,9 +225,7 @@ func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
 // day's and keeps today's, and the day total of 0 that RemoveSpend left
 // is dropped.
 func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
-	buckets := slices.DeleteFunc(slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(b []byte) bool {
-		return string(b) == string(bucketSweepSpends)
-	})
+	buckets := without(schema12Buckets(), bucketSweepSpends)
 	const alice = "clients/a/agents/alice"
 	// As schema 9's AddSpend and RemoveSpend wrote them: o-old and o-new
 	// counted, and a removed order's day left at 0.
@@ -291,7 +281,7 @@ func TestOpen_schema10JSONTimersFire(t *testing.T) {
 		{Dialogue: "d2", Initiator: "clients/a/agents/c", Counterpart: "clients/b/agents/s", Protocol: "p", Name: "offer_timeout", At: t0.Add(time.Second),
 			Retry: t0.Add(2 * time.Second), Failures: 3},
 	}
-	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+	s := openSchema(t, 10, schema12Buckets(), func(tx *bolt.Tx) error {
 		for _, tm := range timers { // as schema 10's putTimers wrote them
 			if err := putJSON(tx.Bucket(bucketTimers), timerKey(tm), tm); err != nil {
 				return err
@@ -344,18 +334,18 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 	const bob = "clients/b/agents/bob"
 	old := mailbox.Message{ID: "m1", DialogueID: "d", Sender: "clients/a/agents/alice", Category: mailbox.CategoryMessage, Type: "x",
 		InReplyTo: "m0", Body: []byte(`{"n":1}`), Time: t0}
-	s := openSchema(t, 10, slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}), func(tx *bolt.Tx) error {
+	s := openSchema(t, 10, schema12Buckets(), func(tx *bolt.Tx) error {
 		data, _ := json.Marshal(old) // as schema 10's appendOp wrote it
-		if err := tx.Bucket(bucketMessages).Put([]byte(old.ID), data); err != nil {
+		if err := tx.Bucket(legacyMessages).Put([]byte(old.ID), data); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketMessageRefs).Put([]byte(old.ID), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
+		if err := tx.Bucket(legacyMessageRefs).Put([]byte(old.ID), binary.BigEndian.AppendUint64(nil, 1)); err != nil {
 			return err
 		}
-		if err := tx.Bucket(bucketMailboxRefs).Put(refKey(bob, 1), encodeRef(ref{sent: t0.UnixNano(), size: int64(len(old.Body)), id: old.ID})); err != nil {
+		if err := tx.Bucket(legacyMailboxRefs).Put(refKey(bob, 1), encodeRef(ref{sent: t0.UnixNano(), size: int64(len(old.Body)), id: old.ID})); err != nil {
 			return err
 		}
-		return putState(tx.Bucket(bucketMailboxes), bob, mailbox.State{Head: 1, Pending: 1, PendingBytes: int64(len(old.Body))})
+		return tx.Bucket(legacyMailboxes).Put([]byte(bob), legacyState(mailbox.State{Head: 1, Pending: 1, PendingBytes: int64(len(old.Body))}))
 	})
 	ctx := t.Context()
 	next := mailbox.Message{ID: "m2", DialogueID: "d", Category: mailbox.CategoryService, Type: "offer_timeout_expired",
@@ -364,7 +354,7 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 		t.Fatal(err)
 	}
 	err := s.db.View(func(tx *bolt.Tx) error {
-		if v := tx.Bucket(bucketMessages).Get([]byte(next.ID)); len(v) == 0 || v[0] == '{' {
+		if v := tx.Bucket(bucketDialogues).Get(bodyKey(next.ID)); len(v) == 0 || v[0] == '{' {
 			t.Errorf("the message appended is stored as %q, want the binary form", v)
 		}
 		return nil
@@ -381,6 +371,30 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 			t.Errorf("message %d = %+v\nwant %+v", i+1, got, want)
 		}
 	}
+}
+
+// schema12Buckets are the buckets of a schema-12 file: today's, but for
+// those schema 13 made, and the ones it regrouped.
+func schema12Buckets() [][]byte {
+	return slices.Concat(without(allBuckets, bucketAgents), dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets,
+		[][]byte{bucketNotificationRetries}, legacyBuckets)
+}
+
+// without is buckets but drop.
+func without(buckets [][]byte, drop ...[]byte) [][]byte {
+	return slices.DeleteFunc(slices.Clone(buckets), func(b []byte) bool {
+		return slices.ContainsFunc(drop, func(d []byte) bool { return bytes.Equal(b, d) })
+	})
+}
+
+// legacyState is a mailbox state as schema 12 kept it in mailboxes.
+func legacyState(st mailbox.State) []byte {
+	v := make([]byte, 32)
+	binary.BigEndian.PutUint64(v[0:], st.Head)
+	binary.BigEndian.PutUint64(v[8:], st.Acked)
+	binary.BigEndian.PutUint64(v[16:], uint64(st.Pending))
+	binary.BigEndian.PutUint64(v[24:], uint64(st.PendingBytes))
+	return v
 }
 
 // openSchema writes a new database as schema version left it (buckets,
@@ -407,4 +421,178 @@ func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *bolt.
 	}
 	t.Cleanup(func() { s.Close() })
 	return s
+}
+
+// A schema-12 database (a bucket per kind of row) is regrouped on open:
+// every dialogue, participant, pair state, message record, mailbox body
+// (either form), reference count, mailbox state and reference and agent
+// index entry is read as before, the old buckets are gone, and the sweeps,
+// compaction and new sends work on the moved rows.
+func TestOpen_migratesSchema12Regroup(t *testing.T) {
+	t0 := time.Unix(1_800_000_000, 0).UTC()
+	const alice, bob, carol = "clients/a/agents/alice", "clients/b/agents/bob", "clients/c/agents/carol"
+	pair := store.Pair{A: alice, B: bob}
+	dialogues := []store.Dialogue{
+		{ID: "d1", Initiator: alice, Category: "message", Protocol: "p", CreateTime: t0, Opener: "d1-m1"},
+		{ID: "d2", Initiator: alice, Category: "message", CreateTime: t0, Opener: "d2-m1", Closed: true, CloseTime: t0},
+	}
+	records := []storedMessage{
+		{DialogueMessage: store.DialogueMessage{ID: "d1-m1", DialogueID: "d1", Sender: alice, Type: "new_message", Time: t0}, Receivers: []string{bob}},
+		{DialogueMessage: store.DialogueMessage{ID: "d1-m2", DialogueID: "d1", Sender: bob, Type: "message_response", InReplyTo: "d1-m1", Time: t0}, Receivers: []string{alice}},
+		{DialogueMessage: store.DialogueMessage{ID: "d2-m1", DialogueID: "d2", Sender: alice, Type: "new_message", Time: t0}, Receivers: []string{carol}},
+	}
+	mail := func(id, dialogue, sender string) mailbox.Message {
+		return mailbox.Message{ID: id, DialogueID: dialogue, Sender: sender, Category: mailbox.CategoryMessage, Type: "t", Body: []byte(`"` + id + `"`), Time: t0}
+	}
+	bodies := []mailbox.Message{mail("d1-m1", "d1", alice), mail("d1-m2", "d1", bob), mail("d2-m1", "d2", alice), mail("svc", "d1", "")}
+	refs := map[string][]string{bob: {"d1-m1", "svc"}, alice: {"d1-m2"}, carol: {"d2-m1", "svc"}}
+	states := map[string]mailbox.State{
+		alice: {Head: 1, Pending: 1, PendingBytes: 7},
+		bob:   {Head: 2, Pending: 2, PendingBytes: 12},
+		carol: {Head: 2, Acked: 1, Pending: 1, PendingBytes: 5},
+	}
+	s := openSchema(t, 12, schema12Buckets(), func(tx *bolt.Tx) error { // as schema 12 wrote them
+		for _, d := range dialogues {
+			if err := putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d); err != nil {
+				return err
+			}
+			if err := indexClosed(tx, d); err != nil {
+				return err
+			}
+		}
+		for _, m := range records {
+			if err := putJSON(tx.Bucket(legacyDialogueMessages), []byte(m.ID), m); err != nil {
+				return err
+			}
+		}
+		puts := []struct {
+			bucket, key, value []byte
+		}{
+			{legacyDialogueMessageIndex, join("d1", "d1-m2"), nil},
+			{legacyDialoguePairs, pairKey("d1", pair), []byte(`{"s":1}`)},
+			{legacyMessageRefs, []byte("svc"), binary.BigEndian.AppendUint64(nil, 2)},
+			{bucketMailboxCompaction, compactionKey(t0.UnixNano(), carol), nil},
+		}
+		for _, p := range [][2]string{{"d1", alice}, {"d1", bob}, {"d2", alice}, {"d2", carol}} {
+			v, _ := json.Marshal(store.Participant{Agent: p[1]})
+			puts = append(puts, struct{ bucket, key, value []byte }{legacyDialogueParticipants, join(p[0], p[1]), v},
+				struct{ bucket, key, value []byte }{legacyAgentDialogues, join(p[1], p[0]), nil})
+		}
+		for i, m := range bodies {
+			v := encodeMessage(m)
+			if i == 0 {
+				v, _ = json.Marshal(m) // as schema 10 wrote it
+			}
+			puts = append(puts, struct{ bucket, key, value []byte }{legacyMessages, []byte(m.ID), v})
+		}
+		for agent, ids := range refs {
+			for i, id := range ids {
+				r := encodeRef(ref{sent: t0.UnixNano(), size: int64(len(`""`) + len(id)), id: id})
+				puts = append(puts, struct{ bucket, key, value []byte }{legacyMailboxRefs, refKey(agent, uint64(i+1)), r})
+			}
+			puts = append(puts, struct{ bucket, key, value []byte }{legacyMailboxes, []byte(agent), legacyState(states[agent])})
+		}
+		for _, p := range puts {
+			if err := tx.Bucket(p.bucket).Put(p.key, p.value); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	ctx := t.Context()
+	err := s.db.View(func(tx *bolt.Tx) error {
+		for _, b := range legacyBuckets {
+			if tx.Bucket(b) != nil {
+				t.Errorf("bucket %s is still there after the migration", b)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range dialogues {
+		if got, err := s.GetDialogue(ctx, want.ID); err != nil || !reflect.DeepEqual(got, want) {
+			t.Errorf("GetDialogue(%s) = %+v, %v; want %+v", want.ID, got, err, want)
+		}
+	}
+	for _, want := range records {
+		if got, err := s.GetDialogueMessage(ctx, want.ID); err != nil || got != want.DialogueMessage {
+			t.Errorf("GetDialogueMessage(%s) = %+v, %v; want %+v", want.ID, got, err, want.DialogueMessage)
+		}
+	}
+	if got, err := s.PairState(ctx, "d1", pair); err != nil || string(got) != `{"s":1}` {
+		t.Errorf("PairState(d1) = %s, %v; want {\"s\":1}", got, err)
+	}
+	if _, err := s.AddMessage(ctx, "d1-m2", mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
+		if p, ok := v.Participant(alice); !ok || p.Agent != alice {
+			t.Errorf("Participant(alice) in d1 = %+v, %t; want alice", p, ok)
+		}
+		if got := string(v.PairState(pair)); got != `{"s":1}` {
+			t.Errorf("PairState(alice, bob) in d1 = %s, want {\"s\":1}", got)
+		}
+		if got := v.Receivers(); !slices.Equal(got, []string{alice}) {
+			t.Errorf("Receivers() of d1-m2 = %v, want [alice]", got)
+		}
+		return store.MessageWrite{}, errors.New("only looking")
+	}); err == nil {
+		t.Fatal("AddMessage(d1-m2) succeeded; the plan refused")
+	}
+	byID := map[string]mailbox.Message{}
+	for _, m := range bodies {
+		byID[m.ID] = m
+	}
+	for agent, ids := range refs {
+		ds, err := s.ReadMailbox(ctx, agent, 0, 10)
+		if err != nil || len(ds) != len(ids) {
+			t.Fatalf("ReadMailbox(%s) = %+v, %v; want %v", agent, ds, err, ids)
+		}
+		for i, d := range ds {
+			if d.Cursor != uint64(i+1) || !reflect.DeepEqual(d.Message, byID[ids[i]]) {
+				t.Errorf("ReadMailbox(%s)[%d] = %d %+v, want %d %+v", agent, i, d.Cursor, d.Message, i+1, byID[ids[i]])
+			}
+		}
+		if got, err := s.GetMailbox(ctx, agent); err != nil || got != states[agent] {
+			t.Errorf("GetMailbox(%s) = %+v, %v; want %+v", agent, got, err, states[agent])
+		}
+	}
+	var open []string
+	if _, err := s.UpdateAgentDialogues(ctx, alice, func(d *store.Dialogue, _ *store.Participant) (bool, error) {
+		open = append(open, d.ID)
+		return false, nil
+	}); err != nil || !slices.Equal(open, []string{"d1"}) {
+		t.Errorf("UpdateAgentDialogues(alice) visited %v, %v; want [d1], the open one", open, err)
+	}
+	// carol's acknowledged d2-m1 goes; svc stays for bob and carol.
+	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("CompactMailboxes after the migration = %d, %v; want 1", n, err)
+	}
+	if n, err := s.SweepDialogues(ctx, t0.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("SweepDialogues after the migration = %d, %v; want 1 (d2)", n, err)
+	}
+	if _, err := s.GetDialogueMessage(ctx, "d2-m1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage(d2-m1) after the sweep = %v, want ErrNotFound", err)
+	}
+	if got := rowCount(t, s, bucketDialogues, kindParticipant); got != 2 {
+		t.Errorf("participants after the sweep = %d, want d1's 2", got)
+	}
+	if got := rowCount(t, s, bucketAgents, kindAgentDialogue); got != 2 {
+		t.Errorf("agents' dialogue rows after the sweep = %d, want d1's 2", got)
+	}
+	for _, agent := range []string{alice, bob, carol} {
+		if _, err := s.ClearMailbox(ctx, agent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, err := s.CompactMailboxes(ctx, t0.Add(time.Hour), 10); err != nil || n != 4 {
+		t.Errorf("CompactMailboxes after clearing every mailbox = %d, %v; want the 4 references left", n, err)
+	}
+	if bodies, counts := rowCount(t, s, bucketDialogues, kindBody), rowCount(t, s, bucketDialogues, kindRefCount); bodies != 0 || counts != 0 {
+		t.Errorf("bodies and reference counts after compacting everything = %d, %d; want none", bodies, counts)
+	}
+	d3 := store.Dialogue{ID: "d3", Initiator: alice, Category: "message", CreateTime: t0, Opener: "d3-m1"}
+	w := store.MessageWrite{Message: store.DialogueMessage{ID: "d3-m1", Sender: alice, Type: "new_message", Time: t0}, Recipients: []string{bob}, Mail: mail("", "", alice)}
+	if got, err := s.CreateDialogue(ctx, d3, w, mailbox.Bound{}); err != nil || len(got.Deliveries) != 1 || got.Deliveries[0].Cursor != 3 {
+		t.Errorf("CreateDialogue(d3) after the migration = %+v, %v; want bob's cursor 3", got, err)
+	}
 }

@@ -16,7 +16,7 @@ var (
 	// bucketOrders: order id → JSON store.Order, its trail included.
 	bucketOrders = []byte("orders")
 	// bucketPairOrders: dialogue id + 0x00 + agent A + 0x00 + agent B
-	// (A < B, as bucketDialoguePairs) → order id.
+	// (A < B: pairKey) → order id.
 	bucketPairOrders = []byte("pair_orders")
 	// bucketAgentOrders: agent + 0x00 + order id → empty, for both parties.
 	bucketAgentOrders = []byte("agent_orders")
