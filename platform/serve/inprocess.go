@@ -49,6 +49,13 @@ type unaryMethod struct {
 // send's CPU over the in-memory pipe (docs/benchmarks.md). Streams and
 // other services go over the pipe. Either way the call is the
 // operator's, from an address that is not the network's.
+//
+// One difference remains: the handler runs on the caller's goroutine, so
+// a handler that ignores its context (stuck in a store, say) holds its
+// caller past the caller's deadline; the caller then gets
+// DeadlineExceeded, as over a transport, but only once the handler
+// returns. Call options (grpc.Header, grpc.Trailer, message size caps)
+// are ignored, and the response has no size limit.
 type InProcessConn struct {
 	*grpc.ClientConn // the pipe
 	s                *Server
@@ -138,13 +145,23 @@ func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply a
 		return nil
 	}
 	resp, err := m.handler(m.impl, sctx, dec, s.unary)
-	if err != nil {
-		// As the gRPC server would send it: a status, or Unknown, or the
-		// context's code.
-		if _, ok := status.FromError(err); ok {
-			return err
+	switch {
+	case ctx.Err() != nil:
+		// The caller gave up while the handler ran: over a transport it
+		// gets its context's code, whatever the handler answers late.
+		return status.FromContextError(ctx.Err()).Err()
+	case s.inproc.base.Err() != nil:
+		// A forced stop cut the call off: over a transport the caller
+		// loses its connection, which it may retry elsewhere.
+		return errInProcessCutOff
+	case err != nil:
+		// As the gRPC server sends it: the status alone (not the rest of
+		// the handler's error), or Unknown, or the context's code.
+		st, ok := status.FromError(err)
+		if !ok {
+			st = status.FromContextError(err)
 		}
-		return status.FromContextError(err).Err()
+		return st.Err()
 	}
 	got, ok := resp.(proto.Message)
 	if !ok {
@@ -200,6 +217,8 @@ func newInProcessCalls() *inProcessCalls {
 }
 
 var errInProcessStopped = status.Error(codes.Unavailable, "the server is stopping: in-process calls are refused")
+
+var errInProcessCutOff = status.Error(codes.Unavailable, "the server stopped before the in-process call returned")
 
 func (c *inProcessCalls) begin() (func(), error) {
 	c.mu.RLock()

@@ -27,9 +27,14 @@ type fakeTestService struct {
 	testpb.UnimplementedTestServiceServer
 	mu      sync.Mutex
 	seen    seenCall
-	started chan struct{} // a "block" call has started
+	started chan struct{} // a "block" or "hold" call has started
+	release chan struct{} // ends a "hold" call
 	shared  *testpb.SimpleResponse
 }
+
+// errFakeSentinel is what a "wrapped" call's error wraps besides its
+// status: a callee's own error, which no caller should be able to match.
+var errFakeSentinel = errors.New("the callee's own error")
 
 type seenCall struct {
 	network   string
@@ -61,10 +66,16 @@ func (f *fakeTestService) UnaryCall(ctx context.Context, req *testpb.SimpleReque
 		return nil, errors.New("boom")
 	case cmd == "not found":
 		return nil, status.Error(codes.NotFound, "no such thing")
+	case cmd == "wrapped":
+		return nil, errors.Join(errFakeSentinel, status.Error(codes.NotFound, "no such thing"))
 	case cmd == "block":
 		close(f.started)
 		<-ctx.Done()
 		return nil, ctx.Err()
+	case cmd == "hold": // ignores ctx, as a handler stuck in a store may
+		close(f.started)
+		<-f.release
+		return &testpb.SimpleResponse{Username: "held"}, nil
 	case strings.HasPrefix(cmd, "big"):
 		return &testpb.SimpleResponse{Username: "big"}, nil
 	}
@@ -94,7 +105,7 @@ func inProcessServer(t *testing.T, maxBody int64) (*Server, *fakeTestService, *I
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeTestService{started: make(chan struct{}), shared: &testpb.SimpleResponse{Username: "shared"}}
+	f := &fakeTestService{started: make(chan struct{}), release: make(chan struct{}), shared: &testpb.SimpleResponse{Username: "shared"}}
 	testpb.RegisterTestServiceServer(s, f)
 	c, err := s.InProcessConn()
 	if err != nil {
@@ -213,6 +224,84 @@ func TestInProcessConn_refusals(t *testing.T) {
 	cancel()
 	if err := <-errc; status.Code(err) != codes.Canceled {
 		t.Errorf("cancelled call = %v, want Canceled", err)
+	}
+}
+
+// TestInProcessConn_refusesAsThePolicySays: the access policy holds on
+// the direct path as over the pipe: a method without an entry is refused
+// to the operator too, and a forwarded caller is checked as itself.
+func TestInProcessConn_refusesAsThePolicySays(t *testing.T) {
+	s, f, c := inProcessServer(t, 0)
+	start(t, s)
+	client := testpb.NewTestServiceClient(c)
+
+	if _, err := client.EmptyCall(t.Context(), &testpb.Empty{}); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "EmptyCall has no access policy entry") {
+		t.Errorf("EmptyCall (no policy entry) = %v, want PermissionDenied naming the method", err)
+	}
+	agent := auth.Principal{Kind: auth.Agent, Client: "clients/c", Agent: "clients/c/agents/a"}
+	if _, err := client.UnaryCall(auth.ForwardCaller(t.Context(), agent), call("hello")); status.Code(err) != codes.PermissionDenied {
+		t.Errorf("UnaryCall (operator only) forwarding an agent = %v, want PermissionDenied", err)
+	}
+	if f.last().network != "" {
+		t.Errorf("a refused call reached the handler: %+v", f.last())
+	}
+}
+
+// TestInProcessConn_errorsCarryOnlyTheStatus: as over a transport, the
+// caller gets the handler's status and nothing else of its error.
+func TestInProcessConn_errorsCarryOnlyTheStatus(t *testing.T) {
+	s, _, c := inProcessServer(t, 0)
+	start(t, s)
+	_, direct := testpb.NewTestServiceClient(c).UnaryCall(t.Context(), call("wrapped"))
+	_, pipe := testpb.NewTestServiceClient(c.ClientConn).UnaryCall(t.Context(), call("wrapped"))
+	if errors.Is(direct, errFakeSentinel) {
+		t.Errorf("UnaryCall(wrapped) = %v: the caller can match the callee's own error", direct)
+	}
+	if status.Code(direct) != codes.NotFound || direct.Error() != pipe.Error() {
+		t.Errorf("UnaryCall(wrapped) = %q, want %q as over the pipe", direct, pipe)
+	}
+}
+
+// TestInProcessConn_deadlinePassedInTheHandler: a caller whose deadline
+// passed while the handler ran gets DeadlineExceeded, as a client over a
+// transport would, not the handler's late answer.
+func TestInProcessConn_deadlinePassedInTheHandler(t *testing.T) {
+	s, f, c := inProcessServer(t, 0)
+	start(t, s)
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	go func() { <-f.started; <-ctx.Done(); close(f.release) }()
+	if resp, err := testpb.NewTestServiceClient(c).UnaryCall(ctx, call("hold")); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("UnaryCall(hold) past its deadline = %v, %v; want DeadlineExceeded", resp, err)
+	}
+}
+
+// TestInProcessConn_forcedStopIsUnavailable: a call cut off by a forced
+// stop (ShutdownTimeout ran out) fails with Unavailable, as over the
+// pipe, not Canceled: its caller cancelled nothing, and may retry.
+func TestInProcessConn_forcedStopIsUnavailable(t *testing.T) {
+	policy := auth.Policy{"/grpc.testing.TestService/UnaryCall": {Allow: auth.Operator}}
+	s, err := New(Options{Logger: slog.New(slog.DiscardHandler), DataDir: t.TempDir(), Policy: policy, ShutdownTimeout: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeTestService{started: make(chan struct{})}
+	testpb.RegisterTestServiceServer(s, f)
+	c, err := s.InProcessConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r := start(t, s)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := testpb.NewTestServiceClient(c).UnaryCall(context.Background(), call("block"))
+		errc <- err
+	}()
+	<-f.started
+	r.cancel()
+	if err := <-errc; status.Code(err) != codes.Unavailable {
+		t.Errorf("call cut off by a forced stop = %v, want Unavailable", err)
 	}
 }
 

@@ -89,7 +89,9 @@ type Options struct {
 
 // Server is a gRPC server plus an HTTP server sharing health and metrics.
 type Server struct {
-	// GRPC is the gRPC server; register services on it before Run.
+	// GRPC is the gRPC server. Register services through the Server
+	// itself (RegisterService, before Run), not on GRPC: only then do
+	// InProcessConn's unary calls skip the pipe.
 	GRPC *grpc.Server
 	// Gateway is the in-process grpc-gateway mux; register handlers on it.
 	Gateway *runtime.ServeMux
