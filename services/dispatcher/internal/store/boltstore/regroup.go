@@ -61,8 +61,10 @@ var (
 // it commits, so these bound the memory of an upgrade, whatever the file's
 // size: the rows read, their leaves in the old bucket (a run from its
 // start) and in the new one (rows of one old bucket, in key order, land
-// on a run of leaves too, their owner's keys leading both). Measured in
-// docs/benchmarks.md.
+// on a run of leaves too, their owner's keys leading both). On a file of
+// 100,000 direct sends (701,000 rows) the peak live heap was about 50 MB
+// against 450 MB in one transaction, and the migration about 1.3 s
+// longer (docs/benchmarks.md).
 const (
 	regroupBatchRows  = 10_000
 	regroupBatchBytes = 16 << 20
