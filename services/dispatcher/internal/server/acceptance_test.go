@@ -227,12 +227,13 @@ type sweepingPayments struct {
 	store.PaymentStore
 	st    *boltstore.Store
 	sweep func() // once, then nil
+	id    string // the message id of the terms set after the sweep
 }
 
 func (p *sweepingPayments) SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error {
 	if p.sweep != nil {
 		p.sweep()
-		p.sweep = nil
+		p.sweep, p.id = nil, id
 	}
 	return p.PaymentStore.SetOfferTerms(ctx, dialogue, supplier, id, terms)
 }
@@ -273,8 +274,8 @@ func TestAllocate_offerOfASweptDialogueLeavesNoTerms(t *testing.T) {
 	if p.sweep != nil {
 		t.Fatal("the offer's terms were never recorded: the test's sweep did not run")
 	}
-	// OfferTerms falls back to any terms of the pair.
-	if got, err := p.st.OfferTerms(t.Context(), d, netBob, "any"); err != nil || got != nil {
+	// Under the id the offer would have had: lookups are exact.
+	if got, err := p.st.OfferTerms(t.Context(), d, netBob, p.id); err != nil || got != nil {
 		t.Errorf("offer terms of the swept dialogue = %s, %v; want none", got, err)
 	}
 }
