@@ -2,6 +2,7 @@ package boltstore_test
 
 import (
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 // time-ordered ids from dialogue.NewID), each its own synced commit, on a
 // young file and on one that holds earlier sends. It reports the pages
 // each commit writes (CommitStats.Pages: what a commit's fdatasyncs flush
-// on this disk) as pages/op.
+// on this disk) as pages/op, and the process's CPU time (user and system:
+// the commit's page writes and syncs included) as cpu-µs/op.
 func BenchmarkCreateDialogue_directSend(b *testing.B) {
 	for _, before := range []int{0, 5000} {
 		b.Run(fmt.Sprintf("earlier=%d", before), func(b *testing.B) {
@@ -42,7 +44,7 @@ func BenchmarkCreateDialogue_directSend(b *testing.B) {
 			for range before {
 				send()
 			}
-			start := s.Commits()
+			start, cpu := s.Commits(), cpuTime(b)
 			n := 0
 			for b.Loop() {
 				send()
@@ -51,6 +53,17 @@ func BenchmarkCreateDialogue_directSend(b *testing.B) {
 			end := s.Commits()
 			b.ReportMetric(float64(end.Pages-start.Pages)/float64(n), "pages/op")
 			b.ReportMetric(float64(end.Synced-start.Synced)/float64(n), "commits/op")
+			b.ReportMetric(float64((cpuTime(b)-cpu).Microseconds())/float64(n), "cpu-µs/op")
 		})
 	}
+}
+
+// cpuTime is the user and system CPU time this process has used.
+func cpuTime(b *testing.B) time.Duration {
+	b.Helper()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
