@@ -316,3 +316,35 @@ func TestTransact_acceptanceAfterAPaymentErrorIgnoresARefusedOffersTerms(t *test
 		t.Errorf("accept_offer of the 1 USD offer after its payment_error = %v, want it accepted under that offer's terms", err)
 	}
 }
+
+// An acceptance whose terms lie more than maxTermsChain payment_errors back
+// is refused, never checked as unpriced: past the bound the walk to the
+// terms found none, and an acceptance without terms passed the payment
+// gate, the owner's limits and its approval (a consumer and a supplier
+// together could skip them after 32 payment_errors).
+func TestTransact_acceptanceTooFarFromItsTermsIsRefused(t *testing.T) {
+	e := startService(t)
+	e.reg.addAgent(&registryv1.Agent{Name: netAlice})
+	req := e.request("transact", nil, netBob)
+	proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
+	invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
+	last := e.mustReply(netBob, invite, "offer", `{"offer":{},"price":{"amount_micros":1000000,"currency":"USD"},"payment_required":true}`)
+	pay := func() string {
+		_, id, _ := cutPayment(e.createPayment(netAlice, netBob, 1_000_000).GetName())
+		return mustJSON(map[string]any{"payment": map[string]string{"provider": "ledger", "reference": id}})
+	}
+	for i := range maxTermsChain {
+		if i == maxTermsChain-1 { // the offer is maxTermsChain-1 payment_errors back: its terms hold
+			if _, err := e.reply(netAlice, last, "accept_offer", `{}`); grpcerr.Reason(err) != "PAYMENT_MISSING" {
+				t.Fatalf("accept_offer without payment, %d payment_errors after the offer = %v, want PAYMENT_MISSING", i, err)
+			}
+		}
+		accept := e.mustReply(netAlice, last, "accept_offer", pay())
+		last = e.mustReply(netBob, accept, "payment_error", `{"error":"declined","offer_timeout":30}`)
+	}
+	for _, body := range []string{`{}`, pay()} {
+		if _, err := e.reply(netAlice, last, "accept_offer", body); grpcerr.Reason(err) != "OFFER_TERMS_CHAIN" {
+			t.Errorf("accept_offer(%s), %d payment_errors after the offer = %v, want OFFER_TERMS_CHAIN", body, maxTermsChain, err)
+		}
+	}
+}
