@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -425,4 +426,21 @@ func mustListen(b *testing.B) net.Listener {
 		b.Fatal(err)
 	}
 	return l
+}
+
+// TestRegisterService_afterRunPanics: the in-process path reads the
+// registered methods without a lock once Run serves, so a registration
+// after Run is refused as gRPC refuses it.
+func TestRegisterService_afterRunPanics(t *testing.T) {
+	s, _, c := inProcessServer(t, 0)
+	start(t, s)
+	if _, err := testpb.NewTestServiceClient(c).UnaryCall(t.Context(), call("hello")); err != nil {
+		t.Fatal(err) // answered: Run serves
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "after Run") {
+			t.Errorf("RegisterService after Run: recovered %v, want a panic naming the mistake", r)
+		}
+	}()
+	testpb.RegisterUnimplementedServiceServer(s, testpb.UnimplementedUnimplementedServiceServer{})
 }
