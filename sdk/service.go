@@ -110,8 +110,9 @@ func newServiceAgent(agent *NetworkAgent, client dispatcherv1.DispatcherServiceC
 
 // Supply registers the supplier's handler for messages of type typ
 // (new_task_request, invite_offer, accept_offer, reject_offer, ...). A
-// stage without a handler is dropped (the network's deadlines then run
-// their course).
+// stage without a handler goes to the Fallback given to NewServiceAgent
+// (is dropped when there is none), and the network's deadlines run their
+// course.
 //
 // The agent serves a dialogue as a supplier from its new_task_request
 // until its pair with the consumer ends, as far as the network tells it:

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"crypto/tls"
+	"fmt"
 	"net"
 	"sync"
 
@@ -23,9 +24,15 @@ import (
 // grpc.ServiceRegistrar: pass it to a generated RegisterXServer). Its
 // unary methods are also what InProcessConn calls without a transport.
 func (s *Server) RegisterService(desc *grpc.ServiceDesc, impl any) {
-	s.GRPC.RegisterService(desc, impl)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.running {
+		// As gRPC itself refuses (it ends the process): a service must
+		// be registered before Run. InProcessConn reads the methods
+		// without a lock once Run serves.
+		panic(fmt.Sprintf("serve: RegisterService(%s) after Run", desc.ServiceName))
+	}
+	s.GRPC.RegisterService(desc, impl)
 	if s.unaryMethods == nil {
 		s.unaryMethods = map[string]unaryMethod{}
 	}
@@ -102,9 +109,15 @@ func (s *Server) servePipe(lis *bufconn.Listener) { _ = s.GRPC.Serve(lis) }
 // Invoke implements grpc.ClientConnInterface.
 func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	s := c.s
-	s.mu.Lock()
+	select {
+	case <-s.serving:
+	case <-ctx.Done():
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	// Read without s.mu: once Run serves, the map no longer changes (gRPC
+	// refuses a registration after Serve), and serving's close orders
+	// every registration before this read.
 	m, ok := s.unaryMethods[method]
-	s.mu.Unlock()
 	req, reqOK := args.(proto.Message)
 	out, outOK := reply.(proto.Message)
 	if !ok || !reqOK || !outOK {
@@ -112,11 +125,6 @@ func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply a
 	}
 	if n := proto.Size(req); int64(n) > s.opts.MaxBodyBytes {
 		return status.Errorf(codes.ResourceExhausted, "in-process call %s: request of %d bytes is over the %d-byte limit", method, n, s.opts.MaxBodyBytes)
-	}
-	select {
-	case <-s.serving:
-	case <-ctx.Done():
-		return status.FromContextError(ctx.Err()).Err()
 	}
 	done, err := s.inproc.begin()
 	if err != nil {

@@ -3,6 +3,7 @@ package serve
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -38,6 +39,7 @@ var errFakeSentinel = errors.New("the callee's own error")
 
 type seenCall struct {
 	network   string
+	remote    string // as access control reads it
 	principal auth.Principal
 	md        metadata.MD
 	deadline  bool
@@ -51,7 +53,7 @@ func (f *fakeTestService) UnaryCall(ctx context.Context, req *testpb.SimpleReque
 	_, deadline := ctx.Deadline()
 	method, _ := grpc.Method(ctx)
 	f.mu.Lock()
-	f.seen = seenCall{network: p.Addr.Network(), principal: pr, md: md, deadline: deadline, method: method}
+	f.seen = seenCall{network: p.Addr.Network(), remote: auth.RemoteAddr(ctx), principal: pr, md: md, deadline: deadline, method: method}
 	f.mu.Unlock()
 	if err := grpc.SetHeader(ctx, metadata.Pairs("x-set", "1")); err != nil {
 		return nil, err
@@ -127,6 +129,7 @@ func TestInProcessConn_unaryRunsTheHandlerDirectly(t *testing.T) {
 	// The caller is itself serving an agent's call: its incoming
 	// metadata must not become the in-process call's.
 	ctx := metadata.NewIncomingContext(t.Context(), metadata.Pairs("authorization", "Bearer agent-key", "x-outer", "1"))
+	ctx = auth.WithRemoteAddr(ctx, "203.0.113.9") // and its caller's address
 	ctx = metadata.AppendToOutgoingContext(ctx, "x-forwarded", "yes")
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -140,6 +143,9 @@ func TestInProcessConn_unaryRunsTheHandlerDirectly(t *testing.T) {
 	}
 	if seen.principal.Kind != auth.Operator {
 		t.Errorf("handler's principal = %+v, want the operator", seen.principal)
+	}
+	if seen.remote != "inprocess" {
+		t.Errorf("handler's remote address = %q, want inprocess: the caller's context values leaked", seen.remote)
 	}
 	if got := seen.md.Get("x-forwarded"); len(got) != 1 || got[0] != "yes" {
 		t.Errorf("handler's metadata x-forwarded = %v, want the caller's outgoing [yes]", got)
@@ -420,4 +426,21 @@ func mustListen(b *testing.B) net.Listener {
 		b.Fatal(err)
 	}
 	return l
+}
+
+// TestRegisterService_afterRunPanics: the in-process path reads the
+// registered methods without a lock once Run serves, so a registration
+// after Run is refused as gRPC refuses it.
+func TestRegisterService_afterRunPanics(t *testing.T) {
+	s, _, c := inProcessServer(t, 0)
+	start(t, s)
+	if _, err := testpb.NewTestServiceClient(c).UnaryCall(t.Context(), call("hello")); err != nil {
+		t.Fatal(err) // answered: Run serves
+	}
+	defer func() {
+		if r := recover(); r == nil || !strings.Contains(fmt.Sprint(r), "after Run") {
+			t.Errorf("RegisterService after Run: recovered %v, want a panic naming the mistake", r)
+		}
+	}()
+	testpb.RegisterUnimplementedServiceServer(s, testpb.UnimplementedUnimplementedServiceServer{})
 }

@@ -57,7 +57,8 @@ func find(d *json.Decoder, at string) (string, bool, error) {
 	case string:
 		return at, HasCardNumber(t), nil
 	case json.Number:
-		return at, HasCardNumber(string(t)), nil
+		n, whole := integerOf(string(t))
+		return at, HasCardNumber(string(t)) || whole && HasCardNumber(n), nil
 	case json.Delim: // '[' or '{': Token returns closing ones only after More is false
 		for i := 0; d.More(); i++ {
 			p := at + "/" + strconv.Itoa(i)
@@ -82,6 +83,33 @@ func find(d *json.Decoder, at string) (string, bool, error) {
 	return "", false, nil // true, false, null
 }
 
+// integerOf returns the digits of the value of n, a JSON number written
+// with a fraction or an exponent ("4.111111111111111e15"), when it is a
+// whole number of 13 to 19 digits: its reader sees the same number as one
+// written out. It never builds more than 19 digits, whatever the exponent.
+func integerOf(n string) (string, bool) {
+	mant, exp, hasExp := strings.Cut(strings.ToLower(strings.TrimPrefix(n, "-")), "e")
+	whole, frac, _ := strings.Cut(mant, ".")
+	e := 0
+	if hasExp {
+		var err error
+		// Beyond ±len(n)+19 no zeros of the mantissa can bring the
+		// value back to 19 digits or fewer.
+		if e, err = strconv.Atoi(exp); err != nil || e > len(n)+19 || e < -len(n)-19 {
+			return "", false
+		}
+	}
+	digits, point := whole+frac, len(whole)+e // the value is 0.digits × 10^point
+	for len(digits) > 0 && digits[0] == '0' {
+		digits, point = digits[1:], point-1
+	}
+	digits = strings.TrimRight(digits, "0")
+	if point < 13 || point > 19 || len(digits) > point {
+		return "", false
+	}
+	return digits + strings.Repeat("0", point-len(digits)), true
+}
+
 // keyMarks are what every verification key holds once normalised (lower
 // case, no _ or -): "cvv2" holds "cvv", "cardsecuritycode" holds
 // "securitycode".
@@ -89,17 +117,29 @@ var keyMarks = [][]byte{[]byte("cvv"), []byte("cvc"), []byte("cvn"), []byte("sec
 
 // mayHold reports whether body could hold card data by Find's rules,
 // reading its bytes without decoding them: a sequence of 13 digits or more
-// among spaces and dashes (where every card number lies), or a
-// verification key's letters anywhere. It errs one way only: a body with a
-// \u escape or a byte outside ASCII, which decoding or lower-casing could
+// among spaces and dashes (where every card number lies), a number with an
+// exponent (whose value may have more digits than it is written with), or
+// a verification key's letters anywhere. It errs one way only: a body with
+// a \u escape or a byte outside ASCII, which decoding or lower-casing could
 // turn into digits or a key's letters, may hold some.
 func mayHold(body []byte) bool {
 	digits := 0
 	norm := make([]byte, 0, len(body))
+	inString, escaped := false, false // where c is, as JSON reads it
 	for i, c := range body {
+		switch {
+		case escaped:
+			escaped = false
+		case inString && c == '\\':
+			escaped = true
+		case c == '"':
+			inString = !inString
+		}
 		switch {
 		case c >= 0x80 || c == '\\' && i+1 < len(body) && body[i+1] == 'u':
 			return true
+		case !inString && (c == 'e' || c == 'E') && i > 0 && (isDigit(body[i-1]) || body[i-1] == '.'):
+			return true // outside strings, only a number's exponent
 		case isDigit(c):
 			if digits++; digits >= 13 {
 				return true

@@ -30,6 +30,17 @@ func TestFind(t *testing.T) {
 		{"a card number under a repeated key", `{"n":"4111111111111111","n":"x"}`, "/n"},
 		{"a CVV under a repeated key", `{"p":{"cvv":"123"},"p":{}}`, "/p/cvv"},
 		{"the first of several, in body order", `{"b":"4111111111111111","a":{"cvv":1}}`, "/b"},
+		// A reader sees the number, however it is written.
+		{"a number with an exponent", `{"pan":4.111111111111111e15}`, "/pan"},
+		{"a number with a fraction and an exponent", `{"pan":4111.111111111111E+12}`, "/pan"},
+		{"a number with a negative exponent", `[-41111111111111110e-1]`, "/0"},
+		{"a number with trailing zeros in its fraction", `{"pan":4111111111111111.000}`, "/pan"},
+		{"a short mantissa with an exponent", `{"pan":400000000002e4}`, "/pan"}, // 4000000000020000
+		{"a short mantissa, Luhn-invalid", `{"pan":400000000001e4}`, "-"},
+		{"a fraction", `{"x":4111.111111111111}`, "-"},
+		{"a small number with an exponent", `{"x":1.5e3}`, "-"},
+		{"a huge exponent", `{"x":1e999999999999999999999}`, "-"},
+		{"a hex id with a digit then e", `{"id":"4e6168c5b2a14d9e"}`, "-"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -54,6 +65,7 @@ func FuzzFind_scanAgreesWithDecoding(f *testing.F) {
 		`{"CVC2":"12"}`, `{"c\u0076v":1}`, `{"Card_Security-Code":1}`, `{"n":"4\u0031111111111111111"}`,
 		`{"n":"4111_1111_1111_1111"}`, `{"securİtycode":1}`, `{"a":"ok","b":[1,2,3],"c":{"d":null}}`,
 		`{"t":1764650000}`, `{"id":"ab4111111111111111cd"}`, `"4111111111111111"`, `{"x":"c v v"}`,
+		`{"pan":4.111111111111111e15}`, `[400000000002e4]`, `{"a":"x\"1e5","b":2E-3}`, `{"n":"4111111111111111","n":"x"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -74,6 +86,8 @@ func TestFind_scanSkipsDecodingOnlyWhenNothingCanMatch(t *testing.T) {
 		`{"n":"1234567890123"}`:                                                 true, // 13 digits: decoded, Luhn decides
 		`{"CVV":1}`:                                                             true,
 		`{"x":"\u0031"}`:                                                        true,
+		`{"pan":41111.1111111e11}`:                                              true, // an exponent: decoded
+		`{"id":"4e6168c5b2a14d9e","v":"1e5"}`:                                   false,
 		`{"x":"é"}`:                                                             true,
 	} {
 		if got := mayHold([]byte(body)); got != want {

@@ -5,6 +5,7 @@ import (
 	"crypto/ed25519"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -192,11 +193,17 @@ func (s *Server) checkMoney(ctx context.Context, sender, inReplyTo, typ string, 
 // restates no terms is one step (two reads) further from its offer.
 const maxTermsChain = 32
 
+// ruleTermsChain refuses an acceptance whose terms lie beyond
+// maxTermsChain: refused, not checked as unpriced, which would skip the
+// payment, the owner's limits and its approval.
+const ruleTermsChain payment.Rule = "OFFER_TERMS_CHAIN"
+
 // acceptedTerms returns the terms an acceptance of answered is checked
 // against, as answered's sender (the pair's side that states terms)
 // recorded them: answered's own; when it stated none and answers an
 // earlier acceptance (a payment_error answering an accept_offer), those of
-// the message that acceptance answered, and so on back; else the pair's
+// the message that acceptance answered, and so on back, at most
+// maxTermsChain messages (a *payment.Refusal beyond); else the pair's
 // terms recorded before terms were kept per message (id ""). The walk
 // goes through stored messages only, so the terms of a message never
 // delivered (refused, and their removal not come yet, or never: a crash)
@@ -213,18 +220,19 @@ func (s *Server) acceptedTerms(ctx context.Context, dialogue string, answered st
 			return nil, err
 		}
 		if !ok || !slices.Contains(opens, acceptance.Type) {
-			break
+			return s.opts.Payments.OfferTerms(ctx, dialogue, supplier, "")
 		}
 		prev, ok, err := s.storedMessage(ctx, acceptance.InReplyTo)
 		if err != nil {
 			return nil, err
 		}
 		if !ok || prev.Sender != supplier {
-			break
+			return s.opts.Payments.OfferTerms(ctx, dialogue, supplier, "")
 		}
 		m = prev
 	}
-	return s.opts.Payments.OfferTerms(ctx, dialogue, supplier, "")
+	return nil, &payment.Refusal{Rule: ruleTermsChain, Detail: fmt.Sprintf(
+		"the terms this acceptance answers are more than %d payment_errors back: the supplier must restate them (in its payment_error) before an acceptance", maxTermsChain)}
 }
 
 // storedMessage returns the dialogue message id; ok false when there is

@@ -227,12 +227,13 @@ type sweepingPayments struct {
 	store.PaymentStore
 	st    *boltstore.Store
 	sweep func() // once, then nil
+	id    string // the message id of the terms set after the sweep
 }
 
 func (p *sweepingPayments) SetOfferTerms(ctx context.Context, dialogue, supplier, id string, terms json.RawMessage) error {
 	if p.sweep != nil {
 		p.sweep()
-		p.sweep = nil
+		p.sweep, p.id = nil, id
 	}
 	return p.PaymentStore.SetOfferTerms(ctx, dialogue, supplier, id, terms)
 }
@@ -273,8 +274,8 @@ func TestAllocate_offerOfASweptDialogueLeavesNoTerms(t *testing.T) {
 	if p.sweep != nil {
 		t.Fatal("the offer's terms were never recorded: the test's sweep did not run")
 	}
-	// OfferTerms falls back to any terms of the pair.
-	if got, err := p.st.OfferTerms(t.Context(), d, netBob, "any"); err != nil || got != nil {
+	// Under the id the offer would have had: lookups are exact.
+	if got, err := p.st.OfferTerms(t.Context(), d, netBob, p.id); err != nil || got != nil {
 		t.Errorf("offer terms of the swept dialogue = %s, %v; want none", got, err)
 	}
 }
@@ -313,5 +314,37 @@ func TestTransact_acceptanceAfterAPaymentErrorIgnoresARefusedOffersTerms(t *test
 	}
 	if _, err := e.reply(netAlice, declined, "accept_offer", pay()); err != nil {
 		t.Errorf("accept_offer of the 1 USD offer after its payment_error = %v, want it accepted under that offer's terms", err)
+	}
+}
+
+// An acceptance whose terms lie more than maxTermsChain payment_errors back
+// is refused, never checked as unpriced: past the bound the walk to the
+// terms found none, and an acceptance without terms passed the payment
+// gate, the owner's limits and its approval (a consumer and a supplier
+// together could skip them after 32 payment_errors).
+func TestTransact_acceptanceTooFarFromItsTermsIsRefused(t *testing.T) {
+	e := startService(t)
+	e.reg.addAgent(&registryv1.Agent{Name: netAlice})
+	req := e.request("transact", nil, netBob)
+	proposal := e.mustReply(netBob, req.GetMessageId(), "proposal", `{"proposal":{}}`)
+	invite := e.mustReply(netAlice, proposal, "invite_offer", `{}`)
+	last := e.mustReply(netBob, invite, "offer", `{"offer":{},"price":{"amount_micros":1000000,"currency":"USD"},"payment_required":true}`)
+	pay := func() string {
+		_, id, _ := cutPayment(e.createPayment(netAlice, netBob, 1_000_000).GetName())
+		return mustJSON(map[string]any{"payment": map[string]string{"provider": "ledger", "reference": id}})
+	}
+	for i := range maxTermsChain {
+		if i == maxTermsChain-1 { // the offer is maxTermsChain-1 payment_errors back: its terms hold
+			if _, err := e.reply(netAlice, last, "accept_offer", `{}`); grpcerr.Reason(err) != "PAYMENT_MISSING" {
+				t.Fatalf("accept_offer without payment, %d payment_errors after the offer = %v, want PAYMENT_MISSING", i, err)
+			}
+		}
+		accept := e.mustReply(netAlice, last, "accept_offer", pay())
+		last = e.mustReply(netBob, accept, "payment_error", `{"error":"declined","offer_timeout":30}`)
+	}
+	for _, body := range []string{`{}`, pay()} {
+		if _, err := e.reply(netAlice, last, "accept_offer", body); grpcerr.Reason(err) != "OFFER_TERMS_CHAIN" {
+			t.Errorf("accept_offer(%s), %d payment_errors after the offer = %v, want OFFER_TERMS_CHAIN", body, maxTermsChain, err)
+		}
 	}
 }
