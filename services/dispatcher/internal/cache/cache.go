@@ -4,6 +4,7 @@ package cache
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -22,8 +23,15 @@ type Cache[V any] struct {
 	negTTL   time.Duration
 	negative func(error) bool
 
-	mu      sync.RWMutex // guards entries
+	mu      sync.RWMutex // guards entries and forgets
 	entries map[string]entry[V]
+	// forgets counts Forget calls. A load notes it when it starts: one
+	// begun before a Forget may have read what the key was before the
+	// change, so callers after the Forget do not share it and its answer
+	// is not cached. The count is per cache, not per key: a Forget also
+	// keeps loads of other keys in flight from caching (they load again
+	// next time), which is cheap as Forget is rare.
+	forgets uint64
 }
 
 type entry[V any] struct {
@@ -51,19 +59,20 @@ func (c *Cache[V]) Get(ctx context.Context, key string, load func(context.Contex
 func (c *Cache[V]) GetShared(ctx context.Context, key, flight string, load func(context.Context) (V, error)) (V, error) {
 	c.mu.RLock()
 	e, ok := c.entries[key]
+	gen := c.forgets
 	c.mu.RUnlock()
 	if ok && c.now().Before(e.expires) {
 		return e.v, e.err
 	}
-	ch := c.sf.DoChan(flight, func() (any, error) {
+	ch := c.sf.DoChan(flight+"\x00"+strconv.FormatUint(gen, 10), func() (any, error) {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
 		v, err := load(lctx)
 		switch {
 		case err == nil:
-			c.put(key, entry[V]{v: v, expires: c.now().Add(c.ttl)})
+			c.putSince(gen, key, entry[V]{v: v, expires: c.now().Add(c.ttl)})
 		case c.negTTL > 0 && c.negative != nil && c.negative(err):
-			c.put(key, entry[V]{v: v, err: err, expires: c.now().Add(c.negTTL)})
+			c.putSince(gen, key, entry[V]{v: v, err: err, expires: c.now().Add(c.negTTL)})
 		}
 		return v, err
 	})
@@ -96,25 +105,38 @@ func (c *Cache[V]) WithNegative(ttl time.Duration, negative func(error) bool) *C
 	return c
 }
 
-func (c *Cache[V]) put(key string, e entry[V]) {
+// putSince caches e under key unless Forget was called since the load
+// that found e noted gen.
+func (c *Cache[V]) putSince(gen uint64, key string, e entry[V]) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.forgets == gen {
+		c.putLocked(key, e)
+	}
+}
+
+func (c *Cache[V]) putLocked(key string, e entry[V]) {
 	if len(c.entries) > 100_000 {
 		clear(c.entries) // crude bound: a flood of distinct keys must not grow memory forever
 	}
 	c.entries[key] = e
 }
 
-// Forget drops key.
+// Forget drops key, after it changed: loads in flight began before the
+// change, so their answers are not cached, and callers from now on load
+// afresh rather than share them.
 func (c *Cache[V]) Forget(key string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.forgets++
 	delete(c.entries, key)
 }
 
 // Put caches v under key for the cache's TTL.
 func (c *Cache[V]) Put(key string, v V) {
-	c.put(key, entry[V]{v: v, expires: c.now().Add(c.ttl)})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.putLocked(key, entry[V]{v: v, expires: c.now().Add(c.ttl)})
 }
 
 // ExpirySet is a set of keys that each expire ttl after they are added.

@@ -86,3 +86,37 @@ func TestExpirySet(t *testing.T) {
 		t.Error("Has(k) after its TTL = true, want false")
 	}
 }
+
+// A load that began before Forget may have read the old value: a Get after
+// Forget loads afresh instead of sharing it, and the older answer, however
+// late it comes, is not cached.
+func TestCache_forgetDuringLoadLoadsAfresh(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	errMissing := errors.New("missing")
+	c := New[int](time.Minute, clk.Now).WithNegative(10*time.Second, func(err error) bool { return errors.Is(err, errMissing) })
+	ctx := t.Context()
+	read, fresh := make(chan struct{}), make(chan struct{})
+	stale := make(chan error, 1)
+	go func() {
+		_, err := c.Get(ctx, "k", func(context.Context) (int, error) {
+			close(read) // it found no "k", and is slow to say so
+			select {
+			case <-fresh:
+			case <-time.After(5 * time.Second): // a Get sharing this load waits on it: fail, don't hang
+			}
+			return 0, errMissing
+		})
+		stale <- err
+	}()
+	<-read
+	c.Forget("k") // "k" was just created
+	if v, err := c.Get(ctx, "k", func(context.Context) (int, error) { close(fresh); return 1, nil }); v != 1 || err != nil {
+		t.Fatalf("Get(k) after Forget, while a load begun before it runs = %d, %v; want 1 from a fresh load", v, err)
+	}
+	if err := <-stale; !errors.Is(err, errMissing) {
+		t.Errorf("Get(k) begun before Forget = %v, want errMissing (it asked before the change)", err)
+	}
+	if v, err := c.Get(ctx, "k", func(context.Context) (int, error) { return 2, nil }); v != 1 || err != nil {
+		t.Errorf("Get(k) once both loads ended = %d, %v; want the cached 1 (the older answer must not replace it)", v, err)
+	}
+}

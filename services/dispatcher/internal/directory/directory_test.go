@@ -125,3 +125,50 @@ func TestValidAgentName(t *testing.T) {
 		}
 	}
 }
+
+// gatedRegistry is a fake registry whose first GetAgent answers NotFound
+// only once gate closes, as a lookup that read the registry just before
+// the agent was created and is slow to return; later calls find the agent.
+type gatedRegistry struct {
+	directory.Registry // nil: other methods panic
+	calls              atomic.Int64
+	read, gate         chan struct{}
+}
+
+func (g *gatedRegistry) GetAgent(_ context.Context, name string) (directory.Agent, error) {
+	if g.calls.Add(1) > 1 {
+		return directory.Agent{Name: name}, nil
+	}
+	close(g.read)
+	select {
+	case <-g.gate:
+	case <-time.After(5 * time.Second): // a RefreshAgent sharing this lookup waits on it: fail, don't hang
+	}
+	return directory.Agent{}, directory.ErrNotFound
+}
+
+// RefreshAgent right after the agent was created finds it, even while a
+// lookup begun before the creation is still on its way with NotFound, and
+// that late NotFound is not cached.
+func TestDirectory_refreshAgentDuringAnOlderLookup(t *testing.T) {
+	reg := &gatedRegistry{read: make(chan struct{}), gate: make(chan struct{})}
+	d := directory.New(reg, directory.Options{CacheTTL: time.Minute, NegativeTTL: time.Minute, Now: time.Now})
+	ctx := t.Context()
+	older := make(chan error, 1)
+	go func() {
+		_, err := d.Agent(ctx, agent) // a step's lookup, before the agent exists
+		older <- err
+	}()
+	<-reg.read
+	a, err := d.RefreshAgent(ctx, agent) // installing a routine, after CreateAgent
+	close(reg.gate)
+	if err != nil || a.Name != agent {
+		t.Fatalf("RefreshAgent(%q) while an older lookup runs = %v, %v; want the agent", agent, a, err)
+	}
+	if err := <-older; !errors.Is(err, directory.ErrNotFound) {
+		t.Errorf("the older Agent(%q) = %v, want ErrNotFound (it asked before the creation)", agent, err)
+	}
+	if a, err := d.Agent(ctx, agent); err != nil || a.Name != agent {
+		t.Errorf("Agent(%q) once both lookups ended = %v, %v; want the agent (the late NotFound must not be cached)", agent, a, err)
+	}
+}
