@@ -7,7 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,14 +55,15 @@ type modelRef struct {
 // checks the same through the Store's methods, for both backends.)
 func TestRows_randomOwnersKeepTheirRows(t *testing.T) {
 	for seed := range uint64(16) {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { runRandomRows(t, seed) })
+		t.Run(fmt.Sprint(seed), func(t *testing.T) { runRandomRows(t, seed, t.TempDir()) })
 	}
 }
 
-func runRandomRows(t *testing.T, seed uint64) {
+// runRandomRows runs random operations on a store in dir, checking its
+// rows after each, and returns it open.
+func runRandomRows(t *testing.T, seed uint64, dir string) *Store {
 	ctx := t.Context()
 	r := rand.New(rand.NewPCG(seed, 13))
-	dir := t.TempDir()
 	s, err := Open(dir, time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -263,6 +267,7 @@ func runRandomRows(t *testing.T, seed uint64) {
 		}
 		checkRows(t, s, &m)
 	}
+	return s
 }
 
 // checkRows compares every row of agents and dialogues with m.
@@ -345,4 +350,183 @@ func checkRows(t *testing.T, s *Store, m *rowsModel) {
 	if t.Failed() {
 		t.FailNow()
 	}
+}
+
+// A file of schema 12 (or 2, or 1) holding what the random runs store
+// (owners whose names extend each other's, messages under a dialogue's
+// id, notifications) is migrated on open into exactly the rows schema 13
+// writes: the file is the random run's, with its rows of agents and
+// dialogues put back into schema 12's buckets as that schema keyed them,
+// and the indexes a schema-2 (compaction work list) or schema-1 (closed
+// dialogues, message index) file lacked emptied. A schema-1 file's
+// rebuilt message index holds the openers too (schema 1 kept no Opener).
+func TestOpen_regroupsRandomRowsExactly(t *testing.T) {
+	for _, version := range []int{12, 2, 1} {
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprintf("schema %d seed %d", version, seed), func(t *testing.T) { regroupRandomRows(t, version, seed) })
+		}
+	}
+}
+
+func regroupRandomRows(t *testing.T, version int, seed uint64) {
+	dir := t.TempDir()
+	s := runRandomRows(t, seed, dir)
+	want := dumpBuckets(t, s)
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if version < 2 {
+		for k, v := range want {
+			if id, ok := strings.CutPrefix(k, string(bucketDialogues)+"|"); ok && !strings.ContainsFunc(id, func(r rune) bool { return r < 0x20 }) {
+				var d store.Dialogue
+				if err := json.Unmarshal([]byte(v), &d); err != nil {
+					t.Fatal(err)
+				}
+				want[string(bucketDialogues)+"|"+string(messageIndexKey(id, d.Opener))] = ""
+			}
+		}
+	}
+	db, err := bolt.Open(filepath.Join(dir, FileName), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return ungroup(tx, version) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	got := dumpBuckets(t, s)
+	for k, v := range want {
+		if g, ok := got[k]; !ok || g != v {
+			t.Errorf("after the migration, row %q = %q (found %v), want %q", k, g, ok, v)
+		}
+	}
+	for k := range got {
+		if _, ok := want[k]; !ok {
+			t.Errorf("after the migration, row %q is new", k)
+		}
+	}
+}
+
+// ungroup puts the rows of agents and dialogues back into schema 12's
+// buckets and marks the file version: before 3 without a compaction work
+// list, before 2 without the indexes of closed dialogues and of messages.
+func ungroup(tx *bolt.Tx, version int) error {
+	for _, b := range legacyBuckets {
+		if _, err := tx.CreateBucket(b); err != nil {
+			return err
+		}
+	}
+	type move struct{ bucket, k, v []byte }
+	var moves []move
+	for _, b := range [][]byte{bucketAgents, bucketDialogues} {
+		err := tx.Bucket(b).ForEach(func(k, v []byte) error {
+			owner, kind, rest, record := splitRow(k)
+			old := func(bucket []byte, key ...[]byte) {
+				moves = append(moves, move{bucket, bytes.Join(key, []byte{0}), bytes.Clone(v)})
+			}
+			switch {
+			case record:
+				return nil
+			case bytes.Equal(b, bucketAgents) && kind == kindRef:
+				old(legacyMailboxRefs, k)
+			case bytes.Equal(b, bucketAgents) && kind == kindState:
+				old(legacyMailboxes, owner)
+			case bytes.Equal(b, bucketAgents) && kind == kindAgentDialogue:
+				d := bytes.Clone(rest)
+				invert(d)
+				old(legacyAgentDialogues, owner, d)
+			case kind == kindParticipant:
+				old(legacyDialogueParticipants, owner, rest)
+			case kind == kindPair:
+				old(legacyDialoguePairs, owner, rest)
+			case kind == kindMessageIndex:
+				if version >= 2 {
+					old(legacyDialogueMessageIndex, owner, rest)
+				}
+			case kind == kindMessage:
+				old(legacyDialogueMessages, owner)
+			case kind == kindBody:
+				old(legacyMessages, owner)
+			case kind == kindRefCount:
+				old(legacyMessageRefs, owner)
+			default:
+				return fmt.Errorf("row %q of %s has no schema-12 form", k, b)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for _, m := range moves {
+		if err := tx.Bucket(m.bucket).Put(m.k, m.v); err != nil {
+			return err
+		}
+	}
+	var kept []kv // the dialogues' records: dialogues stays, the rest goes
+	err := tx.Bucket(bucketDialogues).ForEach(func(k, v []byte) error {
+		if _, _, _, record := splitRow(k); record {
+			kept = append(kept, kv{bytes.Clone(k), bytes.Clone(v)})
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, b := range [][]byte{bucketAgents, bucketDialogues} {
+		if err := tx.DeleteBucket(b); err != nil {
+			return err
+		}
+	}
+	dialogues, err := tx.CreateBucket(bucketDialogues)
+	if err != nil {
+		return err
+	}
+	if err := putSorted(dialogues, kept); err != nil {
+		return err
+	}
+	var emptied [][]byte
+	if version < 3 {
+		emptied = append(emptied, bucketMailboxCompaction)
+	}
+	if version < 2 {
+		emptied = append(emptied, bucketDialoguesClosed, legacyDialogueMessageIndex)
+	}
+	for _, b := range emptied {
+		if err := tx.DeleteBucket(b); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket(b); err != nil {
+			return err
+		}
+	}
+	return tx.Bucket([]byte("meta")).Put([]byte("schema_version"), []byte(strconv.Itoa(version)))
+}
+
+// dumpBuckets returns every row of s but meta's, by bucket + "|" + key.
+func dumpBuckets(t *testing.T, s *Store) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+			if string(name) == "meta" {
+				return nil
+			}
+			return b.ForEach(func(k, v []byte) error {
+				out[string(name)+"|"+string(k)] = string(v)
+				return nil
+			})
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
 }
