@@ -142,7 +142,7 @@ func openStore(cfg config.Config, logger *slog.Logger) (backend, error) {
 		defer cancel()
 		return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema, logger)
 	}
-	return boltstore.Open(cfg.DataDir, 2*time.Second)
+	return boltstore.OpenWith(cfg.DataDir, 2*time.Second, boltstore.Options{Logger: logger})
 }
 
 func (a *App) options() (server.Options, error) {

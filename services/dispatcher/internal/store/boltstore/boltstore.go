@@ -8,6 +8,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -78,56 +79,12 @@ var allBuckets = append([][]byte{bucketRoutines, bucketRoutineVersions, bucketTo
 // record, participants, pair states and message index, and a message's
 // dialogue record, mailbox body and reference count, in dialogues. A
 // direct send's commit then writes less than half the pages. Its
-// migration moves schema 12's rows (migrateRegroup) and deletes their
-// buckets; it runs before the steps of older schemas, which build their
-// indexes in schema 13's rows.
-// migrate builds the others from the older records.
+// migration (regroup.go) marks the file in the opening transaction, moves
+// schema 12's rows in batches of bounded size, each its own transaction,
+// before Open returns (resumed by the next Open after a crash), and then
+// deletes their buckets and runs the steps of older schemas, which build
+// their indexes in schema 13's rows (migrateOlder).
 const schemaVersion = 13
-
-func migrate(tx *bolt.Tx, from int) error {
-	if from < 13 {
-		if err := migrateRegroup(tx); err != nil {
-			return err
-		}
-	}
-	if from < 2 {
-		if err := migrateDialogueIndexes(tx); err != nil {
-			return err
-		}
-	}
-	if from < 3 {
-		if err := migrateCompactionQueue(tx); err != nil {
-			return err
-		}
-	}
-	if from < 5 {
-		if err := migratePaymentIndexes(tx); err != nil { // rebuilds both payment indexes
-			return err
-		}
-	}
-	if from < 6 {
-		if err := migratePaymentRequestIndex(tx); err != nil {
-			return err
-		}
-	}
-	if from < 8 {
-		if err := migrateOfferTerms(tx); err != nil {
-			return err
-		}
-	}
-	if from < 9 {
-		if err := migrateConversationSweepIndex(tx); err != nil {
-			return err
-		}
-		if err := migrateRequestSweepIndex(tx); err != nil {
-			return err
-		}
-	}
-	if from < 10 {
-		return migrateSpendSweepIndex(tx)
-	}
-	return nil
-}
 
 // Store is the bbolt-backed store.
 type Store struct {
@@ -140,7 +97,30 @@ var _ store.Store = (*Store)(nil)
 // holds the file, it fails after lockTimeout instead of waiting forever.
 // Writes are group-committed by platform/boltdb: each returns once on disk.
 func Open(dir string, lockTimeout time.Duration) (*Store, error) {
-	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{
+	return OpenWith(dir, lockTimeout, Options{})
+}
+
+// Options are OpenWith's optional settings.
+type Options struct {
+	// Logger gets the progress of an upgrade that moves rows (at Info,
+	// every few seconds: see resumeRegroup); nil logs nothing.
+	Logger *slog.Logger
+
+	// batchRows and batchBytes replace regroupBatchRows and
+	// regroupBatchBytes when positive (tests).
+	batchRows, batchBytes int
+	// afterBatch runs after each batch of the regroup has committed, with
+	// its rows and bytes; its error stops the regroup and Open there, as a
+	// crash would (tests).
+	afterBatch func(rows, size int) error
+}
+
+// OpenWith is Open with opts. An upgrade from schema 12 or older moves
+// the file's rows in batches before it returns (resumeRegroup), and goes
+// on after a crash at the next open.
+func OpenWith(dir string, lockTimeout time.Duration, opts Options) (*Store, error) {
+	path := filepath.Join(dir, FileName)
+	db, err := boltdb.Open(path, boltdb.Options{
 		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}),
 		SchemaVersion: schemaVersion,
 		Migrate:       migrate,
@@ -148,6 +128,10 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	if err := resumeRegroup(db, opts); err != nil {
+		db.Close()
+		return nil, fmt.Errorf("migrate %s to schema %d: %w", path, schemaVersion, err)
 	}
 	return &Store{db: db}, nil
 }

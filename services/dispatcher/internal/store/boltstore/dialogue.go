@@ -88,7 +88,7 @@ func indexClosed(tx *bolt.Tx, d store.Dialogue) error {
 }
 
 // migrateDialogueIndexes builds schema 2's indexes from schema 1's
-// dialogues and messages (in schema 13's rows: migrateRegroup runs first).
+// dialogues and messages (in schema 13's rows: migrateOlder runs after the rows have moved).
 func migrateDialogueIndexes(tx *bolt.Tx) error {
 	var rows []kv
 	dialogues := tx.Bucket(bucketDialogues)

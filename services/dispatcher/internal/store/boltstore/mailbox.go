@@ -400,7 +400,7 @@ func queueCompaction(tx *bolt.Tx, agent string, acked uint64) error {
 
 // migrateCompactionQueue builds schema 3's bucketMailboxCompaction from
 // the mailboxes' states and references (by then in bucketAgents:
-// migrateRegroup runs first).
+// migrateOlder runs after the rows have moved).
 func migrateCompactionQueue(tx *bolt.Tx) error {
 	agents := tx.Bucket(bucketAgents)
 	var names []string // collected first: queueCompaction walks agents

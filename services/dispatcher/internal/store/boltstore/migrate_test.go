@@ -403,6 +403,19 @@ func legacyState(st mailbox.State) []byte {
 func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *bolt.Tx) error) *Store {
 	t.Helper()
 	dir := t.TempDir()
+	writeSchemaFile(t, dir, version, buckets, fill)
+	s, err := Open(dir, time.Second)
+	if err != nil {
+		t.Fatalf("Open(schema %d): %v", version, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// writeSchemaFile writes a new database in dir as schema version left it
+// (buckets, filled by fill unless it is nil).
+func writeSchemaFile(t *testing.T, dir string, version int, buckets [][]byte, fill func(tx *bolt.Tx) error) {
+	t.Helper()
 	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: version, LockTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -415,12 +428,6 @@ func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *bolt.
 	if err := old.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err := Open(dir, time.Second)
-	if err != nil {
-		t.Fatalf("Open(schema %d): %v", version, err)
-	}
-	t.Cleanup(func() { s.Close() })
-	return s
 }
 
 // A schema-12 database (a bucket per kind of row) is regrouped on open:

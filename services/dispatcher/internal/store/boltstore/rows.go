@@ -2,7 +2,6 @@ package boltstore
 
 import (
 	"bytes"
-	"fmt"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -93,94 +92,6 @@ func putSorted(b *bolt.Bucket, rows []kv) error {
 	for _, r := range rows {
 		if err := b.Put(r.k, r.v); err != nil {
 			return err
-		}
-	}
-	return nil
-}
-
-// Schema 12's buckets, which schema 13 regrouped into rows of
-// bucketAgents and bucketDialogues. Only
-// migrateRegroup reads them (and deletes them).
-var (
-	// legacyDialogueMessages: message id → JSON storedMessage.
-	legacyDialogueMessages = []byte("dialogue_messages")
-	// legacyMessages: message id → mailbox body.
-	legacyMessages = []byte("messages")
-	// legacyMessageRefs: message id → 8-byte reference count.
-	legacyMessageRefs = []byte("message_refs")
-	// legacyMailboxes: agent → 32-byte mailbox state.
-	legacyMailboxes = []byte("mailboxes")
-	// legacyMailboxRefs: agent + 0x00 + 8-byte cursor → ref.
-	legacyMailboxRefs = []byte("mailbox_refs")
-	// legacyDialogueParticipants: dialogue + 0x00 + agent → participant.
-	legacyDialogueParticipants = []byte("dialogue_participants")
-	// legacyAgentDialogues: agent + 0x00 + dialogue → empty.
-	legacyAgentDialogues = []byte("agent_dialogues")
-	// legacyDialoguePairs: dialogue + 0x00 + A + 0x00 + B → pair state.
-	legacyDialoguePairs = []byte("dialogue_pairs")
-	// legacyDialogueMessageIndex: dialogue + 0x00 + message → empty.
-	legacyDialogueMessageIndex = []byte("dialogue_message_index")
-)
-
-var legacyBuckets = [][]byte{
-	legacyDialogueMessages, legacyMessages, legacyMessageRefs, legacyMailboxes, legacyMailboxRefs,
-	legacyDialogueParticipants, legacyAgentDialogues, legacyDialoguePairs, legacyDialogueMessageIndex,
-}
-
-// migrateRegroup moves schema 12's rows into schema 13's buckets of rows
-// and deletes the old buckets. A bucket the file lacks (an older schema
-// that had not made it yet) has nothing to move.
-func migrateRegroup(tx *bolt.Tx) error {
-	// owned maps a key of an old bucket, owner + 0x00 + rest, to the row of
-	// kind under the same owner.
-	owned := func(kind byte) func(k []byte) []byte {
-		return func(k []byte) []byte {
-			owner, rest, _ := bytes.Cut(k, []byte{0})
-			return rowKey(string(owner), kind, string(rest))
-		}
-	}
-	moves := []struct {
-		from, to []byte
-		key      func(k []byte) []byte
-	}{
-		{legacyMailboxRefs, bucketAgents, bytes.Clone}, // the same key
-		{legacyMailboxes, bucketAgents, func(k []byte) []byte { return stateKey(string(k)) }},
-		{legacyAgentDialogues, bucketAgents, func(k []byte) []byte {
-			agent, dialogue, _ := bytes.Cut(k, []byte{0})
-			return agentDialogueKey(string(agent), string(dialogue))
-		}},
-		{legacyDialogueParticipants, bucketDialogues, owned(kindParticipant)},
-		{legacyDialoguePairs, bucketDialogues, owned(kindPair)},
-		{legacyDialogueMessageIndex, bucketDialogues, owned(kindMessageIndex)},
-		{legacyDialogueMessages, bucketDialogues, func(k []byte) []byte { return messageKey(string(k)) }},
-		{legacyMessages, bucketDialogues, func(k []byte) []byte { return bodyKey(string(k)) }},
-		{legacyMessageRefs, bucketDialogues, func(k []byte) []byte { return refCountKey(string(k)) }},
-	}
-	rows := map[string][]kv{} // by the bucket they go to, to be put in key order
-	for _, m := range moves {
-		from := tx.Bucket(m.from)
-		if from == nil {
-			continue
-		}
-		err := from.ForEach(func(k, v []byte) error {
-			rows[string(m.to)] = append(rows[string(m.to)], kv{k: m.key(k), v: bytes.Clone(v)})
-			return nil
-		})
-		if err != nil {
-			return err
-		}
-	}
-	for _, to := range [][]byte{bucketAgents, bucketDialogues} {
-		if err := putSorted(tx.Bucket(to), rows[string(to)]); err != nil {
-			return err
-		}
-	}
-	for _, b := range legacyBuckets {
-		if tx.Bucket(b) == nil {
-			continue
-		}
-		if err := tx.DeleteBucket(b); err != nil {
-			return fmt.Errorf("bucket %s: %w", b, err)
 		}
 	}
 	return nil
