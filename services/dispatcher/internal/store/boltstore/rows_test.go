@@ -360,6 +360,7 @@ func checkRows(t *testing.T, s *Store, m *rowsModel) {
 // and the indexes a schema-2 (compaction work list) or schema-1 (closed
 // dialogues, message index) file lacked emptied. A schema-1 file's
 // rebuilt message index holds the openers too (schema 1 kept no Opener).
+// The regroup runs in batches of a few rows and is resumed after a stop.
 func TestOpen_regroupsRandomRowsExactly(t *testing.T) {
 	for _, version := range []int{12, 2, 1} {
 		for seed := range uint64(3) {
@@ -396,7 +397,13 @@ func regroupRandomRows(t *testing.T, version int, seed uint64) {
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	s, err = Open(dir, time.Second)
+	// In small batches, stopped after the first as a crash would, then
+	// resumed: batch edges fall between an owner's rows.
+	errCrash := errors.New("crash")
+	if _, err := OpenWith(dir, time.Second, Options{batchRows: 5, afterBatch: func(int, int) error { return errCrash }}); !errors.Is(err, errCrash) {
+		t.Fatalf("OpenWith(stopping after a batch) = %v, want the crash", err)
+	}
+	s, err = OpenWith(dir, time.Second, Options{batchRows: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
