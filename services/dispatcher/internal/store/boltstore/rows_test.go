@@ -54,7 +54,11 @@ type modelRef struct {
 // model needs is there. (The layout is in rows.go; the storetest suite
 // checks the same through the Store's methods, for both backends.)
 func TestRows_randomOwnersKeepTheirRows(t *testing.T) {
-	for seed := range uint64(16) {
+	seeds := uint64(16)
+	if testing.Short() {
+		seeds = 2
+	}
+	for seed := range seeds {
 		t.Run(fmt.Sprint(seed), func(t *testing.T) { runRandomRows(t, seed, t.TempDir()) })
 	}
 }
@@ -362,8 +366,12 @@ func checkRows(t *testing.T, s *Store, m *rowsModel) {
 // rebuilt message index holds the openers too (schema 1 kept no Opener).
 // The regroup runs in batches of a few rows and is resumed after a stop.
 func TestOpen_regroupsRandomRowsExactly(t *testing.T) {
+	seeds := uint64(3)
+	if testing.Short() {
+		seeds = 1
+	}
 	for _, version := range []int{12, 2, 1} {
-		for seed := range uint64(3) {
+		for seed := range seeds {
 			t.Run(fmt.Sprintf("schema %d seed %d", version, seed), func(t *testing.T) { regroupRandomRows(t, version, seed) })
 		}
 	}
