@@ -243,6 +243,18 @@ func checkDeployment(d *appsv1.Deployment, want parleyService, imageTag string) 
 		}
 		checkGRPCProbe("readiness", c.ReadinessProbe, want.grpcService)
 		checkGRPCProbe("liveness", c.LivenessProbe, "")
+		// A service opens its store before it listens: a schema upgrade
+		// (the dispatcher's moves every mailbox row, in batches) or a
+		// large file's first open can take minutes, and the liveness
+		// probe alone would restart it every 40 s, each restart starting
+		// over on whatever the last batch left. The startup probe holds
+		// the other two off until the service answers.
+		checkGRPCProbe("startup", c.StartupProbe, "")
+		if p := c.StartupProbe; p != nil {
+			if d := time.Duration(p.PeriodSeconds*p.FailureThreshold) * time.Second; d < minStartup {
+				fail("startup probe allows %v (periodSeconds × failureThreshold), want at least %v for a store's upgrade", d, minStartup)
+			}
+		}
 	} else {
 		checkHTTPProbe := func(kind string, p *corev1.Probe, path string) {
 			switch {
@@ -441,6 +453,11 @@ func firstNonNil[T any](ptrs ...*T) *T {
 	}
 	return nil
 }
+
+// minStartup is the least time a service's startup probe gives it to
+// open its store (docs/benchmarks.md: the dispatcher's schema-13 upgrade
+// moves about 30,000 dialogues a second on the CI machines).
+const minStartup = 30 * time.Minute
 
 func ptrString[T any](p *T) string {
 	if p == nil {

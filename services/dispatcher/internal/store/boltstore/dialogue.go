@@ -36,8 +36,10 @@ var (
 	//     the count of its mailbox references (see mailbox.go). A message
 	//     outside any dialogue's records (a service message) has only
 	//     these.
-	// Ids are fixed-length and time-ordered, so a new dialogue's rows and
-	// its opener's share the rightmost leaf.
+	// The ids dialogue.NewID makes are fixed-length and time-ordered, so a
+	// new dialogue's rows and its opener's share the rightmost leaf; other
+	// ids (a notification's, a deadline expiry's, an older release's)
+	// sort elsewhere, and only lose that.
 	bucketDialogues = []byte("dialogues")
 	// bucketDialogueReceipts: message id + 0x00 + agent → empty: agent
 	// received the message. Only for a message to more than

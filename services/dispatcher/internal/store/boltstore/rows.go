@@ -12,10 +12,15 @@ import (
 // id): the owner, then a kind byte, then what the row needs. Owners hold
 // no byte below 0x20, so the first such byte in a key is its kind, and an
 // owner's rows sort together, ahead of any owner whose name extends its
-// own; a key with none is a dialogue's own record. One owner's rows written
-// by one commit then share a leaf, and dialogue and message ids, made
-// together and ordered by time, put a new dialogue's rows next to its
-// opener's: a direct send touches two B+trees (and the root), not ten.
+// own; a key with none is a dialogue's own record. The callers keep that
+// true, for the names they store and look up alike (GetDialogue of
+// "id\x04" would read a message's record): agent names are
+// resource.ValidAgentName's, ids hex (dialogue.NewID, deadline.ID, the
+// registry's "ntf-" ids), and an id a client names is letters, digits, -
+// and _ (the server's validMessageID). One owner's rows written by one
+// commit then share a leaf, and dialogue and message ids, made together
+// and ordered by time, put a new dialogue's rows next to its opener's: a
+// direct send touches two B+trees (and the root), not ten.
 const (
 	// kindRef, kindState and kindAgentDialogue are bucketAgents' rows.
 	kindRef           = 0x00

@@ -32,6 +32,7 @@ func RunDialogues(t *testing.T, open func(t *testing.T) DialogueBackend) {
 	t.Run("offer terms", func(t *testing.T) { testOfferTerms(t, open(t)) })
 	t.Run("offer terms need their dialogue", func(t *testing.T) { testOfferTermsNeedTheirDialogue(t, open(t)) })
 	t.Run("requests", func(t *testing.T) { testDialogueRequests(t, open(t)) })
+	t.Run("owners whose names extend others'", func(t *testing.T) { testDialogueNeighbours(t, open(t)) })
 	t.Run("request sweep batches", func(t *testing.T) { testSweepRequestBatches(t, open(t)) })
 }
 
@@ -618,5 +619,96 @@ func testOfferTermsNeedTheirDialogue(t *testing.T, s DialogueBackend) {
 	}
 	if err := s.SetOfferTerms(ctx, ids[0], bob, "late", terms); !errors.Is(err, store.ErrNotFound) {
 		t.Errorf("SetOfferTerms(a swept dialogue) = %v, want ErrNotFound", err)
+	}
+}
+
+// testDialogueNeighbours: an agent whose name extends another's (bob2,
+// bob) and a dialogue whose id extends another's (d10, d1; and each
+// dialogue's messages, d1-m1, under ids that extend its own) keep their
+// rows apart. Reading, acknowledging and compacting bob's mailbox, closing
+// all of bob's dialogues and sweeping d1 leave bob2's mailbox and d10
+// whole.
+func testDialogueNeighbours(t *testing.T, s DialogueBackend) {
+	ctx := t.Context()
+	now := time.Unix(1_800_000_000, 0).UTC()
+	bob2 := bob + "2"
+	for _, c := range []struct{ id, to string }{{"d1", bob}, {"d10", bob2}} {
+		d := store.Dialogue{ID: c.id, Initiator: alice, Category: "message", CreateTime: now, Opener: c.id + "-m1"}
+		m := store.DialogueMessage{ID: c.id + "-m1", DialogueID: c.id, Sender: alice, Type: "new_message", Time: now}
+		pair := store.PairState{Pair: store.Pair{A: alice, B: c.to}, State: json.RawMessage(`{"s":"` + c.id + `"}`)}
+		if _, err := s.CreateDialogue(ctx, d, write(m, []string{c.to}, pair), mailbox.Bound{}); err != nil {
+			t.Fatalf("CreateDialogue(%s) = %v", c.id, err)
+		}
+	}
+	reply := store.DialogueMessage{ID: "d10-m2", Sender: bob2, Type: "message_response", InReplyTo: "d10-m1", Time: now}
+	if _, err := s.AddMessage(ctx, "d10-m1", mailbox.Bound{}, func(store.DialogueView) (store.MessageWrite, error) {
+		return write(reply, []string{alice}), nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	if got, err := s.ReadMailbox(ctx, bob, 0, 10); err != nil || ids(got) != "1:d1-m1 " {
+		t.Errorf("ReadMailbox(bob) = %s, %v; want only d1-m1, not bob2's", ids(got), err)
+	}
+	if st, err := s.ClearMailbox(ctx, bob); err != nil || st.Pending != 0 {
+		t.Errorf("ClearMailbox(bob) = %+v, %v; want nothing pending", st, err)
+	}
+	if n, err := s.CompactMailboxes(ctx, now.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Errorf("CompactMailboxes = %d, %v; want 1 (bob's d1-m1)", n, err)
+	}
+	if n, err := s.UpdateAgentDialogues(ctx, bob, func(d *store.Dialogue, p *store.Participant) (bool, error) {
+		if d.ID != "d1" {
+			t.Errorf("UpdateAgentDialogues(bob) offered dialogue %s, want only d1", d.ID)
+		}
+		p.Closed = true
+		return true, nil
+	}); err != nil || n != 1 {
+		t.Errorf("UpdateAgentDialogues(bob) = %d, %v; want 1 (d1)", n, err)
+	}
+	if _, _, err := s.UpdateParticipant(ctx, "d1", alice, func(d *store.Dialogue, _ *store.Participant) error {
+		d.Closed, d.CloseTime = true, now
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := s.SweepDialogues(ctx, now.Add(time.Hour), 10); err != nil || n != 1 {
+		t.Fatalf("SweepDialogues = %d, %v; want 1 (d1)", n, err)
+	}
+
+	if got, err := s.ReadMailbox(ctx, bob2, 0, 10); err != nil || ids(got) != "1:d10-m1 " {
+		t.Errorf("ReadMailbox(bob2) = %s, %v; want d10-m1 kept", ids(got), err)
+	}
+	if st, err := s.GetMailbox(ctx, bob2); err != nil || st.Head != 1 || st.Acked != 0 || st.Pending != 1 {
+		t.Errorf("GetMailbox(bob2) = %+v, %v; want head 1, nothing acknowledged, 1 pending", st, err)
+	}
+	for _, id := range []string{"d10-m1", "d10-m2"} {
+		if _, err := s.GetDialogueMessage(ctx, id); err != nil {
+			t.Errorf("GetDialogueMessage(%s) = %v; want it kept with d10", id, err)
+		}
+	}
+	if _, err := s.GetDialogueMessage(ctx, "d1-m1"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage(d1-m1) = %v, want ErrNotFound: swept with d1", err)
+	}
+	_, _ = s.AddMessage(ctx, "d10-m2", mailbox.Bound{}, func(v store.DialogueView) (store.MessageWrite, error) {
+		if v.Dialogue().ID != "d10" || v.Dialogue().Closed {
+			t.Errorf("dialogue of d10-m2 = %+v, want d10, open", v.Dialogue())
+		}
+		for _, a := range []string{alice, bob2} {
+			if p, ok := v.Participant(a); !ok || p.Closed {
+				t.Errorf("Participant(d10, %s) = %+v, %v; want it kept, open", a, p, ok)
+			}
+		}
+		if got := string(v.PairState(store.Pair{A: alice, B: bob2})); got != `{"s":"d10"}` {
+			t.Errorf("PairState(d10, alice, bob2) = %s, want {\"s\":\"d10\"}", got)
+		}
+		return store.MessageWrite{}, errPlan
+	})
+	if n, err := s.UpdateAgentDialogues(ctx, bob2, func(d *store.Dialogue, _ *store.Participant) (bool, error) {
+		if d.ID != "d10" {
+			t.Errorf("UpdateAgentDialogues(bob2) offered dialogue %s, want only d10", d.ID)
+		}
+		return true, nil
+	}); err != nil || n != 1 {
+		t.Errorf("UpdateAgentDialogues(bob2) = %d, %v; want 1 (d10)", n, err)
 	}
 }
