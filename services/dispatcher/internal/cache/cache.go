@@ -5,6 +5,7 @@ package cache
 import (
 	"context"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -130,6 +131,20 @@ func (c *Cache[V]) Forget(key string) {
 	defer c.mu.Unlock()
 	c.forgets++
 	delete(c.entries, key)
+}
+
+// ForgetPrefix is Forget of every key that starts with prefix ("": all).
+// It counts as a Forget even when none is cached: a load in flight of such
+// a key began before the change and must not be cached or shared.
+func (c *Cache[V]) ForgetPrefix(prefix string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.forgets++
+	for key := range c.entries {
+		if strings.HasPrefix(key, prefix) {
+			delete(c.entries, key)
+		}
+	}
 }
 
 // Put caches v under key for the cache's TTL.

@@ -120,3 +120,42 @@ func TestCache_forgetDuringLoadLoadsAfresh(t *testing.T) {
 		t.Errorf("Get(k) once both loads ended = %d, %v; want the cached 1 (the older answer must not replace it)", v, err)
 	}
 }
+
+// ForgetPrefix drops the keys under prefix, leaves the others, and, like
+// Forget, keeps a load in flight from being shared or cached, even when
+// its key was not cached yet.
+func TestCache_forgetPrefix(t *testing.T) {
+	clk := &clock{now: time.Unix(1_800_000_000, 0)}
+	c := New[int](time.Minute, clk.Now)
+	ctx := t.Context()
+	for key, v := range map[string]int{"a/1": 1, "a/2": 2, "ab/1": 3} {
+		c.Put(key, v)
+	}
+	read, release := make(chan struct{}), make(chan struct{})
+	stale := make(chan int, 1)
+	go func() {
+		v, _ := c.Get(ctx, "a/3", func(context.Context) (int, error) {
+			close(read)
+			<-release
+			return 30, nil
+		})
+		stale <- v
+	}()
+	<-read
+	c.ForgetPrefix("a/")
+	for key, want := range map[string]bool{"a/1": false, "a/2": false, "ab/1": true} {
+		if _, ok := c.Peek(key); ok != want {
+			t.Errorf("Peek(%q) after ForgetPrefix(a/) = %v, want %v", key, ok, want)
+		}
+	}
+	if v, _ := c.Get(ctx, "a/3", func(context.Context) (int, error) { return 31, nil }); v != 31 {
+		t.Errorf("Get(a/3) after ForgetPrefix = %d, want 31 from a fresh load, not the one begun before", v)
+	}
+	close(release)
+	if v := <-stale; v != 30 {
+		t.Errorf("Get(a/3) begun before ForgetPrefix = %d, want 30", v)
+	}
+	if v, ok := c.Peek("a/3"); !ok || v != 31 {
+		t.Errorf("Peek(a/3) = %d, %v; want 31 (the older answer not cached over it)", v, ok)
+	}
+}

@@ -74,8 +74,14 @@ type Set struct {
 	opts   Options
 	cache  *cache.Cache[*Routine]
 
-	mu    sync.Mutex // guards byKey
+	mu    sync.Mutex // guards byKey and toolChanges
 	byKey map[string]*Routine
+	// toolChanges counts forgetAgent calls. A compilation notes it before
+	// reading the tools and goes into byKey only if no tool changed since:
+	// byKey is reused for as long as the routine's version stays, so one
+	// built on the old tools would keep them until the routine changed.
+	// Per Set, not per agent, as tool changes are rare.
+	toolChanges uint64
 }
 
 // New returns a Set over st; agents checks that an agent exists before
@@ -151,7 +157,7 @@ func (s *Set) Get(ctx context.Context, agent, id string) (*Routine, error) {
 			return nil, err
 		}
 		s.mu.Lock()
-		prev := s.byKey[name]
+		prev, toolChanges := s.byKey[name], s.toolChanges
 		s.mu.Unlock()
 		if prev != nil && prev.version == r.GetVersion() {
 			prev.mu.Lock()
@@ -172,7 +178,11 @@ func (s *Set) Get(ctx context.Context, agent, id string) (*Routine, error) {
 		}
 		cr.prog, cr.compileErr = routine.Compile(ctx, name, r.GetSource(), tools, s.opts.Limits)
 		s.mu.Lock()
-		s.byKey[name] = cr
+		// Built on tools read before a change, cr goes only to this
+		// load's callers, who began before it (nor is it cached: forgetAgent).
+		if s.toolChanges == toolChanges {
+			s.byKey[name] = cr
+		}
 		s.mu.Unlock()
 		return cr, nil
 	})
@@ -222,8 +232,7 @@ func (s *Set) Source(ctx context.Context, name string) (string, error) {
 // Changed drops what the Set caches of name, a routine or a tool that
 // another replica changed: the routine is read again on its next use, and
 // a tool change recompiles its agent's routines. "" (changes may have been
-// missed) drops every compiled routine; an absence cached stays for at
-// most CacheTTL.
+// missed) drops every compiled routine and cached absence.
 func (s *Set) Changed(name string) {
 	if name == "" {
 		s.forgetAgent("")
@@ -236,16 +245,24 @@ func (s *Set) Changed(name string) {
 	s.cache.Forget(name)
 }
 
-// forgetAgent drops cached routines of agent, after its tools changed.
+// forgetAgent drops cached routines of agent ("": of all agents), after
+// its tools changed. Compilations in flight read the old tools: they keep
+// out of byKey (toolChanges) and the cache, and lookups from now on do not
+// share them (ForgetPrefix counts as a Forget even for names not cached).
 func (s *Set) forgetAgent(agent string) {
+	prefix := ""
+	if agent != "" {
+		prefix = agent + "/"
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.toolChanges++
 	for name := range s.byKey {
-		if agent == "" || strings.HasPrefix(name, agent+"/") {
+		if strings.HasPrefix(name, prefix) {
 			delete(s.byKey, name)
-			s.cache.Forget(name)
 		}
 	}
+	s.cache.ForgetPrefix(prefix)
 }
 
 // Call is one run of a routine function.
