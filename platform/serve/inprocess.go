@@ -57,12 +57,11 @@ type unaryMethod struct {
 // other services go over the pipe. Either way the call is the
 // operator's, from an address that is not the network's.
 //
-// One difference remains: the handler runs on the caller's goroutine, so
-// a handler that ignores its context (stuck in a store, say) holds its
-// caller past the caller's deadline; the caller then gets
-// DeadlineExceeded, as over a transport, but only once the handler
-// returns. Call options (grpc.Header, grpc.Trailer, message size caps)
-// are ignored, and the response has no size limit.
+// The handler runs on a goroutine of its own, as over a transport: a
+// caller whose context ends is answered then, even by a handler that
+// ignores its context (stuck in a store, say), which shutdown still waits
+// for. Call options (grpc.Header, grpc.Trailer, message size caps) are
+// ignored, and the response has no size limit.
 type InProcessConn struct {
 	*grpc.ClientConn // the pipe
 	s                *Server
@@ -130,9 +129,7 @@ func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply a
 	if err != nil {
 		return err
 	}
-	defer done()
 	sctx, cancel := s.inproc.context(ctx)
-	defer cancel()
 	// The server side sees what a call over the pipe would carry: the
 	// caller's outgoing metadata and the operator token, not the values
 	// (or the incoming metadata of an outer call) in the caller's ctx.
@@ -144,19 +141,43 @@ func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply a
 	sctx = metadata.NewIncomingContext(sctx, md)
 	sctx = peer.NewContext(sctx, &peer.Peer{Addr: inProcessAddr{}, LocalAddr: inProcessAddr{}})
 	sctx = grpc.NewContextWithServerTransportStream(sctx, &inProcessStream{method: method})
+	// The handler runs on a goroutine of its own, as over a transport, so
+	// that a caller whose context ends gets its answer then, even from a
+	// handler that does not watch its context; shutdown still waits for
+	// the handler (done). It reads a copy of the request, taken now: the
+	// caller may reuse its own once it has its answer.
+	private := proto.Clone(req)
 	dec := func(v any) error {
 		dst, ok := v.(proto.Message)
 		if !ok {
 			return status.Errorf(codes.Internal, "in-process call %s: request type %T is not a protocol buffer", method, v)
 		}
-		proto.Merge(dst, req) // a copy: the handler may keep or change it
+		proto.Merge(dst, private)
 		return nil
 	}
-	resp, err := m.handler(m.impl, sctx, dec, s.unary)
+	type answer struct {
+		resp any
+		err  error
+	}
+	answered := make(chan answer, 1)
+	go func() {
+		defer done()
+		defer cancel()
+		resp, err := m.handler(m.impl, sctx, dec, s.unary)
+		answered <- answer{resp, err}
+	}()
+	var resp any
+	select {
+	case a := <-answered:
+		resp, err = a.resp, a.err
+	case <-ctx.Done():
+	case <-s.inproc.base.Done():
+	}
 	switch {
 	case ctx.Err() != nil:
-		// The caller gave up while the handler ran: over a transport it
-		// gets its context's code, whatever the handler answers late.
+		// The caller gave up, before or while the handler ran: over a
+		// transport it gets its context's code, whatever the handler
+		// answers late.
 		return status.FromContextError(ctx.Err()).Err()
 	case s.inproc.base.Err() != nil:
 		// A forced stop cut the call off: over a transport the caller

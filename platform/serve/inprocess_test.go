@@ -282,6 +282,41 @@ func TestInProcessConn_deadlinePassedInTheHandler(t *testing.T) {
 	}
 }
 
+// TestInProcessConn_callerIsAnsweredAtItsDeadline: a handler that ignores
+// its context (stuck in a store, say) does not hold its caller: over a
+// transport the caller gets DeadlineExceeded at its deadline, and so it
+// does in process, while the handler is still running; shutdown still
+// waits for the handler.
+func TestInProcessConn_callerIsAnsweredAtItsDeadline(t *testing.T) {
+	s, f, c := inProcessServer(t, 0)
+	r := start(t, s)
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() { _, err := testpb.NewTestServiceClient(c).UnaryCall(ctx, call("hold")); errc <- err }()
+	<-f.started
+	select {
+	case err := <-errc:
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("UnaryCall(hold) past its deadline = %v; want DeadlineExceeded", err)
+		}
+	case <-time.After(10 * time.Second): // a bound on the test, not a timing claim
+		close(f.release)
+		t.Fatal("UnaryCall(hold) still waiting for its handler 10 s after its 50 ms deadline")
+	}
+	r.cancel() // shutdown starts and must wait for the held handler
+	select {
+	case err := <-r.done:
+		t.Fatalf("Run returned (%v) while a handler was still running", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(f.release)
+	if err := <-r.done; err != nil {
+		t.Errorf("Run() = %v", err)
+	}
+	r.done <- nil // for start's cleanup
+}
+
 // TestInProcessConn_forcedStopIsUnavailable: a call cut off by a forced
 // stop (ShutdownTimeout ran out) fails with Unavailable, as over the
 // pipe, not Canceled: its caller cancelled nothing, and may retry.
