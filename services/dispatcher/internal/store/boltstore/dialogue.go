@@ -233,6 +233,9 @@ func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
 func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener string) (store.Delivered, error) {
 	m := w.Message
 	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
+	if err := owners(m.ID, m.DialogueID, m.Sender); err != nil {
+		return store.Delivered{}, err
+	}
 	if tx.Bucket(bucketDialogues).Get(messageKey(m.ID)) != nil {
 		return store.Delivered{}, resource.AlreadyExists("message", m.ID)
 	}
@@ -377,6 +380,9 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 	if err := ctx.Err(); err != nil {
 		return store.Delivered{}, err
 	}
+	if owners(answered) != nil {
+		return store.Delivered{}, resource.NotFound("message", answered)
+	}
 	var out store.Delivered
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		v := &view{tx: tx}
@@ -421,6 +427,9 @@ func (s *Store) GetDialogue(ctx context.Context, id string) (store.Dialogue, err
 func (s *Store) get(ctx context.Context, key []byte, kind, id string, v any) error {
 	if err := ctx.Err(); err != nil {
 		return err
+	}
+	if owners(id) != nil {
+		return resource.NotFound(kind, id)
 	}
 	return s.db.View(func(tx *bolt.Tx) error {
 		ok, err := getJSON(tx.Bucket(bucketDialogues), key, v)
@@ -554,6 +563,12 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 	if err := ctx.Err(); err != nil {
 		return store.Dialogue{}, store.Participant{}, err
 	}
+	if owners(dialogue) != nil {
+		return store.Dialogue{}, store.Participant{}, resource.NotFound("dialogue", dialogue)
+	}
+	if err := owners(agent); err != nil {
+		return store.Dialogue{}, store.Participant{}, err
+	}
 	var (
 		d store.Dialogue
 		p store.Participant
@@ -591,6 +606,9 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 // UpdateAgentDialogues implements store.DialogueStore.
 func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate func(*store.Dialogue, *store.Participant) (bool, error)) (int, error) {
 	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	if err := owners(agent); err != nil {
 		return 0, err
 	}
 	var n int

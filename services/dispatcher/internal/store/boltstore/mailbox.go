@@ -199,6 +199,12 @@ func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
 // run in tx.
 func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 	a.delivered, a.refused = a.delivered[:0], a.refused[:0]
+	if err := owners(a.m.ID); err != nil {
+		return err
+	}
+	if err := owners(a.recipients...); err != nil {
+		return err
+	}
 	if tx.Bucket(bucketDialogues).Get(bodyKey(a.m.ID)) != nil {
 		return resource.AlreadyExists("message", a.m.ID)
 	}
@@ -260,6 +266,9 @@ func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, lim
 	if after == ^uint64(0) || limit <= 0 {
 		return nil, nil
 	}
+	if err := owners(agent); err != nil {
+		return nil, err
+	}
 	prefix := rowKey(agent, kindRef, "")
 	var out []mailbox.Delivery
 	err := s.db.View(func(tx *bolt.Tx) error {
@@ -312,6 +321,9 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 	if err := ctx.Err(); err != nil {
 		return mailbox.State{}, err
 	}
+	if err := owners(agent); err != nil {
+		return mailbox.State{}, err
+	}
 	var out mailbox.State
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		agents := tx.Bucket(bucketAgents)
@@ -354,6 +366,9 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 // GetMailbox implements mailbox.Store.
 func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, error) {
 	if err := ctx.Err(); err != nil {
+		return mailbox.State{}, err
+	}
+	if err := owners(agent); err != nil {
 		return mailbox.State{}, err
 	}
 	var out mailbox.State

@@ -2,6 +2,7 @@ package boltstore
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 
 	bolt "go.etcd.io/bbolt"
@@ -39,6 +40,23 @@ const (
 	kindBody     = 0x05
 	kindRefCount = 0x06
 )
+
+// owners reports whether every name can own rows: none holds a byte below
+// 0x20, which would be read as a kind. The names the network makes and
+// checks never hold one (resource.ValidAgentName, hex ids); a name that
+// did would read or write rows of another owner (GetDialogue(id+"\x04")
+// would return a message's record), so the store refuses it rather than
+// trust every caller.
+func owners(names ...string) error {
+	for _, n := range names {
+		for i := 0; i < len(n); i++ {
+			if n[i] < 0x20 {
+				return fmt.Errorf("%q cannot name a dialogue, message or agent: it holds the control byte %#x", n, n[i])
+			}
+		}
+	}
+	return nil
+}
 
 // rowKey is owner, kind and rest.
 func rowKey(owner string, kind byte, rest string) []byte {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"path/filepath"
 	"slices"
@@ -544,4 +545,74 @@ func dumpBuckets(t *testing.T, s *Store) map[string]string {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// TestOwners_controlBytesNameNoRow: a kind byte inside a name would reach
+// another owner's rows (a dialogue id + 0x04 is its opener's record's
+// key). The network never makes such a name, and the store does not trust
+// it to: a read finds nothing, a write is refused, nothing changes.
+func TestOwners_controlBytesNameNoRow(t *testing.T) {
+	s, err := Open(t.TempDir(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	ctx := t.Context()
+	const alice, bob = "clients/c/agents/alice", "clients/c/agents/bob"
+	now := time.Unix(1_800_000_000, 0).UTC()
+	d := store.Dialogue{ID: "d1", Initiator: alice, Category: "message", CreateTime: now, Opener: "m1"}
+	m := store.DialogueMessage{ID: "m1", Sender: alice, Type: "new_message", Time: now}
+	send := func(d store.Dialogue, m store.DialogueMessage, to ...string) error {
+		w := store.MessageWrite{Message: m, Recipients: to, Mail: mailbox.Message{Sender: m.Sender, Category: mailbox.CategoryMessage, Type: m.Type, Body: []byte(`"hi"`), Time: now}}
+		_, err := s.CreateDialogue(ctx, d, w, mailbox.Bound{})
+		return err
+	}
+	if err := send(d, m, bob); err != nil {
+		t.Fatal(err)
+	}
+	before := dumpRows(t, s.db)
+
+	if got, err := s.GetDialogue(ctx, "m1\x04"); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogue(m1 + 0x04) = %+v, %v; want not found (it is message m1's record's key)", got, err)
+	}
+	if got, err := s.GetDialogueMessage(ctx, "d1\x01"+bob); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("GetDialogueMessage(d1 + 0x01 + bob) = %+v, %v; want not found", got, err)
+	}
+	if _, err := s.AddMessage(ctx, "m1\x04", mailbox.Bound{}, func(store.DialogueView) (store.MessageWrite, error) {
+		return store.MessageWrite{}, errors.New("planned an answer to a message that is not there")
+	}); !errors.Is(err, store.ErrNotFound) {
+		t.Errorf("AddMessage(answering m1 + 0x04) = %v, want not found", err)
+	}
+	if _, _, err := s.UpdateParticipant(ctx, "d1", bob+"\x00", func(*store.Dialogue, *store.Participant) error { return nil }); err == nil {
+		t.Error("UpdateParticipant(bob + 0x00) succeeded")
+	}
+	if st, err := s.GetMailbox(ctx, bob+"\x01"); err == nil {
+		t.Errorf("GetMailbox(bob + 0x01) = %+v, nil; want a refusal", st)
+	}
+	if _, err := s.ReadMailbox(ctx, bob[:len(bob)-1], 0, 10); err != nil {
+		t.Errorf("ReadMailbox of a name that prefixes bob's: %v", err) // a plain name is fine
+	}
+	if _, err := s.AcknowledgeMailbox(ctx, bob+"\x00", 1); err == nil {
+		t.Error("AcknowledgeMailbox(bob + 0x00) succeeded")
+	}
+	for _, bad := range []struct {
+		name string
+		d    store.Dialogue
+		m    store.DialogueMessage
+		to   string
+	}{
+		{"dialogue id", store.Dialogue{ID: "d2\x01x", Initiator: alice, Category: "message", CreateTime: now}, store.DialogueMessage{ID: "m2", Sender: alice, Type: "new_message", Time: now}, bob},
+		{"message id", store.Dialogue{ID: "d3", Initiator: alice, Category: "message", CreateTime: now}, store.DialogueMessage{ID: "m1\x05", Sender: alice, Type: "new_message", Time: now}, bob},
+		{"recipient", store.Dialogue{ID: "d4", Initiator: alice, Category: "message", CreateTime: now}, store.DialogueMessage{ID: "m4", Sender: alice, Type: "new_message", Time: now}, bob + "\x01"},
+	} {
+		if err := send(bad.d, bad.m, bad.to); err == nil || !strings.Contains(err.Error(), "control byte") {
+			t.Errorf("CreateDialogue with a control byte in the %s = %v, want a refusal naming it", bad.name, err)
+		}
+	}
+	if _, _, err := s.AppendMessage(ctx, mailbox.Message{ID: "n1", Sender: alice, Category: mailbox.CategoryNotifications, Type: "followed", Time: now}, []string{bob + "\x02"}, mailbox.Bound{}); err == nil {
+		t.Error("AppendMessage to bob + 0x02 succeeded")
+	}
+	if after := dumpRows(t, s.db); !maps.Equal(before, after) {
+		t.Errorf("refused calls changed rows: %d before, %d after", len(before), len(after))
+	}
 }
