@@ -211,21 +211,12 @@ func (inProcessAddr) String() string  { return "inprocess" }
 // inProcessStream is the grpc.ServerTransportStream of an in-process call:
 // handlers may set headers and trailers, which go nowhere (no caller in
 // this process reads them).
-type inProcessStream struct {
-	method string
-	mu     sync.Mutex
-	header metadata.MD
-}
+type inProcessStream struct{ method string }
 
-func (st *inProcessStream) Method() string { return st.method }
-func (st *inProcessStream) SetHeader(md metadata.MD) error {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	st.header = metadata.Join(st.header, md)
-	return nil
-}
-func (st *inProcessStream) SendHeader(md metadata.MD) error { return st.SetHeader(md) }
-func (st *inProcessStream) SetTrailer(metadata.MD) error    { return nil }
+func (st *inProcessStream) Method() string               { return st.method }
+func (st *inProcessStream) SetHeader(metadata.MD) error  { return nil }
+func (st *inProcessStream) SendHeader(metadata.MD) error { return nil }
+func (st *inProcessStream) SetTrailer(metadata.MD) error { return nil }
 
 // inProcessCalls tracks the in-process calls under way, so that shutdown
 // waits for them as GracefulStop waits for calls over a transport, and
