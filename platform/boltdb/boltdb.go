@@ -26,13 +26,6 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 )
 
-// Tx is a bbolt transaction, named here so that stores need not spell the
-// import twice.
-type Tx = bolt.Tx
-
-// Bucket is a bbolt bucket.
-type Bucket = bolt.Bucket
-
 var (
 	bucketMeta       = []byte("meta")
 	keySchemaVersion = []byte("schema_version")
@@ -68,6 +61,10 @@ type DB struct {
 	synced, unsynced atomic.Uint64
 	// pages counts the pages synced commits wrote (see CommitStats.Pages).
 	pages atomic.Uint64
+	// record makes every write transaction record its changes (record.go)
+	// for afterCommit. Off unless the journal (ADR 0008) turns it on; set
+	// before the first Update.
+	record bool
 }
 
 // Open opens, creating if needed, the database file at path and its
@@ -100,17 +97,18 @@ func Open(path string, opts Options) (*DB, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error { return initialise(tx, opts) }); err != nil {
+	if err := db.Update(func(tx *bolt.Tx) error { return initialise(&Tx{tx: tx}, opts) }); err != nil {
 		db.Close()
 		return nil, fmt.Errorf("initialise %s: %w", path, err)
 	}
-	d := &DB{db: db}
+	d := &DB{db: db, record: recordByDefault}
 	d.commit = newCommitter(d)
 	return d, nil
 }
 
 // initialise creates the buckets and brings the schema to opts.SchemaVersion.
-func initialise(tx *bolt.Tx, opts Options) error {
+// Its changes are not recorded: they come before any journal.
+func initialise(tx *Tx, opts Options) error {
 	for _, b := range append([][]byte{bucketMeta}, opts.Buckets...) {
 		if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 			return fmt.Errorf("bucket %s: %w", b, err)
@@ -137,7 +135,9 @@ func initialise(tx *bolt.Tx, opts Options) error {
 }
 
 // View runs fn in a read-only transaction.
-func (d *DB) View(fn func(*Tx) error) error { return d.db.View(fn) }
+func (d *DB) View(fn func(*Tx) error) error {
+	return d.db.View(func(tx *bolt.Tx) error { return fn(&Tx{tx: tx}) })
+}
 
 // Update runs fn in a read-write transaction shared with other concurrent
 // writers and returns once that transaction is durable, or with fn's error
@@ -154,7 +154,7 @@ func (d *DB) Ping(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return d.db.View(func(*Tx) error { return nil })
+	return d.db.View(func(*bolt.Tx) error { return nil })
 }
 
 // Close finishes the writes already queued and closes the file. Later
@@ -163,6 +163,12 @@ func (d *DB) Close() error {
 	d.commit.close()
 	return d.db.Close()
 }
+
+// afterCommit is handed the record of each write transaction once bbolt has
+// committed it, before its writers are answered; an error fails every write
+// of the group. rec is nil when recording is off, and is reused after
+// afterCommit returns. The journal (ADR 0008) fills it in.
+func (d *DB) afterCommit(rec *recorder) error { return nil }
 
 // CommitStats counts the write transactions that committed.
 type CommitStats struct {

@@ -34,27 +34,30 @@ var ErrPanicked = errors.New("write function panicked")
 // panics fails the same way, with ErrPanicked. A commit that fails fails
 // every write in the group.
 type committer struct {
-	d    *DB
-	ops  chan *op
-	quit chan struct{}
-	done chan struct{}
-	stop sync.Once
+	d *DB
+	// afterCommit is d.afterCommit; tests replace it before the first
+	// write to see the records.
+	afterCommit func(*recorder) error
+	ops         chan *op
+	quit        chan struct{}
+	done        chan struct{}
+	stop        sync.Once
 }
 
 type op struct {
-	fn  func(*bolt.Tx) error
+	fn  func(*Tx) error
 	err chan error
 }
 
 func newCommitter(d *DB) *committer {
-	c := &committer{d: d, ops: make(chan *op, maxGroup), quit: make(chan struct{}), done: make(chan struct{})}
+	c := &committer{d: d, afterCommit: d.afterCommit, ops: make(chan *op, maxGroup), quit: make(chan struct{}), done: make(chan struct{})}
 	go c.loop()
 	return c
 }
 
 // update runs fn in a shared read-write transaction and returns once that
 // transaction is durable, or with fn's or the commit's error.
-func (c *committer) update(fn func(*bolt.Tx) error) error {
+func (c *committer) update(fn func(*Tx) error) error {
 	o := &op{fn: fn, err: make(chan error, 1)}
 	select {
 	case <-c.quit:
@@ -90,6 +93,7 @@ func (c *committer) close() {
 func (c *committer) loop() {
 	defer close(c.done)
 	group := make([]*op, 0, maxGroup)
+	var rec *recorder // made on the first group after recording is turned on
 	for {
 		select {
 		case o := <-c.ops:
@@ -105,7 +109,10 @@ func (c *committer) loop() {
 			}
 		}
 		c.gather(&group)
-		c.commit(group)
+		if c.d.record && rec == nil {
+			rec = &recorder{}
+		}
+		c.commit(group, rec)
 	}
 }
 
@@ -134,12 +141,16 @@ func (c *committer) gather(group *[]*op) {
 }
 
 // commit runs group in one transaction, dropping failing writes, and
-// hands every remaining write the commit's own result.
-func (c *committer) commit(group []*op) {
+// hands every remaining write the commit's own result, or afterCommit's
+// error. Each attempt records into rec (nil: not recording) afresh, so a
+// retried group carries none of the failed write's changes.
+func (c *committer) commit(group []*op, rec *recorder) {
 	for len(group) > 0 {
 		failed := -1
 		var failErr error
-		err := c.d.db.Update(func(tx *bolt.Tx) error {
+		rec.reset()
+		err := c.d.db.Update(func(btx *bolt.Tx) error {
+			tx := &Tx{tx: btx, rec: rec}
 			for i, o := range group {
 				if err := safeCall(o.fn, tx); err != nil {
 					failed, failErr = i, err
@@ -154,6 +165,9 @@ func (c *committer) commit(group []*op) {
 			group = append(group[:failed], group[failed+1:]...)
 			continue
 		}
+		if err == nil {
+			err = c.afterCommit(rec)
+		}
 		for _, o := range group {
 			o.err <- err
 		}
@@ -162,7 +176,7 @@ func (c *committer) commit(group []*op) {
 }
 
 // safeCall runs fn, turning a panic into an error wrapping ErrPanicked.
-func safeCall(fn func(*bolt.Tx) error, tx *bolt.Tx) (err error) {
+func safeCall(fn func(*Tx) error, tx *Tx) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("%w: %v", ErrPanicked, r)
