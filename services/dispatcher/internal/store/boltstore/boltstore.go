@@ -14,7 +14,6 @@ import (
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -152,7 +151,7 @@ func (s *Store) SetRoutine(ctx context.Context, name, source string, now time.Ti
 		return nil, err
 	}
 	var out *dispatcherv1.Routine
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketRoutines)
 		version := int64(1)
 		if v := b.Get([]byte(name)); v != nil {
@@ -187,7 +186,7 @@ func (s *Store) GetRoutine(ctx context.Context, name string) (*dispatcherv1.Rout
 		return nil, err
 	}
 	var out dispatcherv1.Routine
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		v := tx.Bucket(bucketRoutines).Get([]byte(name))
 		if v == nil {
 			return resource.NotFound("routine", name)
@@ -207,7 +206,7 @@ func (s *Store) ListRoutines(ctx context.Context, parent, after string, limit in
 	}
 	prefix := []byte(parent + "/routines/")
 	var out []*dispatcherv1.Routine
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketRoutines).Cursor()
 		k, v := c.Seek(prefix)
 		if after != "" {
@@ -234,7 +233,7 @@ func (s *Store) RecordRoutineRun(ctx context.Context, name string, version int64
 		return nil, err
 	}
 	var out dispatcherv1.Routine
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketRoutines)
 		v := b.Get([]byte(name))
 		if v == nil {
@@ -283,7 +282,7 @@ func (s *Store) SetTool(ctx context.Context, t *dispatcherv1.Tool, now time.Time
 	if err != nil {
 		return nil, err
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucketTools).Put([]byte(out.GetName()), data)
 	})
 	return out, err
@@ -296,7 +295,7 @@ func (s *Store) ListTools(ctx context.Context, parent string) ([]*dispatcherv1.T
 	}
 	prefix := []byte(parent + "/tools/")
 	var out []*dispatcherv1.Tool
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketTools).Cursor()
 		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			var t dispatcherv1.Tool
@@ -327,7 +326,7 @@ func (s *Store) CreateConversation(ctx context.Context, c store.Conversation, ma
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		if convs.Get([]byte(c.ID)) != nil {
 			return resource.AlreadyExists("conversation", c.ID)
@@ -368,7 +367,7 @@ func (s *Store) GetConversation(ctx context.Context, id string) (store.Conversat
 	if err := ctx.Err(); err != nil {
 		return c, err
 	}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		v := tx.Bucket(bucketConversations).Get([]byte(id))
 		if v == nil {
 			return resource.NotFound("conversation", id)
@@ -383,7 +382,7 @@ func (s *Store) UpdateConversation(ctx context.Context, id string, mutate func(*
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		v := convs.Get([]byte(id))
 		if v == nil {
@@ -425,7 +424,7 @@ func (s *Store) DeleteConversation(ctx context.Context, id string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		convs := tx.Bucket(bucketConversations)
 		v := convs.Get([]byte(id))
 		if v == nil {
@@ -440,7 +439,7 @@ func (s *Store) DeleteConversation(ctx context.Context, id string) error {
 }
 
 // deleteConversation removes conversation id, c, and its index entries.
-func deleteConversation(tx *bolt.Tx, id string, c store.Conversation) error {
+func deleteConversation(tx *boltdb.Tx, id string, c store.Conversation) error {
 	if err := tx.Bucket(bucketPeerConversations).Delete(peerKey(c.Peer, id)); err != nil {
 		return err
 	}
@@ -458,7 +457,7 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit 
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		n = 0
 		sweep := tx.Bucket(bucketSweepConversations)
 		dead := dueKeys(sweep, before, limit)
@@ -480,7 +479,7 @@ func (s *Store) SweepConversations(ctx context.Context, before time.Time, limit 
 
 // migrateConversationSweepIndex builds bucketSweepConversations (schema
 // version 9) from bucketConversations.
-func migrateConversationSweepIndex(tx *bolt.Tx) error {
+func migrateConversationSweepIndex(tx *boltdb.Tx) error {
 	sweep := tx.Bucket(bucketSweepConversations)
 	return tx.Bucket(bucketConversations).ForEach(func(k, v []byte) error {
 		var c store.Conversation
@@ -502,7 +501,7 @@ func (s *Store) CountSend(ctx context.Context, agent, task, target string, withP
 		return err
 	}
 	key := []byte(agent + "\x00" + task + "\x00" + target)
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketSendCounts)
 		var c sendCount
 		if v := b.Get(key); v != nil {
@@ -529,7 +528,7 @@ func (s *Store) ListSendCounts(ctx context.Context, agent string) ([]store.SendC
 	}
 	prefix := []byte(agent + "\x00")
 	var out []store.SendCount
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketSendCounts).Cursor()
 		for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
 			parts := strings.SplitN(string(k[len(prefix):]), "\x00", 2)

@@ -11,8 +11,7 @@ import (
 	"strings"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/binrec"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
@@ -99,11 +98,11 @@ func (s *Store) PutTimers(ctx context.Context, timers []store.Timer) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return putTimers(tx, timers) })
+	return s.db.Update(func(tx *boltdb.Tx) error { return putTimers(tx, timers) })
 }
 
 // putTimers stores timers in tx, each replacing the timer of its name.
-func putTimers(tx *bolt.Tx, timers []store.Timer) error {
+func putTimers(tx *boltdb.Tx, timers []store.Timer) error {
 	tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
 	for _, t := range timers {
 		if old := ids.Get(timerID(t)); old != nil {
@@ -139,7 +138,7 @@ func (s *Store) dueTimers(ctx context.Context, now time.Time, after []byte, limi
 		return nil, err
 	}
 	out := make([]store.Timer, 0, min(limit, 4096))
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketTimers).Cursor()
 		k, v := c.First()
 		if after != nil {
@@ -168,7 +167,7 @@ func (s *Store) RetryTimers(ctx context.Context, retries []store.TimerRetry) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		tb, ids := tx.Bucket(bucketTimers), tx.Bucket(bucketTimerIDs)
 		for _, r := range retries {
 			k := timerKey(r.Timer)
@@ -202,7 +201,7 @@ func (s *Store) NextTimer(ctx context.Context) (store.Timer, bool, error) {
 		t  store.Timer
 		ok bool
 	)
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		_, v := tx.Bucket(bucketTimers).Cursor().First()
 		if v == nil {
 			return nil
@@ -221,7 +220,7 @@ func (s *Store) PairState(ctx context.Context, dialogue string, p store.Pair) (j
 		return nil, err
 	}
 	var out json.RawMessage
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		out = bytes.Clone(tx.Bucket(bucketDialogues).Get(dialoguePairKey(dialogue, p)))
 		return nil
 	})
@@ -239,7 +238,7 @@ func (s *Store) FireTimers(ctx context.Context, timers []store.Timer, bound mail
 		fired = make([]store.FiredTimer, 0, len(timers))
 		errs  []error
 	)
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		fired, errs = fired[:0], errs[:0] // the committer may run this again
 		tb, dialogues := tx.Bucket(bucketTimers), tx.Bucket(bucketDialogues)
 		// The messages are put last, in id order (appendOp.stage); staged

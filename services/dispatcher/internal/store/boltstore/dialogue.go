@@ -8,8 +8,7 @@ import (
 	"slices"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -80,7 +79,7 @@ func closedKey(d store.Dialogue) ([]byte, bool) {
 }
 
 // indexClosed enters d in bucketDialoguesClosed when it belongs there.
-func indexClosed(tx *bolt.Tx, d store.Dialogue) error {
+func indexClosed(tx *boltdb.Tx, d store.Dialogue) error {
 	if k, ok := closedKey(d); ok {
 		return tx.Bucket(bucketDialoguesClosed).Put(k, nil)
 	}
@@ -89,7 +88,7 @@ func indexClosed(tx *bolt.Tx, d store.Dialogue) error {
 
 // migrateDialogueIndexes builds schema 2's indexes from schema 1's
 // dialogues and messages (in schema 13's rows: migrateOlder runs after the rows have moved).
-func migrateDialogueIndexes(tx *bolt.Tx) error {
+func migrateDialogueIndexes(tx *boltdb.Tx) error {
 	var rows []kv
 	dialogues := tx.Bucket(bucketDialogues)
 	err := dialogues.ForEach(func(k, v []byte) error {
@@ -195,7 +194,7 @@ func invert(b []byte) {
 	}
 }
 
-func getJSON(b *bolt.Bucket, key []byte, v any) (bool, error) {
+func getJSON(b *boltdb.Bucket, key []byte, v any) (bool, error) {
 	data := b.Get(key)
 	if data == nil {
 		return false, nil
@@ -203,7 +202,7 @@ func getJSON(b *bolt.Bucket, key []byte, v any) (bool, error) {
 	return true, json.Unmarshal(data, v)
 }
 
-func putJSON(b *bolt.Bucket, key []byte, v any) error {
+func putJSON(b *boltdb.Bucket, key []byte, v any) error {
 	data, err := json.Marshal(v)
 	if err != nil {
 		return err
@@ -212,7 +211,7 @@ func putJSON(b *bolt.Bucket, key []byte, v any) error {
 }
 
 // addParticipant makes agent a participant of dialogue unless it is one.
-func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
+func addParticipant(tx *boltdb.Tx, dialogue, agent string) error {
 	b := tx.Bucket(bucketDialogues)
 	k := participantKey(dialogue, agent)
 	if b.Get(k) != nil {
@@ -230,7 +229,7 @@ func addParticipant(tx *bolt.Tx, dialogue, agent string) error {
 // is written when every mailbox refused. The message is entered in the
 // dialogue's message index unless it is opener, the id the dialogue's
 // record keeps.
-func writeMessage(tx *bolt.Tx, w store.MessageWrite, bound mailbox.Bound, opener string) (store.Delivered, error) {
+func writeMessage(tx *boltdb.Tx, w store.MessageWrite, bound mailbox.Bound, opener string) (store.Delivered, error) {
 	m := w.Message
 	w.Mail.ID, w.Mail.DialogueID = m.ID, m.DialogueID
 	if err := owners(m.ID, m.DialogueID, m.Sender); err != nil {
@@ -316,7 +315,7 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.Me
 	}
 	w.Message.DialogueID = d.ID
 	var out store.Delivered
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		if tx.Bucket(bucketDialogues).Get([]byte(d.ID)) != nil {
 			return resource.AlreadyExists("dialogue", d.ID)
 		}
@@ -337,7 +336,7 @@ func (s *Store) CreateDialogue(ctx context.Context, d store.Dialogue, w store.Me
 
 // view is store.DialogueView over one bbolt transaction.
 type view struct {
-	tx       *bolt.Tx
+	tx       *boltdb.Tx
 	dialogue store.Dialogue
 	answered storedMessage
 }
@@ -384,7 +383,7 @@ func (s *Store) AddMessage(ctx context.Context, answered string, bound mailbox.B
 		return store.Delivered{}, resource.NotFound("message", answered)
 	}
 	var out store.Delivered
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		v := &view{tx: tx}
 		if ok, err := getJSON(tx.Bucket(bucketDialogues), messageKey(answered), &v.answered); err != nil {
 			return err
@@ -431,7 +430,7 @@ func (s *Store) get(ctx context.Context, key []byte, kind, id string, v any) err
 	if owners(id) != nil {
 		return resource.NotFound(kind, id)
 	}
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.db.View(func(tx *boltdb.Tx) error {
 		ok, err := getJSON(tx.Bucket(bucketDialogues), key, v)
 		if err == nil && !ok {
 			err = resource.NotFound(kind, id)
@@ -443,7 +442,7 @@ func (s *Store) get(ctx context.Context, key []byte, kind, id string, v any) err
 // putDialogue writes d, read as old before a mutation, moving its entry
 // in bucketDialoguesClosed to what d needs now: a dialogue closed again
 // later keeps no entry at its first close time, nor a reopened one any.
-func putDialogue(tx *bolt.Tx, old, d store.Dialogue) error {
+func putDialogue(tx *boltdb.Tx, old, d store.Dialogue) error {
 	was, wasIn := closedKey(old)
 	now, in := closedKey(d)
 	if wasIn && (!in || !bytes.Equal(was, now)) {
@@ -470,7 +469,7 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		n = 0
 		closed := tx.Bucket(bucketDialoguesClosed)
 		cut := before.UnixNano()
@@ -498,7 +497,7 @@ func (s *Store) SweepDialogues(ctx context.Context, before time.Time, limit int)
 }
 
 // removeDialogue deletes a dialogue and all that is kept of it.
-func removeDialogue(tx *bolt.Tx, id string) error {
+func removeDialogue(tx *boltdb.Tx, id string) error {
 	dialogues, receipts := tx.Bucket(bucketDialogues), tx.Bucket(bucketDialogueReceipts)
 	var d store.Dialogue
 	if _, err := getJSON(dialogues, []byte(id), &d); err != nil {
@@ -573,7 +572,7 @@ func (s *Store) UpdateParticipant(ctx context.Context, dialogue, agent string, m
 		d store.Dialogue
 		p store.Participant
 	)
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		d, p = store.Dialogue{}, store.Participant{}
 		ok, err := getJSON(tx.Bucket(bucketDialogues), []byte(dialogue), &d)
 		if err != nil {
@@ -612,7 +611,7 @@ func (s *Store) UpdateAgentDialogues(ctx context.Context, agent string, mutate f
 		return 0, err
 	}
 	var n int
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		n = 0
 		var ids []string // newest first
 		keys := rowsOf(tx.Bucket(bucketAgents), agent, kindAgentDialogue)
@@ -667,7 +666,7 @@ func (s *Store) BeginRequest(ctx context.Context, sender, id string, now, stale 
 		rec   store.Request
 		found bool
 	)
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		rec, found = store.Request{}, false
 		b := tx.Bucket(bucketDialogueRequests)
 		k := join(sender, id)
@@ -702,7 +701,7 @@ func (s *Store) FinishRequest(ctx context.Context, sender, id string, result jso
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketDialogueRequests)
 		k := join(sender, id)
 		var rec store.Request
@@ -735,7 +734,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		n = 0
 		sweep := tx.Bucket(bucketSweepDialogueRequests)
 		old := dueKeys(sweep, before, limit)
@@ -756,7 +755,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 
 // migrateRequestSweepIndex builds bucketSweepDialogueRequests (schema
 // version 9) from bucketDialogueRequests.
-func migrateRequestSweepIndex(tx *bolt.Tx) error {
+func migrateRequestSweepIndex(tx *boltdb.Tx) error {
 	sweep := tx.Bucket(bucketSweepDialogueRequests)
 	return tx.Bucket(bucketDialogueRequests).ForEach(func(k, v []byte) error {
 		var rec store.Request

@@ -7,8 +7,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -53,7 +52,7 @@ func TestDialogueReceipts_fewKeptInTheRecord(t *testing.T) {
 		t.Errorf("receipts in the bucket after a message to %d = %d, want %d", len(many), got, len(many))
 	}
 	// Written by an older release: receipts in the bucket, none in the record.
-	if err := s.db.Update(func(tx *bolt.Tx) error {
+	if err := s.db.Update(func(tx *boltdb.Tx) error {
 		d := store.Dialogue{ID: "old", Initiator: alice, Category: "message", CreateTime: now}
 		if err := putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d); err != nil {
 			return err

@@ -10,8 +10,7 @@ import (
 	"slices"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/binrec"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
@@ -58,7 +57,7 @@ func refCountKey(id string) []byte { return rowKey(id, kindRefCount, "") }
 
 var _ mailbox.Store = (*Store)(nil)
 
-func getState(b *bolt.Bucket, agent string) mailbox.State {
+func getState(b *boltdb.Bucket, agent string) mailbox.State {
 	v := b.Get(stateKey(agent))
 	if len(v) != 32 {
 		return mailbox.State{}
@@ -71,7 +70,7 @@ func getState(b *bolt.Bucket, agent string) mailbox.State {
 	}
 }
 
-func putState(b *bolt.Bucket, agent string, s mailbox.State) error {
+func putState(b *boltdb.Bucket, agent string, s mailbox.State) error {
 	v := make([]byte, 32)
 	binary.BigEndian.PutUint64(v[0:], s.Head)
 	binary.BigEndian.PutUint64(v[8:], s.Acked)
@@ -154,7 +153,7 @@ func (s *Store) AppendMessage(ctx context.Context, m mailbox.Message, recipients
 		return nil, nil, err
 	}
 	a := newAppend(m, recipients)
-	err := s.db.Update(func(tx *bolt.Tx) error { return a.run(tx, bound) })
+	err := s.db.Update(func(tx *boltdb.Tx) error { return a.run(tx, bound) })
 	if err != nil {
 		return nil, nil, err
 	}
@@ -184,7 +183,7 @@ func newAppend(m mailbox.Message, recipients []string) *appendOp {
 // run appends the message in tx: recipients whose mailbox would exceed
 // bound are refused and get nothing; when none accepts, nothing is
 // written. The committer may run it more than once: results start afresh.
-func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
+func (a *appendOp) run(tx *boltdb.Tx, bound mailbox.Bound) error {
 	if err := a.stage(tx, bound); err != nil || len(a.delivered) == 0 {
 		return err
 	}
@@ -197,7 +196,7 @@ func (a *appendOp) run(tx *bolt.Tx, bound mailbox.Bound) error {
 // each lands mid-node and shifts the node's entries, quadratic in a
 // batch. Until its message is put, no other append of the same id may
 // run in tx.
-func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
+func (a *appendOp) stage(tx *boltdb.Tx, bound mailbox.Bound) error {
 	a.delivered, a.refused = a.delivered[:0], a.refused[:0]
 	if err := owners(a.m.ID); err != nil {
 		return err
@@ -247,7 +246,7 @@ func (a *appendOp) stage(tx *bolt.Tx, bound mailbox.Bound) error {
 // putMessage stores the staged message and the count of its references.
 // A count of one is not written (release reads none as one): a direct
 // message's commit then writes one row fewer.
-func (a *appendOp) putMessage(tx *bolt.Tx) error {
+func (a *appendOp) putMessage(tx *boltdb.Tx) error {
 	msgs := tx.Bucket(bucketDialogues)
 	if err := msgs.Put(bodyKey(a.m.ID), a.body); err != nil {
 		return err
@@ -271,7 +270,7 @@ func (s *Store) ReadMailbox(ctx context.Context, agent string, after uint64, lim
 	}
 	prefix := rowKey(agent, kindRef, "")
 	var out []mailbox.Delivery
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		msgs := tx.Bucket(bucketDialogues)
 		c := tx.Bucket(bucketAgents).Cursor()
 		for k, v := c.Seek(refKey(agent, after+1)); k != nil && bytes.HasPrefix(k, prefix) && len(out) < limit; k, v = c.Next() {
@@ -325,7 +324,7 @@ func (s *Store) ack(ctx context.Context, agent string, target func(mailbox.State
 		return mailbox.State{}, err
 	}
 	var out mailbox.State
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		agents := tx.Bucket(bucketAgents)
 		st := getState(agents, agent)
 		out = st
@@ -372,7 +371,7 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 		return mailbox.State{}, err
 	}
 	var out mailbox.State
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		out = getState(tx.Bucket(bucketAgents), agent)
 		return nil
 	})
@@ -381,7 +380,7 @@ func (s *Store) GetMailbox(ctx context.Context, agent string) (mailbox.State, er
 
 // oldestRef returns agent's oldest kept reference and its cursor; ok is
 // false when the mailbox keeps none.
-func oldestRef(agents *bolt.Bucket, agent string) (cursor uint64, r ref, ok bool, err error) {
+func oldestRef(agents *boltdb.Bucket, agent string) (cursor uint64, r ref, ok bool, err error) {
 	prefix := rowKey(agent, kindRef, "")
 	c := agents.Cursor()
 	for k, v := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
@@ -401,7 +400,7 @@ func compactionKey(sent int64, agent string) []byte {
 // queueCompaction enters agent in bucketMailboxCompaction when its oldest
 // kept reference is acknowledged (its cursor at or before acked). The key
 // depends only on that reference, so entering it again changes nothing.
-func queueCompaction(tx *bolt.Tx, agent string, acked uint64) error {
+func queueCompaction(tx *boltdb.Tx, agent string, acked uint64) error {
 	cursor, r, ok, err := oldestRef(tx.Bucket(bucketAgents), agent)
 	if err != nil || !ok || cursor > acked {
 		return err
@@ -416,7 +415,7 @@ func queueCompaction(tx *bolt.Tx, agent string, acked uint64) error {
 // migrateCompactionQueue builds schema 3's bucketMailboxCompaction from
 // the mailboxes' states and references (by then in bucketAgents:
 // migrateOlder runs after the rows have moved).
-func migrateCompactionQueue(tx *bolt.Tx) error {
+func migrateCompactionQueue(tx *boltdb.Tx) error {
 	agents := tx.Bucket(bucketAgents)
 	var names []string // collected first: queueCompaction walks agents
 	err := agents.ForEach(func(k, v []byte) error {
@@ -447,7 +446,7 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		n = 0
 		queue, agents, msgs := tx.Bucket(bucketMailboxCompaction), tx.Bucket(bucketAgents), tx.Bucket(bucketDialogues)
 		end := binary.BigEndian.AppendUint64(nil, uint64(before.UnixNano())) //nolint:gosec // times after 1970
@@ -510,7 +509,7 @@ func (s *Store) CompactMailboxes(ctx context.Context, before time.Time, limit in
 }
 
 // release drops one reference to message id, and the body with the last.
-func release(msgs *bolt.Bucket, id string) error {
+func release(msgs *boltdb.Bucket, id string) error {
 	left := uint64(0)
 	if v := msgs.Get(refCountKey(id)); len(v) == 8 {
 		left = binary.BigEndian.Uint64(v)

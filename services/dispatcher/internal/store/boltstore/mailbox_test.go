@@ -5,15 +5,14 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 )
 
 func bucketLen(t *testing.T, s *Store, bucket []byte) int {
 	t.Helper()
 	n := 0
-	if err := s.db.View(func(tx *bolt.Tx) error { n = tx.Bucket(bucket).Stats().KeyN; return nil }); err != nil {
+	if err := s.db.View(func(tx *boltdb.Tx) error { n = tx.Bucket(bucket).Stats().KeyN; return nil }); err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -24,7 +23,7 @@ func bucketLen(t *testing.T, s *Store, bucket []byte) int {
 func rowCount(t *testing.T, s *Store, bucket []byte, kind int) int {
 	t.Helper()
 	n := 0
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucket).ForEach(func(k, _ []byte) error {
 			if _, kd, _, record := splitRow(k); (record && kind < 0) || (!record && int(kd) == kind) {
 				n++

@@ -12,8 +12,6 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
@@ -25,13 +23,13 @@ import (
 // message, and its open one is kept.
 func TestOpen_migratesSchema1DialogueIndexes(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0).UTC()
-	put := func(tx *bolt.Tx, bucket []byte, key string, v any) {
+	put := func(tx *boltdb.Tx, bucket []byte, key string, v any) {
 		data, _ := json.Marshal(v)
 		if err := tx.Bucket(bucket).Put([]byte(key), data); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s := openSchema(t, 1, without(schema12Buckets(), bucketDialoguesClosed, bucketSweepDialogueRequests, legacyDialogueMessageIndex), func(tx *bolt.Tx) error {
+	s := openSchema(t, 1, without(schema12Buckets(), bucketDialoguesClosed, bucketSweepDialogueRequests, legacyDialogueMessageIndex), func(tx *boltdb.Tx) error {
 		put(tx, bucketDialogues, "closed", store.Dialogue{ID: "closed", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0, Closed: true})
 		put(tx, legacyDialogueMessages, "closed-m1", store.DialogueMessage{ID: "closed-m1", DialogueID: "closed", Sender: "clients/a/agents/a", Type: "x", Time: t0})
 		put(tx, bucketDialogues, "open", store.Dialogue{ID: "open", Initiator: "clients/a/agents/a", Category: "message", CreateTime: t0})
@@ -56,7 +54,7 @@ func TestOpen_migratesSchema2CompactionQueue(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	buckets := without(schema12Buckets(), bucketMailboxCompaction)
 	const bob = "clients/b/agents/bob"
-	s := openSchema(t, 2, buckets, func(tx *bolt.Tx) error {
+	s := openSchema(t, 2, buckets, func(tx *boltdb.Tx) error {
 		for i, id := range []string{"m1", "m2"} {
 			data, _ := json.Marshal(mailbox.Message{ID: id, DialogueID: "d", Category: mailbox.CategoryMessage, Type: "x", Time: t0})
 			if err := tx.Bucket(legacyMessages).Put([]byte(id), data); err != nil {
@@ -87,7 +85,7 @@ func TestOpen_migratesSchema3PaymentIndexes(t *testing.T) {
 	buckets := without(schema12Buckets(), bucketOpenPayments, bucketPaymentRequests, bucketNotificationRetries)
 	const alice, bob = "clients/a/agents/alice", "clients/b/agents/bob"
 	paid := time.Date(2026, 12, 2, 10, 0, 0, 123456000, time.UTC)
-	s := openSchema(t, 3, buckets, func(tx *bolt.Tx) error {
+	s := openSchema(t, 3, buckets, func(tx *boltdb.Tx) error {
 		for id, st := range map[string]store.PaymentState{"p1": store.PaymentAuthorized, "p2": store.PaymentReserved, "p3": store.PaymentCaptured} {
 			if err := putJSON(tx.Bucket(bucketPayments), []byte(id), store.Payment{ID: id, Payer: alice, Payee: bob, AmountMicros: 1, Currency: "USD", State: st, UpdateTime: paid}); err != nil {
 				return err
@@ -113,7 +111,7 @@ func TestOpen_migratesSchema5PaymentRequestIndex(t *testing.T) {
 	buckets := without(schema12Buckets(), bucketSweepPaymentRequests, bucketNotificationRetries)
 	const alice = "clients/a/agents/alice"
 	recorded := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-	s := openSchema(t, 5, buckets, func(tx *bolt.Tx) error {
+	s := openSchema(t, 5, buckets, func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketPaymentRequests)
 		for i, id := range []string{"r-old", "r-new"} {
 			at := recorded.Add(time.Duration(i) * time.Hour)
@@ -152,7 +150,7 @@ func TestOpen_migratesSchema6NotificationRetries(t *testing.T) {
 // acceptance's chain of messages recorded none), beside an offer's own.
 func TestOpen_migratesSchema7OfferTerms(t *testing.T) {
 	const bob = "clients/b/agents/bob"
-	s := openSchema(t, 7, schema12Buckets(), func(tx *bolt.Tx) error {
+	s := openSchema(t, 7, schema12Buckets(), func(tx *boltdb.Tx) error {
 		if err := tx.Bucket(bucketDialogues).Put([]byte("d1"), []byte(`{"id":"d1"}`)); err != nil { // SetOfferTerms needs it
 			return err
 		}
@@ -179,13 +177,13 @@ func TestOpen_migratesSchema8SweepIndexes(t *testing.T) {
 	buckets := without(schema12Buckets(), bucketSweepConversations, bucketSweepDialogueRequests)
 	const alice = "clients/a/agents/alice"
 	t0 := time.Unix(1_800_000_000, 0).UTC()
-	put := func(tx *bolt.Tx, bucket, key []byte, v any) {
+	put := func(tx *boltdb.Tx, bucket, key []byte, v any) {
 		data, _ := json.Marshal(v)
 		if err := tx.Bucket(bucket).Put(key, data); err != nil {
 			t.Fatal(err)
 		}
 	}
-	s := openSchema(t, 8, buckets, func(tx *bolt.Tx) error {
+	s := openSchema(t, 8, buckets, func(tx *boltdb.Tx) error {
 		for i, id := range []string{"c-old", "c-new"} {
 			c := store.Conversation{ID: id, Agent: alice, Peer: "p", CreateTime: t0, ExpireTime: t0.Add(time.Duration(i) * time.Hour)}
 			put(tx, bucketConversations, []byte(id), c)
@@ -229,7 +227,7 @@ func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
 	const alice = "clients/a/agents/alice"
 	// As schema 9's AddSpend and RemoveSpend wrote them: o-old and o-new
 	// counted, and a removed order's day left at 0.
-	s := openSchema(t, 9, buckets, func(tx *bolt.Tx) error {
+	s := openSchema(t, 9, buckets, func(tx *boltdb.Tx) error {
 		days, orders := tx.Bucket(bucketSpendDays), tx.Bucket(bucketSpendOrders)
 		for _, o := range []struct {
 			order, day string
@@ -251,7 +249,7 @@ func TestOpen_migratesSchema9SpendSweepIndex(t *testing.T) {
 		}
 	}
 	var left [][]byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucketSpendDays).ForEach(func(k, _ []byte) error { left = append(left, bytes.Clone(k)); return nil })
 	})
 	if err != nil {
@@ -281,7 +279,7 @@ func TestOpen_schema10JSONTimersFire(t *testing.T) {
 		{Dialogue: "d2", Initiator: "clients/a/agents/c", Counterpart: "clients/b/agents/s", Protocol: "p", Name: "offer_timeout", At: t0.Add(time.Second),
 			Retry: t0.Add(2 * time.Second), Failures: 3},
 	}
-	s := openSchema(t, 10, schema12Buckets(), func(tx *bolt.Tx) error {
+	s := openSchema(t, 10, schema12Buckets(), func(tx *boltdb.Tx) error {
 		for _, tm := range timers { // as schema 10's putTimers wrote them
 			if err := putJSON(tx.Bucket(bucketTimers), timerKey(tm), tm); err != nil {
 				return err
@@ -305,7 +303,7 @@ func TestOpen_schema10JSONTimersFire(t *testing.T) {
 	}
 	put := timers[1]
 	put.Failures, put.Retry = 4, t0.Add(time.Minute)
-	err = s.db.View(func(tx *bolt.Tx) error {
+	err = s.db.View(func(tx *boltdb.Tx) error {
 		if v := tx.Bucket(bucketTimers).Get(timerKey(put)); len(v) == 0 || v[0] == '{' {
 			t.Errorf("the timer put off is stored as %q, want the binary form", v)
 		}
@@ -334,7 +332,7 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 	const bob = "clients/b/agents/bob"
 	old := mailbox.Message{ID: "m1", DialogueID: "d", Sender: "clients/a/agents/alice", Category: mailbox.CategoryMessage, Type: "x",
 		InReplyTo: "m0", Body: []byte(`{"n":1}`), Time: t0}
-	s := openSchema(t, 10, schema12Buckets(), func(tx *bolt.Tx) error {
+	s := openSchema(t, 10, schema12Buckets(), func(tx *boltdb.Tx) error {
 		data, _ := json.Marshal(old) // as schema 10's appendOp wrote it
 		if err := tx.Bucket(legacyMessages).Put([]byte(old.ID), data); err != nil {
 			return err
@@ -353,7 +351,7 @@ func TestOpen_schema10JSONMessagesRead(t *testing.T) {
 	if _, _, err := s.AppendMessage(ctx, next, []string{bob}, mailbox.Bound{}); err != nil {
 		t.Fatal(err)
 	}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		if v := tx.Bucket(bucketDialogues).Get(bodyKey(next.ID)); len(v) == 0 || v[0] == '{' {
 			t.Errorf("the message appended is stored as %q, want the binary form", v)
 		}
@@ -400,7 +398,7 @@ func legacyState(st mailbox.State) []byte {
 // openSchema writes a new database as schema version left it (buckets,
 // filled by fill unless it is nil), then opens it with Open, which
 // migrates it. The store is closed when the test ends.
-func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *bolt.Tx) error) *Store {
+func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *boltdb.Tx) error) *Store {
 	t.Helper()
 	dir := t.TempDir()
 	writeSchemaFile(t, dir, version, buckets, fill)
@@ -414,7 +412,7 @@ func openSchema(t *testing.T, version int, buckets [][]byte, fill func(tx *bolt.
 
 // writeSchemaFile writes a new database in dir as schema version left it
 // (buckets, filled by fill unless it is nil).
-func writeSchemaFile(t *testing.T, dir string, version int, buckets [][]byte, fill func(tx *bolt.Tx) error) {
+func writeSchemaFile(t *testing.T, dir string, version int, buckets [][]byte, fill func(tx *boltdb.Tx) error) {
 	t.Helper()
 	old, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{Buckets: buckets, SchemaVersion: version, LockTimeout: time.Second})
 	if err != nil {
@@ -458,7 +456,7 @@ func TestOpen_migratesSchema12Regroup(t *testing.T) {
 		bob:   {Head: 2, Pending: 2, PendingBytes: 12},
 		carol: {Head: 2, Acked: 1, Pending: 1, PendingBytes: 5},
 	}
-	s := openSchema(t, 12, schema12Buckets(), func(tx *bolt.Tx) error { // as schema 12 wrote them
+	s := openSchema(t, 12, schema12Buckets(), func(tx *boltdb.Tx) error { // as schema 12 wrote them
 		for _, d := range dialogues {
 			if err := putJSON(tx.Bucket(bucketDialogues), []byte(d.ID), d); err != nil {
 				return err
@@ -507,7 +505,7 @@ func TestOpen_migratesSchema12Regroup(t *testing.T) {
 		return nil
 	})
 	ctx := t.Context()
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		for _, b := range legacyBuckets {
 			if tx.Bucket(b) != nil {
 				t.Errorf("bucket %s is still there after the migration", b)

@@ -6,8 +6,7 @@ import (
 	"encoding/json"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 )
 
@@ -37,7 +36,7 @@ func (s *Store) PutNotificationRetry(ctx context.Context, w notify.Waiting) erro
 	if err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucketNotificationRetries).Put(sequenceKey(w.Sequence), data)
 	})
 }
@@ -47,7 +46,7 @@ func (s *Store) DeleteNotificationRetry(ctx context.Context, seq uint64) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucketNotificationRetries).Delete(sequenceKey(seq))
 	})
 }
@@ -58,7 +57,7 @@ func (s *Store) NotificationRetries(ctx context.Context) ([]notify.Waiting, erro
 		return nil, err
 	}
 	var out []notify.Waiting
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucketNotificationRetries).ForEach(func(k, v []byte) error {
 			var r waitingRecord
 			if err := json.Unmarshal(v, &r); err != nil {

@@ -5,8 +5,7 @@ import (
 	"context"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -32,7 +31,7 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 		return store.Order{}, err
 	}
 	var out store.Order
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		var err error
 		out, err = recordOrder(tx, o, tr, open)
 		return err
@@ -41,7 +40,7 @@ func (s *Store) RecordOrder(ctx context.Context, o store.Order, tr store.OrderTr
 }
 
 // recordOrder is RecordOrder inside tx.
-func recordOrder(tx *bolt.Tx, o store.Order, tr store.OrderTransition, open bool) (store.Order, error) {
+func recordOrder(tx *boltdb.Tx, o store.Order, tr store.OrderTransition, open bool) (store.Order, error) {
 	orders, pairs := tx.Bucket(bucketOrders), tx.Bucket(bucketPairOrders)
 	pk := pairKey(o.Dialogue, store.Pair{A: o.Consumer, B: o.Supplier})
 	id := pairs.Get(pk)
@@ -79,7 +78,7 @@ func (s *Store) GetOrder(ctx context.Context, id string) (store.Order, error) {
 		return store.Order{}, err
 	}
 	var o store.Order
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		ok, err := getJSON(tx.Bucket(bucketOrders), []byte(id), &o)
 		if err == nil && !ok {
 			return resource.NotFound("order", id)
@@ -95,7 +94,7 @@ func (s *Store) ListOrders(ctx context.Context, agent string, state store.OrderS
 		return nil, err
 	}
 	var out []store.Order
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		prefix := join(agent, "")
 		c := tx.Bucket(bucketAgentOrders).Cursor()
 		k, _ := c.Seek(join(agent, after))

@@ -7,8 +7,7 @@ import (
 	"encoding/json"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -59,7 +58,7 @@ func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID st
 		return store.Payment{}, false, err
 	}
 	out, created := p, true
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		out, created = p, true // the transaction may be retried
 		b, requests := tx.Bucket(bucketPayments), tx.Bucket(bucketPaymentRequests)
 		rk := join(p.Payer, requestID)
@@ -103,7 +102,7 @@ func (s *Store) CreatePayment(ctx context.Context, p store.Payment, requestID st
 // indexPayment moves a payment's index entries from what old needed to
 // what p needs (either may be nil): bucketOpenPayments holds it unless
 // captured, bucketSweepPayments unless reserved.
-func indexPayment(tx *bolt.Tx, old, p *store.Payment) error {
+func indexPayment(tx *boltdb.Tx, old, p *store.Payment) error {
 	open, sweep := tx.Bucket(bucketOpenPayments), tx.Bucket(bucketSweepPayments)
 	if old != nil {
 		if err := open.Delete(join(old.Payer, old.ID)); err != nil {
@@ -134,7 +133,7 @@ func sweepKey(p store.Payment) []byte {
 // recordRequest records the request id key rk (payer + 0x00 + id) as
 // naming payment at time at, replacing the earlier record old (nil when
 // none) in bucketPaymentRequests and bucketSweepPaymentRequests.
-func recordRequest(tx *bolt.Tx, rk, old []byte, payment string, at time.Time) error {
+func recordRequest(tx *boltdb.Tx, rk, old []byte, payment string, at time.Time) error {
 	sweep := tx.Bucket(bucketSweepPaymentRequests)
 	if old != nil {
 		if err := sweep.Delete(append(bytes.Clone(requestTime(old)), rk...)); err != nil {
@@ -168,7 +167,7 @@ func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) 
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		b, sweep := tx.Bucket(bucketPayments), tx.Bucket(bucketSweepPayments)
 		keys := dueKeys(sweep, before, limit)
 		for _, k := range keys {
@@ -207,7 +206,7 @@ func (s *Store) SweepPayments(ctx context.Context, before time.Time, limit int) 
 // (an 8-byte Unix-nanosecond time, then the record's key) whose time is
 // before before. They are copies, collected before the caller deletes
 // anything: a bbolt cursor skips keys deleted while it walks.
-func dueKeys(b *bolt.Bucket, before time.Time, limit int) [][]byte {
+func dueKeys(b *boltdb.Bucket, before time.Time, limit int) [][]byte {
 	var keys [][]byte
 	c, cut := b.Cursor(), before.UnixNano()
 	for k, _ := c.First(); len(k) > 8 && readInt(k[:8]) < cut && len(keys) < limit; k, _ = c.Next() {
@@ -223,7 +222,7 @@ func dueKeys(b *bolt.Bucket, before time.Time, limit int) [][]byte {
 // that time is due: a record not due stays, its own entry put back (one
 // left by an older version, or moved by an update, is so repaired); a due
 // one loses its own entry too and remove removes it.
-func sweepIndexed(index *bolt.Bucket, due [][]byte, look func(k []byte) (own []byte, isDue bool, err error), remove func(k []byte) error) error {
+func sweepIndexed(index *boltdb.Bucket, due [][]byte, look func(k []byte) (own []byte, isDue bool, err error), remove func(k []byte) error) error {
 	for _, k := range due {
 		if err := index.Delete(k); err != nil {
 			return err
@@ -253,7 +252,7 @@ func sweepIndexed(index *bolt.Bucket, due [][]byte, look func(k []byte) (own []b
 }
 
 // countPrefix counts the keys of b that start with prefix.
-func countPrefix(b *bolt.Bucket, prefix []byte) int {
+func countPrefix(b *boltdb.Bucket, prefix []byte) int {
 	n := 0
 	c := b.Cursor()
 	for k, _ := c.Seek(prefix); k != nil && bytes.HasPrefix(k, prefix); k, _ = c.Next() {
@@ -264,7 +263,7 @@ func countPrefix(b *bolt.Bucket, prefix []byte) int {
 
 // migratePaymentIndexes builds bucketOpenPayments (schema version 4) and
 // bucketSweepPayments (5) from the payments.
-func migratePaymentIndexes(tx *bolt.Tx) error {
+func migratePaymentIndexes(tx *boltdb.Tx) error {
 	var open []store.Payment
 	err := tx.Bucket(bucketPayments).ForEach(func(_, v []byte) error {
 		var p store.Payment
@@ -287,7 +286,7 @@ func migratePaymentIndexes(tx *bolt.Tx) error {
 
 // migratePaymentRequestIndex builds bucketSweepPaymentRequests (schema
 // version 6) from bucketPaymentRequests.
-func migratePaymentRequestIndex(tx *bolt.Tx) error {
+func migratePaymentRequestIndex(tx *boltdb.Tx) error {
 	sweep := tx.Bucket(bucketSweepPaymentRequests)
 	return tx.Bucket(bucketPaymentRequests).ForEach(func(k, v []byte) error {
 		return sweep.Put(append(bytes.Clone(requestTime(v)), k...), nil)
@@ -303,7 +302,7 @@ func (s *Store) SweepPaymentRequests(ctx context.Context, before time.Time, limi
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		n = 0
 		sweep := tx.Bucket(bucketSweepPaymentRequests)
 		old := dueKeys(sweep, before, limit)
@@ -328,7 +327,7 @@ func (s *Store) GetPayment(ctx context.Context, id string) (store.Payment, error
 		return store.Payment{}, err
 	}
 	var p store.Payment
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		ok, err := getJSON(tx.Bucket(bucketPayments), []byte(id), &p)
 		if err == nil && !ok {
 			err = resource.NotFound("payment", id)
@@ -344,7 +343,7 @@ func (s *Store) UpdatePayment(ctx context.Context, id string, mutate func(*store
 		return store.Payment{}, err
 	}
 	var p store.Payment
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketPayments)
 		ok, err := getJSON(b, []byte(id), &p)
 		switch {
@@ -370,7 +369,7 @@ func (s *Store) AddSpend(ctx context.Context, sp store.Spend, check func(dayTota
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		orders, days := tx.Bucket(bucketSpendOrders), tx.Bucket(bucketSpendDays)
 		if orders.Get(join(sp.Agent, sp.Order)) != nil {
 			return nil
@@ -396,7 +395,7 @@ func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		return removeSpend(tx, join(agent, order))
 	})
 }
@@ -405,7 +404,7 @@ func (s *Store) RemoveSpend(ctx context.Context, agent, order string) error {
 // bucketSpendOrders and bucketSweepSpends, and its amount from its day's
 // total, which goes when it reaches 0 (reading as 0 when absent).
 // Removing an order not counted does nothing.
-func removeSpend(tx *bolt.Tx, ork []byte) error {
+func removeSpend(tx *boltdb.Tx, ork []byte) error {
 	orders, days := tx.Bucket(bucketSpendOrders), tx.Bucket(bucketSpendDays)
 	v := orders.Get(ork)
 	day, amount, found := bytes.Cut(v, []byte{0})
@@ -438,7 +437,7 @@ func (s *Store) SweepSpends(ctx context.Context, before time.Time, limit int) (i
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		n = 0
 		sweep := tx.Bucket(bucketSweepSpends)
 		var due [][]byte // collected first: never delete while walking a cursor
@@ -469,7 +468,7 @@ func (s *Store) SweepSpends(ctx context.Context, before time.Time, limit int) (i
 // migrateSpendSweepIndex builds bucketSweepSpends (schema version 10)
 // from bucketSpendOrders, and drops the day totals of 0 that RemoveSpend
 // left before it deleted them.
-func migrateSpendSweepIndex(tx *bolt.Tx) error {
+func migrateSpendSweepIndex(tx *boltdb.Tx) error {
 	sweep := tx.Bucket(bucketSweepSpends)
 	err := tx.Bucket(bucketSpendOrders).ForEach(func(k, v []byte) error {
 		day, _, _ := bytes.Cut(v, []byte{0})
@@ -502,7 +501,7 @@ func (s *Store) SetOfferTerms(ctx context.Context, dialogue, supplier, id string
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		// In the transaction: SweepDialogues removes a dialogue and its
 		// terms in one, so these are swept with it or never written.
 		if tx.Bucket(bucketDialogues).Get([]byte(dialogue)) == nil {
@@ -522,7 +521,7 @@ func (s *Store) RemoveOfferTerms(ctx context.Context, dialogue, supplier, id str
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucketOfferTerms).Delete(join(dialogue, supplier, id))
 	})
 }
@@ -535,7 +534,7 @@ func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (
 		return nil, err
 	}
 	var out json.RawMessage
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		if v := tx.Bucket(bucketOfferTerms).Get(join(dialogue, supplier, id)); len(v) >= 8 {
 			out = bytes.Clone(v[8:])
 		}
@@ -548,7 +547,7 @@ func (s *Store) OfferTerms(ctx context.Context, dialogue, supplier, id string) (
 // per pair (dialogue + 0x00 + supplier → terms), as the terms of no
 // message of their pair (message id "", sequence 0): what the server
 // reads for an acceptance whose chain of messages recorded none.
-func migrateOfferTerms(tx *bolt.Tx) error {
+func migrateOfferTerms(tx *boltdb.Tx) error {
 	b := tx.Bucket(bucketOfferTerms)
 	var old [][2][]byte
 	err := b.ForEach(func(k, v []byte) error {

@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/parleyhq/parley/platform/boltdb"
 )
 
@@ -107,7 +105,7 @@ func ownedRow(kind byte) func(k []byte) []byte {
 // (resumeRegroup) before it returns, and the older schemas' steps run at
 // the end (finishRegroup). Moving every row in this one transaction would
 // hold the whole file's rows and dirty pages in memory until it commits.
-func migrate(tx *bolt.Tx, from int) error {
+func migrate(tx *boltdb.Tx, from int) error {
 	if from < 13 {
 		b, err := tx.CreateBucket(bucketRegroup)
 		if err != nil {
@@ -125,7 +123,7 @@ func migrate(tx *bolt.Tx, from int) error {
 // files of 2026) need any of them, and the largest, from schema 1 or 2,
 // hold an index entry per dialogue message or a work-list entry per
 // mailbox.
-func migrateOlder(tx *bolt.Tx, from int) error {
+func migrateOlder(tx *boltdb.Tx, from int) error {
 	if from < 2 {
 		if err := migrateDialogueIndexes(tx); err != nil {
 			return err
@@ -174,7 +172,7 @@ func migrateOlder(tx *bolt.Tx, from int) error {
 // deadlines all go through the Store), so no reader sees a row half moved.
 func resumeRegroup(db *boltdb.DB, r Options) error {
 	from := -1
-	err := db.View(func(tx *bolt.Tx) error {
+	err := db.View(func(tx *boltdb.Tx) error {
 		if b := tx.Bucket(bucketRegroup); b != nil {
 			n, err := strconv.Atoi(string(b.Get(keyRegroupFrom)))
 			if err != nil {
@@ -204,7 +202,7 @@ func resumeRegroup(db *boltdb.DB, r Options) error {
 	moved, batches, logged := 0, 0, start
 	for {
 		var rows, size, left int
-		err := db.Update(func(tx *bolt.Tx) error {
+		err := db.Update(func(tx *boltdb.Tx) error {
 			var err error
 			rows, size, left, err = regroupBatch(tx, maxRows, maxBytes)
 			return err
@@ -228,7 +226,7 @@ func resumeRegroup(db *boltdb.DB, r Options) error {
 				slog.String("elapsed", time.Since(start).Round(time.Millisecond).String()))
 		}
 	}
-	if err := db.Update(func(tx *bolt.Tx) error { return finishRegroup(tx, from) }); err != nil {
+	if err := db.Update(func(tx *boltdb.Tx) error { return finishRegroup(tx, from) }); err != nil {
 		return fmt.Errorf("end the regroup: %w", err)
 	}
 	logger.Info("schema 12 rows moved; schema 13 migration done", slog.Int("rows_moved", moved), slog.Int("batches", batches),
@@ -241,7 +239,7 @@ func resumeRegroup(db *boltdb.DB, r Options) error {
 // keys and values read, into their rows (put in key order: putSorted), and
 // deletes them from the old buckets. left is how many old buckets still
 // hold rows.
-func regroupBatch(tx *bolt.Tx, maxRows, maxBytes int) (rows, size, left int, err error) {
+func regroupBatch(tx *boltdb.Tx, maxRows, maxBytes int) (rows, size, left int, err error) {
 	put := map[string][]kv{} // by the bucket they go to
 	for _, m := range regroupMoves {
 		from := tx.Bucket(m.from)
@@ -288,7 +286,7 @@ func regroupBatch(tx *bolt.Tx, maxRows, maxBytes int) (rows, size, left int, err
 // finishRegroup ends the regroup of a file that was at schema from: it
 // deletes the old buckets, which must be empty, runs the older schemas'
 // steps and deletes the mark, in one transaction.
-func finishRegroup(tx *bolt.Tx, from int) error {
+func finishRegroup(tx *boltdb.Tx, from int) error {
 	for _, b := range legacyBuckets {
 		old := tx.Bucket(b)
 		if old == nil {

@@ -38,7 +38,7 @@ func writeSchema12(t *testing.T, n int) schema12File {
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	f := schema12File{dir: t.TempDir(), n: n, refs: map[string]int{}}
 	agent := func(i int) string { return fmt.Sprintf("clients/c/agents/a%02d", i%20) }
-	writeSchemaFile(t, f.dir, 12, schema12Buckets(), func(tx *bolt.Tx) error {
+	writeSchemaFile(t, f.dir, 12, schema12Buckets(), func(tx *boltdb.Tx) error {
 		f.legacyRows = 0
 		clear(f.refs)
 		put := func(bucket, k, v []byte) error {
@@ -95,7 +95,7 @@ func writeSchema12(t *testing.T, n int) schema12File {
 func dumpRows(t *testing.T, db *boltdb.DB) map[string]string {
 	t.Helper()
 	rows := map[string]string{}
-	err := db.View(func(tx *bolt.Tx) error {
+	err := db.View(func(tx *boltdb.Tx) error {
 		for _, b := range [][]byte{bucketAgents, bucketDialogues} {
 			err := tx.Bucket(b).ForEach(func(k, v []byte) error {
 				rows[string(b)+"/"+string(k)] = string(v)
@@ -137,7 +137,7 @@ func checkRegrouped(t *testing.T, s *Store, f schema12File, want map[string]stri
 	if !maps.Equal(got, want) {
 		t.Errorf("rows after the regroup differ from those of a regroup in one batch (%d rows, want %d)", len(got), len(want))
 	}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		for _, b := range append([][]byte{bucketRegroup}, legacyBuckets...) {
 			if tx.Bucket(b) != nil {
 				t.Errorf("bucket %s is still there after the regroup", b)
@@ -282,7 +282,7 @@ func TestOpen_resumedRegroupRunsOlderSteps(t *testing.T) {
 	t0 := time.Unix(1_800_000_000, 0).UTC()
 	const bob = "clients/b/agents/bob"
 	dir := t.TempDir()
-	writeSchemaFile(t, dir, 2, without(schema12Buckets(), bucketMailboxCompaction), func(tx *bolt.Tx) error {
+	writeSchemaFile(t, dir, 2, without(schema12Buckets(), bucketMailboxCompaction), func(tx *boltdb.Tx) error {
 		for i, id := range []string{"m1", "m2"} {
 			if err := tx.Bucket(legacyMessages).Put([]byte(id), encodeMessage(mailbox.Message{ID: id, Time: t0})); err != nil {
 				return err

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"slices"
 
-	bolt "go.etcd.io/bbolt"
+	"github.com/parleyhq/parley/platform/boltdb"
 )
 
 // Row kinds (schema 13). The buckets agents and dialogues each keep
@@ -77,7 +77,7 @@ func splitRow(k []byte) (owner []byte, kind byte, rest []byte, record bool) {
 
 // ownRows returns copies of the keys in b of owner's record and rows:
 // the range from owner up to the first key that is neither.
-func ownRows(b *bolt.Bucket, owner string) [][]byte {
+func ownRows(b *boltdb.Bucket, owner string) [][]byte {
 	var keys [][]byte
 	c := b.Cursor()
 	for k, _ := c.Seek([]byte(owner)); k != nil && bytes.HasPrefix(k, []byte(owner)) && (len(k) == len(owner) || k[len(owner)] < 0x20); k, _ = c.Next() {
@@ -88,7 +88,7 @@ func ownRows(b *bolt.Bucket, owner string) [][]byte {
 
 // rowsOf returns copies of the keys of the rows of kind in b under
 // owner, in key order.
-func rowsOf(b *bolt.Bucket, owner string, kind byte) [][]byte {
+func rowsOf(b *boltdb.Bucket, owner string, kind byte) [][]byte {
 	prefix := rowKey(owner, kind, "")
 	var keys [][]byte
 	c := b.Cursor()
@@ -105,7 +105,7 @@ type kv struct{ k, v []byte }
 // bbolt's nodes only at its commit, so rows put out of order into one node
 // shift its entries each time, quadratic in a large migration; in order,
 // each lands after the one before.
-func putSorted(b *bolt.Bucket, rows []kv) error {
+func putSorted(b *boltdb.Bucket, rows []kv) error {
 	slices.SortFunc(rows, func(x, y kv) int { return bytes.Compare(x.k, y.k) })
 	for _, r := range rows {
 		if err := b.Put(r.k, r.v); err != nil {

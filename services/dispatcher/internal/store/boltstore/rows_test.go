@@ -15,8 +15,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
@@ -314,7 +313,7 @@ func checkRows(t *testing.T, s *Store, m *rowsModel) {
 			want[string(bucketDialogues)+"|"+string(refCountKey(id))] = "count"
 		}
 	}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		for _, b := range [][]byte{bucketAgents, bucketDialogues} {
 			err := tx.Bucket(b).ForEach(func(k, v []byte) error {
 				key := string(b) + "|" + string(k)
@@ -396,11 +395,11 @@ func regroupRandomRows(t *testing.T, version int, seed uint64) {
 			}
 		}
 	}
-	db, err := bolt.Open(filepath.Join(dir, FileName), 0o600, &bolt.Options{Timeout: time.Second})
+	db, err := boltdb.Open(filepath.Join(dir, FileName), boltdb.Options{SchemaVersion: schemaVersion, LockTimeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error { return ungroup(tx, version) }); err != nil {
+	if err := db.Update(func(tx *boltdb.Tx) error { return ungroup(tx, version) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := db.Close(); err != nil {
@@ -433,7 +432,7 @@ func regroupRandomRows(t *testing.T, version int, seed uint64) {
 // ungroup puts the rows of agents and dialogues back into schema 12's
 // buckets and marks the file version: before 3 without a compaction work
 // list, before 2 without the indexes of closed dialogues and of messages.
-func ungroup(tx *bolt.Tx, version int) error {
+func ungroup(tx *boltdb.Tx, version int) error {
 	for _, b := range legacyBuckets {
 		if _, err := tx.CreateBucket(b); err != nil {
 			return err
@@ -530,8 +529,8 @@ func ungroup(tx *bolt.Tx, version int) error {
 func dumpBuckets(t *testing.T, s *Store) map[string]string {
 	t.Helper()
 	out := map[string]string{}
-	err := s.db.View(func(tx *bolt.Tx) error {
-		return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
+		return tx.ForEach(func(name []byte, b *boltdb.Bucket) error {
 			if string(name) == "meta" {
 				return nil
 			}

@@ -6,8 +6,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
-
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/sweep"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -25,7 +24,7 @@ func TestSweepPayments_dropsStaleIndexEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	if err := s.db.Update(func(tx *bolt.Tx) error {
+	if err := s.db.Update(func(tx *boltdb.Tx) error {
 		for i := range stale {
 			if err := tx.Bucket(bucketSweepPayments).Put(append(putInt(int64(i+1)), fmt.Sprintf("gone%d", i)...), nil); err != nil {
 				return err
@@ -39,7 +38,7 @@ func TestSweepPayments_dropsStaleIndexEntries(t *testing.T) {
 		t.Errorf("SweepPayments in batches over %d stale index entries = %d, %v; want %d", stale, n, err, stale)
 	}
 	left := 0
-	if err := s.db.View(func(tx *bolt.Tx) error {
+	if err := s.db.View(func(tx *boltdb.Tx) error {
 		left = tx.Bucket(bucketSweepPayments).Stats().KeyN
 		return nil
 	}); err != nil {
@@ -121,14 +120,14 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 	ork := join("clients/c/agents/a", "order")
 	for _, tc := range []struct {
 		name          string
-		setup         func(tx *bolt.Tx) error
+		setup         func(tx *boltdb.Tx) error
 		sweep         func(s *Store) func(context.Context, time.Time, int) (int, error)
 		index, bucket []byte
 		key           []byte // the record's, in bucket
 		own, stale    []byte // its entries in index, now and before the update
 	}{{
 		name: "conversations",
-		setup: func(tx *bolt.Tx) error {
+		setup: func(tx *boltdb.Tx) error {
 			c := store.Conversation{ID: "conv", Peer: "peer", ExpireTime: now}
 			if err := tx.Bucket(bucketSweepConversations).Put(conversationSweepKey(c.ID, c.ExpireTime), nil); err != nil {
 				return err
@@ -140,7 +139,7 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 		own: conversationSweepKey("conv", now), stale: conversationSweepKey("conv", old),
 	}, {
 		name: "dialogue requests",
-		setup: func(tx *bolt.Tx) error {
+		setup: func(tx *boltdb.Tx) error {
 			k := join("alice", "r")
 			if err := tx.Bucket(bucketSweepDialogueRequests).Put(requestSweepKey(k, now), nil); err != nil {
 				return err
@@ -152,7 +151,7 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 		own: requestSweepKey(join("alice", "r"), now), stale: requestSweepKey(join("alice", "r"), old),
 	}, {
 		name: "payments",
-		setup: func(tx *bolt.Tx) error {
+		setup: func(tx *boltdb.Tx) error {
 			if err := indexPayment(tx, nil, &paid); err != nil {
 				return err
 			}
@@ -163,13 +162,13 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 		own: sweepKey(paid), stale: append(putInt(old.UnixNano()), paid.ID...),
 	}, {
 		name:  "payment requests",
-		setup: func(tx *bolt.Tx) error { return recordRequest(tx, rk, nil, paid.ID, now) },
+		setup: func(tx *boltdb.Tx) error { return recordRequest(tx, rk, nil, paid.ID, now) },
 		sweep: func(s *Store) func(context.Context, time.Time, int) (int, error) { return s.SweepPaymentRequests },
 		index: bucketSweepPaymentRequests, bucket: bucketPaymentRequests, key: rk,
 		own: append(putInt(now.UnixNano()), rk...), stale: append(putInt(old.UnixNano()), rk...),
 	}, {
 		name: "spends",
-		setup: func(tx *bolt.Tx) error {
+		setup: func(tx *boltdb.Tx) error {
 			day := now.Format(time.DateOnly)
 			if err := tx.Bucket(bucketSpendDays).Put(join("clients/c/agents/a", day), putInt(5)); err != nil {
 				return err
@@ -192,7 +191,7 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 					t.Fatal(err)
 				}
 				t.Cleanup(func() { s.Close() })
-				if err := s.db.Update(func(tx *bolt.Tx) error {
+				if err := s.db.Update(func(tx *boltdb.Tx) error {
 					if err := tc.setup(tx); err != nil {
 						return err
 					}
@@ -208,7 +207,7 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 				if _, err := sweep.InBatches(t.Context(), cut, tc.sweep(s)); err != nil {
 					t.Fatal(err)
 				}
-				if err := s.db.View(func(tx *bolt.Tx) error {
+				if err := s.db.View(func(tx *boltdb.Tx) error {
 					if tx.Bucket(tc.bucket).Get(tc.key) == nil {
 						t.Errorf("record %q gone after a sweep before its own time, by an entry of its old time", tc.key)
 					}
@@ -226,7 +225,7 @@ func TestSweeps_checkTheRecordsOwnTime(t *testing.T) {
 				if _, err := sweep.InBatches(t.Context(), now.Add(48*time.Hour), tc.sweep(s)); err != nil {
 					t.Fatal(err)
 				}
-				if err := s.db.View(func(tx *bolt.Tx) error {
+				if err := s.db.View(func(tx *boltdb.Tx) error {
 					if tx.Bucket(tc.bucket).Get(tc.key) != nil {
 						t.Errorf("record %q kept after a sweep past its own time", tc.key)
 					}

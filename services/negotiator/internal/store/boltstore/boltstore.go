@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	negotiatorv1 "github.com/parleyhq/parley/gen/parley/negotiator/v1"
@@ -72,7 +71,7 @@ func (s *Store) Close() error { return s.db.Close() }
 
 // get decodes key of b into m; a missing key is a *resource.Error
 // of kind.
-func get[T proto.Message](b *bolt.Bucket, kind, key string, m T) error {
+func get[T proto.Message](b *boltdb.Bucket, kind, key string, m T) error {
 	v := b.Get([]byte(key))
 	if v == nil {
 		return resource.NotFound(kind, key)
@@ -83,7 +82,7 @@ func get[T proto.Message](b *bolt.Bucket, kind, key string, m T) error {
 	return nil
 }
 
-func put(b *bolt.Bucket, key string, m proto.Message) error {
+func put(b *boltdb.Bucket, key string, m proto.Message) error {
 	v, err := proto.Marshal(m)
 	if err != nil {
 		return fmt.Errorf("encode %s: %w", key, err)
@@ -100,7 +99,7 @@ func (s *Store) AppendLedgerEntry(ctx context.Context, e *negotiatorv1.LedgerEnt
 	var out *negotiatorv1.LedgerEntry
 	// Batch may run the function again after a failed batch, so it starts
 	// from e each time and only assigns out at the end.
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketLedger)
 		seq, err := b.NextSequence()
 		if err != nil {
@@ -144,7 +143,7 @@ func (s *Store) ListLedgerEntries(ctx context.Context, f store.LedgerFilter, aft
 	}
 	var out []*negotiatorv1.LedgerEntry
 	next := ""
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketLedger).Cursor()
 		k, v := c.First()
 		if after != "" {
@@ -178,7 +177,7 @@ func (s *Store) Totals(ctx context.Context, key string) (*negotiatorv1.CostSumma
 		return nil, err
 	}
 	t := &negotiatorv1.CostSummary{}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		if err := get(tx.Bucket(bucketTotals), "cost total", key, t); err != nil && !errors.Is(err, store.ErrNotFound) {
 			return err
 		}
@@ -193,7 +192,7 @@ func (s *Store) GetVerdict(ctx context.Context, key string) (*negotiatorv1.Suita
 		return nil, err
 	}
 	v := &negotiatorv1.SuitabilityVerdict{}
-	err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketVerdicts), "verdict", key, v) })
+	err := s.db.View(func(tx *boltdb.Tx) error { return get(tx.Bucket(bucketVerdicts), "verdict", key, v) })
 	if err != nil {
 		return nil, err
 	}
@@ -205,7 +204,7 @@ func (s *Store) PutVerdict(ctx context.Context, key string, v *negotiatorv1.Suit
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
+	return s.db.Update(func(tx *boltdb.Tx) error { return put(tx.Bucket(bucketVerdicts), key, v) })
 }
 
 // CreateNegotiation implements store.Store.
@@ -213,7 +212,7 @@ func (s *Store) CreateNegotiation(ctx context.Context, n *negotiatorv1.Negotiati
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketNegotiations)
 		if b.Get([]byte(n.GetName())) != nil {
 			return resource.AlreadyExists("negotiation", n.GetName())
@@ -228,7 +227,7 @@ func (s *Store) GetNegotiation(ctx context.Context, name string) (*negotiatorv1.
 		return nil, err
 	}
 	n := &negotiatorv1.Negotiation{}
-	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketNegotiations), "negotiation", name, n) }); err != nil {
+	if err := s.db.View(func(tx *boltdb.Tx) error { return get(tx.Bucket(bucketNegotiations), "negotiation", name, n) }); err != nil {
 		return nil, err
 	}
 	return n, nil
@@ -248,7 +247,7 @@ func (s *Store) PutRoutineCandidate(ctx context.Context, c *negotiatorv1.Routine
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return put(tx.Bucket(bucketCandidates), c.GetName(), c) })
+	return s.db.Update(func(tx *boltdb.Tx) error { return put(tx.Bucket(bucketCandidates), c.GetName(), c) })
 }
 
 // GetRoutineCandidate implements store.Store.
@@ -257,7 +256,7 @@ func (s *Store) GetRoutineCandidate(ctx context.Context, name string) (*negotiat
 		return nil, err
 	}
 	c := &negotiatorv1.RoutineCandidate{}
-	if err := s.db.View(func(tx *bolt.Tx) error { return get(tx.Bucket(bucketCandidates), "routine candidate", name, c) }); err != nil {
+	if err := s.db.View(func(tx *boltdb.Tx) error { return get(tx.Bucket(bucketCandidates), "routine candidate", name, c) }); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -278,7 +277,7 @@ func update(ctx context.Context, db *boltdb.DB, bucket []byte, kind, key string,
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return db.Update(func(tx *bolt.Tx) error {
+	return db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucket)
 		if err := get(b, kind, key, m); err != nil {
 			return err

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -91,7 +90,7 @@ var allBuckets = [][]byte{bucketProtocols, bucketContent, bucketBySHA256, bucket
 // which migrate builds from the records.
 const schemaVersion = 2
 
-func migrate(tx *bolt.Tx, from int) error {
+func migrate(tx *boltdb.Tx, from int) error {
 	if from < 2 {
 		return migrateRequestSweepIndex(tx)
 	}
@@ -153,7 +152,7 @@ func (s *Store) CreateProtocol(ctx context.Context, p *registryv1.Protocol) (*re
 	)
 	// Batch may run the function more than once; it sets both results on
 	// every run.
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *boltdb.Tx) error {
 		stored, created = nil, false
 		b := tx.Bucket(bucketProtocols)
 		if old := b.Get(key); old != nil {
@@ -202,7 +201,7 @@ func (s *Store) GetProtocol(ctx context.Context, sha1 pd.Hash) (*registryv1.Prot
 		return nil, err
 	}
 	var p *registryv1.Protocol
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		val := tx.Bucket(bucketProtocols).Get(sha1[:])
 		if val == nil {
 			return resource.NotFound("protocol", sha1.Hex())
@@ -231,7 +230,7 @@ func (s *Store) ListProtocols(ctx context.Context, opts store.ListOptions) ([]*r
 		}
 	}
 	var out []*registryv1.Protocol
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketProtocols).Cursor()
 		k, v := c.Seek(after)
 		if k != nil && after != nil && bytes.Equal(k, after) {
@@ -261,7 +260,7 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store
 		return nil, err
 	}
 	a = proto.Clone(a).(*registryv1.Agent)
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		if done, err := recorded(tx, requestID); done != nil || err != nil {
 			a = done
 			return err
@@ -287,7 +286,7 @@ func (s *Store) CreateAgent(ctx context.Context, a *registryv1.Agent, key *store
 }
 
 // recorded returns the agent recorded for requestID, or nil.
-func recorded(tx *bolt.Tx, requestID string) (*registryv1.Agent, error) {
+func recorded(tx *boltdb.Tx, requestID string) (*registryv1.Agent, error) {
 	if requestID == "" {
 		return nil, nil
 	}
@@ -299,7 +298,7 @@ func recorded(tx *bolt.Tx, requestID string) (*registryv1.Agent, error) {
 }
 
 // record stores a as requestID's result.
-func record(tx *bolt.Tx, requestID string, a *registryv1.Agent) error {
+func record(tx *boltdb.Tx, requestID string, a *registryv1.Agent) error {
 	if requestID == "" {
 		return nil
 	}
@@ -333,7 +332,7 @@ func requestSweepKey(requestID string, v []byte) []byte {
 
 // migrateRequestSweepIndex builds bucketSweepRequests (schema version 2)
 // from bucketRequests.
-func migrateRequestSweepIndex(tx *bolt.Tx) error {
+func migrateRequestSweepIndex(tx *boltdb.Tx) error {
 	sweep := tx.Bucket(bucketSweepRequests)
 	return tx.Bucket(bucketRequests).ForEach(func(k, v []byte) error {
 		return sweep.Put(requestSweepKey(string(k), v), nil)
@@ -351,7 +350,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 	}
 	cutoff := before.UnixNano()
 	var dropped int
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		sweep := tx.Bucket(bucketSweepRequests)
 		var old [][]byte // collected first: never delete while walking a cursor
 		c := sweep.Cursor()
@@ -387,7 +386,7 @@ func (s *Store) SweepRequests(ctx context.Context, before time.Time, limit int) 
 	return dropped, err
 }
 
-func putAgent(b *bolt.Bucket, a *registryv1.Agent) error {
+func putAgent(b *boltdb.Bucket, a *registryv1.Agent) error {
 	seq, err := b.NextSequence()
 	if err != nil {
 		return err
@@ -414,7 +413,7 @@ func (s *Store) GetAgent(ctx context.Context, name string) (*registryv1.Agent, e
 		return nil, err
 	}
 	var a *registryv1.Agent
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		val := tx.Bucket(bucketAgents).Get([]byte(name))
 		if val == nil {
 			return resource.NotFound("agent", name)
@@ -440,7 +439,7 @@ func (s *Store) ListAgents(ctx context.Context, opts store.ListOptions) ([]*regi
 		start = []byte(opts.After)
 	}
 	var out []*registryv1.Agent
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketAgents).Cursor()
 		k, v := c.Seek(start)
 		if k != nil && opts.After != "" && string(k) == opts.After {
@@ -463,7 +462,7 @@ func (s *Store) DeleteAgent(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketAgents)
 		if b.Get([]byte(name)) == nil {
 			return resource.NotFound("agent", name)
@@ -487,7 +486,7 @@ func (s *Store) UpdateAgent(ctx context.Context, name, requestID string, mutate 
 		return nil, err
 	}
 	var a *registryv1.Agent
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		var err error
 		if a, err = recorded(tx, requestID); a != nil || err != nil {
 			return err

@@ -5,9 +5,8 @@ import (
 	"context"
 	"strings"
 
-	bolt "go.etcd.io/bbolt"
-
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
@@ -25,7 +24,7 @@ func (s *Store) Follow(ctx context.Context, follower, agent string) (bool, error
 		return false, err
 	}
 	var created bool
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		created = false
 		agents := tx.Bucket(bucketAgents)
 		for _, name := range []string{follower, agent} {
@@ -57,7 +56,7 @@ func (s *Store) Unfollow(ctx context.Context, follower, agent string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		if tx.Bucket(bucketAgents).Get([]byte(follower)) == nil {
 			return resource.NotFound("agent", follower)
 		}
@@ -93,7 +92,7 @@ func (s *Store) listEdges(ctx context.Context, bucket []byte, from string, opts 
 	}
 	prefix := []byte(from + edgeSep)
 	var out []string
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		out = scanPrefix(tx.Bucket(bucket), prefix, opts)
 		return nil
 	})
@@ -102,7 +101,7 @@ func (s *Store) listEdges(ctx context.Context, bucket []byte, from string, opts 
 
 // scanPrefix returns the keys under prefix, without it, that sort after
 // prefix+opts.After, at most opts.Limit.
-func scanPrefix(b *bolt.Bucket, prefix []byte, opts store.ListOptions) []string {
+func scanPrefix(b *boltdb.Bucket, prefix []byte, opts store.ListOptions) []string {
 	var out []string
 	_ = walkPrefix(b, prefix, opts, func(k, _ []byte) error {
 		out = append(out, string(k[len(prefix):]))
@@ -114,7 +113,7 @@ func scanPrefix(b *bolt.Bucket, prefix []byte, opts store.ListOptions) []string 
 // walkPrefix calls fn for the keys under prefix that sort after
 // prefix+opts.After, at most opts.Limit of them, stopping at fn's first
 // error.
-func walkPrefix(b *bolt.Bucket, prefix []byte, opts store.ListOptions, fn func(k, v []byte) error) error {
+func walkPrefix(b *boltdb.Bucket, prefix []byte, opts store.ListOptions, fn func(k, v []byte) error) error {
 	c := b.Cursor()
 	k, v := c.Seek(prefix)
 	if opts.After != "" {
@@ -138,7 +137,7 @@ func (s *Store) IsFollowing(ctx context.Context, follower, agent string) (bool, 
 		return false, err
 	}
 	var ok bool
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		ok = tx.Bucket(bucketFollowing).Get(edge(follower, agent)) != nil
 		return nil
 	})
@@ -150,7 +149,7 @@ func (s *Store) JoinClientGroup(ctx context.Context, agent string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		if tx.Bucket(bucketAgents).Get([]byte(agent)) == nil {
 			return resource.NotFound("agent", agent)
 		}
@@ -163,7 +162,7 @@ func (s *Store) LeaveClientGroup(ctx context.Context, agent string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		if tx.Bucket(bucketAgents).Get([]byte(agent)) == nil {
 			return resource.NotFound("agent", agent)
 		}
@@ -179,7 +178,7 @@ func (s *Store) ListClientGroupMembers(ctx context.Context, client string, opts 
 	}
 	prefix := []byte(client + "/agents/")
 	var out []string
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		after := opts
 		after.After = strings.TrimPrefix(opts.After, string(prefix))
 		for _, id := range scanPrefix(tx.Bucket(bucketClientGroups), prefix, after) {
@@ -196,7 +195,7 @@ func (s *Store) InClientGroup(ctx context.Context, agent string) (bool, error) {
 		return false, err
 	}
 	var ok bool
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		ok = tx.Bucket(bucketClientGroups).Get([]byte(agent)) != nil
 		return nil
 	})
@@ -206,7 +205,7 @@ func (s *Store) InClientGroup(ctx context.Context, agent string) (bool, error) {
 // deleteConnections removes agent's follows both ways and its membership,
 // inside the transaction deleting the agent. Keys are collected before
 // any is deleted: never delete while walking a cursor.
-func deleteConnections(tx *bolt.Tx, agent string) error {
+func deleteConnections(tx *boltdb.Tx, agent string) error {
 	all := store.ListOptions{Limit: int(^uint(0) >> 1)}
 	following, followers := tx.Bucket(bucketFollowing), tx.Bucket(bucketFollowers)
 	prefix := []byte(agent + edgeSep)

@@ -8,18 +8,18 @@ import (
 	"encoding/hex"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/resource"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
 // groupTx implements store.GroupWriter over one bbolt transaction.
 type groupTx struct {
-	tx       *bolt.Tx
+	tx       *boltdb.Tx
 	maxNotes int
 }
 
@@ -28,7 +28,7 @@ func (s *Store) ViewGroups(ctx context.Context, fn func(store.GroupReader) error
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.View(func(tx *bolt.Tx) error { return fn(&groupTx{tx: tx}) })
+	return s.db.View(func(tx *boltdb.Tx) error { return fn(&groupTx{tx: tx}) })
 }
 
 // UpdateGroups implements store.Store.
@@ -36,7 +36,7 @@ func (s *Store) UpdateGroups(ctx context.Context, fn func(store.GroupWriter) err
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return fn(&groupTx{tx: tx, maxNotes: s.maxOutbox}) })
+	return s.db.Update(func(tx *boltdb.Tx) error { return fn(&groupTx{tx: tx, maxNotes: s.maxOutbox}) })
 }
 
 // SetOutboxLimit changes how many notifications the outbox keeps
@@ -168,7 +168,7 @@ func (g *groupTx) Notify(n *registryv1.Notification) error {
 
 // notify appends n to the outbox under the bucket's next sequence and
 // drops the oldest entries beyond maxNotes (store.MaxOutbox when 0).
-func notify(tx *bolt.Tx, n *registryv1.Notification, maxNotes int) error {
+func notify(tx *boltdb.Tx, n *registryv1.Notification, maxNotes int) error {
 	if maxNotes <= 0 {
 		maxNotes = store.MaxOutbox
 	}
@@ -213,7 +213,7 @@ func (s *Store) SearchGroups(ctx context.Context, opts store.ListOptions) ([]*re
 		return nil, err
 	}
 	var out []*registryv1.Group
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketGroups).Cursor()
 		k, v := c.First()
 		if opts.After != "" {
@@ -244,7 +244,7 @@ func (s *Store) ListNotifications(ctx context.Context, after uint64, limit int) 
 		out   []*registryv1.Notification
 		first uint64
 	)
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketOutbox).Cursor()
 		if k, _ := c.First(); k != nil {
 			first = binary.BigEndian.Uint64(k)
@@ -267,7 +267,7 @@ func (s *Store) TrimNotifications(ctx context.Context, through uint64, limit int
 		return 0, err
 	}
 	n := 0
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketOutbox)
 		var old [][]byte // collected first: never delete while walking a cursor
 		c := b.Cursor()
@@ -287,7 +287,7 @@ func (s *Store) TrimNotifications(ctx context.Context, through uint64, limit int
 
 // scanValues decodes the values of the keys "from NUL x" after
 // "from NUL opts.After", at most opts.Limit.
-func scanValues[T proto.Message](b *bolt.Bucket, from string, opts store.ListOptions, newT func() T) ([]T, error) {
+func scanValues[T proto.Message](b *boltdb.Bucket, from string, opts store.ListOptions, newT func() T) ([]T, error) {
 	var out []T
 	err := walkPrefix(b, []byte(from+edgeSep), opts, func(_, v []byte) error {
 		m, err := resource.Decode(v, newT())
@@ -297,7 +297,7 @@ func scanValues[T proto.Message](b *bolt.Bucket, from string, opts store.ListOpt
 	return out, err
 }
 
-func put(b *bolt.Bucket, key []byte, m proto.Message) error {
+func put(b *boltdb.Bucket, key []byte, m proto.Message) error {
 	v, err := proto.Marshal(m)
 	if err != nil {
 		return err
@@ -307,7 +307,7 @@ func put(b *bolt.Bucket, key []byte, m proto.Message) error {
 
 // deleteGroupRecords removes agent's memberships, invites and join
 // requests, inside the transaction deleting the agent.
-func deleteGroupRecords(tx *bolt.Tx, agent string) error {
+func deleteGroupRecords(tx *boltdb.Tx, agent string) error {
 	all := store.ListOptions{Limit: int(^uint(0) >> 1)}
 	g := &groupTx{tx: tx}
 	for _, path := range scanPrefix(tx.Bucket(bucketAgentGroups), []byte(agent+edgeSep), all) {

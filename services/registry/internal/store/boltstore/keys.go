@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"slices"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/registry/internal/store"
 )
 
@@ -23,7 +23,7 @@ func (s *Store) CreateClient(ctx context.Context, c *registryv1.Client, key stor
 	if err != nil {
 		return nil, err
 	}
-	err = s.db.Update(func(tx *bolt.Tx) error {
+	err = s.db.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketClients)
 		if b.Get([]byte(c.GetName())) != nil {
 			return fmt.Errorf("client %s: %w", c.GetName(), store.ErrAlreadyExists)
@@ -45,7 +45,7 @@ func (s *Store) GetClient(ctx context.Context, name string) (*registryv1.Client,
 		return nil, err
 	}
 	c := &registryv1.Client{}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		val := tx.Bucket(bucketClients).Get([]byte(name))
 		if val == nil {
 			return fmt.Errorf("client %s: %w", name, store.ErrNotFound)
@@ -64,7 +64,7 @@ func (s *Store) ListClients(ctx context.Context, opts store.ListOptions) ([]*reg
 		return nil, err
 	}
 	var out []*registryv1.Client
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		c := tx.Bucket(bucketClients).Cursor()
 		k, v := c.First()
 		if opts.After != "" {
@@ -89,7 +89,7 @@ func (s *Store) CreateKey(ctx context.Context, k store.StoredKey) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		parent := store.KeyParent(k.Key.GetName())
 		if !ownerExists(tx, parent) {
 			return fmt.Errorf("%s: %w", parent, store.ErrNotFound)
@@ -107,7 +107,7 @@ func (s *Store) ListKeys(ctx context.Context, parent string) ([]*registryv1.Key,
 		return nil, err
 	}
 	var out []*registryv1.Key
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		ids := tx.Bucket(bucketKeyNames)
 		for _, name := range keyNames(tx, parent) {
 			k, err := getKey(tx, string(ids.Get(name)))
@@ -129,7 +129,7 @@ func (s *Store) DeleteKey(ctx context.Context, name string) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error { return deleteKey(tx, name) })
+	return s.db.Update(func(tx *boltdb.Tx) error { return deleteKey(tx, name) })
 }
 
 // RotateKey implements store.Store.
@@ -140,7 +140,7 @@ func (s *Store) RotateKey(ctx context.Context, old string, k store.StoredKey) er
 	if store.KeyParent(old) != store.KeyParent(k.Key.GetName()) {
 		return fmt.Errorf("rotate %s: the new key %s has another owner", old, k.Key.GetName())
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		if err := deleteKey(tx, old); err != nil {
 			return err
 		}
@@ -154,7 +154,7 @@ func (s *Store) GetKeyByID(ctx context.Context, id string) (store.StoredKey, err
 		return store.StoredKey{}, err
 	}
 	var k store.StoredKey
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		var err error
 		k, err = getKey(tx, id)
 		return err
@@ -162,7 +162,7 @@ func (s *Store) GetKeyByID(ctx context.Context, id string) (store.StoredKey, err
 	return k, err
 }
 
-func putKey(tx *bolt.Tx, k store.StoredKey) error {
+func putKey(tx *boltdb.Tx, k store.StoredKey) error {
 	key := proto.Clone(k.Key).(*registryv1.Key)
 	key.Secret = "" // never stored, whatever the caller left in it
 	val, err := proto.Marshal(key)
@@ -179,7 +179,7 @@ func putKey(tx *bolt.Tx, k store.StoredKey) error {
 	return tx.Bucket(bucketKeyNames).Put([]byte(key.GetName()), []byte(k.ID))
 }
 
-func getKey(tx *bolt.Tx, id string) (store.StoredKey, error) {
+func getKey(tx *boltdb.Tx, id string) (store.StoredKey, error) {
 	val := tx.Bucket(bucketKeys).Get([]byte(id))
 	if val == nil {
 		return store.StoredKey{}, fmt.Errorf("key id %s: %w", id, store.ErrNotFound)
@@ -195,7 +195,7 @@ func getKey(tx *bolt.Tx, id string) (store.StoredKey, error) {
 	return k, nil
 }
 
-func deleteKey(tx *bolt.Tx, name string) error {
+func deleteKey(tx *boltdb.Tx, name string) error {
 	names := tx.Bucket(bucketKeyNames)
 	id := names.Get([]byte(name))
 	if id == nil {
@@ -208,7 +208,7 @@ func deleteKey(tx *bolt.Tx, name string) error {
 }
 
 // deleteKeys removes every key of owner.
-func deleteKeys(tx *bolt.Tx, owner string) error {
+func deleteKeys(tx *boltdb.Tx, owner string) error {
 	for _, name := range keyNames(tx, owner) {
 		if err := deleteKey(tx, string(name)); err != nil {
 			return err
@@ -219,7 +219,7 @@ func deleteKeys(tx *bolt.Tx, owner string) error {
 
 // keyNames returns the names of owner's keys, copied so that the caller
 // may delete them (never while walking the cursor).
-func keyNames(tx *bolt.Tx, owner string) [][]byte {
+func keyNames(tx *boltdb.Tx, owner string) [][]byte {
 	prefix := []byte(owner + "/keys/")
 	var out [][]byte
 	c := tx.Bucket(bucketKeyNames).Cursor()
@@ -230,7 +230,7 @@ func keyNames(tx *bolt.Tx, owner string) [][]byte {
 }
 
 // ownerExists reports whether a client or agent named name is stored.
-func ownerExists(tx *bolt.Tx, name string) bool {
+func ownerExists(tx *boltdb.Tx, name string) bool {
 	if tx.Bucket(bucketAgents).Get([]byte(name)) != nil {
 		return true
 	}

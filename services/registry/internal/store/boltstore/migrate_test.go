@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
@@ -25,7 +24,7 @@ func TestOpen_migratesSchema1RequestSweepIndex(t *testing.T) {
 		t.Fatal(err)
 	}
 	recorded := time.Date(2026, 12, 2, 10, 0, 0, 0, time.UTC)
-	err = old.Update(func(tx *bolt.Tx) error {
+	err = old.Update(func(tx *boltdb.Tx) error {
 		b := tx.Bucket(bucketRequests)
 		for i, id := range []string{"r-old", "r-new"} {
 			data, err := proto.Marshal(&registryv1.Agent{Name: "clients/acme/agents/" + id})

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
+	"github.com/parleyhq/parley/platform/boltdb"
 )
 
 // The request-id sweep checks an index entry against its record: a
@@ -27,7 +27,7 @@ func TestSweepRequests_checksTheRecordsOwnTime(t *testing.T) {
 	record := append(at(now), 0x0a, 0)
 	own, stale := append(at(now), "r"...), append(at(old), "r"...)
 	gone := append(at(old), "gone"...)
-	if err := s.db.Update(func(tx *bolt.Tx) error {
+	if err := s.db.Update(func(tx *boltdb.Tx) error {
 		for _, k := range [][]byte{own, stale, gone} {
 			if err := tx.Bucket(bucketSweepRequests).Put(k, nil); err != nil {
 				return err
@@ -40,7 +40,7 @@ func TestSweepRequests_checksTheRecordsOwnTime(t *testing.T) {
 	if n, err := s.SweepRequests(t.Context(), cut, 10); err != nil || n != 2 {
 		t.Errorf("SweepRequests(between) = %d, %v; want 2 (both stale entries consumed)", n, err)
 	}
-	if err := s.db.View(func(tx *bolt.Tx) error {
+	if err := s.db.View(func(tx *boltdb.Tx) error {
 		if tx.Bucket(bucketRequests).Get([]byte("r")) == nil {
 			t.Error("request id r forgotten by an entry of an earlier time than its record's")
 		}

@@ -20,7 +20,6 @@ import (
 	"path/filepath"
 	"time"
 
-	bolt "go.etcd.io/bbolt"
 	"google.golang.org/protobuf/proto"
 
 	tasksv1 "github.com/parleyhq/parley/gen/parley/tasks/v1"
@@ -76,7 +75,7 @@ func Open(dir string, lockTimeout time.Duration) (*Store, error) {
 	db, err := boltdb.Open(path, boltdb.Options{
 		Buckets:       allBuckets,
 		SchemaVersion: schemaVersion,
-		Migrate: func(_ *bolt.Tx, from int) error {
+		Migrate: func(_ *boltdb.Tx, from int) error {
 			return fmt.Errorf("schema version %d was written by a pre-release tasks service (artifact bytes stored by file name) and is not migrated; move %s and %s aside to start afresh", from, path, filepath.Join(dir, "artifacts"))
 		},
 		LockTimeout: lockTimeout,
@@ -97,7 +96,7 @@ func key(parts ...[]byte) []byte { return bytes.Join(parts, []byte{0}) }
 
 func seqBytes(n uint64) []byte { return binary.BigEndian.AppendUint64(nil, n) }
 
-func getTask(tx *bolt.Tx, taskID string) (*tasksv1.Task, error) {
+func getTask(tx *boltdb.Tx, taskID string) (*tasksv1.Task, error) {
 	v := tx.Bucket(bucketTasks).Get([]byte(taskID))
 	if v == nil {
 		return nil, resource.NotFound("task", "tasks/"+taskID)
@@ -109,7 +108,7 @@ func getTask(tx *bolt.Tx, taskID string) (*tasksv1.Task, error) {
 	return t, nil
 }
 
-func put(b *bolt.Bucket, k []byte, m proto.Message) error {
+func put(b *boltdb.Bucket, k []byte, m proto.Message) error {
 	v, err := proto.Marshal(m)
 	if err != nil {
 		return err
@@ -123,7 +122,7 @@ func (s *Store) CreateTask(ctx context.Context, t *tasksv1.Task) error {
 		return err
 	}
 	id := resource.ID(t.GetName())
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		tasks := tx.Bucket(bucketTasks)
 		if tasks.Get([]byte(id)) != nil {
 			return resource.AlreadyExists("task", t.GetName())
@@ -151,7 +150,7 @@ func (s *Store) GetTask(ctx context.Context, taskID string) (*tasksv1.Task, erro
 		return nil, err
 	}
 	var t *tasksv1.Task
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		var err error
 		t, err = getTask(tx, taskID)
 		return err
@@ -166,7 +165,7 @@ func (s *Store) ListTasks(ctx context.Context, agent string, offset, limit int) 
 	}
 	var out []*tasksv1.Task
 	var total int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		if v := tx.Bucket(bucketAgentCounts).Get([]byte(agent)); v != nil {
 			total = int(binary.BigEndian.Uint64(v))
 		}
@@ -193,7 +192,7 @@ func (s *Store) UpdateTask(ctx context.Context, taskID string, mutate func(*task
 		return nil, err
 	}
 	var out *tasksv1.Task
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -216,7 +215,7 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -249,14 +248,14 @@ func (s *Store) CreateStep(ctx context.Context, taskID string, in *tasksv1.Step,
 	return out, nil
 }
 
-func setPending(tx *bolt.Tx, k []byte, st *tasksv1.Step) error {
+func setPending(tx *boltdb.Tx, k []byte, st *tasksv1.Step) error {
 	if st.GetStatus() == tasksv1.Step_STATUS_CREATED {
 		return tx.Bucket(bucketPending).Put(k, nil)
 	}
 	return tx.Bucket(bucketPending).Delete(k)
 }
 
-func getStep(tx *bolt.Tx, ref store.StepRef) ([]byte, *tasksv1.Step, error) {
+func getStep(tx *boltdb.Tx, ref store.StepRef) ([]byte, *tasksv1.Step, error) {
 	k := key([]byte(ref.TaskID), []byte(ref.StepID))
 	v := tx.Bucket(bucketSteps).Get(k)
 	if v == nil {
@@ -275,7 +274,7 @@ func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, 
 		return nil, err
 	}
 	var st *tasksv1.Step
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		var err error
 		_, st, err = getStep(tx, ref)
 		return err
@@ -285,7 +284,7 @@ func (s *Store) GetStep(ctx context.Context, ref store.StepRef) (*tasksv1.Step, 
 
 // listChildren pages through bucket b's items of a task, decoding each
 // with decode.
-func listChildren[T proto.Message](tx *bolt.Tx, b []byte, taskID string, offset, limit int, newT func() T) ([]T, error) {
+func listChildren[T proto.Message](tx *boltdb.Tx, b []byte, taskID string, offset, limit int, newT func() T) ([]T, error) {
 	var out []T
 	prefix := append([]byte(taskID), 0)
 	c := tx.Bucket(b).Cursor()
@@ -306,7 +305,7 @@ func (s *Store) ListSteps(ctx context.Context, taskID string, offset, limit int)
 	}
 	var out []*tasksv1.Step
 	var total int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		if _, err := getTask(tx, taskID); err != nil {
 			return err
 		}
@@ -333,7 +332,7 @@ func (s *Store) UpdateStep(ctx context.Context, ref store.StepRef, mutate func(*
 		return nil, err
 	}
 	var out *tasksv1.Step
-	err := s.db.Update(func(tx *bolt.Tx) error {
+	err := s.db.Update(func(tx *boltdb.Tx) error {
 		t, err := getTask(tx, ref.TaskID)
 		if err != nil {
 			return err
@@ -376,7 +375,7 @@ func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
 		return nil, err
 	}
 	var out []store.StepRef
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		return tx.Bucket(bucketPending).ForEach(func(k, _ []byte) error {
 			task, step, ok := bytes.Cut(k, []byte{0})
 			if !ok {
@@ -390,7 +389,7 @@ func (s *Store) ListPending(ctx context.Context) ([]store.StepRef, error) {
 }
 
 // addArtifact stores a as t's next artifact; the caller stores t.
-func addArtifact(tx *bolt.Tx, t *tasksv1.Task, a *tasksv1.Artifact) error {
+func addArtifact(tx *boltdb.Tx, t *tasksv1.Task, a *tasksv1.Artifact) error {
 	taskID := resource.ID(t.GetName())
 	idx := tx.Bucket(bucketArtifactIndex)
 	ik := key([]byte(taskID), []byte(resource.ID(a.GetName())))
@@ -410,7 +409,7 @@ func (s *Store) CreateArtifact(ctx context.Context, taskID string, a *tasksv1.Ar
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	return s.db.Update(func(tx *bolt.Tx) error {
+	return s.db.Update(func(tx *boltdb.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
@@ -429,7 +428,7 @@ func (s *Store) GetArtifact(ctx context.Context, taskID, artifactID string) (*ta
 		return nil, err
 	}
 	a := &tasksv1.Artifact{}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		seq := tx.Bucket(bucketArtifactIndex).Get(key([]byte(taskID), []byte(artifactID)))
 		if seq == nil {
 			return resource.NotFound("artifact", "tasks/"+taskID+"/artifacts/"+artifactID)
@@ -449,7 +448,7 @@ func (s *Store) ListArtifacts(ctx context.Context, taskID string, offset, limit 
 	}
 	var out []*tasksv1.Artifact
 	var total int
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.db.View(func(tx *boltdb.Tx) error {
 		t, err := getTask(tx, taskID)
 		if err != nil {
 			return err
