@@ -16,12 +16,19 @@ import (
 type Tx struct {
 	tx  *bolt.Tx
 	rec *recorder // nil when not recording
+	// buckets holds the Buckets handed out, a chunk at a time (a write
+	// looks up ten or so), and paths their recorded paths: one allocation
+	// per chunk instead of one per lookup. A chunk lives as long as any
+	// Bucket in it.
+	buckets []Bucket
+	paths   []byte
 }
 
 // Bucket is a bucket of a Tx.
 type Bucket struct {
 	b   *bolt.Bucket
-	rec *recorder
+	tx  *Tx
+	rec *recorder // tx.rec
 	// path is this bucket's names from the root, encoded as in a record
 	// (uvarint length, name, for each), and depth their count; both are
 	// kept only when recording.
@@ -62,16 +69,35 @@ func (tx *Tx) ReadOnly() *bolt.Tx {
 	return tx.tx
 }
 
-// child wraps bbolt's top-level bucket b, named name.
-func (tx *Tx) child(b *bolt.Bucket, name []byte) *Bucket {
+// bucket wraps bbolt's bucket b, named name, inside the bucket at parent
+// (nil and 0 for the root).
+func (tx *Tx) bucket(b *bolt.Bucket, parent []byte, depth int, name []byte) *Bucket {
 	if b == nil {
 		return nil
 	}
-	if tx.rec == nil {
-		return &Bucket{b: b}
+	if len(tx.buckets) == cap(tx.buckets) {
+		n := 16
+		if tx.buckets == nil {
+			n = 4
+		}
+		tx.buckets = make([]Bucket, 0, n)
 	}
-	return &Bucket{b: b, rec: tx.rec, path: appendName(nil, name), depth: 1}
+	tx.buckets = tx.buckets[:len(tx.buckets)+1]
+	nb := &tx.buckets[len(tx.buckets)-1]
+	nb.b, nb.tx = b, tx
+	if tx.rec != nil {
+		if tx.paths == nil {
+			tx.paths = make([]byte, 0, 256)
+		}
+		start := len(tx.paths)
+		tx.paths = appendName(append(tx.paths, parent...), name)
+		nb.rec, nb.path, nb.depth = tx.rec, tx.paths[start:len(tx.paths):len(tx.paths)], depth+1
+	}
+	return nb
 }
+
+// child wraps bbolt's top-level bucket b, named name.
+func (tx *Tx) child(b *bolt.Bucket, name []byte) *Bucket { return tx.bucket(b, nil, 0, name) }
 
 // Bucket returns the top-level bucket named name, or nil.
 func (tx *Tx) Bucket(name []byte) *Bucket { return tx.child(tx.tx.Bucket(name), name) }
@@ -154,13 +180,7 @@ func (b *Bucket) Delete(key []byte) error {
 
 // child wraps bbolt's bucket c, named name, inside b.
 func (b *Bucket) child(c *bolt.Bucket, name []byte) *Bucket {
-	if c == nil {
-		return nil
-	}
-	if b.rec == nil {
-		return &Bucket{b: c}
-	}
-	return &Bucket{b: c, rec: b.rec, path: appendName(append([]byte(nil), b.path...), name), depth: b.depth + 1}
+	return b.tx.bucket(c, b.path, b.depth, name)
 }
 
 // Bucket returns the nested bucket name, or nil.
