@@ -345,3 +345,34 @@ func openFuzz(f *testing.F) *DB {
 	f.Cleanup(func() { d.Close() })
 	return d
 }
+
+// A second Delete without a move would make bbolt delete the key that moved
+// into the first one's place, unrecorded; the wrapper refuses it.
+func TestCursor_deleteRefusesACursorOnNoKey(t *testing.T) {
+	d, _ := openRecording(t, filepath.Join(t.TempDir(), "x.db"), true)
+	if err := d.Update(func(tx *Tx) error {
+		b := tx.Bucket(bucketThings)
+		for _, k := range []string{"a", "b"} {
+			if err := b.Put([]byte(k), []byte("v")); err != nil {
+				return err
+			}
+		}
+		c := b.Cursor()
+		if err := c.Delete(); !errors.Is(err, errCursorOnNoKey) {
+			t.Errorf("Delete before any move = %v, want %v", err, errCursorOnNoKey)
+		}
+		c.First()
+		if err := c.Delete(); err != nil {
+			return err
+		}
+		if err := c.Delete(); !errors.Is(err, errCursorOnNoKey) {
+			t.Errorf("second Delete without a move = %v, want %v", err, errCursorOnNoKey)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if got := get(t, d, bucketThings, "b"); got != "v" {
+		t.Errorf("b = %q after the refused delete, want it kept", got)
+	}
+}

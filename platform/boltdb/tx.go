@@ -1,6 +1,8 @@
 package boltdb
 
 import (
+	"errors"
+
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -58,16 +60,6 @@ func (tx *Tx) Stats() bolt.TxStats { return tx.tx.Stats() }
 
 // OnCommit runs fn once the transaction has committed.
 func (tx *Tx) OnCommit(fn func()) { tx.tx.OnCommit(fn) }
-
-// ReadOnly returns the underlying bbolt transaction of a read-only tx
-// (for bbolt's Check and the like), or nil for a write transaction: writes
-// made around the wrapper would not be recorded.
-func (tx *Tx) ReadOnly() *bolt.Tx {
-	if tx.tx.Writable() {
-		return nil
-	}
-	return tx.tx
-}
 
 // bucket wraps bbolt's bucket b, named name, inside the bucket at parent
 // (nil and 0 for the root).
@@ -146,6 +138,8 @@ func (tx *Tx) ForEach(fn func(name []byte, b *Bucket) error) error {
 }
 
 // Cursor walks the names of the top-level buckets (their values are nil).
+// Its Delete changes nothing: bbolt refuses to delete a bucket through a
+// cursor.
 func (tx *Tx) Cursor() *Cursor { return &Cursor{c: tx.tx.Cursor()} }
 
 // Writable reports whether b can be changed.
@@ -288,10 +282,20 @@ func (c *Cursor) Prev() (k, v []byte) { return c.at(c.c.Prev()) }
 func (c *Cursor) Seek(seek []byte) (k, v []byte) { return c.at(c.c.Seek(seek)) }
 
 // Delete removes the key the cursor stands on; the next Next returns the
-// key after it.
+// key after it. Unlike bbolt's, it refuses a cursor on no key: one not yet
+// moved, moved past either end, or whose key it has just deleted (bbolt
+// would then delete the key that moved into its place, which this wrapper
+// cannot see to record).
 func (c *Cursor) Delete() error {
+	if c.key == nil {
+		return errCursorOnNoKey
+	}
 	if c.b == nil || c.b.rec == nil {
-		return c.c.Delete()
+		if err := c.c.Delete(); err != nil {
+			return err
+		}
+		c.key = nil
+		return nil
 	}
 	// Recorded first, while the key's bytes are surely valid, and taken
 	// back if bbolt refuses.
@@ -301,5 +305,8 @@ func (c *Cursor) Delete() error {
 		c.b.rec.buf = c.b.rec.buf[:mark]
 		return err
 	}
+	c.key = nil
 	return nil
 }
+
+var errCursorOnNoKey = errors.New("cursor delete: the cursor stands on no key (not moved, moved past an end, or its key already deleted)")
