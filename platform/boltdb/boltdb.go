@@ -49,6 +49,15 @@ type Options struct {
 	// open; zero waits forever.
 	LockTimeout time.Duration
 
+	// Journal, when set, makes commits durable through a write-ahead
+	// journal (journal.go, ADR 0008) in the file at the database's path
+	// plus JournalSuffix: one fdatasync of a short append per commit
+	// instead of bbolt's two ordered ones of the changed pages. The journal
+	// is part of the database: a copy or a backup needs both files, and a
+	// database whose journal is lost after a crash may lose acknowledged
+	// writes. 64-bit platforms only.
+	Journal *JournalOptions
+
 	// openFile replaces os.OpenFile: tests keep the file to make its
 	// writes fail.
 	openFile func(string, int, os.FileMode) (*os.File, error)
@@ -67,12 +76,25 @@ type DB struct {
 	// for afterCommit. Off unless the journal (ADR 0008) turns it on; set
 	// before the first Update.
 	record bool
+	// journal is the write-ahead journal, or nil (Options.Journal).
+	journal *journal
+	// Of the last commit (committer goroutine only): the pages it wrote
+	// and the file's size in use before it.
+	lastPages int64
+	lastSize  int64
+	// syncs counts bbolt's fdatasyncs (two per synced commit); the
+	// journal counts its own.
+	syncs atomic.Uint64
 }
 
 // Open opens, creating if needed, the database file at path and its
-// directory. It never sets bbolt's NoSync, NoGrowSync or MmapFlags: a write
-// acknowledged by Update is on disk. It sets NoFreelistSync, which leaves
-// the freelist out of commits (rebuilt on open), not any data.
+// directory. A write acknowledged by Update is on disk: bbolt syncs each
+// commit, or, with Options.Journal, bbolt commits with NoSync and the
+// journal syncs the commit's record (it never sets NoGrowSync or
+// MmapFlags). It sets NoFreelistSync, which leaves the freelist out of
+// commits (rebuilt on open), not any data. With the journal, Open first
+// brings the file back to the journal's last checkpoint and replays the
+// commits journaled after it.
 func Open(path string, opts Options) (*DB, error) {
 	if opts.SchemaVersion < 1 {
 		return nil, fmt.Errorf("open %s: schema version %d is not positive", path, opts.SchemaVersion)
@@ -81,7 +103,7 @@ func Open(path string, opts Options) (*DB, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("data directory %s is unusable: %w", dir, err)
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
+	bopts := &bolt.Options{
 		Timeout:  opts.LockTimeout,
 		OpenFile: opts.openFile,
 		// A commit writes the freelist (one page or more, the whole list)
@@ -92,7 +114,27 @@ func Open(path string, opts Options) (*DB, error) {
 		// map form finds free runs without scanning an array.
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
-	})
+	}
+	var j *journal
+	if opts.Journal != nil {
+		var err error
+		if j, err = openJournal(path, *opts.Journal, opts.LockTimeout); err != nil {
+			return nil, err
+		}
+		bopts.NoSync, bopts.InitialMmapSize = true, j.mapSize
+	}
+	db, err := bolt.Open(path, 0o600, bopts)
+	if err == nil && j != nil {
+		err = j.start(db)
+		if err != nil {
+			j.abandon()
+			db.Close()
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+	}
+	if j != nil && err != nil {
+		j.abandon()
+	}
 	if errors.Is(err, berrors.ErrTimeout) {
 		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
 	}
@@ -100,10 +142,22 @@ func Open(path string, opts Options) (*DB, error) {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
 	if err := db.Update(func(tx *bolt.Tx) error { return initialise(&Tx{tx: tx}, opts) }); err != nil {
+		if j != nil {
+			j.abandon()
+		}
 		db.Close()
 		return nil, fmt.Errorf("initialise %s: %w", path, err)
 	}
-	d := &DB{db: db, record: recordByDefault}
+	d := &DB{db: db, record: recordByDefault || j != nil, journal: j}
+	if j != nil {
+		// The restored checkpoint, the replayed commits and initialise's
+		// changes become the journal's first checkpoint.
+		if err := j.checkpointNow(db, flagActive); err != nil {
+			j.abandon()
+			db.Close()
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+	}
 	d.commit = newCommitter(d)
 	return d, nil
 }
@@ -159,22 +213,48 @@ func (d *DB) Ping(ctx context.Context) error {
 	return d.db.View(func(*bolt.Tx) error { return nil })
 }
 
-// Close finishes the writes already queued and closes the file. Later
-// writes fail.
+// Close finishes the writes already queued and closes the file (with the
+// journal, after a last checkpoint, so that the next Open replays
+// nothing). Later writes fail.
 func (d *DB) Close() error {
 	d.commit.close()
-	return d.db.Close()
+	if d.journal == nil {
+		return d.db.Close()
+	}
+	err := d.journal.checkpointAndRelease(d.db)
+	err = errors.Join(err, d.db.Close())
+	return errors.Join(err, d.journal.closeFile())
+}
+
+// beforeCommit reports why no write may commit now (the journal failed),
+// or nil; the committer fails the group with it.
+func (d *DB) beforeCommit() error {
+	if d.journal == nil {
+		return nil
+	}
+	return d.journal.refuse(d.db, d.lastSize)
 }
 
 // afterCommit is handed the record of each write transaction once bbolt has
 // committed it, before its writers are answered; an error fails every write
 // of the group. rec is nil when recording is off, and is reused after
-// afterCommit returns. The journal (ADR 0008) fills it in.
-func (d *DB) afterCommit(rec *recorder) error { return nil }
+// afterCommit returns. With the journal, the record is made durable here.
+func (d *DB) afterCommit(rec *recorder) error {
+	if d.journal == nil || d.journal.stepped {
+		return nil // bbolt synced it (countCommit)
+	}
+	if err := d.journal.commit(d.db, rec.bytes(), d.lastPages); err != nil {
+		return err
+	}
+	d.synced.Add(1)
+	d.pages.Add(uint64(d.lastPages)) //nolint:gosec // a count, never negative
+	return nil
+}
 
 // CommitStats counts the write transactions that committed.
 type CommitStats struct {
-	// Synced committed with bbolt's fsync of data and meta pages.
+	// Synced committed durably: with bbolt's fsync of data and meta pages,
+	// or with the journal's sync of their record (or a checkpoint's).
 	Synced uint64
 	// Unsynced committed without it (the DB had NoSync set): a crash could
 	// lose them although their writers were told they succeeded.
@@ -185,6 +265,10 @@ type CommitStats struct {
 	// fdatasync of a commit writes all but the meta page, so on a disk
 	// bound by bytes it costs about in proportion (docs/benchmarks.md).
 	Pages uint64
+	// Syncs is how many fdatasyncs the database and its journal made:
+	// two per commit bbolt synced, one per journaled commit, two per
+	// checkpoint, one per step of the journal's growth.
+	Syncs uint64
 }
 
 // Commits reports the write transactions committed so far, by whether bbolt
@@ -192,26 +276,34 @@ type CommitStats struct {
 // fsync (the page cache outlives the process), so stores' tests check that
 // every write ends in a synced commit and none in an unsynced one.
 func (d *DB) Commits() CommitStats {
-	return CommitStats{Synced: d.synced.Load(), Unsynced: d.unsynced.Load(), Pages: d.pages.Load()}
+	s := CommitStats{Synced: d.synced.Load(), Unsynced: d.unsynced.Load(), Pages: d.pages.Load(), Syncs: d.syncs.Load()}
+	if d.journal != nil {
+		s.Syncs += d.journal.syncs.Load()
+	}
+	return s
 }
 
 // Durable reports an error when the database is set up to acknowledge writes
-// that are not yet on disk.
+// that are not yet on disk. NoSync is durable with the journal on.
 func (d *DB) Durable() error {
-	if d.db.NoSync || d.db.NoGrowSync || d.db.MmapFlags != 0 {
+	if (d.db.NoSync && d.journal == nil) || d.db.NoGrowSync || d.db.MmapFlags != 0 {
 		return fmt.Errorf("%s: NoSync=%v NoGrowSync=%v MmapFlags=%#x; want every sync on", d.db.Path(), d.db.NoSync, d.db.NoGrowSync, d.db.MmapFlags)
 	}
 	return nil
 }
 
 // countCommit records tx, which has committed. bbolt's Tx.Commit fsyncs
-// unless NoSync is set (bar OpenBSD, where it always does).
+// unless NoSync is set (bar OpenBSD, where it always does); with the journal
+// on, afterCommit counts the commit once its record is durable.
 func (d *DB) countCommit(tx *Tx) {
-	if !d.db.NoSync {
+	st := tx.Stats()
+	d.lastPages = st.GetWrite()
+	switch {
+	case !d.db.NoSync:
 		d.synced.Add(1)
-		st := tx.Stats()
-		d.pages.Add(uint64(st.GetWrite())) //nolint:gosec // a count, never negative
-	} else {
+		d.syncs.Add(2)
+		d.pages.Add(uint64(d.lastPages)) //nolint:gosec // a count, never negative
+	case d.journal == nil:
 		d.unsynced.Add(1)
 	}
 }

@@ -145,6 +145,12 @@ func (c *committer) gather(group *[]*op) {
 // error. Each attempt records into rec (nil: not recording) afresh, so a
 // retried group carries none of the failed write's changes.
 func (c *committer) commit(group []*op, rec *recorder) {
+	if err := c.d.beforeCommit(); err != nil {
+		for _, o := range group {
+			o.err <- err
+		}
+		return
+	}
 	for len(group) > 0 {
 		failed := -1
 		var failErr error
@@ -157,6 +163,7 @@ func (c *committer) commit(group []*op, rec *recorder) {
 					return err
 				}
 			}
+			c.d.lastSize = tx.Size()
 			tx.OnCommit(func() { c.d.countCommit(tx) })
 			return nil
 		})

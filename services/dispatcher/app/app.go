@@ -4,6 +4,7 @@
 package app
 
 import (
+	"github.com/parleyhq/parley/platform/boltdb"
 	"context"
 	"errors"
 	"log/slog"
@@ -142,7 +143,7 @@ func openStore(cfg config.Config, logger *slog.Logger) (backend, error) {
 		defer cancel()
 		return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema, logger)
 	}
-	return boltstore.OpenWith(cfg.DataDir, 2*time.Second, boltstore.Options{Logger: logger})
+	return boltstore.OpenWith(cfg.DataDir, 2*time.Second, boltstore.Options{Logger: logger, Journal: &boltdb.JournalOptions{}})
 }
 
 func (a *App) options() (server.Options, error) {
