@@ -143,7 +143,11 @@ func openStore(cfg config.Config, logger *slog.Logger) (backend, error) {
 		defer cancel()
 		return pgstore.Open(ctx, cfg.DatabaseURL, pgstore.Schema, logger)
 	}
-	return boltstore.OpenWith(cfg.DataDir, 2*time.Second, boltstore.Options{Logger: logger, Journal: &boltdb.JournalOptions{}})
+	opts := boltstore.Options{Logger: logger}
+	if cfg.Journal {
+		opts.Journal = &boltdb.JournalOptions{}
+	}
+	return boltstore.OpenWith(cfg.DataDir, 2*time.Second, opts)
 }
 
 func (a *App) options() (server.Options, error) {
@@ -224,13 +228,17 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	if bs, ok := a.store.(*boltstore.Store); ok {
 		commits := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "parley_dispatcher_bbolt_commits_total",
-			Help: "Write transactions committed to dispatcher.db, each with two fdatasyncs (data pages, then the meta page); several writers' changes may share one (group commit).",
+			Help: "Write transactions committed durably to dispatcher.db (two fdatasyncs each, data pages then the meta page, or with --dispatcher-journal one of its journal record); several writers' changes may share one (group commit).",
 		}, func() float64 { return float64(bs.Commits().Synced) })
 		pages := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "parley_dispatcher_bbolt_pages_written_total",
-			Help: "Pages (4 KiB) the commits to dispatcher.db wrote: the changed pages of every bucket touched, the root and the meta page. The first fdatasync of a commit writes them.",
+			Help: "Pages (4 KiB) the commits to dispatcher.db wrote: the changed pages of every bucket touched, the root and the meta page. The first fdatasync of a commit writes them (with --dispatcher-journal, the next checkpoint's).",
 		}, func() float64 { return float64(bs.Commits().Pages) })
-		for _, c := range []prometheus.Collector{commits, pages} {
+		syncs := prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "parley_dispatcher_bbolt_fdatasyncs_total",
+			Help: "fdatasyncs of dispatcher.db and its journal: two per commit bbolt synced itself (--dispatcher-journal=false), else one per journaled commit, two per checkpoint and one per step of the journal's growth.",
+		}, func() float64 { return float64(bs.Commits().Syncs) })
+		for _, c := range []prometheus.Collector{commits, pages, syncs} {
 			if err := s.Registry().Register(c); err != nil {
 				return err
 			}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -372,35 +373,49 @@ func TestReceiveMessages_endsOnShutdown(t *testing.T) {
 }
 
 // parley_dispatcher_bbolt_commits_total counts dispatcher.db's commits:
-// a message appended to a mailbox is one more; and
+// a message appended to a mailbox is one more;
 // parley_dispatcher_bbolt_pages_written_total the pages they wrote, at
-// least a data page and the meta page each.
-func TestMetrics_countBboltCommitsAndPages(t *testing.T) {
+// least a data page and the meta page each; and
+// parley_dispatcher_bbolt_fdatasyncs_total the syncs that made them
+// durable, the journal's or bbolt's.
+func TestMetrics_countBboltCommitsPagesAndSyncs(t *testing.T) {
 	e := startDispatcherApp(t)
-	metric := func(name string) float64 {
-		t.Helper()
-		_, body := httpDo(t, "GET", e.base+"/metrics", "")
-		for _, line := range strings.Split(body, "\n") {
-			if v, ok := strings.CutPrefix(line, name+" "); ok {
-				var f float64
-				if _, err := fmt.Sscan(v, &f); err != nil {
-					t.Fatal(err)
-				}
-				return f
-			}
-		}
-		t.Fatalf("GET /metrics lacks %s:\n%.2000s", name, body)
-		return 0
-	}
-	const commits, pages = "parley_dispatcher_bbolt_commits_total", "parley_dispatcher_bbolt_pages_written_total"
-	beforeCommits, beforePages := metric(commits), metric(pages)
+	const commits, pages, syncs = "parley_dispatcher_bbolt_commits_total", "parley_dispatcher_bbolt_pages_written_total", "parley_dispatcher_bbolt_fdatasyncs_total"
+	before := scrape(t, e.base, commits, pages, syncs)
 	send(t, e.app, "m1", echo)
-	if after := metric(commits); after < beforeCommits+1 {
-		t.Errorf("commits after an append = %v, want at least %v", after, beforeCommits+1)
+	after := scrape(t, e.base, commits, pages, syncs)
+	for _, c := range []struct {
+		name string
+		more float64
+	}{{commits, 1}, {pages, 2}, {syncs, 1}} {
+		if after[c.name] < before[c.name]+c.more {
+			t.Errorf("%s after an append = %v, want at least %v", c.name, after[c.name], before[c.name]+c.more)
+		}
 	}
-	if after := metric(pages); after < beforePages+2 {
-		t.Errorf("pages written after an append = %v, want at least %v", after, beforePages+2)
+}
+
+// scrape reads the named metrics (unlabelled) from base's /metrics.
+func scrape(t *testing.T, base string, names ...string) map[string]float64 {
+	t.Helper()
+	_, body := httpDo(t, "GET", base+"/metrics", "")
+	out := map[string]float64{}
+	for _, line := range strings.Split(body, "\n") {
+		name, v, ok := strings.Cut(line, " ")
+		if !ok || !slices.Contains(names, name) {
+			continue
+		}
+		var f float64
+		if _, err := fmt.Sscan(v, &f); err != nil {
+			t.Fatal(err)
+		}
+		out[name] = f
 	}
+	for _, name := range names {
+		if _, ok := out[name]; !ok {
+			t.Fatalf("GET /metrics lacks %s:\n%.2000s", name, body)
+		}
+	}
+	return out
 }
 
 // endsReplaced reads s, past keepalives and batches sent before a

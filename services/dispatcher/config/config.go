@@ -85,6 +85,12 @@ type Config struct {
 	MailboxStreamKeepalive    time.Duration
 	MailboxStreamMaxDuration  time.Duration
 	MailboxStreamWriteTimeout time.Duration
+
+	// Journal makes dispatcher.db's commits durable through its
+	// write-ahead journal, dispatcher.db-journal (platform/boltdb, ADR
+	// 0008): one fdatasync of an append per commit. Off, bbolt syncs each
+	// commit itself (two fdatasyncs of the changed pages). bbolt only.
+	Journal bool
 }
 
 // RegisterFlags adds the dispatcher's own flags (not the shared serving flags)
@@ -126,6 +132,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.MailboxStreamBatch, "mailbox-stream-batch", 100, "most messages one receive-stream response carries")
 	fs.DurationVar(&c.MailboxStreamKeepalive, "mailbox-stream-keepalive", 30*time.Second, "silence after which a receive stream sends a keepalive")
 	fs.DurationVar(&c.MailboxStreamMaxDuration, "mailbox-stream-max-duration", time.Hour, "a receive stream open this long ends (DEADLINE_EXCEEDED) and the client reconnects")
+	fs.BoolVar(&c.Journal, "dispatcher-journal", true, "make dispatcher.db's commits durable through its write-ahead journal, dispatcher.db-journal (part of the database: copy both); false: bbolt syncs every commit itself")
 }
 
 // RegisterGatewayFlags adds the flags of the hand-written routes, which a

@@ -59,3 +59,35 @@ func TestLoad_refusesWorkerCPUUnderFourSeconds(t *testing.T) {
 		t.Errorf("--routine-worker-cpu 4s: %v", err)
 	}
 }
+
+// The journal is on unless --dispatcher-journal=false or
+// PARLEY_DISPATCHER_JOURNAL=false turns it off; the flag wins.
+func TestLoad_dispatcherJournal(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  string
+		want bool
+	}{
+		{"default", nil, "", true},
+		{"flag off", []string{"--dispatcher-journal=false"}, "", false},
+		{"env off", nil, "false", false},
+		{"flag on over env off", []string{"--dispatcher-journal"}, "false", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			getenv := func(k string) string {
+				if k == "PARLEY_DISPATCHER_JOURNAL" {
+					return tc.env
+				}
+				return ""
+			}
+			c, err := Load(append([]string{"--data", t.TempDir()}, tc.args...), getenv)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c.Journal != tc.want {
+				t.Errorf("Load(%q, PARLEY_DISPATCHER_JOURNAL=%q).Journal = %v, want %v", tc.args, tc.env, c.Journal, tc.want)
+			}
+		})
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/notify"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
@@ -13,7 +14,12 @@ import (
 
 func open(t *testing.T) *boltstore.Store {
 	t.Helper()
-	s, err := boltstore.Open(t.TempDir(), time.Second)
+	return openWith(t, boltstore.Options{})
+}
+
+func openWith(t *testing.T, opts boltstore.Options) *boltstore.Store {
+	t.Helper()
+	s, err := boltstore.OpenWith(t.TempDir(), time.Second, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,30 +27,68 @@ func open(t *testing.T) *boltstore.Store {
 	return s
 }
 
+// The suites run twice: with bbolt syncing each commit, and through the
+// write-ahead journal (the dispatcher's default, --dispatcher-journal).
+var backends = []struct {
+	name string
+	opts boltstore.Options
+}{
+	{"bbolt", boltstore.Options{}},
+	{"journal", boltstore.Options{Journal: &boltdb.JournalOptions{}}},
+}
+
 func TestConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) store.Store { return open(t) })
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			storetest.Run(t, func(t *testing.T) store.Store { return openWith(t, b.opts) })
+		})
+	}
 }
 
 func TestNotificationRetryConformance(t *testing.T) {
-	storetest.RunNotificationRetries(t, func(t *testing.T) notify.Store { return open(t) })
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			storetest.RunNotificationRetries(t, func(t *testing.T) notify.Store { return openWith(t, b.opts) })
+		})
+	}
 }
 
 func TestMailboxConformance(t *testing.T) {
-	storetest.RunMailboxes(t, func(t *testing.T) mailbox.Store { return open(t) })
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			storetest.RunMailboxes(t, func(t *testing.T) mailbox.Store { return openWith(t, b.opts) })
+		})
+	}
 }
 
 func TestDialogueConformance(t *testing.T) {
-	storetest.RunDialogues(t, func(t *testing.T) storetest.DialogueBackend { return open(t) })
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			storetest.RunDialogues(t, func(t *testing.T) storetest.DialogueBackend { return openWith(t, b.opts) })
+		})
+	}
 }
 
 func TestTimerConformance(t *testing.T) {
-	storetest.RunTimers(t, func(t *testing.T) storetest.TimerBackend { return open(t) })
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			storetest.RunTimers(t, func(t *testing.T) storetest.TimerBackend { return openWith(t, b.opts) })
+		})
+	}
 }
 
 func TestOrderConformance(t *testing.T) {
-	storetest.RunOrders(t, func(t *testing.T) store.OrderStore { return open(t) })
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			storetest.RunOrders(t, func(t *testing.T) store.OrderStore { return openWith(t, b.opts) })
+		})
+	}
 }
 
 func TestPaymentConformance(t *testing.T) {
-	storetest.RunPayments(t, func(t *testing.T) store.PaymentStore { return open(t) })
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) {
+			storetest.RunPayments(t, func(t *testing.T) store.PaymentStore { return openWith(t, b.opts) })
+		})
+	}
 }

@@ -1,24 +1,44 @@
 package boltstore
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
+	"github.com/parleyhq/parley/platform/boltdb"
 	"github.com/parleyhq/parley/platform/boltdb/boltdbtest"
 	"github.com/parleyhq/parley/services/dispatcher/internal/mailbox"
 	"github.com/parleyhq/parley/services/dispatcher/internal/store"
 )
 
-// Every acknowledged write returns only after a commit that bbolt fsynced
-// (boltdbtest.SyncedWrites says why that is checked this way): a store
-// opened with NoSync fails here.
+// Every acknowledged write returns only after a commit that bbolt fsynced,
+// or whose journal record was synced (boltdbtest.SyncedWrites says why that
+// is checked this way): a store opened with NoSync fails here.
 func TestWrites_returnOnlyAfterASyncedCommit(t *testing.T) {
-	s, err := Open(t.TempDir(), time.Second)
+	for _, tc := range []struct {
+		name string
+		opts Options
+	}{
+		{"bbolt", Options{}},
+		{"journal", Options{Journal: &boltdb.JournalOptions{}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { testSyncedWrites(t, tc.opts) })
+	}
+}
+
+func testSyncedWrites(t *testing.T, opts Options) {
+	dir := t.TempDir()
+	s, err := OpenWith(dir, time.Second, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
+	journal := filepath.Join(dir, FileName+boltdb.JournalSuffix)
+	if _, err := os.Stat(journal); (err == nil) != (opts.Journal != nil) {
+		t.Fatalf("OpenWith(Journal: %v): stat %s = %v", opts.Journal, journal, err)
+	}
 	ctx := t.Context()
 	now := time.Now()
 	const routine = "clients/c/agents/a/routines/r"
