@@ -102,6 +102,18 @@ func TestHelp_demoIsComplete(t *testing.T) {
 	}
 }
 
+// parley serve --help lists the dispatcher's --dispatcher-journal (on by
+// default) with its environment variable.
+func TestHelp_serveListsDispatcherJournal(t *testing.T) {
+	var out, errOut bytes.Buffer
+	if err := run([]string{"serve", "--help"}, noEnv, &out, &errOut); exitCode(err) != 0 {
+		t.Fatalf("parley serve --help: %v", err)
+	}
+	if !regexp.MustCompile(`  --dispatcher-journal\n\s+[^\n]*dispatcher\.db-journal[^\n]*\(default true\) \[\$PARLEY_DISPATCHER_JOURNAL\]`).MatchString(out.String()) {
+		t.Errorf("parley serve --help lacks --dispatcher-journal [$PARLEY_DISPATCHER_JOURNAL], its journal file and default true:\n%s", out.String())
+	}
+}
+
 func TestFlagErrors_useDoubleDash(t *testing.T) {
 	tests := []struct {
 		args []string
