@@ -124,15 +124,15 @@ type journal struct {
 	ckpt     uint64 // the newest durable checkpoint's number
 	pageSize int
 
-	pin      *bolt.Tx          // pins the newest durable checkpoint's tree
-	inflight chan *checkpoint  // a checkpoint finishing, or nil
-	since    int64             // record bytes since the last capture
-	pages    int64             // pages written since the last capture
-	captured time.Time         // when the last checkpoint was captured
-	mapSize  int               // the address space bbolt maps
-	stepped  bool              // the journal stepped aside (see stepAside)
-	broken   error             // set once a write or sync failed: writes are refused
-	buf      []byte            // the record being written
+	pin      *bolt.Tx         // pins the newest durable checkpoint's tree
+	inflight chan *checkpoint // a checkpoint finishing, or nil
+	since    int64            // record bytes since the last capture
+	pages    int64            // pages written since the last capture
+	captured time.Time        // when the last checkpoint was captured
+	mapSize  int              // the address space bbolt maps
+	stepped  bool             // the journal stepped aside (see stepAside)
+	broken   error            // set once a write or sync failed: writes are refused
+	buf      []byte           // the record being written
 
 	// syncs counts the journal's fdatasyncs and its checkpoints' syncs of
 	// the database file (CommitStats.Syncs).
@@ -473,7 +473,7 @@ func (j *journal) place(n int64) (int64, bool) {
 func (j *journal) append(at int64, rec []byte) error {
 	b := j.buf[:0]
 	b = binary.LittleEndian.AppendUint32(b, recordMagic)
-	b = append(b, 0, 0, 0, 0)                                    // crc
+	b = append(b, 0, 0, 0, 0)                                 // crc
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(rec))) //nolint:gosec // under the file's size
 	b = binary.LittleEndian.AppendUint64(b, j.seq)
 	b = append(b, rec...)
