@@ -486,6 +486,9 @@ func (j *journal) append(at int64, rec []byte) error {
 		return err
 	}
 	j.tail, j.seq = at+int64(len(b)), j.seq+1
+	if cap(j.buf) > journalGrowBy {
+		j.buf = nil // a rare big record's buffer is not kept
+	}
 	return nil
 }
 
