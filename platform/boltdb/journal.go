@@ -596,12 +596,15 @@ func (j *journal) apply(c *checkpoint) {
 	j.pin, j.head, j.ckpt = c.pin, c.head, c.n
 }
 
-// checkpointAndRelease takes a last checkpoint (a clean restart then
-// replays nothing) and lets go of the pin, so that bbolt can close.
+// checkpointAndRelease takes a last checkpoint, marked inactive: the file
+// is then whole on its own, so the next Open restores and replays nothing,
+// and a run without the journal may change the file freely (an active
+// checkpoint's meta pages would name a tree such a run may overwrite). It
+// lets go of the pin, so that bbolt can close.
 func (j *journal) checkpointAndRelease(db *bolt.DB) error {
 	var err error
 	if j.broken == nil && !j.stepped {
-		err = j.checkpointNow(db, flagActive)
+		err = j.checkpointNow(db, 0)
 	} else {
 		j.collect(true)
 	}

@@ -423,20 +423,24 @@ func TestJournal_aCheckpointWithoutItsDatabaseIsRefused(t *testing.T) {
 	if err := d.Update(put("a", "1")); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Close(); err != nil {
+	// The journal as a crash leaves it (an active checkpoint), without
+	// the database file.
+	b, err := os.ReadFile(path + JournalSuffix)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Remove(path); err != nil {
+	other := filepath.Join(t.TempDir(), "x.db")
+	if err := os.WriteFile(other+JournalSuffix, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	_, err := Open(path, Options{SchemaVersion: 1, LockTimeout: time.Second, Journal: journalOpts()})
+	_, err = Open(other, Options{SchemaVersion: 1, LockTimeout: time.Second, Journal: journalOpts()})
 	if err == nil || !strings.Contains(err.Error(), "restore the database file with its journal") {
 		t.Fatalf("Open without the database = %v, want it refused", err)
 	}
 }
 
-// TestJournal_cleanCloseReplaysNothing: Close checkpoints, so the next
-// Open finds no record to replay.
+// TestJournal_cleanCloseReplaysNothing: Close checkpoints, marked
+// inactive, so the next Open finds nothing to restore or replay.
 func TestJournal_cleanCloseReplaysNothing(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
 	d := open(t, path, Options{Journal: journalOpts()})
@@ -453,8 +457,8 @@ func TestJournal_cleanCloseReplaysNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer j.abandon()
-	if len(j.recovered) != 0 || j.metas == nil {
-		t.Errorf("after Close: %d records to replay, checkpoint %v; want none and a checkpoint", len(j.recovered), j.metas != nil)
+	if len(j.recovered) != 0 || j.metas != nil || j.ckpt == 0 {
+		t.Errorf("after Close: %d records to replay, meta pages to restore %v, checkpoint %d; want none, none, and a checkpoint", len(j.recovered), j.metas != nil, j.ckpt)
 	}
 }
 
@@ -490,4 +494,58 @@ func FuzzJournalLoad(f *testing.F) {
 			j.abandon()
 		}
 	})
+}
+
+// TestJournal_offAndOnKeepsEveryWrite: runs with and without the journal
+// alternate over one file, some ending in a crash (a cut taken while
+// open), and every write stays. A run without the journal first recovers
+// through one that is there and removes it.
+func TestJournal_offAndOnKeepsEveryWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.db")
+	n := 0
+	for round, journal := range []bool{true, false, true, true, false, false, true} {
+		var opts *JournalOptions
+		if journal {
+			opts = journalOpts()
+		}
+		d, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second, Journal: opts})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i := 0; i < n; i++ {
+			if get(t, d, bucketThings, fmt.Sprint(i)) == "" {
+				t.Fatalf("round %d (journal %v): write %d of %d is gone", round, journal, i, n)
+			}
+		}
+		if _, err := os.Stat(path + JournalSuffix); journal == errors.Is(err, os.ErrNotExist) {
+			t.Errorf("round %d (journal %v): journal file: %v", round, journal, err)
+		}
+		for range 300 {
+			if err := d.Update(put(fmt.Sprint(n), strings.Repeat("v", 200))); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+		if journal && round == 3 {
+			// A crash: copy the files while open (the page cache's view)
+			// and carry on from the copies.
+			crashed := filepath.Join(t.TempDir(), "x.db")
+			for _, suffix := range []string{"", JournalSuffix} {
+				b, err := os.ReadFile(path + suffix)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(crashed+suffix, b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = d.Close()
+			path = crashed
+			continue
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
