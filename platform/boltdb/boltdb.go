@@ -115,6 +115,11 @@ func Open(path string, opts Options) (*DB, error) {
 		NoFreelistSync: true,
 		FreelistType:   bolt.FreelistMapType,
 	}
+	if opts.Journal == nil {
+		if err := leaveJournal(path, opts); err != nil {
+			return nil, err
+		}
+	}
 	var j *journal
 	if opts.Journal != nil {
 		var err error
@@ -160,6 +165,43 @@ func Open(path string, opts Options) (*DB, error) {
 	}
 	d.commit = newCommitter(d)
 	return d, nil
+}
+
+// leaveJournal readies a database that a run with the journal may have
+// left for a run without it: if the journal file is there, the database is
+// opened once through it (which restores and replays what it holds, and
+// closes with an inactive checkpoint), and the journal is removed, so that
+// no later run restores meta pages naming a tree this run overwrites.
+func leaveJournal(path string, opts Options) error {
+	jpath := path + JournalSuffix
+	if _, err := os.Stat(jpath); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	opts.Journal = &JournalOptions{}
+	d, err := Open(path, opts)
+	if err != nil {
+		return fmt.Errorf("open %s through its journal before opening it without: %w", path, err)
+	}
+	if err := d.Close(); err != nil {
+		return fmt.Errorf("close %s after recovering it through its journal: %w", path, err)
+	}
+	if err := os.Remove(jpath); err != nil {
+		return fmt.Errorf("remove %s: %w", jpath, err)
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir makes a removal or creation in dir durable.
+func syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if err := f.Sync(); err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
 }
 
 // initialise creates the buckets and brings the schema to opts.SchemaVersion.

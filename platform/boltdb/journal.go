@@ -124,15 +124,15 @@ type journal struct {
 	ckpt     uint64 // the newest durable checkpoint's number
 	pageSize int
 
-	pin      *bolt.Tx          // pins the newest durable checkpoint's tree
-	inflight chan *checkpoint  // a checkpoint finishing, or nil
-	since    int64             // record bytes since the last capture
-	pages    int64             // pages written since the last capture
-	captured time.Time         // when the last checkpoint was captured
-	mapSize  int               // the address space bbolt maps
-	stepped  bool              // the journal stepped aside (see stepAside)
-	broken   error             // set once a write or sync failed: writes are refused
-	buf      []byte            // the record being written
+	pin      *bolt.Tx         // pins the newest durable checkpoint's tree
+	inflight chan *checkpoint // a checkpoint finishing, or nil
+	since    int64            // record bytes since the last capture
+	pages    int64            // pages written since the last capture
+	captured time.Time        // when the last checkpoint was captured
+	mapSize  int              // the address space bbolt maps
+	stepped  bool             // the journal stepped aside (see stepAside)
+	broken   error            // set once a write or sync failed: writes are refused
+	buf      []byte           // the record being written
 
 	// syncs counts the journal's fdatasyncs and its checkpoints' syncs of
 	// the database file (CommitStats.Syncs).
@@ -473,7 +473,7 @@ func (j *journal) place(n int64) (int64, bool) {
 func (j *journal) append(at int64, rec []byte) error {
 	b := j.buf[:0]
 	b = binary.LittleEndian.AppendUint32(b, recordMagic)
-	b = append(b, 0, 0, 0, 0)                                    // crc
+	b = append(b, 0, 0, 0, 0)                                 // crc
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(rec))) //nolint:gosec // under the file's size
 	b = binary.LittleEndian.AppendUint64(b, j.seq)
 	b = append(b, rec...)
@@ -486,6 +486,9 @@ func (j *journal) append(at int64, rec []byte) error {
 		return err
 	}
 	j.tail, j.seq = at+int64(len(b)), j.seq+1
+	if cap(j.buf) > journalGrowBy {
+		j.buf = nil // a rare big record's buffer is not kept
+	}
 	return nil
 }
 
@@ -593,12 +596,15 @@ func (j *journal) apply(c *checkpoint) {
 	j.pin, j.head, j.ckpt = c.pin, c.head, c.n
 }
 
-// checkpointAndRelease takes a last checkpoint (a clean restart then
-// replays nothing) and lets go of the pin, so that bbolt can close.
+// checkpointAndRelease takes a last checkpoint, marked inactive: the file
+// is then whole on its own, so the next Open restores and replays nothing,
+// and a run without the journal may change the file freely (an active
+// checkpoint's meta pages would name a tree such a run may overwrite). It
+// lets go of the pin, so that bbolt can close.
 func (j *journal) checkpointAndRelease(db *bolt.DB) error {
 	var err error
 	if j.broken == nil && !j.stepped {
-		err = j.checkpointNow(db, flagActive)
+		err = j.checkpointNow(db, 0)
 	} else {
 		j.collect(true)
 	}

@@ -1,16 +1,21 @@
 package boltdb
 
 import (
+	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
-
 )
 
 // journalOpts is a small journal that wraps, checkpoints and grows often.
@@ -130,9 +135,9 @@ func openJournaled(t *testing.T, path string, j *JournalOptions) *DB {
 // The small journal wraps, grows and checkpoints (in the background) many
 // times over.
 func TestJournal_powerCutsLoseNoAcknowledgedWrite(t *testing.T) {
-	t.Run("checkpoints often", func(t *testing.T) { powerCuts(t, journalOpts(), 1200) })
+	t.Run("checkpoints often", func(t *testing.T) { powerCuts(t, journalOpts(), 800) })
 	t.Run("the ring fills between checkpoints", func(t *testing.T) {
-		powerCuts(t, &JournalOptions{Size: recordsStart + 48<<10, CheckpointBytes: 1 << 30, CheckpointPages: 1 << 30, CheckpointEvery: time.Hour}, 1200)
+		powerCuts(t, &JournalOptions{Size: recordsStart + 48<<10, CheckpointBytes: 1 << 30, CheckpointPages: 1 << 30, CheckpointEvery: time.Hour}, 800)
 	})
 }
 
@@ -233,4 +238,314 @@ func diffLines(want, got []string) string {
 		}
 	}
 	return b.String()
+}
+
+// TestJournal_kill9LosesNoAcknowledgedWrite runs the writer in a process
+// of its own, SIGKILLs it at a random moment, three times over the same
+// files, and wants every write it acknowledged (printed after Update
+// returned) back, in a journal small enough to wrap.
+func TestJournal_kill9LosesNoAcknowledgedWrite(t *testing.T) {
+	if path := os.Getenv("BOLTDB_JOURNAL_CHILD"); path != "" {
+		journalChild(path)
+		return
+	}
+	path := filepath.Join(t.TempDir(), "x.db")
+	r := rand.New(rand.NewPCG(3, 5))
+	next := 1
+	for round := range 3 {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestJournal_kill9LosesNoAcknowledgedWrite$")
+		cmd.Env = append(os.Environ(), "BOLTDB_JOURNAL_CHILD="+path, fmt.Sprintf("BOLTDB_JOURNAL_FROM=%d", next))
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		acked, stop := next-1, next+200+r.IntN(400)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			n, err := strconv.Atoi(sc.Text())
+			if err != nil || n != acked+1 {
+				t.Fatalf("round %d: child printed %q after %d", round, sc.Text(), acked)
+			}
+			acked = n
+			if n == stop {
+				break
+			}
+		}
+		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		for sc.Scan() { // acknowledged before the kill landed
+			if n, err := strconv.Atoi(sc.Text()); err == nil && n == acked+1 {
+				acked = n
+			}
+		}
+		cmd.Wait() //nolint:errcheck // killed
+		if acked < stop {
+			t.Fatalf("round %d: child stopped after %d writes, before %d", round, acked, stop)
+		}
+
+		d, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: 5 * time.Second, Journal: journalOpts()})
+		if err != nil {
+			t.Fatalf("round %d: open after kill -9: %v", round, err)
+		}
+		next = 1
+		for ; ; next++ {
+			if get(t, d, bucketThings, fmt.Sprintf("w%06d", next)) == "" {
+				break
+			}
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		// Every acknowledged write is there; at most the one in flight
+		// when the kill came is there too.
+		if next-1 < acked || next-1 > acked+1 {
+			t.Fatalf("round %d: writes 1..%d are there, %d were acknowledged", round, next-1, acked)
+		}
+	}
+}
+
+// journalChild writes w<from>, w<from+1>, ... each with some filler, and
+// prints each number once its Update returned, until killed.
+func journalChild(path string) {
+	from, _ := strconv.Atoi(os.Getenv("BOLTDB_JOURNAL_FROM"))
+	d, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: 5 * time.Second, Journal: journalOpts()})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	for n := from; ; n++ {
+		err := d.Update(func(tx *Tx) error {
+			b := tx.Bucket(bucketThings)
+			if err := b.Put(fmt.Appendf(nil, "w%06d", n), []byte("x")); err != nil {
+				return err
+			}
+			return b.Put(fmt.Appendf(nil, "f%03d", n%500), bytes.Repeat([]byte{'f'}, 100+n%700))
+		})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(2)
+		}
+		fmt.Println(n)
+	}
+}
+
+// TestJournal_stepsAsideBeforeTheMapFills: bbolt remaps its file when it
+// outgrows the map, which waits for every read transaction, the pin too.
+// The journal steps aside (bbolt syncs its own commits again) once the
+// file in use passes half the map, and a restart journals again.
+func TestJournal_stepsAsideBeforeTheMapFills(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	opts := journalOpts()
+	opts.mapSize = 4 << 20
+	d := open(t, path, Options{Journal: opts})
+	value := bytes.Repeat([]byte{'v'}, 2000)
+	for i := range 1500 { // ~3 MB
+		if err := d.Update(put(fmt.Sprintf("k%05d", i), string(value))); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	if !d.journal.stepped {
+		t.Fatalf("the journal did not step aside with %d bytes in use of a %d-byte map", d.lastSize, opts.mapSize)
+	}
+	if err := d.Durable(); err != nil || d.db.NoSync {
+		t.Fatalf("after stepping aside: Durable() = %v, NoSync = %v; want bbolt syncing", err, d.db.NoSync)
+	}
+	before := d.Commits()
+	if err := d.Update(put("after", "x")); err != nil {
+		t.Fatal(err)
+	}
+	if after := d.Commits(); after.Synced != before.Synced+1 || after.Unsynced != 0 {
+		t.Errorf("a write after stepping aside: commits %+v -> %+v, want one synced", before, after)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	d = open(t, path, Options{Journal: journalOpts()})
+	if d.journal.stepped || get(t, d, bucketThings, "after") != "x" || get(t, d, bucketThings, "k01499") != string(value) {
+		t.Errorf("after a restart: stepped = %v, writes lost", d.journal.stepped)
+	}
+}
+
+// TestJournal_aFailedSyncRefusesLaterWrites: once the journal cannot sync,
+// the write waiting on it fails, and so does every later one (bbolt's
+// file holds commits that are not durable); a restart brings back what
+// was acknowledged.
+func TestJournal_aFailedSyncRefusesLaterWrites(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	opts := journalOpts()
+	var fail atomic.Bool
+	opts.sync = func(f *os.File, file string) error {
+		if fail.Load() && file == "journal" {
+			return errors.New("disk on fire")
+		}
+		return fdatasync(f)
+	}
+	d, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, Journal: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Update(put("a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	fail.Store(true)
+	err = d.Update(put("b", "2"))
+	if err == nil || !strings.Contains(err.Error(), "disk on fire") || !strings.Contains(err.Error(), JournalSuffix) {
+		t.Fatalf("write during a failing sync = %v, want the journal's error", err)
+	}
+	fail.Store(false)
+	if err := d.Update(put("c", "3")); err == nil || !strings.Contains(err.Error(), "refused until a restart") {
+		t.Fatalf("write after a failed sync = %v, want it refused", err)
+	}
+	_ = d.Close() // the journal failed: Close reports it
+	d = open(t, path, Options{Journal: journalOpts()})
+	if get(t, d, bucketThings, "a") != "1" || get(t, d, bucketThings, "c") != "" {
+		t.Errorf("after a restart: a = %q, c = %q; want the acknowledged write and not the refused one", get(t, d, bucketThings, "a"), get(t, d, bucketThings, "c"))
+	}
+}
+
+func TestJournal_aSecondOpenIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	open(t, path, Options{Journal: journalOpts()})
+	_, err := Open(path, Options{SchemaVersion: 1, LockTimeout: 100 * time.Millisecond, Journal: journalOpts()})
+	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
+		t.Fatalf("second Open = %v, want it refused as locked", err)
+	}
+}
+
+func TestJournal_aCheckpointWithoutItsDatabaseIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	d := open(t, path, Options{Journal: journalOpts()})
+	if err := d.Update(put("a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	// The journal as a crash leaves it (an active checkpoint), without
+	// the database file.
+	b, err := os.ReadFile(path + JournalSuffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(t.TempDir(), "x.db")
+	if err := os.WriteFile(other+JournalSuffix, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(other, Options{SchemaVersion: 1, LockTimeout: time.Second, Journal: journalOpts()})
+	if err == nil || !strings.Contains(err.Error(), "restore the database file with its journal") {
+		t.Fatalf("Open without the database = %v, want it refused", err)
+	}
+}
+
+// TestJournal_cleanCloseReplaysNothing: Close checkpoints, marked
+// inactive, so the next Open finds nothing to restore or replay.
+func TestJournal_cleanCloseReplaysNothing(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	d := open(t, path, Options{Journal: journalOpts()})
+	for i := range 50 {
+		if err := d.Update(put(fmt.Sprint(i), "v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	j, err := openJournal(path, *journalOpts(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer j.abandon()
+	if len(j.recovered) != 0 || j.metas != nil || j.ckpt == 0 {
+		t.Errorf("after Close: %d records to replay, meta pages to restore %v, checkpoint %d; want none, none, and a checkpoint", len(j.recovered), j.metas != nil, j.ckpt)
+	}
+}
+
+// FuzzJournalLoad: whatever the journal file holds, opening it returns an
+// error or a journal, and never panics.
+func FuzzJournalLoad(f *testing.F) {
+	path := filepath.Join(f.TempDir(), "x.db")
+	d, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, Journal: journalOpts()})
+	if err != nil {
+		f.Fatal(err)
+	}
+	for i := range 20 {
+		if err := d.Update(put(fmt.Sprint(i), "v")); err != nil {
+			f.Fatal(err)
+		}
+	}
+	good, err := os.ReadFile(path + JournalSuffix)
+	if err != nil {
+		f.Fatal(err)
+	}
+	d.Close()
+	f.Add(good[:recordsStart+4096])
+	f.Add(good[:100])
+	f.Add([]byte{})
+	dir := f.TempDir()
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := filepath.Join(dir, "f.db")
+		_ = os.Remove(p) // may be absent
+		if err := os.WriteFile(p+JournalSuffix, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if j, err := openJournal(p, JournalOptions{Size: recordsStart + 64<<10}, time.Second); err == nil {
+			j.abandon()
+		}
+	})
+}
+
+// TestJournal_offAndOnKeepsEveryWrite: runs with and without the journal
+// alternate over one file, some ending in a crash (a cut taken while
+// open), and every write stays. A run without the journal first recovers
+// through one that is there and removes it.
+func TestJournal_offAndOnKeepsEveryWrite(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.db")
+	n := 0
+	for round, journal := range []bool{true, false, true, true, false, false, true} {
+		var opts *JournalOptions
+		if journal {
+			opts = journalOpts()
+		}
+		d, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second, Journal: opts})
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		for i := 0; i < n; i++ {
+			if get(t, d, bucketThings, fmt.Sprint(i)) == "" {
+				t.Fatalf("round %d (journal %v): write %d of %d is gone", round, journal, i, n)
+			}
+		}
+		if _, err := os.Stat(path + JournalSuffix); journal == errors.Is(err, os.ErrNotExist) {
+			t.Errorf("round %d (journal %v): journal file: %v", round, journal, err)
+		}
+		for range 300 {
+			if err := d.Update(put(fmt.Sprint(n), strings.Repeat("v", 200))); err != nil {
+				t.Fatal(err)
+			}
+			n++
+		}
+		if journal && round == 3 {
+			// A crash: copy the files while open (the page cache's view)
+			// and carry on from the copies.
+			crashed := filepath.Join(t.TempDir(), "x.db")
+			for _, suffix := range []string{"", JournalSuffix} {
+				b, err := os.ReadFile(path + suffix)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(crashed+suffix, b, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			_ = d.Close()
+			path = crashed
+			continue
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
