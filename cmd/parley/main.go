@@ -36,12 +36,20 @@ import (
 	"strings"
 
 	"github.com/parleyhq/parley/platform/envflag"
+	"github.com/parleyhq/parley/platform/sysmon"
 	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
 )
 
 func main() {
 	if dispatcherapp.IsRoutineWorker() { // the dispatcher's routine workers
 		os.Exit(dispatcherapp.ServeRoutineWorker())
+	}
+	if len(os.Args) > 1 && os.Args[1] == "serve" {
+		// Sysmon's deep sleep costs a server idle between requests
+		// many thread switches per request (platform/sysmon).
+		if err := sysmon.Reexec(); err != nil {
+			fmt.Fprintln(os.Stderr, "parley: going on with sysmon's deep sleep:", err)
+		}
 	}
 	err := run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {
