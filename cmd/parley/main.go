@@ -22,7 +22,10 @@
 //
 // Server flags fall back to PARLEY_<FLAG> in the environment: PARLEY_DATA,
 // PARLEY_HTTP, PARLEY_GRPC, PARLEY_TLS_CERT, and so on. `parley serve --help`
-// lists them all.
+// lists them all. `parley serve` re-executes itself once at start (same PID)
+// with schedtrace=2147483647 added to GODEBUG, keeping Go's sysmon out of
+// deep sleep (platform/sysmon); GODEBUG=schedtrace=0 keeps the runtime's
+// default.
 package main
 
 import (
