@@ -22,7 +22,10 @@
 //
 // Server flags fall back to PARLEY_<FLAG> in the environment: PARLEY_DATA,
 // PARLEY_HTTP, PARLEY_GRPC, PARLEY_TLS_CERT, and so on. `parley serve --help`
-// lists them all.
+// lists them all. `parley serve` re-executes itself once at start (same PID)
+// with schedtrace=2147483647 added to GODEBUG, keeping Go's sysmon out of
+// deep sleep (platform/sysmon); GODEBUG=schedtrace=0 keeps the runtime's
+// default.
 package main
 
 import (
@@ -36,12 +39,20 @@ import (
 	"strings"
 
 	"github.com/parleyhq/parley/platform/envflag"
+	"github.com/parleyhq/parley/platform/sysmon"
 	dispatcherapp "github.com/parleyhq/parley/services/dispatcher/app"
 )
 
 func main() {
 	if dispatcherapp.IsRoutineWorker() { // the dispatcher's routine workers
 		os.Exit(dispatcherapp.ServeRoutineWorker())
+	}
+	if len(os.Args) > 1 && os.Args[1] == "serve" {
+		// Sysmon's deep sleep costs a server idle between requests
+		// many thread switches per request (platform/sysmon).
+		if err := sysmon.Reexec(); err != nil {
+			fmt.Fprintln(os.Stderr, "parley: going on with sysmon's deep sleep:", err)
+		}
 	}
 	err := run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	if err != nil && !errors.Is(err, flag.ErrHelp) {

@@ -73,10 +73,26 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
+// The gRPC flow-control windows, fixed: a stream may send this much
+// before the server acknowledges it, and a connection's streams together
+// grpcConnWindow. gRPC's dynamic windows (its default) would grow up to
+// 16 MiB by estimating each connection's bandwidth-delay product, which
+// costs a PING round trip per small message received; these fixed ones
+// let a 4 MiB request (--max-body-bytes' default) arrive in four round
+// trips.
+const (
+	grpcStreamWindow = 1 << 20
+	grpcConnWindow   = 4 << 20
+)
+
 // grpcOptions are the gRPC server options enforcing l.
 func (l Limits) grpcOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
 		grpc.ConnectionTimeout(l.HandshakeTimeout),
+		// Fixed windows: gRPC's dynamic ones cost a PING and its
+		// acknowledgement per small message received (window_test.go).
+		grpc.StaticStreamWindowSize(grpcStreamWindow),
+		grpc.StaticConnWindowSize(grpcConnWindow),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
 			Time:              l.GRPCKeepaliveTime,
 			Timeout:           l.GRPCKeepaliveTimeout,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/parleyhq/parley/platform/grpcclient"
 	"github.com/parleyhq/parley/platform/serve"
+	"github.com/parleyhq/parley/platform/sysmon"
 	"github.com/parleyhq/parley/platform/telemetry"
 	"github.com/parleyhq/parley/services/dispatcher/app"
 	"github.com/parleyhq/parley/services/dispatcher/config"
@@ -24,6 +25,11 @@ import (
 func main() {
 	if app.IsRoutineWorker() {
 		os.Exit(app.ServeRoutineWorker())
+	}
+	// Sysmon's deep sleep costs a server idle between requests many
+	// thread switches per request (platform/sysmon).
+	if err := sysmon.Reexec(); err != nil {
+		fmt.Fprintln(os.Stderr, "dispatcher: going on with sysmon's deep sleep:", err)
 	}
 	err := run(os.Args[1:], os.Getenv)
 	if err == nil || errors.Is(err, flag.ErrHelp) {
