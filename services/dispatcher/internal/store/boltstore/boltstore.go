@@ -7,11 +7,8 @@ import (
 	"context"
 	"encoding/binary"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io/fs"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -126,11 +123,6 @@ type Options struct {
 // on after a crash at the next open.
 func OpenWith(dir string, lockTimeout time.Duration, opts Options) (*Store, error) {
 	path := filepath.Join(dir, FileName)
-	if opts.Journal == nil {
-		if err := dropJournal(dir, lockTimeout, opts); err != nil {
-			return nil, err
-		}
-	}
 	db, err := boltdb.Open(path, boltdb.Options{
 		Buckets:       slices.Concat(allBuckets, dialogueBuckets, timerBuckets, orderBuckets, paymentBuckets, [][]byte{bucketNotificationRetries}),
 		SchemaVersion: schemaVersion,
@@ -146,41 +138,6 @@ func OpenWith(dir string, lockTimeout time.Duration, opts Options) (*Store, erro
 		return nil, fmt.Errorf("migrate %s to schema %d: %w", path, schemaVersion, err)
 	}
 	return &Store{db: db}, nil
-}
-
-// dropJournal readies dispatcher.db to be opened without its journal
-// (--dispatcher-journal=false) when a run with it left one: it opens the
-// file through the journal, which recovers what the journal holds (after a
-// crash, acknowledged writes that only it has) and checkpoints at Close,
-// then removes the journal and syncs the directory. A journal left in
-// place would be wrong later: opened with it again, it would put back its
-// last checkpoint's meta pages over the commits made without it.
-// TODO(jnlwire): platform/boltdb.Open could do this for every store.
-func dropJournal(dir string, lockTimeout time.Duration, opts Options) error {
-	journal := filepath.Join(dir, FileName+boltdb.JournalSuffix)
-	if _, err := os.Stat(journal); errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	opts.Journal = &boltdb.JournalOptions{}
-	s, err := OpenWith(dir, lockTimeout, opts)
-	if err != nil {
-		return fmt.Errorf("recover %s before opening without it: %w", journal, err)
-	}
-	if err := s.Close(); err != nil {
-		return fmt.Errorf("recover %s before opening without it: %w", journal, err)
-	}
-	if err := os.Remove(journal); err != nil {
-		return err
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("remove %s: sync %s: %w", journal, dir, err)
-	}
-	return nil
 }
 
 // Ping reports whether the database is open.
