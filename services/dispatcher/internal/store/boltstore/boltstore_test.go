@@ -12,11 +12,6 @@ import (
 	"github.com/parleyhq/parley/services/dispatcher/internal/store/storetest"
 )
 
-func open(t *testing.T) *boltstore.Store {
-	t.Helper()
-	return openWith(t, boltstore.Options{})
-}
-
 func openWith(t *testing.T, opts boltstore.Options) *boltstore.Store {
 	t.Helper()
 	s, err := boltstore.OpenWith(t.TempDir(), time.Second, opts)
