@@ -228,7 +228,7 @@ func (a *App) Register(ctx context.Context, s *serve.Server) error {
 	if bs, ok := a.store.(*boltstore.Store); ok {
 		commits := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "parley_dispatcher_bbolt_commits_total",
-			Help: "Write transactions committed durably to dispatcher.db (two fdatasyncs each, data pages then the meta page, or with --dispatcher-journal one of its journal record); several writers' changes may share one (group commit).",
+			Help: "Write transactions committed durably to dispatcher.db (two fdatasyncs each, data pages then the meta page, or with --dispatcher-journal one, of its record in the journal); several writers' changes may share one (group commit).",
 		}, func() float64 { return float64(bs.Commits().Synced) })
 		pages := prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "parley_dispatcher_bbolt_pages_written_total",

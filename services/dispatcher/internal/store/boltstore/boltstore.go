@@ -145,7 +145,8 @@ func (s *Store) Ping(ctx context.Context) error { return s.db.Ping(ctx) }
 
 // Commits reports the write transactions committed so far (each one
 // bbolt commit: two fdatasyncs, the data pages and then the meta page, or
-// with Options.Journal one of its record) and the fdatasyncs made.
+// with Options.Journal one, of its record in the journal) and the
+// fdatasyncs made.
 func (s *Store) Commits() boltdb.CommitStats { return s.db.Commits() }
 
 // Close finishes queued writes and closes the database.
