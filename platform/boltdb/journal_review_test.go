@@ -6,10 +6,15 @@ package boltdb
 
 import (
 	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // TestJournalReview_aPlainOpenAfterACleanCloseIsNotUndone: a journaled
@@ -105,5 +110,134 @@ func TestJournalReview_aCommitThatOutgrowsTheMapDoesNotHang(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second): // a hang detector, not a timing assertion
 		t.Fatal("a write growing the file past the mapped size hung: bbolt's remap waits for the journal's pin, the pin for the committer (the database is left open)")
+	}
+}
+
+// TestJournalReview_durableWhileTheJournalStepsAside: Durable (a store's
+// readiness check may call it at any time) reads db.NoSync, which
+// stepAside writes on the committer goroutine without synchronisation.
+// Fails under -race only.
+func TestJournalReview_durableWhileTheJournalStepsAside(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	opts := journalOpts()
+	opts.mapSize = 4 << 20
+	d := open(t, path, Options{Journal: opts})
+	stop := make(chan struct{})
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+				_ = d.Durable()
+			}
+		}
+	}()
+	value := strings.Repeat("v", 2000)
+	for i := range 1500 {
+		if err := d.Update(put(fmt.Sprintf("k%05d", i), value)); err != nil {
+			t.Fatalf("write %d: %v", i, err)
+		}
+	}
+	close(stop)
+	<-checked
+	if !d.journal.stepped {
+		t.Fatal("the journal did not step aside; the test shows nothing")
+	}
+}
+
+// TestJournalReview_aSecondCloseIsQuiet: without the journal a second Close
+// returns nil (bbolt's does); with it, it reports "database not open" from
+// a last checkpoint it tries on a closed bbolt, and "file already closed".
+// Cleanups (t.Cleanup, deferred closes after an explicit one) hit this.
+func TestJournalReview_aSecondCloseIsQuiet(t *testing.T) {
+	for _, j := range []*JournalOptions{nil, journalOpts()} {
+		d, err := Open(filepath.Join(t.TempDir(), "x.db"), Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, Journal: j})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Close(); err != nil {
+			t.Errorf("journal %v: second Close = %v, want nil", j != nil, err)
+		}
+	}
+}
+
+// TestJournalReview_aDatabaseFileOlderThanItsJournalIsNotRewritten: the
+// database file put back from an older copy (a backup restored without
+// its journal, the journal left by a later run that crashed) gets the journal's
+// later meta pages written over its own: they point at pages the old file
+// has other data in. Open must refuse (the file's meta txids are below the
+// checkpoint's) or leave the file as it was. It panics instead (bbolt's
+// freelist rebuild, on a goroutine of its own: the process dies), so the
+// scenario runs in a child process.
+func TestJournalReview_aDatabaseFileOlderThanItsJournalIsNotRewritten(t *testing.T) {
+	if os.Getenv("BOLTDB_REVIEW3_CHILD") != "" {
+		olderFileChild(t)
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestJournalReview_aDatabaseFileOlderThanItsJournalIsNotRewritten$", "-test.v")
+	cmd.Env = append(os.Environ(), "BOLTDB_REVIEW3_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		first, _, _ := strings.Cut(string(out), "\n\ngoroutine")
+		t.Fatalf("Open of a database file older than its journal: the child failed (%v):\n%s", err, first)
+	}
+}
+
+func olderFileChild(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "x.db")
+	d := open(t, path, Options{Journal: journalOpts()})
+	if err := d.Update(put("old", "1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	backup, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d = open(t, path, Options{Journal: journalOpts()})
+	for i := range 300 {
+		if err := d.Update(put(fmt.Sprintf("new%03d", i), strings.Repeat("n", 700))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	crashed, err := os.ReadFile(path + JournalSuffix) // the journal as a crash would leave it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, backup, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+JournalSuffix, crashed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	d2, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second, Journal: journalOpts()})
+	if err != nil {
+		if !strings.Contains(err.Error(), JournalSuffix) {
+			t.Errorf("Open of an older file = %v, want a refusal naming the journal", err)
+		}
+		return // refused: fine
+	}
+	defer d2.Close()
+	var problems []string
+	_ = d2.db.View(func(tx *bolt.Tx) error {
+		for err := range tx.Check() {
+			problems = append(problems, err.Error())
+		}
+		return nil
+	})
+	if old := get(t, d2, bucketThings, "old"); old != "1" || len(problems) > 0 {
+		t.Fatalf("an older database file opened with a later journal: old = %q, consistency: %q; want the file as it was, or a refusal", old, problems)
 	}
 }
