@@ -180,12 +180,20 @@ func TestJournalReview_aDatabaseFileOlderThanItsJournalIsNotRewritten(t *testing
 		olderFileChild(t)
 		return
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^TestJournalReview_aDatabaseFileOlderThanItsJournalIsNotRewritten$", "-test.v")
+	runReviewChild(t, "Open of a database file older than its journal")
+}
+
+// runReviewChild runs the calling test again in a child process (a panic
+// on one of bbolt's goroutines ends the process) and fails with its
+// output up to the first goroutine dump.
+func runReviewChild(t *testing.T, what string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
 	cmd.Env = append(os.Environ(), "BOLTDB_REVIEW3_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		first, _, _ := strings.Cut(string(out), "\n\ngoroutine")
-		t.Fatalf("Open of a database file older than its journal: the child failed (%v):\n%s", err, first)
+		t.Fatalf("%s: the child failed (%v):\n%s", what, err, first)
 	}
 }
 
@@ -239,5 +247,80 @@ func olderFileChild(t *testing.T) {
 	})
 	if old := get(t, d2, bucketThings, "old"); old != "1" || len(problems) > 0 {
 		t.Fatalf("an older database file opened with a later journal: old = %q, consistency: %q; want the file as it was, or a refusal", old, problems)
+	}
+}
+
+// TestJournalReview_aPowerCutInTheFirstJournaledOpenKeepsTheDatabase: the
+// first journaled Open of a database (an upgrade from a release without
+// the journal; also any Open after the journal stepped aside, whose slot
+// is inactive) has no checkpoint to restore, yet commits initialise's
+// changes (it always puts schema_version) with NoSync before its first
+// checkpoint syncs the file. A power cut there may keep the new meta page
+// and not the pages it points at; the next Open finds no active
+// checkpoint, restores nothing, and bbolt opens a torn tree. The cut is
+// taken in the checkpoint's sync of the database file: every page as last
+// synced (the plain Close) but the meta pages, as written.
+func TestJournalReview_aPowerCutInTheFirstJournaledOpenKeepsTheDatabase(t *testing.T) {
+	if os.Getenv("BOLTDB_REVIEW3_CHILD") != "" {
+		firstOpenCutChild(t)
+		return
+	}
+	runReviewChild(t, "a power cut in the first journaled Open")
+}
+
+func firstOpenCutChild(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	plain := open(t, path, Options{})
+	for i := range 300 { // a history: freed pages with old content
+		if err := plain.Update(put(fmt.Sprintf("k%03d", i%100), strings.Repeat(string(rune('a'+i/100)), 700))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pageSize := plain.db.Info().PageSize
+	if err := plain.Close(); err != nil {
+		t.Fatal(err)
+	}
+	durable, err := os.ReadFile(path) // bbolt synced every commit
+	if err != nil {
+		t.Fatal(err)
+	}
+	cut := filepath.Join(t.TempDir(), "x.db")
+	taken := false
+	opts := journalOpts()
+	opts.sync = func(f *os.File, file string) error {
+		if file == "db" && !taken {
+			taken = true
+			live, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			img := make([]byte, len(live))
+			copy(img, durable)
+			copy(img[:2*pageSize], live[:2*pageSize])
+			jnl, err := os.ReadFile(path + JournalSuffix)
+			if err != nil {
+				return err
+			}
+			if err := os.WriteFile(cut, img, 0o600); err != nil {
+				return err
+			}
+			if err := os.WriteFile(cut+JournalSuffix, jnl, 0o600); err != nil {
+				return err
+			}
+		}
+		return fdatasync(f)
+	}
+	d := open(t, path, Options{Journal: opts})
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !taken {
+		t.Fatal("no sync of the database file during Open; the test shows nothing")
+	}
+	after := open(t, cut, Options{Journal: journalOpts()})
+	for i := range 100 {
+		if got := get(t, after, bucketThings, fmt.Sprintf("k%03d", i)); got != strings.Repeat("c", 700) {
+			t.Fatalf("after a power cut in the first journaled Open: k%03d = %.10q…, want the plain database's last value", i, got)
+		}
 	}
 }
