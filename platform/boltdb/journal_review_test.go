@@ -153,7 +153,7 @@ func TestJournalReview_durableWhileTheJournalStepsAside(t *testing.T) {
 	}
 	close(stop)
 	<-checked
-	if !d.journal.stepped {
+	if !d.journal.stepped.Load() {
 		t.Fatal("the journal did not step aside; the test shows nothing")
 	}
 }
