@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"hash/fnv"
+	"io"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -66,11 +67,15 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
+// errNoSlot marks a slot never written, or torn while written: the other
+// one is then the newest.
+var errNoSlot = errors.New("no valid slot")
+
 // JournalOptions turns the journal on (Options.Journal). Zero fields take
 // the defaults.
 type JournalOptions struct {
 	// Size is the most the journal file grows to (default 64 MiB; the
-	// records get all but the first 264 KiB). It grows in steps of 1 MiB, each written with zeros before
+	// records get all but the first 256 KiB). It grows in steps of 1 MiB, each written with zeros before
 	// use. A record larger than a quarter of the record area is not
 	// journaled: its commit is made durable by a checkpoint instead.
 	Size int64
@@ -176,7 +181,7 @@ func openJournal(dbPath string, opts JournalOptions, lockTimeout time.Duration) 
 	j := &journal{opts: opts, f: f, path: path}
 	if err := lockFile(f, lockTimeout); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("journal %s is locked by another process (is another parley using its data directory?): %w", path, err)
+		return nil, fmt.Errorf("lock journal %s: %w", path, err)
 	}
 	if err := j.load(); err != nil {
 		f.Close()
@@ -214,8 +219,11 @@ func (j *journal) load() error {
 	var best *checkpoint
 	for i := range 2 {
 		c, err := j.readSlot(i)
-		if err != nil {
+		if errors.Is(err, errNoSlot) {
 			continue // torn or never written: the other slot holds the newest
+		}
+		if err != nil {
+			return fmt.Errorf("read slot %d: %w", i, err) // not a torn write: nothing to fall back on safely
 		}
 		if best == nil || c.n > best.n {
 			best = c
@@ -238,9 +246,12 @@ func (j *journal) load() error {
 		return nil // stepped aside: the database file is whole without it
 	}
 	for {
-		rec, next, ok := j.readRecord(j.tail, j.seq)
-		if !ok && j.tail != recordsStart {
-			rec, next, ok = j.readRecord(recordsStart, j.seq) // the ring wrapped
+		rec, next, ok, err := j.readRecord(j.tail, j.seq)
+		if err == nil && !ok && j.tail != recordsStart {
+			rec, next, ok, err = j.readRecord(recordsStart, j.seq) // the ring wrapped
+		}
+		if err != nil {
+			return fmt.Errorf("read record %d: %w", j.seq, err) // not a torn write: acknowledged records may follow
 		}
 		if !ok {
 			return nil
@@ -252,18 +263,20 @@ func (j *journal) load() error {
 
 func (j *journal) readSlot(i int) (*checkpoint, error) {
 	buf := make([]byte, slotSize)
-	if _, err := j.f.ReadAt(buf, int64(i)*slotSize); err != nil {
+	if _, err := j.f.ReadAt(buf, int64(i)*slotSize); errors.Is(err, io.EOF) {
+		return nil, errNoSlot // a file cut short while it was made
+	} else if err != nil {
 		return nil, err
 	}
 	if string(buf[:8]) != slotMagic {
-		return nil, errors.New("no slot")
+		return nil, errNoSlot
 	}
 	ps := int(binary.LittleEndian.Uint32(buf[12:]))
 	if ps <= 0 || ps > maxPageSize {
-		return nil, errors.New("bad page size")
+		return nil, errNoSlot
 	}
 	if crc32.Checksum(buf[12:slotHeader+2*ps], crcTable) != binary.LittleEndian.Uint32(buf[8:]) {
-		return nil, errors.New("checksum")
+		return nil, errNoSlot
 	}
 	c := &checkpoint{
 		n:     binary.LittleEndian.Uint64(buf[16:]),
@@ -274,33 +287,34 @@ func (j *journal) readSlot(i int) (*checkpoint, error) {
 		metas: buf[slotHeader : slotHeader+2*ps],
 	}
 	if c.head < recordsStart || c.head > j.end {
-		return nil, errors.New("head outside the file")
+		return nil, errNoSlot
 	}
 	return c, nil
 }
 
-// readRecord reads the record at off if it is whole and carries seq.
-func (j *journal) readRecord(off int64, seq uint64) (rec []byte, next int64, ok bool) {
+// readRecord reads the record at off if it is whole and carries seq; err
+// is a failed read, not a torn record.
+func (j *journal) readRecord(off int64, seq uint64) (rec []byte, next int64, ok bool, err error) {
 	var h [recordHeader]byte
 	if off+recordHeader > j.end {
-		return nil, 0, false
+		return nil, 0, false, nil
 	}
 	if _, err := j.f.ReadAt(h[:], off); err != nil {
-		return nil, 0, false
+		return nil, 0, false, err
 	}
 	n := int64(binary.LittleEndian.Uint32(h[8:]))
 	if binary.LittleEndian.Uint32(h[0:]) != recordMagic || binary.LittleEndian.Uint64(h[12:]) != seq || off+recordHeader+n > j.end {
-		return nil, 0, false
+		return nil, 0, false, nil
 	}
 	rec = make([]byte, n)
 	if _, err := j.f.ReadAt(rec, off+recordHeader); err != nil {
-		return nil, 0, false
+		return nil, 0, false, err
 	}
 	crc := crc32.Update(crc32.Checksum(h[8:], crcTable), crcTable, rec)
 	if crc != binary.LittleEndian.Uint32(h[4:]) {
-		return nil, 0, false
+		return nil, 0, false, nil
 	}
-	return rec, off + recordHeader + n, true
+	return rec, off + recordHeader + n, true, nil
 }
 
 // grow extends the file to size (at most opts.Size) with zeros, synced.
@@ -350,7 +364,7 @@ func (j *journal) restoreMetas(path string, lockTimeout time.Duration) error {
 	}
 	defer f.Close() // lets go of the lock
 	if err := lockFile(f, lockTimeout); err != nil {
-		return fmt.Errorf("%s is locked by another process (is another parley using its data directory?): %w", path, err)
+		return fmt.Errorf("lock %s: %w", path, err)
 	}
 	if err := j.matches(f, path); err != nil {
 		return err
@@ -605,7 +619,7 @@ func (j *journal) capture(db *bolt.DB, flags uint32) (*checkpoint, error) {
 	}
 	metas := make([]byte, 2*j.pageSize)
 	if _, err := j.dbf.ReadAt(metas, 0); err != nil {
-		pin.Rollback() //nolint:errcheck // see stepAside
+		pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 		return nil, fmt.Errorf("checkpoint: read meta pages: %w", err)
 	}
 	j.since, j.pages, j.captured = 0, 0, time.Now()
@@ -658,12 +672,12 @@ func (j *journal) collect(wait bool) {
 func (j *journal) apply(c *checkpoint) {
 	j.inflight = nil
 	if c.err != nil {
-		c.pin.Rollback() //nolint:errcheck // see stepAside
+		c.pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 		j.broken = fmt.Errorf("journal %s failed, writes are refused until a restart: %w", j.path, c.err)
 		return
 	}
 	if j.pin != nil {
-		j.pin.Rollback() //nolint:errcheck // see stepAside
+		j.pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 	}
 	j.pin, j.head, j.ckpt = c.pin, c.head, c.n
 }
@@ -687,7 +701,7 @@ func (j *journal) checkpointAndRelease(db *bolt.DB) error {
 // release lets go of the pin and the database file's handle.
 func (j *journal) release() {
 	if j.pin != nil {
-		j.pin.Rollback() //nolint:errcheck // see stepAside
+		j.pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 		j.pin = nil
 	}
 	if j.dbf != nil {

@@ -38,12 +38,10 @@ func newDiskImages(dbPath string) *diskImages {
 	return &diskImages{db: dbPath, jnl: dbPath + JournalSuffix, durable: map[string][]byte{}}
 }
 
-// sync is the journal's fdatasync: it syncs f and keeps the file's
-// content as durable.
+// sync is the journal's fdatasync: it keeps the file's content as
+// durable, read before the sync starts (so it holds only writes the sync
+// covers; one racing the sync may or may not be on disk), then syncs f.
 func (im *diskImages) sync(f *os.File, file string) error {
-	if err := fdatasync(f); err != nil {
-		return err
-	}
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	path := im.db
@@ -52,6 +50,9 @@ func (im *diskImages) sync(f *os.File, file string) error {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
+		return err
+	}
+	if err := fdatasync(f); err != nil {
 		return err
 	}
 	im.durable[path] = b
