@@ -78,13 +78,15 @@ type DB struct {
 	record bool
 	// journal is the write-ahead journal, or nil (Options.Journal).
 	journal *journal
-	// Of the last commit (committer goroutine only): the pages it wrote
-	// and the file's size in use before it.
+	// lastPages is the pages the last commit wrote (committer goroutine
+	// only).
 	lastPages int64
-	lastSize  int64
 	// syncs counts bbolt's fdatasyncs (two per synced commit); the
 	// journal counts its own.
 	syncs atomic.Uint64
+	// closed is set by the first Close (with the journal: a second one
+	// must not checkpoint a closed file).
+	closed atomic.Bool
 }
 
 // Open opens, creating if needed, the database file at path and its
@@ -263,6 +265,9 @@ func (d *DB) Close() error {
 	if d.journal == nil {
 		return d.db.Close()
 	}
+	if !d.closed.CompareAndSwap(false, true) {
+		return nil // closed already
+	}
 	err := d.journal.checkpointAndRelease(d.db)
 	err = errors.Join(err, d.db.Close())
 	return errors.Join(err, d.journal.closeFile())
@@ -274,7 +279,7 @@ func (d *DB) beforeCommit() error {
 	if d.journal == nil {
 		return nil
 	}
-	return d.journal.refuse(d.db, d.lastSize)
+	return d.journal.refuse()
 }
 
 // afterCommit is handed the record of each write transaction once bbolt has
@@ -282,7 +287,7 @@ func (d *DB) beforeCommit() error {
 // of the group. rec is nil when recording is off, and is reused after
 // afterCommit returns. With the journal, the record is made durable here.
 func (d *DB) afterCommit(rec *recorder) error {
-	if d.journal == nil || d.journal.stepped {
+	if d.journal == nil || d.journal.stepped.Load() {
 		return nil // bbolt synced it (countCommit)
 	}
 	if err := d.journal.commit(d.db, rec.bytes(), d.lastPages); err != nil {
@@ -328,7 +333,10 @@ func (d *DB) Commits() CommitStats {
 // Durable reports an error when the database is set up to acknowledge writes
 // that are not yet on disk. NoSync is durable with the journal on.
 func (d *DB) Durable() error {
-	if (d.db.NoSync && d.journal == nil) || d.db.NoGrowSync || d.db.MmapFlags != 0 {
+	if d.journal != nil {
+		return nil // NoSync until the journal steps aside, then bbolt syncs: durable either way
+	}
+	if d.db.NoSync || d.db.NoGrowSync || d.db.MmapFlags != 0 {
 		return fmt.Errorf("%s: NoSync=%v NoGrowSync=%v MmapFlags=%#x; want every sync on", d.db.Path(), d.db.NoSync, d.db.NoGrowSync, d.db.MmapFlags)
 	}
 	return nil

@@ -12,6 +12,15 @@ import (
 // maxGroup caps how many writes share one transaction.
 const maxGroup = 512
 
+// errNothingToCommit and errStepAside end a group's transaction without a
+// commit: with the journal, a commit that changed nothing is not made, and
+// one that could outgrow the mapped file is made again after the journal
+// stepped aside (journal.outgrows).
+var (
+	errNothingToCommit = errors.New("nothing to commit")
+	errStepAside       = errors.New("the journal steps aside first")
+)
+
 // ErrClosed reports a write after Close.
 var ErrClosed = errors.New("database is closed")
 
@@ -163,10 +172,34 @@ func (c *committer) commit(group []*op, rec *recorder) {
 					return err
 				}
 			}
-			c.d.lastSize = tx.Size()
+			if j := c.d.journal; j != nil {
+				if rec.len() == 0 {
+					return errNothingToCommit // no meta page written, no txid used (journal.matches counts on it)
+				}
+				if j.outgrows(tx.Size(), rec.len()) {
+					return errStepAside
+				}
+			}
 			tx.OnCommit(func() { c.d.countCommit(tx) })
 			return nil
 		})
+		switch {
+		case errors.Is(err, errNothingToCommit):
+			c.d.synced.Add(1) // durable as it is: it changed nothing
+			for _, o := range group {
+				o.err <- nil
+			}
+			return
+		case errors.Is(err, errStepAside):
+			c.d.journal.stepAside(c.d.db)
+			if err := c.d.journal.refuse(); err != nil {
+				for _, o := range group {
+					o.err <- err
+				}
+				return
+			}
+			continue // again, with bbolt's syncs
+		}
 		if failed >= 0 {
 			group[failed].err <- failErr
 			group = append(group[:failed], group[failed+1:]...)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"hash/fnv"
+	"io"
 	"os"
 	"strconv"
 	"sync/atomic"
@@ -65,11 +67,15 @@ const (
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
+// errNoSlot marks a slot never written, or torn while written: the other
+// one is then the newest.
+var errNoSlot = errors.New("no valid slot")
+
 // JournalOptions turns the journal on (Options.Journal). Zero fields take
 // the defaults.
 type JournalOptions struct {
 	// Size is the most the journal file grows to (default 64 MiB; the
-	// records get all but the first 264 KiB). It grows in steps of 1 MiB, each written with zeros before
+	// records get all but the first 256 KiB). It grows in steps of 1 MiB, each written with zeros before
 	// use. A record larger than a quarter of the record area is not
 	// journaled: its commit is made durable by a checkpoint instead.
 	Size int64
@@ -130,7 +136,7 @@ type journal struct {
 	pages    int64            // pages written since the last capture
 	captured time.Time        // when the last checkpoint was captured
 	mapSize  int              // the address space bbolt maps
-	stepped  bool             // the journal stepped aside (see stepAside)
+	stepped  atomic.Bool      // the journal stepped aside (see stepAside); read by Durable
 	broken   error            // set once a write or sync failed: writes are refused
 	buf      []byte           // the record being written
 
@@ -142,6 +148,7 @@ type journal struct {
 	// meta pages, written back over the database file's (nil: none).
 	recovered [][]byte
 	metas     []byte
+	ckptTxid  uint64 // the checkpoint's bbolt transaction id
 }
 
 // checkpoint is one being taken: captured between commits, finished (file
@@ -174,7 +181,7 @@ func openJournal(dbPath string, opts JournalOptions, lockTimeout time.Duration) 
 	j := &journal{opts: opts, f: f, path: path}
 	if err := lockFile(f, lockTimeout); err != nil {
 		f.Close()
-		return nil, fmt.Errorf("journal %s is locked by another process (is another parley using its data directory?): %w", path, err)
+		return nil, fmt.Errorf("lock journal %s: %w", path, err)
 	}
 	if err := j.load(); err != nil {
 		f.Close()
@@ -189,7 +196,7 @@ func openJournal(dbPath string, opts JournalOptions, lockTimeout time.Duration) 
 			f.Close()
 			return nil, fmt.Errorf("journal %s has a checkpoint but database %s is missing or shorter than two pages (%d bytes): restore the database file with its journal", path, dbPath, size)
 		}
-		if err := j.restoreMetas(dbPath); err != nil {
+		if err := j.restoreMetas(dbPath, lockTimeout); err != nil {
 			f.Close()
 			return nil, err
 		}
@@ -212,8 +219,11 @@ func (j *journal) load() error {
 	var best *checkpoint
 	for i := range 2 {
 		c, err := j.readSlot(i)
-		if err != nil {
+		if errors.Is(err, errNoSlot) {
 			continue // torn or never written: the other slot holds the newest
+		}
+		if err != nil {
+			return fmt.Errorf("read slot %d: %w", i, err) // not a torn write: nothing to fall back on safely
 		}
 		if best == nil || c.n > best.n {
 			best = c
@@ -227,7 +237,7 @@ func (j *journal) load() error {
 		j.head, j.tail, j.seq = recordsStart, recordsStart, 1
 		return nil
 	}
-	j.ckpt, j.head, j.seq = best.n, best.head, best.seq
+	j.ckpt, j.head, j.seq, j.ckptTxid = best.n, best.head, best.seq, best.txid
 	if best.flags&flagActive != 0 {
 		j.metas = best.metas
 	}
@@ -236,9 +246,12 @@ func (j *journal) load() error {
 		return nil // stepped aside: the database file is whole without it
 	}
 	for {
-		rec, next, ok := j.readRecord(j.tail, j.seq)
-		if !ok && j.tail != recordsStart {
-			rec, next, ok = j.readRecord(recordsStart, j.seq) // the ring wrapped
+		rec, next, ok, err := j.readRecord(j.tail, j.seq)
+		if err == nil && !ok && j.tail != recordsStart {
+			rec, next, ok, err = j.readRecord(recordsStart, j.seq) // the ring wrapped
+		}
+		if err != nil {
+			return fmt.Errorf("read record %d: %w", j.seq, err) // not a torn write: acknowledged records may follow
 		}
 		if !ok {
 			return nil
@@ -250,18 +263,20 @@ func (j *journal) load() error {
 
 func (j *journal) readSlot(i int) (*checkpoint, error) {
 	buf := make([]byte, slotSize)
-	if _, err := j.f.ReadAt(buf, int64(i)*slotSize); err != nil {
+	if _, err := j.f.ReadAt(buf, int64(i)*slotSize); errors.Is(err, io.EOF) {
+		return nil, errNoSlot // a file cut short while it was made
+	} else if err != nil {
 		return nil, err
 	}
 	if string(buf[:8]) != slotMagic {
-		return nil, errors.New("no slot")
+		return nil, errNoSlot
 	}
 	ps := int(binary.LittleEndian.Uint32(buf[12:]))
 	if ps <= 0 || ps > maxPageSize {
-		return nil, errors.New("bad page size")
+		return nil, errNoSlot
 	}
 	if crc32.Checksum(buf[12:slotHeader+2*ps], crcTable) != binary.LittleEndian.Uint32(buf[8:]) {
-		return nil, errors.New("checksum")
+		return nil, errNoSlot
 	}
 	c := &checkpoint{
 		n:     binary.LittleEndian.Uint64(buf[16:]),
@@ -272,33 +287,34 @@ func (j *journal) readSlot(i int) (*checkpoint, error) {
 		metas: buf[slotHeader : slotHeader+2*ps],
 	}
 	if c.head < recordsStart || c.head > j.end {
-		return nil, errors.New("head outside the file")
+		return nil, errNoSlot
 	}
 	return c, nil
 }
 
-// readRecord reads the record at off if it is whole and carries seq.
-func (j *journal) readRecord(off int64, seq uint64) (rec []byte, next int64, ok bool) {
+// readRecord reads the record at off if it is whole and carries seq; err
+// is a failed read, not a torn record.
+func (j *journal) readRecord(off int64, seq uint64) (rec []byte, next int64, ok bool, err error) {
 	var h [recordHeader]byte
 	if off+recordHeader > j.end {
-		return nil, 0, false
+		return nil, 0, false, nil
 	}
 	if _, err := j.f.ReadAt(h[:], off); err != nil {
-		return nil, 0, false
+		return nil, 0, false, err
 	}
 	n := int64(binary.LittleEndian.Uint32(h[8:]))
 	if binary.LittleEndian.Uint32(h[0:]) != recordMagic || binary.LittleEndian.Uint64(h[12:]) != seq || off+recordHeader+n > j.end {
-		return nil, 0, false
+		return nil, 0, false, nil
 	}
 	rec = make([]byte, n)
 	if _, err := j.f.ReadAt(rec, off+recordHeader); err != nil {
-		return nil, 0, false
+		return nil, 0, false, err
 	}
 	crc := crc32.Update(crc32.Checksum(h[8:], crcTable), crcTable, rec)
 	if crc != binary.LittleEndian.Uint32(h[4:]) {
-		return nil, 0, false
+		return nil, 0, false, nil
 	}
-	return rec, off + recordHeader + n, true
+	return rec, off + recordHeader + n, true, nil
 }
 
 // grow extends the file to size (at most opts.Size) with zeros, synced.
@@ -337,13 +353,22 @@ func (j *journal) fdatasync(f *os.File, file string) error {
 }
 
 // restoreMetas writes the checkpoint's meta pages over the database file's
-// at path, so that bbolt opens the checkpoint's tree, and syncs them.
-func (j *journal) restoreMetas(path string) error {
+// at path, so that bbolt opens the checkpoint's tree, and syncs them. It
+// holds the file's lock as bbolt takes it (another process may have the
+// file open without the journal) and first checks that the file belongs
+// with the journal (matches).
+func (j *journal) restoreMetas(path string, lockTimeout time.Duration) error {
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	if err != nil {
 		return fmt.Errorf("restore meta pages of %s: %w", path, err)
 	}
-	defer f.Close()
+	defer f.Close() // lets go of the lock
+	if err := lockFile(f, lockTimeout); err != nil {
+		return fmt.Errorf("lock %s: %w", path, err)
+	}
+	if err := j.matches(f, path); err != nil {
+		return err
+	}
 	if _, err := f.WriteAt(j.metas, 0); err != nil {
 		return fmt.Errorf("restore meta pages of %s: %w", path, err)
 	}
@@ -351,6 +376,60 @@ func (j *journal) restoreMetas(path string) error {
 		return fmt.Errorf("restore meta pages of %s: %w", path, err)
 	}
 	return nil
+}
+
+// matches refuses a database file that is not the one the journal's
+// checkpoint was taken of, or no longer it: older than the checkpoint
+// (put back from a copy without its journal) or moved on past what the
+// journal knows of (opened without it). Commits after a checkpoint each
+// leave a record (one that changes nothing is not made), so the file's
+// newest meta page is at most the records after it, plus one commit
+// whose record was lost, plus Open's own schema commit, past the
+// checkpoint; and a checkpoint syncs the file, so its newest meta page
+// is at least the one before the checkpoint's.
+func (j *journal) matches(f *os.File, path string) error {
+	ps := len(j.metas) / 2
+	buf := make([]byte, 2*ps)
+	if _, err := f.ReadAt(buf, 0); err != nil {
+		return fmt.Errorf("read the meta pages of %s: %w", path, err)
+	}
+	newest, ok := uint64(0), false
+	for i := range 2 {
+		if txid, valid := metaTxid(buf[i*ps : (i+1)*ps]); valid && (!ok || txid > newest) {
+			newest, ok = txid, true
+		}
+	}
+	switch {
+	case !ok:
+		return fmt.Errorf("%s has no valid meta page: it is not a bbolt database, or not the one journal %s belongs to", path, j.path)
+	case newest+1 < j.ckptTxid:
+		return fmt.Errorf("%s (transaction %d) is older than its journal %s (checkpoint at transaction %d): was it put back from a copy without its journal?", path, newest, j.path, j.ckptTxid)
+	case newest > j.ckptTxid+uint64(len(j.recovered))+2:
+		return fmt.Errorf("%s (transaction %d) has moved on past its journal %s (checkpoint at transaction %d, %d records): was it written without the journal?", path, newest, j.path, j.ckptTxid, len(j.recovered))
+	}
+	return nil
+}
+
+// metaTxid reads the transaction id of a bbolt meta page (format version
+// 2: a 16-byte page header, then magic, version, page size, flags, root
+// bucket (16 bytes), freelist, high-water mark, txid and an FNV-64a
+// checksum of the fields before it, in the machine's byte order), and
+// whether the page is valid.
+func metaTxid(page []byte) (uint64, bool) {
+	const header, magic, version = 16, 0xED0CDAED, 2
+	if len(page) < header+64 {
+		return 0, false
+	}
+	m := page[header:]
+	if binary.NativeEndian.Uint32(m[0:]) != magic || binary.NativeEndian.Uint32(m[4:]) != version {
+		return 0, false
+	}
+	h := fnv.New64a()
+	h.Write(m[:56])
+	if h.Sum64() != binary.NativeEndian.Uint64(m[56:]) {
+		return 0, false
+	}
+	return binary.NativeEndian.Uint64(m[48:]), true
 }
 
 // start readies the journal on the opened database: pins the restored
@@ -371,6 +450,14 @@ func (j *journal) start(db *bolt.DB) error {
 	if j.pin, err = db.Begin(false); err != nil {
 		return err
 	}
+	if j.metas == nil {
+		// No checkpoint to go back to (a new journal, or one that stepped
+		// aside or closed): the file as it is, whole, becomes the one, before
+		// anything commits without a sync.
+		if err := j.checkpointNow(db, flagActive); err != nil {
+			return err
+		}
+	}
 	for i, rec := range j.recovered {
 		if err := db.Update(func(tx *bolt.Tx) error { return replay(tx, rec) }); err != nil {
 			return fmt.Errorf("replay record %d of %d: %w", i+1, len(j.recovered), err)
@@ -380,18 +467,17 @@ func (j *journal) start(db *bolt.DB) error {
 	return nil
 }
 
-// refuse reports why no write may commit, or nil. It also lets the
-// journal step aside before a commit could make bbolt remap its file while
-// the pin holds the map (bbolt would wait for the pin; the pin for the
-// commit).
-func (j *journal) refuse(db *bolt.DB, size int64) error {
-	if j.broken != nil {
-		return j.broken
-	}
-	if !j.stepped && size > int64(j.mapSize/2) {
-		j.stepAside(db)
-	}
-	return j.broken
+// refuse reports why no write may commit, or nil.
+func (j *journal) refuse() error { return j.broken }
+
+// outgrows reports whether a commit of a record of n bytes, in a file of
+// size bytes in use, could make bbolt remap its file: the journal must
+// step aside first (bbolt's remap would wait for the pin, the pin for the
+// commit). A commit allocates at most a copy of every page in use (each
+// one it changes is rewritten elsewhere) and about four times its new
+// data; the map holds twice that and some.
+func (j *journal) outgrows(size int64, n int) bool {
+	return !j.stepped.Load() && 2*size+4*int64(n)+min(64<<20, int64(j.mapSize)/8) > int64(j.mapSize)/2
 }
 
 // stepAside stops journaling for the rest of the process: a checkpoint
@@ -405,8 +491,8 @@ func (j *journal) stepAside(db *bolt.DB) {
 	}
 	j.pin.Rollback() //nolint:errcheck // a read transaction's rollback fails only when already closed
 	j.pin = nil
-	j.stepped = true
 	db.NoSync = false
+	j.stepped.Store(true)
 }
 
 // commit makes the commit whose record is rec (pages written) durable:
@@ -415,7 +501,7 @@ func (j *journal) commit(db *bolt.DB, rec []byte, pages int64) error {
 	if j.broken != nil {
 		return j.broken
 	}
-	if j.stepped {
+	if j.stepped.Load() {
 		return nil // bbolt synced it
 	}
 	j.collect(false)
@@ -533,7 +619,7 @@ func (j *journal) capture(db *bolt.DB, flags uint32) (*checkpoint, error) {
 	}
 	metas := make([]byte, 2*j.pageSize)
 	if _, err := j.dbf.ReadAt(metas, 0); err != nil {
-		pin.Rollback() //nolint:errcheck // see stepAside
+		pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 		return nil, fmt.Errorf("checkpoint: read meta pages: %w", err)
 	}
 	j.since, j.pages, j.captured = 0, 0, time.Now()
@@ -586,12 +672,12 @@ func (j *journal) collect(wait bool) {
 func (j *journal) apply(c *checkpoint) {
 	j.inflight = nil
 	if c.err != nil {
-		c.pin.Rollback() //nolint:errcheck // see stepAside
+		c.pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 		j.broken = fmt.Errorf("journal %s failed, writes are refused until a restart: %w", j.path, c.err)
 		return
 	}
 	if j.pin != nil {
-		j.pin.Rollback() //nolint:errcheck // see stepAside
+		j.pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 	}
 	j.pin, j.head, j.ckpt = c.pin, c.head, c.n
 }
@@ -603,7 +689,7 @@ func (j *journal) apply(c *checkpoint) {
 // lets go of the pin, so that bbolt can close.
 func (j *journal) checkpointAndRelease(db *bolt.DB) error {
 	var err error
-	if j.broken == nil && !j.stepped {
+	if j.broken == nil && !j.stepped.Load() {
 		err = j.checkpointNow(db, 0)
 	} else {
 		j.collect(true)
@@ -615,7 +701,7 @@ func (j *journal) checkpointAndRelease(db *bolt.DB) error {
 // release lets go of the pin and the database file's handle.
 func (j *journal) release() {
 	if j.pin != nil {
-		j.pin.Rollback() //nolint:errcheck // see stepAside
+		j.pin.Rollback() //nolint:errcheck // a read transaction's Rollback fails only if it is closed already
 		j.pin = nil
 	}
 	if j.dbf != nil {
@@ -637,7 +723,8 @@ func (j *journal) abandon() {
 
 // mapSize is the address space bbolt maps for a file of size bytes with
 // the journal on: enough that no commit remaps it while a pin holds the map
-// (the journal steps aside at half of it).
+// (the journal steps aside before a commit that could pass half of it:
+// outgrows).
 func mapSize(size int64) int {
-	return int(max(16<<30, 4*size)) //nolint:gosec // 64-bit only (openJournal)
+	return int(max(16<<30, 8*size)) //nolint:gosec // 64-bit only (openJournal)
 }

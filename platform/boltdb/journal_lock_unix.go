@@ -9,6 +9,9 @@ import (
 	"time"
 )
 
+// errLocked reports a file another process holds locked.
+var errLocked = errors.New("locked by another process (is another parley using its data directory?)")
+
 // lockFile takes an exclusive lock on f, trying every 50 ms for up to
 // timeout (zero: forever), as bbolt locks its file.
 func lockFile(f *os.File, timeout time.Duration) error {
@@ -19,7 +22,7 @@ func lockFile(f *os.File, timeout time.Duration) error {
 			return err
 		}
 		if timeout > 0 && time.Now().After(deadline) {
-			return errors.New("timed out")
+			return errLocked
 		}
 		time.Sleep(50 * time.Millisecond)
 	}

@@ -38,12 +38,10 @@ func newDiskImages(dbPath string) *diskImages {
 	return &diskImages{db: dbPath, jnl: dbPath + JournalSuffix, durable: map[string][]byte{}}
 }
 
-// sync is the journal's fdatasync: it syncs f and keeps the file's
-// content as durable.
+// sync is the journal's fdatasync: it keeps the file's content as
+// durable, read before the sync starts (so it holds only writes the sync
+// covers; one racing the sync may or may not be on disk), then syncs f.
 func (im *diskImages) sync(f *os.File, file string) error {
-	if err := fdatasync(f); err != nil {
-		return err
-	}
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	path := im.db
@@ -52,6 +50,9 @@ func (im *diskImages) sync(f *os.File, file string) error {
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
+		return err
+	}
+	if err := fdatasync(f); err != nil {
 		return err
 	}
 	im.durable[path] = b
@@ -142,7 +143,12 @@ func TestJournal_powerCutsLoseNoAcknowledgedWrite(t *testing.T) {
 }
 
 func powerCuts(t *testing.T, opts *JournalOptions, writes int) {
-	r := rand.New(rand.NewPCG(7, 13))
+	seed := uint64(7)
+	if s, err := strconv.ParseUint(os.Getenv("PARLEY_JOURNAL_SEED"), 10, 64); err == nil {
+		seed = s // more cuts: PARLEY_JOURNAL_SEED=n go test -run PowerCuts
+	}
+	t.Logf("seed %d", seed)
+	r := rand.New(rand.NewPCG(seed, 13))
 	path := filepath.Join(t.TempDir(), "x.db")
 	im := newDiskImages(path)
 	opts.sync = im.sync
@@ -349,8 +355,8 @@ func TestJournal_stepsAsideBeforeTheMapFills(t *testing.T) {
 			t.Fatalf("write %d: %v", i, err)
 		}
 	}
-	if !d.journal.stepped {
-		t.Fatalf("the journal did not step aside with %d bytes in use of a %d-byte map", d.lastSize, opts.mapSize)
+	if !d.journal.stepped.Load() {
+		t.Fatalf("the journal did not step aside with a %d-byte map", opts.mapSize)
 	}
 	if err := d.Durable(); err != nil || d.db.NoSync {
 		t.Fatalf("after stepping aside: Durable() = %v, NoSync = %v; want bbolt syncing", err, d.db.NoSync)
@@ -366,8 +372,8 @@ func TestJournal_stepsAsideBeforeTheMapFills(t *testing.T) {
 		t.Fatal(err)
 	}
 	d = open(t, path, Options{Journal: journalOpts()})
-	if d.journal.stepped || get(t, d, bucketThings, "after") != "x" || get(t, d, bucketThings, "k01499") != string(value) {
-		t.Errorf("after a restart: stepped = %v, writes lost", d.journal.stepped)
+	if d.journal.stepped.Load() || get(t, d, bucketThings, "after") != "x" || get(t, d, bucketThings, "k01499") != string(value) {
+		t.Errorf("after a restart: stepped = %v, writes lost", d.journal.stepped.Load())
 	}
 }
 
