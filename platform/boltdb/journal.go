@@ -75,9 +75,10 @@ var errNoSlot = errors.New("no valid slot")
 // the defaults.
 type JournalOptions struct {
 	// Size is the most the journal file grows to (default 64 MiB; the
-	// records get all but the first 256 KiB). It grows in steps of 1 MiB, each written with zeros before
-	// use. A record larger than a quarter of the record area is not
-	// journaled: its commit is made durable by a checkpoint instead.
+	// records get all but the first 256 KiB). It grows in steps of 1 MiB,
+	// each written with zeros before use. A record larger than a quarter
+	// of the record area is not journaled: its commit is made durable by a
+	// checkpoint instead.
 	Size int64
 	// A checkpoint starts once CheckpointBytes of records (default
 	// Size/8), or CheckpointPages pages written by commits (default 8192),
