@@ -8,6 +8,7 @@ import (
 	"hash/fnv"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -94,7 +95,8 @@ type JournalOptions struct {
 	// the journal step aside).
 	mapSize int
 	// sync replaces fdatasync(2) of the database file ("db") and the
-	// journal ("journal"): tests take the files' durable images there.
+	// journal ("journal"), and fsync(2) of their directory ("dir"): tests
+	// take the files' durable images there.
 	sync func(f *os.File, file string) error
 }
 
@@ -344,6 +346,26 @@ func (j *journal) sync() error {
 	return nil
 }
 
+// syncDir syncs dir, the directory of the database and its journal,
+// which makes a creation of either durable. It is not one of the files'
+// fdatasyncs that Commits counts.
+func (j *journal) syncDir(dir string) error {
+	f, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if j.opts.sync != nil {
+		err = j.opts.sync(f, "dir")
+	} else {
+		err = f.Sync()
+	}
+	if err != nil {
+		return fmt.Errorf("sync directory %s: %w", dir, err)
+	}
+	return nil
+}
+
 // fdatasync syncs f, the database file ("db") or the journal.
 func (j *journal) fdatasync(f *os.File, file string) error {
 	j.syncs.Add(1)
@@ -454,7 +476,12 @@ func (j *journal) start(db *bolt.DB) error {
 	if j.metas == nil {
 		// No checkpoint to go back to (a new journal, or one that stepped
 		// aside or closed): the file as it is, whole, becomes the one, before
-		// anything commits without a sync.
+		// anything commits without a sync. The journal may be new, and
+		// the database file too: their fdatasyncs make their content
+		// durable, not their names, so the directory is synced first.
+		if err := j.syncDir(filepath.Dir(db.Path())); err != nil {
+			return err
+		}
 		if err := j.checkpointNow(db, flagActive); err != nil {
 			return err
 		}

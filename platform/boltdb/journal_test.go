@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -42,6 +43,9 @@ func newDiskImages(dbPath string) *diskImages {
 // durable, read before the sync starts (so it holds only writes the sync
 // covers; one racing the sync may or may not be on disk), then syncs f.
 func (im *diskImages) sync(f *os.File, file string) error {
+	if file == "dir" { // names only: no file's content
+		return f.Sync()
+	}
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	path := im.db
@@ -553,5 +557,33 @@ func TestJournal_offAndOnKeepsEveryWrite(t *testing.T) {
 		if err := d.Close(); err != nil {
 			t.Fatal(err)
 		}
+	}
+}
+
+// TestJournal_firstOpenSyncsTheDirectory: an fdatasync makes a file's
+// content durable, not its name in the directory. The first journaled Open
+// creates the journal (and perhaps the database), so it syncs the
+// directory before any commit relies on either: otherwise a power cut
+// could take away the journal and the acknowledged records in it.
+func TestJournal_firstOpenSyncsTheDirectory(t *testing.T) {
+	dir := t.TempDir()
+	opts := journalOpts()
+	var mu sync.Mutex
+	var synced []string
+	opts.sync = func(f *os.File, file string) error {
+		mu.Lock()
+		synced = append(synced, file+" "+f.Name())
+		mu.Unlock()
+		return fdatasync(f)
+	}
+	d := open(t, filepath.Join(dir, "x.db"), Options{Journal: opts})
+	mu.Lock()
+	got := slices.Clone(synced)
+	mu.Unlock()
+	if !slices.Contains(got, "dir "+dir) {
+		t.Errorf("syncs during the first journaled Open: %q; want one of directory %s", got, dir)
+	}
+	if err := d.Close(); err != nil {
+		t.Error(err)
 	}
 }
