@@ -97,26 +97,25 @@ func (tx *Tx) Bucket(name []byte) *Bucket { return tx.child(tx.tx.Bucket(name), 
 // CreateBucket creates the top-level bucket name.
 func (tx *Tx) CreateBucket(name []byte) (*Bucket, error) {
 	b, err := tx.tx.CreateBucket(name)
-	if err != nil {
-		return nil, err
-	}
-	nb := tx.child(b, name)
-	if tx.rec != nil {
-		tx.rec.createBucket(nb)
-	}
-	return nb, nil
+	return created(b, err, tx.child, name, tx.rec)
 }
 
 // CreateBucketIfNotExists returns the top-level bucket name, creating it
 // when missing.
 func (tx *Tx) CreateBucketIfNotExists(name []byte) (*Bucket, error) {
 	b, err := tx.tx.CreateBucketIfNotExists(name)
+	return created(b, err, tx.child, name, tx.rec)
+}
+
+// created wraps bucket b, just created (or found) as name by bbolt, with
+// child, and records its creation; err is bbolt's.
+func created(b *bolt.Bucket, err error, child func(*bolt.Bucket, []byte) *Bucket, name []byte, rec *recorder) (*Bucket, error) {
 	if err != nil {
 		return nil, err
 	}
-	nb := tx.child(b, name)
-	if tx.rec != nil {
-		tx.rec.createBucket(nb)
+	nb := child(b, name)
+	if rec != nil {
+		rec.createBucket(nb)
 	}
 	return nb, nil
 }
@@ -183,28 +182,14 @@ func (b *Bucket) Bucket(name []byte) *Bucket { return b.child(b.b.Bucket(name), 
 // CreateBucket creates the nested bucket name.
 func (b *Bucket) CreateBucket(name []byte) (*Bucket, error) {
 	c, err := b.b.CreateBucket(name)
-	if err != nil {
-		return nil, err
-	}
-	nb := b.child(c, name)
-	if b.rec != nil {
-		b.rec.createBucket(nb)
-	}
-	return nb, nil
+	return created(c, err, b.child, name, b.rec)
 }
 
 // CreateBucketIfNotExists returns the nested bucket name, creating it when
 // missing.
 func (b *Bucket) CreateBucketIfNotExists(name []byte) (*Bucket, error) {
 	c, err := b.b.CreateBucketIfNotExists(name)
-	if err != nil {
-		return nil, err
-	}
-	nb := b.child(c, name)
-	if b.rec != nil {
-		b.rec.createBucket(nb)
-	}
-	return nb, nil
+	return created(c, err, b.child, name, b.rec)
 }
 
 // DeleteBucket deletes the nested bucket name and everything in it.

@@ -7,7 +7,6 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/parleyhq/parley/gen v0.0.0
 	github.com/parleyhq/parley/platform v0.0.0
-	go.etcd.io/bbolt v1.5.0
 	golang.org/x/sync v0.24.0
 	google.golang.org/grpc v1.85.0
 )
@@ -16,6 +15,7 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	go.etcd.io/bbolt v1.5.0 // indirect
 )
 
 require (
