@@ -46,12 +46,6 @@ type Cursor struct {
 	key []byte
 }
 
-// Writable reports whether tx can change the database.
-func (tx *Tx) Writable() bool { return tx.tx.Writable() }
-
-// ID is the transaction's id.
-func (tx *Tx) ID() int { return tx.tx.ID() }
-
 // Size is the database's size in bytes as this transaction sees it.
 func (tx *Tx) Size() int64 { return tx.tx.Size() }
 
@@ -141,9 +135,6 @@ func (tx *Tx) ForEach(fn func(name []byte, b *Bucket) error) error {
 // cursor.
 func (tx *Tx) Cursor() *Cursor { return &Cursor{c: tx.tx.Cursor()} }
 
-// Writable reports whether b can be changed.
-func (b *Bucket) Writable() bool { return b.b.Writable() }
-
 // Get returns key's value, or nil if key is missing or names a bucket. The
 // value is valid only inside the transaction.
 func (b *Bucket) Get(key []byte) []byte { return b.b.Get(key) }
@@ -207,9 +198,6 @@ func (b *Bucket) DeleteBucket(name []byte) error {
 // bucket. fn must not change b.
 func (b *Bucket) ForEach(fn func(k, v []byte) error) error { return b.b.ForEach(fn) }
 
-// Sequence is b's sequence number.
-func (b *Bucket) Sequence() uint64 { return b.b.Sequence() }
-
 // SetSequence sets b's sequence number.
 func (b *Bucket) SetSequence(n uint64) error {
 	if err := b.b.SetSequence(n); err != nil {
@@ -233,11 +221,6 @@ func (b *Bucket) NextSequence() (uint64, error) {
 	}
 	return n, nil
 }
-
-// SetFillPercent sets how full bbolt packs b's pages when it splits them
-// (bbolt's FillPercent field; 0.5 unless set, 1 for keys appended in
-// order). It changes page layout only, not content, so it is not recorded.
-func (b *Bucket) SetFillPercent(p float64) { b.b.FillPercent = p }
 
 // Stats are b's page and key counts.
 func (b *Bucket) Stats() bolt.BucketStats { return b.b.Stats() }
