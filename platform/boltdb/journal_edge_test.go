@@ -1,8 +1,10 @@
 package boltdb
 
-// Review of the journal (review3): each test here failed on the journal
-// as of afb6c7d and names the way it loses a write, corrupts the file or
-// hangs. /work/wt/notes/review3.md has the findings and suggested fixes.
+// The journal at its edges: runs with and without it, a refused Open, a
+// commit outgrowing the map, Durable while stepping aside, a second Close,
+// a database file older than its journal, power cuts in the first Open
+// and over many lives. Each names the way the journal would lose a write,
+// corrupt the file or hang without what it tests.
 
 import (
 	"bytes"
@@ -18,14 +20,14 @@ import (
 	bolt "go.etcd.io/bbolt"
 )
 
-// TestJournalReview_aPlainOpenAfterACleanCloseIsNotUndone: a journaled
+// TestJournal_aPlainOpenAfterACleanCloseIsNotUndone: a journaled
 // database closed cleanly, then opened without the journal (an older
 // release after a rollback, a tool, a store's tests), keeps the writes
 // made then when it is opened with the journal again. Close leaves an
 // active checkpoint, so the next journaled Open writes that checkpoint's
 // meta pages over the file's: the plain writes are gone, and the
 // checkpoint's tree may have been overwritten by them (nothing pinned it).
-func TestJournalReview_aPlainOpenAfterACleanCloseIsNotUndone(t *testing.T) {
+func TestJournal_aPlainOpenAfterACleanCloseIsNotUndone(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
 	d := open(t, path, Options{Journal: journalOpts()})
 	if err := d.Update(put("a", "1")); err != nil {
@@ -52,7 +54,7 @@ func TestJournalReview_aPlainOpenAfterACleanCloseIsNotUndone(t *testing.T) {
 	}
 }
 
-// TestJournalReview_aRefusedOpenLeavesTheDatabaseAlone: a journaled Open
+// TestJournal_aRefusedOpenLeavesTheDatabaseAlone: a journaled Open
 // that cannot have the database (another process holds bbolt's lock: a
 // plain open of the same file) must not write it. openJournal restores the
 // checkpoint's meta pages before bbolt.Open takes bbolt's lock, so the
@@ -60,7 +62,7 @@ func TestJournalReview_aPlainOpenAfterACleanCloseIsNotUndone(t *testing.T) {
 // it closes. The journal is left as a crash leaves it (copied while open),
 // so that a clean Close ending in an inactive checkpoint (the fix for the
 // test above) does not hide this.
-func TestJournalReview_aRefusedOpenLeavesTheDatabaseAlone(t *testing.T) {
+func TestJournal_aRefusedOpenLeavesTheDatabaseAlone(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
 	d := open(t, path, Options{Journal: journalOpts()})
 	if err := d.Update(put("a", "1")); err != nil {
@@ -92,7 +94,7 @@ func TestJournalReview_aRefusedOpenLeavesTheDatabaseAlone(t *testing.T) {
 	}
 }
 
-// TestJournalReview_aCommitThatOutgrowsTheMapDoesNotHang: the journal
+// TestJournal_aCommitThatOutgrowsTheMapDoesNotHang: the journal
 // steps aside only when the size before the previous group passed half
 // the map (refuse uses lastSize, set before the commit). A group that
 // grows the file past the mapped size while the pin is held makes bbolt
@@ -100,7 +102,7 @@ func TestJournalReview_aRefusedOpenLeavesTheDatabaseAlone(t *testing.T) {
 // and only the committer, now waiting in bbolt, would let the pin go.
 // (With the production map, 16 GiB or 4× the file, this needs a group of
 // several GiB; a smaller map shows it.)
-func TestJournalReview_aCommitThatOutgrowsTheMapDoesNotHang(t *testing.T) {
+func TestJournal_aCommitThatOutgrowsTheMapDoesNotHang(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
 	opts := journalOpts()
 	opts.mapSize = 4 << 20
@@ -123,11 +125,11 @@ func TestJournalReview_aCommitThatOutgrowsTheMapDoesNotHang(t *testing.T) {
 	}
 }
 
-// TestJournalReview_durableWhileTheJournalStepsAside: Durable (a store's
+// TestJournal_durableWhileTheJournalStepsAside: Durable (a store's
 // readiness check may call it at any time) reads db.NoSync, which
 // stepAside writes on the committer goroutine without synchronisation.
 // Fails under -race only.
-func TestJournalReview_durableWhileTheJournalStepsAside(t *testing.T) {
+func TestJournal_durableWhileTheJournalStepsAside(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "x.db")
 	opts := journalOpts()
 	opts.mapSize = 4 << 20
@@ -158,11 +160,11 @@ func TestJournalReview_durableWhileTheJournalStepsAside(t *testing.T) {
 	}
 }
 
-// TestJournalReview_aSecondCloseIsQuiet: without the journal a second Close
+// TestJournal_aSecondCloseIsQuiet: without the journal a second Close
 // returns nil (bbolt's does); with it, it reports "database not open" from
 // a last checkpoint it tries on a closed bbolt, and "file already closed".
 // Cleanups (t.Cleanup, deferred closes after an explicit one) hit this.
-func TestJournalReview_aSecondCloseIsQuiet(t *testing.T) {
+func TestJournal_aSecondCloseIsQuiet(t *testing.T) {
 	for _, j := range []*JournalOptions{nil, journalOpts()} {
 		d, err := Open(filepath.Join(t.TempDir(), "x.db"), Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, Journal: j})
 		if err != nil {
@@ -177,7 +179,7 @@ func TestJournalReview_aSecondCloseIsQuiet(t *testing.T) {
 	}
 }
 
-// TestJournalReview_aDatabaseFileOlderThanItsJournalIsNotRewritten: the
+// TestJournal_aDatabaseFileOlderThanItsJournalIsNotRewritten: the
 // database file put back from an older copy (a backup restored without
 // its journal, the journal left by a later run that crashed) gets the journal's
 // later meta pages written over its own: they point at pages the old file
@@ -185,21 +187,21 @@ func TestJournalReview_aSecondCloseIsQuiet(t *testing.T) {
 // checkpoint's) or leave the file as it was. It panics instead (bbolt's
 // freelist rebuild, on a goroutine of its own: the process dies), so the
 // scenario runs in a child process.
-func TestJournalReview_aDatabaseFileOlderThanItsJournalIsNotRewritten(t *testing.T) {
-	if os.Getenv("BOLTDB_REVIEW3_CHILD") != "" {
+func TestJournal_aDatabaseFileOlderThanItsJournalIsNotRewritten(t *testing.T) {
+	if os.Getenv("BOLTDB_JOURNAL_PANIC_CHILD") != "" {
 		olderFileChild(t)
 		return
 	}
-	runReviewChild(t, "Open of a database file older than its journal")
+	runInChild(t, "Open of a database file older than its journal")
 }
 
-// runReviewChild runs the calling test again in a child process (a panic
+// runInChild runs the calling test again in a child process (a panic
 // on one of bbolt's goroutines ends the process) and fails with its
 // output up to the first goroutine dump.
-func runReviewChild(t *testing.T, what string) {
+func runInChild(t *testing.T, what string) {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.v")
-	cmd.Env = append(os.Environ(), "BOLTDB_REVIEW3_CHILD=1")
+	cmd.Env = append(os.Environ(), "BOLTDB_JOURNAL_PANIC_CHILD=1")
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		first, _, _ := strings.Cut(string(out), "\n\ngoroutine")
@@ -260,7 +262,7 @@ func olderFileChild(t *testing.T) {
 	}
 }
 
-// TestJournalReview_aPowerCutInTheFirstJournaledOpenKeepsTheDatabase: the
+// TestJournal_aPowerCutInTheFirstJournaledOpenKeepsTheDatabase: the
 // first journaled Open of a database (an upgrade from a release without
 // the journal; also any Open after the journal stepped aside, whose slot
 // is inactive) has no checkpoint to restore, yet commits initialise's
@@ -270,12 +272,12 @@ func olderFileChild(t *testing.T) {
 // checkpoint, restores nothing, and bbolt opens a torn tree. The cut is
 // taken in the checkpoint's sync of the database file: every page as last
 // synced (the plain Close) but the meta pages, as written.
-func TestJournalReview_aPowerCutInTheFirstJournaledOpenKeepsTheDatabase(t *testing.T) {
-	if os.Getenv("BOLTDB_REVIEW3_CHILD") != "" {
+func TestJournal_aPowerCutInTheFirstJournaledOpenKeepsTheDatabase(t *testing.T) {
+	if os.Getenv("BOLTDB_JOURNAL_PANIC_CHILD") != "" {
 		firstOpenCutChild(t)
 		return
 	}
-	runReviewChild(t, "a power cut in the first journaled Open")
+	runInChild(t, "a power cut in the first journaled Open")
 }
 
 func firstOpenCutChild(t *testing.T) {
@@ -335,7 +337,7 @@ func firstOpenCutChild(t *testing.T) {
 	}
 }
 
-// TestJournalReview_powerCutsOverManyLives: each life opens what the
+// TestJournal_powerCutsOverManyLives: each life opens what the
 // last power cut left (so it recovers, then journals on from where the
 // recovery put head, tail and seq), writes, and is cut at a random moment
 // between writes; the next life must see exactly the writes acknowledged
@@ -344,9 +346,9 @@ func firstOpenCutChild(t *testing.T) {
 // once, never cuts a recovery and never writes after one. It passes: kept
 // as coverage. The child panics on a torn tree, so
 // the lives run in a child process.
-func TestJournalReview_powerCutsOverManyLives(t *testing.T) {
-	if os.Getenv("BOLTDB_REVIEW3_CHILD") == "" {
-		runReviewChild(t, "power cuts over many lives")
+func TestJournal_powerCutsOverManyLives(t *testing.T) {
+	if os.Getenv("BOLTDB_JOURNAL_PANIC_CHILD") == "" {
+		runInChild(t, "power cuts over many lives")
 		return
 	}
 	for name, opts := range map[string]func() *JournalOptions{
