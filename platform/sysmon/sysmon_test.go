@@ -13,7 +13,8 @@ import (
 )
 
 // reexecHelper makes the test binary a program that calls Reexec and
-// prints its PID and GODEBUG: what TestReexec runs.
+// prints its PID and GODEBUG: what TestReexec_sameProcessWithTheSetting
+// runs.
 const reexecHelper = "SYSMON_TEST_REEXEC"
 
 func TestMain(m *testing.M) {
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func TestEnv(t *testing.T) {
+func TestEnv_addsTheSettingUnlessSchedtraceIsNamed(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		in      []string
@@ -55,10 +56,10 @@ func TestEnv(t *testing.T) {
 	}
 }
 
-// TestReexec runs a process that calls Reexec: it must go on as the same
-// process (same PID and arguments) with the setting in GODEBUG, and a
-// process whose GODEBUG names schedtrace must be left as it is.
-func TestReexec(t *testing.T) {
+// A process that calls Reexec must go on as the same process (same PID
+// and arguments) with the setting in GODEBUG, and a process whose GODEBUG
+// names schedtrace must be left as it is.
+func TestReexec_sameProcessWithTheSetting(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
 		godebug string // "" for none
