@@ -428,7 +428,10 @@ func (j *journal) matches(f *os.File, path string) error {
 	case newest+1 < j.ckptTxid:
 		return fmt.Errorf("%s (transaction %d) is older than its journal %s (checkpoint at transaction %d): was it put back from a copy without its journal?", path, newest, j.path, j.ckptTxid)
 	case newest > j.ckptTxid+uint64(len(j.recovered))+2:
-		return fmt.Errorf("%s (transaction %d) has moved on past its journal %s (checkpoint at transaction %d, %d records): was it written without the journal?", path, newest, j.path, j.ckptTxid, len(j.recovered))
+		// Written without the journal (an older release after a crash):
+		// the journal is stale. Whether the file is whole depends on how
+		// that run began, which only the operator knows (ADR 0008).
+		return fmt.Errorf("%s (transaction %d) has moved on past its journal %s (checkpoint at transaction %d, %d records), so it was written without the journal (an older release?): remove the journal to go on, unless that run started after a power cut (the file may then be torn: restore both files from a backup)", path, newest, j.path, j.ckptTxid, len(j.recovered))
 	}
 	return nil
 }

@@ -2,9 +2,10 @@ package boltdb
 
 // The journal at its edges: runs with and without it, a refused Open, a
 // commit outgrowing the map, Durable while stepping aside, a second Close,
-// a database file older than its journal, power cuts in the first Open
-// and over many lives. Each names the way the journal would lose a write,
-// corrupt the file or hang without what it tests.
+// a database file older than its journal or written without it, power
+// cuts in the first Open and over many lives. Each names the way the
+// journal would lose a write, corrupt the file or hang without what it
+// tests.
 
 import (
 	"bytes"
@@ -413,5 +414,63 @@ func TestJournal_powerCutsOverManyLives(t *testing.T) {
 			}
 			t.Logf("12 lives, %d recoveries cut", recoveriesCut)
 		})
+	}
+}
+
+// TestJournal_aFileWrittenWithoutItsJournalIsRefused: an older release
+// (no journal) that opens the file after a crash leaves the journal in
+// place and commits past it. Coming back, Open must not restore the
+// journal's checkpoint over those commits: it refuses, names the journal
+// and says how to go on (ADR 0008, Downgrades), and leaves both files as
+// they are.
+func TestJournal_aFileWrittenWithoutItsJournalIsRefused(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	d := open(t, path, Options{Journal: journalOpts()})
+	if err := d.Update(put("a", "1")); err != nil {
+		t.Fatal(err)
+	}
+	crashed, err := os.ReadFile(path + JournalSuffix) // as a crash leaves it
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+JournalSuffix, crashed, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	older, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		if err := older.Update(func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketThings).Put(fmt.Appendf(nil, "b%d", i), []byte("2"))
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := older.Close(); err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second, Journal: journalOpts()})
+	if err == nil || !strings.Contains(err.Error(), path+JournalSuffix) || !strings.Contains(err.Error(), "remove the journal") {
+		t.Fatalf("journaled Open of a file written without its journal = %v, want a refusal naming the journal and what to do", err)
+	}
+	if _, err := os.Stat(path + JournalSuffix); err != nil {
+		t.Errorf("after the refusal: %v, want the journal left", err)
+	}
+	after, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer after.Close()
+	if err := after.View(func(tx *bolt.Tx) error {
+		if v := tx.Bucket(bucketThings).Get([]byte("b4")); string(v) != "2" {
+			t.Errorf("after the refusal: b4 = %q, want \"2\" (the file was rewound)", v)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
