@@ -99,7 +99,7 @@ type JournalOptions struct {
 	// take the files' durable images there.
 	// readAt replaces the journal's reads (tests: a failing disk).
 	readAt func(f *os.File, b []byte, off int64) (int, error)
-	sync func(f *os.File, file string) error
+	sync   func(f *os.File, file string) error
 }
 
 func (o JournalOptions) withDefaults() JournalOptions {
