@@ -97,7 +97,9 @@ type JournalOptions struct {
 	// sync replaces fdatasync(2) of the database file ("db") and the
 	// journal ("journal"), and fsync(2) of their directory ("dir"): tests
 	// take the files' durable images there.
-	sync func(f *os.File, file string) error
+	// readAt replaces the journal's reads (tests: a failing disk).
+	readAt func(f *os.File, b []byte, off int64) (int, error)
+	sync   func(f *os.File, file string) error
 }
 
 func (o JournalOptions) withDefaults() JournalOptions {
@@ -266,7 +268,7 @@ func (j *journal) load() error {
 
 func (j *journal) readSlot(i int) (*checkpoint, error) {
 	buf := make([]byte, slotSize)
-	if _, err := j.f.ReadAt(buf, int64(i)*slotSize); errors.Is(err, io.EOF) {
+	if _, err := j.readAt(buf, int64(i)*slotSize); errors.Is(err, io.EOF) {
 		return nil, errNoSlot // a file cut short while it was made
 	} else if err != nil {
 		return nil, err
@@ -295,6 +297,14 @@ func (j *journal) readSlot(i int) (*checkpoint, error) {
 	return c, nil
 }
 
+// readAt reads the journal (through opts.readAt in tests).
+func (j *journal) readAt(b []byte, off int64) (int, error) {
+	if j.opts.readAt != nil {
+		return j.opts.readAt(j.f, b, off)
+	}
+	return j.f.ReadAt(b, off)
+}
+
 // readRecord reads the record at off if it is whole and carries seq; err
 // is a failed read, not a torn record.
 func (j *journal) readRecord(off int64, seq uint64) (rec []byte, next int64, ok bool, err error) {
@@ -302,7 +312,7 @@ func (j *journal) readRecord(off int64, seq uint64) (rec []byte, next int64, ok 
 	if off+recordHeader > j.end {
 		return nil, 0, false, nil
 	}
-	if _, err := j.f.ReadAt(h[:], off); err != nil {
+	if _, err := j.readAt(h[:], off); err != nil {
 		return nil, 0, false, err
 	}
 	n := int64(binary.LittleEndian.Uint32(h[8:]))
@@ -310,7 +320,7 @@ func (j *journal) readRecord(off int64, seq uint64) (rec []byte, next int64, ok 
 		return nil, 0, false, nil
 	}
 	rec = make([]byte, n)
-	if _, err := j.f.ReadAt(rec, off+recordHeader); err != nil {
+	if _, err := j.readAt(rec, off+recordHeader); err != nil {
 		return nil, 0, false, err
 	}
 	crc := crc32.Update(crc32.Checksum(h[8:], crcTable), crcTable, rec)

@@ -587,3 +587,56 @@ func TestJournal_firstOpenSyncsTheDirectory(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestJournal_aReadErrorFailsOpen: a journal that cannot be read is not
+// taken for a torn one: Open fails naming what it could not read, rather
+// than falling back to an older checkpoint or dropping the records after
+// the unreadable one (acknowledged writes).
+func TestJournal_aReadErrorFailsOpen(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "x.db")
+	d := open(t, path, Options{Journal: journalOpts()})
+	for i := range 20 {
+		if err := d.Update(put(fmt.Sprint(i), "v")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A crash: the files as they are while open, records after the
+	// checkpoint included.
+	crashed := filepath.Join(t.TempDir(), "x.db")
+	for _, suffix := range []string{"", JournalSuffix} {
+		b, err := os.ReadFile(path + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(crashed+suffix, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		at   func(off int64) bool
+		want string
+	}{
+		{"a slot", func(off int64) bool { return off < recordsStart }, "read slot"},
+		{"a record", func(off int64) bool { return off >= recordsStart }, "read record"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := journalOpts()
+			opts.readAt = func(f *os.File, b []byte, off int64) (int, error) {
+				if tc.at(off) {
+					return 0, syscall.EIO
+				}
+				return f.ReadAt(b, off)
+			}
+			_, err := Open(crashed, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second, Journal: opts})
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, syscall.EIO) {
+				t.Fatalf("Open with an unreadable %s = %v, want an error naming it", tc.name, err)
+			}
+		})
+	}
+	// The same files, readable, open with every write.
+	c := open(t, crashed, Options{Journal: journalOpts()})
+	if got := get(t, c, bucketThings, "19"); got != "v" {
+		t.Errorf("after a crash: write 19 = %q, want it", got)
+	}
+}
