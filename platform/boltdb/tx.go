@@ -38,8 +38,8 @@ type Bucket struct {
 	depth int
 }
 
-// Cursor walks a Bucket (or, from Tx.Cursor, the names of the top-level
-// buckets). It remembers the key it stands on, so that Delete can record it.
+// Cursor walks a Bucket. It remembers the key it stands on, so that Delete
+// can record it.
 type Cursor struct {
 	c   *bolt.Cursor
 	b   *Bucket
@@ -129,11 +129,6 @@ func (tx *Tx) DeleteBucket(name []byte) error {
 func (tx *Tx) ForEach(fn func(name []byte, b *Bucket) error) error {
 	return tx.tx.ForEach(func(name []byte, b *bolt.Bucket) error { return fn(name, tx.child(b, name)) })
 }
-
-// Cursor walks the names of the top-level buckets (their values are nil).
-// Its Delete changes nothing: bbolt refuses to delete a bucket through a
-// cursor.
-func (tx *Tx) Cursor() *Cursor { return &Cursor{c: tx.tx.Cursor()} }
 
 // Get returns key's value, or nil if key is missing or names a bucket. The
 // value is valid only inside the transaction.
@@ -258,7 +253,7 @@ func (c *Cursor) Delete() error {
 	if c.key == nil {
 		return errCursorOnNoKey
 	}
-	if c.b == nil || c.b.rec == nil {
+	if c.b.rec == nil {
 		if err := c.c.Delete(); err != nil {
 			return err
 		}
