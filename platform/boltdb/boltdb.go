@@ -301,7 +301,9 @@ func (d *DB) afterCommit(rec *recorder) error {
 // CommitStats counts the write transactions that committed.
 type CommitStats struct {
 	// Synced committed durably: with bbolt's fsync of data and meta pages,
-	// or with the journal's sync of their record (or a checkpoint's).
+	// or with the journal's sync of their record (or a checkpoint's). With
+	// the journal, a group of writes that changed nothing counts too,
+	// though no transaction is made: its writes are durable as they are.
 	Synced uint64
 	// Unsynced committed without it (the DB had NoSync set): a crash could
 	// lose them although their writers were told they succeeded.
