@@ -5,8 +5,11 @@ package e2e
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
+	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/parleyhq/parley/e2e/parleytest"
+	"github.com/parleyhq/parley/platform/sysmon"
 	"github.com/parleyhq/parley/sdk"
 )
 
@@ -141,5 +145,27 @@ func TestServe_SIGTERMWithConnectedAgent(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("sdk.Connect still running 30s after the server stopped")
+	}
+}
+
+// TestServe_reexecutesItselfWithSchedtrace: `parley serve` replaces itself
+// once at start under a GODEBUG carrying schedtrace (platform/sysmon),
+// keeping the PID it was started with, so that a supervisor (or a kill -9
+// test) still holds the server's process. /proc/PID/environ is the
+// environment the running image was started with.
+func TestServe_reexecutesItselfWithSchedtrace(t *testing.T) {
+	srv := parleytest.Start(t, "")
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", srv.Cmd.Process.Pid))
+	if err != nil {
+		t.Skipf("reading the server's environment: %v (Linux only)", err)
+	}
+	var godebug []string // only GODEBUG: the rest may hold secrets
+	for kv := range strings.SplitSeq(string(environ), "\x00") {
+		if v, ok := strings.CutPrefix(kv, "GODEBUG="); ok {
+			godebug = append(godebug, v)
+		}
+	}
+	if len(godebug) == 0 || !slices.Contains(strings.Split(godebug[0], ","), sysmon.Setting) {
+		t.Errorf("GODEBUG of parley serve (pid %d) = %q, want it to carry %s", srv.Cmd.Process.Pid, godebug, sysmon.Setting)
 	}
 }
