@@ -1,9 +1,11 @@
 // Package boltdb is the one way Parley opens a bbolt database: it creates the
 // data directory and the buckets, checks and migrates the schema version, and
 // sends every write through one group committer (commit.go), so concurrent
-// writers share an fsync and each returns only once its write is on disk.
-// Stores reach bbolt only through Tx, Bucket and Cursor (tx.go), which can
-// record a write transaction's changes for replay (record.go, ADR 0008).
+// writers share an fsync and each returns only once its write is on disk:
+// through bbolt's own fsyncs, or with Options.Journal through a write-ahead
+// journal beside the file (journal.go, ADR 0008). Stores reach bbolt only
+// through Tx, Bucket and Cursor (tx.go), which can record a write
+// transaction's changes for replay (record.go).
 //
 // Each service keeps its own buckets, keys and migrations in its boltstore;
 // this package knows none of them. Together with the boltstores it is the only
