@@ -436,7 +436,7 @@ func (j *journal) matches(f *os.File, path string) error {
 	case !ok:
 		return fmt.Errorf("%s has no valid meta page: it is not a bbolt database, or not the one journal %s belongs to", path, j.path)
 	case newest+1 < j.ckptTxid:
-		return fmt.Errorf("%s (transaction %d) is older than its journal %s (checkpoint at transaction %d): was it put back from a copy without its journal?", path, newest, j.path, j.ckptTxid)
+		return fmt.Errorf("%s (transaction %d) is older than its journal %s (checkpoint at transaction %d), so it was put back from a copy without its journal: put back the journal copied with it, or remove the journal to open the copy as it is (if it was taken with the database closed)", path, newest, j.path, j.ckptTxid)
 	case newest > j.ckptTxid+uint64(len(j.recovered))+2:
 		// Written without the journal (an older release after a crash):
 		// the journal is stale. Whether the file is whole depends on how

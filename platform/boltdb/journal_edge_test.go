@@ -245,8 +245,8 @@ func olderFileChild(t *testing.T) {
 	}
 	d2, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second, Journal: journalOpts()})
 	if err != nil {
-		if !strings.Contains(err.Error(), JournalSuffix) {
-			t.Errorf("Open of an older file = %v, want a refusal naming the journal", err)
+		if !strings.Contains(err.Error(), JournalSuffix) || !strings.Contains(err.Error(), "remove the journal") {
+			t.Errorf("Open of an older file = %v, want a refusal naming the journal and what to do", err)
 		}
 		return // refused: fine
 	}
