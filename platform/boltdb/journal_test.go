@@ -538,18 +538,8 @@ func TestJournal_offAndOnKeepsEveryWrite(t *testing.T) {
 			n++
 		}
 		if journal && round == 3 {
-			// A crash: copy the files while open (the page cache's view)
-			// and carry on from the copies.
-			crashed := filepath.Join(t.TempDir(), "x.db")
-			for _, suffix := range []string{"", JournalSuffix} {
-				b, err := os.ReadFile(path + suffix)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(crashed+suffix, b, 0o600); err != nil {
-					t.Fatal(err)
-				}
-			}
+			// A crash: carry on from copies of the files taken while open.
+			crashed := crashCopy(t, path)
 			_ = d.Close()
 			path = crashed
 			continue
@@ -600,18 +590,7 @@ func TestJournal_aReadErrorFailsOpen(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// A crash: the files as they are while open, records after the
-	// checkpoint included.
-	crashed := filepath.Join(t.TempDir(), "x.db")
-	for _, suffix := range []string{"", JournalSuffix} {
-		b, err := os.ReadFile(path + suffix)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(crashed+suffix, b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	crashed := crashCopy(t, path) // records after the checkpoint included
 	for _, tc := range []struct {
 		name string
 		at   func(off int64) bool
@@ -639,4 +618,22 @@ func TestJournal_aReadErrorFailsOpen(t *testing.T) {
 	if got := get(t, c, bucketThings, "19"); got != "v" {
 		t.Errorf("after a crash: write 19 = %q, want it", got)
 	}
+}
+
+// crashCopy copies the database at path and its journal, as they are
+// while it is open (what kill -9 leaves: the page cache's view), into a
+// new directory and returns the copy's path.
+func crashCopy(t *testing.T, path string) string {
+	t.Helper()
+	crashed := filepath.Join(t.TempDir(), filepath.Base(path))
+	for _, suffix := range []string{"", JournalSuffix} {
+		b, err := os.ReadFile(path + suffix)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(crashed+suffix, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return crashed
 }
