@@ -192,17 +192,18 @@ func leaveJournal(path string, opts Options) error {
 	if err := os.Remove(jpath); err != nil {
 		return fmt.Errorf("remove %s: %w", jpath, err)
 	}
-	return syncDir(filepath.Dir(path))
+	return syncDir(filepath.Dir(path), (*os.File).Sync)
 }
 
-// syncDir makes a removal or creation in dir durable.
-func syncDir(dir string) error {
+// syncDir makes a removal or creation in dir durable with sync (File.Sync,
+// or the journal's test hook).
+func syncDir(dir string, sync func(*os.File) error) error {
 	f, err := os.Open(dir)
 	if err != nil {
 		return err
 	}
 	defer f.Close()
-	if err := f.Sync(); err != nil {
+	if err := sync(f); err != nil {
 		return fmt.Errorf("sync directory %s: %w", dir, err)
 	}
 	return nil

@@ -360,20 +360,10 @@ func (j *journal) sync() error {
 // which makes a creation of either durable. It is not one of the files'
 // fdatasyncs that Commits counts.
 func (j *journal) syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
 	if j.opts.sync != nil {
-		err = j.opts.sync(f, "dir")
-	} else {
-		err = f.Sync()
+		return syncDir(dir, func(f *os.File) error { return j.opts.sync(f, "dir") })
 	}
-	if err != nil {
-		return fmt.Errorf("sync directory %s: %w", dir, err)
-	}
-	return nil
+	return syncDir(dir, (*os.File).Sync)
 }
 
 // fdatasync syncs f, the database file ("db") or the journal.
