@@ -133,40 +133,39 @@ func Open(path string, opts Options) (*DB, error) {
 		bopts.NoSync, bopts.InitialMmapSize = true, j.mapSize
 	}
 	db, err := bolt.Open(path, 0o600, bopts)
-	if err == nil && j != nil {
-		err = j.start(db)
-		if err != nil {
-			j.abandon()
-			db.Close()
-			return nil, fmt.Errorf("open %s: %w", path, err)
-		}
-	}
-	if j != nil && err != nil {
-		j.abandon()
-	}
-	if errors.Is(err, berrors.ErrTimeout) {
-		return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
-	}
 	if err != nil {
+		if j != nil {
+			j.abandon()
+		}
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("%s is locked by another process (is another parley using data directory %s?)", path, dir)
+		}
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}
-	if err := db.Update(func(tx *bolt.Tx) error { return initialise(&Tx{tx: tx}, opts) }); err != nil {
+	// fail closes what Open opened and says which step failed.
+	fail := func(step string, err error) (*DB, error) {
 		if j != nil {
 			j.abandon()
 		}
 		db.Close()
-		return nil, fmt.Errorf("initialise %s: %w", path, err)
+		return nil, fmt.Errorf("%s %s: %w", step, path, err)
 	}
-	d := &DB{db: db, record: recordByDefault || j != nil, journal: j}
+	if j != nil {
+		if err := j.start(db); err != nil {
+			return fail("open", err)
+		}
+	}
+	if err := db.Update(func(tx *bolt.Tx) error { return initialise(&Tx{tx: tx}, opts) }); err != nil {
+		return fail("initialise", err)
+	}
 	if j != nil {
 		// The restored checkpoint, the replayed commits and initialise's
 		// changes become the journal's first checkpoint.
 		if err := j.checkpointNow(db, flagActive); err != nil {
-			j.abandon()
-			db.Close()
-			return nil, fmt.Errorf("open %s: %w", path, err)
+			return fail("open", err)
 		}
 	}
+	d := &DB{db: db, record: recordByDefault || j != nil, journal: j}
 	d.commit = newCommitter(d)
 	return d, nil
 }
