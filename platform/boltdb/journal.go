@@ -141,7 +141,7 @@ type journal struct {
 	pages    int64            // pages written since the last capture
 	captured time.Time        // when the last checkpoint was captured
 	mapSize  int              // the address space bbolt maps
-	stepped  atomic.Bool      // the journal stepped aside (see stepAside); read by Durable
+	stepped  atomic.Bool      // the journal stepped aside (see stepAside); tests read it while writes run
 	broken   error            // set once a write or sync failed: writes are refused
 	buf      []byte           // the record being written
 
