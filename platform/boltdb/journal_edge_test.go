@@ -69,16 +69,7 @@ func TestJournal_aRefusedOpenLeavesTheDatabaseAlone(t *testing.T) {
 	if err := d.Update(put("a", "1")); err != nil {
 		t.Fatal(err)
 	}
-	crashed, err := os.ReadFile(path + JournalSuffix)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path+JournalSuffix, crashed, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	closeLeavingACrashedJournal(t, d, path)
 	holder := open(t, path, Options{})
 	if err := holder.Update(put("b", "2")); err != nil {
 		t.Fatal(err)
@@ -230,17 +221,8 @@ func olderFileChild(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	crashed, err := os.ReadFile(path + JournalSuffix) // the journal as a crash would leave it
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
+	closeLeavingACrashedJournal(t, d, path)
 	if err := os.WriteFile(path, backup, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path+JournalSuffix, crashed, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	d2, err := Open(path, Options{Buckets: [][]byte{bucketThings}, SchemaVersion: 1, LockTimeout: time.Second, Journal: journalOpts()})
@@ -429,16 +411,7 @@ func TestJournal_aFileWrittenWithoutItsJournalIsRefused(t *testing.T) {
 	if err := d.Update(put("a", "1")); err != nil {
 		t.Fatal(err)
 	}
-	crashed, err := os.ReadFile(path + JournalSuffix) // as a crash leaves it
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path+JournalSuffix, crashed, 0o600); err != nil {
-		t.Fatal(err)
-	}
+	closeLeavingACrashedJournal(t, d, path)
 	older, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -471,6 +444,23 @@ func TestJournal_aFileWrittenWithoutItsJournalIsRefused(t *testing.T) {
 		}
 		return nil
 	}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// closeLeavingACrashedJournal closes d, the database at path, and puts
+// back its journal as it was while open: as a crash leaves it (an active
+// checkpoint, records after it), beside a file Close synced.
+func closeLeavingACrashedJournal(t *testing.T, d *DB, path string) {
+	t.Helper()
+	crashed, err := os.ReadFile(path + JournalSuffix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path+JournalSuffix, crashed, 0o600); err != nil {
 		t.Fatal(err)
 	}
 }
