@@ -3,7 +3,7 @@
 // dispatcher routes to it: Agora envelopes of the protocols the agent
 // handles, natural-language envelopes, and Agent Protocol steps.
 //
-//	conn, _ := grpc.NewClient("127.0.0.1:9090", grpc.WithTransportCredentials(insecure.NewCredentials()))
+//	conn, _ := grpc.NewClient("127.0.0.1:9090", append(sdk.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 //	err := sdk.Connect(ctx, conn, "clients/acme/agents/weather",
 //		sdk.Protocol("3a732bde0e63d2e838d1a722feebf3d67b52b211", func(ctx context.Context, e sdk.Envelope) (json.RawMessage, error) {
 //			return json.RawMessage(`{"temperature":7,"precipitation":0,"weatherCondition":"sunny"}`), nil

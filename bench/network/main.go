@@ -384,7 +384,8 @@ func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
 		p.stop()
 		return nil, err
 	}
-	p.conn, err = grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	// The SDK agents' and senders' connection, as the SDK recommends.
+	p.conn, err = grpc.NewClient(p.grpcAddr, append(sdk.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		p.stop()
 		return nil, err

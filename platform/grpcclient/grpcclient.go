@@ -76,10 +76,9 @@ func Dial(target string, opts Options) (*grpc.ClientConn, error) {
 		}
 		creds = credentials.NewTLS(conf)
 	}
-	dial := []grpc.DialOption{
+	dial := append(FlowControl(),
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes)),
-	}
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(opts.MaxMessageBytes)))
 	if opts.Token != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(auth.Bearer(opts.Token)))
 	}
@@ -87,6 +86,27 @@ func Dial(target string, opts Options) (*grpc.ClientConn, error) {
 		dial = append(dial, grpc.WithChainUnaryInterceptor(waitForReady(opts.ReadyTimeout)))
 	}
 	return grpc.NewClient(target, dial...)
+}
+
+// The flow-control windows of a client connection, fixed, as the server's
+// are (platform/serve): what its streams may be sent before it
+// acknowledges, each and together.
+const (
+	streamWindow = 1 << 20
+	connWindow   = 4 << 20
+)
+
+// FlowControl are the dial options that fix a connection's flow-control
+// windows. With gRPC's default dynamic windows the client sends a PING
+// after each DATA frame it receives while none is out, to estimate the
+// bandwidth-delay product: a PING and its acknowledgement per response or
+// streamed message, which cost both sides system calls and thread switches
+// (e2e/flowcontrol_test.go).
+func FlowControl() []grpc.DialOption {
+	return []grpc.DialOption{
+		grpc.WithStaticStreamWindowSize(streamWindow),
+		grpc.WithStaticConnWindowSize(connWindow),
+	}
 }
 
 // waitForReady makes each unary call wait up to timeout for a ready

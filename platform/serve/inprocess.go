@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/parleyhq/parley/platform/auth"
+	"github.com/parleyhq/parley/platform/grpcclient"
 )
 
 // RegisterService registers a gRPC service on the server (Server is a
@@ -86,11 +87,10 @@ func (s *Server) InProcessConn() (*InProcessConn, error) {
 		// The pipe never leaves the process, so there is nothing to verify.
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12}) //nolint:gosec // in-memory pipe to ourselves
 	}
-	opts := []grpc.DialOption{
+	opts := append(grpcclient.FlowControl(),
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.opts.MaxBodyBytes) * 4)),
-	}
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(int(s.opts.MaxBodyBytes)*4)))
 	if s.auth != nil {
 		// Services in one process call each other as the operator: the
 		// pipe cannot be reached from outside it.

@@ -54,7 +54,7 @@ func main() {
 // run connects until ctx ends, waiting a little longer after each broken
 // stream (up to 30 s) so that a restarting server is not hammered.
 func run(ctx context.Context, logger *slog.Logger, server, agent, key string) error {
-	conn, err := grpc.NewClient(server, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(server, append(sdk.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}
