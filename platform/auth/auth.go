@@ -73,6 +73,7 @@ type Authenticator struct {
 	verifier atomic.Pointer[Verifier]
 	failures *Limiter
 	routes   map[string]gatewayRoute // by "VERB /gateway/pattern"
+	operator [32]byte                // HashSecret(opts.OperatorToken), when set
 
 	outageMu         sync.Mutex // guards outageLogged and outageSuppressed
 	outageLogged     time.Time  // when the last outage warning was written
@@ -99,6 +100,9 @@ func New(opts Options) *Authenticator {
 		opts.Recheck = 2 * time.Second
 	}
 	a := &Authenticator{opts: opts, failures: NewLimiter(opts.FailRate, opts.FailBurst, opts.Now), routes: gatewayRoutes()}
+	if opts.OperatorToken != "" {
+		a.operator = HashSecret(opts.OperatorToken)
+	}
 	if opts.Verifier != nil {
 		a.SetVerifier(opts.Verifier)
 	}
@@ -186,7 +190,7 @@ func (a *Authenticator) authenticate(ctx context.Context, c call) (Principal, er
 		return Principal{}, a.fail(ctx, c, ReasonMalformed, "the authorization header must be 'Bearer <key>' with a parley_ck_, parley_ak_ or parley_op_ credential of at most 256 characters")
 	}
 	if strings.HasPrefix(token, OperatorPrefix) {
-		if a.opts.OperatorToken != "" && SameHash(HashSecret(token), HashSecret(a.opts.OperatorToken)) {
+		if a.opts.OperatorToken != "" && SameHash(HashSecret(token), a.operator) {
 			return Principal{Kind: Operator}, nil
 		}
 		return Principal{}, a.fail(ctx, c, ReasonInvalid, "the operator token is not valid")

@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"runtime"
 	"sync"
+	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -61,7 +63,8 @@ type unaryMethod struct {
 // The handler runs on a goroutine of its own, as over a transport: a
 // caller whose context ends is answered then, even by a handler that
 // ignores its context (stuck in a store, say), which shutdown still waits
-// for. Call options (grpc.Header, grpc.Trailer, message size caps) are
+// for. Those goroutines are kept for the next calls, as the gRPC server
+// keeps its workers (their stacks have grown already). Call options (grpc.Header, grpc.Trailer, message size caps) are
 // ignored, and the response has no size limit.
 type InProcessConn struct {
 	*grpc.ClientConn // the pipe
@@ -160,12 +163,12 @@ func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply a
 		err  error
 	}
 	answered := make(chan answer, 1)
-	go func() {
+	s.inproc.run(func() {
 		defer done()
 		defer cancel()
 		resp, err := m.handler(m.impl, sctx, dec, s.unary)
 		answered <- answer{resp, err}
-	}()
+	})
 	var resp any
 	select {
 	case a := <-answered:
@@ -226,14 +229,50 @@ type inProcessCalls struct {
 	stopped bool
 	wg      sync.WaitGroup
 	// base is cancelled when the server stops for good: a forced stop
-	// cancels calls in flight, as it does over a transport.
+	// cancels calls in flight, as it does over a transport. The workers
+	// end then too.
 	base   context.Context
 	cancel context.CancelFunc
+	// work hands a call to a worker waiting for one (run); idle counts
+	// the workers waiting, at most maxIdle.
+	work    chan func()
+	idle    atomic.Int32
+	maxIdle int32
 }
 
 func newInProcessCalls() *inProcessCalls {
 	base, cancel := context.WithCancel(context.Background())
-	return &inProcessCalls{base: base, cancel: cancel}
+	return &inProcessCalls{base: base, cancel: cancel, work: make(chan func()), maxIdle: int32(runtime.GOMAXPROCS(0))} //nolint:gosec // a processor count
+}
+
+// run runs f on a worker waiting for a call, or on a new goroutine that
+// then waits for more (worker).
+func (c *inProcessCalls) run(f func()) {
+	select {
+	case c.work <- f:
+	default:
+		go c.worker(f)
+	}
+}
+
+// worker runs f, then the calls handed to it while fewer than maxIdle
+// others wait, until the server stops.
+func (c *inProcessCalls) worker(f func()) {
+	for {
+		f()
+		f = nil // nothing of the last call is kept while waiting
+		if c.idle.Add(1) > c.maxIdle {
+			c.idle.Add(-1)
+			return
+		}
+		select {
+		case f = <-c.work:
+			c.idle.Add(-1)
+		case <-c.base.Done():
+			c.idle.Add(-1)
+			return
+		}
+	}
 }
 
 var errInProcessStopped = status.Error(codes.Unavailable, "the server is stopping: in-process calls are refused")

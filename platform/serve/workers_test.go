@@ -4,10 +4,13 @@ import (
 	"context"
 	"runtime"
 	"runtime/metrics"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
 // goroutinesCreated is how many goroutines this process has started.
@@ -67,5 +70,74 @@ func TestGRPC_streamsBeyondTheWorkersDoNotBlockCalls(t *testing.T) {
 	defer callCancel()
 	if _, err := hc.Check(callCtx, &healthpb.HealthCheckRequest{}); err != nil {
 		t.Fatalf("Check with every worker holding a stream = %v, want an answer", err)
+	}
+}
+
+// TestInProcessConn_callsRunOnWorkers: in-process calls too run on
+// goroutines kept for them, not on a new one per call (which grows its
+// stack anew through the interceptors and the handler each time).
+func TestInProcessConn_callsRunOnWorkers(t *testing.T) {
+	s, _, c := inProcessServer(t, 0)
+	start(t, s)
+	client := testpb.NewTestServiceClient(c)
+	ctx, cancel := context.WithTimeout(context.Background(), closeMargin)
+	defer cancel()
+	if _, err := client.UnaryCall(ctx, call("ok")); err != nil {
+		t.Fatal(err)
+	}
+	const calls = 200
+	before := goroutinesCreated(t)
+	for range calls {
+		if _, err := client.UnaryCall(ctx, call("ok")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := goroutinesCreated(t) - before; n >= calls/2 {
+		t.Errorf("%d sequential in-process calls started %d goroutines, want fewer than %d", calls, n, calls/2)
+	}
+}
+
+// TestInProcessConn_workersEndWithTheServer: the goroutines kept for
+// in-process calls end when the server stops.
+func TestInProcessConn_workersEndWithTheServer(t *testing.T) {
+	s, _, c := inProcessServer(t, 0)
+	r := start(t, s)
+	client := testpb.NewTestServiceClient(c)
+	var wg sync.WaitGroup
+	for range 4 * runtime.GOMAXPROCS(0) { // more at once than are kept
+		wg.Go(func() {
+			if _, err := client.UnaryCall(t.Context(), call("ok")); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := inProcessWorkers(); n == 0 {
+		t.Fatal("no goroutine waits for in-process calls after a burst of them")
+	}
+	r.cancel()
+	if err := <-r.done; err != nil {
+		t.Fatalf("Run() = %v", err)
+	}
+	r.done <- nil // for start's cleanup
+
+	deadline := time.Now().Add(10 * time.Second) // a bound on the test, not a timing claim
+	for inProcessWorkers() > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines still wait for in-process calls after the server stopped", inProcessWorkers())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// inProcessWorkers counts the goroutines waiting for in-process calls.
+func inProcessWorkers() int {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Count(string(buf[:n]), "(*inProcessCalls).worker")
+		}
+		buf = make([]byte, 2*len(buf))
 	}
 }
