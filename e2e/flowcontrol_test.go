@@ -1,12 +1,11 @@
 package e2e
 
 import (
-	"context"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"golang.org/x/net/http2"
 	"google.golang.org/grpc"
@@ -18,14 +17,17 @@ import (
 	"github.com/parleyhq/parley/sdk"
 )
 
-// pingCountingListener hands out connections that count the PING frames
-// (not acknowledgements) their client sends.
-type pingCountingListener struct {
+// clientFrames is a listener whose connections read what their client
+// sends through an HTTP/2 framer too: it counts the client's PINGs (not
+// acknowledgements) and keeps the stream window of its SETTINGS.
+type clientFrames struct {
 	net.Listener
-	pings atomic.Int64
+	pings  atomic.Int64
+	mu     sync.Mutex
+	window uint32 // SETTINGS_INITIAL_WINDOW_SIZE, 0 if not sent
 }
 
-func (l *pingCountingListener) Accept() (net.Conn, error) {
+func (l *clientFrames) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
@@ -43,15 +45,30 @@ func (l *pingCountingListener) Accept() (net.Conn, error) {
 			if err != nil {
 				return
 			}
-			if p, ok := f.(*http2.PingFrame); ok && !p.IsAck() {
-				l.pings.Add(1)
+			switch f := f.(type) {
+			case *http2.PingFrame:
+				if !f.IsAck() {
+					l.pings.Add(1)
+				}
+			case *http2.SettingsFrame:
+				if v, ok := f.Value(http2.SettingInitialWindowSize); ok {
+					l.mu.Lock()
+					l.window = v
+					l.mu.Unlock()
+				}
 			}
 		}
 	}()
 	return &teeConn{Conn: c, w: pw}, nil
 }
 
-// teeConn copies what it reads to w.
+func (l *clientFrames) streamWindow() uint32 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.window
+}
+
+// teeConn copies what it reads to w, and waits until w's reader has it.
 type teeConn struct {
 	net.Conn
 	w *io.PipeWriter
@@ -69,64 +86,66 @@ func (c *teeConn) Read(b []byte) (int, error) {
 }
 
 // TestClientConnections_fixedFlowControlWindows checks that the
-// connections Parley's clients make (grpcclient.Dial: the CLI and the
-// services' peers; sdk.DialOptions: agents) have fixed flow-control
-// windows. gRPC's default dynamic windows make the client send a PING
-// after each DATA frame it receives while none is out, to estimate the
-// bandwidth-delay product: a PING and its acknowledgement per response or
-// streamed message, which cost both sides system calls and thread
-// switches (docs/benchmarks.md, "workers and fixed client windows"). A
-// connection with gRPC's defaults is the control: the count sees its
-// pings.
+// connections Parley's clients make (grpcclient.Dial: the CLI, the
+// gateway and the services' peers; sdk.DialOptions: agents) have fixed
+// flow-control windows, the same in both. gRPC's default dynamic windows
+// make the client send a PING after each DATA frame it receives while
+// none is out, to estimate the bandwidth-delay product: a PING and its
+// acknowledgement per response or streamed message, which cost both sides
+// system calls and thread switches (docs/benchmarks.md, "One sender:
+// in-process workers, fixed client windows"). A connection with gRPC's
+// defaults is the control: the count sees its PINGs. It lives here, not
+// beside grpcclient or the SDK, because it holds the two to the same
+// windows, and only this module imports both.
 func TestClientConnections_fixedFlowControlWindows(t *testing.T) {
 	const calls = 40
 	for _, tc := range []struct {
-		name  string
-		dial  func(addr string) (*grpc.ClientConn, error)
-		pings func(n int64) bool
-		want  string
+		name               string
+		opts               []grpc.DialOption // with grpc.NewClient; nil: grpcclient.Dial
+		minPings, maxPings int64
+		window             uint32 // the stream window the client announces; 0: gRPC's default
 	}{
-		{"grpc defaults (control)", func(addr string) (*grpc.ClientConn, error) {
-			return grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		}, func(n int64) bool { return n >= calls/4 }, "a PING for most responses"},
-		{"grpcclient.Dial", func(addr string) (*grpc.ClientConn, error) {
-			return grpcclient.Dial(addr, grpcclient.Options{})
-		}, func(n int64) bool { return n == 0 }, "none"},
-		{"sdk.DialOptions", func(addr string) (*grpc.ClientConn, error) {
-			return grpc.NewClient(addr, append(sdk.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
-		}, func(n int64) bool { return n == 0 }, "none"},
+		{name: "grpc defaults (control)", opts: []grpc.DialOption{}, minPings: calls / 2, maxPings: calls + 1},
+		{name: "grpcclient.Dial", window: grpcclient.StreamWindow},
+		{name: "sdk.DialOptions", opts: sdk.DialOptions(), window: grpcclient.StreamWindow},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lis, err := net.Listen("tcp", "127.0.0.1:0")
 			if err != nil {
 				t.Fatal(err)
 			}
-			pl := &pingCountingListener{Listener: lis}
+			frames := &clientFrames{Listener: lis}
 			srv := grpc.NewServer()
 			healthpb.RegisterHealthServer(srv, health.NewServer())
-			go srv.Serve(pl) //nolint:errcheck // ends with Stop
+			go srv.Serve(frames) //nolint:errcheck // ends with Stop
 			defer srv.Stop()
-			conn, err := tc.dial(lis.Addr().String())
+			var conn *grpc.ClientConn
+			if tc.opts == nil {
+				conn, err = grpcclient.Dial(lis.Addr().String(), grpcclient.Options{})
+			} else {
+				conn, err = grpc.NewClient(lis.Addr().String(), append(tc.opts, grpc.WithTransportCredentials(insecure.NewCredentials()))...)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer conn.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
 			hc := healthpb.NewHealthClient(conn)
-			for range calls {
-				if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+			// A PING answers a response the client has read, and goes out
+			// ahead of the next call's frames, which the server reads only
+			// once the framer has (teeConn): after the last call, every
+			// PING for the ones before it is counted.
+			for range calls + 1 {
+				if _, err := hc.Check(t.Context(), &healthpb.HealthCheckRequest{}); err != nil {
 					t.Fatal(err)
 				}
 			}
-			// A ping answers a response the client has read: one sent
-			// after the last call has arrived once a later call's has.
-			time.Sleep(50 * time.Millisecond)
-			if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-				t.Fatal(err)
+			if n := frames.pings.Load(); n < tc.minPings || n > tc.maxPings {
+				t.Errorf("the client sent %d PINGs during %d calls, want %d to %d", n, calls+1, tc.minPings, tc.maxPings)
 			}
-			if n := pl.pings.Load(); !tc.pings(n) {
-				t.Errorf("the client sent %d PINGs during %d calls, want %s", n, calls+1, tc.want)
+			if tc.window != 0 {
+				if got := frames.streamWindow(); got != tc.window {
+					t.Errorf("the client's SETTINGS_INITIAL_WINDOW_SIZE = %d, want %d (grpcclient.StreamWindow)", got, tc.window)
+				}
 			}
 		})
 	}

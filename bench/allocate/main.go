@@ -492,7 +492,7 @@ func startParley(ctx context.Context, bin, data string) (*parleyProc, error) {
 		p.stop()
 		return nil, err
 	}
-	if p.conn, err = grpc.NewClient(proc.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if p.conn, err = grpc.NewClient(proc.GRPCAddr, append(sdk.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...); err != nil {
 		p.stop()
 		return nil, err
 	}

@@ -46,6 +46,7 @@ import (
 	"github.com/parleyhq/parley/bench/internal/cputime"
 	"github.com/parleyhq/parley/bench/internal/parleyproc"
 	"github.com/parleyhq/parley/bench/internal/weather"
+	"github.com/parleyhq/parley/sdk"
 )
 
 func main() {
@@ -199,7 +200,7 @@ func startParley(ctx context.Context, bin, data string) (grpcAddr, httpAddr stri
 
 // setup installs the weather agent on the server at addr.
 func setup(ctx context.Context, addr string) error {
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, append(sdk.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...)
 	if err != nil {
 		return err
 	}

@@ -64,6 +64,7 @@ import (
 	"github.com/parleyhq/parley/bench/internal/weather"
 	dispatcherv1 "github.com/parleyhq/parley/gen/parley/dispatcher/v1"
 	registryv1 "github.com/parleyhq/parley/gen/parley/registry/v1"
+	"github.com/parleyhq/parley/sdk"
 )
 
 func main() {
@@ -343,7 +344,7 @@ func start(ctx context.Context, bin, data, tokenFile string, flags []string) (*p
 		p.stop()
 		return nil, err
 	}
-	if p.conn, err = grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+	if p.conn, err = grpc.NewClient(p.GRPCAddr, append(sdk.DialOptions(), grpc.WithTransportCredentials(insecure.NewCredentials()))...); err != nil {
 		p.stop()
 		return nil, err
 	}

@@ -88,12 +88,14 @@ func Dial(target string, opts Options) (*grpc.ClientConn, error) {
 	return grpc.NewClient(target, dial...)
 }
 
-// The flow-control windows of a client connection, fixed, as the server's
-// are (platform/serve): what its streams may be sent before it
-// acknowledges, each and together.
+// The flow-control windows of Parley's gRPC connections, fixed, on both
+// sides (platform/serve's server too): what a stream, and a connection's
+// streams together, may be sent before the receiver acknowledges. The SDK
+// keeps a copy (sdk.DialOptions: it imports no platform package), which
+// e2e/flowcontrol_test.go checks against these.
 const (
-	streamWindow = 1 << 20
-	connWindow   = 4 << 20
+	StreamWindow = 1 << 20
+	ConnWindow   = 4 << 20
 )
 
 // FlowControl are the dial options that fix a connection's flow-control
@@ -104,8 +106,8 @@ const (
 // (e2e/flowcontrol_test.go).
 func FlowControl() []grpc.DialOption {
 	return []grpc.DialOption{
-		grpc.WithStaticStreamWindowSize(streamWindow),
-		grpc.WithStaticConnWindowSize(connWindow),
+		grpc.WithStaticStreamWindowSize(StreamWindow),
+		grpc.WithStaticConnWindowSize(ConnWindow),
 	}
 }
 

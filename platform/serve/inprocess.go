@@ -60,12 +60,14 @@ type unaryMethod struct {
 // other services go over the pipe. Either way the call is the
 // operator's, from an address that is not the network's.
 //
-// The handler runs on a goroutine of its own, as over a transport: a
-// caller whose context ends is answered then, even by a handler that
-// ignores its context (stuck in a store, say), which shutdown still waits
-// for. Those goroutines are kept for the next calls, as the gRPC server
-// keeps its workers (their stacks have grown already). Call options (grpc.Header, grpc.Trailer, message size caps) are
-// ignored, and the response has no size limit.
+// The handler runs on a goroutine other than the caller's, as over a
+// transport: a caller whose context ends is answered then, even by a
+// handler that ignores its context (stuck in a store, say), which
+// shutdown still waits for. That goroutine is a worker kept from an
+// earlier call when one waits (up to one per processor waits), so that
+// a call does not start a goroutine and grow its stack afresh. Call
+// options (grpc.Header, grpc.Trailer, message size caps) are ignored,
+// and the response has no size limit.
 type InProcessConn struct {
 	*grpc.ClientConn // the pipe
 	s                *Server
@@ -144,8 +146,9 @@ func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply a
 	sctx = metadata.NewIncomingContext(sctx, md)
 	sctx = peer.NewContext(sctx, &peer.Peer{Addr: inProcessAddr{}, LocalAddr: inProcessAddr{}})
 	sctx = grpc.NewContextWithServerTransportStream(sctx, &inProcessStream{method: method})
-	// The handler runs on a goroutine of its own, as over a transport, so
-	// that a caller whose context ends gets its answer then, even from a
+	// The handler runs on a goroutine other than the caller's (a kept
+	// worker), as over a transport, so that a caller whose context ends
+	// gets its answer then, even from a
 	// handler that does not watch its context; shutdown still waits for
 	// the handler (done). It reads a copy of the request, taken now: the
 	// caller may reuse its own once it has its answer.

@@ -9,6 +9,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+
+	"github.com/parleyhq/parley/platform/grpcclient"
 )
 
 // Limits bound what one connection may hold, so that slow or silent peers
@@ -73,16 +75,15 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// The gRPC flow-control windows, fixed: a stream may send this much
-// before the server acknowledges it, and a connection's streams together
-// grpcConnWindow. gRPC's dynamic windows (its default) would grow up to
-// 16 MiB by estimating each connection's bandwidth-delay product, which
-// costs a PING round trip per small message received; these fixed ones
-// let a 4 MiB request (--max-body-bytes' default) arrive in four round
-// trips.
+// The gRPC flow-control windows are fixed, as Parley's clients fix
+// theirs (grpcclient.StreamWindow, grpcclient.ConnWindow). gRPC's dynamic
+// windows (its default) would grow up to 16 MiB by estimating each
+// connection's bandwidth-delay product, which costs a PING round trip per
+// small message received; these fixed ones let a 4 MiB request
+// (--max-body-bytes' default) arrive in four round trips.
 const (
-	grpcStreamWindow = 1 << 20
-	grpcConnWindow   = 4 << 20
+	grpcStreamWindow = grpcclient.StreamWindow
+	grpcConnWindow   = grpcclient.ConnWindow
 )
 
 // grpcOptions are the gRPC server options enforcing l.

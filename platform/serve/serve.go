@@ -29,7 +29,6 @@ import (
 	"maps"
 	"net"
 	"net/http"
-	goruntime "runtime"
 	"slices"
 	"sync"
 	"time"
@@ -174,11 +173,7 @@ func New(opts Options) (*Server, error) {
 	s.inproc, s.serving = newInProcessCalls(), make(chan struct{})
 	unary := telemetry.UnaryInterceptors(s.metrics, s.logger)
 	grpcOpts := append(telemetry.ServerOptions(s.metrics, s.logger),
-		grpc.MaxRecvMsgSize(int(opts.MaxBodyBytes)),
-		// Calls run on goroutines the server keeps, one per processor,
-		// whose stacks have grown already; a call that finds none free
-		// gets a new goroutine, as without them (workers_test.go).
-		grpc.NumStreamWorkers(uint32(goruntime.GOMAXPROCS(0)))) //nolint:gosec // a processor count
+		grpc.MaxRecvMsgSize(int(opts.MaxBodyBytes)))
 	gatewayAuth := func(next runtime.HandlerFunc) runtime.HandlerFunc { return next }
 	if opts.Policy != nil {
 		policy := opts.Policy

@@ -1,7 +1,6 @@
 package serve
 
 import (
-	"context"
 	"runtime"
 	"runtime/metrics"
 	"strings"
@@ -9,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 )
 
@@ -24,76 +22,56 @@ func goroutinesCreated(t *testing.T) uint64 {
 	return s[0].Value.Uint64()
 }
 
-// TestGRPC_callsRunOnWorkers checks that the gRPC server runs calls on
-// goroutines it keeps (grpc.NumStreamWorkers), not on a new one per call:
-// a new goroutine starts with a small stack and grows it through the
-// interceptors and the handler, about 3 % of the server's CPU at one
-// sender (docs/benchmarks.md, "workers and fixed client windows").
-func TestGRPC_callsRunOnWorkers(t *testing.T) {
-	r := start(t, newServer(t))
-	hc := healthpb.NewHealthClient(r.grpcConn)
-	ctx, cancel := context.WithTimeout(context.Background(), closeMargin)
-	defer cancel()
-	if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-		t.Fatal(err) // connects, and starts the workers
-	}
-	const calls = 200
-	before := goroutinesCreated(t)
-	for range calls {
-		if _, err := hc.Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := goroutinesCreated(t) - before; n >= calls/2 {
-		t.Errorf("%d sequential calls started %d goroutines in this process, want fewer than %d: the server should run them on its workers", calls, n, calls/2)
-	}
-}
-
-// TestGRPC_streamsBeyondTheWorkersDoNotBlockCalls holds more long-lived
-// streams open than the server has workers: a unary call is still
-// answered (gRPC starts a goroutine when no worker is free).
-func TestGRPC_streamsBeyondTheWorkersDoNotBlockCalls(t *testing.T) {
-	r := start(t, newServer(t))
-	hc := healthpb.NewHealthClient(r.grpcConn)
-	ctx, cancel := context.WithTimeout(context.Background(), closeMargin)
-	defer cancel()
-	for i := range 2*runtime.GOMAXPROCS(0) + 2 {
-		w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := w.Recv(); err != nil { // its handler is running
-			t.Fatalf("stream %d: %v", i, err)
-		}
-	}
-	callCtx, callCancel := context.WithTimeout(ctx, 5*time.Second)
-	defer callCancel()
-	if _, err := hc.Check(callCtx, &healthpb.HealthCheckRequest{}); err != nil {
-		t.Fatalf("Check with every worker holding a stream = %v, want an answer", err)
-	}
-}
-
-// TestInProcessConn_callsRunOnWorkers: in-process calls too run on
-// goroutines kept for them, not on a new one per call (which grows its
-// stack anew through the interceptors and the handler each time).
+// TestInProcessConn_callsRunOnWorkers: an in-process call runs on a
+// goroutine kept from an earlier call, not on a new one per call (which
+// grows its stack afresh through the interceptors and the handler:
+// docs/benchmarks.md, "One sender: in-process workers, fixed client
+// windows").
 func TestInProcessConn_callsRunOnWorkers(t *testing.T) {
 	s, _, c := inProcessServer(t, 0)
 	start(t, s)
 	client := testpb.NewTestServiceClient(c)
-	ctx, cancel := context.WithTimeout(context.Background(), closeMargin)
-	defer cancel()
-	if _, err := client.UnaryCall(ctx, call("ok")); err != nil {
-		t.Fatal(err)
+	if _, err := client.UnaryCall(t.Context(), call("ok")); err != nil {
+		t.Fatal(err) // leaves a worker waiting
 	}
 	const calls = 200
 	before := goroutinesCreated(t)
 	for range calls {
-		if _, err := client.UnaryCall(ctx, call("ok")); err != nil {
+		if _, err := client.UnaryCall(t.Context(), call("ok")); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if n := goroutinesCreated(t) - before; n >= calls/2 {
 		t.Errorf("%d sequential in-process calls started %d goroutines, want fewer than %d", calls, n, calls/2)
+	}
+}
+
+// TestInProcessCalls_keepAtMostOneIdleWorkerPerProcessor: after a burst
+// of calls running at once, as many workers as processors stay waiting
+// for the next calls; the others end.
+func TestInProcessCalls_keepAtMostOneIdleWorkerPerProcessor(t *testing.T) {
+	c := newInProcessCalls()
+	defer c.cancel()
+	n := 4 * int(c.maxIdle)
+	var started, ran sync.WaitGroup
+	started.Add(n)
+	ran.Add(n)
+	release := make(chan struct{})
+	for range n {
+		c.run(func() { started.Done(); <-release; ran.Done() })
+	}
+	started.Wait() // n calls at once: n goroutines
+	close(release)
+	ran.Wait()
+	deadline := time.Now().Add(10 * time.Second) // a bound on the test, not a timing claim
+	for got := inProcessWorkers(); got > int(c.maxIdle); got = inProcessWorkers() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %d calls at once, %d workers wait, want at most %d", n, got, c.maxIdle)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := inProcessWorkers(); got == 0 {
+		t.Errorf("after %d calls at once no worker waits for the next, want %d", n, c.maxIdle)
 	}
 }
 
@@ -104,7 +82,7 @@ func TestInProcessConn_workersEndWithTheServer(t *testing.T) {
 	r := start(t, s)
 	client := testpb.NewTestServiceClient(c)
 	var wg sync.WaitGroup
-	for range 4 * runtime.GOMAXPROCS(0) { // more at once than are kept
+	for range 4 * runtime.GOMAXPROCS(0) {
 		wg.Go(func() {
 			if _, err := client.UnaryCall(t.Context(), call("ok")); err != nil {
 				t.Error(err)
