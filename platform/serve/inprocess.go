@@ -148,10 +148,10 @@ func (c *InProcessConn) Invoke(ctx context.Context, method string, args, reply a
 	sctx = grpc.NewContextWithServerTransportStream(sctx, &inProcessStream{method: method})
 	// The handler runs on a goroutine other than the caller's (a kept
 	// worker), as over a transport, so that a caller whose context ends
-	// gets its answer then, even from a
-	// handler that does not watch its context; shutdown still waits for
-	// the handler (done). It reads a copy of the request, taken now: the
-	// caller may reuse its own once it has its answer.
+	// gets its answer then, even from a handler that does not watch its
+	// context; shutdown still waits for the handler (done). It reads a
+	// copy of the request, taken now: the caller may reuse its own once
+	// it has its answer.
 	private := proto.Clone(req)
 	dec := func(v any) error {
 		dst, ok := v.(proto.Message)
