@@ -31,6 +31,25 @@ type fakeTestService struct {
 	started chan struct{} // a "block" or "hold" call has started
 	release chan struct{} // ends a "hold" call
 	shared  *testpb.SimpleResponse
+	// streamed gets each StreamingOutputCall's error once its handler
+	// has sent every response it was asked for.
+	streamed chan error
+}
+
+// StreamingOutputCall sends a response of each size the request asks for,
+// then reports on f.streamed.
+func (f *fakeTestService) StreamingOutputCall(req *testpb.StreamingOutputCallRequest, st testpb.TestService_StreamingOutputCallServer) error {
+	var err error
+	for _, p := range req.GetResponseParameters() {
+		if err = st.Send(&testpb.StreamingOutputCallResponse{Payload: &testpb.Payload{Body: make([]byte, p.GetSize())}}); err != nil {
+			break
+		}
+	}
+	select {
+	case f.streamed <- err:
+	default:
+	}
+	return err
 }
 
 // errFakeSentinel is what a "wrapped" call's error wraps besides its
@@ -107,7 +126,7 @@ func inProcessServer(t *testing.T, maxBody int64) (*Server, *fakeTestService, *I
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fakeTestService{started: make(chan struct{}), release: make(chan struct{}), shared: &testpb.SimpleResponse{Username: "shared"}}
+	f := &fakeTestService{started: make(chan struct{}), release: make(chan struct{}), shared: &testpb.SimpleResponse{Username: "shared"}, streamed: make(chan error, 1)}
 	testpb.RegisterTestServiceServer(s, f)
 	c, err := s.InProcessConn()
 	if err != nil {
@@ -403,12 +422,46 @@ func TestInProcessConn_streamsAndOtherServicesUseThePipe(t *testing.T) {
 	if _, err := healthpb.NewHealthClient(c).Check(t.Context(), &healthpb.HealthCheckRequest{}, grpc.WaitForReady(true)); err != nil {
 		t.Errorf("health over the in-process connection: %v", err)
 	}
-	st, err := testpb.NewTestServiceClient(c).StreamingOutputCall(t.Context(), &testpb.StreamingOutputCallRequest{})
+	st, err := testpb.NewTestServiceClient(c).StreamingOutputCall(t.Context(), &testpb.StreamingOutputCallRequest{
+		ResponseParameters: []*testpb.ResponseParameters{{Size: 10}},
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := st.Recv(); status.Code(err) != codes.Unimplemented {
-		t.Errorf("stream over the pipe = %v, want the service's Unimplemented", err)
+	if resp, err := st.Recv(); err != nil || len(resp.GetPayload().GetBody()) != 10 {
+		t.Errorf("stream over the pipe = %v, %v; want the service's 10-byte response", resp, err)
+	}
+}
+
+// TestInProcessConn_pipeHasFixedFlowControlWindows: the pipe's client
+// takes grpcclient.FlowControl's fixed stream window (1 MiB), so a stream
+// may be sent that much before its caller reads any; gRPC's dynamic
+// windows start at 64 KiB (and cost a PING per message read). The handler
+// sends 512 KiB to a caller that reads nothing yet: it finishes only if
+// the window holds it all.
+func TestInProcessConn_pipeHasFixedFlowControlWindows(t *testing.T) {
+	s, f, c := inProcessServer(t, 0)
+	start(t, s)
+	var params []*testpb.ResponseParameters
+	for range 8 {
+		params = append(params, &testpb.ResponseParameters{Size: 64 << 10})
+	}
+	st, err := testpb.NewTestServiceClient(c).StreamingOutputCall(t.Context(), &testpb.StreamingOutputCallRequest{ResponseParameters: params}, grpc.WaitForReady(true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-f.streamed:
+		if err != nil {
+			t.Fatalf("the handler's sends failed: %v", err)
+		}
+	case <-time.After(10 * time.Second): // a bound on the test, not a timing claim
+		t.Fatal("the handler could not send 512 KiB to a caller reading nothing: the pipe's stream window is under 512 KiB")
+	}
+	for range params {
+		if _, err := st.Recv(); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
